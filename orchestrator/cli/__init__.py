@@ -1,0 +1,5 @@
+"""Command line interface (``bootstrap``)."""
+
+from orchestrator.cli.main import cli, main
+
+__all__ = ["cli", "main"]

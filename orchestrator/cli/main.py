@@ -1,0 +1,641 @@
+"""The ``bootstrap`` command: the only place that prints for humans and maps errors to exit codes."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator import __version__
+from orchestrator.cli.ui import UI
+from orchestrator.errors import (
+    BootstrapError,
+    CommandFailedError,
+    CommandTimeoutError,
+    ExitCode,
+    SecretMissingError,
+    SudoPasswordRequiredError,
+    UsageError,
+)
+from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
+from orchestrator.logs import RunLog, new_run_id, state_dir
+from orchestrator.platforms import PosixShell, check_env_name
+from orchestrator.resources import default_inventory
+from orchestrator.session import Session
+from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect
+from orchestrator.steps.keys import DEFAULT_KEY, KeyInstall, ensure_controller_key, install_key
+from orchestrator.transports import Result, SSHOptions, Transport
+
+F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("orchestrator")
+
+
+# -- options shared by the group and every subcommand ----------------------------------------------
+# `bootstrap --json check` and `bootstrap check --json` both work: values given after the subcommand
+# win over those given before it.
+
+
+def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    obj = ctx.find_root().ensure_object(dict)
+    if value is None or value is False or value == () or value == 0:
+        obj.setdefault(param.name, value)
+        return
+    if param.name == "nodes":
+        obj["nodes"] = tuple(obj.get("nodes") or ()) + tuple(value)
+    else:
+        obj[param.name] = value
+
+
+def common_options(fn: F) -> F:
+    options = [
+        click.option(
+            "-i",
+            "--inventory",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar="BOOTSTRAP_INVENTORY",
+            help="Inventory file: our own YAML format or an Ansible YAML inventory. "
+            "Default: $BOOTSTRAP_INVENTORY, else the embedded inventory/local.yaml (this machine only).",
+        ),
+        click.option(
+            "--nodes",
+            "-n",
+            multiple=True,
+            help="Only these nodes: names, globs (gpu-*), tag:NAME; comma-separated or repeated.",
+        ),
+        click.option("--json", "json_mode", is_flag=True, default=None, help="Print one JSON document on stdout."),
+        click.option("--dry-run", is_flag=True, default=None, help="Show every command, run nothing."),
+        click.option("-v", "--verbose", count=True, help="More detail (-vv: SSH protocol debug)."),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            default=None,
+            help="Trust and record host keys seen for the first time. Changed keys are always refused.",
+        ),
+        click.option(
+            "--known-hosts",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="known_hosts file to verify against (default: ssh config, else ~/.ssh/known_hosts).",
+        ),
+        click.option(
+            "--ssh-config",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="OpenSSH client config to honour (default: ~/.ssh/config).",
+        ),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), help="Seconds to wait for a connection (10)."),
+        click.option("--forks", type=click.IntRange(min=1), help="Nodes worked on at once (64)."),
+        click.option("--no-color", is_flag=True, default=None, help="No colours (also: NO_COLOR=1)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    # every option is collected by _store; none reaches the function as an argument
+    for param in getattr(fn, "__click_params__", []):
+        if param.name in _COMMON:
+            param.callback = _store
+            param.expose_value = False
+    return fn
+
+
+_COMMON = {
+    "inventory",
+    "nodes",
+    "json_mode",
+    "dry_run",
+    "verbose",
+    "accept_new_host_keys",
+    "known_hosts",
+    "ssh_config",
+    "connect_timeout",
+    "forks",
+    "no_color",
+}
+
+
+@dataclass
+class Settings:
+    inventory: Path | None = None
+    nodes: tuple[str, ...] = ()
+    json_mode: bool = False
+    dry_run: bool = False
+    verbose: int = 0
+    accept_new_host_keys: bool = False
+    known_hosts: Path | None = None
+    ssh_config: Path | None = None
+    connect_timeout: float = 10.0
+    forks: int = 64
+    no_color: bool = False
+    ui: UI = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ui = UI(json_mode=self.json_mode, verbose=self.verbose, color=False if self.no_color else None)
+
+    @classmethod
+    def from_context(cls, ctx: click.Context) -> Settings:
+        obj = ctx.find_root().ensure_object(dict)
+        known = {k: v for k, v in obj.items() if k in _COMMON and v not in (None, ())}
+        settings = cls(**known)
+        _configure_logging(settings.verbose)
+        return settings
+
+    def ssh_options(self, *, accept_new: bool | None = None) -> SSHOptions:
+        return SSHOptions(
+            known_hosts=self.known_hosts,
+            accept_new_host_keys=self.accept_new_host_keys if accept_new is None else accept_new,
+            connect_timeout=self.connect_timeout,
+            ssh_config=self.ssh_config,
+        )
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # paramiko's own chatter only with -vv: it would bury our messages
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
+
+
+# -- loading -----------------------------------------------------------------------------------------
+
+
+def _load(settings: Settings) -> tuple[Inventory, list[Node]]:
+    path = settings.inventory
+    if path is None:
+        path = default_inventory()
+        if not settings.json_mode:
+            settings.ui.note(
+                f"using the embedded default inventory ({path.name}: this machine only); "
+                "pass --inventory FILE for a cluster"
+            )
+    inventory = load_inventory(path)
+    for note in inventory.notes:
+        settings.ui.note(f"note: {note}")
+    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
+    return inventory, nodes
+
+
+def _prompt(text: str) -> str:
+    return getpass.getpass(text)
+
+
+def _passwords(settings: Settings, nodes: list[Node]) -> PasswordResolver:
+    """Ask for every needed password before parallel work starts (one prompt per distinct secret)."""
+    interactive = sys.stdin.isatty() and not settings.dry_run
+    resolver = PasswordResolver(prompt=_prompt if interactive else None)
+    if interactive:
+        for node in nodes:
+            try:
+                resolver.password_for(node)
+            except SecretMissingError:
+                pass  # the node fails with this error when it connects; the others go on
+    return resolver
+
+
+def _session(settings: Settings, inventory: Inventory, nodes: list[Node], on_event: Any = None) -> Session:
+    return Session(
+        inventory,
+        nodes,
+        ssh=settings.ssh_options(),
+        passwords=_passwords(settings, nodes),
+        on_event=on_event,
+        max_workers=settings.forks,
+    )
+
+
+def _fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
+    for outcome in outcomes:
+        if outcome.error is not None:
+            ui.error(str(outcome.error))
+
+
+def _error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"type": type(error).__name__, "message": error.message, "hint": error.hint}
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BootstrapError as exc:
+            settings = Settings.from_context(ctx)
+            for line in str(exc).splitlines():
+                settings.ui.error(line)
+            ctx.exit(int(exc.exit_code))
+
+
+@click.group(cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bootstrap")
+@common_options
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """Turn the machines of an inventory into one PyTorch training cluster.
+
+    Without a command: the main pipeline. Today that is connect + facts + summary (as `check`);
+    environment sync, firewall, time sync and launch join it in later releases.
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(check)
+
+
+@cli.command()
+@common_options
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Connect to every node and show what it is (OS, CPUs, memory, Python, GPUs, torch)."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    if settings.dry_run:
+        _dry_run(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
+        return
+    names = [n.name for n in nodes]
+    try:
+        with ui.progress(names, "check") as on_event:
+            with _session(settings, inventory, nodes, on_event) as session:
+                outcomes = session.map(inspect, step="check", connect=False)
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    code = exit_code_for(outcomes)
+    if settings.json_mode:
+        _fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
+        ui.print_json(
+            {
+                "command": "check",
+                "inventory": inventory.public_dict(),
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "duration": round(o.duration, 4),
+                        "error": _error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+    else:
+        ui.print_table(_facts_table(inventory, nodes, outcomes))
+        for o in outcomes:
+            if o.value is not None:
+                for key in o.value.recorded_host_keys:
+                    ui.note(f"{o.node}: recorded host key {key}")
+                for fact, why in o.value.facts.errors.items():
+                    ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
+        _fail_lines(ui, outcomes)
+        ok = sum(o.ok for o in outcomes)
+        ui.info(f"{ok}/{len(outcomes)} nodes reachable")
+    ctx.exit(int(code))
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / 2**30:.1f} GiB" if value else "-"
+
+
+def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[NodeFacts]]) -> Table:
+    table = Table(title=f"cluster {inventory.cluster.name}: {len(nodes)} node(s)", title_justify="left")
+    for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
+        table.add_column(column, overflow="fold")
+    for node, outcome in zip(nodes, outcomes):
+        master = " (master)" if node.name == inventory.cluster.master else ""
+        if outcome.value is None:
+            table.add_row(Text(node.name + master), Text("unreachable", style="red"), *["-"] * 8)
+            continue
+        facts = outcome.value.facts
+        os_info, kernel = facts.get("os"), facts.get("kernel")
+        python, torch, gpus = facts.get("python"), facts.get("torch"), facts.get("gpus")
+        os_text = os_info.pretty_name if os_info else "?"
+        if kernel:
+            os_text += f" ({kernel.machine})"
+        torch_text = "-"
+        if python is None:
+            py_text = Text(f"{node.python or 'python3'} not found", style="yellow")
+        else:
+            py_text = Text(python.version)
+        if torch is not None:
+            if not torch.installed:
+                torch_text = "not installed"
+            elif torch.error:
+                torch_text = f"broken: {torch.error}"
+            else:
+                backends = ", ".join(b for b in ("gloo", "nccl") if getattr(torch, b)) or "no distributed"
+                cuda = f" cuda {torch.cuda_build}" if torch.cuda_build else ""
+                torch_text = f"{torch.version}{cuda} ({backends})"
+        gpu_text = "-"
+        if gpus is not None:
+            if gpus.error:
+                gpu_text = f"nvidia-smi failed: {gpus.error}"
+            elif gpus.gpus:
+                names = sorted({g.name for g in gpus.gpus})
+                gpu_text = f"{len(gpus.gpus)}x " + ", ".join(names)
+            else:
+                gpu_text = "none"
+        memory = facts.get("memory")
+        # data from nodes goes in as Text: rich would read "[gloo]" in a plain string as markup
+        table.add_row(
+            Text(node.name + master),
+            Text("ok", style="green"),
+            Text(outcome.value.via),
+            Text(str(facts.get("hostname") or "?")),
+            Text(os_text),
+            Text(str(facts.get("cpus") or "?")),
+            Text(_gib(memory.total_bytes if memory else None)),
+            py_text,
+            Text(torch_text),
+            Text(gpu_text),
+        )
+    return table
+
+
+def _dry_run(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    plan: Callable[[Node, Transport], list[str]],
+) -> None:
+    """Print what would run on each node without connecting anywhere."""
+    session = Session(
+        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
+    )
+    planned = []
+    for node in nodes:
+        transport = session.transport(node)
+        planned.append({"name": node.name, "via": transport.describe(), "commands": plan(node, transport)})
+    if settings.json_mode:
+        settings.ui.print_json({"dry_run": True, "nodes": planned})
+        return
+    for entry in planned:
+        settings.ui.print_text(f"# {entry['name']} ({entry['via']}): would run")
+        for command in entry["commands"]:
+            settings.ui.print_text(command)
+        settings.ui.print_text("")
+
+
+def _interrupted(ui: UI) -> None:
+    ui.error("interrupted: connections closed, commands started on nodes were cut off")
+    raise SystemExit(int(ExitCode.INTERRUPTED))
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@common_options
+@click.option("--timeout", type=click.FloatRange(min=0.1), help="Seconds before the command is cut off.")
+@click.option("-b", "--become", is_flag=True, help="Run as root (sudo -n for other users).")
+@click.option("--cwd", help="Working directory on the nodes.")
+@click.option("-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeatable).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    timeout: float | None,
+    become: bool,
+    cwd: str | None,
+    env_pairs: tuple[str, ...],
+    command: tuple[str, ...],
+) -> None:
+    """Run a shell command on every node; output streams live as `[node] line`.
+
+    Like `ssh host CMD`, the words are joined and read by the node's shell: quote what should not
+    expand locally, e.g. bootstrap run -- 'echo $HOSTNAME'.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    env = _parse_env(env_pairs)
+    text = " ".join(command)
+    if settings.dry_run:
+        _dry_run(
+            settings, inventory, nodes, lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)]
+        )
+        return
+    run_log = RunLog(state_dir() / "runs" / new_run_id("run"))
+    printer = ui.line_printer([n.name for n in nodes])
+
+    def one(node: Node, transport: Transport) -> Result:
+        def on_line(stream: str, line: str) -> None:
+            run_log.write(node.name, line)
+            if not settings.json_mode:
+                printer.write(node.name, line, stderr=stream == "stderr")
+
+        result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=on_line, become=become)
+        if become and not result.ok and isinstance(transport.platform, PosixShell):
+            if transport.platform.sudo_refused(result.stderr):
+                raise SudoPasswordRequiredError(
+                    "sudo needs a password here, and bootstrap never types one",
+                    node=node.name,
+                    hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
+                    "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
+                )
+        if result.timed_out:
+            raise CommandTimeoutError(f"timed out after {timeout:g}s; the command was cut off", node=node.name)
+        return result
+
+    try:
+        with _session(settings, inventory, nodes) as session:
+            outcomes = session.map(one, step="run")
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    finally:
+        run_log.close()
+
+    def failed(o: Outcome[Any]) -> bool:
+        return o.value is not None and not o.value.ok
+
+    code = exit_code_for(outcomes, failed)
+    if settings.json_mode:
+        _fail_lines(ui, outcomes)
+        ui.print_json(
+            {
+                "command": "run",
+                "shell": text,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok and not failed(o),
+                        "error": _error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {"exit_code": None, "duration": round(o.duration, 4)}),
+                    }
+                    for o in outcomes
+                ],
+                "log_dir": str(run_log.directory),
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title="run summary", title_justify="left")
+    for column in ("node", "result", "time"):
+        table.add_column(column)
+    for o in outcomes:
+        if o.error is not None:
+            label = Text(type(o.error).__name__.removesuffix("Error").lower() or "error", style="red")
+        elif o.value is not None and o.value.ok:
+            label = Text("ok", style="green")
+        else:
+            label = Text(f"exit {o.value.exit_code if o.value else '?'}", style="red")
+        table.add_row(o.node, label, f"{o.duration:.2f}s")
+    ui.err.print(table)
+    _fail_lines(ui, outcomes)
+    if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
+        ui.note(f"output kept in {run_log.directory}")
+    ctx.exit(int(code))
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+        try:
+            env[check_env_name(name)] = value
+        except ValueError as exc:
+            raise UsageError(f"--env {pair!r}: {exc}") from None
+    return env
+
+
+@cli.command()
+@common_options
+@click.option("--key", "key_path", default=DEFAULT_KEY, show_default=True, help="Controller key to install.")
+@click.pass_context
+def keys(ctx: click.Context, key_path: str) -> None:
+    """First contact: install your public key on nodes that accept only a password (ssh-copy-id).
+
+    Creates the key when missing, records each node's host key (printing its fingerprint: compare it
+    with the node's), installs the key once, then proves that key login works with that key alone.
+    Passwords come from each node's password_env, or one prompt shared by all nodes.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    ssh_nodes = [n for n in nodes if n.connection == "ssh"]
+    skipped = [n.name for n in nodes if n.connection != "ssh"]
+    if skipped:
+        ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
+    if settings.dry_run:
+        public = os.path.expanduser(key_path) + ".pub"
+        _dry_run(
+            settings,
+            inventory,
+            ssh_nodes,
+            lambda node, t: [t.platform.wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))],
+        )
+        return
+    key = ensure_controller_key(key_path)
+    if key.generated:
+        ui.info(f"generated a new key pair: {key.private} (+ .pub)")
+    interactive = sys.stdin.isatty()
+    shared: dict[str, str] = {}
+
+    def prompt(text: str) -> str:
+        return getpass.getpass(text)
+
+    resolver = PasswordResolver(prompt=prompt if interactive else None)
+    # Nodes with no password setting share one prompt, like ssh-copy-id run in a loop.
+    fallback_needed = [n for n in ssh_nodes if not n.password_env and not n.password_prompt]
+    if fallback_needed and interactive:
+        shared["password"] = getpass.getpass("SSH password for the nodes (used once, never stored): ")
+
+    class _KeysResolver(PasswordResolver):
+        def password_for(self, node: Node) -> str | None:
+            if node.password_env or node.password_prompt:
+                return resolver.password_for(node)
+            return shared.get("password")
+
+    # first contact: new host keys are recorded (and printed); changed keys are still refused
+    session = Session(
+        inventory,
+        ssh_nodes,
+        ssh=settings.ssh_options(accept_new=True),
+        passwords=_KeysResolver(prompt=None),
+        max_workers=settings.forks,
+    )
+    check_options = settings.ssh_options(accept_new=False)
+    try:
+        with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
+            session.executor.on_event = on_event
+            with session:
+                outcomes = session.map(lambda n, t: install_key(n, t, key, check_options), step="keys")
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    code = exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)
+    if settings.json_mode:
+        _fail_lines(ui, outcomes)
+        ui.print_json(
+            {
+                "command": "keys",
+                "key": str(key.private),
+                "nodes": [
+                    {"name": o.node, "ok": o.ok, "error": _error_dict(o.error), **(o.value.public_dict() if o.value else {})}
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=f"key {key.private}", title_justify="left")
+    for column in ("node", "key", "key login", "host key recorded"):
+        table.add_column(column)
+    for o in outcomes:
+        value: KeyInstall | None = o.value
+        if value is None:
+            table.add_row(o.node, Text("failed", style="red"), "-", "-")
+            continue
+        table.add_row(
+            o.node,
+            value.status,
+            Text("verified", style="green") if value.verified else Text("FAILED", style="red"),
+            "\n".join(value.recorded_host_keys) or "already known",
+        )
+    ui.print_table(table)
+    _fail_lines(ui, outcomes)
+    ctx.exit(int(code))
+
+
+@cli.command(name="inventory")
+@common_options
+@click.pass_context
+def show_inventory(ctx: click.Context) -> None:
+    """Validate the inventory and show the nodes it defines (no connection is made)."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    if settings.json_mode:
+        settings.ui.print_json(inventory.public_dict())
+        return
+    table = Table(title=f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
+    for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "tags"):
+        table.add_column(column)
+    for node in nodes:
+        master = " (master)" if node.name == inventory.cluster.master else ""
+        table.add_row(
+            node.name + master,
+            node.connection,
+            node.address,
+            node.user or "-",
+            node.os,
+            str(node.gpus),
+            str(node.nproc),
+            ",".join(node.tags),
+        )
+    settings.ui.print_table(table)
+    c = inventory.cluster
+    settings.ui.print_text(f"rendezvous port {c.port}, backend {c.backend}")
+
+
+def main() -> None:
+    cli(prog_name="bootstrap")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Everything a human sees: progress while nodes work, streamed lines, summary tables, messages.
+
+Colours and live displays only on terminals (rich detects pipes and honours NO_COLOR); ``--json``
+prints a single JSON document on stdout and nothing else there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.executor import NodeEvent
+
+# ANSI colours for node prefixes (raw escapes: streaming must stay cheap per line)
+_PALETTE = ("36", "35", "32", "33", "34", "96", "95", "92", "93", "94")
+
+
+class UI:
+    def __init__(self, *, json_mode: bool = False, verbose: int = 0, color: bool | None = None) -> None:
+        self.json_mode = json_mode
+        self.verbose = verbose
+        no_color = color is False or "NO_COLOR" in os.environ
+        self.out = Console(file=sys.stdout, highlight=False, no_color=no_color, soft_wrap=True)
+        self.err = Console(file=sys.stderr, highlight=False, no_color=no_color, soft_wrap=True)
+        for console in (self.out, self.err):
+            if not console.is_terminal:
+                console.width = 200  # piped: one wide table row per node beats 80-column wrapping
+        self.color_out = self.out.is_terminal and not no_color
+        self.live = self.err.is_terminal and not json_mode
+
+    # -- messages (stderr) ----------------------------------------------------------------------
+
+    def note(self, message: str) -> None:
+        self.err.print(Text(message, style="dim"))
+
+    def warn(self, message: str) -> None:
+        self.err.print(Text("warning: ", style="yellow bold") + Text(message))
+
+    def error(self, message: str) -> None:
+        self.err.print(Text("error: ", style="red bold") + Text(message))
+
+    def info(self, message: str) -> None:
+        self.err.print(Text(message))
+
+    # -- results (stdout) -----------------------------------------------------------------------
+
+    def print_json(self, doc: Any) -> None:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+        sys.stdout.flush()
+
+    def print_table(self, table: Table) -> None:
+        self.out.print(table)
+
+    def print_text(self, text: str) -> None:
+        self.out.print(Text(text))
+
+    # -- progress -------------------------------------------------------------------------------
+
+    @contextmanager
+    def progress(self, nodes: Sequence[str], step: str) -> Iterator[Callable[[NodeEvent], None]]:
+        """A per-node progress display; yields the executor's event callback."""
+        state = {n: ("waiting", "", 0.0) for n in nodes}
+        started: dict[str, float] = {}
+        lock = threading.Lock()
+
+        def render() -> Table:
+            table = Table(box=None, show_header=False, pad_edge=False)
+            table.add_column("node", style="bold")
+            table.add_column("state")
+            table.add_column("time", justify="right", style="dim")
+            table.add_column("detail", overflow="ellipsis", no_wrap=True)
+            now = time.monotonic()
+            for name in nodes:
+                status, detail, took = state[name]
+                style = {"running": "cyan", "ok": "green", "failed": "red"}.get(status, "dim")
+                shown = took if status in ("ok", "failed") else (now - started[name] if name in started else 0)
+                table.add_row(name, Text(status, style=style), f"{shown:.1f}s", detail)
+            return table
+
+        def on_event(event: NodeEvent) -> None:
+            with lock:
+                if event.kind == "start":
+                    started[event.node] = time.monotonic()
+                    state[event.node] = ("running", event.step, 0.0)
+                    return
+                took = time.monotonic() - started.get(event.node, time.monotonic())
+                status = "ok" if event.kind == "done" else "failed"
+                state[event.node] = (status, event.detail.splitlines()[0] if event.detail else "", took)
+            if not self.live and not self.json_mode:
+                mark = "ok" if status == "ok" else "FAILED"
+                self.err.print(Text(f"{event.node}: {step} {mark} ({took:.2f}s)"), highlight=False)
+
+        if not self.live:
+            yield on_event
+            return
+        with Live(render(), console=self.err, transient=True, refresh_per_second=8, get_renderable=render):
+            yield on_event
+
+    # -- streaming ------------------------------------------------------------------------------
+
+    def line_printer(self, nodes: Sequence[str], stream: IO[str] | None = None) -> LinePrinter:
+        return LinePrinter(nodes, stream or sys.stdout, color=self.color_out)
+
+
+class LinePrinter:
+    """Writes ``[node] line`` for every node's output line, as it arrives, from any thread."""
+
+    def __init__(self, nodes: Sequence[str], stream: IO[str], *, color: bool) -> None:
+        width = max((len(n) for n in nodes), default=0)
+        self.stream = stream
+        self._lock = threading.Lock()
+        self.prefixes: dict[str, str] = {}
+        for i, name in enumerate(nodes):
+            label = f"[{name}]".ljust(width + 2)
+            if color:
+                label = f"\x1b[{_PALETTE[i % len(_PALETTE)]}m{label}\x1b[0m"
+            self.prefixes[name] = label + " "
+        self.err_mark = "\x1b[31m!\x1b[0m " if color else ""
+
+    def write(self, node: str, line: str, *, stderr: bool = False) -> None:
+        text = self.prefixes[node] + (self.err_mark if stderr else "") + line + "\n"
+        with self._lock:
+            self.stream.write(text)
+            self.stream.flush()

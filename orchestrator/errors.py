@@ -1,0 +1,139 @@
+"""One exception hierarchy and the exit codes it maps to.
+
+Library code raises these; only ``orchestrator.cli`` turns them into printed messages and process exit
+codes (pip's ``status_codes`` idea: the mapping lives in one place). Every error names the node or file
+it is about, says what was tried, and says what to do next (``hint``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Process exit codes of ``bootstrap`` (documented in docs/cli.md)."""
+
+    OK = 0
+    NODES_FAILED = 1  # at least one node failed a step or a command exited non-zero
+    USAGE = 2  # bad command line or inventory: nothing was done
+    CONNECTION = 3  # at least one node could not be reached, authenticated or verified
+    INTERRUPTED = 130  # Ctrl-C / SIGINT (128 + 2, as shells report it)
+
+
+class BootstrapError(Exception):
+    """Base of every error the product reports to a user."""
+
+    exit_code: ExitCode = ExitCode.NODES_FAILED
+
+    def __init__(self, message: str, *, node: str | None = None, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.node = node
+        self.hint = hint
+
+    def __str__(self) -> str:
+        prefix = f"node {self.node!r}: " if self.node else ""
+        text = f"{prefix}{self.message}"
+        if self.hint:
+            text += f" ({self.hint})"
+        return text
+
+
+class UsageError(BootstrapError):
+    """A command-line mistake: nothing was done."""
+
+    exit_code = ExitCode.USAGE
+
+
+class InventoryIssue:
+    """One problem found in an inventory file, with where it is."""
+
+    __slots__ = ("file", "line", "node", "field", "message")
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        node: str | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.line = line
+        self.node = node
+        self.field = field
+
+    def __str__(self) -> str:
+        where = self.file or "<inventory>"
+        if self.line is not None:
+            where += f":{self.line}"
+        parts = [where]
+        if self.node:
+            parts.append(f"node {self.node!r}")
+        if self.field:
+            parts.append(f"field {self.field!r}")
+        return ": ".join(parts) + f": {self.message}"
+
+    def __repr__(self) -> str:
+        return f"InventoryIssue({str(self)!r})"
+
+
+class InventoryError(BootstrapError):
+    """The inventory cannot be used. Carries every issue found, each one line."""
+
+    exit_code = ExitCode.USAGE
+
+    def __init__(self, issues: list[InventoryIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConnectError(BootstrapError):
+    """A node could not be reached, authenticated or verified."""
+
+    exit_code = ExitCode.CONNECTION
+
+
+class UnreachableError(ConnectError):
+    pass
+
+
+class AuthenticationError(ConnectError):
+    pass
+
+
+class HostKeyUnknownError(ConnectError):
+    """The node's host key is not in known_hosts (trust on first use must be asked for)."""
+
+    def __init__(self, message: str, *, node: str | None, hint: str | None, fingerprint: str) -> None:
+        super().__init__(message, node=node, hint=hint)
+        self.fingerprint = fingerprint
+
+
+class HostKeyChangedError(ConnectError):
+    """The node offered a key different from the recorded one: always refused."""
+
+
+class SecretMissingError(ConnectError):
+    """A password was needed but neither its environment variable nor a terminal prompt gave one."""
+
+
+class CommandFailedError(BootstrapError):
+    """A command ran on a node and failed."""
+
+
+class SudoPasswordRequiredError(CommandFailedError):
+    """``sudo -n`` refused because sudo wants a password on that node."""
+
+
+class CommandTimeoutError(CommandFailedError):
+    pass
+
+
+class TransferError(CommandFailedError):
+    pass

@@ -1,0 +1,150 @@
+"""Fan-out over nodes: all in parallel, results in inventory order, one failure never hides the rest."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from orchestrator.errors import BootstrapError, ConnectError, ExitCode
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+N = TypeVar("N")
+
+EventKind = Literal["start", "done", "failed"]
+
+
+@dataclass
+class NodeEvent:
+    """Progress of one node through one step, for progress displays."""
+
+    node: str
+    kind: EventKind
+    step: str
+    detail: str = ""
+
+
+@dataclass
+class Outcome(Generic[T]):
+    """What a step did on one node: a value, or the error that stopped it."""
+
+    node: str
+    value: T | None
+    error: BootstrapError | None
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class InternalError(BootstrapError):
+    """A bug: an exception that is not one of ours. The message says where to report it."""
+
+
+def exit_code_for(outcomes: Sequence[Outcome[object]], failed: Callable[[Outcome[object]], bool] | None = None) -> ExitCode:
+    """Connection problems outrank other failures: they mean the step never ran on that node."""
+    if any(isinstance(o.error, ConnectError) for o in outcomes):
+        return ExitCode.CONNECTION
+    if any((not o.ok) or (failed is not None and failed(o)) for o in outcomes):
+        return ExitCode.NODES_FAILED
+    return ExitCode.OK
+
+
+class Executor:
+    """Runs a function for every node on a thread pool.
+
+    ``cancel`` is called once when the user interrupts (or fail-fast triggers): it must make blocked
+    workers return promptly (closing their transports does that), since Python threads cannot be killed.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_workers: int = 64,
+        on_event: Callable[[NodeEvent], None] | None = None,
+        cancel: Callable[[], None] | None = None,
+    ) -> None:
+        self.max_workers = max_workers
+        self.on_event = on_event
+        self.cancel = cancel
+        self._cancelled = threading.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def _emit(self, event: NodeEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    def _one(self, name: str, step: str, fn: Callable[[], T]) -> Outcome[T]:
+        start = time.monotonic()
+        self._emit(NodeEvent(name, "start", step))
+        try:
+            value = fn()
+        except BootstrapError as exc:
+            if exc.node is None:
+                exc.node = name
+            outcome: Outcome[T] = Outcome(name, None, exc, time.monotonic() - start)
+            self._emit(NodeEvent(name, "failed", step, str(exc)))
+            return outcome
+        except Exception as exc:  # a bug must not hide the other nodes' results
+            log.debug("unexpected error on node %s", name, exc_info=True)
+            err = InternalError(
+                f"unexpected {type(exc).__name__}: {exc}",
+                node=name,
+                hint="rerun with -v for a traceback and report it as a bug",
+            )
+            self._emit(NodeEvent(name, "failed", step, str(err)))
+            return Outcome(name, None, err, time.monotonic() - start)
+        outcome = Outcome(name, value, None, time.monotonic() - start)
+        self._emit(NodeEvent(name, "done", step))
+        return outcome
+
+    def map(
+        self,
+        items: Sequence[N],
+        fn: Callable[[N], T],
+        *,
+        name: Callable[[N], str],
+        step: str,
+        fail_fast: bool = False,
+    ) -> list[Outcome[T]]:
+        """``fn(item)`` for every item in parallel; outcomes in the order of ``items``.
+
+        With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early.
+        KeyboardInterrupt triggers ``cancel`` too, then propagates.
+        """
+        if not items:
+            return []
+        workers = max(1, min(self.max_workers, len(items)))
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"bootstrap-{step}")
+        futures: list[Future[Outcome[T]]] = [
+            pool.submit(self._one, name(item), step, lambda item=item: fn(item)) for item in items
+        ]
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                if fail_fast and not self.cancelled and any(not f.result().ok for f in done):
+                    self.trigger_cancel()
+            return [f.result() for f in futures]
+        except KeyboardInterrupt:
+            self.trigger_cancel()
+            raise
+        finally:
+            pool.shutdown(wait=not self.cancelled, cancel_futures=True)
+
+    def trigger_cancel(self) -> None:
+        if self._cancelled.is_set():
+            return
+        self._cancelled.set()
+        if self.cancel is not None:
+            self.cancel()

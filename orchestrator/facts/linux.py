@@ -1,0 +1,252 @@
+"""Facts of Linux nodes (and of WSL distributions, later)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from orchestrator.facts.base import Fact, FactParseError
+from orchestrator.platforms import Platform
+
+#: exit code of sh when a command is not found
+NOT_FOUND = 127
+
+
+def _public(obj: Any) -> Any:
+    return asdict(obj) if obj is not None else None
+
+
+@dataclass(frozen=True)
+class OsInfo:
+    id: str
+    version_id: str
+    pretty_name: str
+
+
+class OsRelease(Fact[OsInfo]):
+    name = "os"
+
+    def command(self, platform: Platform) -> str:
+        return "cat /etc/os-release || cat /usr/lib/os-release"
+
+    def parse(self, output: str, exit_code: int) -> OsInfo:
+        if exit_code != 0:
+            raise FactParseError("no /etc/os-release")
+        values: dict[str, str] = {}
+        for line in output.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip():
+                values[key.strip()] = value.strip().strip("\"'")
+        return OsInfo(
+            id=values.get("ID", "linux"),
+            version_id=values.get("VERSION_ID", ""),
+            pretty_name=values.get("PRETTY_NAME", values.get("NAME", "Linux")),
+        )
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    system: str
+    release: str
+    machine: str
+
+
+class Kernel(Fact[KernelInfo]):
+    name = "kernel"
+
+    def command(self, platform: Platform) -> str:
+        return "uname -s; uname -r; uname -m"
+
+    def parse(self, output: str, exit_code: int) -> KernelInfo:
+        system, release, machine = output.split("\n")[:3]
+        return KernelInfo(system=system.strip(), release=release.strip(), machine=machine.strip())
+
+
+class Hostname(Fact[str]):
+    name = "hostname"
+
+    def command(self, platform: Platform) -> str:
+        return "hostname 2>/dev/null || uname -n"
+
+    def parse(self, output: str, exit_code: int) -> str:
+        value = output.strip()
+        if exit_code != 0 or not value:
+            raise FactParseError("no hostname printed")
+        return value
+
+
+class CpuCount(Fact[int]):
+    name = "cpus"
+
+    def command(self, platform: Platform) -> str:
+        # online CPUs usable by this process (cgroup/affinity limits included), like os.cpu_count()
+        return "nproc 2>/dev/null || getconf _NPROCESSORS_ONLN"
+
+    def parse(self, output: str, exit_code: int) -> int:
+        return int(output.strip())
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int
+    available_bytes: int
+
+
+class Memory(Fact[MemoryInfo]):
+    name = "memory"
+
+    def command(self, platform: Platform) -> str:
+        return "cat /proc/meminfo"
+
+    def parse(self, output: str, exit_code: int) -> MemoryInfo:
+        kib: dict[str, int] = {}
+        for line in output.splitlines():
+            key, _, rest = line.partition(":")
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                kib[key.strip()] = int(parts[0])
+        total = kib["MemTotal"]
+        return MemoryInfo(total_bytes=total * 1024, available_bytes=kib.get("MemAvailable", 0) * 1024)
+
+
+@dataclass(frozen=True)
+class PythonInfo:
+    path: str
+    version: str
+
+
+class Python(Fact["PythonInfo | None"]):
+    """The interpreter training will use on this node; ``None`` when it is not there."""
+
+    name = "python"
+
+    def __init__(self, interpreter: str) -> None:
+        self.interpreter = interpreter
+
+    def command(self, platform: Platform) -> str:
+        code = "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"
+        return platform.join([self.interpreter, "-c", code])
+
+    def parse(self, output: str, exit_code: int) -> PythonInfo | None:
+        if exit_code == NOT_FOUND:
+            return None
+        if exit_code != 0:
+            raise FactParseError(f"{self.interpreter} failed")
+        path, version = output.strip().splitlines()[-2:]
+        return PythonInfo(path=path, version=version)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_mib: int | None
+    driver: str
+    uuid: str
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    gpus: tuple[GpuInfo, ...]
+    nvidia_smi: bool  # nvidia-smi exists on the node
+    error: str | None = None  # nvidia-smi exists but failed (driver not loaded, ...)
+
+
+class Gpus(Fact[GpuReport]):
+    name = "gpus"
+
+    FIELDS = "index,name,memory.total,driver_version,uuid"
+
+    def command(self, platform: Platform) -> str:
+        query = platform.join(["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits"])
+        # nvidia-smi writes its failures on stdout; keep them for the error text
+        return f"command -v nvidia-smi >/dev/null || exit {NOT_FOUND}\n{query} 2>&1"
+
+    def parse(self, output: str, exit_code: int) -> GpuReport:
+        if exit_code == NOT_FOUND:
+            return GpuReport(gpus=(), nvidia_smi=False)
+        if exit_code != 0:
+            first = output.strip().splitlines()[0] if output.strip() else f"exit code {exit_code}"
+            return GpuReport(gpus=(), nvidia_smi=True, error=first)
+        gpus = []
+        for line in output.strip().splitlines():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) != 5:
+                raise FactParseError(f"unexpected nvidia-smi line {line!r}")
+            index, name, memory, driver, uuid = cells
+            gpus.append(
+                GpuInfo(
+                    index=int(index),
+                    name=name,
+                    memory_mib=int(memory) if memory.isdigit() else None,
+                    driver=driver,
+                    uuid=uuid,
+                )
+            )
+        return GpuReport(gpus=tuple(gpus), nvidia_smi=True)
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    installed: bool
+    version: str | None = None
+    cuda_build: str | None = None
+    cuda_available: bool = False
+    cuda_devices: int = 0
+    distributed: bool = False
+    gloo: bool = False
+    nccl: bool = False
+    nccl_version: str | None = None
+    error: str | None = None
+
+
+class Torch(Fact["TorchInfo | None"]):
+    """torch in the node's interpreter: version, CUDA build, and which c10d backends it has.
+
+    ``None`` when the interpreter itself is missing (the Python fact says so).
+    """
+
+    name = "torch"
+
+    def __init__(self, interpreter: str) -> None:
+        self.interpreter = interpreter
+
+    def command(self, platform: Platform) -> str:
+        probe = resources.files("orchestrator.facts.probes").joinpath("torch_facts.py").read_text()
+        return platform.join([self.interpreter, "-c", probe])
+
+    def parse(self, output: str, exit_code: int) -> TorchInfo | None:
+        if exit_code == NOT_FOUND:
+            return None
+        lines = output.strip().splitlines()
+        if not lines:
+            raise FactParseError(f"the torch probe printed nothing (exit code {exit_code})")
+        data = json.loads(lines[-1])
+        data.pop("cached", None)
+        known = {k: v for k, v in data.items() if k in TorchInfo.__dataclass_fields__}
+        return TorchInfo(**known)
+
+
+def linux_facts(interpreter: str) -> list[Fact[Any]]:
+    """The facts `bootstrap check` gathers from a Linux node."""
+    return [
+        Hostname(),
+        OsRelease(),
+        Kernel(),
+        CpuCount(),
+        Memory(),
+        Python(interpreter),
+        Gpus(),
+        Torch(interpreter),
+    ]
+
+
+def public_value(value: Any) -> Any:
+    """A fact value as JSON-ready data."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if hasattr(value, "__dataclass_fields__"):
+        return _public(value)
+    raise TypeError(f"no JSON form for {type(value).__name__}")

@@ -1,0 +1,100 @@
+# Runs on a node, under the node's Python: prints one JSON object describing its torch install.
+# Importing torch costs seconds of CPU, so the answer is cached per interpreter + torch install +
+# NVIDIA driver (a reinstall or driver change gives a new key). Standard library only.
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+
+PROBE_VERSION = 1
+
+
+def _stamp(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return "%d:%d" % (st.st_mtime_ns, st.st_size)
+
+
+def _driver():
+    try:
+        with open("/proc/driver/nvidia/version") as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
+
+
+def _probe():
+    import torch
+
+    info = {
+        "installed": True,
+        "version": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cuda_available": False,
+        "cuda_devices": 0,
+        "distributed": False,
+        "gloo": False,
+        "nccl": False,
+        "nccl_version": None,
+        "error": None,
+    }
+    try:
+        info["cuda_available"] = bool(torch.cuda.is_available())
+        info["cuda_devices"] = int(torch.cuda.device_count()) if info["cuda_available"] else 0
+    except Exception as exc:  # a broken driver must not hide the rest
+        info["error"] = "cuda: %s: %s" % (type(exc).__name__, exc)
+    import torch.distributed as dist
+
+    info["distributed"] = bool(dist.is_available())
+    if info["distributed"]:
+        info["gloo"] = bool(dist.is_gloo_available())
+        info["nccl"] = bool(dist.is_nccl_available())
+        if info["nccl"]:
+            try:
+                info["nccl_version"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+            except Exception:
+                pass
+    return info
+
+
+def main():
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        print(json.dumps({"installed": False}))
+        return
+    root = os.path.dirname(spec.origin)
+    key_src = json.dumps([PROBE_VERSION, sys.executable, root, _stamp(os.path.join(root, "version.py")), _driver()])
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    cache_dir = os.path.join(base, "cluster-bootstrap")
+    cache = os.path.join(cache_dir, "torch-facts-%s.json" % key)
+    try:
+        with open(cache) as fh:
+            cached = json.load(fh)
+        cached["cached"] = True
+        print(json.dumps(cached))
+        return
+    except (OSError, ValueError):
+        pass
+    try:
+        info = _probe()
+    except Exception as exc:  # torch present but unusable: say why, never crash the gathering
+        print(json.dumps({"installed": True, "error": "import torch: %s: %s" % (type(exc).__name__, exc)}))
+        return
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(info, fh)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # read-only home: just slower next time
+    info["cached"] = False
+    print(json.dumps(info))
+
+
+main()

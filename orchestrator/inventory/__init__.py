@@ -1,0 +1,70 @@
+"""Inventories: which machines form the cluster and how to reach them.
+
+Two formats are read: the product's own (``cluster:``/``defaults:``/``nodes:``) and Ansible YAML
+inventories (groups with ``hosts:``/``vars:``/``children:``). Both give the same :class:`Inventory`.
+See docs/inventory.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from orchestrator.errors import InventoryError, InventoryIssue
+from orchestrator.inventory._yaml import describe, did_you_mean, load_yaml, node_line, plain, read_text
+from orchestrator.inventory.ansible import looks_ansible, read_ansible
+from orchestrator.inventory.model import Cluster, Inventory, Node, WinRMSettings
+from orchestrator.inventory.native import TOP_LEVEL_KEYS, looks_native, read_native
+from orchestrator.inventory.secrets import PasswordResolver, resolve_password
+
+__all__ = [
+    "Cluster",
+    "Inventory",
+    "Node",
+    "PasswordResolver",
+    "WinRMSettings",
+    "load_inventory",
+    "load_inventory_text",
+    "resolve_password",
+]
+
+
+def load_inventory(path: str | Path) -> Inventory:
+    """Load an inventory file (native or Ansible format, detected). Raises :class:`InventoryError`."""
+    source = str(path)
+    text = read_text(Path(path), source)
+    return load_inventory_text(text, source)
+
+
+def load_inventory_text(text: str, source: str) -> Inventory:
+    """Load an inventory from ``text``; ``source`` names it in messages (its stem: default cluster name)."""
+    data = load_yaml(text, source)
+    if data is None:
+        raise InventoryError([InventoryIssue("the inventory file is empty", file=source)])
+    if not isinstance(data, Mapping):
+        raise InventoryError(
+            [
+                InventoryIssue(
+                    "expected a mapping at the top level ('nodes:' or Ansible groups), "
+                    f"got {describe(plain(data))}",
+                    file=source,
+                    line=node_line(data) or 1,
+                )
+            ]
+        )
+    if looks_ansible(data):
+        return read_ansible(data, source)
+    if looks_native(data):
+        return read_native(data, source)
+    first = next(iter(data), None)
+    hint = did_you_mean(str(first), TOP_LEVEL_KEYS) if first is not None else ""
+    raise InventoryError(
+        [
+            InventoryIssue(
+                "unknown inventory format: expected a 'nodes:' list (see docs/inventory.md) "
+                f"or Ansible groups such as 'all: {{hosts: ...}}'{hint}",
+                file=source,
+                line=node_line(data) or 1,
+            )
+        ]
+    )

@@ -1,0 +1,635 @@
+"""The inventory data model and the format-independent part of loading it.
+
+Readers (:mod:`.native`, :mod:`.ansible`) turn a file into :class:`NodeDraft` objects (raw values plus where
+each came from); :func:`assemble` validates them with the pydantic models below, runs the cross-node
+checks and either returns an :class:`Inventory` or raises one :class:`InventoryError` with every issue.
+
+Secrets: a literal password found in an inventory (Ansible ``ansible_password``) is kept in a private
+pydantic attribute of the :class:`Node` as a :class:`~pydantic.SecretStr`. It is not a field, so it never
+appears in ``repr``/``str``/``model_dump``/:meth:`Inventory.public_dict`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from orchestrator.errors import InventoryError, InventoryIssue
+from orchestrator.inventory._yaml import closest, describe, did_you_mean
+
+__all__ = [
+    "NODE_USER_FIELDS",
+    "Backend",
+    "Cluster",
+    "ConnectionName",
+    "Inventory",
+    "IssueLog",
+    "Node",
+    "NodeDraft",
+    "OsName",
+    "Source",
+    "WinRMSettings",
+    "assemble",
+    "inventory_password",
+    "is_localhost",
+]
+
+Transport = Literal["ntlm", "kerberos", "credssp", "basic", "certificate"]
+Scheme = Literal["https", "http"]
+OsName = Literal["linux", "windows"]
+ConnectionName = Literal["ssh", "winrm", "local"]
+Backend = Literal["auto", "gloo", "nccl"]
+InventoryFormat = Literal["native", "ansible"]
+
+WINRM_DEFAULT_PORTS: dict[str, int] = {"https": 5986, "http": 5985}
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+# A node name is used in patterns (``--nodes a,b``, ``tag:x``): no spaces, no commas, no "tag:" prefix.
+NodeName = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\s,]+$")]
+HostName = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\s,/]+$")]
+Text = Annotated[str, StringConstraints(min_length=1)]
+PortNumber = Annotated[int, Field(ge=1, le=65535)]
+
+
+def _no_bool(value: Any) -> Any:
+    # pydantic's lax mode turns true/false into 1/0 for int fields; an inventory saying ``gpus: true`` is a
+    # mistake worth reporting.
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not an integer")
+    return value
+
+
+class WinRMSettings(BaseModel):
+    """How to reach a Windows node over WinRM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    transport: Transport = "ntlm"
+    scheme: Scheme = "https"
+    cert_validation: bool = True
+    ca_bundle: Text | None = None
+
+
+class Node(BaseModel):
+    """One machine of the cluster, with every default resolved."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    name: NodeName
+    host: HostName
+    port: PortNumber | None = None
+    os: OsName = "linux"
+    connection: ConnectionName = "ssh"
+    user: Text | None = None
+    key_file: Text | None = None
+    password_env: str | None = None
+    password_prompt: bool = False
+    gpus: int = Field(default=0, ge=0)
+    nproc: int = Field(default=1, ge=1)
+    interface: Text | None = None
+    python: Text | None = None
+    workdir: Text | None = None
+    tags: tuple[Text, ...] = ()
+    winrm: WinRMSettings = Field(default_factory=WinRMSettings)
+    allow_insecure: bool = False
+    line: int | None = None
+
+    _password: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_defaults(cls, data: Any) -> Any:
+        """Fill the defaults that depend on other fields (name, host, connection, port, nproc)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        os_name = data.get("os", "linux")
+        if "connection" not in data:
+            data["connection"] = "winrm" if os_name == "windows" else "ssh"
+        connection = data["connection"]
+        if "host" not in data and connection == "local":
+            data["host"] = "localhost"
+        host = data.get("host")
+        if "name" not in data and isinstance(host, (str, int)) and not isinstance(host, bool):
+            data["name"] = str(host)
+        if data.get("port") is None and connection == "winrm":
+            winrm = data.get("winrm")
+            scheme: Any = "https"
+            if isinstance(winrm, dict):
+                scheme = winrm.get("scheme", "https")
+            elif isinstance(winrm, WinRMSettings):
+                scheme = winrm.scheme
+            if scheme in WINRM_DEFAULT_PORTS:
+                data["port"] = WINRM_DEFAULT_PORTS[scheme]
+        gpus = data.get("gpus")
+        if "nproc" not in data and isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 0:
+            data["nproc"] = gpus
+        return data
+
+    @field_validator("port", "gpus", "nproc", mode="before")
+    @classmethod
+    def _integers_are_not_booleans(cls, value: Any) -> Any:
+        return _no_bool(value)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_tag_pattern(cls, value: str) -> str:
+        if value.startswith("tag:"):
+            raise ValueError("a node name cannot start with 'tag:'")
+        return value
+
+    @field_validator("password_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not ENV_NAME_RE.match(value):
+            raise ValueError("not an environment variable name")
+        return value
+
+    @property
+    def address(self) -> str:
+        """``host:port`` (``[v6]:port`` for IPv6 literals), or just ``host`` when the port is not fixed."""
+        if self.port is None:
+            return self.host
+        if ":" in self.host:
+            return f"[{self.host}]:{self.port}"
+        return f"{self.host}:{self.port}"
+
+    @property
+    def password_source(self) -> str | None:
+        """Where a password comes from (never the password): ``env:NAME``, ``inventory``, ``prompt``, None."""
+        if self.password_env:
+            return f"env:{self.password_env}"
+        if self._password is not None:
+            return "inventory"
+        if self.password_prompt:
+            return "prompt"
+        return None
+
+
+def inventory_password(node: Node) -> SecretStr | None:
+    """The literal password an inventory gave for ``node`` (Ansible ``ansible_password``), if any."""
+    return node._password
+
+
+def _attach_password(node: Node, secret: str) -> None:
+    node._password = SecretStr(secret)
+
+
+class Cluster(BaseModel):
+    """Cluster-wide settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    name: Text
+    master: Text
+    port: PortNumber = 29500
+    backend: Backend = "auto"
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _integers_are_not_booleans(cls, value: Any) -> Any:
+        return _no_bool(value)
+
+
+# Fields a user may write for a node ("line" is filled in by the loader).
+NODE_USER_FIELDS: tuple[str, ...] = tuple(f for f in Node.model_fields if f != "line")
+WINRM_FIELDS: tuple[str, ...] = tuple(WinRMSettings.model_fields)
+CLUSTER_FIELDS: tuple[str, ...] = tuple(Cluster.model_fields)
+
+
+def _one_of(literal: Any) -> str:
+    return "one of: " + ", ".join(str(a) for a in get_args(literal))
+
+
+# What each field expects, for "expected ..., got ..." messages.
+_EXPECTED: dict[str, str] = {
+    "name": "a node name without spaces or commas (not starting with 'tag:')",
+    "host": "a host name or IP address",
+    "port": "an integer between 1 and 65535",
+    "os": _one_of(OsName),
+    "connection": _one_of(ConnectionName),
+    "user": "a user name",
+    "key_file": "a path to a private key file",
+    "password_env": "the NAME of an environment variable holding the password (letters, digits, _)",
+    "password_prompt": "true or false",
+    "gpus": "an integer >= 0",
+    "nproc": "an integer >= 1",
+    "interface": "a network interface name",
+    "python": "a path or command name of a Python interpreter",
+    "workdir": "a directory path",
+    "tags": "a list of tag names",
+    "winrm": "a mapping with " + ", ".join(WINRM_FIELDS),
+    "allow_insecure": "true or false",
+    "winrm.transport": _one_of(Transport),
+    "winrm.scheme": _one_of(Scheme),
+    "winrm.cert_validation": "true or false",
+    "winrm.ca_bundle": "a path to a CA bundle file",
+}
+_CLUSTER_EXPECTED: dict[str, str] = {
+    "name": "a non-empty string",
+    "master": "a node name",
+    "port": "an integer between 1 and 65535",
+    "backend": _one_of(Backend),
+}
+# Values never echoed in messages (a user may put a password where a variable name belongs).
+_SECRET_FIELDS = frozenset({"password_env"})
+
+
+@dataclass
+class Source:
+    """Where a value came from: the line and the key as written; ``scope`` for shared values."""
+
+    line: int | None
+    key: str
+    scope: str | None = None  # e.g. "defaults" or "vars of group 'gpu'": the value applies to many nodes
+
+
+@dataclass
+class NodeDraft:
+    """A node as read from a file, before validation."""
+
+    label: str  # name for messages: the node name when known, else "nodes[3]"
+    line: int | None
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, Source] = field(default_factory=dict)  # "gpus", "winrm", "winrm.transport", ...
+    password: str | None = field(default=None, repr=False)
+    errored: set[str] = field(default_factory=set)  # fields a reader already reported and dropped
+
+
+class IssueLog:
+    """Collects issues for one file; identical issues (a shared value, many nodes) are kept once."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.issues: list[InventoryIssue] = []
+        self._seen: set[tuple[int | None, str | None, str | None, str]] = set()
+
+    def add(
+        self, message: str, *, line: int | None = None, node: str | None = None, field: str | None = None
+    ) -> None:
+        key = (line, node, field, message)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.issues.append(InventoryIssue(message, file=self.source, line=line, node=node, field=field))
+
+    def __bool__(self) -> bool:
+        return bool(self.issues)
+
+    def raise_if_any(self) -> None:
+        if self.issues:
+            ordered = sorted(self.issues, key=lambda i: (i.line is not None, i.line or 0))
+            raise InventoryError(ordered)
+
+
+def is_localhost(host: str) -> bool:
+    """True for names and addresses that always mean this machine."""
+    lowered = host.lower().strip("[]")
+    if lowered in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(lowered).is_loopback
+    except ValueError:
+        return False
+
+
+def _error_field(loc: tuple[int | str, ...]) -> tuple[str, str]:
+    """(top-level field, dotted path for winrm sub-fields) from a pydantic ``loc``."""
+    top = str(loc[0]) if loc else ""
+    if top == "winrm" and len(loc) > 1 and isinstance(loc[1], str):
+        return top, f"winrm.{loc[1]}"
+    return top, top
+
+
+def _report_validation(
+    exc: ValidationError,
+    *,
+    values: dict[str, Any],
+    sources: dict[str, Source],
+    expected: dict[str, str],
+    known_fields: Sequence[str],
+    fallback_line: int | None,
+    node: str | None,
+    log: IssueLog,
+) -> set[str]:
+    """Turn pydantic errors into issues; returns the dotted paths that were wrong."""
+    bad: set[str] = set()
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        top, path = _error_field(loc)
+        kind = err["type"]
+        if kind == "missing" and top == "name" and "host" in values:
+            continue  # the host is wrong too and reported on its own
+        bad.add(path)
+        src = sources.get(path) or sources.get(top)
+        line = src.line if src else fallback_line
+        shown_field = src.key if src else path
+        issue_node = node
+        suffix = ""
+        if src is not None and src.scope:
+            issue_node = None
+            suffix = f" (set in {src.scope})"
+        if kind == "extra_forbidden":
+            name = str(loc[-1])
+            options = WINRM_FIELDS if path.startswith("winrm.") else known_fields
+            message = f"unknown field '{name}'{did_you_mean(name, options)}"
+            shown_field = src.key if src else path
+        elif kind == "missing":
+            what = expected.get(path, "a value")
+            message = f"required field '{path}' is missing (expected {what})"
+        else:
+            what = expected.get(path, str(err.get("msg", "a valid value")))
+            if top in _SECRET_FIELDS:
+                message = f"expected {what}; the value is not shown"
+            else:
+                got = err.get("input")
+                item = ""
+                if len(loc) > 1 and isinstance(loc[-1], int):
+                    item = f" item {loc[-1] + 1}:"
+                message = f"expected {what}, got{item} {describe(got)}"
+        log.add(message + suffix, line=line, node=issue_node, field=shown_field)
+    return bad
+
+
+def _without(values: dict[str, Any], paths: Iterable[str]) -> dict[str, Any]:
+    """A copy of ``values`` without the given (dotted) fields."""
+    out = dict(values)
+    for path in paths:
+        if path.startswith("winrm.") and isinstance(out.get("winrm"), dict):
+            winrm = dict(out["winrm"])
+            winrm.pop(path.split(".", 1)[1], None)
+            out["winrm"] = winrm
+        else:
+            out.pop(path, None)
+    return out
+
+
+def _validate_node(draft: NodeDraft, log: IssueLog) -> tuple[Node | None, set[str]]:
+    """Validate one draft; report problems; return the node (wrong fields dropped) and the wrong fields."""
+    values = dict(draft.values)
+    values["line"] = draft.line
+    try:
+        node = Node.model_validate(values)
+    except ValidationError as exc:
+        bad = _report_validation(
+            exc,
+            values=values,
+            sources=draft.sources,
+            expected=_EXPECTED,
+            known_fields=NODE_USER_FIELDS,
+            fallback_line=draft.line,
+            node=draft.label,
+            log=log,
+        )
+        try:
+            # The cross-field checks still run on what is left (every issue is reported in one go).
+            node = Node.model_validate(_without(values, bad))
+        except ValidationError:
+            return None, bad | draft.errored
+        return node, bad | draft.errored
+    return node, set(draft.errored)
+
+
+def _line_of(draft: NodeDraft, *fields: str) -> tuple[int | None, str]:
+    for name in fields:
+        src = draft.sources.get(name)
+        if src is not None:
+            return src.line, src.key
+    return draft.line, fields[0]
+
+
+def _check_node(node: Node, draft: NodeDraft, bad: set[str], log: IssueLog) -> None:
+    """Checks involving several fields of one node."""
+    if node.gpus > 0 and node.nproc > node.gpus and not bad & {"gpus", "nproc"}:
+        line, key = _line_of(draft, "nproc", "gpus")
+        log.add(
+            f"nproc {node.nproc} is more than gpus {node.gpus}: each rank needs its own GPU: "
+            "set nproc <= gpus, or gpus: 0 for CPU ranks",
+            line=line,
+            node=node.name,
+            field=key,
+        )
+    if node.connection == "local" and not is_localhost(node.host) and not bad & {"host", "connection"}:
+        line, key = _line_of(draft, "host", "connection")
+        log.add(
+            f"connection 'local' runs on this machine, but host is '{node.host}': "
+            "omit host (or use localhost) for the local node, or use connection: ssh",
+            line=line,
+            node=node.name,
+            field=key,
+        )
+    if node.connection == "winrm" and node.os == "linux" and not bad & {"os", "connection"}:
+        line, key = _line_of(draft, "connection", "os")
+        log.add(
+            "connection 'winrm' is for Windows nodes: set os: windows, or use connection: ssh for Linux",
+            line=line,
+            node=node.name,
+            field=key,
+        )
+
+
+def _effective_port(node: Node) -> int | str | None:
+    if node.port is not None:
+        return node.port
+    if node.connection == "ssh":
+        return 22
+    return node.connection
+
+
+def _build_cluster(
+    values: dict[str, Any],
+    sources: dict[str, Source],
+    *,
+    fallback_line: int | None,
+    known_names: Sequence[str],
+    log: IssueLog,
+) -> Cluster | None:
+    cluster: Cluster | None = None
+    bad: set[str] = set()
+    try:
+        cluster = Cluster.model_validate(values)
+    except ValidationError as exc:
+        bad = _report_validation(
+            exc,
+            values=values,
+            sources=sources,
+            expected=_CLUSTER_EXPECTED,
+            known_fields=CLUSTER_FIELDS,
+            fallback_line=fallback_line,
+            node=None,
+            log=log,
+        )
+    master = values.get("master")
+    if known_names and "master" not in bad and isinstance(master, str) and master not in known_names:
+        src = sources.get("master")
+        log.add(
+            f"master '{master}' is not a node{did_you_mean(master, known_names)}",
+            line=src.line if src else fallback_line,
+            field=src.key if src else "master",
+        )
+    return cluster
+
+
+def assemble(
+    *,
+    source: str,
+    fmt: InventoryFormat,
+    drafts: list[NodeDraft],
+    cluster_values: dict[str, Any],
+    cluster_sources: dict[str, Source],
+    cluster_line: int | None,
+    default_master: str | None,
+    notes: list[str],
+    log: IssueLog,
+) -> Inventory:
+    """Validate drafts and cluster settings: an Inventory, or InventoryError with all issues."""
+    nodes: list[Node] = []
+    by_name: dict[str, Node] = {}
+    by_address: dict[tuple[str, int | str | None], Node] = {}
+    for draft in drafts:
+        node, bad = _validate_node(draft, log)
+        if node is None:
+            continue
+        _check_node(node, draft, bad, log)
+        if draft.password is not None:
+            _attach_password(node, draft.password)
+        if "name" not in bad and "host" not in bad:
+            first = by_name.get(node.name)
+            if first is not None:
+                line, key = _line_of(draft, "name", "host")
+                at = f" (first defined at line {first.line})" if first.line else ""
+                log.add(f"duplicate node name '{node.name}'{at}", line=line, node=node.name, field=key)
+                continue
+            by_name[node.name] = node
+        if not bad & {"host", "port", "connection"}:
+            address = (node.host.lower(), _effective_port(node))
+            other = by_address.get(address)
+            if other is not None:
+                line, key = _line_of(draft, "host", "port")
+                at = f" (line {other.line})" if other.line else ""
+                log.add(
+                    f"same address {node.address} as node '{other.name}'{at}: "
+                    "nodes on one host need different ports",
+                    line=line,
+                    node=node.name,
+                    field=key,
+                )
+            else:
+                by_address[address] = node
+        nodes.append(node)
+
+    stem = PurePath(source).stem or "cluster"
+    values = dict(cluster_values)
+    values.setdefault("name", stem)
+    if "master" not in values and default_master is not None:
+        values["master"] = default_master
+    known = [d.label for d in drafts]
+    cluster = None
+    if "master" in values:
+        cluster = _build_cluster(
+            values, cluster_sources, fallback_line=cluster_line, known_names=known, log=log
+        )
+    if cluster is None and not log:
+        log.add("the inventory defines no nodes", line=cluster_line)
+    log.raise_if_any()
+    assert cluster is not None
+    return Inventory(cluster=cluster, nodes=nodes, source=source, format=fmt, notes=list(notes))
+
+
+@dataclass
+class Inventory:
+    """A loaded, validated inventory."""
+
+    cluster: Cluster
+    nodes: list[Node]
+    source: str
+    format: InventoryFormat
+    notes: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; :class:`InventoryError` (with the closest name) when there is none."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        hint = did_you_mean(name, self.names)
+        raise InventoryError([InventoryIssue(f"unknown node '{name}'{hint}", file=self.source)])
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    @property
+    def master_node(self) -> Node:
+        return self.node(self.cluster.master)
+
+    def select(self, patterns: Sequence[str]) -> list[Node]:
+        """Nodes matching any pattern, in inventory order, each once.
+
+        A pattern is a node name, an ``fnmatch`` glob (``gpu-*``) or ``tag:NAME`` (the tag may be a glob
+        too); one string may hold several comma-separated patterns. A pattern matching no node is an
+        :class:`InventoryError` naming it (all such patterns at once).
+        """
+        wanted: set[str] = set()
+        issues: list[InventoryIssue] = []
+        for raw in patterns:
+            for pattern in (p.strip() for p in raw.split(",")):
+                if not pattern:
+                    continue
+                matched = self._match(pattern)
+                if not matched:
+                    issues.append(InventoryIssue(self._no_match(pattern), file=self.source))
+                wanted.update(matched)
+        if issues:
+            raise InventoryError(issues)
+        return [n for n in self.nodes if n.name in wanted]
+
+    def _match(self, pattern: str) -> set[str]:
+        if pattern.startswith("tag:"):
+            tag = pattern[4:]
+            return {n.name for n in self.nodes if any(fnmatch.fnmatchcase(t, tag) for t in n.tags)}
+        exact = {n.name for n in self.nodes if n.name == pattern}
+        return exact or {n.name for n in self.nodes if fnmatch.fnmatchcase(n.name, pattern)}
+
+    def _no_match(self, pattern: str) -> str:
+        if pattern.startswith("tag:"):
+            tags = sorted({t for n in self.nodes for t in n.tags})
+            match = closest(pattern[4:], tags)
+            hint = f"; did you mean 'tag:{match}'?" if match else ""
+            known = ", ".join(tags) if tags else "none"
+            return f"no node has tag '{pattern[4:]}'{hint} (tags: {known})"
+        return f"no node matches '{pattern}'{did_you_mean(pattern, self.names)}"
+
+    def public_dict(self) -> dict[str, Any]:
+        """A JSON-safe description (no secret values; the NAME of a password variable is shown)."""
+        nodes = []
+        for node in self.nodes:
+            entry = node.model_dump(mode="json")
+            entry["tags"] = list(node.tags)
+            entry["address"] = node.address
+            entry["password_source"] = node.password_source
+            nodes.append(entry)
+        return {
+            "source": self.source,
+            "format": self.format,
+            "cluster": self.cluster.model_dump(mode="json"),
+            "nodes": nodes,
+            "notes": list(self.notes),
+        }

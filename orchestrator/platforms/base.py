@@ -1,0 +1,57 @@
+"""What the shell on the other end speaks.
+
+A platform turns *intent* (run this argv, with this environment, in this directory, as root) into the
+exact text a node's shell executes. Transports move that text; nothing else in the product builds shell
+syntax (Ansible keeps the same split: connection plugins vs shell plugins).
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_env_name(name: str) -> str:
+    """Environment variable names are identifiers on every platform we drive."""
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"invalid environment variable name {name!r}: use letters, digits and '_'")
+    return name
+
+
+class Platform(ABC):
+    """Shell dialect of a node."""
+
+    #: short name shown to users and in --json ("posix", "powershell", ...)
+    name: str
+
+    @abstractmethod
+    def quote(self, value: str) -> str:
+        """One argument, quoted so the shell passes it through unchanged."""
+
+    def join(self, argv: Sequence[str]) -> str:
+        """A command line whose words reach the program exactly as given."""
+        return " ".join(self.quote(a) for a in argv)
+
+    @abstractmethod
+    def wrap(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+    ) -> str:
+        """The full text a transport hands to the node: ``command`` (shell text) run with ``env``
+        exported, inside ``cwd``, optionally as root."""
+
+    @abstractmethod
+    def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
+        """One script running every ``(name, command)`` in turn, each section's stdout framed by
+        markers carrying ``token`` and its exit code, so one round trip gathers many facts."""
+
+    @abstractmethod
+    def transfer_path(self, path: str) -> str:
+        """``path`` as a file-transfer protocol (SFTP) expects it: no shell expansion happens there."""

@@ -1,0 +1,28 @@
+"""Files shipped with the product: templates and the embedded default inventory.
+
+In an installed wheel they live inside the package (``orchestrator/templates``,
+``orchestrator/_data/inventory``); in a source checkout or editable install, at the repository root.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+_REPO = _PACKAGE.parent
+
+
+def _first_existing(*candidates: Path) -> Path:
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    return candidates[-1]
+
+
+def templates_dir() -> Path:
+    return _first_existing(_PACKAGE / "templates", _REPO / "templates")
+
+
+def default_inventory() -> Path:
+    """``inventory/local.yaml``: this machine only, local connection, CPU ranks."""
+    return _first_existing(_PACKAGE / "_data" / "inventory" / "local.yaml", _REPO / "inventory" / "local.yaml")

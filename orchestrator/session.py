@@ -1,0 +1,78 @@
+"""One invocation of bootstrap: the selected nodes, one reused connection each, the executor."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from orchestrator.executor import Executor, NodeEvent, Outcome
+from orchestrator.transports import SSHOptions, Transport, open_transport
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node, PasswordResolver
+
+T = TypeVar("T")
+
+
+class Session:
+    def __init__(
+        self,
+        inventory: Inventory,
+        nodes: list[Node],
+        *,
+        ssh: SSHOptions,
+        passwords: PasswordResolver,
+        on_event: Callable[[NodeEvent], None] | None = None,
+        max_workers: int = 64,
+    ) -> None:
+        self.inventory = inventory
+        self.nodes = nodes
+        self.ssh = ssh
+        self.passwords = passwords
+        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+        self.executor = Executor(max_workers=max_workers, on_event=on_event, cancel=self.close)
+
+    def transport(self, node: Node) -> Transport:
+        """The node's one transport (created on first use, connected by the caller)."""
+        with self._lock:
+            existing = self._transports.get(node.name)
+            if existing is None:
+                existing = open_transport(node, ssh=self.ssh, passwords=self.passwords)
+                self._transports[node.name] = existing
+            return existing
+
+    def map(
+        self,
+        fn: Callable[[Node, Transport], T],
+        *,
+        step: str,
+        connect: bool = True,
+        fail_fast: bool = False,
+    ) -> list[Outcome[T]]:
+        """``fn(node, transport)`` on every selected node in parallel, outcomes in inventory order."""
+
+        def one(node: Node) -> T:
+            transport = self.transport(node)
+            if connect:
+                transport.connect()
+            return fn(node, transport)
+
+        return self.executor.map(self.nodes, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
+
+    def close(self) -> None:
+        """Close every connection (also from another thread: unblocks running commands)."""
+        with self._lock:
+            transports = list(self._transports.values())
+        for transport in transports:
+            try:
+                transport.close()
+            except Exception:  # closing is best effort; the run is over either way
+                pass
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

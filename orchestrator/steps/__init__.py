@@ -1,0 +1,1 @@
+"""One module per job the product does on nodes."""

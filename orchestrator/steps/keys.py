@@ -1,0 +1,100 @@
+"""`bootstrap keys`: first contact with nodes that accept only a password (ssh-copy-id, verified).
+
+Installs the controller's public key in the node user's ~/.ssh/authorized_keys (once: an existing
+line is left alone), records the node's host key, then proves key login works with that key alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from orchestrator.errors import CommandFailedError
+from orchestrator.platforms import PosixShell
+from orchestrator.transports import SSHOptions, SSHTransport, Transport
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Node
+
+DEFAULT_KEY = "~/.ssh/id_ed25519"
+
+
+@dataclass
+class ControllerKey:
+    private: Path
+    public_line: str
+    generated: bool
+
+
+def ensure_controller_key(path: str = DEFAULT_KEY) -> ControllerKey:
+    """The controller's key pair, generated (ed25519, no passphrase, mode 0600) when missing."""
+    private = Path(os.path.expanduser(path))
+    public = private.with_name(private.name + ".pub")
+    generated = False
+    if not private.exists():
+        key = Ed25519PrivateKey.generate()
+        private.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        public.write_text(line.decode() + " cluster-bootstrap\n")
+        generated = True
+    if not public.exists():
+        raise CommandFailedError(
+            f"{private} exists but {public} does not",
+            hint=f"recreate it with `ssh-keygen -y -f {private} > {public}`",
+        )
+    return ControllerKey(private=private, public_line=public.read_text().strip(), generated=generated)
+
+
+@dataclass
+class KeyInstall:
+    status: str  # "added" or "present"
+    verified: bool
+    recorded_host_keys: list[str]
+
+    def public_dict(self) -> dict[str, object]:
+        return {"status": self.status, "verified": self.verified, "recorded_host_keys": self.recorded_host_keys}
+
+
+def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOptions) -> KeyInstall:
+    """Install ``key`` on the node over ``transport`` (password login), then verify key-only login."""
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise CommandFailedError("installing keys is supported on Linux nodes only", node=node.name)
+    result = transport.run(platform.ensure_authorized_key(key.public_line), timeout=30)
+    status = result.stdout.strip().splitlines()[-1] if result.ok and result.stdout.strip() else ""
+    if status not in ("added", "present"):
+        raise CommandFailedError(
+            f"could not update ~/.ssh/authorized_keys (exit code {result.exit_code}): "
+            + " | ".join(result.tail(3)),
+            node=node.name,
+        )
+    recorded = transport.recorded_host_keys if isinstance(transport, SSHTransport) else []
+    # Prove it: a fresh connection with this key only (no agent, no other keys, no password).
+    check = SSHTransport(
+        node.name,
+        platform,
+        host=node.host,
+        port=node.port,
+        user=node.user,
+        key_file=str(key.private),
+        password=lambda: None,
+        options=ssh,
+        identities_only=True,
+    )
+    try:
+        check.connect()
+        verified = check.run("true", timeout=30).ok
+    finally:
+        check.close()
+    return KeyInstall(status=status, verified=verified, recorded_host_keys=recorded)

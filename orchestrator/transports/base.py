@@ -1,0 +1,193 @@
+"""How bytes reach a node: the interface every transport implements.
+
+A transport knows sockets and processes, never shell syntax: it asks the node's platform to wrap a
+command (environment, working directory, privilege) and sends the resulting text.
+"""
+
+from __future__ import annotations
+
+import codecs
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from orchestrator.platforms import Platform
+
+Stream = Literal["stdout", "stderr"]
+#: called with each complete output line (without its newline) as it arrives
+OnLine = Callable[[Stream, str], None]
+
+
+@dataclass
+class Result:
+    """What one command did on one node (invoke's ``Result`` shape)."""
+
+    node: str
+    command: str
+    exit_code: int | None  # None: no exit status (timed out, connection lost, cancelled)
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def tail(self, lines: int = 20) -> list[str]:
+        """Last ``lines`` lines of stdout and stderr together (stderr last), for failure summaries."""
+        text = self.stdout.splitlines() + self.stderr.splitlines()
+        return text[-lines:]
+
+    def public_dict(self) -> dict[str, object]:
+        return {
+            "exit_code": self.exit_code,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "duration": round(self.duration, 4),
+            "timed_out": self.timed_out,
+        }
+
+
+@dataclass
+class LineSplitter:
+    """Turns a byte stream into text lines as they complete.
+
+    Decodes UTF-8 incrementally (a multi-byte character split across reads stays whole) and replaces
+    invalid bytes rather than failing: a training log with one bad byte must keep streaming.
+    """
+
+    stream: Stream
+    on_line: OnLine | None
+    keep: int | None = None  # keep only the last N lines (long runs); None keeps everything
+    _decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
+    _partial: str = ""
+    _chunks: list[str] = field(default_factory=list)
+    _tail: deque[str] = field(default_factory=deque)
+
+    def feed(self, data: bytes) -> None:
+        text = self._decoder.decode(data)
+        if not text:
+            return
+        self._remember(text)
+        if self.on_line is None:
+            return
+        buf = self._partial + text
+        *complete, self._partial = buf.split("\n")
+        for line in complete:
+            self.on_line(self.stream, line.removesuffix("\r"))
+
+    def close(self) -> None:
+        text = self._decoder.decode(b"", final=True)
+        if text:
+            self._remember(text)
+        if self.on_line is not None:
+            rest = self._partial + text
+            self._partial = ""
+            if rest:
+                self.on_line(self.stream, rest.removesuffix("\r"))
+
+    def _remember(self, text: str) -> None:
+        if self.keep is None:
+            self._chunks.append(text)
+            return
+        self._tail.extend(text.splitlines(keepends=True))
+        while len(self._tail) > self.keep:
+            self._tail.popleft()
+
+    @property
+    def text(self) -> str:
+        if self.keep is None:
+            return "".join(self._chunks)
+        return "".join(self._tail)
+
+
+class Deadline:
+    """Remaining time of an optional timeout."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.start = time.monotonic()
+        self.end = None if timeout is None else self.start + timeout
+
+    def remaining(self, cap: float) -> float:
+        if self.end is None:
+            return cap
+        return max(0.0, min(cap, self.end - time.monotonic()))
+
+    @property
+    def expired(self) -> bool:
+        return self.end is not None and time.monotonic() >= self.end
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+class Transport(ABC):
+    """One connection to one node, reused by every step."""
+
+    #: "local", "ssh", "winrm"
+    kind: str
+
+    def __init__(self, node_name: str, platform: Platform) -> None:
+        self.node_name = node_name
+        self.platform = platform
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection (idempotent). Raises ``ConnectError`` subclasses."""
+
+    @abstractmethod
+    def run_raw(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        keep_lines: int | None = None,
+    ) -> Result:
+        """Send ``command`` (already in the node's shell syntax) and wait for it."""
+
+    def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        become: bool = False,
+        keep_lines: int | None = None,
+    ) -> Result:
+        """Run shell text ``command`` on the node with ``env`` exported inside ``cwd``.
+
+        ``on_line`` receives each line while the command runs. ``become`` runs it as root (sudo -n for
+        other users). ``keep_lines`` bounds how much output the result keeps (None: all).
+        """
+        wrapped = self.platform.wrap(command, env=env, cwd=cwd, become=become)
+        result = self.run_raw(wrapped, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
+        result.command = command
+        return result
+
+    @abstractmethod
+    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        """Copy a local file to ``remote`` on the node."""
+
+    @abstractmethod
+    def get(self, remote: str, local: Path) -> None:
+        """Copy ``remote`` from the node to a local file."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection; safe to call twice and from another thread (cancellation)."""
+
+    def describe(self) -> str:
+        """Where this transport goes, for messages (never includes secrets)."""
+        return self.kind
+

@@ -1,0 +1,118 @@
+"""``connection: local``: the controller's own machine, through a subprocess."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from orchestrator.errors import TransferError
+from orchestrator.platforms import Platform
+from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
+
+
+class LocalTransport(Transport):
+    kind = "local"
+
+    def __init__(self, node_name: str, platform: Platform) -> None:
+        super().__init__(node_name, platform)
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def connect(self) -> None:
+        self._closed = False
+
+    def run_raw(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        keep_lines: int | None = None,
+    ) -> Result:
+        deadline = Deadline(timeout)
+        # Own session: a timeout or cancellation kills the whole process group, not just /bin/sh.
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        with self._lock:
+            self._procs.add(proc)
+        out = LineSplitter("stdout", on_line, keep_lines)
+        err = LineSplitter("stderr", on_line, keep_lines)
+        timed_out = False
+        assert proc.stdout is not None and proc.stderr is not None
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ, out)
+                sel.register(proc.stderr, selectors.EVENT_READ, err)
+                while sel.get_map():
+                    if deadline.expired:
+                        timed_out = True
+                        self._kill(proc)
+                        break
+                    for key, _ in sel.select(deadline.remaining(0.5)):
+                        data = os.read(key.fd, 65536)
+                        if not data:
+                            sel.unregister(key.fileobj)
+                            continue
+                        key.data.feed(data)
+            exit_code = proc.wait()
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+            proc.stdout.close()
+            proc.stderr.close()
+        out.close()
+        err.close()
+        return Result(
+            node=self.node_name,
+            command=command,
+            exit_code=None if timed_out or self._closed else exit_code,
+            stdout=out.text,
+            stderr=err.text,
+            duration=deadline.elapsed,
+            timed_out=timed_out,
+        )
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        target = Path(os.path.expanduser(remote))
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, target)
+            if mode is not None:
+                target.chmod(mode)
+        except OSError as exc:
+            raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
+
+    def get(self, remote: str, local: Path) -> None:
+        try:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(os.path.expanduser(remote), local)
+        except OSError as exc:
+            raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            self._kill(proc)
+
+    def describe(self) -> str:
+        return "local"

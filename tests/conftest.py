@@ -1,0 +1,133 @@
+"""Shared fixtures: the namespace cluster (tests/cluster.py) and a test-local HOME for CLI runs."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import NamespaceCluster, cluster_support_problems
+
+_MARKERS = {
+    "integration": "needs the namespace SSH cluster (root, ip netns, sshd)",
+    "e2e": "end-to-end runs of the CLI against the namespace SSH cluster",
+}
+_support_problems: list[str] | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, help_text in _MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {help_text}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests under tests/integration and tests/e2e carry that marker automatically."""
+    tests_dir = Path(__file__).parent
+    for item in items:
+        try:
+            rel = item.path.relative_to(tests_dir)
+        except ValueError:
+            continue
+        if rel.parts and rel.parts[0] in _MARKERS:
+            item.add_marker(rel.parts[0])
+
+
+def require_cluster_support() -> None:
+    """Skip the calling test when no cluster can be built here; with CI=true fail instead."""
+    global _support_problems
+    if _support_problems is None:
+        _support_problems = cluster_support_problems()
+    if _support_problems:
+        reason = "namespace cluster unavailable: " + "; ".join(_support_problems)
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    """Three hosts (node1..node3) reachable over SSH from ``cluster.controller_ns``.
+
+    Shared by the whole session: tests that change a host (rotate_host_key, stop_sshd, ...)
+    should restore it or build their own NamespaceCluster. sshd logs stay in the pytest temp
+    directory ("cluster0") for post-mortem reading.
+    """
+    require_cluster_support()
+    ns_cluster = NamespaceCluster(3, workdir=tmp_path_factory.mktemp("cluster"))
+    try:
+        ns_cluster.start()
+        yield ns_cluster
+    finally:
+        ns_cluster.stop()
+
+
+@pytest.fixture
+def ctl_home(cluster: NamespaceCluster, tmp_path: Path) -> Path:
+    """A HOME with only test-local SSH material: .ssh/ (0700) holding the client key.
+
+    Run the CLI as ``cluster.controller_argv(argv, env={"HOME": str(ctl_home)})``; add
+    .ssh/known_hosts or .ssh/config (cluster.known_hosts_text(), ssh_config_text()) as needed.
+    """
+    home = tmp_path / "home"
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True)
+    home.chmod(0o755)
+    ssh_dir.chmod(0o700)
+    key = ssh_dir / "id_ed25519"
+    shutil.copyfile(cluster.client_key, key)
+    key.chmod(0o600)
+    pub = ssh_dir / "id_ed25519.pub"
+    shutil.copyfile(cluster.client_key.with_suffix(".pub"), pub)
+    pub.chmod(0o644)
+    return home
+
+
+# -- running the real CLI inside the controller namespace ------------------------------------------
+
+BOOTSTRAP = str(Path(sys.executable).parent / "bootstrap")
+
+
+@dataclass
+class CliRun:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:  # shown by pytest when an assertion on a run fails
+        return f"$ {' '.join(self.argv)}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+
+
+def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: object) -> Path:
+    """A native-format inventory file (JSON is valid YAML)."""
+    doc: dict[str, object] = {"nodes": nodes}
+    if cluster:
+        doc["cluster"] = cluster
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+@pytest.fixture
+def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Callable[..., CliRun]:
+    """Run the installed ``bootstrap`` inside the controller namespace with HOME=ctl_home."""
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120, input: str | None = None) -> CliRun:
+        full_env = {"HOME": str(ctl_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        full_env.update(env or {})
+        argv = cluster.controller_argv([BOOTSTRAP, *args], env=full_env)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
+        return CliRun([BOOTSTRAP, *args], proc.returncode, proc.stdout, proc.stderr)
+
+    return run
+
+
+@pytest.fixture
+def trusted_home(cluster: NamespaceCluster, ctl_home: Path) -> Path:
+    """ctl_home with every cluster host key already in ~/.ssh/known_hosts."""
+    (ctl_home / ".ssh" / "known_hosts").write_text(cluster.known_hosts_text())
+    return ctl_home

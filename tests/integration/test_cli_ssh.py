@@ -1,0 +1,278 @@
+"""The real `bootstrap` CLI against the namespace cluster: real sshd, real host keys, real failures."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import CliRun, write_inventory
+
+Bootstrap = Callable[..., CliRun]
+
+
+def _nodes(cluster: NamespaceCluster, **extra: object) -> list[dict[str, object]]:
+    return [
+        {"name": h.name, "host": h.addr, "user": "root", "python": "/usr/bin/python3", **extra}
+        for h in cluster.hosts
+    ]
+
+
+@pytest.fixture
+def inventory(cluster: NamespaceCluster, tmp_path: Path) -> Path:
+    return write_inventory(tmp_path / "hosts.yaml", _nodes(cluster), name="ns", master="node1")
+
+
+def test_check_three_nodes_shows_each_node(
+    bootstrap: Bootstrap, trusted_home: Path, inventory: Path, cluster: NamespaceCluster
+) -> None:
+    run = bootstrap("--inventory", str(inventory), "check", "--json")
+    assert run.returncode == 0, run
+    doc = json.loads(run.stdout)
+    assert [n["name"] for n in doc["nodes"]] == ["node1", "node2", "node3"]
+    for node, host in zip(doc["nodes"], cluster.hosts):
+        assert node["ok"] and node["error"] is None
+        assert node["facts"]["hostname"] == host.hostname  # its own UTS namespace: really that host
+        assert node["via"] == f"ssh root@{host.addr}"
+        assert node["facts"]["python"]["path"] == "/usr/bin/python3"
+        assert node["facts"]["cpus"] >= 1 and node["facts"]["memory"]["total_bytes"] > 0
+        assert node["facts"]["gpus"] == {"gpus": [], "nvidia_smi": False, "error": None}
+        assert node["facts"]["torch"]["installed"] is False  # Debian's python3 has no torch
+
+
+def test_check_table_for_humans(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
+    run = bootstrap("-i", str(inventory))  # no command: the main pipeline
+    assert run.returncode == 0, run
+    for name in ("node1 (master)", "node2", "node3"):
+        assert name in run.stdout
+    assert "not installed" in run.stdout  # torch column
+    assert "3/3 nodes reachable" in run.stderr
+    assert "\x1b[" not in run.stdout  # piped: no colour codes
+
+
+def test_run_streams_prefixed_lines_and_summarises_exit_codes(
+    bootstrap: Bootstrap, trusted_home: Path, inventory: Path
+) -> None:
+    script = 'echo "hello from $(hostname)"; echo "to stderr" >&2; [ "$(hostname)" != node2 ] || exit 7'
+    run = bootstrap("-i", str(inventory), "run", "--", script)
+    assert run.returncode == 1, run  # node2 failed
+    lines = run.stdout.splitlines()
+    for name in ("node1", "node2", "node3"):
+        assert re.search(rf"^\[{name}\] +hello from {name}$", run.stdout, re.M), run.stdout
+        assert any(line.startswith(f"[{name}]") and line.endswith("to stderr") for line in lines)
+    assert re.search(r"node2\W+exit 7", run.stderr), run.stderr
+    assert re.search(r"node1\W+ok", run.stderr)
+    # every node's output is also kept on the controller
+    log_dir = Path(re.search(r"output kept in (\S+)", run.stderr).group(1))  # type: ignore[union-attr]
+    assert (log_dir / "node2.log").read_text() == "hello from node2\nto stderr\n"
+
+
+def test_run_json_has_exit_codes_and_output(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
+    run = bootstrap("-i", str(inventory), "--json", "run", "--nodes", "node1,node3", "--", "hostname")
+    assert run.returncode == 0, run
+    doc = json.loads(run.stdout)
+    assert [(n["name"], n["exit_code"], n["stdout"]) for n in doc["nodes"]] == [
+        ("node1", 0, "node1\n"),
+        ("node3", 0, "node3\n"),
+    ]
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_then_accepted_on_request(
+    bootstrap: Bootstrap, ctl_home: Path, inventory: Path, cluster: NamespaceCluster
+) -> None:
+    run = bootstrap("-i", str(inventory), "check", "--nodes", "node1")
+    assert run.returncode == 3, run
+    host = cluster.hosts[0]
+    assert host.fingerprint() in run.stderr
+    assert "--accept-new-host-keys" in run.stderr and "node 'node1'" in run.stderr
+    assert not (ctl_home / ".ssh" / "known_hosts").exists()
+
+    run = bootstrap("-i", str(inventory), "check", "--nodes", "node1", "--accept-new-host-keys")
+    assert run.returncode == 0, run
+    assert f"recorded host key {host.addr} ssh-ed25519 {host.fingerprint()}" in run.stderr
+    assert host.addr in (ctl_home / ".ssh" / "known_hosts").read_text()
+
+    run = bootstrap("-i", str(inventory), "check", "--nodes", "node1")  # recorded: no flag needed now
+    assert run.returncode == 0, run
+
+
+def test_changed_host_key_is_refused_even_with_accept_new(
+    bootstrap: Bootstrap, ctl_home: Path, inventory: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    host = cluster.hosts[2]
+    old_line = f"{host.addr} {host.host_key_line()}\n"
+    (ctl_home / ".ssh" / "known_hosts").write_text(old_line)
+    old_fp = host.fingerprint()
+    cluster.rotate_host_key(host)
+    try:
+        run = bootstrap("-i", str(inventory), "check", "--nodes", "node3", "--accept-new-host-keys")
+        assert run.returncode == 3, run
+        assert "HOST KEY CHANGED" in run.stderr
+        assert old_fp in run.stderr and host.fingerprint() in run.stderr
+        assert f"ssh-keygen -R {host.addr}" in run.stderr
+        assert (ctl_home / ".ssh" / "known_hosts").read_text() == old_line  # nothing recorded
+    finally:
+        pass  # the rotated key is the host's key from now on; other tests read it from the cluster
+
+
+def test_unreachable_node_is_named_and_others_still_report(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    nodes = _nodes(cluster)[:2] + [{"name": "ghost", "host": cluster.unused_addr, "user": "root"}]
+    inv = write_inventory(tmp_path / "hosts.yaml", nodes)
+    run = bootstrap("-i", str(inv), "--connect-timeout", "1.5", "--json", "check")
+    assert run.returncode == 3, run
+    doc = json.loads(run.stdout)
+    by_name = {n["name"]: n for n in doc["nodes"]}
+    assert by_name["node1"]["ok"] and by_name["node2"]["ok"]
+    ghost = by_name["ghost"]
+    assert not ghost["ok"] and ghost["error"]["type"] == "UnreachableError"
+    assert "timed out after 1.5s" in ghost["error"]["message"]
+    assert cluster.unused_addr in ghost["error"]["message"]
+    assert "node 'ghost'" in run.stderr
+
+
+def test_refused_port_says_nothing_listens(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    nodes = [{"name": "wrongport", "host": cluster.hosts[0].addr, "port": 2222, "user": "root"}]
+    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "check")
+    assert run.returncode == 3, run
+    assert "connection refused" in run.stderr and "2222" in run.stderr and "wrongport" in run.stderr
+
+
+def test_wrong_user_is_an_authentication_error(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    nodes = [{"name": "n1", "host": cluster.hosts[0].addr, "user": "nosuchuser"}]
+    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "check")
+    assert run.returncode == 3, run
+    assert "authentication as 'nosuchuser'" in run.stderr and "node 'n1'" in run.stderr
+    assert "bootstrap keys" in run.stderr  # what to do next
+
+
+def test_missing_password_variable_names_it(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    nodes = [{"name": "n1", "host": cluster.hosts[0].addr, "user": "root", "password_env": "CB_TEST_NOPE"}]
+    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "check")
+    assert run.returncode == 3, run
+    assert "CB_TEST_NOPE" in run.stderr
+
+
+def test_ssh_config_alias_user_and_identity_are_honoured(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    ssh = trusted_home / ".ssh"
+    key = ssh / "id_ed25519"
+    key.rename(ssh / "cluster_key")  # only the ssh config knows where the key is now
+    (ssh / "id_ed25519.pub").unlink()
+    host = cluster.hosts[1]
+    (ssh / "config").write_text(f"Host train-box\n  HostName {host.addr}\n  User root\n  IdentityFile {ssh / 'cluster_key'}\n")
+    inv = write_inventory(tmp_path / "h.yaml", [{"name": "box", "host": "train-box"}])
+    run = bootstrap("-i", str(inv), "--json", "check")
+    assert run.returncode == 0, run
+    node = json.loads(run.stdout)["nodes"][0]
+    assert node["facts"]["hostname"] == host.hostname and node["via"] == f"ssh root@{host.addr}"
+
+
+def test_proxyjump_verifies_every_hop(
+    bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    jump, target = cluster.hosts[0], cluster.hosts[2]
+    ssh = ctl_home / ".ssh"
+    (ssh / "config").write_text(f"Host inner\n  HostName {target.addr}\n  User root\n  ProxyJump root@{jump.addr}\n")
+    inv = write_inventory(tmp_path / "h.yaml", [{"name": "inner", "host": "inner"}])
+    (ssh / "known_hosts").write_text(cluster.known_hosts_text([target]))  # the jump host is unknown
+    run = bootstrap("-i", str(inv), "check")
+    assert run.returncode == 3, run
+    assert jump.fingerprint() in run.stderr  # the gateway's key was checked, not auto-added
+    (ssh / "known_hosts").write_text(cluster.known_hosts_text([jump, target]))
+    run = bootstrap("-i", str(inv), "--json", "check")
+    assert run.returncode == 0, run
+    assert json.loads(run.stdout)["nodes"][0]["facts"]["hostname"] == target.hostname
+
+
+def test_dry_run_connects_nowhere_and_shows_commands(
+    bootstrap: Bootstrap, ctl_home: Path, inventory: Path
+) -> None:
+    run = bootstrap("-i", str(inventory), "--dry-run", "run", "--become", "--", "systemctl restart foo")
+    assert run.returncode == 0, run  # no known_hosts at all: nothing was contacted
+    assert run.stdout.count("would run") == 3
+    assert "sudo -n --" in run.stdout and "systemctl restart foo" in run.stdout
+
+
+def test_become_without_passwordless_sudo_is_explained(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    cluster.add_user("cbtsudopw", sudo="password")
+    cluster.add_user("cbtsudook", sudo="nopasswd")
+    try:
+        nodes = [
+            {"name": "strict", "host": cluster.hosts[0].addr, "user": "cbtsudopw"},
+            {"name": "easy", "host": cluster.hosts[1].addr, "user": "cbtsudook"},
+        ]
+        inv = write_inventory(tmp_path / "h.yaml", nodes)
+        run = bootstrap("-i", str(inv), "run", "--become", "--", "id -u")
+        assert run.returncode == 1, run
+        assert re.search(r"^\[easy\] +0$", run.stdout, re.M)
+        assert "node 'strict': sudo needs a password" in run.stderr and "NOPASSWD" in run.stderr
+    finally:
+        cluster.remove_user("cbtsudopw")
+        cluster.remove_user("cbtsudook")
+
+
+def test_keys_installs_and_verifies_on_password_only_node(
+    bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    host = cluster.hosts[1]
+    cluster.add_user("cbtkeys", password="s3cret-Pw", authorized_key=False)
+    cluster.set_password_auth(host, True)
+    try:
+        # a fresh controller: no key pair yet, no known hosts
+        for name in ("id_ed25519", "id_ed25519.pub"):
+            (ctl_home / ".ssh" / name).unlink()
+        nodes = [{"name": "pw", "host": host.addr, "user": "cbtkeys", "password_env": "CB_PW"}]
+        inv = write_inventory(tmp_path / "h.yaml", nodes)
+        run = bootstrap("-i", str(inv), "keys", env={"CB_PW": "s3cret-Pw"})
+        assert run.returncode == 0, run
+        assert "s3cret-Pw" not in run.stdout + run.stderr
+        assert "added" in run.stdout and "verified" in run.stdout and host.fingerprint() in run.stdout
+        assert (ctl_home / ".ssh" / "id_ed25519").stat().st_mode & 0o777 == 0o600
+        pub = (ctl_home / ".ssh" / "id_ed25519.pub").read_text().strip()
+        assert Path("/home/cbtkeys/.ssh/authorized_keys").read_text().splitlines().count(pub) == 1
+        # a second run changes nothing
+        run = bootstrap("-i", str(inv), "keys", env={"CB_PW": "s3cret-Pw"})
+        assert run.returncode == 0, run
+        assert "present" in run.stdout and "already known" in run.stdout
+        assert Path("/home/cbtkeys/.ssh/authorized_keys").read_text().splitlines().count(pub) == 1
+        # and now the node works with no password at all
+        cluster.set_password_auth(host, False)
+        nodes[0].pop("password_env")
+        run = bootstrap("-i", str(write_inventory(tmp_path / "h2.yaml", nodes)), "run", "--", "whoami")
+        assert run.returncode == 0, run
+        assert re.search(r"^\[pw\] +cbtkeys$", run.stdout, re.M)
+    finally:
+        cluster.set_password_auth(host, False)
+        cluster.remove_user("cbtkeys")
+
+
+def test_wrong_password_for_keys_is_an_auth_error(
+    bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    host = cluster.hosts[0]
+    cluster.add_user("cbtbadpw", password="right-one", authorized_key=False)
+    cluster.set_password_auth(host, True)
+    try:
+        nodes = [{"name": "pw", "host": host.addr, "user": "cbtbadpw", "password_env": "CB_PW"}]
+        run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys", env={"CB_PW": "wrong-one"})
+        assert run.returncode == 3, run
+        assert "authentication as 'cbtbadpw'" in run.stderr
+        assert "wrong-one" not in run.stdout + run.stderr
+    finally:
+        cluster.set_password_auth(host, False)
+        cluster.remove_user("cbtbadpw")

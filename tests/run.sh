@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite on a Debian machine, as root (README command 2; .ci/run).
+# Installs what the tests need: sshd, chrony, nftables, iproute2, sudo, a venv with the project.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(openssh-server openssh-client chrony nftables iproute2 sudo util-linux procps python3-venv)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's postinst may start the system sshd/chronyd where systemd runs; the tests never use them.
+
+venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --upgrade pip
+# torch: the CPU build (an unpinned torch pulls a multi-GB CUDA build)
+"$venv/bin/pip" install -q -e '.[test]' 'torch==2.13.0'
+
+"$venv/bin/ruff" check orchestrator tests benchmarks
+"$venv/bin/ruff" format --check orchestrator tests benchmarks
+"$venv/bin/mypy"
+
+set +e
+"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure here" >&2
+    exit 1
+fi
+exit "$rc"

@@ -1,0 +1,62 @@
+"""Fan-out: parallel, inventory order kept, one failure never hides the others."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from orchestrator.errors import CommandFailedError, ExitCode, UnreachableError
+from orchestrator.executor import Executor, InternalError, NodeEvent, exit_code_for
+
+
+def test_results_keep_input_order_and_run_in_parallel() -> None:
+    barrier = threading.Barrier(4, timeout=10)  # only passes if all four run at once
+
+    def work(i: int) -> int:
+        barrier.wait()
+        return i * i
+
+    outcomes = Executor().map([3, 1, 2, 0], work, name=str, step="t")
+    assert [o.node for o in outcomes] == ["3", "1", "2", "0"]
+    assert [o.value for o in outcomes] == [9, 1, 4, 0]
+
+
+def test_failures_are_isolated_and_named() -> None:
+    def work(i: int) -> int:
+        if i == 1:
+            raise UnreachableError("down")
+        if i == 2:
+            raise KeyError("bug")
+        return i
+
+    events: list[NodeEvent] = []
+    outcomes = Executor(on_event=events.append).map([0, 1, 2], work, name=lambda i: f"n{i}", step="t")
+    assert outcomes[0].ok and outcomes[0].value == 0
+    assert isinstance(outcomes[1].error, UnreachableError) and outcomes[1].error.node == "n1"
+    assert isinstance(outcomes[2].error, InternalError) and "KeyError" in str(outcomes[2].error)
+    assert exit_code_for(outcomes) == ExitCode.CONNECTION
+    assert {(e.node, e.kind) for e in events} >= {("n0", "done"), ("n1", "failed"), ("n2", "failed")}
+
+
+def test_exit_codes() -> None:
+    ok = Executor().map([1], lambda i: i, name=str, step="t")
+    assert exit_code_for(ok) == ExitCode.OK
+    bad = Executor().map([1], lambda i: (_ for _ in ()).throw(CommandFailedError("x")), name=str, step="t")
+    assert exit_code_for(bad) == ExitCode.NODES_FAILED
+    assert exit_code_for(ok, lambda o: True) == ExitCode.NODES_FAILED
+
+
+def test_fail_fast_cancels_the_others() -> None:
+    cancelled = threading.Event()
+
+    def work(i: int) -> int:
+        if i == 0:
+            raise CommandFailedError("boom")
+        if not cancelled.wait(10):
+            pytest.fail("cancel was not triggered")
+        return i
+
+    executor = Executor(cancel=cancelled.set)
+    outcomes = executor.map([0, 1, 2], work, name=str, step="t", fail_fast=True)
+    assert not outcomes[0].ok and outcomes[1].ok and executor.cancelled

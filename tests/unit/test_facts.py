@@ -1,0 +1,68 @@
+"""Fact parsers against real command outputs (data files: fact, args, output, exit code, expected)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.facts import base, gather, linux, public_value, split_sections
+from orchestrator.platforms import PosixShell
+from orchestrator.transports import LocalTransport
+
+CASES = sorted((Path(__file__).parent / "data" / "facts").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_fact_parses_recorded_output(path: Path) -> None:
+    case = json.loads(path.read_text())
+    fact = getattr(linux, case["fact"])(*case["args"])
+    value = fact.parse(case["output"], case["exit_code"])
+    assert json.loads(json.dumps(public_value(value))) == case["expected"]
+
+
+def test_every_fact_class_has_recorded_cases() -> None:
+    covered = {json.loads(p.read_text())["fact"] for p in CASES}
+    classes = {type(f).__name__ for f in linux.linux_facts("python3")}
+    assert classes <= covered
+
+
+def test_sections_survive_output_that_looks_like_markers() -> None:
+    token = "cb-abc"
+    stdout = (
+        "@@cb-abc begin one@@\nline @@cb-xyz end one 0@@\n\n@@cb-abc end one 0@@\n"
+        "@@cb-abc begin two@@\n\n@@cb-abc end two 127@@\n"
+    )
+    assert split_sections(stdout, token) == {"one": ("line @@cb-xyz end one 0@@", 0), "two": ("", 127)}
+
+
+def test_gather_runs_all_facts_in_one_round_trip_and_reports_missing_ones() -> None:
+    calls: list[str] = []
+
+    class Counting(LocalTransport):
+        def run_raw(self, command: str, **kw: object):  # type: ignore[no-untyped-def, override]
+            calls.append(command)
+            return super().run_raw(command, **kw)  # type: ignore[arg-type]
+
+    facts = gather(Counting("local", PosixShell()), linux.linux_facts("/nonexistent/python"))
+    assert len(calls) == 1
+    assert facts.values["python"] is None  # interpreter missing: a fact, not a crash
+    assert facts.values["torch"] is None
+    assert isinstance(facts.values["cpus"], int) and facts.values["cpus"] >= 1
+    assert facts.values["hostname"]
+
+
+def test_unparseable_output_becomes_a_fact_error_not_a_crash() -> None:
+    class Broken(base.Fact[int]):
+        name = "broken"
+
+        def command(self, platform: object) -> str:  # type: ignore[override]
+            return "echo not-a-number"
+
+        def parse(self, output: str, exit_code: int) -> int:
+            return int(output)
+
+    found = gather(LocalTransport("local", PosixShell()), [Broken(), linux.CpuCount()])
+    assert "broken" in found.errors and "not-a-number" in found.errors["broken"]
+    assert found.values["cpus"] >= 1

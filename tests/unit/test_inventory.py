@@ -1,0 +1,369 @@
+"""Inventory loading: the native format, validation messages, examples, selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import (
+    Cluster,
+    Inventory,
+    Node,
+    WinRMSettings,
+    load_inventory,
+    load_inventory_text,
+)
+
+DATA = Path(__file__).parent / "data" / "inventory"
+EXAMPLES = Path(__file__).resolve().parents[2] / "inventory"
+
+
+def issues_of(path: Path) -> str:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    return str(info.value)
+
+
+# ----- good files -------------------------------------------------------------------------------------
+
+
+def test_good_native_merges_defaults_and_node_values() -> None:
+    inv = load_inventory(DATA / "good_native.yaml")
+    assert inv.format == "native"
+    assert inv.cluster == Cluster(name="lab", master="win-a", port=29600, backend="gloo")
+    assert [n.name for n in inv.nodes] == ["gpu-linux", "win-a", "192.168.1.102", "wsl-ssh"]
+
+    gpu = inv.node("gpu-linux")
+    assert gpu.host == "192.168.1.100"
+    assert gpu.port is None
+    assert (gpu.os, gpu.connection) == ("linux", "ssh")
+    assert gpu.user == "trainer"
+    assert gpu.key_file == "~/.ssh/id_ed25519"  # "~" is not expanded
+    assert gpu.python == "python3"
+    assert gpu.workdir == "~/cluster-bootstrap"
+    assert (gpu.gpus, gpu.nproc) == (2, 2)  # nproc defaults to gpus
+    assert gpu.tags == ("gpu", "linux")
+    assert gpu.address == "192.168.1.100"
+    assert gpu.line == 15
+
+    win = inv.node("win-a")
+    assert (win.os, win.connection) == ("windows", "winrm")
+    assert win.user == "admin"  # node value wins over defaults
+    assert win.password_env == "WIN_PASS"
+    assert (win.gpus, win.nproc) == (2, 1)
+    # winrm merged key by key: scheme from defaults, transport from the node; http -> port 5985
+    assert win.winrm == WinRMSettings(transport="kerberos", scheme="http", cert_validation=True)
+    assert win.port == 5985
+    assert win.address == "192.168.1.101:5985"
+    assert win.allow_insecure is True
+
+    unnamed = inv.nodes[2]
+    assert unnamed.name == unnamed.host == "192.168.1.102"  # name defaults to host
+    assert unnamed.port == 2222
+    assert unnamed.interface == "eth1"
+    assert unnamed.python == "/opt/py/bin/python3"
+    assert (unnamed.gpus, unnamed.nproc) == (0, 1)
+
+    ssh_windows = inv.node("wsl-ssh")
+    assert (ssh_windows.os, ssh_windows.connection) == ("windows", "ssh")  # OpenSSH on Windows is fine
+    assert ssh_windows.password_prompt is True
+    assert ssh_windows.port is None
+
+    assert inv.master_node is win
+    assert inv.notes == []
+
+
+def test_cluster_defaults_to_file_stem_and_first_node() -> None:
+    inv = load_inventory(DATA / "good_nat_ports.yaml")
+    assert inv.cluster == Cluster(name="good_nat_ports", master="a", port=29500, backend="auto")
+    assert [n.address for n in inv.nodes] == ["gateway.lan:2201", "gateway.lan:2202"]
+
+
+def test_winrm_https_default_port() -> None:
+    inv = load_inventory_text("nodes:\n  - {host: w, os: windows}\n", "x.yaml")
+    assert inv.nodes[0].port == 5986
+    assert inv.nodes[0].winrm == WinRMSettings()
+
+
+def test_local_node_defaults() -> None:
+    inv = load_inventory_text("nodes:\n  - connection: local\n", "here.yaml")
+    node = inv.nodes[0]
+    assert (node.name, node.host, node.port, node.user) == ("localhost", "localhost", None, None)
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_inventory_loads(path: Path) -> None:
+    inv = load_inventory(path)
+    assert inv.nodes
+    json.dumps(inv.public_dict())
+
+
+def test_example_files_exist() -> None:
+    names = {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert {"local.yaml", "lab.yaml", "ansible-hosts.yaml"} <= names
+
+
+def test_embedded_default_is_local_only() -> None:
+    inv = load_inventory(EXAMPLES / "local.yaml")
+    assert inv.cluster == Cluster(name="local", master="local", port=29500, backend="gloo")
+    (node,) = inv.nodes
+    assert (node.name, node.connection, node.host, node.gpus, node.nproc) == (
+        "local",
+        "local",
+        "localhost",
+        0,
+        2,
+    )
+
+
+def test_lab_example() -> None:
+    inv = load_inventory(EXAMPLES / "lab.yaml")
+    assert inv.master_node.os == "linux" and inv.master_node.gpus == 1
+    windows = inv.select(["tag:windows"])
+    assert len(windows) == 2
+    for node in windows:
+        assert (node.connection, node.winrm.scheme, node.password_env) == ("winrm", "https", "WIN_PASS")
+
+
+# ----- bad files: one per error class, exact line and key words -------------------------------------
+
+BAD = [
+    ("bad_unknown_key.yaml", ":7:", ["node 'gpu-linux'", "field 'gpu'", "did you mean 'gpus'"]),
+    ("bad_type.yaml", ":4:", ["node 'a'", "field 'gpus'", "expected an integer >= 0, got 'two'"]),
+    ("bad_enum.yaml", ":4:", ["field 'os'", "one of: linux, windows", "'macos'"]),
+    ("bad_port.yaml", ":4:", ["field 'port'", "between 1 and 65535", "70000"]),
+    ("bad_cluster_port.yaml", ":2:", ["field 'port'", "between 1 and 65535, got 0"]),
+    ("bad_cluster_port.yaml", ":3:", ["field 'backend'", "one of: auto, gloo, nccl", "'mpi'"]),
+    ("bad_duplicate_name.yaml", ":4:", ["duplicate node name 'worker'", "line 2"]),
+    ("bad_duplicate_address.yaml", ":6:", ["node 'b'", "same address 10.0.0.1", "node 'a'"]),
+    ("bad_master.yaml", ":2:", ["master 'gpu-linx' is not a node", "did you mean 'gpu-linux'"]),
+    ("bad_nproc_gpus.yaml", ":5:", ["field 'nproc'", "each rank needs its own GPU", "nproc <= gpus"]),
+    ("bad_nproc_zero.yaml", ":4:", ["field 'nproc'", "expected an integer >= 1, got 0"]),
+    ("bad_gpus_negative.yaml", ":4:", ["field 'gpus'", "expected an integer >= 0, got -1"]),
+    ("bad_local_host.yaml", ":4:", ["node 'here'", "connection 'local'", "192.168.1.50"]),
+    ("bad_winrm_linux.yaml", ":4:", ["field 'connection'", "os: windows"]),
+    ("bad_missing_host.yaml", ":4:", ["node 'b'", "field 'host'", "missing"]),
+    ("bad_empty_nodes.yaml", ":3:", ["'nodes' is empty"]),
+    ("bad_syntax.yaml", ":4:", ["YAML syntax error"]),
+    ("bad_top_level.yaml", ":1:", ["expected a mapping at the top level", "got a list"]),
+    ("bad_unknown_format.yaml", ":1:", ["unknown inventory format", "'nodes:'", "Ansible"]),
+    ("bad_defaults_host.yaml", ":2:", ["'host' cannot be set in defaults"]),
+    ("bad_defaults_host.yaml", ":3:", ["field 'gpus'", "got 'many'", "(set in defaults)"]),
+]
+
+
+@pytest.mark.parametrize(("name", "line", "words"), BAD, ids=[f"{b[0]}{b[1]}" for b in BAD])
+def test_bad_file_reports_line_and_words(name: str, line: str, words: list[str]) -> None:
+    text = issues_of(DATA / name)
+    matching = [issue for issue in text.splitlines() if f"{name}{line}" in issue]
+    assert matching, text
+    assert any(all(w in issue for w in words) for issue in matching), text
+
+
+def test_every_issue_is_one_line_naming_the_file() -> None:
+    for path in sorted(DATA.glob("bad_*.yaml")):
+        with pytest.raises(InventoryError) as info:
+            load_inventory(path)
+        for issue in info.value.issues:
+            assert "\n" not in str(issue)
+            assert str(issue).startswith(str(path))
+
+
+def test_all_issues_are_reported_at_once() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(DATA / "bad_many.yaml")
+    lines = [i.line for i in info.value.issues]
+    assert lines == [2, 6, 9, 12]
+    text = str(info.value)
+    assert "master 'nobody' is not a node" in text
+    assert "did you mean 'gpus'" in text
+    assert "'mac'" in text
+    assert "got 0" in text
+
+
+def test_defaults_error_is_reported_once_for_all_nodes() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(DATA / "bad_defaults_host.yaml")
+    assert sum("'many'" in str(i) for i in info.value.issues) == 1
+
+
+def test_issue_fields_are_structured() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(DATA / "bad_unknown_key.yaml")
+    (issue,) = info.value.issues
+    assert (issue.line, issue.node, issue.field) == (7, "gpu-linux", "gpu")
+    assert issue.file == str(DATA / "bad_unknown_key.yaml")
+
+
+def test_empty_file(tmp_path: Path) -> None:
+    text = issues_of(DATA / "bad_empty.yaml")
+    assert "empty" in text
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    (issue,) = info.value.issues
+    assert issue.line is None
+    assert "not found" in str(issue) and str(path) in str(issue)
+
+
+def test_directory_is_not_an_inventory(tmp_path: Path) -> None:
+    text = issues_of(tmp_path)
+    assert "directory" in text
+
+
+def test_unnamed_bad_node_is_called_by_index() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text("nodes:\n  - host: a\n  - 5\n  - gpus: 1\n", "i.yaml")
+    text = str(info.value)
+    assert "i.yaml:3: node 'nodes[1]'" in text
+    assert "i.yaml:4: node 'nodes[2]': field 'host'" in text
+
+
+def test_winrm_sub_field_typo() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(
+            "nodes:\n  - host: w\n    os: windows\n    winrm:\n      transprt: ntlm\n      scheme: ftp\n",
+            "w.yaml",
+        )
+    text = str(info.value)
+    assert "w.yaml:5:" in text and "did you mean 'transport'" in text
+    assert "w.yaml:6:" in text and "one of: https, http" in text
+
+
+def test_boolean_is_not_an_integer() -> None:
+    with pytest.raises(InventoryError, match="expected an integer >= 0, got true"):
+        load_inventory_text("nodes:\n  - host: a\n    gpus: true\n", "b.yaml")
+
+
+def test_duplicate_yaml_key_does_not_echo_values() -> None:
+    text = "nodes:\n  - host: a\n    password_env: X\n    password_env: Zebra-Secret-77\n"
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(text, "d.yaml")
+    assert "d.yaml:4:" in str(info.value)
+    assert "password_env" in str(info.value)
+    assert "Zebra-Secret-77" not in str(info.value)
+
+
+def test_password_in_password_env_is_not_echoed() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text("nodes:\n  - host: a\n    password_env: 'hunter2 Zebra!'\n", "p.yaml")
+    assert "Zebra" not in str(info.value)
+    assert "p.yaml:3:" in str(info.value) and "environment variable" in str(info.value)
+
+
+def test_same_host_with_default_and_explicit_ssh_port_is_a_duplicate() -> None:
+    with pytest.raises(InventoryError, match="same address"):
+        load_inventory_text("nodes:\n  - {name: a, host: h}\n  - {name: b, host: H, port: 22}\n", "s.yaml")
+
+
+def test_yaml_merge_keys_keep_lines() -> None:
+    text = "nodes:\n  - &base\n    host: a\n    gpus: two\n  - <<: *base\n    host: b\n"
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(text, "m.yaml")
+    text = str(info.value)
+    assert "m.yaml:4: node 'a': field 'gpus'" in text
+    assert "m.yaml:4: node 'b': field 'gpus'" in text  # the merged value points at its definition
+
+
+# ----- Inventory API ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def inv() -> Inventory:
+    text = """
+nodes:
+  - {name: gpu-1, host: 10.0.0.1, gpus: 1, tags: [gpu, rack1]}
+  - {name: gpu-2, host: 10.0.0.2, gpus: 1, tags: [gpu, rack2]}
+  - {name: cpu-1, host: 10.0.0.3, tags: [cpu, rack1]}
+  - {name: win-1, host: 10.0.0.4, os: windows, tags: [rack2]}
+"""
+    return load_inventory_text(text, "api.yaml")
+
+
+def test_node_lookup_suggests_closest(inv: Inventory) -> None:
+    assert inv.node("cpu-1").host == "10.0.0.3"
+    with pytest.raises(InventoryError, match=r"unknown node 'cpu1'; did you mean 'cpu-1'\?"):
+        inv.node("cpu1")
+
+
+def test_select_names_globs_tags_commas(inv: Inventory) -> None:
+    assert [n.name for n in inv.select(["gpu-*"])] == ["gpu-1", "gpu-2"]
+    assert [n.name for n in inv.select(["tag:rack1"])] == ["gpu-1", "cpu-1"]
+    assert [n.name for n in inv.select(["win-1,gpu-1", "gpu-1"])] == ["gpu-1", "win-1"]
+    assert [n.name for n in inv.select(["tag:rack2, cpu-1"])] == ["gpu-2", "cpu-1", "win-1"]
+    assert inv.select([]) == []
+
+
+def test_select_unknown_patterns_all_reported(inv: Inventory) -> None:
+    with pytest.raises(InventoryError) as info:
+        inv.select(["gpu-3,tag:rak1", "cpu-1"])
+    text = str(info.value)
+    assert "no node matches 'gpu-3'; did you mean 'gpu-1'?" in text or "did you mean 'gpu-2'" in text
+    assert "no node has tag 'rak1'; did you mean 'tag:rack1'?" in text
+    assert len(info.value.issues) == 2
+
+
+def test_public_dict_is_json_safe(inv: Inventory) -> None:
+    data = inv.public_dict()
+    text = json.dumps(data)
+    assert data["format"] == "native"
+    assert data["cluster"]["master"] == "gpu-1"
+    assert data["nodes"][3]["address"] == "10.0.0.4:5986"
+    assert data["nodes"][0]["tags"] == ["gpu", "rack1"]
+    assert "api.yaml" in text
+
+
+def test_node_is_frozen_and_hashable(inv: Inventory) -> None:
+    node = inv.nodes[0]
+    with pytest.raises(ValueError):
+        node.gpus = 3  # type: ignore[misc]
+    assert len({*inv.nodes, *inv.nodes}) == 4
+
+
+def test_node_constructed_directly_resolves_defaults() -> None:
+    node = Node(name="w", host="h", os="windows", gpus=2)
+    assert (node.connection, node.port, node.nproc) == ("winrm", 5986, 2)
+    assert Node(name="v6", host="fe80::1", port=22).address == "[fe80::1]:22"
+
+
+names_st = st.lists(
+    st.from_regex(r"[a-z][a-z0-9-]{0,6}", fullmatch=True), min_size=1, max_size=8, unique=True
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(names=names_st, data=st.data())
+def test_select_keeps_inventory_order_without_duplicates(names: list[str], data: st.DataObject) -> None:
+    nodes = [Node(name=n, host=f"10.0.0.{i + 1}", tags=(f"t{i % 3}",)) for i, n in enumerate(names)]
+    inv = Inventory(
+        cluster=Cluster(name="h", master=names[0]), nodes=nodes, source="h.yaml", format="native", notes=[]
+    )
+    picked = data.draw(st.lists(st.sampled_from([*names, "tag:t0", "*"]), min_size=1, max_size=6))
+    joined = data.draw(st.booleans())
+    patterns = [",".join(picked)] if joined else picked
+    result = inv.select(patterns)
+    result_names = [n.name for n in result]
+    assert len(result_names) == len(set(result_names))
+    assert result_names == [n for n in names if n in set(result_names)]
+    for pattern in picked:
+        if pattern == "*":
+            assert result_names == names
+        elif pattern.startswith("tag:"):
+            assert {n.name for n in nodes if "t0" in n.tags} <= set(result_names)
+        else:
+            assert pattern in result_names
+
+
+def test_bad_host_without_name_is_reported_once() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text("nodes:\n  - host: 'bad host'\n", "h.yaml")
+    (issue,) = info.value.issues
+    assert (issue.line, issue.field) == (2, "host")
