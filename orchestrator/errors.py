@@ -48,7 +48,7 @@ class UsageError(BootstrapError):
 class InventoryIssue:
     """One problem found in an inventory file, with where it is."""
 
-    __slots__ = ("file", "line", "node", "field", "message")
+    __slots__ = ("field", "file", "line", "message", "node")
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from orchestrator.errors import BootstrapError, ConnectError, ExitCode
 
@@ -48,7 +48,9 @@ class InternalError(BootstrapError):
     """A bug: an exception that is not one of ours. The message says where to report it."""
 
 
-def exit_code_for(outcomes: Sequence[Outcome[object]], failed: Callable[[Outcome[object]], bool] | None = None) -> ExitCode:
+def exit_code_for(
+    outcomes: Sequence[Outcome[Any]], failed: Callable[[Outcome[Any]], bool] | None = None
+) -> ExitCode:
     """Connection problems outrank other failures: they mean the step never ran on that node."""
     if any(isinstance(o.error, ConnectError) for o in outcomes):
         return ExitCode.CONNECTION

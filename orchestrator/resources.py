@@ -25,4 +25,6 @@ def templates_dir() -> Path:
 
 def default_inventory() -> Path:
     """``inventory/local.yaml``: this machine only, local connection, CPU ranks."""
-    return _first_existing(_PACKAGE / "_data" / "inventory" / "local.yaml", _REPO / "inventory" / "local.yaml")
+    return _first_existing(
+        _PACKAGE / "_data" / "inventory" / "local.yaml", _REPO / "inventory" / "local.yaml"
+    )

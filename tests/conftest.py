@@ -100,7 +100,8 @@ class CliRun:
     stderr: str
 
     def __str__(self) -> str:  # shown by pytest when an assertion on a run fails
-        return f"$ {' '.join(self.argv)}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+        command = " ".join(self.argv)
+        return f"$ {command}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
 
 
 def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: object) -> Path:
@@ -116,7 +117,9 @@ def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: objec
 def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Callable[..., CliRun]:
     """Run the installed ``bootstrap`` inside the controller namespace with HOME=ctl_home."""
 
-    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120, input: str | None = None) -> CliRun:
+    def run(
+        *args: str, env: dict[str, str] | None = None, timeout: float = 120, input: str | None = None
+    ) -> CliRun:
         full_env = {"HOME": str(ctl_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         full_env.update(env or {})
         argv = cluster.controller_argv([BOOTSTRAP, *args], env=full_env)

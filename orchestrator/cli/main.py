@@ -19,7 +19,6 @@ from orchestrator import __version__
 from orchestrator.cli.ui import UI
 from orchestrator.errors import (
     BootstrapError,
-    CommandFailedError,
     CommandTimeoutError,
     ExitCode,
     SecretMissingError,
@@ -72,7 +71,9 @@ def common_options(fn: F) -> F:
             multiple=True,
             help="Only these nodes: names, globs (gpu-*), tag:NAME; comma-separated or repeated.",
         ),
-        click.option("--json", "json_mode", is_flag=True, default=None, help="Print one JSON document on stdout."),
+        click.option(
+            "--json", "json_mode", is_flag=True, default=None, help="Print one JSON document on stdout."
+        ),
         click.option("--dry-run", is_flag=True, default=None, help="Show every command, run nothing."),
         click.option("-v", "--verbose", count=True, help="More detail (-vv: SSH protocol debug)."),
         click.option(
@@ -88,10 +89,12 @@ def common_options(fn: F) -> F:
         ),
         click.option(
             "--ssh-config",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
             help="OpenSSH client config to honour (default: ~/.ssh/config).",
         ),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), help="Seconds to wait for a connection (10)."),
+        click.option(
+            "--connect-timeout", type=click.FloatRange(min=0.1), help="Seconds to wait for a connection (10)."
+        ),
         click.option("--forks", type=click.IntRange(min=1), help="Nodes worked on at once (64)."),
         click.option("--no-color", is_flag=True, default=None, help="No colours (also: NO_COLOR=1)."),
     ]
@@ -235,7 +238,9 @@ class _Group(click.Group):
             ctx.exit(int(exc.exit_code))
 
 
-@click.group(cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=_Group, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(__version__, prog_name="bootstrap")
 @common_options
 @click.pass_context
@@ -309,7 +314,7 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
     table = Table(title=f"cluster {inventory.cluster.name}: {len(nodes)} node(s)", title_justify="left")
     for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
         table.add_column(column, overflow="fold")
-    for node, outcome in zip(nodes, outcomes):
+    for node, outcome in zip(nodes, outcomes, strict=True):
         master = " (master)" if node.name == inventory.cluster.master else ""
         if outcome.value is None:
             table.add_row(Text(node.name + master), Text("unreachable", style="red"), *["-"] * 8)
@@ -394,7 +399,9 @@ def _interrupted(ui: UI) -> None:
 @click.option("--timeout", type=click.FloatRange(min=0.1), help="Seconds before the command is cut off.")
 @click.option("-b", "--become", is_flag=True, help="Run as root (sudo -n for other users).")
 @click.option("--cwd", help="Working directory on the nodes.")
-@click.option("-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeatable).")
+@click.option(
+    "-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeatable)."
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -417,7 +424,10 @@ def run(
     text = " ".join(command)
     if settings.dry_run:
         _dry_run(
-            settings, inventory, nodes, lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)]
+            settings,
+            inventory,
+            nodes,
+            lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
         )
         return
     run_log = RunLog(state_dir() / "runs" / new_run_id("run"))
@@ -430,16 +440,23 @@ def run(
                 printer.write(node.name, line, stderr=stream == "stderr")
 
         result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=on_line, become=become)
-        if become and not result.ok and isinstance(transport.platform, PosixShell):
-            if transport.platform.sudo_refused(result.stderr):
-                raise SudoPasswordRequiredError(
-                    "sudo needs a password here, and bootstrap never types one",
-                    node=node.name,
-                    hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
-                    "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
-                )
+        platform = transport.platform
+        if (
+            become
+            and not result.ok
+            and isinstance(platform, PosixShell)
+            and platform.sudo_refused(result.stderr)
+        ):
+            raise SudoPasswordRequiredError(
+                "sudo needs a password here, and bootstrap never types one",
+                node=node.name,
+                hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
+                "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
+            )
         if result.timed_out:
-            raise CommandTimeoutError(f"timed out after {timeout:g}s; the command was cut off", node=node.name)
+            raise CommandTimeoutError(
+                f"timed out after {timeout:g}s; the command was cut off", node=node.name
+            )
         return result
 
     try:
@@ -465,7 +482,11 @@ def run(
                         "name": o.node,
                         "ok": o.ok and not failed(o),
                         "error": _error_dict(o.error),
-                        **(o.value.public_dict() if o.value else {"exit_code": None, "duration": round(o.duration, 4)}),
+                        **(
+                            o.value.public_dict()
+                            if o.value
+                            else {"exit_code": None, "duration": round(o.duration, 4)}
+                        ),
                     }
                     for o in outcomes
                 ],
@@ -577,7 +598,12 @@ def keys(ctx: click.Context, key_path: str) -> None:
                 "command": "keys",
                 "key": str(key.private),
                 "nodes": [
-                    {"name": o.node, "ok": o.ok, "error": _error_dict(o.error), **(o.value.public_dict() if o.value else {})}
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                    }
                     for o in outcomes
                 ],
                 "exit_code": int(code),

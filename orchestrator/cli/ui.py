@@ -84,7 +84,9 @@ class UI:
             for name in nodes:
                 status, detail, took = state[name]
                 style = {"running": "cyan", "ok": "green", "failed": "red"}.get(status, "dim")
-                shown = took if status in ("ok", "failed") else (now - started[name] if name in started else 0)
+                shown = (
+                    took if status in ("ok", "failed") else (now - started[name] if name in started else 0)
+                )
                 table.add_row(name, Text(status, style=style), f"{shown:.1f}s", detail)
             return table
 

@@ -540,7 +540,9 @@ class _Reader:
                 f"{_hosts_text(self.playbook_python)}: using the platform's default interpreter"
             )
         for key, hosts in self.ignored.items():
-            self.notes.append(f"ignored {key} on {_hosts_text(hosts)} (not used by bootstrap)")
+            ours = f"bootstrap_{key}"
+            hint = f"; did you mean '{ours}'?" if ours in NODE_VARS or ours in CLUSTER_VARS else ""
+            self.notes.append(f"ignored {key} on {_hosts_text(hosts)} (not used by bootstrap){hint}")
 
 
 def _split_port(pattern: str) -> tuple[str, int | None]:

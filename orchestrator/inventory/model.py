@@ -336,8 +336,8 @@ def _report_validation(
         loc = tuple(err["loc"])
         top, path = _error_field(loc)
         kind = err["type"]
-        if kind == "missing" and top == "name" and "host" in values:
-            continue  # the host is wrong too and reported on its own
+        if top == "name" and "name" not in sources and "host" in values:
+            continue  # the name was derived from the host, whose own problem is reported
         bad.add(path)
         src = sources.get(path) or sources.get(top)
         line = src.line if src else fallback_line

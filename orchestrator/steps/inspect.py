@@ -58,4 +58,6 @@ def inspect(node: Node, transport: Transport) -> NodeFacts:
     connected = time.monotonic() - start
     facts = gather(transport, linux_facts(interpreter_for(node)))
     recorded = transport.recorded_host_keys if isinstance(transport, SSHTransport) else []
-    return NodeFacts(via=transport.describe(), facts=facts, connect_seconds=connected, recorded_host_keys=recorded)
+    return NodeFacts(
+        via=transport.describe(), facts=facts, connect_seconds=connected, recorded_host_keys=recorded
+    )

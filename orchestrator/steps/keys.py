@@ -45,7 +45,9 @@ def ensure_controller_key(path: str = DEFAULT_KEY) -> ControllerKey:
         fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as fh:
             fh.write(pem)
-        line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        line = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
         public.write_text(line.decode() + " cluster-bootstrap\n")
         generated = True
     if not public.exists():
@@ -63,7 +65,11 @@ class KeyInstall:
     recorded_host_keys: list[str]
 
     def public_dict(self) -> dict[str, object]:
-        return {"status": self.status, "verified": self.verified, "recorded_host_keys": self.recorded_host_keys}
+        return {
+            "status": self.status,
+            "verified": self.verified,
+            "recorded_host_keys": self.recorded_host_keys,
+        }
 
 
 def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOptions) -> KeyInstall:

@@ -32,7 +32,9 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
     try:
         platform = platform_for(node.os)
     except NotImplementedError as exc:
-        raise UsageError(str(exc), node=node.name, hint="Windows support arrives with the WinRM transport") from None
+        raise UsageError(
+            str(exc), node=node.name, hint="Windows support arrives with the WinRM transport"
+        ) from None
     if node.connection == "local":
         return LocalTransport(node.name, platform)
     if node.connection == "ssh":

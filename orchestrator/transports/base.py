@@ -190,4 +190,3 @@ class Transport(ABC):
     def describe(self) -> str:
         """Where this transport goes, for messages (never includes secrets)."""
         return self.kind
-

@@ -55,7 +55,7 @@ class SSHOptions:
     ssh_config: Path | None = None  # None: ~/.ssh/config (and /etc/ssh/ssh_config)
 
 
-class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):
+class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
     """Unknown key: refuse with its fingerprint, or record it when the user asked for that."""
 
     def __init__(self, node: str, known_hosts: Path, accept_new: bool) -> None:
@@ -236,7 +236,9 @@ class SSHTransport(Transport):
             return UnreachableError(f"SSH handshake with {where} failed: {exc}", node=self.node_name)
         if isinstance(exc, OSError):
             return UnreachableError(f"cannot connect to {where}: {exc}", node=self.node_name)
-        return UnreachableError(f"cannot connect to {where}: {type(exc).__name__}: {exc}", node=self.node_name)
+        return UnreachableError(
+            f"cannot connect to {where}: {type(exc).__name__}: {exc}", node=self.node_name
+        )
 
     # -- commands -----------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ def test_check_three_nodes_shows_each_node(
     assert run.returncode == 0, run
     doc = json.loads(run.stdout)
     assert [n["name"] for n in doc["nodes"]] == ["node1", "node2", "node3"]
-    for node, host in zip(doc["nodes"], cluster.hosts):
+    for node, host in zip(doc["nodes"], cluster.hosts, strict=True):
         assert node["ok"] and node["error"] is None
         assert node["facts"]["hostname"] == host.hostname  # its own UTS namespace: really that host
         assert node["via"] == f"ssh root@{host.addr}"
@@ -71,7 +71,9 @@ def test_run_streams_prefixed_lines_and_summarises_exit_codes(
     assert (log_dir / "node2.log").read_text() == "hello from node2\nto stderr\n"
 
 
-def test_run_json_has_exit_codes_and_output(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
+def test_run_json_has_exit_codes_and_output(
+    bootstrap: Bootstrap, trusted_home: Path, inventory: Path
+) -> None:
     run = bootstrap("-i", str(inventory), "--json", "run", "--nodes", "node1,node3", "--", "hostname")
     assert run.returncode == 0, run
     doc = json.loads(run.stdout)
@@ -122,7 +124,7 @@ def test_changed_host_key_is_refused_even_with_accept_new(
 def test_unreachable_node_is_named_and_others_still_report(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    nodes = _nodes(cluster)[:2] + [{"name": "ghost", "host": cluster.unused_addr, "user": "root"}]
+    nodes = [*_nodes(cluster)[:2], {"name": "ghost", "host": cluster.unused_addr, "user": "root"}]
     inv = write_inventory(tmp_path / "hosts.yaml", nodes)
     run = bootstrap("-i", str(inv), "--connect-timeout", "1.5", "--json", "check")
     assert run.returncode == 3, run
@@ -172,7 +174,9 @@ def test_ssh_config_alias_user_and_identity_are_honoured(
     key.rename(ssh / "cluster_key")  # only the ssh config knows where the key is now
     (ssh / "id_ed25519.pub").unlink()
     host = cluster.hosts[1]
-    (ssh / "config").write_text(f"Host train-box\n  HostName {host.addr}\n  User root\n  IdentityFile {ssh / 'cluster_key'}\n")
+    (ssh / "config").write_text(
+        f"Host train-box\n  HostName {host.addr}\n  User root\n  IdentityFile {ssh / 'cluster_key'}\n"
+    )
     inv = write_inventory(tmp_path / "h.yaml", [{"name": "box", "host": "train-box"}])
     run = bootstrap("-i", str(inv), "--json", "check")
     assert run.returncode == 0, run
@@ -185,7 +189,9 @@ def test_proxyjump_verifies_every_hop(
 ) -> None:
     jump, target = cluster.hosts[0], cluster.hosts[2]
     ssh = ctl_home / ".ssh"
-    (ssh / "config").write_text(f"Host inner\n  HostName {target.addr}\n  User root\n  ProxyJump root@{jump.addr}\n")
+    (ssh / "config").write_text(
+        f"Host inner\n  HostName {target.addr}\n  User root\n  ProxyJump root@{jump.addr}\n"
+    )
     inv = write_inventory(tmp_path / "h.yaml", [{"name": "inner", "host": "inner"}])
     (ssh / "known_hosts").write_text(cluster.known_hosts_text([target]))  # the jump host is unknown
     run = bootstrap("-i", str(inv), "check")
@@ -269,7 +275,9 @@ def test_wrong_password_for_keys_is_an_auth_error(
     cluster.set_password_auth(host, True)
     try:
         nodes = [{"name": "pw", "host": host.addr, "user": "cbtbadpw", "password_env": "CB_PW"}]
-        run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys", env={"CB_PW": "wrong-one"})
+        run = bootstrap(
+            "-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys", env={"CB_PW": "wrong-one"}
+        )
         assert run.returncode == 3, run
         assert "authentication as 'cbtbadpw'" in run.stderr
         assert "wrong-one" not in run.stdout + run.stderr

@@ -37,7 +37,7 @@ def test_arguments_and_env_reach_the_process_unchanged(args: list[str], env: dic
 def test_cwd_with_spaces_and_quotes(tmp_path: object) -> None:
     from pathlib import Path
 
-    target = Path(str(tmp_path)) / "it's a \"dir\" $HOME"
+    target = Path(str(tmp_path)) / 'it\'s a "dir" $HOME'
     target.mkdir()
     result = LocalTransport("local", PosixShell()).run("pwd", cwd=str(target))
     assert result.stdout.strip() == str(target)

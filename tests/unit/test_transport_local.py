@@ -23,7 +23,11 @@ def test_lines_stream_while_the_command_runs() -> None:
     cmd = f"echo first; while [ ! -e {gate} ]; do sleep 0.01; done; echo second; echo oops >&2; exit 3"
     result = transport.run(cmd, on_line=on_line, timeout=20)
     gate.unlink()
-    assert [(s, line) for s, line, _ in seen] == [("stdout", "first"), ("stdout", "second"), ("stderr", "oops")]
+    assert [(s, line) for s, line, _ in seen] == [
+        ("stdout", "first"),
+        ("stdout", "second"),
+        ("stderr", "oops"),
+    ]
     assert result.exit_code == 3 and not result.ok
     assert result.stdout == "first\nsecond\n" and result.stderr == "oops\n"
     assert result.tail(2) == ["second", "oops"]

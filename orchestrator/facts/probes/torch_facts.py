@@ -67,7 +67,9 @@ def main():
         print(json.dumps({"installed": False}))
         return
     root = os.path.dirname(spec.origin)
-    key_src = json.dumps([PROBE_VERSION, sys.executable, root, _stamp(os.path.join(root, "version.py")), _driver()])
+    key_src = json.dumps(
+        [PROBE_VERSION, sys.executable, root, _stamp(os.path.join(root, "version.py")), _driver()]
+    )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     cache_dir = os.path.join(base, "cluster-bootstrap")

@@ -1,0 +1,121 @@
+"""The SSH transport in-process against a real sshd (root's login shell is bash there).
+
+The test thread enters the controller's network namespace only while it opens connections
+(tests/netns.py); the sockets stay there afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.platforms import PosixShell
+from orchestrator.transports import SSHOptions, SSHTransport
+from tests import netns
+from tests.cluster import NamespaceCluster
+
+arg_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60)
+env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
+    lambda n: (
+        n.upper() not in {"PWD", "OLDPWD", "SHLVL", "_", "IFS", "PS4", "HOME", "PATH", "LC_ALL", "LANG"}
+        and not n.startswith("BASH")
+    )
+)
+# The remote program reports what it received as hex bytes: no decoding can hide a difference.
+ECHO = (
+    "import json,os,sys; print(json.dumps({'argv': [os.fsencode(a).hex() for a in sys.argv[1:]],"
+    " 'env': {k: os.fsencode(v).hex() for k, v in os.environ.items()}}))"
+)
+
+
+@pytest.fixture
+def transport(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
+    known = ctl_home / ".ssh" / "known_hosts"
+    known.write_text(cluster.known_hosts_text())
+    (ctl_home / ".ssh" / "config").write_text("")
+    host = cluster.hosts[0]
+    t = SSHTransport(
+        host.name,
+        PosixShell(),
+        host=host.addr,
+        port=None,
+        user="root",
+        key_file=str(cluster.client_key),
+        password=lambda: None,
+        options=SSHOptions(known_hosts=known, ssh_config=ctl_home / ".ssh" / "config"),
+        identities_only=True,
+    )
+    with netns.inside(cluster.controller_ns):
+        t.connect()
+    yield t
+    t.close()
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(args=st.lists(arg_text, max_size=5), env=st.dictionaries(env_names, arg_text, max_size=4))
+def test_arguments_and_env_arrive_byte_for_byte(
+    transport: SSHTransport, args: list[str], env: dict[str, str]
+) -> None:
+    shell = transport.platform
+    result = transport.run(shell.join(["/usr/bin/python3", "-c", ECHO, *args]), env=env, timeout=30)
+    assert result.exit_code == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["argv"] == [a.encode().hex() for a in args]
+    for name, value in env.items():
+        assert seen["env"][name] == value.encode().hex()
+
+
+def test_one_connection_serves_every_command(transport: SSHTransport, cluster: NamespaceCluster) -> None:
+    host = cluster.hosts[0]
+    before = cluster.sshd_log(host).count("Accepted publickey")
+    for i in range(5):
+        assert transport.run(f"echo {i}").stdout == f"{i}\n"
+    assert cluster.sshd_log(host).count("Accepted publickey") == before
+
+
+def test_lines_arrive_while_the_command_runs(transport: SSHTransport) -> None:
+    arrived: list[tuple[str, str, float]] = []
+    start = time.monotonic()
+    result = transport.run(
+        "echo one; sleep 1; echo two >&2; echo three",
+        on_line=lambda s, line: arrived.append((s, line, time.monotonic())),
+    )
+    # each stream keeps its order; stdout and stderr are separate SSH channels, so no order between them
+    assert [line for s, line, _ in arrived if s == "stdout"] == ["one", "three"]
+    assert [line for s, line, _ in arrived if s == "stderr"] == ["two"]
+    assert arrived[0][2] - start < 0.9  # "one" came before the sleep ended
+    assert result.ok and result.stdout == "one\nthree\n" and result.stderr == "two\n"
+
+
+def test_exit_code_and_timeout(transport: SSHTransport) -> None:
+    assert transport.run("exit 42").exit_code == 42
+    result = transport.run("echo started; sleep 30", timeout=1)
+    assert result.timed_out and result.exit_code is None and result.stdout == "started\n"
+    assert transport.run("echo still usable").ok  # the connection survives a timed-out command
+
+
+def test_close_from_another_thread_unblocks_a_running_command(transport: SSHTransport) -> None:
+    started = threading.Event()
+    threading.Thread(target=lambda: (started.wait(10), transport.close()), daemon=True).start()
+    begin = time.monotonic()
+    result = transport.run("echo go; sleep 60", on_line=lambda s, line: started.set())
+    assert time.monotonic() - begin < 10 and result.exit_code is None
+
+
+def test_files_round_trip_over_sftp(transport: SSHTransport, tmp_path: Path) -> None:
+    src = tmp_path / "payload.bin"
+    src.write_bytes(bytes(range(256)) * 4096)  # 1 MiB, every byte value
+    transport.put(src, "/tmp/cbt-sftp/deep/dir/payload.bin", mode=0o640)
+    try:
+        assert transport.run("stat -c %a /tmp/cbt-sftp/deep/dir/payload.bin").stdout.strip() == "640"
+        transport.get("/tmp/cbt-sftp/deep/dir/payload.bin", tmp_path / "back.bin")
+        assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
+    finally:
+        transport.run("rm -rf /tmp/cbt-sftp")
