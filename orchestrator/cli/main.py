@@ -390,7 +390,7 @@ def _dry_run(
 
 
 def _interrupted(ui: UI) -> None:
-    ui.error("interrupted: connections closed, commands started on nodes were cut off")
+    ui.error("interrupted: connections closed, commands still running on the nodes were stopped")
     raise SystemExit(int(ExitCode.INTERRUPTED))
 
 

@@ -48,6 +48,10 @@ class Platform(ABC):
         exported, inside ``cwd``, optionally as root."""
 
     @abstractmethod
+    def stop_on_hangup(self, command: str) -> str:
+        """``command`` made to stop (its whole process tree) when the transport's stdin closes."""
+
+    @abstractmethod
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """One script running every ``(name, command)`` in turn, each section's stdout framed by
         markers carrying ``token`` and its exit code, so one round trip gathers many facts."""

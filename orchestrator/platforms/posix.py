@@ -57,6 +57,36 @@ class PosixShell(Platform):
         # at once with "a password is required", which the caller turns into a clear error.
         return f'if [ "$(id -u)" = 0 ]; then {inner}; else sudo -n -- {inner}; fi'
 
+    def stop_on_hangup(self, command: str) -> str:
+        """``command`` in its own process group, killed when our stdin reaches end-of-file.
+
+        A remote command outlives its SSH channel (no pty, no SIGHUP), so a timeout or a Ctrl-C on
+        the controller would leave it running. The transport keeps the channel's stdin open and
+        closes it to cancel: a watcher blocked on that stdin then signals the whole group (TERM,
+        KILL 5 s later). ``setsid`` gives the command its own process group (dash refuses ``set -m``
+        without a terminal); the command's own stdin is /dev/null, so it cannot eat the watcher's EOF.
+        """
+        # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX), so the channel's
+        # stdin is kept on fd 3 for the watcher.
+        script = (
+            "exec 3<&0\n"
+            "if command -v setsid >/dev/null 2>&1; then\n"
+            f"  setsid {command} </dev/null 3<&- &\n"
+            "else\n"
+            f"  {command} </dev/null 3<&- &\n"
+            "fi\n"
+            "pid=$!\n"
+            # kill -PID reaches the group; without setsid the group does not exist: the pid alone
+            '{ cat <&3 >/dev/null; kill -TERM -"$pid" || kill -TERM "$pid"; sleep 5;'
+            ' kill -KILL -"$pid" || kill -KILL "$pid"; } >/dev/null 2>&1 &\n'
+            "watcher=$!\n"
+            "exec 3<&-\n"
+            'wait "$pid"; rc=$?\n'
+            'kill "$watcher" 2>/dev/null\n'
+            'exit "$rc"'
+        )
+        return f"/bin/sh -c {self.quote(script)}"
+
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         parts = []
         for name, command in sections:

@@ -257,8 +257,8 @@ class SSHTransport(Transport):
             raise UnreachableError("the SSH connection was lost", node=self.node_name)
         try:
             chan = transport.open_session(timeout=self.options.connect_timeout)
-            chan.exec_command(command)
-            chan.shutdown_write()  # no stdin: a command that reads it sees EOF instead of hanging
+            # stdin stays open: closing it is how a timeout or a cancel stops the remote command
+            chan.exec_command(self.platform.stop_on_hangup(command))
         except paramiko.SSHException as exc:
             raise UnreachableError(f"cannot start a command over SSH: {exc}", node=self.node_name) from exc
         out = LineSplitter("stdout", on_line, keep_lines)
@@ -276,6 +276,7 @@ class SSHTransport(Transport):
                     break
                 if deadline.expired:
                     timed_out = True
+                    chan.shutdown_write()  # EOF on stdin: the remote watcher kills the process group
                     break
                 if chan.eof_received:
                     # stdout ended but the process has not exited: the pipe stays readable, so

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import NamespaceCluster
-from tests.conftest import CliRun, write_inventory
+from tests.conftest import BOOTSTRAP, CliRun, write_inventory
 
 Bootstrap = Callable[..., CliRun]
 
@@ -284,3 +289,41 @@ def test_wrong_password_for_keys_is_an_auth_error(
     finally:
         cluster.set_password_auth(host, False)
         cluster.remove_user("cbtbadpw")
+
+
+def test_ctrl_c_stops_the_commands_on_every_node(
+    cluster: NamespaceCluster, trusted_home: Path, inventory: Path
+) -> None:
+    marker = f"cbt-sigint-{time.monotonic_ns()}"
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv(
+        [BOOTSTRAP, "-i", str(inventory), "run", "--", f"echo started; sh -c 'sleep 300; : {marker}'"],
+        env=env,
+    )
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        started: set[str] = set()
+        deadline = time.monotonic() + 30
+        while len(started) < 3 and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], 1)
+            if ready:
+                line = proc.stdout.readline()
+                if line.rstrip().endswith("started"):
+                    started.add(line.split("]")[0])
+        assert len(started) == 3, "not every node started"
+        for host in cluster.hosts:  # really running on every node
+            assert marker in cluster.ns_run(host.ns, ["pgrep", "-af", marker]).stdout
+        begin = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 130
+        assert time.monotonic() - begin < 10
+        assert "interrupted" in proc.stderr.read()  # type: ignore[union-attr]
+        for host in cluster.hosts:
+            deadline = time.monotonic() + 10
+            while marker in cluster.ns_run(host.ns, ["pgrep", "-af", marker]).stdout:
+                assert time.monotonic() < deadline, f"{host.name} still runs the command"
+                time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -94,19 +94,47 @@ def test_lines_arrive_while_the_command_runs(transport: SSHTransport) -> None:
     assert result.ok and result.stdout == "one\nthree\n" and result.stderr == "two\n"
 
 
-def test_exit_code_and_timeout(transport: SSHTransport) -> None:
+def _await_gone(cluster: NamespaceCluster, marker: str, timeout: float = 10) -> list[str]:
+    """Processes on node1 whose command line holds ``marker``, once they are gone or time is up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cluster.ns_run(cluster.hosts[0].ns, ["pgrep", "-af", marker]).stdout.splitlines()
+        found = [line for line in found if "pgrep" not in line]
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _sleeper(marker: str) -> str:
+    # a child of a child, silent: only a process-group kill reaches it (no SIGPIPE, no SIGHUP)
+    return f"echo started; sh -c 'sleep 300; : {marker}' & sh -c 'sleep 300; : {marker}'; wait"
+
+
+def test_exit_code_and_timeout_kills_the_remote_command(
+    transport: SSHTransport, cluster: NamespaceCluster
+) -> None:
     assert transport.run("exit 42").exit_code == 42
-    result = transport.run("echo started; sleep 30", timeout=1)
+    marker = f"cbt-timeout-{time.monotonic_ns()}"
+    result = transport.run(_sleeper(marker), timeout=1)
     assert result.timed_out and result.exit_code is None and result.stdout == "started\n"
+    assert _await_gone(cluster, marker) == []
     assert transport.run("echo still usable").ok  # the connection survives a timed-out command
 
 
-def test_close_from_another_thread_unblocks_a_running_command(transport: SSHTransport) -> None:
+def test_close_from_another_thread_stops_the_remote_command(
+    transport: SSHTransport, cluster: NamespaceCluster
+) -> None:
+    marker = f"cbt-close-{time.monotonic_ns()}"
     started = threading.Event()
     threading.Thread(target=lambda: (started.wait(10), transport.close()), daemon=True).start()
     begin = time.monotonic()
-    result = transport.run("echo go; sleep 60", on_line=lambda s, line: started.set())
+    result = transport.run(_sleeper(marker), on_line=lambda s, line: started.set())
     assert time.monotonic() - begin < 10 and result.exit_code is None
+    assert _await_gone(cluster, marker) == []
+
+
+def test_commands_reading_stdin_see_end_of_file(transport: SSHTransport) -> None:
+    assert transport.run("cat; echo done", timeout=10).stdout == "done\n"
 
 
 def test_files_round_trip_over_sftp(transport: SSHTransport, tmp_path: Path) -> None:

@@ -1,0 +1,141 @@
+"""The real CLI on this machine: the embedded default inventory, bad inventories, usage errors,
+and the installed package carrying its templates and default inventory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BOOTSTRAP
+
+REPO = Path(__file__).resolve().parents[2]
+BAD_INVENTORIES = sorted((REPO / "tests" / "unit" / "data" / "inventory").glob("*bad_*.yaml"))
+
+
+def bootstrap(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
+    full_env.pop("BOOTSTRAP_INVENTORY", None)
+    return subprocess.run(
+        [BOOTSTRAP, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env=full_env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_default_inventory_is_this_machine(tmp_path: Path) -> None:
+    run = bootstrap("--json", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["inventory"]["cluster"]["name"] == "local"
+    (node,) = doc["nodes"]
+    assert node["ok"] and node["via"] == "local"
+    # the controller's own interpreter (the script's shebang may name python3 where pytest runs python)
+    assert os.path.samefile(node["facts"]["python"]["path"], sys.executable)
+    assert node["facts"]["torch"]["installed"] and node["facts"]["torch"]["gloo"]
+
+
+def test_default_table_and_note(tmp_path: Path) -> None:
+    run = bootstrap(cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert run.returncode == 0, run.stderr
+    assert "embedded default inventory" in run.stderr
+    assert "local (master)" in run.stdout and "(gloo)" in run.stdout
+
+
+def test_run_streams_locally(tmp_path: Path) -> None:
+    run = bootstrap(
+        "run", "--env", "GREETING=hi there", "--", "echo $GREETING; exit 3", env={"HOME": str(tmp_path)}
+    )
+    assert run.returncode == 1
+    assert run.stdout.splitlines() == ["[local] hi there"]
+    assert "exit 3" in run.stderr
+
+
+@pytest.mark.parametrize("path", BAD_INVENTORIES, ids=lambda p: p.name)
+def test_bad_inventory_exits_2_with_located_one_line_errors(path: Path) -> None:
+    run = bootstrap("--inventory", str(path), "check")
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert lines, "no message"
+    assert "Traceback" not in run.stderr
+    for line in lines:
+        assert line.startswith(f"error: {path}:"), line  # file and line named on every error
+
+
+def test_missing_inventory_file() -> None:
+    run = bootstrap("--inventory", "/nonexistent/hosts.yaml", "check")
+    assert run.returncode == 2
+    assert "/nonexistent/hosts.yaml" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_unknown_node_selection_suggests_the_closest_name(tmp_path: Path) -> None:
+    run = bootstrap("--nodes", "locl", "check", env={"HOME": str(tmp_path)})
+    assert run.returncode == 2
+    assert "locl" in run.stderr and "'local'" in run.stderr
+
+
+def test_bad_env_name_is_a_usage_error() -> None:
+    run = bootstrap("run", "--env", "BAD-NAME=1", "--", "true")
+    assert run.returncode == 2
+    assert "BAD-NAME" in run.stderr
+
+
+def test_options_work_before_and_after_the_command(tmp_path: Path) -> None:
+    before = bootstrap("--json", "inventory")
+    after = bootstrap("inventory", "--json")
+    assert before.returncode == after.returncode == 0
+    assert json.loads(before.stdout) == json.loads(after.stdout)
+
+
+def test_wheel_ships_templates_and_default_inventory(tmp_path: Path) -> None:
+    """A non-editable install must find templates/ and inventory/local.yaml inside the package."""
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "orchestrator/_data/inventory/local.yaml" in names
+    assert "orchestrator/templates/README.md" in names
+    assert "orchestrator/facts/probes/torch_facts.py" in names
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert install.returncode == 0, install.stderr
+    probe = (
+        "import orchestrator, orchestrator.resources as r;"
+        "print(orchestrator.__file__); print(r.default_inventory()); print(r.templates_dir())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    package, inventory, templates = out.stdout.splitlines()
+    assert (
+        package.startswith(str(site)) and inventory.startswith(str(site)) and templates.startswith(str(site))
+    )
+    assert Path(inventory).is_file() and Path(templates).is_dir()
