@@ -5,7 +5,8 @@ namespace, the whole CLI process (start-up included):
   - `bootstrap check --json` (connect + every fact in one round trip per node)
   - `ansible all -m setup -a gather_subset=min` (when ansible-core is installed), with its defaults
     (forks raised to the node count so both work on all nodes at once; ControlPersist on, as shipped)
-Prints a table of medians and the ratio. Target (issue 2): 16 nodes <= 3 s, >= 4x faster than Ansible.
+Both log in as a dedicated user with stock dotfiles. Prints a table of medians and the ratio.
+Target (issue 2): 16 nodes <= 3 s, >= 4x faster than Ansible.
 
     sudo python benchmarks/fanout.py [--runs 5] [--sizes 1,4,16]
 """
@@ -29,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from tests.cluster import NamespaceCluster  # noqa: E402
 
 BIN = Path(sys.executable).parent
+USER = "cbtbench"
 
 
 def _time(cluster: NamespaceCluster, argv: list[str], env: dict[str, str]) -> float:
@@ -36,12 +38,16 @@ def _time(cluster: NamespaceCluster, argv: list[str], env: dict[str, str]) -> fl
     proc = subprocess.run(cluster.controller_argv(argv, env=env), capture_output=True, text=True, timeout=300)
     took = time.monotonic() - start
     if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+        raise SystemExit(
+            f"{argv[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        )
     return took
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sizes", default="1,4,16")
     args = parser.parse_args()
@@ -50,6 +56,10 @@ def main() -> int:
     ansible = BIN / "ansible" if (BIN / "ansible").exists() else shutil.which("ansible")
     rows = []
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp, NamespaceCluster(max(sizes)) as cluster:
+        # A dedicated account with Debian's stock dotfiles, like a lab's training user. (root on the
+        # development machines sources pyenv from ~/.bashrc: bash runs it for every SSH command, which
+        # adds ~0.2 s of CPU per command to any tool, Ansible included.)
+        cluster.add_user(USER)
         home = Path(tmp) / "home"
         (home / ".ssh").mkdir(parents=True, mode=0o700)
         shutil.copyfile(cluster.client_key, home / ".ssh" / "id_ed25519")
@@ -59,7 +69,9 @@ def main() -> int:
         for n in sizes:
             hosts = cluster.hosts[:n]
             inv = Path(tmp) / f"hosts-{n}.yaml"
-            nodes = [{"name": h.name, "host": h.addr, "user": "root", "python": "/usr/bin/python3"} for h in hosts]
+            nodes = [
+                {"name": h.name, "host": h.addr, "user": USER, "python": "/usr/bin/python3"} for h in hosts
+            ]
             inv.write_text(json.dumps({"nodes": nodes}))
             argv = [str(bootstrap), "-i", str(inv), "check", "--json"]
             _time(cluster, argv, env)  # warm-up: the page cache, not our caches (facts are not cached)
@@ -68,7 +80,11 @@ def main() -> int:
             if ansible:
                 ainv = Path(tmp) / f"ansible-{n}.yaml"
                 ahosts = {
-                    h.name: {"ansible_host": h.addr, "ansible_user": "root", "ansible_python_interpreter": "/usr/bin/python3"}
+                    h.name: {
+                        "ansible_host": h.addr,
+                        "ansible_user": USER,
+                        "ansible_python_interpreter": "/usr/bin/python3",
+                    }
                     for h in hosts
                 }
                 ainv.write_text(json.dumps({"all": {"hosts": ahosts}}))
@@ -78,14 +94,17 @@ def main() -> int:
                 # keeping Ansible's default multiplexing options
                 aenv["ANSIBLE_SSH_ARGS"] = (
                     "-C -o ControlMaster=auto -o ControlPersist=60s "
-                    f"-o UserKnownHostsFile={home / '.ssh' / 'known_hosts'} -o IdentityFile={home / '.ssh' / 'id_ed25519'}"
+                    f"-o UserKnownHostsFile={home / '.ssh' / 'known_hosts'} "
+                    f"-o IdentityFile={home / '.ssh' / 'id_ed25519'}"
                 )
                 aargv = [str(ansible), "all", "-i", str(ainv), "-m", "setup", "-a", "gather_subset=min"]
                 _time(cluster, aargv, aenv)
                 theirs = statistics.median(_time(cluster, aargv, aenv) for _ in range(args.runs))
             rows.append((n, ours, theirs))
-    print(f"\nbootstrap check vs ansible -m setup (gather_subset=min), median of {args.runs} runs, "
-          f"{os.cpu_count()} CPUs\n")
+    print(
+        f"\nbootstrap check vs ansible -m setup (gather_subset=min), median of {args.runs} runs, "
+        f"{os.cpu_count()} CPUs\n"
+    )
     print("| nodes | bootstrap check (s) | ansible setup min (s) | ansible / bootstrap |")
     print("| ---: | ---: | ---: | ---: |")
     for n, ours, theirs in rows:

@@ -32,7 +32,6 @@ from orchestrator.platforms import PosixShell, check_env_name
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect
-from orchestrator.steps.keys import DEFAULT_KEY, KeyInstall, ensure_controller_key, install_key
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -528,7 +527,9 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 
 @cli.command()
 @common_options
-@click.option("--key", "key_path", default=DEFAULT_KEY, show_default=True, help="Controller key to install.")
+@click.option(
+    "--key", "key_path", default="~/.ssh/id_ed25519", show_default=True, help="Controller key to install."
+)
 @click.pass_context
 def keys(ctx: click.Context, key_path: str) -> None:
     """First contact: install your public key on nodes that accept only a password (ssh-copy-id).
@@ -537,6 +538,8 @@ def keys(ctx: click.Context, key_path: str) -> None:
     with the node's), installs the key once, then proves that key login works with that key alone.
     Passwords come from each node's password_env, or one prompt shared by all nodes.
     """
+    from orchestrator.steps.keys import KeyInstall, ensure_controller_key, install_key
+
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
     ui = settings.ui

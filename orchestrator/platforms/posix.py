@@ -68,12 +68,13 @@ class PosixShell(Platform):
         """
         # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX), so the channel's
         # stdin is kept on fd 3 for the watcher.
+        job = f"/bin/sh -c {self.quote(command)} </dev/null 3<&- &"  # any shell text, compound or not
         script = (
             "exec 3<&0\n"
             "if command -v setsid >/dev/null 2>&1; then\n"
-            f"  setsid {command} </dev/null 3<&- &\n"
+            f"  setsid {job}\n"
             "else\n"
-            f"  {command} </dev/null 3<&- &\n"
+            f"  {job}\n"
             "fi\n"
             "pid=$!\n"
             # kill -PID reaches the group; without setsid the group does not exist: the pid alone

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts import FactSet, gather, linux_facts, public_value
-from orchestrator.transports import SSHTransport, Transport
+from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -57,7 +57,9 @@ def inspect(node: Node, transport: Transport) -> NodeFacts:
     transport.connect()
     connected = time.monotonic() - start
     facts = gather(transport, linux_facts(interpreter_for(node)))
-    recorded = transport.recorded_host_keys if isinstance(transport, SSHTransport) else []
     return NodeFacts(
-        via=transport.describe(), facts=facts, connect_seconds=connected, recorded_host_keys=recorded
+        via=transport.describe(),
+        facts=facts,
+        connect_seconds=connected,
+        recorded_host_keys=list(transport.recorded_host_keys),
     )

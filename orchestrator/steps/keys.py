@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.platforms import PosixShell
-from orchestrator.transports import SSHOptions, SSHTransport, Transport
+from orchestrator.transports import SSHOptions, Transport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -85,7 +85,9 @@ def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOp
             + " | ".join(result.tail(3)),
             node=node.name,
         )
-    recorded = transport.recorded_host_keys if isinstance(transport, SSHTransport) else []
+    recorded = list(transport.recorded_host_keys)
+    from orchestrator.transports.ssh import SSHTransport
+
     # Prove it: a fresh connection with this key only (no agent, no other keys, no password).
     check = SSHTransport(
         node.name,

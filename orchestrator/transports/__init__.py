@@ -8,10 +8,21 @@ from orchestrator.errors import UsageError
 from orchestrator.platforms import platform_for
 from orchestrator.transports.base import LineSplitter, OnLine, Result, Stream, Transport
 from orchestrator.transports.local import LocalTransport
-from orchestrator.transports.ssh import SSHOptions, SSHTransport, fingerprint
+from orchestrator.transports.options import SSHOptions
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node, PasswordResolver
+    from orchestrator.transports.ssh import SSHTransport, fingerprint
+
+
+def __getattr__(name: str) -> object:
+    # paramiko + fabric cost ~0.3 s to import: only commands that reach SSH nodes pay for them
+    if name in ("SSHTransport", "fingerprint"):
+        from orchestrator.transports import ssh
+
+        return getattr(ssh, name)
+    raise AttributeError(name)
+
 
 __all__ = [
     "LineSplitter",
@@ -38,6 +49,8 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
     if node.connection == "local":
         return LocalTransport(node.name, platform)
     if node.connection == "ssh":
+        from orchestrator.transports.ssh import SSHTransport
+
         return SSHTransport(
             node.name,
             platform,

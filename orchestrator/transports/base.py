@@ -138,6 +138,8 @@ class Transport(ABC):
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name
         self.platform = platform
+        #: host keys trusted on first use while connecting ("host type SHA256:..."), for the report
+        self.recorded_host_keys: list[str] = []
 
     @abstractmethod
     def connect(self) -> None:

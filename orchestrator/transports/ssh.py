@@ -16,7 +16,6 @@ import socket
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,6 +32,7 @@ from orchestrator.errors import (
 )
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
+from orchestrator.transports.options import SSHOptions
 
 #: one lock for every writer of a known_hosts file in this process (nodes connect in parallel)
 _KNOWN_HOSTS_LOCK = threading.Lock()
@@ -42,17 +42,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     """``SHA256:...`` exactly as ``ssh-keygen -lf`` and OpenSSH's prompts show it."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-@dataclass(frozen=True)
-class SSHOptions:
-    """Controller-side SSH settings shared by every node."""
-
-    known_hosts: Path | None = None  # None: ssh config UserKnownHostsFile, else ~/.ssh/known_hosts
-    accept_new_host_keys: bool = False  # record unknown keys (trust on first use); changed keys never
-    connect_timeout: float = 10.0
-    keepalive: int = 15  # seconds between keepalives; dead peers are noticed instead of hanging
-    ssh_config: Path | None = None  # None: ~/.ssh/config (and /etc/ssh/ssh_config)
 
 
 class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
@@ -120,7 +109,6 @@ class SSHTransport(Transport):
             connect_timeout=int(options.connect_timeout),
             connect_kwargs=connect_kwargs,
         )
-        self.recorded_host_keys: list[str] = []
 
     # -- connection ---------------------------------------------------------------------------
 

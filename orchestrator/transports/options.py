@@ -1,0 +1,17 @@
+"""Controller-side connection settings (kept apart from the transports: importing paramiko is slow)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Controller-side SSH settings shared by every node."""
+
+    known_hosts: Path | None = None  # None: ssh config UserKnownHostsFile, else ~/.ssh/known_hosts
+    accept_new_host_keys: bool = False  # record unknown keys (trust on first use); changed keys never
+    connect_timeout: float = 10.0
+    keepalive: int = 15  # seconds between keepalives; dead peers are noticed instead of hanging
+    ssh_config: Path | None = None  # None: ~/.ssh/config (and /etc/ssh/ssh_config)
