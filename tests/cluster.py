@@ -534,6 +534,9 @@ Subsystem sftp {sftp}
     def _await_sshd(self, host: TestHost) -> None:
         sshd = self._sshd[host.name]
         if not sshd.wait_listening(SSHD_START_TIMEOUT):
+            # stderr ends a moment before the exit status can be collected: await it briefly
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sshd.proc.wait(timeout=2)
             tail = "\n  ".join(sshd.tail)
             state = "exited" if sshd.proc.poll() is not None else "still not listening"
             raise ClusterError(f"sshd of {host.name} ({host.ns}) {state}; stderr:\n  {tail}")

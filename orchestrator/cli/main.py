@@ -575,7 +575,14 @@ def keys(ctx: click.Context, key_path: str) -> None:
         def password_for(self, node: Node) -> str | None:
             if node.password_env or node.password_prompt:
                 return resolver.password_for(node)
-            return shared.get("password")
+            if "password" not in shared:
+                raise SecretMissingError(
+                    "`bootstrap keys` logs in with the node's password, and none is available",
+                    node=node.name,
+                    hint="set password_env: VAR on the node (and export VAR), "
+                    "or run from a terminal to be asked",
+                )
+            return shared["password"]
 
     # first contact: new host keys are recorded (and printed); changed keys are still refused
     session = Session(

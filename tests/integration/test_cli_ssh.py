@@ -327,3 +327,12 @@ def test_ctrl_c_stops_the_commands_on_every_node(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_keys_without_any_password_says_how_to_give_one(
+    bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    nodes = [{"name": "nopw", "host": cluster.hosts[0].addr, "user": "root"}]
+    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys")
+    assert run.returncode == 3, run
+    assert "node 'nopw'" in run.stderr and "password_env" in run.stderr
