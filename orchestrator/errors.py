@@ -123,8 +123,20 @@ class SecretMissingError(ConnectError):
     """A password was needed but neither its environment variable nor a terminal prompt gave one."""
 
 
+class CancelledError(BootstrapError):
+    """Work on a node was cut short because the user interrupted (or a fail-fast stop)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 class CommandFailedError(BootstrapError):
-    """A command ran on a node and failed."""
+    """A command ran on a node and failed. ``result`` keeps what it printed, when it ran at all."""
+
+    def __init__(
+        self, message: str, *, node: str | None = None, hint: str | None = None, result: object = None
+    ):
+        super().__init__(message, node=node, hint=hint)
+        self.result = result
 
 
 class SudoPasswordRequiredError(CommandFailedError):

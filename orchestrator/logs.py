@@ -38,8 +38,10 @@ class RunLog:
         with self._lock:
             fh = self._files.get(node)
             if fh is None:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                fh = self.path(node).open("a", encoding="utf-8", errors="replace")
+                # node output can hold anything (tokens printed by a script): owner-only, like ~/.ssh
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                fh = os.fdopen(fd, "a", encoding="utf-8", errors="replace")
                 self._files[node] = fh
             fh.write(line + "\n")
 

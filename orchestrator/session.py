@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from orchestrator.errors import CancelledError
 from orchestrator.executor import Executor, NodeEvent, Outcome
 from orchestrator.transports import SSHOptions, Transport, open_transport
 
@@ -32,11 +33,14 @@ class Session:
         self.passwords = passwords
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self.executor = Executor(max_workers=max_workers, on_event=on_event, cancel=self.close)
 
     def transport(self, node: Node) -> Transport:
         """The node's one transport (created on first use, connected by the caller)."""
         with self._lock:
+            if self._closed:  # cancelled: a node whose turn comes now must not start anything
+                raise CancelledError("cancelled before this node was contacted", node=node.name)
             existing = self._transports.get(node.name)
             if existing is None:
                 existing = open_transport(node, ssh=self.ssh, passwords=self.passwords)
@@ -64,6 +68,7 @@ class Session:
     def close(self) -> None:
         """Close every connection (also from another thread: unblocks running commands)."""
         with self._lock:
+            self._closed = True
             transports = list(self._transports.values())
         for transport in transports:
             try:

@@ -45,9 +45,17 @@ log = logging.getLogger("orchestrator")
 
 def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
     obj = ctx.find_root().ensure_object(dict)
+    sources = obj.setdefault("_sources", {})
     if value is None or value is False or value == () or value == 0:
         obj.setdefault(param.name, value)
         return
+    assert param.name is not None
+    source = ctx.get_parameter_source(param.name)
+    # a value typed on the command line (before or after the subcommand) beats one that came from
+    # an environment variable such as $BOOTSTRAP_INVENTORY, wherever click read that from
+    if source != click.core.ParameterSource.COMMANDLINE and sources.get(param.name) == "cli":
+        return
+    sources[param.name] = "cli" if source == click.core.ParameterSource.COMMANDLINE else "env"
     if param.name == "nodes":
         obj["nodes"] = tuple(obj.get("nodes") or ()) + tuple(value)
     else:
@@ -132,7 +140,7 @@ class Settings:
     accept_new_host_keys: bool = False
     known_hosts: Path | None = None
     ssh_config: Path | None = None
-    connect_timeout: float = 10.0
+    connect_timeout: float | None = None  # None: ssh config ConnectTimeout, else 10 s
     forks: int = 64
     no_color: bool = False
     ui: UI = field(init=False)
@@ -223,6 +231,14 @@ def _error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
     return {"type": type(error).__name__, "message": error.message, "hint": error.hint}
 
 
+def _result_dict(outcome: Outcome[Any]) -> dict[str, Any]:
+    """A command's output for --json, also when it failed after producing some (timeout, sudo)."""
+    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
+    if isinstance(result, Result):
+        return result.public_dict()
+    return {"exit_code": None, "duration": round(outcome.duration, 4)}
+
+
 # -- commands ----------------------------------------------------------------------------------------
 
 
@@ -235,6 +251,8 @@ class _Group(click.Group):
             for line in str(exc).splitlines():
                 settings.ui.error(line)
             ctx.exit(int(exc.exit_code))
+        except KeyboardInterrupt:  # at a prompt, or anywhere outside the node fan-out
+            _interrupted(Settings.from_context(ctx).ui)
 
 
 @click.group(
@@ -265,10 +283,11 @@ def check(ctx: click.Context) -> None:
         _dry_run(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
         return
     names = [n.name for n in nodes]
+    session = _session(settings, inventory, nodes)  # asks for passwords before the live display starts
     try:
-        with ui.progress(names, "check") as on_event:
-            with _session(settings, inventory, nodes, on_event) as session:
-                outcomes = session.map(inspect, step="check", connect=False)
+        with ui.progress(names, "check") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(inspect, step="check", connect=False)
     except KeyboardInterrupt:
         _interrupted(ui)
     code = exit_code_for(outcomes)
@@ -310,7 +329,7 @@ def _gib(value: int | None) -> str:
 
 
 def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[NodeFacts]]) -> Table:
-    table = Table(title=f"cluster {inventory.cluster.name}: {len(nodes)} node(s)", title_justify="left")
+    table = Table(title=Text(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)"), title_justify="left")
     for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
         table.add_column(column, overflow="fold")
     for node, outcome in zip(nodes, outcomes, strict=True):
@@ -377,12 +396,18 @@ def _dry_run(
     planned = []
     for node in nodes:
         transport = session.transport(node)
-        planned.append({"name": node.name, "via": transport.describe(), "commands": plan(node, transport)})
+        commands = [transport.plan(script) for script in plan(node, transport)]
+        planned.append({"name": node.name, "via": transport.describe(), "commands": commands})
     if settings.json_mode:
         settings.ui.print_json({"dry_run": True, "nodes": planned})
         return
     for entry in planned:
-        settings.ui.print_text(f"# {entry['name']} ({entry['via']}): would run")
+        how = (
+            " (each script reaches /bin/sh base64-encoded through the login shell)"
+            if entry["via"] != "local"
+            else ""
+        )
+        settings.ui.print_text(f"# {entry['name']} ({entry['via']}): would run{how}")
         for command in entry["commands"]:
             settings.ui.print_text(command)
         settings.ui.print_text("")
@@ -451,10 +476,11 @@ def run(
                 node=node.name,
                 hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
                 "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
+                result=result,
             )
         if result.timed_out:
             raise CommandTimeoutError(
-                f"timed out after {timeout:g}s; the command was cut off", node=node.name
+                f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
             )
         return result
 
@@ -481,11 +507,7 @@ def run(
                         "name": o.node,
                         "ok": o.ok and not failed(o),
                         "error": _error_dict(o.error),
-                        **(
-                            o.value.public_dict()
-                            if o.value
-                            else {"exit_code": None, "duration": round(o.duration, 4)}
-                        ),
+                        **_result_dict(o),
                     }
                     for o in outcomes
                 ],
@@ -504,7 +526,7 @@ def run(
             label = Text("ok", style="green")
         else:
             label = Text(f"exit {o.value.exit_code if o.value else '?'}", style="red")
-        table.add_row(o.node, label, f"{o.duration:.2f}s")
+        table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.err.print(table)
     _fail_lines(ui, outcomes)
     if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
@@ -534,9 +556,10 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 def keys(ctx: click.Context, key_path: str) -> None:
     """First contact: install your public key on nodes that accept only a password (ssh-copy-id).
 
-    Creates the key when missing, records each node's host key (printing its fingerprint: compare it
-    with the node's), installs the key once, then proves that key login works with that key alone.
-    Passwords come from each node's password_env, or one prompt shared by all nodes.
+    Creates the key when missing, installs it once, then proves that key login works with that key
+    alone. Host keys are verified as everywhere: on first contact the run stops showing each new
+    fingerprint; compare them with the nodes' and rerun with --accept-new-host-keys, before any
+    password is sent. Passwords come from each node's password_env, or one prompt shared by all nodes.
     """
     from orchestrator.steps.keys import KeyInstall, ensure_controller_key, install_key
 
@@ -584,11 +607,11 @@ def keys(ctx: click.Context, key_path: str) -> None:
                 )
             return shared["password"]
 
-    # first contact: new host keys are recorded (and printed); changed keys are still refused
+    # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
     session = Session(
         inventory,
         ssh_nodes,
-        ssh=settings.ssh_options(accept_new=True),
+        ssh=settings.ssh_options(),
         passwords=_KeysResolver(prompt=None),
         max_workers=settings.forks,
     )
@@ -620,19 +643,19 @@ def keys(ctx: click.Context, key_path: str) -> None:
             }
         )
         ctx.exit(int(code))
-    table = Table(title=f"key {key.private}", title_justify="left")
+    table = Table(title=Text(f"key {key.private}"), title_justify="left")
     for column in ("node", "key", "key login", "host key recorded"):
         table.add_column(column)
     for o in outcomes:
         value: KeyInstall | None = o.value
         if value is None:
-            table.add_row(o.node, Text("failed", style="red"), "-", "-")
+            table.add_row(Text(o.node), Text("failed", style="red"), "-", "-")
             continue
         table.add_row(
-            o.node,
-            value.status,
+            Text(o.node),
+            Text(value.status),
             Text("verified", style="green") if value.verified else Text("FAILED", style="red"),
-            "\n".join(value.recorded_host_keys) or "already known",
+            Text("\n".join(value.recorded_host_keys) or "already known"),
         )
     ui.print_table(table)
     _fail_lines(ui, outcomes)
@@ -649,24 +672,26 @@ def show_inventory(ctx: click.Context) -> None:
     if settings.json_mode:
         settings.ui.print_json(inventory.public_dict())
         return
-    table = Table(title=f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
+    table = Table(
+        title=Text(f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
+    )
     for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "tags"):
         table.add_column(column)
     for node in nodes:
         master = " (master)" if node.name == inventory.cluster.master else ""
-        table.add_row(
-            node.name + master,
+        cells = (
             node.connection,
             node.address,
             node.user or "-",
             node.os,
-            str(node.gpus),
-            str(node.nproc),
+            node.gpus,
+            node.nproc,
             ",".join(node.tags),
         )
+        table.add_row(Text(node.name + master), *(Text(str(c)) for c in cells))
     settings.ui.print_table(table)
     c = inventory.cluster
-    settings.ui.print_text(f"rendezvous port {c.port}, backend {c.backend}")
+    settings.ui.print_text(f"master {c.master}, rendezvous port {c.port}, backend {c.backend}")
 
 
 def main() -> None:

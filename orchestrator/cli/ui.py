@@ -87,7 +87,7 @@ class UI:
                 shown = (
                     took if status in ("ok", "failed") else (now - started[name] if name in started else 0)
                 )
-                table.add_row(name, Text(status, style=style), f"{shown:.1f}s", detail)
+                table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
             return table
 
         def on_event(event: NodeEvent) -> None:

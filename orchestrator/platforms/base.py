@@ -44,12 +44,16 @@ class Platform(ABC):
         cwd: str | None = None,
         become: bool = False,
     ) -> str:
-        """The full text a transport hands to the node: ``command`` (shell text) run with ``env``
+        """The script (in this platform's shell) that runs ``command`` (shell text) with ``env``
         exported, inside ``cwd``, optionally as root."""
 
     @abstractmethod
-    def stop_on_hangup(self, command: str) -> str:
-        """``command`` made to stop (its whole process tree) when the transport's stdin closes."""
+    def stop_on_hangup(self, script: str) -> str:
+        """``script`` made to stop (its whole process tree) when the transport's stdin closes."""
+
+    @abstractmethod
+    def login_command(self, script: str) -> str:
+        """The one line a remote login shell executes to run ``script`` unchanged."""
 
     @abstractmethod
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import shlex
 from collections.abc import Mapping, Sequence
 
@@ -19,7 +20,8 @@ class PosixShell(Platform):
 
     def quote(self, value: str) -> str:
         # Single quotes keep every byte except the single quote itself, which shlex closes,
-        # escapes and reopens ('"'"'). Works in sh, bash, dash, zsh and ksh alike.
+        # escapes and reopens ('"'"'). For POSIX shells (sh, dash, bash, zsh, ksh): transports hand
+        # scripts to /bin/sh themselves, never to the login shell (see login_command).
         return shlex.quote(value)
 
     def _script(self, command: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
@@ -47,46 +49,54 @@ class PosixShell(Platform):
         cwd: str | None = None,
         become: bool = False,
     ) -> str:
-        # Always run through /bin/sh -c: the login shell sshd starts may be fish or csh, whose
-        # quoting differs; a single POSIX-quoted word survives any of them.
         script = self._script(command, env, cwd)
-        inner = f"/bin/sh -c {self.quote(script)}"
         if not become:
-            return inner
+            return script
         # Root already: no sudo (containers, root logins). Otherwise sudo -n never prompts: it fails
         # at once with "a password is required", which the caller turns into a clear error.
+        inner = f"/bin/sh -c {self.quote(script)}"
         return f'if [ "$(id -u)" = 0 ]; then {inner}; else sudo -n -- {inner}; fi'
 
-    def stop_on_hangup(self, command: str) -> str:
-        """``command`` in its own process group, killed when our stdin reaches end-of-file.
+    def stop_on_hangup(self, script: str) -> str:
+        """``script`` run as its own process group, which is stopped when our stdin reaches EOF.
 
         A remote command outlives its SSH channel (no pty, no SIGHUP), so a timeout or a Ctrl-C on
         the controller would leave it running. The transport keeps the channel's stdin open and
-        closes it to cancel: a watcher blocked on that stdin then signals the whole group (TERM,
-        KILL 5 s later). ``setsid`` gives the command its own process group (dash refuses ``set -m``
-        without a terminal); the command's own stdin is /dev/null, so it cannot eat the watcher's EOF.
+        closes it to cancel (or closes the channel when the command is done): a watcher blocked on
+        that stdin then signals the whole group: TERM, and KILL 5 s later for what ignored TERM.
+        Processes the command left behind in its group go the same way; whatever must outlive a
+        command has to leave the group itself (``setsid``, as detached launches do).
+        ``setsid`` makes the group (dash refuses ``set -m`` without a terminal); the job's stdin
+        is /dev/null, so it cannot eat the watcher's EOF.
         """
-        # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX), so the channel's
+        # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX): the channel's
         # stdin is kept on fd 3 for the watcher.
-        job = f"/bin/sh -c {self.quote(command)} </dev/null 3<&- &"  # any shell text, compound or not
-        script = (
+        job = f"/bin/sh -c {self.quote(script)} </dev/null 3<&- &"
+        return (
             "exec 3<&0\n"
             "if command -v setsid >/dev/null 2>&1; then\n"
             f"  setsid {job}\n"
+            "  target=-$!\n"  # the job's process group
             "else\n"
             f"  {job}\n"
+            "  target=$!\n"  # no setsid (rare): the job's first process only
             "fi\n"
-            "pid=$!\n"
-            # kill -PID reaches the group; without setsid the group does not exist: the pid alone
-            '{ cat <&3 >/dev/null; kill -TERM -"$pid" || kill -TERM "$pid"; sleep 5;'
-            ' kill -KILL -"$pid" || kill -KILL "$pid"; } >/dev/null 2>&1 &\n'
-            "watcher=$!\n"
+            # A TERM that finds nothing left ends the watcher at once.
+            '{ cat <&3 >/dev/null; kill -TERM "$target" || exit 0; sleep 5; kill -KILL "$target"; }'
+            " >/dev/null 2>&1 &\n"
             "exec 3<&-\n"
-            'wait "$pid"; rc=$?\n'
-            'kill "$watcher" 2>/dev/null\n'
-            'exit "$rc"'
+            'wait "${target#-}"'
         )
-        return f"/bin/sh -c {self.quote(script)}"
+
+    def login_command(self, script: str) -> str:
+        """One line any login shell passes to ``/bin/sh`` unchanged: the script travels base64-encoded.
+
+        sshd runs commands through the user's login shell, which may be csh (no multi-line quoted
+        strings) or fish (other escapes). Base64 text has no character any of them treats specially;
+        stdin stays the channel's (eval, not a pipe into sh), which ``stop_on_hangup`` relies on.
+        """
+        encoded = base64.b64encode(script.encode()).decode()
+        return f"/bin/sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         parts = []

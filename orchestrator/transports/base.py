@@ -145,16 +145,20 @@ class Transport(ABC):
     def connect(self) -> None:
         """Open the connection (idempotent). Raises ``ConnectError`` subclasses."""
 
+    def plan(self, script: str) -> str:
+        """What ``run_raw`` would hand the node's shell for ``script`` (shown by --dry-run)."""
+        return script
+
     @abstractmethod
     def run_raw(
         self,
-        command: str,
+        script: str,
         *,
         timeout: float | None = None,
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
-        """Send ``command`` (already in the node's shell syntax) and wait for it."""
+        """Run ``script`` (text in the node's shell dialect, see ``Platform.wrap``) and wait for it."""
 
     def run(
         self,
@@ -172,8 +176,8 @@ class Transport(ABC):
         ``on_line`` receives each line while the command runs. ``become`` runs it as root (sudo -n for
         other users). ``keep_lines`` bounds how much output the result keeps (None: all).
         """
-        wrapped = self.platform.wrap(command, env=env, cwd=cwd, become=become)
-        result = self.run_raw(wrapped, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
+        script = self.platform.wrap(command, env=env, cwd=cwd, become=become)
+        result = self.run_raw(script, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
         result.command = command
         return result
 

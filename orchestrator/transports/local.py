@@ -27,9 +27,13 @@ class LocalTransport(Transport):
     def connect(self) -> None:
         self._closed = False
 
+    #: after the command exits, how long its output may still trail in (a child it left behind can
+    #: hold the pipe open forever: then the group is stopped, as the SSH transport does)
+    EOF_GRACE = 2.0
+
     def run_raw(
         self,
-        command: str,
+        script: str,
         *,
         timeout: float | None = None,
         on_line: OnLine | None = None,
@@ -38,7 +42,7 @@ class LocalTransport(Transport):
         deadline = Deadline(timeout)
         # Own session: a timeout or cancellation kills the whole process group, not just /bin/sh.
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            ["/bin/sh", "-c", script],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -49,6 +53,7 @@ class LocalTransport(Transport):
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
+        grace: Deadline | None = None
         assert proc.stdout is not None and proc.stderr is not None
         try:
             with selectors.DefaultSelector() as sel:
@@ -57,14 +62,21 @@ class LocalTransport(Transport):
                 while sel.get_map():
                     if deadline.expired:
                         timed_out = True
-                        self._kill(proc)
                         break
-                    for key, _ in sel.select(deadline.remaining(0.5)):
+                    if grace is None and proc.poll() is not None:
+                        grace = Deadline(self.EOF_GRACE)
+                    if grace is not None and grace.expired:
+                        break
+                    wait = deadline.remaining(0.5) if grace is None else grace.remaining(0.5)
+                    for key, _ in sel.select(wait):
                         data = os.read(key.fd, 65536)
                         if not data:
                             sel.unregister(key.fileobj)
                             continue
                         key.data.feed(data)
+            # the command is over: stop what it left in its group (the SSH transport's watcher does
+            # the same on the node), or everything on timeout
+            self._kill(proc)
             exit_code = proc.wait()
         finally:
             with self._lock:
@@ -75,7 +87,7 @@ class LocalTransport(Transport):
         err.close()
         return Result(
             node=self.node_name,
-            command=command,
+            command=script,
             exit_code=None if timed_out or self._closed else exit_code,
             stdout=out.text,
             stderr=err.text,

@@ -12,6 +12,6 @@ class SSHOptions:
 
     known_hosts: Path | None = None  # None: ssh config UserKnownHostsFile, else ~/.ssh/known_hosts
     accept_new_host_keys: bool = False  # record unknown keys (trust on first use); changed keys never
-    connect_timeout: float = 10.0
+    connect_timeout: float | None = None  # None: ssh config ConnectTimeout, else 10 s
     keepalive: int = 15  # seconds between keepalives; dead peers are noticed instead of hanging
     ssh_config: Path | None = None  # None: ~/.ssh/config (and /etc/ssh/ssh_config)

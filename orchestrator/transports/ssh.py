@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 import select
+import shlex
 import socket
 import stat
 import threading
@@ -24,6 +25,7 @@ from fabric import Config, Connection
 
 from orchestrator.errors import (
     AuthenticationError,
+    CancelledError,
     ConnectError,
     HostKeyChangedError,
     HostKeyUnknownError,
@@ -44,14 +46,36 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+def _key_file_kind(key: paramiko.PKey) -> str:
+    name = key.get_name()
+    return "ed25519" if "ed25519" in name else "ecdsa" if "ecdsa" in name else "rsa"
+
+
+def _auth_failed(exc: BaseException) -> bool:
+    """The server refused every credential offered (or none could be offered)."""
+    return isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc)
+
+
+def _limit_unacknowledged(sock: object, seconds: float) -> None:
+    # paramiko's keepalives expect no answer: a node that vanished (power cut, cable) would leave a
+    # command waiting for minutes. TCP_USER_TIMEOUT makes the kernel drop the connection when sent
+    # data (keepalives included) stays unacknowledged this long.
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None and isinstance(sock, socket.socket):
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
+        except OSError:
+            pass
+
+
 class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
     """Unknown key: refuse with its fingerprint, or record it when the user asked for that."""
 
-    def __init__(self, node: str, known_hosts: Path, accept_new: bool) -> None:
+    def __init__(self, node: str, known_hosts: Path, accept_new: bool, recorded: list[str]) -> None:
         self.node = node
         self.known_hosts = known_hosts
         self.accept_new = accept_new
-        self.recorded: list[str] = []
+        self.recorded = recorded  # shared by every hop and attempt of one transport
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
@@ -60,7 +84,8 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # 
                 f"unknown {key.get_name()} host key for {hostname}, fingerprint {fp}; "
                 f"it is not in {self.known_hosts}",
                 node=self.node,
-                hint="compare it with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` run on the node, "
+                hint="compare it with `ssh-keygen -lf "
+                f"/etc/ssh/ssh_host_{_key_file_kind(key)}_key.pub` run on the node, "
                 "then rerun with --accept-new-host-keys to record it",
                 fingerprint=fp,
             )
@@ -75,6 +100,10 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # 
 
 class SSHTransport(Transport):
     kind = "ssh"
+
+    #: after the exit status arrives, how long to wait for the output stream to end (sshd reports
+    #: the exit before it has drained the pipe; a background child may hold it open forever)
+    EOF_GRACE = 2.0
 
     def __init__(
         self,
@@ -94,21 +123,26 @@ class SSHTransport(Transport):
         self._password = password
         self._lock = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
-        self._closed = False
+        self._closed = False  # sticky: a closed (cancelled) transport never reconnects
         config = Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else Config()
-        connect_kwargs: dict[str, Any] = {}
+        self.conn = Connection(host, user=user, port=port, config=config)
+        # Our own dict, never fabric's config object: fabric logs changes made to that one (a
+        # password would reach the debug log) and would keep them.
+        kwargs: dict[str, Any] = dict(self.conn.connect_kwargs)
         if key_file:
-            connect_kwargs["key_filename"] = [os.path.expanduser(key_file)]
-        if identities_only:  # prove that this one key works: no agent, no ~/.ssh/id_* guessing
-            connect_kwargs.update(allow_agent=False, look_for_keys=False)
-        self.conn = Connection(
-            host,
-            user=user,
-            port=port,
-            config=config,
-            connect_timeout=int(options.connect_timeout),
-            connect_kwargs=connect_kwargs,
+            kwargs["key_filename"] = [os.path.expanduser(key_file), *kwargs.get("key_filename", [])]
+        if identities_only:  # prove that this one key works: no agent, no other identity
+            kwargs.update(allow_agent=False, look_for_keys=False)
+            kwargs["key_filename"] = [os.path.expanduser(key_file)] if key_file else []
+        # --connect-timeout, else ssh config ConnectTimeout (fabric read it), else 10 s. Handed to
+        # paramiko as a float: fabric's own setting truncates to whole seconds (0.5 -> no timeout).
+        configured = self.conn.connect_timeout
+        self.connect_timeout = float(
+            options.connect_timeout if options.connect_timeout is not None else configured or 10.0
         )
+        self.conn.connect_timeout = None
+        kwargs["timeout"] = self.connect_timeout
+        self._kwargs = kwargs
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -124,59 +158,134 @@ class SSHTransport(Transport):
             return Path(os.path.expanduser(str(configured).split()[0]))
         return Path(os.path.expanduser("~/.ssh/known_hosts"))
 
-    def _secure(self, conn: Connection) -> _VerifyingPolicy:
+    def _load_known_hosts(self, client: paramiko.SSHClient, path: Path) -> None:
+        """Load plain and hashed entries. Marker lines (@cert-authority, @revoked) are skipped:
+        paramiko cannot read them, and skipping a revocation only means that key stays unknown."""
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as exc:
+            raise ConnectError(
+                f"cannot read known_hosts {path}: {exc.strerror}", node=self.node_name
+            ) from None
+        keys = client.get_host_keys()
+        for number, line in enumerate(lines, 1):
+            text = line.strip()
+            if not text or text.startswith(("#", "@")):
+                continue
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(text, number)
+            except (paramiko.SSHException, ValueError, TypeError) as exc:
+                raise ConnectError(
+                    f"{path}:{number}: unreadable known_hosts entry ({exc})",
+                    node=self.node_name,
+                    hint="fix or delete that line (ssh-keygen -R HOST removes a host's lines)",
+                ) from None
+            if entry is not None:
+                keys._entries.append(entry)  # HostKeys.load would do the same, without the markers
+
+    def _secure(self, conn: Connection) -> None:
         """Replace fabric's AutoAddPolicy on ``conn`` and every gateway hop before any of them opens."""
         known_hosts = self._known_hosts_path(conn)
         client = conn.client
-        system = Path("/etc/ssh/ssh_known_hosts")
-        if system.is_file():
-            client.load_system_host_keys(str(system))
-        if known_hosts.is_file():
-            client.load_host_keys(str(known_hosts))
-        policy = _VerifyingPolicy(self.node_name, known_hosts, self.options.accept_new_host_keys)
+        for path in (Path("/etc/ssh/ssh_known_hosts"), known_hosts):
+            if path.is_file():
+                self._load_known_hosts(client, path)
+        policy = _VerifyingPolicy(
+            self.node_name, known_hosts, self.options.accept_new_host_keys, self.recorded_host_keys
+        )
         client.set_missing_host_key_policy(policy)
         if isinstance(conn.gateway, Connection):
             self._secure(conn.gateway)
-        return policy
+
+    def _cancelled(self) -> CancelledError:
+        return CancelledError("cancelled before the command could run", node=self.node_name)
+
+    def _open(self, password: str | None) -> None:
+        kwargs = dict(self._kwargs)
+        if password is not None:
+            kwargs["password"] = password
+        self.conn.connect_kwargs = kwargs
+        try:
+            self.conn.open()
+        finally:
+            # the secret is needed only for the handshake; never keep it on a long-lived object
+            self.conn.connect_kwargs = dict(self._kwargs)
+
+    def _abort(self) -> None:
+        """Drop a half-open connection (fabric's close() ignores one whose handshake failed)."""
+        self.conn.client.close()
+        self.conn.close()
+        gateway = self.conn.gateway
+        while isinstance(gateway, Connection):
+            gateway.client.close()
+            gateway = gateway.gateway
 
     def connect(self) -> None:
         with self._lock:
+            if self._closed:
+                raise self._cancelled()
             if self.conn.is_connected:
                 return
-            self._closed = False
-            policy = self._secure(self.conn)
-            password = self._password()
-            if password is not None:
-                self.conn.connect_kwargs["password"] = password
+            self._client_fresh()
+            self._secure(self.conn)
             try:
-                self.conn.open()
+                try:
+                    # keys and the agent first: a password (env var or prompt) only when they fail
+                    self._open(password=None)
+                except paramiko.SSHException as exc:
+                    if not _auth_failed(exc):
+                        raise
+                    password = self._password()  # may raise SecretMissingError
+                    if password is None:
+                        raise
+                    self._abort()
+                    self._client_fresh()
+                    self._secure(self.conn)
+                    self._open(password=password)
             except ConnectError:
-                self.conn.close()
+                self._abort()
                 raise
             except Exception as exc:
-                self.conn.close()
+                self._abort()
+                if self._closed:
+                    raise self._cancelled() from None
                 raise self._explain(exc) from None
-            finally:
-                # the secret is needed only for the handshake; never keep it on a long-lived object
-                self.conn.connect_kwargs.pop("password", None)
-            self.recorded_host_keys = policy.recorded
+            if self._closed:  # cancelled while the handshake ran
+                self._abort()
+                raise self._cancelled()
             transport = self.conn.client.get_transport()
             assert transport is not None
             transport.set_keepalive(self.options.keepalive)
+            _limit_unacknowledged(transport.sock, 4 * self.options.keepalive)
+
+    def _client_fresh(self) -> None:
+        """A new SSHClient for each attempt (a failed one keeps state), still verifying keys."""
+        self.conn.client = paramiko.SSHClient()
+
+    def _hop(self, hostname: str) -> Connection:
+        """The connection (target or gateway) a host name belongs to."""
+        hop: Any = self.conn
+        while isinstance(hop, Connection):
+            if hop.host == hostname:
+                return hop
+            hop = hop.gateway
+        return self.conn
 
     def _explain(self, exc: BaseException) -> ConnectError:
         """One clear message per way SSH connection setup fails."""
         host, port, user = self.conn.host, self.conn.port, self.conn.user
         where = f"{host}:{port}"
         if isinstance(exc, paramiko.BadHostKeyException):
+            hop = self._hop(exc.hostname)
+            name = exc.hostname if hop.port == 22 else f"[{exc.hostname}]:{hop.port}"
+            via = "" if hop is self.conn else " (a ProxyJump hop)"
             return HostKeyChangedError(
-                f"HOST KEY CHANGED for {exc.hostname}: known_hosts has {fingerprint(exc.expected_key)}, "
-                f"the node offered {exc.key.get_name()} {fingerprint(exc.key)}. Someone may be "
-                "intercepting the connection, or the node was reinstalled; refusing to connect",
+                f"HOST KEY CHANGED for {name}{via}: known_hosts has {fingerprint(exc.expected_key)}, "
+                f"the host offered {exc.key.get_name()} {fingerprint(exc.key)}. Someone may be "
+                "intercepting the connection, or the host was reinstalled; refusing to connect",
                 node=self.node_name,
-                hint=f"if the node was reinstalled, remove the old key with "
-                f"`ssh-keygen -R {exc.hostname if port == 22 else f'[{host}]:{port}'} "
-                f"-f {self._known_hosts_path(self.conn)}` and rerun with --accept-new-host-keys",
+                hint=f"if it was reinstalled, remove the old key with `ssh-keygen -R {shlex.quote(name)} "
+                f"-f {shlex.quote(str(self._known_hosts_path(hop)))}` and rerun with --accept-new-host-keys",
             )
         if isinstance(exc, paramiko.PasswordRequiredException):
             return AuthenticationError(
@@ -203,7 +312,7 @@ class SSHTransport(Transport):
             return UnreachableError(f"cannot connect to {where}: {exc}", node=self.node_name)
         if isinstance(exc, (socket.timeout, TimeoutError)):
             return UnreachableError(
-                f"connection to {where} timed out after {self.options.connect_timeout:g}s",
+                f"connection to {where} timed out after {self.connect_timeout:g}s",
                 node=self.node_name,
                 hint="is the node powered on and is the address right? A firewall dropping port "
                 f"{port} looks the same; try `ping {host}`",
@@ -230,9 +339,12 @@ class SSHTransport(Transport):
 
     # -- commands -----------------------------------------------------------------------------
 
+    def plan(self, script: str) -> str:
+        return self.platform.stop_on_hangup(script)
+
     def run_raw(
         self,
-        command: str,
+        script: str,
         *,
         timeout: float | None = None,
         on_line: OnLine | None = None,
@@ -241,37 +353,54 @@ class SSHTransport(Transport):
         self.connect()
         deadline = Deadline(timeout)
         transport = self.conn.client.get_transport()
+        if self._closed:
+            raise self._cancelled()
         if transport is None or not transport.is_active():
-            raise UnreachableError("the SSH connection was lost", node=self.node_name)
+            raise UnreachableError(f"the SSH connection to {self.conn.host} was lost", node=self.node_name)
         try:
-            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan = transport.open_session(timeout=self.connect_timeout)
             # stdin stays open: closing it is how a timeout or a cancel stops the remote command
-            chan.exec_command(self.platform.stop_on_hangup(command))
+            chan.exec_command(self.platform.login_command(self.plan(script)))
         except paramiko.SSHException as exc:
+            if self._closed:
+                raise self._cancelled() from None
             raise UnreachableError(f"cannot start a command over SSH: {exc}", node=self.node_name) from exc
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
+        grace: Deadline | None = None
         try:
             while True:
                 while chan.recv_ready():
                     out.feed(chan.recv(65536))
                 while chan.recv_stderr_ready():
                     err.feed(chan.recv_stderr(65536))
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    break  # exit-status follows all data on the wire: nothing more can arrive
-                if chan.closed:
+                if chan.closed or (chan.eof_received and chan.exit_status_ready()):
                     break
+                if chan.exit_status_ready():
+                    # sshd sends the exit status before it has drained the command's pipe: keep
+                    # reading until end-of-file, or briefly when a left-behind child holds it open.
+                    grace = grace or Deadline(self.EOF_GRACE)
+                    if grace.expired:
+                        break
                 if deadline.expired:
                     timed_out = True
-                    chan.shutdown_write()  # EOF on stdin: the remote watcher kills the process group
+                    chan.shutdown_write()  # EOF on stdin: the remote watcher stops the process group
                     break
+                wait = (
+                    deadline.remaining(1.0)
+                    if grace is None
+                    else min(deadline.remaining(1.0), grace.remaining(1.0))
+                )
                 if chan.eof_received:
-                    # stdout ended but the process has not exited: the pipe stays readable, so
-                    # wait on the status event instead of spinning on select.
-                    chan.status_event.wait(deadline.remaining(0.5))
+                    # the output pipe is readable for good now: wait on the status, not on select
+                    chan.status_event.wait(wait)
                 else:
-                    select.select([chan], [], [], deadline.remaining(1.0))
+                    select.select([chan], [], [], wait)
+            while chan.recv_ready():
+                out.feed(chan.recv(65536))
+            while chan.recv_stderr_ready():
+                err.feed(chan.recv_stderr(65536))
         finally:
             out.close()
             err.close()
@@ -280,10 +409,16 @@ class SSHTransport(Transport):
             exit_code = chan.recv_exit_status()
             if exit_code == -1:  # no exit-status message (killed by a signal without exit-signal)
                 exit_code = None
-        chan.close()
+        chan.close()  # also tells the remote watcher to stop whatever the command left behind
+        if exit_code is None and not timed_out and not self._closed:
+            raise UnreachableError(
+                f"the connection to {self.conn.host} was lost while the command ran",
+                node=self.node_name,
+                hint="the node may have gone down or off the network; output so far is in the log",
+            )
         return Result(
             node=self.node_name,
-            command=command,
+            command=script,
             exit_code=exit_code,
             stdout=out.text,
             stderr=err.text,
@@ -331,8 +466,9 @@ class SSHTransport(Transport):
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
 
     def close(self) -> None:
+        """Close for good (also from another thread, mid-handshake: cancellation relies on it)."""
         self._closed = True
         sftp, self._sftp = self._sftp, None
         if sftp is not None:
             sftp.close()
-        self.conn.close()
+        self._abort()

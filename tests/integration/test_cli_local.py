@@ -139,3 +139,35 @@ def test_wheel_ships_templates_and_default_inventory(tmp_path: Path) -> None:
         package.startswith(str(site)) and inventory.startswith(str(site)) and templates.startswith(str(site))
     )
     assert Path(inventory).is_file() and Path(templates).is_dir()
+
+
+def test_command_line_inventory_beats_the_environment(tmp_path: Path) -> None:
+    other = tmp_path / "other.yaml"
+    other.write_text("nodes:\n  - {name: elsewhere, host: 192.0.2.1}\n")
+    default = REPO / "inventory" / "local.yaml"
+    for args in (["-i", str(default), "inventory", "--json"], ["inventory", "-i", str(default), "--json"]):
+        run = subprocess.run(
+            [BOOTSTRAP, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "BOOTSTRAP_INVENTORY": str(other)},
+        )
+        assert run.returncode == 0, run.stderr
+        assert [n["name"] for n in json.loads(run.stdout)["nodes"]] == ["local"], args
+    run = subprocess.run(
+        [BOOTSTRAP, "inventory", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "BOOTSTRAP_INVENTORY": str(other)},
+    )
+    assert [n["name"] for n in json.loads(run.stdout)["nodes"]] == ["elsewhere"]
+
+
+def test_node_data_is_never_read_as_markup(tmp_path: Path) -> None:
+    inv = tmp_path / "h.yaml"
+    inv.write_text("nodes:\n  - {name: 'gpu[0]', host: '192.0.2.7', user: 'b[/]', tags: ['[red]x']}\n")
+    run = bootstrap("-i", str(inv), "inventory")
+    assert run.returncode == 0, run.stderr
+    assert "gpu[0]" in run.stdout and "b[/]" in run.stdout and "[red]x" in run.stdout

@@ -147,3 +147,31 @@ def test_files_round_trip_over_sftp(transport: SSHTransport, tmp_path: Path) -> 
         assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
     finally:
         transport.run("rm -rf /tmp/cbt-sftp")
+
+
+def test_output_written_just_before_exit_is_never_lost(transport: SSHTransport) -> None:
+    # sshd reports the exit status before it has drained the pipe: the tail must still arrive
+    for _ in range(5):
+        result = transport.run("seq 1 30000; exit 5")
+        assert result.exit_code == 5
+        assert result.stdout.splitlines()[-1] == "30000" and len(result.stdout.splitlines()) == 30000
+
+
+def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
+    transport: SSHTransport, cluster: NamespaceCluster
+) -> None:
+    marker = f"cbt-stubborn-{time.monotonic_ns()}"
+    result = transport.run(f"echo started; sh -c 'trap \"\" TERM; sleep 300; : {marker}'", timeout=1)
+    assert result.timed_out
+    assert _await_gone(cluster, marker, timeout=15) == []
+
+
+def test_background_children_do_not_hold_the_command_open(
+    transport: SSHTransport, cluster: NamespaceCluster
+) -> None:
+    marker = f"cbt-bg-{time.monotonic_ns()}"
+    begin = time.monotonic()
+    result = transport.run(f"sh -c 'sleep 300; : {marker}' & echo left a child")
+    assert result.ok and result.stdout == "left a child\n"
+    assert time.monotonic() - begin < 10
+    assert _await_gone(cluster, marker) == []  # what a command leaves in its group is stopped

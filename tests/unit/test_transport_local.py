@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -73,3 +74,15 @@ def test_put_and_get_round_trip(tmp_path: Path) -> None:
     assert (tmp_path / "deep" / "b.bin").stat().st_mode & 0o777 == 0o600
     transport.get(str(tmp_path / "deep" / "b.bin"), tmp_path / "c.bin")
     assert (tmp_path / "c.bin").read_bytes() == src.read_bytes()
+
+
+def test_background_children_do_not_hold_a_local_command_open() -> None:
+    marker = f"cbt-local-bg-{time.monotonic_ns()}"
+    begin = time.monotonic()
+    result = LocalTransport("n", PosixShell()).run(f"sh -c 'sleep 300; : {marker}' & echo left a child")
+    assert result.ok and result.stdout == "left a child\n"
+    assert time.monotonic() - begin < 10
+    deadline = time.monotonic() + 10
+    while marker in subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout:
+        assert time.monotonic() < deadline, "the left-behind child still runs"
+        time.sleep(0.05)
