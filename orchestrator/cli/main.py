@@ -170,6 +170,8 @@ def _configure_logging(verbose: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     # paramiko's own chatter only with -vv: it would bury our messages
     logging.getLogger("paramiko").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
+    for noisy in ("invoke", "fabric"):  # configuration dumps, not what a user debugs
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 # -- loading -----------------------------------------------------------------------------------------

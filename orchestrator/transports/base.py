@@ -7,6 +7,7 @@ command (environment, working directory, privilege) and sends the resulting text
 from __future__ import annotations
 
 import codecs
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from orchestrator.platforms import Platform
+
+log = logging.getLogger("orchestrator.transports")
 
 Stream = Literal["stdout", "stderr"]
 #: called with each complete output line (without its newline) as it arrives
@@ -177,7 +180,16 @@ class Transport(ABC):
         other users). ``keep_lines`` bounds how much output the result keeps (None: all).
         """
         script = self.platform.wrap(command, env=env, cwd=cwd, become=become)
+        first = command.strip().splitlines()[0] if command.strip() else ""
+        # the command only: env values may be sensitive, and -vv is pasted into bug reports
+        log.info("%s: run %s%s", self.node_name, first[:120], " (as root)" if become else "")
         result = self.run_raw(script, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
+        log.info(
+            "%s: %s after %.2fs",
+            self.node_name,
+            "timed out" if result.timed_out else f"exit {result.exit_code}",
+            result.duration,
+        )
         result.command = command
         return result
 

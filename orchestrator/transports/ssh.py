@@ -33,7 +33,7 @@ from orchestrator.errors import (
     UnreachableError,
 )
 from orchestrator.platforms import Platform
-from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
+from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
 from orchestrator.transports.options import SSHOptions
 
 #: one lock for every writer of a known_hosts file in this process (nodes connect in parallel)
@@ -255,6 +255,7 @@ class SSHTransport(Transport):
                 raise self._cancelled()
             transport = self.conn.client.get_transport()
             assert transport is not None
+            log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
             _limit_unacknowledged(transport.sock, 4 * self.options.keepalive)
 
