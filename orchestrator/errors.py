@@ -110,9 +110,22 @@ class AuthenticationError(ConnectError):
 class HostKeyUnknownError(ConnectError):
     """The node's host key is not in known_hosts (trust on first use must be asked for)."""
 
-    def __init__(self, message: str, *, node: str | None, hint: str | None, fingerprint: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None,
+        hint: str | None,
+        fingerprint: str,
+        host: str = "",
+        key_type: str = "",
+        known_hosts: str = "",
+    ) -> None:
         super().__init__(message, node=node, hint=hint)
         self.fingerprint = fingerprint
+        self.host = host
+        self.key_type = key_type
+        self.known_hosts = known_hosts
 
 
 class HostKeyChangedError(ConnectError):

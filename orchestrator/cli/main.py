@@ -21,6 +21,7 @@ from orchestrator.errors import (
     BootstrapError,
     CommandTimeoutError,
     ExitCode,
+    HostKeyUnknownError,
     SecretMissingError,
     SudoPasswordRequiredError,
     UsageError,
@@ -221,10 +222,42 @@ def _session(settings: Settings, inventory: Inventory, nodes: list[Node], on_eve
     )
 
 
+_STATUS = {
+    "UnreachableError": "unreachable",
+    "AuthenticationError": "auth failed",
+    "HostKeyUnknownError": "unknown host key",
+    "HostKeyChangedError": "HOST KEY CHANGED",
+    "SecretMissingError": "no password",
+    "CancelledError": "cancelled",
+    "CommandTimeoutError": "timeout",
+    "SudoPasswordRequiredError": "sudo refused",
+}
+
+
+def _status(error: BootstrapError) -> str:
+    """A few words for a summary table cell; the full message follows the table."""
+    return _STATUS.get(type(error).__name__, "failed")
+
+
 def _fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
+    """One line per failed node; unknown host keys as one block, since they need one decision."""
+    unknown: list[HostKeyUnknownError] = []
     for outcome in outcomes:
-        if outcome.error is not None:
+        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
+            unknown.append(outcome.error)
+        elif outcome.error is not None:
             ui.error(str(outcome.error))
+    if not unknown:
+        return
+    files = sorted({e.known_hosts for e in unknown})
+    ui.error(f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
+    width = max(len(e.node or "") for e in unknown)
+    for e in unknown:
+        ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
+    ui.info(
+        "Compare each fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` (or the key "
+        "type shown) run on that node, then rerun with --accept-new-host-keys to record them."
+    )
 
 
 def _error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
@@ -337,7 +370,8 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
     for node, outcome in zip(nodes, outcomes, strict=True):
         master = " (master)" if node.name == inventory.cluster.master else ""
         if outcome.value is None:
-            table.add_row(Text(node.name + master), Text("unreachable", style="red"), *["-"] * 8)
+            status = _status(outcome.error) if outcome.error else "failed"
+            table.add_row(Text(node.name + master), Text(status, style="red"), *["-"] * 8)
             continue
         facts = outcome.value.facts
         os_info, kernel = facts.get("os"), facts.get("kernel")
@@ -523,7 +557,7 @@ def run(
         table.add_column(column)
     for o in outcomes:
         if o.error is not None:
-            label = Text(type(o.error).__name__.removesuffix("Error").lower() or "error", style="red")
+            label = Text(_status(o.error), style="red")
         elif o.value is not None and o.value.ok:
             label = Text("ok", style="green")
         else:

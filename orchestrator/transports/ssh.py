@@ -88,6 +88,9 @@ class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # 
                 f"/etc/ssh/ssh_host_{_key_file_kind(key)}_key.pub` run on the node, "
                 "then rerun with --accept-new-host-keys to record it",
                 fingerprint=fp,
+                host=hostname,
+                key_type=key.get_name(),
+                known_hosts=str(self.known_hosts),
             )
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _KNOWN_HOSTS_LOCK:

@@ -94,8 +94,13 @@ def test_unknown_host_key_is_refused_with_fingerprint_then_accepted_on_request(
     run = bootstrap("-i", str(inventory), "check", "--nodes", "node1")
     assert run.returncode == 3, run
     host = cluster.hosts[0]
-    assert host.fingerprint() in run.stderr
-    assert "--accept-new-host-keys" in run.stderr and "node 'node1'" in run.stderr
+    # one line per node: name, address, key type and fingerprint; then what to do
+    assert re.search(
+        rf"^\s+node1\s+{re.escape(host.addr)}\s+ssh-ed25519 {re.escape(host.fingerprint())}$",
+        run.stderr,
+        re.M,
+    ), run
+    assert "--accept-new-host-keys" in run.stderr
     assert not (ctl_home / ".ssh" / "known_hosts").exists()
 
     run = bootstrap("-i", str(inventory), "check", "--nodes", "node1", "--accept-new-host-keys")
