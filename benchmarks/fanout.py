@@ -55,6 +55,8 @@ def main() -> int:
     bootstrap = BIN / "bootstrap"
     ansible = BIN / "ansible" if (BIN / "ansible").exists() else shutil.which("ansible")
     rows = []
+    # an installed package has its bytecode compiled; a source checkout may not (PYTHONDONTWRITEBYTECODE)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator")], check=True)
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp, NamespaceCluster(max(sizes)) as cluster:
         # A dedicated account with Debian's stock dotfiles, like a lab's training user. (root on the
         # development machines sources pyenv from ~/.bashrc: bash runs it for every SSH command, which
