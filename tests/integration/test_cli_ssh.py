@@ -9,15 +9,28 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import NamespaceCluster
+from tests.cluster import NamespaceCluster, TestHost
 from tests.conftest import BOOTSTRAP, CliRun, write_inventory
 
 Bootstrap = Callable[..., CliRun]
+
+
+@contextmanager
+def password_only_user(cluster: NamespaceCluster, host: TestHost, name: str, password: str) -> Iterator[None]:
+    """A user who can log in to ``host`` with ``password`` only (no authorised key), removed after."""
+    cluster.add_user(name, password=password, authorized_key=False)
+    cluster.set_password_auth(host, True)
+    try:
+        yield
+    finally:
+        cluster.set_password_auth(host, False)
+        cluster.remove_user(name)
 
 
 def _nodes(cluster: NamespaceCluster, **extra: object) -> list[dict[str, object]]:
@@ -180,9 +193,7 @@ def test_password_is_needed_only_when_keys_fail(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     host = cluster.hosts[0]
-    cluster.add_user("cbtpwonly", password="pw-only", authorized_key=False)
-    cluster.set_password_auth(host, True)
-    try:
+    with password_only_user(cluster, host, "cbtpwonly", "pw-only"):
         nodes = [
             # key login works: the unset password variable is never needed (cron, CI)
             {"name": "keyed", "host": host.addr, "user": "root", "password_env": "CB_TEST_NOPE"},
@@ -202,9 +213,6 @@ def test_password_is_needed_only_when_keys_fail(
         run = bootstrap("-i", inv, "--json", "check", env={"CB_TEST_NOPE": "pw-only"})
         assert run.returncode == 0, run
         assert "pw-only" not in run.stdout + run.stderr
-    finally:
-        cluster.set_password_auth(host, False)
-        cluster.remove_user("cbtpwonly")
 
 
 def test_ssh_config_alias_user_and_identity_are_honoured(
@@ -277,9 +285,7 @@ def test_keys_installs_and_verifies_on_password_only_node(
     bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     host = cluster.hosts[1]
-    cluster.add_user("cbtkeys", password="s3cret-Pw", authorized_key=False)
-    cluster.set_password_auth(host, True)
-    try:
+    with password_only_user(cluster, host, "cbtkeys", "s3cret-Pw"):
         # a fresh controller: no key pair yet, no known hosts
         for name in ("id_ed25519", "id_ed25519.pub"):
             (ctl_home / ".ssh" / name).unlink()
@@ -310,27 +316,19 @@ def test_keys_installs_and_verifies_on_password_only_node(
         run = bootstrap("-i", str(write_inventory(tmp_path / "h2.yaml", nodes)), "run", "--", "whoami")
         assert run.returncode == 0, run
         assert re.search(r"^\[pw\] +cbtkeys$", run.stdout, re.M)
-    finally:
-        cluster.set_password_auth(host, False)
-        cluster.remove_user("cbtkeys")
 
 
 def test_wrong_password_for_keys_is_an_auth_error(
     bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     host = cluster.hosts[0]
-    cluster.add_user("cbtbadpw", password="right-one", authorized_key=False)
-    cluster.set_password_auth(host, True)
-    try:
+    with password_only_user(cluster, host, "cbtbadpw", "right-one"):
         nodes = [{"name": "pw", "host": host.addr, "user": "cbtbadpw", "password_env": "CB_PW"}]
         inv = str(write_inventory(tmp_path / "h.yaml", nodes))
         run = bootstrap("-i", inv, "keys", "--accept-new-host-keys", env={"CB_PW": "wrong-one"})
         assert run.returncode == 3, run
         assert "authentication as 'cbtbadpw'" in run.stderr
         assert "wrong-one" not in run.stdout + run.stderr
-    finally:
-        cluster.set_password_auth(host, False)
-        cluster.remove_user("cbtbadpw")
 
 
 def test_ctrl_c_stops_the_commands_on_every_node(
@@ -375,13 +373,8 @@ def test_keys_without_any_password_says_how_to_give_one(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     host = cluster.hosts[0]
-    cluster.add_user("cbtnopw", password="unused-pw", authorized_key=False)
-    cluster.set_password_auth(host, True)
-    try:
+    with password_only_user(cluster, host, "cbtnopw", "unused-pw"):
         nodes = [{"name": "nopw", "host": host.addr, "user": "cbtnopw"}]
         run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys")
         assert run.returncode == 3, run
         assert "node 'nopw'" in run.stderr and "password_env" in run.stderr
-    finally:
-        cluster.set_password_auth(host, False)
-        cluster.remove_user("cbtnopw")
