@@ -322,6 +322,7 @@ class NamespaceCluster:
         self.sshd_dir = Path()
         self.start_seconds: float | None = None
         self._password_auth_by_host: dict[str, bool] = {}
+        self._session_env: dict[str, dict[str, str]] = {}  # host -> sshd SetEnv for its sessions
         # everything below is what stop() undoes; entries are removed once undone
         self._namespaces: list[str] = []
         self._etc_dirs: list[Path] = []
@@ -523,6 +524,9 @@ PrintLastLog no
 X11Forwarding no
 Subsystem sftp {sftp}
 """
+        env = self._session_env.get(host.name)
+        if env:
+            text += "SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items()) + "\n"
         host.sshd_config.write_text(text)
 
     def _write_authorized_key(self, user: str) -> None:
@@ -739,6 +743,18 @@ Subsystem sftp {sftp}
         """Switch PasswordAuthentication for one host (sshd restarted if it was running)."""
         with self._lock:
             self._password_auth_by_host[host.name] = enabled
+            self._write_sshd_config(host)
+            if host.name in self._sshd:
+                self.restart_sshd(host)
+
+    def set_session_env(self, host: TestHost, env: dict[str, str] | None) -> None:
+        """Environment sshd gives every session on ``host`` (``SetEnv``), e.g. LD_PRELOAD=libfaketime
+        to skew that host's clock for its sessions only; None restores the default. sshd restarts."""
+        with self._lock:
+            if env:
+                self._session_env[host.name] = dict(env)
+            else:
+                self._session_env.pop(host.name, None)
             self._write_sshd_config(host)
             if host.name in self._sshd:
                 self.restart_sshd(host)

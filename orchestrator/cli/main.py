@@ -32,7 +32,7 @@ from orchestrator.logs import RunLog, new_run_id, state_dir
 from orchestrator.platforms import PosixShell, check_env_name
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect
+from orchestrator.steps.inspect import NodeFacts, facts_plan
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -310,53 +310,114 @@ def cli(ctx: click.Context) -> None:
 @common_options
 @click.pass_context
 def check(ctx: click.Context) -> None:
-    """Connect to every node and show what it is (OS, CPUs, memory, Python, GPUs, torch)."""
+    """Will this cluster train? Connect to every node, show what it is, and check it.
+
+    Checks, each ok / warn / fail per node with the reason and the fix: versions (torch, Python,
+    CUDA build identical; gloo really usable), backend (what auto picks and why), interface (the route
+    to the master, the 127.0.1.1 trap, overrides), reachability (master port free and reachable, full
+    mesh on ephemeral ports), clock (offset from the master), resources (GPUs, disk, Python).
+    """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
     ui = settings.ui
     if settings.dry_run:
         _dry_run(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
         return
+    from orchestrator.steps.preflight import run_preflight
+
     names = [n.name for n in nodes]
     session = _session(settings, inventory, nodes)  # asks for passwords before the live display starts
     try:
         with ui.progress(names, "check") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(inspect, step="check", connect=False)
+            report = run_preflight(session, inventory)
     except KeyboardInterrupt:
         _interrupted(ui)
+    outcomes = report.inspected
     code = exit_code_for(outcomes)
+    if code == ExitCode.OK and report.failed:
+        code = ExitCode.NODES_FAILED
     if settings.json_mode:
         _fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
         ui.print_json(
             {
                 "command": "check",
                 "inventory": inventory.public_dict(),
+                "backend": report.backend,
+                "backend_reason": report.backend_reason,
+                "versions": report.versions,
                 "nodes": [
                     {
                         "name": o.node,
-                        "ok": o.ok,
+                        "ok": o.ok and report.level(o.node) != "fail",
                         "duration": round(o.duration, 4),
                         "error": _error_dict(o.error),
                         **(o.value.public_dict() if o.value else {}),
+                        "checks": {
+                            name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
+                        },
                     }
                     for o in outcomes
                 ],
                 "exit_code": int(code),
             }
         )
-    else:
-        ui.print_table(_facts_table(inventory, nodes, outcomes))
-        for o in outcomes:
-            if o.value is not None:
-                for key in o.value.recorded_host_keys:
-                    ui.note(f"{o.node}: recorded host key {key}")
-                for fact, why in o.value.facts.errors.items():
-                    ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
-        _fail_lines(ui, outcomes)
-        ok = sum(o.ok for o in outcomes)
-        ui.info(f"{ok}/{len(outcomes)} nodes reachable")
+        ctx.exit(int(code))
+    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    for o in outcomes:
+        if o.value is not None:
+            for key in o.value.recorded_host_keys:
+                ui.note(f"{o.node}: recorded host key {key}")
+            for fact, why in o.value.facts.errors.items():
+                ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
+    if report.verdicts:
+        ui.print_table(_checks_table(nodes, report))
+        _check_details(ui, nodes, report)
+    _fail_lines(ui, outcomes)
+    reachable = sum(o.ok for o in outcomes)
+    failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
+    verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
+    ui.info(f"{reachable}/{len(outcomes)} nodes reachable, {failing} failing a check: {verdict}")
     ctx.exit(int(code))
+
+
+_LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}
+
+
+def _checks_table(nodes: list[Node], report: Any) -> Table:
+    from orchestrator.steps.preflight.model import CHECKS
+
+    table = Table(title=Text(f"preflight: backend {report.backend}"), title_justify="left")
+    table.add_column("node")
+    for check_name in CHECKS:
+        table.add_column(check_name)
+    for node in nodes:
+        checks = report.verdicts.get(node.name)
+        if checks is None:
+            table.add_row(Text(node.name), *[Text("-", style="dim")] * len(CHECKS))
+            continue
+        cells = []
+        for check_name in CHECKS:
+            verdict = checks.get(check_name)
+            label, style = _LEVEL_STYLE[verdict.level] if verdict else ("-", "dim")
+            cells.append(Text(label, style=style))
+        table.add_row(Text(node.name), *cells)
+    return table
+
+
+def _check_details(ui: UI, nodes: list[Node], report: Any) -> None:
+    """Every verdict on one line under the table; problems first, with their fix."""
+    ui.info(f"backend: {report.backend_reason}")
+    for level in ("fail", "warn", "ok") if ui.verbose else ("fail", "warn"):
+        for node in nodes:
+            for name, verdict in report.verdicts.get(node.name, {}).items():
+                if verdict.level != level:
+                    continue
+                label, style = _LEVEL_STYLE[level]
+                line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {verdict.reason}")
+                if verdict.fix:
+                    line += Text(f" -> {verdict.fix}", style="dim" if level == "ok" else "")
+                ui.err.print(line) if level != "ok" else ui.err.print(line, style="dim")
 
 
 def _gib(value: int | None) -> str:

@@ -101,7 +101,7 @@ class UI:
                 state[event.node] = (status, event.detail.splitlines()[0] if event.detail else "", took)
             if not self.live and not self.json_mode:
                 mark = "ok" if status == "ok" else "FAILED"
-                self.err.print(Text(f"{event.node}: {step} {mark} ({took:.2f}s)"), highlight=False)
+                self.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
 
         if not self.live:
             yield on_event

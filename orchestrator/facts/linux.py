@@ -199,6 +199,8 @@ class TorchInfo:
     gloo: bool = False
     nccl: bool = False
     nccl_version: str | None = None
+    gloo_works: bool = False  # a real one-rank gloo process group initialised and reduced
+    gloo_error: str | None = None
     error: str | None = None
 
 
@@ -247,6 +249,8 @@ def public_value(value: Any) -> Any:
     """A fact value as JSON-ready data."""
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
+    if isinstance(value, (tuple, list)):
+        return [public_value(v) for v in value]
     if hasattr(value, "__dataclass_fields__"):
         return _public(value)
     raise TypeError(f"no JSON form for {type(value).__name__}")

@@ -27,13 +27,13 @@ class PosixShell(Platform):
     def _script(self, command: str, env: Mapping[str, str] | None, cwd: str | None) -> str:
         lines: list[str] = []
         if cwd:
-            lines.append(f"cd {self._path_word(cwd)} || exit {CWD_FAILED_EXIT}")
+            lines.append(f"cd {self.path_word(cwd)} || exit {CWD_FAILED_EXIT}")
         for name, value in (env or {}).items():
             lines.append(f"export {check_env_name(name)}={self.quote(value)}")
         lines.append(command)
         return "\n".join(lines)
 
-    def _path_word(self, path: str) -> str:
+    def path_word(self, path: str) -> str:
         # "~" and "~/x" must expand on the node (the user's home there), the rest stays literal.
         if path == "~":
             return '"$HOME"'

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.facts import FactSet, gather, linux_facts, public_value
+from orchestrator.facts import Fact, FactSet, gather, linux_facts, public_value
 from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
@@ -52,11 +53,12 @@ def facts_plan(node: Node, transport: Transport) -> str:
     return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], "TOKEN"))
 
 
-def inspect(node: Node, transport: Transport) -> NodeFacts:
+def inspect(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> NodeFacts:
+    """Connect, then gather the standard facts plus ``extra`` ones in the same round trip."""
     start = time.monotonic()
     transport.connect()
     connected = time.monotonic() - start
-    facts = gather(transport, linux_facts(interpreter_for(node)))
+    facts = gather(transport, [*linux_facts(interpreter_for(node)), *extra])
     return NodeFacts(
         via=transport.describe(),
         facts=facts,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ def test_ansible_inventory_checks_the_cluster(
 all:
   vars:
     ansible_user: root
-    ansible_python_interpreter: /usr/bin/python3
+    ansible_python_interpreter: {sys.executable}
     ansible_become: true          # Ansible-only: ignored with a note
     bootstrap_cluster_name: lab
   children:

@@ -8,6 +8,7 @@ import re
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from tests.cluster import NamespaceCluster, TestHost
 from tests.conftest import BOOTSTRAP, CliRun, write_inventory
 
 Bootstrap = Callable[..., CliRun]
+#: the test venv's interpreter, with torch: readable by root on every namespace host (one filesystem)
+PYTHON = sys.executable
 
 
 @contextmanager
@@ -35,8 +38,7 @@ def password_only_user(cluster: NamespaceCluster, host: TestHost, name: str, pas
 
 def _nodes(cluster: NamespaceCluster, **extra: object) -> list[dict[str, object]]:
     return [
-        {"name": h.name, "host": h.addr, "user": "root", "python": "/usr/bin/python3", **extra}
-        for h in cluster.hosts
+        {"name": h.name, "host": h.addr, "user": "root", "python": PYTHON, **extra} for h in cluster.hosts
     ]
 
 
@@ -56,10 +58,12 @@ def test_check_three_nodes_shows_each_node(
         assert node["ok"] and node["error"] is None
         assert node["facts"]["hostname"] == host.hostname  # its own UTS namespace: really that host
         assert node["via"] == f"ssh root@{host.addr}"
-        assert node["facts"]["python"]["path"] == "/usr/bin/python3"
+        assert os.path.samefile(node["facts"]["python"]["path"], PYTHON)
         assert node["facts"]["cpus"] >= 1 and node["facts"]["memory"]["total_bytes"] > 0
         assert node["facts"]["gpus"] == {"gpus": [], "nvidia_smi": False, "error": None}
-        assert node["facts"]["torch"]["installed"] is False  # Debian's python3 has no torch
+        assert node["facts"]["torch"]["installed"] and node["facts"]["torch"]["gloo_works"]
+        assert {c["level"] for c in node["checks"].values()} <= {"ok", "warn"}, node["checks"]
+    assert doc["backend"] == "gloo"
 
 
 def test_check_table_for_humans(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
@@ -67,7 +71,7 @@ def test_check_table_for_humans(bootstrap: Bootstrap, trusted_home: Path, invent
     assert run.returncode == 0, run
     for name in ("node1 (master)", "node2", "node3"):
         assert name in run.stdout
-    assert "not installed" in run.stdout  # torch column
+    assert "(gloo)" in run.stdout  # torch column: version and usable backends
     assert "3/3 nodes reachable" in run.stderr
     assert "\x1b[" not in run.stdout  # piped: no colour codes
 
@@ -204,14 +208,15 @@ def test_password_is_needed_only_when_keys_fail(
             cluster.known_hosts_text() + f"{host.hostname} {host.host_key_line()}\n"
         )
         inv = str(write_inventory(tmp_path / "h.yaml", nodes))
-        run = bootstrap("-i", inv, "--json", "check", env={"CB_TEST_NOPE": ""})
+        run = bootstrap("-i", inv, "--json", "run", "--", "whoami", env={"CB_TEST_NOPE": ""})
         assert run.returncode == 3, run
         by_name = {n["name"]: n for n in json.loads(run.stdout)["nodes"]}
         assert by_name["keyed"]["ok"]
         assert by_name["pwonly"]["error"]["type"] == "SecretMissingError"
         assert "CB_TEST_NOPE" in by_name["pwonly"]["error"]["message"]
-        run = bootstrap("-i", inv, "--json", "check", env={"CB_TEST_NOPE": "pw-only"})
+        run = bootstrap("-i", inv, "--json", "run", "--", "whoami", env={"CB_TEST_NOPE": "pw-only"})
         assert run.returncode == 0, run
+        assert [n["stdout"] for n in json.loads(run.stdout)["nodes"]] == ["root\n", "cbtpwonly\n"]
         assert "pw-only" not in run.stdout + run.stderr
 
 
@@ -226,7 +231,7 @@ def test_ssh_config_alias_user_and_identity_are_honoured(
     (ssh / "config").write_text(
         f"Host train-box\n  HostName {host.addr}\n  User root\n  IdentityFile {ssh / 'cluster_key'}\n"
     )
-    inv = write_inventory(tmp_path / "h.yaml", [{"name": "box", "host": "train-box"}])
+    inv = write_inventory(tmp_path / "h.yaml", [{"name": "box", "host": "train-box", "python": PYTHON}])
     run = bootstrap("-i", str(inv), "--json", "check")
     assert run.returncode == 0, run
     node = json.loads(run.stdout)["nodes"][0]
@@ -241,7 +246,7 @@ def test_proxyjump_verifies_every_hop(
     (ssh / "config").write_text(
         f"Host inner\n  HostName {target.addr}\n  User root\n  ProxyJump root@{jump.addr}\n"
     )
-    inv = write_inventory(tmp_path / "h.yaml", [{"name": "inner", "host": "inner"}])
+    inv = write_inventory(tmp_path / "h.yaml", [{"name": "inner", "host": "inner", "python": PYTHON}])
     (ssh / "known_hosts").write_text(cluster.known_hosts_text([target]))  # the jump host is unknown
     run = bootstrap("-i", str(inv), "check")
     assert run.returncode == 3, run

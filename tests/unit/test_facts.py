@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.facts import base, gather, linux, public_value, split_sections
+from orchestrator.facts import base, gather, linux, network, public_value, split_sections
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import LocalTransport
 
@@ -17,7 +17,8 @@ CASES = sorted((Path(__file__).parent / "data" / "facts").glob("*.json"))
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_fact_parses_recorded_output(path: Path) -> None:
     case = json.loads(path.read_text())
-    fact = getattr(linux, case["fact"])(*case["args"])
+    module = network if case.get("module") == "network" else linux
+    fact = getattr(module, case["fact"])(*case["args"])
     value = fact.parse(case["output"], case["exit_code"])
     assert json.loads(json.dumps(public_value(value))) == case["expected"]
 

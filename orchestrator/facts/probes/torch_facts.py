@@ -8,7 +8,7 @@ import os
 import sys
 import tempfile
 
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 def _stamp(path):
@@ -40,6 +40,8 @@ def _probe():
         "gloo": False,
         "nccl": False,
         "nccl_version": None,
+        "gloo_works": False,
+        "gloo_error": None,
         "error": None,
     }
     try:
@@ -58,7 +60,30 @@ def _probe():
                 info["nccl_version"] = ".".join(str(p) for p in torch.cuda.nccl.version())
             except Exception:
                 pass
+        if info["gloo"]:
+            info["gloo_works"], info["gloo_error"] = _gloo_works(torch, dist)
     return info
+
+
+def _gloo_works(torch, dist):
+    # is_gloo_available() is True even on Windows wheels built without a gloo device (2.8-2.10):
+    # only a real process group proves gloo usable. One rank, in-memory store, no network.
+    import datetime
+
+    try:
+        dist.init_process_group(
+            "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=30)
+        )
+        try:
+            tensor = torch.ones(4)
+            dist.all_reduce(tensor)
+            if tensor.sum().item() != 4:
+                return False, "all_reduce gave a wrong result"
+        finally:
+            dist.destroy_process_group()
+    except Exception as exc:
+        return False, "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    return True, None
 
 
 def main():

@@ -1,0 +1,355 @@
+"""The preflight's decisions, from facts already gathered: pure functions, no I/O.
+
+Each check returns one Verdict per node (see model.py). Sources of the rules: ../shared/FIELD_NOTES.md
+(versions are never compared by torch itself; gloo's TCP vs UV transports; the 127.0.1.1 trap; the
+elastic rendezvous' wall-clock heartbeats).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.facts.linux import GpuReport, PythonInfo, TorchInfo
+from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
+from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Cluster, Node
+
+#: clock offset above which a warning is given (seconds)
+CLOCK_WARN = 1.0
+#: c10d dynamic rendezvous expels a node whose heartbeat is older than keep_alive 5 s x 3 attempts
+#: (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py; pytorch#76287)
+ELASTIC_CLOCK_LIMIT = 15.0
+DISK_WARN = 5 * 2**30
+DISK_FAIL = 1 * 2**30
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the checks need from one node (None: that fact is unknown)."""
+
+    node: Node
+    python: PythonInfo | None
+    torch: TorchInfo | None
+    gpus: GpuReport | None
+    route: Route | None
+    addresses: tuple[InterfaceAddress, ...]
+    interfaces: tuple[str, ...]
+    hostname: str | None
+    hostname_address: str | None
+    disk: DiskSpace | None
+
+
+# -- versions --------------------------------------------------------------------------------------
+
+
+def _versions_of(f: NodeFacts) -> dict[str, str | None]:
+    torch = f.torch.version if f.torch and f.torch.installed else None
+    return {
+        "python": f.python.version if f.python else None,
+        "torch": torch,
+        "cuda": (f.torch.cuda_build or "cpu") if torch and f.torch else None,
+    }
+
+
+def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict]:
+    """Identical torch (and CUDA build) and Python on every rank; gloo really usable on each."""
+    table = {f.node.name: _versions_of(f) for f in facts}
+    reference = table.get(master) or next(iter(table.values()), {})
+    verdicts: dict[str, Verdict] = {}
+    for f in facts:
+        mine = table[f.node.name]
+        data: dict[str, Any] = {"versions": mine, "master": reference}
+        py = f.node.python or "python3"
+        if f.python is None:
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"{py} not found",
+                "install Python 3 or set python: to the interpreter's path for this node",
+                **data,
+            )
+            continue
+        if f.torch is None or not f.torch.installed:
+            want = f" {reference['torch']}" if reference.get("torch") else ""
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"torch is not installed for {f.python.path}",
+                f"install torch{want} for that interpreter (`bootstrap sync` does it) "
+                "or set python: to one that has it",
+                **data,
+            )
+            continue
+        if f.torch.error:
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"torch is broken here: {f.torch.error}",
+                "reinstall torch for this interpreter",
+                **data,
+            )
+            continue
+        differences = []
+        if f.node.name != master:
+            if mine["torch"] != reference.get("torch"):
+                differences.append(f"torch {mine['torch']} here, {reference.get('torch')} on the master")
+            pymine, pyref = (mine["python"] or "").split("."), (reference.get("python") or "").split(".")
+            if pymine[:2] != pyref[:2]:
+                differences.append(f"Python {mine['python']} here, {reference.get('python')} on the master")
+        if differences:
+            verdicts[f.node.name] = fail(
+                "versions",
+                "; ".join(differences),
+                "use the same torch build and Python on every node (torch checks nothing at init: "
+                "a mismatch fails later in obscure ways); `bootstrap sync` installs one pinned set",
+                **data,
+            )
+            continue
+        if not f.torch.gloo_works:
+            why = f.torch.gloo_error or "torch.distributed has no gloo backend"
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"gloo does not work in this torch: {why}",
+                "install a torch build whose gloo works here (Windows wheels 2.8-2.10 lack the gloo "
+                "device: use 2.7 or 2.11+, or WSL mode)",
+                **data,
+            )
+            continue
+        if f.node.name != master and mine["python"] != reference.get("python"):
+            verdicts[f.node.name] = warn(
+                "versions",
+                f"Python {mine['python']} here, {reference.get('python')} on the master",
+                "object collectives pickle Python objects: identical Python versions are safest",
+                **data,
+            )
+            continue
+        verdicts[f.node.name] = ok(
+            "versions", f"torch {mine['torch']}, Python {mine['python']}: same as the master", **data
+        )
+    return verdicts
+
+
+def version_table(facts: Sequence[NodeFacts]) -> dict[str, dict[str, str | None]]:
+    return {f.node.name: _versions_of(f) for f in facts}
+
+
+# -- backend ---------------------------------------------------------------------------------------
+
+
+def _nccl_blocker(f: NodeFacts) -> str | None:
+    """Why this node cannot run NCCL ranks (None: it can)."""
+    if f.node.os != "linux":
+        return "native Windows torch has no NCCL"
+    if f.torch is None or not f.torch.installed:
+        return "no torch"
+    if not f.torch.nccl:
+        return "this torch build has no NCCL"
+    if not f.torch.cuda_available or f.torch.cuda_devices == 0:
+        return "no CUDA GPU visible to torch"
+    if f.node.gpus == 0:
+        return "gpus: 0 in the inventory (CPU ranks)"
+    return None
+
+
+def choose_backend(cluster: Cluster, facts: Sequence[NodeFacts]) -> tuple[str, str, dict[str, Verdict]]:
+    """(backend, why, verdicts). ``auto`` picks nccl only when every rank can run it, else gloo."""
+    blockers = {f.node.name: _nccl_blocker(f) for f in facts}
+    linux = [f.node.name for f in facts if f.node.os == "linux"]
+    windows = [f.node.name for f in facts if f.node.os == "windows"]
+    verdicts: dict[str, Verdict] = {}
+    if cluster.backend == "auto":
+        blocked = {n: why for n, why in blockers.items() if why}
+        if blocked:
+            first = next(iter(blocked))
+            backend, why = "gloo", f"auto: gloo, since {first} cannot run NCCL ({blocked[first]})"
+        else:
+            backend, why = "nccl", "auto: nccl, every rank has a CUDA GPU and NCCL on Linux"
+    else:
+        backend, why = cluster.backend, f"{cluster.backend}, as the inventory says"
+    for f in facts:
+        name = f.node.name
+        if f.node.os == "windows" and linux:
+            verdicts[name] = fail(
+                "backend",
+                f"native Windows ranks cannot join ranks on Linux ({', '.join(linux[:3])}): Windows torch "
+                "speaks gloo's UV transport, Linux torch its TCP transport (pytorch/gloo#386)",
+                "run this node's training in WSL2 (the Linux build of torch), or make the cluster "
+                "all-Windows",
+                backend=backend,
+            )
+        elif backend == "nccl" and blockers[name]:
+            verdicts[name] = fail(
+                "backend",
+                f"backend nccl, but {blockers[name]}",
+                "set backend: auto or gloo in the inventory, or give this node a CUDA GPU and a CUDA torch",
+                backend=backend,
+            )
+        else:
+            verdicts[name] = ok("backend", why, backend=backend, windows=windows)
+    return backend, why, verdicts
+
+
+# -- interface -------------------------------------------------------------------------------------
+
+
+def _interface_holding(address: str | None, addresses: Sequence[InterfaceAddress]) -> str | None:
+    return next((a.interface for a in addresses if a.address == address), None)
+
+
+def check_interface(f: NodeFacts, *, single_node: bool = False) -> Verdict:
+    """The interface and source address that route to the master: GLOO_SOCKET_IFNAME later."""
+    route = f.route
+    if single_node and f.node.interface is None:
+        # one machine: every rank is local, loopback is the right (and fastest) path
+        return ok("interface", "single node: ranks meet over loopback", interface="lo", source="127.0.0.1")
+    if route is None or route.address is None:
+        target = route.target if route else "the master"
+        return fail(
+            "interface",
+            f"cannot resolve the master's address {target} on this node",
+            "use the master's IP address as its host:, or add it to /etc/hosts on this node",
+        )
+    interface = route.interface
+    source = route.source
+    if route.local or interface == "lo":
+        # this node holds the master's address itself: use the interface that carries it
+        interface = _interface_holding(route.address, f.addresses) or interface
+        source = route.address
+    data: dict[str, Any] = {"interface": interface, "source": source, "master_address": route.address}
+    if f.node.interface:
+        data["override"] = f.node.interface
+        if f.node.interface not in f.interfaces:
+            have = ", ".join(i for i in f.interfaces if i != "lo") or "none"
+            return fail(
+                "interface",
+                f"interface {f.node.interface!r} (inventory) does not exist here; interfaces: {have}",
+                f"set interface: to one of them (the route to the master uses {interface}) or remove it",
+                **data,
+            )
+        if f.node.interface != interface:
+            return warn(
+                "interface",
+                f"interface {f.node.interface} (inventory) but the master is routed through {interface}",
+                "make sure the master and every peer are reachable through that interface",
+                **data,
+            )
+        interface = f.node.interface
+    data["gloo_socket_ifname"] = interface
+    if interface == "lo":
+        return fail(
+            "interface",
+            f"the master address {route.address} is a loopback address",
+            "give the master a LAN address in the inventory, not localhost",
+            **data,
+        )
+    if f.hostname_address and f.hostname_address.startswith("127."):
+        return warn(
+            "interface",
+            f"{interface} ({source}); hostname {f.hostname} resolves to {f.hostname_address}: without "
+            "GLOO_SOCKET_IFNAME, gloo would bind loopback and peers would hang",
+            f"bootstrap sets GLOO_SOCKET_IFNAME={interface}; running torchrun by hand, set it too or map "
+            f"{f.hostname} to {source} in /etc/hosts",
+            **data,
+        )
+    return ok("interface", f"{interface} ({source}) routes to the master", **data)
+
+
+# -- clock -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    offset: float  # node clock minus controller clock, seconds
+    rtt: float  # round trip of the best sample: the offset is known to +- rtt/2
+
+
+def check_clocks(
+    samples: Mapping[str, ClockSample | None], master: str, *, elastic: bool = False
+) -> dict[str, Verdict]:
+    """Offsets from the master's clock. Static rendezvous does not care (steady clocks); elastic
+    (c10d dynamic) rendezvous compares wall-clock heartbeats and expels a node beyond ~15 s."""
+    reference = samples.get(master)
+    verdicts: dict[str, Verdict] = {}
+    for name, sample in samples.items():
+        if sample is None or reference is None:
+            verdicts[name] = warn("clock", "not measured", "rerun when the node (and master) answer")
+            continue
+        offset = sample.offset - reference.offset
+        error = (sample.rtt + reference.rtt) / 2
+        data = {"offset_s": round(offset, 4), "uncertainty_s": round(error, 4)}
+        text = f"{offset:+.3f} s from the master (+-{error:.3f} s)"
+        if abs(offset) - error > ELASTIC_CLOCK_LIMIT and elastic:
+            verdicts[name] = fail(
+                "clock",
+                f"{text}: elastic rendezvous would expel this node (heartbeats older than "
+                f"{ELASTIC_CLOCK_LIMIT:g} s)",
+                "sync clocks (`bootstrap ntp`, chrony) or widen --rdzv-conf keep_alive_interval",
+                **data,
+            )
+        elif abs(offset) - error > CLOCK_WARN:
+            verdicts[name] = warn(
+                "clock",
+                text,
+                "sync clocks (`bootstrap ntp`, chrony); static rendezvous tolerates it, "
+                "logs will not line up",
+                **data,
+            )
+        else:
+            verdicts[name] = ok("clock", text, **data)
+    return verdicts
+
+
+# -- resources -------------------------------------------------------------------------------------
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_resources(f: NodeFacts) -> Verdict:
+    node = f.node
+    visible = len(f.gpus.gpus) if f.gpus else 0
+    data: dict[str, Any] = {"gpus_asked": node.gpus, "nproc": node.nproc, "gpus_visible": visible}
+    problems: list[tuple[str, str]] = []  # (reason, fix)
+    notes: list[str] = []
+    if f.gpus and f.gpus.error:
+        problems.append((f"nvidia-smi fails: {f.gpus.error}", "fix the NVIDIA driver on this node"))
+    if node.gpus > 0:
+        if visible < node.gpus:
+            problems.append(
+                (
+                    f"the inventory asks for {node.gpus} GPU(s), nvidia-smi shows {visible}",
+                    "set gpus: to what the node has, or fix its driver",
+                )
+            )
+        torch_devices = f.torch.cuda_devices if f.torch and f.torch.installed else 0
+        if f.torch and f.torch.installed and torch_devices < node.nproc:
+            problems.append(
+                (
+                    f"{node.nproc} rank(s) need a GPU each, torch sees {torch_devices}",
+                    "install a CUDA build of torch matching the driver, or check CUDA_VISIBLE_DEVICES",
+                )
+            )
+    elif visible:
+        notes.append(f"{visible} GPU(s) present but gpus: 0 (CPU ranks)")
+    if f.disk is not None:
+        data["disk_free_bytes"] = f.disk.free_bytes
+        data["disk_path"] = f.disk.path
+        if f.disk.free_bytes < DISK_FAIL:
+            problems.append((f"only {_gib(f.disk.free_bytes)} free in {f.disk.path}", "free some disk space"))
+    if problems:
+        return fail("resources", "; ".join(r for r, _ in problems), "; ".join(x for _, x in problems), **data)
+    if f.disk is not None and f.disk.free_bytes < DISK_WARN:
+        return warn(
+            "resources",
+            f"{_gib(f.disk.free_bytes)} free in {f.disk.path}",
+            "environments and checkpoints need room: free some disk space",
+            **data,
+        )
+    text = f"{node.nproc} rank(s), {visible} GPU(s) visible"
+    if f.disk is not None:
+        text += f", {_gib(f.disk.free_bytes)} free"
+    if notes:
+        text += "; " + "; ".join(notes)
+    return ok("resources", text, **data)

@@ -1,0 +1,684 @@
+"""Reachability: can torchrun's rendezvous and gloo's/NCCL's full mesh form between these nodes?
+
+A multi-node job hangs silently when the network is wrong, so the preflight tries it for real:
+
+(a) nothing already listens on the master's rendezvous port (TCPStore would fail with "address
+    already in use");
+(b) every node connects to a short-lived listener on the master's address and that port (the master
+    included: its own agent connects to the store through MASTER_ADDR too);
+(c) every node connects to every other node on an ephemeral port: gloo gives each rank a listener
+    on a random port and connects a full mesh, NCCL's bootstrap does the same
+    (../shared/FIELD_NOTES.md "Ports and firewalls"), so a firewall that opens only the rendezvous
+    port breaks training.
+
+The probe (probes/reach.py) runs under each node's own Python. All listeners start at once; once
+each has reported its port, all connectors run at once; a listener ends by itself when every
+expected peer came (else it is stopped with SIGTERM, else after its own deadline). Nothing waits on
+a clock except deadlines: readiness comes from the probes' output lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+from orchestrator.platforms import Platform
+from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
+from orchestrator.transports import Result, Stream, Transport
+
+log = logging.getLogger("orchestrator.preflight.reachability")
+
+CHECK = "reachability"
+#: first argument of every probe process: `pgrep -af cbt-reach` finds them on a node
+PROBE_TAG = "cbt-reach"
+#: how long listeners may take to report their ports (SSH channel + interpreter start)
+START_TIMEOUT = 15.0
+#: what a probe run may take beyond its own work (SSH channel, interpreter start, output)
+RUN_SLACK = 15.0
+#: after the connections, how long a listener that got every peer may take to end by itself
+STOP_GRACE = 3.0
+
+Role = Literal["rendezvous", "mesh"]
+Outcome = Literal["ok", "refused", "timed out", "no route", "error"]
+
+#: the probe's outcome words -> ours
+_PROBE_OUTCOMES: dict[str, Outcome] = {
+    "ok": "ok",
+    "refused": "refused",
+    "timeout": "timed out",
+    "unreachable": "no route",
+    "error": "error",
+}
+_EXPLAIN: dict[Outcome, str] = {
+    "ok": "ok",
+    "refused": "refused",
+    "timed out": "timed out: a firewall dropping packets?",
+    "no route": "no route",
+    "error": "error",
+}
+
+
+@dataclass(frozen=True)
+class ReachNode:
+    name: str
+    transport: Transport  # connected
+    python: str  # interpreter on the node, e.g. "/usr/bin/python3"
+    address: str  # the node's cluster IPv4 address (source address of its route to the master)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One measured connection attempt from ``source`` to ``target``'s listener."""
+
+    source: str
+    target: str
+    role: Role
+    address: str
+    port: int
+    outcome: Outcome
+    ms: float | None = None
+    detail: str = ""  # errno name for "error" (and "refused"/"no route", for the curious)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    def explain(self) -> str:
+        if self.outcome == "error" and self.detail:
+            return f"error {self.detail}"
+        return _EXPLAIN[self.outcome]
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "from": self.source,
+            "to": self.target,
+            "role": self.role,
+            "address": self.address,
+            "port": self.port,
+            "result": self.outcome,
+            "ms": self.ms,
+            "detail": self.detail or None,
+        }
+
+
+# -- the probe's output lines ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Listening:
+    address: str
+    port: int
+    role: Role
+
+
+@dataclass(frozen=True)
+class Busy:
+    port: int
+    holder: str  # "python3 (pid 812)"; "" when `ss -ltnp` could not tell
+
+
+@dataclass(frozen=True)
+class PortRange:
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+
+
+@dataclass(frozen=True)
+class Accepted:
+    role: Role
+    source: str
+    expected: bool
+
+
+@dataclass(frozen=True)
+class Done:
+    how: str  # "complete", "deadline", "stopped"
+
+
+@dataclass(frozen=True)
+class ProbeError:
+    message: str
+
+
+ListenerEvent = Listening | Busy | PortRange | Ready | Accepted | Done | ProbeError
+
+
+@dataclass(frozen=True)
+class ConnectResult:
+    index: int
+    outcome: Outcome
+    ms: float | None
+    target: str
+    detail: str
+
+
+def _role(word: str) -> Role | None:
+    return "mesh" if word == "mesh" else "rendezvous" if word == "rendezvous" else None
+
+
+def parse_listener_line(line: str) -> ListenerEvent | None:
+    """One line of ``cbt-reach listen`` output; None for anything else (a login banner, a typo)."""
+    words = line.split()
+    if not words:
+        return None
+    head, rest = words[0], words[1:]
+    try:
+        if head == "listening" and len(rest) == 4 and rest[0] == "on":
+            role = _role(rest[3])
+            return Listening(rest[1], int(rest[2]), role) if role else None
+        if head == "busy" and rest:
+            return Busy(int(rest[0]), line.split(None, 2)[2].strip() if len(rest) > 1 else "")
+        if head == "range" and len(rest) == 2:
+            return PortRange(int(rest[0]), int(rest[1]))
+        if head == "ready" and len(rest) == 1:
+            return Ready(int(rest[0]))
+        if head == "accepted" and len(rest) == 3:
+            role = _role(rest[0])
+            return Accepted(role, rest[1], rest[2] == "expected") if role else None
+        if head == "done" and len(rest) == 1:
+            return Done(rest[0])
+        if head == "error" and rest:
+            return ProbeError(line.split(None, 1)[1].strip())
+    except ValueError:
+        return None
+    return None
+
+
+def parse_connect_line(line: str) -> ConnectResult | None:
+    """``result INDEX OUTCOME MS TARGET DETAIL`` of ``cbt-reach connect``; None for anything else."""
+    words = line.split()
+    if len(words) != 6 or words[0] != "result" or words[2] not in _PROBE_OUTCOMES:
+        return None
+    try:
+        index, ms = int(words[1]), float(words[3])
+    except ValueError:
+        return None
+    detail = "" if words[5] == "-" else words[5]
+    return ConnectResult(index, _PROBE_OUTCOMES[words[2]], ms, words[4], detail)
+
+
+# -- verdicts: pure ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """A node whose probe could not run (no interpreter, crash, lost connection): no measurement."""
+
+    reason: str
+    fix: str
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(dict.fromkeys(items))
+
+
+def _blame(pairs: Sequence[Pair]) -> dict[Pair, str]:
+    """The node whose firewall most likely broke each failed pair.
+
+    Usually the target's (incoming rules are where hosts filter). But a source that reaches none of
+    its peers while they are reached by others drops outgoing traffic or the replies itself (a
+    ``drop`` without ``ct state established,related accept``).
+    """
+    reached_by: dict[str, set[str]] = defaultdict(set)
+    attempts: dict[str, list[Pair]] = defaultdict(list)
+    for p in pairs:
+        if p.source == p.target:  # local delivery proves nothing about the network between hosts
+            continue
+        attempts[p.source].append(p)
+        if p.ok:
+            reached_by[p.target].add(p.source)
+    isolated = {source for source, tried in attempts.items() if not any(p.ok for p in tried)}
+    blame: dict[Pair, str] = {}
+    for p in pairs:
+        if p.ok:
+            continue
+        if p.source != p.target and p.source in isolated and reached_by[p.target] - {p.source}:
+            blame[p] = p.source
+        else:
+            blame[p] = p.target
+    return blame
+
+
+def _cannot_reach(p: Pair, master: str) -> str:
+    where = f"{p.address}:{p.port}"
+    if p.role == "rendezvous" and p.source == p.target:
+        return f"cannot reach its own rendezvous port {where} ({p.explain()})"
+    if p.role == "rendezvous":
+        return f"cannot reach master {master} {where} ({p.explain()})"
+    return f"cannot reach {p.target} {where} ({p.explain()})"
+
+
+def _not_reachable_from(incoming: Sequence[Pair], port: int) -> list[str]:
+    groups: dict[tuple[Role, str], list[str]] = {}
+    for p in incoming:
+        groups.setdefault((p.role, p.explain()), []).append(p.source)
+    texts = []
+    for (role, explain), sources in groups.items():
+        what = f"port {port} not reachable" if role == "rendezvous" else "not reachable"
+        texts.append(f"{what} from {_names(sources)} ({explain})")
+    return texts
+
+
+def _allow_fix(
+    name: str, sources: Sequence[str], master: str, port: int, addresses: str, span: tuple[int, int] | None
+) -> str:
+    ephemeral = f"ephemeral ports ({span[0]}-{span[1]})" if span else "ephemeral ports"
+    ports = f"port {port} and to {ephemeral}" if name == master else ephemeral
+    return (
+        f"{name}'s firewall probably blocks incoming TCP from {_names(sources)}: allow TCP from the "
+        f"cluster's addresses ({addresses}) to {ports} on {name}; opening only the rendezvous port is "
+        "not enough: gloo and NCCL listen on random ports"
+    )
+
+
+def build_verdicts(
+    names: Sequence[str],
+    addresses: Mapping[str, str],
+    master: str,
+    port: int,
+    pairs: Sequence[Pair],
+    *,
+    busy: Busy | None = None,
+    failures: Mapping[str, ProbeFailure] | None = None,
+    ranges: Mapping[str, tuple[int, int]] | None = None,
+    seconds: float | None = None,
+) -> dict[str, Verdict]:
+    """One verdict per node from every measured pair (see the module docstring for the wording)."""
+    failures = failures or {}
+    ranges = ranges or {}
+    blame = _blame(pairs)
+    cluster_addresses = _names(addresses[n] for n in names)
+    mesh_pairs = sum(1 for p in pairs if p.role == "mesh")
+    untested = [n for n in names if n in failures and n != master]
+    verdicts: dict[str, Verdict] = {}
+    for name in names:
+        data: dict[str, Any] = {
+            "master": master,
+            "port": port,
+            "address": addresses[name],
+            "ephemeral_range": list(ranges[name]) if name in ranges else None,
+            "pairs": [p.public_dict() for p in pairs if name in (p.source, p.target)],
+        }
+        if name == master:
+            data["port_busy"] = busy is not None
+            if busy is not None:
+                data["port_holder"] = busy.holder or None
+        if seconds is not None:
+            data["seconds"] = round(seconds, 3)
+        if name in failures:
+            verdicts[name] = fail(CHECK, failures[name].reason, failures[name].fix, **data)
+            continue
+
+        reasons: list[str] = []
+        fixes: list[str] = []
+        if busy is not None and name == master:
+            by = f" (by {busy.holder})" if busy.holder else ""
+            reasons.append(f"port {port} is already in use on the master{by}")
+            fixes.append(
+                "stop that program or choose another cluster port: "
+                "(`port:` under `cluster:` in the inventory)"
+            )
+        outgoing = [p for p in pairs if p.source == name and not p.ok]
+        incoming = [p for p in pairs if p.target == name and p.source != name and not p.ok]
+        reasons += [_cannot_reach(p, master) for p in outgoing]
+        reasons += _not_reachable_from(incoming, port)
+        blocked_in = [p.source for p in incoming if blame[p] == name]
+        if blocked_in:
+            fixes.append(_allow_fix(name, blocked_in, master, port, cluster_addresses, ranges.get(name)))
+        if any(p.target == name for p in outgoing):
+            # connections to a local address go through the loopback interface
+            fixes.append(
+                f"{name}'s firewall blocks connections to its own address: allow TCP on the loopback "
+                "interface (nftables: `iif lo accept`)"
+            )
+        if any(blame[p] == name and p.source == name != p.target for p in outgoing):
+            fixes.append(
+                f"{name} reaches none of its peers although others reach them: its firewall probably "
+                "drops outgoing TCP or the replies; allow outgoing TCP and the replies on "
+                f"{name} (nftables: `ct state established,related accept`)"
+            )
+        elsewhere = [blame[p] for p in outgoing + incoming if blame[p] != name]
+        if elsewhere:
+            whose = "its" if len(set(elsewhere)) == 1 else "their"
+            fixes.append(f"the likely cause is on {_names(elsewhere)}: see {whose} fix")
+
+        if busy is not None and name != master:
+            reasons.append("master port busy: skipped")
+            fixes.append(f"free port {port} on {master} (see its verdict)")
+        elif master in failures and name != master:
+            reasons.append(f"master {master}'s probe failed: master port not tested")
+            fixes.append(f"see {master}'s verdict")
+        if outgoing or incoming or (busy is not None and name == master):
+            verdicts[name] = fail(CHECK, "; ".join(reasons), "; ".join(fixes), **data)
+            continue
+        if reasons:
+            verdicts[name] = warn(CHECK, "; ".join(reasons), "; ".join(fixes), **data)
+            continue
+        text = (
+            f"master port {port} free and reachable from all; "
+            f"full mesh on ephemeral ports ok ({mesh_pairs} pairs)"
+        )
+        others = [n for n in untested if n != name]
+        if others:
+            verdicts[name] = warn(
+                CHECK,
+                f"{text}; {_names(others)} not tested (probe failed)",
+                f"see the verdict of {_names(others)}",
+                **data,
+            )
+        else:
+            verdicts[name] = ok(CHECK, text, **data)
+    return verdicts
+
+
+# -- running the probes ----------------------------------------------------------------------------
+
+
+@functools.cache
+def probe_source() -> str:
+    return resources.files("orchestrator.steps.preflight.probes").joinpath("reach.py").read_text("utf-8")
+
+
+def probe_command(platform: Platform, python: str, args: Sequence[str]) -> str:
+    # -I: a stray socket.py or selectors.py in the login directory, or PYTHONPATH, must not shadow
+    # the standard library the probe relies on
+    return platform.join([python, "-I", "-c", probe_source(), PROBE_TAG, *args])
+
+
+def _address_list(addresses: Sequence[str]) -> str:
+    return ",".join(addresses) if addresses else "-"
+
+
+def _target(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _tail(result: Result, lines: int = 3) -> str:
+    text = [line.strip() for line in result.tail(lines * 4) if line.strip()]
+    return " | ".join(text[-lines:]) or f"exit code {result.exit_code}"
+
+
+class _ProbeRun:
+    """One probe command on one node, in its own thread; output lines are parsed as they come."""
+
+    def __init__(self, node: ReachNode, args: Sequence[str], timeout: float) -> None:
+        self.node = node
+        self.command = probe_command(node.transport.platform, node.python, args)
+        self.timeout = timeout
+        self.ended = threading.Event()
+        self.result: Result | None = None
+        self.error: str | None = None  # the transport raised (connection lost, cancelled)
+        self._thread = threading.Thread(target=self._run, name=f"reach-{node.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.node.transport.run(self.command, timeout=self.timeout, on_line=self._on_line)
+        except Exception as exc:  # a thread boundary: whatever happened becomes this node's verdict
+            self.error = str(exc) or type(exc).__name__
+        finally:
+            self.ended.set()
+            self._ended()
+
+    def _on_line(self, stream: Stream, line: str) -> None:
+        if stream == "stdout":
+            self._line(line)
+
+    def _line(self, line: str) -> None:
+        raise NotImplementedError
+
+    def _ended(self) -> None:
+        pass
+
+    def failure(self, what: str) -> ProbeFailure:
+        python = self.node.python
+        if self.error is not None:
+            return ProbeFailure(
+                f"the {what} probe could not run: {self.error}",
+                f"check the connection to {self.node.name} and rerun `bootstrap check`",
+            )
+        if self.result is None:
+            return ProbeFailure(
+                f"the {what} probe did not answer in time",
+                f"{self.node.name} or its SSH server is very slow: rerun `bootstrap check`",
+            )
+        if self.result.timed_out:
+            return ProbeFailure(
+                f"the {what} probe did not end within {self.timeout:g}s: {_tail(self.result)}",
+                "rerun `bootstrap check`; if it persists, run it with -vv and report it",
+            )
+        return ProbeFailure(
+            f"the {what} probe failed (exit code {self.result.exit_code}): {_tail(self.result)}",
+            f"check that `{python}` runs on {self.node.name} (python: in the inventory)",
+        )
+
+
+class _Listener(_ProbeRun):
+    def __init__(self, node: ReachNode, args: Sequence[str], timeout: float) -> None:
+        super().__init__(node, args, timeout)
+        self.reported = threading.Event()  # ready, error or ended
+        self.mesh: Listening | None = None
+        self.rendezvous: Listening | None = None
+        self.busy: Busy | None = None
+        self.range: PortRange | None = None
+        self.pid: int | None = None
+        self.problem: str | None = None
+        self.done: str | None = None
+        self.stop_sent = False
+
+    def _line(self, line: str) -> None:
+        event = parse_listener_line(line)
+        if isinstance(event, Listening):
+            if event.role == "mesh":
+                self.mesh = event
+            else:
+                self.rendezvous = event
+        elif isinstance(event, Busy):
+            self.busy = event
+        elif isinstance(event, PortRange):
+            self.range = event
+        elif isinstance(event, Ready):
+            self.pid = event.pid
+            self.reported.set()
+        elif isinstance(event, ProbeError):
+            self.problem = event.message
+            self.reported.set()
+        elif isinstance(event, Done):
+            self.done = event.how
+
+    def _ended(self) -> None:
+        self.reported.set()
+
+    @property
+    def listening(self) -> bool:
+        return self.pid is not None and self.mesh is not None and self.problem is None
+
+    def listener_failure(self) -> ProbeFailure | None:
+        """Why this node has no usable measurement (None: it listened and ended as asked)."""
+        if self.problem is not None:
+            return ProbeFailure(
+                f"the reachability probe cannot listen: {self.problem}",
+                f"check that {self.node.address} is an address of {self.node.name} (the source of its "
+                "route to the master) and that the cluster port is allowed for this user",
+            )
+        if not self.listening:
+            return self.failure("reachability")
+        if self.ended.is_set() and (self.done is None or self.result is None or not self.result.ok):
+            # a listener that died early makes its peers look refused: no verdict can rest on it
+            return self.failure("reachability listener")
+        if self.done == "deadline":
+            return ProbeFailure(
+                "the reachability listener gave up before every connection was tried",
+                f"{self.node.name} or its SSH server is very slow: rerun `bootstrap check`",
+            )
+        return None
+
+    def stop(self) -> None:
+        """SIGTERM the listener (it prints "done stopped" and exits); a no-op once it ended."""
+        if self.pid is None or self.ended.is_set() or self.stop_sent:
+            return
+        self.stop_sent = True
+        platform = self.node.transport.platform
+        try:
+            self.node.transport.run(platform.join(["kill", "-TERM", str(self.pid)]), timeout=RUN_SLACK)
+        except Exception as exc:  # its own deadline still ends it; say so in the log only
+            log.warning("%s: could not stop the reachability listener: %s", self.node.name, exc)
+
+
+class _Connector(_ProbeRun):
+    def __init__(
+        self, node: ReachNode, targets: Sequence[tuple[str, Role, str, int]], connect_timeout: float
+    ) -> None:
+        args = ["connect", node.address, f"{connect_timeout:g}"]
+        args += [_target(address, port) for _, _, address, port in targets]
+        super().__init__(node, args, connect_timeout + RUN_SLACK)
+        self.targets = list(targets)  # (target node, role, address, port)
+        self.results: dict[int, ConnectResult] = {}
+        # every result is in ("done" printed, or the run ended): listeners can be settled while
+        # this run is still coming back
+        self.reported = threading.Event()
+
+    def _line(self, line: str) -> None:
+        result = parse_connect_line(line)
+        if result is not None and 0 <= result.index < len(self.targets):
+            self.results[result.index] = result
+        elif isinstance(parse_listener_line(line), Done):
+            self.reported.set()
+
+    def _ended(self) -> None:
+        self.reported.set()
+
+    def pairs(self) -> list[Pair]:
+        return [
+            Pair(self.node.name, target, role, address, port, r.outcome, r.ms, r.detail)
+            for index, (target, role, address, port) in enumerate(self.targets)
+            if (r := self.results.get(index)) is not None
+        ]
+
+
+def _in_threads(calls: Sequence[Callable[[], None]], timeout: float) -> None:
+    threads = [threading.Thread(target=call, daemon=True) for call in calls]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _await(events: Iterable[threading.Event], deadline: float) -> None:
+    for event in events:
+        event.wait(max(0.0, deadline - time.monotonic()))
+
+
+def check_reachability(
+    nodes: Sequence[ReachNode], master: str, port: int, *, connect_timeout: float = 2.0
+) -> dict[str, Verdict]:
+    """Verdicts keyed by node name (check "reachability"); see the module docstring."""
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"node names must be unique: {names}")
+    if master not in names:
+        raise ValueError(f"master {master!r} is not among the nodes {names}")
+    started = time.monotonic()
+    everyone = [n.address for n in nodes]
+    # a safety net only: listeners normally end on their own or by SIGTERM long before
+    hold = START_TIMEOUT + connect_timeout + RUN_SLACK + STOP_GRACE
+    listeners: dict[str, _Listener] = {}
+    for node in nodes:
+        peers = [other.address for other in nodes if other is not node]
+        args = ["listen", node.address, f"{hold:g}", _address_list(peers)]
+        if node.name == master:
+            args += [str(port), _address_list(everyone)]
+        listeners[node.name] = _Listener(node, args, timeout=hold + RUN_SLACK)
+    for listener in listeners.values():
+        listener.start()
+    _await((lst.reported for lst in listeners.values()), time.monotonic() + START_TIMEOUT)
+    ready = [name for name in names if listeners[name].listening]
+    listened = time.monotonic() - started
+
+    rendezvous = listeners[master].rendezvous if master in ready else None
+    connectors: list[_Connector] = []
+    for name in ready:
+        targets: list[tuple[str, Role, str, int]] = []
+        if rendezvous is not None:
+            targets.append((master, "rendezvous", rendezvous.address, rendezvous.port))
+        for other in ready:
+            mesh = listeners[other].mesh
+            if other != name and mesh is not None:
+                targets.append((other, "mesh", mesh.address, mesh.port))
+        if targets:
+            connectors.append(_Connector(next(n for n in nodes if n.name == name), targets, connect_timeout))
+    for connector in connectors:
+        connector.start()
+    _await((c.reported for c in connectors), time.monotonic() + connect_timeout + RUN_SLACK)
+    pairs = [pair for connector in connectors for pair in connector.pairs()]
+    connected = time.monotonic() - started
+
+    # Listeners whose every peer connected end by themselves; the others wait for peers that will
+    # never come (dropped, refused, or no probe on that node): stop those now.
+    arrived: dict[tuple[str, Role], int] = defaultdict(int)
+    for p in pairs:
+        if p.ok:
+            arrived[(p.target, p.role)] += 1
+    waiting = []
+    for name, listener in listeners.items():
+        complete = arrived[(name, "mesh")] == len(nodes) - 1 and (
+            listener.rendezvous is None or arrived[(name, "rendezvous")] == len(nodes)
+        )
+        if not complete:
+            waiting.append(listener.stop)
+    _in_threads(waiting, RUN_SLACK)
+    _await((lst.ended for lst in listeners.values()), time.monotonic() + STOP_GRACE)
+    _in_threads([lst.stop for lst in listeners.values() if not lst.ended.is_set()], RUN_SLACK)
+    _await((lst.ended for lst in listeners.values()), time.monotonic() + STOP_GRACE)
+    # connectors ended right after their last line: this only collects their exit
+    _await((c.ended for c in connectors), time.monotonic() + RUN_SLACK)
+
+    failures: dict[str, ProbeFailure] = {}
+    for connector in connectors:
+        if len(connector.results) < len(connector.targets):
+            failures[connector.node.name] = connector.failure("connection")
+    for name, listener in listeners.items():
+        if not listener.ended.is_set():
+            log.warning("%s: the reachability listener is still running; it ends by its deadline", name)
+        problem = listener.listener_failure()
+        if problem is not None:
+            failures.setdefault(name, problem)
+
+    log.info(
+        "reachability: %d of %d nodes listening after %.2fs, %d pairs measured after %.2fs, done after %.2fs",
+        len(ready),
+        len(nodes),
+        listened,
+        len(pairs),
+        connected,
+        time.monotonic() - started,
+    )
+    master_listener = listeners[master]
+    return build_verdicts(
+        names,
+        {n.name: n.address for n in nodes},
+        master,
+        port,
+        pairs,
+        busy=master_listener.busy if master not in failures else None,
+        failures=failures,
+        ranges={
+            name: (lst.range.low, lst.range.high) for name, lst in listeners.items() if lst.range is not None
+        },
+        seconds=time.monotonic() - started,
+    )

@@ -1,0 +1,158 @@
+"""The preflight's decisions from facts (pure): versions, backend, interface, clock, resources."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, TorchInfo
+from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
+from orchestrator.inventory import Cluster, Node
+from orchestrator.steps.preflight.checks import (
+    ClockSample,
+    NodeFacts,
+    check_clocks,
+    check_interface,
+    check_resources,
+    check_versions,
+    choose_backend,
+)
+
+CPU_TORCH = TorchInfo(installed=True, version="2.13.0+cpu", distributed=True, gloo=True, gloo_works=True)
+CUDA_TORCH = replace(
+    CPU_TORCH, version="2.13.0+cu126", cuda_build="12.6", cuda_available=True, cuda_devices=2, nccl=True
+)
+GPU = GpuInfo(index=0, name="NVIDIA GeForce RTX 3090", memory_mib=24576, driver="550.54.14", uuid="GPU-1")
+
+
+def facts(name: str, **over: Any) -> NodeFacts:
+    node_fields = {k: over.pop(k) for k in ("gpus", "nproc", "interface", "os") if k in over}
+    base = NodeFacts(
+        node=Node(name=name, host=f"10.0.0.{len(name)}", **node_fields),
+        python=PythonInfo(path="/usr/bin/python3", version="3.11.2"),
+        torch=CPU_TORCH,
+        gpus=GpuReport(gpus=(), nvidia_smi=False),
+        route=Route("10.0.0.1", "10.0.0.1", "eth0", "10.0.0.2", False),
+        addresses=(InterfaceAddress("lo", "127.0.0.1", 8), InterfaceAddress("eth0", "10.0.0.2", 24)),
+        interfaces=("lo", "eth0"),
+        hostname=name,
+        hostname_address="10.0.0.2",
+        disk=DiskSpace("/home/u", 50 * 2**30),
+    )
+    return replace(base, **over)
+
+
+def test_same_versions_everywhere_is_ok() -> None:
+    verdicts = check_versions([facts("m"), facts("w")], "m")
+    assert {v.level for v in verdicts.values()} == {"ok"}
+    assert "torch 2.13.0+cpu, Python 3.11.2" in verdicts["w"].reason
+
+
+def test_version_differences_fail_with_both_sides_named() -> None:
+    other = replace(CPU_TORCH, version="2.7.0+cpu")
+    verdicts = check_versions(
+        [facts("m"), facts("w", torch=other, python=PythonInfo("/usr/bin/python3", "3.10.12"))], "m"
+    )
+    w = verdicts["w"]
+    assert w.level == "fail"
+    assert "torch 2.7.0+cpu here, 2.13.0+cpu on the master" in w.reason
+    assert "Python 3.10.12 here, 3.11.2 on the master" in w.reason
+    assert verdicts["m"].level == "ok"
+
+
+def test_python_micro_difference_is_a_warning() -> None:
+    verdicts = check_versions([facts("m"), facts("w", python=PythonInfo("/usr/bin/python3", "3.11.9"))], "m")
+    assert verdicts["w"].level == "warn" and "object collectives" in (verdicts["w"].fix or "")
+
+
+def test_missing_python_torch_or_working_gloo() -> None:
+    broken_gloo = replace(CPU_TORCH, gloo_works=False, gloo_error="RuntimeError: unsupported gloo device")
+    verdicts = check_versions(
+        [
+            facts("m"),
+            facts("nopy", python=None, torch=None),
+            facts("notorch", torch=TorchInfo(installed=False)),
+            facts("nogloo", torch=broken_gloo),
+        ],
+        "m",
+    )
+    assert verdicts["nopy"].level == "fail" and "not found" in verdicts["nopy"].reason
+    assert verdicts["notorch"].level == "fail" and "2.13.0+cpu" in (verdicts["notorch"].fix or "")
+    assert verdicts["nogloo"].level == "fail" and "unsupported gloo device" in verdicts["nogloo"].reason
+
+
+def test_auto_backend_is_nccl_only_when_every_rank_can() -> None:
+    cluster = Cluster(name="c", master="m")
+    all_gpu = [facts("m", torch=CUDA_TORCH, gpus=2), facts("w", torch=CUDA_TORCH, gpus=2)]
+    backend, why, verdicts = choose_backend(cluster, all_gpu)
+    assert backend == "nccl" and {v.level for v in verdicts.values()} == {"ok"}
+    backend, why, verdicts = choose_backend(cluster, [*all_gpu, facts("cpu")])
+    assert backend == "gloo" and "cpu cannot run NCCL" in why
+
+
+def test_forced_nccl_fails_where_it_cannot_run() -> None:
+    backend, _, verdicts = choose_backend(Cluster(name="c", master="m", backend="nccl"), [facts("m")])
+    assert (
+        backend == "nccl"
+        and verdicts["m"].level == "fail"
+        and "backend: auto or gloo" in (verdicts["m"].fix or "")
+    )
+
+
+def test_native_windows_with_linux_fails_naming_the_cause() -> None:
+    win = facts("win", os="windows")
+    _, _, verdicts = choose_backend(Cluster(name="c", master="m"), [facts("m"), win])
+    assert verdicts["win"].level == "fail"
+    assert "UV transport" in verdicts["win"].reason and "WSL" in (verdicts["win"].fix or "")
+    assert verdicts["m"].level == "ok"
+
+
+def test_interface_from_the_route_to_the_master() -> None:
+    verdict = check_interface(facts("w"))
+    assert verdict.level == "ok" and verdict.data["gloo_socket_ifname"] == "eth0"
+    assert verdict.data["source"] == "10.0.0.2"
+
+
+def test_master_uses_the_interface_holding_its_address() -> None:
+    route = Route("10.0.0.2", "10.0.0.2", "lo", "10.0.0.2", True)
+    verdict = check_interface(facts("m", route=route))
+    assert verdict.level == "ok" and verdict.data["interface"] == "eth0"
+
+
+def test_interface_problems() -> None:
+    assert check_interface(facts("w", interface="eth9")).level == "fail"
+    mismatch = check_interface(facts("w", interface="lo"))
+    assert mismatch.level == "warn"
+    loop = check_interface(facts("w", hostname_address="127.0.1.1"))
+    assert loop.level == "warn" and "GLOO_SOCKET_IFNAME=eth0" in (loop.fix or "")
+    unresolved = check_interface(facts("w", route=Route("master.lan", None, None, None, False)))
+    assert unresolved.level == "fail" and "master.lan" in unresolved.reason
+    assert check_interface(facts("solo", route=None), single_node=True).level == "ok"
+
+
+def test_clock_offsets_relative_to_the_master() -> None:
+    samples = {
+        "m": ClockSample(offset=100.0, rtt=0.01),
+        "ok": ClockSample(offset=100.2, rtt=0.01),
+        "skewed": ClockSample(offset=130.0, rtt=0.01),
+        "lost": None,
+    }
+    verdicts = check_clocks(samples, "m")
+    assert verdicts["ok"].level == "ok" and verdicts["skewed"].level == "warn"
+    assert abs(verdicts["skewed"].data["offset_s"] - 30.0) < 1e-6
+    assert verdicts["lost"].level == "warn"
+    assert check_clocks(samples, "m", elastic=True)["skewed"].level == "fail"
+
+
+def test_resources() -> None:
+    one_gpu = GpuReport(gpus=(GPU,), nvidia_smi=True)
+    asks_two = check_resources(replace(facts("w", gpus=2, torch=CUDA_TORCH), gpus=one_gpu))
+    assert asks_two.level == "fail" and "asks for 2 GPU(s), nvidia-smi shows 1" in asks_two.reason
+    fine = check_resources(replace(facts("w", gpus=1, nproc=1, torch=CUDA_TORCH), gpus=one_gpu))
+    assert fine.level == "ok"
+    spare = check_resources(replace(facts("w"), gpus=one_gpu))
+    assert spare.level == "ok" and "gpus: 0 (CPU ranks)" in spare.reason
+    low = check_resources(facts("w", disk=DiskSpace("/", 2 * 2**30)))
+    assert low.level == "warn"
+    full = check_resources(facts("w", disk=DiskSpace("/", 100 * 2**20)))
+    assert full.level == "fail" and "free" in full.reason
