@@ -32,7 +32,7 @@ from orchestrator.logs import RunLog, new_run_id, state_dir
 from orchestrator.platforms import PosixShell, check_env_name
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.inspect import NodeFacts, facts_plan
+from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -378,6 +378,44 @@ def check(ctx: click.Context) -> None:
     failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
     verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
     ui.info(f"{reachable}/{len(outcomes)} nodes reachable, {failing} failing a check: {verdict}")
+    ctx.exit(int(code))
+
+
+@cli.command()
+@common_options
+@click.pass_context
+def facts(ctx: click.Context) -> None:
+    """Connect to every node and show what it is, checking nothing (like `ansible -m setup`)."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    if settings.dry_run:
+        _dry_run(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
+        return
+    session = _session(settings, inventory, nodes)
+    try:
+        with ui.progress([n.name for n in nodes], "facts") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(inspect, step="facts", connect=False)
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    code = exit_code_for(outcomes)
+    _fail_lines(ui, outcomes)
+    if settings.json_mode:
+        nodes_json = [
+            {
+                "name": o.node,
+                "ok": o.ok,
+                "duration": round(o.duration, 4),
+                "error": _error_dict(o.error),
+                **(o.value.public_dict() if o.value else {}),
+            }
+            for o in outcomes
+        ]
+        ui.print_json({"command": "facts", "nodes": nodes_json, "exit_code": int(code)})
+        ctx.exit(int(code))
+    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")
     ctx.exit(int(code))
 
 

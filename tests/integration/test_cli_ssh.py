@@ -66,6 +66,20 @@ def test_check_three_nodes_shows_each_node(
     assert doc["backend"] == "gloo"
 
 
+def test_facts_alone_checks_nothing(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    # Debian's python3 has no torch: check would fail the versions check, facts just reports it
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": "/usr/bin/python3"} for h in cluster.hosts
+    ]
+    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "--json", "facts")
+    assert run.returncode == 0, run
+    doc = json.loads(run.stdout)
+    assert [n["facts"]["torch"]["installed"] for n in doc["nodes"]] == [False, False, False]
+    assert all("checks" not in n for n in doc["nodes"])
+
+
 def test_check_table_for_humans(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
     run = bootstrap("-i", str(inventory))  # no command: the main pipeline
     assert run.returncode == 0, run

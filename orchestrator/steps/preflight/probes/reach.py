@@ -83,7 +83,7 @@ def port_holder(port: int) -> str:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
-                universal_newlines=True,  # noqa: UP021  (text= is Python 3.7+)
+                universal_newlines=True,
                 timeout=5,
             )
         except (OSError, subprocess.SubprocessError):
