@@ -112,7 +112,7 @@ def main() -> int:
                 theirs = statistics.median(_time(cluster, aargv, aenv) for _ in range(args.runs))
             rows.append((n, ours, theirs, preflight))
     print(
-        f"\nbootstrap check vs ansible -m setup (gather_subset=min), median of {args.runs} runs, "
+        f"\nbootstrap facts vs ansible -m setup (gather_subset=min), median of {args.runs} runs, "
         f"{os.cpu_count()} CPUs\n"
     )
     print(
