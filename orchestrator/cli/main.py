@@ -372,6 +372,8 @@ def check(ctx: click.Context) -> None:
                 ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
     if report.verdicts:
         ui.print_table(_checks_table(nodes, report))
+        if len({tuple(v.values()) for v in report.versions.values()}) > 1:
+            ui.print_table(_versions_table(report.versions))
         _check_details(ui, nodes, report)
     _fail_lines(ui, outcomes)
     reachable = sum(o.ok for o in outcomes)
@@ -440,6 +442,16 @@ def _checks_table(nodes: list[Node], report: Any) -> Table:
             label, style = _LEVEL_STYLE[verdict.level] if verdict else ("-", "dim")
             cells.append(Text(label, style=style))
         table.add_row(Text(node.name), *cells)
+    return table
+
+
+def _versions_table(versions: dict[str, dict[str, str | None]]) -> Table:
+    """Versions side by side when they differ: the first thing to fix."""
+    table = Table(title=Text("versions differ"), title_justify="left")
+    for column in ("node", "python", "torch", "cuda"):
+        table.add_column(column)
+    for node, v in versions.items():
+        table.add_row(Text(node), *(Text(v.get(k) or "-") for k in ("python", "torch", "cuda")))
     return table
 
 
