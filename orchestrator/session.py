@@ -54,8 +54,10 @@ class Session:
         step: str,
         connect: bool = True,
         fail_fast: bool = False,
+        nodes: list[Node] | None = None,
     ) -> list[Outcome[T]]:
-        """``fn(node, transport)`` on every selected node in parallel, outcomes in inventory order."""
+        """``fn(node, transport)`` on every selected node (or on ``nodes``) in parallel, outcomes in
+        inventory order."""
 
         def one(node: Node) -> T:
             transport = self.transport(node)
@@ -63,7 +65,8 @@ class Session:
                 transport.connect()
             return fn(node, transport)
 
-        return self.executor.map(self.nodes, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
+        chosen = self.nodes if nodes is None else nodes
+        return self.executor.map(chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
 
     def close(self) -> None:
         """Close every connection (also from another thread: unblocks running commands)."""

@@ -320,10 +320,15 @@ def check(ctx: click.Context) -> None:
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
     ui = settings.ui
+    from orchestrator.steps.preflight import preflight_facts, run_preflight
+
     if settings.dry_run:
-        _dry_run(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
+        # the facts round trip; then `date` samples and the reachability probes (listeners, connects)
+        master = inventory.master_node
+        _dry_run(
+            settings, inventory, nodes, lambda node, t: [facts_plan(node, t, preflight_facts(node, master))]
+        )
         return
-    from orchestrator.steps.preflight import run_preflight
 
     names = [n.name for n in nodes]
     session = _session(settings, inventory, nodes)  # asks for passwords before the live display starts

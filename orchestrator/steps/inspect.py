@@ -46,10 +46,11 @@ class NodeFacts:
         }
 
 
-def facts_plan(node: Node, transport: Transport) -> str:
-    """The exact script `check` runs on the node (for --dry-run)."""
+def facts_plan(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> str:
+    """The exact script `facts`/`check` run on the node (for --dry-run); markers carry a random
+    token per run where this shows TOKEN."""
     platform = transport.platform
-    facts = linux_facts(interpreter_for(node))
+    facts = [*linux_facts(interpreter_for(node)), *extra]
     return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], "TOKEN"))
 
 

@@ -156,3 +156,50 @@ def test_resources() -> None:
     assert low.level == "warn"
     full = check_resources(facts("w", disk=DiskSpace("/", 100 * 2**20)))
     assert full.level == "fail" and "free" in full.reason
+
+
+def test_master_whose_name_resolves_to_loopback_on_itself() -> None:
+    # Debian's 127.0.1.1 line on the master; the peers reach it at 10.0.0.2 through DNS
+    route = Route("node1", "127.0.1.1", "lo", "127.0.0.1", True)
+    verdict = check_interface(facts("m", route=route), peers_see_master_at="10.0.0.2")
+    assert verdict.level == "ok" and verdict.data["interface"] == "eth0"
+    assert verdict.data["master_address"] == "10.0.0.2"
+
+
+def test_a_node_resolving_the_master_elsewhere_fails() -> None:
+    stale = Route("node1", "10.0.0.99", "eth0", "10.0.0.2", False)
+    verdict = check_interface(facts("w", route=stale), peers_see_master_at="10.0.0.1")
+    assert verdict.level == "fail" and "10.0.0.99" in verdict.reason and "10.0.0.1" in verdict.reason
+
+
+def test_no_route_or_no_facts_is_not_ok() -> None:
+    no_route = check_interface(facts("w", route=Route("m", "10.9.9.9", None, None, False)))
+    assert no_route.level == "fail" and "no route" in no_route.reason
+    assert check_interface(facts("w", route=None)).level == "fail"
+
+
+def test_interface_override_uses_its_own_address() -> None:
+    f = facts(
+        "w",
+        interface="ib0",
+        interfaces=("lo", "eth0", "ib0"),
+        addresses=(InterfaceAddress("eth0", "10.0.0.2", 24), InterfaceAddress("ib0", "10.1.0.2", 24)),
+    )
+    verdict = check_interface(f)
+    assert verdict.level == "warn" and verdict.data["source"] == "10.1.0.2"
+    assert verdict.data["gloo_socket_ifname"] == "ib0"
+
+
+def test_same_release_different_build_warns_for_cpu_beside_gpu() -> None:
+    verdicts = check_versions([facts("m", torch=CUDA_TORCH, gpus=2), facts("cpu")], "m")
+    assert verdicts["cpu"].level == "warn" and "same release" in verdicts["cpu"].reason
+    other_cuda = replace(CUDA_TORCH, version="2.13.0+cu118", cuda_build="11.8")
+    verdicts = check_versions(
+        [facts("m", torch=CUDA_TORCH, gpus=2), facts("g", torch=other_cuda, gpus=2)], "m"
+    )
+    assert verdicts["g"].level == "fail" and "CUDA builds differ" in verdicts["g"].reason
+
+
+def test_a_failed_probe_is_not_reported_as_missing_torch() -> None:
+    verdicts = check_versions([facts("m"), facts("w", torch=None, torch_error="timed out")], "m")
+    assert verdicts["w"].level == "fail" and "probe failed" in verdicts["w"].reason

@@ -5,10 +5,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import socket
 import sys
 import tempfile
 
-PROBE_VERSION = 2
+PROBE_VERSION = 3
 
 
 def _stamp(path):
@@ -17,6 +18,14 @@ def _stamp(path):
     except OSError:
         return ""
     return "%d:%d" % (st.st_mtime_ns, st.st_size)
+
+
+def _boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
 
 
 def _driver():
@@ -111,6 +120,10 @@ def main():
         info = _probe()
     except Exception as exc:  # torch present but unusable: say why, never crash the gathering
         print(json.dumps({"installed": True, "error": "import torch: %s: %s" % (type(exc).__name__, exc)}))
+        return
+    if info.get("error") or not info.get("gloo_works"):
+        info["cached"] = False
+        print(json.dumps(info))  # a failure may be passing: ask again next time
         return
     try:
         os.makedirs(cache_dir, exist_ok=True)

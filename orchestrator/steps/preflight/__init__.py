@@ -7,9 +7,11 @@ listeners and connections between the nodes), then pure decisions (checks.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.steps.inspect import NodeFacts as InspectedNode
@@ -24,7 +26,7 @@ from orchestrator.steps.preflight.checks import (
     choose_backend,
     version_table,
 )
-from orchestrator.steps.preflight.model import CHECKS, Verdict, ok, warn, worst
+from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -81,23 +83,26 @@ def sample_clock(transport: Transport) -> ClockSample:
         before = time.time()
         result = transport.run("date +%s.%N", timeout=10)
         after = time.time()
-        if not result.ok:
+        lines = result.stdout.strip().splitlines()
+        if not result.ok or not lines:
             continue
         try:
-            remote = float(result.stdout.strip())
+            remote = float(lines[-1])  # the last line: a chatty login script may print before
         except ValueError:
-            continue
+            continue  # busybox date without %N prints "…%N": no sub-second answer
         sample = ClockSample(offset=remote - (before + after) / 2, rtt=after - before)
         if best is None or sample.rtt < best.rtt:
             best = sample
     if best is None:
-        raise ValueError("date +%s.%N gave no usable answer")
+        raise CommandFailedError("`date +%s.%N` gave no usable answer (GNU date needed for the clock check)")
     return best
 
 
 def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
-    values = inspected.facts.values
+    values, errors = inspected.facts.values, inspected.facts.errors
     return NodeFacts(
+        torch_error=errors.get("torch"),
+        python_error=errors.get("python"),
         node=node,
         python=values.get("python"),
         torch=values.get("torch"),
@@ -123,12 +128,9 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     facts = [_node_facts(node, value) for node, value in reachable]
     names = {node.name for node, _ in reachable}
 
-    clocks = session.map(lambda node, t: sample_clock(t), step="clock")
-    samples = {o.node: o.value for o in clocks if o.node in names}
-    master_sample = samples.get(master.name)
-    if master.name not in names:
-        # the master was not selected (--nodes) or did not answer: measure against it anyway
-        master_sample = None
+    reachable_nodes = [node for node, _ in reachable]
+    clocks = session.map(lambda node, t: sample_clock(t), step="clock", nodes=reachable_nodes)
+    samples = {o.node: o.value for o in clocks}
 
     verdicts: dict[str, dict[str, Verdict]] = {name: {} for name in names}
     for name, verdict in check_versions(facts, master.name).items():
@@ -137,23 +139,41 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     for name, verdict in backend_verdicts.items():
         verdicts[name]["backend"] = verdict
     single = len(inventory.nodes) == 1
+    # where the other nodes dial the master: on the master itself, its own name may resolve to
+    # 127.0.1.1 (the Debian trap) while they reach it through DNS
+    dialed = Counter(
+        f.route.address for f in facts if f.node.name != master.name and f.route and f.route.address
+    ).most_common(1)
+    consensus = dialed[0][0] if dialed else None
+    master_facts = next((f for f in facts if f.node.name == master.name), None)
+    master_address = consensus
+    if master_facts is not None:
+        verdict = check_interface(master_facts, single_node=single, peers_see_master_at=consensus)
+        verdicts[master.name]["interface"] = verdict
+        master_address = verdict.data.get("master_address") or consensus
     for f in facts:
-        verdicts[f.node.name]["interface"] = check_interface(f, single_node=single)
-        verdicts[f.node.name]["resources"] = check_resources(f)
-    if master_sample is None:
-        for name in names:
-            verdicts[name]["clock"] = warn(
-                "clock",
-                f"master {master.name} not measured",
-                "include the master (--nodes) and make it reachable",
+        if f.node.name != master.name:
+            verdicts[f.node.name]["interface"] = check_interface(
+                f, single_node=single, peers_see_master_at=master_address
             )
+        verdicts[f.node.name]["resources"] = check_resources(f)
+    if master.name not in samples or samples[master.name] is None:
+        why_not = (
+            f"the master {master.name} is not selected or did not answer"
+            if master.name not in names
+            else f"`date` failed on the master {master.name}"
+        )
+        for name in names:
+            verdicts[name]["clock"] = warn("clock", f"not measured: {why_not}", "fix that, then rerun")
     else:
-        for name, verdict in check_clocks(samples, master.name).items():
+        full = {name: samples.get(name) for name in names}
+        for name, verdict in check_clocks(full, master.name).items():
             verdicts[name]["clock"] = verdict
 
-    if len(reachable) > 1 and master.name in names:
+    if master.name in names:
         from orchestrator.steps.preflight.reachability import ReachNode, check_reachability
 
+        # a single node too: torchrun binds the rendezvous port there, so "port busy" matters
         reach_nodes = [
             ReachNode(
                 name=node.name,
@@ -162,17 +182,30 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
                 address=verdicts[node.name]["interface"].data.get("source") or node.host,
             )
             for node, _ in reachable
+            if not single or node.name == master.name
         ]
+        if single:
+            reach_nodes = [replace(r, address="127.0.0.1") for r in reach_nodes]
         for name, verdict in check_reachability(reach_nodes, master.name, inventory.cluster.port).items():
             verdicts[name]["reachability"] = verdict
+        missing = [n.name for n in session.nodes if n.name not in names]
+        if missing:
+            # a node that never answered was never probed: an "ok" mesh would overstate it
+            for name in names:
+                v = verdicts[name]["reachability"]
+                if v.level == "ok":
+                    verdicts[name]["reachability"] = warn(
+                        "reachability",
+                        f"{v.reason}; not tested with {', '.join(missing)} (unreachable)",
+                        "fix the connection to those nodes, then rerun",
+                        **v.data,
+                    )
     else:
         for name in names:
-            verdicts[name]["reachability"] = (
-                ok("reachability", "single node: nothing to reach")
-                if single
-                else warn(
-                    "reachability", f"master {master.name} not checked", "fix the master's connection first"
-                )
+            verdicts[name]["reachability"] = warn(
+                "reachability",
+                f"not checked: the master {master.name} is not selected or did not answer",
+                "include the master in --nodes and make it reachable",
             )
 
     ordered = {name: {c: verdicts[name][c] for c in CHECKS if c in verdicts[name]} for name in names}

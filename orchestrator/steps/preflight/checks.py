@@ -41,6 +41,8 @@ class NodeFacts:
     hostname: str | None
     hostname_address: str | None
     disk: DiskSpace | None
+    torch_error: str | None = None  # the torch probe itself failed (not: torch missing)
+    python_error: str | None = None
 
 
 # -- versions --------------------------------------------------------------------------------------
@@ -64,6 +66,14 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
         mine = table[f.node.name]
         data: dict[str, Any] = {"versions": mine, "master": reference}
         py = f.node.python or "python3"
+        if f.python is None and f.python_error:
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"{py} fails: {f.python_error}",
+                "run it on the node to see why, or set python: to a working interpreter",
+                **data,
+            )
+            continue
         if f.python is None:
             verdicts[f.node.name] = fail(
                 "versions",
@@ -72,13 +82,21 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
                 **data,
             )
             continue
+        if f.torch_error:
+            verdicts[f.node.name] = fail(
+                "versions",
+                f"the torch probe failed with {f.python.path}: {f.torch_error}",
+                "run `python -c 'import torch'` on this node with that interpreter to see why",
+                **data,
+            )
+            continue
         if f.torch is None or not f.torch.installed:
             want = f" {reference['torch']}" if reference.get("torch") else ""
             verdicts[f.node.name] = fail(
                 "versions",
                 f"torch is not installed for {f.python.path}",
-                f"install torch{want} for that interpreter (`bootstrap sync` does it) "
-                "or set python: to one that has it",
+                f"install torch{want} for that interpreter (`{f.python.path} -m pip install "
+                f"torch{'==' + want.strip() if want else ''}`) or set python: to one that has it",
                 **data,
             )
             continue
@@ -91,9 +109,22 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
             )
             continue
         differences = []
+        label_note = ""
         if f.node.name != master:
-            if mine["torch"] != reference.get("torch"):
+            base, _, label = (mine["torch"] or "").partition("+")
+            ref_base, _, ref_label = (reference.get("torch") or "").partition("+")
+            if base != ref_base:
                 differences.append(f"torch {mine['torch']} here, {reference.get('torch')} on the master")
+            elif label != ref_label:
+                # 2.13.0+cpu on a CPU node beside 2.13.0+cu126 on a GPU node: same release, different
+                # build; gloo between them works, but two CUDA builds must match for NCCL ranks
+                if f.node.gpus > 0 and mine["cuda"] != "cpu" and reference.get("cuda") not in (None, "cpu"):
+                    differences.append(
+                        f"torch {mine['torch']} here, {reference.get('torch')} on the master "
+                        "(CUDA builds differ)"
+                    )
+                else:
+                    label_note = f" (build {label or 'default'} here, {ref_label or 'default'} on the master)"
             pymine, pyref = (mine["python"] or "").split("."), (reference.get("python") or "").split(".")
             if pymine[:2] != pyref[:2]:
                 differences.append(f"Python {mine['python']} here, {reference.get('python')} on the master")
@@ -101,8 +132,8 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
             verdicts[f.node.name] = fail(
                 "versions",
                 "; ".join(differences),
-                "use the same torch build and Python on every node (torch checks nothing at init: "
-                "a mismatch fails later in obscure ways); `bootstrap sync` installs one pinned set",
+                "use the same torch release and Python on every node (torch checks nothing at init: "
+                "a mismatch fails later in obscure ways)",
                 **data,
             )
             continue
@@ -113,6 +144,14 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
                 f"gloo does not work in this torch: {why}",
                 "install a torch build whose gloo works here (Windows wheels 2.8-2.10 lack the gloo "
                 "device: use 2.7 or 2.11+, or WSL mode)",
+                **data,
+            )
+            continue
+        if label_note:
+            verdicts[f.node.name] = warn(
+                "versions",
+                f"torch {mine['torch']}: same release as the master{label_note}",
+                "fine for gloo between CPU and GPU ranks; use identical builds where ranks share NCCL",
                 **data,
             )
             continue
@@ -197,26 +236,67 @@ def _interface_holding(address: str | None, addresses: Sequence[InterfaceAddress
     return next((a.interface for a in addresses if a.address == address), None)
 
 
-def check_interface(f: NodeFacts, *, single_node: bool = False) -> Verdict:
-    """The interface and source address that route to the master: GLOO_SOCKET_IFNAME later."""
+def _address_of(interface: str, addresses: Sequence[InterfaceAddress]) -> str | None:
+    return next((a.address for a in addresses if a.interface == interface), None)
+
+
+def check_interface(
+    f: NodeFacts, *, single_node: bool = False, peers_see_master_at: str | None = None
+) -> Verdict:
+    """The interface and source address that route to the master: GLOO_SOCKET_IFNAME later.
+
+    ``peers_see_master_at``: the address the other nodes resolved the master to. On the master
+    itself that is what counts: its own name may resolve to 127.0.1.1 there (the Debian trap) while
+    peers reach it through DNS.
+    """
     route = f.route
     if single_node and f.node.interface is None:
         # one machine: every rank is local, loopback is the right (and fastest) path
         return ok("interface", "single node: ranks meet over loopback", interface="lo", source="127.0.0.1")
-    if route is None or route.address is None:
-        target = route.target if route else "the master"
+    if route is None:
         return fail(
             "interface",
-            f"cannot resolve the master's address {target} on this node",
+            "the route to the master could not be read (the facts command failed here)",
+            "check that iproute2 (`ip`) and getent exist on this node; rerun with -v",
+        )
+    if route.address is None:
+        return fail(
+            "interface",
+            f"cannot resolve the master's address {route.target} on this node",
             "use the master's IP address as its host:, or add it to /etc/hosts on this node",
         )
-    interface = route.interface
-    source = route.source
-    if route.local or interface == "lo":
+    interface, source = route.interface, route.source
+    master_address = route.address
+    own = {a.address for a in f.addresses}
+    if (
+        peers_see_master_at
+        and (route.local or route.address.startswith("127."))
+        and peers_see_master_at in own
+    ):
+        # this is the master: the address the peers dial is the one that matters
+        master_address = peers_see_master_at
+        interface, source = _interface_holding(peers_see_master_at, f.addresses), peers_see_master_at
+    elif route.local or interface == "lo":
         # this node holds the master's address itself: use the interface that carries it
         interface = _interface_holding(route.address, f.addresses) or interface
         source = route.address
-    data: dict[str, Any] = {"interface": interface, "source": source, "master_address": route.address}
+    data: dict[str, Any] = {"interface": interface, "source": source, "master_address": master_address}
+    if interface is None or source is None:
+        return fail(
+            "interface",
+            f"no route from this node to the master's address {route.address}",
+            "check this node's network configuration (`ip -4 route get "
+            f"{route.address}` must name an interface)",
+            **data,
+        )
+    if peers_see_master_at and not route.local and route.address != peers_see_master_at:
+        return fail(
+            "interface",
+            f"this node resolves the master {route.target} to {route.address}, the other nodes to "
+            f"{peers_see_master_at}: its ranks would dial the wrong machine",
+            f"fix {route.target} in this node's /etc/hosts or DNS, or use the master's IP as its host:",
+            **data,
+        )
     if f.node.interface:
         data["override"] = f.node.interface
         if f.node.interface not in f.interfaces:
@@ -227,20 +307,31 @@ def check_interface(f: NodeFacts, *, single_node: bool = False) -> Verdict:
                 f"set interface: to one of them (the route to the master uses {interface}) or remove it",
                 **data,
             )
+        override_address = _address_of(f.node.interface, f.addresses)
+        if override_address is None:
+            return fail(
+                "interface",
+                f"interface {f.node.interface} (inventory) has no IPv4 address",
+                "give it an address or choose another interface",
+                **data,
+            )
+        data["gloo_socket_ifname"] = f.node.interface
+        data["source"] = override_address  # the reachability probes use the override's network
         if f.node.interface != interface:
             return warn(
                 "interface",
-                f"interface {f.node.interface} (inventory) but the master is routed through {interface}",
-                "make sure the master and every peer are reachable through that interface",
+                f"interface {f.node.interface} ({override_address}, inventory) but the master is routed "
+                f"through {interface}",
+                "make sure the master and every peer are reachable on that network (reachability tests it)",
                 **data,
             )
-        interface = f.node.interface
+        interface, source = f.node.interface, override_address
     data["gloo_socket_ifname"] = interface
     if interface == "lo":
         return fail(
             "interface",
-            f"the master address {route.address} is a loopback address",
-            "give the master a LAN address in the inventory, not localhost",
+            f"the master address {master_address} is a loopback address",
+            "give the master a LAN address (or name) in the inventory, not localhost",
             **data,
         )
     if f.hostname_address and f.hostname_address.startswith("127."):
@@ -248,7 +339,7 @@ def check_interface(f: NodeFacts, *, single_node: bool = False) -> Verdict:
             "interface",
             f"{interface} ({source}); hostname {f.hostname} resolves to {f.hostname_address}: without "
             "GLOO_SOCKET_IFNAME, gloo would bind loopback and peers would hang",
-            f"bootstrap sets GLOO_SOCKET_IFNAME={interface}; running torchrun by hand, set it too or map "
+            f"set GLOO_SOCKET_IFNAME={interface} for training (bootstrap's launch will), or map "
             f"{f.hostname} to {source} in /etc/hosts",
             **data,
         )
@@ -284,14 +375,15 @@ def check_clocks(
                 "clock",
                 f"{text}: elastic rendezvous would expel this node (heartbeats older than "
                 f"{ELASTIC_CLOCK_LIMIT:g} s)",
-                "sync clocks (`bootstrap ntp`, chrony) or widen --rdzv-conf keep_alive_interval",
+                "sync clocks (chrony or systemd-timesyncd on every node) "
+                "or widen --rdzv-conf keep_alive_interval",
                 **data,
             )
         elif abs(offset) - error > CLOCK_WARN:
             verdicts[name] = warn(
                 "clock",
                 text,
-                "sync clocks (`bootstrap ntp`, chrony); static rendezvous tolerates it, "
+                "sync clocks (chrony or systemd-timesyncd on every node); static rendezvous tolerates it, "
                 "logs will not line up",
                 **data,
             )
