@@ -101,8 +101,20 @@ def main():
         print(json.dumps({"installed": False}))
         return
     root = os.path.dirname(spec.origin)
+    # The answer holds per-machine results (GPUs seen, gloo working), so the key names the machine
+    # and its boot too: a home directory shared over NFS must not lend one node's answer to another,
+    # and a reboot (driver reload) asks again.
     key_src = json.dumps(
-        [PROBE_VERSION, sys.executable, root, _stamp(os.path.join(root, "version.py")), _driver()]
+        [
+            PROBE_VERSION,
+            sys.executable,
+            root,
+            _stamp(os.path.join(root, "version.py")),
+            _driver(),
+            socket.gethostname(),
+            _boot_id(),
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
+        ]
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
