@@ -29,10 +29,10 @@ from orchestrator.errors import (
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.logs import RunLog, new_run_id, state_dir
-from orchestrator.platforms import PosixShell, check_env_name
+from orchestrator.platforms import PosixShell, check_env_name, platform_for
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect
+from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, interpreter_for
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -812,6 +812,102 @@ def keys(ctx: click.Context, key_path: str) -> None:
     ui.print_table(table)
     _fail_lines(ui, outcomes)
     ctx.exit(int(code))
+
+
+@cli.command()
+@common_options
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Write <node>.sh files here."
+)
+@click.option(
+    "--templates",
+    "templates_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Your template directory, searched before the shipped templates.",
+)
+@click.option("--offline", is_flag=True, help="Connect to nothing: interfaces only from the inventory.")
+@click.option("--run-id", help="Rendezvous id / run name (default: <cluster>-<time>).")
+@click.pass_context
+def render(
+    ctx: click.Context, out_dir: Path | None, templates_dir: Path | None, offline: bool, run_id: str | None
+) -> None:
+    """Show each node's exact launch script (torchrun with its rendezvous, interface and environment).
+
+    The interface and the address peers reach each node at come from the route to the master, found
+    on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
+    secret-looking variables; files written with --out are complete and run by hand on each node.
+    """
+    import time as _time
+
+    from orchestrator.render import Renderer, plan_launch, render_all
+    from orchestrator.steps.preflight import check_interfaces, gather_node_facts
+    from orchestrator.steps.preflight.checks import choose_backend
+
+    settings = Settings.from_context(ctx)
+    inventory, selected = _load(settings)
+    ui = settings.ui
+    master = inventory.master_node
+    run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    renderer = Renderer(templates_dir)
+    all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
+    interfaces: dict[str, tuple[str | None, str | None]] = {}
+    cpus: dict[str, int] = {}
+    pythons = {n.name: interpreter_for(n) for n in all_nodes}
+    backend: str = inventory.cluster.backend
+    master_addr = master.host
+    if offline or settings.dry_run:
+        if backend == "auto":
+            backend = "gloo"
+            ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
+    else:
+        session = _session(settings, inventory, all_nodes)
+        with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
+            session.executor.on_event = on_event
+            inspected, facts = gather_node_facts(session, inventory)
+        failed = [o for o in inspected if not o.ok]
+        if failed:
+            _fail_lines(ui, failed)
+            ctx.exit(int(exit_code_for(inspected)))
+        verdicts = check_interfaces(facts, master.name, single=len(all_nodes) == 1)
+        for name, verdict in verdicts.items():
+            interfaces[name] = (verdict.data.get("gloo_socket_ifname"), verdict.data.get("source"))
+            if verdict.level == "fail":
+                ui.warn(f"node {name!r}: {verdict.reason} ({verdict.fix})")
+        master_addr = verdicts[master.name].data.get("master_address") or master.host
+        if len(all_nodes) == 1:
+            master_addr = "127.0.0.1"
+        for o in inspected:
+            if o.value is not None and isinstance(o.value.facts.get("cpus"), int):
+                cpus[o.node] = o.value.facts.get("cpus")
+        backend, why, _ = choose_backend(inventory.cluster, facts)
+        ui.note(f"backend: {why}")
+    specs = plan_launch(
+        inventory,
+        backend=backend,
+        master_addr=master_addr,
+        run_id=run_id,
+        interfaces=interfaces,
+        cpus=cpus,
+        pythons=pythons,
+    )
+    platforms = {n.name: platform_for(n.os) for n in all_nodes}
+    shown = {n.name for n in selected}
+    specs = [s for s in specs if s.node.name in shown]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in render_all(renderer, specs, platforms, mask=False).items():
+            path = out_dir / f"{name}.sh"
+            path.write_text(text)
+            path.chmod(0o700)  # may hold the run's environment: owner only
+            ui.info(f"wrote {path}")
+    scripts = render_all(renderer, specs, platforms, mask=True)
+    if settings.json_mode:
+        ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
+        return
+    if out_dir is None:
+        for name, text in scripts.items():
+            ui.print_text(f"# ---- {name} ----")
+            ui.print_text(text)
 
 
 @cli.command(name="inventory")

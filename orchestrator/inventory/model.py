@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Annotated, Any, Literal, get_args
@@ -45,6 +45,7 @@ __all__ = [
     "NodeDraft",
     "OsName",
     "Source",
+    "TrainSettings",
     "WinRMSettings",
     "assemble",
     "inventory_password",
@@ -193,6 +194,42 @@ def _attach_password(node: Node, secret: str) -> None:
     node._password = SecretStr(secret)
 
 
+class TrainSettings(BaseModel):
+    """What every node runs: the training script, its arguments and environment, the launch mode."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    script: Text = "examples/train_ddp.py"  # relative to the code directory on the nodes
+    args: tuple[str, ...] = ()
+    # stored as sorted pairs: a frozen (hashable) model cannot hold a dict; ``env_dict`` gives it back
+    env: tuple[tuple[str, str], ...] = ()
+    code_dir: str | None = None  # on the nodes; default: <workdir>/code
+    elastic: bool = False  # c10d rendezvous, --nnodes MIN:MAX, restarts; else static rendezvous
+    min_nodes: Annotated[int, Field(ge=1)] | None = None  # elastic: fewest nodes to start with
+    max_restarts: Annotated[int, Field(ge=0)] = 0
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_pairs(cls, value: Any) -> Any:
+        if isinstance(value, Mapping):
+            for name in value:
+                if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+                    raise ValueError(f"invalid environment variable name {name!r}")
+            return tuple(sorted((str(k), "" if v is None else str(v)) for k, v in value.items()))
+        return value
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_as_strings(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return tuple(str(v) for v in value)
+        return value
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+
 class Cluster(BaseModel):
     """Cluster-wide settings."""
 
@@ -202,6 +239,7 @@ class Cluster(BaseModel):
     master: Text
     port: PortNumber = 29500
     backend: Backend = "auto"
+    train: TrainSettings = TrainSettings()
 
     @field_validator("port", mode="before")
     @classmethod
@@ -248,6 +286,7 @@ _CLUSTER_EXPECTED: dict[str, str] = {
     "master": "a node name",
     "port": "an integer between 1 and 65535",
     "backend": _one_of(Backend),
+    "train": "a mapping with " + ", ".join(TrainSettings.model_fields),
 }
 # Values never echoed in messages (a user may put a password where a variable name belongs).
 _SECRET_FIELDS = frozenset({"password_env"})

@@ -116,16 +116,45 @@ def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
     )
 
 
-def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
-    """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
+def check_interfaces(facts: list[NodeFacts], master: str, *, single: bool) -> dict[str, Verdict]:
+    """Interface verdicts for every node, the master first: the others are judged against the address
+    their peers dial, which on the master may differ from what its own name resolves to there (its
+    own /etc/hosts can say 127.0.1.1 while the peers use DNS)."""
+    dialed = Counter(
+        f.route.address for f in facts if f.node.name != master and f.route and f.route.address
+    ).most_common(1)
+    consensus = dialed[0][0] if dialed else None
+    verdicts: dict[str, Verdict] = {}
+    master_address = consensus
+    for f in facts:
+        if f.node.name == master:
+            verdicts[master] = check_interface(f, single_node=single, peers_see_master_at=consensus)
+            master_address = verdicts[master].data.get("master_address") or consensus
+    for f in facts:
+        if f.node.name != master:
+            verdicts[f.node.name] = check_interface(f, single_node=single, peers_see_master_at=master_address)
+    return verdicts
+
+
+def gather_node_facts(
+    session: Session, inventory: Inventory
+) -> tuple[list[Outcome[InspectedNode]], list[NodeFacts]]:
+    """Connect and gather `inspect`'s facts plus the preflight's, one round trip per node."""
     master = inventory.master_node
     inspected = session.map(
         lambda node, transport: inspect(node, transport, preflight_facts(node, master)),
         step="check",
         connect=False,
     )
+    facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
+    return inspected, facts
+
+
+def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
+    """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
+    master = inventory.master_node
+    inspected, facts = gather_node_facts(session, inventory)
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
-    facts = [_node_facts(node, value) for node, value in reachable]
     names = {node.name for node, _ in reachable}
 
     reachable_nodes = [node for node, _ in reachable]
@@ -139,23 +168,9 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     for name, verdict in backend_verdicts.items():
         verdicts[name]["backend"] = verdict
     single = len(inventory.nodes) == 1
-    # where the other nodes dial the master: on the master itself, its own name may resolve to
-    # 127.0.1.1 (the Debian trap) while they reach it through DNS
-    dialed = Counter(
-        f.route.address for f in facts if f.node.name != master.name and f.route and f.route.address
-    ).most_common(1)
-    consensus = dialed[0][0] if dialed else None
-    master_facts = next((f for f in facts if f.node.name == master.name), None)
-    master_address = consensus
-    if master_facts is not None:
-        verdict = check_interface(master_facts, single_node=single, peers_see_master_at=consensus)
-        verdicts[master.name]["interface"] = verdict
-        master_address = verdict.data.get("master_address") or consensus
+    for name, verdict in check_interfaces(facts, master.name, single=single).items():
+        verdicts[name]["interface"] = verdict
     for f in facts:
-        if f.node.name != master.name:
-            verdicts[f.node.name]["interface"] = check_interface(
-                f, single_node=single, peers_see_master_at=master_address
-            )
         verdicts[f.node.name]["resources"] = check_resources(f)
     if master.name not in samples or samples[master.name] is None:
         why_not = (

@@ -1,0 +1,187 @@
+"""Launch scripts: one per node, from Jinja templates (a user directory first, then the shipped ones).
+
+Nothing runs here. Every inventory value reaches the script through the node platform's quoting
+(the ``q`` and ``path`` filters); ``StrictUndefined`` makes a misspelt variable an error, not an
+empty string in a command line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import jinja2
+
+from orchestrator.errors import UsageError
+from orchestrator.platforms import Platform, PosixShell
+from orchestrator.resources import templates_dir
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+
+DEFAULT_WORKDIR = "~/cluster-bootstrap"
+_SECRET_NAME = re.compile(r"PASS|TOKEN|SECRET|KEY|CREDENTIAL", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything one node's launch script says, decided before any template is involved."""
+
+    node: Node
+    node_rank: int
+    nnodes: int
+    nproc: int
+    first_rank: int  # global rank of this node's local rank 0 (ranks follow inventory order)
+    world_size: int
+    master_addr: str
+    master_port: int
+    backend: str
+    python: str
+    code_dir: str
+    script: str
+    args: tuple[str, ...]
+    run_id: str
+    elastic: bool
+    min_nodes: int
+    max_restarts: int
+    local_addr: str  # the address this node's peers reach it at (torchrun --local-addr)
+    cluster_name: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def plan_launch(
+    inventory: Inventory,
+    *,
+    backend: str,
+    master_addr: str,
+    run_id: str,
+    interfaces: Mapping[str, tuple[str | None, str | None]],
+    cpus: Mapping[str, int],
+    pythons: Mapping[str, str],
+) -> list[LaunchSpec]:
+    """One spec per inventory node (a training job spans the whole cluster, whatever --nodes says).
+
+    ``interfaces``: node -> (interface, source address) from the route to the master; ``cpus``:
+    node -> CPU count (OMP_NUM_THREADS); ``pythons``: node -> interpreter.
+    """
+    nodes = list(inventory.nodes)
+    train = inventory.cluster.train
+    world = sum(n.nproc for n in nodes)
+    specs = []
+    first = 0
+    for rank, node in enumerate(nodes):
+        interface, source = interfaces.get(node.name, (node.interface, None))
+        env: dict[str, str] = {}
+        if interface:
+            # exact names (gloo takes no prefixes); without it gloo binds whatever the hostname
+            # resolves to, 127.0.1.1 on Debian (FIELD_NOTES, "Interfaces")
+            env["GLOO_SOCKET_IFNAME"] = interface
+            if backend == "nccl":
+                env["NCCL_SOCKET_IFNAME"] = "=" + interface  # "=": exact match, not a prefix
+        if node.name in cpus:
+            env["OMP_NUM_THREADS"] = str(max(1, cpus[node.name] // max(1, node.nproc)))
+        env.update(train.env_dict)  # the user's values win
+        workdir = node.workdir or DEFAULT_WORKDIR
+        specs.append(
+            LaunchSpec(
+                node=node,
+                node_rank=rank,
+                nnodes=len(nodes),
+                nproc=node.nproc,
+                first_rank=first,
+                world_size=world,
+                master_addr=master_addr,
+                master_port=inventory.cluster.port,
+                backend=backend,
+                python=pythons.get(node.name, node.python or "python3"),
+                code_dir=train.code_dir or f"{workdir.rstrip('/')}/code",
+                script=train.script,
+                args=train.args,
+                run_id=run_id,
+                elastic=train.elastic,
+                min_nodes=train.min_nodes or len(nodes),
+                max_restarts=train.max_restarts,
+                local_addr=source or node.host,
+                cluster_name=inventory.cluster.name,
+                env=env,
+            )
+        )
+        first += node.nproc
+    return specs
+
+
+def mask_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Environment for display: values of secret-looking names replaced."""
+    return [(k, "********" if _SECRET_NAME.search(k) else v) for k, v in env.items()]
+
+
+class Renderer:
+    """Jinja environment: ``user_dir`` (``--templates``) searched before the shipped templates."""
+
+    TEMPLATES: ClassVar[dict[str, str]] = {"posix": "torchrun.sh.j2"}
+
+    def __init__(self, user_dir: Path | None = None) -> None:
+        search: list[str] = []
+        if user_dir is not None:
+            if not user_dir.is_dir():
+                raise UsageError(f"template directory {user_dir} does not exist")
+            search.append(str(user_dir))
+        search.append(str(templates_dir()))
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(search),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,  # shell text, quoted by the platform, never HTML
+            keep_trailing_newline=True,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+
+    def render(self, spec: LaunchSpec, platform: Platform, *, mask: bool = False) -> str:
+        name = self.TEMPLATES.get(platform.name)
+        if name is None:
+            raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
+        assert isinstance(platform, PosixShell)
+        # quoting belongs to the node's platform: the templates only say where values go
+        self.env.filters["q"] = platform.quote
+        self.env.filters["path"] = platform.path_word
+        env = mask_secrets(spec.env) if mask else list(spec.env.items())
+        try:
+            template = self.env.get_template(name)
+            return template.render(
+                node=spec.node,
+                node_rank=spec.node_rank,
+                node_rank_text=f"node rank {spec.node_rank}" if not spec.elastic else "elastic",
+                nnodes=spec.nnodes,
+                nproc=spec.nproc,
+                first_rank=spec.first_rank,
+                world_size=spec.world_size,
+                master_addr=spec.master_addr,
+                master_port=spec.master_port,
+                backend=spec.backend,
+                python=spec.python,
+                code_dir=spec.code_dir,
+                script=spec.script,
+                args=spec.args,
+                run_id=spec.run_id,
+                elastic=spec.elastic,
+                min_nodes=spec.min_nodes,
+                max_restarts=spec.max_restarts,
+                local_addr=spec.local_addr,
+                env=env,
+                cluster_name=spec.cluster_name,
+            )
+        except jinja2.TemplateError as exc:
+            where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else name
+            raise UsageError(f"template {where}: {exc}", node=spec.node.name) from None
+
+
+def render_all(
+    renderer: Renderer, specs: Sequence[LaunchSpec], platforms: Mapping[str, Platform], *, mask: bool
+) -> dict[str, str]:
+    out = {}
+    for spec in specs:
+        out[spec.node.name] = renderer.render(spec, platforms[spec.node.name], mask=mask)
+    return out

@@ -1,0 +1,111 @@
+"""Launch scripts: golden files per mode, real sh parsing, quoting that survives execution."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.inventory import load_inventory_text
+from orchestrator.platforms import PosixShell
+from orchestrator.render import Renderer, plan_launch, render_all
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"  # regenerate after an intended change, then review the diff
+
+LAB = """\
+cluster:
+  name: lab
+  master: head
+  backend: {backend}
+  train:
+    script: examples/train_ddp.py
+    args: ["--epochs", 3, "--note", "it's $HOME; `x`"]
+    env: {{WANDB_API_KEY: k-123, MY_FLAG: "a b"}}
+    elastic: {elastic}
+    min_nodes: 2
+    max_restarts: 3
+nodes:
+  - {{name: head, host: 10.0.0.1, gpus: 2}}
+  - {{name: w1, host: 10.0.0.2, gpus: 1, python: /opt/venv/bin/python, workdir: /srv/train}}
+  - {{name: w2, host: 10.0.0.3, gpus: 4, nproc: 2}}
+"""
+
+
+def _render(backend: str, elastic: bool, mask: bool = True) -> dict[str, str]:
+    inventory = load_inventory_text(LAB.format(backend=backend, elastic=str(elastic).lower()), "lab.yaml")
+    specs = plan_launch(
+        inventory,
+        backend=backend,
+        master_addr="10.0.0.1",
+        run_id="lab-20261202",
+        interfaces={"head": ("eth0", "10.0.0.1"), "w1": ("eth0", "10.0.0.2"), "w2": ("ib0", "10.1.0.3")},
+        cpus={"head": 16, "w1": 8, "w2": 32},
+        pythons={"head": "python3", "w1": "/opt/venv/bin/python", "w2": "python3"},
+    )
+    return render_all(Renderer(), specs, {n: PosixShell() for n in ("head", "w1", "w2")}, mask=mask)
+
+
+@pytest.mark.parametrize(("backend", "elastic"), [("gloo", False), ("nccl", False), ("gloo", True)])
+def test_golden(backend: str, elastic: bool) -> None:
+    scripts = _render(backend, elastic)
+    for node, text in scripts.items():
+        golden = GOLDEN / f"{'elastic' if elastic else 'static'}-{backend}-{node}.sh"
+        if UPDATE:
+            golden.write_text(text)
+        assert text == golden.read_text(), f"{golden.name} changed: rerun with UPDATE_GOLDEN=1 and review"
+
+
+def test_ranks_follow_inventory_order_with_each_nodes_nproc() -> None:
+    scripts = _render("gloo", False)
+    assert "global ranks 0-1" in scripts["head"] and "global ranks 2-2" in scripts["w1"]
+    assert "global ranks 3-4" in scripts["w2"] and "world size 5" in scripts["w2"]
+
+
+def test_rendered_scripts_parse_and_pass_arguments_unchanged(tmp_path: Path) -> None:
+    scripts = _render("gloo", False, mask=False)
+    for text in scripts.values():
+        assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+    # run w1's script for real with a fake interpreter that reports what it received
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"; printf "GLOO=%s\\n" "$GLOO_SOCKET_IFNAME"\n')
+    fake.chmod(0o755)
+    (tmp_path / "code").mkdir()
+    text = (
+        scripts["w1"]
+        .replace("exec /opt/venv/bin/python", f"exec {fake}")
+        .replace("cd /srv/train/code", f"cd {tmp_path / 'code'}")
+    )
+    out = subprocess.run(["sh"], input=text, text=True, capture_output=True, check=True).stdout.splitlines()
+    assert out[-3:] == ["--note", "it's $HOME; `x`", "GLOO=eth0"]
+    assert "--node-rank" in out and out[out.index("--node-rank") + 1] == "1"
+
+
+def test_secrets_masked_when_shown_kept_when_written() -> None:
+    shown, written = _render("gloo", False)["head"], _render("gloo", False, mask=False)["head"]
+    assert "k-123" not in shown and "WANDB_API_KEY='********'" in shown
+    assert "WANDB_API_KEY=k-123" in written
+
+
+def test_nccl_gets_an_exact_interface_and_elastic_a_rendezvous() -> None:
+    nccl = _render("nccl", False)["w2"]
+    assert "NCCL_SOCKET_IFNAME==ib0" in nccl and "GLOO_SOCKET_IFNAME=ib0" in nccl
+    elastic = _render("gloo", True)["w2"]
+    assert "--nnodes 2:3" in elastic and "--rdzv-backend c10d" in elastic
+    assert "--local-addr 10.1.0.3" in elastic and "--max-restarts 3" in elastic
+    assert "--node-rank" not in elastic
+
+
+def test_user_templates_come_first_and_typos_are_errors(tmp_path: Path) -> None:
+    (tmp_path / "torchrun.sh.j2").write_text("echo custom {{ node.name | q }} {{ nnodes }}\n")
+    inventory = load_inventory_text("nodes:\n  - {name: a, host: 10.0.0.1}\n", "h.yaml")
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r", interfaces={}, cpus={}, pythons={}
+    )
+    assert render_all(Renderer(tmp_path), specs, {"a": PosixShell()}, mask=True)["a"] == "echo custom a 1\n"
+    (tmp_path / "torchrun.sh.j2").write_text("echo {{ nnode }}\n")
+    with pytest.raises(UsageError, match="nnode"):
+        render_all(Renderer(tmp_path), specs, {"a": PosixShell()}, mask=True)
