@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import os
 import sys
 import time
@@ -84,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     rank, world, local_rank = (int(os.environ[n]) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    log = functools.partial(print, f"[rank {rank}/{world}]", flush=True)  # flush: torchrun pipes stdout
+    prefix = f"[rank {rank}/{world}]"
+
+    def log(msg: str) -> None:  # one write per line: ranks share the terminal, lines must not interleave
+        print(f"{prefix} {msg}\n", end="", flush=True)
+
     if sys.platform == "win32":
         # Windows builds have no libuv TCPStore; torch 2.4-2.6 need this set explicitly (2.7+ default it off).
         os.environ.setdefault("USE_LIBUV", "0")
@@ -96,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+        if "OMP_NUM_THREADS" not in os.environ:  # torchrun sets 1; started directly, share the cores out
+            local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         if args.backend == "nccl":
             raise RuntimeError("backend nccl needs CUDA GPUs; use --backend gloo on CPU-only machines")
 
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             last_loss = mean_loss.item() / world
             complete = not (args.max_steps and steps >= args.max_steps) or seen == len(sampler)
             log(
-                f"epoch {epoch + 1}/{args.epochs} {'done' if complete else 'stopped by --max-steps'}: "
+                f"epoch {epoch + 1}/{args.epochs} {'complete' if complete else 'stopped by --max-steps'}: "
                 f"global mean loss {last_loss:.4f}, {seen} samples in {elapsed:.2f}s = "
                 f"{seen / elapsed:.0f} samples/s"
             )
@@ -195,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             epochs_run += 1
             if args.checkpoint and rank == 0:
                 scaler_state = scaler.state_dict() if scaler is not None else None
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
-                save_checkpoint(args.checkpoint, {**state, "loss": last_loss, "scaler": scaler_state})
+                ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
+                save_checkpoint(args.checkpoint, {**ckpt, "loss": last_loss, "scaler": scaler_state})
 
         # Cluster throughput is the sum of what each rank processed per second.
         total = torch.tensor([run_samples / run_time if run_time else 0.0], device=device)
@@ -204,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(
                 f"done: {start_epoch + epochs_run} epochs, final loss {last_loss:.4f}, "
-                f"{total.item():.0f} samples/s total",
+                f"{total.item():.0f} samples/s total\n",
+                end="",
                 flush=True,
             )
         return 0

@@ -28,3 +28,11 @@ def default_inventory() -> Path:
     return _first_existing(
         _PACKAGE / "_data" / "inventory" / "local.yaml", _REPO / "inventory" / "local.yaml"
     )
+
+
+def packaged_example() -> Path | None:
+    """``examples/train_ddp.py``, shipped so a bare `bootstrap` has something to train."""
+    found = _first_existing(
+        _PACKAGE / "_data" / "examples" / "train_ddp.py", _REPO / "examples" / "train_ddp.py"
+    )
+    return found if found.is_file() else None

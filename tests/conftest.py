@@ -118,12 +118,16 @@ def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Callable[..., CliRun
     """Run the installed ``bootstrap`` inside the controller namespace with HOME=ctl_home."""
 
     def run(
-        *args: str, env: dict[str, str] | None = None, timeout: float = 120, input: str | None = None
+        *args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+        input: str | None = None,
+        cwd: Path | None = None,
     ) -> CliRun:
         full_env = {"HOME": str(ctl_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         full_env.update(env or {})
         argv = cluster.controller_argv([BOOTSTRAP, *args], env=full_env)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd)
         return CliRun([BOOTSTRAP, *args], proc.returncode, proc.stdout, proc.stderr)
 
     return run

@@ -19,6 +19,7 @@ from orchestrator import __version__
 from orchestrator.cli.ui import UI
 from orchestrator.errors import (
     BootstrapError,
+    CancelledError,
     CommandTimeoutError,
     ExitCode,
     HostKeyUnknownError,
@@ -295,15 +296,50 @@ class _Group(click.Group):
 )
 @click.version_option(__version__, prog_name="bootstrap")
 @common_options
+@click.option("--force", is_flag=True, help="Main pipeline: launch even when a preflight check fails.")
 @click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli(ctx: click.Context, force: bool) -> None:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
-    Without a command: the main pipeline. Today that is connect + facts + summary (as `check`);
-    environment sync, firewall, time sync and launch join it in later releases.
+    Without a command: the main pipeline: the preflight (`check`), then, when every check passes
+    (or with --force), training on every node (`launch`) with every rank's output streamed here.
+    Environment/code sync, firewall and time sync join it as they land.
     """
-    if ctx.invoked_subcommand is None:
-        ctx.invoke(check)
+    if ctx.invoked_subcommand is not None:
+        return
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    if settings.json_mode:
+        ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
+    code = _check(settings, inventory, nodes)
+    launched = False
+    if settings.dry_run:
+        pass
+    elif code == ExitCode.NODES_FAILED and force:
+        ui.warn("--force: launching although a check failed")
+        launched = True
+    elif code != ExitCode.OK:
+        ui.error("not launching: fix what failed above (or pass --force to launch anyway)")
+    else:
+        launched = True
+    if launched:
+        try:
+            _launch(ctx, settings, inventory, run_id=None, templates_dir=None)
+        except click.exceptions.Exit as done:
+            code = ExitCode(done.exit_code)
+    if ui.collected is not None:
+        docs = ui.collected
+        ui.collected = None
+        ui.print_json(
+            {
+                "command": "bootstrap",
+                "check": docs[0] if docs else None,
+                "launch": docs[1] if len(docs) > 1 else None,
+                "exit_code": int(code),
+            }
+        )
+    ctx.exit(int(code))
 
 
 @cli.command()
@@ -319,6 +355,11 @@ def check(ctx: click.Context) -> None:
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
+    ctx.exit(int(_check(settings, inventory, nodes)))
+
+
+def _check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitCode:
+    """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
     from orchestrator.steps.preflight import preflight_facts, run_preflight
 
@@ -328,7 +369,7 @@ def check(ctx: click.Context) -> None:
         _dry_run(
             settings, inventory, nodes, lambda node, t: [facts_plan(node, t, preflight_facts(node, master))]
         )
-        return
+        return ExitCode.OK
 
     names = [n.name for n in nodes]
     session = _session(settings, inventory, nodes)  # asks for passwords before the live display starts
@@ -367,7 +408,7 @@ def check(ctx: click.Context) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     for o in outcomes:
         if o.value is not None:
@@ -385,7 +426,7 @@ def check(ctx: click.Context) -> None:
     failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
     verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
     ui.info(f"{reachable}/{len(outcomes)} nodes reachable, {failing} failing a check: {verdict}")
-    ctx.exit(int(code))
+    return code
 
 
 @cli.command()
@@ -908,6 +949,140 @@ def render(
         for name, text in scripts.items():
             ui.print_text(f"# ---- {name} ----")
             ui.print_text(text)
+
+
+@cli.command()
+@common_options
+@click.option("--run-id", help="Run name (default: <cluster>-<time>); also the elastic rendezvous id.")
+@click.option(
+    "--templates",
+    "templates_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Your template directory, searched before the shipped templates.",
+)
+@click.pass_context
+def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None) -> None:
+    """Start training on every node and stream every rank's output as `[node:rank] line`.
+
+    Renders each node's torchrun script (see `render`), uploads it with the training script, runs all
+    nodes at once. When one node fails, the others are stopped; the summary names it first with its
+    exit code and last lines. Output is kept in runs/<run-id>/<node>.log here and beside the script
+    on each node. Exit code 0 only when every node succeeded.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, _ = _load(settings)
+    _launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir)
+
+
+def _launch(
+    ctx: click.Context,
+    settings: Settings,
+    inventory: Inventory,
+    *,
+    run_id: str | None,
+    templates_dir: Path | None,
+) -> None:
+    import time as _time
+
+    from orchestrator.render import Renderer
+    from orchestrator.steps.launch import TAIL, plan, run_node, split_rank
+
+    ui = settings.ui
+    if settings.nodes:
+        ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
+    nodes = list(inventory.nodes)
+    run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    renderer = Renderer(templates_dir)
+    session = _session(settings, inventory, nodes)
+    if settings.dry_run:
+        session.close()
+        ui.note("--dry-run: `bootstrap render --offline` shows the scripts that would run")
+        return
+    with session:
+        with ui.progress([n.name for n in nodes], "plan") as on_event:
+            session.executor.on_event = on_event
+            launch_plan = plan(session, inventory, run_id)
+        session.executor.on_event = None
+        unreachable = [o for o in launch_plan.inspected if not o.ok]
+        if unreachable:
+            _fail_lines(ui, unreachable)
+            ui.error("not launching: every node must be reachable")
+            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+        for warning in launch_plan.warnings:
+            ui.warn(warning)
+        backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
+        ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
+        specs = {s.node.name: s for s in launch_plan.specs}
+        log = RunLog(Path("runs") / run_id)
+        printer = ui.line_printer([n.name for n in nodes])
+
+        def on_line(node: str, line: str) -> None:
+            local_rank, text = split_rank(line)
+            rank = None if local_rank is None else specs[node].first_rank + local_rank
+            log.write(node, line)
+            if not settings.json_mode:
+                printer.write_rank(node, rank, text)
+
+        try:
+            outcomes = session.map(
+                lambda node, t: run_node(node, t, specs[node.name], renderer=renderer, on_line=on_line),
+                step="train",
+                fail_fast=True,
+            )
+        except KeyboardInterrupt:
+            log.close()
+            _interrupted(ui)
+        finally:
+            log.close()
+    code = exit_code_for(outcomes)
+    failed = [o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)]
+    stopped = [
+        o for o in outcomes if isinstance(o.error, CancelledError) or (o.error and not o.error.message)
+    ]
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "launch",
+                "run_id": run_id,
+                "backend": launch_plan.backend,
+                "nodes": [
+                    {"name": o.node, "ok": o.ok, "error": _error_dict(o.error), **_result_dict(o)}
+                    for o in outcomes
+                ],
+                "log_dir": str(log.directory),
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"run {run_id}"), title_justify="left")
+    for column in ("node", "result", "time"):
+        table.add_column(column)
+    ordered = failed + [o for o in outcomes if o not in failed]
+    for o in ordered:
+        if o.error is None:
+            label = Text("ok", style="green")
+        elif o in failed:
+            result = getattr(o.error, "result", None)
+            exit_text = (
+                f"exit {result.exit_code}"
+                if isinstance(result, Result) and result.exit_code is not None
+                else "failed"
+            )
+            label = Text(exit_text, style="red bold")
+        else:
+            label = Text("stopped", style="yellow")
+        table.add_row(Text(o.node), label, f"{o.duration:.1f}s")
+    ui.err.print(table)
+    for o in failed:
+        ui.error(str(o.error))
+        result = getattr(o.error, "result", None)
+        if isinstance(result, Result):
+            for line in result.tail(TAIL):
+                ui.info(f"  {o.node} | {line}")
+    if stopped and failed:
+        ui.note(f"stopped because {failed[0].node} failed: {', '.join(o.node for o in stopped)}")
+    ui.note(f"logs: {log.directory}/ (and runs/{run_id}/<node>/node.log under each node's workdir)")
+    ctx.exit(int(code))
 
 
 @cli.command(name="inventory")

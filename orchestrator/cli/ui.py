@@ -55,7 +55,14 @@ class UI:
 
     # -- results (stdout) -----------------------------------------------------------------------
 
+    #: when a list, JSON documents are collected here instead of printed (the main pipeline prints
+    #: one document made of its phases' documents)
+    collected: list[Any] | None = None
+
     def print_json(self, doc: Any) -> None:
+        if self.collected is not None:
+            self.collected.append(doc)
+            return
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
         sys.stdout.flush()
 
@@ -123,12 +130,23 @@ class LinePrinter:
         self.stream = stream
         self._lock = threading.Lock()
         self.prefixes: dict[str, str] = {}
+        self._colours: dict[str, str] = {}
         for i, name in enumerate(nodes):
             label = f"[{name}]".ljust(width + 2)
             if color:
-                label = f"\x1b[{_PALETTE[i % len(_PALETTE)]}m{label}\x1b[0m"
+                self._colours[name] = _PALETTE[i % len(_PALETTE)]
+                label = f"\x1b[{self._colours[name]}m{label}\x1b[0m"
             self.prefixes[name] = label + " "
         self.err_mark = "\x1b[31m!\x1b[0m " if color else ""
+
+    def write_rank(self, node: str, rank: int | None, line: str) -> None:
+        """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
+        label = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
+        colour = self._colours.get(node)
+        head = f"\x1b[{colour}m{label}\x1b[0m " if colour else label + " "
+        with self._lock:
+            self.stream.write(head + line + "\n")
+            self.stream.flush()
 
     def write(self, node: str, line: str, *, stderr: bool = False) -> None:
         text = self.prefixes[node] + (self.err_mark if stderr else "") + line + "\n"

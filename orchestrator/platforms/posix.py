@@ -88,6 +88,15 @@ class PosixShell(Platform):
             'wait "${target#-}"'
         )
 
+    def mkdir(self, path: str) -> str:
+        return f"mkdir -p -- {self.path_word(path)}"
+
+    def logged(self, command: str, log: str) -> str:
+        """``command`` with its output (stdout and stderr together) also appended to ``log`` on the
+        node, keeping the command's exit code (POSIX sh has no pipefail)."""
+        rc = self.path_word(log + ".rc")
+        return f'{{ {command} 2>&1; echo $? > {rc}; }} | tee -a {self.path_word(log)}\nexit "$(cat {rc})"'
+
     def login_command(self, script: str) -> str:
         """One line any login shell passes to ``/bin/sh`` unchanged: the script travels base64-encoded.
 

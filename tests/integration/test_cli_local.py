@@ -35,7 +35,7 @@ def bootstrap(
 
 
 def test_default_inventory_is_this_machine(tmp_path: Path) -> None:
-    run = bootstrap("--json", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    run = bootstrap("--json", "check", cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["inventory"]["cluster"]["name"] == "local"
@@ -46,11 +46,16 @@ def test_default_inventory_is_this_machine(tmp_path: Path) -> None:
     assert node["facts"]["torch"]["installed"] and node["facts"]["torch"]["gloo"]
 
 
-def test_default_table_and_note(tmp_path: Path) -> None:
+def test_readme_command_one_checks_then_trains_here(tmp_path: Path) -> None:
+    """Plain `bootstrap`: the embedded inventory, the preflight, then the example on 2 CPU ranks."""
     run = bootstrap(cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
-    assert "embedded default inventory" in run.stderr
+    assert "embedded default inventory" in run.stderr and "ready to train" in run.stderr
     assert "local (master)" in run.stdout and "(gloo)" in run.stdout
+    assert "[local:0] [rank 0/2]" in run.stdout and "[local:1] [rank 1/2]" in run.stdout
+    assert "[local:0] done: 3 epochs" in run.stdout
+    (log_dir,) = (tmp_path / "runs").iterdir()
+    assert "done: 3 epochs" in (log_dir / "local.log").read_text()
 
 
 def test_run_streams_locally(tmp_path: Path) -> None:

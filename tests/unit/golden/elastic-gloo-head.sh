@@ -10,6 +10,7 @@ export OMP_NUM_THREADS=8
 export MY_FLAG='a b'
 export WANDB_API_KEY='********'
 exec python3 -m torch.distributed.run \
+  --tee 3 \
   --nnodes 2:3 \
   --nproc-per-node 2 \
   --rdzv-backend c10d \

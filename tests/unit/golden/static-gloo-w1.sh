@@ -10,6 +10,7 @@ export OMP_NUM_THREADS=8
 export MY_FLAG='a b'
 export WANDB_API_KEY='********'
 exec /opt/venv/bin/python -m torch.distributed.run \
+  --tee 3 \
   --nnodes 3 \
   --nproc-per-node 1 \
   --node-rank 1 \

@@ -10,6 +10,7 @@ export OMP_NUM_THREADS=16
 export MY_FLAG='a b'
 export WANDB_API_KEY='********'
 exec python3 -m torch.distributed.run \
+  --tee 3 \
   --nnodes 3 \
   --nproc-per-node 2 \
   --node-rank 2 \
