@@ -1036,9 +1036,7 @@ def _launch(
             log.close()
     code = exit_code_for(outcomes)
     failed = [o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)]
-    stopped = [
-        o for o in outcomes if isinstance(o.error, CancelledError) or (o.error and not o.error.message)
-    ]
+    stopped = [o for o in outcomes if isinstance(o.error, CancelledError)]
     if settings.json_mode:
         ui.print_json(
             {

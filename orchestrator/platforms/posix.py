@@ -88,6 +88,10 @@ class PosixShell(Platform):
             'wait "${target#-}"'
         )
 
+    def run_script(self, path: str) -> str:
+        """Run the script file at ``path`` (on the node) with /bin/sh."""
+        return f"/bin/sh {self.path_word(path)}"
+
     def mkdir(self, path: str) -> str:
         return f"mkdir -p -- {self.path_word(path)}"
 

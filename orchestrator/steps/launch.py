@@ -129,7 +129,7 @@ def run_node(
     if source is not None:
         transport.put(source, target_script)
     node_log = f"{run_dir}/node.log"
-    command = platform.logged(f"sh {platform.path_word(run_dir + '/launch.sh')}", node_log)
+    command = platform.logged(platform.run_script(f"{run_dir}/launch.sh"), node_log)
     result = transport.run(command, on_line=lambda stream, line: on_line(node.name, line), keep_lines=200)
     if result.exit_code is None:
         # our own connection was closed: another node failed (fail fast) or the user interrupted
