@@ -8,10 +8,11 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.cluster import NamespaceCluster, cluster_support_problems
+from tests.cluster import NamespaceCluster, TestHost, cluster_support_problems
 
 _MARKERS = {
     "integration": "needs the namespace SSH cluster (root, ip netns, sshd)",
@@ -138,3 +139,23 @@ def trusted_home(cluster: NamespaceCluster, ctl_home: Path) -> Path:
     """ctl_home with every cluster host key already in ~/.ssh/known_hosts."""
     (ctl_home / ".ssh" / "known_hosts").write_text(cluster.known_hosts_text())
     return ctl_home
+
+
+def root_transport(cluster: NamespaceCluster, host: TestHost, known_hosts: Path, ssh_config: Path) -> Any:
+    """An unconnected SSHTransport to ``host`` as root with the cluster's key only (in-process tests
+    connect it inside ``tests.netns.inside(cluster.controller_ns)``)."""
+    from orchestrator.platforms import PosixShell
+    from orchestrator.transports import SSHOptions
+    from orchestrator.transports.ssh import SSHTransport
+
+    return SSHTransport(
+        host.name,
+        PosixShell(),
+        host=host.addr,
+        port=None,
+        user="root",
+        key_file=str(cluster.client_key),
+        password=lambda: None,
+        options=SSHOptions(known_hosts=known_hosts, ssh_config=ssh_config),
+        identities_only=True,
+    )

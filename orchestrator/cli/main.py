@@ -881,8 +881,7 @@ def render(
     import time as _time
 
     from orchestrator.render import Renderer, plan_launch, render_all
-    from orchestrator.steps.preflight import check_interfaces, gather_node_facts
-    from orchestrator.steps.preflight.checks import choose_backend
+    from orchestrator.steps.launch import plan
 
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)
@@ -891,46 +890,37 @@ def render(
     run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
     renderer = Renderer(templates_dir)
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
-    interfaces: dict[str, tuple[str | None, str | None]] = {}
-    cpus: dict[str, int] = {}
-    pythons = {n.name: interpreter_for(n) for n in all_nodes}
     backend: str = inventory.cluster.backend
-    master_addr = master.host
     if offline or settings.dry_run:
         if backend == "auto":
             backend = "gloo"
             ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
+        interfaces: dict[str, tuple[str | None, str | None]] = {}
+        pythons = {n.name: interpreter_for(n) for n in all_nodes}
+        master_addr = "127.0.0.1" if len(all_nodes) == 1 else master.host
+        specs = plan_launch(
+            inventory,
+            backend=backend,
+            master_addr=master_addr,
+            run_id=run_id,
+            interfaces=interfaces,
+            cpus={},
+            pythons=pythons,
+        )
     else:
         session = _session(settings, inventory, all_nodes)
         with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
             session.executor.on_event = on_event
-            inspected, facts = gather_node_facts(session, inventory)
-        failed = [o for o in inspected if not o.ok]
+            launch_plan = plan(session, inventory, run_id)
+        failed = [o for o in launch_plan.inspected if not o.ok]
         if failed:
             _fail_lines(ui, failed)
-            ctx.exit(int(exit_code_for(inspected)))
-        verdicts = check_interfaces(facts, master.name, single=len(all_nodes) == 1)
-        for name, verdict in verdicts.items():
-            interfaces[name] = (verdict.data.get("gloo_socket_ifname"), verdict.data.get("source"))
-            if verdict.level == "fail":
-                ui.warn(f"node {name!r}: {verdict.reason} ({verdict.fix})")
-        master_addr = verdicts[master.name].data.get("master_address") or master.host
-        if len(all_nodes) == 1:
-            master_addr = "127.0.0.1"
-        for o in inspected:
-            if o.value is not None and isinstance(o.value.facts.get("cpus"), int):
-                cpus[o.node] = o.value.facts.get("cpus")
-        backend, why, _ = choose_backend(inventory.cluster, facts)
-        ui.note(f"backend: {why}")
-    specs = plan_launch(
-        inventory,
-        backend=backend,
-        master_addr=master_addr,
-        run_id=run_id,
-        interfaces=interfaces,
-        cpus=cpus,
-        pythons=pythons,
-    )
+            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+        for warning in launch_plan.warnings:
+            ui.warn(warning)
+        backend = launch_plan.backend
+        ui.note(f"backend: {launch_plan.backend_reason}")
+        specs = launch_plan.specs
     platforms = {n.name: platform_for(n.os) for n in all_nodes}
     shown = {n.name for n in selected}
     specs = [s for s in specs if s.node.name in shown]

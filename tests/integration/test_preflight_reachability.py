@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.platforms import PosixShell
 from orchestrator.steps.preflight.reachability import PROBE_TAG, ReachNode, check_reachability
-from orchestrator.transports import SSHOptions, SSHTransport
+from orchestrator.transports import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster
+from tests.conftest import root_transport
 
 PYTHON = "/usr/bin/python3"
 PORT = 29500  # every host has its own network namespace: no clash with the machine or other runs
@@ -47,17 +47,7 @@ def transports(cluster: NamespaceCluster, tmp_path: Path) -> Iterator[dict[str, 
     try:
         with netns.inside(cluster.controller_ns):
             for host in cluster.hosts:
-                t = SSHTransport(
-                    host.name,
-                    PosixShell(),
-                    host=host.addr,
-                    port=None,
-                    user="root",
-                    key_file=str(cluster.client_key),
-                    password=lambda: None,
-                    options=SSHOptions(known_hosts=known, ssh_config=config),
-                    identities_only=True,
-                )
+                t = root_transport(cluster, host, known, config)
                 made[host.name] = t
                 t.connect()
         yield made

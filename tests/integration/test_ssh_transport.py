@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.platforms import PosixShell
-from orchestrator.transports import SSHOptions, SSHTransport
+from orchestrator.transports import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster
+from tests.conftest import root_transport
 
 arg_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60)
 env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
@@ -40,18 +40,7 @@ def transport(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTranspor
     known = ctl_home / ".ssh" / "known_hosts"
     known.write_text(cluster.known_hosts_text())
     (ctl_home / ".ssh" / "config").write_text("")
-    host = cluster.hosts[0]
-    t = SSHTransport(
-        host.name,
-        PosixShell(),
-        host=host.addr,
-        port=None,
-        user="root",
-        key_file=str(cluster.client_key),
-        password=lambda: None,
-        options=SSHOptions(known_hosts=known, ssh_config=ctl_home / ".ssh" / "config"),
-        identities_only=True,
-    )
+    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
     with netns.inside(cluster.controller_ns):
         t.connect()
     yield t
