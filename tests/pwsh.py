@@ -1,0 +1,74 @@
+"""PowerShell syntax trees for tests (tree-sitter-powershell): no PowerShell runs on this machine, so
+every script the product generates is parsed and asserted on instead."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import tree_sitter_powershell
+from tree_sitter import Language, Node, Parser, Tree
+
+_LANGUAGE = Language(tree_sitter_powershell.language())
+
+
+def parse(script: str) -> Tree:
+    return Parser(_LANGUAGE).parse(script.encode("utf-8"))
+
+
+def walk(node: Node) -> Iterator[Node]:
+    yield node
+    for child in node.children:
+        yield from walk(child)
+
+
+def errors(tree: Tree) -> list[str]:
+    """Every ERROR or MISSING node, as ``line:col: text`` (empty: the script parses cleanly)."""
+    found = []
+    for node in walk(tree.root_node):
+        if node.type == "ERROR" or node.is_missing:
+            text = (node.text or b"").decode("utf-8", "replace")[:60]
+            found.append(f"{node.start_point[0] + 1}:{node.start_point[1] + 1}: {node.type} {text!r}")
+    return found
+
+
+@dataclass
+class Command:
+    """One command invocation on the tree: its name and its elements (parameters and arguments)."""
+
+    name: str
+    parameters: list[str]  # "-Name" as written (lowercased)
+    arguments: list[str]  # source text of every non-parameter element
+
+    def has(self, parameter: str) -> bool:
+        return parameter.lower() in self.parameters
+
+
+def commands(tree: Tree) -> list[Command]:
+    found = []
+    for node in walk(tree.root_node):
+        if node.type != "command":
+            continue
+        name_node = node.child_by_field_name("command_name")
+        if name_node is None:
+            continue
+        name = (name_node.text or b"").decode()
+        params: list[str] = []
+        args: list[str] = []
+        elements = node.child_by_field_name("command_elements")
+        if elements is not None:
+            for el in elements.children:
+                text = (el.text or b"").decode()
+                if el.type == "command_parameter":
+                    params.append(text.lower())
+                elif el.type != "command_argument_sep":
+                    args.append(text)
+        found.append(Command(name, params, args))
+    return found
+
+
+def assert_parses(script: str) -> Tree:
+    tree = parse(script)
+    problems = errors(tree)
+    assert not problems, "PowerShell parse errors:\n" + "\n".join(problems) + "\n--- script ---\n" + script
+    return tree
