@@ -37,6 +37,7 @@ import re
 import select
 import shutil
 import signal
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -213,9 +214,18 @@ def _pid_exists(pid: int) -> bool:
 class _Sshd:
     """A running sshd listener; a thread copies its stderr into the log file."""
 
-    def __init__(self, host: TestHost) -> None:
-        inner = f"hostname {host.hostname} && exec {SSHD} -D -e -f {host.sshd_config}"
-        argv = ["ip", "netns", "exec", host.ns, "unshare", "--uts", "sh", "-c", inner]
+    def __init__(self, host: TestHost, private: dict[str, Path] | None = None) -> None:
+        # private: directory on this machine -> the host's own copy, bind-mounted over it in a mount
+        # namespace of the host's sshd (and so of every session): per-host /etc/chrony, /run/chrony...
+        mounts = "".join(
+            f"mkdir -p {shlex.quote(t)} && mount --bind {shlex.quote(str(s))} {shlex.quote(t)} && "
+            for t, s in (private or {}).items()
+        )
+        inner = f"{mounts}hostname {host.hostname} && exec {SSHD} -D -e -f {host.sshd_config}"
+        unshare = (
+            ["unshare", "--uts", "--mount", "--propagation", "private"] if private else ["unshare", "--uts"]
+        )
+        argv = ["ip", "netns", "exec", host.ns, *unshare, "sh", "-c", inner]
         self.listening = threading.Event()
         self.done = threading.Event()  # stderr reached EOF or listening
         self.tail: deque[str] = deque(maxlen=40)
@@ -301,9 +311,22 @@ class NamespaceCluster:
     /run (sshd's StrictModes), removed by :meth:`stop`.
     """
 
-    def __init__(self, n_hosts: int, workdir: Path | None = None, password_auth: bool = False) -> None:
+    def __init__(
+        self,
+        n_hosts: int,
+        workdir: Path | None = None,
+        password_auth: bool = False,
+        private_dirs: Iterable[str] = (),
+    ) -> None:
+        """``private_dirs``: absolute directories (e.g. /etc/chrony, /run/chrony) each host gets its own
+        empty copy of (bind mounts in the host's mount namespace; the copies live in the workdir, see
+        :meth:`private_dir`). Created on this machine when missing (empty), never written to."""
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise ValueError(f"n_hosts must be between 1 and {MAX_HOSTS}, got {n_hosts}")
+        self.private_dirs = tuple(private_dirs)
+        for d in self.private_dirs:
+            if not d.startswith("/") or d.rstrip("/") in ("", "/etc", "/run", "/var", "/usr", "/tmp"):
+                raise ValueError(f"private_dirs: {d!r} must be a specific absolute directory")
         self.n_hosts = n_hosts
         self.password_auth = password_auth
         self._given_workdir = Path(workdir) if workdir is not None else None
@@ -426,7 +449,7 @@ class NamespaceCluster:
 
         # sshd everywhere, then prove the path controller -> every sshd
         for h in self.hosts:
-            self._sshd[h.name] = _Sshd(h)
+            self._sshd[h.name] = _Sshd(h, self._private_mounts(h))
         for h in self.hosts:
             self._await_sshd(h)
         self._probe_from_controller([h.addr for h in self.hosts])
@@ -666,7 +689,22 @@ Subsystem sftp {sftp}
         sshd = self._sshd.get(host.name)
         if sshd is None or sshd.proc.poll() is not None:
             raise ClusterError(f"sshd of {host.name} is not running (host_run joins its UTS namespace)")
-        return self.ns_run(host.ns, ["nsenter", "--uts", "-t", str(sshd.proc.pid), *argv], **kwargs)
+        join = ["--uts", "--mount"] if self.private_dirs else ["--uts"]
+        return self.ns_run(host.ns, ["nsenter", *join, "-t", str(sshd.proc.pid), *argv], **kwargs)
+
+    def private_dir(self, host: TestHost, path: str) -> Path:
+        """This machine's path of ``host``'s own copy of ``path`` (one of ``private_dirs``)."""
+        if path not in self.private_dirs:
+            raise KeyError(f"{path} is not one of private_dirs {self.private_dirs}")
+        return self.workdir / "private" / host.name / path.strip("/").replace("/", "_")
+
+    def _private_mounts(self, host: TestHost) -> dict[str, Path]:
+        mounts = {}
+        for path in self.private_dirs:
+            copy = self.private_dir(host, path)
+            copy.mkdir(parents=True, exist_ok=True)
+            mounts[path] = copy
+        return mounts
 
     def controller_argv(self, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
         """argv that runs ``argv`` in the controller namespace, with ``env`` added to the
@@ -721,7 +759,7 @@ Subsystem sftp {sftp}
             if host.name in self._sshd and self._sshd[host.name].proc.poll() is None:
                 return
             self._sshd.pop(host.name, None)
-            self._sshd[host.name] = _Sshd(host)
+            self._sshd[host.name] = _Sshd(host, self._private_mounts(host))
             self._await_sshd(host)
             self._probe_from_controller([host.addr])
 
