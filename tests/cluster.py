@@ -35,9 +35,9 @@ import os
 import pwd
 import re
 import select
+import shlex
 import shutil
 import signal
-import shlex
 import subprocess
 import sys
 import tempfile
