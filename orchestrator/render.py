@@ -139,8 +139,10 @@ class Renderer:
             lstrip_blocks=True,
         )
 
-    def render(self, spec: LaunchSpec, platform: Platform, *, mask: bool = False) -> str:
-        name = self.TEMPLATES.get(platform.name)
+    def render(
+        self, spec: LaunchSpec, platform: Platform, *, mask: bool = False, template: str | None = None
+    ) -> str:
+        name = template or self.TEMPLATES.get(platform.name)
         if name is None:
             raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
         assert isinstance(platform, PosixShell)
@@ -149,8 +151,8 @@ class Renderer:
         self.env.filters["path"] = platform.path_word
         env = mask_secrets(spec.env) if mask else list(spec.env.items())
         try:
-            template = self.env.get_template(name)
-            return template.render(
+            jinja_template = self.env.get_template(name)
+            return jinja_template.render(
                 node=spec.node,
                 node_rank=spec.node_rank,
                 node_rank_text=f"node rank {spec.node_rank}" if not spec.elastic else "elastic",

@@ -36,3 +36,8 @@ def packaged_example() -> Path | None:
         _PACKAGE / "_data" / "examples" / "train_ddp.py", _REPO / "examples" / "train_ddp.py"
     )
     return found if found.is_file() else None
+
+
+def package_file(relative: str) -> Path:
+    """A file inside the package (``steps/probes/validate_worker.py``): programs uploaded to nodes."""
+    return _PACKAGE / relative

@@ -93,6 +93,16 @@ class NodeRunResult:
     node_log: str
 
 
+def run_dir_for(node: Node, run_id: str) -> str:
+    """The node's directory for one run (launch script, node.log, pid and exit-code files).
+
+    Per node even on the node: homes shared over NFS (common in labs) would otherwise make every node
+    run the last-written script.
+    """
+    workdir = node.workdir or DEFAULT_WORKDIR
+    return f"{workdir.rstrip('/')}/runs/{run_id}/{node.name}"
+
+
 def run_node(
     node: Node,
     transport: Transport,
@@ -100,20 +110,24 @@ def run_node(
     *,
     renderer: Renderer,
     on_line: Callable[[str, str], None],
+    template: str | None = None,
+    script_file: Path | None = None,
 ) -> NodeRunResult:
-    """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure."""
+    """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
+
+    ``template``: another launch template than the platform's default (validation uses one);
+    ``script_file``: a local file uploaded to ``spec.script`` (an absolute path on the node) instead
+    of the training script.
+    """
     platform = transport.platform
     if not isinstance(platform, PosixShell):
         raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
-    workdir = node.workdir or DEFAULT_WORKDIR
-    # per node even on the node: homes shared over NFS (common in labs) would otherwise make every
-    # node run the last-written script
-    run_dir = f"{workdir.rstrip('/')}/runs/{spec.run_id}/{node.name}"
+    run_dir = run_dir_for(node, spec.run_id)
     # A relative script is this project's: uploaded into the code directory (full code sync comes
     # with `bootstrap sync`). An absolute one is taken to be on the node already.
     absolute = spec.script.startswith("/")
-    source = None if absolute else local_script(spec.script)
-    target_script = f"{spec.code_dir.rstrip('/')}/{spec.script}"
+    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
+    target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     prepare = transport.run(
         platform.mkdir(run_dir)
         + "\n"
@@ -123,9 +137,9 @@ def run_node(
     if not prepare.ok:
         raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
     with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
-        script_file = Path(tmp) / "launch.sh"
-        script_file.write_text(renderer.render(spec, platform))
-        transport.put(script_file, f"{run_dir}/launch.sh", mode=0o700)
+        launch_file = Path(tmp) / "launch.sh"
+        launch_file.write_text(renderer.render(spec, platform, template=template))
+        transport.put(launch_file, f"{run_dir}/launch.sh", mode=0o700)
     if source is not None:
         transport.put(source, target_script)
     node_log = f"{run_dir}/node.log"

@@ -1,0 +1,283 @@
+"""`bootstrap validate`: prove the cluster can train before it trains.
+
+Every rank of the real launch plan (same interfaces, backend, interpreter, environment) runs the shipped
+worker (``probes/validate_worker.py``) through ``ranks.sh.j2``: one process per local rank with
+torchrun's environment. The worker joins through the master's TCPStore, checks an all_reduce result,
+then times all_reduce for a few sizes. Its lines (``CBV <json>``) are collected here into a report;
+a join that does not complete becomes "ranks never joined: ..." with node names, not a hang.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError
+from orchestrator.render import LaunchSpec, Renderer
+from orchestrator.resources import package_file
+from orchestrator.steps.launch import plan, run_dir_for, run_node, split_rank
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import Inventory
+    from orchestrator.session import Session
+    from orchestrator.steps.launch import LaunchPlan, NodeRunResult
+
+TEMPLATE = "ranks.sh.j2"
+WORKER = "validate_worker.py"
+DEFAULT_SIZES = (4096, 262144, 4194304)  # 4 KiB (latency), 256 KiB, 4 MiB (bandwidth)
+_MARK = "CBV "
+
+
+@dataclass
+class SizeResult:
+    bytes: int
+    iters: int
+    latency_s: float
+    algbw: float  # bytes/s
+    busbw: float  # bytes/s, nccl-tests convention: algbw * 2(n-1)/n for all_reduce
+
+
+@dataclass
+class ValidateReport:
+    world_size: int
+    ranks: dict[int, str]  # global rank -> node
+    started: set[int] = field(default_factory=set)
+    joined: dict[int, float] = field(default_factory=dict)  # rank -> seconds to join
+    missing: list[int] = field(default_factory=list)  # reported by rank 0: never registered
+    unreachable: dict[int, str] = field(default_factory=dict)  # rank -> error reaching the master
+    correct: bool | None = None
+    results: list[SizeResult] = field(default_factory=list)
+    timed_out: bool = False
+    torch: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.correct is True
+            and len(self.joined) == self.world_size
+            and not self.missing
+            and not self.unreachable
+            and not self.timed_out
+        )
+
+    def never_joined(self) -> list[int]:
+        """Ranks that did not join: what rank 0 reported, else every rank that never said "joined"."""
+        if self.missing:
+            return sorted(self.missing)
+        if self.correct is None:
+            return sorted(set(self.ranks) - set(self.joined))
+        return []
+
+    def describe_ranks(self, ranks: list[int]) -> str:
+        """``node2 (ranks 2, 3), node3 (rank 4)``."""
+        by_node: dict[str, list[int]] = {}
+        for rank in ranks:
+            by_node.setdefault(self.ranks.get(rank, "?"), []).append(rank)
+        parts = []
+        for node, rs in by_node.items():
+            label = "rank" if len(rs) == 1 else "ranks"
+            parts.append(f"{node} ({label} {', '.join(str(r) for r in rs)})")
+        return ", ".join(parts)
+
+    def feed(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        rank = record.get("rank")
+        if not isinstance(rank, int):
+            return
+        if kind == "start":
+            self.started.add(rank)
+            if isinstance(record.get("torch"), str):
+                self.torch[rank] = record["torch"]
+        elif kind == "joined":
+            self.joined[rank] = float(record.get("seconds", 0.0))
+        elif kind == "missing":
+            self.missing = [int(r) for r in record.get("ranks", [])]
+        elif kind == "unreachable":
+            self.unreachable[rank] = f"{record.get('master')}: {record.get('error')}"
+        elif kind == "correct":
+            ok = bool(record.get("ok"))
+            self.correct = ok if self.correct is None else self.correct and ok
+        elif kind == "result":
+            self.results.append(
+                SizeResult(
+                    bytes=int(record["bytes"]),
+                    iters=int(record["iters"]),
+                    latency_s=float(record["latency_s"]),
+                    algbw=float(record["algbw"]),
+                    busbw=float(record["busbw"]),
+                )
+            )
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "world_size": self.world_size,
+            "joined": len(self.joined),
+            "never_joined": [{"rank": r, "node": self.ranks.get(r)} for r in self.never_joined()],
+            "unreachable": [
+                {"rank": r, "node": self.ranks.get(r), "error": e}
+                for r, e in sorted(self.unreachable.items())
+            ],
+            "correct": self.correct,
+            "timed_out": self.timed_out,
+            "all_reduce": [dataclasses.asdict(r) for r in self.results],
+        }
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``4K,1M,64M`` -> bytes (K/M/G are powers of 1024)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip().upper().removesuffix("B").removesuffix("I")
+        if not part:
+            continue
+        factor = 1
+        for suffix, value in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+            if part.endswith(suffix):
+                factor, part = value, part[:-1]
+                break
+        try:
+            number = int(part) * factor
+        except ValueError:
+            raise ValueError(f"not a size: {part!r} (examples: 4096, 256K, 4M)") from None
+        if number < 4:
+            raise ValueError(f"size {number} is smaller than one float32")
+        sizes.append(number)
+    if not sizes:
+        raise ValueError("no sizes given")
+    return tuple(sizes)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} GiB"
+
+
+@dataclass
+class Validation:
+    plan: LaunchPlan
+    outcomes: list[Outcome[NodeRunResult]]
+    report: ValidateReport
+
+
+def validate(
+    session: Session,
+    inventory: Inventory,
+    run_id: str,
+    *,
+    timeout: float = 60.0,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    renderer: Renderer | None = None,
+    on_line: Callable[[str, int | None, str], None] | None = None,
+    launch_plan: LaunchPlan | None = None,
+) -> Validation:
+    """Run the validation worker on every rank; ``on_line(node, rank, text)`` sees every other line.
+
+    The workers give up after ``timeout`` seconds of joining; the controller stops everything
+    ``timeout`` + 60 s after the start whatever happens (a rank stuck inside a collective).
+    """
+    renderer = renderer or Renderer()
+    launch_plan = launch_plan or plan(session, inventory, run_id)
+    worker = package_file("steps/probes/" + WORKER)
+    specs: dict[str, LaunchSpec] = {}
+    ranks: dict[int, str] = {}
+    for spec in launch_plan.specs:
+        run_dir = run_dir_for(spec.node, run_id)
+        specs[spec.node.name] = dataclasses.replace(
+            spec,
+            code_dir=run_dir,
+            script=f"{run_dir}/{WORKER}",
+            args=(
+                "--backend",
+                spec.backend,
+                "--timeout",
+                f"{timeout:g}",
+                "--sizes",
+                ",".join(str(s) for s in sizes),
+            ),
+        )
+        for local in range(spec.nproc):
+            ranks[spec.first_rank + local] = spec.node.name
+    report = ValidateReport(world_size=len(ranks), ranks=ranks)
+    lock = threading.Lock()
+
+    def line(node: str, text: str) -> None:
+        local, rest = split_rank(text)
+        rank = None if local is None else specs[node].first_rank + local
+        if rest.startswith(_MARK):
+            try:
+                record = json.loads(rest[len(_MARK) :])
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                with lock:
+                    report.feed(record)
+                return
+        if on_line is not None:
+            on_line(node, rank, rest)
+
+    def give_up() -> None:
+        report.timed_out = True
+        session.close()
+
+    watchdog = threading.Timer(timeout + 60.0, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        outcomes = session.map(
+            lambda node, t: run_node(
+                node,
+                t,
+                specs[node.name],
+                renderer=renderer,
+                on_line=line,
+                template=TEMPLATE,
+                script_file=worker,
+            ),
+            step="validate",
+            # no fail fast: a rank that cannot reach the master gives up at the same moment rank 0
+            # names the missing ranks; stopping everyone at the first exit would lose that report.
+            # Every worker is bounded by --timeout on its own.
+            fail_fast=False,
+        )
+    finally:
+        watchdog.cancel()
+    return Validation(launch_plan, outcomes, report)
+
+
+def failure_summary(validation: Validation) -> list[str]:
+    """What went wrong, most telling first (empty when validation passed)."""
+    report = validation.report
+    lines: list[str] = []
+    never = report.never_joined()
+    if report.unreachable:
+        for rank, error in sorted(report.unreachable.items()):
+            lines.append(f"rank {rank} on {report.ranks.get(rank)} cannot reach the master: {error}")
+    if never:
+        lines.append(
+            f"ranks never joined: {report.describe_ranks(never)} "
+            f"({len(report.ranks) - len(never)} of {report.world_size} joined)"
+        )
+    if report.correct is False:
+        lines.append("all_reduce returned a WRONG result: ranks disagree (mixed builds or a broken backend)")
+    if report.timed_out:
+        lines.append("validation did not finish in time and was stopped (a rank hung inside a collective)")
+    for outcome in validation.outcomes:
+        failure = outcome.error
+        if failure is None or isinstance(error, CancelledError):
+            continue
+        if isinstance(error, CommandFailedError) and (never or report.unreachable):
+            continue  # explained above
+        if isinstance(error, BootstrapError):
+            lines.append(str(error))
+    if not lines and not report.ok:
+        lines.append("validation did not complete")
+    return lines
