@@ -297,12 +297,16 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="bootstrap")
 @common_options
 @click.option("--force", is_flag=True, help="Main pipeline: launch even when a preflight check fails.")
+@click.option(
+    "--skip-validate", is_flag=True, help="Main pipeline: launch without the all_reduce validation first."
+)
 @click.pass_context
-def cli(ctx: click.Context, force: bool) -> None:
+def cli(ctx: click.Context, force: bool, skip_validate: bool) -> None:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
     Without a command: the main pipeline: the preflight (`check`), then, when every check passes
-    (or with --force), training on every node (`launch`) with every rank's output streamed here.
+    (or with --force), every rank joins and all_reduce is checked (`validate`, unless
+    --skip-validate), then training on every node (`launch`) with every rank's output streamed here.
     Environment/code sync, firewall and time sync join it as they land.
     """
     if ctx.invoked_subcommand is not None:
@@ -323,6 +327,14 @@ def cli(ctx: click.Context, force: bool) -> None:
         ui.error("not launching: fix what failed above (or pass --force to launch anyway)")
     else:
         launched = True
+    if launched and not skip_validate:
+        from orchestrator.cli.validate import run_validate
+
+        validated = run_validate(settings, inventory)
+        if validated != ExitCode.OK:
+            code = validated
+            launched = False
+            ui.error("not launching: validation failed (see above; --skip-validate launches anyway)")
     if launched:
         try:
             _launch(ctx, settings, inventory, run_id=None, templates_dir=None)
@@ -334,12 +346,20 @@ def cli(ctx: click.Context, force: bool) -> None:
         ui.print_json(
             {
                 "command": "bootstrap",
-                "check": docs[0] if docs else None,
-                "launch": docs[1] if len(docs) > 1 else None,
+                **_pipeline_docs(docs),
                 "exit_code": int(code),
             }
         )
     ctx.exit(int(code))
+
+
+def _pipeline_docs(docs: list[Any]) -> dict[str, Any]:
+    """The phases' JSON documents keyed by phase (each says its own "command")."""
+    out: dict[str, Any] = {"check": None, "validate": None, "launch": None}
+    for doc in docs:
+        name = doc.get("command", "check") if isinstance(doc, dict) else "check"
+        out[name] = doc
+    return out
 
 
 @cli.command()
