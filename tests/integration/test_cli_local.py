@@ -51,10 +51,12 @@ def test_readme_command_one_checks_then_trains_here(tmp_path: Path) -> None:
     run = bootstrap(cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
     assert "embedded default inventory" in run.stderr and "ready to train" in run.stderr
+    assert "2 of 2 rank(s) joined" in run.stderr and "all_reduce result correct" in run.stderr
     assert "local (master)" in run.stdout and "(gloo)" in run.stdout
     assert "[local:0] [rank 0/2]" in run.stdout and "[local:1] [rank 1/2]" in run.stdout
     assert "[local:0] done: 3 epochs" in run.stdout
-    (log_dir,) = (tmp_path / "runs").iterdir()
+    validation, log_dir = sorted((tmp_path / "runs").iterdir(), key=lambda p: p.name.startswith("local-"))
+    assert validation.name.startswith("validate-") and log_dir.name.startswith("local-")
     assert "done: 3 epochs" in (log_dir / "local.log").read_text()
 
 
@@ -118,6 +120,8 @@ def test_wheel_ships_templates_and_default_inventory(tmp_path: Path) -> None:
     assert "orchestrator/_data/inventory/local.yaml" in names
     assert "orchestrator/templates/README.md" in names
     assert "orchestrator/facts/probes/torch_facts.py" in names
+    assert "orchestrator/steps/probes/validate_worker.py" in names  # uploaded by `bootstrap validate`
+    assert "orchestrator/templates/ranks.sh.j2" in names
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
