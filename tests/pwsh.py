@@ -1,15 +1,16 @@
-"""PowerShell syntax trees for tests (tree-sitter-powershell): no PowerShell runs on this machine, so
-every script the product generates is parsed and asserted on instead."""
+"""PowerShell syntax trees for tests: no PowerShell runs on this machine, so every script the product
+generates is parsed and asserted on instead. tree-sitter-pwsh, not tree-sitter-powershell: the latter
+rejects valid ``param()`` blocks with default values."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import tree_sitter_powershell
+import tree_sitter_pwsh
 from tree_sitter import Language, Node, Parser, Tree
 
-_LANGUAGE = Language(tree_sitter_powershell.language())
+_LANGUAGE = Language(tree_sitter_pwsh.language())
 
 
 def parse(script: str) -> Tree:
