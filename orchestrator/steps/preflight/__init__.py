@@ -182,7 +182,8 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
             verdicts[name]["clock"] = warn("clock", f"not measured: {why_not}", "fix that, then rerun")
     else:
         full = {name: samples.get(name) for name in names}
-        for name, verdict in check_clocks(full, master.name).items():
+        elastic = inventory.cluster.train.elastic
+        for name, verdict in check_clocks(full, master.name, elastic=elastic).items():
             verdicts[name]["clock"] = verdict
 
     if master.name in names:
