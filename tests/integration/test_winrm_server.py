@@ -1,0 +1,467 @@
+"""The WS-Management test server against the unmodified pywinrm client: what it must get right for the
+product's WinRM transport tests to mean anything (the server itself is tests/winrm_server)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+import winrm
+import xmltodict
+from winrm.exceptions import InvalidCredentialsError, WinRMOperationTimeoutError, WSManFaultError
+
+from tests.cluster import NamespaceCluster, _wait_pids_gone
+from tests.conftest import require_cluster_support
+from tests.netns import inside
+from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer, start_in_host
+from tests.winrm_server.cmdline import quote
+
+
+def _protocol(
+    server: WinRMServer, transport: str = "basic", password: str = "pw", **kw: object
+) -> winrm.Protocol:
+    return winrm.Protocol(
+        server.endpoint,
+        transport=transport,  # type: ignore[arg-type]
+        username="bob",
+        password=password,
+        ca_trust_path=str(server.ca_file) if server.ca_file else None,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _session(
+    server: WinRMServer, transport: str = "basic", password: str = "pw", **kw: object
+) -> winrm.Session:
+    ca = str(server.ca_file) if server.ca_file else None
+    return winrm.Session(server.endpoint, auth=("bob", password), transport=transport, ca_trust_path=ca, **kw)
+
+
+def _ps_command(script: str) -> str:
+    return (
+        "powershell.exe -NoProfile -NonInteractive -EncodedCommand "
+        + base64.b64encode(script.encode("utf-16-le")).decode()
+    )
+
+
+def _group_pids(pgid: int) -> set[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def _receive_until(proto: winrm.Protocol, shell: str, cmd: str, want: bytes) -> tuple[bytes, bool]:
+    """Poll Receive (as the product's transport does) until ``want`` appeared in stdout."""
+    seen = b""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            out, _err, _rc, done = proto.get_command_output_raw(shell, cmd)
+        except WinRMOperationTimeoutError:
+            continue
+        seen += out
+        if want in seen or done:
+            return seen, done
+    raise AssertionError(f"{want!r} never arrived; got {seen!r}")
+
+
+# -- basic operation -------------------------------------------------------------------------------------
+
+
+def test_run_cmd_over_basic_runs_the_command_for_real() -> None:
+    with WinRMServer() as server:
+        r = _session(server).run_cmd("echo out; echo err >&2; exit 4")
+        assert (r.status_code, r.std_out, r.std_err) == (4, b"out\n", b"err\n")
+        assert server.commands == ["echo out; echo err >&2; exit 4"]
+        assert server.requests == ["Create", "Command", "Receive", "Signal", "Delete"]
+        assert server.open_shells() == []
+
+
+def test_run_ps_is_decoded_parsed_recorded_and_answered() -> None:
+    def handler(call: PwshCall) -> Answer:
+        return Answer(stdout=f"user={call.command('Get-LocalUser').arguments[0]}\n", exit_code=7)
+
+    with WinRMServer(on_powershell=handler) as server:
+        r = _session(server).run_ps("Get-LocalUser 'bob' | Select-Object -ExpandProperty Name")
+        assert r.status_code == 7
+        assert r.std_out == b"user='bob'\r\n"  # PowerShell writes CRLF
+        (call,) = server.calls
+        assert call.script == "Get-LocalUser 'bob' | Select-Object -ExpandProperty Name"
+        assert call.command("select-object").has("-ExpandProperty")
+        assert server.parse_errors == []
+
+
+def test_canned_answers_match_the_script() -> None:
+    answers = [{"match": r"\$PSVersionTable", "stdout": "5.1.22621.4391\n"}]
+    with WinRMServer(answers=answers) as server:
+        assert (
+            _session(server).run_ps("$PSVersionTable.PSVersion.ToString()").std_out == b"5.1.22621.4391\r\n"
+        )
+        assert _session(server).run_ps("Get-Date").std_out == b""
+
+
+def test_ntlm_with_message_encryption() -> None:
+    with WinRMServer(auth="ntlm", on_powershell=lambda call: Answer(stdout="sealed\n")) as server:
+        sess = _session(server, transport="ntlm")
+        r = sess.run_cmd("echo through-ntlm")
+        assert (r.status_code, r.std_out) == (0, b"through-ntlm\n")
+        assert sess.run_ps("Write-Output 1").std_out == b"sealed\r\n"
+        # every SOAP message crossed the wire sealed (pywinrm encrypts over HTTP with NTLM)
+        assert sess.protocol.transport.encryption is not None
+        assert server.encrypted_requests == len(server.requests) == 10
+
+
+@pytest.mark.parametrize("transport", ["basic", "ntlm"])
+def test_wrong_password_is_invalid_credentials(transport: str) -> None:
+    with WinRMServer(auth=transport) as server:
+        with pytest.raises(InvalidCredentialsError):
+            _session(server, transport=transport, password="wrong").run_cmd("echo never")
+        assert server.commands == []
+
+
+def test_missing_credentials_get_401_with_the_offered_schemes() -> None:
+    with WinRMServer(auth="basic,ntlm") as server:
+        resp = requests.post(server.endpoint, data=b"<x/>", timeout=10)
+        assert resp.status_code == 401
+        offered = resp.headers["WWW-Authenticate"]
+        assert "Negotiate" in offered and 'Basic realm="WSMAN"' in offered
+
+
+@pytest.mark.parametrize("transport", ["ssl", "ntlm"])
+def test_tls_with_the_ca_file_works_and_without_it_is_refused(transport: str) -> None:
+    with WinRMServer(auth="ntlm" if transport == "ntlm" else "basic", tls=True) as server:
+        assert server.endpoint.startswith("https://") and server.ca_file is not None
+        r = winrm.Session(
+            server.endpoint, auth=("bob", "pw"), transport=transport, ca_trust_path=str(server.ca_file)
+        ).run_cmd("echo over-tls")
+        assert r.std_out == b"over-tls\n"
+        with pytest.raises(requests.exceptions.SSLError, match="CERTIFICATE_VERIFY_FAILED"):
+            winrm.Session(
+                server.endpoint, auth=("bob", "pw"), transport=transport, ca_trust_path=None
+            ).run_cmd("echo never")
+
+
+# -- streaming, stdin, timeouts, signals -----------------------------------------------------------------
+
+
+def test_output_streams_while_the_command_runs_and_stdin_reaches_it() -> None:
+    with WinRMServer() as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, "echo first; read line; echo got $line")
+        seen, done = _receive_until(proto, shell, cmd, b"first\n")
+        assert not done  # the line arrived while the command was still waiting for stdin
+        proto.send_command_input(shell, cmd, b"typed\n", end=True)
+        out, _err, rc = proto.get_command_output(shell, cmd)
+        assert (seen + out, rc) == (b"first\ngot typed\n", 0)
+        proto.cleanup_command(shell, cmd)
+        proto.close_shell(shell)
+
+
+def test_handler_chunks_stream_before_the_handler_finishes() -> None:
+    release = threading.Event()
+
+    def handler(call: PwshCall) -> Answer:
+        def pieces() -> Iterator[bytes]:
+            yield b"step 1\r\n"
+            release.wait(30)
+            yield b"step 2\r\n"
+
+        return Answer(chunks=pieces())
+
+    with WinRMServer(on_powershell=handler) as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, _ps_command("Start-Job { 1 }"))
+        seen, done = _receive_until(proto, shell, cmd, b"step 1\r\n")
+        assert not done
+        release.set()
+        out, _err, rc = proto.get_command_output(shell, cmd)
+        assert seen + out == b"step 1\r\nstep 2\r\n" and rc == 0
+        proto.close_shell(shell)
+
+
+def test_receive_without_output_answers_the_operation_timeout_fault() -> None:
+    with WinRMServer() as server:
+        proto = _protocol(server, operation_timeout_sec=1, read_timeout_sec=5)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, "read never")
+        with pytest.raises(WinRMOperationTimeoutError):
+            proto.get_command_output_raw(shell, cmd)
+        proto.cleanup_command(shell, cmd)
+        proto.close_shell(shell)
+
+
+def _signal(proto: winrm.Protocol, shell: str, cmd: str, code: str) -> None:
+    req = {
+        "env:Envelope": proto.build_wsman_header(
+            resource_uri="http://schemas.microsoft.com/wbem/wsman/1/windows/shell/cmd",
+            action="http://schemas.microsoft.com/wbem/wsman/1/windows/shell/Signal",
+            shell_id=shell,
+        )
+    }
+    req["env:Envelope"].setdefault("env:Body", {})["rsp:Signal"] = {
+        "@CommandId": cmd,
+        "rsp:Code": f"http://schemas.microsoft.com/wbem/wsman/1/windows/shell/signal/{code}",
+    }
+    proto.send_message(xmltodict.unparse(req))
+
+
+@pytest.mark.parametrize("how", ["terminate", "ctrl_c", "delete_shell"])
+def test_signal_and_shell_delete_kill_the_whole_process_group(how: str) -> None:
+    with WinRMServer() as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, "sleep 300 & sleep 300 & echo started; wait")
+        _receive_until(proto, shell, cmd, b"started")
+        (leader,) = server.running_pids()
+        group = _group_pids(leader)
+        assert len(group) == 3  # sh and both sleeps
+        if how == "terminate":
+            proto.cleanup_command(shell, cmd)
+        elif how == "ctrl_c":
+            _signal(proto, shell, cmd, "ctrl_c")
+        else:
+            proto.close_shell(shell)
+        assert _wait_pids_gone(group, 10) == set()
+        if how == "ctrl_c":
+            _out, _err, rc, done = proto.get_command_output_raw(shell, cmd)
+            assert done and rc == 3221225786  # STATUS_CONTROL_C_EXIT
+        if how != "delete_shell":
+            proto.close_shell(shell)
+
+
+# -- faults ----------------------------------------------------------------------------------------------
+
+
+def test_unknown_shell_id_is_the_real_invalid_selectors_fault() -> None:
+    with WinRMServer() as server:
+        proto = _protocol(server)
+        bogus = str(uuid.uuid4()).upper()
+        with pytest.raises(WSManFaultError) as err:
+            proto.run_command(bogus, "echo never")
+        assert err.value.code == 500
+        assert err.value.fault_subcode == "w:InvalidSelectors"
+        assert err.value.wsman_fault_code == 2150858843
+        assert f"ShellId {bogus} failed because the shell was not found" in str(err.value.response)
+
+
+def test_unknown_command_id_is_invalid_selectors_too() -> None:
+    with WinRMServer() as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        with pytest.raises(WSManFaultError) as err:
+            proto.get_command_output_raw(shell, str(uuid.uuid4()).upper())
+        assert err.value.wsman_fault_code == 2150858843
+        assert "command identifier that does not exist" in str(err.value.response)
+        proto.close_shell(shell)
+
+
+def test_not_soap_is_a_bad_request() -> None:
+    with WinRMServer() as server:
+        resp = requests.post(server.endpoint, data=b"this is not xml", auth=("bob", "pw"), timeout=10)
+        assert resp.status_code == 400
+        assert ET.fromstring(resp.content).tag == "{http://www.w3.org/2003/05/soap-envelope}Envelope"
+
+
+def test_cmd_exe_refuses_lines_over_8191_characters() -> None:
+    with WinRMServer() as server:
+        sess = _session(server)
+        fits = "echo " + "x" * (8191 - 5)
+        assert sess.run_cmd(fits).std_out == b"x" * 8186 + b"\n"
+        r = sess.run_cmd(fits + "y")
+        assert (r.status_code, r.std_out, r.std_err) == (1, b"", b"The command line is too long.\r\n")
+        # the line is Command plus space-joined Arguments; pywinrm's run_ps hits the same wall
+        r = sess.run_cmd("echo", ["x" * 8186])
+        assert r.status_code == 0
+        assert (
+            sess.run_ps("Write-Output '" + "y" * 3100 + "'").std_err == b"The command line is too long.\r\n"
+        )
+        assert server.calls == []
+
+
+def test_max_shells_per_user_quota_fault() -> None:
+    with WinRMServer(max_shells_per_user=2) as server:
+        proto = _protocol(server)
+        shells = [proto.open_shell(), proto.open_shell()]
+        with pytest.raises(WSManFaultError) as err:
+            proto.open_shell()
+        assert err.value.wsman_fault_code == 2150859173
+        assert err.value.fault_subcode == "w:QuotaLimit"
+        assert "This user is allowed a maximum number of 2 concurrent shells" in err.value.reason
+        proto.close_shell(shells.pop(), close_session=False)
+        shells.append(proto.open_shell())  # a closed shell frees its slot
+        for s in shells:
+            proto.close_shell(s, close_session=False)
+
+
+# -- PowerShell specifics --------------------------------------------------------------------------------
+
+
+def test_stderr_is_powershell_clixml() -> None:
+    def handler(call: PwshCall) -> Answer:
+        return Answer(stderr="Access is denied <C:\\x_y>\nsecond line", exit_code=1)
+
+    with WinRMServer(on_powershell=handler) as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, _ps_command("Stop-Service WinRM"))
+        _out, err, rc = proto.get_command_output(shell, cmd)
+        proto.close_shell(shell)
+        assert rc == 1
+        assert err.startswith(b'#< CLIXML\r\n<Objs Version="1.1.0.1" ')
+        root = ET.fromstring(err[len(b"#< CLIXML\r\n") :])
+        ns = "{http://schemas.microsoft.com/powershell/2004/04}"
+        assert root.find(f"{ns}Obj").get("S") == "progress"  # the "Preparing modules" record comes first
+        errors = [s.text for s in root.findall(f"{ns}S") if s.get("S") == "Error"]
+        assert errors == ["Access is denied <C:\\x_y>_x000D__x000A_", "second line_x000D__x000A_"]
+        # and pywinrm's own cleaner turns it into text
+        assert (
+            _session(server).run_ps("Stop-Service WinRM").std_err
+            == b"Access is denied <C:\\x_y>\nsecond line"
+        )
+
+
+def test_script_that_does_not_parse_fails_and_is_reported() -> None:
+    server = WinRMServer(strict=False)
+    with server:
+        r = _session(server).run_ps("if ($x -eq {")
+        assert r.status_code == 1 and b"ParserError" in r.std_err
+    assert len(server.parse_errors) == 1 and "if ($x -eq {" in server.parse_errors[0]
+    with pytest.raises(AssertionError, match="does not parse"):
+        with WinRMServer() as strict:
+            _session(strict).run_ps("function {")
+
+
+def test_file_scripts_come_from_the_fake_filesystem() -> None:
+    with WinRMServer(on_powershell=lambda call: Answer(stdout=call.script)) as server:
+        server.files["C:\\ProgramData\\cb\\Run.ps1"] = b"\xef\xbb\xbfWrite-Output 'caf\xc3\xa9'"
+        r = _session(server).run_cmd("powershell.exe -NoProfile -File c:/programdata/CB/run.ps1 -Mode x")
+        assert r.std_out == "Write-Output 'café'".encode("cp437")
+        assert server.calls[0].file == "c:/programdata/CB/run.ps1" and server.calls[0].file_args == [
+            "-Mode",
+            "x",
+        ]
+        missing = _session(server).run_cmd("powershell.exe -File C:\\nope.ps1")
+        assert missing.status_code == -196608 and b"does not exist" in missing.std_err
+
+
+def test_stdin_sent_before_receive_reaches_the_handler() -> None:
+    with WinRMServer(on_powershell=lambda call: Answer(stdout=call.stdin.decode().upper())) as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, _ps_command("$input | ForEach-Object { $_ }"))
+        proto.send_command_input(shell, cmd, b"abc", end=True)
+        assert proto.get_command_output(shell, cmd)[0] == b"ABC"
+        proto.close_shell(shell)
+
+
+# -- wsl.exe ---------------------------------------------------------------------------------------------
+
+
+def test_wsl_exec_runs_linux_argv_split_by_windows_rules() -> None:
+    tricky = ["a b", 'say "hi"', "C:\\dir\\", 'back\\\\slash\\"q', "", "$HOME;`x`"]
+    with WinRMServer() as server:
+        sess = _session(server)
+        line = " ".join(quote(a) for a in tricky)
+        r = sess.run_cmd("wsl.exe", ["-d", "Ubuntu-22.04", "-e", "printf", "[%s]", line])
+        assert r.status_code == 0, r.std_err
+        assert r.std_out.decode() == "".join(f"[{a}]" for a in tricky)
+        r = sess.run_cmd('wsl.exe -d ubuntu-22.04 --cd / -- echo "$WSL_DISTRO_NAME" $(pwd)')
+        assert r.std_out == b"Ubuntu-22.04 /\n"
+
+
+def test_wsl_user_and_directory_options() -> None:
+    with WinRMServer() as server:
+        r = _session(server).run_cmd('wsl.exe -d Ubuntu-22.04 -u nobody --cd / -e sh -c "id -un; pwd"')
+        assert (r.status_code, r.std_out) == (0, b"nobody\n/\n")
+        r = _session(server).run_cmd("wsl.exe -u no-such-user -e true")
+        assert r.status_code == 1 and b"getpwnam(no-such-user) failed" in r.std_err
+
+
+def test_cmd_exe_operators_outside_quotes_are_refused_and_variables_expand() -> None:
+    server = WinRMServer(strict=False, on_powershell=lambda call: Answer(stdout=call.file or ""))
+    with server:
+        sess = _session(server)
+        assert sess.run_cmd('wsl.exe -e echo "a|b" ^& c').std_out == b"a|b & c\n"
+        broken = sess.run_cmd("wsl.exe -e echo a|b")
+        assert broken.status_code == 1 and b"unquoted '|'" in broken.std_err
+        server.files["C:\\Users\\bob\\x.ps1"] = b"Get-Date"
+        assert sess.run_cmd("powershell.exe -File %UserProfile%\\x.ps1").std_out == b"C:\\Users\\bob\\x.ps1"
+    assert len(server.parse_errors) == 1 and "cmd.exe would treat the unquoted '|'" in server.parse_errors[0]
+
+
+def test_wsl_management_commands_answer_utf16le_without_bom() -> None:
+    with WinRMServer() as server:
+        server.wsl.distros = [Distro("Ubuntu-24.04", default=True), Distro("Debian", state="Stopped")]
+        sess = _session(server)
+        raw = sess.run_cmd("wsl.exe --list --verbose").std_out
+        assert not raw.startswith(b"\xff\xfe")
+        text = raw.decode("utf-16-le")
+        assert text.splitlines()[1].split() == ["*", "Ubuntu-24.04", "Running", "2"]
+        assert text.splitlines()[2].split() == ["Debian", "Stopped", "2"]
+        assert "Default Distribution: Ubuntu-24.04" in sess.run_cmd("wsl.exe --status").std_out.decode(
+            "utf-16-le"
+        )
+        assert sess.run_cmd("wsl.exe --version").std_out.decode("utf-16-le").startswith("WSL version: ")
+        bad = sess.run_cmd("wsl.exe -d Nope -e true")
+        assert bad.status_code == 4294967295
+        assert "WSL_E_DISTRO_NOT_FOUND" in bad.std_out.decode("utf-16-le")
+
+
+# -- as a process inside a namespace host -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def winrm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    require_cluster_support()
+    with NamespaceCluster(2, workdir=tmp_path_factory.mktemp("winrm-cluster")) as c:
+        yield c
+
+
+def test_server_in_a_namespace_host_runs_wsl_commands_in_that_host(
+    winrm_cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    win, linux = winrm_cluster.hosts
+    answers = [{"match": "Get-CimInstance", "stdout": "10.0.22631\n"}]
+    with start_in_host(
+        winrm_cluster, win, auth="ntlm", tls=True, answers=answers, workdir=tmp_path
+    ) as handle:
+        assert handle.endpoint == f"https://{win.addr}:5986/wsman"
+        with inside(winrm_cluster.controller_ns):
+            sess = winrm.Session(
+                handle.endpoint, auth=("bob", "pw"), transport="ntlm", ca_trust_path=str(handle.ca_file)
+            )
+            ver = sess.run_ps("(Get-CimInstance Win32_OperatingSystem).Version")
+            addr = sess.run_cmd(
+                "wsl.exe", ["-d", "Ubuntu-22.04", "-e", "ip", "-4", "-o", "addr", "show", "eth0"]
+            )
+            name = sess.run_cmd("wsl.exe", ["-e", "hostname"])
+            banner = sess.run_cmd(
+                "wsl.exe", ["-e", "bash", "-c", quote(f"exec 3<>/dev/tcp/{linux.addr}/22; head -c 8 <&3")]
+            )
+        assert ver.std_out == b"10.0.22631\r\n"
+        assert f"inet {win.addr}/" in addr.std_out.decode()  # the Linux side is on that host's network
+        assert name.std_out == f"{win.hostname}\n".encode()
+        assert banner.std_out == b"SSH-2.0-"  # and reaches the other hosts of the cluster
+        assert [c.script for c in handle.calls()] == ["(Get-CimInstance Win32_OperatingSystem).Version"]
+        assert handle.commands()[1].startswith("wsl.exe -d Ubuntu-22.04 -e ip")
+        assert handle.parse_errors() == []

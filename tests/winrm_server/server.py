@@ -1,0 +1,913 @@
+"""The WS-Management / WinRS server: HTTP(S) front end, authentication, shells and commands.
+
+A command line received by WinRS is dispatched like this:
+
+- longer than 8191 characters and run through cmd.exe (``WINRS_SKIP_CMD_SHELL`` not TRUE): what cmd.exe
+  does, ``The command line is too long.`` on stderr, exit code 1 (the WinRS Command itself succeeds);
+  longer than 32767: the CreateProcess fault (``The filename or extension is too long.``);
+- ``powershell[.exe]`` / ``pwsh[.exe]``: decoded (-EncodedCommand, -Command, -File from :attr:`files`),
+  parsed with tests/pwsh.py, recorded in :attr:`calls`, answered by the handler;
+- ``wsl[.exe]``: see :mod:`tests.winrm_server.wsl` (the Linux command runs for real);
+- anything else: ``/bin/sh -c LINE`` for real, in its own process group.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests import pwsh
+from tests.winrm_server import auth as _auth
+from tests.winrm_server import cmdexe, cmdline, soap
+from tests.winrm_server import powershell as ps
+from tests.winrm_server.tls import TlsFiles, make_tls_files
+
+CMD_LINE_LIMIT = 8191  # cmd.exe
+CREATE_PROCESS_LIMIT = 32767  # CreateProcessW lpCommandLine
+MAX_RESPONSE_BYTES = 96 * 1024  # raw stream bytes per Receive response (base64 stays below 153600)
+STATUS_CONTROL_C_EXIT = 3221225786  # 0xC000013A: exit code of a process ended by Ctrl+C
+CTRL_C_GRACE = 2.0  # seconds a command has after Ctrl+C (SIGINT) before its process group is killed
+
+
+@dataclass
+class Answer:
+    """What a handler makes a command print and return.
+
+    ``stdout`` str is written with CRLF line ends in the shell's code page (WINRS_CODEPAGE: 437 unless the
+    client asked for 65001/UTF-8), bytes as they are; ``stderr`` is error text, emitted as PowerShell's
+    CLIXML; ``chunks`` are further stdout pieces sent one by one as the iterator yields them (it may block,
+    e.g. on an Event the test sets: the client sees the earlier pieces while the command still runs).
+    """
+
+    stdout: str | bytes = ""
+    stderr: str = ""
+    exit_code: int = 0
+    chunks: Iterable[bytes] | None = None
+
+
+@dataclass
+class PwshCall:
+    """One powershell.exe run the server received."""
+
+    script: str
+    tree: Any  # tree_sitter.Tree
+    commands: list[pwsh.Command]
+    stdin: bytes
+    command_line: str
+    file: str | None = None  # -File path, if run from a file
+    file_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # shell environment from the Create request
+    cwd: str | None = None  # shell WorkingDirectory from the Create request (a Windows path)
+
+    def command(self, name: str) -> pwsh.Command:
+        """The first command called ``name`` (case-insensitive) on the tree; AssertionError if none."""
+        for cmd in self.commands:
+            if cmd.name.lower() == name.lower():
+                return cmd
+        raise AssertionError(f"no {name} in the script; commands: {[c.name for c in self.commands]}")
+
+
+Handler = Callable[[PwshCall], "Answer | None"]
+
+
+class FakeFiles(MutableMapping[str, bytes]):
+    """A Windows filesystem in a dict: keys are paths compared without case, ``/`` and ``\\`` alike."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[str, bytes]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _norm(path: str) -> str:
+        return path.replace("/", "\\").rstrip("\\").lower()
+
+    def __getitem__(self, key: str) -> bytes:
+        with self._lock:
+            return self._data[self._norm(key)][1]
+
+    def __setitem__(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._data[self._norm(key)] = (key, bytes(value))
+
+    def __delitem__(self, key: str) -> None:
+        with self._lock:
+            del self._data[self._norm(key)]
+
+    def __iter__(self) -> Iterator[str]:
+        with self._lock:
+            return iter([k for k, _ in self._data.values()])
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FakeFiles({sorted(self)})"
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+
+class Command:
+    """One WinRS command: its output buffer, stdin and (for real processes) the process group."""
+
+    def __init__(self, shell: Shell, command_line: str) -> None:
+        self.id = str(uuid.uuid4()).upper()
+        self.shell = shell
+        self.command_line = command_line
+        self.cond = threading.Condition()
+        self.pending: list[tuple[str, bytes]] = []
+        self.open_streams = {"stdout", "stderr"}
+        self.exit_code: int | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stdin = bytearray()
+        self.stdin_closed = False
+        self.deferred: Callable[[], None] | None = None  # handler run, started on first Receive/stdin end
+        self.killed = False
+        self.interrupted = False
+        self.wait_for_stdin = False
+
+    # output side
+    def emit(self, stream: str, data: bytes) -> None:
+        if not data:
+            return
+        with self.cond:
+            self.pending.append((stream, data))
+            self.cond.notify_all()
+
+    def finish(self, exit_code: int) -> None:
+        with self.cond:
+            if self.exit_code is None:
+                self.exit_code = exit_code
+            self.cond.notify_all()
+
+    def start_deferred(self) -> None:
+        with self.cond:
+            run, self.deferred = self.deferred, None
+        if run is not None:
+            threading.Thread(target=run, name=f"winrm-cmd-{self.id[:8]}", daemon=True).start()
+
+    def take(self, timeout: float) -> tuple[list[tuple[str, bytes]], list[str], int | None] | None:
+        """Wait up to ``timeout`` for output or the end: (chunks, streams ending now, exit code or None);
+        None when nothing happened in time."""
+        if not self.wait_for_stdin or self.stdin_closed:
+            self.start_deferred()
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not self.pending and self.exit_code is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            chunks: list[tuple[str, bytes]] = []
+            size = 0
+            while self.pending and size < MAX_RESPONSE_BYTES:
+                stream, data = self.pending[0]
+                room = MAX_RESPONSE_BYTES - size
+                if len(data) > room:
+                    chunks.append((stream, data[:room]))
+                    self.pending[0] = (stream, data[room:])
+                    size += room
+                    break
+                chunks.append(self.pending.pop(0))
+                size += len(data)
+            if self.pending or self.exit_code is None:
+                return chunks, [], None
+            ended: list[str] = [s for s in ("stdout", "stderr") if s in self.open_streams]
+            self.open_streams.clear()
+            return chunks, ended, self.exit_code
+
+    # input side
+    def send(self, data: bytes, end: bool) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError, ValueError, OSError):
+                if data:
+                    self.proc.stdin.write(data)
+                    self.proc.stdin.flush()
+                if end:
+                    self.proc.stdin.close()
+        else:
+            self.stdin += data
+        if end:
+            self.stdin_closed = True
+            self.start_deferred()
+
+    def signal(self, code: str) -> None:
+        if code in (soap.SIGNAL_CTRL_C, soap.SIGNAL_CTRL_BREAK):
+            self.interrupted = True
+            proc = self.proc
+            self._killpg(signal.SIGINT)
+
+            def finish_group() -> None:
+                # Ctrl+C ends the console's processes: SIGINT first (handlers run), then whatever ignored it
+                # (background jobs of a non-interactive sh do) is killed with the group
+                if proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(CTRL_C_GRACE)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                with self.cond:
+                    self.deferred = None
+                self.finish(STATUS_CONTROL_C_EXIT)
+
+            threading.Thread(target=finish_group, daemon=True).start()
+        else:
+            self.kill()
+
+    def kill(self) -> None:
+        self.killed = True
+        self._killpg(signal.SIGKILL)
+        with self.cond:
+            self.deferred = None
+        self.finish(1)
+
+    def _killpg(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    # real processes
+    def spawn(self, argv: list[str], cwd: str | None, env: dict[str, str], **popen: Any) -> None:
+        """Run argv in a new session (its own process group), streaming stdout/stderr as produced."""
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                **popen,
+            )
+        except (OSError, ValueError) as exc:  # no such program; an environment name Linux refuses
+            self.emit("stderr", f"{exc}\r\n".encode())
+            self.finish(1)
+            return
+        readers = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, "stdout"), daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, "stderr"), daemon=True),
+        ]
+        for t in readers:
+            t.start()
+
+        def reap() -> None:
+            assert self.proc is not None
+            rc = self.proc.wait()
+            for t in readers:
+                t.join()
+            if self.interrupted or rc == -signal.SIGINT:
+                rc = STATUS_CONTROL_C_EXIT
+            elif rc < 0:
+                rc = 1
+            self.finish(rc)
+
+        threading.Thread(target=reap, name=f"winrm-reap-{self.proc.pid}", daemon=True).start()
+
+    def _pump(self, pipe: Any, stream: str) -> None:
+        fd = pipe.fileno()
+        try:
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                self.emit(stream, data)
+        except OSError:
+            pass
+        finally:
+            pipe.close()
+
+
+@dataclass
+class Shell:
+    id: str
+    owner: str
+    env: dict[str, str]
+    cwd: str | None
+    codepage: int
+    commands: dict[str, Command] = field(default_factory=dict)
+
+    def encoding(self) -> str:
+        return {65001: "utf-8", 437: "cp437", 850: "cp850", 1252: "cp1252"}.get(self.codepage, "cp437")
+
+
+# -- the server -------------------------------------------------------------------------------------------
+
+
+class WinRMServer:
+    """A WinRM service for the tests; see the package docstring and docs/testing.md.
+
+    ``auth``: "basic", "ntlm" or "basic,ntlm". ``strict`` (default): leaving the ``with`` block raises
+    AssertionError when PowerShell that did not parse, or a handler exception, happened (a test that wants
+    them sets strict=False and asserts on :attr:`parse_errors` / :attr:`handler_errors`).
+    """
+
+    def __init__(
+        self,
+        auth: str = "basic",
+        username: str = "bob",
+        password: str = "pw",
+        tls: bool = False,
+        on_powershell: Handler | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        answers: list[dict[str, Any]] | None = None,
+        max_shells_per_user: int = 30,
+        computer_name: str = "WINHOST",
+        tls_dir: Path | None = None,
+        record: Path | None = None,
+        strict: bool = True,
+        progress_record: bool = True,
+        wsl: Any = None,
+    ) -> None:
+        from tests.winrm_server.wsl import WslConfig  # late: wsl imports this module's types
+
+        self.auth_methods = {m.strip().lower() for m in auth.split(",") if m.strip()}
+        if not self.auth_methods <= {"basic", "ntlm"}:
+            raise ValueError(f"auth must be basic and/or ntlm, not {auth!r}")
+        self.username = username
+        self.password = password
+        self.tls = tls
+        self.on_powershell = on_powershell
+        self.host = host
+        self.port = port
+        self.answers = list(answers or [])
+        self.max_shells_per_user = max_shells_per_user
+        self.computer_name = computer_name
+        self.strict = strict
+        self.progress_record = progress_record
+        self.wsl = wsl if wsl is not None else WslConfig()
+        self.record_path = record
+        self.calls: list[PwshCall] = []
+        self.commands: list[str] = []
+        self.files = FakeFiles()
+        self.parse_errors: list[str] = []
+        self.handler_errors: list[str] = []
+        self.requests: list[str] = []  # action of every SOAP request, in order (Create, Command, ...)
+        self.encrypted_requests = 0  # SOAP requests that arrived NTLM-sealed (multipart/encrypted)
+        self.ca_file: Path | None = None
+        self.endpoint = ""
+        self._tls_dir = tls_dir
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._tls_files: TlsFiles | None = None
+        self._cert_der: bytes | None = None
+        self._shells: dict[str, Shell] = {}
+        self._lock = threading.RLock()
+        self._record_lock = threading.Lock()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._ntlm: _auth.NtlmAcceptor | None = None
+        self._connections: set[socket.socket] = set()
+
+    # lifecycle
+    def __enter__(self) -> WinRMServer:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.stop()
+        if self.strict and exc_type is None:
+            self.assert_clean()
+
+    def assert_clean(self) -> None:
+        problems = [f"PowerShell that does not parse:\n{e}" for e in self.parse_errors]
+        problems += [f"handler raised:\n{e}" for e in self.handler_errors]
+        assert not problems, "\n".join(problems)
+
+    def start(self) -> WinRMServer:
+        if "ntlm" in self.auth_methods:
+            self._ntlm = _auth.NtlmAcceptor(self.username, self.password, self.computer_name)
+        server = self
+
+        class _Handler(_RequestHandler):
+            winrm = server
+
+        httpd = _HTTPServer((self.host, self.port), _Handler, bind_and_activate=False)
+        httpd.daemon_threads = True
+        httpd.block_on_close = False
+        httpd.allow_reuse_address = True
+        httpd.server_bind()
+        httpd.server_activate()
+        self.port = httpd.server_address[1]
+        host_text = f"[{self.host}]" if ":" in self.host else self.host
+        if self.tls:
+            if self._tls_dir is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="winrm-tls-")
+                self._tls_dir = Path(self._tmp.name)
+            self._tls_files = make_tls_files(self._tls_dir, self.host)
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self._tls_files.cert_file, self._tls_files.key_file)
+            httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
+            self.ca_file = self._tls_files.ca_file
+            self._cert_der = ssl.PEM_cert_to_DER_cert(self._tls_files.cert_file.read_text())
+            self.endpoint = f"https://{host_text}:{self.port}/wsman"
+        else:
+            self.endpoint = f"http://{host_text}:{self.port}/wsman"
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name=f"winrm-server-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        with self._lock:
+            shells = list(self._shells.values())
+            self._shells.clear()
+            conns = list(self._connections)
+        for shell in shells:
+            for cmd in shell.commands.values():
+                cmd.kill()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        if self._ntlm is not None:
+            self._ntlm.close()
+            self._ntlm = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def open_shells(self) -> list[str]:
+        with self._lock:
+            return list(self._shells)
+
+    def running_pids(self) -> list[int]:
+        """Process ids of the real processes of every open command (what Signal/Delete must end)."""
+        with self._lock:
+            return [
+                c.proc.pid
+                for s in self._shells.values()
+                for c in s.commands.values()
+                if c.proc is not None and c.proc.poll() is None
+            ]
+
+    def record(self, entry: dict[str, Any]) -> None:
+        if self.record_path is None:
+            return
+        with self._record_lock, open(self.record_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(entry) + "\n")
+
+    # -- SOAP dispatch
+    def dispatch(self, body: bytes, user: str, client_ip: str) -> tuple[int, str]:
+        try:
+            req = soap.parse_request(body)
+        except soap.BadRequest as exc:
+            fault = soap.bad_request(str(exc))
+            return fault.status, fault.render("uuid:00000000-0000-0000-0000-000000000000", self.machine)
+        self.requests.append(req.action.rsplit("/", 1)[-1])
+        try:
+            return 200, self._dispatch(req, user, client_ip)
+        except _FaultError as err:
+            return err.fault.status, err.fault.render(req.message_id, self.machine)
+
+    @property
+    def machine(self) -> str:
+        return self.host
+
+    def _shell(self, req: soap.Request) -> Shell:
+        shell_id = req.selectors.get("ShellId", "")
+        with self._lock:
+            shell = self._shells.get(shell_id.upper())
+        if shell is None:
+            raise _FaultError(soap.shell_not_found(shell_id))
+        return shell
+
+    def _dispatch(self, req: soap.Request, user: str, client_ip: str) -> str:
+        if req.action == soap.ACTION_CREATE:
+            return self._create(req, user, client_ip)
+        if req.action == soap.ACTION_DELETE:
+            shell = self._shell(req)
+            with self._lock:
+                self._shells.pop(shell.id, None)
+            for cmd in shell.commands.values():
+                cmd.kill()
+            return soap.delete_response(req)
+        if req.action == soap.ACTION_COMMAND:
+            return self._command(req, self._shell(req))
+        if req.action == soap.ACTION_RECEIVE:
+            return self._receive(req, self._shell(req))
+        if req.action == soap.ACTION_SEND:
+            shell = self._shell(req)
+            for stream in req.findall("rsp:Send/rsp:Stream"):
+                target = shell.commands.get((stream.get("CommandId") or "").upper())
+                if target is None:
+                    raise _FaultError(soap.command_not_found())
+                data = base64.b64decode((stream.text or "").strip() or b"")
+                target.send(data, (stream.get("End") or "").lower() == "true")
+            return soap.send_response(req)
+        if req.action == soap.ACTION_SIGNAL:
+            shell = self._shell(req)
+            sig = req.find("rsp:Signal")
+            if sig is None:
+                raise _FaultError(soap.invalid_parameter())
+            cmd_id = (sig.get("CommandId") or "").upper()
+            signalled = shell.commands.get(cmd_id)
+            if signalled is None:
+                raise _FaultError(soap.command_not_found())
+            code_el = sig.find("rsp:Code", soap.NS)
+            code = (code_el.text or "").strip() if code_el is not None else ""
+            signalled.signal(code)
+            if code == soap.SIGNAL_TERMINATE:
+                shell.commands.pop(cmd_id, None)
+            return soap.signal_response(req)
+        raise _FaultError(soap.action_not_supported(req.action))
+
+    def _create(self, req: soap.Request, user: str, client_ip: str) -> str:
+        shell_el = req.find("rsp:Shell")
+        if shell_el is None:
+            raise _FaultError(soap.invalid_parameter())
+        env = {
+            v.get("Name", ""): v.text or "" for v in shell_el.findall("rsp:Environment/rsp:Variable", soap.NS)
+        }
+        wd = shell_el.find("rsp:WorkingDirectory", soap.NS)
+        try:
+            codepage = int(req.options.get("WINRS_CODEPAGE", "437"))
+        except ValueError:
+            codepage = 437
+        ins = shell_el.find("rsp:InputStreams", soap.NS)
+        outs = shell_el.find("rsp:OutputStreams", soap.NS)
+        with self._lock:
+            owned = sum(1 for s in self._shells.values() if s.owner.lower() == user.lower())
+            if self.max_shells_per_user and owned >= self.max_shells_per_user:
+                raise _FaultError(soap.shell_quota(self.max_shells_per_user))
+            shell = Shell(str(uuid.uuid4()).upper(), user, env, wd.text if wd is not None else None, codepage)
+            self._shells[shell.id] = shell
+        streams = (
+            (ins.text or "stdin") if ins is not None else "stdin",
+            (outs.text or "stdout stderr") if outs is not None else "stdout stderr",
+        )
+        idle_el = shell_el.find("rsp:IdleTimeOut", soap.NS)
+        idle = soap.parse_duration(idle_el.text or "") if idle_el is not None else None
+        return soap.create_response(
+            req, self.endpoint, shell.id, user, client_ip, streams, shell.cwd, idle, shell.env
+        )
+
+    def _receive(self, req: soap.Request, shell: Shell) -> str:
+        stream = req.find("rsp:Receive/rsp:DesiredStream")
+        if stream is None:
+            raise _FaultError(soap.invalid_parameter())
+        if not stream.get("CommandId"):  # Receive on the shell itself: Windows' cmd plugin refuses it
+            raise _FaultError(soap.invalid_parameter())
+        cmd = shell.commands.get((stream.get("CommandId") or "").upper())
+        if cmd is None:
+            raise _FaultError(soap.command_not_found())
+        timeout = req.operation_timeout if req.operation_timeout is not None else 60.0
+        got = cmd.take(timeout)
+        if got is None:
+            raise _FaultError(soap.timed_out())
+        chunks, ended, exit_code = got
+        return soap.receive_response(req, cmd.id, chunks, ended, exit_code)
+
+    def _command(self, req: soap.Request, shell: Shell) -> str:
+        line_el = req.find("rsp:CommandLine")
+        command_el = line_el.find("rsp:Command", soap.NS) if line_el is not None else None
+        if line_el is None or command_el is None:
+            raise _FaultError(soap.invalid_parameter())
+        parts = [(command_el.text or "").strip()]
+        parts += [a.text or "" for a in line_el.findall("rsp:Arguments", soap.NS)]
+        line = " ".join(p for p in parts if p)
+        skip_cmd = req.options.get("WINRS_SKIP_CMD_SHELL", "FALSE").upper() == "TRUE"
+        if len(line) > CREATE_PROCESS_LIMIT:
+            raise _FaultError(soap.filename_too_long())
+        if skip_cmd:
+            # no cmd.exe to search PATH: WinRS hands argv[0] to CreateProcess as the application name, so a
+            # bare "powershell.exe" is not found (recorded on real Windows; a full path works)
+            first = cmdline.split_tokens(line)
+            if not first or not re.match(r"^([A-Za-z]:)?[\\/]", first[0].value):
+                raise _FaultError(soap.file_not_found())
+        with self._lock:
+            self.commands.append(line)
+        self.record({"kind": "command", "command_line": line})
+        cmd = Command(shell, line)
+        shell.commands[cmd.id] = cmd
+        if not skip_cmd and len(line) > CMD_LINE_LIMIT:
+            cmd.emit("stderr", b"The command line is too long.\r\n")
+            cmd.finish(1)
+            return soap.command_response(req, cmd.id)
+        tokens = cmdline.split_tokens(line)
+        program = _program(tokens)
+        if program in ("cmd", "cmd.exe") and len(tokens) > 1 and tokens[1].value.lower() in ("/c", "/k"):
+            # `cmd.exe /c REST`: REST is what runs (here through /bin/sh, like any other cmd line)
+            line = line[tokens[1].end :].lstrip(" \t")
+            tokens = cmdline.split_tokens(line)
+            program = _program(tokens)
+        if not skip_cmd and program in (*ps.POWERSHELL_NAMES, "wsl", "wsl.exe"):
+            try:
+                line = cmdexe.preprocess(
+                    line, {**cmdexe.windows_env(shell.owner, self.computer_name), **shell.env}
+                )
+            except cmdexe.CmdSyntaxError as exc:
+                with self._lock:
+                    self.parse_errors.append(str(exc))
+                self.record({"kind": "parse_error", "report": str(exc)})
+                cmd.emit("stderr", f"{exc}\r\n".encode())
+                cmd.finish(1)
+                return soap.command_response(req, cmd.id)
+            tokens = cmdline.split_tokens(line)
+        if program in ps.POWERSHELL_NAMES:
+            self._start_powershell(cmd, [t.value for t in tokens[1:]])
+        elif program in ("wsl", "wsl.exe"):
+            from tests.winrm_server.wsl import run_wsl
+
+            run_wsl(self, cmd, line, tokens)
+        else:
+            cmd.spawn(["/bin/sh", "-c", line], _linux_cwd(shell.cwd), _env(shell.env))
+        return soap.command_response(req, cmd.id)
+
+    # -- powershell
+    def _start_powershell(self, cmd: Command, argv: list[str]) -> None:
+        encoding = cmd.shell.encoding()
+        try:
+            inv = ps.parse_invocation(argv)
+        except ps.PowerShellUsageError as exc:
+            cmd.emit("stderr", (str(exc) + "\r\n").encode(encoding, "replace"))
+            cmd.finish(exc.exit_code)
+            return
+        if inv.mode == "file":
+            assert inv.file is not None
+            try:
+                inv.script = ps.decode_script_file(self.files[inv.file])
+            except KeyError:
+                self.record(
+                    {
+                        "kind": "powershell",
+                        "command_line": cmd.command_line,
+                        "file": inv.file,
+                        "missing_file": True,
+                    }
+                )
+                cmd.emit("stderr", ps.file_not_found_text(inv.file).encode(encoding, "replace"))
+                cmd.finish(-196608)
+                return
+
+        def run() -> None:
+            self._run_powershell(cmd, inv)
+
+        cmd.deferred = run
+        if inv.mode == "command" and inv.script.strip() == "-":
+            cmd.wait_for_stdin = True  # the script is read from stdin: runs once stdin ends
+        if cmd.stdin_closed:
+            cmd.start_deferred()
+
+    def _run_powershell(self, cmd: Command, inv: ps.Invocation) -> None:
+        encoding = cmd.shell.encoding()
+        if inv.mode == "command" and inv.script.strip() == "-":  # `powershell.exe -` : script on stdin
+            inv.script = bytes(cmd.stdin).decode(encoding, "replace")
+            inv.mode = "stdin"
+        tree = pwsh.parse(inv.script)
+        problems = pwsh.errors(tree)
+        call = PwshCall(
+            script=inv.script,
+            tree=tree,
+            commands=pwsh.commands(tree),
+            stdin=bytes(cmd.stdin),
+            command_line=cmd.command_line,
+            file=inv.file,
+            file_args=inv.file_args,
+            env=dict(cmd.shell.env),
+            cwd=cmd.shell.cwd,
+        )
+        with self._lock:
+            self.calls.append(call)
+        self.record(
+            {
+                "kind": "powershell",
+                "command_line": cmd.command_line,
+                "script": inv.script,
+                "file": inv.file,
+                "stdin": base64.b64encode(call.stdin).decode(),
+                "parse_errors": problems,
+            }
+        )
+        if problems:
+            report = "\n".join(problems) + "\n--- script ---\n" + inv.script
+            with self._lock:
+                self.parse_errors.append(report)
+            self.record({"kind": "parse_error", "report": report})
+            cmd.emit(
+                "stderr",
+                ps.clixml_errors(ps.parse_error_text(problems), self.progress_record).encode(
+                    encoding, "replace"
+                ),
+            )
+            cmd.finish(1)
+            return
+        try:
+            answer = self._answer(call)
+            if answer is None:
+                cmd.finish(0)
+                return
+            self.play(cmd, answer, clixml=True)
+        except Exception:
+            text = traceback.format_exc()
+            with self._lock:
+                self.handler_errors.append(text)
+            self.record({"kind": "handler_error", "report": text})
+            cmd.emit("stderr", ps.clixml_errors(text, self.progress_record).encode(encoding, "replace"))
+            cmd.finish(1)
+
+    def _answer(self, call: PwshCall) -> Answer | None:
+        if self.on_powershell is not None:
+            return self.on_powershell(call)
+        for entry in self.answers:
+            if re.search(entry["match"], call.script):
+                return Answer(
+                    stdout=entry.get("stdout", ""),
+                    stderr=entry.get("stderr", ""),
+                    exit_code=int(entry.get("exit_code", 0)),
+                )
+        return None
+
+    def play(self, cmd: Command, answer: Answer, clixml: bool) -> None:
+        """Write an Answer to the command's streams and end it."""
+        encoding = cmd.shell.encoding()
+        out = answer.stdout
+        if isinstance(out, str):
+            out = re.sub(r"(?<!\r)\n", "\r\n", out).encode(encoding, "replace")
+        cmd.emit("stdout", out)
+        for piece in answer.chunks or ():
+            if cmd.killed:
+                return
+            cmd.emit("stdout", piece)
+        if answer.stderr:
+            err = ps.clixml_errors(answer.stderr, self.progress_record) if clixml else answer.stderr
+            cmd.emit("stderr", err.encode(encoding, "replace"))
+        cmd.finish(answer.exit_code)
+
+
+class _FaultError(Exception):
+    def __init__(self, fault: soap.Fault) -> None:
+        super().__init__(fault.reason)
+        self.fault = fault
+
+
+def _program(tokens: list[cmdline.Token]) -> str:
+    """argv[0]'s file name, lower case (``C:\\Windows\\System32\\wsl.exe`` -> ``wsl.exe``)."""
+    return tokens[0].value.replace("/", "\\").rsplit("\\", 1)[-1].lower() if tokens else ""
+
+
+def _linux_cwd(path: str | None) -> str | None:
+    return path if path and path.startswith("/") and os.path.isdir(path) else None
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    return env
+
+
+# -- HTTP -------------------------------------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a refused TLS handshake or a client gone: what tests provoke on purpose
+
+
+class _RequestHandler(BaseHTTPRequestHandler):
+    """One client connection (HTTP/1.1 keep-alive: NTLM authenticates the connection, not a request)."""
+
+    winrm: WinRMServer
+    protocol_version = "HTTP/1.1"
+    server_version = "Microsoft-HTTPAPI/2.0"
+    sys_version = ""
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            self.request.do_handshake()  # here, in the connection's thread (a slow client blocks no one)
+            self.request.settimeout(None)
+        super().setup()
+        self.ntlm_context: Any = None
+        self.ntlm_user: str | None = None
+        with self.winrm._lock:
+            self.winrm._connections.add(self.request)
+
+    def finish(self) -> None:
+        with self.winrm._lock:
+            self.winrm._connections.discard(self.request)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def handle(self) -> None:
+        with contextlib.suppress(ConnectionError, ssl.SSLError, OSError):
+            super().handle()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        content_type: str | None = None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def _challenge(self, extra: Iterable[tuple[str, str]] = ()) -> None:
+        headers = list(extra)
+        if not headers:
+            if "ntlm" in self.winrm.auth_methods:
+                headers.append(("WWW-Authenticate", "Negotiate"))
+            if "basic" in self.winrm.auth_methods:
+                headers.append(("WWW-Authenticate", 'Basic realm="WSMAN"'))
+        self._send(401, headers=headers)
+
+    def do_GET(self) -> None:
+        self._send(405)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        if self.path.split("?")[0].rstrip("/").lower() != "/wsman":
+            self._send(404)
+            return
+        server = self.winrm
+        header = self.headers.get("Authorization", "")
+        scheme = header.split(" ", 1)[0].lower()
+        user: str | None = None
+        if scheme == "basic" and "basic" in server.auth_methods:
+            user = _auth.check_basic(header, server.username, server.password, server.computer_name)
+            if user is None:
+                self._challenge()
+                return
+        elif scheme in ("negotiate", "ntlm") and "ntlm" in server.auth_methods and server._ntlm is not None:
+            token = base64.b64decode(header.split(" ", 1)[1].strip()) if " " in header else b""
+            try:
+                if token[:8] == b"NTLMSSP\x00" and token[8:9] == b"\x01":
+                    self.ntlm_context = server._ntlm.new_context(server._cert_der)
+                    self.ntlm_user = None
+                if self.ntlm_context is None:
+                    raise ValueError("NTLM message out of order")
+                out = server._ntlm.step(self.ntlm_context, token)
+            except Exception:
+                self.ntlm_context = None
+                self._challenge()
+                return
+            if not self.ntlm_context.complete:
+                word = "Negotiate" if scheme == "negotiate" else "NTLM"
+                self._challenge([("WWW-Authenticate", f"{word} {base64.b64encode(out or b'').decode()}")])
+                return
+            self.ntlm_user = str(self.ntlm_context.client_principal or server.username)
+            user = self.ntlm_user
+            if not body:  # pywinrm's empty message that sets up encryption
+                self._send(200)
+                return
+        elif not header and self.ntlm_user is not None and self.ntlm_context is not None:
+            user = self.ntlm_user
+        else:
+            self._challenge()
+            return
+
+        content_type = self.headers.get("Content-Type", "")
+        encrypted = "multipart/encrypted" in content_type
+        if encrypted:
+            if self.ntlm_context is None:
+                self._challenge()
+                return
+            try:
+                body = _auth.decrypt(self.ntlm_context, body)
+            except Exception:
+                self._send(400)
+                return
+            with server._lock:
+                server.encrypted_requests += 1
+        user_name = user.split("\\")[-1]
+        status, text = server.dispatch(body, user_name, self.client_address[0])
+        payload = text.encode("utf-8")
+        if encrypted:
+            self._send(status, _auth.encrypt(self.ntlm_context, payload), _auth.ENCRYPTED_CONTENT_TYPE)
+        else:
+            self._send(status, payload, "application/soap+xml;charset=UTF-8")
