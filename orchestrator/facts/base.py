@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from orchestrator.platforms import Platform
-from orchestrator.transports.base import Transport
+from orchestrator.transports.base import Result, Transport
 
 T = TypeVar("T")
 
@@ -51,6 +51,11 @@ def gather(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120
     platform = transport.platform
     script = platform.sectioned([(f.name, f.command(platform)) for f in facts], token)
     result = transport.run(script, timeout=timeout)
+    return collect(facts, result, token)
+
+
+def collect(facts: list[Fact[Any]], result: Result, token: str) -> FactSet:
+    """Parse every fact's section of ``result`` (a run of a ``sectioned`` script framed with ``token``)."""
     sections = split_sections(result.stdout, token)
     found = FactSet()
     for fact in facts:

@@ -45,6 +45,9 @@ NODE_VARS: dict[str, str] = {
     "bootstrap_password_env": "password_env",
     "bootstrap_password_prompt": "password_prompt",
     "bootstrap_allow_insecure": "allow_insecure",
+    "bootstrap_windows_mode": "windows.mode",
+    "bootstrap_wsl_distro": "windows.distro",
+    "bootstrap_wsl_user": "windows.wsl_user",
 }
 # ansible_* variables copied to a node field as they are (aliases included).
 PLAIN_VARS: dict[str, str] = {
@@ -374,12 +377,15 @@ class _Reader:
         tags.sort(key=lambda g: self.groups[g].order)
         draft.values["tags"] = tags
         winrm: dict[str, Any] = {}
+        windows: dict[str, Any] = {}
         os_from: str | None = None  # which variable decided the os
 
         def put(target: str, var: _Var, value: Any) -> None:
             source = Source(var.line, var.key, var.scope if var.group is not None else None)
             if target.startswith("winrm."):
                 winrm[target.split(".", 1)[1]] = value
+            elif target.startswith("windows."):
+                windows[target.split(".", 1)[1]] = value
             else:
                 draft.values[target] = value
             draft.sources[target] = source
@@ -424,6 +430,8 @@ class _Reader:
 
         if winrm:
             draft.values["winrm"] = winrm
+        if windows:
+            draft.values["windows"] = windows
         if draft.values.get("connection") == "local" and draft.sources["host"].key == "hosts":
             # Like Ansible: a local host runs here, whatever its name (unless ansible_host says otherwise).
             draft.values["host"] = "localhost"

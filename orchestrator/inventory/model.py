@@ -27,6 +27,7 @@ from pydantic import (
     SecretStr,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -38,15 +39,21 @@ __all__ = [
     "NODE_USER_FIELDS",
     "Backend",
     "Cluster",
+    "CodeSettings",
     "ConnectionName",
+    "EnvOverride",
+    "EnvSettings",
+    "FirewallSettings",
     "Inventory",
     "IssueLog",
     "Node",
     "NodeDraft",
     "OsName",
     "Source",
+    "TimeSettings",
     "TrainSettings",
     "WinRMSettings",
+    "WindowsSettings",
     "assemble",
     "inventory_password",
     "is_localhost",
@@ -89,6 +96,27 @@ class WinRMSettings(BaseModel):
     ca_bundle: Text | None = None
 
 
+WindowsMode = Literal["wsl", "native"]
+# What cmd.exe and wsl.exe pass through untouched (the names reach a Windows command line).
+WslDistro = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+LinuxUser = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9._-]*\$?$")]
+
+
+class WindowsSettings(BaseModel):
+    """Where training runs on a Windows node (docs/inventory.md, "Windows nodes").
+
+    ``wsl``: inside a WSL2 distribution, with the Linux build of torch: the only way to share a gloo
+    group with Linux ranks (Windows torch speaks gloo's UV transport, Linux torch its TCP transport).
+    ``native``: Windows Python, for clusters made only of Windows nodes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: WindowsMode = "wsl"
+    distro: WslDistro | None = None  # None: the Windows user's default distribution
+    wsl_user: LinuxUser | None = None  # None: the distribution's default user
+
+
 class Node(BaseModel):
     """One machine of the cluster, with every default resolved."""
 
@@ -111,6 +139,7 @@ class Node(BaseModel):
     tags: tuple[Text, ...] = ()
     winrm: WinRMSettings = Field(default_factory=WinRMSettings)
     allow_insecure: bool = False
+    windows: WindowsSettings = Field(default_factory=WindowsSettings)
     line: int | None = None
 
     _password: SecretStr | None = PrivateAttr(default=None)
@@ -230,6 +259,242 @@ class TrainSettings(BaseModel):
         return dict(self.env)
 
 
+_PORT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _port_range(value: Any) -> str:
+    """``6006`` or ``"6000-6010"`` -> the canonical text (``"6006"``, ``"6000-6010"``); ValueError else."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a port")
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        port = int(value)
+        if not 1 <= port <= 65535:
+            raise ValueError(f"port {port} is not between 1 and 65535")
+        return str(port)
+    if isinstance(value, str):
+        match = _PORT_RANGE_RE.match(value)
+        if match:
+            low, high = int(match.group(1)), int(match.group(2))
+            if not 1 <= low <= high <= 65535:
+                raise ValueError(f"range {value!r} must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
+            return str(low) if low == high else f"{low}-{high}"
+    raise ValueError(f"{value!r} is not a port or a LOW-HIGH range")
+
+
+class FirewallSettings(BaseModel):
+    """What `bootstrap firewall` opens on the nodes (docs/firewall.md).
+
+    Training needs the rendezvous port on the master and the ephemeral ports gloo/NCCL listen on (they
+    cannot be pinned), from the cluster's own addresses only; these settings add to or switch off that.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manage: bool = True  # false: the step leaves every firewall alone (says so)
+    extra_ports: tuple[str, ...] = ()  # "6006", "6000-6010": same scoping (peers only)
+    ephemeral_ports: str = "auto"  # "auto": each node's ip_local_port_range; or "LOW-HIGH"
+    extra_sources: tuple[str, ...] = ()  # more IPv4 addresses/networks allowed (e.g. a workstation)
+    persist: bool = False  # keep the rules across reboots (nftables/iptables files; firewalld --permanent)
+
+    @field_validator("extra_ports", mode="before")
+    @classmethod
+    def _ports(cls, value: Any) -> Any:
+        if isinstance(value, (int, str)) and not isinstance(value, bool):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            return tuple(_port_range(v) for v in value)
+        return value
+
+    @field_validator("ephemeral_ports", mode="before")
+    @classmethod
+    def _ephemeral(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, str) and _PORT_RANGE_RE.match(value):
+            return _port_range(value)
+        raise ValueError(f"{value!r} is neither 'auto' nor a LOW-HIGH range")
+
+    @field_validator("extra_sources", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            return value
+        out = []
+        for item in value:
+            try:
+                network = ipaddress.ip_network(str(item), strict=False)
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IPv4 address or network") from None
+            if network.version != 4:
+                raise ValueError(f"{item!r}: only IPv4 sources are supported (the cluster speaks IPv4)")
+            if network.prefixlen < 8:
+                raise ValueError(
+                    f"{item!r} is far wider than a LAN: training ports are never opened to the world"
+                )
+            out.append(str(network.network_address) if network.prefixlen == 32 else str(network))
+        return tuple(out)
+
+
+class TimeSettings(BaseModel):
+    """How `bootstrap ntp` keeps the nodes' clocks together (docs/time.md).
+
+    Default: the master serves time to the workers (chrony ``local stratum`` + ``allow``), which works
+    in labs without internet; with ``servers`` every node follows those instead (or only the master,
+    which then serves the workers, with ``serve_from_master: true``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    manage: bool = True  # false: the step only measures and reports the offsets
+    servers: tuple[Text, ...] = ()  # upstream NTP servers or pools (names or addresses)
+    serve_from_master: bool | None = None  # None: true when no servers are given
+    # 100 ms: far inside the preflight's 1 s warning and the ~15 s elastic-rendezvous limit
+    # (FIELD_NOTES: c10d heartbeats), yet reachable by w32time on Windows and by Wi-Fi nodes
+    max_offset_ms: Annotated[float, Field(gt=0)] = 100.0
+    install: bool = False  # install chrony where missing (apt-get/dnf, as root)
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _server_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            for item in value:
+                if not isinstance(item, str) or not re.match(r"^[A-Za-z0-9.:_-]+$", item):
+                    raise ValueError(f"{item!r} is not a host name or address")
+            return tuple(value)
+        return value
+
+    @field_validator("max_offset_ms", mode="before")
+    @classmethod
+    def _offset_not_bool(cls, value: Any) -> Any:
+        return _no_bool(value)
+
+    @model_validator(mode="after")
+    def _something_to_follow(self) -> TimeSettings:
+        if self.manage and self.serve_from_master is False and not self.servers:
+            raise ValueError("serve_from_master: false needs servers (or manage: false)")
+        return self
+
+    @property
+    def serving(self) -> bool:
+        """Does the master serve time to the workers?"""
+        return self.serve_from_master if self.serve_from_master is not None else not self.servers
+
+
+Installer = Literal["auto", "uv", "pip"]
+_PYTHON_WANTED_RE = re.compile(r"^3(\.\d+){0,2}$")
+
+
+def _string_list(value: Any) -> Any:
+    """One string or a list of strings -> tuple (YAML lets users write either)."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+class EnvOverride(BaseModel):
+    """``cluster.env.linux`` / ``cluster.env.windows``: what differs on nodes of one OS (a CUDA wheel
+    index for Linux, another for Windows). Each field given replaces the cluster-wide one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requirements: Text | None = None
+    packages: tuple[Text, ...] | None = None
+    index_url: Text | None = None
+    extra_index_urls: tuple[Text, ...] | None = None
+    find_links: tuple[Text, ...] | None = None
+    no_index: bool | None = None
+
+    @field_validator("packages", "extra_index_urls", "find_links", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _string_list(value)
+
+
+class EnvSettings(BaseModel):
+    """``cluster.env``: the Python environment every node gets (see docs/sync.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    python: Text | None = None  # "3.11": the node's interpreter must report this version (prefix)
+    requirements: Text | None = None  # a requirements/lock file, relative to the inventory file
+    packages: tuple[Text, ...] = ()
+    index_url: Text | None = None
+    extra_index_urls: tuple[Text, ...] = ()
+    find_links: tuple[Text, ...] = ()
+    no_index: bool = False  # only find_links (pip --no-index)
+    linux: EnvOverride | None = None
+    windows: EnvOverride | None = None
+    path: Text | None = None  # where the venv lives on each node; default <workdir>/venv
+    offline: bool = False  # the controller downloads wheels and pushes them: nodes need no internet
+    installer: Installer = "auto"
+
+    @field_validator("python", mode="before")
+    @classmethod
+    def _version_text(cls, value: Any) -> Any:
+        if isinstance(value, float):
+            # YAML reads 3.10 as the number 3.1: the only safe spelling is a string
+            raise ValueError(f'write the version quoted (python: "{value}"): YAML reads 3.10 as 3.1')
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and not _PYTHON_WANTED_RE.match(value):
+            raise ValueError(f'{value!r} is not a Python 3 version such as "3.11"')
+        return value
+
+    @field_validator("packages", "extra_index_urls", "find_links", mode="before")
+    @classmethod
+    def _lists(cls, value: Any) -> Any:
+        return _string_list(value)
+
+    @property
+    def declared(self) -> bool:
+        """True when the inventory asks for an environment at all."""
+        overrides = [o for o in (self.linux, self.windows) if o is not None]
+        return bool(
+            self.requirements or self.packages or any(o.requirements or o.packages for o in overrides)
+        )
+
+
+#: dest values that would make code sync (which deletes what the project no longer has) wipe a home
+_UNSAFE_CODE_DESTS = frozenset({"", "/", "~", ".", "$HOME", "%USERPROFILE%"})
+
+
+class CodeSettings(BaseModel):
+    """``cluster.code``: the project directory `bootstrap sync` pushes to every node (docs/sync.md).
+
+    ``dest`` is the one code directory of the cluster: launch runs the training script from it
+    (``train.code_dir`` names the same directory and is kept for older inventories).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Text | None = None  # on this machine; default: the current directory (like train.script)
+    dest: Text | None = None  # on the nodes; default: train.code_dir, else <workdir>/code
+    excludes: tuple[Text, ...] = ()  # gitignore syntax, relative to source; "!pattern" re-includes
+    gitignore: bool = True  # honour .gitignore files (git ls-files in a git work tree)
+
+    @field_validator("excludes", mode="before")
+    @classmethod
+    def _excludes_list(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else value
+
+    @field_validator("dest")
+    @classmethod
+    def _not_a_home(cls, value: str | None) -> str | None:
+        bare = None if value is None else value.strip().rstrip("/\\")
+        if bare is not None and (bare in _UNSAFE_CODE_DESTS or re.fullmatch(r"[A-Za-z]:", bare)):
+            raise ValueError(
+                f"{value!r} is a home or root directory: sync deletes files the project does not have, "
+                "so dest must be a directory of its own, e.g. ~/cluster-bootstrap/code"
+            )
+        return value
+
+
 class Cluster(BaseModel):
     """Cluster-wide settings."""
 
@@ -240,17 +505,57 @@ class Cluster(BaseModel):
     port: PortNumber = 29500
     backend: Backend = "auto"
     train: TrainSettings = TrainSettings()
+    firewall: FirewallSettings = FirewallSettings()
+    time: TimeSettings = TimeSettings()
+    env: EnvSettings = EnvSettings()
+    code: CodeSettings = CodeSettings()
 
     @field_validator("port", mode="before")
     @classmethod
     def _integers_are_not_booleans(cls, value: Any) -> Any:
         return _no_bool(value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_code_directory(cls, data: Any) -> Any:
+        """``code.dest`` and ``train.code_dir`` name one directory: sync pushes where launch runs.
+
+        A ``code.dest`` alone is copied into ``train.code_dir`` (launch reads that); both given and
+        different would make launch run code that sync never pushed.
+        """
+        if not isinstance(data, dict):
+            return data
+        code, train = data.get("code"), data.get("train")
+        dest = code.get("dest") if isinstance(code, dict) else None
+        if not isinstance(dest, str) or (train is not None and not isinstance(train, dict)):
+            return data
+        if (train or {}).get("code_dir") is None:
+            return {**data, "train": {**(train or {}), "code_dir": dest}}
+        return data  # both given: _same_code_directory compares them once validated
+
+    @field_validator("code")
+    @classmethod
+    def _same_code_directory(cls, code: CodeSettings, info: ValidationInfo) -> CodeSettings:
+        train = info.data.get("train")
+        code_dir = train.code_dir if isinstance(train, TrainSettings) else None
+        if code.dest is not None and code_dir is not None and code_dir != code.dest:
+            raise ValueError(
+                f"code.dest {code.dest!r} and train.code_dir {code_dir!r} differ: launch runs the code "
+                "from train.code_dir, sync pushes it to code.dest; keep only code.dest"
+            )
+        return code
+
 
 # Fields a user may write for a node ("line" is filled in by the loader).
 NODE_USER_FIELDS: tuple[str, ...] = tuple(f for f in Node.model_fields if f != "line")
 WINRM_FIELDS: tuple[str, ...] = tuple(WinRMSettings.model_fields)
+WINDOWS_FIELDS: tuple[str, ...] = tuple(WindowsSettings.model_fields)
 CLUSTER_FIELDS: tuple[str, ...] = tuple(Cluster.model_fields)
+FIREWALL_FIELDS: tuple[str, ...] = tuple(FirewallSettings.model_fields)
+TIME_FIELDS: tuple[str, ...] = tuple(TimeSettings.model_fields)
+ENV_FIELDS: tuple[str, ...] = tuple(EnvSettings.model_fields)
+ENV_OVERRIDE_FIELDS: tuple[str, ...] = tuple(EnvOverride.model_fields)
+CODE_FIELDS: tuple[str, ...] = tuple(CodeSettings.model_fields)
 
 
 def _one_of(literal: Any) -> str:
@@ -280,6 +585,10 @@ _EXPECTED: dict[str, str] = {
     "winrm.scheme": _one_of(Scheme),
     "winrm.cert_validation": "true or false",
     "winrm.ca_bundle": "a path to a CA bundle file",
+    "windows": "a mapping with " + ", ".join(WINDOWS_FIELDS),
+    "windows.mode": _one_of(WindowsMode) + " (wsl: training inside WSL2, needed beside Linux nodes)",
+    "windows.distro": "a WSL distribution name as `wsl --list` shows it (letters, digits, '.', '_', '-')",
+    "windows.wsl_user": "a Linux user name in that distribution",
 }
 _CLUSTER_EXPECTED: dict[str, str] = {
     "name": "a non-empty string",
@@ -287,6 +596,36 @@ _CLUSTER_EXPECTED: dict[str, str] = {
     "port": "an integer between 1 and 65535",
     "backend": _one_of(Backend),
     "train": "a mapping with " + ", ".join(TrainSettings.model_fields),
+    "firewall": "a mapping with " + ", ".join(FirewallSettings.model_fields),
+    "firewall.manage": "true or false",
+    "firewall.extra_ports": "a list of ports (6006) or LOW-HIGH ranges ('6000-6010')",
+    "firewall.ephemeral_ports": "'auto' (each node's ip_local_port_range) or a LOW-HIGH range",
+    "firewall.extra_sources": "a list of IPv4 addresses or networks (at most /8 wide)",
+    "firewall.persist": "true or false",
+    "time": "a mapping with " + ", ".join(TimeSettings.model_fields),
+    "time.manage": "true or false",
+    "time.servers": "a list of NTP server or pool names/addresses",
+    "time.serve_from_master": "true or false",
+    "time.max_offset_ms": "a number of milliseconds > 0",
+    "time.install": "true or false",
+    "env": "a mapping with " + ", ".join(EnvSettings.model_fields),
+    "env.python": 'a Python version as a quoted string, e.g. "3.11"',
+    "env.requirements": "a requirements/lock file path (relative to the inventory file)",
+    "env.packages": "a list of requirement strings, e.g. ['torch==2.13.0']",
+    "env.index_url": "a package index URL",
+    "env.extra_index_urls": "a list of package index URLs",
+    "env.find_links": "a list of directories or URLs holding wheels",
+    "env.no_index": "true or false",
+    "env.linux": "a mapping with " + ", ".join(EnvOverride.model_fields),
+    "env.windows": "a mapping with " + ", ".join(EnvOverride.model_fields),
+    "env.path": "a directory path on the nodes (default <workdir>/venv)",
+    "env.offline": "true or false",
+    "env.installer": _one_of(Installer),
+    "code": "a mapping with " + ", ".join(CodeSettings.model_fields),
+    "code.source": "a directory on this machine (default: the current directory)",
+    "code.dest": "a directory on the nodes (default <workdir>/code)",
+    "code.excludes": "a list of gitignore-style patterns",
+    "code.gitignore": "true or false",
 }
 # Values never echoed in messages (a user may put a password where a variable name belongs).
 _SECRET_FIELDS = frozenset({"password_env"})
@@ -353,8 +692,12 @@ def is_localhost(host: str) -> bool:
 def _error_field(loc: tuple[int | str, ...]) -> tuple[str, str]:
     """(top-level field, dotted path for winrm sub-fields) from a pydantic ``loc``."""
     top = str(loc[0]) if loc else ""
-    if top == "winrm" and len(loc) > 1 and isinstance(loc[1], str):
-        return top, f"winrm.{loc[1]}"
+    if top in ("winrm", "windows", "firewall", "time", "code") and len(loc) > 1 and isinstance(loc[1], str):
+        return top, f"{top}.{loc[1]}"
+    if top == "env" and len(loc) > 1 and isinstance(loc[1], str):
+        if loc[1] in ("linux", "windows") and len(loc) > 2 and isinstance(loc[2], str):
+            return top, f"env.{loc[1]}.{loc[2]}"
+        return top, f"env.{loc[1]}"
     return top, top
 
 
@@ -381,6 +724,8 @@ def _report_validation(
         src = sources.get(path) or sources.get(top)
         line = src.line if src else fallback_line
         shown_field = src.key if src else path
+        if src is not None and path != top and src.key == top:
+            shown_field = path  # a sub-field of a mapping whose own line is all we know
         issue_node = node
         suffix = ""
         if src is not None and src.scope:
@@ -388,9 +733,25 @@ def _report_validation(
             suffix = f" (set in {src.scope})"
         if kind == "extra_forbidden":
             name = str(loc[-1])
-            options = WINRM_FIELDS if path.startswith("winrm.") else known_fields
+            options = (
+                WINRM_FIELDS
+                if path.startswith("winrm.")
+                else WINDOWS_FIELDS
+                if path.startswith("windows.")
+                else FIREWALL_FIELDS
+                if path.startswith("firewall.")
+                else TIME_FIELDS
+                if path.startswith("time.")
+                else CODE_FIELDS
+                if path.startswith("code.")
+                else ENV_OVERRIDE_FIELDS
+                if path.startswith(("env.linux.", "env.windows."))
+                else ENV_FIELDS
+                if path.startswith("env.")
+                else known_fields
+            )
             message = f"unknown field '{name}'{did_you_mean(name, options)}"
-            shown_field = src.key if src else path
+            shown_field = path if src is not None and src.key == top and path != top else shown_field
         elif kind == "missing":
             what = expected.get(path, "a value")
             message = f"required field '{path}' is missing (expected {what})"
@@ -404,6 +765,9 @@ def _report_validation(
                 if len(loc) > 1 and isinstance(loc[-1], int):
                     item = f" item {loc[-1] + 1}:"
                 message = f"expected {what}, got{item} {describe(got)}"
+                reason = err.get("ctx", {}).get("error")
+                if kind == "value_error" and path.startswith(("firewall.", "time", "code")) and reason:
+                    message = f"expected {what}: {reason}"
         log.add(message + suffix, line=line, node=issue_node, field=shown_field)
     return bad
 
@@ -412,10 +776,11 @@ def _without(values: dict[str, Any], paths: Iterable[str]) -> dict[str, Any]:
     """A copy of ``values`` without the given (dotted) fields."""
     out = dict(values)
     for path in paths:
-        if path.startswith("winrm.") and isinstance(out.get("winrm"), dict):
-            winrm = dict(out["winrm"])
-            winrm.pop(path.split(".", 1)[1], None)
-            out["winrm"] = winrm
+        top = path.split(".", 1)[0]
+        if top in ("winrm", "windows") and "." in path and isinstance(out.get(top), dict):
+            sub = dict(out[top])
+            sub.pop(path.split(".", 1)[1], None)
+            out[top] = sub
         else:
             out.pop(path, None)
     return out
@@ -482,6 +847,19 @@ def _check_node(node: Node, draft: NodeDraft, bad: set[str], log: IssueLog) -> N
             line=line,
             node=node.name,
             field=key,
+        )
+    # Set for this very node (not through defaults or group vars, which Linux nodes share with
+    # Windows ones): a Linux node with Windows settings is a mistake worth naming.
+    own = draft.sources.get("windows") or next(
+        (src for key, src in draft.sources.items() if key.startswith("windows.")), None
+    )
+    if node.os != "windows" and "windows" in draft.values and own and not own.scope and "os" not in bad:
+        log.add(
+            "'windows' (mode, distro, wsl_user) is only for os: windows nodes: remove it, "
+            "or set os: windows",
+            line=own.line,
+            node=node.name,
+            field=own.key,
         )
 
 

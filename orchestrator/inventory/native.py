@@ -50,23 +50,24 @@ def _read_fields(
             continue
         values[name] = plain(value)
         sources[name] = Source(line, name, scope)
-        if name == "winrm" and isinstance(value, Mapping):
+        if name in ("winrm", "windows") and isinstance(value, Mapping):
             for sub in value:
-                sources[f"winrm.{sub}"] = Source(key_line(value, sub), f"winrm.{sub}", scope)
+                sources[f"{name}.{sub}"] = Source(key_line(value, sub), f"{name}.{sub}", scope)
     return values, sources
 
 
 def _merge(
     defaults: tuple[dict[str, Any], dict[str, Source]], own: tuple[dict[str, Any], dict[str, Source]]
 ) -> tuple[dict[str, Any], dict[str, Source]]:
-    """Node values win over defaults; ``winrm`` is merged key by key."""
+    """Node values win over defaults; ``winrm`` and ``windows`` are merged key by key."""
     values = {**defaults[0], **own[0]}
     sources = {**defaults[1], **own[1]}
-    d_winrm, n_winrm = defaults[0].get("winrm"), own[0].get("winrm")
-    if isinstance(d_winrm, dict) and isinstance(n_winrm, dict):
-        values["winrm"] = {**d_winrm, **n_winrm}
-    elif "winrm" in own[0]:
-        sources = {k: v for k, v in sources.items() if not k.startswith("winrm.") or k in own[1]}
+    for sub in ("winrm", "windows"):
+        d_sub, n_sub = defaults[0].get(sub), own[0].get(sub)
+        if isinstance(d_sub, dict) and isinstance(n_sub, dict):
+            values[sub] = {**d_sub, **n_sub}
+        elif sub in own[0]:
+            sources = {k: v for k, v in sources.items() if not k.startswith(f"{sub}.") or k in own[1]}
     return values, sources
 
 

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from orchestrator.platforms.base import Platform, check_env_name
 from orchestrator.platforms.posix import PosixShell
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.platforms.wsl import WslShell
 
-__all__ = ["Platform", "PosixShell", "check_env_name", "platform_for"]
+if TYPE_CHECKING:
+    from orchestrator.inventory.model import Node
+
+__all__ = [
+    "Platform",
+    "PosixShell",
+    "PowerShell",
+    "WslShell",
+    "check_env_name",
+    "platform_for",
+    "platform_for_node",
+]
 
 
 def platform_for(os_name: str) -> Platform:
-    """The platform a node of ``os_name`` speaks (PowerShell arrives with the WinRM transport)."""
+    """The platform a node of ``os_name`` speaks natively (Windows: PowerShell)."""
     if os_name == "linux":
         return PosixShell()
-    raise NotImplementedError(f"no shell platform for os {os_name!r} yet")
+    if os_name == "windows":
+        return PowerShell()
+    raise NotImplementedError(f"no shell platform for os {os_name!r}")
+
+
+def platform_for_node(node: Node) -> Platform:
+    """The platform commands for ``node`` are written in: Linux nodes POSIX sh; Windows nodes
+    PowerShell in ``native`` mode, and sh inside their WSL distribution in ``wsl`` mode."""
+    if node.os == "windows" and node.windows.mode == "wsl":
+        return WslShell(node.windows.distro, node.windows.wsl_user)
+    return platform_for(node.os)

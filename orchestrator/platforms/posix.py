@@ -76,13 +76,16 @@ class PosixShell(Platform):
             "exec 3<&0\n"
             "if command -v setsid >/dev/null 2>&1; then\n"
             f"  setsid {job}\n"
-            "  target=-$!\n"  # the job's process group
+            "  job=$! target=-$!\n"  # the job's process group
             "else\n"
             f"  {job}\n"
-            "  target=$!\n"  # no setsid (rare): the job's first process only
+            "  job=$! target=$!\n"  # no setsid (rare): the job's first process only
             "fi\n"
-            # A TERM that finds nothing left ends the watcher at once.
-            '{ cat <&3 >/dev/null; kill -TERM "$target" || exit 0; sleep 5; kill -KILL "$target"; }'
+            # A TERM that finds nothing left ends the watcher at once. EOF can come before the job
+            # has called setsid (stdin already closed): no group yet, so the job's process itself
+            # is stopped, before it starts anything; KILL then goes to both.
+            '{ cat <&3 >/dev/null; if kill -TERM "$target"; then sleep 5; kill -KILL "$target";'
+            ' elif kill -TERM "$job"; then sleep 5; kill -KILL "$target" || kill -KILL "$job"; fi; }'
             " >/dev/null 2>&1 &\n"
             "exec 3<&-\n"
             'wait "${target#-}"'
@@ -99,7 +102,196 @@ class PosixShell(Platform):
         """``command`` with its output (stdout and stderr together) also appended to ``log`` on the
         node, keeping the command's exit code (POSIX sh has no pipefail)."""
         rc = self.path_word(log + ".rc")
-        return f'{{ {command} 2>&1; echo $? > {rc}; }} | tee -a {self.path_word(log)}\nexit "$(cat {rc})"'
+        # the exit-code file appears only once tee has written everything: `logs --follow` ends
+        # when it sees that file, and must find the log complete then
+        part = self.path_word(log + ".rc.part")
+        return (
+            f"{{ {command} 2>&1; echo $? > {part}; }} | tee -a {self.path_word(log)}\n"
+            f'mv -f {part} {rc}\nexit "$(cat {rc})"'
+        )
+
+    # -- runs: identity, detached start, stop, status, log tail from a byte offset ----------------
+    # A run's processes are found by what they carry, never by their names: the launcher's session
+    # (its leader checked against the pid and start time written when it started, so a recycled pid
+    # is never taken for it) and the RUN_MARKER_ENV variable every descendant inherits.
+
+    #: environment variable holding ``<run-id>/<node>`` in every process of a run
+    RUN_MARKER_ENV = "CLUSTER_BOOTSTRAP_RUN"
+
+    def run_identity(self, run_dir: str, marker: str) -> str:
+        """Lines that make the current shell the run's known launcher: the marker exported for every
+        descendant, ``<run_dir>/pid`` = "PID SESSION STARTTIME" (STARTTIME: field 22 of
+        /proc/PID/stat, clock ticks since boot: with the pid it names one process for good)."""
+        return (
+            f"export {self.RUN_MARKER_ENV}={self.quote(marker)}\n"
+            f"_cb_d={self.path_word(run_dir)}\n"
+            '_cb_self() { set -- $1; printf \'%s %s %s\\n\' "$$" "${4:--}" "${20:--}"; }\n'
+            '{ IFS= read -r _cb_l < "/proc/$$/stat"; } 2>/dev/null || _cb_l=") ?"\n'
+            '_cb_self "${_cb_l##*) }" > "$_cb_d/pid.part" && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
+        )
+
+    def _run_functions(self, run_dir: str, marker: str) -> str:
+        """Shell functions shared by stop, status and the log tail (``$d`` = the run directory)."""
+        env_line = self.quote(f"{self.RUN_MARKER_ENV}={marker}")
+        return (
+            f"d={self.path_word(run_dir)}\n"
+            f"m={env_line}\n"
+            # the launcher, when it still runs: the pid file's pid with the recorded start time
+            "_cb_leader() {\n"
+            '  [ -f "$d/pid" ] || return 1\n'
+            '  read -r _cb_pid _cb_sid _cb_start < "$d/pid" || return 1\n'
+            '  { IFS= read -r _cb_l < "/proc/$_cb_pid/stat"; } 2>/dev/null || return 1\n'
+            '  _cb_check "${_cb_l##*) }"\n'
+            "}\n"
+            '_cb_check() { set -- $1; [ "$1" != Z ] && [ "${20}" = "$_cb_start" ]; }\n'
+            # every live process of the run: members of the launcher's session ($_cb_sess, set once
+            # while the leader was verified) and every process carrying the marker; zombies excluded
+            "_cb_members() {\n"
+            "  {\n"
+            '  if [ -n "$_cb_sess" ]; then\n'
+            "    for _cb_s in /proc/[0-9]*/stat; do\n"
+            '      { IFS= read -r _cb_l < "$_cb_s"; } 2>/dev/null || continue\n'
+            "      _cb_p=${_cb_s#/proc/}; _cb_p=${_cb_p%/stat}\n"
+            '      [ "$_cb_p" = "$$" ] && continue\n'
+            '      _cb_in "${_cb_l##*) }" && echo "$_cb_p"\n'
+            "    done\n"
+            "  fi\n"
+            '  grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null'
+            ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
+            "  } | sort -u\n"
+            "}\n"
+            '_cb_in() { set -- $1; [ "$1" != Z ] && [ "$4" = "$_cb_sess" ]; }\n'
+            "_cb_sess=\n"
+            'if _cb_leader && [ "$_cb_sid" = "$_cb_pid" ]; then _cb_sess=$_cb_pid; fi\n'
+        )
+
+    def start_detached(self, run_dir: str, script: str, log: str, marker: str) -> str:
+        """Start ``script`` in a session of its own that outlives our connection (setsid; stdin
+        /dev/null, output appended to ``log``; ``log``.rc gets its exit code), then wait until it has
+        written its pid file and print that file. Refuses a run directory that already has one."""
+        inner = (
+            self.run_identity(run_dir, marker)
+            + f"\n/bin/sh {self.path_word(script)} >> {self.path_word(log)} 2>&1 </dev/null"
+            + f"\necho $? > {self.path_word(log + '.rc.part')}"
+            + f" && mv -f {self.path_word(log + '.rc.part')} {self.path_word(log + '.rc')}"
+        )
+        return (
+            f"d={self.path_word(run_dir)}\n"
+            'if [ -e "$d/pid" ]; then echo "@@started-before $(cat "$d/pid")"; exit 3; fi\n'
+            "command -v setsid >/dev/null 2>&1 || { echo 'setsid not found (util-linux)' >&2; exit 4; }\n"
+            f"setsid /bin/sh -c {self.quote(inner)} </dev/null >/dev/null 2>&1 &\n"
+            "i=0\n"
+            'while [ ! -s "$d/pid" ]; do\n'
+            "  i=$((i + 1)); [ $i -gt 200 ] && { echo 'the launcher did not start' >&2; exit 5; }\n"
+            "  sleep 0.05\n"
+            "done\n"
+            'echo "@@started $(cat "$d/pid")"'
+        )
+
+    def stop_run(self, run_dir: str, marker: str, grace: float = 5.0) -> str:
+        """TERM every process of the run, KILL what is left after ``grace`` seconds. Prints one line:
+        ``@@stop stopped TERMED KILLED LEFT`` or ``@@stop exited CODE|gone|not-started|no-run``."""
+        hundredths = max(1, int(grace * 100))
+        return (
+            self._run_functions(run_dir, marker)
+            # deadlines on the uptime clock (hundredths of a second): a loaded node must not
+            # stretch the grace period by the time each scan takes
+            + "_cb_now() { read -r _cb_up _cb_x < /proc/uptime; _cb_up=${_cb_up%.*}${_cb_up#*.}; }\n"
+            "p=$(_cb_members)\n"
+            'if [ -z "$p" ]; then\n'
+            '  if [ -f "$d/node.log.rc" ]; then echo "@@stop exited $(cat "$d/node.log.rc")"\n'
+            '  elif [ -f "$d/pid" ]; then echo "@@stop gone"\n'
+            '  elif [ -d "$d" ]; then echo "@@stop not-started"\n'
+            '  else echo "@@stop no-run"; fi\n'
+            "  exit 0\n"
+            "fi\n"
+            'n=$(printf "%s\\n" "$p" | wc -l)\n'
+            "kill -TERM $p 2>/dev/null\n"
+            f"_cb_now; end=$((_cb_up + {hundredths}))\n"
+            "while :; do\n"
+            '  p=$(_cb_members); [ -z "$p" ] && break\n'
+            '  _cb_now; [ "$_cb_up" -ge "$end" ] && break\n'
+            "  sleep 0.1\n"
+            "done\n"
+            "k=0\n"
+            'if [ -n "$p" ]; then\n'
+            '  k=$(printf "%s\\n" "$p" | wc -l); kill -KILL $p 2>/dev/null\n'
+            "  _cb_now; end=$((_cb_up + 300))\n"
+            '  while [ -n "$(_cb_members)" ]; do\n'
+            '    _cb_now; [ "$_cb_up" -ge "$end" ] && break; sleep 0.1\n'
+            "  done\n"
+            "fi\n"
+            'echo "@@stop stopped $n $k $(_cb_members | wc -l)"'
+        )
+
+    def run_status(self, run_dir: str, marker: str, log: str) -> str:
+        """``key=value`` lines: node clock, launcher alive, start/end times (file mtimes on the node's
+        clock), exit code, log size and last line, one ``gpu=`` line per GPU where nvidia-smi exists."""
+        return (
+            self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"
+            'echo "now=$(date +%s)"\n'
+            'if [ ! -d "$d" ]; then echo "state=no-run"; exit 0; fi\n'
+            'if [ -f "$d/pid" ]; then echo "started=$(stat -c %Y "$d/pid")"; fi\n'
+            'if _cb_leader; then echo "alive=1"; else echo "alive=0"; fi\n'
+            'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
+            'if [ -f "$f" ]; then\n'
+            '  echo "size=$(wc -c < "$f")"\n'
+            "  echo \"last=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$'"
+            ' | tail -n 1 | cut -c1-400)"\n'
+            "fi\n"
+            "if command -v nvidia-smi >/dev/null 2>&1; then\n"
+            "  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total"
+            " --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'\n"
+            "fi"
+        )
+
+    def tail_log(
+        self, run_dir: str, marker: str, log: str, offset: int, *, follow: bool, interval: float = 0.05
+    ) -> str:
+        """Print ``log`` from byte ``offset`` as ``END TEXT`` lines (END: the byte offset just past
+        that line), complete lines only: a last line without its newline is held back until the
+        launcher has ended. Sizes are taken before reading, so a line being written is never cut.
+        With ``follow`` it polls until the launcher has ended (exit-code file, or its process gone)
+        and everything is read. Ends with ``@@end CODE|none OFFSET`` (``@@missing``: no such run)."""
+        awk = (
+            "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
+            ' printf "%.0f %s\\n", e, $0; o = e }'
+            ' END { printf "%.0f\\n", o > "/dev/stderr" }'
+        )
+        return (
+            self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"
+            f"off={int(offset)}\n"
+            'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
+            "exec 4>&1\n"
+            "while :; do\n"
+            "  fin=0\n"
+            '  if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
+            '  size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
+            '  if [ "$size" -gt "$off" ]; then\n'
+            '    off=$(tail -c +$((off + 1)) "$f" 2>/dev/null | head -c $((size - off)) 2>/dev/null'
+            f' | LC_ALL=C awk -v o="$off" -v size="$size" -v fin="$fin" {self.quote(awk)} 2>&1 >&4)\n'
+            "  fi\n"
+            '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
+            "done\n"
+            'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
+            'echo "@@end ${rc:-none} $off"'
+        )
+
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        """For each entry: the first of its candidate paths that exists, as ``@@file I SIZE PATH``,
+        ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it, or ``@@missing I``."""
+        parts = []
+        for index, paths in enumerate(candidates):
+            words = " ".join(self.path_word(p) for p in paths)
+            parts.append(
+                f'found=; for c in {words}; do [ -e "$c" ] && {{ found=$c; break; }}; done\n'
+                f'if [ -z "$found" ]; then echo "@@missing {index}"\n'
+                f'elif [ -d "$found" ]; then echo "@@dir {index} $found"\n'
+                '  (cd "$found" && find . -type f -exec sh -c '
+                '\'for f; do printf "%s %s\\n" "$(wc -c < "$f")" "$f"; done\' sh {} +)\n'
+                f'else echo "@@file {index} $(wc -c < "$found") $found"; fi'
+            )
+        return "\n".join(parts)
 
     def login_command(self, script: str) -> str:
         """One line any login shell passes to ``/bin/sh`` unchanged: the script travels base64-encoded.

@@ -6,9 +6,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.facts import Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts.windows import RunsWindows, gather_windows_side, windows_facts, windows_modes
+from orchestrator.platforms import Platform, PowerShell, WslShell
 from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
@@ -46,12 +48,52 @@ class NodeFacts:
         }
 
 
+def _windows_plan(
+    node: Node, platform: Platform, extra: Sequence[Fact[Any]]
+) -> tuple[list[Fact[Any]], list[Fact[Any]], list[str]]:
+    """(Windows-side facts, facts for the node's own platform, names of facts not gathered).
+
+    Native mode: only the Windows facts (the ``extra`` ones are POSIX commands: not gathered yet).
+    WSL mode: Windows and WSL facts from the Windows side (one PowerShell round trip), the Linux
+    facts and ``extra`` inside the distribution (a second one, see ``gather_windows_side``)."""
+    if isinstance(platform, WslShell):
+        return windows_facts(None, mode="wsl"), [*linux_facts(interpreter_for(node)), *extra], []
+    return [], windows_facts(node.python), [f.name for f in extra]
+
+
 def facts_plan(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> str:
     """The exact script `facts`/`check` run on the node (for --dry-run); markers carry a random
     token per run where this shows TOKEN."""
     platform = transport.platform
+    if node.os == "windows" and isinstance(platform, (PowerShell, WslShell)):
+        windows, own, _ = _windows_plan(node, platform, extra)
+        script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], "TOKEN"))
+        if isinstance(platform, WslShell):
+            ps = platform.windows
+            windows_side = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows], "TOKEN"))
+            return f"{windows_side}\n# then, inside the WSL distribution:\n{script}"
+        return script
     facts = [*linux_facts(interpreter_for(node)), *extra]
     return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], "TOKEN"))
+
+
+def _gather_windows(node: Node, transport: Transport, extra: Sequence[Fact[Any]]) -> FactSet:
+    platform = transport.platform
+    windows, own, skipped = _windows_plan(node, platform, extra)
+    facts = gather(transport, own)
+    if windows and getattr(transport, "run_windows", None) is not None:
+        side = gather_windows_side(cast("RunsWindows", transport), windows)
+        facts.values.update(side.values)
+        facts.errors.update(side.errors)
+    else:
+        for fact in windows:
+            facts.errors[fact.name] = f"the {transport.kind} transport cannot run PowerShell beside WSL"
+    for name in skipped:
+        facts.errors[name] = "not gathered on native Windows nodes yet"
+    facts.values["modes"] = windows_modes(
+        facts.values, node.windows.distro, wsl_node=isinstance(platform, WslShell)
+    )
+    return facts
 
 
 def inspect(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> NodeFacts:
@@ -59,7 +101,10 @@ def inspect(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -
     start = time.monotonic()
     transport.connect()
     connected = time.monotonic() - start
-    facts = gather(transport, [*linux_facts(interpreter_for(node)), *extra])
+    if node.os == "windows" and isinstance(transport.platform, (PowerShell, WslShell)):
+        facts = _gather_windows(node, transport, extra)
+    else:
+        facts = gather(transport, [*linux_facts(interpreter_for(node)), *extra])
     return NodeFacts(
         via=transport.describe(),
         facts=facts,

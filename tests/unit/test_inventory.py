@@ -367,3 +367,57 @@ def test_bad_host_without_name_is_reported_once() -> None:
         load_inventory_text("nodes:\n  - host: 'bad host'\n", "h.yaml")
     (issue,) = info.value.issues
     assert (issue.line, issue.field) == (2, "host")
+
+
+# -- windows: where training runs on a Windows node ----------------------------------------------------
+
+
+def test_windows_mode_defaults_to_wsl_and_merges_from_defaults() -> None:
+    from orchestrator.inventory.model import WindowsSettings
+
+    inv = load_inventory_text(
+        "defaults:\n  windows: {distro: Ubuntu-22.04}\n"
+        "nodes:\n"
+        "  - {name: lin, host: 10.0.0.1}\n"
+        "  - {name: w1, host: 10.0.0.2, os: windows}\n"
+        "  - {name: w2, host: 10.0.0.3, os: windows, windows: {mode: native}}\n"
+        "  - {name: w3, host: 10.0.0.4, os: windows, windows: {wsl_user: trainer}}\n",
+        "w.yaml",
+    )
+    assert inv.node("w1").windows == WindowsSettings(mode="wsl", distro="Ubuntu-22.04")
+    assert inv.node("w2").windows == WindowsSettings(mode="native", distro="Ubuntu-22.04")
+    assert inv.node("w3").windows == WindowsSettings(distro="Ubuntu-22.04", wsl_user="trainer")
+    public = inv.public_dict()["nodes"][1]["windows"]
+    assert public == {"mode": "wsl", "distro": "Ubuntu-22.04", "wsl_user": None}
+
+
+def test_windows_settings_mistakes_are_named() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(
+            "nodes:\n"
+            "  - host: w\n    os: windows\n    windows:\n      mode: wls\n      distro: 'my distro'\n"
+            "      wsl_usr: me\n"
+            "  - {host: l, windows: {mode: native}}\n",
+            "w.yaml",
+        )
+    text = str(info.value)
+    assert "w.yaml:5: node 'w': field 'windows.mode': expected one of: wsl, native" in text
+    assert "w.yaml:6: node 'w': field 'windows.distro'" in text and "'my distro'" in text
+    assert "w.yaml:7: node 'w': field 'windows.wsl_usr': unknown field 'wsl_usr'" in text
+    assert "did you mean 'wsl_user'" in text
+    assert "node 'l': field 'windows': 'windows' (mode, distro, wsl_user) is only for os: windows" in text
+
+
+def test_ansible_bootstrap_windows_vars() -> None:
+    inv = load_inventory_text(
+        "all:\n  children:\n    win:\n      vars:\n        ansible_connection: winrm\n"
+        "        bootstrap_windows_mode: wsl\n        bootstrap_wsl_distro: Ubuntu\n"
+        "      hosts:\n        pc1:\n        pc2:\n          bootstrap_windows_mode: native\n"
+        "    linux:\n      hosts:\n        box:\n",
+        "a.yaml",
+    )
+    assert (inv.node("pc1").windows.mode, inv.node("pc1").windows.distro) == ("wsl", "Ubuntu")
+    assert inv.node("pc2").windows.mode == "native"
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text("all:\n  hosts:\n    box:\n      bootstrap_wsl_distro: Ubuntu\n", "a.yaml")
+    assert "only for os: windows nodes" in str(info.value)

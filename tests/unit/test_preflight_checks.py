@@ -7,7 +7,9 @@ from typing import Any
 
 from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
+from orchestrator.facts.windows import WindowsInfo, WslDistro, WslInfo
 from orchestrator.inventory import Cluster, Node
+from orchestrator.inventory.model import WindowsSettings
 from orchestrator.steps.preflight.checks import (
     ClockSample,
     NodeFacts,
@@ -15,6 +17,7 @@ from orchestrator.steps.preflight.checks import (
     check_interface,
     check_resources,
     check_versions,
+    check_windows,
     choose_backend,
 )
 
@@ -26,7 +29,10 @@ GPU = GpuInfo(index=0, name="NVIDIA GeForce RTX 3090", memory_mib=24576, driver=
 
 
 def facts(name: str, **over: Any) -> NodeFacts:
-    node_fields = {k: over.pop(k) for k in ("gpus", "nproc", "interface", "os") if k in over}
+    windows_info = over.pop("windows_info", None)  # NodeFacts.windows (``windows=`` is the node's field)
+    node_fields = {k: over.pop(k) for k in ("gpus", "nproc", "interface", "os", "windows") if k in over}
+    if windows_info is not None:
+        over["windows"] = windows_info
     base = NodeFacts(
         node=Node(name=name, host=f"10.0.0.{len(name)}", **node_fields),
         python=PythonInfo(path="/usr/bin/python3", version="3.11.2"),
@@ -100,11 +106,14 @@ def test_forced_nccl_fails_where_it_cannot_run() -> None:
 
 
 def test_native_windows_with_linux_fails_naming_the_cause() -> None:
-    win = facts("win", os="windows")
+    win = facts("win", os="windows", windows=WindowsSettings(mode="native"))
     _, _, verdicts = choose_backend(Cluster(name="c", master="m"), [facts("m"), win])
     assert verdicts["win"].level == "fail"
-    assert "UV transport" in verdicts["win"].reason and "WSL" in (verdicts["win"].fix or "")
+    assert "gloo group" in verdicts["win"].reason and "mode: wsl" in (verdicts["win"].fix or "")
     assert verdicts["m"].level == "ok"
+    # in WSL mode (the default) the node runs Linux torch: no conflict
+    _, _, verdicts = choose_backend(Cluster(name="c", master="m"), [facts("m"), facts("wsl", os="windows")])
+    assert verdicts["wsl"].level == "ok"
 
 
 def test_interface_from_the_route_to_the_master() -> None:
@@ -203,3 +212,51 @@ def test_same_release_different_build_warns_for_cpu_beside_gpu() -> None:
 def test_a_failed_probe_is_not_reported_as_missing_torch() -> None:
     verdicts = check_versions([facts("m"), facts("w", torch=None, torch_error="timed out")], "m")
     assert verdicts["w"].level == "fail" and "probe failed" in verdicts["w"].reason
+
+
+# -- windows (modes) -------------------------------------------------------------------------------
+
+WIN11 = WindowsInfo("Microsoft Windows 11 Pro", "10.0.22631", 22631, 2861, "23H2", "64-bit")
+UBUNTU = WslDistro("Ubuntu-22.04", "Running", 2, True)
+MIRRORED = WslInfo(installed=True, version="2.0.9.0", distros=(UBUNTU,), networking_mode="mirrored")
+NATIVE = WindowsSettings(mode="native")
+
+
+def test_native_windows_beside_linux_or_wsl_fails_with_why_and_fix() -> None:
+    native = facts("win", os="windows", windows=NATIVE, windows_info=None)
+    for other in (facts("m"), facts("w2", os="windows", windows_info=WIN11, wsl=MIRRORED)):
+        verdict = check_windows(native, [other, native])
+        assert verdict is not None and verdict.level == "fail"
+        assert "UV (libuv) transport" in verdict.reason and "TCP transport" in verdict.reason
+        assert other.node.name in verdict.reason
+        assert "mode: wsl" in (verdict.fix or "")
+    assert check_windows(facts("m"), [facts("m"), native]) is None  # Linux nodes: not this check's business
+
+
+def test_an_all_native_windows_cluster_is_fine() -> None:
+    a = facts("a", os="windows", windows=NATIVE)
+    b = facts("b", os="windows", windows=NATIVE)
+    verdict = check_windows(a, [a, b])
+    assert verdict is not None and verdict.level == "ok" and "no torchrun" in verdict.reason
+
+
+def test_wsl_node_without_mirrored_networking_warns() -> None:
+    nat = replace(MIRRORED, networking_mode="nat")
+    node = facts("w", os="windows", windows_info=WIN11, wsl=nat)
+    verdict = check_windows(node, [facts("m"), node])
+    assert verdict is not None and verdict.level == "warn"
+    assert "networkingMode is NAT" in verdict.reason and "peers cannot reach" in verdict.reason
+    assert "networkingMode=mirrored" in (verdict.fix or "") and ".wslconfig" in (verdict.fix or "")
+    good = facts("w", os="windows", windows_info=WIN11, wsl=MIRRORED)
+    assert check_windows(good, [facts("m"), good]).level == "ok"  # type: ignore[union-attr]
+
+
+def test_wsl_node_that_cannot_run_its_distro_fails() -> None:
+    wsl1 = replace(MIRRORED, distros=(WslDistro("Ubuntu-22.04", "Stopped", 1, True),))
+    node = facts("w", os="windows", windows_info=WIN11, wsl=wsl1)
+    verdict = check_windows(node, [node])
+    assert verdict is not None and verdict.level == "fail" and "wsl --set-version" in verdict.reason
+    debian = WindowsSettings(distro="Debian")
+    missing = facts("w", os="windows", windows=debian, windows_info=WIN11, wsl=MIRRORED)
+    verdict = check_windows(missing, [missing])
+    assert verdict is not None and verdict.level == "fail" and "'Debian'" in verdict.reason

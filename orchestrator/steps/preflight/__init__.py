@@ -23,6 +23,7 @@ from orchestrator.steps.preflight.checks import (
     check_interface,
     check_resources,
     check_versions,
+    check_windows,
     choose_backend,
     version_table,
 )
@@ -113,6 +114,8 @@ def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
         hostname=values.get("hostname"),
         hostname_address=values.get("hostname_address"),
         disk=values.get("disk"),
+        windows=values.get("windows"),
+        wsl=values.get("wsl"),
     )
 
 
@@ -172,6 +175,9 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         verdicts[name]["interface"] = verdict
     for f in facts:
         verdicts[f.node.name]["resources"] = check_resources(f)
+        windows_verdict = check_windows(f, facts)
+        if windows_verdict is not None:
+            verdicts[f.node.name]["windows"] = windows_verdict
     if master.name not in samples or samples[master.name] is None:
         why_not = (
             f"the master {master.name} is not selected or did not answer"

@@ -8,11 +8,12 @@ elastic rendezvous' wall-clock heartbeats).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts.linux import GpuReport, PythonInfo, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
+from orchestrator.facts.windows import WindowsInfo, WslInfo, wsl_blocker
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
 if TYPE_CHECKING:
@@ -43,6 +44,8 @@ class NodeFacts:
     disk: DiskSpace | None
     torch_error: str | None = None  # the torch probe itself failed (not: torch missing)
     python_error: str | None = None
+    windows: WindowsInfo | None = None  # Windows nodes: the Windows build
+    wsl: WslInfo | None = None  # Windows nodes: WSL as the Windows side sees it
 
 
 # -- versions --------------------------------------------------------------------------------------
@@ -178,7 +181,7 @@ def version_table(facts: Sequence[NodeFacts]) -> dict[str, dict[str, str | None]
 
 def _nccl_blocker(f: NodeFacts) -> str | None:
     """Why this node cannot run NCCL ranks (None: it can)."""
-    if f.node.os != "linux":
+    if is_native_windows(f.node):
         return "native Windows torch has no NCCL"
     if f.torch is None or not f.torch.installed:
         return "no torch"
@@ -194,7 +197,7 @@ def _nccl_blocker(f: NodeFacts) -> str | None:
 def choose_backend(cluster: Cluster, facts: Sequence[NodeFacts]) -> tuple[str, str, dict[str, Verdict]]:
     """(backend, why, verdicts). ``auto`` picks nccl only when every rank can run it, else gloo."""
     blockers = {f.node.name: _nccl_blocker(f) for f in facts}
-    linux = [f.node.name for f in facts if f.node.os == "linux"]
+    linux = [f.node.name for f in facts if not is_native_windows(f.node)]  # Linux torch (WSL too)
     windows = [f.node.name for f in facts if f.node.os == "windows"]
     verdicts: dict[str, Verdict] = {}
     if cluster.backend == "auto":
@@ -208,13 +211,12 @@ def choose_backend(cluster: Cluster, facts: Sequence[NodeFacts]) -> tuple[str, s
         backend, why = cluster.backend, f"{cluster.backend}, as the inventory says"
     for f in facts:
         name = f.node.name
-        if f.node.os == "windows" and linux:
+        if is_native_windows(f.node) and linux:
+            # check_windows says why and what to do; the backend cannot form such a group either
             verdicts[name] = fail(
                 "backend",
-                f"native Windows ranks cannot join ranks on Linux ({', '.join(linux[:3])}): Windows torch "
-                "speaks gloo's UV transport, Linux torch its TCP transport (pytorch/gloo#386)",
-                "run this node's training in WSL2 (the Linux build of torch), or make the cluster "
-                "all-Windows",
+                f"native Windows ranks cannot join Linux ranks ({', '.join(linux[:3])}) in one gloo group",
+                "set windows: {mode: wsl} for this node (the windows check says why)",
                 backend=backend,
             )
         elif backend == "nccl" and blockers[name]:
@@ -445,3 +447,64 @@ def check_resources(f: NodeFacts) -> Verdict:
     if notes:
         text += "; " + "; ".join(notes)
     return ok("resources", text, **data)
+
+
+# -- windows ---------------------------------------------------------------------------------------
+
+
+def is_native_windows(node: Node) -> bool:
+    """Ranks of this node run Windows torch (not the Linux build inside WSL)."""
+    return node.os == "windows" and node.windows.mode == "native"
+
+
+def check_windows(f: NodeFacts, facts: Sequence[NodeFacts]) -> Verdict | None:
+    """Can this Windows node's ranks join the others? None for Linux nodes.
+
+    Native mode beside Linux or WSL ranks fails: Windows wheels have only gloo's UV (libuv) transport,
+    Linux wheels only its TCP transport, and their handshakes differ (FIELD_NOTES; pytorch/gloo#386).
+    WSL mode fails when WSL cannot run the distribution, and warns when WSL's networking is not
+    mirrored: in NAT mode peers cannot reach the ephemeral ports gloo listens on in the distribution.
+    """
+    node = f.node
+    if node.os != "windows":
+        return None
+    if node.windows.mode == "native":
+        others = [g.node.name for g in facts if g.node.name != node.name and not is_native_windows(g.node)]
+        if others:
+            return fail(
+                "windows",
+                f"native Windows ranks cannot be in one gloo group with Linux or WSL ranks "
+                f"({', '.join(others[:3])}): Windows torch has only gloo's UV (libuv) transport, Linux "
+                "torch only its TCP transport, and they do not understand each other (pytorch/gloo#386)",
+                "set windows: {mode: wsl} for this node (training then runs the Linux build of torch in "
+                "WSL2 with mirrored networking), or make every node native Windows",
+                mode="native",
+                others=others,
+            )
+        return ok(
+            "windows",
+            "native Windows: every rank runs Windows torch (gloo only; one process per rank, no torchrun)",
+            mode="native",
+        )
+    distro = node.windows.distro
+    if f.wsl is None:
+        return warn(
+            "windows",
+            "WSL state unknown (the Windows-side facts are missing)",
+            "check that WSL2 works for this user: `wsl --status` and `wsl --list --verbose`",
+            mode="wsl",
+        )
+    blocker = wsl_blocker(f.wsl, f.windows, distro)
+    if blocker is None:
+        mode = f.wsl.networking_mode
+        return ok("windows", "WSL2 with mirrored networking", mode="wsl", networking_mode=mode)
+    if wsl_blocker(replace(f.wsl, networking_mode="mirrored"), f.windows, distro) is None:
+        return warn(
+            "windows",
+            blocker.split("; set ")[0] if "; set " in blocker else blocker,
+            "set networkingMode=mirrored under [wsl2] in %UserProfile%\\.wslconfig (Windows 11 22H2+), "
+            "then `wsl --shutdown`",
+            mode="wsl",
+            networking_mode=f.wsl.networking_mode,
+        )
+    return fail("windows", blocker, "fix WSL on this machine, then rerun", mode="wsl")
