@@ -1,3 +1,147 @@
-"""`bootstrap` subcommands of this area (registered on import by orchestrator/cli/__init__.py)."""
+"""`bootstrap ntp`: time sync on every node (registered on import by orchestrator/cli/__init__.py)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.main import Settings, _fail_lines, _interrupted, _load, _session, cli, common_options
+from orchestrator.errors import ExitCode
+from orchestrator.executor import exit_code_for
+
+if TYPE_CHECKING:
+    from orchestrator.steps.timesync import TimeReport
+
+
+def _cell(value: float | None, error: float | None = None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:+.3f}"
+    return f"{text} ±{error:.3f}" if error is not None else text
+
+
+def print_time_report(settings: Settings, report: TimeReport, command: str) -> ExitCode:
+    """The summary table (or --json document) of a TimeReport; returns the exit code it deserves.
+    Public so the main pipeline can show the step the same way."""
+    ui = settings.ui
+    code = exit_code_for(report.outcomes, lambda o: o.value is not None and o.value.problem is not None)
+    if settings.json_mode:
+        _problems(settings, report)  # stderr: humans watching a --json run still see what failed
+        ui.print_json({"command": command, **report.public_dict(), "exit_code": int(code)})
+        return code
+    if report.dry_run:
+        for o in report.outcomes:
+            value = o.value
+            if value is None:
+                continue
+            ui.print_text(f"# ---- {o.node}: {value.state} ----")
+            if value.diff:
+                ui.print_text(value.diff.rstrip("\n"))
+            if value.script:
+                ui.print_text("# would run as root:")
+                ui.print_text(value.script)
+            for action in value.actions:
+                ui.print_text(f"# {action}")
+    title = f"time: master {report.master}, limit {report.max_offset_ms:g} ms"
+    table = Table(title=Text(title), title_justify="left")
+    for column in (
+        "node",
+        "role",
+        "daemon",
+        "source",
+        "offset ms (chrony)",
+        "offset ms (from master)",
+        "state",
+    ):
+        table.add_column(column)
+    for o in report.outcomes:
+        value = o.value
+        if value is None:
+            table.add_row(Text(o.node), "-", "-", "-", "-", "-", Text("failed", style="red"))
+            continue
+        source = value.selected or ", ".join(value.sources) or "-"
+        state = Text(value.state, style="red" if value.problem else "green")
+        table.add_row(
+            Text(o.node),
+            value.role,
+            value.daemon + ("" if value.clock_control is not False else " (-x)"),
+            Text(source),
+            _cell(value.chrony_offset_ms),
+            _cell(value.offset_ms, value.offset_error_ms),
+            state,
+        )
+    ui.print_table(table)
+    for o in report.outcomes:
+        if o.value is not None and o.value.clock_control is False and not report.dry_run:
+            ui.note(
+                f"{o.node}: chronyd runs with -x (measures, never adjusts the clock): the node shares its "
+                "kernel clock with another namespace, or --no-clock-control was given"
+            )
+            break
+    _problems(settings, report)
+    return code
+
+
+def _problems(settings: Settings, report: TimeReport) -> None:
+    _fail_lines(settings.ui, report.outcomes)
+    for o in report.outcomes:
+        if o.value is not None and o.value.problem:
+            settings.ui.error(f"node {o.node!r}: {o.value.problem}")
+
+
+@cli.command(name="ntp")
+@common_options
+@click.option(
+    "--restore", is_flag=True, help="Undo: put back the previous configuration, stop what we started."
+)
+@click.option(
+    "--no-clock-control",
+    is_flag=True,
+    hidden=True,
+    help="Start chronyd with -x everywhere (tests: namespaces share this machine's clock).",
+)
+@click.option(
+    "--sync-timeout",
+    type=click.FloatRange(min=1),
+    default=60,
+    show_default=True,
+    help="Seconds each node gets to follow its source within the limit.",
+)
+@click.pass_context
+def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout: float) -> None:
+    """Keep the nodes' clocks together (chrony; w32time on Windows), and measure it.
+
+    Default: the master serves time to the workers (works without internet); cluster.time.servers
+    makes every node follow those instead. Then waits until each node follows its source, measures
+    every node's offset from the master (as `check` does) and fails above cluster.time.max_offset_ms.
+    A second run changes nothing and says "unchanged". --dry-run reads the nodes (read-only) and shows
+    each configuration diff and the script that would run as root. --restore puts back the files as
+    they were (byte for byte) and stops the chronyd (or unit) this command started.
+    """
+    from orchestrator.steps.timesync import restore_time, sync_time
+
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    session = _session(settings, inventory, nodes)
+    step = "ntp --restore" if restore else "ntp"
+    try:
+        with ui.progress([n.name for n in nodes], step) as on_event, session:
+            session.executor.on_event = on_event
+            if restore:
+                report = restore_time(session, inventory, nodes, dry_run=settings.dry_run)
+            else:
+                report = sync_time(
+                    session,
+                    inventory,
+                    nodes,
+                    dry_run=settings.dry_run,
+                    no_clock_control=no_clock_control,
+                    sync_timeout=sync_timeout,
+                )
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    ctx.exit(int(print_time_report(settings, report, step)))

@@ -1,0 +1,508 @@
+"""`bootstrap ntp`: keep the nodes' clocks together, and undo it.
+
+By default the master serves time to the workers (chrony ``local stratum`` + ``allow`` for the workers'
+addresses), so labs without internet work; ``cluster.time.servers`` makes the nodes follow those
+instead. After configuring, the step awaits each node's synchronisation (a selected source within the
+threshold), then measures every node's offset from the master over the connection, the preflight's
+way (``sample_clock``), and fails above ``max_offset_ms`` with the numbers.
+
+Why it matters (FIELD_NOTES "Clocks"): static rendezvous ignores wall clocks, but c10d elastic
+rendezvous compares wall-clock heartbeats and expels nodes skewed by ~15 s; aligned logs need far less.
+
+Linux: chrony (installed with ``time.install: true`` when missing). systemd-timesyncd is recognised and
+reported, not configured: it can neither serve the cluster nor report a selected source and offset, and
+Debian's chrony package replaces it (docs/time.md). Windows: w32time scripts (windows.py), run once the
+WinRM transport lands.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import BootstrapError, CommandFailedError, SudoPasswordRequiredError
+from orchestrator.executor import Outcome
+from orchestrator.facts.network import MasterRoute
+from orchestrator.platforms import PosixShell
+from orchestrator.steps.preflight import sample_clock
+from orchestrator.steps.preflight.checks import ClockSample
+from orchestrator.steps.timesync import chrony
+from orchestrator.steps.timesync.chrony import ChronyRole, Probe
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
+    from orchestrator.transports import Result, Transport
+
+__all__ = ["NodeTime", "TimeReport", "restore_time", "sync_time"]
+
+
+@dataclass
+class NodeTime:
+    """What the step did and measured on one node (a row of the summary table)."""
+
+    node: str
+    role: str = "-"  # "server" (the master serving the workers), "client", "-" (not managed)
+    daemon: str = "-"  # chrony, timesyncd, w32time, none
+    state: str = "-"  # added, changed, unchanged, started, measured, restored, nothing to restore
+    sources: list[str] = field(default_factory=list)
+    mode: str | None = None  # dropin, block, file (where our chrony directives went)
+    path: str | None = None
+    selected: str | None = None  # chrony's selected source (^*)
+    chrony_offset_ms: float | None = None  # chrony: this node minus its selected source
+    offset_ms: float | None = None  # this node minus the master, over the connection (as `check`)
+    offset_error_ms: float | None = None  # +- of offset_ms (half the round trips)
+    clock_control: bool | None = None  # False: chronyd -x (measures only; shared kernel clock)
+    actions: list[str] = field(default_factory=list)
+    diff: str = ""  # --dry-run: the configuration diff
+    script: str = ""  # --dry-run: what would run (as root)
+    problem: str | None = None  # why this node fails the step, with what to do
+
+    def public_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TimeReport:
+    outcomes: list[Outcome[NodeTime]]  # one per node, inventory order
+    max_offset_ms: float
+    master: str
+    dry_run: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return any(not o.ok or (o.value is not None and o.value.problem) for o in self.outcomes)
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "master": self.master,
+            "max_offset_ms": self.max_offset_ms,
+            "dry_run": self.dry_run,
+            "nodes": [
+                {
+                    "name": o.node,
+                    "ok": o.ok and not (o.value and o.value.problem),
+                    "error": None if o.error is None else {"message": o.error.message, "hint": o.error.hint},
+                    **(o.value.public_dict() if o.value else {}),
+                }
+                for o in self.outcomes
+            ],
+        }
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
+    result = transport.run(script, become=True, timeout=timeout)
+    if PosixShell.sudo_refused(result.stderr):
+        raise SudoPasswordRequiredError(
+            f"{what} needs root and sudo asks for a password",
+            node=node.name,
+            hint=f"allow {node.user or 'this user'} passwordless sudo (NOPASSWD), or connect as root",
+            result=result,
+        )
+    return result
+
+
+def _probe(node: Node, transport: Transport) -> Probe:
+    shell = _posix(node, transport)
+    result = _as_root(transport, node, chrony.probe_script(shell), "reading the time configuration", 60)
+    if not result.ok:
+        raise CommandFailedError(
+            f"reading the time configuration failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+            node=node.name,
+            result=result,
+        )
+    return chrony.parse_probe(result.stdout)
+
+
+def _posix(node: Node, transport: Transport) -> PosixShell:
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise CommandFailedError(
+            f"time sync on {platform.name} nodes needs the WinRM transport", node=node.name
+        )
+    return platform
+
+
+def _daemon_name(probe: Probe) -> str:
+    if probe.chronyd:
+        return "chrony"
+    return "timesyncd" if probe.timesyncd_active else "none"
+
+
+def _missing_chrony(node: Node, probe: Probe) -> BootstrapError:
+    install = chrony.install_command(probe.package_manager) or "install the chrony package"
+    if probe.timesyncd_active:
+        why = "only systemd-timesyncd runs here: it cannot serve the cluster nor report its source and offset"
+    else:
+        why = "no time daemon (chrony or systemd-timesyncd) is installed"
+    return CommandFailedError(
+        why,
+        node=node.name,
+        hint=f"run `sudo {install}` on it (chrony replaces systemd-timesyncd), "
+        "or set cluster.time.install: true to let bootstrap install it",
+    )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+# -- planning ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Addresses:
+    master: str  # the address the workers dial
+    workers: dict[str, str]  # worker name -> its source address toward the master
+
+
+def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
+    """Where the master is, as the workers see it (``ip route get``, like the preflight), and each
+    worker's address toward it (the master allows exactly those)."""
+    from orchestrator.facts import gather
+
+    master = inventory.master_node
+    outcomes = session.map(lambda n, t: gather(t, [MasterRoute(master.host)]), step="route", nodes=nodes)
+    dialed: dict[str, str] = {}
+    workers: dict[str, str] = {}
+    for node, o in zip(nodes, outcomes, strict=True):
+        route = o.value.get("route") if o.value else None
+        if route is None or not route.address:
+            if node.name != master.name and _is_ipv4(node.host):
+                workers[node.name] = node.host  # unreachable now: still allowed, as the inventory says
+            continue
+        if node.name != master.name:
+            dialed[node.name] = route.address
+            if route.source:
+                workers[node.name] = route.source
+    counts: dict[str, int] = {}
+    for address in dialed.values():
+        counts[address] = counts.get(address, 0) + 1
+    master_address = max(counts, key=lambda a: counts[a]) if counts else master.host
+    return _Addresses(master_address, workers)
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 4
+    except ValueError:
+        return False
+
+
+def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
+    """Each Linux node's chrony role (pure: unit-tested)."""
+    settings = inventory.cluster.time
+    master = inventory.cluster.master
+    allow = tuple(sorted(set(addresses.workers.values()), key=_ip_key))
+    out: dict[str, ChronyRole] = {}
+    for node in inventory.nodes:
+        if node.name == master:
+            out[node.name] = ChronyRole(tuple(settings.servers), serve=settings.serving, allow=allow)
+        elif settings.serving:
+            out[node.name] = ChronyRole((addresses.master,), prefer_first=True)
+        else:
+            out[node.name] = ChronyRole(tuple(settings.servers))
+    return out
+
+
+def _ip_key(address: str) -> tuple[int, ...] | tuple[str]:
+    parts = address.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (address,)
+
+
+# -- applying ----------------------------------------------------------------------------------------
+
+
+def _apply(
+    node: Node,
+    transport: Transport,
+    role: ChronyRole,
+    *,
+    is_master: bool,
+    serving: bool,
+    install: bool,
+    dry_run: bool,
+    no_clock_control: bool,
+) -> NodeTime:
+    shell = _posix(node, transport)
+    probe = _probe(node, transport)
+    out = NodeTime(
+        node.name, role="server" if is_master and serving else "client", sources=list(role.sources)
+    )
+    if role.serve:
+        out.sources = [*role.sources] or ["local clock"]
+    script_parts: list[str] = []
+    if not probe.chronyd:
+        command = chrony.install_command(probe.package_manager)
+        if not install or command is None:
+            raise _missing_chrony(node, probe)
+        if dry_run:
+            out.actions.append("would install chrony")
+            script_parts.append(command)
+            out.daemon = "chrony"
+            out.state = "would install"
+            out.script = "\n".join(script_parts)
+            return out
+        result = _as_root(transport, node, command, "installing chrony", timeout=600)
+        if not result.ok:
+            raise CommandFailedError(
+                f"installing chrony failed (exit {result.exit_code})",
+                node=node.name,
+                hint=" | ".join(result.tail(3)),
+                result=result,
+            )
+        out.actions.append("installed chrony")
+        probe = _probe(node, transport)
+        if not probe.chronyd:
+            raise CommandFailedError("chrony was installed but chronyd is still not found", node=node.name)
+    out.daemon = "chrony"
+    out.clock_control = not (no_clock_control or probe.shared_clock)
+    mode, change = chrony.plan_config(probe, role)
+    out.mode, out.path = mode, change.path
+    running = probe.unit_active if (probe.systemd and probe.unit) else probe.running_pid is not None
+    if change.changed:
+        script_parts.append(chrony.write_file_script(shell, change))
+        out.diff = change.diff()
+    if change.changed or not running:
+        try:
+            script_parts.append(
+                chrony.start_script(shell, probe, no_clock_control=no_clock_control, restart=running)
+            )
+        except chrony.ForeignChronyd as exc:
+            raise CommandFailedError(
+                str(exc),
+                node=node.name,
+                hint="stop it (or run it under systemd), then rerun: bootstrap must restart chronyd "
+                "with the new configuration",
+            ) from None
+    if change.changed:
+        out.state = "added" if change.before is None or (mode == "block" and change.backup) else "changed"
+    elif not running:
+        out.state = "started"
+    else:
+        out.state = "unchanged"
+    script = "set -e\n" + "\n".join(script_parts) if script_parts else ""
+    if dry_run:
+        out.script = script
+        out.state = f"would be {out.state}" if out.state != "unchanged" else "unchanged"
+        return out
+    if script:
+        result = _as_root(transport, node, script, "configuring chrony", timeout=120)
+        if not result.ok:
+            raise CommandFailedError(
+                f"configuring chrony failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+                node=node.name,
+                hint=f"see {change.path}; `bootstrap ntp --restore` puts back the previous configuration",
+                result=result,
+            )
+        out.actions.append(f"wrote {change.path}" if change.changed else "started chronyd")
+    return out
+
+
+def _await(
+    node: Node, transport: Transport, value: NodeTime, role: ChronyRole, max_offset_ms: float, timeout: float
+) -> None:
+    """Wait until chronyd on the node follows its source within the threshold; record what it says."""
+    script = chrony.wait_script(
+        max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources)
+    )
+    result = _as_root(transport, node, script, "reading chronyc", timeout=timeout + 30)
+    sources_csv, tracking_csv = chrony.split_wait_output(result.stdout)
+    sources = chrony.parse_sources(sources_csv)
+    tracking = chrony.parse_tracking(tracking_csv)
+    selected = next((s for s in sources if s.selected), None)
+    value.selected = selected.address if selected else None
+    value.chrony_offset_ms = _ms(selected.offset) if selected else (0.0 if role.serve else None)
+    if result.exit_code == 3:
+        seen = ", ".join(f"{s.address} ({s.state}, reach {s.reach:o})" for s in sources) or "none"
+        if selected is not None:
+            value.problem = (
+                f"chrony follows {selected.address} but is still {abs(selected.offset) * 1000:.1f} ms off "
+                f"after {timeout:g} s (limit {max_offset_ms:g} ms)"
+            )
+        else:
+            value.problem = (
+                f"chrony selected no source within {timeout:g} s (sources: {seen}; "
+                f"leap status {tracking.get('leap', '?')}): check that UDP 123 reaches "
+                f"{', '.join(role.sources) or 'the sources'} from {node.name}"
+            )
+    elif not result.ok:
+        value.problem = f"chronyc failed (exit {result.exit_code}): {' | '.join(result.tail(3))}"
+    elif role.prefer_first and selected is not None and selected.address not in role.sources:
+        value.actions.append(f"chrony prefers {selected.address} (also a source here) over the master")
+
+
+def _measure(
+    session: Session, nodes: list[Node], master: Node, values: dict[str, NodeTime], max_offset_ms: float
+) -> None:
+    """Each node's offset from the master over the connection (the preflight's method)."""
+    targets = [n for n in nodes if n.name in values]
+    if master not in targets:
+        targets = [master, *targets]
+    clocks = session.map(lambda n, t: sample_clock(t), step="clock", nodes=targets)
+    samples: dict[str, ClockSample | None] = {o.node: o.value for o in clocks}
+    reference = samples.get(master.name)
+    for name, value in values.items():
+        sample = samples.get(name)
+        if reference is None or sample is None:
+            value.actions.append("offset from the master not measured (`date` failed)")
+            continue
+        offset = sample.offset - reference.offset
+        error = (sample.rtt + reference.rtt) / 2
+        value.offset_ms, value.offset_error_ms = _ms(offset), _ms(error)
+        if value.problem is None and abs(offset) - error > max_offset_ms / 1000:
+            value.problem = (
+                f"clock is {offset * 1000:+.1f} ms (+-{error * 1000:.1f}) from the master's, over the "
+                f"{max_offset_ms:g} ms limit: check that its time daemon follows the master "
+                "(chronyc sources), or raise cluster.time.max_offset_ms"
+            )
+        chrony_ms = value.chrony_offset_ms
+        if value.problem is None and chrony_ms is not None and abs(chrony_ms) > max_offset_ms:
+            value.problem = (
+                f"chrony reports {chrony_ms:+.3f} ms from {value.selected}, "
+                f"over the {max_offset_ms:g} ms limit"
+            )
+
+
+def sync_time(
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node] | None = None,
+    *,
+    dry_run: bool = False,
+    no_clock_control: bool = False,
+    sync_timeout: float = chrony.SYNC_TIMEOUT,
+) -> TimeReport:
+    """Configure time sync on ``nodes`` (default: the session's), await it, measure, report.
+
+    The master is configured first when it serves (workers' first polls must find it answering) and is
+    always measured (offsets are from its clock). ``dry_run`` reads the nodes (read-only) and returns
+    each node's configuration diff and script, changing nothing. ``no_clock_control``: chronyd -x
+    everywhere (it never adjusts the clock; tests: every namespace shares this machine's clock).
+    ``sync_timeout``: seconds each node gets to follow its source within the threshold.
+    """
+    settings = inventory.cluster.time
+    chosen = list(session.nodes if nodes is None else nodes)
+    master = inventory.master_node
+    linux = [n for n in chosen if n.os == "linux"]
+    windows = [n for n in chosen if n.os != "linux"]
+    values: dict[str, NodeTime] = {}
+    errors: dict[str, Outcome[NodeTime]] = {}
+
+    if not settings.manage:
+        for node in linux:
+            values[node.name] = NodeTime(node.name, state="measured")
+        if not dry_run:
+            _measure(session, linux, master, values, settings.max_offset_ms)
+    else:
+        route_nodes = list(linux)
+        if settings.serving and master not in route_nodes and master.os == "linux":
+            route_nodes = [master, *route_nodes]
+        # every worker of the inventory: the master's allow list must not depend on --nodes
+        route_nodes += [n for n in inventory.nodes if n.os == "linux" and n not in route_nodes]
+        addresses = _addresses(session, inventory, route_nodes)
+        node_roles = roles(inventory, addresses)
+
+        def apply(node: Node, transport: Transport) -> NodeTime:
+            return _apply(
+                node,
+                transport,
+                node_roles[node.name],
+                is_master=node.name == master.name,
+                serving=settings.serving,
+                install=settings.install,
+                dry_run=dry_run,
+                no_clock_control=no_clock_control,
+            )
+
+        first = [master] if settings.serving and master in linux else []
+        rest = [n for n in linux if n not in first]
+        for group, step in ((first, "ntp-master"), (rest, "ntp")):
+            for o in session.map(apply, step=step, nodes=group):
+                if o.value is not None:
+                    values[o.node] = o.value
+                else:
+                    errors[o.node] = o
+        if not dry_run:
+            waiting = [n for n in linux if n.name in values]
+            session.map(
+                lambda n, t: _await(
+                    n, t, values[n.name], node_roles[n.name], settings.max_offset_ms, sync_timeout
+                ),
+                step="sync",
+                nodes=waiting,
+            )
+            _measure(session, waiting, master, values, settings.max_offset_ms)
+
+    for node in windows:
+        from orchestrator.steps.timesync import windows as win
+
+        value = NodeTime(node.name, role="client", daemon="w32time", state="not supported yet")
+        if node.name == master.name and settings.serving:
+            # w32time can serve (NtpServer provider) but that is not written yet: use a Linux master
+            value.role = "server"
+            value.problem = "a Windows master cannot serve time yet: set cluster.time.servers"
+        elif settings.manage:
+            value.sources = [master.host] if settings.serving else list(settings.servers)
+            value.script = win.configure_script(value.sources)
+        if not dry_run and value.problem is None:
+            value.problem = (
+                "Windows nodes need the WinRM transport (in progress): the script is generated only"
+            )
+        values[node.name] = value
+
+    outcomes: list[Outcome[NodeTime]] = []
+    for node in chosen:
+        if node.name in errors:
+            outcomes.append(errors[node.name])
+        else:
+            outcomes.append(Outcome(node.name, values.get(node.name), None, 0.0))
+    return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run)
+
+
+# -- undoing -----------------------------------------------------------------------------------------
+
+
+def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
+    shell = _posix(node, transport)
+    probe = _probe(node, transport)
+    plan = chrony.plan_restore(shell, probe)
+    out = NodeTime(node.name, daemon=_daemon_name(probe), actions=plan.actions)
+    out.diff = "".join(c.diff() for c in plan.changes)
+    if not plan.script:
+        out.state = "nothing to restore"
+        return out
+    if dry_run:
+        out.script = plan.script
+        out.state = "would be restored"
+        return out
+    result = _as_root(transport, node, plan.script, "restoring the time configuration")
+    if not result.ok:
+        raise CommandFailedError(
+            f"restoring the time configuration failed (exit {result.exit_code}): "
+            + " | ".join(result.tail(3)),
+            node=node.name,
+            result=result,
+        )
+    out.state = "restored"
+    return out
+
+
+def restore_time(
+    session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
+) -> TimeReport:
+    """Undo `sync_time` on ``nodes``: files back byte for byte, the chronyd/unit we started stopped.
+    For `bootstrap teardown` and `bootstrap ntp --restore`."""
+    chosen = list(session.nodes if nodes is None else nodes)
+    linux = [n for n in chosen if n.os == "linux"]
+    done = {o.node: o for o in session.map(lambda n, t: _restore(n, t, dry_run), step="restore", nodes=linux)}
+    outcomes = [
+        done.get(n.name)
+        or Outcome(n.name, NodeTime(n.name, daemon="w32time", state="not supported yet"), None, 0.0)
+        for n in chosen
+    ]
+    return TimeReport(outcomes, inventory.cluster.time.max_offset_ms, inventory.cluster.master, dry_run)

@@ -1,0 +1,519 @@
+"""chrony on Linux nodes: what the node has (probe), the configuration we want, and the POSIX scripts that
+apply, await and undo it. Pure functions plus script text; nothing here runs anything.
+
+Where our configuration goes (chrony reads one main file; see chrony.conf(5)):
+
+- ``dropin``: the main file has a ``confdir`` (Debian/Ubuntu: ``/etc/chrony/conf.d``): we add
+  ``<confdir>/cluster-bootstrap.conf`` and never touch the distribution's file.
+- ``block``: no ``confdir`` (RHEL's ``/etc/chrony.conf``): a block between BEGIN/END markers is appended
+  to the main file, after a byte-exact backup of it.
+- ``file``: chronyd is installed but has no main file at all (minimal images, the test namespaces): we
+  write the whole file, marked as ours.
+
+Every file we change is first copied to ``<file>.cluster-bootstrap.bak`` (only when it was not ours and no
+backup exists yet, so a second run keeps the true original); ``<main>.cluster-bootstrap.state`` records
+what we started (a chronyd pid, or a systemd unit that was inactive) so ``--restore`` stops exactly that.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.platforms import PosixShell
+
+MARK = "cluster-bootstrap"
+HEADER = "# Written by cluster-bootstrap (`bootstrap ntp`); `bootstrap ntp --restore` undoes it.\n"
+BLOCK_BEGIN = "# BEGIN cluster-bootstrap time sync (managed by `bootstrap ntp`; --restore removes it)"
+BLOCK_END = "# END cluster-bootstrap time sync"
+DROPIN_NAME = "cluster-bootstrap.conf"
+BACKUP_SUFFIX = ".cluster-bootstrap.bak"
+STATE_SUFFIX = ".cluster-bootstrap.state"
+MAIN_CANDIDATES = ("/etc/chrony/chrony.conf", "/etc/chrony.conf")  # Debian, RHEL
+DEFAULT_PIDFILE = "/run/chrony/chronyd.pid"
+#: chrony's stratum when the master serves its own clock: 10 is what chrony's docs suggest for
+#: ``local``: high enough that any real upstream (stratum 1-4) a client can also see wins over it
+LOCAL_STRATUM = 10
+#: seconds a node gets to select its source and bring its offset under the threshold
+SYNC_TIMEOUT = 60.0
+
+_B64 = re.compile(r"^[A-Za-z0-9+/=]*$")
+
+
+# -- what a node has ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Probe:
+    """What the probe script found on one Linux node."""
+
+    os_id: str = ""
+    systemd: bool = False
+    chronyd: str | None = None  # path of the binary
+    timesyncd_active: bool = False
+    unit: str | None = None  # chrony.service (Debian) or chronyd.service (RHEL)
+    unit_active: bool = False
+    package_manager: str | None = None  # apt-get, dnf, yum
+    etc_chrony: bool = False  # /etc/chrony is a directory (Debian layout)
+    shared_clock: bool = False  # another network namespace than PID 1: shares a kernel clock
+    files: dict[str, bytes | None] = field(default_factory=dict)  # path -> content (None: absent)
+    main: str | None = None  # the main config file that exists, if any
+    pidfile: str = DEFAULT_PIDFILE
+    running_pid: int | None = None  # chronyd named by the pidfile, alive
+    running_cmdline: str = ""
+    sources_csv: str = ""  # chronyc -n -c sources, when running
+    chrony_user: str | None = None
+
+    @property
+    def state(self) -> dict[str, str]:
+        main = self.main_path
+        raw = self.files.get(main + STATE_SUFFIX)
+        return parse_state(raw.decode(errors="replace")) if raw else {}
+
+    @property
+    def main_path(self) -> str:
+        """The main config file: the one that exists, else where the distribution keeps it."""
+        if self.main:
+            return self.main
+        return MAIN_CANDIDATES[0] if self.etc_chrony else MAIN_CANDIDATES[1]
+
+    def text(self, path: str) -> str | None:
+        raw = self.files.get(path)
+        return None if raw is None else raw.decode(errors="replace")
+
+
+def probe_script(shell: PosixShell) -> str:
+    """Read-only: what runs, which files exist (base64), as ``key value`` lines. Run as root (reading
+    /proc/1/ns needs it; sudo refusing shows up here, before anything changes)."""
+    q = shell.quote
+    candidates = " ".join(q(p) for p in MAIN_CANDIDATES)
+    return f"""\
+dump() {{
+  if [ -f "$1" ]; then printf 'file %s ' "$1"; base64 -w0 < "$1"; echo; else printf 'nofile %s\\n' "$1"; fi
+}}
+[ -r /etc/os-release ] && . /etc/os-release && echo "os ${{ID:-}}"
+[ -d /run/systemd/system ] && echo "systemd yes"
+[ -d /etc/chrony ] && echo "etcchrony yes"
+c=$(command -v chronyd 2>/dev/null || {{ [ -x /usr/sbin/chronyd ] && echo /usr/sbin/chronyd; }})
+[ -n "$c" ] && echo "chronyd $c"
+for m in apt-get dnf yum; do command -v "$m" >/dev/null 2>&1 && {{ echo "pkg $m"; break; }}; done
+for u in _chrony chrony; do id -u "$u" >/dev/null 2>&1 && {{ echo "user $u"; break; }}; done
+# another network namespace than PID 1's: a container or test namespace sharing one kernel clock
+if [ "$(readlink /proc/1/ns/net 2>/dev/null)" != "$(readlink /proc/self/ns/net 2>/dev/null)" ]; then
+  echo "sharedclock yes"
+fi
+if [ -d /run/systemd/system ]; then
+  systemctl is-active --quiet systemd-timesyncd 2>/dev/null && echo "timesyncd active"
+  for u in chrony.service chronyd.service; do
+    if [ "$(systemctl show -p LoadState --value "$u" 2>/dev/null)" = loaded ]; then
+      echo "unit $u"; systemctl is-active --quiet "$u" && echo "unitactive yes"; break
+    fi
+  done
+fi
+main=
+for f in {candidates}; do if [ -f "$f" ]; then main=$f; break; fi; done
+for f in {candidates}; do dump "$f"; dump "$f{BACKUP_SUFFIX}"; dump "$f{STATE_SUFFIX}"; done
+if [ -n "$main" ]; then
+  echo "main $main"
+  for d in $(awk '$1 == "confdir" {{ for (i = 2; i <= NF; i++) print $i }}' "$main"); do
+    dump "$d/{DROPIN_NAME}"; dump "$d/{DROPIN_NAME}{BACKUP_SUFFIX}"
+  done
+  p=$(awk '$1 == "pidfile" {{ print $2 }}' "$main" | tail -n 1)
+fi
+p=${{p:-{DEFAULT_PIDFILE}}}
+echo "pidfile $p"
+pid=$(cat "$p" 2>/dev/null)
+case "$pid" in ''|*[!0-9]*) ;; *)
+  if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = chronyd ]; then
+    echo "running $pid"; printf 'cmdline '; tr '\\0' ' ' < /proc/"$pid"/cmdline; echo
+    printf 'sources '; chronyc -n -c sources 2>/dev/null | base64 -w0; echo
+  fi;;
+esac
+exit 0
+"""
+
+
+def parse_probe(output: str) -> Probe:
+    probe = Probe()
+    for line in output.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "os":
+            probe.os_id = value.strip()
+        elif key == "systemd":
+            probe.systemd = True
+        elif key == "chronyd":
+            probe.chronyd = value.strip() or None
+        elif key == "pkg":
+            probe.package_manager = value.strip()
+        elif key == "user":
+            probe.chrony_user = value.strip()
+        elif key == "etcchrony":
+            probe.etc_chrony = True
+        elif key == "sharedclock":
+            probe.shared_clock = True
+        elif key == "timesyncd":
+            probe.timesyncd_active = True
+        elif key == "unit":
+            probe.unit = value.strip()
+        elif key == "unitactive":
+            probe.unit_active = True
+        elif key == "main":
+            probe.main = value.strip()
+        elif key == "pidfile":
+            probe.pidfile = value.strip() or DEFAULT_PIDFILE
+        elif key == "running" and value.strip().isdigit():
+            probe.running_pid = int(value.strip())
+        elif key == "cmdline":
+            probe.running_cmdline = value.strip()
+        elif key == "sources":
+            probe.sources_csv = _b64(value.strip()).decode(errors="replace")
+        elif key == "file":
+            path, _, data = value.partition(" ")
+            probe.files[path] = _b64(data.strip())
+        elif key == "nofile":
+            probe.files.setdefault(value.strip(), None)
+    return probe
+
+
+def _b64(data: str) -> bytes:
+    if not _B64.match(data):
+        raise ValueError(f"not base64: {data[:40]!r}")
+    return base64.b64decode(data)
+
+
+def parse_state(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            out[key.strip()] = value.strip()
+    return out
+
+
+def confdirs(main_text: str) -> list[str]:
+    """Directories a chrony main file includes (``confdir DIR...``), in order."""
+    dirs: list[str] = []
+    for line in main_text.splitlines():
+        words = line.split()
+        if words and words[0] == "confdir":
+            dirs.extend(words[1:])
+    return dirs
+
+
+# -- what we want ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChronyRole:
+    """One node's part: follow ``sources``; when ``serve`` allow ``allow`` and keep ``local stratum``."""
+
+    sources: tuple[str, ...]
+    serve: bool = False
+    allow: tuple[str, ...] = ()
+    prefer_first: bool = False  # workers of a serving master: the cluster agrees with the master
+
+
+def _is_pool(name: str) -> bool:
+    # "pool.ntp.org", "2.debian.pool.ntp.org": a DNS pool, many servers behind one name
+    return "pool" in name.lower().split(".")
+
+
+def directives(role: ChronyRole) -> str:
+    """Our chrony directives (without header), one per line."""
+    lines = []
+    for i, source in enumerate(role.sources):
+        kind = "pool" if _is_pool(source) else "server"
+        prefer = " prefer" if role.prefer_first and i == 0 else ""
+        lines.append(f"{kind} {source} iburst{prefer}")
+    if role.serve:
+        # serve the cluster even when the master has no upstream (labs without internet)
+        lines.append(f"local stratum {LOCAL_STRATUM}")
+        lines.extend(f"allow {a}" for a in role.allow)
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class FileChange:
+    path: str
+    before: bytes | None
+    after: bytes
+    backup: bool  # copy ``before`` to path + BACKUP_SUFFIX first
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def diff(self) -> str:
+        old = (self.before or b"").decode(errors="replace").splitlines(keepends=True)
+        new = self.after.decode(errors="replace").splitlines(keepends=True)
+        label = self.path if self.before is not None else "/dev/null"
+        return "".join(difflib.unified_diff(old, new, label, self.path))
+
+
+def _is_ours(content: bytes | None) -> bool:
+    return content is not None and content.startswith(HEADER.encode())
+
+
+def replace_block(text: str, body: str) -> str:
+    """``text`` with our marked block holding ``body`` (replacing an earlier one, else appended)."""
+    block = f"{BLOCK_BEGIN}\n{body}{BLOCK_END}\n"
+    pattern = re.compile(re.escape(BLOCK_BEGIN) + r"\n.*?" + re.escape(BLOCK_END) + r"\n?", re.DOTALL)
+    if pattern.search(text):
+        return pattern.sub(lambda _: block, text, count=1)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + block
+
+
+def standalone_config(body: str) -> str:
+    """A whole chrony.conf for a node that has none: our directives plus what chronyd needs to keep
+    its state (drift) and to step a badly wrong clock at start (makestep, like Debian's default)."""
+    return HEADER + "driftfile /var/lib/chrony/chrony.drift\nmakestep 1 3\n" + body
+
+
+def plan_config(probe: Probe, role: ChronyRole) -> tuple[str, FileChange]:
+    """(mode, the file change) that gives ``probe``'s node our directives."""
+    body = directives(role)
+    main = probe.main_path
+    main_text = probe.text(main)
+    if main_text is None or _is_ours(probe.files.get(main)):
+        # no main file, or the one we wrote on an earlier run (restore deletes it)
+        before = probe.files.get(main)
+        return "file", FileChange(main, before, standalone_config(body).encode(), backup=False)
+    dirs = confdirs(main_text)
+    if dirs:
+        path = f"{dirs[0].rstrip('/')}/{DROPIN_NAME}"
+        before = probe.files.get(path)
+        backup = before is not None and not _is_ours(before) and probe.files.get(path + BACKUP_SUFFIX) is None
+        return "dropin", FileChange(path, before, (HEADER + body).encode(), backup=backup)
+    raw = probe.files.get(main) or b""
+    backup = BLOCK_BEGIN.encode() not in raw and probe.files.get(main + BACKUP_SUFFIX) is None
+    return "block", FileChange(main, raw, replace_block(main_text, body).encode(), backup=backup)
+
+
+# -- scripts -----------------------------------------------------------------------------------------
+
+
+def install_command(package_manager: str | None) -> str | None:
+    if package_manager == "apt-get":
+        return "DEBIAN_FRONTEND=noninteractive apt-get install -y -q chrony"
+    if package_manager in ("dnf", "yum"):
+        return f"{package_manager} install -y -q chrony"
+    return None
+
+
+def write_file_script(shell: PosixShell, change: FileChange) -> str:
+    """Back up (when asked), then replace ``change.path`` atomically with ``change.after``; an existing
+    file keeps its mode and owner."""
+    path = shell.quote(change.path)
+    tmp = shell.quote(change.path + ".cluster-bootstrap.tmp")
+    data = base64.b64encode(change.after).decode()
+    lines = [f'mkdir -p -- "$(dirname {path})"']
+    if change.backup:
+        lines.append(f"cp -p -- {path} {shell.quote(change.path + BACKUP_SUFFIX)}")
+    lines.append(f"printf %s {data} | base64 -d > {tmp}")
+    lines.append(f"if [ -f {path} ]; then chmod --reference={path} {tmp}; chown --reference={path} {tmp}; fi")
+    lines.append(f"mv -f -- {tmp} {path}")
+    return "\n".join(lines)
+
+
+def _stop_pid_script(pid_expr: str) -> str:
+    """Stop the chronyd with pid ``pid_expr`` (shell word) and wait until it is gone (10 s, then KILL)."""
+    return (
+        f"p={pid_expr}\n"
+        'if [ -n "$p" ] && [ "$(cat /proc/"$p"/comm 2>/dev/null)" = chronyd ]; then\n'
+        '  kill -TERM "$p"; n=0\n'
+        '  while [ -e /proc/"$p" ] && [ "$n" -lt 100 ]; do sleep 0.1; n=$((n + 1)); done\n'
+        '  [ -e /proc/"$p" ] && kill -KILL "$p"\n'
+        "fi"
+    )
+
+
+def start_script(shell: PosixShell, probe: Probe, *, no_clock_control: bool, restart: bool) -> str:
+    """(Re)start chronyd so it reads the new configuration, and record what we started.
+
+    With systemd: ``systemctl restart`` the unit (state: ``unit=...`` when it was inactive before).
+    Without: stop the chronyd we started earlier (if any), then ``chronyd -f MAIN`` (it daemonizes and
+    leaves our process group on its own; state: ``pid=...``). ``-x`` (never adjust the clock) when the
+    node shares its kernel clock with another namespace or when asked: chronyd then only measures.
+    """
+    main = probe.main_path
+    state = shell.quote(main + STATE_SUFFIX)
+    previous = probe.state
+    if probe.systemd and probe.unit:
+        unit = shell.quote(probe.unit)
+        lines = []
+        if not probe.unit_active and "unit" not in previous:
+            lines.append(f"printf 'unit=%s\\n' {unit} > {state}")
+        lines.append(f"systemctl restart {unit}")
+        return "\n".join(lines)
+    user = probe.chrony_user
+    lines = []
+    if user:
+        owner = shell.quote(user)
+        lines.append(f"install -d -o {owner} -g {owner} -m 0750 /run/chrony /var/lib/chrony")
+    else:
+        lines.append("mkdir -p /run/chrony /var/lib/chrony")
+    ours = previous.get("pid")
+    if probe.running_pid is not None and restart:
+        if ours != str(probe.running_pid):
+            raise ForeignChronyd(probe.running_pid, probe.running_cmdline)
+        lines.append(_stop_pid_script(shell.quote(ours)))
+    flags = " -x" if (no_clock_control or probe.shared_clock) else ""
+    chronyd = shell.quote(probe.chronyd or "chronyd")
+    pidfile = shell.quote(probe.pidfile)
+    lines.append(f"{chronyd} -f {shell.quote(main)}{flags} || exit 1")
+    # chronyd writes its pidfile before its parent returns; a few tenths of a second of grace anyway
+    lines.append(f'n=0; while [ ! -s {pidfile} ] && [ "$n" -lt 50 ]; do sleep 0.1; n=$((n + 1)); done')
+    lines.append(f'printf "pid=%s\\n" "$(cat {pidfile})" > {state}')
+    return "\n".join(lines)
+
+
+class ForeignChronyd(Exception):
+    """A chronyd we did not start runs without systemd: we cannot restart it with its own options."""
+
+    def __init__(self, pid: int, cmdline: str) -> None:
+        super().__init__(
+            f"chronyd (pid {pid}: {cmdline or '?'}) runs without systemd and was not started by us"
+        )
+        self.pid = pid
+        self.cmdline = cmdline
+
+
+def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> str:
+    """Await on the node: a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a
+    master serving only its own clock, a normal leap status), up to ``timeout`` seconds. Prints the final
+    ``chronyc -c sources`` and ``tracking`` either way; exit 3 when the deadline passed."""
+    if has_sources:
+        cond = (
+            "chronyc -n -c sources 2>/dev/null | awk -F, -v max="
+            f"{max_offset_s:.6f}"
+            " '$2 == \"*\" { o = $8 + 0; if (o < 0) o = -o; if (o <= max) ok = 1 } END { exit !ok }'"
+        )
+    else:
+        cond = "chronyc -c tracking 2>/dev/null | awk -F, '$NF == \"Normal\" { ok = 1 } END { exit !ok }'"
+    return (
+        f"end=$(($(date +%s) + {int(timeout)}))\n"
+        "rc=0\n"
+        f"until {cond}; do\n"
+        '  if [ "$(date +%s)" -ge "$end" ]; then rc=3; break; fi\n'
+        "  sleep 0.2\n"
+        "done\n"
+        "echo '@@sources'; chronyc -n -c sources 2>&1\n"
+        "echo '@@tracking'; chronyc -c tracking 2>&1\n"
+        'exit "$rc"'
+    )
+
+
+@dataclass
+class SourceLine:
+    state: str  # "*" selected, "+" combined, "-", "?", "x", "~"
+    address: str
+    stratum: int
+    reach: int
+    offset: float  # seconds, local clock minus source (positive: we are ahead)
+    error: float
+
+    @property
+    def selected(self) -> bool:
+        return self.state == "*"
+
+
+def parse_sources(csv: str) -> list[SourceLine]:
+    """``chronyc -n -c sources``: mode,state,address,stratum,poll,reach,lastrx,offset,measured,error."""
+    out = []
+    for line in csv.splitlines():
+        parts = line.split(",")
+        if len(parts) < 10:
+            continue
+        try:
+            out.append(
+                SourceLine(
+                    state=parts[1],
+                    address=parts[2],
+                    stratum=int(parts[3]),
+                    reach=int(parts[5], 8) if parts[5].isdigit() else 0,
+                    offset=float(parts[7]),
+                    error=float(parts[9]),
+                )
+            )
+        except ValueError:
+            continue
+    return out
+
+
+def parse_tracking(csv: str) -> dict[str, str]:
+    """``chronyc -c tracking``: reference id and name, stratum, ..., leap status (last field)."""
+    for line in csv.splitlines():
+        parts = line.split(",")
+        if len(parts) >= 14:
+            return {"ref_id": parts[0], "ref": parts[1], "stratum": parts[2], "leap": parts[-1]}
+    return {}
+
+
+def split_wait_output(stdout: str) -> tuple[str, str]:
+    sources, _, tracking = stdout.partition("@@tracking")
+    return sources.partition("@@sources")[2].strip(), tracking.strip()
+
+
+@dataclass
+class RestorePlan:
+    actions: list[str]  # human words
+    script: str
+    changes: list[FileChange]
+
+
+def plan_restore(shell: PosixShell, probe: Probe) -> RestorePlan:
+    """Put back every file we changed (from its backup, byte for byte), delete the ones we created, stop
+    what we started (else restart the unit so it reads the old files), forget our state."""
+    q = shell.quote
+    lines: list[str] = []
+    actions: list[str] = []
+    changes: list[FileChange] = []
+    for path, content in sorted(probe.files.items()):
+        if path.endswith((BACKUP_SUFFIX, STATE_SUFFIX)):
+            continue
+        backup = probe.files.get(path + BACKUP_SUFFIX)
+        if backup is not None:
+            lines.append(f"mv -f -- {q(path + BACKUP_SUFFIX)} {q(path)}")
+            actions.append(f"restored {path}")
+            changes.append(FileChange(path, content, backup, backup=False))
+        elif content is not None and (_is_ours(content) or BLOCK_BEGIN.encode() in content):
+            if _is_ours(content):
+                lines.append(f"rm -f -- {q(path)}")
+                actions.append(f"removed {path}")
+                changes.append(FileChange(path, content, b"", backup=False))
+            else:  # a block without backup (backup deleted by hand): remove the block only
+                text = content.decode(errors="replace")
+                pattern = re.escape(BLOCK_BEGIN) + r"\n.*?" + re.escape(BLOCK_END) + r"\n?"
+                kept = re.sub(pattern, "", text, flags=re.DOTALL).encode()
+                lines.append(write_file_script(shell, FileChange(path, content, kept, backup=False)))
+                actions.append(f"removed our block from {path}")
+                changes.append(FileChange(path, content, kept, backup=False))
+    state = probe.state
+    main = probe.main_path
+    stopped = False
+    if "pid" in state and probe.running_pid is not None and state["pid"] == str(probe.running_pid):
+        lines.append(_stop_pid_script(q(state["pid"])))
+        actions.append(f"stopped chronyd (pid {state['pid']}) that bootstrap ntp started")
+        stopped = True
+    elif "unit" in state and probe.systemd:
+        lines.append(f"systemctl stop {q(state['unit'])}")
+        actions.append(f"stopped {state['unit']} (inactive before bootstrap ntp)")
+        stopped = True
+    if changes and not stopped and probe.systemd and probe.unit and probe.unit_active:
+        lines.append(f"systemctl restart {q(probe.unit)}")
+        actions.append(f"restarted {probe.unit} with the previous configuration")
+    if probe.files.get(main + STATE_SUFFIX) is not None:
+        lines.append(f"rm -f -- {q(main + STATE_SUFFIX)}")
+    return RestorePlan(actions, "set -e\n" + "\n".join(lines) if lines else "", changes)
+
+
+def describe_sources(sources: Sequence[SourceLine]) -> str | None:
+    for s in sources:
+        if s.selected:
+            return s.address
+    return None

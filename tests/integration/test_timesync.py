@@ -1,0 +1,282 @@
+"""`bootstrap ntp` for real: chrony in three namespace hosts, each with its own /etc/chrony, /run/chrony
+and /var/lib/chrony. The master serves, the workers follow it, offsets are measured; a second run
+restarts nothing; --restore puts every file back byte for byte and stops every chronyd it started.
+
+All namespaces share this machine's clock: every chronyd here runs with -x (never adjusts the clock),
+which the step decides by itself for a node in another network namespace than PID 1, and the tests
+also pass the hidden --no-clock-control. This machine's own chrony is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import NamespaceCluster, TestHost
+from tests.conftest import require_cluster_support, write_inventory
+
+BOOTSTRAP = str(Path(sys.executable).parent / "bootstrap")
+PRIVATE = ["/etc/chrony", "/run/chrony", "/var/lib/chrony"]
+
+# node1 (master): Debian's layout, with a confdir: we add a drop-in and never touch this file
+DEBIAN_CONF = (
+    b"# Debian-like test configuration\n"
+    b"confdir /etc/chrony/conf.d\n"
+    b"sourcedir /etc/chrony/sources.d\n"
+    b"driftfile /var/lib/chrony/chrony.drift\n"
+    b"makestep 1 3\n"
+)
+# node2: RHEL's layout (no confdir, an unreachable pool, no final newline): we edit a marked block
+RHEL_CONF = b"pool 2.rhel.pool.ntp.org iburst\ndriftfile /var/lib/chrony/drift\nmakestep 1.0 3\n# the end"
+# node3: chronyd installed but no configuration at all: we write the whole file
+
+
+@dataclass
+class Run:
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        command = " ".join(self.argv)
+        return f"$ {command}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+
+    def json(self) -> dict[str, Any]:
+        assert self.stdout, self
+        doc: dict[str, Any] = json.loads(self.stdout)
+        return doc
+
+
+@pytest.fixture(scope="module")
+def chrony_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
+    require_cluster_support()
+    if shutil.which("chronyd") is None and not Path("/usr/sbin/chronyd").exists():
+        message = "chronyd is not installed (apt-get install -y chrony; tests/run.sh does)"
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    cluster = NamespaceCluster(3, workdir=tmp_path_factory.mktemp("chrony"), private_dirs=PRIVATE)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        # whatever a failing test left: stop.kill()s every process in the namespaces
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def home(chrony_cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700)
+    shutil.copyfile(chrony_cluster.client_key, ssh / "id_ed25519")
+    (ssh / "id_ed25519").chmod(0o600)
+    (ssh / "known_hosts").write_text(chrony_cluster.known_hosts_text())
+    return home
+
+
+def _cli(cluster: NamespaceCluster, home: Path, *args: str, timeout: float = 180) -> Run:
+    env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, *args], env=env)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    return Run([BOOTSTRAP, *args], proc.returncode, proc.stdout, proc.stderr)
+
+
+def _inventory(cluster: NamespaceCluster, path: Path, user: str = "root", **time: Any) -> Path:
+    nodes: list[dict[str, object]] = [{"name": h.name, "host": h.addr, "user": user} for h in cluster.hosts]
+    cluster_settings: dict[str, object] = {"master": "node1"}
+    if time:
+        cluster_settings["time"] = time
+    return write_inventory(path, nodes, **cluster_settings)
+
+
+def _etc(cluster: NamespaceCluster, host: TestHost) -> Path:
+    return cluster.private_dir(host, "/etc/chrony")
+
+
+def _snapshot(cluster: NamespaceCluster) -> dict[str, dict[str, bytes]]:
+    """Every file under each host's /etc/chrony, by relative path."""
+    out = {}
+    for host in cluster.hosts:
+        root = _etc(cluster, host)
+        out[host.name] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return out
+
+
+def _chronyd_pids(cluster: NamespaceCluster, host: TestHost) -> list[int]:
+    """Every chronyd process inside the host's network namespace (not this machine's own)."""
+    listed = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True, check=True)
+    pids = []
+    for word in listed.stdout.split():
+        try:
+            if Path(f"/proc/{word}/comm").read_text().strip() == "chronyd":
+                pids.append(int(word))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return pids
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+
+
+@pytest.fixture(scope="module")
+def seeded(chrony_cluster: NamespaceCluster) -> dict[str, dict[str, bytes]]:
+    node1, node2, _ = chrony_cluster.hosts
+    (_etc(chrony_cluster, node1) / "conf.d").mkdir(exist_ok=True)
+    (_etc(chrony_cluster, node1) / "sources.d").mkdir(exist_ok=True)
+    (_etc(chrony_cluster, node1) / "chrony.conf").write_bytes(DEBIAN_CONF)
+    (_etc(chrony_cluster, node2) / "chrony.conf").write_bytes(RHEL_CONF)
+    (_etc(chrony_cluster, node2) / "chrony.conf").chmod(0o640)
+    return _snapshot(chrony_cluster)
+
+
+def test_master_serves_workers_follow_then_restore(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    cluster = chrony_cluster
+    node1, node2, node3 = cluster.hosts
+    inventory = str(_inventory(cluster, tmp_path / "hosts.yaml"))
+
+    # --dry-run: the diff per node, the scripts, and nothing changes
+    dry = _cli(cluster, home, "-i", inventory, "ntp", "--dry-run", "--no-clock-control")
+    assert dry.returncode == 0, dry
+    assert f"+local stratum 10\n+allow {node2.addr}\n+allow {node3.addr}" in dry.stdout, dry
+    assert f"+server {node1.addr} iburst prefer" in dry.stdout, dry
+    assert "+++ /etc/chrony/conf.d/cluster-bootstrap.conf" in dry.stdout, dry
+    assert _snapshot(cluster) == seeded
+    assert all(not _chronyd_pids(cluster, h) for h in cluster.hosts)
+
+    # first run: configured, started, synced to the master, offsets reported
+    first = _cli(cluster, home, "-i", inventory, "--json", "ntp", "--no-clock-control")
+    assert first.returncode == 0, first
+    nodes = {n["name"]: n for n in first.json()["nodes"]}
+    assert nodes["node1"]["role"] == "server" and nodes["node1"]["mode"] == "dropin"
+    assert nodes["node2"]["mode"] == "block" and nodes["node3"]["mode"] == "file"
+    for worker in (node2, node3):
+        entry = nodes[worker.name]
+        assert entry["role"] == "client" and entry["state"] == "added", entry
+        assert entry["selected"] == node1.addr, entry  # chrony's ^* is the master
+        assert abs(entry["chrony_offset_ms"]) < 1.0, entry
+    for entry in nodes.values():
+        assert entry["ok"] and entry["clock_control"] is False, entry
+        assert abs(entry["offset_ms"]) < 1.0 + entry["offset_error_ms"], entry  # one kernel clock
+    pids = {}
+    for host in cluster.hosts:
+        running = _chronyd_pids(cluster, host)
+        assert len(running) == 1, (host.name, running)
+        assert "-x" in _cmdline(running[0]), _cmdline(running[0])  # never steers this machine's clock
+        pids[host.name] = running[0]
+    after = _snapshot(cluster)
+    assert after["node1"]["chrony.conf"] == DEBIAN_CONF  # Debian layout: the distribution file untouched
+    assert after["node1"]["conf.d/cluster-bootstrap.conf"].endswith(
+        f"local stratum 10\nallow {node2.addr}\nallow {node3.addr}\n".encode()
+    )
+    assert after["node2"]["chrony.conf.cluster-bootstrap.bak"] == RHEL_CONF
+    assert after["node2"]["chrony.conf"].startswith(RHEL_CONF + b"\n# BEGIN cluster-bootstrap")
+    assert (_etc(cluster, node2) / "chrony.conf").stat().st_mode & 0o777 == 0o640
+
+    # second run: nothing restarted, says unchanged
+    second = _cli(cluster, home, "-i", inventory, "--json", "ntp", "--no-clock-control")
+    assert second.returncode == 0, second
+    assert {n["state"] for n in second.json()["nodes"]} == {"unchanged"}, second
+    assert {h.name: _chronyd_pids(cluster, h) for h in cluster.hosts} == {k: [v] for k, v in pids.items()}
+    assert _snapshot(cluster) == after
+
+    # --restore --dry-run: what would be put back, nothing done
+    dry_restore = _cli(cluster, home, "-i", inventory, "ntp", "--restore", "--dry-run")
+    assert dry_restore.returncode == 0, dry_restore
+    assert f"-server {node1.addr} iburst prefer" in dry_restore.stdout, dry_restore
+    assert "chrony.conf.cluster-bootstrap.bak /etc/chrony/chrony.conf" in dry_restore.stdout, dry_restore
+    assert _snapshot(cluster) == after and all(_chronyd_pids(cluster, h) for h in cluster.hosts)
+
+    # --restore: files back byte for byte, every chronyd we started stopped
+    restore = _cli(cluster, home, "-i", inventory, "--json", "ntp", "--restore")
+    assert restore.returncode == 0, restore
+    assert {n["name"]: n["state"] for n in restore.json()["nodes"]} == dict.fromkeys(
+        ("node1", "node2", "node3"), "restored"
+    )
+    assert _snapshot(cluster) == seeded
+    assert (_etc(cluster, node2) / "chrony.conf").stat().st_mode & 0o777 == 0o640
+    for host in cluster.hosts:
+        assert not _chronyd_pids(cluster, host), host.name
+    again = _cli(cluster, home, "-i", inventory, "--json", "ntp", "--restore")
+    assert again.returncode == 0, again
+    assert {n["state"] for n in again.json()["nodes"]} == {"nothing to restore"}
+
+
+def test_unreachable_upstream_fails_with_the_numbers(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """Servers nobody can reach: the step says which node selected no source and why, and exits 1."""
+    cluster = chrony_cluster
+    inventory = str(_inventory(cluster, tmp_path / "hosts.yaml", servers=[cluster.unused_addr]))
+    try:
+        run = _cli(
+            cluster, home, "-i", inventory, "-n", "node3", "ntp", "--no-clock-control", "--sync-timeout", "8"
+        )
+        assert run.returncode == 1, run
+        assert "selected no source within 8 s" in run.stderr and cluster.unused_addr in run.stderr, run
+    finally:
+        restore = _cli(cluster, home, "-i", inventory, "-n", "node3", "ntp", "--restore")
+        assert restore.returncode == 0, restore
+    assert not _chronyd_pids(cluster, cluster.host("node3"))
+    assert _snapshot(cluster) == seeded
+
+
+def test_sudo_with_password_fails_clearly(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    cluster = chrony_cluster
+    cluster.add_user("cbtntppw", sudo="password")
+    try:
+        inventory = str(_inventory(cluster, tmp_path / "hosts.yaml", user="cbtntppw"))
+        run = _cli(cluster, home, "-i", inventory, "-n", "node2", "ntp", "--no-clock-control")
+        assert run.returncode == 1, run
+        assert "sudo asks for a password" in run.stderr and "NOPASSWD" in run.stderr, run
+    finally:
+        cluster.remove_user("cbtntppw")
+    assert _snapshot(cluster) == seeded
+
+
+FAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+@pytest.mark.skipif(not FAKETIME.exists(), reason="libfaketime missing (tests/run.sh installs it)")
+def test_a_node_beyond_the_limit_fails_with_the_numbers(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """node3's processes see a clock 5 s ahead (libfaketime, its chronyd included): chrony follows the
+    master but cannot close the gap (-x), so the step fails naming node3 and the offsets."""
+    cluster = chrony_cluster
+    node3 = cluster.host("node3")
+    inventory = str(_inventory(cluster, tmp_path / "hosts.yaml"))
+    cluster.set_session_env(node3, {"LD_PRELOAD": str(FAKETIME), "FAKETIME": "+5s"})
+    try:
+        run = _cli(
+            cluster, home, "-i", inventory, "--json", "ntp", "--no-clock-control", "--sync-timeout", "5"
+        )
+        assert run.returncode == 1, run
+        nodes = {n["name"]: n for n in run.json()["nodes"]}
+        assert nodes["node1"]["ok"] and nodes["node2"]["ok"], nodes
+        bad = nodes["node3"]
+        assert not bad["ok"] and 4900 < bad["chrony_offset_ms"] < 5100, bad
+        assert 4000 < bad["offset_ms"] < 6000, bad
+        assert "ms off after 5 s (limit 100 ms)" in bad["problem"], bad
+        assert "node 'node3': chrony follows" in run.stderr, run
+    finally:
+        restore = _cli(cluster, home, "-i", inventory, "ntp", "--restore")
+        cluster.set_session_env(node3, None)
+        assert restore.returncode == 0, restore
+    assert all(not _chronyd_pids(cluster, h) for h in cluster.hosts)
+    assert _snapshot(cluster) == seeded

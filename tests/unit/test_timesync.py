@@ -1,0 +1,364 @@
+"""Time sync planning: inventory settings, chrony configuration per layout, the scripts (run for real by
+/bin/sh on files in a temporary directory, with a stub chronyc), restore, and the w32time PowerShell
+(parsed with tree-sitter and asserted on the tree)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import load_inventory_text
+from orchestrator.platforms import PosixShell
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.timesync import _Addresses, roles
+from orchestrator.steps.timesync import chrony as c
+from orchestrator.steps.timesync import windows as w
+from tests import pwsh
+from tests.winrm_server.cmdline import split as split_command_line
+
+SH = PosixShell()
+
+
+def _inventory(time: str = "") -> str:
+    block = f"  time:\n{time}" if time else ""
+    return (
+        f"cluster:\n  master: m\n{block}nodes:\n"
+        "  - {name: m, host: 10.0.0.1}\n  - {name: w1, host: 10.0.0.2}\n  - {name: w2, host: 10.0.0.3}\n"
+    )
+
+
+ADDR = _Addresses("10.0.0.1", {"w2": "10.0.0.3", "w1": "10.0.0.2"})
+
+
+# -- inventory ---------------------------------------------------------------------------------------
+
+
+def test_default_time_settings_serve_from_the_master() -> None:
+    inv = load_inventory_text(_inventory(), "h.yaml")
+    settings = inv.cluster.time
+    assert settings.manage and settings.serving and settings.max_offset_ms == 100 and not settings.install
+    r = roles(inv, ADDR)
+    assert r["m"] == c.ChronyRole((), serve=True, allow=("10.0.0.2", "10.0.0.3"))
+    assert r["w1"] == c.ChronyRole(("10.0.0.1",), prefer_first=True)
+
+
+def test_servers_are_followed_by_every_node_unless_the_master_serves() -> None:
+    inv = load_inventory_text(_inventory("    servers: [pool.ntp.org, 10.9.9.9]\n"), "h.yaml")
+    assert not inv.cluster.time.serving
+    r = roles(inv, ADDR)
+    assert {role.sources for role in r.values()} == {("pool.ntp.org", "10.9.9.9")}
+    assert not any(role.serve for role in r.values())
+    inv = load_inventory_text(_inventory("    servers: ntp.lab\n    serve_from_master: true\n"), "h.yaml")
+    r = roles(inv, ADDR)
+    assert r["m"].sources == ("ntp.lab",) and r["m"].serve
+    assert r["w2"].sources == ("10.0.0.1",)
+
+
+@pytest.mark.parametrize(
+    ("time", "message"),
+    [
+        ("    serve_from_master: false\n", "serve_from_master: false needs servers (or manage: false)"),
+        ("    max_offset_ms: 0\n", "field 'time.max_offset_ms': expected a number of milliseconds > 0"),
+        ("    max_offset_ms: true\n", "field 'time.max_offset_ms'"),
+        ("    servers: ['a b']\n", "is not a host name or address"),
+        ("    sever: [x]\n", "unknown field 'sever'; did you mean 'servers'?"),
+    ],
+)
+def test_bad_time_settings_are_named(time: str, message: str) -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(_inventory(time), "h.yaml")
+    assert message in str(info.value)
+
+
+# -- configuration -----------------------------------------------------------------------------------
+
+
+def test_directives_pool_server_prefer_local_allow() -> None:
+    text = c.directives(c.ChronyRole(("2.debian.pool.ntp.org", "ntp.lab"), serve=True, allow=("10.0.0.2",)))
+    assert text == (
+        "pool 2.debian.pool.ntp.org iburst\nserver ntp.lab iburst\nlocal stratum 10\nallow 10.0.0.2\n"
+    )
+    assert c.directives(c.ChronyRole(("10.0.0.1",), prefer_first=True)) == "server 10.0.0.1 iburst prefer\n"
+
+
+def _probe(files: dict[str, bytes | None], **kw: object) -> c.Probe:
+    probe = c.Probe(files=dict(files), etc_chrony=True, chronyd="/usr/sbin/chronyd", **kw)  # type: ignore[arg-type]
+    probe.main = next((p for p in c.MAIN_CANDIDATES if files.get(p) is not None), None)
+    return probe
+
+
+ROLE = c.ChronyRole(("10.0.0.1",), prefer_first=True)
+
+
+def test_debian_layout_gets_a_dropin_and_keeps_its_file() -> None:
+    main = b"confdir /etc/chrony/conf.d\ndriftfile /var/lib/chrony/chrony.drift\n"
+    mode, change = c.plan_config(_probe({"/etc/chrony/chrony.conf": main}), ROLE)
+    assert (mode, change.path, change.before, change.backup) == (
+        "dropin",
+        "/etc/chrony/conf.d/cluster-bootstrap.conf",
+        None,
+        False,
+    )
+    assert change.after == (c.HEADER + "server 10.0.0.1 iburst prefer\n").encode()
+    # second run: the same bytes are there: nothing to change
+    again = _probe({"/etc/chrony/chrony.conf": main, change.path: change.after})
+    assert not c.plan_config(again, ROLE)[1].changed
+
+
+def test_dropin_of_someone_else_is_backed_up_once() -> None:
+    path = "/etc/chrony/conf.d/cluster-bootstrap.conf"
+    files = {"/etc/chrony/chrony.conf": b"confdir /etc/chrony/conf.d\n", path: b"server x\n"}
+    assert c.plan_config(_probe(files), ROLE)[1].backup
+    files[path + c.BACKUP_SUFFIX] = b"server x\n"
+    assert not c.plan_config(_probe(files), ROLE)[1].backup
+
+
+def test_rhel_layout_gets_one_marked_block_replaced_on_change() -> None:
+    main = b"pool 2.rhel.pool.ntp.org iburst\nmakestep 1.0 3"  # no final newline
+    mode, change = c.plan_config(_probe({"/etc/chrony/chrony.conf": main}), ROLE)
+    assert mode == "block" and change.backup
+    assert change.after.startswith(main + b"\n" + c.BLOCK_BEGIN.encode() + b"\nserver 10.0.0.1")
+    # a later run with another master replaces the block, keeps the first backup
+    files = {"/etc/chrony/chrony.conf": change.after, "/etc/chrony/chrony.conf" + c.BACKUP_SUFFIX: main}
+    _, second = c.plan_config(_probe(files), c.ChronyRole(("10.0.0.9",), prefer_first=True))
+    assert not second.backup and second.after.count(c.BLOCK_BEGIN.encode()) == 1
+    assert b"10.0.0.9" in second.after and b"10.0.0.1" not in second.after
+    assert "-server 10.0.0.1 iburst prefer\n+server 10.0.0.9 iburst prefer" in second.diff()
+
+
+def test_no_config_at_all_gets_a_whole_file_ours_on_every_run() -> None:
+    mode, change = c.plan_config(_probe({"/etc/chrony/chrony.conf": None}), ROLE)
+    assert mode == "file" and change.path == "/etc/chrony/chrony.conf" and change.before is None
+    assert b"driftfile" in change.after
+    again = _probe({"/etc/chrony/chrony.conf": change.after})
+    assert c.plan_config(again, ROLE) == (
+        "file",
+        c.FileChange(change.path, change.after, change.after, False),
+    )
+
+
+def test_probe_output_is_parsed() -> None:
+    conf = b"confdir /etc/chrony/conf.d\n"
+    sources = b"^,*,10.0.0.1,10,6,377,12,0.000012,0.000010,0.000034\n"
+    out = "\n".join(
+        [
+            "os debian",
+            "etcchrony yes",
+            "chronyd /usr/sbin/chronyd",
+            "pkg apt-get",
+            "user _chrony",
+            "sharedclock yes",
+            "file /etc/chrony/chrony.conf " + base64.b64encode(conf).decode(),
+            "nofile /etc/chrony/chrony.conf.cluster-bootstrap.state",
+            "main /etc/chrony/chrony.conf",
+            "pidfile /run/chrony/chronyd.pid",
+            "running 4242",
+            "cmdline chronyd -f /etc/chrony/chrony.conf -x",
+            "sources " + base64.b64encode(sources).decode(),
+        ]
+    )
+    probe = c.parse_probe(out)
+    assert probe.shared_clock and probe.etc_chrony and probe.running_pid == 4242
+    assert probe.files["/etc/chrony/chrony.conf"] == conf and probe.state == {}
+    assert probe.package_manager == "apt-get" and probe.chrony_user == "_chrony"
+    assert c.parse_sources(probe.sources_csv)[0].selected
+
+
+def test_chronyc_csv_is_parsed() -> None:
+    # recorded from chrony 4.3 in a test namespace (chronyc -n -c sources; chronyc -c tracking)
+    sources = c.parse_sources(
+        "^,*,198.18.96.11,10,6,7,1,0.000006740,-0.000005461,0.000033833\n^,?,x,0,6,0,4294967295,0,0,0\n"
+    )
+    assert sources[0] == c.SourceLine("*", "198.18.96.11", 10, 7, 0.00000674, 0.000033833)
+    assert c.describe_sources(sources) == "198.18.96.11"
+    tracking = c.parse_tracking(
+        "C612600B,198.18.96.11,11,1796225219.798736702,0.000012201,-0.000012201,0.000012201,0.000,"
+        "-8.123,1000000.000,0.000066814,1.437135816,0.0,Normal\n"
+    )
+    assert tracking["leap"] == "Normal" and tracking["ref"] == "198.18.96.11"
+
+
+# -- starting and stopping ---------------------------------------------------------------------------
+
+
+def test_shared_clock_or_the_option_means_chronyd_minus_x() -> None:
+    base = {"/etc/chrony/chrony.conf": b"x\n"}
+    shared = c.start_script(SH, _probe(base, shared_clock=True), no_clock_control=False, restart=False)
+    assert "/usr/sbin/chronyd -f /etc/chrony/chrony.conf -x" in shared
+    own = c.start_script(SH, _probe(base), no_clock_control=False, restart=False)
+    assert " -x" not in own and "/usr/sbin/chronyd -f /etc/chrony/chrony.conf ||" in own
+    forced = c.start_script(SH, _probe(base), no_clock_control=True, restart=False)
+    assert " -x" in forced
+
+
+def test_systemd_restarts_the_unit_and_records_only_a_unit_it_started() -> None:
+    base = {"/etc/chrony/chrony.conf": b"x\n"}
+    inactive = _probe(base, systemd=True, unit="chrony.service")
+    script = c.start_script(SH, inactive, no_clock_control=False, restart=False)
+    assert "systemctl restart chrony.service" in script and "unit=" in script
+    active = _probe(base, systemd=True, unit="chrony.service", unit_active=True)
+    assert "unit=" not in c.start_script(SH, active, no_clock_control=False, restart=True)
+
+
+def test_a_chronyd_we_did_not_start_is_not_killed() -> None:
+    probe = _probe({"/etc/chrony/chrony.conf": b"x\n"}, running_pid=77, running_cmdline="chronyd -d")
+    with pytest.raises(c.ForeignChronyd, match="pid 77"):
+        c.start_script(SH, probe, no_clock_control=False, restart=True)
+
+
+def _sh(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_write_then_restore_is_byte_identical(tmp_path: Path) -> None:
+    main = tmp_path / "chrony.conf"
+    original = b"pool a iburst\n# no newline at the end"
+    main.write_bytes(original)
+    main.chmod(0o640)
+    files: dict[str, bytes | None] = {str(main): original}
+    change = c.FileChange(
+        str(main), original, c.replace_block(original.decode(), "server b\n").encode(), True
+    )
+    assert _sh(c.write_file_script(SH, change)).returncode == 0
+    assert main.read_bytes() == change.after and main.stat().st_mode & 0o777 == 0o640
+    files = {str(main): change.after, str(main) + c.BACKUP_SUFFIX: original}
+    probe = c.Probe(files=files, main=str(main))
+    plan = c.plan_restore(SH, probe)
+    assert plan.actions == [f"restored {main}"]
+    assert _sh(plan.script).returncode == 0
+    assert main.read_bytes() == original and main.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chrony.conf"]
+
+
+def test_restore_removes_what_we_created_and_stops_our_chronyd(tmp_path: Path) -> None:
+    created = tmp_path / "cluster-bootstrap.conf"
+    created.write_bytes((c.HEADER + "server x\n").encode())
+    main = tmp_path / "chrony.conf"
+    main.write_bytes(b"confdir x\n")
+    state = str(main) + c.STATE_SUFFIX
+    Path(state).write_text("pid=4242\n")
+    files = {str(created): created.read_bytes(), str(main): b"confdir x\n", state: b"pid=4242\n"}
+    probe = c.Probe(files=files, main=str(main), running_pid=4242)
+    plan = c.plan_restore(SH, probe)
+    assert plan.actions == [f"removed {created}", "stopped chronyd (pid 4242) that bootstrap ntp started"]
+    # the stop only signals a process whose name is chronyd: pid 4242 here is not, so nothing is killed
+    assert 'comm 2>/dev/null)" = chronyd' in plan.script
+    assert _sh(plan.script).returncode == 0
+    assert not created.exists() and not Path(state).exists() and main.read_bytes() == b"confdir x\n"
+    nothing = c.plan_restore(SH, c.Probe(files={str(main): b"confdir x\n"}, main=str(main)))
+    assert nothing.script == "" and nothing.actions == []
+
+
+@pytest.mark.parametrize(
+    ("csv", "max_s", "has_sources", "rc"),
+    [
+        ("^,*,10.0.0.1,10,6,7,1,0.000006740,0,0.00003\n", 0.1, True, 0),
+        ("^,*,10.0.0.1,10,6,7,1,-0.25,0,0.00003\n", 0.1, True, 3),  # selected, still too far
+        ("^,?,10.0.0.1,0,6,0,-,0,0,0\n", 0.1, True, 3),  # nothing selected
+    ],
+)
+def test_wait_script_awaits_a_selected_source_within_the_limit(
+    tmp_path: Path, csv: str, max_s: float, has_sources: bool, rc: int
+) -> None:
+    chronyc = tmp_path / "chronyc"
+    (tmp_path / "sources.csv").write_text(csv)
+    chronyc.write_text(
+        f'#!/bin/sh\ncase "$*" in *sources*) cat {tmp_path}/sources.csv;; '
+        "*) echo 7F7F0101,,10,0,0,0,0,0,0,0,0,0,0.0,Normal;; esac\n"
+    )
+    chronyc.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    result = _sh(c.wait_script(max_offset_s=max_s, timeout=1, has_sources=has_sources), env)
+    assert result.returncode == rc, result
+    sources, tracking = c.split_wait_output(result.stdout)
+    assert (
+        c.parse_sources(sources)[0].address == "10.0.0.1" and c.parse_tracking(tracking)["leap"] == "Normal"
+    )
+
+
+def test_master_without_sources_waits_for_a_normal_leap_status(tmp_path: Path) -> None:
+    chronyc = tmp_path / "chronyc"
+    chronyc.write_text("#!/bin/sh\necho 7F7F0101,,10,0,0,0,0,0,0,0,0,0,0.0,Normal\n")
+    chronyc.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    assert _sh(c.wait_script(max_offset_s=0.1, timeout=1, has_sources=False), env).returncode == 0
+
+
+def test_install_commands() -> None:
+    assert c.install_command("apt-get") == "DEBIAN_FRONTEND=noninteractive apt-get install -y -q chrony"
+    assert c.install_command("dnf") == "dnf install -y -q chrony"
+    assert c.install_command(None) is None
+
+
+# -- Windows: w32time --------------------------------------------------------------------------------
+
+
+def _native_argv(tree_commands: list[pwsh.Command], script: str) -> list[list[str]]:
+    """argv of every native program the script starts (PowerShell.native: Get-Command -Name 'prog',
+    then $cbInfo.Arguments = '...' holding the Windows command line)."""
+    # each parameter of Get-Command takes one value: the value of -Name sits at its index
+    names = [
+        cmd.arguments[cmd.parameters.index("-name")].strip("'")
+        for cmd in tree_commands
+        if cmd.name == "Get-Command"
+    ]
+    lines = [
+        line.split("=", 1)[1].strip().strip("'").replace("''", "'")
+        for line in script.splitlines()
+        if line.strip().startswith("$cbInfo.Arguments =")
+    ]
+    assert len(names) == len(lines)
+    return [[name, *split_command_line("x " + line)[1:]] for name, line in zip(names, lines, strict=True)]
+
+
+def test_w32time_configure_script_parses_and_sets_the_peers() -> None:
+    shell = PowerShell()
+    script = shell.wrap(w.configure_script(["10.0.0.1", "o'brien.lab"]), become=True)
+    tree = pwsh.assert_parses(script)
+    commands = pwsh.commands(tree)
+    names = [cmd.name for cmd in commands]
+    assert "Set-Service" in names and "Restart-Service" in names
+    restart = next(cmd for cmd in commands if cmd.name == "Restart-Service")
+    assert restart.has("-Name") and restart.has("-Force") and "w32time" in restart.arguments
+    argv = _native_argv(commands, script)
+    assert argv[0] == [
+        "w32tm",
+        "/config",
+        "/manualpeerlist:10.0.0.1,0x8 o'brien.lab,0x8",
+        "/syncfromflags:manual",
+        "/reliable:no",
+        "/update",
+    ]
+    assert argv[1] == ["w32tm", "/resync", "/force"]
+    assert "$cbWanted = '10.0.0.1,0x8 o''brien.lab,0x8'" in script  # quoted by the platform
+    assert "Write-Output 'unchanged'" in script  # idempotent: same peers, running: nothing touched
+
+
+def test_w32time_status_and_restore_scripts_parse() -> None:
+    shell = PowerShell()
+    status = shell.wrap(w.status_script("10.0.0.1"))
+    argv = _native_argv(pwsh.commands(pwsh.assert_parses(status)), status)
+    assert argv == [
+        ["w32tm", "/query", "/status"],
+        ["w32tm", "/stripchart", "/computer:10.0.0.1", "/samples:3", "/dataonly"],
+    ]
+    restore = shell.wrap(w.restore_script(), become=True)
+    commands = pwsh.commands(pwsh.assert_parses(restore))
+    set_props = [cmd for cmd in commands if cmd.name == "Set-ItemProperty"]
+    assert [cmd.arguments[1] for cmd in set_props] == ["NtpServer", "Type"]
+    assert _native_argv(commands, restore) == [["w32tm", "/config", "/update"]]
+
+
+def test_stripchart_offsets() -> None:
+    out = (
+        "Tracking 10.0.0.1 [10.0.0.1:123].\nCollecting 3 samples.\n"
+        "The current time is 02/12/2026 10:15:00.\n"
+        "10:15:00, +00.0012345s\n10:15:02, -00.0020000s\n10:15:04, +00.0005000s\n"
+    )
+    assert w.parse_stripchart(out) == pytest.approx(0.0005)
+    assert w.parse_stripchart("error: 0x800705B4") is None
