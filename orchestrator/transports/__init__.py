@@ -1,4 +1,4 @@
-"""How bytes reach a node: ``local`` (subprocess), ``ssh`` (fabric/paramiko), ``winrm`` (later)."""
+"""How bytes reach a node: ``local`` (subprocess), ``ssh`` (fabric/paramiko), ``winrm`` (pywinrm)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,28 @@ __all__ = [
 
 def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) -> Transport:
     """The (not yet connected) transport for ``node``, as its inventory entry asks."""
+    if node.connection == "winrm":
+        # Windows: PowerShell, or POSIX inside a WSL distribution (the node's mode); late imports keep
+        # pywinrm out of commands that never reach a Windows node
+        from orchestrator.platforms import platform_for_node
+        from orchestrator.transports.winrm import WinRMTransport
+
+        return WinRMTransport(
+            node.name,
+            platform_for_node(node),
+            host=node.host,
+            port=node.port,
+            user=node.user,
+            settings=node.winrm,
+            allow_insecure=node.allow_insecure,
+            key_file=node.key_file,
+            password=lambda: passwords.password_for(node),
+            connect_timeout=ssh.connect_timeout,
+        )
     try:
         platform = platform_for(node.os)
     except NotImplementedError as exc:
-        raise UsageError(
-            str(exc), node=node.name, hint="Windows support arrives with the WinRM transport"
-        ) from None
+        raise UsageError(str(exc), node=node.name, hint="set os: linux or os: windows") from None
     if node.connection == "local":
         return LocalTransport(node.name, platform)
     if node.connection == "ssh":
@@ -62,7 +78,5 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
             options=ssh,
         )
     raise UsageError(
-        f"connection {node.connection!r} is not supported yet",
-        node=node.name,
-        hint="use connection: ssh (OpenSSH on Windows works) until WinRM support lands",
+        f"unknown connection {node.connection!r}", node=node.name, hint="use ssh, winrm or local"
     )

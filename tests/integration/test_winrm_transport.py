@@ -1,0 +1,725 @@
+"""WinRMTransport against the WS-Management test server (tests/winrm_server), in process.
+
+The server speaks the real WinRS protocol to the unmodified pywinrm client, but cannot run PowerShell:
+the transport's own transfer scripts (put/get, the upload of long scripts, the clean-up) are EMULATED
+below by reading their values off the parse tree (the target path, the expected SHA-256, the chunk
+size) and updating ``server.files``, which also proves every script the transport sends parses.
+Commands that are not PowerShell (the ``_CmdLine`` platform below) run for real through /bin/sh, so
+timeouts and cancellation are checked on real processes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import (
+    AuthenticationError,
+    ConnectError,
+    TransferError,
+    UnreachableError,
+    UsageError,
+)
+from orchestrator.inventory import WinRMSettings
+from orchestrator.platforms import Platform
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.transports.winrm import WinRMTransport
+from tests import pwsh
+from tests.winrm_server import Answer, PwshCall, WinRMServer
+
+HOME = "C:\\Users\\bob"
+TEMP = HOME + "\\AppData\\Local\\Temp\\"
+
+
+# -- emulation of the transport's own PowerShell ------------------------------------------------------
+
+
+def _literal(node: Any) -> str:
+    text = (node.text or b"").decode()
+    return text[1:-1].replace("''", "'")
+
+
+def assignments(call: PwshCall) -> dict[str, tuple[str, list[str]]]:
+    """``$name = ...`` on the tree: variable -> (right-hand text, its single-quoted literals)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    for node in pwsh.walk(call.tree.root_node):
+        if node.type != "assignment_expression":
+            continue
+        left, right = node.children[0], node.children[-1]
+        literals = [_literal(n) for n in pwsh.walk(right) if n.type == "verbatim_string_characters"]
+        found.setdefault((left.text or b"").decode().lower(), ((right.text or b"").decode(), literals))
+    return found
+
+
+def _resolve(path: str) -> str:
+    path = path.replace("/", "\\")
+    return path if (len(path) > 1 and path[1] == ":") or path.startswith("\\\\") else f"{HOME}\\{path}"
+
+
+class Emulator:
+    """Plays the transport's put/get/remove scripts on ``server.files``; other calls go to ``other``."""
+
+    def __init__(self, server_files: Any, other: Callable[[PwshCall], Answer | None] | None = None) -> None:
+        self.files = server_files
+        self.other = other
+        self.corrupt_chunk: int | None = None  # flip a byte in this stdin line (0-based) on arrival
+        self.transfers: list[str] = []
+
+    def __call__(self, call: PwshCall) -> Answer | None:
+        values = assignments(call)
+        if "$target" in values and "FromBase64String" in call.script:
+            return self.put(call, values)
+        if "$target" in values and "ToBase64String" in call.script:
+            return self.get(call, values)
+        removes = [c for c in call.commands if c.name.lower() == "remove-item" and c.has("-LiteralPath")]
+        if removes and len(call.commands) == 1:
+            for arg in removes[0].arguments:
+                self.files.pop(_resolve(arg[1:-1].replace("''", "'")), None)
+            return Answer()
+        return self.other(call) if self.other else None
+
+    def _target(self, values: dict[str, tuple[str, list[str]]]) -> str:
+        text, literals = values["$target"]
+        if "GetTempPath" in text:
+            assert "Join-Path" in text
+            return TEMP + literals[0]
+        assert "GetUnresolvedProviderPathFromPSPath" in text, text
+        return _resolve(literals[0])
+
+    def put(self, call: PwshCall, values: dict[str, tuple[str, list[str]]]) -> Answer:
+        assert any(n.type == "variable" and n.text == b"$input" for n in pwsh.walk(call.tree.root_node))
+        target = self._target(values)
+        expected = values["$expected"][1][0]
+        part = target + values["$part"][1][0]
+        self.transfers.append(f"put {target}")
+        data = bytearray()
+        for index, line in enumerate(call.stdin.splitlines()):
+            if not line:
+                continue
+            piece = bytearray(base64.b64decode(line, validate=True))
+            if index == self.corrupt_chunk and piece:
+                piece[len(piece) // 2] ^= 0xFF
+            data += piece
+        self.files[part] = bytes(data)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected:
+            del self.files[part]
+            return Answer(stderr=f"sha256 mismatch: received {actual}, sent {expected}", exit_code=3)
+        self.files[target] = self.files.pop(part)
+        return Answer(stdout=f"sha256 {actual}\npath {target}\n")
+
+    def get(self, call: PwshCall, values: dict[str, tuple[str, list[str]]]) -> Answer:
+        source = self._target(values)
+        self.transfers.append(f"get {source}")
+        new_object = call.command("New-Object")
+        chunk = int(new_object.arguments[-1])
+        try:
+            data = self.files[source]
+        except KeyError:
+            return Answer(
+                stderr=f'Exception calling "OpenRead" with "1" argument(s): "Could not find file '
+                f"'{source}'.\"",
+                exit_code=1,
+            )
+        lines = [f"size {len(data)}"]
+        for offset in range(0, len(data), chunk):
+            piece = data[offset : offset + chunk]
+            lines.append("data " + base64.b64encode(piece).decode())
+        lines.append("sha256 " + hashlib.sha256(data).hexdigest())
+        return Answer(stdout="\n".join(lines) + "\n")
+
+
+class _CmdLine(Platform):
+    """Sends the script as the command line itself: the server runs it with /bin/sh, for real (so a
+    timeout or a cancel can be checked on a real process)."""
+
+    name = "cmdline"
+
+    def quote(self, value: str) -> str:
+        return "'" + value.replace("'", "'\\''") + "'"
+
+    def wrap(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        become: bool = False,
+    ) -> str:
+        return command
+
+    def stop_on_hangup(self, script: str) -> str:
+        return script
+
+    def login_command(self, script: str) -> str:
+        return script
+
+    def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
+        raise NotImplementedError
+
+    def transfer_path(self, path: str) -> str:
+        return path
+
+
+def _transport(
+    server: WinRMServer,
+    *,
+    platform: Platform | None = None,
+    password: str = "pw",
+    user: str = "bob",
+    **settings: Any,
+) -> WinRMTransport:
+    scheme = "https" if server.tls else "http"
+    settings.setdefault("transport", "ntlm" if "ntlm" in server.auth_methods else "basic")
+    allow_insecure = bool(settings.pop("allow_insecure", False))
+    return WinRMTransport(
+        "win1",
+        platform or PowerShell(),
+        host=server.host,
+        port=server.port,
+        user=user,
+        settings=WinRMSettings(scheme=scheme, **settings),
+        allow_insecure=allow_insecure,
+        password=lambda: password,
+        connect_timeout=5.0,
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[WinRMServer]:
+    srv = WinRMServer(auth="ntlm", username="bob", password="pw")
+    srv.on_powershell = Emulator(srv.files)
+    with srv:
+        yield srv
+
+
+def _alive(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False).stdout
+    return out.split()
+
+
+def _await_gone(marker: str, seconds: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while (left := _alive(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def test_lines_arrive_while_the_command_runs(server: WinRMServer) -> None:
+    seen_first = threading.Event()
+    waited: list[bool] = []
+
+    def chunks() -> Iterator[bytes]:
+        yield b"first line\r\n"
+        waited.append(seen_first.wait(15))  # only the client seeing line one lets the command go on
+        yield b"second line\r\n"
+
+    server.on_powershell = Emulator(server.files, lambda call: Answer(chunks=chunks(), exit_code=0))
+    lines: list[tuple[str, str]] = []
+
+    def on_line(stream: str, line: str) -> None:
+        lines.append((stream, line))
+        seen_first.set()
+
+    transport = _transport(server)
+    try:
+        result = transport.run("Write-Output 'x'", on_line=on_line)
+    finally:
+        transport.close()
+    assert waited == [True]
+    assert lines == [("stdout", "first line"), ("stdout", "second line")]
+    assert result.stdout == "first line\nsecond line\n" and result.ok
+
+
+def test_exit_codes_and_one_shell_for_every_command(server: WinRMServer) -> None:
+    server.on_powershell = Emulator(
+        server.files, lambda call: Answer(exit_code=int(call.command("Write-Output").arguments[0]))
+    )
+    transport = _transport(server)
+    try:
+        codes = [transport.run(f"Write-Output {n}").exit_code for n in (0, 1, 42, 255)]
+    finally:
+        transport.close()
+    assert codes == [0, 1, 42, 255]
+    assert server.requests.count("Create") == 1  # the shell is reused
+    assert server.requests[-1] == "Delete"  # and deleted on close
+    wrapped = server.calls[0].script
+    assert "Set-StrictMode" in wrapped and "exit $global:LASTEXITCODE" in wrapped
+
+
+def test_two_commands_at_once_run_in_two_shells(server: WinRMServer) -> None:
+    both_running = threading.Barrier(2, timeout=15)
+
+    def chunks() -> Iterator[bytes]:
+        yield b"started\r\n"
+        both_running.wait()  # only two commands running at the same time get past this
+        yield b"done\r\n"
+
+    def answer(call: PwshCall) -> Answer:
+        together = any(c.arguments == ["together"] for c in call.commands)
+        return Answer(chunks=chunks()) if together else Answer(stdout="alone\n")
+
+    server.on_powershell = Emulator(server.files, answer)
+    transport = _transport(server)
+    results: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(transport.run("Write-Output together"))) for _ in range(2)
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert transport.run("Write-Output alone").stdout == "alone\n"  # an idle shell is reused
+    finally:
+        transport.close()
+    assert [r.stdout for r in results] == ["started\ndone\n"] * 2
+    assert server.requests.count("Create") == 2 and server.open_shells() == []
+
+
+def test_a_shell_windows_deleted_while_idle_is_replaced(server: WinRMServer) -> None:
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="ok\n"))
+    transport = _transport(server)
+    try:
+        assert transport.run("Write-Output ok").ok
+        with server._lock:  # what Windows does after the shell's IdleTimeout
+            server._shells.clear()
+        assert transport.run("Write-Output ok").stdout == "ok\n"
+    finally:
+        transport.close()
+    assert server.requests.count("Create") == 2
+
+
+def test_powershell_errors_arrive_as_readable_text(server: WinRMServer) -> None:
+    message = (
+        "Get-Item : Cannot find path 'C:\\nope' because it does not exist.\n"
+        "At line:1 char:1\n"
+        "+ Get-Item C:\\nope\n"
+        "+ ~~~~~~~~~~~~~~~~\n"
+        "    + CategoryInfo          : ObjectNotFound: (C:\\nope:String) [Get-Item], ItemNotFoundException\n"
+        "    + FullyQualifiedErrorId : PathNotFound,Microsoft.PowerShell.Commands.GetItemCommand"
+    )
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stderr=message, exit_code=1))
+    lines: list[str] = []
+    transport = _transport(server)
+    try:
+        result = transport.run("Get-Item C:\\nope", on_line=lambda s, line: lines.append(line))
+    finally:
+        transport.close()
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == message.splitlines()
+    assert "CLIXML" not in result.stderr and "_x000D_" not in result.stderr and "<S" not in result.stderr
+    assert lines == message.splitlines()
+
+
+def test_timeout_stops_the_remote_process_and_the_transport_goes_on(server: WinRMServer) -> None:
+    marker = f"cbt-winrm-timeout-{time.monotonic_ns()}"
+    transport = _transport(server, platform=_CmdLine())
+    try:
+        result = transport.run_raw(f"echo started; exec sleep 300 # {marker}", timeout=1.5)
+        assert result.timed_out and result.exit_code is None and result.stdout == "started\n"
+        assert _await_gone(marker) == []
+        assert transport.run_raw("echo still usable").stdout == "still usable\n"
+    finally:
+        transport.close()
+    assert "Signal" in server.requests and server.open_shells() == []
+
+
+def test_close_from_another_thread_stops_a_running_command(server: WinRMServer) -> None:
+    marker = f"cbt-winrm-close-{time.monotonic_ns()}"
+    transport = _transport(server, platform=_CmdLine())
+    started = threading.Event()
+    threading.Thread(target=lambda: (started.wait(10), transport.close()), daemon=True).start()
+    begin = time.monotonic()
+    result = transport.run_raw(
+        f"echo started; exec sleep 300 # {marker}", on_line=lambda s, line: started.set()
+    )
+    assert time.monotonic() - begin < 10 and result.exit_code is None and not result.timed_out
+    assert _await_gone(marker) == []
+    assert server.open_shells() == []
+    with pytest.raises(Exception, match="cancelled"):
+        transport.run_raw("echo again")  # closing is for good
+
+
+def test_a_script_too_long_for_cmd_runs_from_an_uploaded_file(server: WinRMServer) -> None:
+    body = "\n".join(f"Write-Output 'line {n} {'x' * 60}'" for n in range(120))
+    ran: list[PwshCall] = []
+
+    def other(call: PwshCall) -> Answer:
+        ran.append(call)
+        assert call.file is not None
+        assert call.file in server.files  # it is there while it runs
+        return Answer(stdout="ran from a file\n", exit_code=7)
+
+    server.on_powershell = Emulator(server.files, other)
+    transport = _transport(server)
+    try:
+        script = transport.platform.wrap(body)
+        assert len(transport.platform.login_command(script)) > 8191
+        result = transport.run(body)
+        assert "uploaded to a temporary file" in transport.plan(script)
+    finally:
+        transport.close()
+    assert result.exit_code == 7 and result.stdout == "ran from a file\n"
+    assert len(ran) == 1 and ran[0].script.lstrip("\ufeff") == script
+    assert ran[0].file and ran[0].file.lower().startswith(TEMP.lower()) and ran[0].file.endswith(".ps1")
+    assert all(len(line) <= 8191 for line in server.commands)
+    assert list(server.files) == []  # deleted after the run
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def test_files_round_trip_with_sha256_and_progress(server: WinRMServer, tmp_path: Path) -> None:
+    src = tmp_path / "payload.bin"
+    payload = os.urandom(300_000) + bytes(range(256))  # several Sends, every byte value
+    src.write_bytes(payload)
+    progress: list[tuple[int, int]] = []
+    transport = _transport(server)
+    try:
+        transport.put(
+            src, "C:/data/deep/payload.bin", progress=lambda done, total: progress.append((done, total))
+        )
+        assert server.files["C:\\data\\deep\\payload.bin"] == payload
+        assert not [f for f in server.files if f.endswith(".bootstrap-part")]
+        back: list[tuple[int, int]] = []
+        transport.get(
+            "C:\\data\\deep\\payload.bin",
+            tmp_path / "out" / "back.bin",
+            progress=lambda d, t: back.append((d, t)),
+        )
+        transport.put(tmp_path / "payload.bin", "~/relative.bin")
+        (tmp_path / "empty").write_bytes(b"")
+        transport.put(tmp_path / "empty", "C:\\empty.txt")
+    finally:
+        transport.close()
+    assert (tmp_path / "out" / "back.bin").read_bytes() == payload
+    assert len(progress) >= 4 and progress[-1] == (len(payload), len(payload))
+    assert [d for d, _ in progress] == sorted(d for d, _ in progress)
+    assert back[-1] == (len(payload), len(payload))
+    assert server.files[HOME + "\\relative.bin"] == payload
+    assert server.files["C:\\empty.txt"] == b""
+
+
+def test_a_corrupted_chunk_fails_the_sha256_check_and_replaces_nothing(
+    server: WinRMServer, tmp_path: Path
+) -> None:
+    emulator = Emulator(server.files)
+    emulator.corrupt_chunk = 1
+    server.on_powershell = emulator
+    server.files["C:\\data\\model.bin"] = b"old contents"
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(200_000))
+    transport = _transport(server)
+    try:
+        with pytest.raises(TransferError) as caught:
+            transport.put(src, "C:\\data\\model.bin")
+    finally:
+        transport.close()
+    text = str(caught.value)
+    assert "node 'win1'" in text and "model.bin" in text and "SHA-256" in text
+    assert server.files["C:\\data\\model.bin"] == b"old contents"
+    assert list(server.files) == ["C:\\data\\model.bin"]
+
+
+def test_get_of_a_missing_file_names_it(server: WinRMServer, tmp_path: Path) -> None:
+    transport = _transport(server)
+    try:
+        with pytest.raises(
+            TransferError, match=r"node 'win1': cannot copy C:\\nope.txt .*Could not find file"
+        ):
+            transport.get("C:\\nope.txt", tmp_path / "x")
+    finally:
+        transport.close()
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.part").exists()
+
+
+# -- security and errors ----------------------------------------------------------------------------
+
+
+def test_ntlm_over_http_encrypts_every_message(server: WinRMServer) -> None:
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="ok\n"))
+    transport = _transport(server)
+    try:
+        assert transport.run("Write-Output ok").stdout == "ok\n"
+        lane = transport._idle[0]
+        assert lane.protocol.transport.encryption is not None  # pywinrm wraps each message
+    finally:
+        transport.close()
+
+
+def test_wrong_password_is_an_authentication_error_without_the_password(
+    server: WinRMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret = "Zq7!distinctive-PASSWORD-93"
+    caplog.set_level(logging.DEBUG)
+    transport = _transport(server, password=secret)
+    with pytest.raises(AuthenticationError) as caught:
+        transport.connect()
+    text = str(caught.value)
+    assert "node 'win1'" in text and "'bob'" in text and "rejected" in text
+    assert secret not in text and secret not in caplog.text and secret not in transport.describe()
+
+
+def test_a_correct_password_never_reaches_the_logs(caplog: pytest.LogCaptureFixture) -> None:
+    secret = "Zq7!distinctive-PASSWORD-93"
+    caplog.set_level(logging.DEBUG)
+    with WinRMServer(auth="basic", username="bob", password=secret, tls=True) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="hello\n")
+        transport = _transport(srv, password=secret, ca_bundle=str(srv.ca_file))
+        try:
+            result = transport.run("Write-Output hello", on_line=lambda s, line: logging.info("%s", line))
+        finally:
+            transport.close()
+    assert result.stdout == "hello\n"
+    assert secret not in caplog.text and secret not in repr(result)
+
+
+def test_nothing_listening_names_the_fix() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed when the block ends: nothing listens there
+    transport = WinRMTransport(
+        "win1",
+        PowerShell(),
+        host="127.0.0.1",
+        port=port,
+        user="bob",
+        settings=WinRMSettings(),
+        password=lambda: "pw",
+        connect_timeout=5.0,
+    )
+    with pytest.raises(UnreachableError) as caught:
+        transport.connect()
+    text = str(caught.value)
+    assert f"WinRM is not listening on 127.0.0.1:{port}" in text
+    assert (
+        "New-Item -Path WSMan:\\localhost\\Listener -Transport HTTPS" in text and "winrm quickconfig" in text
+    )
+
+
+def test_tls_with_an_unknown_ca_says_ca_bundle_and_a_given_bundle_works() -> None:
+    with WinRMServer(auth="ntlm", username="bob", password="pw", tls=True) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="tls ok\n")
+        with pytest.raises(ConnectError) as caught:
+            _transport(srv).connect()
+        transport = _transport(srv, ca_bundle=str(srv.ca_file))
+        try:
+            assert transport.run("Write-Output ok").stdout == "tls ok\n"
+            assert transport._idle[0].protocol.transport.encryption is None  # TLS protects it already
+        finally:
+            transport.close()
+    text = str(caught.value)
+    assert "node 'win1'" in text and "not trusted" in text and "winrm.ca_bundle" in text
+    assert "cert_validation" in text
+
+
+def test_https_against_an_http_listener_says_so() -> None:
+    with WinRMServer(auth="ntlm", username="bob", password="pw", tls=False) as srv:
+        transport = WinRMTransport(
+            "win1",
+            PowerShell(),
+            host=srv.host,
+            port=srv.port,
+            user="bob",
+            settings=WinRMSettings(scheme="https"),
+            password=lambda: "pw",
+            connect_timeout=5.0,
+        )
+        with pytest.raises(ConnectError) as caught:
+            transport.connect()
+    assert "does not speak TLS" in str(caught.value) and "winrm.scheme: http" in str(caught.value)
+
+
+def test_cert_validation_off_works_and_warns_every_run(caplog: pytest.LogCaptureFixture) -> None:
+    with WinRMServer(auth="ntlm", username="bob", password="pw", tls=True) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="ok\n")
+        for _ in range(2):
+            transport = _transport(srv, cert_validation=False)
+            try:
+                assert transport.run("Write-Output ok").ok
+            finally:
+                transport.close()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "cert_validation" in r.message]
+    assert len(warnings) == 2 and "win1" in warnings[0].message
+
+
+def test_basic_over_http_is_refused_unless_allowed_and_then_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with WinRMServer(auth="basic", username="bob", password="pw") as srv:
+        srv.on_powershell = lambda call: Answer(stdout="ok\n")
+        with pytest.raises(UsageError) as caught:
+            _transport(srv, transport="basic")
+        assert srv.requests == []  # refused before anything was sent
+        transport = _transport(srv, transport="basic", allow_insecure=True)
+        try:
+            assert transport.run("Write-Output ok").stdout == "ok\n"
+        finally:
+            transport.close()
+    text = str(caught.value)
+    assert "node 'win1'" in text and "winrm.transport: basic" in text and "allow_insecure" in text
+    assert any("allow_insecure" in r.message and r.levelno == logging.WARNING for r in caplog.records)
+
+
+def test_basic_disabled_on_the_server_says_how_to_enable_it() -> None:
+    with WinRMServer(auth="ntlm", username="bob", password="pw") as srv:
+        with pytest.raises(AuthenticationError) as caught:
+            _transport(srv, transport="basic", allow_insecure=True).connect()
+    text = str(caught.value)
+    assert "basic authentication is disabled" in text and "Negotiate" in text
+    assert 'winrm set winrm/config/service/auth @{Basic="true"}' in text
+
+
+def test_shell_quota_exceeded_names_the_setting() -> None:
+    with WinRMServer(auth="ntlm", username="bob", password="pw", max_shells_per_user=1) as srv:
+        first = _transport(srv)
+        first.connect()
+        try:
+            with pytest.raises(ConnectError) as caught:
+                _transport(srv).connect()
+        finally:
+            first.close()
+    text = str(caught.value)
+    assert "quota" in text and 'winrm set winrm/config/winrs @{MaxShellsPerUser="50"}' in text
+
+
+# -- WSL mode: commands inside the distribution (the server runs them for real, as Linux processes) ---
+
+
+def _wsl(server: WinRMServer) -> WinRMTransport:
+    from orchestrator.platforms.wsl import WslShell
+
+    return _transport(server, platform=WslShell("Ubuntu-22.04"))
+
+
+def test_wsl_commands_run_in_the_distribution_with_exit_codes_and_streaming(server: WinRMServer) -> None:
+    lines: list[str] = []
+    transport = _wsl(server)
+    try:
+        result = transport.run(
+            'echo "in $WSL_DISTRO_NAME"; uname -s; echo oops >&2; exit 5',
+            env={"CBT_VALUE": "it's $HOME; `x`"},
+            on_line=lambda s, line: lines.append(f"{s}:{line}"),
+        )
+        env = transport.run('printf "%s\\n" "$CBT_VALUE"', env={"CBT_VALUE": "it's $HOME; `x` 100%"})
+    finally:
+        transport.close()
+    assert result.exit_code == 5 and result.stdout == "in Ubuntu-22.04\nLinux\n" and result.stderr == "oops\n"
+    assert lines == ["stdout:in Ubuntu-22.04", "stdout:Linux", "stderr:oops"] or sorted(lines) == sorted(
+        ["stdout:in Ubuntu-22.04", "stdout:Linux", "stderr:oops"]
+    )
+    assert env.stdout == "it's $HOME; `x` 100%\n"
+    assert all(line.lower().startswith("wsl.exe -d ubuntu-22.04") for line in server.commands)
+
+
+def test_wsl_timeout_stops_the_linux_processes(server: WinRMServer) -> None:
+    marker = f"cbt-wsl-timeout-{time.monotonic_ns()}"
+    transport = _wsl(server)
+    try:
+        result = transport.run(f"echo started; sleep 300; : {marker}", timeout=1.5)
+        assert result.timed_out and result.stdout == "started\n"
+        assert _await_gone(marker) == []
+    finally:
+        transport.close()
+
+
+def test_wsl_long_scripts_and_files_go_through_the_distribution(server: WinRMServer, tmp_path: Path) -> None:
+    transport = _wsl(server)
+    body = "\n".join(f"v{n}='{'y' * 70}'" for n in range(150)) + '\necho "total ${#v149}"'
+    src = tmp_path / "payload.bin"
+    src.write_bytes(os.urandom(250_000))
+    target = tmp_path / "in-wsl" / "deep" / "payload.bin"
+    try:
+        assert len(transport.platform.login_command(transport.platform.wrap(body))) > 8191
+        result = transport.run(body)
+        as_root = transport.run(body, become=True)
+        transport.put(src, str(target), mode=0o640)
+        transport.get(str(target), tmp_path / "back.bin")
+    finally:
+        transport.close()
+    assert result.ok and result.stdout == "total 70\n" and as_root.stdout == "total 70\n"
+    assert all(len(line) <= 8191 for line in server.commands)
+    runners = [c for c in server.commands if "-u root" in c]  # the run-as-root mark reached the runner
+    assert len(runners) == 1 and len(runners[0]) < 1000
+    assert not list(Path("/tmp").glob("bootstrap-*.sh"))  # the uploaded script was deleted
+    assert target.read_bytes() == src.read_bytes() and (target.stat().st_mode & 0o777) == 0o640
+    assert (tmp_path / "back.bin").read_bytes() == src.read_bytes()
+
+
+def test_run_windows_on_a_wsl_node_runs_powershell(server: WinRMServer) -> None:
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="NetworkingMode mirrored\n"))
+    transport = _wsl(server)
+    try:
+        result = transport.run_windows("Get-Content -LiteralPath $env:USERPROFILE\\.wslconfig")
+    finally:
+        transport.close()
+    assert result.stdout == "NetworkingMode mirrored\n"
+    assert server.calls[-1].command("Get-Content").has("-LiteralPath")
+
+
+# -- the real CLI: a WSL-mode Windows node beside Linux nodes in the namespace cluster --------------
+
+
+def test_cli_run_reaches_a_wsl_node_beside_linux_nodes(
+    cluster: Any, bootstrap: Callable[..., Any], trusted_home: Path, tmp_path: Path
+) -> None:
+    from tests.conftest import write_inventory
+    from tests.winrm_server import start_in_host
+
+    secret = "Wq9!distinctive-cli-PASSWORD"
+    win_host = cluster.hosts[2]
+    hosted = start_in_host(cluster, win_host, auth="ntlm", username="bob", password=secret, tls=True)
+    try:
+        nodes: list[dict[str, object]] = [
+            {"name": h.name, "host": h.addr, "user": "root"} for h in cluster.hosts[:2]
+        ]
+        nodes.append(
+            {
+                "name": "win3",
+                "host": win_host.addr,
+                "os": "windows",
+                "user": "bob",
+                "password_env": "CBT_WIN_PASSWORD",
+                "winrm": {"ca_bundle": str(hosted.ca_file)},
+                "windows": {"mode": "wsl", "distro": "Ubuntu-22.04"},
+            }
+        )
+        inventory = write_inventory(tmp_path / "hosts.yaml", nodes, name="mixed", master="node1")
+        script = 'echo "hello from $(hostname) $(uname -s)"; [ "$(hostname)" != node3 ] || exit 7'
+        run = bootstrap("-vv", "-i", str(inventory), "run", "--", script, env={"CBT_WIN_PASSWORD": secret})
+        plain = bootstrap(
+            "-i",
+            str(inventory),
+            "run",
+            "--nodes",
+            "win3",
+            "--",
+            "uname",
+            "-a",
+            env={"CBT_WIN_PASSWORD": secret},
+        )
+        commands, parse_errors = hosted.commands(), hosted.parse_errors()  # gone once it stops
+    finally:
+        hosted.stop()
+    assert run.returncode == 1, run  # win3 exited 7
+    for name, hostname in (("node1", "node1"), ("node2", "node2"), ("win3", "node3")):
+        assert re.search(rf"^\[{name}\] +hello from {hostname} Linux$", run.stdout, re.M), run
+    assert re.search(r"win3\W+exit 7", run.stderr), run
+    assert plain.returncode == 0 and re.search(r"^\[win3\] +Linux node3 ", plain.stdout, re.M), plain
+    assert secret not in run.stdout + run.stderr + plain.stdout + plain.stderr
+    assert parse_errors == []
+    assert commands and all(c.lower().startswith("wsl.exe -d ubuntu-22.04") for c in commands)
