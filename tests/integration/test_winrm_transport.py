@@ -278,7 +278,8 @@ def test_two_commands_at_once_run_in_two_shells(server: WinRMServer) -> None:
     transport = _transport(server)
     results: list[Any] = []
     threads = [
-        threading.Thread(target=lambda: results.append(transport.run("Write-Output together"))) for _ in range(2)
+        threading.Thread(target=lambda: results.append(transport.run("Write-Output together")))
+        for _ in range(2)
     ]
     try:
         for thread in threads:
