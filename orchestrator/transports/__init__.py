@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UsageError
-from orchestrator.platforms import platform_for
+from orchestrator.platforms import platform_for_node
 from orchestrator.transports.base import LineSplitter, OnLine, Result, Stream, Transport
 from orchestrator.transports.local import LocalTransport
 from orchestrator.transports.options import SSHOptions
@@ -43,7 +43,6 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
     if node.connection == "winrm":
         # Windows: PowerShell, or POSIX inside a WSL distribution (the node's mode); late imports keep
         # pywinrm out of commands that never reach a Windows node
-        from orchestrator.platforms import platform_for_node
         from orchestrator.transports.winrm import WinRMTransport
 
         return WinRMTransport(
@@ -59,7 +58,8 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
             connect_timeout=ssh.connect_timeout,
         )
     try:
-        platform = platform_for(node.os)
+        # OpenSSH on Windows starts cmd.exe: the PowerShell and WSL login lines are made for it
+        platform = platform_for_node(node)
     except NotImplementedError as exc:
         raise UsageError(str(exc), node=node.name, hint="set os: linux or os: windows") from None
     if node.connection == "local":
