@@ -1,3 +1,113 @@
-"""`bootstrap` subcommands of this area (registered on import by orchestrator/cli/__init__.py)."""
+"""`bootstrap firewall`: open the training ports for the cluster's peers (or `--remove` ours).
+
+Registered on import by orchestrator/cli/__init__.py. The work is in orchestrator/steps/firewall.
+"""
 
 from __future__ import annotations
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.main import (
+    Settings,
+    _error_dict,
+    _fail_lines,
+    _interrupted,
+    _load,
+    _session,
+    _status,
+    cli,
+    common_options,
+)
+from orchestrator.executor import exit_code_for
+from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
+
+
+@cli.command()
+@common_options
+@click.option("--remove", is_flag=True, help="Delete every rule of this cluster (tagged ours), nothing else.")
+@click.pass_context
+def firewall(ctx: click.Context, remove: bool) -> None:
+    """Let the cluster's nodes reach each other's training ports, and nobody else.
+
+    On each node the firewall in charge is found (ufw, firewalld, nftables, iptables; none: nothing to
+    do) and TCP is allowed from the other nodes' cluster addresses to the rendezvous port (master), the
+    node's ephemeral port range (gloo and NCCL listen there; it cannot be pinned) and
+    cluster.firewall.extra_ports. Every rule is tagged cluster-bootstrap:<cluster>: a rerun adds
+    nothing, a changed peer set changes only what changed, --remove deletes exactly ours. Needs root
+    (sudo -n for other users). --dry-run still reads each firewall (read-only) to print the exact
+    commands.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, selected = _load(settings)
+    ui = settings.ui
+    # every node is asked for its cluster address (the peer set), the selected ones are changed
+    probed = selected if remove else list(inventory.nodes)
+    session = _session(settings, inventory, probed)
+    step = remove_firewall if remove else apply_firewall
+    try:
+        with ui.progress([n.name for n in probed], "firewall") as on_event, session:
+            session.executor.on_event = on_event
+            run: FirewallRun = step(session, inventory, selected, dry_run=settings.dry_run)
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    outcomes = run.outcomes
+    code = exit_code_for(outcomes)
+    for warning in run.warnings:
+        ui.warn(warning)
+    if settings.json_mode:
+        _fail_lines(ui, outcomes)
+        ui.print_json(
+            {
+                "command": "firewall",
+                "remove": remove,
+                "dry_run": settings.dry_run,
+                "addresses": run.addresses,
+                "warnings": run.warnings,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "duration": round(o.duration, 4),
+                        "error": _error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    if settings.dry_run:
+        for o in outcomes:
+            if o.value is None:
+                continue
+            ui.print_text(f"# {o.node} ({o.value.kind}): would run as root")
+            for command in o.value.commands or ["# nothing: " + o.value.status]:
+                ui.print_text(command)
+            ui.print_text("")
+    verb = "remove" if remove else "firewall"
+    title = f"{verb}: cluster {inventory.cluster.name}" + (" (dry run)" if settings.dry_run else "")
+    table = Table(title=Text(title), title_justify="left")
+    for column in ("node", "firewall", "result", "ports", "from"):
+        table.add_column(column, overflow="fold")
+    for o in outcomes:
+        if o.value is None:
+            failed = _status(o.error) if o.error else "failed"
+            table.add_row(Text(o.node), "-", Text(failed, style="red"), "-", "-")
+            continue
+        r = o.value
+        style = "green" if r.changed and r.applied else "yellow" if r.changed else ""
+        status = r.status + (" (would)" if settings.dry_run and r.commands else "")
+        sources = f"{len(r.sources)} peer(s)" if r.sources else "-"
+        ports = ", ".join(r.ports) or "-"
+        table.add_row(Text(o.node), Text(r.kind), Text(status, style=style), ports, sources)
+    ui.print_table(table)
+    for o in outcomes:
+        for note in o.value.notes if o.value else []:
+            ui.note(f"{o.node}: {note}")
+    if run.addresses and ui.verbose:
+        ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.addresses.items()))
+    _fail_lines(ui, outcomes)
+    ctx.exit(int(code))

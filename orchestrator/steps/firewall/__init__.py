@@ -1,0 +1,513 @@
+"""`bootstrap firewall`: open exactly what training needs between the cluster's nodes, undo it cleanly.
+
+Two phases over the nodes, each one round trip: detect (as root: which firewall decides, the node's
+route to the master and its ephemeral port range, the rules of ours already there), then, with every
+node's cluster address known, apply the difference between the wanted rules and ours. A second run finds
+everything in place and changes nothing; ``remove`` deletes every rule carrying our tag and nothing else.
+The main pipeline calls :func:`apply_firewall` between `check` and `launch`; teardown calls
+:func:`remove_firewall`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import CommandFailedError, SudoPasswordRequiredError
+from orchestrator.executor import Outcome
+from orchestrator.platforms import PosixShell
+from orchestrator.steps.firewall.linux import (
+    Detection,
+    Target,
+    detect,
+    detection_sections,
+    firewalld_commands,
+    firewalld_policy,
+    iptables_commands,
+    iptables_persist_commands,
+    nft_commands,
+    nft_persist_commands,
+    nft_persist_file,
+    ufw_commands,
+)
+from orchestrator.steps.firewall.rules import (
+    Changes,
+    PortRange,
+    Rule,
+    cluster_tag,
+    is_usable_peer,
+    node_ports,
+    reconcile,
+    wanted_rules,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
+    from orchestrator.transports import Result, Transport
+
+__all__ = [
+    "FirewallResult",
+    "FirewallRun",
+    "apply_firewall",
+    "cluster_addresses",
+    "plan_node",
+    "plan_windows",
+    "remove_firewall",
+]
+
+DETECT_TIMEOUT = 60.0
+APPLY_TIMEOUT = 120.0
+
+
+@dataclass
+class FirewallResult:
+    """What the step did (or, with dry_run, would do) on one node."""
+
+    kind: str  # "nftables", "iptables", "ufw", "firewalld", "none", "unmanaged"
+    places: list[str]  # chains / policy touched or inspected
+    added: int = 0
+    removed: int = 0
+    unchanged: int = 0
+    ports: list[str] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # exactly what ran (dry run: would run), as root
+    applied: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed)
+
+    @property
+    def status(self) -> str:
+        if self.kind == "unmanaged":
+            return "left alone"
+        if not self.commands:
+            return "unchanged" if self.unchanged else "nothing to do"
+        parts = [f"{n} {what}" for n, what in ((self.added, "added"), (self.removed, "removed")) if n]
+        if self.unchanged:
+            parts.append(f"{self.unchanged} unchanged")
+        return ", ".join(parts) or "updated"
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "places": self.places,
+            "status": self.status,
+            "added": self.added,
+            "removed": self.removed,
+            "unchanged": self.unchanged,
+            "ports": self.ports,
+            "sources": self.sources,
+            "commands": self.commands,
+            "applied": self.applied,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class FirewallRun:
+    """Outcomes for the selected nodes (inventory order), the cluster addresses used, warnings."""
+
+    outcomes: list[Outcome[FirewallResult]]
+    addresses: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+# -- peers ----------------------------------------------------------------------------------------------
+
+
+def _ipv4_literal(host: str) -> str | None:
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
+    return str(ip) if is_usable_peer(str(ip)) else None
+
+
+def cluster_addresses(inventory: Inventory, detections: dict[str, Detection]) -> dict[str, str]:
+    """The address each node's ranks use toward the cluster: the source of its route to the master,
+    judged exactly as the preflight's interface check does (inventory ``interface`` overrides, the
+    master's own address as its peers dial it), else its inventory host when that is an IPv4 address."""
+    from orchestrator.steps.preflight import check_interfaces
+    from orchestrator.steps.preflight.checks import NodeFacts
+
+    facts = [
+        NodeFacts(
+            node=node,
+            python=None,
+            torch=None,
+            gpus=None,
+            route=d.route,
+            addresses=d.addresses,
+            interfaces=d.interfaces,
+            hostname=None,
+            hostname_address=None,
+            disk=None,
+        )
+        for node in inventory.nodes
+        if (d := detections.get(node.name)) is not None
+    ]
+    found: dict[str, str] = {}
+    single = len(inventory.nodes) == 1
+    for name, verdict in check_interfaces(facts, inventory.cluster.master, single=single).items():
+        source = verdict.data.get("source")
+        if isinstance(source, str) and is_usable_peer(source):
+            found[name] = source
+    for node in inventory.nodes:
+        if node.name not in found and (literal := _ipv4_literal(node.host)) is not None:
+            found[node.name] = literal
+    return found
+
+
+def _sources_for(
+    node: Node, inventory: Inventory, addresses: dict[str, str], detection: Detection
+) -> list[str]:
+    """Every peer's address plus the inventory's extra sources, minus the node's own addresses."""
+    own = {a.address for a in detection.addresses}
+    if node.name in addresses:
+        own.add(addresses[node.name])
+    peers = {addr for name, addr in addresses.items() if name != node.name and addr not in own}
+    return sorted(peers | set(inventory.cluster.firewall.extra_sources))
+
+
+# -- planning (pure) ------------------------------------------------------------------------------------
+
+
+def plan_node(
+    node: Node,
+    inventory: Inventory,
+    detection: Detection,
+    addresses: dict[str, str],
+    *,
+    remove: bool = False,
+    platform: PosixShell | None = None,
+) -> FirewallResult:
+    """The commands that bring ``node`` from what ``detection`` found to what the cluster needs."""
+    platform = platform or PosixShell()
+    settings = inventory.cluster.firewall
+    tag = cluster_tag(inventory.cluster.name)
+    policy = firewalld_policy(inventory.cluster.name)
+    filtering = [t for t in detection.targets if t.filtering]
+    result = FirewallResult(kind=detection.kind, places=[t.label for t in detection.targets])
+    result.notes.extend(detection.notes)
+
+    rules: list[Rule] = []
+    if not remove:
+        if settings.ephemeral_ports == "auto":
+            ephemeral = detection.ephemeral
+        else:
+            ephemeral = PortRange.parse(settings.ephemeral_ports)
+        ports = node_ports(
+            is_master=node.name == inventory.cluster.master,
+            rendezvous_port=inventory.cluster.port,
+            ephemeral=ephemeral,
+            extra=settings.extra_ports,
+        )
+        result.ports = [str(p) for p in ports]
+        if len(inventory.nodes) == 1:
+            result.notes.append("single node: its ranks meet over loopback, nothing to open")
+        else:
+            result.sources = _sources_for(node, inventory, addresses, detection)
+            rules = wanted_rules(result.sources, ports)
+    if not filtering and not remove and detection.kind == "none":
+        result.notes.append("no active firewall filters incoming traffic here: nothing to open")
+
+    commands: list[str] = []
+    nft_changes: list[tuple[Target, Changes]] = []
+    nft_wanted: list[tuple[Target, list[Rule]]] = []
+    for target in detection.targets:
+        wanted = rules if target.filtering else []
+        if target.kind == "firewalld":
+            change, fw_commands = firewalld_commands(
+                platform, target, wanted, policy, tag, persist=settings.persist, remove=remove
+            )
+            commands += fw_commands
+        else:
+            change = reconcile(wanted, target.present)
+            if target.kind == "nftables":
+                nft_changes.append((target, change))
+                if target.filtering:
+                    nft_wanted.append((target, wanted))
+            elif target.kind == "iptables":
+                commands += iptables_commands(platform, target, change, tag)
+                if change.changed and settings.persist:
+                    saved = iptables_persist_commands(platform, target, detection.persist)
+                    commands += saved
+                    if not saved:
+                        result.notes.append(
+                            "persist: no /etc/iptables/rules.v4 (install iptables-persistent): "
+                            "the rules last until reboot"
+                        )
+            elif target.kind == "ufw":
+                commands += ufw_commands(platform, change, tag)
+        result.added += len(change.add)
+        result.removed += len(change.delete)
+        result.unchanged += len(change.unchanged)
+    commands = nft_commands(platform, nft_changes, tag) + commands
+    nft_changed = any(change.changed for _, change in nft_changes)
+    persisted = "included" in detection.persist
+    if nft_wanted and settings.persist and not remove:
+        if "nftables.conf" not in detection.persist:
+            result.notes.append(
+                "persist: no /etc/nftables.conf here (rules loaded some other way): "
+                "the rules last until reboot"
+            )
+        elif nft_changed or not persisted:
+            commands += nft_persist_commands(platform, nft_wanted, tag, remove=False)
+    elif persisted and (remove or not settings.persist):
+        commands += nft_persist_commands(platform, [], tag, remove=True)
+        result.notes.append(f"removed the persisted rules ({nft_persist_file(tag)})")
+    result.commands = commands
+    return result
+
+
+def plan_windows(
+    node: Node, inventory: Inventory, addresses: dict[str, str], *, remove: bool = False
+) -> FirewallResult:
+    """The PowerShell script converging a Windows node: Defender rules for native ranks, Hyper-V
+    firewall rules for ranks inside WSL (mirrored networking); see windows.py."""
+    from orchestrator.platforms.powershell import PowerShell
+    from orchestrator.steps.firewall.windows import WSL_DEFAULT_EPHEMERAL, firewall_script
+
+    settings = inventory.cluster.firewall
+    wsl = node.windows.mode == "wsl"
+    fixed = settings.ephemeral_ports != "auto"
+    ephemeral = (
+        PortRange.parse(settings.ephemeral_ports) if fixed else (WSL_DEFAULT_EPHEMERAL if wsl else None)
+    )
+    ports = node_ports(
+        is_master=node.name == inventory.cluster.master,
+        rendezvous_port=inventory.cluster.port,
+        ephemeral=ephemeral,
+        extra=settings.extra_ports,
+    )
+    fixed_ports = [p for p in ports if p != ephemeral]
+    own = addresses.get(node.name)
+    sources = sorted({a for n, a in addresses.items() if n != node.name and a != own})
+    sources = sorted(set(sources) | set(settings.extra_sources))
+    if len(inventory.nodes) == 1:
+        sources = []
+    script = firewall_script(
+        PowerShell(),
+        cluster_name=inventory.cluster.name,
+        ports=fixed_ports,
+        ephemeral=ephemeral,
+        sources=sources,
+        wsl=wsl,
+        remove=remove,
+    )
+    kind = "hyper-v (wsl)" if wsl else "windows defender"
+    shown_ports = [str(p) for p in fixed_ports] + [str(ephemeral) if ephemeral else "dynamic range"]
+    return FirewallResult(
+        kind=kind,
+        places=[f"{kind} rules {cluster_tag(inventory.cluster.name)}"],
+        ports=[] if remove else shown_ports,
+        sources=[] if remove else sources,
+        commands=[script],
+        notes=["the script converges on the node and reports what it changed"],
+    )
+
+
+def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
+    """Run the converging script in an elevated PowerShell session and read its report."""
+    from orchestrator.platforms.powershell import PowerShell
+    from orchestrator.steps.firewall.windows import parse_report
+
+    if not isinstance(transport.platform, PowerShell):
+        raise CommandFailedError(
+            f"the {result.kind} rules need PowerShell on the Windows host; this node's commands run in "
+            f"{transport.platform.name}",
+            node=node.name,
+            hint="run `bootstrap firewall --dry-run` and paste the script into an administrator "
+            "PowerShell on the node (running it from here arrives with the WinRM host channel)",
+        )
+    ran = transport.run(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
+    if not ran.ok:
+        raise CommandFailedError(
+            "the Windows firewall script failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
+            node=node.name,
+            hint="it needs an elevated session (a member of Administrators over WinRM); rerun to converge",
+            result=ran,
+        )
+    try:
+        report = parse_report(ran.stdout)
+    except ValueError as exc:
+        raise CommandFailedError(str(exc), node=node.name, result=ran) from None
+    result.added, result.removed = report["added"] + report["updated"], report["removed"]
+    result.unchanged = report["unchanged"]
+    if not result.changed:
+        result.commands = []  # converged already: nothing ran that changed anything
+    result.applied = True
+    return result
+
+
+# -- running ------------------------------------------------------------------------------------------
+
+
+def _sudo_error(node: Node, result: Result, what: str) -> SudoPasswordRequiredError:
+    user = node.user or "this user"
+    return SudoPasswordRequiredError(
+        f"{what} needs root, and sudo wants a password here (bootstrap never types one)",
+        node=node.name,
+        hint=f"on {node.name}, as root: `echo '{user} ALL=(root) NOPASSWD: ALL' > "
+        "/etc/sudoers.d/cluster-bootstrap && chmod 440 /etc/sudoers.d/cluster-bootstrap` "
+        "(check it with `visudo -c`), or connect as root; then rerun",
+        result=result,
+    )
+
+
+def _run_as_root(node: Node, transport: Transport, script: str, what: str, timeout: float) -> Result:
+    result = transport.run(script, become=True, timeout=timeout)
+    platform = transport.platform
+    if not result.ok and isinstance(platform, PosixShell) and platform.sudo_refused(result.stderr):
+        raise _sudo_error(node, result, what)
+    return result
+
+
+def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detection:
+    """One round trip as root: which firewall decides, our rules, the route to the master."""
+    if not isinstance(transport.platform, PosixShell):
+        raise CommandFailedError(
+            f"the Linux firewall detection needs a POSIX shell, this node speaks {transport.platform.name}",
+            node=node.name,
+        )
+    platform = transport.platform
+    tag = cluster_tag(inventory.cluster.name)
+    policy = firewalld_policy(inventory.cluster.name)
+    sections = detection_sections(
+        platform,
+        master_host=inventory.master_node.host,
+        policy=policy,
+        persist_file=nft_persist_file(tag),
+    )
+    token = "cb-" + secrets.token_hex(6)
+    result = _run_as_root(
+        node, transport, platform.sectioned(sections, token), "reading the firewall", DETECT_TIMEOUT
+    )
+    if f"@@{token} end range" not in result.stdout:
+        raise CommandFailedError(
+            f"the firewall detection did not run (exit code {result.exit_code}): "
+            + (" | ".join(result.tail(3)) or "no output"),
+            node=node.name,
+            hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
+            result=result,
+        )
+    return detect(result.stdout, token, tag=tag, policy=policy)
+
+
+def apply_node(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
+    """Run the planned commands as root, stopping at the first failure."""
+    if not result.commands:
+        return result
+    script = "set -e\n" + "\n".join(result.commands)
+    ran = _run_as_root(node, transport, script, "changing the firewall", APPLY_TIMEOUT)
+    if not ran.ok:
+        raise CommandFailedError(
+            "a firewall command failed: " + (" | ".join(ran.tail(4)) or f"exit code {ran.exit_code}"),
+            node=node.name,
+            hint="the commands before it took effect (nftables changes are one transaction: none did); "
+            "rerun `bootstrap firewall` (it converges) or `bootstrap firewall --remove`",
+            result=ran,
+        )
+    result.applied = True
+    return result
+
+
+def _firewall_step(
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node] | None,
+    *,
+    dry_run: bool,
+    remove: bool,
+    addresses: dict[str, str] | None,
+) -> FirewallRun:
+    selected = list(session.nodes if nodes is None else nodes)
+    settings = inventory.cluster.firewall
+    warnings: list[str] = []
+    if not settings.manage and not remove:
+        outcomes: list[Outcome[FirewallResult]] = [
+            Outcome(
+                n.name,
+                FirewallResult(kind="unmanaged", places=[], notes=["cluster.firewall.manage is false"]),
+                None,
+                0.0,
+            )
+            for n in selected
+        ]
+        return FirewallRun(outcomes, {}, ["cluster.firewall.manage is false: no firewall was touched"])
+    # the peer set needs every node's address: detect on all of them unless addresses were given;
+    # Windows nodes are not probed (their script converges on the node itself)
+    probe = selected if remove or addresses is not None else list(inventory.nodes)
+    probe = [n for n in probe if n.os == "linux"]
+    detected = session.map(lambda n, t: detect_node(n, t, inventory), step="read firewall", nodes=probe)
+    detections = {o.node: o.value for o in detected if o.value is not None}
+    if addresses is None:
+        addresses = cluster_addresses(inventory, detections) if not remove else {}
+    chosen = {n.name for n in selected}
+    for o in detected:
+        if o.node not in chosen and o.error is not None:
+            known = f" (using {addresses[o.node]} from the inventory)" if o.node in addresses else ""
+            warnings.append(f"{o.node} (not selected) could not be inspected{known}: {o.error.message}")
+    if not remove:
+        missing = [n.name for n in inventory.nodes if n.name not in addresses]
+        if missing and len(inventory.nodes) > 1:
+            warnings.append(
+                f"no cluster address known for {', '.join(missing)}: its peers get no rule for it; "
+                "make it reachable (or give its IP address as host:) and rerun"
+            )
+    plans = {
+        name: plan_node(inventory.node(name), inventory, d, addresses, remove=remove)
+        for name, d in detections.items()
+        if name in chosen
+    }
+    for node in selected:
+        if node.os == "windows":
+            plans[node.name] = plan_windows(node, inventory, addresses, remove=remove)
+    applied = {name: Outcome(name, plan, None, 0.0) for name, plan in plans.items()}
+    if not dry_run:  # only nodes with something to run are contacted again
+        ran = session.map(
+            lambda n, t: (apply_windows if n.os == "windows" else apply_node)(n, t, plans[n.name]),
+            step="change firewall",
+            nodes=[n for n in selected if n.name in plans and plans[n.name].commands],
+        )
+        applied.update({o.node: o for o in ran})
+    by_name = {o.node: o for o in detected}
+    final: list[Outcome[FirewallResult]] = []
+    for node in selected:
+        first = by_name.get(node.name) or Outcome(node.name, None, None, 0.0)
+        if first.error is not None or node.name not in applied:
+            final.append(Outcome(node.name, None, first.error, first.duration))
+        else:
+            second = applied[node.name]
+            final.append(Outcome(node.name, second.value, second.error, first.duration + second.duration))
+    return FirewallRun(final, addresses, warnings)
+
+
+def apply_firewall(
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node] | None = None,
+    *,
+    dry_run: bool = False,
+    addresses: dict[str, str] | None = None,
+) -> FirewallRun:
+    """Open the training ports on ``nodes`` (default: the session's) for the cluster's peers only.
+
+    ``addresses`` (node -> address toward the cluster, e.g. the preflight's interface ``source``)
+    skips detecting the nodes that are not selected. With ``dry_run`` only the read-only detection
+    runs; each result's ``commands`` are what would run as root.
+    """
+    return _firewall_step(session, inventory, nodes, dry_run=dry_run, remove=False, addresses=addresses)
+
+
+def remove_firewall(
+    session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
+) -> FirewallRun:
+    """Delete every rule tagged ``cluster-bootstrap:<cluster>`` on ``nodes`` (and our persisted
+    files), nothing else: what `bootstrap firewall --remove` and teardown do."""
+    return _firewall_step(session, inventory, nodes, dry_run=dry_run, remove=True, addresses=None)

@@ -1,0 +1,161 @@
+"""Windows: Windows Defender Firewall rules for native ranks, Hyper-V firewall rules for WSL ranks.
+
+One script per node converges on the node itself (Windows has no stable text form of its rules to diff
+here): for each wanted rule it creates it, or updates its ports and remote addresses when they differ,
+or counts it unchanged; then it removes every rule of ours that is no longer wanted, and prints a JSON
+report ``{"added", "updated", "removed", "unchanged"}``.
+
+- Native Python ranks listen in Windows: Defender rules (``New-NetFirewallRule``), all in the group
+  ``cluster-bootstrap:<cluster>`` (``Get-NetFirewallRule -Group`` finds exactly ours), one rule per port
+  range with the peers as its ``RemoteAddress`` list. The ephemeral range is Windows' own dynamic port
+  range (``Get-NetTCPSetting``: 49152-65535 by default), read on the node.
+- WSL ranks (mirrored networking) listen inside the WSL VM: inbound traffic to it is filtered by the
+  Hyper-V firewall, not by Defender rules (Windows 11 22H2+). Hyper-V rules have no group: ours are the
+  ones whose Name starts with ``cluster-bootstrap-<cluster>-``; they are scoped to WSL's VM creator id.
+  The ephemeral range is the Linux one inside WSL (``ip_local_port_range``).
+
+Scripts are generated with the PowerShell platform's quoting; they need an elevated session (WinRM
+sessions of administrators are). Running them waits for the WinRM transport: tests parse them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.firewall.rules import PortRange, cluster_tag
+
+#: WSL's VM creator id (``Get-NetFirewallHyperVVMCreator``), fixed by Microsoft
+WSL_VM_CREATOR_ID = "{40E0AC32-46A5-438A-A0B2-2B479E8F2E90}"
+#: the Linux default inside WSL when the caller knows no better
+WSL_DEFAULT_EPHEMERAL = PortRange(32768, 60999)
+
+
+def rule_prefix(cluster_name: str) -> str:
+    """Names of our rules start with this (Hyper-V rules have no group to find them by)."""
+    return cluster_tag(cluster_name).replace(":", "-") + "-"
+
+
+def _rule_name(prefix: str, ports: PortRange | None) -> str:
+    return f"{prefix}tcp-{ports}" if ports is not None else f"{prefix}tcp-ephemeral"
+
+
+_DEFENDER_FUNCTION = """\
+function Set-CbRule {
+  param([string]$Name, [string]$Port, [string[]]$Remote)
+  $rule = Get-NetFirewallRule -Name $Name -ErrorAction SilentlyContinue
+  if ($null -eq $rule) {
+    New-NetFirewallRule -Name $Name -DisplayName $Name -Group $cbGroup -Direction Inbound -Action Allow `
+      -Protocol TCP -LocalPort $Port -RemoteAddress $Remote -Profile Any | Out-Null
+    $cbReport.added++
+    return
+  }
+  $havePorts = @(($rule | Get-NetFirewallPortFilter).LocalPort) -join ','
+  $haveRemote = @(($rule | Get-NetFirewallAddressFilter).RemoteAddress | Sort-Object) -join ','
+  if ($havePorts -eq $Port -and $haveRemote -eq (@($Remote | Sort-Object) -join ',')) {
+    $cbReport.unchanged++
+  } else {
+    Set-NetFirewallRule -Name $Name -LocalPort $Port -RemoteAddress $Remote -Action Allow
+    $cbReport.updated++
+  }
+}"""
+
+_HYPERV_FUNCTION = """\
+function Set-CbRule {
+  param([string]$Name, [string]$Port, [string[]]$Remote)
+  $rule = Get-NetFirewallHyperVRule -Name $Name -ErrorAction SilentlyContinue
+  if ($null -eq $rule) {
+    New-NetFirewallHyperVRule -Name $Name -DisplayName $Name -Direction Inbound -VMCreatorId $cbCreator `
+      -Protocol TCP -LocalPorts $Port -RemoteAddresses $Remote -Action Allow | Out-Null
+    $cbReport.added++
+    return
+  }
+  $havePorts = @($rule.LocalPorts) -join ','
+  $haveRemote = @($rule.RemoteAddresses | Sort-Object) -join ','
+  if ($havePorts -eq $Port -and $haveRemote -eq (@($Remote | Sort-Object) -join ',')) {
+    $cbReport.unchanged++
+  } else {
+    Set-NetFirewallHyperVRule -Name $Name -LocalPorts $Port -RemoteAddresses $Remote
+    $cbReport.updated++
+  }
+}"""
+
+_NATIVE_EPHEMERAL = """\
+$cbTcp = Get-NetTCPSetting -SettingName Internet
+$cbFirst = [int]$cbTcp.DynamicPortRangeStartPort
+$cbEphemeral = '{0}-{1}' -f $cbFirst, ($cbFirst + [int]$cbTcp.DynamicPortRangeNumberOfPorts - 1)"""
+
+
+def firewall_script(
+    platform: PowerShell,
+    *,
+    cluster_name: str,
+    ports: Sequence[PortRange],
+    ephemeral: PortRange | None,
+    sources: Sequence[str],
+    wsl: bool = False,
+    remove: bool = False,
+) -> str:
+    """The PowerShell that converges one Windows node (``remove``: deletes every rule of ours).
+
+    ``ports``: fixed ports (rendezvous on the master, extra ports); ``ephemeral``: the range ranks
+    listen on, None to read Windows' dynamic range on the node (native ranks only). ``sources``: the
+    peers' addresses (never empty when there is a rule to make: no rule is ever open to everyone).
+    """
+    q = platform.quote
+    prefix = rule_prefix(cluster_name)
+    lines = [
+        f"$cbGroup = {q(cluster_tag(cluster_name))}",
+        f"$cbPrefix = {q(prefix)}",
+        "$cbReport = @{ added = 0; updated = 0; removed = 0; unchanged = 0 }",
+    ]
+    wanted: list[str] = []
+    if not remove and sources:
+        if wsl:
+            lines.append(f"$cbCreator = {q(WSL_VM_CREATOR_ID)}")
+        lines.append(_HYPERV_FUNCTION if wsl else _DEFENDER_FUNCTION)
+        remote = "@(" + ", ".join(q(s) for s in sorted(sources)) + ")"
+        for port in sorted(set(ports)):
+            name = _rule_name(prefix, port)
+            wanted.append(name)
+            lines.append(f"Set-CbRule -Name {q(name)} -Port {q(str(port))} -Remote {remote}")
+        if ephemeral is None and not wsl:
+            lines.append(_NATIVE_EPHEMERAL)
+            name = _rule_name(prefix, None)
+            wanted.append(name)
+            lines.append(f"Set-CbRule -Name {q(name)} -Port $cbEphemeral -Remote {remote}")
+        elif ephemeral is not None or wsl:
+            span = ephemeral or WSL_DEFAULT_EPHEMERAL
+            name = _rule_name(prefix, span)
+            wanted.append(name)
+            lines.append(f"Set-CbRule -Name {q(name)} -Port {q(str(span))} -Remote {remote}")
+    lines.append("$cbWanted = @(" + ", ".join(q(n) for n in wanted) + ")")
+    if wsl:
+        lines.append(
+            "Get-NetFirewallHyperVRule -ErrorAction SilentlyContinue |\n"
+            "  Where-Object { $_.Name.StartsWith($cbPrefix) -and $cbWanted -notcontains $_.Name } |\n"
+            "  ForEach-Object { Remove-NetFirewallHyperVRule -Name $_.Name; $cbReport.removed++ }"
+        )
+    else:
+        lines.append(
+            "Get-NetFirewallRule -Group $cbGroup -ErrorAction SilentlyContinue |\n"
+            "  Where-Object { $cbWanted -notcontains $_.Name } |\n"
+            "  ForEach-Object { Remove-NetFirewallRule -Name $_.Name; $cbReport.removed++ }"
+        )
+    lines.append("[Console]::Out.WriteLine(($cbReport | ConvertTo-Json -Compress))")
+    return "\n".join(lines)
+
+
+_REPORT_RE = re.compile(r"\{[^{}]*\"added\"[^{}]*\}")
+
+
+def parse_report(stdout: str) -> dict[str, int]:
+    """The script's last JSON report line -> counts (missing keys: 0)."""
+    import json
+
+    found = _REPORT_RE.findall(stdout)
+    if not found:
+        raise ValueError("no firewall report in the output")
+    data = json.loads(found[-1])
+    return {k: int(data.get(k, 0)) for k in ("added", "updated", "removed", "unchanged")}

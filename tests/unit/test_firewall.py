@@ -1,0 +1,523 @@
+"""Firewall decisions on recorded detection output, and the exact commands planned from them.
+
+tests/unit/data/firewall/*.txt are the framed output of the real detection script, recorded in scratch
+network namespaces (nftables 1.0.6, iptables 1.8.9, ufw 0.36.2; see README.md there). The recorded node
+is 198.18.7.12 and routes to the master 198.18.7.11. firewalld and legacy iptables samples are written
+inline: firewalld's `--info-policy` format as firewalld 1.3.3 prints it (it runs for real in
+tests/integration/test_firewall.py); legacy iptables would load kernel tables machine-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import Inventory, load_inventory
+from orchestrator.platforms import PosixShell
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.firewall import cluster_addresses, plan_node
+from orchestrator.steps.firewall.linux import (
+    Detection,
+    Target,
+    detect,
+    detection_sections,
+    firewalld_commands,
+    nft_persist_commands,
+    parse_firewalld,
+    parse_iptables_rules,
+)
+from orchestrator.steps.firewall.rules import (
+    PortRange,
+    Present,
+    Rule,
+    cluster_tag,
+    node_ports,
+    reconcile,
+    short_name,
+)
+
+DATA = Path(__file__).parent / "data" / "firewall"
+TOKEN = "cb-0123456789ab"
+TAG = "cluster-bootstrap:lab"
+POLICY = "cb-lab"
+EPHEMERAL = "32768-60999"
+COMMENTED = ["-m", "comment", "--comment", TAG, "-j", "ACCEPT"]
+MASTER, ME, PEER_C, PEER_D = "198.18.7.11", "198.18.7.12", "198.18.7.13", "198.18.7.14"
+
+
+def recorded(name: str) -> Detection:
+    return detect((DATA / f"{name}.txt").read_text(), TOKEN, tag=TAG, policy=POLICY)
+
+
+def inventory(tmp_path: Path, firewall: str = "", name: str = "lab") -> Inventory:
+    text = f"cluster:\n  name: {json.dumps(name)}\n  master: a\n  port: 29500\n{firewall}nodes:\n"
+    for node, addr in (("a", MASTER), ("b", ME), ("c", PEER_C), ("d", PEER_D)):
+        text += f"  - {{name: {node}, host: {addr}, user: root}}\n"
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text)
+    return load_inventory(path)
+
+
+def addresses() -> dict[str, str]:
+    return {"a": MASTER, "b": ME, "c": PEER_C, "d": PEER_D}
+
+
+def nft_lines(command: str) -> list[str]:
+    """The ruleset text inside ``printf '%s\\n' '<text>' | nft -f -``."""
+    words = shlex.split(command)
+    assert words[:2] == ["printf", "%s\\n"] and words[3:] == ["|", "nft", "-f", "-"], command
+    return words[2].splitlines()
+
+
+# -- rules -------------------------------------------------------------------------------------------
+
+
+def test_port_ranges_parse_and_print_in_each_firewalls_spelling() -> None:
+    assert PortRange.parse("32768:60999") == PortRange.parse("32768-60999") == PortRange(32768, 60999)
+    assert (str(PortRange(29500, 29500)), PortRange(1, 5).colon) == ("29500", "1:5")
+    with pytest.raises(ValueError):
+        PortRange(10, 5)
+
+
+def test_rendezvous_port_only_on_master_and_not_twice() -> None:
+    eph = PortRange(32768, 60999)
+    assert node_ports(is_master=True, rendezvous_port=29500, ephemeral=eph, extra=["6006"]) == [
+        PortRange(6006, 6006),
+        PortRange(29500, 29500),
+        eph,
+    ]
+    assert node_ports(is_master=False, rendezvous_port=29500, ephemeral=eph, extra=()) == [eph]
+    # a rendezvous port inside the ephemeral range needs no rule of its own; nor an extra inside it
+    assert node_ports(is_master=True, rendezvous_port=40000, ephemeral=eph, extra=["40001"]) == [eph]
+
+
+def test_tag_keeps_only_safe_characters_and_policy_names_fit_firewalld() -> None:
+    assert cluster_tag("lab") == TAG
+    assert cluster_tag("it's $(rm -rf /) lab") == "cluster-bootstrap:it_s___rm_-rf____lab"
+    long_a, long_b = (
+        short_name("a-very-long-cluster-name-1", 17),
+        short_name("a-very-long-cluster-name-2", 17),
+    )
+    assert len(long_a) <= 17 and len(long_b) <= 17 and long_a != long_b
+    assert short_name("lab", 17) == "cb-lab"
+
+
+def test_reconcile_keeps_one_copy_and_removes_duplicates_strays_and_unknown() -> None:
+    eph = PortRange(32768, 60999)
+    want = [Rule(PEER_C, eph), Rule(PEER_D, eph)]
+    present = [
+        Present(Rule(PEER_C, eph), "1"),
+        Present(Rule(PEER_C, eph), "2"),  # duplicate (an interrupted run)
+        Present(Rule("10.9.9.9", eph), "3"),  # a node that left
+        Present(None, "4"),  # tagged ours, edited by hand beyond recognition
+    ]
+    changes = reconcile(want, present)
+    assert changes.add == (Rule(PEER_D, eph),)
+    assert [p.ref for p in changes.delete] == ["2", "3", "4"]
+    assert changes.unchanged == (Rule(PEER_C, eph),)
+    assert not reconcile(want, [Present(r, str(i)) for i, r in enumerate(want)]).changed
+
+
+# -- detection on recorded output ---------------------------------------------------------------------
+
+
+def test_no_firewall_means_nothing_to_do(tmp_path: Path) -> None:
+    d = recorded("none")
+    assert d.kind == "none" and d.targets == []
+    assert d.ephemeral == PortRange(32768, 60999)
+    assert d.route is not None and d.route.source == ME
+    result = plan_node(inventory(tmp_path).node("b"), inventory(tmp_path), d, addresses())
+    assert result.commands == [] and result.status == "nothing to do"
+    assert any("nothing to open" in n for n in result.notes)
+
+
+def test_accept_only_nftables_does_not_count_as_a_firewall() -> None:
+    assert recorded("nft_accept_only").kind == "none"
+
+
+def test_nftables_drop_policy_rules_go_into_the_deciding_chain(tmp_path: Path) -> None:
+    d = recorded("nft_drop")
+    [target] = d.targets
+    assert (target.kind, target.family, target.table, target.chain, target.filtering) == (
+        "nftables",
+        "inet",
+        "filter",
+        "input",
+        True,
+    )
+    # only this cluster's rules are ours: "cluster-bootstrap:other" belongs to another cluster
+    assert sorted((p.rule, p.ref) for p in target.present if p.rule) == [
+        (Rule(PEER_C, PortRange(29500, 29500)), "5"),
+        (Rule("198.18.7.99", PortRange(32768, 60999)), "6"),
+    ]
+    inv = inventory(tmp_path)
+    result = plan_node(inv.node("b"), inv, d, addresses())  # b is a worker: no rendezvous port
+    assert result.ports == [EPHEMERAL] and result.sources == [MASTER, PEER_C, PEER_D]  # not its own
+    assert (result.added, result.removed, result.unchanged) == (3, 2, 0)
+    [command] = result.commands
+    lines = nft_lines(command)
+    assert sorted(lines[:2]) == [
+        "delete rule inet filter input handle 5",
+        "delete rule inet filter input handle 6",
+    ]
+    assert lines[2:] == [
+        f'insert rule inet filter input ip saddr {PEER_D} tcp dport {EPHEMERAL} accept comment "{TAG}"',
+        f'insert rule inet filter input ip saddr {PEER_C} tcp dport {EPHEMERAL} accept comment "{TAG}"',
+        f'insert rule inet filter input ip saddr {MASTER} tcp dport {EPHEMERAL} accept comment "{TAG}"',
+    ]
+
+
+def test_master_gets_the_rendezvous_port_and_remove_deletes_only_ours(tmp_path: Path) -> None:
+    inv = inventory(tmp_path)
+    d = recorded("nft_drop")
+    master = plan_node(inv.node("a"), inv, d, {**addresses(), "a": ME})  # recorded node as the master
+    assert master.ports == ["29500", EPHEMERAL]
+    # peers c and d (b is the node itself here) x (29500, ephemeral): c:29500 kept, .99 removed
+    assert (master.added, master.removed, master.unchanged) == (3, 1, 1)
+    removal = plan_node(inv.node("b"), inv, d, addresses(), remove=True)
+    assert (removal.added, removal.removed) == (0, 2)
+    lines = sorted(nft_lines(removal.commands[0]))
+    assert lines == ["delete rule inet filter input handle 5", "delete rule inet filter input handle 6"]
+
+
+def test_second_run_with_everything_in_place_is_unchanged(tmp_path: Path) -> None:
+    inv = inventory(tmp_path)
+    d = recorded("nft_drop")
+    eph = PortRange(32768, 60999)
+    d.targets[0].present = [Present(Rule(a, eph), str(i)) for i, a in enumerate([MASTER, PEER_C, PEER_D])]
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    assert result.commands == [] and result.status == "unchanged" and result.unchanged == 3
+
+
+def test_drop_reached_through_a_jump_and_stale_rules_elsewhere(tmp_path: Path) -> None:
+    d = recorded("nft_jump_reject")
+    by_label = {t.label: t for t in d.targets}
+    assert by_label["nftables ip fw input"].filtering  # policy accept, but jumps to a chain that rejects
+    stale = by_label["nftables inet stale c"]
+    assert not stale.filtering and [p.rule for p in stale.present] == [Rule("10.1.1.1", PortRange(1, 1))]
+    inv = inventory(tmp_path)
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    lines = nft_lines(result.commands[0])
+    deletes = [line for line in lines if line.startswith("delete rule inet stale c handle ")]
+    inserts = [line for line in lines if line.startswith("insert rule ip fw input ip saddr ")]
+    assert len(deletes) == 1 and len(inserts) == 3 and len(lines) == 4  # stale one goes, wherever it is
+
+
+def test_iptables_nft_rules_are_inserted_before_the_reject(tmp_path: Path) -> None:
+    d = recorded("iptables_nft_reject")
+    [target] = d.targets
+    assert (target.kind, target.binary, target.label) == ("iptables", "iptables-nft", "iptables-nft INPUT")
+    assert [p.rule for p in target.present] == [Rule(PEER_C, PortRange(32768, 60999))]
+    inv = inventory(tmp_path)
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    assert (result.added, result.removed, result.unchanged) == (2, 0, 1)
+    assert [shlex.split(c) for c in result.commands] == [
+        ["iptables-nft", "-I", "INPUT", "1", "-s", a, "-p", "tcp", "--dport", "32768:60999", *COMMENTED]
+        for a in (PEER_D, MASTER)
+    ]
+    removal = plan_node(inv.node("b"), inv, d, addresses(), remove=True)
+    deleted = ["iptables-nft", "-D", "INPUT", "-s", f"{PEER_C}/32", "-p", "tcp", "-m", "tcp", "--dport"]
+    assert [shlex.split(c) for c in removal.commands] == [[*deleted, "32768:60999", *COMMENTED]]
+
+
+def test_ufw_active_wins_and_rules_carry_the_comment(tmp_path: Path) -> None:
+    d = recorded("ufw_active")
+    assert [t.kind for t in d.targets] == ["ufw"]  # not the iptables-nft chains ufw itself manages
+    inv = inventory(tmp_path)
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    assert [shlex.split(c) for c in result.commands] == [
+        ["ufw", "delete", "allow", "from", PEER_D, "to", "any", "port", "29500", "proto", "tcp"],
+        ["ufw", "allow", "proto", "tcp", "from", MASTER, "to", "any", "port", "32768:60999", "comment", TAG],
+        ["ufw", "allow", "proto", "tcp", "from", PEER_D, "to", "any", "port", "32768:60999", "comment", TAG],
+    ]
+
+
+def test_legacy_iptables_is_read_from_its_own_section() -> None:
+    text = (
+        f"@@{TOKEN} begin range@@\n32768\t60999\n\n@@{TOKEN} end range 0@@\n"
+        f"@@{TOKEN} begin iptables_legacy@@\n-P INPUT ACCEPT\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\n"
+        f'-A INPUT -s 10.0.0.2/32 -p tcp -m tcp --dport 29500 -m comment --comment "{TAG}" -j ACCEPT\n'
+        f"-A INPUT -j DROP\n\n@@{TOKEN} end iptables_legacy 0@@\n"
+    )
+    d = detect(text, TOKEN, tag=TAG, policy=POLICY)
+    [target] = d.targets
+    assert (target.binary, target.filtering) == ("iptables-legacy", True)
+    assert [p.rule for p in target.present] == [Rule("10.0.0.2", PortRange(29500, 29500))]
+
+
+def test_a_rule_with_another_clusters_tag_is_never_ours() -> None:
+    line = '-A INPUT -s 10.0.0.2/32 -p tcp --dport 1 -m comment --comment "cluster-bootstrap:labx" -j ACCEPT'
+    assert parse_iptables_rules(line, TAG) == []
+
+
+# -- firewalld (generated commands only: it cannot run in a test namespace) ---------------------------
+
+FIREWALLD_RUNNING = f"""running
+@@runtime
+{POLICY} (active)
+  priority: -100
+  target: CONTINUE
+  ingress-zones: ANY
+  egress-zones: HOST
+  services:
+  ports:
+  rich rules:
+\trule family="ipv4" source address="{PEER_C}" port port="32768-60999" protocol="tcp" accept
+\trule family="ipv4" source address="10.9.9.9" port port="32768-60999" protocol="tcp" accept
+@@permanent
+{POLICY}
+  priority: -100
+  rich rules:
+"""
+
+
+def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
+    target = parse_firewalld("running\n@@runtime\n@@permanent\n", POLICY)
+    assert not target.exists and not target.permanent_exists
+    rule = Rule(PEER_C, PortRange(29500, 29500))
+    changes, commands = firewalld_commands(
+        PosixShell(), target, [rule], POLICY, TAG, persist=False, remove=False
+    )
+    argv = [shlex.split(c) for c in commands]
+    assert argv[0] == ["firewall-cmd", "--permanent", "--new-policy=cb-lab"]
+    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", f"--set-description={TAG}"] in argv
+    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", "--add-ingress-zone=ANY"] in argv
+    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", "--add-egress-zone=HOST"] in argv
+    assert argv[-2] == ["firewall-cmd", "--reload"]
+    assert argv[-1] == [
+        "firewall-cmd",
+        "--policy=cb-lab",
+        f'--add-rich-rule=rule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp"'
+        " accept",
+    ]
+    assert changes.add == (rule,)
+
+
+def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, firewall="  firewall: {persist: true}\n")
+    d = detect(
+        f"@@{TOKEN} begin range@@\n32768 60999\n@@{TOKEN} end range 0@@\n"
+        f"@@{TOKEN} begin firewalld@@\n{FIREWALLD_RUNNING}\n@@{TOKEN} end firewalld 0@@\n",
+        TOKEN,
+        tag=TAG,
+        policy=POLICY,
+    )
+    assert d.kind == "firewalld"
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    argv = [shlex.split(c) for c in result.commands]
+    assert not any("--new-policy=cb-lab" in a or "--reload" in a for a in argv)  # it exists already
+    runtime = [a for a in argv if "--permanent" not in a]
+    permanent = [a for a in argv if "--permanent" in a]
+    assert [a[2].split("=", 1)[0] for a in runtime] == ["--remove-rich-rule"] + ["--add-rich-rule"] * 2
+    assert 'source address="10.9.9.9"' in runtime[0][2]
+    assert len(permanent) == 3 and all(a[3].startswith("--add-rich-rule=") for a in permanent)
+    assert (result.added, result.removed, result.unchanged) == (2, 1, 1)
+
+
+def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
+    target = parse_firewalld(FIREWALLD_RUNNING, POLICY)
+    _, commands = firewalld_commands(PosixShell(), target, [], POLICY, TAG, persist=False, remove=True)
+    argv = [shlex.split(c) for c in commands]
+    assert len([a for a in argv if a[2].startswith("--remove-rich-rule=")]) == 2
+    assert argv[-1] == ["firewall-cmd", "--permanent", "--delete-policy=cb-lab"]
+
+
+# -- inventory settings, quoting, persistence ---------------------------------------------------------
+
+
+def test_extra_ports_sources_and_fixed_ephemeral_range(tmp_path: Path) -> None:
+    fw = (
+        "  firewall: {extra_ports: [6006, '7000-7010'], extra_sources: [10.5.0.0/16],"
+        " ephemeral_ports: 50000-50100}\n"
+    )
+    inv = inventory(tmp_path, firewall=fw)
+    result = plan_node(inv.node("b"), inv, recorded("nft_drop"), addresses(), remove=False)
+    assert result.ports == ["6006", "7000-7010", "50000-50100"]
+    assert result.sources == ["10.5.0.0/16", MASTER, PEER_C, PEER_D]
+    assert result.added == 12
+
+
+def test_single_node_cluster_opens_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "one.yaml"
+    path.write_text(f"cluster: {{name: lab}}\nnodes:\n  - {{name: a, host: {ME}, user: root}}\n")
+    inv = load_inventory(path)
+    result = plan_node(inv.node("a"), inv, recorded("nft_drop"), {"a": ME})
+    assert result.added == 0 and result.removed == 2  # only stale rules of ours go
+    assert any("single node" in n for n in result.notes)
+
+
+def test_hostile_cluster_name_cannot_escape_the_nft_script(tmp_path: Path) -> None:
+    inv = inventory(tmp_path, name="x\" accept; flush ruleset; #'")
+    result = plan_node(inv.node("b"), inv, recorded("none"), addresses())
+    assert result.commands == []
+    d = recorded("nft_drop")
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    safe = re.compile(
+        r"(insert rule inet filter input ip saddr [0-9.]+ tcp dport [0-9-]+ accept"
+        r' comment "cluster-bootstrap:[\w.-]+"'
+        r"|delete rule inet filter input handle [0-9]+)"
+    )
+    for line in nft_lines(result.commands[0]):
+        assert safe.fullmatch(line), line  # the name became a harmless comment, nothing more
+
+
+def test_cluster_addresses_follow_the_route_and_inventory_literals(tmp_path: Path) -> None:
+    inv = inventory(tmp_path)
+    found = cluster_addresses(inv, {"b": recorded("none")})
+    assert found == addresses()  # b from its route's source; the others from their IPv4 hosts
+
+
+def test_nft_persistence_file_and_include_line_are_added_and_removed() -> None:
+    target = Target(
+        "nftables", "nftables inet filter input", True, family="inet", table="filter", chain="input"
+    )
+    add = nft_persist_commands(PosixShell(), [(target, [Rule(PEER_C, PortRange(1, 2))])], TAG, remove=False)
+    assert 'include "/etc/nftables.d/cluster-bootstrap-lab.nft"' in add[-1]
+    assert f"ip saddr {PEER_C} tcp dport 1-2 accept" in add[1]
+    remove = nft_persist_commands(PosixShell(), [], TAG, remove=True)
+    assert remove[0] == "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft"
+    assert "grep -vxF" in remove[1]
+
+
+def test_detection_script_is_one_round_trip_with_every_section() -> None:
+    sections = detection_sections(PosixShell(), master_host="m'x", policy=POLICY, persist_file="/p")
+    names = [n for n, _ in sections]
+    assert names == [
+        "route",
+        "addresses",
+        "interfaces",
+        "range",
+        "ufw",
+        "firewalld",
+        "nft",
+        "iptables_nft",
+        "iptables_legacy",
+        "persist",
+    ]
+    assert "'m'\"'\"'x'" in dict(sections)["route"]  # the inventory value is quoted by the platform
+
+
+# -- Windows: generated PowerShell, parsed (no PowerShell runs here) ----------------------------------
+
+
+def windows_inventory(tmp_path: Path, mode: str, master: str = "w") -> Inventory:
+    path = tmp_path / "win.yaml"
+    path.write_text(
+        f"cluster: {{name: lab, master: {master}, port: 29500}}\nnodes:\n"
+        f"  - {{name: w, host: {ME}, os: windows, windows: {{mode: {mode}}}}}\n"
+        f"  - {{name: c, host: {PEER_C}, user: root}}\n"
+        f"  - {{name: d, host: {PEER_D}, user: root}}\n"
+    )
+    return load_inventory(path)
+
+
+def arguments(script: str) -> list[tuple[str, dict[str, str]]]:
+    """Every command of the parsed script with its ``-Parameter value`` pairs (switches map to "")."""
+    from tests.pwsh import assert_parses, walk
+
+    found = []
+    for node in walk(assert_parses(PowerShell().wrap(script, become=True)).root_node):
+        if node.type != "command" or node.child_by_field_name("command_name") is None:
+            continue
+        name = (node.child_by_field_name("command_name").text or b"").decode()
+        pairs: dict[str, str] = {}
+        current = None
+        elements = node.child_by_field_name("command_elements")
+        for el in elements.children if elements is not None else []:
+            text = (el.text or b"").decode()
+            if el.type == "command_parameter":
+                current = text.lower()
+                pairs[current] = ""
+            elif el.type != "command_argument_sep" and current is not None:
+                pairs[current] = text
+                current = None
+        found.append((name, pairs))
+    return found
+
+
+def test_windows_native_master_gets_defender_rules_for_peers_only(tmp_path: Path) -> None:
+    from orchestrator.steps.firewall import plan_windows
+
+    inv = windows_inventory(tmp_path, "native")
+    result = plan_windows(inv.node("w"), inv, {"w": ME, "c": PEER_C, "d": PEER_D})
+    assert result.kind == "windows defender" and result.sources == [PEER_C, PEER_D]
+    calls = arguments(result.commands[0])
+    rules = [p for name, p in calls if name == "Set-CbRule"]
+    assert [(r["-name"], r["-port"]) for r in rules] == [
+        ("'cluster-bootstrap-lab-tcp-29500'", "'29500'"),
+        ("'cluster-bootstrap-lab-tcp-ephemeral'", "$cbEphemeral"),  # Windows' dynamic range, read there
+    ]
+    assert {r["-remote"] for r in rules} == {f"@('{PEER_C}', '{PEER_D}')"}
+    [new] = [p for name, p in calls if name == "New-NetFirewallRule"]
+    assert (new["-group"], new["-direction"], new["-action"], new["-protocol"]) == (
+        "$cbGroup",
+        "Inbound",
+        "Allow",
+        "TCP",
+    )
+    assert new["-remoteaddress"] == "$Remote" and new["-localport"] == "$Port"
+    assert "$cbGroup = 'cluster-bootstrap:lab'" in result.commands[0]
+    assert ("Get-NetTCPSetting", {"-settingname": "Internet"}) in calls
+    [get] = [p for name, p in calls if name == "Get-NetFirewallRule" and "-group" in p]
+    assert get["-group"] == "$cbGroup"  # stray rules of ours are found by group and removed
+
+
+def test_windows_wsl_worker_gets_hyperv_rules_for_the_wsl_vm(tmp_path: Path) -> None:
+    from orchestrator.steps.firewall import plan_windows
+    from orchestrator.steps.firewall.windows import WSL_VM_CREATOR_ID
+
+    inv = windows_inventory(tmp_path, "wsl", master="c")
+    result = plan_windows(inv.node("w"), inv, {"w": ME, "c": PEER_C, "d": PEER_D})
+    assert result.kind == "hyper-v (wsl)" and result.ports == ["32768-60999"]  # worker: no rendezvous
+    calls = arguments(result.commands[0])
+    [rule] = [p for name, p in calls if name == "Set-CbRule"]
+    assert rule == {
+        "-name": "'cluster-bootstrap-lab-tcp-32768-60999'",
+        "-port": "'32768-60999'",
+        "-remote": f"@('{PEER_C}', '{PEER_D}')",
+    }
+    [new] = [p for name, p in calls if name == "New-NetFirewallHyperVRule"]
+    assert (new["-vmcreatorid"], new["-localports"], new["-remoteaddresses"]) == (
+        "$cbCreator",
+        "$Port",
+        "$Remote",
+    )
+    assert f"$cbCreator = '{WSL_VM_CREATOR_ID}'" in result.commands[0]
+    assert not any(name == "New-NetFirewallRule" for name, _ in calls)
+
+
+def test_windows_remove_deletes_only_our_group(tmp_path: Path) -> None:
+    from orchestrator.steps.firewall import plan_windows
+    from orchestrator.steps.firewall.windows import parse_report
+
+    inv = windows_inventory(tmp_path, "native")
+    result = plan_windows(inv.node("w"), inv, {"w": ME, "c": PEER_C}, remove=True)
+    calls = arguments(result.commands[0])
+    assert not any(name in ("Set-CbRule", "New-NetFirewallRule") for name, _ in calls)
+    assert ("Remove-NetFirewallRule", {"-name": "$_.Name"}) in calls
+    assert "$cbWanted = @()" in result.commands[0]
+    assert parse_report('noise\n{"added":0,"updated":0,"removed":2,"unchanged":0}\n') == {
+        "added": 0,
+        "updated": 0,
+        "removed": 2,
+        "unchanged": 0,
+    }
+
+
+def test_manage_false_touches_no_node(tmp_path: Path) -> None:
+    from orchestrator.steps.firewall import apply_firewall
+
+    class NoSession:  # any use of a connection would fail loudly
+        nodes: tuple[object, ...] = ()
+
+        def map(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("connected although firewall.manage is false")
+
+    inv = inventory(tmp_path, firewall="  firewall: {manage: false}\n")
+    run = apply_firewall(NoSession(), inv, list(inv.nodes))  # type: ignore[arg-type]
+    assert [o.value.status for o in run.outcomes if o.value] == ["left alone"] * 4
+    assert run.warnings == ["cluster.firewall.manage is false: no firewall was touched"]
