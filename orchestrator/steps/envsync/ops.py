@@ -1,0 +1,313 @@
+"""The OS-specific part of an environment sync: the exact commands a node runs.
+
+Everything else (deciding, comparing, the wheelhouse) is the same for every OS. A strategy turns a
+:class:`BuildPlan` into one script in the node's shell, with every value quoted by the platform.
+
+Layout on a node (Linux; ``P`` = ``env.path``)::
+
+    P                  symlink -> P.versions/<id>   (the stable path: launch runs P/bin/python)
+    P.versions/<id>/   one complete venv per build (the active one and the previous one are kept)
+    P.wheels/          offline mode: the wheels pushed by the controller
+
+Why a symlink switch and not ``mv venv.new venv``: a venv is not relocatable: pip writes the venv's
+absolute path into every console script (``bin/torchrun``'s shebang), so a renamed venv has broken
+scripts. Each build lives at its final path; the switch is an atomic rename of a symlink.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING
+
+from orchestrator.platforms import PosixShell
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.envsync.spec import STAMP_NAME
+
+if TYPE_CHECKING:
+    from orchestrator.platforms import Platform
+
+#: printed before the JSON listing of installed packages at the end of a build
+INSTALLED_MARK = "@@cb-env-installed "
+
+# Run by the new venv's interpreter after a build: what is installed (canonical name -> version).
+LIST_CODE = (
+    "import json, re, sys\n"
+    "from importlib import metadata\n"
+    "out = {}\n"
+    "for d in metadata.distributions():\n"
+    "    name = d.metadata['Name']\n"
+    "    if name:\n"
+    "        out[re.sub(r'[-_.]+', '-', name).lower()] = d.version\n"
+    "print(json.dumps({'packages': out, 'python': '%d.%d.%d' % sys.version_info[:3]}))\n"
+)
+
+# A cloned venv still names the old directory in its console scripts' shebangs, activate scripts and
+# pyvenv.cfg: point them at the new one. Files are replaced (new inode), never edited in place: the
+# clone shares every other file with the previous build through hard links.
+REBASE_CODE = (
+    "import os, sys\n"
+    "old, new = sys.argv[1].encode(), sys.argv[2].encode()\n"
+    "paths = [os.path.join(sys.argv[2], 'pyvenv.cfg')]\n"
+    "bindir = os.path.join(sys.argv[2], 'bin')\n"
+    "paths += [os.path.join(bindir, n) for n in os.listdir(bindir)]\n"
+    "for p in paths:\n"
+    "    if os.path.islink(p) or not os.path.isfile(p):\n"
+    "        continue\n"
+    "    with open(p, 'rb') as fh:\n"
+    "        data = fh.read()\n"
+    "    if old not in data:\n"
+    "        continue\n"
+    "    tmp = p + '.cb-tmp'\n"
+    "    with open(tmp, 'wb') as fh:\n"
+    "        fh.write(data.replace(old, new))\n"
+    "    os.chmod(tmp, os.stat(p).st_mode & 0o7777)\n"
+    "    os.replace(tmp, p)\n"
+)
+
+
+def probe_code() -> str:
+    return resources.files("orchestrator.steps.envsync.probes").joinpath("env_probe.py").read_text()
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """One node's build, decided on the controller."""
+
+    interpreter: str  # the node's Python, which creates the venv
+    path: str  # the stable path (as the inventory says it: "~/" allowed)
+    build_id: str
+    clone: bool  # start from a hard-link copy of the active build (only changed packages move)
+    installer: str  # "pip" | "uv"
+    uv: str | None  # uv's path on the node
+    index_args: tuple[str, ...]  # --index-url ... / --no-index --find-links <wheelhouse>
+    require_hashes: bool
+    stamp: dict[str, object]
+    offline: bool = False  # installs from the node's wheelhouse, which the controller fills
+    # how pip reaches the venv (made --without-pip: ensurepip costs seconds per venv): "base" (the
+    # node's own pip, --python), "wheel" (pip_wheel, run from the wheel), "venv" (ensurepip after all)
+    pip_runner: str = "venv"
+    pip_wheel: str | None = None
+    remove_wheels: tuple[str, ...] = ()  # offline: wheels in the node's wheelhouse no longer wanted
+
+    @property
+    def versions_dir(self) -> str:
+        return self.path.rstrip("/\\") + ".versions"
+
+    @property
+    def wheelhouse(self) -> str:
+        return self.path.rstrip("/\\") + ".wheels"
+
+    @property
+    def requirements_file(self) -> str:
+        return f"{self.versions_dir}/{self.build_id}.requirements.txt"
+
+
+class EnvOps(ABC):
+    """What one OS needs: the probe invocation, the venv's interpreter path, the build script."""
+
+    #: a new build may start as a hard-link copy of the active one (only changed packages move)
+    supports_clone = True
+    #: the build script needs the node's absolute paths (no "~" expansion available)
+    absolute_paths = False
+
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+
+    @abstractmethod
+    def probe(self, interpreter: str, args: dict[str, object]) -> str:
+        """Shell text running the probe under ``interpreter`` (one JSON line on stdout)."""
+
+    @abstractmethod
+    def venv_python(self, path: str) -> str:
+        """The interpreter inside the venv at ``path`` (what launch runs)."""
+
+    @abstractmethod
+    def build(self, plan: BuildPlan) -> str:
+        """Shell text that builds, stamps and switches to a new environment, then lists it."""
+
+    @abstractmethod
+    def prepare(self, plan: BuildPlan) -> str:
+        """Shell text creating the directories the uploads of a build go to."""
+
+
+class PosixEnvOps(EnvOps):
+    """Linux nodes (and WSL distributions: their platform is a POSIX shell too)."""
+
+    platform: PosixShell
+
+    def probe(self, interpreter: str, args: dict[str, object]) -> str:
+        return self.platform.join([interpreter, "-c", probe_code(), json.dumps(args, sort_keys=True)])
+
+    def venv_python(self, path: str) -> str:
+        return f"{path.rstrip('/')}/bin/python"
+
+    def prepare(self, plan: BuildPlan) -> str:
+        dirs = [plan.versions_dir] + ([plan.wheelhouse] if plan.offline else [])
+        return "\n".join(self.platform.mkdir(d) for d in dirs)
+
+    def install_command(self, plan: BuildPlan) -> str:
+        """The installer invocation (``$new`` and ``$req`` are set by the build script)."""
+        q = self.platform.quote
+        opts = [q(a) for a in plan.index_args]
+        if plan.require_hashes:
+            opts.append("--require-hashes")
+        if plan.installer == "uv":
+            assert plan.uv is not None
+            return " ".join([q(plan.uv), "pip", "install", '--python "$new/bin/python"', *opts, '-r "$req"'])
+        flags = "install --disable-pip-version-check --no-input --progress-bar off"
+        if plan.pip_runner == "base":
+            pip = f'{q(plan.interpreter)} -m pip --python "$new/bin/python" {flags}'
+        elif plan.pip_runner == "wheel":
+            assert plan.pip_wheel is not None
+            pip = f'"$new/bin/python" {q(plan.pip_wheel + "/pip")} {flags}'
+        else:
+            pip = f'"$new/bin/python" -m pip {flags}'
+        return " ".join([pip, *opts, '-r "$req"'])
+
+    def build(self, plan: BuildPlan) -> str:
+        p = self.platform
+        word = p.path_word
+        stamp = json.dumps(plan.stamp, sort_keys=True)
+        lines = [
+            "set -u",
+            f"link={word(plan.path)}",
+            f"versions={word(plan.versions_dir)}",
+            f"new={word(plan.versions_dir + '/' + plan.build_id)}",
+            f"req={word(plan.requirements_file)}",
+            'cur=""',
+            '[ -L "$link" ] && cur=$(readlink "$link")',
+            # a failed build leaves nothing behind, and the active environment untouched
+            'fail() { echo "cluster-bootstrap: $1" >&2; rm -rf "$new" "$req"; exit 1; }',
+            'rm -rf "$new"',
+        ]
+        if plan.clone:
+            lines += [
+                'cp -a -l "$cur" "$new" 2>/dev/null || cp -a "$cur" "$new" || fail "cannot copy $cur"',
+                f'{p.quote(plan.interpreter)} -c {p.quote(REBASE_CODE)} "$cur" "$new" '
+                '|| fail "cannot rebase the copied environment"',
+            ]
+        else:
+            without = "" if plan.installer == "pip" and plan.pip_runner == "venv" else " --without-pip"
+            lines.append(
+                f'{p.quote(plan.interpreter)} -m venv{without} "$new" '
+                '|| fail "python -m venv failed (Debian/Ubuntu: install the python3-venv package)"'
+            )
+        lines.append(
+            f'{self.install_command(plan)} || fail "{plan.installer} install failed: '
+            'the previous environment is still active"'
+        )
+        lines += [
+            f'printf %s {p.quote(stamp)} > "$new"/{p.quote(STAMP_NAME)} || fail "cannot write the stamp"',
+            # the switch: a new symlink renamed over the old one (atomic: launch sees old or new)
+            'rm -f "$link.cb-new" && ln -s "$new" "$link.cb-new" && mv -T "$link.cb-new" "$link" '
+            '|| fail "cannot switch $link to the new environment"',
+            'mv -f "$req" "$new/requirements.txt" 2>/dev/null',
+            # keep the active build and the previous one (jobs started from it keep working)
+            'for d in "$versions"/*; do [ "$d" = "$new" ] || [ "$d" = "$cur" ] || rm -rf "$d"; done',
+        ]
+        if plan.remove_wheels:
+            names = " ".join(p.quote(n) for n in plan.remove_wheels)
+            lines.append(f"(cd {word(plan.wheelhouse)} && rm -f -- {names})")
+        lines.append(f'printf %s {p.quote(INSTALLED_MARK)}; "$link/bin/python" -c {p.quote(LIST_CODE)}')
+        return "\n".join(lines)
+
+
+class PowerShellEnvOps(EnvOps):
+    """Native Windows nodes (Windows PowerShell 5.1 text; every program through ``native``).
+
+    Differences from Linux, and why: the stable path is a directory **junction** (no administrator
+    right needed, unlike a symbolic link), replaced by delete + create (a junction cannot be renamed
+    over another; the gap is a few milliseconds). Builds are always fresh: a venv's ``Scripts/*.exe``
+    launchers embed the interpreter path inside the executable, which a clone could not rebase
+    safely. ``native`` passes literal arguments only, so paths arrive absolute (the probe reported
+    them: ``BuildPlan.path`` is the node's absolute path here).
+    """
+
+    platform: PowerShell
+    supports_clone = False
+    absolute_paths = True
+
+    def probe(self, interpreter: str, args: dict[str, object]) -> str:
+        return self.platform.native([interpreter, "-c", probe_code(), json.dumps(args, sort_keys=True)])
+
+    def venv_python(self, path: str) -> str:
+        return path.rstrip("/\\") + "\\Scripts\\python.exe"
+
+    def prepare(self, plan: BuildPlan) -> str:
+        dirs = [plan.versions_dir] + ([plan.wheelhouse] if plan.offline else [])
+        return "\n".join(self.platform.mkdir(d) for d in dirs)
+
+    def _check(self, why: str) -> str:
+        return f"if ($global:LASTEXITCODE -ne 0) {{ cbFail {self.platform.quote(why)} }}"
+
+    def build(self, plan: BuildPlan) -> str:
+        p = self.platform
+        q = p.quote
+        new = f"{plan.versions_dir}\\{plan.build_id}".replace("/", "\\")
+        new_python = self.venv_python(new)
+        requirements = plan.requirements_file.replace("/", "\\")
+        args = list(plan.index_args) + (["--require-hashes"] if plan.require_hashes else [])
+        if plan.installer == "uv":
+            assert plan.uv is not None
+            install = p.native([plan.uv, "pip", "install", "--python", new_python, *args, "-r", requirements])
+        else:
+            pip = ["install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+            if plan.pip_runner == "base":
+                argv = [plan.interpreter, "-m", "pip", "--python", new_python, *pip]
+            elif plan.pip_runner == "wheel" and plan.pip_wheel:
+                argv = [new_python, plan.pip_wheel + "\\pip", *pip]
+            else:
+                argv = [new_python, "-m", "pip", *pip]
+            install = p.native([*argv, *args, "-r", requirements])
+        without = [] if plan.installer == "pip" and plan.pip_runner == "venv" else ["--without-pip"]
+        stamp = json.dumps(plan.stamp, sort_keys=True)
+        lines = [
+            f"$cbLink = {p.path_word(plan.path)}",
+            f"$cbVersions = {p.path_word(plan.versions_dir)}",
+            f"$cbNew = {q(new)}",
+            f"$cbReq = {q(requirements)}",
+            "$cbCur = $null",
+            "$cbItem = Get-Item -LiteralPath $cbLink -Force -ErrorAction SilentlyContinue",
+            "if ($null -ne $cbItem -and $cbItem.LinkType -eq 'Junction') { $cbCur = @($cbItem.Target)[0] }",
+            # a failed build leaves nothing behind, and the active environment untouched
+            "function cbFail($why) {",
+            "  if (Test-Path -LiteralPath $cbNew) { Remove-Item -LiteralPath $cbNew -Recurse -Force }",
+            "  Remove-Item -LiteralPath $cbReq -Force -ErrorAction SilentlyContinue",
+            "  [Console]::Error.WriteLine('cluster-bootstrap: ' + $why)",
+            "  exit 1",
+            "}",
+            "if (Test-Path -LiteralPath $cbNew) { Remove-Item -LiteralPath $cbNew -Recurse -Force }",
+            p.native([plan.interpreter, "-m", "venv", *without, new]),
+            self._check("python -m venv failed"),
+            install,
+            self._check(f"{plan.installer} install failed: the previous environment is still active"),
+            f"[System.IO.File]::WriteAllText($cbNew + {q(chr(92) + STAMP_NAME)}, {q(stamp)})",
+            # the switch: the junction is replaced (only the link: Directory.Delete leaves its target)
+            "if ($null -ne $cbItem) { [System.IO.Directory]::Delete($cbLink) }",
+            "New-Item -ItemType Junction -Path $cbLink -Target $cbNew | Out-Null",
+            "Move-Item -LiteralPath $cbReq -Destination ($cbNew + '\\requirements.txt') -Force",
+            # keep the active build and the previous one (jobs started from it keep working)
+            "Get-ChildItem -LiteralPath $cbVersions -Directory | Where-Object {",
+            "  $_.FullName -ne $cbNew -and $_.FullName -ne $cbCur",
+            "} | Remove-Item -Recurse -Force",
+        ]
+        for name in plan.remove_wheels:
+            wheel = f"{plan.wheelhouse}\\{name}".replace("/", "\\")
+            lines.append(f"Remove-Item -LiteralPath {q(wheel)} -Force -ErrorAction SilentlyContinue")
+        lines += [
+            f"[Console]::Out.Write({q(INSTALLED_MARK)})",
+            p.native([self.venv_python(plan.path), "-c", LIST_CODE]),
+        ]
+        return "\n".join(lines)
+
+
+def ops_for(platform: Platform) -> EnvOps:
+    """The strategy for a node's platform (WSL distributions speak POSIX sh: the Linux one)."""
+    if isinstance(platform, PosixShell):
+        return PosixEnvOps(platform)
+    if isinstance(platform, PowerShell):
+        return PowerShellEnvOps(platform)
+    raise NotImplementedError(f"environment sync on {platform.name} nodes is not supported yet")

@@ -1,0 +1,255 @@
+"""What environment a node gets, decided on the controller from the inventory alone (pure logic).
+
+``cluster.env`` plus the per-OS override become one :class:`EnvSpec` per OS: the exact requirement
+text pushed to the nodes, the index options, the installer setting. :func:`stamp_key` turns a spec
+plus what a node reports (Python version, platform) into the key written in the venv's stamp: an
+unchanged key means an unchanged environment, so the node is skipped after one round trip.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.inventory.model import EnvSettings
+
+#: bump when the layout or the install commands change: every node then rebuilds once
+FORMAT = 1
+#: the stamp file inside each built environment
+STAMP_NAME = ".cluster-bootstrap-env.json"
+#: default workdir on nodes (the one launch and preflight use: orchestrator/render.py)
+DEFAULT_WORKDIR = "~/cluster-bootstrap"
+
+_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_PIN_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*===?\s*([^\s;,]+)\s*(;.*)?$")
+# options pip accepts inside a requirements file that pull in other files: those would not reach the node
+_INCLUDES = ("-r", "--requirement", "-c", "--constraint", "-e", "--editable")
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised distribution name (``Foo_Bar`` and ``foo-bar`` are one package)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class Requirement:
+    line: str  # the logical line, without its --hash options
+    name: str | None  # canonical name; None for URLs/paths
+    pinned: str | None  # the version after == / ===
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """The environment nodes of one OS get."""
+
+    os: str
+    source: str  # where the requirements come from, for messages
+    requirements_text: str  # the file pushed to the node, as the installer reads it
+    requirements: tuple[Requirement, ...]
+    hashes: bool  # the file pins hashes: install with --require-hashes
+    python_wanted: str | None
+    index_url: str | None
+    extra_index_urls: tuple[str, ...]
+    find_links: tuple[str, ...]
+    no_index: bool
+    offline: bool
+    installer: str  # auto | uv | pip
+    path_setting: str | None
+    base_dir: str = "."  # the inventory file's directory: relative controller paths start there
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(r.name for r in self.requirements if r.name)
+
+    @property
+    def pins(self) -> dict[str, str]:
+        return {r.name: r.pinned for r in self.requirements if r.name and r.pinned}
+
+    @property
+    def digest(self) -> str:
+        """Hash of everything in the spec that changes what gets installed (not the path)."""
+        material = {
+            "requirements": self.requirements_text,
+            "index_url": self.index_url,
+            "extra_index_urls": list(self.extra_index_urls),
+            "find_links": list(self.find_links),
+            "no_index": self.no_index,
+            "offline": self.offline,
+            "installer": self.installer,
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def stamp_key(spec: EnvSpec, *, python_version: str, platform: str) -> str:
+    """The key an environment built from ``spec`` for this interpreter/platform carries."""
+    material = {"format": FORMAT, "spec": spec.digest, "python": python_version, "platform": platform}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def logical_lines(text: str) -> list[str]:
+    """Requirement-file lines with comments dropped and ``\\`` continuations joined (pip's rules)."""
+    out: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = "" if raw.lstrip().startswith("#") else re.sub(r"(^|\s)#.*$", "", raw)
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        if full:
+            out.append(full)
+    if pending.strip():
+        out.append(pending.strip())
+    return out
+
+
+def parse_requirements(text: str, source: str) -> tuple[tuple[Requirement, ...], bool, list[str]]:
+    """(requirements, has hashes, warnings); UsageError for what cannot work on a remote node."""
+    reqs: list[Requirement] = []
+    hashes = False
+    warnings: list[str] = []
+    for line in logical_lines(text):
+        words = line.split()
+        if words[0].split("=")[0] in _INCLUDES:
+            raise UsageError(
+                f"{source}: '{words[0]}' pulls in another file, which would not reach the nodes",
+                hint="flatten it into one file (pip-compile / uv pip compile output has no includes)",
+            )
+        if line.startswith("-"):
+            continue  # --index-url and friends inside the file: the installer reads them itself
+        if "--hash" in line:
+            hashes = True
+        requirement = " ".join(w for w in words if not w.startswith("--hash"))
+        pin = _PIN_RE.match(requirement)
+        if pin and "*" not in pin.group(3):
+            reqs.append(Requirement(requirement, canonical_name(pin.group(1)), pin.group(3)))
+            continue
+        named = _NAME_RE.match(requirement)
+        is_url = "://" in requirement or requirement.startswith((".", "/"))
+        name = canonical_name(named.group(1)) if named and not is_url else None
+        reqs.append(Requirement(requirement, name, None))
+        warnings.append(
+            f"{source}: '{requirement}' is not pinned with ==: nodes may resolve different versions "
+            "(pin it, or use a lock file: pip-compile, uv pip compile)"
+        )
+    if not reqs:
+        raise UsageError(f"{source}: no requirements in it", hint="list at least one package")
+    return tuple(reqs), hashes, warnings
+
+
+def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
+    """The spec for nodes of ``os_name``; UsageError (exit 2) naming the inventory field when unusable."""
+    env: EnvSettings = inventory.cluster.env
+    if env.requirements is not None and env.packages:
+        raise UsageError(
+            f"{inventory.source}: cluster.env: give either requirements (a file) or packages (a list), "
+            "not both"
+        )
+    override = env.linux if os_name == "linux" else env.windows if os_name == "windows" else None
+
+    def pick(name: str) -> Any:
+        value = getattr(override, name, None) if override is not None else None
+        return getattr(env, name) if value is None else value
+
+    requirements_path: str | None = pick("requirements")
+    packages: tuple[str, ...] = pick("packages") or ()
+    if override is not None and override.packages is not None:
+        requirements_path = override.requirements  # an override list replaces a cluster-wide file
+    if override is not None and override.requirements is not None:
+        packages = ()
+    if requirements_path:
+        path = Path(requirements_path).expanduser()
+        if not path.is_absolute():
+            path = Path(inventory.source).parent / path
+        own = override is not None and override.requirements is not None
+        field_name = f"env.{os_name}.requirements" if own else "env.requirements"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(
+                f"{inventory.source}: {field_name}: cannot read {path}: {exc.strerror or exc}",
+                hint="paths are relative to the inventory file",
+            ) from None
+        source = str(path)
+    elif packages:
+        text = "".join(p + "\n" for p in packages)
+        source = f"{inventory.source}: env.packages"
+    else:
+        raise UsageError(
+            f"{inventory.source}: cluster.env declares no requirements or packages for {os_name} nodes",
+            hint="add env.requirements: FILE or env.packages: [...] (see docs/sync.md)",
+        )
+    reqs, hashes, warnings = parse_requirements(text, source)
+    return EnvSpec(
+        os=os_name,
+        source=source,
+        requirements_text=text if text.endswith("\n") else text + "\n",
+        requirements=reqs,
+        hashes=hashes,
+        python_wanted=env.python,
+        index_url=pick("index_url"),
+        extra_index_urls=tuple(pick("extra_index_urls") or ()),
+        find_links=tuple(pick("find_links") or ()),
+        no_index=bool(pick("no_index")),
+        offline=env.offline,
+        installer=env.installer,
+        path_setting=env.path,
+        base_dir=str(Path(inventory.source).parent),
+        warnings=tuple(warnings),
+    )
+
+
+def env_path(node: Node, spec: EnvSpec | None = None, path_setting: str | None = None) -> str:
+    """Where the node's venv lives (the stable path launch uses): ``env.path`` (``{node}`` is
+    replaced by the node's name: homes shared over NFS need one venv per node), else
+    ``<workdir>/venv``."""
+    setting = spec.path_setting if spec is not None else path_setting
+    if setting:
+        return setting.replace("{node}", node.name)
+    workdir = (node.workdir or DEFAULT_WORKDIR).rstrip("/") or "/"
+    return f"{workdir}/venv"
+
+
+def python_matches(wanted: str | None, version: str) -> bool:
+    """``3.11`` matches 3.11.x; ``3.11.4`` only itself."""
+    if not wanted:
+        return True
+    return version == wanted or version.startswith(wanted + ".")
+
+
+@dataclass
+class Drift:
+    """Pinned packages whose installed version differs (someone pip-installed by hand)."""
+
+    wrong: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # name -> (installed, pinned)
+
+
+def same_version(installed: str, pinned: str) -> bool:
+    """pip's ``==`` as far as a lock needs it: ``2.13.0`` matches ``2.13.0+cpu`` (a pin without a local
+    label ignores it) and ``1.0`` matches ``1.0.0`` (trailing zeros)."""
+
+    def norm(v: str) -> str:
+        return re.sub(r"(\.0+)+$", "", v.strip().lower().lstrip("v"))
+
+    if "+" not in pinned:
+        installed = installed.split("+", 1)[0]
+    return norm(installed) == norm(pinned)
+
+
+def drift(spec: EnvSpec, installed: dict[str, str]) -> Drift:
+    out = Drift()
+    for name, version in spec.pins.items():
+        have = installed.get(name)
+        if have is None or not same_version(have, version):
+            out.wrong[name] = (have, version)
+    return out

@@ -1,0 +1,160 @@
+"""Offline mode, controller side: one local wheelhouse per target platform, filled once.
+
+``pip download --only-binary=:all: --platform ... --python-version ... --implementation cp --abi ...``
+fetches the wheels a node needs without running on it: the platform tags come from the node's own
+report (``env_probe.py``), so a glibc 2.28 node and a glibc 2.36 node each get wheels they can install.
+Nodes then install with ``--no-index --find-links <their wheelhouse>``: they never need the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import CommandFailedError
+from orchestrator.logs import state_dir
+from orchestrator.steps.envsync.spec import EnvSpec
+
+_COMPLETE = ".complete"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What wheels must fit: interpreter version, implementation, ABI and platform tags."""
+
+    python: str  # "3.11"
+    implementation: str  # "cp"
+    abi: str  # "cp311"
+    platforms: tuple[str, ...]
+
+    def describe(self) -> str:
+        first = self.platforms[0] if self.platforms else "any"
+        return f"{self.implementation}{self.python.replace('.', '')} {first}"
+
+
+@dataclass
+class Wheelhouse:
+    directory: Path
+    files: dict[str, str]  # file name -> sha256
+    downloaded: bool  # False: reused from an earlier run
+    output: list[str] = field(default_factory=list)
+
+
+def wheelhouse_root() -> Path:
+    return state_dir() / "wheelhouse"
+
+
+def download_command(spec: EnvSpec, target: Target, directory: Path, requirements: Path) -> list[str]:
+    """The controller's ``pip download`` for one target (shown by --dry-run)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+        "--only-binary=:all:",
+        "--python-version",
+        target.python,
+        "--implementation",
+        target.implementation,
+        "--abi",
+        target.abi,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
+    for platform in target.platforms:
+        argv += ["--platform", platform]
+    argv += index_args(spec)
+    if spec.hashes:
+        argv.append("--require-hashes")
+    argv += ["-d", str(directory), "-r", str(requirements)]
+    return argv
+
+
+def index_args(spec: EnvSpec) -> list[str]:
+    """pip/uv options for where packages come from (online installs and controller downloads)."""
+    argv: list[str] = []
+    if spec.no_index:
+        argv.append("--no-index")
+    elif spec.index_url:
+        argv += ["--index-url", spec.index_url]
+    if not spec.no_index:
+        for url in spec.extra_index_urls:
+            argv += ["--extra-index-url", url]
+    for link in spec.find_links:
+        argv += ["--find-links", link]
+    return argv
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def listing(directory: Path) -> dict[str, str]:
+    return {
+        p.name: sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and not p.name.startswith(".")
+    }
+
+
+_locks: dict[str, threading.Lock] = {}
+_failed: dict[str, CommandFailedError] = {}  # a failed download is not retried by every node of a run
+_locks_guard = threading.Lock()
+
+
+def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
+    """The wheelhouse for ``spec`` on ``target``: reused when complete, else downloaded once (nodes
+    sharing a target wait for the same download)."""
+    material = json.dumps({"spec": spec.digest, "target": target.__dict__}, sort_keys=True, default=list)
+    key = hashlib.sha256(material.encode()).hexdigest()[:20]
+    directory = (root or wheelhouse_root()) / key
+    with _locks_guard:
+        lock = _locks.setdefault(str(directory), threading.Lock())
+    with lock:
+        if str(directory) in _failed:
+            raise _failed[str(directory)]
+        marker = directory / _COMPLETE
+        if marker.is_file():
+            return Wheelhouse(directory, json.loads(marker.read_text()), downloaded=False)
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="cb-req-", delete=False) as fh:
+            fh.write(spec.requirements_text)
+            requirements = Path(fh.name)
+        try:
+            argv = download_command(spec, target, directory, requirements)
+            proc = subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "PIP_NO_INPUT": "1"},
+                cwd=spec.base_dir,  # relative find_links are the inventory's
+            )
+        finally:
+            requirements.unlink(missing_ok=True)
+        output = (proc.stdout + proc.stderr).splitlines()
+        if proc.returncode != 0:
+            tail = " | ".join(line for line in output[-4:] if line.strip())
+            _failed[str(directory)] = CommandFailedError(
+                f"offline mode: downloading wheels for {target.describe()} failed: {tail}",
+                hint="every package needs a binary wheel for that platform (--only-binary=:all:); "
+                "check env.index_url / env.find_links, and that this machine reaches the index",
+            )
+            raise _failed[str(directory)]
+        files = listing(directory)
+        marker.write_text(json.dumps(files, sort_keys=True))
+        return Wheelhouse(directory, files, downloaded=True, output=output)
