@@ -20,7 +20,9 @@ from orchestrator.cli.main import (
     cli,
     common_options,
 )
+from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
+from orchestrator.inventory import Inventory, Node
 from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
 
 
@@ -41,6 +43,11 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     """
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)
+    ctx.exit(int(run_firewall(settings, inventory, selected, remove=remove)))
+
+
+def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node], *, remove: bool) -> ExitCode:
+    """The firewall phase (also a step of the main pipeline and of teardown); its exit code."""
     ui = settings.ui
     # every node is asked for its cluster address (the peer set), the selected ones are changed
     probed = selected if remove else list(inventory.nodes)
@@ -78,7 +85,7 @@ def firewall(ctx: click.Context, remove: bool) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     if settings.dry_run:
         for o in outcomes:
             if o.value is None:
@@ -110,4 +117,4 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     if run.addresses and ui.verbose:
         ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.addresses.items()))
     _fail_lines(ui, outcomes)
-    ctx.exit(int(code))
+    return code

@@ -63,13 +63,25 @@ def sync(ctx: click.Context, force: bool, only: str | None) -> None:
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
+    ctx.exit(int(run_sync(settings, inventory, nodes, force=force, only=only)))
+
+
+def run_sync(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    force: bool = False,
+    only: str | None = None,
+) -> ExitCode:
+    """The sync phase (also a step of the main pipeline); its exit code."""
     ui = settings.ui
     do_env = only in (None, "env")
     do_code = only in (None, "code")
     if do_env and not inventory.cluster.env.declared:
         if only == "env":
             ui.error("cluster.env declares no requirements or packages: nothing to sync (see docs/sync.md)")
-            ctx.exit(int(ExitCode.USAGE))
+            return ExitCode.USAGE
         ui.note("no cluster.env in the inventory: environment sync skipped")
         do_env = False
     if do_env:
@@ -103,12 +115,12 @@ def sync(ctx: click.Context, force: bool, only: str | None) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     if do_env:
         _env_human(settings, env_outcomes, report)
     if do_code:
         _code_human(settings, code_outcomes)
-    ctx.exit(int(code))
+    return code
 
 
 def _run_env(

@@ -13,6 +13,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 
 if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
     from orchestrator.steps.timesync import TimeReport
 
 
@@ -121,10 +122,31 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
     each configuration diff and the script that would run as root. --restore puts back the files as
     they were (byte for byte) and stops the chronyd (or unit) this command started.
     """
-    from orchestrator.steps.timesync import restore_time, sync_time
-
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
+    code = run_ntp(
+        settings,
+        inventory,
+        nodes,
+        restore=restore,
+        no_clock_control=no_clock_control,
+        sync_timeout=sync_timeout,
+    )
+    ctx.exit(int(code))
+
+
+def run_ntp(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    restore: bool = False,
+    no_clock_control: bool = False,
+    sync_timeout: float = 60,
+) -> ExitCode:
+    """The time phase (also a step of the main pipeline and of teardown); its exit code."""
+    from orchestrator.steps.timesync import restore_time, sync_time
+
     ui = settings.ui
     session = _session(settings, inventory, nodes)
     step = "ntp --restore" if restore else "ntp"
@@ -144,4 +166,4 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
                 )
     except KeyboardInterrupt:
         _interrupted(ui)
-    ctx.exit(int(print_time_report(settings, report, step)))
+    return print_time_report(settings, report, step)
