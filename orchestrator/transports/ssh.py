@@ -448,7 +448,13 @@ class SSHTransport(Transport):
         except FileNotFoundError:
             pass
         self._makedirs(sftp, str(PurePosixPath(directory).parent))
-        sftp.mkdir(directory)
+        try:
+            sftp.mkdir(directory)
+        except OSError:
+            # SFTP reports EEXIST as a bare "Failure": another node sharing this file system (an
+            # NFS home) may have made it since our stat; only a directory that is still missing fails
+            if not stat.S_ISDIR(sftp.stat(directory).st_mode or 0):
+                raise
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         sftp = self._sftp_client()

@@ -1,0 +1,377 @@
+"""Push the project to every node: three round trips per node, content hashes decide what moves.
+
+Per node: (1) a probe (``orchestrator/steps/probes/code_tree.py``, the node's Python) walks the
+destination and prints every file's SHA-256 (cached on the node, so an unchanged tree reads nothing);
+(2) when something differs, one bundle (a JSON header line, then the changed files' bytes) travels
+through the transport's ``put`` (one SFTP upload, whatever the number of files: one put per small file
+costs a round trip each); (3) the probe applies it: deletions, then each file written beside its
+target and renamed over it (atomic per file), modes 0755/0644 after the executable bit, never through
+a symbolic link. Nodes needing the same change share one bundle built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
+from orchestrator.platforms import PosixShell
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.render import DEFAULT_WORKDIR
+from orchestrator.steps.codesync.ignore import RESERVED_PREFIX, IgnoreRules
+from orchestrator.steps.codesync.manifest import (
+    Changes,
+    FileEntry,
+    LocalTree,
+    build_tree,
+    default_cache_file,
+    diff,
+    tree_digest,
+)
+from orchestrator.steps.inspect import interpreter_for
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.inventory.model import Cluster
+    from orchestrator.session import Session
+    from orchestrator.transports import Transport
+
+#: called with (node name, what is happening now), e.g. ("node2", "sending 3 files (12.0 kB)")
+ProgressFn = Callable[[str, str], None]
+
+SCAN_TIMEOUT = 600.0  # the first scan of a large existing tree hashes every file
+APPLY_TIMEOUT = 1800.0
+NOT_FOUND = 127
+
+
+class CodeDestRefused(BootstrapError):
+    """The destination is not one code sync may write to (a home, a root, a foreign directory)."""
+
+
+@dataclass
+class CodeSyncResult:
+    """What code sync did (or, with ``dry_run``, would do) on one node."""
+
+    dest: str  # absolute path on the node
+    files: int  # files in the project
+    added: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    bytes_sent: int = 0  # content bytes of added and changed files
+    dry_run: bool = False
+
+    @property
+    def unchanged(self) -> bool:
+        """Nothing moved: the node already had exactly the project."""
+        return not (self.added or self.changed or self.deleted)
+
+    def summary(self) -> str:
+        """One line for the summary table: "unchanged (1000 files)", "2 added, 1 deleted, 3.1 kB"."""
+        if self.unchanged:
+            return f"unchanged ({_files(self.files)})"
+        verb = "would be " if self.dry_run else ""
+        parts = [
+            f"{len(items)} {verb}{label}"
+            for items, label in ((self.added, "added"), (self.changed, "changed"), (self.deleted, "deleted"))
+            if items
+        ]
+        return ", ".join(parts) + f", {human_bytes(self.bytes_sent)}"
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "dest": self.dest,
+            "files": self.files,
+            "unchanged": self.unchanged,
+            "added": self.added,
+            "changed": self.changed,
+            "deleted": self.deleted,
+            "bytes_sent": self.bytes_sent,
+            "dry_run": self.dry_run,
+        }
+
+
+def _files(count: int) -> str:
+    return f"{count} file" if count == 1 else f"{count} files"
+
+
+def human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
+def code_source(cluster: Cluster) -> Path:
+    """The project directory on this machine: ``code.source`` (relative to the current directory, as
+    ``train.script`` is), else the current directory: the project bootstrap is run from."""
+    return Path(os.path.expanduser(cluster.code.source or ".")).resolve()
+
+
+def code_dest(cluster: Cluster, node: Node) -> str:
+    """The code directory on ``node``, as the inventory says it (``~`` expands on the node):
+    ``code.dest``, else ``train.code_dir`` (the same directory, older spelling), else
+    ``<workdir>/code``: the one directory launch runs the training script from."""
+    if cluster.code.dest:
+        return cluster.code.dest
+    if cluster.train.code_dir:
+        return cluster.train.code_dir
+    return f"{(node.workdir or DEFAULT_WORKDIR).rstrip('/')}/code"
+
+
+def _probe_text() -> str:
+    return resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+
+
+def _rules_for_probe(rules: IgnoreRules) -> list[list[Any]]:
+    return [[r.base, r.negate, r.dir_only, r.regex.pattern] for r in (*rules.head, *rules.tail)]
+
+
+def _header_entry(rel: str, entry: FileEntry) -> list[Any]:
+    size = 0 if entry.link is not None else entry.size  # a link's text travels in the header
+    return [rel, size, entry.executable, entry.link, entry.sha256]
+
+
+class _Bundles:
+    """Bundle files shared by nodes that need the same change (built once, uploaded many times)."""
+
+    def __init__(self, tree: LocalTree, directory: Path) -> None:
+        self.tree = tree
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._built: dict[str, Path] = {}
+
+    def get(self, changes: Changes) -> Path:
+        send = changes.to_send
+        key = hashlib.sha256(
+            json.dumps([send, changes.deleted]).encode("utf-8", "surrogateescape")
+        ).hexdigest()
+        with self._lock:
+            path = self._built.get(key)
+            if path is None:
+                path = self.directory / f"{key[:24]}.bundle"
+                self._write(path, send, changes.deleted)
+                self._built[key] = path
+            return path
+
+    def _write(self, path: Path, send: list[str], deleted: list[str]) -> None:
+        files = self.tree.files
+        header = {
+            "delete": deleted,
+            "files": [_header_entry(rel, files[rel]) for rel in send],
+        }
+        with path.open("wb") as out:
+            out.write(json.dumps(header).encode("ascii") + b"\n")
+            for rel in send:
+                entry = files[rel]
+                if entry.link is not None:
+                    continue
+                data = (self.tree.source / rel).read_bytes()
+                # the header promised these bytes: a file edited since it was hashed would land on
+                # the node under a stale hash (and its cache would hide it next time)
+                if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+                    raise TransferError(
+                        f"{rel} changed while it was being synced",
+                        hint="run bootstrap sync again once the project is saved",
+                    )
+                out.write(data)
+
+
+def _run_probe(node: Node, transport: Transport, args: dict[str, Any], timeout: float) -> dict[str, Any]:
+    platform = transport.platform
+    python = interpreter_for(node)
+    command = platform.join([python, "-c", _probe_text(), json.dumps(args)])
+    result = transport.run(command, timeout=timeout)
+    if result.exit_code == NOT_FOUND:
+        raise CommandFailedError(
+            f"no Python at {python!r} on the node (code sync runs a small standard-library script there)",
+            node=node.name,
+            hint="install python3 on the node or set its python: in the inventory",
+            result=result,
+        )
+    lines = result.stdout.strip().splitlines()
+    if not result.ok or not lines:
+        what = "timed out" if result.timed_out else f"failed (exit {result.exit_code})"
+        raise CommandFailedError(
+            f"the code sync script {what}: {' | '.join(result.tail(3))}", node=node.name, result=result
+        )
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        raise CommandFailedError(
+            f"the code sync script printed no result: {' | '.join(result.tail(3))}", node=node.name
+        ) from None
+    if not isinstance(data, dict):
+        raise CommandFailedError("the code sync script printed no result", node=node.name)
+    return data
+
+
+def _remote_files(raw: dict[str, Any]) -> dict[str, FileEntry]:
+    return {
+        rel: FileEntry(str(sha), int(size), bool(executable), link)
+        for rel, (sha, size, executable, link) in raw.items()
+    }
+
+
+def _check_overlap(node: Node, transport: Transport, tree: LocalTree, dest: str) -> None:
+    """On this machine, the destination must not be the project or inside it (nor the reverse)."""
+    if transport.kind != "local":
+        return
+    path = Path(os.path.expanduser(dest))
+    real_dest = Path(os.path.realpath(path if path.is_absolute() else Path.home() / path))  # as the probe
+    source = tree.source
+    if real_dest == source or source in real_dest.parents or real_dest in source.parents:
+        raise CodeDestRefused(
+            f"code dest {dest} overlaps the project {source} on this machine",
+            node=node.name,
+            hint="set cluster.code.dest (or the node's workdir) to a directory outside the project",
+        )
+
+
+def sync_node(
+    node: Node,
+    transport: Transport,
+    tree: LocalTree,
+    bundles: _Bundles,
+    *,
+    dest: str,
+    dry_run: bool = False,
+    progress: Callable[[str], None] = lambda text: None,
+) -> CodeSyncResult:
+    """Make ``dest`` on one node hold exactly the project (``tree``); see the module docstring."""
+    # native Windows has no executable bit: compare without modes there (its probe reports none)
+    windows = isinstance(transport.platform, PowerShell)
+    if not windows and not isinstance(transport.platform, PosixShell):
+        raise UsageError(f"code sync to {transport.platform.name} nodes is not supported yet", node=node.name)
+    local = tree.without_modes if windows else tree.files
+    _check_overlap(node, transport, tree, dest)  # before the scan, which creates dest
+    progress("comparing")
+    scan = _run_probe(
+        node,
+        transport,
+        {
+            "op": "scan",
+            "dest": dest,
+            "rules": _rules_for_probe(tree.rules),
+            "write_cache": not dry_run,
+            "create": not dry_run,
+            "expect": tree_digest(local) if windows else tree.digest,
+        },
+        SCAN_TIMEOUT,
+    )
+    where = str(scan.get("dest") or dest)
+    if scan.get("refused"):
+        raise CodeDestRefused(
+            f"refusing to sync code into {scan['refused']}: sync deletes files the project does not have",
+            node=node.name,
+            hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code",
+        )
+    problems = [str(e) for e in scan.get("errors") or []]
+    if problems:  # an unreadable directory would look empty: its files resent, its extras kept
+        raise CommandFailedError(
+            f"cannot read {where} on the node: {'; '.join(problems[:3])}",
+            node=node.name,
+            hint="fix the permissions there (the node's user must own its code directory)",
+        )
+    remote = local if scan.get("same") else _remote_files(scan.get("files") or {})
+    changes = diff(local, remote, protected=tree.rules.excluded)
+    result = CodeSyncResult(
+        dest=where,
+        files=len(tree.files),
+        added=changes.added,
+        changed=changes.changed,
+        deleted=changes.deleted,
+        bytes_sent=changes.bytes,
+        dry_run=dry_run,
+    )
+    if changes.deleted and scan.get("exists") and not scan.get("marked"):
+        sample = ", ".join(changes.deleted[:3]) + (", ..." if len(changes.deleted) > 3 else "")
+        raise CodeDestRefused(
+            f"{where} already holds {_files(len(changes.deleted))} that are not in the project ({sample}) "
+            "and was not created by bootstrap sync: syncing would delete them",
+            node=node.name,
+            hint="move them away or empty the directory, or set cluster.code.dest to another directory",
+        )
+    if dry_run or not changes:
+        progress(result.summary())
+        return result
+    bundle = bundles.get(changes)
+    progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
+    name = f"{RESERVED_PREFIX}-upload-{secrets.token_hex(6)}"
+    transport.put(bundle, f"{where.rstrip('/')}/{name}")
+    applied = _run_probe(node, transport, {"op": "apply", "dest": where, "bundle": name}, APPLY_TIMEOUT)
+    errors = [str(e) for e in applied.get("errors") or []]
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise CommandFailedError(
+            f"code sync into {where} failed for {len(errors)} paths: {'; '.join(errors[:3])}{more}",
+            node=node.name,
+            hint="files already written are complete (each is replaced atomically); fix the cause and "
+            "run bootstrap sync again",
+        )
+    progress(result.summary())
+    return result
+
+
+def prepare_tree(inventory: Inventory, *, cache_file: Path | None = None) -> LocalTree:
+    """The project listed and hashed (the local part of code sync, done once for all nodes)."""
+    code = inventory.cluster.code
+    source = code_source(inventory.cluster)
+    return build_tree(
+        source,
+        excludes=code.excludes,
+        gitignore=code.gitignore,
+        cache_file=cache_file or default_cache_file(source),
+    )
+
+
+def sync_code(
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    dry_run: bool = False,
+    on_progress: ProgressFn | None = None,
+) -> list[Outcome[CodeSyncResult]]:
+    """Push the project (``cluster.code``) to ``nodes`` in parallel; one outcome per node, in order.
+
+    Only files whose content hash or executable bit differs travel; files the project no longer has
+    are deleted on the node (ignored files never: a node's ``__pycache__`` or training outputs stay).
+    An unchanged node costs one round trip and reads no file on either side (both keep hash caches).
+    ``dry_run``: compare only (the node's cache is not written) and report what would move.
+    ``on_progress(node, text)``: called from worker threads as each node moves on.
+
+    Raises :class:`UsageError` before contacting any node when the source directory is unusable;
+    per-node failures (unreachable, refused destination, write errors) are in the outcomes.
+    """
+    tree = prepare_tree(inventory)
+
+    def one(node: Node, transport: Transport) -> CodeSyncResult:
+        def progress(text: str) -> None:
+            if on_progress is not None:
+                on_progress(node.name, text)
+
+        return sync_node(
+            node,
+            transport,
+            tree,
+            bundles,
+            dest=code_dest(inventory.cluster, node),
+            dry_run=dry_run,
+            progress=progress,
+        )
+
+    with tempfile.TemporaryDirectory(prefix="cb-code-") as tmp:
+        bundles = _Bundles(tree, Path(tmp))
+        return session.map(one, step="code sync", nodes=nodes)

@@ -1,0 +1,352 @@
+# Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap sync` (code).
+# argv[1] is a JSON object:
+#   {"op": "scan", "dest": D, "rules": [[base, negate, dir_only, regex], ...], "write_cache": bool,
+#    "expect": DIGEST, "create": bool}
+#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, executable, link]}},
+#       leaving out what the rules exclude (the controller's ignore rules: such files are never deleted);
+#       when the listing's digest is "expect" (the project's), "same": true and no listing
+#   {"op": "apply", "dest": D, "bundle": NAME}
+#       applies the bundle file NAME (inside dest; deleted afterwards): a JSON header line
+#       {"delete": [rel...], "files": [[rel, size, executable, link, sha256], ...]} followed by the
+#       contents of the files, in order; prints {"written", "deleted", "errors"}
+# Paths are handled as bytes (UTF-8 with surrogateescape), so names survive any locale. Nothing is ever
+# written or deleted through a symbolic link: every directory between dest and a file must be a real
+# directory, files are replaced by rename (which replaces a link, never its target).
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+import sys
+
+PROBE_VERSION = 1
+RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
+CACHE = b".bootstrap-code.json"
+CHUNK = 1 << 20
+#: Windows has no executable bit: reported as false there, and the controller compares accordingly
+POSIX = os.name == "posix"
+
+
+def enc(text):
+    return text.encode("utf-8", "surrogateescape")
+
+
+def dec(raw):
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def resolve(dest):
+    path = os.path.expanduser(dest)
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.expanduser("~"), path)  # like SFTP: relative to the login directory
+    return os.path.normpath(path)
+
+
+def refusal(path):
+    """Why dest must not be synced into (sync deletes what the project does not have), or None."""
+    real = os.path.realpath(path)
+    home = os.path.realpath(os.path.expanduser("~"))
+    if os.path.dirname(real) == real:
+        return "%s is the root of a file system" % path
+    if real == home:
+        return "%s is the home directory" % path
+    if home.startswith(real.rstrip(os.sep) + os.sep):
+        return "%s contains the home directory %s" % (path, home)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return "%s exists and is not a directory" % path
+    return None
+
+
+def file_sha(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(CHUNK)
+            if not block:
+                break
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_key(st):
+    # ctime too: touch can restore an mtime, nothing can restore a ctime
+    return [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
+
+
+def load_cache(root):
+    try:
+        with open(os.path.join(root, CACHE), "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+        if data.get("version") == PROBE_VERSION and isinstance(data.get("entries"), dict):
+            return data["entries"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return {}
+
+
+def save_cache(root, entries):
+    path = os.path.join(root, CACHE)
+    tmp = path + b".tmp-" + enc(os.urandom(6).hex())
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(json.dumps({"version": PROBE_VERSION, "entries": entries}).encode("ascii"))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def compile_rules(raw):
+    return [(base, negate, dir_only, re.compile(regex, re.DOTALL)) for base, negate, dir_only, regex in raw]
+
+
+def excluded(rules, rel, is_dir):
+    """The controller's gitignore verdict for ``rel`` itself (IgnoreRules.verdict): later rules win."""
+    for base, negate, dir_only, regex in reversed(rules):
+        if dir_only and not is_dir:
+            continue
+        sub = rel
+        if base:
+            if not rel.startswith(base + "/"):
+                continue
+            sub = rel[len(base) + 1 :]
+        if regex.fullmatch(sub) is not None:
+            return not negate
+    return False
+
+
+def scan(args):
+    root_text = resolve(args["dest"])
+    out = {"dest": root_text, "exists": False, "marked": False, "refused": None, "files": {}, "errors": []}
+    out["posix"] = POSIX
+    out["refused"] = refusal(root_text)
+    root = enc(root_text)
+    if not out["refused"] and args.get("create"):
+        try:
+            os.makedirs(root, exist_ok=True)  # race-free when nodes share a file system (NFS homes)
+        except OSError as exc:
+            out["errors"].append("cannot create %s: %s" % (root_text, exc.strerror))
+    if out["refused"] or not os.path.isdir(root):
+        return out
+    out["exists"] = True
+    cache_path = os.path.join(root, CACHE)
+    out["marked"] = os.path.isfile(cache_path) and not os.path.islink(cache_path)
+    cache = load_cache(root) if out["marked"] else {}
+    fresh = {}
+    dirty = False
+    files = out["files"]
+    rules = compile_rules(args.get("rules", []))
+    stack = [b""]
+    while stack:
+        rel_dir = stack.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel_dir) if rel_dir else root))
+        except OSError as exc:
+            out["errors"].append("%s: %s" % (dec(rel_dir) or ".", exc.strerror))
+            continue
+        for entry in entries:
+            name = entry.name
+            if not rel_dir and name.startswith(RESERVED):
+                continue
+            rel_b = rel_dir + b"/" + name if rel_dir else name
+            rel = dec(rel_b)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished meanwhile
+            if excluded(rules, rel, stat.S_ISDIR(st.st_mode)):
+                continue  # left out of the sync, so never deleted: not even looked at (a venv, outputs)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(rel_b)
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.readlink(entry.path)
+                files[rel] = [hashlib.sha256(target).hexdigest(), len(target), False, dec(target)]
+            elif stat.S_ISREG(st.st_mode):
+                key = cache_key(st)
+                cached = cache.get(rel)
+                if isinstance(cached, list) and cached[:4] == key:
+                    sha = cached[4]
+                else:
+                    try:
+                        sha = file_sha(entry.path)
+                    except OSError as exc:
+                        out["errors"].append("%s: %s" % (rel, exc.strerror))
+                        continue
+                    dirty = True
+                fresh[rel] = [*key, sha]
+                files[rel] = [sha, st.st_size, POSIX and bool(st.st_mode & 0o111), None]
+    if out["marked"] and args.get("write_cache") and (dirty or len(fresh) != len(cache)):
+        save_cache(root, fresh)
+    if args.get("expect") and tree_digest(files) == args["expect"]:
+        out["same"] = True  # what the controller has: no need to send the listing back
+        out["files"] = {}
+    return out
+
+
+def tree_digest(files):
+    """One hash of a whole listing (the controller computes the same: manifest.tree_digest)."""
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        sha, _, executable, link = files[rel]
+        line = "%s\0%s\0%d\0%s\n" % (rel, sha, 1 if executable else 0, "" if link is None else "L" + link)
+        digest.update(enc(line))
+    return digest.hexdigest()
+
+
+class Refused(Exception):
+    pass
+
+
+def parts_of(rel):
+    """The components of a relative path from the controller, refusing anything leaving dest."""
+    parts = enc(rel).split(b"/")
+    if not rel or any(p in (b"", b".", b"..") for p in parts) or parts[0].startswith(RESERVED):
+        raise Refused("refusing path %r" % rel)
+    return parts
+
+
+def real_dirs(root, parts, create, known):
+    """The directory holding parts[-1], checked (and made) one component at a time: never a link."""
+    path = root
+    for part in parts[:-1]:
+        path = os.path.join(path, part)
+        if path in known:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT or not create:
+                raise
+            os.mkdir(path)
+            st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            raise Refused("%s is %s" % (dec(path), kind))
+        known.add(path)
+    return path
+
+
+class Stream(object):
+    """The bundle after its header: each file's bytes in turn; skip() keeps it aligned after an error."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.left = 0
+
+    def start(self, size):
+        self.skip()
+        self.left = size
+
+    def copy_to(self, fd):
+        while self.left:
+            block = self.fh.read(min(CHUNK, self.left))
+            if not block:
+                raise EOFError("the upload ended early")
+            self.left -= len(block)
+            view = memoryview(block)
+            while view:
+                view = view[os.write(fd, view) :]
+
+    def skip(self):
+        if self.left:
+            self.fh.seek(self.left, 1)
+            self.left = 0
+
+
+def apply(args):
+    root_text = resolve(args["dest"])
+    reason = refusal(root_text)
+    if reason:
+        return {"written": 0, "deleted": 0, "errors": ["refused: " + reason]}
+    root = enc(root_text)
+    bundle = os.path.join(root, enc(args["bundle"]))
+    written = deleted = 0
+    errors = []
+    known = set()
+    cache = load_cache(root)
+    try:
+        with open(bundle, "rb") as fh:
+            plan = json.loads(fh.readline().decode("ascii"))
+            parents = set()
+            for rel in plan["delete"]:
+                try:
+                    parts = parts_of(rel)
+                    path = os.path.join(real_dirs(root, parts, False, known), parts[-1])
+                    if stat.S_ISDIR(os.lstat(path).st_mode):
+                        continue  # only files and links are deleted; emptied directories below
+                    os.unlink(path)
+                    deleted += 1
+                    cache.pop(rel, None)
+                    parents.add(os.path.dirname(path))
+                except Refused as exc:
+                    errors.append(str(exc))
+                except OSError as exc:
+                    if exc.errno != errno.ENOENT:
+                        errors.append("%s: %s" % (rel, exc.strerror))
+            # directories the deletions emptied, deepest first, never dest itself
+            for directory in sorted(parents, key=len, reverse=True):
+                while directory != root and directory.startswith(root + b"/"):
+                    try:
+                        os.rmdir(directory)
+                    except OSError:
+                        break
+                    known.discard(directory)
+                    directory = os.path.dirname(directory)
+            stream = Stream(fh)
+            for rel, size, executable, link, sha in plan["files"]:
+                stream.start(size)
+                tmp = None
+                try:
+                    parts = parts_of(rel)
+                    parent = real_dirs(root, parts, True, known)
+                    target = os.path.join(parent, parts[-1])
+                    if os.path.isdir(target) and not os.path.islink(target):
+                        os.rmdir(target)  # a directory the project replaced by a file (emptied above)
+                    tmp = os.path.join(parent, b"." + parts[-1][:60] + b".bcs-" + enc(os.urandom(6).hex()))
+                    if link is not None:
+                        os.symlink(enc(link), tmp)
+                    else:
+                        mode = 0o755 if executable else 0o644
+                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                        fd = os.open(tmp, flags, mode)
+                        try:
+                            stream.copy_to(fd)
+                            if POSIX:
+                                os.fchmod(fd, mode)  # whatever the umask says
+                        finally:
+                            os.close(fd)
+                    os.replace(tmp, target)
+                    tmp = None
+                    written += 1
+                    if link is None:
+                        cache[rel] = [*cache_key(os.lstat(target)), sha]
+                except (Refused, OSError) as exc:
+                    errors.append("%s: %s" % (rel, getattr(exc, "strerror", None) or exc))
+                finally:
+                    if tmp is not None:
+                        try:
+                            os.unlink(tmp)
+                        except OSError:
+                            pass
+    except (OSError, ValueError, KeyError, EOFError) as exc:
+        errors.append("cannot read the upload: %s" % (getattr(exc, "strerror", None) or exc))
+    finally:
+        try:
+            os.unlink(bundle)
+        except OSError:
+            pass
+    save_cache(root, cache)
+    return {"written": written, "deleted": deleted, "errors": errors}
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    out = apply(args) if args.get("op") == "apply" else scan(args)
+    out["probe_version"] = PROBE_VERSION
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+main()

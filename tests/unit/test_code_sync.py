@@ -1,0 +1,333 @@
+"""Code sync's pure parts: gitignore rules (checked against git itself), the manifest diff, the hash
+cache, where the code goes, and the node script's own refusals (run locally with this Python)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.inventory import load_inventory
+from orchestrator.steps.codesync import FileEntry, IgnoreRules, build_tree, code_dest, diff
+from orchestrator.steps.codesync.ignore import parse_pattern
+from orchestrator.steps.codesync.manifest import list_files
+
+# -- ignore rules ---------------------------------------------------------------------------------
+
+
+def _excluded(patterns: list[str], path: str, is_dir: bool = False) -> bool:
+    return IgnoreRules.build(patterns, defaults=()).excluded(path, is_dir)
+
+
+@pytest.mark.parametrize(
+    ("patterns", "path", "is_dir", "expected"),
+    [
+        (["*.log"], "a.log", False, True),
+        (["*.log"], "deep/er/a.log", False, True),  # no slash: any depth
+        (["*.log", "!keep.log"], "keep.log", False, False),  # negation, last match wins
+        (["!keep.log", "*.log"], "keep.log", False, True),
+        (["build/"], "build", True, True),  # directory only
+        (["build/"], "build", False, False),  # ...so a file called build stays
+        (["build/"], "src/build/x.o", False, True),  # below an excluded directory
+        (["build/", "!build/keep.txt"], "build/keep.txt", False, True),  # no re-include inside one
+        (["/top.txt"], "top.txt", False, True),  # leading slash: anchored
+        (["/top.txt"], "sub/top.txt", False, False),
+        (["doc/*.md"], "doc/a.md", False, True),  # middle slash: anchored too
+        (["doc/*.md"], "x/doc/a.md", False, False),
+        (["doc/*.md"], "doc/sub/a.md", False, False),  # * never crosses /
+        (["**/cache"], "a/b/cache", True, True),
+        (["**/cache"], "cache", True, True),
+        (["logs/**"], "logs/a/b.txt", False, True),
+        (["logs/**"], "logs", True, False),
+        (["a/**/z"], "a/z", False, True),
+        (["a/**/z"], "a/b/c/z", False, True),
+        (["file?.txt"], "file1.txt", False, True),
+        (["file?.txt"], "file10.txt", False, False),
+        (["[abc].py"], "b.py", False, True),
+        (["[!abc].py"], "b.py", False, False),
+        (["[!abc].py"], "d.py", False, True),
+        (["\\#hash"], "#hash", False, True),
+        (["# comment"], "# comment", False, False),
+        (["\\!bang"], "!bang", False, True),
+        (["trailing   "], "trailing", False, True),  # unescaped trailing spaces dropped
+        (["sp\\ "], "sp ", False, True),  # an escaped one kept
+        (["name with space.txt"], "name with space.txt", False, True),
+        (["[unclosed"], "[unclosed", False, True),
+    ],
+)
+def test_gitignore_semantics(patterns: list[str], path: str, is_dir: bool, expected: bool) -> None:
+    assert _excluded(patterns, path, is_dir) is expected
+
+
+def test_blank_and_comment_lines_are_no_rules() -> None:
+    assert parse_pattern("") is None and parse_pattern("   ") is None and parse_pattern("# x") is None
+    assert parse_pattern("/") is None  # nothing left to match
+
+
+def test_excludes_come_last_and_can_reinclude_a_default() -> None:
+    rules = IgnoreRules.build(["!.venv-tools/"])
+    assert rules.excluded(".venv/bin/python") and not rules.excluded(".venv-tools/x.py")
+    assert rules.excluded("pkg/__pycache__/m.pyc") and rules.excluded("runs/1/log")
+    assert not rules.excluded("src/runs/notes.txt")  # /runs/ is anchored at the top
+    grown = rules.with_gitignore("!*.pyc\n", "", ".gitignore")
+    assert not grown.excluded("m.pyc")  # a .gitignore after the defaults...
+    assert (
+        IgnoreRules.build(["*.pyc"]).with_gitignore("!*.pyc\n", "", "g").excluded("m.pyc")
+    )  # ...excludes last
+
+
+# Files of a tree whose .gitignore files exercise every rule kind; git decides, our walk must agree.
+ORACLE_FILES = [
+    "a.log", "keep.log", "src/a.log", "src/keep.log", "build/x.o", "src/build/y.o", "build.txt",
+    "doc/a.md", "doc/sub/b.md", "x/doc/c.md", "top.txt", "sub/top.txt", "tmp/a/cache/z", "cache/z",
+    "logs/a/b.txt", "notes/keep.me", "notes/drop.me", "deep/a/b/c/z.bin", "deep/z.bin", "space name.txt",
+    "sub/nested/local.tmp", "sub/nested/other.tmp", "sub/nested/keep/kept.tmp", "b.py", "d.py",
+    "sub/only-here.txt", "only-here.txt", "[x].txt",
+]  # fmt: skip
+ORACLE_IGNORES = {
+    ".gitignore": "*.log\n!keep.log\nbuild/\n/top.txt\ndoc/*.md\n**/cache\nlogs/**\nnotes/*\n!notes/keep.me\n"
+    "deep/**/*.bin\n[!abc].py\nspace\\ name.txt\n",
+    "sub/.gitignore": "*.tmp\n!keep/\n/only-here.txt\n",
+    "sub/nested/.gitignore": "!other.tmp\n",
+}
+
+
+def test_walk_agrees_with_git(tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.fail("git is needed (apt-get install git)")
+    for rel in ORACLE_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    for rel, text in ORACLE_IGNORES.items():
+        (tmp_path / rel).write_text(text)
+    ours, _, lister = list_files(tmp_path, gitignore=True)  # not a git tree yet: our own rules
+    assert lister == "walk"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    theirs, _, lister = list_files(tmp_path, gitignore=True)
+    assert lister == "git"
+    assert ours == theirs
+    assert "notes/keep.me" in ours and "sub/nested/other.tmp" in ours and "a.log" not in ours
+
+
+def test_gitignore_off_keeps_ignored_files(tmp_path: Path) -> None:
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    (tmp_path / "a.log").write_text("x")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "m.pyc").write_text("x")
+    files, _, _ = list_files(tmp_path, gitignore=False)
+    assert files == [".gitignore", "a.log"]  # the defaults still apply
+
+
+# -- diff -----------------------------------------------------------------------------------------
+
+
+def _e(sha: str, size: int = 1, x: bool = False, link: str | None = None) -> FileEntry:
+    return FileEntry(sha, size, x, link)
+
+
+def test_diff_by_hash_mode_and_kind() -> None:
+    local = {
+        "same": _e("a"),
+        "edited": _e("b", 5),
+        "new": _e("c", 7),
+        "chmod": _e("d", 2, True),
+        "ln": _e("e"),
+    }
+    remote = {
+        "same": _e("a"),
+        "edited": _e("z", 5),
+        "chmod": _e("d", 2, False),
+        "ln": _e("e", link="target"),  # same bytes, but a link there and a file here
+        "gone": _e("f"),
+        "out/metrics.json": _e("g"),
+    }
+    changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"))
+    assert changes.added == ["new"]
+    assert changes.changed == ["chmod", "edited", "ln"]
+    assert changes.deleted == ["gone"]
+    assert changes.bytes == 7 + 5 + 2 + 1
+    assert changes.to_send == ["chmod", "edited", "ln", "new"]
+
+
+def test_diff_of_equal_trees_is_empty() -> None:
+    tree = {"a": _e("1"), "b/c": _e("2", link="../a")}
+    assert not diff(tree, dict(tree))
+
+
+# -- the hash cache -------------------------------------------------------------------------------
+
+
+def _age(root: Path, seconds: float = 60) -> None:
+    past = time.time() - seconds
+    for path in root.rglob("*"):
+        os.utime(path, (past, past), follow_symlinks=False)
+
+
+def test_cache_makes_the_second_listing_read_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(50):
+        (src / f"m{i}.py").write_text(f"x = {i}\n")
+    _age(src)
+    cache = tmp_path / "cache.json"
+    first = build_tree(src, cache_file=cache)
+    assert first.hashed == 50 and len(first.files) == 50
+    second = build_tree(src, cache_file=cache)
+    assert second.hashed == 0 and second.files == first.files
+    # same size, mtime put back: the ctime still tells
+    before = (src / "m7.py").stat()
+    (src / "m7.py").write_text("x = 9\n")
+    os.utime(src / "m7.py", ns=(before.st_atime_ns, before.st_mtime_ns))
+    third = build_tree(src, cache_file=cache)
+    assert third.hashed == 1 and third.files["m7.py"].sha256 != first.files["m7.py"].sha256
+
+
+def test_recently_modified_files_are_hashed_again(tmp_path: Path) -> None:
+    # racily clean: a change within the same timestamp tick as the hash must not hide behind the cache
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "fresh.py").write_text("1")
+    cache = tmp_path / "cache.json"
+    build_tree(src, cache_file=cache)
+    assert build_tree(src, cache_file=cache).hashed == 1
+
+
+def test_missing_source_is_a_usage_error(tmp_path: Path) -> None:
+    from orchestrator.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a directory"):
+        build_tree(tmp_path / "nope")
+
+
+# -- where the code goes --------------------------------------------------------------------------
+
+
+def _inventory(tmp_path: Path, cluster: dict[str, Any], **node: Any) -> Any:
+    path = tmp_path / "h.yaml"
+    path.write_text(json.dumps({"cluster": cluster, "nodes": [{"name": "a", "host": "h", **node}]}))
+    return load_inventory(path)
+
+
+def test_dest_defaults_follow_launch(tmp_path: Path) -> None:
+    inv = _inventory(tmp_path, {}, workdir="/srv/cb/")
+    assert code_dest(inv.cluster, inv.nodes[0]) == "/srv/cb/code"
+    inv = _inventory(tmp_path, {})
+    assert code_dest(inv.cluster, inv.nodes[0]) == "~/cluster-bootstrap/code"
+    inv = _inventory(tmp_path, {"train": {"code_dir": "/opt/old"}})
+    assert code_dest(inv.cluster, inv.nodes[0]) == "/opt/old"
+    inv = _inventory(tmp_path, {"code": {"dest": "~/proj"}})
+    assert code_dest(inv.cluster, inv.nodes[0]) == "~/proj"
+    assert inv.cluster.train.code_dir == "~/proj"  # launch runs from where sync pushed
+
+
+def test_dest_and_code_dir_must_agree(tmp_path: Path) -> None:
+    from orchestrator.errors import InventoryError
+
+    with pytest.raises(InventoryError, match="differ"):
+        _inventory(tmp_path, {"code": {"dest": "/a"}, "train": {"code_dir": "/b"}})
+
+
+# -- the node script, run here --------------------------------------------------------------------
+
+PROBE = resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+
+
+def _probe(args: dict[str, Any], home: Path) -> dict[str, Any]:
+    env = {**os.environ, "HOME": str(home)}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(args)], capture_output=True, text=True, env=env, check=True
+    )
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+def test_probe_refuses_home_and_its_parents(tmp_path: Path) -> None:
+    home = tmp_path / "users" / "me"
+    home.mkdir(parents=True)
+    assert "is the home directory" in _probe({"op": "scan", "dest": "~"}, home)["refused"]
+    assert "contains the home" in _probe({"op": "scan", "dest": str(tmp_path / "users")}, home)["refused"]
+    (tmp_path / "link").symlink_to(home)
+    assert "is the home directory" in _probe({"op": "scan", "dest": str(tmp_path / "link")}, home)["refused"]
+    assert _probe({"op": "scan", "dest": "~/code"}, home) == {
+        "dest": str(home / "code"),
+        "exists": False,
+        "marked": False,
+        "refused": None,
+        "files": {},
+        "errors": [],
+        "posix": True,
+        "probe_version": 1,
+    }
+
+
+def _bundle(dest: Path, name: str, delete: list[str], files: list[tuple[str, bytes]]) -> None:
+    header = {"delete": delete, "files": [[rel, len(data), False, None, "0" * 64] for rel, data in files]}
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / name).write_bytes(json.dumps(header).encode() + b"\n" + b"".join(d for _, d in files))
+
+
+def test_apply_refuses_escaping_paths_and_keeps_going(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    dest = home / "code"
+    (home / "secret").parent.mkdir(parents=True, exist_ok=True)
+    (home / "secret").write_text("keep")
+    dest.mkdir()
+    (dest / "blocker").write_text("a file where a directory is wanted")
+    files = [
+        ("../escape.txt", b"no"),
+        ("blocker/inner.txt", b"no"),
+        ("ok.txt", b"fine"),
+        (".bootstrap-code.json", b"x"),
+    ]
+    _bundle(dest, ".bootstrap-code-upload-t", ["../secret", "/etc/passwd", "missing.txt"], files)
+    out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
+    assert out["written"] == 1 and out["deleted"] == 0
+    assert len(out["errors"]) == 5, out["errors"]  # missing.txt is simply not there: no error
+    assert (dest / "ok.txt").read_bytes() == b"fine"  # the stream stayed aligned past the failures
+    assert (home / "secret").read_text() == "keep" and not (home / "escape.txt").exists()
+    assert not (dest / ".bootstrap-code-upload-t").exists()
+
+
+def test_node_and_controller_agree_on_the_tree_digest(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "naïve name.py").write_text("x")
+    (src / "run.sh").write_text("#!/bin/sh\n")
+    (src / "run.sh").chmod(0o755)
+    (src / "link").symlink_to("sub")
+    tree = build_tree(src)
+    same = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
+    assert same["same"] is True and same["files"] == {}
+    (src / "run.sh").chmod(0o644)
+    differs = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
+    assert "same" not in differs and differs["files"]["run.sh"][2] is False
+    assert differs["files"]["link"][3] == "sub"
+
+
+def test_probe_skips_what_the_rules_exclude(tmp_path: Path) -> None:
+    dest = tmp_path / "dest"
+    (dest / "outputs").mkdir(parents=True)
+    (dest / "outputs" / "big.bin").write_text("x")
+    (dest / "keep.py").write_text("x")
+    rules = IgnoreRules.build(["outputs/"])
+    raw = [[r.base, r.negate, r.dir_only, r.regex.pattern] for r in (*rules.head, *rules.tail)]
+    out = _probe({"op": "scan", "dest": str(dest), "rules": raw}, tmp_path)
+    assert set(out["files"]) == {"keep.py"}
+
+
+def test_windows_probe_command_parses_as_powershell() -> None:
+    from orchestrator.platforms.powershell import PowerShell
+    from tests import pwsh
+
+    args = json.dumps({"op": "scan", "dest": "~/cluster-bootstrap/code", "rules": [], "expect": "x"})
+    command = PowerShell().join(["C:\\Python311\\python.exe", "-c", PROBE, args])
+    tree = pwsh.assert_parses(command)
+    assert not pwsh.errors(tree)
