@@ -127,7 +127,8 @@ class Python(Fact["PythonInfo | None"]):
 
     def command(self, platform: Platform) -> str:
         code = "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"
-        return platform.join([self.interpreter, "-c", code])
+        # path_word: a venv under ~ (cluster.env's default) must expand on the node
+        return platform.path_word(self.interpreter) + " " + platform.join(["-c", code])
 
     def parse(self, output: str, exit_code: int) -> PythonInfo | None:
         if exit_code == NOT_FOUND:
@@ -217,7 +218,7 @@ class Torch(Fact["TorchInfo | None"]):
 
     def command(self, platform: Platform) -> str:
         probe = resources.files("orchestrator.facts.probes").joinpath("torch_facts.py").read_text()
-        return platform.join([self.interpreter, "-c", probe])
+        return platform.path_word(self.interpreter) + " " + platform.join(["-c", probe])
 
     def parse(self, output: str, exit_code: int) -> TorchInfo | None:
         if exit_code == NOT_FOUND:

@@ -35,6 +35,10 @@ class Platform(ABC):
         """A command line whose words reach the program exactly as given."""
         return " ".join(self.quote(a) for a in argv)
 
+    def path_word(self, path: str) -> str:
+        """``path`` as one word of this shell, with ``~`` meaning the user's home on the node."""
+        return self.quote(path)
+
     @abstractmethod
     def wrap(
         self,

@@ -14,7 +14,7 @@ from orchestrator.platforms import Platform, PowerShell, WslShell
 from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Node
+    from orchestrator.inventory import Inventory, Node
 
 #: interpreter used on remote nodes when the inventory names none
 DEFAULT_PYTHON = "python3"
@@ -27,6 +27,16 @@ def interpreter_for(node: Node) -> str:
     if node.connection == "local":
         return sys.executable
     return DEFAULT_PYTHON
+
+
+def training_python(node: Node, inventory: Inventory) -> str:
+    """The interpreter training (and the preflight's torch checks) use: the synced venv's when the
+    inventory declares an environment (cluster.env: `bootstrap sync` made it), else the node's own."""
+    if inventory.cluster.env.declared:
+        from orchestrator.steps.envsync import venv_python
+
+        return venv_python(node, inventory)
+    return interpreter_for(node)
 
 
 @dataclass
@@ -49,7 +59,7 @@ class NodeFacts:
 
 
 def _windows_plan(
-    node: Node, platform: Platform, extra: Sequence[Fact[Any]]
+    node: Node, platform: Platform, extra: Sequence[Fact[Any]], python: str | None = None
 ) -> tuple[list[Fact[Any]], list[Fact[Any]], list[str]]:
     """(Windows-side facts, facts for the node's own platform, names of facts not gathered).
 
@@ -57,29 +67,33 @@ def _windows_plan(
     WSL mode: Windows and WSL facts from the Windows side (one PowerShell round trip), the Linux
     facts and ``extra`` inside the distribution (a second one, see ``gather_windows_side``)."""
     if isinstance(platform, WslShell):
-        return windows_facts(None, mode="wsl"), [*linux_facts(interpreter_for(node)), *extra], []
-    return [], windows_facts(node.python), [f.name for f in extra]
+        return windows_facts(None, mode="wsl"), [*linux_facts(python or interpreter_for(node)), *extra], []
+    return [], windows_facts(python or node.python), [f.name for f in extra]
 
 
-def facts_plan(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> str:
+def facts_plan(
+    node: Node, transport: Transport, extra: Sequence[Fact[Any]] = (), *, python: str | None = None
+) -> str:
     """The exact script `facts`/`check` run on the node (for --dry-run); markers carry a random
     token per run where this shows TOKEN."""
     platform = transport.platform
     if node.os == "windows" and isinstance(platform, (PowerShell, WslShell)):
-        windows, own, _ = _windows_plan(node, platform, extra)
+        windows, own, _ = _windows_plan(node, platform, extra, python)
         script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], "TOKEN"))
         if isinstance(platform, WslShell):
             ps = platform.windows
             windows_side = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows], "TOKEN"))
             return f"{windows_side}\n# then, inside the WSL distribution:\n{script}"
         return script
-    facts = [*linux_facts(interpreter_for(node)), *extra]
+    facts = [*linux_facts(python or interpreter_for(node)), *extra]
     return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], "TOKEN"))
 
 
-def _gather_windows(node: Node, transport: Transport, extra: Sequence[Fact[Any]]) -> FactSet:
+def _gather_windows(
+    node: Node, transport: Transport, extra: Sequence[Fact[Any]], python: str | None
+) -> FactSet:
     platform = transport.platform
-    windows, own, skipped = _windows_plan(node, platform, extra)
+    windows, own, skipped = _windows_plan(node, platform, extra, python)
     facts = gather(transport, own)
     if windows and getattr(transport, "run_windows", None) is not None:
         side = gather_windows_side(cast("RunsWindows", transport), windows)
@@ -96,15 +110,19 @@ def _gather_windows(node: Node, transport: Transport, extra: Sequence[Fact[Any]]
     return facts
 
 
-def inspect(node: Node, transport: Transport, extra: Sequence[Fact[Any]] = ()) -> NodeFacts:
-    """Connect, then gather the standard facts plus ``extra`` ones in the same round trip."""
+def inspect(
+    node: Node, transport: Transport, extra: Sequence[Fact[Any]] = (), *, python: str | None = None
+) -> NodeFacts:
+    """Connect, then gather the standard facts plus ``extra`` ones in the same round trip.
+
+    ``python``: the interpreter whose Python and torch are reported (default: the node's own)."""
     start = time.monotonic()
     transport.connect()
     connected = time.monotonic() - start
     if node.os == "windows" and isinstance(transport.platform, (PowerShell, WslShell)):
-        facts = _gather_windows(node, transport, extra)
+        facts = _gather_windows(node, transport, extra, python)
     else:
-        facts = gather(transport, [*linux_facts(interpreter_for(node)), *extra])
+        facts = gather(transport, [*linux_facts(python or interpreter_for(node)), *extra])
     return NodeFacts(
         via=transport.describe(),
         facts=facts,

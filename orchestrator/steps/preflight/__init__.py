@@ -15,7 +15,7 @@ from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.steps.inspect import NodeFacts as InspectedNode
-from orchestrator.steps.inspect import inspect, interpreter_for
+from orchestrator.steps.inspect import inspect, interpreter_for, training_python
 from orchestrator.steps.preflight.checks import (
     ClockSample,
     NodeFacts,
@@ -145,7 +145,9 @@ def gather_node_facts(
     """Connect and gather `inspect`'s facts plus the preflight's, one round trip per node."""
     master = inventory.master_node
     inspected = session.map(
-        lambda node, transport: inspect(node, transport, preflight_facts(node, master)),
+        lambda node, transport: inspect(
+            node, transport, preflight_facts(node, master), python=training_python(node, inventory)
+        ),
         step="check",
         connect=False,
     )
