@@ -23,7 +23,7 @@ from orchestrator.cli.main import (
     cli,
     common_options,
 )
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.session import Session
@@ -84,6 +84,15 @@ def run_sync(
             return ExitCode.USAGE
         ui.note("no cluster.env in the inventory: environment sync skipped")
         do_env = False
+    if do_code:
+        from orchestrator.steps.codesync import code_source
+
+        source = code_source(inventory.cluster)
+        if not source.is_dir():  # before any node is contacted (and before the environment work)
+            raise UsageError(
+                f"code.source {source} is not a directory",
+                hint="set cluster.code.source to your project directory (relative to the current one)",
+            )
     if do_env:
         specs = resolve_specs(inventory, nodes)  # a bad env section stops here, exit 2, nothing contacted
         for spec in specs.values():
