@@ -50,6 +50,9 @@ def require_cluster_support() -> None:
         pytest.skip(reason)
 
 
+CHRONY_DIRS = ("/etc/chrony", "/run/chrony", "/var/lib/chrony")
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceCluster]:
     """Three hosts (node1..node3) reachable over SSH from ``cluster.controller_ns``.
@@ -59,7 +62,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
     directory ("cluster0") for post-mortem reading.
     """
     require_cluster_support()
-    ns_cluster = NamespaceCluster(3, workdir=tmp_path_factory.mktemp("cluster"))
+    # chrony's files per host: the main pipeline configures time sync on the nodes, and the hosts
+    # otherwise share this machine's /etc/chrony
+    ns_cluster = NamespaceCluster(3, workdir=tmp_path_factory.mktemp("cluster"), private_dirs=CHRONY_DIRS)
     try:
         ns_cluster.start()
         yield ns_cluster
