@@ -30,10 +30,10 @@ from orchestrator.errors import (
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.logs import RunLog, new_run_id, state_dir
-from orchestrator.platforms import PosixShell, check_env_name, platform_for
+from orchestrator.platforms import PosixShell, PowerShell, check_env_name, platform_for_node
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, interpreter_for
+from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -232,6 +232,7 @@ _STATUS = {
     "CancelledError": "cancelled",
     "CommandTimeoutError": "timeout",
     "SudoPasswordRequiredError": "sudo refused",
+    "ConnectError": "connection failed",
 }
 
 
@@ -300,8 +301,9 @@ class _Group(click.Group):
 @click.option(
     "--skip-validate", is_flag=True, help="Main pipeline: launch without the all_reduce validation first."
 )
+@click.option("--detach", is_flag=True, help="Main pipeline: train detached (see `launch --detach`).")
 @click.pass_context
-def cli(ctx: click.Context, force: bool, skip_validate: bool) -> None:
+def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> None:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
     Without a command: the main pipeline: the preflight (`check`), then, when every check passes
@@ -337,7 +339,7 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool) -> None:
             ui.error("not launching: validation failed (see above; --skip-validate launches anyway)")
     if launched:
         try:
-            _launch(ctx, settings, inventory, run_id=None, templates_dir=None)
+            _launch(ctx, settings, inventory, run_id=None, templates_dir=None, detach=detach)
         except click.exceptions.Exit as done:
             code = ExitCode(done.exit_code)
     if ui.collected is not None:
@@ -387,7 +389,12 @@ def _check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitC
         # the facts round trip; then `date` samples and the reachability probes (listeners, connects)
         master = inventory.master_node
         _dry_run(
-            settings, inventory, nodes, lambda node, t: [facts_plan(node, t, preflight_facts(node, master))]
+            settings,
+            inventory,
+            nodes,
+            lambda node, t: [
+                facts_plan(node, t, preflight_facts(node, master), python=training_python(node, inventory))
+            ],
         )
         return ExitCode.OK
 
@@ -556,6 +563,13 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
         os_text = os_info.pretty_name if os_info else "?"
         if kernel:
             os_text += f" ({kernel.machine})"
+        windows, modes = facts.get("windows"), facts.get("modes")
+        if windows is not None:  # native: Windows itself; WSL mode: the distribution on it
+            build = f"{windows.build}" + (f".{windows.ubr}" if windows.ubr is not None else "")
+            shown = f"{windows.caption} (build {build})"
+            os_text = f"{os_text} in WSL on {shown}" if os_info else shown
+        if modes is not None:
+            os_text += "; modes: " + (", ".join(modes.modes) or "none")
         torch_text = "-"
         if python is None:
             py_text = Text(f"{node.python or 'python3'} not found", style="yellow")
@@ -916,7 +930,7 @@ def render(
             backend = "gloo"
             ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
         interfaces: dict[str, tuple[str | None, str | None]] = {}
-        pythons = {n.name: interpreter_for(n) for n in all_nodes}
+        pythons = {n.name: training_python(n, inventory) for n in all_nodes}
         master_addr = "127.0.0.1" if len(all_nodes) == 1 else master.host
         specs = plan_launch(
             inventory,
@@ -941,14 +955,20 @@ def render(
         backend = launch_plan.backend
         ui.note(f"backend: {launch_plan.backend_reason}")
         specs = launch_plan.specs
-    platforms = {n.name: platform_for(n.os) for n in all_nodes}
+    # WSL-mode Windows nodes render the Linux torchrun script (it runs inside the distribution)
+    platforms = {n.name: platform_for_node(n) for n in all_nodes}
     shown = {n.name for n in selected}
     specs = [s for s in specs if s.node.name in shown]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, text in render_all(renderer, specs, platforms, mask=False).items():
-            path = out_dir / f"{name}.sh"
-            path.write_text(text)
+            platform = platforms[name]
+            if isinstance(platform, PowerShell):  # UTF-8 with BOM: Windows PowerShell 5.1 needs it
+                path = out_dir / f"{name}.ps1"
+                path.write_bytes(platform.script_file(text))
+            else:
+                path = out_dir / f"{name}.sh"
+                path.write_text(text)
             path.chmod(0o700)  # may hold the run's environment: owner only
             ui.info(f"wrote {path}")
     scripts = render_all(renderer, specs, platforms, mask=True)
@@ -970,8 +990,14 @@ def render(
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Your template directory, searched before the shipped templates.",
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Start every node's launcher in the background (it survives this command and the "
+    "connection), print the run id and exit; follow with `logs --run RUN --follow`.",
+)
 @click.pass_context
-def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None) -> None:
+def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, detach: bool) -> None:
     """Start training on every node and stream every rank's output as `[node:rank] line`.
 
     Renders each node's torchrun script (see `render`), uploads it with the training script, runs all
@@ -981,7 +1007,7 @@ def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None) -
     """
     settings = Settings.from_context(ctx)
     inventory, _ = _load(settings)
-    _launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir)
+    _launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
 
 
 def _launch(
@@ -991,6 +1017,7 @@ def _launch(
     *,
     run_id: str | None,
     templates_dir: Path | None,
+    detach: bool = False,
 ) -> None:
     import time as _time
 
@@ -1023,6 +1050,13 @@ def _launch(
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
         specs = {s.node.name: s for s in launch_plan.specs}
+        from orchestrator.steps.runs import check_run_id, write_record
+
+        write_record(Path("runs") / check_run_id(run_id), run_id, launch_plan.specs, detached=detach)
+        if detach:
+            from orchestrator.cli.runs import start_detached
+
+            start_detached(ctx, settings, session, launch_plan.specs, renderer, run_id)  # exits
         log = RunLog(Path("runs") / run_id)
         printer = ui.line_printer([n.name for n in nodes])
 

@@ -1,3 +1,528 @@
-"""`bootstrap` subcommands of this area (registered on import by orchestrator/cli/__init__.py)."""
+"""`bootstrap logs / status / stop / fetch` and `launch --detach`: working with a run after it started.
+
+Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is the newest run under
+./runs); the nodes come from the inventory (``--nodes`` narrows them).
+"""
 
 from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.main import (
+    Settings,
+    _dry_run,
+    _error_dict,
+    _fail_lines,
+    _interrupted,
+    _load,
+    _session,
+    cli,
+    common_options,
+)
+from orchestrator.errors import ExitCode
+from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.logs import RunLog
+from orchestrator.platforms import PosixShell
+from orchestrator.steps.inspect import interpreter_for
+from orchestrator.steps.launch import run_dir_for, run_marker, split_rank
+from orchestrator.steps.runs import (
+    FOLLOW_PROGRAM,
+    RUNS_ROOT,
+    FollowResult,
+    NodeStatus,
+    Started,
+    StopResult,
+    fetch_node,
+    first_ranks,
+    follow_node,
+    resolve_run,
+    start_node,
+    status_node,
+    stop_node,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.session import Session
+
+_RUN_HELP = "Run id (default: latest, the newest run under ./runs)."
+
+
+def _again(settings: Settings, command: str, run_id: str) -> str:
+    """The command line a user types next for this run (same inventory)."""
+    inventory = f" -i {shlex.quote(str(settings.inventory))}" if settings.inventory else ""
+    return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
+
+
+def _posix_plan(fn: Any) -> Any:
+    """For --dry-run: the platform text of a run command (Linux nodes)."""
+
+    def plan(node: Any, transport: Any) -> list[str]:
+        platform = transport.platform
+        if not isinstance(platform, PosixShell):
+            return [f"# {platform.name} nodes: not supported yet"]
+        return [fn(node, platform)]
+
+    return plan
+
+
+# -- launch --detach ---------------------------------------------------------------------------------
+
+
+def start_detached(
+    ctx: click.Context,
+    settings: Settings,
+    session: Session,
+    specs: Sequence[LaunchSpec],
+    renderer: Renderer,
+    run_id: str,
+) -> None:
+    """Start every node's launcher detached; all or nothing: when one fails to start, the ones that
+    did are stopped again. Exits (ctx.exit) with the command's code."""
+    ui = settings.ui
+    by_name = {s.node.name: s for s in specs}
+    try:
+        outcomes = session.map(
+            lambda node, t: start_node(node, t, by_name[node.name], renderer=renderer), step="start"
+        )
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    failed = [o for o in outcomes if not o.ok]
+    undone: list[Outcome[StopResult]] = []
+    if failed:
+        started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]
+        if started:
+            undone = session.map(lambda n, t: stop_node(n, t, run_id), step="stop", nodes=started)
+    code = exit_code_for(outcomes)
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "launch",
+                "run_id": run_id,
+                "detached": True,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        "pid": o.value.pid if isinstance(o.value, Started) else None,
+                        "run_dir": o.value.run_dir if isinstance(o.value, Started) else None,
+                    }
+                    for o in outcomes
+                ],
+                "stopped_again": [o.node for o in undone if o.ok],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    if failed:
+        _fail_lines(ui, failed)
+        if undone:
+            ui.error(
+                "not started on every node: stopped it again on "
+                + ", ".join(f"{o.node} ({o.value.describe() if o.value else o.error})" for o in undone)
+            )
+        ctx.exit(int(code))
+    for o in outcomes:
+        if isinstance(o.value, Started):
+            ui.note(f"{o.node}: launcher pid {o.value.pid}, log {o.value.node_log}")
+    ui.info(f"run {run_id} started detached on {len(outcomes)} node(s); it keeps running without us")
+    ui.info(f"  follow: {_again(settings, 'logs', run_id)} --follow")
+    ui.info(f"  status: {_again(settings, 'status', run_id)}")
+    ui.info(f"  stop:   {_again(settings, 'stop', run_id)}")
+    ui.print_text(run_id)
+    ctx.exit(int(ExitCode.OK))
+
+
+# -- logs ----------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@common_options
+@click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming until every node's launcher has ended.")
+@click.pass_context
+def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
+    """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
+
+    Each node's log is read from its start; with --follow it streams until every launcher has ended
+    and its log is read to the end (exit code 1 when a node's training did not exit 0). A dropped
+    connection is reopened and reading resumes at the byte after the last complete line: no line is
+    lost or printed twice.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    run_id = resolve_run(run_arg)
+    if settings.dry_run:
+        _dry_run(
+            settings,
+            inventory,
+            nodes,
+            _posix_plan(
+                lambda node, p: p.tail_log_python(
+                    interpreter_for(node),
+                    FOLLOW_PROGRAM,
+                    run_dir_for(node, run_id),
+                    f"{run_dir_for(node, run_id)}/node.log",
+                    0,
+                    follow=follow,
+                    interval=0.02,
+                )
+            ),
+        )
+        return
+    ranks = first_ranks(inventory)
+    directory = RUNS_ROOT / run_id
+    run_log = RunLog(directory)
+    for node in nodes:  # the node's log is read from its start: the copy here is written anew
+        run_log.path(node.name).unlink(missing_ok=True)
+    printer = ui.line_printer([n.name for n in nodes])
+
+    def on_line(node: str, line: str) -> None:
+        local_rank, text = split_rank(line)
+        run_log.write(node, line)
+        if not settings.json_mode:
+            printer.write_rank(node, None if local_rank is None else ranks[node] + local_rank, text)
+
+    def on_note(node: str, message: str) -> None:
+        ui.note(f"{node}: {message}")
+
+    session = _session(settings, inventory, nodes)
+    try:
+        with session:
+            outcomes = session.map(
+                lambda node, t: follow_node(
+                    node,
+                    t,
+                    run_id,
+                    follow=follow,
+                    on_line=on_line,
+                    on_note=on_note,
+                    python=interpreter_for(node),  # the run's own: it is there
+                ),
+                step="logs",
+            )
+    except KeyboardInterrupt:
+        run_log.close()
+        ui.note(f"the run goes on; stop it with: {_again(settings, 'stop', run_id)}")
+        _interrupted(ui)
+    finally:
+        run_log.close()
+    code = exit_code_for(outcomes)
+    ended_badly = any(isinstance(o.value, FollowResult) and o.value.exit_code != 0 for o in outcomes)
+    if follow and code == ExitCode.OK and ended_badly:
+        code = ExitCode.NODES_FAILED
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "logs",
+                "run_id": run_id,
+                "follow": follow,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        "exit_code": o.value.exit_code if o.value else None,
+                        "lines": o.value.lines if o.value else None,
+                        "bytes": o.value.offset if o.value else None,
+                        "reconnects": o.value.reconnects if o.value else None,
+                    }
+                    for o in outcomes
+                ],
+                "log_dir": str(directory),
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    _fail_lines(ui, outcomes)
+    if follow:
+        for o in outcomes:
+            if isinstance(o.value, FollowResult):
+                how = "was stopped" if o.value.exit_code is None else f"exited {o.value.exit_code}"
+                ui.note(f"{o.node}: training {how}")
+    if any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
+        ui.note(f"logs: {directory}/")
+    ctx.exit(int(code))
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def _gpu_text(status: NodeStatus) -> str:
+    if not status.gpus:
+        return "-"
+    return " ".join(
+        f"{g['index']}:{g['util_percent']:.0f}%" for g in status.gpus if g["util_percent"] is not None
+    )
+
+
+@cli.command()
+@common_options
+@click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.pass_context
+def status(ctx: click.Context, run_arg: str) -> None:
+    """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
+
+    One round trip per node. Runtime is measured on each node's own clock (from its launcher's
+    start to its exit, or to now). GPU utilisation shows where nvidia-smi exists.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    run_id = resolve_run(run_arg)
+    if settings.dry_run:
+        _dry_run(
+            settings,
+            inventory,
+            nodes,
+            _posix_plan(
+                lambda node, p: p.run_status(
+                    run_dir_for(node, run_id),
+                    run_marker(run_id, node.name),
+                    f"{run_dir_for(node, run_id)}/node.log",
+                )
+            ),
+        )
+        return
+    session = _session(settings, inventory, nodes)
+    try:
+        with ui.progress([n.name for n in nodes], "status") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(lambda node, t: status_node(node, t, run_id), step="status")
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    code = exit_code_for(outcomes)
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "status",
+                "run_id": run_id,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"run {run_id}"), title_justify="left")
+    for column in ("node", "state", "runtime", "gpu", "last line"):
+        table.add_column(column, overflow="ellipsis", no_wrap=column == "last line")
+    styles = {"running": "cyan", "exited": "green", "stopped": "yellow"}
+    for o in outcomes:
+        value = o.value
+        if value is None:
+            table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
+            continue
+        label = value.state if value.exit_code is None else f"{value.state} ({value.exit_code})"
+        style = "red" if value.exit_code not in (None, 0) else styles.get(value.state, "dim")
+        table.add_row(
+            Text(o.node),
+            Text(label, style=style),
+            _duration(value.runtime),
+            _gpu_text(value),
+            Text(value.last_line),
+        )
+    ui.print_table(table)
+    _fail_lines(ui, outcomes)
+    ctx.exit(int(code))
+
+
+# -- stop --------------------------------------------------------------------------------------------
+
+
+@cli.command()
+@common_options
+@click.option("--run", "run_arg", required=True, help="Run id to stop (`latest`: the newest under ./runs).")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0.1, max=60),
+    default=5.0,
+    show_default=True,
+    help="Seconds between SIGTERM and SIGKILL.",
+)
+@click.pass_context
+def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
+    """Stop every process of a run on every node: SIGTERM, then SIGKILL after --grace seconds.
+
+    The run's processes are those of its launcher's session (the launcher identified by its pid and
+    start time) and any carrying the run's marker in their environment: never another run's, never
+    one matched by name. Stopping a run that has ended says so and changes nothing.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    run_id = resolve_run(run_arg)
+    if settings.dry_run:
+        _dry_run(
+            settings,
+            inventory,
+            nodes,
+            _posix_plan(
+                lambda node, p: p.stop_run(
+                    run_dir_for(node, run_id), run_marker(run_id, node.name), grace=grace
+                )
+            ),
+        )
+        return
+    session = _session(settings, inventory, nodes)
+    try:
+        with ui.progress([n.name for n in nodes], "stop") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(lambda node, t: stop_node(node, t, run_id, grace=grace), step="stop")
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    code = exit_code_for(outcomes)
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "stop",
+                "run_id": run_id,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        **(
+                            {
+                                "state": o.value.state,
+                                "terminated": o.value.terminated,
+                                "killed": o.value.killed,
+                                "exit_code": o.value.exit_code,
+                            }
+                            if o.value
+                            else {}
+                        ),
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"stop {run_id}"), title_justify="left")
+    for column in ("node", "result"):
+        table.add_column(column)
+    for o in outcomes:
+        if o.value is None:
+            table.add_row(Text(o.node), Text("failed", style="red"))
+        else:
+            style = "green" if o.value.state == "stopped" else "dim"
+            table.add_row(Text(o.node), Text(o.value.describe(), style=style))
+    ui.print_table(table)
+    _fail_lines(ui, outcomes)
+    if code == ExitCode.OK and all(o.value is not None and o.value.state != "stopped" for o in outcomes):
+        ui.note("nothing was running: nothing changed")
+    ctx.exit(int(code))
+
+
+# -- fetch -------------------------------------------------------------------------------------------
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"
+
+
+@cli.command()
+@common_options
+@click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.argument("paths", nargs=-1, required=True)
+@click.pass_context
+def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
+    """Copy files or directories a run wrote on the nodes into runs/<run-id>/<node>/ here.
+
+    A relative PATH is looked for in the node's run directory, then in its code directory (where
+    the training script runs: checkpoints, profiler traces); an absolute one is taken as is.
+    Directories are copied with everything below them.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = _load(settings)
+    ui = settings.ui
+    run_id = resolve_run(run_arg)
+    code_dir = inventory.cluster.train.code_dir
+    if settings.dry_run:
+        from orchestrator.render import DEFAULT_WORKDIR
+
+        def listing(node: Any, p: PosixShell) -> str:
+            code = code_dir or f"{(node.workdir or DEFAULT_WORKDIR).rstrip('/')}/code"
+            run_dir = run_dir_for(node, run_id)
+            return p.list_files(
+                [[x] if x.startswith(("/", "~")) else [f"{run_dir}/{x}", f"{code}/{x}"] for x in paths]
+            )
+
+        _dry_run(settings, inventory, nodes, _posix_plan(listing))
+        return
+    session = _session(settings, inventory, nodes)
+    try:
+        with ui.progress([n.name for n in nodes], "fetch") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(
+                lambda node, t: fetch_node(
+                    node, t, run_id, paths, code_dir=code_dir, dest=RUNS_ROOT / run_id / node.name
+                ),
+                step="fetch",
+            )
+    except KeyboardInterrupt:
+        _interrupted(ui)
+    missing = [(o.node, f.path) for o in outcomes if o.value for f in o.value if f.source is None]
+    code = exit_code_for(outcomes)
+    if code == ExitCode.OK and missing:
+        code = ExitCode.NODES_FAILED
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "fetch",
+                "run_id": run_id,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": _error_dict(o.error),
+                        "paths": [vars(f) for f in o.value] if o.value else [],
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"fetch {run_id}"), title_justify="left")
+    for column in ("node", "path", "files", "size", "copied to"):
+        table.add_column(column)
+    for o in outcomes:
+        for f in o.value or []:
+            if f.source is None:
+                table.add_row(Text(o.node), Text(f.path), Text("missing", style="red"), "-", "-")
+            else:
+                table.add_row(Text(o.node), Text(f.path), str(f.files), _size(f.bytes), Text(f.local))
+    ui.print_table(table)
+    _fail_lines(ui, outcomes)
+    for node, path in missing:
+        ui.error(f"node {node!r}: {path} not found in the run directory or the code directory")
+    ctx.exit(int(code))

@@ -138,12 +138,16 @@ class LinePrinter:
                 label = f"\x1b[{self._colours[name]}m{label}\x1b[0m"
             self.prefixes[name] = label + " "
         self.err_mark = "\x1b[31m!\x1b[0m " if color else ""
+        self._heads: dict[tuple[str, int | None], str] = {}
 
     def write_rank(self, node: str, rank: int | None, line: str) -> None:
         """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
-        label = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
-        colour = self._colours.get(node)
-        head = f"\x1b[{colour}m{label}\x1b[0m " if colour else label + " "
+        head = self._heads.get((node, rank))
+        if head is None:  # built once per node and rank: this runs for every line of a training log
+            label = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
+            colour = self._colours.get(node)
+            head = f"\x1b[{colour}m{label}\x1b[0m " if colour else label + " "
+            self._heads[(node, rank)] = head
         with self._lock:
             self.stream.write(head + line + "\n")
             self.stream.flush()

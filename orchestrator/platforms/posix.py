@@ -256,7 +256,8 @@ class PosixShell(Platform):
         awk = (
             "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
             ' printf "%.0f %s\\n", e, $0; o = e }'
-            ' END { printf "%.0f\\n", o > "/dev/stderr" }'
+            # "@@.": this chunk's last line is complete (the reader holds each line until more comes)
+            ' END { print "@@."; printf "%.0f\\n", o > "/dev/stderr" }'
         )
         return (
             self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"
@@ -268,13 +269,27 @@ class PosixShell(Platform):
             '  if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
             '  size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
             '  if [ "$size" -gt "$off" ]; then\n'
-            '    off=$(tail -c +$((off + 1)) "$f" 2>/dev/null | head -c $((size - off)) 2>/dev/null'
+            # awk stops at the first line ending past $size (bytes written after it was measured)
+            '    off=$(tail -c +$((off + 1)) "$f" 2>/dev/null'
             f' | LC_ALL=C awk -v o="$off" -v size="$size" -v fin="$fin" {self.quote(awk)} 2>&1 >&4)\n'
             "  fi\n"
             '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
             "done\n"
             'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
             'echo "@@end ${rc:-none} $off"'
+        )
+
+    def tail_log_python(
+        self, python: str, program: str, run_dir: str, log: str, offset: int, *, follow: bool, interval: float
+    ) -> str:
+        """``tail_log`` done by one Python process on the node (the interpreter the run uses): no
+        process per poll, so lines arrive within ``interval`` even on a busy node. ``program``
+        speaks the same protocol (steps/runs.py FOLLOW_PROGRAM)."""
+        return (
+            f"d={self.path_word(run_dir)}\n"
+            'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
+            f"exec {self.quote(python)} -c {self.quote(program)} {self.path_word(log)}"
+            f' {self.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g}'
         )
 
     def list_files(self, candidates: Sequence[Sequence[str]]) -> str:

@@ -8,6 +8,7 @@ each remote process group; see PosixShell.stop_on_hangup).
 
 from __future__ import annotations
 
+import posixpath
 import re
 import tempfile
 from collections.abc import Callable
@@ -16,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import CancelledError, CommandFailedError, UsageError
-from orchestrator.platforms import PosixShell
+from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import packaged_example
-from orchestrator.steps.inspect import interpreter_for
+from orchestrator.steps.inspect import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
 
@@ -52,6 +53,10 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     verdicts = check_interfaces(facts, master.name, single=single)
     warnings = [f"node {n!r}: {v.reason} ({v.fix})" for n, v in verdicts.items() if v.level == "fail"]
     interfaces = {n: (v.data.get("gloo_socket_ifname"), v.data.get("source")) for n, v in verdicts.items()}
+    pythons = {n.name: training_python(n, inventory) for n in inventory.nodes}
+    for node in inventory.nodes:
+        if node.os == "windows" and node.windows.mode == "native":
+            _native_windows_plan(node, inspected, interfaces, pythons, warnings)
     master_verdict = verdicts.get(master.name)
     master_addr = (
         "127.0.0.1" if single else master_verdict.data.get("master_address") if master_verdict else None
@@ -69,9 +74,35 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         run_id=run_id,
         interfaces=interfaces,
         cpus=cpus,
-        pythons={n.name: interpreter_for(n) for n in inventory.nodes},
+        pythons=pythons,
     )
     return LaunchPlan(specs, backend, why, inspected, warnings)
+
+
+def _native_windows_plan(
+    node: Node,
+    inspected: list[Outcome[NodeFacts]],
+    interfaces: dict[str, tuple[str | None, str | None]],
+    pythons: dict[str, str],
+    warnings: list[str],
+) -> None:
+    """A native Windows node: its facts have no route to the master yet (those are POSIX commands),
+    so GLOO_SOCKET_IFNAME is the inventory's ``interface:`` (the adapter's friendly name, which gloo
+    matches exactly on Windows); the interpreter is the Windows Python the facts found (``python3``,
+    the POSIX default, is usually the Store stub there)."""
+    warnings[:] = [w for w in warnings if not w.startswith(f"node {node.name!r}: ")]
+    if not (interfaces.get(node.name) or (None, None))[0]:
+        interfaces[node.name] = (node.interface, None)
+        if not node.interface:
+            warnings.append(
+                f"node {node.name!r}: native Windows: no GLOO_SOCKET_IFNAME (gloo may bind the wrong "
+                "adapter; set interface: to the adapter's name as Get-NetAdapter shows it, e.g. Ethernet)"
+            )
+    if node.python is None:
+        found = next((o.value for o in inspected if o.node == node.name and o.value is not None), None)
+        python = found.facts.get("python") if found is not None else None
+        path = getattr(python, "path", None)
+        pythons[node.name] = path if isinstance(path, str) and path else "python"
 
 
 def local_script(script: str) -> Path | None:
@@ -103,21 +134,29 @@ def run_dir_for(node: Node, run_id: str) -> str:
     return f"{workdir.rstrip('/')}/runs/{run_id}/{node.name}"
 
 
-def run_node(
+#: torchrun copies its workers' output with write() and never flushes: into a pipe, Python buffers
+#: 8 KiB, and lines would reach the controller minutes late. Unbuffered, each arrives as printed.
+STREAMING_ENV = {"PYTHONUNBUFFERED": "1"}
+
+
+def run_marker(run_id: str, node_name: str) -> str:
+    """What every process of one node's part of a run carries in PosixShell.RUN_MARKER_ENV: how
+    `stop` finds them (never by a name pattern that could hit another run)."""
+    return f"{run_id}/{node_name}"
+
+
+def prepare_node(
     node: Node,
     transport: Transport,
     spec: LaunchSpec,
     *,
     renderer: Renderer,
-    on_line: Callable[[str, str], None],
     template: str | None = None,
     script_file: Path | None = None,
-) -> NodeRunResult:
-    """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
+) -> tuple[PosixShell, str, str]:
+    """Create the node's run directory, upload its launch script and the training script.
 
-    ``template``: another launch template than the platform's default (validation uses one);
-    ``script_file``: a local file uploaded to ``spec.script`` (an absolute path on the node) instead
-    of the training script.
+    Returns (platform, run directory, node log path).
     """
     platform = transport.platform
     if not isinstance(platform, PosixShell):
@@ -142,9 +181,89 @@ def run_node(
         transport.put(launch_file, f"{run_dir}/launch.sh", mode=0o700)
     if source is not None:
         transport.put(source, target_script)
+    return platform, run_dir, f"{run_dir}/node.log"
+
+
+_WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2})")
+
+
+def prepare_windows_node(
+    node: Node,
+    transport: Transport,
+    platform: PowerShell,
+    spec: LaunchSpec,
+    *,
+    renderer: Renderer,
+    template: str | None = None,
+    script_file: Path | None = None,
+) -> tuple[str, str]:
+    """A native Windows node: create the run directory, upload ``launch.ps1`` (UTF-8 with BOM, which
+    Windows PowerShell 5.1 needs) and the training script. Returns (command, node log path).
+
+    The command runs the script in the WinRS PowerShell itself (``& path -Log node.log``): its
+    ``exit N`` becomes the command's exit code, ``~`` paths resolve on the node (``-File`` would
+    need an absolute path), and deleting the shell (cancel, fail fast) ends every rank with it (the
+    shell's job object). The script writes node.log and node.log.rc itself: its rank output goes to
+    the console handles, past PowerShell's pipeline, where Tee-Object would not see it.
+    """
+    run_dir = run_dir_for(node, spec.run_id)
+    absolute = bool(_WINDOWS_ABSOLUTE.match(spec.script))
+    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
+    target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
+    parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
+    prepare = transport.run(platform.mkdir(run_dir) + "\n" + platform.mkdir(parent), timeout=60)
+    if not prepare.ok:
+        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
+    launch = f"{run_dir}/launch.ps1"
+    with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
+        launch_file = Path(tmp) / "launch.ps1"
+        launch_file.write_bytes(platform.script_file(renderer.render(spec, platform, template=template)))
+        transport.put(launch_file, launch)
+    if source is not None:
+        transport.put(source, target_script)
     node_log = f"{run_dir}/node.log"
-    command = platform.logged(platform.run_script(f"{run_dir}/launch.sh"), node_log)
-    result = transport.run(command, on_line=lambda stream, line: on_line(node.name, line), keep_lines=200)
+    return f"{platform.run_script(launch)} -Log {platform.path_word(node_log)}", node_log
+
+
+def run_node(
+    node: Node,
+    transport: Transport,
+    spec: LaunchSpec,
+    *,
+    renderer: Renderer,
+    on_line: Callable[[str, str], None],
+    template: str | None = None,
+    script_file: Path | None = None,
+) -> NodeRunResult:
+    """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
+
+    ``template``: another launch template than the platform's default (validation uses one);
+    ``script_file``: a local file uploaded to ``spec.script`` (an absolute path on the node) instead
+    of the training script.
+    """
+    if isinstance(transport.platform, PowerShell):
+        command, node_log = prepare_windows_node(
+            node,
+            transport,
+            transport.platform,
+            spec,
+            renderer=renderer,
+            template=template,
+            script_file=script_file,
+        )
+    else:
+        platform, run_dir, node_log = prepare_node(
+            node, transport, spec, renderer=renderer, template=template, script_file=script_file
+        )
+        # pid file + marker: `bootstrap stop/status/logs --run` work on foreground runs too
+        command = (
+            platform.run_identity(run_dir, run_marker(spec.run_id, node.name))
+            + "\n"
+            + platform.logged(platform.run_script(f"{run_dir}/launch.sh"), node_log)
+        )
+    result = transport.run(
+        command, env=STREAMING_ENV, on_line=lambda stream, line: on_line(node.name, line), keep_lines=200
+    )
     if result.exit_code is None:
         # our own connection was closed: another node failed (fail fast) or the user interrupted
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")
@@ -163,6 +282,8 @@ def run_node(
 
 def split_rank(line: str) -> tuple[int | None, str]:
     """``[default3]:text`` -> (3, "text"); torchrun's own lines have no rank."""
+    if not line.startswith("[default"):  # every line of a log passes here: skip the regex when we can
+        return None, line
     match = _RANK_LINE.match(line)
     if match is None:
         return None, line

@@ -1,0 +1,344 @@
+"""Log streaming benchmark: lines/s from 4 nodes printing as fast as they can, lines lost, latency.
+
+Builds a 4-host namespace cluster (tests/cluster.py: real sshd per host). Every node runs a printer
+that writes numbered lines carrying the time they were printed (``I TIMESTAMP padding``), as fast
+as Python can. The controller checks the numbering (lost, duplicated or reordered lines) and, since
+the namespaces share one clock, the latency from print to arrival. Paths measured:
+
+  - ``ssh``: the baseline, OpenSSH's client running the printer on each node (``ssh node script``),
+    its stdout read line by line here
+  - ``launch``: bootstrap's foreground streaming path as `launch` uses it: the script run through
+    the platform's logged() (tee into node.log) and stop-on-hangup wrappers over our SSH transport,
+    each line through LineSplitter -> split_rank -> the controller log (RunLog) -> the UI's
+    LinePrinter (to /dev/null: a terminal's speed is not ours to measure)
+  - ``logs``: `bootstrap logs --follow` on a detached run: the printer started detached
+    (node.log on the node), its log tailed from byte offsets while it is written, by one Python
+    process on the node (what the CLI uses) and by the shell fallback (tail + awk per poll)
+
+Every path's per-line work on the controller includes parsing the number and timestamp (the same
+for the baseline). Targets (issue 7): >= 200k lines/s aggregate, 0 lost, p99 <= 100 ms, and
+throughput >= 0.8 x the baseline.
+
+    sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orchestrator.cli.ui import LinePrinter  # noqa: E402
+from orchestrator.logs import RunLog  # noqa: E402
+from orchestrator.platforms import PosixShell  # noqa: E402
+from orchestrator.steps.launch import run_dir_for, run_marker, split_rank  # noqa: E402
+from orchestrator.steps.runs import follow_node  # noqa: E402
+from orchestrator.transports import SSHOptions  # noqa: E402
+from orchestrator.transports.ssh import SSHTransport  # noqa: E402
+from tests import netns  # noqa: E402
+from tests.cluster import NamespaceCluster  # noqa: E402
+
+NODES = 4
+PRINTER = """\
+import sys, time
+n = int(sys.argv[1])
+rate = float(sys.argv[2])  # lines/s; 0: as fast as possible
+w = sys.stdout.write
+t = time.time
+pad = "x" * 40
+begin = t()
+for i in range(n):
+    w(f"{i} {t():.6f} {pad}\\n")
+    if rate and i % 50 == 49:
+        sys.stdout.flush()
+        ahead = begin + (i + 1) / rate - t()
+        if ahead > 0:
+            time.sleep(ahead)
+sys.stdout.flush()
+"""
+
+
+@dataclass
+class Tally:
+    """Per-node numbering check and latencies (one instance per node: no locking needed)."""
+
+    expected: int
+    next: int = 0
+    bad: int = 0  # out of order or duplicated
+    latencies: list[float] = field(default_factory=list)
+    last_at: float = 0.0
+
+    def line(self, text: str) -> None:
+        now = time.time()
+        number, stamp, _ = text.split(" ", 2)
+        i = int(number)
+        if i != self.next:
+            self.bad += 1
+        self.next = i + 1
+        self.latencies.append(now - float(stamp))
+        self.last_at = now
+
+    @property
+    def lost(self) -> int:
+        return self.expected - len(self.latencies)
+
+
+@dataclass
+class Row:
+    path: str
+    lines_per_s: float
+    lost: int
+    bad: int
+    p50_ms: float
+    p99_ms: float
+    cpu_us: float  # controller CPU (this process and the ssh clients) per line
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _summarise(path: str, tallies: list[Tally], start: float, cpu: float) -> Row:
+    end = max(t.last_at for t in tallies)
+    received = sum(len(t.latencies) for t in tallies)
+    every = sorted(x for t in tallies for x in t.latencies)
+    p50 = every[len(every) // 2] if every else float("nan")
+    p99 = every[min(len(every) - 1, int(len(every) * 0.99))] if every else float("nan")
+    return Row(
+        path,
+        received / (end - start) if end > start else 0.0,
+        sum(t.lost for t in tallies),
+        sum(t.bad for t in tallies),
+        p50 * 1000,
+        p99 * 1000,
+        (_cpu() - cpu) / received * 1e6 if received else float("nan"),
+    )
+
+
+def _parallel(fns: list[Callable[[], Any]]) -> None:
+    errors: list[BaseException] = []
+
+    def guard(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guard, args=(fn,)) for fn in fns]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def run_ssh(cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float) -> Row:
+    tallies = [Tally(lines) for _ in cluster.hosts]
+
+    def one(host: Any, tally: Tally) -> None:
+        argv = cluster.controller_argv(
+            [
+                "ssh",
+                "-i",
+                str(cluster.client_key),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                f"root@{host.addr}",
+                f"{sys.executable} {printer} {lines} {rate}",
+            ]
+        )
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for text in proc.stdout:
+                tally.line(text.rstrip("\n"))
+
+    start, cpu = time.time(), _cpu()
+    _parallel([lambda h=h, t=t: one(h, t) for h, t in zip(cluster.hosts, tallies, strict=True)])
+    return _summarise("ssh (baseline)", tallies, start, cpu)
+
+
+def _transports(cluster: NamespaceCluster, known: Path) -> list[SSHTransport]:
+    found = []
+    with netns.inside(cluster.controller_ns):
+        for host in cluster.hosts:
+            t = SSHTransport(
+                host.name,
+                PosixShell(),
+                host=host.addr,
+                port=None,
+                user="root",
+                key_file=str(cluster.client_key),
+                password=lambda: None,
+                options=SSHOptions(known_hosts=known, ssh_config=Path("/dev/null")),
+                identities_only=True,
+            )
+            t.connect()
+            found.append(t)
+    return found
+
+
+def run_launch(
+    cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float, tmp: Path
+) -> Row:
+    transports = _transports(cluster, known)
+    tallies = {h.name: Tally(lines) for h in cluster.hosts}
+    log = RunLog(tmp / "runs" / f"bench-{time.monotonic_ns()}")
+    with open(os.devnull, "w") as sink:
+        printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)
+
+        def on_line(node: str, line: str) -> None:  # what `launch` does with every line
+            local_rank, text = split_rank(line)
+            log.write(node, line)
+            printer_ui.write_rank(node, local_rank, text)
+            tallies[node].line(text)
+
+        def one(t: SSHTransport) -> None:
+            platform = t.platform
+            assert isinstance(platform, PosixShell)
+            node_log = str(tmp / f"{t.node_name}-node.log")
+            command = platform.logged(f"{sys.executable} {printer} {lines} {rate}", node_log)
+            result = t.run(command, on_line=lambda _s, line: on_line(t.node_name, line), keep_lines=200)
+            assert result.ok, result
+
+        start, cpu = time.time(), _cpu()
+        _parallel([lambda t=t: one(t) for t in transports])
+    log.close()
+    for t in transports:
+        t.close()
+    return _summarise("bootstrap launch", list(tallies.values()), start, cpu)
+
+
+def run_logs(
+    cluster: NamespaceCluster,
+    known: Path,
+    printer: Path,
+    lines: int,
+    rate: float,
+    tmp: Path,
+    python: str | None = sys.executable,
+) -> Row:
+    transports = _transports(cluster, known)
+    tallies = {h.name: Tally(lines) for h in cluster.hosts}
+    run_id = f"bench-{time.monotonic_ns()}"
+    log = RunLog(tmp / "runs" / run_id)
+    nodes = {h.name: SimpleNamespace(name=h.name, workdir=str(tmp / "work"), nproc=1) for h in cluster.hosts}
+    with open(os.devnull, "w") as sink:
+        printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)
+
+        def on_line(node: str, line: str) -> None:  # what `logs` does with every line
+            local_rank, text = split_rank(line)
+            log.write(node, line)
+            printer_ui.write_rank(node, local_rank, text)
+            tallies[node].line(text)
+
+        for t in transports:
+            run_dir = run_dir_for(nodes[t.node_name], run_id)  # type: ignore[arg-type]
+            Path(run_dir).mkdir(parents=True)
+            Path(run_dir, "launch.sh").write_text(f"exec {sys.executable} {printer} {lines} {rate}\n")
+
+        errors: list[BaseException] = []
+
+        def one(t: SSHTransport) -> None:
+            try:
+                with netns.inside(cluster.controller_ns):
+                    follow_node(nodes[t.node_name], t, run_id, follow=True, on_line=on_line, python=python)  # type: ignore[arg-type]
+            except BaseException as exc:
+                errors.append(exc)
+
+        # followers first (they wait for the launcher), then every printer detached: latency is
+        # measured from print, not from whenever a follower happened to start
+        followers = [threading.Thread(target=one, args=(t,)) for t in transports]
+        start, cpu = time.time(), _cpu()
+        for thread in followers:
+            thread.start()
+        for t in transports:
+            platform = t.platform
+            assert isinstance(platform, PosixShell)
+            node = nodes[t.node_name]
+            run_dir = run_dir_for(node, run_id)  # type: ignore[arg-type]
+            started = t.run(
+                platform.start_detached(
+                    run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
+                )
+            )
+            assert started.ok, started
+        for thread in followers:
+            thread.join()
+        if errors:
+            raise errors[0]
+    log.close()
+    for t in transports:
+        t.close()
+    name = "bootstrap logs --follow" if python else "logs --follow (sh+awk)"
+    return _summarise(name, list(tallies.values()), start, cpu)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--lines", type=int, default=250_000, help="lines per node")
+    parser.add_argument("--runs", type=int, default=3, help="runs per path (the median run is shown)")
+    parser.add_argument(
+        "--rate", type=float, default=5000, help="lines/s per node for the latency phase (paced printers)"
+    )
+    args = parser.parse_args()
+    phases = {"as fast as possible": 0.0, f"paced, {args.rate:g} lines/s per node": args.rate}
+    results: dict[tuple[str, str], list[Row]] = {}
+    with tempfile.TemporaryDirectory(prefix="cb-bench-logs-") as tmp_name, NamespaceCluster(NODES) as cluster:
+        tmp = Path(tmp_name)
+        printer = tmp / "printer.py"
+        printer.write_text(PRINTER)
+        known = tmp / "known_hosts"
+        known.write_text(cluster.known_hosts_text())
+        for phase, rate in phases.items():
+            lines = args.lines if not rate else min(args.lines, int(rate * 5))  # paced: about 5 s
+            for _ in range(args.runs):
+                for row in (
+                    run_ssh(cluster, known, printer, lines, rate),
+                    run_launch(cluster, known, printer, lines, rate, tmp),
+                    run_logs(cluster, known, printer, lines, rate, tmp),
+                    run_logs(cluster, known, printer, lines, rate, tmp, python=None),
+                ):
+                    results.setdefault((phase, row.path), []).append(row)
+    print(f"\n{NODES} nodes, median of {args.runs} run(s); lines per node: {args.lines} (paced: 5 s worth)")
+    for phase in phases:
+        base = statistics.median(r.lines_per_s for r in results[(phase, "ssh (baseline)")])
+        print(f"\n{phase}")
+        print(
+            f"{'path':<26}{'lines/s':>12}{'lost':>6}{'misordered':>11}{'p50 ms':>9}{'p99 ms':>9}"
+            f"{'CPU us/line':>12}{'vs ssh':>8}"
+        )
+        for (ph, path), rows in results.items():
+            if ph != phase:
+                continue
+            row = sorted(rows, key=lambda r: r.lines_per_s)[len(rows) // 2]
+            print(
+                f"{path:<26}{row.lines_per_s:>12,.0f}{row.lost:>6}{row.bad:>11}"
+                f"{row.p50_ms:>9.1f}{row.p99_ms:>9.1f}{row.cpu_us:>12.1f}{row.lines_per_s / base:>8.2f}"
+            )
+    print("\ntargets: >= 200,000 lines/s, 0 lost, p99 <= 100 ms, >= 0.80 x ssh")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,557 @@
+"""A run after it started: detached start, logs from byte offsets, status, stop, fetch.
+
+A run is found on a node by its directory (``<workdir>/runs/<run-id>/<node>/``, see
+``launch.run_dir_for``): the launcher writes ``pid`` there (pid, session, start time), its output goes
+to ``node.log`` and its exit code to ``node.log.rc``. Its processes carry the run marker in their
+environment (``PosixShell.RUN_MARKER_ENV``), so ``stop`` finds exactly them: never a process of
+another run, never one matched by a name.
+
+``logs`` resumes from byte offsets: every line the node sends carries the offset just past it, the
+controller remembers the last complete line's, and after a dropped connection the tail restarts there.
+Nothing is lost and nothing is printed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import (
+    CancelledError,
+    CommandFailedError,
+    ConnectError,
+    UnreachableError,
+    UsageError,
+)
+from orchestrator.platforms import PosixShell
+from orchestrator.render import DEFAULT_WORKDIR
+from orchestrator.steps.launch import STREAMING_ENV, prepare_node, run_dir_for, run_marker
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.transports import Transport
+
+log = logging.getLogger(__name__)
+
+#: the controller's run directories (relative to the current directory, like launch's logs)
+RUNS_ROOT = Path("runs")
+RECORD = "run.json"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+# -- the controller's record of runs ---------------------------------------------------------------
+
+
+def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
+    """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
+    `fetch` find the latest run without being told."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    doc = {
+        "run_id": run_id,
+        "detached": detached,
+        "started": time.time(),
+        "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
+    }
+    tmp = directory / (RECORD + ".part")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, directory / RECORD)
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise UsageError(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (as `launch --run-id` does)"
+        )
+    return run_id
+
+
+def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
+    """``latest`` (or nothing): the newest run under ./runs; anything else is taken as a run id."""
+    if run not in (None, "", "latest"):
+        assert run is not None
+        return check_run_id(run)
+    candidates = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.is_dir() and _RUN_ID.match(entry.name):
+                stamp = entry / RECORD
+                candidates.append(((stamp if stamp.exists() else entry).stat().st_mtime, entry.name))
+    if not candidates:
+        raise UsageError(
+            f"no runs in {root.resolve()} (run ids are kept where `bootstrap launch` ran)",
+            hint="pass --run RUN-ID, or run this from the directory you launched from",
+        )
+    return max(candidates)[1]
+
+
+def first_ranks(inventory: Inventory) -> dict[str, int]:
+    """Global rank of each node's local rank 0: ranks follow inventory order (as plan_launch)."""
+    ranks, first = {}, 0
+    for node in inventory.nodes:
+        ranks[node.name] = first
+        first += node.nproc
+    return ranks
+
+
+def _posix(transport: Transport, node: Node) -> PosixShell:
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise UsageError(f"runs on {platform.name} nodes are not supported yet", node=node.name)
+    return platform
+
+
+# -- detached start ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Started:
+    pid: int
+    run_dir: str
+    node_log: str
+
+
+def start_node(node: Node, transport: Transport, spec: LaunchSpec, *, renderer: Renderer) -> Started:
+    """Upload the node's scripts and start its launcher in a session of its own (survives us)."""
+    platform, run_dir, node_log = prepare_node(node, transport, spec, renderer=renderer)
+    marker = run_marker(spec.run_id, node.name)
+    result = transport.run(
+        platform.start_detached(run_dir, f"{run_dir}/launch.sh", node_log, marker),
+        env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
+        timeout=60,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("@@started "):
+            return Started(int(line.split()[1]), run_dir, node_log)
+        if line.startswith("@@started-before "):
+            raise CommandFailedError(
+                f"run {spec.run_id} was already started on this node ({run_dir}/pid exists)",
+                node=node.name,
+                hint="pick another --run-id",
+            )
+    raise CommandFailedError(
+        f"the launcher did not start (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+        node=node.name,
+        result=result,
+    )
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+
+#: The node side of `logs` when the node's Python is known (PosixShell.tail_log_python): bytes of the
+#: log from an offset, complete lines only, as "END TEXT" (END: offset just past the line), "@@." after
+#: each batch, "@@end CODE|none OFFSET" last. A last line without its newline is sent only once the
+#: launcher has ended. Same protocol as the shell/awk version (PosixShell.tail_log).
+FOLLOW_PROGRAM = r"""
+import os, sys, time
+path, rc_path, pid_path = sys.argv[1:4]
+offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
+out = sys.stdout.buffer
+BLOCK = 1 << 22
+
+def ended():
+    if os.path.exists(rc_path):
+        return True
+    try:
+        with open(pid_path) as fh:
+            pid, _sid, start = fh.read().split()[:3]
+    except (OSError, ValueError):
+        return False
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] == b"Z" or fields[19].decode() != start
+
+f = None
+while True:
+    fin = ended()
+    if f is None and os.path.exists(path):
+        f = open(path, "rb")
+    while f is not None:
+        size = os.fstat(f.fileno()).st_size
+        if size <= offset:
+            break
+        f.seek(offset)
+        data = f.read(min(size - offset, BLOCK))
+        cut = data.rfind(b"\n") + 1
+        if fin and len(data) == size - offset:
+            cut = len(data)  # the launcher has ended: a last line without newline is final
+        elif cut == 0:
+            if len(data) < BLOCK:
+                break  # a line still being written: wait for its newline
+            cut = len(data)  # a line longer than a block: sent in pieces
+        lines = data[:cut].split(b"\n")
+        last = lines.pop()  # empty when the chunk ends with a newline
+        parts = []
+        for line in lines:
+            offset += len(line) + 1
+            parts.append(b"%d %s\n" % (offset, line))
+        if last:
+            offset += len(last)
+            parts.append(b"%d %s\n" % (offset, last))
+        parts.append(b"@@.\n")
+        out.write(b"".join(parts))
+        out.flush()
+    if fin or not follow:
+        break
+    time.sleep(interval)
+rc = "none"
+if os.path.exists(rc_path):
+    with open(rc_path) as fh:
+        rc = fh.read().strip() or "none"
+out.write(b"@@end %s %d\n" % (rc.encode(), offset))
+out.flush()
+"""
+
+
+@dataclass
+class FollowResult:
+    exit_code: int | None  # the launcher's, when it has ended with one
+    ended: bool  # the launcher is no longer running (exit code file, or its process gone)
+    offset: int  # bytes of node.log read (complete lines)
+    lines: int
+    reconnects: int
+
+
+def follow_node(
+    node: Node,
+    transport: Transport,
+    run_id: str,
+    *,
+    follow: bool,
+    on_line: Callable[[str, str], None],
+    on_note: Callable[[str, str], None] | None = None,
+    reconnect_for: float = 300.0,
+    python: str | None = None,
+    interval: float | None = None,
+) -> FollowResult:
+    """Stream the node's log of ``run_id`` to ``on_line(node, line)`` from the start; with ``follow``
+    until the launcher has ended and the log is read to its end.
+
+    A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
+    restarts from the offset of the last complete line delivered. ``python``: the node's interpreter
+    (the one the run uses): one Python process reads the log on the node (FOLLOW_PROGRAM) instead of
+    a shell loop running tail and awk at every poll. The line being received when the
+    connection dropped may have arrived cut: each line is held until the next line or marker proves
+    it complete (the node ends every chunk with a marker, so nothing waits for later output).
+    """
+    platform = _posix(transport, node)
+    run_dir = run_dir_for(node, run_id)
+    marker = run_marker(run_id, node.name)
+    offset = 0
+    lines = 0
+    reconnects = 0
+    held_end = -1  # the line received last, delivered once the next line or marker arrives
+    held_text = ""
+    markers: list[str] = []
+
+    def handle(stream: str, line: str) -> None:
+        nonlocal offset, lines, held_end, held_text
+        if stream != "stdout":
+            log.debug("%s: tail: %s", node.name, line)
+            return
+        if held_end > offset:  # never otherwise: the tail restarts exactly at ``offset``
+            offset = held_end
+            lines += 1
+            on_line(node.name, held_text)
+        held_end = -1
+        if line[:2] == "@@":
+            markers.append(line)
+            return
+        space = line.find(" ")
+        if space > 0 and line[:space].isdigit():
+            held_end, held_text = int(line[:space]), line[space + 1 :]
+
+    while True:
+        held_end = -1
+        markers.clear()
+        log_path = f"{run_dir}/node.log"
+        if python is not None:
+            script = platform.tail_log_python(
+                python, FOLLOW_PROGRAM, run_dir, log_path, offset, follow=follow, interval=interval or 0.02
+            )
+        else:
+            script = platform.tail_log(
+                run_dir, marker, log_path, offset, follow=follow, interval=interval or 0.05
+            )
+        try:
+            result = transport.run(script, on_line=handle, keep_lines=20)
+        except (UnreachableError, EOFError, OSError) as exc:
+            # EOFError/OSError: paramiko can raise them raw when the connection dies while it
+            # sends (a window adjust inside recv); the transport does not wrap those yet
+            log.info("%s: tail interrupted: %r", node.name, exc)
+            held_end = -1  # possibly cut by the drop: read again from ``offset``
+            reconnects += 1
+            if on_note is not None:
+                on_note(node.name, f"connection lost after byte {offset}; reconnecting")
+            _reconnect(transport, node, time.monotonic() + reconnect_for)
+            if on_note is not None:
+                on_note(node.name, f"reconnected; resuming at byte {offset}")
+            continue
+        if result.exit_code is None:
+            raise CancelledError("stopped following", node=node.name)
+        if "@@missing" in markers:
+            raise CommandFailedError(
+                f"no run {run_id} on this node ({run_dir} does not exist)",
+                node=node.name,
+                hint="check --run and that the inventory is the one the run was launched with",
+            )
+        end = next((m for m in markers if m.startswith("@@end ")), None)
+        if end is None and python is not None and result.exit_code == 127 and not markers:
+            log.info("%s: %s not found: reading the log with the shell instead", node.name, python)
+            python = None  # nothing was delivered: the shell reader starts at the same offset
+            continue
+        if end is None:
+            raise CommandFailedError(
+                f"reading {run_dir}/node.log failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+                node=node.name,
+                result=result,
+            )
+        words = end.split()
+        code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+        return FollowResult(
+            code, ended=follow or code is not None, offset=offset, lines=lines, reconnects=reconnects
+        )
+
+
+def _reconnect(transport: Transport, node: Node, deadline: float) -> None:
+    """Open the connection again, backing off, until it works or ``deadline`` passes."""
+    delay = 0.2
+    while True:
+        try:
+            transport.connect()
+            return
+        except CancelledError:
+            raise
+        except ConnectError:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.info("%s: reconnect failed; retrying in %.1fs", node.name, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeStatus:
+    state: str  # running / exited / stopped / not started / no run
+    exit_code: int | None = None
+    runtime: float | None = None
+    last_line: str = ""
+    log_bytes: int = 0
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def public_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["runtime"] = None if self.runtime is None else round(self.runtime, 1)
+        return doc
+
+
+def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
+    """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
+    platform = _posix(transport, node)
+    run_dir = run_dir_for(node, run_id)
+    result = transport.run(
+        platform.run_status(run_dir, run_marker(run_id, node.name), f"{run_dir}/node.log"), timeout=60
+    )
+    if not result.ok:
+        raise CommandFailedError(
+            f"status failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
+        )
+    return parse_status(result.stdout)
+
+
+def parse_status(stdout: str) -> NodeStatus:
+    values: dict[str, str] = {}
+    gpus: list[dict[str, Any]] = []
+    for line in stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if key == "gpu":
+            cells = [c.strip() for c in value.split(",")]
+            if len(cells) == 4:
+                gpus.append(
+                    {
+                        "index": cells[0],
+                        "util_percent": _num(cells[1]),
+                        "mem_used_mib": _num(cells[2]),
+                        "mem_total_mib": _num(cells[3]),
+                    }
+                )
+            continue
+        values[key] = value
+    if values.get("state") == "no-run":
+        return NodeStatus("no run")
+    now, started, ended = _num(values.get("now")), _num(values.get("started")), _num(values.get("ended"))
+    rc = values.get("rc")
+    code = int(rc) if rc is not None and rc.lstrip("-").isdigit() else None
+    if values.get("alive") == "1":
+        state = "running"
+        runtime = now - started if now is not None and started is not None else None
+    elif rc is not None:
+        state = "exited"
+        runtime = ended - started if ended is not None and started is not None else None
+    elif started is not None:
+        state = "stopped"  # its process is gone without writing an exit code: killed
+        runtime = None
+    else:
+        state = "not started"
+        runtime = None
+    from orchestrator.steps.launch import split_rank
+
+    return NodeStatus(
+        state,
+        exit_code=code,
+        runtime=runtime,
+        last_line=split_rank(values.get("last", ""))[1],
+        log_bytes=int(_num(values.get("size")) or 0),
+        gpus=gpus,
+    )
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+# -- stop --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StopResult:
+    state: str  # stopped / exited / gone / not started / no run
+    terminated: int = 0  # processes sent SIGTERM
+    killed: int = 0  # of those, still there after the grace period: SIGKILL
+    exit_code: int | None = None
+
+    def describe(self) -> str:
+        if self.state == "stopped":
+            extra = f", {self.killed} needed SIGKILL" if self.killed else ""
+            return f"stopped {self.terminated} process(es){extra}"
+        if self.state == "exited":
+            return f"nothing to stop: exited with code {self.exit_code}"
+        if self.state == "gone":
+            return "nothing to stop: its processes are gone"
+        if self.state == "not started":
+            return "nothing to stop: never started here"
+        return "nothing to stop: no such run on this node"
+
+
+def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5.0) -> StopResult:
+    """TERM every process of the run on the node, KILL what is left after ``grace`` seconds."""
+    platform = _posix(transport, node)
+    run_dir = run_dir_for(node, run_id)
+    result = transport.run(
+        platform.stop_run(run_dir, run_marker(run_id, node.name), grace=grace), timeout=grace + 30
+    )
+    line = next((x for x in result.stdout.splitlines() if x.startswith("@@stop ")), None)
+    if line is None:
+        raise CommandFailedError(
+            f"stop failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
+        )
+    words = line.split()[1:]
+    kind = words[0] if words else ""
+    if kind == "stopped":
+        termed, killed, left = (int(w) for w in words[1:4])
+        if left:
+            raise CommandFailedError(
+                f"{left} process(es) of run {run_id} survived SIGKILL",
+                node=node.name,
+                hint="they may be stuck in the kernel (D state); see `ps` on the node",
+            )
+        return StopResult("stopped", termed, killed)
+    if kind == "exited":
+        code = words[1] if len(words) > 1 else ""
+        return StopResult("exited", exit_code=int(code) if code.lstrip("-").isdigit() else None)
+    return StopResult({"gone": "gone", "not-started": "not started"}.get(kind, "no run"))
+
+
+# -- fetch -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fetched:
+    path: str  # as asked
+    source: str | None  # where it was found on the node (None: missing)
+    files: int = 0
+    bytes: int = 0
+    local: str = ""
+
+
+def _safe_parts(path: str) -> list[str] | None:
+    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".")]
+    if not parts or ".." in parts:
+        return None
+    return parts
+
+
+def fetch_node(
+    node: Node, transport: Transport, run_id: str, paths: Sequence[str], *, code_dir: str | None, dest: Path
+) -> list[Fetched]:
+    """Copy what the run wrote on the node into ``dest`` (``runs/<run-id>/<node>/``).
+
+    A relative PATH is looked for in the node's run directory, then in its code directory; an
+    absolute one is taken as is. Directories are copied with everything below them.
+    """
+    platform = _posix(transport, node)
+    run_dir = run_dir_for(node, run_id)
+    workdir = (node.workdir or DEFAULT_WORKDIR).rstrip("/")
+    code = code_dir or f"{workdir}/code"
+    candidates = [
+        [p] if p.startswith(("/", "~")) else [f"{run_dir}/{p}", f"{code.rstrip('/')}/{p}"] for p in paths
+    ]
+    listing = transport.run(platform.list_files(candidates), timeout=120)
+    if not listing.ok:
+        raise CommandFailedError(
+            f"cannot list {', '.join(paths)} (exit {listing.exit_code}): {' | '.join(listing.tail(3))}",
+            node=node.name,
+        )
+    fetched: list[Fetched] = []
+    current: Fetched | None = None
+    base = ""
+    for line in listing.stdout.splitlines():
+        if line.startswith("@@"):
+            words = line.split(" ", 3)
+            index = int(words[1])
+            asked = paths[index]
+            parts = _safe_parts(asked) or [f"path{index}"]
+            local_root = dest.joinpath(*parts)
+            if words[0] == "@@missing":
+                current = None
+                fetched.append(Fetched(asked, None))
+            elif words[0] == "@@dir":
+                base = line.split(" ", 2)[2]
+                current = Fetched(asked, base, local=str(local_root))
+                fetched.append(current)
+            elif words[0] == "@@file":
+                size_text, source = line.split(" ", 3)[2:4]
+                current = None
+                transport.get(source, local_root)
+                fetched.append(Fetched(asked, source, 1, int(size_text), str(local_root)))
+            continue
+        if current is None:
+            continue
+        size_text, _, rel = line.partition(" ")
+        rel_parts = _safe_parts(rel)
+        if rel_parts is None or not size_text.isdigit():
+            log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
+            continue
+        transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(current.local).joinpath(*rel_parts))
+        current.files += 1
+        current.bytes += int(size_text)
+    return fetched

@@ -1,0 +1,144 @@
+"""Detached runs through the CLI on the 3-node namespace cluster: `launch --detach`, `logs --follow`
+through a cut SSH connection (every line exactly once), `status`, `stop --run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import BOOTSTRAP, CliRun, write_inventory
+from tests.integration.test_runs import await_, cut_ssh_sessions, namespace_run_pids
+
+Bootstrap = Callable[..., CliRun]
+LINES = 200
+
+
+def _inventory(cluster: NamespaceCluster, path: Path, script: Path) -> Path:
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    return write_inventory(
+        path, nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
+    )
+
+
+def _counter(tmp_path: Path, flag: Path) -> Path:
+    """Prints `n=0`..`n=LINES-1`; the second half only once ``flag`` exists (so the connection can
+    be cut while the run is known to be mid-stream)."""
+    script = tmp_path / "count.py"
+    script.write_text(
+        "import os, time\n"
+        f"for i in range({LINES}):\n"
+        f"    if i == {LINES // 2}:\n"
+        f"        while not os.path.exists({str(flag)!r}):\n"
+        "            time.sleep(0.05)\n"
+        "    print(f'n={i}', flush=True)\n"
+        "    time.sleep(0.002)\n"
+    )
+    return script
+
+
+def _status(bootstrap: Bootstrap, inv: Path, run_id: str, cwd: Path) -> dict[str, dict[str, object]]:
+    run = bootstrap("-i", str(inv), "status", "--run", run_id, "--json", cwd=cwd)
+    assert run.returncode == 0, run
+    return {n["name"]: n for n in json.loads(run.stdout)["nodes"]}
+
+
+def test_detached_run_is_followed_through_a_cut_connection(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    flag = tmp_path / "second-half"
+    inv = _inventory(cluster, tmp_path / "h.yaml", _counter(tmp_path, flag))
+    run_id = f"det-{os.getpid()}-{time.monotonic_ns()}"
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", run_id, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started
+    assert started.stdout.strip() == run_id
+    assert f"logs --run {run_id} --follow" in started.stderr and f"stop --run {run_id}" in started.stderr
+    # the launch command has ended: the run goes on without it
+    assert all(s["state"] == "running" for s in _status(bootstrap, inv, run_id, tmp_path).values())
+
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "logs", "--run", run_id, "--follow"], env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True),  # type: ignore[union-attr]
+        threading.Thread(target=lambda: err.extend(iter(proc.stderr.readline, "")), daemon=True),  # type: ignore[union-attr]
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        half = LINES // 2 - 1
+
+        def first_half() -> bool:
+            return all(
+                any(x.startswith(f"[{h.name}:") and f"n={half}\n" in x for x in out) for h in cluster.hosts
+            )
+
+        try:
+            await_(lambda: first_half() or proc.poll() is not None, 120, "the first half on every node")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- stdout\n{''.join(out)}--- stderr\n{''.join(err)}") from None
+        assert proc.poll() is None, f"logs ended early: {''.join(out)}{''.join(err)}"
+        assert cut_ssh_sessions(cluster, cluster.host("node2")) >= 1  # mid-stream: the run is still printing
+        flag.touch()
+        assert proc.wait(timeout=180) == 0, "".join(err)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for reader in readers:
+        reader.join(5)
+    assert "node2: connection lost" in "".join(err) and "reconnected" in "".join(err), "".join(err)
+    expected = [f"n={i}" for i in range(LINES)]
+    for rank, host in enumerate(cluster.hosts):
+        shown = [
+            m.group(1) for x in out if (m := re.match(rf"\[{host.name}:{rank}\] (n=\d+)$", x.rstrip("\n")))
+        ]
+        assert shown == expected, host.name
+        kept = (tmp_path / "runs" / run_id / f"{host.name}.log").read_text().splitlines()
+        numbered = [x.split(":", 1)[1] for x in kept if re.match(r"\[default0\]:n=\d+$", x)]
+        assert numbered == expected, host.name  # every line exactly once, in order
+    for host, state in _status(bootstrap, inv, run_id, tmp_path).items():
+        assert (state["state"], state["exit_code"], state["last_line"]) == ("exited", 0, f"n={LINES - 1}"), (
+            host
+        )
+
+
+def test_stop_run_ends_a_detached_run_everywhere(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '600'])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    inv = _inventory(cluster, tmp_path / "h.yaml", script)
+    run_id = f"stop-{os.getpid()}-{time.monotonic_ns()}"
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", run_id, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started
+    await_(
+        lambda: all(len(namespace_run_pids(cluster, h, run_id)) >= 4 for h in cluster.hosts),
+        120,
+        "the run's processes on every node (launcher, torchrun, worker, its child)",
+    )
+    stopped = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path, timeout=120)
+    assert stopped.returncode == 0, stopped
+    for host in cluster.hosts:
+        assert re.search(rf"{host.name}\s+\S*\s*stopped \d+ process", stopped.stdout), stopped.stdout
+        assert not namespace_run_pids(cluster, host, run_id), host.name
+    again = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path)
+    assert again.returncode == 0 and "nothing was running: nothing changed" in again.stderr, again
+    states = _status(bootstrap, inv, run_id, tmp_path)
+    assert all(s["state"] == "stopped" for s in states.values()), states

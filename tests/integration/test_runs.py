@@ -1,0 +1,335 @@
+"""Run management against real sshd: detached launchers, logs from byte offsets across a dropped
+connection, status, stop by run identity (and only that run), fetch.
+
+The launchers here are small shell/Python scripts, not torchrun: these tests are about what happens
+around a run (tests/e2e/test_detach.py does the same through the CLI with real torchrun runs).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.platforms import PosixShell
+from orchestrator.steps.launch import run_dir_for, run_marker
+from orchestrator.steps.runs import fetch_node, follow_node, status_node, stop_node
+from orchestrator.transports.ssh import SSHTransport
+from tests import netns
+from tests.cluster import NamespaceCluster, TestHost
+from tests.conftest import root_transport
+
+MARKER_ENV = PosixShell.RUN_MARKER_ENV.encode()
+
+
+def await_(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``condition`` until it returns something truthy (no fixed sleeps in tests)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def run_pids(marker: str) -> set[int]:
+    """Live (non-zombie) processes on this machine carrying the run marker (every namespace host
+    shares this machine's process table)."""
+    wanted = MARKER_ENV + b"=" + marker.encode()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if state != b"Z" and wanted in env:
+            found.add(int(entry))
+    return found
+
+
+def namespace_run_pids(cluster: NamespaceCluster, host: TestHost, run_id: str) -> set[int]:
+    """Live processes in ``host``'s namespace that belong to ``run_id`` (any node's part of it): the
+    marker in their environment, or the run id in their command line."""
+    listed = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True, check=True)
+    prefix = MARKER_ENV + b"=" + run_id.encode() + b"/"
+    found = set()
+    for pid in map(int, listed.stdout.split()):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmdline = fh.read()
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and (any(e.startswith(prefix) for e in env) or run_id.encode() in cmdline):
+            found.add(pid)
+    return found
+
+
+def cut_ssh_sessions(cluster: NamespaceCluster, host: TestHost) -> int:
+    """Kill every sshd session process on ``host`` (not its listener): each connection drops as if
+    the network had failed. Returns how many were killed."""
+    listener = cluster._sshd[host.name].proc.pid  # the listener itself
+    pids = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True, check=True)
+    killed = 0
+    for pid in map(int, pids.stdout.split()):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if pid != listener and comm in ("sshd", "sshd-session"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+@pytest.fixture
+def node1(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
+    known = ctl_home / ".ssh" / "known_hosts"
+    known.write_text(cluster.known_hosts_text())
+    (ctl_home / ".ssh" / "config").write_text("")
+    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
+    with netns.inside(cluster.controller_ns):
+        t.connect()
+    yield t
+    t.close()
+
+
+def _node(tmp_path: Path, name: str = "node1") -> Any:
+    # what run_dir_for and the steps read from an inventory node
+    return SimpleNamespace(name=name, workdir=str(tmp_path / "work"), nproc=1)
+
+
+def _start(ns: str, t: SSHTransport, node: Any, run_id: str, script: str) -> Path:
+    run_dir = run_dir_for(node, run_id)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    Path(run_dir, "launch.sh").write_text(script)
+    platform = t.platform
+    assert isinstance(platform, PosixShell)
+    with netns.inside(ns):
+        result = t.run(
+            platform.start_detached(
+                run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
+            )
+        )
+    assert result.ok and "@@started " in result.stdout, result
+    return Path(run_dir)
+
+
+#: the node side of `logs`: one Python process (what the CLI uses), or the shell loop with tail + awk
+READERS = [sys.executable, None]
+
+
+def _follow(
+    ns: str,
+    t: SSHTransport,
+    node: Any,
+    run_id: str,
+    follow: bool,
+    lines: list[str],
+    notes: list[str],
+    python: str | None,
+) -> Any:
+    with netns.inside(ns):  # a reconnect opens its socket from this thread: in the namespace
+        return follow_node(
+            node,
+            t,
+            run_id,
+            follow=follow,
+            python=python,
+            on_line=lambda _n, line: lines.append(line),
+            on_note=lambda _n, note: notes.append(note),
+        )
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_detached_run_survives_our_connection_and_reports_status(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    node = _node(tmp_path)
+    flag = tmp_path / "go"
+    run_dir = _start(
+        cluster.controller_ns,
+        node1,
+        node,
+        "r-status",
+        f"echo first\nprintf 'part'\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n"
+        "echo ial\necho last\nexit 3\n",
+    )
+    node1.close()  # the controller goes away: the launcher must not notice
+    t = root_transport(cluster, cluster.hosts[0], node1.options.known_hosts, node1.options.ssh_config)
+    with netns.inside(cluster.controller_ns):
+        t.connect()
+        await_(
+            lambda: (run_dir / "node.log").exists() and b"part" in (run_dir / "node.log").read_bytes(),
+            10,
+            "output",
+        )
+        running = status_node(node, t, "r-status")
+    assert running.state == "running" and running.exit_code is None
+    assert running.runtime is not None and running.runtime >= 0
+    # without --follow: what is there now; the line without its newline yet is held back
+    lines: list[str] = []
+    result = _follow(cluster.controller_ns, t, node, "r-status", False, lines, [], python)
+    assert lines == ["first"] and result.offset == len("first\n") and not result.ended
+    # with --follow: a complete line arrives while the run is still going (not held until more comes)
+    lines.clear()
+    box: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: box.setdefault(
+            "r", _follow(cluster.controller_ns, t, node, "r-status", True, lines, [], python)
+        )
+    )
+    thread.start()
+    await_(lambda: lines == ["first"], 10, "the first line while the run waits")
+    flag.touch()
+    thread.join(30)
+    assert lines == ["first", "partial", "last"]
+    result = box["r"]
+    assert result.exit_code == 3 and result.ended
+    with netns.inside(cluster.controller_ns):
+        done = status_node(node, t, "r-status")
+    assert (done.state, done.exit_code, done.last_line) == ("exited", 3, "last")
+    t.close()
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_follow_resumes_at_the_byte_after_the_last_line_when_the_connection_drops(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    node = _node(tmp_path)
+    total = 60_000
+    printer = (
+        "import sys, time\n"
+        f"for i in range({total}):\n"
+        "    sys.stdout.write(f'{i:06d} ' + 'x' * 90 + '\\n')\n"
+        "    if i % 500 == 499:\n"
+        "        sys.stdout.flush(); time.sleep(0.01)\n"
+    )
+    (tmp_path / "printer.py").write_text(printer)
+    _start(cluster.controller_ns, node1, node, "r-drop", f"exec {sys.executable} {tmp_path / 'printer.py'}\n")
+    lines: list[str] = []
+    notes: list[str] = []
+    box: dict[str, Any] = {}
+
+    def follow() -> None:
+        try:
+            box["result"] = _follow(cluster.controller_ns, node1, node, "r-drop", True, lines, notes, python)
+        except BaseException as exc:  # reported by the main thread
+            import traceback
+
+            box["error"] = "".join(traceback.format_exception(exc))
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    await_(lambda: len(lines) > 3000 or "result" in box or "error" in box, 60, "the first lines")
+    assert "result" not in box, "the run ended before the connection could be cut: make it longer"
+    assert cut_ssh_sessions(cluster, cluster.hosts[0]) >= 1
+    thread.join(120)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result.reconnects >= 1 and any("reconnect" in n for n in notes), notes
+    expected = [f"{i:06d} " + "x" * 90 for i in range(total)]
+    assert len(lines) == total and lines == expected  # every line, once, in order
+    assert result.exit_code == 0
+
+
+def test_stop_ends_every_process_of_the_run_and_nothing_else(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path
+) -> None:
+    node = _node(tmp_path)
+    # one child leaves the launcher's session (setsid): still the run's, by its marker
+    script = "sleep 300 &\nsetsid sleep 301 &\ntrap '' TERM\nsleep 302\n"
+    _start(cluster.controller_ns, node1, node, "r-stop", script)
+    other = _start(cluster.controller_ns, node1, node, "r-other", "sleep 303\n")
+    mine = await_(
+        lambda: len(run_pids(run_marker("r-stop", "node1"))) >= 4 and run_pids(run_marker("r-stop", "node1")),
+        10,
+        "the run's processes",
+    )
+    others = await_(lambda: run_pids(run_marker("r-other", "node1")), 10, "the other run")
+    # a stranger under the pid of a launcher that has ended: the start time does not match
+    stranger = subprocess.Popen(["sleep", "304"], start_new_session=True)
+    fake = tmp_path / "work" / "runs" / "r-fake" / "node1"
+    fake.mkdir(parents=True)
+    (fake / "pid").write_text(f"{stranger.pid} {stranger.pid} 1\n")
+    try:
+        with netns.inside(cluster.controller_ns):
+            begin = time.monotonic()
+            stopped = stop_node(node, node1, "r-stop", grace=2.0)
+            took = time.monotonic() - begin
+            again = stop_node(node, node1, "r-stop", grace=2.0)
+            fake_stop = stop_node(node, node1, "r-fake", grace=2.0)
+            missing = stop_node(node, node1, "r-never", grace=2.0)
+        assert stopped.state == "stopped" and stopped.terminated >= 4
+        assert stopped.killed >= 1  # the launcher shell ignores TERM: KILL after the grace period
+        assert took < 10
+        assert not run_pids(run_marker("r-stop", "node1"))
+        assert all(
+            not Path(f"/proc/{p}").exists() or Path(f"/proc/{p}/stat").read_text().split(") ")[1][0] == "Z"
+            for p in mine
+        )
+        assert run_pids(run_marker("r-other", "node1")) == others  # the other run is untouched
+        assert again.state == "gone" and again.describe().startswith("nothing to stop")
+        assert fake_stop.state == "gone" and stranger.poll() is None  # a recycled pid is never hit
+        assert missing.state == "no run"
+    finally:
+        stranger.kill()
+        stranger.wait()
+        with netns.inside(cluster.controller_ns):
+            stop_node(node, node1, "r-other", grace=1.0)
+    assert not run_pids(run_marker("r-other", "node1")) and (other / "pid").exists()
+
+
+def test_fetch_copies_files_and_directories_from_run_and_code_dirs(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path
+) -> None:
+    node = _node(tmp_path)
+    run_dir = Path(run_dir_for(node, "r-fetch"))
+    code = tmp_path / "code"
+    (run_dir / "traces" / "rank0").mkdir(parents=True)
+    (run_dir / "traces" / "rank0" / "a trace.json").write_text("{}" * 100)
+    (run_dir / "traces" / "top.txt").write_text("top\n")
+    (code / "checkpoints").mkdir(parents=True)
+    (code / "checkpoints" / "last.pt").write_bytes(b"\0" * 5000)
+    absolute = tmp_path / "elsewhere.txt"
+    absolute.write_text("abs\n")
+    dest = tmp_path / "controller" / "runs" / "r-fetch" / "node1"
+    with netns.inside(cluster.controller_ns):
+        got = fetch_node(
+            node,
+            node1,
+            "r-fetch",
+            ["traces", "checkpoints/last.pt", str(absolute), "nope"],
+            code_dir=str(code),
+            dest=dest,
+        )
+    by_path = {f.path: f for f in got}
+    assert (by_path["traces"].files, by_path["traces"].bytes) == (2, 204)
+    assert (dest / "traces" / "rank0" / "a trace.json").read_text() == "{}" * 100
+    assert (dest / "traces" / "top.txt").read_text() == "top\n"
+    assert by_path["checkpoints/last.pt"].bytes == 5000
+    assert (dest / "checkpoints" / "last.pt").read_bytes() == b"\0" * 5000
+    assert (dest / str(absolute).lstrip("/")).read_text() == "abs\n"
+    assert by_path["nope"].source is None
