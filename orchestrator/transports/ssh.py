@@ -405,6 +405,16 @@ class SSHTransport(Transport):
                 out.feed(chan.recv(65536))
             while chan.recv_stderr_ready():
                 err.feed(chan.recv_stderr(65536))
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            # the connection died under a read (paramiko raises EOFError from its window adjust)
+            if self._closed:
+                raise self._cancelled() from None
+            raise UnreachableError(
+                f"the connection to {self.conn.host} was lost while the command ran "
+                f"({exc or type(exc).__name__})",
+                node=self.node_name,
+                hint="the node may have gone down or off the network; output so far is in the log",
+            ) from exc
         finally:
             out.close()
             err.close()
