@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, ClassVar
 import jinja2
 
 from orchestrator.errors import UsageError
-from orchestrator.platforms import Platform, PosixShell
+from orchestrator.platforms import Platform, PowerShell, check_env_name
+from orchestrator.platforms.powershell import argv_to_command_line
 from orchestrator.resources import templates_dir
 
 if TYPE_CHECKING:
@@ -121,7 +122,14 @@ def mask_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
 class Renderer:
     """Jinja environment: ``user_dir`` (``--templates``) searched before the shipped templates."""
 
-    TEMPLATES: ClassVar[dict[str, str]] = {"posix": "torchrun.sh.j2"}
+    #: platform name -> launch template. WSL nodes run the Linux build of torch inside their
+    #: distribution: the same torchrun script as Linux. Native Windows cannot use torchrun
+    #: (pytorch#148283): one Python process per local rank, in PowerShell.
+    TEMPLATES: ClassVar[dict[str, str]] = {
+        "posix": "torchrun.sh.j2",
+        "wsl": "torchrun.sh.j2",
+        "powershell": "torchrun_windows.ps1.j2",
+    }
 
     def __init__(self, user_dir: Path | None = None) -> None:
         search: list[str] = []
@@ -145,10 +153,18 @@ class Renderer:
         name = template or self.TEMPLATES.get(platform.name)
         if name is None:
             raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
-        assert isinstance(platform, PosixShell)
+        if isinstance(platform, PowerShell):
+            refuse_on_native_windows(spec)
+        path_word = getattr(platform, "path_word", None)
+        if path_word is None:
+            raise UsageError(f"no launch template for {platform.name} nodes", node=spec.node.name)
         # quoting belongs to the node's platform: the templates only say where values go
         self.env.filters["q"] = platform.quote
-        self.env.filters["path"] = platform.path_word
+        self.env.filters["path"] = path_word
+        self.env.filters["env_name"] = check_env_name
+        # a Windows program's arguments: one command-line string (the C runtime's splitting rules),
+        # then a PowerShell literal holding it (see PowerShell.native)
+        self.env.filters["winargs"] = lambda argv: platform.quote(argv_to_command_line(["x", *argv])[2:])
         env = mask_secrets(spec.env) if mask else list(spec.env.items())
         try:
             jinja_template = self.env.get_template(name)
@@ -178,6 +194,23 @@ class Renderer:
         except jinja2.TemplateError as exc:
             where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else name
             raise UsageError(f"template {where}: {exc}", node=spec.node.name) from None
+
+
+def refuse_on_native_windows(spec: LaunchSpec) -> None:
+    """What a native-Windows node cannot run, refused before any script exists: elastic rendezvous
+    (torchrun's agent, broken on Windows: pytorch#148283) and NCCL (Windows torch has gloo only)."""
+    if spec.elastic:
+        raise UsageError(
+            "elastic training needs torchrun, which does not work on native Windows (pytorch#148283)",
+            node=spec.node.name,
+            hint="set cluster.train.elastic: false, or windows: {mode: wsl} for this node",
+        )
+    if spec.backend != "gloo":
+        raise UsageError(
+            f"backend {spec.backend} is not available on native Windows: Windows torch has gloo only",
+            node=spec.node.name,
+            hint="set cluster.backend: gloo, or windows: {mode: wsl} for this node",
+        )
 
 
 def render_all(

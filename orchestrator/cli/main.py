@@ -306,10 +306,11 @@ class _Group(click.Group):
 def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> None:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
-    Without a command: the main pipeline: the preflight (`check`), then, when every check passes
-    (or with --force), every rank joins and all_reduce is checked (`validate`, unless
-    --skip-validate), then training on every node (`launch`) with every rank's output streamed here.
-    Environment/code sync, firewall and time sync join it as they land.
+    Without a command: the main pipeline: environment and code sync (`sync`, when the inventory
+    declares cluster.env / cluster.code), the firewall (`firewall`) and time sync (`ntp`) on clusters
+    of 2+ nodes, the preflight (`check`), then, when every check passes (or with --force), every
+    rank joins and all_reduce is checked (`validate`, unless --skip-validate), then training on
+    every node (`launch`) with every rank's output streamed here.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -318,9 +319,12 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
     ui = settings.ui
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
-    code = _check(settings, inventory, nodes)
+    from orchestrator.cli.pipeline import prepare
+
+    prepared = prepare(settings, inventory, nodes)
+    code = _check(settings, inventory, nodes) if prepared == ExitCode.OK else prepared
     launched = False
-    if settings.dry_run:
+    if settings.dry_run or prepared != ExitCode.OK:
         pass
     elif code == ExitCode.NODES_FAILED and force:
         ui.warn("--force: launching although a check failed")
@@ -357,7 +361,7 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
 
 def _pipeline_docs(docs: list[Any]) -> dict[str, Any]:
     """The phases' JSON documents keyed by phase (each says its own "command")."""
-    out: dict[str, Any] = {"check": None, "validate": None, "launch": None}
+    out: dict[str, Any] = {k: None for k in ("sync", "firewall", "ntp", "check", "validate", "launch")}
     for doc in docs:
         name = doc.get("command", "check") if isinstance(doc, dict) else "check"
         out[name] = doc
@@ -931,6 +935,9 @@ def render(
             ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
         interfaces: dict[str, tuple[str | None, str | None]] = {}
         pythons = {n.name: training_python(n, inventory) for n in all_nodes}
+        for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
+            if n.os == "windows" and n.windows.mode == "native" and not n.python:
+                pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
         master_addr = "127.0.0.1" if len(all_nodes) == 1 else master.host
         specs = plan_launch(
             inventory,

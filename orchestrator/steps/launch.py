@@ -56,7 +56,8 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     pythons = {n.name: training_python(n, inventory) for n in inventory.nodes}
     for node in inventory.nodes:
         if node.os == "windows" and node.windows.mode == "native":
-            _native_windows_plan(node, inspected, interfaces, pythons, warnings)
+            own_python = node.python is None and not inventory.cluster.env.declared
+            _native_windows_plan(node, inspected, interfaces, pythons if own_python else {}, warnings)
     master_verdict = verdicts.get(master.name)
     master_addr = (
         "127.0.0.1" if single else master_verdict.data.get("master_address") if master_verdict else None
@@ -88,8 +89,9 @@ def _native_windows_plan(
 ) -> None:
     """A native Windows node: its facts have no route to the master yet (those are POSIX commands),
     so GLOO_SOCKET_IFNAME is the inventory's ``interface:`` (the adapter's friendly name, which gloo
-    matches exactly on Windows); the interpreter is the Windows Python the facts found (``python3``,
-    the POSIX default, is usually the Store stub there)."""
+    matches exactly on Windows); without ``python:`` (``pythons`` then holds the node), the
+    interpreter is the Windows Python the facts found (``python3``, the POSIX default, is usually the
+    Store stub there)."""
     warnings[:] = [w for w in warnings if not w.startswith(f"node {node.name!r}: ")]
     if not (interfaces.get(node.name) or (None, None))[0]:
         interfaces[node.name] = (node.interface, None)
@@ -98,7 +100,7 @@ def _native_windows_plan(
                 f"node {node.name!r}: native Windows: no GLOO_SOCKET_IFNAME (gloo may bind the wrong "
                 "adapter; set interface: to the adapter's name as Get-NetAdapter shows it, e.g. Ethernet)"
             )
-    if node.python is None:
+    if node.name in pythons:
         found = next((o.value for o in inspected if o.node == node.name and o.value is not None), None)
         python = found.facts.get("python") if found is not None else None
         path = getattr(python, "path", None)

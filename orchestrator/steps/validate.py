@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError
+from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.steps.launch import plan, run_dir_for, run_node, split_rank
@@ -239,7 +240,8 @@ def validate(
                 specs[node.name],
                 renderer=renderer,
                 on_line=line,
-                template=TEMPLATE,
+                # native Windows: its launch template already starts one process per rank
+                template=None if isinstance(t.platform, PowerShell) else TEMPLATE,
                 script_file=worker,
             ),
             step="validate",

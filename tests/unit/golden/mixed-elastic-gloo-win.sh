@@ -1,0 +1,21 @@
+#!/bin/sh
+# Launch script for node win (elastic), rendered by cluster-bootstrap.
+# Cluster mixed: 3 node(s), world size 4, backend gloo.
+# Runs torchrun for this node's 2 rank(s); global ranks are assigned at each rendezvous.
+# Standalone: copy it to the node and run `sh` on it; bootstrap launch runs the same text.
+set -eu
+cd "$HOME"/cluster-bootstrap/code
+export GLOO_SOCKET_IFNAME=eth1
+export OMP_NUM_THREADS=6
+export MY_FLAG='a b'
+export WANDB_API_KEY='********'
+exec /home/bob/venv/bin/python -m torch.distributed.run \
+  --tee 3 \
+  --nnodes 2:3 \
+  --nproc-per-node 2 \
+  --rdzv-backend c10d \
+  --rdzv-endpoint 10.0.0.1:29500 \
+  --rdzv-id mixed-20261202 \
+  --local-addr 10.0.0.3 \
+  --max-restarts 3 \
+  examples/train_ddp.py --epochs 3 --note 'it'"'"'s $HOME; `x`'

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Launch script for node head (node rank 0), rendered by cluster-bootstrap.
+# Cluster mixed: 3 node(s), world size 4, backend nccl.
+# Runs torchrun for this node's 1 rank(s) (global ranks 0-0).
+# Standalone: copy it to the node and run `sh` on it; bootstrap launch runs the same text.
+set -eu
+cd "$HOME"/cluster-bootstrap/code
+export GLOO_SOCKET_IFNAME=eth0
+export NCCL_SOCKET_IFNAME==eth0
+export OMP_NUM_THREADS=16
+export MY_FLAG='a b'
+export WANDB_API_KEY='********'
+exec python3 -m torch.distributed.run \
+  --tee 3 \
+  --nnodes 3 \
+  --nproc-per-node 1 \
+  --node-rank 0 \
+  --master-addr 10.0.0.1 \
+  --master-port 29500 \
+  examples/train_ddp.py --epochs 3 --note 'it'"'"'s $HOME; `x`'

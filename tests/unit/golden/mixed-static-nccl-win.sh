@@ -1,0 +1,20 @@
+#!/bin/sh
+# Launch script for node win (node rank 2), rendered by cluster-bootstrap.
+# Cluster mixed: 3 node(s), world size 4, backend nccl.
+# Runs torchrun for this node's 2 rank(s) (global ranks 2-3).
+# Standalone: copy it to the node and run `sh` on it; bootstrap launch runs the same text.
+set -eu
+cd "$HOME"/cluster-bootstrap/code
+export GLOO_SOCKET_IFNAME=eth1
+export NCCL_SOCKET_IFNAME==eth1
+export OMP_NUM_THREADS=6
+export MY_FLAG='a b'
+export WANDB_API_KEY='********'
+exec /home/bob/venv/bin/python -m torch.distributed.run \
+  --tee 3 \
+  --nnodes 3 \
+  --nproc-per-node 2 \
+  --node-rank 2 \
+  --master-addr 10.0.0.1 \
+  --master-port 29500 \
+  examples/train_ddp.py --epochs 3 --note 'it'"'"'s $HOME; `x`'
