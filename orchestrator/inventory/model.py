@@ -855,8 +855,7 @@ def _check_node(node: Node, draft: NodeDraft, bad: set[str], log: IssueLog) -> N
     )
     if node.os != "windows" and "windows" in draft.values and own and not own.scope and "os" not in bad:
         log.add(
-            "'windows' (mode, distro, wsl_user) is only for os: windows nodes: remove it, "
-            "or set os: windows",
+            "'windows' (mode, distro, wsl_user) is only for os: windows nodes: remove it, or set os: windows",
             line=own.line,
             node=node.name,
             field=own.key,
