@@ -1029,7 +1029,7 @@ def _launch(
     import time as _time
 
     from orchestrator.render import Renderer
-    from orchestrator.steps.launch import TAIL, plan, run_node, split_rank
+    from orchestrator.steps.launch import failure_tail, plan, run_node, split_rank
 
     ui = settings.ui
     if settings.nodes:
@@ -1126,7 +1126,7 @@ def _launch(
         ui.error(str(o.error))
         result = getattr(o.error, "result", None)
         if isinstance(result, Result):
-            for line in result.tail(TAIL):
+            for line in failure_tail(result):
                 ui.info(f"  {o.node} | {line}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed: {', '.join(o.node for o in stopped)}")

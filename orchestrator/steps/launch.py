@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
     from orchestrator.steps.inspect import NodeFacts
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 #: torchrun --tee 3 prefixes each worker line with its local rank
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
@@ -290,3 +290,21 @@ def split_rank(line: str) -> tuple[int | None, str]:
     if match is None:
         return None, line
     return int(match.group(1)), match.group(2)
+
+
+_ROOT_CAUSE_FIELDS = re.compile(r"^\s*(host|rank|exitcode)\s*:")
+
+
+def failure_tail(result: Result, lines: int = TAIL) -> list[str]:
+    """What a user needs from a failed node: the last lines its ranks printed, then torchrun's root
+    cause (host, rank, exit code). torchrun's own ChildFailedError traceback (30+ lines) would
+    otherwise push the worker's actual error out of a plain tail."""
+    text = result.stdout.splitlines() + result.stderr.splitlines()
+    ranked = [line for line in text if line.startswith("[default")]
+    if not ranked:
+        return text[-lines:]
+    cause: list[str] = []
+    if "Root Cause (first observed failure):" in text:
+        start = text.index("Root Cause (first observed failure):")
+        cause = [line.strip() for line in text[start:] if _ROOT_CAUSE_FIELDS.match(line)][:3]
+    return ranked[-(lines - len(cause)) :] + cause

@@ -109,3 +109,26 @@ def test_user_templates_come_first_and_typos_are_errors(tmp_path: Path) -> None:
     (tmp_path / "torchrun.sh.j2").write_text("echo {{ nnode }}\n")
     with pytest.raises(UsageError, match="nnode"):
         render_all(Renderer(tmp_path), specs, {"a": PosixShell()}, mask=True)
+
+
+def test_failure_tail_keeps_the_workers_error_above_torchruns_traceback() -> None:
+    from orchestrator.steps.launch import failure_tail
+    from orchestrator.transports import Result
+
+    traceback = ["Traceback (most recent call last):"] + [f'  File "x.py", line {i}' for i in range(40)]
+    root_cause = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2026-12-02_16:19:07",
+        "  host      : node2",
+        "  rank      : 1 (local_rank: 0)",
+        "  exitcode  : 3 (pid: 4242)",
+        "  error_file: <N/A>",
+    ]
+    stdout = "\n".join(["[default0]:step 1", "[default0]:node2 gives up", *traceback, *root_cause]) + "\n"
+    result = Result("node2", "launch", 1, stdout, "", 1.0)
+    tail = failure_tail(result)
+    assert tail[:2] == ["[default0]:step 1", "[default0]:node2 gives up"]
+    assert tail[2:] == ["host      : node2", "rank      : 1 (local_rank: 0)", "exitcode  : 3 (pid: 4242)"]
+    plain = Result("node2", "launch", 1, "\n".join(f"line {i}" for i in range(30)), "", 1.0)
+    assert failure_tail(plain) == [f"line {i}" for i in range(10, 30)]
