@@ -5,6 +5,8 @@
 # Standalone: copy it to the node and run `sh` on it; bootstrap launch runs the same text.
 set -eu
 cd /srv/train/code
+# lines reach the log (and bootstrap) as they are printed: torchrun's --tee copier never flushes
+export PYTHONUNBUFFERED=1
 export GLOO_SOCKET_IFNAME=eth0
 export OMP_NUM_THREADS=8
 export MY_FLAG='a b'
