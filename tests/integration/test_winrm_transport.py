@@ -724,3 +724,33 @@ def test_cli_run_reaches_a_wsl_node_beside_linux_nodes(
     assert secret not in run.stdout + run.stderr + plain.stdout + plain.stderr
     assert parse_errors == []
     assert commands and all(c.lower().startswith("wsl.exe -d ubuntu-22.04") for c in commands)
+
+
+def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None:
+    """A WSL node's firewall lives on the Windows host under the distribution: the Hyper-V rules
+    script goes through the host's PowerShell (run_windows), not through wsl.exe."""
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.platforms.wsl import WslShell
+    from orchestrator.steps.firewall import apply_windows, plan_windows
+
+    inv = load_inventory_text(
+        "cluster: {name: lab, master: c}\n"
+        "nodes:\n"
+        "  - {name: c, host: 10.0.0.1}\n"
+        "  - {name: w, host: 10.0.0.2, os: windows, windows: {mode: wsl}}\n",
+        "hosts.yaml",
+    )
+    planned = plan_windows(inv.node("w"), inv, {"w": "10.0.0.2", "c": "10.0.0.1"})
+
+    def answer(call: PwshCall) -> Answer:
+        assert any(c.name == "New-NetFirewallHyperVRule" for c in call.commands)
+        return Answer(stdout='{"added": 1, "updated": 0, "removed": 0, "unchanged": 0}\n')
+
+    with WinRMServer(auth="ntlm", username="bob", password="pw", on_powershell=answer) as srv:
+        transport = _transport(srv, platform=WslShell("Ubuntu"))
+        try:
+            result = apply_windows(inv.node("w"), transport, planned)
+        finally:
+            transport.close()
+        assert result.applied and result.added == 1
+        assert not any("wsl.exe" in line for line in srv.commands)  # never through the distribution

@@ -317,15 +317,19 @@ def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> F
     from orchestrator.platforms.powershell import PowerShell
     from orchestrator.steps.firewall.windows import parse_report
 
-    if not isinstance(transport.platform, PowerShell):
+    run_windows = getattr(transport, "run_windows", None)
+    if isinstance(transport.platform, PowerShell):
+        ran = transport.run(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
+    elif run_windows is not None:  # a WSL node: the rules belong to the Windows host under it
+        ran = run_windows(result.commands[0], timeout=APPLY_TIMEOUT)
+    else:
         raise CommandFailedError(
             f"the {result.kind} rules need PowerShell on the Windows host; this node's commands run in "
-            f"{transport.platform.name}",
+            f"{transport.platform.name} over {transport.kind}",
             node=node.name,
             hint="run `bootstrap firewall --dry-run` and paste the script into an administrator "
-            "PowerShell on the node (running it from here arrives with the WinRM host channel)",
+            "PowerShell on the node, or reach the node over WinRM",
         )
-    ran = transport.run(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
     if not ran.ok:
         raise CommandFailedError(
             "the Windows firewall script failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
