@@ -754,3 +754,53 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
             transport.close()
         assert result.applied and result.added == 1
         assert not any("wsl.exe" in line for line in srv.commands)  # never through the distribution
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_w32time_is_configured_measured_and_restored_on_the_windows_host(mode: str) -> None:
+    """Time on a Windows node is w32time on the host (a WSL2 distribution follows the host clock):
+    configured, its offset from the master read with w32tm /stripchart, restored by teardown."""
+    from orchestrator.platforms.wsl import WslShell
+    from orchestrator.steps.timesync import NodeTime, _apply_windows, _restore_windows
+    from orchestrator.steps.timesync import windows as win
+
+    seen: list[str] = []
+
+    def answer(call: PwshCall) -> Answer:
+        names = [c.name.lower() for c in call.commands]
+        seen.append(call.script)
+        if "$cbBefore = Get-Content" in call.script:
+            return Answer(stdout="restored\n")
+        if "/stripchart" in call.script:
+            return Answer(stdout="10:15:01, +00.0012000s\n10:15:03, +00.0010000s\n10:15:05, -00.0004000s\n")
+        assert "restart-service" in names and "set-service" in names
+        return Answer(stdout="configured\n")
+
+    platform = PowerShell() if mode == "native" else WslShell("Ubuntu")
+    with WinRMServer(auth="ntlm", username="bob", password="pw") as srv:
+        srv.on_powershell = Emulator(srv.files, answer)  # long scripts arrive as uploaded files
+        transport = _transport(srv, platform=platform)
+        try:
+            value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
+            value.script = win.configure_script(value.sources)
+            done = _apply_windows(win_node(mode), transport, value)
+            restored = _restore_windows(win_node(mode), transport, dry_run=False)
+        finally:
+            transport.close()
+        assert done.state == "changed" and done.chrony_offset_ms == 1.0 and done.selected == "10.0.0.1"
+        assert restored.state == "restored"
+        assert any("/manualpeerlist:10.0.0.1,0x8" in s for s in seen), seen[0]
+        assert not any("wsl.exe" in line for line in srv.commands)
+
+
+def win_node(mode: str) -> Any:
+    from orchestrator.inventory import load_inventory_text
+
+    inv = load_inventory_text(
+        "cluster: {name: lab, master: c}\n"
+        "nodes:\n"
+        "  - {name: c, host: 10.0.0.1}\n"
+        f"  - {{name: w, host: 10.0.0.2, os: windows, windows: {{mode: {mode}}}}}\n",
+        "hosts.yaml",
+    )
+    return inv.node("w")

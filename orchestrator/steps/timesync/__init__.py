@@ -11,8 +11,8 @@ rendezvous compares wall-clock heartbeats and expels nodes skewed by ~15 s; alig
 
 Linux: chrony (installed with ``time.install: true`` when missing). systemd-timesyncd is recognised and
 reported, not configured: it can neither serve the cluster nor report a selected source and offset, and
-Debian's chrony package replaces it (docs/time.md). Windows: w32time scripts (windows.py), run once the
-WinRM transport lands.
+Debian's chrony package replaces it (docs/time.md). Windows: w32time (windows.py) in the host's
+PowerShell over WinRM, for native and WSL-mode nodes (a WSL2 distribution follows the host's clock).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import BootstrapError, CommandFailedError, SudoPasswordRequiredError
 from orchestrator.executor import Outcome
 from orchestrator.facts.network import MasterRoute
-from orchestrator.platforms import PosixShell
+from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.steps.preflight import sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.timesync import chrony
@@ -441,7 +441,7 @@ def sync_time(
     for node in windows:
         from orchestrator.steps.timesync import windows as win
 
-        value = NodeTime(node.name, role="client", daemon="w32time", state="not supported yet")
+        value = NodeTime(node.name, role="client", daemon="w32time", state="planned")
         if node.name == master.name and settings.serving:
             # w32time can serve (NtpServer provider) but that is not written yet: use a Linux master
             value.role = "server"
@@ -449,11 +449,14 @@ def sync_time(
         elif settings.manage:
             value.sources = [master.host] if settings.serving else list(settings.servers)
             value.script = win.configure_script(value.sources)
-        if not dry_run and value.problem is None:
-            value.problem = (
-                "Windows nodes need the WinRM transport (in progress): the script is generated only"
-            )
         values[node.name] = value
+    runnable = [n for n in windows if values[n.name].problem is None and values[n.name].sources]
+    if runnable and not dry_run:
+        for o in session.map(
+            lambda n, t: _apply_windows(n, t, values[n.name]), step="w32time", nodes=runnable
+        ):
+            if o.error is not None:
+                errors[o.node] = o
 
     outcomes: list[Outcome[NodeTime]] = []
     for node in chosen:
@@ -462,6 +465,45 @@ def sync_time(
         else:
             outcomes.append(Outcome(node.name, values.get(node.name), None, 0.0))
     return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run)
+
+
+def _run_powershell(node: Node, transport: Transport, script: str, timeout: float) -> Result:
+    """PowerShell on the Windows host: the node's own shell (native), or beside its WSL distribution
+    (a WSL2 distribution follows the host's clock: w32time is what to configure)."""
+    run_windows = getattr(transport, "run_windows", None)
+    if isinstance(transport.platform, PowerShell):
+        return transport.run(script, become=True, timeout=timeout)
+    if run_windows is not None:
+        result: Result = run_windows(script, timeout=timeout)
+        return result
+    raise CommandFailedError(
+        f"time sync on a Windows node needs PowerShell on its host; this node runs {transport.platform.name}"
+        f" over {transport.kind}",
+        node=node.name,
+        hint="reach Windows nodes over WinRM (connection: winrm)",
+    )
+
+
+def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
+    """w32time pointed at the sources, then its offset from the first one measured (stripchart)."""
+    from orchestrator.steps.timesync import windows as win
+
+    ran = _run_powershell(node, transport, value.script, 180)
+    if not ran.ok:
+        raise CommandFailedError(
+            "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
+            node=node.name,
+            hint="it needs an elevated session (a member of Administrators over WinRM)",
+            result=ran,
+        )
+    value.state = "unchanged" if "unchanged" in ran.stdout.split() else "changed"
+    value.actions.append("w32tm /config /update, service restarted" if value.state == "changed" else "none")
+    status = _run_powershell(node, transport, win.status_script(value.sources[0]), 120)
+    offset = win.parse_stripchart(status.stdout) if status.ok else None
+    if offset is not None:
+        value.chrony_offset_ms = round(offset * 1000.0, 3)
+        value.selected = value.sources[0]
+    return value
 
 
 # -- undoing -----------------------------------------------------------------------------------------
@@ -492,17 +534,37 @@ def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
     return out
 
 
+def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
+    """w32time's peers, type and service state put back from what the first configure saved."""
+    from orchestrator.steps.timesync import windows as win
+
+    out = NodeTime(node.name, daemon="w32time")
+    script = win.restore_script()
+    if dry_run:
+        out.script, out.state = script, "would be restored (if configured)"
+        return out
+    ran = _run_powershell(node, transport, script, 120)
+    if not ran.ok:
+        raise CommandFailedError(
+            "restoring w32time failed: " + (" | ".join(ran.tail(3)) or f"exit {ran.exit_code}"),
+            node=node.name,
+            result=ran,
+        )
+    out.state = "nothing to restore" if "nothing" in ran.stdout.split() else "restored"
+    return out
+
+
 def restore_time(
     session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
 ) -> TimeReport:
     """Undo `sync_time` on ``nodes``: files back byte for byte, the chronyd/unit we started stopped.
     For `bootstrap teardown` and `bootstrap ntp --restore`."""
     chosen = list(session.nodes if nodes is None else nodes)
-    linux = [n for n in chosen if n.os == "linux"]
-    done = {o.node: o for o in session.map(lambda n, t: _restore(n, t, dry_run), step="restore", nodes=linux)}
-    outcomes = [
-        done.get(n.name)
-        or Outcome(n.name, NodeTime(n.name, daemon="w32time", state="not supported yet"), None, 0.0)
-        for n in chosen
-    ]
+
+    def one(node: Node, transport: Transport) -> NodeTime:
+        if node.os == "linux":
+            return _restore(node, transport, dry_run)
+        return _restore_windows(node, transport, dry_run)
+
+    outcomes = session.map(one, step="restore", nodes=chosen)
     return TimeReport(outcomes, inventory.cluster.time.max_offset_ms, inventory.cluster.master, dry_run)
