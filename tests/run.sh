@@ -27,7 +27,7 @@ venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 "$venv/bin/mypy"
 
 set +e
-"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+"$venv/bin/python" -m pytest -p no:cacheprovider --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -236,8 +236,12 @@ class PosixShell(Platform):
             'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
             'if [ -f "$f" ]; then\n'
             '  echo "size=$(wc -c < "$f")"\n'
-            "  echo \"last=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$'"
-            ' | tail -n 1 | cut -c1-400)"\n'
+            # the last line a rank printed (torchrun's own exit-barrier noise after a good run is not
+            # what a user asks about), else the log's last line
+            "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$')\n"
+            "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"
+            '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
+            '  echo "last=$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
             "fi\n"
             "if command -v nvidia-smi >/dev/null 2>&1; then\n"
             "  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total"
