@@ -16,17 +16,11 @@ tests start it with :func:`start_windows_host`.
 
 from __future__ import annotations
 
-import os
 import re
-import select
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from tests.winrm_server import Answer, PwshCall
-from tests.winrm_server.host import REPO_ROOT, START_TIMEOUT, HostedServer
+from tests.winrm_server.host import HostedServer, start_in_host
 
 DISTRO = "Ubuntu-22.04"
 
@@ -79,54 +73,11 @@ def main() -> int:
 
 def start_windows_host(cluster: Any, host: Any, *, username: str, password: str) -> HostedServer:
     """Start this server on ``host`` with NTLM over HTTPS on 5986 (its CA in ``ca_file``); returns once
-    it accepts connections. The same namespaces as ``tests.winrm_server.start_in_host``."""
-    wd = Path(tempfile.mkdtemp(prefix=f"winhost-{host.name}-"))
-    argv = [
-        sys.executable,
-        "-m",
-        "tests.e2e.windows_host",
-        "--listen",
-        f"{host.addr}:5986",
-        "--auth",
-        "ntlm",
-        "--user",
-        username,
-        "--password-env",
-        "WINRM_TEST_SERVER_PASSWORD",
-        "--record",
-        str(wd / "record.jsonl"),
-        "--tls-dir",
-        str(wd / "tls"),
-    ]
-    prefix = ["ip", "netns", "exec", host.ns]
-    sshd = getattr(cluster, "_sshd", {}).get(host.name)
-    if sshd is not None and sshd.proc.poll() is None:  # its UTS namespace too: `hostname` says node3
-        join = ["--uts", "--mount"] if getattr(cluster, "private_dirs", ()) else ["--uts"]
-        prefix += ["nsenter", *join, "-t", str(sshd.proc.pid)]
-    env = dict(os.environ)
-    env["WINRM_TEST_SERVER_PASSWORD"] = password
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    log_file = wd / "server.log"
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(
-            [*prefix, *argv],
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            start_new_session=True,
-        )
-    handle = HostedServer("", wd / "tls" / "ca.pem", wd / "record.jsonl", log_file, proc, wd, True)
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-    line = proc.stdout.readline() if ready else b""
-    if not line.startswith(b"LISTENING "):
-        handle.stop()
-        raise RuntimeError(f"the Windows test host on {host.name} did not start:\n{handle.log()}")
-    handle.endpoint = line.decode().split(" ", 1)[1].strip()
-    return handle
+    it accepts connections (``tests.winrm_server.start_in_host`` with this module as entry point)."""
+    return start_in_host(
+        cluster, host, auth="ntlm", username=username, password=password, tls=True, module=__name__
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

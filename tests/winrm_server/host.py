@@ -108,9 +108,13 @@ def start_in_host(
     max_shells_per_user: int = 30,
     wsl: dict[str, Any] | None = None,
     workdir: Path | None = None,
+    module: str = "tests.winrm_server",
 ) -> HostedServer:
     """Start ``python -m tests.winrm_server`` on ``host`` (a tests.cluster.TestHost) listening on its
-    address (port 5985, or 5986 with TLS, like Windows), and return once it accepts connections."""
+    address (port 5985, or 5986 with TLS, like Windows), and return once it accepts connections.
+
+    ``module``: another entry point taking the same options (a server with the Windows side played,
+    tests/e2e/windows_host.py)."""
     own = workdir is None
     wd = Path(tempfile.mkdtemp(prefix=f"winrm-{host.name}-")) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
@@ -118,7 +122,7 @@ def start_in_host(
     argv = [
         sys.executable,
         "-m",
-        "tests.winrm_server",
+        module,
         "--listen",
         f"{host.addr}:{port}",
         "--auth",
