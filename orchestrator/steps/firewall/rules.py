@@ -2,7 +2,7 @@
 
 Training needs, from every peer of the cluster (and only from them): the rendezvous port on the master,
 the ephemeral ports gloo and NCCL listen on (every rank binds port 0 and connects a full mesh; no variable
-pins a range, see /work/shared/FIELD_NOTES.md "Ports and firewalls"), and the inventory's extra ports. A
+pins a range, see FIELD_NOTES, "Ports and firewalls"), and the inventory's extra ports. A
 rule is one (source address, port range) pair: small enough that a changed peer set or port range changes
 exactly the rules concerned, and the same shape for nftables, iptables, ufw and Windows.
 """
