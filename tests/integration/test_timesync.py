@@ -243,7 +243,7 @@ def test_sudo_with_password_fails_clearly(
         inventory = str(_inventory(cluster, tmp_path / "hosts.yaml", user="cbtntppw"))
         run = _cli(cluster, home, "-i", inventory, "-n", "node2", "ntp", "--no-clock-control")
         assert run.returncode == 1, run
-        assert "sudo asks for a password" in run.stderr and "NOPASSWD" in run.stderr, run
+        assert "sudo wants a password here" in run.stderr and "NOPASSWD" in run.stderr, run
     finally:
         cluster.remove_user("cbtntppw")
     assert _snapshot(cluster) == seeded

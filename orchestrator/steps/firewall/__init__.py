@@ -15,7 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import CommandFailedError, SudoPasswordRequiredError
+from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.firewall.linux import (
@@ -42,11 +42,12 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
     wanted_rules,
 )
+from orchestrator.steps.root import run_as_root
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.transports import Result, Transport
+    from orchestrator.transports import Transport
 
 __all__ = [
     "FirewallResult",
@@ -352,26 +353,6 @@ def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> F
 # -- running ------------------------------------------------------------------------------------------
 
 
-def _sudo_error(node: Node, result: Result, what: str) -> SudoPasswordRequiredError:
-    user = node.user or "this user"
-    return SudoPasswordRequiredError(
-        f"{what} needs root, and sudo wants a password here (bootstrap never types one)",
-        node=node.name,
-        hint=f"on {node.name}, as root: `echo '{user} ALL=(root) NOPASSWD: ALL' > "
-        "/etc/sudoers.d/cluster-bootstrap && chmod 440 /etc/sudoers.d/cluster-bootstrap` "
-        "(check it with `visudo -c`), or connect as root; then rerun",
-        result=result,
-    )
-
-
-def _run_as_root(node: Node, transport: Transport, script: str, what: str, timeout: float) -> Result:
-    result = transport.run(script, become=True, timeout=timeout)
-    platform = transport.platform
-    if not result.ok and isinstance(platform, PosixShell) and platform.sudo_refused(result.stderr):
-        raise _sudo_error(node, result, what)
-    return result
-
-
 def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detection:
     """One round trip as root: which firewall decides, our rules, the route to the master."""
     if not isinstance(transport.platform, PosixShell):
@@ -389,7 +370,7 @@ def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detec
         persist_file=nft_persist_file(tag),
     )
     token = "cb-" + secrets.token_hex(6)
-    result = _run_as_root(
+    result = run_as_root(
         node, transport, platform.sectioned(sections, token), "reading the firewall", DETECT_TIMEOUT
     )
     if f"@@{token} end range" not in result.stdout:
@@ -408,7 +389,7 @@ def apply_node(node: Node, transport: Transport, result: FirewallResult) -> Fire
     if not result.commands:
         return result
     script = "set -e\n" + "\n".join(result.commands)
-    ran = _run_as_root(node, transport, script, "changing the firewall", APPLY_TIMEOUT)
+    ran = run_as_root(node, transport, script, "changing the firewall", APPLY_TIMEOUT)
     if not ran.ok:
         raise CommandFailedError(
             "a firewall command failed: " + (" | ".join(ran.tail(4)) or f"exit code {ran.exit_code}"),

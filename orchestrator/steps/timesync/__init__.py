@@ -21,12 +21,13 @@ import ipaddress
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError, SudoPasswordRequiredError
+from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.facts.network import MasterRoute
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.steps.preflight import sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
+from orchestrator.steps.root import run_as_root
 from orchestrator.steps.timesync import chrony
 from orchestrator.steps.timesync.chrony import ChronyRole, Probe
 
@@ -95,15 +96,7 @@ class TimeReport:
 
 
 def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
-    result = transport.run(script, become=True, timeout=timeout)
-    if PosixShell.sudo_refused(result.stderr):
-        raise SudoPasswordRequiredError(
-            f"{what} needs root and sudo asks for a password",
-            node=node.name,
-            hint=f"allow {node.user or 'this user'} passwordless sudo (NOPASSWD), or connect as root",
-            result=result,
-        )
-    return result
+    return run_as_root(node, transport, script, what, timeout)
 
 
 def _probe(node: Node, transport: Transport) -> Probe:
