@@ -41,10 +41,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.cli.ui import LinePrinter  # noqa: E402
+from orchestrator.cli.ui import LinePrinter, RankedOutput  # noqa: E402
 from orchestrator.logs import RunLog  # noqa: E402
 from orchestrator.platforms import PosixShell  # noqa: E402
-from orchestrator.steps.launch import run_dir_for, run_marker, split_rank  # noqa: E402
+from orchestrator.steps.launch import run_dir_for, run_marker  # noqa: E402
 from orchestrator.steps.runs import follow_node  # noqa: E402
 from orchestrator.transports import SSHOptions  # noqa: E402
 from orchestrator.transports.ssh import SSHTransport  # noqa: E402
@@ -61,7 +61,7 @@ t = time.time
 pad = "x" * 40
 begin = t()
 for i in range(n):
-    w(f"{i} {t():.6f} {pad}\\n")
+    w(f"[default0]:{i} {t():.6f} {pad}\\n")
     if rate and i % 50 == 49:
         sys.stdout.flush()
         ahead = begin + (i + 1) / rate - t()
@@ -94,6 +94,23 @@ class Tally:
     @property
     def lost(self) -> int:
         return self.expected - len(self.latencies)
+
+
+class TallySink:
+    """The terminal: what bootstrap writes there (``[node:rank] I STAMP pad``) is checked per node."""
+
+    def __init__(self) -> None:
+        self.by_head: dict[str, Tally] = {}
+
+    def write(self, text: str) -> int:
+        by_head = self.by_head
+        for line in text.split("\n")[:-1]:
+            head, rest = line.split(" ", 1)
+            by_head[head].line(rest)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 @dataclass
@@ -169,7 +186,7 @@ def run_ssh(cluster: NamespaceCluster, known: Path, printer: Path, lines: int, r
         with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
             assert proc.stdout is not None
             for text in proc.stdout:
-                tally.line(text.rstrip("\n"))
+                tally.line(text[11:].rstrip("\n"))  # after "[default0]:"
 
     start, cpu = time.time(), _cpu()
     _parallel([lambda h=h, t=t: one(h, t) for h, t in zip(cluster.hosts, tallies, strict=True)])
@@ -202,25 +219,23 @@ def run_launch(
     transports = _transports(cluster, known)
     tallies = {h.name: Tally(lines) for h in cluster.hosts}
     log = RunLog(tmp / "runs" / f"bench-{time.monotonic_ns()}")
-    with open(os.devnull, "w") as sink:
-        printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)
+    sink = TallySink()
+    printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)  # type: ignore[arg-type]
+    outputs = {}
+    for rank, host in enumerate(cluster.hosts):  # what `launch` does with every node's output
+        outputs[host.name] = RankedOutput(host.name, log, printer_ui, first_rank=rank, nproc=1)
+        sink.by_head[printer_ui.head(host.name, rank).rstrip()] = tallies[host.name]
 
-        def on_line(node: str, line: str) -> None:  # what `launch` does with every line
-            local_rank, text = split_rank(line)
-            log.write(node, line)
-            printer_ui.write_rank(node, local_rank, text)
-            tallies[node].line(text)
+    def one(t: SSHTransport) -> None:
+        platform = t.platform
+        assert isinstance(platform, PosixShell)
+        node_log = str(tmp / f"{t.node_name}-node.log")
+        command = platform.logged(f"{sys.executable} {printer} {lines} {rate}", node_log)
+        result = t.run(command, on_line=outputs[t.node_name], keep_lines=200)
+        assert result.ok, result
 
-        def one(t: SSHTransport) -> None:
-            platform = t.platform
-            assert isinstance(platform, PosixShell)
-            node_log = str(tmp / f"{t.node_name}-node.log")
-            command = platform.logged(f"{sys.executable} {printer} {lines} {rate}", node_log)
-            result = t.run(command, on_line=lambda _s, line: on_line(t.node_name, line), keep_lines=200)
-            assert result.ok, result
-
-        start, cpu = time.time(), _cpu()
-        _parallel([lambda t=t: one(t) for t in transports])
+    start, cpu = time.time(), _cpu()
+    _parallel([lambda t=t: one(t) for t in transports])
     log.close()
     for t in transports:
         t.close()
@@ -241,50 +256,50 @@ def run_logs(
     run_id = f"bench-{time.monotonic_ns()}"
     log = RunLog(tmp / "runs" / run_id)
     nodes = {h.name: SimpleNamespace(name=h.name, workdir=str(tmp / "work"), nproc=1) for h in cluster.hosts}
-    with open(os.devnull, "w") as sink:
-        printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)
+    sink = TallySink()
+    printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)  # type: ignore[arg-type]
+    for rank, host in enumerate(cluster.hosts):
+        sink.by_head[printer_ui.head(host.name, rank).rstrip()] = tallies[host.name]
+    outputs = {  # what `logs` does with every node's output
+        h.name: RankedOutput(h.name, log, printer_ui, first_rank=rank, nproc=1)
+        for rank, h in enumerate(cluster.hosts)
+    }
+    for t in transports:
+        run_dir = run_dir_for(nodes[t.node_name], run_id)  # type: ignore[arg-type]
+        Path(run_dir).mkdir(parents=True)
+        Path(run_dir, "launch.sh").write_text(f"exec {sys.executable} {printer} {lines} {rate}\n")
 
-        def on_line(node: str, line: str) -> None:  # what `logs` does with every line
-            local_rank, text = split_rank(line)
-            log.write(node, line)
-            printer_ui.write_rank(node, local_rank, text)
-            tallies[node].line(text)
+    errors: list[BaseException] = []
 
-        for t in transports:
-            run_dir = run_dir_for(nodes[t.node_name], run_id)  # type: ignore[arg-type]
-            Path(run_dir).mkdir(parents=True)
-            Path(run_dir, "launch.sh").write_text(f"exec {sys.executable} {printer} {lines} {rate}\n")
+    def one(t: SSHTransport) -> None:
+        try:
+            with netns.inside(cluster.controller_ns):
+                node: Any = nodes[t.node_name]
+                follow_node(node, t, run_id, follow=True, output=outputs[t.node_name], python=python)
+        except BaseException as exc:
+            errors.append(exc)
 
-        errors: list[BaseException] = []
-
-        def one(t: SSHTransport) -> None:
-            try:
-                with netns.inside(cluster.controller_ns):
-                    follow_node(nodes[t.node_name], t, run_id, follow=True, on_line=on_line, python=python)  # type: ignore[arg-type]
-            except BaseException as exc:
-                errors.append(exc)
-
-        # followers first (they wait for the launcher), then every printer detached: latency is
-        # measured from print, not from whenever a follower happened to start
-        followers = [threading.Thread(target=one, args=(t,)) for t in transports]
-        start, cpu = time.time(), _cpu()
-        for thread in followers:
-            thread.start()
-        for t in transports:
-            platform = t.platform
-            assert isinstance(platform, PosixShell)
-            node = nodes[t.node_name]
-            run_dir = run_dir_for(node, run_id)  # type: ignore[arg-type]
-            started = t.run(
-                platform.start_detached(
-                    run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
-                )
+    # followers first (they wait for the launcher), then every printer detached: latency is
+    # measured from print, not from whenever a follower happened to start
+    followers = [threading.Thread(target=one, args=(t,)) for t in transports]
+    start, cpu = time.time(), _cpu()
+    for thread in followers:
+        thread.start()
+    for t in transports:
+        platform = t.platform
+        assert isinstance(platform, PosixShell)
+        node = nodes[t.node_name]
+        run_dir = run_dir_for(node, run_id)  # type: ignore[arg-type]
+        started = t.run(
+            platform.start_detached(
+                run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
             )
-            assert started.ok, started
-        for thread in followers:
-            thread.join()
-        if errors:
-            raise errors[0]
+        )
+        assert started.ok, started
+    for thread in followers:
+        thread.join()
+    if errors:
+        raise errors[0]
     log.close()
     for t in transports:
         t.close()
@@ -301,7 +316,11 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=5000, help="lines/s per node for the latency phase (paced printers)"
     )
+    parser.add_argument(
+        "--only", default="ssh,launch,logs,shell", help="paths to measure (comma-separated; default: all)"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     phases = {"as fast as possible": 0.0, f"paced, {args.rate:g} lines/s per node": args.rate}
     results: dict[tuple[str, str], list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="cb-bench-logs-") as tmp_name, NamespaceCluster(NODES) as cluster:
@@ -313,13 +332,16 @@ def main() -> int:
         for phase, rate in phases.items():
             lines = args.lines if not rate else min(args.lines, int(rate * 5))  # paced: about 5 s
             for _ in range(args.runs):
-                for row in (
-                    run_ssh(cluster, known, printer, lines, rate),
-                    run_launch(cluster, known, printer, lines, rate, tmp),
-                    run_logs(cluster, known, printer, lines, rate, tmp),
-                    run_logs(cluster, known, printer, lines, rate, tmp, python=None),
-                ):
-                    results.setdefault((phase, row.path), []).append(row)
+                paths: dict[str, Callable[[int, float], Row]] = {
+                    "ssh": lambda n, r: run_ssh(cluster, known, printer, n, r),
+                    "launch": lambda n, r: run_launch(cluster, known, printer, n, r, tmp),
+                    "logs": lambda n, r: run_logs(cluster, known, printer, n, r, tmp),
+                    "shell": lambda n, r: run_logs(cluster, known, printer, n, r, tmp, python=None),
+                }
+                for name, measure in paths.items():
+                    if name in only or name == "ssh":  # the baseline: every ratio needs it
+                        row = measure(lines, rate)
+                        results.setdefault((phase, row.path), []).append(row)
     print(f"\n{NODES} nodes, median of {args.runs} run(s); lines per node: {args.lines} (paced: 5 s worth)")
     for phase in phases:
         base = statistics.median(r.lines_per_s for r in results[(phase, "ssh (baseline)")])

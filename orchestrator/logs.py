@@ -24,7 +24,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 class RunLog:
-    """One file per node under ``<dir>/<node>.log``, appended line by line (thread-safe)."""
+    """One file per node under ``<dir>/<node>.log``, appended as output arrives (thread-safe)."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -35,6 +35,10 @@ class RunLog:
         return self.directory / f"{_UNSAFE.sub('_', node)}.log"
 
     def write(self, node: str, line: str) -> None:
+        self.write_block(node, line + "\n")
+
+    def write_block(self, node: str, text: str) -> None:
+        """Append ``text`` (complete lines, each ending with a newline) to the node's file."""
         with self._lock:
             fh = self._files.get(node)
             if fh is None:
@@ -43,7 +47,7 @@ class RunLog:
                 fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 fh = os.fdopen(fd, "a", encoding="utf-8", errors="replace")
                 self._files[node] = fh
-            fh.write(line + "\n")
+            fh.write(text)
 
     def close(self) -> None:
         with self._lock:

@@ -1028,8 +1028,9 @@ def _launch(
 ) -> None:
     import time as _time
 
+    from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer
-    from orchestrator.steps.launch import failure_tail, plan, run_node, split_rank
+    from orchestrator.steps.launch import failure_tail, plan, run_node
 
     ui = settings.ui
     if settings.nodes:
@@ -1067,16 +1068,23 @@ def _launch(
         log = RunLog(Path("runs") / run_id)
         printer = ui.line_printer([n.name for n in nodes])
 
-        def on_line(node: str, line: str) -> None:
-            local_rank, text = split_rank(line)
-            rank = None if local_rank is None else specs[node].first_rank + local_rank
-            log.write(node, line)
-            if not settings.json_mode:
-                printer.write_rank(node, rank, text)
+        # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
+        outputs = {
+            node.name: RankedOutput(
+                node.name,
+                log,
+                None if settings.json_mode else printer,
+                first_rank=specs[node.name].first_rank,
+                nproc=specs[node.name].nproc,
+            )
+            for node in nodes
+        }
 
         try:
             outcomes = session.map(
-                lambda node, t: run_node(node, t, specs[node.name], renderer=renderer, on_line=on_line),
+                lambda node, t: run_node(
+                    node, t, specs[node.name], renderer=renderer, output=outputs[node.name]
+                ),
                 step="train",
                 fail_fast=True,
             )

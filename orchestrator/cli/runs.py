@@ -25,12 +25,13 @@ from orchestrator.cli.main import (
     cli,
     common_options,
 )
+from orchestrator.cli.ui import RankedOutput
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.logs import RunLog
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.inspect import interpreter_for
-from orchestrator.steps.launch import run_dir_for, run_marker, split_rank
+from orchestrator.steps.launch import run_dir_for, run_marker
 from orchestrator.steps.runs import (
     FOLLOW_PROGRAM,
     RUNS_ROOT,
@@ -185,11 +186,16 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
         run_log.path(node.name).unlink(missing_ok=True)
     printer = ui.line_printer([n.name for n in nodes])
 
-    def on_line(node: str, line: str) -> None:
-        local_rank, text = split_rank(line)
-        run_log.write(node, line)
-        if not settings.json_mode:
-            printer.write_rank(node, None if local_rank is None else ranks[node] + local_rank, text)
+    outputs = {
+        node.name: RankedOutput(
+            node.name,
+            run_log,
+            None if settings.json_mode else printer,
+            first_rank=ranks[node.name],
+            nproc=node.nproc,
+        )
+        for node in nodes
+    }
 
     def on_note(node: str, message: str) -> None:
         ui.note(f"{node}: {message}")
@@ -203,7 +209,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
                     t,
                     run_id,
                     follow=follow,
-                    on_line=on_line,
+                    output=outputs[node.name],
                     on_note=on_note,
                     python=interpreter_for(node),  # the run's own: it is there
                 ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -21,6 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.executor import NodeEvent
+from orchestrator.logs import RunLog
+from orchestrator.transports.base import BlockHandler
 
 # ANSI colours for node prefixes (raw escapes: streaming must stay cheap per line)
 _PALETTE = ("36", "35", "32", "33", "34", "96", "95", "92", "93", "94")
@@ -140,16 +143,24 @@ class LinePrinter:
         self.err_mark = "\x1b[31m!\x1b[0m " if color else ""
         self._heads: dict[tuple[str, int | None], str] = {}
 
-    def write_rank(self, node: str, rank: int | None, line: str) -> None:
-        """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
+    def head(self, node: str, rank: int | None) -> str:
+        """``[node:rank] `` in the node's colour (``[node] `` for the launcher's own lines)."""
         head = self._heads.get((node, rank))
-        if head is None:  # built once per node and rank: this runs for every line of a training log
+        if head is None:  # built once per node and rank
             label = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
             colour = self._colours.get(node)
             head = f"\x1b[{colour}m{label}\x1b[0m " if colour else label + " "
             self._heads[(node, rank)] = head
+        return head
+
+    def write_rank(self, node: str, rank: int | None, line: str) -> None:
+        """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
+        self.write_text(self.head(node, rank) + line + "\n")
+
+    def write_text(self, text: str) -> None:
+        """Already prefixed lines, written whole (lines of two nodes never interleave)."""
         with self._lock:
-            self.stream.write(head + line + "\n")
+            self.stream.write(text)
             self.stream.flush()
 
     def write(self, node: str, line: str, *, stderr: bool = False) -> None:
@@ -157,3 +168,59 @@ class LinePrinter:
         with self._lock:
             self.stream.write(text)
             self.stream.flush()
+
+
+_RANK_TAG = re.compile(r"\[default(\d+)\]:")
+
+
+class RankedOutput(BlockHandler):
+    """One node's training output: into the controller's log as received, and onto the terminal
+    with each line's ``[defaultN]:`` tag (torchrun's ``--tee``) replaced by ``[node:GLOBAL_RANK]``
+    (``[node]`` for the launcher's own lines).
+
+    Works on whole blocks of lines with string operations that run in C: a node printing 100k
+    lines/s costs a few replaces per read, not a Python call per line.
+    """
+
+    def __init__(
+        self,
+        node: str,
+        log: RunLog | None,
+        printer: LinePrinter | None,
+        *,
+        first_rank: int = 0,
+        nproc: int = 0,
+        on_block: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.node = node
+        self.log = log
+        self.printer = printer
+        self.first_rank = first_rank
+        self.on_block = on_block
+        self._head = printer.head(node, None) if printer else ""
+        self._tags = (
+            [(self._head + f"[default{r}]:", printer.head(node, first_rank + r)) for r in range(nproc)]
+            if printer
+            else []
+        )
+        self._other = re.compile("^" + re.escape(self._head) + _RANK_TAG.pattern, re.M)
+
+    def block(self, stream: str, text: str) -> None:
+        if self.log is not None:
+            self.log.write_block(self.node, text)
+        if self.on_block is not None:
+            self.on_block(self.node, text)
+        if self.printer is None:
+            return
+        head = self._head
+        out = head + text[:-1].replace("\n", "\n" + head) + "\n"
+        if "[default" in text:
+            for tag, rank_head in self._tags:
+                out = out.replace(tag, rank_head)
+            if "[default" in out:  # a rank beyond nproc, or the tag inside a line: the slow way
+                out = self._other.sub(self._rank_head, out)
+        self.printer.write_text(out)
+
+    def _rank_head(self, match: re.Match[str]) -> str:
+        assert self.printer is not None
+        return self.printer.head(self.node, self.first_rank + int(match.group(1)))

@@ -252,16 +252,17 @@ class PosixShell(Platform):
     def tail_log(
         self, run_dir: str, marker: str, log: str, offset: int, *, follow: bool, interval: float = 0.05
     ) -> str:
-        """Print ``log`` from byte ``offset`` as ``END TEXT`` lines (END: the byte offset just past
-        that line), complete lines only: a last line without its newline is held back until the
-        launcher has ended. Sizes are taken before reading, so a line being written is never cut.
-        With ``follow`` it polls until the launcher has ended (exit-code file, or its process gone)
-        and everything is read. Ends with ``@@end CODE|none OFFSET`` (``@@missing``: no such run)."""
+        """Print ``log`` from byte ``offset``, complete lines only (a line starting with ``@@`` gets one
+        more ``@``), each batch followed by ``@@. OFFSET`` (the byte offset just past it): a last
+        line without its newline is held back until the launcher has ended. Sizes are taken before
+        reading, so a line being written is never cut. With ``follow`` it polls until the launcher
+        has ended (exit-code file, or its process gone) and everything is read. Ends with
+        ``@@end CODE|none OFFSET`` (``@@missing``: no such run)."""
         awk = (
             "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
-            ' printf "%.0f %s\\n", e, $0; o = e }'
-            # "@@.": this chunk's last line is complete (the reader holds each line until more comes)
-            ' END { print "@@."; printf "%.0f\\n", o > "/dev/stderr" }'
+            ' if (substr($0, 1, 2) == "@@") printf "@"; print; o = e }'
+            # "@@. OFFSET": the batch before it arrived whole (the reader holds it until then)
+            ' END { printf "@@. %.0f\\n", o; printf "%.0f\\n", o > "/dev/stderr" }'
         )
         return (
             self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.steps.inspect import NodeFacts
     from orchestrator.transports import Result, Transport
+    from orchestrator.transports.base import OnLine, Stream
 
 #: torchrun --tee 3 prefixes each worker line with its local rank
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
@@ -233,11 +234,15 @@ def run_node(
     spec: LaunchSpec,
     *,
     renderer: Renderer,
-    on_line: Callable[[str, str], None],
+    on_line: Callable[[str, str], None] | None = None,
+    output: OnLine | None = None,
     template: str | None = None,
     script_file: Path | None = None,
 ) -> NodeRunResult:
     """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
+
+    Its output goes to ``on_line(node, line)``, or to ``output``, the node's own handler (a
+    ``BlockHandler`` such as ``RankedOutput`` takes it a block of lines at a time).
 
     ``template``: another launch template than the platform's default (validation uses one);
     ``script_file``: a local file uploaded to ``spec.script`` (an absolute path on the node) instead
@@ -263,9 +268,14 @@ def run_node(
             + "\n"
             + platform.logged(platform.run_script(f"{run_dir}/launch.sh"), node_log)
         )
-    result = transport.run(
-        command, env=STREAMING_ENV, on_line=lambda stream, line: on_line(node.name, line), keep_lines=200
-    )
+    if output is None:
+        per_line = on_line
+
+        def output(stream: Stream, line: str) -> None:
+            if per_line is not None:
+                per_line(node.name, line)
+
+    result = transport.run(command, env=STREAMING_ENV, on_line=output, keep_lines=200)
     if result.exit_code is None:
         # our own connection was closed: another node failed (fail fast) or the user interrupted
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")

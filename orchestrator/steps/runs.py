@@ -6,9 +6,10 @@ to ``node.log`` and its exit code to ``node.log.rc``. Its processes carry the ru
 environment (``PosixShell.RUN_MARKER_ENV``), so ``stop`` finds exactly them: never a process of
 another run, never one matched by a name.
 
-``logs`` resumes from byte offsets: every line the node sends carries the offset just past it, the
-controller remembers the last complete line's, and after a dropped connection the tail restarts there.
-Nothing is lost and nothing is printed twice.
+``logs`` resumes from byte offsets: the node sends the log in batches of complete lines, each followed
+by a marker with the offset just past it; the controller prints a batch once its marker arrived,
+remembers that offset, and after a dropped connection the tail restarts there. Nothing is lost and
+nothing is printed twice.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from orchestrator.errors import (
 from orchestrator.platforms import PosixShell
 from orchestrator.render import DEFAULT_WORKDIR
 from orchestrator.steps.launch import STREAMING_ENV, prepare_node, run_dir_for, run_marker
+from orchestrator.transports.base import BlockHandler
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -147,9 +149,10 @@ def start_node(node: Node, transport: Transport, spec: LaunchSpec, *, renderer: 
 
 
 #: The node side of `logs` when the node's Python is known (PosixShell.tail_log_python): bytes of the
-#: log from an offset, complete lines only, as "END TEXT" (END: offset just past the line), "@@." after
-#: each batch, "@@end CODE|none OFFSET" last. A last line without its newline is sent only once the
-#: launcher has ended. Same protocol as the shell/awk version (PosixShell.tail_log).
+#: log from an offset, complete lines only, sent as they are (a line starting with "@@" gets one more
+#: "@"), each batch followed by "@@. OFFSET" (the offset just past the batch), "@@end CODE|none
+#: OFFSET" last. A last line without its newline is sent only once the launcher has ended. Same
+#: protocol as the shell/awk version (PosixShell.tail_log).
 FOLLOW_PROGRAM = r"""
 import os, sys, time
 path, rc_path, pid_path = sys.argv[1:4]
@@ -190,17 +193,13 @@ while True:
             if len(data) < BLOCK:
                 break  # a line still being written: wait for its newline
             cut = len(data)  # a line longer than a block: sent in pieces
-        lines = data[:cut].split(b"\n")
-        last = lines.pop()  # empty when the chunk ends with a newline
-        parts = []
-        for line in lines:
-            offset += len(line) + 1
-            parts.append(b"%d %s\n" % (offset, line))
-        if last:
-            offset += len(last)
-            parts.append(b"%d %s\n" % (offset, last))
-        parts.append(b"@@.\n")
-        out.write(b"".join(parts))
+        chunk = data[:cut]
+        offset += cut
+        if not chunk.endswith(b"\n"):
+            chunk += b"\n"
+        if b"@@" in chunk:
+            chunk = (b"\n" + chunk).replace(b"\n@@", b"\n@@@")[1:]
+        out.write(chunk + b"@@. %d\n" % offset)
         out.flush()
     if fin or not follow:
         break
@@ -223,80 +222,133 @@ class FollowResult:
     reconnects: int
 
 
+def _markers(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of every marker line in ``text`` (complete lines): lines starting with "@@" but
+    not "@@@" (a log line that starts with "@@" arrives with one more "@")."""
+    line = 0
+    while True:
+        if text.startswith("@@", line):
+            end = text.index("\n", line) + 1
+            if text[line + 2 : line + 3] != "@":
+                yield line, end
+            line = end
+            continue
+        found = text.find("\n@@", line)
+        if found < 0:
+            return
+        line = found + 1
+
+
+class _Batches(BlockHandler):
+    """The controller side of the tail protocol: a batch of lines is passed on once the marker after
+    it arrived (it came whole); what came after the last marker waits for its own."""
+
+    def __init__(self, node: str, deliver: Callable[[str], None]) -> None:
+        self.node = node
+        self.deliver = deliver
+        self.offset = 0
+        self.lines = 0
+        self.markers: list[str] = []
+        self.pending: list[str] = []
+
+    def restart(self) -> None:
+        self.pending.clear()  # possibly cut by a dropped connection: read again from ``offset``
+        self.markers.clear()
+
+    def block(self, stream: str, text: str) -> None:
+        if stream != "stdout":
+            log.debug("%s: tail: %s", self.node, text.rstrip("\n"))
+            return
+        pos = 0
+        for start, end in _markers(text):
+            self._batch(text[pos:start])
+            pos = end
+            marker = text[start : end - 1]
+            if marker.startswith("@@. "):
+                self.offset = int(marker[4:])
+            else:
+                self.markers.append(marker)
+        if pos < len(text):
+            self.pending.append(text[pos:])
+
+    def _batch(self, text: str) -> None:
+        if self.pending:
+            text = "".join(self.pending) + text
+            self.pending.clear()
+        if not text:
+            return
+        if "@@@" in text:  # lines of the log that start with "@@" arrive with one more "@"
+            text = ("\n" + text).replace("\n@@@", "\n@@")[1:]
+        self.lines += text.count("\n")
+        self.deliver(text)
+
+
 def follow_node(
     node: Node,
     transport: Transport,
     run_id: str,
     *,
     follow: bool,
-    on_line: Callable[[str, str], None],
+    on_line: Callable[[str, str], None] | None = None,
+    output: BlockHandler | None = None,
     on_note: Callable[[str, str], None] | None = None,
     reconnect_for: float = 300.0,
     python: str | None = None,
     interval: float | None = None,
 ) -> FollowResult:
-    """Stream the node's log of ``run_id`` to ``on_line(node, line)`` from the start; with ``follow``
-    until the launcher has ended and the log is read to its end.
+    """Stream the node's log of ``run_id`` from the start, to ``output`` (the node's handler, a block
+    of lines at a time) or ``on_line(node, line)``; with ``follow`` until the launcher has ended and
+    the log is read to its end.
 
     A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
-    restarts from the offset of the last complete line delivered. ``python``: the node's interpreter
+    restarts from the offset just past the last batch delivered. ``python``: the node's interpreter
     (the one the run uses): one Python process reads the log on the node (FOLLOW_PROGRAM) instead of
-    a shell loop running tail and awk at every poll. The line being received when the
-    connection dropped may have arrived cut: each line is held until the next line or marker proves
-    it complete (the node ends every chunk with a marker, so nothing waits for later output).
+    a shell loop running tail and awk at every poll. The batch being received when the connection
+    dropped may have arrived cut: a batch is delivered only once the marker after it arrived.
     """
     platform = _posix(transport, node)
     run_dir = run_dir_for(node, run_id)
     marker = run_marker(run_id, node.name)
-    offset = 0
-    lines = 0
     reconnects = 0
-    held_end = -1  # the line received last, delivered once the next line or marker arrives
-    held_text = ""
-    markers: list[str] = []
 
-    def handle(stream: str, line: str) -> None:
-        nonlocal offset, lines, held_end, held_text
-        if stream != "stdout":
-            log.debug("%s: tail: %s", node.name, line)
-            return
-        if held_end > offset:  # never otherwise: the tail restarts exactly at ``offset``
-            offset = held_end
-            lines += 1
-            on_line(node.name, held_text)
-        held_end = -1
-        if line[:2] == "@@":
-            markers.append(line)
-            return
-        space = line.find(" ")
-        if space > 0 and line[:space].isdigit():
-            held_end, held_text = int(line[:space]), line[space + 1 :]
+    def deliver(text: str) -> None:
+        if output is not None:
+            output.block("stdout", text)
+        elif on_line is not None:
+            for line in text[:-1].split("\n"):
+                on_line(node.name, line)
 
+    batches = _Batches(node.name, deliver)
+    markers = batches.markers
     while True:
-        held_end = -1
-        markers.clear()
+        batches.restart()
         log_path = f"{run_dir}/node.log"
         if python is not None:
             script = platform.tail_log_python(
-                python, FOLLOW_PROGRAM, run_dir, log_path, offset, follow=follow, interval=interval or 0.02
+                python,
+                FOLLOW_PROGRAM,
+                run_dir,
+                log_path,
+                batches.offset,
+                follow=follow,
+                interval=interval or 0.02,
             )
         else:
             script = platform.tail_log(
-                run_dir, marker, log_path, offset, follow=follow, interval=interval or 0.05
+                run_dir, marker, log_path, batches.offset, follow=follow, interval=interval or 0.05
             )
         try:
-            result = transport.run(script, on_line=handle, keep_lines=20)
+            result = transport.run(script, on_line=batches, keep_lines=20)
         except (UnreachableError, EOFError, OSError) as exc:
             # EOFError/OSError: paramiko can raise them raw when the connection dies while it
             # sends (a window adjust inside recv); the transport does not wrap those yet
             log.info("%s: tail interrupted: %r", node.name, exc)
-            held_end = -1  # possibly cut by the drop: read again from ``offset``
             reconnects += 1
             if on_note is not None:
-                on_note(node.name, f"connection lost after byte {offset}; reconnecting")
+                on_note(node.name, f"connection lost after byte {batches.offset}; reconnecting")
             _reconnect(transport, node, time.monotonic() + reconnect_for)
             if on_note is not None:
-                on_note(node.name, f"reconnected; resuming at byte {offset}")
+                on_note(node.name, f"reconnected; resuming at byte {batches.offset}")
             continue
         if result.exit_code is None:
             raise CancelledError("stopped following", node=node.name)
@@ -320,7 +372,11 @@ def follow_node(
         words = end.split()
         code = int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
         return FollowResult(
-            code, ended=follow or code is not None, offset=offset, lines=lines, reconnects=reconnects
+            code,
+            ended=follow or code is not None,
+            offset=batches.offset,
+            lines=batches.lines,
+            reconnects=reconnects,
         )
 
 

@@ -25,6 +25,21 @@ Stream = Literal["stdout", "stderr"]
 OnLine = Callable[[Stream, str], None]
 
 
+class BlockHandler:
+    """An ``on_line`` handler that also takes many complete lines in one call.
+
+    Transports hand ``block`` every complete line one read brought in (text ending with a newline,
+    ``\r\n`` turned into ``\n``), so a fast stream (a training log at 100k lines/s) costs Python work
+    per read, not per line. Calling the handler with one line still works (``block`` of that line).
+    """
+
+    def __call__(self, stream: Stream, line: str) -> None:
+        self.block(stream, line + "\n")
+
+    def block(self, stream: Stream, text: str) -> None:
+        raise NotImplementedError
+
+
 @dataclass
 class Result:
     """What one command did on one node (invoke's ``Result`` shape)."""
@@ -73,6 +88,12 @@ class LineSplitter:
     _partial: str = ""
     _chunks: list[str] = field(default_factory=list)
     _tail: deque[str] = field(default_factory=deque)
+    _block: Callable[[Stream, str], None] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._tail = deque(maxlen=self.keep)
+        if isinstance(self.on_line, BlockHandler):
+            self._block = self.on_line.block
 
     def feed(self, data: bytes) -> None:
         text = self._decoder.decode(data)
@@ -82,6 +103,12 @@ class LineSplitter:
         if self.on_line is None:
             return
         buf = self._partial + text
+        if self._block is not None:
+            cut = buf.rfind("\n") + 1
+            self._partial = buf[cut:]
+            if cut:
+                self._block(self.stream, buf[:cut].replace("\r\n", "\n") if "\r" in buf else buf[:cut])
+            return
         *complete, self._partial = buf.split("\n")
         for line in complete:
             self.on_line(self.stream, line.removesuffix("\r"))
@@ -93,16 +120,16 @@ class LineSplitter:
         if self.on_line is not None:
             rest = self._partial + text
             self._partial = ""
-            if rest:
+            if rest and self._block is not None:
+                self._block(self.stream, rest.replace("\r\n", "\n").removesuffix("\r") + "\n")
+            elif rest:
                 self.on_line(self.stream, rest.removesuffix("\r"))
 
     def _remember(self, text: str) -> None:
         if self.keep is None:
             self._chunks.append(text)
             return
-        self._tail.extend(text.splitlines(keepends=True))
-        while len(self._tail) > self.keep:
-            self._tail.popleft()
+        self._tail.extend(text.splitlines(keepends=True))  # the deque drops what is older than keep
 
     @property
     def text(self) -> str:

@@ -214,6 +214,23 @@ def test_detached_run_survives_our_connection_and_reports_status(
 
 
 @pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_follow_passes_log_lines_that_look_like_protocol_markers_through_unchanged(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    # the tail protocol's own markers start with "@@": a training log that prints such lines (or a
+    # line of nothing but "@") must reach the user as printed, and must not end the tail early
+    node = _node(tmp_path)
+    printed = ["@@end 0 5", "@@.", "@@. 3", "@@missing", "@@@triple", "@", "", "last \u00e9"]
+    script = "".join(f"printf '%s\\n' '{line}'\n" for line in printed)
+    _start(cluster.controller_ns, node1, node, "r-at", script)
+    lines: list[str] = []
+    result = _follow(cluster.controller_ns, node1, node, "r-at", True, lines, [], python)
+    assert lines == printed
+    assert result.exit_code == 0 and result.lines == len(printed)
+    assert result.offset == len(("\n".join(printed) + "\n").encode())
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
 def test_follow_resumes_at_the_byte_after_the_last_line_when_the_connection_drops(
     cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
 ) -> None:
