@@ -158,7 +158,7 @@ import os, sys, time
 path, rc_path, pid_path = sys.argv[1:4]
 offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
 out = sys.stdout.buffer
-BLOCK = 1 << 22
+BLOCK = 1 << 20
 
 def ended():
     if os.path.exists(rc_path):
