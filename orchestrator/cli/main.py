@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import __version__
-from orchestrator.cli.ui import UI
+from orchestrator.cli.ui import UI, PrefixedOutput
 from orchestrator.errors import (
     BootstrapError,
     CancelledError,
@@ -689,12 +689,8 @@ def run(
     printer = ui.line_printer([n.name for n in nodes])
 
     def one(node: Node, transport: Transport) -> Result:
-        def on_line(stream: str, line: str) -> None:
-            run_log.write(node.name, line)
-            if not settings.json_mode:
-                printer.write(node.name, line, stderr=stream == "stderr")
-
-        result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=on_line, become=become)
+        output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
+        result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=output, become=become)
         platform = transport.platform
         if (
             become

@@ -224,3 +224,21 @@ class RankedOutput(BlockHandler):
     def _rank_head(self, match: re.Match[str]) -> str:
         assert self.printer is not None
         return self.printer.head(self.node, self.first_rank + int(match.group(1)))
+
+
+class PrefixedOutput(BlockHandler):
+    """One node's command output (`bootstrap run`): into the controller's log as received, and onto
+    the terminal as ``[node] line`` (stderr lines marked), a block of lines per write."""
+
+    def __init__(self, node: str, log: RunLog | None, printer: LinePrinter | None) -> None:
+        self.node = node
+        self.log = log
+        self.printer = printer
+
+    def block(self, stream: str, text: str) -> None:
+        if self.log is not None:
+            self.log.write_block(self.node, text)
+        if self.printer is None:
+            return
+        head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
+        self.printer.write_text(head + text[:-1].replace("\n", "\n" + head) + "\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.cli.ui import LinePrinter, RankedOutput
+from orchestrator.cli.ui import LinePrinter, PrefixedOutput, RankedOutput
 from orchestrator.logs import RunLog
 from orchestrator.transports.base import BlockHandler, LineSplitter
 
@@ -124,3 +124,18 @@ def test_without_a_terminal_printer_output_is_still_logged(tmp_path: Path) -> No
     log.close()
     assert (tmp_path / "runs" / "r2" / "n1.log").read_text() == "[default0]:one line\n"
     assert seen == [("n1", "[default0]:one line\n")]
+
+
+def test_command_output_is_prefixed_per_line_with_stderr_marked(tmp_path: Path) -> None:
+    out = io.StringIO()
+    printer = LinePrinter(["n1", "node-two"], out, color=False)
+    log = RunLog(tmp_path / "runs" / "r3")
+    output = PrefixedOutput("n1", log, printer)
+    output.block("stdout", "a\nb\n")
+    output.block("stderr", "oops\n")
+    log.close()
+    assert out.getvalue().splitlines() == ["[n1]       a", "[n1]       b", "[n1]       oops"]
+    assert (tmp_path / "runs" / "r3" / "n1.log").read_text() == "a\nb\noops\n"
+    colored = io.StringIO()
+    PrefixedOutput("n1", None, LinePrinter(["n1"], colored, color=True)).block("stderr", "x\ny\n")
+    assert colored.getvalue().count("\x1b[31m!") == 2  # every stderr line carries the mark
