@@ -10,13 +10,21 @@ from orchestrator.platforms import Platform, PosixShell
 
 @dataclass(frozen=True)
 class Route:
-    """How this node reaches the master: resolved address, interface, source address."""
+    """How this node reaches the master: resolved address, interface, source address.
+
+    Linux: ``ip -4 route get`` (interface = the route's dev). Native Windows:
+    ``Find-NetRoute`` (interface = the adapter's InterfaceAlias, see facts/windows.py)."""
 
     target: str  # the master's host as written in the inventory
     address: str | None  # what it resolved to here (None: resolution failed)
     interface: str | None  # "dev" of the route; "lo" when the address is this node's own
     source: str | None  # "src" of the route: the address peers will see
     local: bool  # the master address is one of this node's addresses
+
+    @property
+    def detail(self) -> str | None:
+        """Why resolution or the route failed, when the node said (see WindowsRoute)."""
+        return None
 
 
 def parse_route_line(line: str) -> tuple[str | None, str | None, bool]:

@@ -63,12 +63,13 @@ def _windows_plan(
 ) -> tuple[list[Fact[Any]], list[Fact[Any]], list[str]]:
     """(Windows-side facts, facts for the node's own platform, names of facts not gathered).
 
-    Native mode: only the Windows facts (the ``extra`` ones are POSIX commands: not gathered yet).
+    Native mode: the Windows facts and ``extra`` (the preflight gives native nodes PowerShell
+    facts: the route to the master, the adapters) in one PowerShell round trip.
     WSL mode: Windows and WSL facts from the Windows side (one PowerShell round trip), the Linux
     facts and ``extra`` inside the distribution (a second one, see ``gather_windows_side``)."""
     if isinstance(platform, WslShell):
         return windows_facts(None, mode="wsl"), [*linux_facts(python or interpreter_for(node)), *extra], []
-    return [], windows_facts(python or node.python), [f.name for f in extra]
+    return [], [*windows_facts(python or node.python), *extra], []
 
 
 def facts_plan(

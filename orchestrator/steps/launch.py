@@ -58,7 +58,9 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     for node in inventory.nodes:
         if node.os == "windows" and node.windows.mode == "native":
             own_python = node.python is None and not inventory.cluster.env.declared
-            _native_windows_plan(node, inspected, interfaces, pythons if own_python else {}, warnings)
+            _native_windows_plan(
+                node, inspected, interfaces, pythons if own_python else {}, warnings, single=single
+            )
     master_verdict = verdicts.get(master.name)
     master_addr = (
         "127.0.0.1" if single else master_verdict.data.get("master_address") if master_verdict else None
@@ -87,16 +89,17 @@ def _native_windows_plan(
     interfaces: dict[str, tuple[str | None, str | None]],
     pythons: dict[str, str],
     warnings: list[str],
+    *,
+    single: bool = False,
 ) -> None:
-    """A native Windows node: its facts have no route to the master yet (those are POSIX commands),
-    so GLOO_SOCKET_IFNAME is the inventory's ``interface:`` (the adapter's friendly name, which gloo
-    matches exactly on Windows); without ``python:`` (``pythons`` then holds the node), the
-    interpreter is the Windows Python the facts found (``python3``, the POSIX default, is usually the
-    Store stub there)."""
-    warnings[:] = [w for w in warnings if not w.startswith(f"node {node.name!r}: ")]
+    """A native Windows node: GLOO_SOCKET_IFNAME is the adapter that routes to the master
+    (``Find-NetRoute``, see facts/windows.py) or the inventory's ``interface:`` (the adapter's
+    friendly name, which gloo matches exactly on Windows); without ``python:`` (``pythons`` then
+    holds the node), the interpreter is the Windows Python the facts found (``python3``, the POSIX
+    default, is usually the Store stub there)."""
     if not (interfaces.get(node.name) or (None, None))[0]:
         interfaces[node.name] = (node.interface, None)
-        if not node.interface:
+        if not node.interface and not single:  # one machine: its ranks meet on loopback
             warnings.append(
                 f"node {node.name!r}: native Windows: no GLOO_SOCKET_IFNAME (gloo may bind the wrong "
                 "adapter; set interface: to the adapter's name as Get-NetAdapter shows it, e.g. Ethernet)"

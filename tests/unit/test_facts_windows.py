@@ -273,3 +273,299 @@ def test_wsl_node_plan_shows_both_scripts() -> None:
     calls = [c.arguments for c in pwsh.commands(tree) if c.name == "Invoke-CbWsl"]
     assert calls[0] == ["'version'", "'--version'"]
     assert "cat /etc/os-release" in linux_side
+
+
+# -- native nodes: the route to the master and the adapters ----------------------------------------------
+#
+# Recorded-style outputs: what the two network facts print through their own format on a Windows 11
+# 23H2 machine (German UI: "WLAN"; a USB adapter renamed "Büro LAN"), with the values Get-NetAdapter,
+# Get-NetIPAddress and Find-NetRoute give there. Composed from those cmdlets' documented objects, not
+# captured from a machine: that they print exactly this is what a real Windows host proves.
+
+ADAPTERS_WIN11 = (
+    "adapter=6|Up|Ethernet 2\r\n"
+    "description=6|Intel(R) Ethernet Controller I225-V\r\n"
+    "adapter=9|Up|Büro LAN\r\n"
+    "description=9|Realtek USB GbE Family Controller\r\n"
+    "adapter=14|Disconnected|WLAN\r\n"
+    "description=14|Intel(R) Wi-Fi 6E AX211 160MHz\r\n"
+    "adapter=22|Up|vEthernet (WSL (Hyper-V firewall))\r\n"
+    "description=22|Hyper-V Virtual Ethernet Adapter\r\n"
+    "adapter=31|Up|corp-vpn\r\n"
+    "description=31|WireGuard Tunnel\r\n"
+    "address=IPv4|127.0.0.1|8|Preferred|Loopback Pseudo-Interface 1\r\n"
+    "address=IPv6|::1|128|Preferred|Loopback Pseudo-Interface 1\r\n"
+    "address=IPv6|fe80::5d1c:9a2e:41b7:8c03%6|64|Preferred|Ethernet 2\r\n"
+    "address=IPv4|192.168.1.101|24|Preferred|Ethernet 2\r\n"
+    "address=IPv4|10.10.0.5|24|Preferred|Büro LAN\r\n"
+    "address=IPv4|169.254.37.112|16|Tentative|WLAN\r\n"
+    "address=IPv4|172.29.80.1|20|Preferred|vEthernet (WSL (Hyper-V firewall))\r\n"
+    "address=IPv4|10.200.0.7|32|Preferred|corp-vpn\r\n"
+)
+
+
+def route_output(
+    address: str, source: str, index: int, alias: str, prefix: str, *, local: bool = False
+) -> str:
+    return (
+        f"resolved={address}\r\nlocal={local}\r\nsource={source}\r\nindex={index}\r\ninterface={alias}\r\n"
+        f"prefix={prefix}\r\nnexthop=0.0.0.0\r\nroute_interface={alias}\r\n"
+    )
+
+
+ROUTE_LAN = route_output("192.168.1.100", "192.168.1.101", 6, "Ethernet 2", "192.168.1.0/24")
+ROUTE_OFFICE = route_output("10.10.0.1", "10.10.0.5", 9, "Büro LAN", "10.10.0.0/24")
+ROUTE_VPN = route_output("10.200.0.1", "10.200.0.7", 31, "corp-vpn", "10.200.0.0/24")
+ROUTE_SELF = route_output("192.168.1.101", "192.168.1.101", 6, "Ethernet 2", "192.168.1.101/32", local=True)
+ROUTE_UNREACHABLE = (
+    "resolved=172.16.5.1\r\nlocal=False\r\nroute_error=The network location cannot be reached. For "
+    "information about network troubleshooting, see Windows Help.\r\n"
+)
+ROUTE_UNRESOLVED = (
+    'resolve_error=Exception calling "GetHostAddresses" with "1" argument(s): "No such host is known"\r\n'
+    "resolved=\r\n"
+)
+
+NATIVE_MODE = WindowsSettings(mode="native")
+
+
+def test_route_script_quotes_the_master_host_and_parses() -> None:
+    from orchestrator.facts.windows import WindowsMasterRoute
+
+    for host in (
+        "win-a.lan",
+        "192.168.1.100",
+        "o'brien-pc",
+        "ma\u2019ster",
+        "x'; Remove-Item -Recurse C:\\; '",
+    ):
+        tree = pwsh.assert_parses(WindowsMasterRoute(host).command(ps))
+        target = [
+            n.children[-1].text.decode()
+            for n in pwsh.walk(tree.root_node)
+            if n.type == "assignment_expression" and n.children[0].text == b"$cbTarget"
+        ]
+        assert len(target) == 1 and target[0].startswith("'") and target[0].endswith("'")
+        assert re.sub(r"(['\u2018\u2019\u201a\u201b])\1", r"\1", target[0][1:-1]) == host
+        names = [c.name for c in pwsh.commands(tree)]
+        assert "Remove-Item" not in names  # the host stays one literal, never code
+        route = [c for c in pwsh.commands(tree) if c.name == "Find-NetRoute"]
+        assert [(c.parameters, c.arguments) for c in route] == [(["-remoteipaddress"], ["$cbAddress"])]
+
+
+def test_adapter_script_parses_and_reads_both_cmdlets() -> None:
+    from orchestrator.facts.windows import WindowsAdapters
+
+    tree = pwsh.assert_parses(WindowsAdapters().command(ps))
+    assert {"Get-NetAdapter", "Get-NetIPAddress"} <= {c.name for c in pwsh.commands(tree)}
+    # and the preflight's script for a native node: both facts in one sectioned PowerShell script
+    from orchestrator.steps.preflight import preflight_facts
+
+    node = Node(name="win", host="10.0.0.5", os="windows", windows=NATIVE_MODE)
+    facts = preflight_facts(node, Node(name="m", host="o'head"))
+    assert [f.name for f in facts] == ["route", "adapters"]
+    pwsh.assert_parses(ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in facts], "cb-1")))
+
+
+def test_route_outputs_parse_into_the_linux_route_model() -> None:
+    from orchestrator.facts.network import Route
+    from orchestrator.facts.windows import WindowsMasterRoute
+
+    fact = WindowsMasterRoute("win-master.lan")
+    lan = fact.parse(ROUTE_LAN, 0)
+    assert isinstance(lan, Route) and lan.detail is None
+    assert (lan.target, lan.address, lan.interface, lan.source, lan.local) == (
+        "win-master.lan",
+        "192.168.1.100",
+        "Ethernet 2",
+        "192.168.1.101",
+        False,
+    )
+    assert fact.parse(ROUTE_OFFICE, 0).interface == "Büro LAN"
+    assert fact.parse(ROUTE_SELF, 0).local
+    unreachable = fact.parse(ROUTE_UNREACHABLE, 0)
+    assert unreachable.address == "172.16.5.1" and unreachable.interface is None
+    assert unreachable.detail and "cannot be reached" in unreachable.detail
+    unresolved = fact.parse(ROUTE_UNRESOLVED, 0)
+    assert unresolved.address is None and "No such host is known" in (unresolved.detail or "")
+
+
+def test_adapter_output_parses_names_states_and_usable_addresses() -> None:
+    from orchestrator.facts.windows import WindowsAdapters
+
+    network = WindowsAdapters().parse(ADAPTERS_WIN11, 0)
+    assert [a.name for a in network.adapters] == [
+        "Ethernet 2",
+        "Büro LAN",
+        "WLAN",
+        "vEthernet (WSL (Hyper-V firewall))",
+        "corp-vpn",
+    ]
+    assert network.adapter("WLAN").description == "Intel(R) Wi-Fi 6E AX211 160MHz"  # type: ignore[union-attr]
+    assert network.down == ("WLAN",)
+    assert "Loopback Pseudo-Interface 1" in network.interfaces  # not an adapter, but gloo lists it
+    ipv4 = {(a.interface, a.address, a.prefix) for a in network.addresses}
+    assert ("Büro LAN", "10.10.0.5", 24) in ipv4 and ("Loopback Pseudo-Interface 1", "127.0.0.1", 8) in ipv4
+    assert not any(a.interface == "WLAN" for a in network.addresses)  # Tentative APIPA: not usable
+    assert [a.address for a in network.ipv6 if a.interface == "Ethernet 2"] == ["fe80::5d1c:9a2e:41b7:8c03%6"]
+    json.dumps(public_value(network))
+
+
+class FakeNativeWinRM:
+    """A native node's WinRM transport: every PowerShell script is parsed, then answered section by
+    section from recorded outputs (a missing one: no output, exit code 1)."""
+
+    kind = "winrm"
+
+    def __init__(self, recorded: dict[str, str]) -> None:
+        self.platform = ps
+        self.recorded = recorded
+        self.scripts: list[str] = []
+        self.recorded_host_keys: list[str] = []
+
+    def connect(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return "winrm https://win:5986 (fake)"
+
+    def run(self, script: str, *, timeout: float | None = None, **_: Any) -> Result:
+        self.scripts.append(script)
+        pwsh.assert_parses(ps.wrap(script))
+        out = []
+        for token, name in re.findall(r"@@(cb-[0-9a-f]+) begin (\w+)@@", script):
+            code = 0 if name in self.recorded else 1
+            text = self.recorded.get(name, "")
+            out.append(f"@@{token} begin {name}@@\r\n{text}\r\n@@{token} end {name} {code}@@\r\n")
+        return Result("win", script, 0, "".join(out), "", 0.1)
+
+
+NATIVE_INVENTORY = """\
+cluster: {{name: win-only, master: win-m, backend: gloo}}
+defaults: {{os: windows, user: .\\\\ml, password_env: WIN_PASS, windows: {{mode: native}}}}
+nodes:
+  - {{name: win-m, host: 192.168.1.101, python: 'C:\\Python312\\python.exe'}}
+  - {{name: win-b, host: 192.168.1.102, python: 'C:\\Python312\\python.exe'{extra}}}
+"""
+
+
+def _native_preflight(route_b: str, adapters_b: str = ADAPTERS_WIN11, extra: str = "") -> dict[str, Any]:
+    """Both nodes of an all-native cluster through the preflight's own gathering (inspect, then the
+    network facts), the interface check, and the launch plan's GLOO_SOCKET_IFNAME."""
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.render import Renderer, plan_launch, render_all
+    from orchestrator.steps.inspect import inspect
+    from orchestrator.steps.preflight import (
+        _node_facts,
+        check_interfaces,
+        preflight_facts,
+    )
+
+    inventory = load_inventory_text(NATIVE_INVENTORY.format(extra=extra), "w.yaml")
+    master = inventory.master_node
+    answers = {
+        "win-m": {"route": ROUTE_SELF, "adapters": ADAPTERS_WIN11},
+        "win-b": {"route": route_b, "adapters": adapters_b},
+    }
+    facts, transports = [], {}
+    for node in inventory.nodes:
+        transport = FakeNativeWinRM({"hostname": node.name, "cpus": "8", **answers[node.name]})
+        transports[node.name] = transport
+        found = inspect(node, transport, preflight_facts(node, master))  # type: ignore[arg-type]
+        assert not {"route", "adapters"} & set(found.facts.errors), found.facts.errors
+        facts.append(_node_facts(node, found))
+    verdicts = check_interfaces(facts, master.name, single=False)
+    interfaces = {n: (v.data.get("gloo_socket_ifname"), v.data.get("source")) for n, v in verdicts.items()}
+    specs = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr=verdicts[master.name].data.get("master_address") or master.host,
+        run_id="r1",
+        interfaces=interfaces,
+        cpus={},
+        pythons={n.name: n.python or "python" for n in inventory.nodes},
+    )
+    scripts = render_all(Renderer(), specs, {n.name: ps for n in inventory.nodes}, mask=True)
+    env = {}
+    for name, script in scripts.items():
+        tree = pwsh.assert_parses(script)
+        for n in pwsh.walk(tree.root_node):
+            if n.type == "assignment_expression" and n.children[0].text == b"$env:GLOO_SOCKET_IFNAME":
+                literal = n.children[-1].text.decode()
+                env[name] = re.sub(r"(['\u2018\u2019\u201a\u201b])\1", r"\1", literal[1:-1])
+    return {"verdicts": verdicts, "env": env, "transports": transports}
+
+
+def test_native_nodes_get_the_adapter_that_routes_to_the_master() -> None:
+    found = _native_preflight(ROUTE_LAN.replace("192.168.1.100", "192.168.1.101"))
+    verdicts = found["verdicts"]
+    assert {v.level for v in verdicts.values()} == {"ok"}, {n: v.reason for n, v in verdicts.items()}
+    assert verdicts["win-b"].reason == "Ethernet 2 (192.168.1.101) routes to the master"
+    assert verdicts["win-m"].data["master_address"] == "192.168.1.101"  # its own address, found local
+    assert found["env"] == {"win-m": "Ethernet 2", "win-b": "Ethernet 2"}  # the friendly name, exactly
+    # one round trip: inspect's facts and the network facts in one script
+    assert all(len(t.scripts) == 1 for t in found["transports"].values())
+
+
+def test_a_renamed_adapter_with_a_space_and_umlaut_reaches_the_launch_script() -> None:
+    office = ROUTE_OFFICE.replace("10.10.0.1", "192.168.1.101")
+    found = _native_preflight(office)
+    assert found["verdicts"]["win-b"].level == "ok"
+    assert found["env"]["win-b"] == "Büro LAN"
+
+
+def test_route_through_a_vpn_is_what_gloo_gets_and_an_inventory_interface_wins_with_a_warning() -> None:
+    vpn = ROUTE_VPN.replace("10.200.0.1", "192.168.1.101")
+    found = _native_preflight(vpn)
+    assert found["verdicts"]["win-b"].level == "ok" and found["env"]["win-b"] == "corp-vpn"
+    pinned = _native_preflight(vpn, extra=", interface: Ethernet 2")
+    verdict = pinned["verdicts"]["win-b"]
+    assert verdict.level == "warn"
+    assert verdict.reason == (
+        "interface Ethernet 2 (192.168.1.101, inventory) but the master is routed through corp-vpn"
+    )
+    assert pinned["env"]["win-b"] == "Ethernet 2"
+
+
+@pytest.mark.parametrize(
+    ("interface", "words"),
+    [
+        (
+            "Ethernet",
+            [
+                "'Ethernet' (inventory) does not exist here; interfaces: 'Ethernet 2', 'Büro LAN', "
+                "'WLAN' (not up), 'vEthernet (WSL (Hyper-V firewall))', 'corp-vpn' / set interface: to one",
+            ],
+        ),
+        ("ethernet 2", ["does not exist here", "write it as 'Ethernet 2': gloo compares names exactly"]),
+        ("Intel(R) Ethernet Controller I225-V", ["does not exist here"]),  # the description is no name
+        ("WLAN", ["'WLAN' (inventory) is not up here: gloo cannot use it", "connect or enable it"]),
+    ],
+)
+def test_a_wrong_inventory_interface_fails_saying_what_exists(interface: str, words: list[str]) -> None:
+    found = _native_preflight(
+        ROUTE_LAN.replace("192.168.1.100", "192.168.1.101"), extra=f", interface: '{interface}'"
+    )
+    verdict = found["verdicts"]["win-b"]
+    assert verdict.level == "fail"
+    text = f"{verdict.reason} / {verdict.fix}"
+    for word in words:
+        assert word in text, text
+
+
+def test_an_unreachable_or_unresolvable_master_fails_with_the_windows_fix() -> None:
+    verdict = _native_preflight(ROUTE_UNREACHABLE)["verdicts"]["win-b"]
+    assert verdict.level == "fail"
+    assert verdict.reason.startswith(
+        "no route from this node to the master's address 172.16.5.1 (The network"
+    )
+    assert "Find-NetRoute -RemoteIPAddress 172.16.5.1" in (verdict.fix or "")
+    verdict = _native_preflight(ROUTE_UNRESOLVED)["verdicts"]["win-b"]
+    assert verdict.level == "fail" and "No such host is known" in verdict.reason
+    assert "C:\\Windows\\System32\\drivers\\etc\\hosts" in (verdict.fix or "")
+
+
+def test_a_node_resolving_the_master_elsewhere_fails() -> None:
+    verdict = _native_preflight(ROUTE_LAN)["verdicts"]["win-b"]  # 192.168.1.100, the master is .101
+    assert verdict.level == "fail" and "would dial the wrong machine" in verdict.reason
+    assert "drivers\\etc\\hosts" in (verdict.fix or "")

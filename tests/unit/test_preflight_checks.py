@@ -7,7 +7,7 @@ from typing import Any
 
 from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
-from orchestrator.facts.windows import WindowsInfo, WslDistro, WslInfo
+from orchestrator.facts.windows import WindowsInfo, WindowsRoute, WslDistro, WslInfo
 from orchestrator.inventory import Cluster, Node
 from orchestrator.inventory.model import WindowsSettings
 from orchestrator.steps.preflight.checks import (
@@ -260,3 +260,68 @@ def test_wsl_node_that_cannot_run_its_distro_fails() -> None:
     missing = facts("w", os="windows", windows=debian, windows_info=WIN11, wsl=MIRRORED)
     verdict = check_windows(missing, [missing])
     assert verdict is not None and verdict.level == "fail" and "'Debian'" in verdict.reason
+
+
+# -- interface on native Windows nodes (adapter names, facts/windows.py) -----------------------------
+
+
+def _native(**over: Any) -> NodeFacts:
+    """A native Windows node whose route to the master goes through the adapter 'Ethernet 2'."""
+    base = facts(
+        "win",
+        os="windows",
+        windows=NATIVE,
+        interface=over.pop("interface", None),
+        route=Route("10.0.0.1", "10.0.0.1", "Ethernet 2", "10.0.0.2", False),
+        addresses=(
+            InterfaceAddress("Loopback Pseudo-Interface 1", "127.0.0.1", 8),
+            InterfaceAddress("Ethernet 2", "10.0.0.2", 24),
+            InterfaceAddress("WLAN 2", "192.168.178.20", 24),
+        ),
+        interfaces=("Ethernet 2", "WLAN 2", "Bluetooth-Netzwerkverbindung", "Loopback Pseudo-Interface 1"),
+        hostname_address=None,
+        down=("Bluetooth-Netzwerkverbindung",),
+    )
+    return replace(base, **over)
+
+
+def test_native_windows_interface_is_the_adapter_name_from_the_route() -> None:
+    verdict = check_interface(_native())
+    assert verdict.level == "ok" and verdict.reason == "Ethernet 2 (10.0.0.2) routes to the master"
+    assert verdict.data["gloo_socket_ifname"] == "Ethernet 2"
+
+
+def test_native_windows_inventory_interface_is_checked_against_the_adapters() -> None:
+    other = check_interface(_native(interface="WLAN 2"))
+    assert other.level == "warn" and other.data["gloo_socket_ifname"] == "WLAN 2"
+    assert other.data["source"] == "192.168.178.20"
+    down = check_interface(_native(interface="Bluetooth-Netzwerkverbindung"))
+    assert down.level == "fail" and "is not up here: gloo cannot use it" in down.reason
+    assert "'Ethernet 2'" in (down.fix or "")
+    missing = check_interface(_native(interface="Ethernet"))
+    assert missing.level == "fail"
+    assert missing.reason == (
+        "interface 'Ethernet' (inventory) does not exist here; interfaces: 'Ethernet 2', 'WLAN 2', "
+        "'Bluetooth-Netzwerkverbindung' (not up)"
+    )
+
+
+def test_native_windows_master_on_loopback_fails() -> None:
+    local = Route("localhost", "127.0.0.1", "Loopback Pseudo-Interface 1", "127.0.0.1", True)
+    verdict = check_interface(_native(route=local))
+    assert verdict.level == "fail" and "loopback address" in verdict.reason
+
+
+def test_native_windows_fixes_name_windows_tools() -> None:
+    gone = check_interface(_native(route=None))
+    assert gone.level == "fail" and "Find-NetRoute" in (gone.fix or "") and "iproute2" not in (gone.fix or "")
+    no_route = check_interface(
+        _native(route=WindowsRoute("m", "10.9.9.9", None, None, False, why="unreachable"))
+    )
+    assert no_route.reason == "no route from this node to the master's address 10.9.9.9 (unreachable)"
+    assert "`Find-NetRoute -RemoteIPAddress 10.9.9.9`" in (no_route.fix or "")
+    # Linux nodes keep their own tools in the same messages
+    linux = check_interface(facts("w", route=Route("m", "10.9.9.9", None, None, False)))
+    assert "`ip -4 route get 10.9.9.9`" in (linux.fix or "")
+    unresolved = check_interface(facts("w", route=Route("master.lan", None, None, None, False)))
+    assert "/etc/hosts" in (unresolved.fix or "")

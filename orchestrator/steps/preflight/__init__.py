@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
+from orchestrator.facts.windows import WindowsNetwork, windows_network_facts
 from orchestrator.steps.inspect import NodeFacts as InspectedNode
 from orchestrator.steps.inspect import inspect, interpreter_for, training_python
 from orchestrator.steps.preflight.checks import (
@@ -25,6 +26,7 @@ from orchestrator.steps.preflight.checks import (
     check_versions,
     check_windows,
     choose_backend,
+    is_native_windows,
     version_table,
 )
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
@@ -67,7 +69,10 @@ class PreflightReport:
 
 
 def preflight_facts(node: Node, master: Node) -> list[Any]:
-    """The facts the checks need beyond `inspect`'s, gathered in the same round trip."""
+    """The facts the checks need beyond `inspect`'s, gathered in the same round trip. Native Windows
+    nodes: the route to the master and the adapters, in PowerShell (facts/windows.py)."""
+    if is_native_windows(node):
+        return windows_network_facts(master.host)
     return [
         MasterRoute(master.host),
         Addresses(),
@@ -101,6 +106,9 @@ def sample_clock(transport: Transport) -> ClockSample:
 
 def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
     values, errors = inspected.facts.values, inspected.facts.errors
+    network = values.get("adapters")
+    if isinstance(network, WindowsNetwork):  # native Windows: the same model as `ip addr`/`ip link`
+        values = {**values, "addresses": network.addresses, "interfaces": network.interfaces}
     return NodeFacts(
         torch_error=errors.get("torch"),
         python_error=errors.get("python"),
@@ -116,6 +124,7 @@ def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
         disk=values.get("disk"),
         windows=values.get("windows"),
         wsl=values.get("wsl"),
+        down=network.down if isinstance(network, WindowsNetwork) else (),
     )
 
 

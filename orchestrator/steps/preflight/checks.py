@@ -46,6 +46,7 @@ class NodeFacts:
     python_error: str | None = None
     windows: WindowsInfo | None = None  # Windows nodes: the Windows build
     wsl: WslInfo | None = None  # Windows nodes: WSL as the Windows side sees it
+    down: tuple[str, ...] = ()  # interfaces that exist but are not up (native Windows: adapters)
 
 
 # -- versions --------------------------------------------------------------------------------------
@@ -242,6 +243,16 @@ def _address_of(interface: str, addresses: Sequence[InterfaceAddress]) -> str | 
     return next((a.address for a in addresses if a.interface == interface), None)
 
 
+def _hosts_file(f: NodeFacts) -> str:
+    return "C:\\Windows\\System32\\drivers\\etc\\hosts" if is_native_windows(f.node) else "/etc/hosts"
+
+
+def _route_command(f: NodeFacts, address: str) -> str:
+    if is_native_windows(f.node):
+        return f"`Find-NetRoute -RemoteIPAddress {address}`"
+    return f"`ip -4 route get {address}`"
+
+
 def check_interface(
     f: NodeFacts, *, single_node: bool = False, peers_see_master_at: str | None = None
 ) -> Verdict:
@@ -250,22 +261,28 @@ def check_interface(
     ``peers_see_master_at``: the address the other nodes resolved the master to. On the master
     itself that is what counts: its own name may resolve to 127.0.1.1 there (the Debian trap) while
     peers reach it through DNS.
+
+    Native Windows nodes give the same facts (facts/windows.py): the interface is the adapter's
+    friendly name, which is what gloo matches there; ``down`` lists adapters that are not up, which
+    gloo cannot find.
     """
     route = f.route
     if single_node and f.node.interface is None:
         # one machine: every rank is local, loopback is the right (and fastest) path
         return ok("interface", "single node: ranks meet over loopback", interface="lo", source="127.0.0.1")
     if route is None:
+        tools = "Find-NetRoute works" if is_native_windows(f.node) else "iproute2 (`ip`) and getent exist"
         return fail(
             "interface",
             "the route to the master could not be read (the facts command failed here)",
-            "check that iproute2 (`ip`) and getent exist on this node; rerun with -v",
+            f"check that {tools} on this node; rerun with -v",
         )
     if route.address is None:
+        why = f" ({route.detail})" if route.detail else ""
         return fail(
             "interface",
-            f"cannot resolve the master's address {route.target} on this node",
-            "use the master's IP address as its host:, or add it to /etc/hosts on this node",
+            f"cannot resolve the master's address {route.target} on this node{why}",
+            f"use the master's IP address as its host:, or add it to {_hosts_file(f)} on this node",
         )
     interface, source = route.interface, route.source
     master_address = route.address
@@ -284,11 +301,12 @@ def check_interface(
         source = route.address
     data: dict[str, Any] = {"interface": interface, "source": source, "master_address": master_address}
     if interface is None or source is None:
+        why = f" ({route.detail})" if route.detail else ""
         return fail(
             "interface",
-            f"no route from this node to the master's address {route.address}",
-            "check this node's network configuration (`ip -4 route get "
-            f"{route.address}` must name an interface)",
+            f"no route from this node to the master's address {route.address}{why}",
+            f"check this node's network configuration ({_route_command(f, route.address)} must name "
+            "an interface)",
             **data,
         )
     if peers_see_master_at and not route.local and route.address != peers_see_master_at:
@@ -296,17 +314,38 @@ def check_interface(
             "interface",
             f"this node resolves the master {route.target} to {route.address}, the other nodes to "
             f"{peers_see_master_at}: its ranks would dial the wrong machine",
-            f"fix {route.target} in this node's /etc/hosts or DNS, or use the master's IP as its host:",
+            f"fix {route.target} in this node's {_hosts_file(f)} or DNS, or use the master's IP as its host:",
             **data,
         )
     if f.node.interface:
         data["override"] = f.node.interface
         if f.node.interface not in f.interfaces:
-            have = ", ".join(i for i in f.interfaces if i != "lo") or "none"
+            loopback = {a.interface for a in f.addresses if a.address.startswith("127.")}
+            have = ", ".join(
+                repr(i) + (" (not up)" if i in f.down else "")
+                for i in f.interfaces
+                if i not in loopback | {"lo"}
+            )
+            spelled = [i for i in f.interfaces if i.lower() == f.node.interface.lower()]
+            fix = (
+                f"write it as {spelled[0]!r}: gloo compares names exactly, case included"
+                if spelled
+                else f"set interface: to one of them (the route to the master uses {interface!r}) "
+                "or remove it"
+            )
             return fail(
                 "interface",
-                f"interface {f.node.interface!r} (inventory) does not exist here; interfaces: {have}",
-                f"set interface: to one of them (the route to the master uses {interface}) or remove it",
+                f"interface {f.node.interface!r} (inventory) does not exist here; "
+                f"interfaces: {have or 'none'}",
+                fix,
+                **data,
+            )
+        if f.node.interface in f.down:
+            return fail(
+                "interface",
+                f"interface {f.node.interface!r} (inventory) is not up here: gloo cannot use it",
+                f"connect or enable it, or set interface: to one that is up (the route to the master uses "
+                f"{interface!r}) or remove it",
                 **data,
             )
         override_address = _address_of(f.node.interface, f.addresses)
@@ -329,7 +368,7 @@ def check_interface(
             )
         interface, source = f.node.interface, override_address
     data["gloo_socket_ifname"] = interface
-    if interface == "lo":
+    if interface == "lo" or master_address.startswith("127."):
         return fail(
             "interface",
             f"the master address {master_address} is a loopback address",
