@@ -7,7 +7,7 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -29,20 +29,21 @@ from orchestrator.cli.ui import RankedOutput
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.logs import RunLog
-from orchestrator.platforms import PosixShell
 from orchestrator.steps.inspect import interpreter_for
 from orchestrator.steps.launch import run_dir_for, run_marker
 from orchestrator.steps.runs import (
-    FOLLOW_PROGRAM,
     RUNS_ROOT,
     FollowResult,
     NodeStatus,
+    RunOps,
     Started,
     StopResult,
+    fetch_candidates,
     fetch_node,
     first_ranks,
     follow_node,
     resolve_run,
+    run_ops,
     start_node,
     status_node,
     stop_node,
@@ -61,14 +62,11 @@ def _again(settings: Settings, command: str, run_id: str) -> str:
     return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
 
 
-def _posix_plan(fn: Any) -> Any:
-    """For --dry-run: the platform text of a run command (Linux nodes)."""
+def _run_plan(fn: Callable[[Any, RunOps], str]) -> Any:
+    """For --dry-run: the script a run command sends to each node, in the node's own shell."""
 
     def plan(node: Any, transport: Any) -> list[str]:
-        platform = transport.platform
-        if not isinstance(platform, PosixShell):
-            return [f"# {platform.name} nodes: not supported yet"]
-        return [fn(node, platform)]
+        return [fn(node, run_ops(transport.platform, node))]
 
     return plan
 
@@ -166,15 +164,15 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
             settings,
             inventory,
             nodes,
-            _posix_plan(
-                lambda node, p: p.tail_log_python(
-                    interpreter_for(node),
-                    FOLLOW_PROGRAM,
+            _run_plan(
+                lambda node, ops: ops.tail(
                     run_dir_for(node, run_id),
+                    run_marker(run_id, node.name),
                     f"{run_dir_for(node, run_id)}/node.log",
                     0,
                     follow=follow,
-                    interval=0.02,
+                    python=interpreter_for(node),
+                    interval=None,
                 )
             ),
         )
@@ -297,8 +295,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
             settings,
             inventory,
             nodes,
-            _posix_plan(
-                lambda node, p: p.run_status(
+            _run_plan(
+                lambda node, ops: ops.status(
                     run_dir_for(node, run_id),
                     run_marker(run_id, node.name),
                     f"{run_dir_for(node, run_id)}/node.log",
@@ -366,7 +364,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
     type=click.FloatRange(min=0.1, max=60),
     default=5.0,
     show_default=True,
-    help="Seconds between SIGTERM and SIGKILL.",
+    help="Seconds between SIGTERM and SIGKILL (native Windows nodes terminate at once).",
 )
 @click.pass_context
 def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
@@ -374,7 +372,9 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
 
     The run's processes are those of its launcher's session (the launcher identified by its pid and
     start time) and any carrying the run's marker in their environment: never another run's, never
-    one matched by name. Stopping a run that has ended says so and changes nothing.
+    one matched by name. On native Windows nodes: the launcher and its ranks (each identified by pid
+    and creation time) with their process trees, terminated at once (Windows has no SIGTERM for
+    them). Stopping a run that has ended says so and changes nothing.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
@@ -385,10 +385,8 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
             settings,
             inventory,
             nodes,
-            _posix_plan(
-                lambda node, p: p.stop_run(
-                    run_dir_for(node, run_id), run_marker(run_id, node.name), grace=grace
-                )
+            _run_plan(
+                lambda node, ops: ops.stop(run_dir_for(node, run_id), run_marker(run_id, node.name), grace)
             ),
         )
         return
@@ -416,6 +414,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
                                 "terminated": o.value.terminated,
                                 "killed": o.value.killed,
                                 "exit_code": o.value.exit_code,
+                                "forced": o.value.forced,
                             }
                             if o.value
                             else {}
@@ -473,16 +472,11 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
     run_id = resolve_run(run_arg)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
-        from orchestrator.render import DEFAULT_WORKDIR
 
-        def listing(node: Any, p: PosixShell) -> str:
-            code = code_dir or f"{(node.workdir or DEFAULT_WORKDIR).rstrip('/')}/code"
-            run_dir = run_dir_for(node, run_id)
-            return p.list_files(
-                [[x] if x.startswith(("/", "~")) else [f"{run_dir}/{x}", f"{code}/{x}"] for x in paths]
-            )
+        def listing(node: Any, ops: RunOps) -> str:
+            return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir))
 
-        _dry_run(settings, inventory, nodes, _posix_plan(listing))
+        _dry_run(settings, inventory, nodes, _run_plan(listing))
         return
     session = _session(settings, inventory, nodes)
     try:

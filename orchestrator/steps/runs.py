@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -31,9 +32,15 @@ from orchestrator.errors import (
     UnreachableError,
     UsageError,
 )
-from orchestrator.platforms import PosixShell
+from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import DEFAULT_WORKDIR
-from orchestrator.steps.launch import STREAMING_ENV, prepare_node, run_dir_for, run_marker
+from orchestrator.steps.launch import (
+    STREAMING_ENV,
+    prepare_node,
+    prepare_windows_node,
+    run_dir_for,
+    run_marker,
+)
 from orchestrator.transports.base import BlockHandler
 
 if TYPE_CHECKING:
@@ -103,11 +110,164 @@ def first_ranks(inventory: Inventory) -> dict[str, int]:
     return ranks
 
 
-def _posix(transport: Transport, node: Node) -> PosixShell:
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
-        raise UsageError(f"runs on {platform.name} nodes are not supported yet", node=node.name)
-    return platform
+class RunOps(ABC):
+    """The node side of run management in the node's own shell: the scripts that start, stop, inspect
+    and read a run, and how paths are told apart there. One per platform (``run_ops``)."""
+
+    #: the launch script's name in the run directory
+    launcher: str
+
+    @abstractmethod
+    def prepare(self, node: Node, transport: Transport, spec: LaunchSpec, *, renderer: Renderer) -> str:
+        """Create the run directory, upload the launch script and the training script; the node log."""
+
+    @abstractmethod
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        """Start the launcher detached; prints ``@@started PID ...`` (``@@started-before ...``)."""
+
+    @abstractmethod
+    def stop(self, run_dir: str, marker: str, grace: float) -> str:
+        """Prints one ``@@stop ...`` line (PosixShell.stop_run)."""
+
+    @abstractmethod
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        """Prints ``key=value`` lines (PosixShell.run_status)."""
+
+    @abstractmethod
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+    ) -> str:
+        """The log from ``offset`` in the tail protocol (FOLLOW_PROGRAM, PosixShell.tail_log)."""
+
+    #: whether ``tail`` uses the node's Python when given one
+    uses_python: bool = False
+
+    @abstractmethod
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        """``@@file``/``@@dir``/``@@missing`` lines (PosixShell.list_files)."""
+
+    @abstractmethod
+    def is_absolute(self, path: str) -> bool:
+        """A path ``fetch`` takes as it is (else: looked for in the run, then the code directory)."""
+
+    def local_parts(self, path: str) -> list[str] | None:
+        """``path`` as safe parts of a local path below the fetch destination (None: unsafe)."""
+        return _safe_parts(path)
+
+
+class PosixRuns(RunOps):
+    """Linux and WSL-mode nodes: sessions, the run marker in the environment, /proc."""
+
+    launcher = "launch.sh"
+    uses_python = True
+
+    def __init__(self, platform: PosixShell) -> None:
+        self.platform = platform
+
+    def prepare(self, node: Node, transport: Transport, spec: LaunchSpec, *, renderer: Renderer) -> str:
+        return prepare_node(node, transport, spec, renderer=renderer)[2]
+
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        return self.platform.start_detached(run_dir, f"{run_dir}/{self.launcher}", node_log, marker)
+
+    def stop(self, run_dir: str, marker: str, grace: float) -> str:
+        return self.platform.stop_run(run_dir, marker, grace=grace)
+
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        return self.platform.run_status(run_dir, marker, node_log)
+
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+    ) -> str:
+        if python is not None:
+            return self.platform.tail_log_python(
+                python, FOLLOW_PROGRAM, run_dir, node_log, offset, follow=follow, interval=interval or 0.02
+            )
+        return self.platform.tail_log(
+            run_dir, marker, node_log, offset, follow=follow, interval=interval or 0.05
+        )
+
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        return self.platform.list_files(candidates)
+
+    def is_absolute(self, path: str) -> bool:
+        return path.startswith(("/", "~"))
+
+
+_WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2}|~)")
+
+
+class WindowsRuns(RunOps):
+    """Native Windows nodes: launch.ps1 started outside the WinRS job (Win32_Process Create), found by
+    the pid and creation time it records (PowerShell.start_detached)."""
+
+    launcher = "launch.ps1"
+
+    def __init__(self, platform: PowerShell) -> None:
+        self.platform = platform
+
+    def prepare(self, node: Node, transport: Transport, spec: LaunchSpec, *, renderer: Renderer) -> str:
+        return prepare_windows_node(node, transport, self.platform, spec, renderer=renderer)[1]
+
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        return self.platform.start_detached(run_dir, f"{run_dir}/{self.launcher}", node_log)
+
+    def stop(self, run_dir: str, marker: str, grace: float) -> str:
+        return self.platform.stop_run(run_dir, marker, grace=grace)
+
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        return self.platform.run_status(run_dir, marker, node_log)
+
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+    ) -> str:
+        return self.platform.tail_log(run_dir, node_log, offset, follow=follow, interval=interval or 0.05)
+
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        return self.platform.list_files(candidates)
+
+    def is_absolute(self, path: str) -> bool:
+        return bool(_WINDOWS_ABSOLUTE.match(path))
+
+    def local_parts(self, path: str) -> list[str] | None:
+        return _safe_parts(re.sub(r"^[A-Za-z]:", "", path.replace("\\", "/")).lstrip("/"))
+
+
+def run_ops(platform: Platform, node: Node) -> RunOps:
+    """The run management of ``node``'s platform (Linux and WSL: POSIX sh; native Windows: PowerShell)."""
+    if isinstance(platform, PosixShell):
+        return PosixRuns(platform)
+    if isinstance(platform, PowerShell):
+        return WindowsRuns(platform)
+    raise UsageError(f"runs on {platform.name} nodes are not supported", node=node.name)
+
+
+def _ops(transport: Transport, node: Node) -> RunOps:
+    return run_ops(transport.platform, node)
 
 
 # -- detached start ----------------------------------------------------------------------------------
@@ -121,11 +281,14 @@ class Started:
 
 
 def start_node(node: Node, transport: Transport, spec: LaunchSpec, *, renderer: Renderer) -> Started:
-    """Upload the node's scripts and start its launcher in a session of its own (survives us)."""
-    platform, run_dir, node_log = prepare_node(node, transport, spec, renderer=renderer)
+    """Upload the node's scripts and start its launcher detached: a session of its own on POSIX
+    nodes, a process outside the WinRM shell's job on native Windows nodes (it survives us)."""
+    ops = _ops(transport, node)
+    node_log = ops.prepare(node, transport, spec, renderer=renderer)
+    run_dir = run_dir_for(node, spec.run_id)
     marker = run_marker(spec.run_id, node.name)
     result = transport.run(
-        platform.start_detached(run_dir, f"{run_dir}/launch.sh", node_log, marker),
+        ops.start(run_dir, node_log, marker),
         env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
         timeout=60,
     )
@@ -306,7 +469,9 @@ def follow_node(
     a shell loop running tail and awk at every poll. The batch being received when the connection
     dropped may have arrived cut: a batch is delivered only once the marker after it arrived.
     """
-    platform = _posix(transport, node)
+    ops = _ops(transport, node)
+    if not ops.uses_python:
+        python = None
     run_dir = run_dir_for(node, run_id)
     marker = run_marker(run_id, node.name)
     reconnects = 0
@@ -323,20 +488,9 @@ def follow_node(
     while True:
         batches.restart()
         log_path = f"{run_dir}/node.log"
-        if python is not None:
-            script = platform.tail_log_python(
-                python,
-                FOLLOW_PROGRAM,
-                run_dir,
-                log_path,
-                batches.offset,
-                follow=follow,
-                interval=interval or 0.02,
-            )
-        else:
-            script = platform.tail_log(
-                run_dir, marker, log_path, batches.offset, follow=follow, interval=interval or 0.05
-            )
+        script = ops.tail(
+            run_dir, marker, log_path, batches.offset, follow=follow, python=python, interval=interval
+        )
         try:
             result = transport.run(script, on_line=batches, keep_lines=20)
         except (UnreachableError, EOFError, OSError) as exc:
@@ -417,10 +571,10 @@ class NodeStatus:
 
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
     """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
-    platform = _posix(transport, node)
+    ops = _ops(transport, node)
     run_dir = run_dir_for(node, run_id)
     result = transport.run(
-        platform.run_status(run_dir, run_marker(run_id, node.name), f"{run_dir}/node.log"), timeout=60
+        ops.status(run_dir, run_marker(run_id, node.name), f"{run_dir}/node.log"), timeout=60
     )
     if not result.ok:
         raise CommandFailedError(
@@ -494,8 +648,11 @@ class StopResult:
     terminated: int = 0  # processes sent SIGTERM
     killed: int = 0  # of those, still there after the grace period: SIGKILL
     exit_code: int | None = None
+    forced: bool = False  # Windows: terminated at once (TerminateProcess), no grace period
 
     def describe(self) -> str:
+        if self.state == "stopped" and self.forced:
+            return f"terminated {self.terminated} process(es)"
         if self.state == "stopped":
             extra = f", {self.killed} needed SIGKILL" if self.killed else ""
             return f"stopped {self.terminated} process(es){extra}"
@@ -510,11 +667,9 @@ class StopResult:
 
 def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5.0) -> StopResult:
     """TERM every process of the run on the node, KILL what is left after ``grace`` seconds."""
-    platform = _posix(transport, node)
+    ops = _ops(transport, node)
     run_dir = run_dir_for(node, run_id)
-    result = transport.run(
-        platform.stop_run(run_dir, run_marker(run_id, node.name), grace=grace), timeout=grace + 30
-    )
+    result = transport.run(ops.stop(run_dir, run_marker(run_id, node.name), grace), timeout=grace + 30)
     line = next((x for x in result.stdout.splitlines() if x.startswith("@@stop ")), None)
     if line is None:
         raise CommandFailedError(
@@ -531,6 +686,15 @@ def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5
                 hint="they may be stuck in the kernel (D state); see `ps` on the node",
             )
         return StopResult("stopped", termed, killed)
+    if kind == "terminated":  # Windows: every process terminated at once (no SIGTERM there)
+        count, left = (int(w) for w in words[1:3])
+        if left:
+            raise CommandFailedError(
+                f"{left} process(es) of run {run_id} were still there 10 s after being terminated",
+                node=node.name,
+                hint="see Get-Process on the node; a process stuck in a driver call ends only with it",
+            )
+        return StopResult("stopped", count, 0, forced=True)
     if kind == "exited":
         code = words[1] if len(words) > 1 else ""
         return StopResult("exited", exit_code=int(code) if code.lstrip("-").isdigit() else None)
@@ -556,6 +720,17 @@ def _safe_parts(path: str) -> list[str] | None:
     return parts
 
 
+def fetch_candidates(
+    ops: RunOps, node: Node, run_id: str, paths: Sequence[str], code_dir: str | None
+) -> list[list[str]]:
+    """Where each PATH is looked for on the node: as it is when absolute, else in the run directory,
+    then in the code directory."""
+    run_dir = run_dir_for(node, run_id)
+    workdir = (node.workdir or DEFAULT_WORKDIR).rstrip("/")
+    code = code_dir or f"{workdir}/code"
+    return [[p] if ops.is_absolute(p) else [f"{run_dir}/{p}", f"{code.rstrip('/')}/{p}"] for p in paths]
+
+
 def fetch_node(
     node: Node, transport: Transport, run_id: str, paths: Sequence[str], *, code_dir: str | None, dest: Path
 ) -> list[Fetched]:
@@ -564,14 +739,8 @@ def fetch_node(
     A relative PATH is looked for in the node's run directory, then in its code directory; an
     absolute one is taken as is. Directories are copied with everything below them.
     """
-    platform = _posix(transport, node)
-    run_dir = run_dir_for(node, run_id)
-    workdir = (node.workdir or DEFAULT_WORKDIR).rstrip("/")
-    code = code_dir or f"{workdir}/code"
-    candidates = [
-        [p] if p.startswith(("/", "~")) else [f"{run_dir}/{p}", f"{code.rstrip('/')}/{p}"] for p in paths
-    ]
-    listing = transport.run(platform.list_files(candidates), timeout=120)
+    ops = _ops(transport, node)
+    listing = transport.run(ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir)), timeout=120)
     if not listing.ok:
         raise CommandFailedError(
             f"cannot list {', '.join(paths)} (exit {listing.exit_code}): {' | '.join(listing.tail(3))}",
@@ -585,7 +754,7 @@ def fetch_node(
             words = line.split(" ", 3)
             index = int(words[1])
             asked = paths[index]
-            parts = _safe_parts(asked) or [f"path{index}"]
+            parts = ops.local_parts(asked) or [f"path{index}"]
             local_root = dest.joinpath(*parts)
             if words[0] == "@@missing":
                 current = None

@@ -355,20 +355,21 @@ def test_stop_on_hangup_leaves_it_to_the_job_object() -> None:
 
 
 def test_kill_tree_and_stop_run_scripts() -> None:
-    for script in (ps.kill_tree(4242), ps.stop_run("run-20260101-abc")):
+    run_dir = "C:/runs/x'; Remove-Item C:\\ -Recurse; '/win1"
+    for script in (ps.kill_tree(4242), ps.stop_run(run_dir)):
         tree = pwsh.assert_parses(script)
         stop = find(tree, "Stop-Process")[0]
         assert stop.has("-Id") and stop.has("-Force")
         assert any(
             c.has("-ClassName") and "Win32_Process" in c.arguments for c in find(tree, "Get-CimInstance")
         )
+        assert not find(tree, "Remove-Item")  # a run directory is only ever a quoted literal
     assert "'ProcessId = 4242'" in ps.kill_tree(4242)
-    assert "Contains('run-20260101-abc')" in ps.stop_run("run-20260101-abc")
+    # a run is found by the identities in its directory (tests/unit/test_runs_windows.py), not by name
+    assert "'C:\\runs\\x''; Remove-Item C:\\ -Recurse; ''\\win1'" in ps.stop_run(run_dir)
     for bad in (0, -1, True):
         with pytest.raises(ValueError):
             ps.kill_tree(bad)
-    with pytest.raises(ValueError):
-        ps.stop_run("x'; Remove-Item C:\\ -Recurse; '")
 
 
 def test_platform_for_windows_is_powershell() -> None:

@@ -5,6 +5,9 @@
 # Each rank's lines are prefixed [default<local rank>]: as torchrun --tee does. When a rank exits
 # non-zero the others are stopped (each with its process tree) and the script exits with that code.
 # Standalone: powershell.exe -NoProfile -ExecutionPolicy Bypass -File launch.ps1 [-Log FILE]
+# With -Log, the log's directory is the run directory: the script writes its identity there (pid:
+# process id and creation time, so a recycled id is never taken for it), each rank's (ranks), and
+# FILE.rc with its exit code when it ends: what `bootstrap status/stop/logs --run` read.
 param([string]$Log = '')
 $ErrorActionPreference = 'Stop'
 Set-StrictMode -Version Latest
@@ -13,10 +16,16 @@ $cbUtf8 = New-Object -TypeName System.Text.UTF8Encoding -ArgumentList $false
 try { [Console]::OutputEncoding = $cbUtf8 } catch { $null = $_ }
 $cbLog = $null
 $cbLogPath = ''
+$cbRunDir = ''
 if ($Log) {
   $cbLogPath = $ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath($Log)
   $cbLog = New-Object -TypeName System.IO.StreamWriter -ArgumentList $cbLogPath, $true, $cbUtf8
   $cbLog.AutoFlush = $true
+  $cbRunDir = [System.IO.Path]::GetDirectoryName($cbLogPath)
+  $cbSelf = [System.Diagnostics.Process]::GetCurrentProcess()
+  $cbPidPart = Join-Path -Path $cbRunDir -ChildPath 'pid.part'
+  [System.IO.File]::WriteAllText($cbPidPart, [string]$PID + ' ' + $cbSelf.StartTime.ToFileTimeUtc() + "`n")
+  Move-Item -LiteralPath $cbPidPart -Destination (Join-Path -Path $cbRunDir -ChildPath 'pid') -Force
 }
 
 function Write-CbLine([string]$Text, [bool]$ToStderr) {
@@ -81,6 +90,10 @@ try {
     $cbInfo.EnvironmentVariables['RANK'] = [string]$GlobalRank
     $cbInfo.EnvironmentVariables['LOCAL_RANK'] = [string]$LocalRank
     $cbProc = [System.Diagnostics.Process]::Start($cbInfo)
+    if ($cbRunDir) {
+      $cbEntry = [string]$cbProc.Id + ' ' + $cbProc.StartTime.ToFileTimeUtc() + "`n"
+      [System.IO.File]::AppendAllText((Join-Path -Path $cbRunDir -ChildPath 'ranks'), $cbEntry)
+    }
     $cbRanks.Add([pscustomobject]@{
       Local = $LocalRank
       Prefix = '[default' + $LocalRank + ']:'

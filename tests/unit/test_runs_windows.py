@@ -1,0 +1,360 @@
+"""Run management on native Windows nodes: the PowerShell that starts a detached launcher, stops a run
+by its identity, reports its status, tails its log from a byte offset and lists files to fetch; and
+how steps/runs.py picks it by platform.
+
+No PowerShell runs here: every script is parsed with tree-sitter (tests/pwsh.py) and asserted on the
+tree; every path is read back from its literal with PowerShell's own quoting rule, with run
+directories holding spaces and quotes (plain and typographic).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import CommandFailedError, UsageError
+from orchestrator.inventory import load_inventory_text
+from orchestrator.platforms import PosixShell, PowerShell, WslShell
+from orchestrator.render import Renderer, plan_launch
+from orchestrator.steps.runs import (
+    PosixRuns,
+    StopResult,
+    WindowsRuns,
+    fetch_candidates,
+    parse_status,
+    run_ops,
+    stop_node,
+)
+from orchestrator.transports.base import Result
+from tests import pwsh
+from tests.unit.test_platform_powershell import assignments, find, single_quoted_value, string_literals
+
+ps = PowerShell()
+RUN_DIRS = [
+    "~/cluster-bootstrap/runs/lab-20260101-120000/win1",
+    "C:/Users/Jo O'Brien/runs/r-1/win 1",
+    "D:\\data\\it\u2019s \u201cquoted\u201d\\runs\\r.2\\node_a",
+]
+
+
+def literal_paths(tree: Any) -> list[str]:
+    """Every single-quoted literal of the script, as PowerShell reads it."""
+    return [single_quoted_value(s) for s in string_literals(tree) if s[0] != '"']
+
+
+def resolved(path: str) -> str:
+    """What ``path_word`` leaves in a literal: ``~`` becomes ``$HOME +`` and the rest, with backslashes."""
+    path = path.replace("/", "\\")
+    return path[1:] if path.startswith("~") else path
+
+
+def all_assignments(tree: Any) -> list[tuple[str, str]]:
+    """Every ``target = value`` on the tree, in order (also ``+=``: its operator is kept)."""
+    found = []
+    for node in pwsh.walk(tree.root_node):
+        if node.type == "assignment_expression":
+            target, operator, value = node.children[0], node.children[1], node.children[-1]
+            found.append(
+                (
+                    (target.text or b"").decode(),
+                    (operator.text or b"").decode() + " " + (value.text or b"").decode(),
+                )
+            )
+    return found
+
+
+def full_path_args(tree: Any) -> list[str]:
+    """The literal inside every GetUnresolvedProviderPathFromPSPath(...) call."""
+    found = []
+    for node in pwsh.walk(tree.root_node):
+        if node.type == "invokation_expression" or node.type == "invocation_expression":
+            text = (node.text or b"").decode()
+            if text.startswith("$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath"):
+                inner = [
+                    single_quoted_value((n.text or b"").decode())
+                    for n in pwsh.walk(node)
+                    if n.type == "string_literal" and (n.text or b"").startswith(b"'")
+                ]
+                found.extend(inner)
+    return found
+
+
+# -- detached start ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_start_creates_the_launcher_outside_the_shell_and_waits_for_its_pid_file(run_dir: str) -> None:
+    script = ps.start_detached(run_dir, f"{run_dir}/launch.ps1", f"{run_dir}/node.log")
+    tree = pwsh.assert_parses(ps.wrap(script))
+    # every path reaches the node exactly (quotes doubled, slashes turned)
+    paths = full_path_args(tree)
+    assert paths == [resolved(run_dir), resolved(f"{run_dir}/launch.ps1"), resolved(f"{run_dir}/node.log")]
+    # Win32_Process Create through CIM: outside the WinRS job object
+    (create,) = find(tree, "Invoke-CimMethod")
+    assert create.has("-ClassName") and "Win32_Process" in create.arguments
+    assert create.has("-MethodName") and "Create" in create.arguments
+    values = assignments(tree)
+    assert values["$cbCreate"] == "@{ CommandLine = $cbLine; CurrentDirectory = $cbDir }"
+    # the new powershell.exe runs launch.ps1 with -Log, both paths in double quotes (C runtime rules)
+    line = values["$cbLine"]
+    assert "-File \"' + $cbScript + '\" -Log \"' + $cbLogPath + '\"'" in line
+    assert "-NoProfile -NonInteractive -ExecutionPolicy Bypass" in line
+    # refuses a run that has a pid file already, before starting anything
+    assert script.index("@@started-before") < script.index("Invoke-CimMethod")
+    assert "exit 3" in script
+    # waits for the launcher's own pid file (pid + creation time), gives up when the process is gone
+    assert script.index("Invoke-CimMethod") < script.index(
+        "while (-not [System.IO.File]::Exists($cbPidFile))"
+    )
+    assert "Get-Process -Id $cbChild" in script
+    assert script.rstrip().endswith(
+        "[Console]::Out.WriteLine('@@started ' + (Read-CbText $cbPidFile).Trim())"
+    )
+
+
+def test_the_launch_script_records_its_identity_and_each_ranks() -> None:
+    inventory = load_inventory_text(
+        "cluster: {name: w, master: win1, backend: gloo}\n"
+        "nodes:\n  - {name: win1, host: 10.0.0.1, os: windows, user: bob, nproc: 2, interface: Ethernet,\n"
+        "     windows: {mode: native}}\n",
+        "w.yaml",
+    )
+    (spec,) = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr="10.0.0.1",
+        run_id="r1",
+        interfaces={"win1": ("Ethernet", None)},
+        cpus={"win1": 4},
+        pythons={"win1": "C:\\Python312\\python.exe"},
+    )
+    text = Renderer().render(spec, ps)
+    tree = pwsh.assert_parses(text)
+    values = assignments(tree)
+    # the run directory is the log's directory; pid: "PID FILETIME", written to .part, then renamed
+    assert values["$cbRunDir"] == "[System.IO.Path]::GetDirectoryName($cbLogPath)"
+    assert "[string]$PID + ' ' + $cbSelf.StartTime.ToFileTimeUtc()" in text
+    (move_pid,) = [m for m in find(tree, "Move-Item") if "$cbPidPart" in m.arguments]
+    assert move_pid.has("-LiteralPath") and move_pid.has("-Force")
+    # each rank: appended once started; only when there is a run directory (-Log)
+    assert values["$cbEntry"] == "[string]$cbProc.Id + ' ' + $cbProc.StartTime.ToFileTimeUtc() + \"`n\""
+    start = text.index("$cbProc = [System.Diagnostics.Process]::Start($cbInfo)")
+    assert (
+        start
+        < text.index("AppendAllText((Join-Path -Path $cbRunDir -ChildPath 'ranks')")
+        < text.index("$cbRanks.Add(")
+    )
+    # the exit code still goes to .rc.part, then .rc (logs --follow ends only on a complete log)
+    assert text.index("$cbLog.Dispose()") < text.index("'.rc.part'") < text.index("($cbLogPath + '.rc')")
+
+
+# -- stop ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_stop_finds_the_run_by_identity_never_by_name(run_dir: str) -> None:
+    script = ps.stop_run(run_dir, "ignored", grace=5)
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(run_dir)]
+    # the launcher and the ranks: pid + creation time from the run directory's files
+    assert {"pid", "ranks"} <= set(literal_paths(tree))
+    assert "[string]$cbProc.StartTime.ToFileTimeUtc() -ne $cbWords[1]" in script
+    # descendants by parent id, created after their parent (a recycled id's old processes are not)
+    assert "$cbP.CreationDate -ge $Known[$cbParent]" in script
+    # nothing matched by name or command line: another run's processes cannot be hit
+    for pattern in ("CommandLine", "-like", "-match", ".Name", "taskkill", "-Filter"):
+        assert pattern not in script, pattern
+    stops = find(tree, "Stop-Process")
+    assert stops and all(s.has("-Id") and s.has("-Force") for s in stops)
+    # stops the launcher first (its ranks ending must not make it write an exit code), then waits
+    # until every stopped process is gone (10 s at most)
+    assert script.index("$cbBatch.Add($cbRoot.Id)") < script.index("@(Find-CbTree $cbKnown)")
+    assert "$cbClock.Elapsed.TotalSeconds -lt 10" in script
+    literals = literal_paths(tree)
+    for line in (
+        "@@stop gone",
+        "@@stop not-started",
+        "@@stop no-run",
+        "@@stop exited ",
+        "@@stop terminated ",
+    ):
+        assert line in literals
+
+
+def test_kill_tree_walks_the_same_tree() -> None:
+    tree = pwsh.assert_parses(ps.kill_tree(4242))
+    assert "'ProcessId = 4242'" in ps.kill_tree(4242)
+    assert [f.name for f in find(tree, "Find-CbTree")] == ["Find-CbTree"]
+
+
+class FakeTransport:
+    """Answers every run with ``stdout``; keeps the scripts."""
+
+    def __init__(self, platform: Any, stdout: str, exit_code: int = 0) -> None:
+        self.platform = platform
+        self.stdout = stdout
+        self.exit_code = exit_code
+        self.scripts: list[str] = []
+
+    def run(self, command: str, **_: Any) -> Result:
+        self.scripts.append(command)
+        return Result(
+            node="win1",
+            command=command,
+            exit_code=self.exit_code,
+            stdout=self.stdout,
+            stderr="",
+            duration=0.1,
+        )
+
+
+NODE = SimpleNamespace(name="win1", workdir="C:/train", os="windows")
+
+
+def test_stop_reports_windows_terminations_plainly() -> None:
+    result = stop_node(NODE, FakeTransport(ps, "@@stop terminated 5 0\r\n"), "r1")  # type: ignore[arg-type]
+    assert result == StopResult("stopped", 5, 0, forced=True)
+    assert result.describe() == "terminated 5 process(es)"
+    with pytest.raises(CommandFailedError, match="2 process"):
+        stop_node(NODE, FakeTransport(ps, "@@stop terminated 5 2\n"), "r1")  # type: ignore[arg-type]
+    exited = stop_node(NODE, FakeTransport(ps, "@@stop exited 3\n"), "r1")  # type: ignore[arg-type]
+    assert exited.state == "exited" and exited.exit_code == 3
+
+
+# -- status ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_status_prints_what_parse_status_reads(run_dir: str) -> None:
+    script = ps.run_status(run_dir, "ignored", f"{run_dir}/node.log")
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
+    for key in ("now=", "started=", "rc=", "ended=", "size=", "last=", "gpu="):
+        assert any(lit.startswith(key) for lit in literal_paths(tree)), key
+    assert "state=no-run" in literal_paths(tree) and "alive=1" in literal_paths(tree)
+    # the last line a rank printed, else the last line; 400 characters at most
+    assert "'^\\[default[0-9]*\\]:'" in script and "Substring(0, 400)" in script
+    # nvidia-smi: its query exactly, killed after 10 s (a wedged driver must not hang status)
+    values = assignments(tree)
+    assert single_quoted_value(values["$cbInfo.Arguments"]) == (
+        "--query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
+    )
+    assert "$cbText.Wait(10000)" in script and "$cbSmiProc.Kill()" in script
+    # the log is opened while the launcher writes it
+    assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
+
+
+def test_a_windows_status_answer_parses() -> None:
+    stdout = (
+        "now=1767268900\r\nstarted=1767268800\r\nalive=1\r\nsize=2048\r\n"
+        "last=[default1]:[rank 1/2] step 7 loss 0.42\r\ngpu=0, 87, 5120, 24576\r\n"
+    )
+    status = parse_status(stdout.replace("\r\n", "\n"))
+    assert status.state == "running" and status.runtime == 100
+    assert status.last_line == "[rank 1/2] step 7 loss 0.42" and status.log_bytes == 2048
+    assert status.gpus == [{"index": "0", "util_percent": 87, "mem_used_mib": 5120, "mem_total_mib": 24576}]
+
+
+# -- logs ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+@pytest.mark.parametrize("follow", [True, False])
+def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, follow: bool) -> None:
+    script = ps.tail_log(run_dir, f"{run_dir}/node.log", 123456789012, follow=follow, interval=0.05)
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
+    values = assignments(tree)
+    # the offset starts where asked, and moves by whole batches only
+    assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]123456789012", "+= $cbCut"]
+    assert values["$cbFollow"] == ("$true" if follow else "$false")
+    # raw bytes to stdout, read while the launcher writes (FileShare ReadWrite), one byte per char
+    assert values["$cbOut"] == "[Console]::OpenStandardOutput()"
+    assert values["$cbLatin"] == "[System.Text.Encoding]::GetEncoding(28591)"
+    assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
+    # protocol: escape, batch marker with the offset, end and missing markers
+    assert '.Replace("`n@@", "`n@@@")' in script
+    assert "Send-Cb ($cbText + '@@. ' + $cbOffset + \"`n\")" in script
+    assert "Send-Cb ('@@end ' + $cbCode + ' ' + $cbOffset + \"`n\")" in script
+    assert 'Send-Cb "@@missing`n"' in script
+    # complete lines only; a last line without newline only once the launcher has ended
+    assert "[Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1" in script
+    assert "if ($cbFin -and $cbGot -eq $cbSize - $cbOffset)" in script
+    # the end is taken before the size: whatever was written before it is read
+    assert script.index("$cbFin = Test-CbEnded") < script.index("$cbSize = $cbFile.Length")
+    sleeps = find(tree, "Start-Sleep")
+    assert [s.arguments for s in sleeps] == [["50"]]
+
+
+def test_tail_offsets_must_be_integers() -> None:
+    script = ps.tail_log("C:/r", "C:/r/node.log", 7, follow=False)
+    assert "$cbOffset = [long]7\n" in script
+
+
+# -- fetch --------------------------------------------------------------------------------------------------
+
+
+def test_list_files_prints_the_posix_listing() -> None:
+    candidates = [["C:/Users/Jo O'Brien/runs/r1/win1/out dir", "C:/code/out dir"], ["D:/ckpt/model.pt"]]
+    script = ps.list_files(candidates)
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(p) for group in candidates for p in group]
+    literals = literal_paths(tree)
+    assert {"@@missing 0", "@@missing 1", "@@dir 0 ", "@@dir 1 ", "@@file 0 ", "@@file 1 "} <= set(literals)
+    listing = [c for c in find(tree, "Get-ChildItem")]
+    assert listing and all(c.has("-LiteralPath") and c.has("-Recurse") and c.has("-File") for c in listing)
+    assert ".Replace('\\', '/')" in script  # relative paths with / as fetch_node splits them
+
+
+# -- dispatch -------------------------------------------------------------------------------------------
+
+
+def test_run_ops_by_platform() -> None:
+    node = SimpleNamespace(name="n")
+    assert isinstance(run_ops(PosixShell(), node), PosixRuns)  # type: ignore[arg-type]
+    assert isinstance(run_ops(WslShell("Ubuntu"), node), PosixRuns)  # type: ignore[arg-type]
+    windows = run_ops(ps, node)  # type: ignore[arg-type]
+    assert isinstance(windows, WindowsRuns) and windows.launcher == "launch.ps1"
+    assert not windows.uses_python
+    other = SimpleNamespace(name="cmdline")
+    with pytest.raises(UsageError, match="cmdline"):
+        run_ops(other, node)  # type: ignore[arg-type]
+
+
+def test_posix_scripts_are_unchanged() -> None:
+    posix = PosixShell()
+    ops = run_ops(posix, SimpleNamespace(name="n"))  # type: ignore[arg-type]
+    assert ops.stop("/r", "m", 5.0) == posix.stop_run("/r", "m", grace=5.0)
+    assert ops.status("/r", "m", "/r/node.log") == posix.run_status("/r", "m", "/r/node.log")
+    assert ops.start("/r", "/r/node.log", "m") == posix.start_detached(
+        "/r", "/r/launch.sh", "/r/node.log", "m"
+    )
+    assert ops.tail("/r", "m", "/r/node.log", 5, follow=True, python=None, interval=None) == posix.tail_log(
+        "/r", "m", "/r/node.log", 5, follow=True, interval=0.05
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "absolute", "local"),
+    [
+        ("C:\\ckpt\\model.pt", True, ["ckpt", "model.pt"]),
+        ("D:/out", True, ["out"]),
+        ("\\\\server\\share\\x", True, ["server", "share", "x"]),
+        ("~/out", True, ["~", "out"]),
+        ("out\\sub", False, ["out", "sub"]),
+        ("..\\secret", False, None),
+    ],
+)
+def test_windows_paths_for_fetch(path: str, absolute: bool, local: list[str] | None) -> None:
+    ops = run_ops(ps, SimpleNamespace(name="n"))  # type: ignore[arg-type]
+    assert ops.is_absolute(path) is absolute
+    assert ops.local_parts(path) == local
+
+
+def test_fetch_candidates_on_a_windows_node() -> None:
+    ops = run_ops(ps, SimpleNamespace(name="n"))  # type: ignore[arg-type]
+    node = SimpleNamespace(name="win1", workdir="C:/train")
+    found = fetch_candidates(ops, node, "r1", ["ckpt", "C:\\x.txt"], None)  # type: ignore[arg-type]
+    assert found == [["C:/train/runs/r1/win1/ckpt", "C:/train/code/ckpt"], ["C:\\x.txt"]]
