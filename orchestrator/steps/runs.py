@@ -125,13 +125,15 @@ class RunOps(ABC):
     def start(self, run_dir: str, node_log: str, marker: str) -> str:
         """Start the launcher detached; prints ``@@started PID ...`` (``@@started-before ...``)."""
 
-    @abstractmethod
+    platform: PosixShell | PowerShell
+
     def stop(self, run_dir: str, marker: str, grace: float) -> str:
         """Prints one ``@@stop ...`` line (PosixShell.stop_run)."""
+        return self.platform.stop_run(run_dir, marker, grace=grace)
 
-    @abstractmethod
     def status(self, run_dir: str, marker: str, node_log: str) -> str:
         """Prints ``key=value`` lines (PosixShell.run_status)."""
+        return self.platform.run_status(run_dir, marker, node_log)
 
     @abstractmethod
     def tail(
@@ -150,9 +152,9 @@ class RunOps(ABC):
     #: whether ``tail`` uses the node's Python when given one
     uses_python: bool = False
 
-    @abstractmethod
     def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
         """``@@file``/``@@dir``/``@@missing`` lines (PosixShell.list_files)."""
+        return self.platform.list_files(candidates)
 
     @abstractmethod
     def is_absolute(self, path: str) -> bool:
@@ -169,6 +171,8 @@ class PosixRuns(RunOps):
     launcher = "launch.sh"
     uses_python = True
 
+    platform: PosixShell
+
     def __init__(self, platform: PosixShell) -> None:
         self.platform = platform
 
@@ -177,12 +181,6 @@ class PosixRuns(RunOps):
 
     def start(self, run_dir: str, node_log: str, marker: str) -> str:
         return self.platform.start_detached(run_dir, f"{run_dir}/{self.launcher}", node_log, marker)
-
-    def stop(self, run_dir: str, marker: str, grace: float) -> str:
-        return self.platform.stop_run(run_dir, marker, grace=grace)
-
-    def status(self, run_dir: str, marker: str, node_log: str) -> str:
-        return self.platform.run_status(run_dir, marker, node_log)
 
     def tail(
         self,
@@ -203,9 +201,6 @@ class PosixRuns(RunOps):
             run_dir, marker, node_log, offset, follow=follow, interval=interval or 0.05
         )
 
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
-        return self.platform.list_files(candidates)
-
     def is_absolute(self, path: str) -> bool:
         return path.startswith(("/", "~"))
 
@@ -219,6 +214,8 @@ class WindowsRuns(RunOps):
 
     launcher = "launch.ps1"
 
+    platform: PowerShell
+
     def __init__(self, platform: PowerShell) -> None:
         self.platform = platform
 
@@ -227,12 +224,6 @@ class WindowsRuns(RunOps):
 
     def start(self, run_dir: str, node_log: str, marker: str) -> str:
         return self.platform.start_detached(run_dir, f"{run_dir}/{self.launcher}", node_log)
-
-    def stop(self, run_dir: str, marker: str, grace: float) -> str:
-        return self.platform.stop_run(run_dir, marker, grace=grace)
-
-    def status(self, run_dir: str, marker: str, node_log: str) -> str:
-        return self.platform.run_status(run_dir, marker, node_log)
 
     def tail(
         self,
@@ -246,9 +237,6 @@ class WindowsRuns(RunOps):
         interval: float | None,
     ) -> str:
         return self.platform.tail_log(run_dir, node_log, offset, follow=follow, interval=interval or 0.05)
-
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
-        return self.platform.list_files(candidates)
 
     def is_absolute(self, path: str) -> bool:
         return bool(_WINDOWS_ABSOLUTE.match(path))
