@@ -146,14 +146,29 @@ def start_detached(
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until every node's launcher has ended.")
+@click.option(
+    "--tail",
+    "tail",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Only the last N lines of each node's log (0: only new ones); default: the whole log. "
+    "Prints only: runs/<run-id>/<node>.log here is left as it is.",
+)
 @click.pass_context
-def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
+def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> None:
     """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
 
     Each node's log is read from its start; with --follow it streams until every launcher has ended
     and its log is read to the end (exit code 1 when a node's training did not exit 0). A dropped
     connection is reopened and reading resumes at the byte after the last complete line: no line is
     lost or printed twice.
+
+    --tail N starts at each node's N-th last complete line (found on the node, which reads back
+    from the end: the whole log never travels); with --follow, new lines follow. A last line
+    without its newline counts once the launcher has ended. With --tail the copy here
+    (runs/<run-id>/<node>.log) is neither truncated nor written: it keeps what the last full
+    `logs` wrote.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
@@ -173,6 +188,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
                     follow=follow,
                     python=interpreter_for(node),
                     interval=None,
+                    lines=tail,
                 )
             ),
         )
@@ -180,14 +196,15 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
     ranks = first_ranks(inventory)
     directory = RUNS_ROOT / run_id
     run_log = RunLog(directory)
-    for node in nodes:  # the node's log is read from its start: the copy here is written anew
-        run_log.path(node.name).unlink(missing_ok=True)
+    if tail is None:
+        for node in nodes:  # the node's log is read from its start: the copy here is written anew
+            run_log.path(node.name).unlink(missing_ok=True)
     printer = ui.line_printer([n.name for n in nodes])
 
     outputs = {
         node.name: RankedOutput(
             node.name,
-            run_log,
+            run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
             None if settings.json_mode else printer,
             first_rank=ranks[node.name],
             nproc=node.nproc,
@@ -210,6 +227,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
                     output=outputs[node.name],
                     on_note=on_note,
                     python=interpreter_for(node),  # the run's own: it is there
+                    lines=tail,
                 ),
                 step="logs",
             )
@@ -229,6 +247,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
                 "command": "logs",
                 "run_id": run_id,
                 "follow": follow,
+                "tail": tail,
                 "nodes": [
                     {
                         "name": o.node,
@@ -236,12 +255,16 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
                         "error": _error_dict(o.error),
                         "exit_code": o.value.exit_code if o.value else None,
                         "lines": o.value.lines if o.value else None,
-                        "bytes": o.value.offset if o.value else None,
+                        # byte offsets in the node's node.log: reading began at start (0 without
+                        # --tail) and ended at end; bytes = end - start (what was read)
+                        "start": o.value.start if o.value else None,
+                        "end": o.value.offset if o.value else None,
+                        "bytes": o.value.offset - o.value.start if o.value else None,
                         "reconnects": o.value.reconnects if o.value else None,
                     }
                     for o in outcomes
                 ],
-                "log_dir": str(directory),
+                "log_dir": str(directory) if tail is None else None,  # --tail writes no copy here
                 "exit_code": int(code),
             }
         )
@@ -252,7 +275,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool) -> None:
             if isinstance(o.value, FollowResult):
                 how = "was stopped" if o.value.exit_code is None else f"exited {o.value.exit_code}"
                 ui.note(f"{o.node}: training {how}")
-    if any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
+    if tail is None and any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
         ui.note(f"logs: {directory}/")
     ctx.exit(int(code))
 

@@ -250,14 +250,63 @@ class PosixShell(Platform):
         )
 
     def tail_log(
-        self, run_dir: str, marker: str, log: str, offset: int, *, follow: bool, interval: float = 0.05
+        self,
+        run_dir: str,
+        marker: str,
+        log: str,
+        offset: int,
+        *,
+        follow: bool,
+        interval: float = 0.05,
+        lines: int | None = None,
     ) -> str:
         """Print ``log`` from byte ``offset``, complete lines only (a line starting with ``@@`` gets one
         more ``@``), each batch followed by ``@@. OFFSET`` (the byte offset just past it): a last
         line without its newline is held back until the launcher has ended. Sizes are taken before
         reading, so a line being written is never cut. With ``follow`` it polls until the launcher
         has ended (exit-code file, or its process gone) and everything is read. Ends with
-        ``@@end CODE|none OFFSET`` (``@@missing``: no such run)."""
+        ``@@end CODE|none OFFSET`` (``@@missing``: no such run).
+
+        ``lines`` (``logs --tail``): start at the ``lines``-th last complete line instead of
+        ``offset`` and print ``@@start OFFSET`` first (0 when there is no log yet). Found without
+        reading the whole log: ``dd`` seeks to a window before the end (64 KiB, doubled until it
+        holds enough newlines) and awk notes the newlines in it, stopping at the size measured
+        first. The log is only ever appended to, so the bytes before that size do not change while
+        they are read: the start is exact and on a line boundary; what the launcher writes meanwhile
+        comes after it and is read by the loop. A last line without newline counts only once the
+        launcher has ended (it is sent only then); the end is checked before the size is taken."""
+        start = ""
+        if lines is not None:
+            # newline positions in [base, size) (a ring of the last n + 1); prints the start, or "-"
+            # when the window begins after the first byte and holds too few of them
+            count = (
+                "BEGIN { o = o0 } { e = o + length($0); if (e >= size) exit; c++; p[c % k] = e"
+                "; if (e == size - 1) nl = 1; o = e + 1 }"
+                " END { need = n + 1; if (fin && !nl) need = n;"
+                ' if (need == 0) printf "%.0f\\n", size;'
+                ' else if (c >= need) printf "%.0f\\n", p[(c - need + 1) % k] + 1;'
+                ' else if (o0 == 0) print 0; else print "-" }'
+            )
+            start = (
+                f"n={max(0, int(lines))}\n"
+                "fin=0\n"
+                'if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
+                'size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
+                "off=0\n"
+                'if [ "$size" -gt 0 ]; then\n'
+                "  w=1; nb=$(((size + 65535) / 65536))\n"
+                "  while :; do\n"
+                '    skip=$((nb - w)); [ "$skip" -lt 0 ] && skip=0\n'
+                '    off=$(dd if="$f" bs=65536 skip="$skip" 2>/dev/null'
+                ' | LC_ALL=C awk -v o0=$((skip * 65536)) -v size="$size" -v n="$n" -v k=$((n + 1))'
+                f' -v fin="$fin" {self.quote(count)})\n'
+                '    [ "$off" != - ] && break\n'
+                "    w=$((w * 2))\n"
+                "  done\n"
+                "fi\n"
+                'case $off in ""|*[!0-9]*) echo "cannot find the last $n lines of $f" >&2; exit 1;; esac\n'
+                'echo "@@start $off"\n'
+            )
         awk = (
             "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
             ' if (substr($0, 1, 2) == "@@") printf "@"; print; o = e }'
@@ -268,8 +317,7 @@ class PosixShell(Platform):
             self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"
             f"off={int(offset)}\n"
             'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
-            "exec 4>&1\n"
-            "while :; do\n"
+            "exec 4>&1\n" + start + "while :; do\n"
             "  fin=0\n"
             '  if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
             '  size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
@@ -285,16 +333,26 @@ class PosixShell(Platform):
         )
 
     def tail_log_python(
-        self, python: str, program: str, run_dir: str, log: str, offset: int, *, follow: bool, interval: float
+        self,
+        python: str,
+        program: str,
+        run_dir: str,
+        log: str,
+        offset: int,
+        *,
+        follow: bool,
+        interval: float,
+        lines: int | None = None,
     ) -> str:
         """``tail_log`` done by one Python process on the node (the interpreter the run uses): no
         process per poll, so lines arrive within ``interval`` even on a busy node. ``program``
-        speaks the same protocol (steps/runs.py FOLLOW_PROGRAM)."""
+        speaks the same protocol (steps/runs.py FOLLOW_PROGRAM); ``lines`` as in ``tail_log``."""
+        count = -1 if lines is None else max(0, int(lines))
         return (
             f"d={self.path_word(run_dir)}\n"
             'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
             f"exec {self.quote(python)} -c {self.quote(program)} {self.path_word(log)}"
-            f' {self.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g}'
+            f' {self.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g} {count}'
         )
 
     def list_files(self, candidates: Sequence[Sequence[str]]) -> str:

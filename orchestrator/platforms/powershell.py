@@ -651,7 +651,16 @@ class PowerShell(Platform):
             "}"
         )
 
-    def tail_log(self, run_dir: str, log: str, offset: int, *, follow: bool, interval: float = 0.05) -> str:
+    def tail_log(
+        self,
+        run_dir: str,
+        log: str,
+        offset: int,
+        *,
+        follow: bool,
+        interval: float = 0.05,
+        lines: int | None = None,
+    ) -> str:
         """``log`` from byte ``offset``, with PosixShell.tail_log's protocol (steps/runs.py
         FOLLOW_PROGRAM does the same in Python): complete lines sent as they are (a line starting with
         ``@@`` gets one more ``@``), each batch followed by ``@@. OFFSET`` (the byte offset just past
@@ -662,7 +671,52 @@ class PowerShell(Platform):
         The log is opened with FileShare ReadWrite (the launcher is writing it) and its bytes are
         written to our stdout unchanged (``[Console]::OpenStandardOutput()``): offsets are bytes of the
         UTF-8 file. The ``@@`` escape is done on the bytes read as Latin-1, one character per byte.
+
+        ``lines`` (``logs --tail``): start at the ``lines``-th last complete line instead of
+        ``offset``, found by reading back from the end with the same FileStream (a block at a time,
+        newlines counted with ``[Array]::LastIndexOf``), and print ``@@start OFFSET`` first (0 when
+        there is no log yet). The end is checked before the size is taken: a last line without
+        newline counts only once the launcher has ended, as it is sent only then.
         """
+        start = ""
+        if lines is not None:
+            start = (
+                f"  $cbTail = [long]{max(0, int(lines))}\n"
+                "  $cbFin = Test-CbEnded\n"
+                "  $cbOffset = [long]0\n"  # no log yet: everything the launcher writes is new
+                "  if ([System.IO.File]::Exists($cbLogPath)) {\n"
+                "    $cbFile = New-CbLogStream\n"
+                "    $cbSize = $cbFile.Length\n"
+                # newlines to pass going back: the last line's own, then one per line wanted
+                "    $cbNeed = $cbTail + 1\n"
+                "    if ($cbFin -and $cbSize -gt 0) {\n"
+                "      $null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)\n"
+                "      if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }\n"
+                "    }\n"
+                "    $cbOffset = $cbSize\n"
+                "    $cbPos = $cbSize\n"
+                "    while ($cbNeed -gt 0) {\n"
+                "      if ($cbPos -le 0) { $cbOffset = [long]0; break }\n"
+                "      $cbWant = [int][Math]::Min($cbPos, [long]$cbBlock)\n"
+                "      $cbPos -= $cbWant\n"
+                "      $null = $cbFile.Seek($cbPos, [System.IO.SeekOrigin]::Begin)\n"
+                "      $cbGot = 0\n"
+                "      while ($cbGot -lt $cbWant) {\n"
+                "        $cbN = $cbFile.Read($cbBuf, $cbGot, $cbWant - $cbGot)\n"
+                "        if ($cbN -le 0) { break }\n"
+                "        $cbGot += $cbN\n"
+                "      }\n"
+                "      $cbAt = $cbGot\n"
+                "      while ($cbNeed -gt 0 -and $cbAt -gt 0) {\n"
+                "        $cbAt = [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)\n"
+                "        if ($cbAt -lt 0) { break }\n"
+                "        $cbNeed -= 1\n"
+                "        if ($cbNeed -eq 0) { $cbOffset = $cbPos + $cbAt + 1 }\n"
+                "      }\n"
+                "    }\n"
+                "  }\n"
+                "  Send-Cb ('@@start ' + $cbOffset + \"`n\")\n"
+            )
         return (
             self._run_functions(run_dir) + f"$cbLogPath = {self._full_path(log)}\n"
             f"$cbOffset = [long]{int(offset)}\n"
@@ -684,14 +738,16 @@ class PowerShell(Platform):
             "$cbBlock = 1048576\n"
             "$cbBuf = New-Object -TypeName byte[] -ArgumentList $cbBlock\n"
             "$cbFile = $null\n"
-            "try {\n"
-            "  while ($true) {\n"
+            "function New-CbLogStream {\n"
+            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
+            "  New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
+            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+            "}\n"
+            "try {\n" + start + "  while ($true) {\n"
             # taken before the size: what the launcher wrote before it ended is all read
             "    $cbFin = Test-CbEnded\n"
             "    if ($null -eq $cbFile -and [System.IO.File]::Exists($cbLogPath)) {\n"
-            "      $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
-            "      $cbFile = New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
-            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+            "      $cbFile = New-CbLogStream\n"
             "    }\n"
             "    while ($null -ne $cbFile) {\n"
             "      $cbSize = $cbFile.Length\n"

@@ -9,7 +9,9 @@ another run, never one matched by a name.
 ``logs`` resumes from byte offsets: the node sends the log in batches of complete lines, each followed
 by a marker with the offset just past it; the controller prints a batch once its marker arrived,
 remembers that offset, and after a dropped connection the tail restarts there. Nothing is lost and
-nothing is printed twice.
+nothing is printed twice. Asked for the last N lines (``logs --tail N``), the node finds where they
+start itself (reading back from the end, never the whole log) and says so first (``@@start OFFSET``):
+a reconnect resumes from offsets as always and never counts lines again.
 """
 
 from __future__ import annotations
@@ -146,8 +148,11 @@ class RunOps(ABC):
         follow: bool,
         python: str | None,
         interval: float | None,
+        lines: int | None = None,
     ) -> str:
-        """The log from ``offset`` in the tail protocol (FOLLOW_PROGRAM, PosixShell.tail_log)."""
+        """The log from ``offset`` in the tail protocol (FOLLOW_PROGRAM, PosixShell.tail_log).
+        ``lines``: start at the ``lines``-th last complete line instead (``offset`` is then ignored);
+        the node prints ``@@start OFFSET`` before anything else."""
 
     #: whether ``tail`` uses the node's Python when given one
     uses_python: bool = False
@@ -192,13 +197,21 @@ class PosixRuns(RunOps):
         follow: bool,
         python: str | None,
         interval: float | None,
+        lines: int | None = None,
     ) -> str:
         if python is not None:
             return self.platform.tail_log_python(
-                python, FOLLOW_PROGRAM, run_dir, node_log, offset, follow=follow, interval=interval or 0.02
+                python,
+                FOLLOW_PROGRAM,
+                run_dir,
+                node_log,
+                offset,
+                follow=follow,
+                interval=interval or 0.02,
+                lines=lines,
             )
         return self.platform.tail_log(
-            run_dir, marker, node_log, offset, follow=follow, interval=interval or 0.05
+            run_dir, marker, node_log, offset, follow=follow, interval=interval or 0.05, lines=lines
         )
 
     def is_absolute(self, path: str) -> bool:
@@ -235,8 +248,11 @@ class WindowsRuns(RunOps):
         follow: bool,
         python: str | None,
         interval: float | None,
+        lines: int | None = None,
     ) -> str:
-        return self.platform.tail_log(run_dir, node_log, offset, follow=follow, interval=interval or 0.05)
+        return self.platform.tail_log(
+            run_dir, node_log, offset, follow=follow, interval=interval or 0.05, lines=lines
+        )
 
     def is_absolute(self, path: str) -> bool:
         return bool(_WINDOWS_ABSOLUTE.match(path))
@@ -303,13 +319,17 @@ def start_node(node: Node, transport: Transport, spec: LaunchSpec, *, renderer: 
 #: log from an offset, complete lines only, sent as they are (a line starting with "@@" gets one more
 #: "@"), each batch followed by "@@. OFFSET" (the offset just past the batch), "@@end CODE|none
 #: OFFSET" last. A last line without its newline is sent only once the launcher has ended. Same
-#: protocol as the shell/awk version (PosixShell.tail_log).
+#: protocol as the shell/awk version (PosixShell.tail_log). LINES >= 0 (`logs --tail`): start at the
+#: LINES-th last complete line instead of OFFSET, found by reading back from the end on the open
+#: file, and say where first: "@@start OFFSET" (0 when there is no log yet).
 FOLLOW_PROGRAM = r"""
 import os, sys, time
 path, rc_path, pid_path = sys.argv[1:4]
 offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
+lines = int(sys.argv[7])
 out = sys.stdout.buffer
 BLOCK = 1 << 20
+BACK = 1 << 16
 
 def ended():
     if os.path.exists(rc_path):
@@ -326,7 +346,43 @@ def ended():
         return True
     return fields[0] == b"Z" or fields[19].decode() != start
 
+def last_lines(f, n, fin):
+    # where the n-th last complete line starts; a last line without newline is one only once the
+    # launcher has ended (as it is sent); read back from the end, a block at a time
+    size = os.fstat(f.fileno()).st_size
+    need = n + 1  # newlines to pass going back: the last line's own, then the one before each
+    if fin and size:
+        f.seek(size - 1)
+        if f.read(1) != b"\n":
+            need = n
+    if need == 0:
+        return size
+    pos = size
+    while pos > 0:
+        step = min(pos, BACK)
+        pos -= step
+        f.seek(pos)
+        data = f.read(step)
+        found = data.count(b"\n")
+        if found < need:
+            need -= found
+            continue
+        end = len(data)
+        while True:
+            end = data.rfind(b"\n", 0, end)
+            need -= 1
+            if need == 0:
+                return pos + end + 1
+    return 0
+
 f = None
+if lines >= 0:
+    offset = 0  # no log yet: everything the launcher will write is new
+    if os.path.exists(path):
+        f = open(path, "rb")
+        offset = last_lines(f, lines, ended())  # ended() first: then the size is final
+    out.write(b"@@start %d\n" % offset)
+    out.flush()
 while True:
     fin = ended()
     if f is None and os.path.exists(path):
@@ -368,9 +424,10 @@ out.flush()
 class FollowResult:
     exit_code: int | None  # the launcher's, when it has ended with one
     ended: bool  # the launcher is no longer running (exit code file, or its process gone)
-    offset: int  # bytes of node.log read (complete lines)
+    offset: int  # byte offset of node.log read up to (complete lines)
     lines: int
     reconnects: int
+    start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
 
 
 def _markers(text: str) -> Iterator[tuple[int, int]]:
@@ -398,6 +455,7 @@ class _Batches(BlockHandler):
         self.node = node
         self.deliver = deliver
         self.offset = 0
+        self.start: int | None = None  # "@@start OFFSET": where the node began the last N lines
         self.lines = 0
         self.markers: list[str] = []
         self.pending: list[str] = []
@@ -417,6 +475,8 @@ class _Batches(BlockHandler):
             marker = text[start : end - 1]
             if marker.startswith("@@. "):
                 self.offset = int(marker[4:])
+            elif marker.startswith("@@start "):
+                self.offset = self.start = int(marker[8:])
             else:
                 self.markers.append(marker)
         if pos < len(text):
@@ -446,16 +506,21 @@ def follow_node(
     reconnect_for: float = 300.0,
     python: str | None = None,
     interval: float | None = None,
+    lines: int | None = None,
 ) -> FollowResult:
     """Stream the node's log of ``run_id`` from the start, to ``output`` (the node's handler, a block
     of lines at a time) or ``on_line(node, line)``; with ``follow`` until the launcher has ended and
-    the log is read to its end.
+    the log is read to its end. ``lines``: from the ``lines``-th last complete line instead (0: only
+    what is written from now on), found on the node.
 
     A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
     restarts from the offset just past the last batch delivered. ``python``: the node's interpreter
     (the one the run uses): one Python process reads the log on the node (FOLLOW_PROGRAM) instead of
     a shell loop running tail and awk at every poll. The batch being received when the connection
     dropped may have arrived cut: a batch is delivered only once the marker after it arrived.
+    With ``lines``, the node's ``@@start OFFSET`` fixes where reading began: a reconnect after it
+    resumes from offsets (the last N lines are not counted again, against a longer log); one before
+    it (nothing was delivered yet) asks for the last N lines again.
     """
     ops = _ops(transport, node)
     if not ops.uses_python:
@@ -477,7 +542,14 @@ def follow_node(
         batches.restart()
         log_path = f"{run_dir}/node.log"
         script = ops.tail(
-            run_dir, marker, log_path, batches.offset, follow=follow, python=python, interval=interval
+            run_dir,
+            marker,
+            log_path,
+            batches.offset,
+            follow=follow,
+            python=python,
+            interval=interval,
+            lines=lines if batches.start is None else None,
         )
         try:
             result = transport.run(script, on_line=batches, keep_lines=20)
@@ -519,6 +591,7 @@ def follow_node(
             offset=batches.offset,
             lines=batches.lines,
             reconnects=reconnects,
+            start=batches.start or 0,
         )
 
 

@@ -112,6 +112,27 @@ def test_detached_run_is_followed_through_a_cut_connection(
         assert (state["state"], state["exit_code"], state["last_line"]) == ("exited", 0, f"n={LINES - 1}"), (
             host
         )
+    # --tail 3: each node's last three lines only (found on the node); the copies here stay whole
+    copies = {h.name: (tmp_path / "runs" / run_id / f"{h.name}.log").read_text() for h in cluster.hosts}
+    tail = bootstrap("-i", str(inv), "logs", "--run", run_id, "--tail", "3", cwd=tmp_path)
+    assert tail.returncode == 0, tail
+    for rank, host in enumerate(cluster.hosts):
+        last = [
+            re.sub(r"^\[default0\]:", f"[{host.name}:{rank}] ", x)
+            if x.startswith("[default0]:")
+            else f"[{host.name}] {x}"
+            for x in copies[host.name].splitlines()[-3:]
+        ]
+        assert [x for x in tail.stdout.splitlines() if x.startswith(f"[{host.name}")] == last, tail.stdout
+        assert f"[{host.name}:{rank}] n={LINES - 1}" in last
+        assert (tmp_path / "runs" / run_id / f"{host.name}.log").read_text() == copies[host.name]
+    as_json = bootstrap("-i", str(inv), "logs", "--run", run_id, "--tail", "3", "--json", cwd=tmp_path)
+    doc = json.loads(as_json.stdout)
+    assert (doc["tail"], doc["log_dir"], doc["exit_code"]) == (3, None, 0), doc
+    for node in doc["nodes"]:
+        size = len(copies[node["name"]].encode())
+        last3 = len("".join(copies[node["name"]].splitlines(keepends=True)[-3:]).encode())
+        assert (node["start"], node["end"], node["bytes"], node["lines"]) == (size - last3, size, last3, 3)
 
 
 def test_stop_run_ends_a_detached_run_everywhere(

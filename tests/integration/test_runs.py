@@ -23,6 +23,7 @@ import pytest
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.launch import run_dir_for, run_marker
 from orchestrator.steps.runs import fetch_node, follow_node, status_node, stop_node
+from orchestrator.transports.base import BlockHandler, Stream
 from orchestrator.transports.ssh import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost
@@ -142,23 +143,25 @@ READERS = [sys.executable, None]
 
 def _follow(
     ns: str,
-    t: SSHTransport,
+    t: SSHTransport | Watched,
     node: Any,
     run_id: str,
     follow: bool,
     lines: list[str],
     notes: list[str],
     python: str | None,
+    tail: int | None = None,
 ) -> Any:
     with netns.inside(ns):  # a reconnect opens its socket from this thread: in the namespace
         return follow_node(
             node,
-            t,
+            t,  # type: ignore[arg-type]
             run_id,
             follow=follow,
             python=python,
             on_line=lambda _n, line: lines.append(line),
             on_note=lambda _n, note: notes.append(note),
+            lines=tail,
         )
 
 
@@ -270,6 +273,174 @@ def test_follow_resumes_at_the_byte_after_the_last_line_when_the_connection_drop
     expected = [f"{i:06d} " + "x" * 90 for i in range(total)]
     assert len(lines) == total and lines == expected  # every line, once, in order
     assert result.exit_code == 0
+
+
+class Watched:
+    """The transport as follow_node uses it, also keeping every script sent and telling when the
+    node has said where a tail starts (``@@start OFFSET``, at the start of a line)."""
+
+    def __init__(self, transport: SSHTransport) -> None:
+        self.transport = transport
+        self.scripts: list[str] = []
+        self.started = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+    def run(self, script: str, *, on_line: Any = None, **kwargs: Any) -> Any:
+        self.scripts.append(script)
+        watched = self
+
+        class Spy(BlockHandler):
+            def block(self, stream: Stream, text: str) -> None:
+                if stream == "stdout" and (text.startswith("@@start ") or "\n@@start " in text):
+                    watched.started.set()
+                on_line.block(stream, text)
+
+        return self.transport.run(script, on_line=Spy(), **kwargs)
+
+
+#: a finished run's log for --tail: multi-byte UTF-8, lines that look like the protocol's markers
+#: (the last five among them), and a last line without its newline
+TAIL_LOG = [f"{i:04d} \u00fcn\u00efc\u00f6d\u00e9 \u2713 " + "x" * (i % 50) for i in range(995)] + [
+    "@@end 0 5",
+    "@@. 12",
+    "@@start 3",
+    "@@@three",
+    "the end \u2713",
+]
+TAIL_LOG[500] = "@@missing"
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_tail_sends_only_the_last_lines_found_on_the_node(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    node = _node(tmp_path)
+    data = "\n".join(TAIL_LOG).encode()  # no newline after the last line
+    source = tmp_path / "source.log"
+    source.write_bytes(data)
+    run_dir = _start(cluster.controller_ns, node1, node, "r-tail", f"cat {source}\n")
+    await_(lambda: (run_dir / "node.log.rc").exists(), 10, "the launcher's end")
+    assert (run_dir / "node.log").read_bytes() == data
+
+    def tail(count: int, follow: bool = False) -> tuple[list[str], Any]:
+        got: list[str] = []
+        result = _follow(cluster.controller_ns, node1, node, "r-tail", follow, got, [], python, tail=count)
+        return got, result
+
+    got, result = tail(5)
+    assert got == TAIL_LOG[-5:]  # the markers as printed; the last line counts though it has no newline
+    start = len("\n".join(TAIL_LOG[:-5]).encode()) + 1
+    assert (result.start, result.offset, result.lines, result.exit_code) == (start, len(data), 5, 0)
+    got, result = tail(1, follow=True)
+    assert got == ["the end \u2713"] and result.start == len(data) - len("the end \u2713".encode())
+    got, result = tail(0)
+    assert got == [] and (result.start, result.offset, result.lines) == (len(data), len(data), 0)
+    got, result = tail(5000)
+    assert got == TAIL_LOG and (result.start, result.offset) == (0, len(data))
+    got, result = tail(len(TAIL_LOG))
+    assert got == TAIL_LOG and result.start == 0
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_tail_zero_with_follow_shows_only_what_comes_after(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    node = _node(tmp_path)
+    flag = tmp_path / "go"
+    run_dir = _start(
+        cluster.controller_ns,
+        node1,
+        node,
+        "r-tail0",
+        "echo old 1\necho old 2\necho old 3\nprintf 'part'\n"
+        f"while [ ! -e {flag} ]; do sleep 0.05; done\necho ial\necho new\n",
+    )
+    log = run_dir / "node.log"
+    await_(lambda: log.exists() and log.read_bytes().endswith(b"part"), 10, "the old lines")
+    # still running: the line being written is no line yet (a tail never starts inside it)
+    old: list[str] = []
+    result = _follow(cluster.controller_ns, node1, node, "r-tail0", False, old, [], python, tail=2)
+    assert old == ["old 2", "old 3"] and result.start == len("old 1\n")
+    watched = Watched(node1)
+    got: list[str] = []
+    box: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: box.setdefault(
+            "r", _follow(cluster.controller_ns, watched, node, "r-tail0", True, got, [], python, tail=0)
+        )
+    )
+    thread.start()
+    assert watched.started.wait(10), "the node did not say where the tail starts"
+    flag.touch()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert got == ["partial", "new"]  # only what came after, the line being written whole
+    assert box["r"].start == len(b"old 1\nold 2\nold 3\n") and box["r"].exit_code == 0
+
+
+@pytest.mark.parametrize("python", READERS, ids=["python", "shell"])
+def test_tail_is_not_counted_again_after_a_dropped_connection(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
+) -> None:
+    node = _node(tmp_path)
+    flag = tmp_path / "more"
+    total, half = 4000, 2000
+    printer = (
+        "import os, sys, time\n"
+        "out = sys.stdout.buffer\n"
+        f"for i in range({total}):\n"
+        f"    if i == {half}:\n"
+        "        out.flush()\n"
+        f"        while not os.path.exists({str(flag)!r}):\n"
+        "            time.sleep(0.05)\n"
+        "    out.write(b'%06d \\xc3\\xa9' % i + b'x' * 90 + b'\\n')\n"
+    )
+    (tmp_path / "printer.py").write_text(printer)
+    run_dir = _start(
+        cluster.controller_ns,
+        node1,
+        node,
+        "r-tail-drop",
+        f"exec {sys.executable} {tmp_path / 'printer.py'}\n",
+    )
+    expected = [f"{i:06d} \u00e9" + "x" * 90 for i in range(total)]
+    width = len(expected[0].encode()) + 1
+    log = run_dir / "node.log"
+    await_(lambda: log.exists() and log.stat().st_size == half * width, 10, "the first half")
+    watched = Watched(node1)
+    lines: list[str] = []
+    notes: list[str] = []
+    box: dict[str, Any] = {}
+
+    def follow() -> None:
+        try:
+            box["result"] = _follow(
+                cluster.controller_ns, watched, node, "r-tail-drop", True, lines, notes, python, tail=50
+            )
+        except BaseException as exc:  # reported by the main thread
+            import traceback
+
+            box["error"] = "".join(traceback.format_exception(exc))
+
+    thread = threading.Thread(target=follow)
+    thread.start()
+    await_(lambda: len(lines) == 50 or "error" in box, 20, "the last 50 lines of the first half")
+    assert cut_ssh_sessions(cluster, cluster.hosts[0]) >= 1  # while the tail waits for more
+    await_(lambda: notes or "error" in box, 20, "the connection loss")
+    flag.touch()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result.reconnects >= 1 and any("reconnect" in n for n in notes), notes
+    assert lines == expected[half - 50 :]  # the 50 asked for, then all the rest: each once
+    assert result.start == (half - 50) * width and result.offset == total * width
+    # the node was asked for the last 50 lines once; every retry resumed from a byte offset
+    assert len(watched.scripts) >= 2
+    asked = ['echo "@@start $off"' in s or s.rstrip().endswith(" 50") for s in watched.scripts]
+    assert asked == [True] + [False] * (len(watched.scripts) - 1), watched.scripts
 
 
 def test_stop_ends_every_process_of_the_run_and_nothing_else(

@@ -287,6 +287,47 @@ def test_follow_resumes_at_the_byte_offset_after_a_dropped_connection(
     ]
 
 
+def test_tail_starts_where_the_node_says_and_a_reconnect_resumes_from_offsets(
+    server: WinRMServer, transport: WinRMTransport
+) -> None:
+    node = Node(server)
+    start = LOG.index(b"@@end")  # where the node found the last 5 lines
+    mid = LOG.index(b"@@missing")  # batch 1: three of them
+    delivered = threading.Event()
+    asked: list[tuple[str | None, int]] = []
+
+    def tail(call: PwshCall) -> Answer:
+        values = assignments(call)
+        lines = values["$cbtail"][0] if "$cbtail" in values else None
+        offset = int(values["$cboffset"][0].removeprefix("[long]"))
+        asked.append((lines, offset))
+        if len(asked) == 1:
+
+            def cut_mid_batch() -> Iterator[bytes]:
+                yield b"@@start %d\n" % start + batch(LOG, start, mid) + LOG[mid : mid + 5]
+                assert delivered.wait(15), "batch 1 did not reach the controller"
+                node.cut_connections()
+
+            return Answer(chunks=cut_mid_batch())
+        return Answer(chunks=iter([batch(LOG, offset, len(LOG)) + b"@@end 0 %d\n" % len(LOG)]))
+
+    node.answers["tail"] = tail
+    got: list[str] = []
+
+    def on_line(name: str, line: str) -> None:
+        got.append(line)
+        if len(got) == 3:
+            delivered.set()
+
+    result = follow_node(
+        _spec().node, transport, RUN_ID, follow=True, on_line=on_line, reconnect_for=30, lines=5
+    )
+    assert got == LOG_LINES[-5:]  # each once, "@@"-lines as in the log
+    # asked for the last 5 lines once; the retry resumed from the byte offset, the tail not redone
+    assert asked == [("[long]5", 0), (None, mid)]
+    assert (result.start, result.offset, result.lines, result.reconnects) == (start, len(LOG), 5, 1)
+
+
 def test_logs_of_a_run_that_is_not_there(server: WinRMServer, transport: WinRMTransport) -> None:
     node = Node(server)
     node.answers["tail"] = lambda call: Answer(chunks=iter([b"@@missing\n"]))

@@ -288,6 +288,57 @@ def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, fo
     assert [s.arguments for s in sleeps] == [["50"]]
 
 
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+@pytest.mark.parametrize("lines", [0, 5, 123456])
+def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
+    run_dir: str, lines: int
+) -> None:
+    script = ps.tail_log(run_dir, f"{run_dir}/node.log", 0, follow=True, interval=0.05, lines=lines)
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
+    values = all_assignments(tree)
+    assert ("$cbTail", f"= [long]{lines}") in values
+    # the start: 0 without a log yet; else read back from the size; then batches move it as always
+    assert [v for t, v in values if t == "$cbOffset"] == [
+        "= [long]0",  # the offset asked for (unused)
+        "= [long]0",  # no log yet: everything the launcher writes is new
+        "= $cbSize",  # no line wanted (0, or a last line without newline of an ended launcher)
+        "= [long]0",  # fewer lines than asked: the whole log
+        "= $cbPos + $cbAt + 1",  # just past the newline before the N-th last line
+        "+= $cbCut",
+    ]
+    # newlines to pass going back: one more than the lines, one fewer when the launcher has ended
+    # and the last byte is no newline (that last line is complete and counts)
+    assert ("$cbNeed", "= $cbTail + 1") in values and ("$cbNeed", "= $cbTail") in values
+    assert "$null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)" in script
+    assert "if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }" in script
+    # back a block at a time on the same stream, newlines found by LastIndexOf below the last one
+    assert ("$cbPos", "-= $cbWant") in values
+    assert "$null = $cbFile.Seek($cbPos, [System.IO.SeekOrigin]::Begin)" in script
+    assert ("$cbAt", "= [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)") in values
+    # the order: the end checked, then the log opened (FileShare ReadWrite) and measured, the start
+    # sent, and only then the reading loop (which keeps that stream)
+    at = script.index
+    assert (
+        at("$cbFin = Test-CbEnded")
+        < at("$cbFile = New-CbLogStream")
+        < at("$cbSize = $cbFile.Length")
+        < at("Send-Cb ('@@start ' + $cbOffset + \"`n\")")
+        < at("while ($true)")
+    )
+    (opener,) = [c for c in find(tree, "New-Object") if "$cbLogPath" in " ".join(c.arguments)]
+    assert opener.arguments[0] == "System.IO.FileStream" and opener.arguments[1].endswith(", $cbShare")
+    assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
+    assert script.count("@@start") == 1
+
+
+def test_without_tail_there_is_no_start_marker() -> None:
+    script = ps.tail_log("C:/r", "C:/r/node.log", 42, follow=False)
+    assert "@@start" not in script and "$cbTail" not in script
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]42", "+= $cbCut"]
+
+
 def test_tail_offsets_must_be_integers() -> None:
     script = ps.tail_log("C:/r", "C:/r/node.log", 7, follow=False)
     assert "$cbOffset = [long]7\n" in script
@@ -334,6 +385,13 @@ def test_posix_scripts_are_unchanged() -> None:
     assert ops.tail("/r", "m", "/r/node.log", 5, follow=True, python=None, interval=None) == posix.tail_log(
         "/r", "m", "/r/node.log", 5, follow=True, interval=0.05
     )
+    assert ops.tail(
+        "/r", "m", "/r/node.log", 0, follow=False, python=None, interval=None, lines=7
+    ) == posix.tail_log("/r", "m", "/r/node.log", 0, follow=False, interval=0.05, lines=7)
+    windows = run_ops(ps, SimpleNamespace(name="n"))  # type: ignore[arg-type]
+    assert windows.tail(
+        "C:/r", "m", "C:/r/node.log", 0, follow=True, python="python.exe", interval=None, lines=7
+    ) == ps.tail_log("C:/r", "C:/r/node.log", 0, follow=True, interval=0.05, lines=7)
 
 
 @pytest.mark.parametrize(

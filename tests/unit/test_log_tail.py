@@ -1,0 +1,91 @@
+"""Where `logs --tail N` starts, as both POSIX node readers find it: the Python reader
+(FOLLOW_PROGRAM) and the shell one (dd + awk), run here on local files against a reference.
+
+The start must be the N-th last complete line (a last line without newline is complete once the
+launcher has ended), found by reading back from the end: logs much larger than the readers' blocks
+and windows (64 KiB), lines longer than them, no newline at all, an empty log, no log yet. Over SSH
+and with the whole protocol: tests/integration/test_runs.py.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.platforms import PosixShell
+from orchestrator.steps.runs import FOLLOW_PROGRAM
+
+sh = PosixShell()
+
+
+def reference(data: bytes, n: int, ended: bool) -> int:
+    """The N-th last complete line's start, the slow way."""
+    end = len(data) if ended else data.rfind(b"\n") + 1
+    starts = [0] + [i + 1 for i in range(end - 1) if data[i] == 10]
+    if end == 0 or n == 0:
+        return end
+    return starts[-n] if n <= len(starts) else 0
+
+
+def start_of(reader: str, run_dir: Path, n: int) -> tuple[int, bytes]:
+    log = str(run_dir / "node.log")
+    if reader == "python":
+        script = sh.tail_log_python(
+            sys.executable, FOLLOW_PROGRAM, str(run_dir), log, 0, follow=False, interval=0.02, lines=n
+        )
+    else:
+        script = sh.tail_log(str(run_dir), "m", log, 0, follow=False, lines=n)
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    first, _, rest = ran.stdout.partition(b"\n")
+    assert first.startswith(b"@@start "), ran.stdout[:200]
+    return int(first.split()[1]), rest
+
+
+def _logs() -> list[tuple[str, bytes]]:
+    rnd = random.Random(7)
+    short = b"".join(b"%05d \xc3\xa9 %s\n" % (i, b"x" * rnd.randint(0, 120)) for i in range(3000))
+    return [
+        ("empty", b""),
+        ("one line, no newline", b"only \xe2\x9c\x93"),
+        ("one line", b"only\n"),
+        ("blank lines", b"\n\n\n"),
+        ("many short lines", short),
+        ("many, the last without newline", short + b"last"),
+        ("lines longer than a block", b"a" * 70_000 + b"\n" + b"b" * 140_000 + b"\n" + b"c" * 5 + b"\n"),
+        ("a newline on a block boundary", b"x" * 65_535 + b"\n" + b"y" * 65_535 + b"\n" + b"z"),
+        ("no newline in 200 KB", b"q" * 200_000),
+        ("protocol-looking lines", b"@@start 9\n@@. 3\n@@end 0 1\n@@@x\n"),
+    ]
+
+
+@pytest.mark.parametrize("reader", ["python", "shell"])
+@pytest.mark.parametrize(("name", "data"), _logs(), ids=[name for name, _ in _logs()])
+def test_the_tail_starts_at_the_nth_last_complete_line(
+    tmp_path: Path, reader: str, name: str, data: bytes
+) -> None:
+    (tmp_path / "node.log").write_bytes(data)
+    for ended in (False, True):
+        if ended:
+            (tmp_path / "node.log.rc").write_text("0\n")
+        for n in (0, 1, 2, 2999, 3001, 10**6):
+            start, rest = start_of(reader, tmp_path, n)
+            assert start == reference(data, n, ended), (name, n, ended)
+            # and the reader then sends the log from there (complete lines; all once it ended)
+            end = len(data) if ended else data.rfind(b"\n") + 1
+            body = data[start:end] + (b"" if data[start:end].endswith(b"\n") or start == end else b"\n")
+            sent = b"".join(
+                line[1:] if line.startswith(b"@@@") else line  # a log line starting with "@@"
+                for line in rest.splitlines(keepends=True)
+                if not line.startswith((b"@@. ", b"@@end "))
+            )
+            assert sent == body, (name, n, ended)
+
+
+@pytest.mark.parametrize("reader", ["python", "shell"])
+def test_no_log_yet_starts_at_zero(tmp_path: Path, reader: str) -> None:
+    assert start_of(reader, tmp_path, 5) == (0, b"@@end none 0\n")
