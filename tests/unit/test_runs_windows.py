@@ -281,6 +281,11 @@ def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, fo
     assert 'Send-Cb "@@missing`n"' in script
     # complete lines only; a last line without newline only once the launcher has ended
     assert "[Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1" in script
+    # a block read from the offset; a FileStream read may return less than asked: it reads on
+    assert "$cbGot = Read-CbBlock $cbFile $cbOffset $cbWant" in script
+    assert "$null = $Stream.Seek($At, [System.IO.SeekOrigin]::Begin)" in script
+    assert "$n = $Stream.Read($cbBuf, $got, $Want - $got)" in script
+    assert "while ($got -lt $Want)" in script
     assert "if ($cbFin -and $cbGot -eq $cbSize - $cbOffset)" in script
     # the end is taken before the size: whatever was written before it is read
     assert script.index("$cbFin = Test-CbEnded") < script.index("$cbSize = $cbFile.Length")
@@ -314,7 +319,7 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
     assert "if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }" in script
     # back a block at a time on the same stream, newlines found by LastIndexOf below the last one
     assert ("$cbPos", "-= $cbWant") in values
-    assert "$null = $cbFile.Seek($cbPos, [System.IO.SeekOrigin]::Begin)" in script
+    assert "$cbGot = Read-CbBlock $cbFile $cbPos $cbWant" in script
     assert ("$cbAt", "= [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)") in values
     # the order: the end checked, then the log opened (FileShare ReadWrite) and measured, the start
     # sent, and only then the reading loop (which keeps that stream)
