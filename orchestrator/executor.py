@@ -38,6 +38,8 @@ class Outcome(Generic[T]):
     value: T | None
     error: BootstrapError | None
     duration: float
+    #: when it ended (time.monotonic()): which of several failures came first
+    finished: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -94,7 +96,7 @@ class Executor:
         except BootstrapError as exc:
             if exc.node is None:
                 exc.node = name
-            outcome: Outcome[T] = Outcome(name, None, exc, time.monotonic() - start)
+            outcome: Outcome[T] = Outcome(name, None, exc, time.monotonic() - start, time.monotonic())
             self._emit(NodeEvent(name, "failed", step, str(exc)))
             return outcome
         except Exception as exc:  # a bug must not hide the other nodes' results
@@ -105,8 +107,8 @@ class Executor:
                 hint="rerun with -v for a traceback and report it as a bug",
             )
             self._emit(NodeEvent(name, "failed", step, str(err)))
-            return Outcome(name, None, err, time.monotonic() - start)
-        outcome = Outcome(name, value, None, time.monotonic() - start)
+            return Outcome(name, None, err, time.monotonic() - start, time.monotonic())
+        outcome = Outcome(name, value, None, time.monotonic() - start, time.monotonic())
         self._emit(NodeEvent(name, "done", step))
         return outcome
 

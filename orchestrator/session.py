@@ -68,6 +68,17 @@ class Session:
         chosen = self.nodes if nodes is None else nodes
         return self.executor.map(chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
 
+    def reopened(self) -> Session:
+        """A new session over the same nodes and credentials (no new prompt): for work after this
+        one was cancelled, such as making sure a stopped run left nothing behind."""
+        return Session(
+            self.inventory,
+            self.nodes,
+            ssh=self.ssh,
+            passwords=self.passwords,
+            max_workers=self.executor.max_workers,
+        )
+
     def close(self) -> None:
         """Close every connection (also from another thread: unblocks running commands)."""
         with self._lock:

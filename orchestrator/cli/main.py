@@ -37,6 +37,7 @@ from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 log = logging.getLogger("orchestrator")
 
 
@@ -644,6 +645,44 @@ def _dry_run(
         settings.ui.print_text("")
 
 
+def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
+    """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
+    others often fail moments after the first ("Connection closed by peer"), before the stop
+    reaches them: the cause is the earliest, whatever its place in the inventory."""
+    failed = sorted(
+        (o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)),
+        key=lambda o: o.finished,
+    )
+    return failed, [o for o in outcomes if isinstance(o.error, CancelledError)]
+
+
+def _sweep_run(ui: UI, session: Session, run_id: str) -> None:
+    """After a foreground run was cut short (Ctrl-C, or fail fast stopping the others): stop every
+    process of the run still on a node, found by the run's marker as `bootstrap stop` does.
+
+    Closing a node's connection stops the launcher's process group (TERM, KILL 5 s later) but
+    torchrun starts its workers in sessions of their own: a worker that takes longer than that to
+    handle TERM, or whose torchrun was killed before it could pass TERM on (a local node's group
+    is killed at once), would be left training. The sweep runs on new connections, in parallel,
+    with the same 5 s grace."""
+    from orchestrator.steps.runs import stop_node
+
+    try:
+        with session.reopened() as fresh:
+            outcomes = fresh.map(lambda node, t: stop_node(node, t, run_id, grace=5.0), step="sweep")
+    except KeyboardInterrupt:
+        ui.warn(f"not checked for processes left running: run `bootstrap stop --run {run_id}`")
+        return
+    for o in outcomes:
+        if o.error is not None:
+            ui.warn(
+                f"{o.node}: not checked for processes of the run left running ({o.error}): "
+                f"run `bootstrap stop --run {run_id}` when it is reachable"
+            )
+        elif o.value is not None and o.value.state == "stopped":
+            ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
+
+
 def _interrupted(ui: UI) -> None:
     ui.error("interrupted: connections closed, commands still running on the nodes were stopped")
     raise SystemExit(int(ExitCode.INTERRUPTED))
@@ -1022,8 +1061,6 @@ def _launch(
     templates_dir: Path | None,
     detach: bool = False,
 ) -> None:
-    import time as _time
-
     from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer
     from orchestrator.steps.launch import failure_tail, plan, run_node
@@ -1032,13 +1069,15 @@ def _launch(
     if settings.nodes:
         ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
     nodes = list(inventory.nodes)
-    run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
     renderer = Renderer(templates_dir)
-    session = _session(settings, inventory, nodes)
     if settings.dry_run:
-        session.close()
         ui.note("--dry-run: `bootstrap render --offline` shows the scripts that would run")
         return
+    from orchestrator.steps.runs import claim_run_id, new_run_id
+
+    # a run id names one run: a new one unless the user named it (then refused when it exists)
+    run_id = claim_run_id(run_id) if run_id else new_run_id(inventory.cluster.name)
+    session = _session(settings, inventory, nodes)
     with session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
@@ -1054,9 +1093,9 @@ def _launch(
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
         specs = {s.node.name: s for s in launch_plan.specs}
-        from orchestrator.steps.runs import check_run_id, write_record
+        from orchestrator.steps.runs import write_record
 
-        write_record(Path("runs") / check_run_id(run_id), run_id, launch_plan.specs, detached=detach)
+        write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
         if detach:
             from orchestrator.cli.runs import start_detached
 
@@ -1086,12 +1125,14 @@ def _launch(
             )
         except KeyboardInterrupt:
             log.close()
+            _sweep_run(ui, session, run_id)
             _interrupted(ui)
         finally:
             log.close()
+    failed, stopped = failed_first(outcomes)
+    if stopped:
+        _sweep_run(ui, session, run_id)
     code = exit_code_for(outcomes)
-    failed = [o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)]
-    stopped = [o for o in outcomes if isinstance(o.error, CancelledError)]
     if settings.json_mode:
         ui.print_json(
             {
@@ -1133,7 +1174,7 @@ def _launch(
             for line in failure_tail(result):
                 ui.info(f"  {o.node} | {line}")
     if stopped and failed:
-        ui.note(f"stopped because {failed[0].node} failed: {', '.join(o.node for o in stopped)}")
+        ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {log.directory}/ (and runs/{run_id}/<node>/node.log under each node's workdir)")
     ctx.exit(int(code))
 

@@ -91,6 +91,10 @@ class PosixShell(Platform):
             'wait "${target#-}"'
         )
 
+    def say_if_exists(self, path: str, word: str) -> str:
+        """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
+        return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"
+
     def run_script(self, path: str) -> str:
         """Run the script file at ``path`` (on the node) with /bin/sh."""
         return f"/bin/sh {self.path_word(path)}"

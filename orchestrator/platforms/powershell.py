@@ -209,6 +209,11 @@ class PowerShell(Platform):
         """Create ``path`` and its parents; no error when it exists (``mkdir -p``)."""
         return f"[void][System.IO.Directory]::CreateDirectory({self._full_path(path)})"
 
+    def say_if_exists(self, path: str, word: str) -> str:
+        """A statement that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
+        test = f"Test-Path -LiteralPath {self.path_word(path)}"
+        return f"if ({test}) {{ Write-Output {self.quote(word)}; exit 0 }}"
+
     def run_script(self, path: str) -> str:
         """Run the .ps1 file at ``path`` (on the node); its ``exit N`` becomes our exit code."""
         return f"& {self.path_word(path)}"

@@ -151,6 +151,24 @@ def run_marker(run_id: str, node_name: str) -> str:
     return f"{run_id}/{node_name}"
 
 
+#: what the preparing script prints when the run directory already holds a run's log
+RAN_BEFORE = "@@ran-before"
+
+
+def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str) -> None:
+    """A run id names one run: a second launch under it would append to the first's log and take
+    its exit code file for its own. Refused before anything is uploaded."""
+    if RAN_BEFORE in prepare.stdout.splitlines():
+        raise UsageError(
+            f"run {spec.run_id} already ran on this node ({run_dir}/node.log exists)",
+            node=node.name,
+            hint="choose another --run-id, or leave it out for a new one; "
+            f"`bootstrap logs --run {spec.run_id}` shows the earlier run",
+        )
+    if not prepare.ok:
+        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
+
+
 def prepare_node(
     node: Node,
     transport: Transport,
@@ -174,13 +192,14 @@ def prepare_node(
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     prepare = transport.run(
-        platform.mkdir(run_dir)
+        platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
+        + "\n"
+        + platform.mkdir(run_dir)
         + "\n"
         + platform.mkdir(spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))),
         timeout=60,
     )
-    if not prepare.ok:
-        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
+    _check_prepared(prepare, node, spec, run_dir)
     with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
         launch_file = Path(tmp) / "launch.sh"
         launch_file.write_text(renderer.render(spec, platform, template=template))
@@ -217,9 +236,15 @@ def prepare_windows_node(
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-    prepare = transport.run(platform.mkdir(run_dir) + "\n" + platform.mkdir(parent), timeout=60)
-    if not prepare.ok:
-        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
+    prepare = transport.run(
+        platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
+        + "\n"
+        + platform.mkdir(run_dir)
+        + "\n"
+        + platform.mkdir(parent),
+        timeout=60,
+    )
+    _check_prepared(prepare, node, spec, run_dir)
     launch = f"{run_dir}/launch.ps1"
     with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
         launch_file = Path(tmp) / "launch.ps1"

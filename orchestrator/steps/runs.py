@@ -76,6 +76,29 @@ def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, d
     os.replace(tmp, directory / RECORD)
 
 
+def new_run_id(prefix: str, root: Path = RUNS_ROOT) -> str:
+    """A run id for a launch the user did not name: ``PREFIX-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``...
+    when that second is taken here (two launches within one second must not share a run)."""
+    base = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for n in range(1, 1000):
+        candidate = base if n == 1 else f"{base}-{n}"
+        if not (root / candidate).exists():
+            return candidate
+    raise UsageError(f"no free run id for {base} in {root.resolve()}", hint="pass --run-id")
+
+
+def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
+    """A run id the user chose: refused when a run of that id was launched from here already."""
+    check_run_id(run_id)
+    if (root / run_id / RECORD).exists():
+        raise UsageError(
+            f"run {run_id} already exists here ({root / run_id}/)",
+            hint=f"choose another --run-id, or leave it out for a new one; `bootstrap logs --run {run_id}` "
+            "shows the earlier run",
+        )
+    return run_id
+
+
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.match(run_id):
         raise UsageError(

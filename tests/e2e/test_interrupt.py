@@ -8,35 +8,29 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.cluster import NamespaceCluster
 from tests.conftest import BOOTSTRAP, write_inventory
-from tests.integration.test_runs import await_, namespace_run_pids
+from tests.integration.test_runs import MARKER_ENV, await_, namespace_run_pids
+
+# A worker with a child of its own (the whole tree must go, not just the launcher) that ignores
+# SIGTERM, as one busy saving a checkpoint would for a while. torchrun starts its workers in
+# sessions of their own: stopping the launcher's process group alone leaves this one training.
+STUBBORN = (
+    "import signal, subprocess, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: print('TERM ignored', flush=True))\n"
+    "child = subprocess.Popen(['sleep', '600'])\n"
+    "print('training started', flush=True)\n"
+    "while True:\n"
+    "    time.sleep(0.2)\n"
+)
 
 
-def test_sigint_stops_every_process_of_the_run_on_every_node(
-    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
-) -> None:
-    script = tmp_path / "spin.py"
-    # a worker with a child of its own: the whole tree must go, not just the launcher
-    script.write_text(
-        "import subprocess, time\n"
-        "child = subprocess.Popen(['sleep', '600'])\n"
-        "print('training started', flush=True)\n"
-        "while True:\n"
-        "    time.sleep(0.2)\n"
-    )
-    nodes = [
-        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
-    ]
-    inv = write_inventory(
-        tmp_path / "h.yaml", nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
-    )
-    run_id = f"int-{os.getpid()}-{time.monotonic_ns()}"
-    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id], env=env)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+def _interrupt(argv: list[str], cwd: Path, names: list[str], has_run: Callable[[str], int]) -> str:
+    """Start `bootstrap launch`, wait for every node's first training line, SIGINT it; returns stderr."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     out: list[str] = []
     err: list[str] = []
     readers = [
@@ -48,28 +42,85 @@ def test_sigint_stops_every_process_of_the_run_on_every_node(
     try:
 
         def started() -> bool:
-            return all(
-                any(f"[{h.name}:" in x and "training started" in x for x in out) for h in cluster.hosts
-            )
+            return all(any(f"[{n}:" in x and "training started" in x for x in out) for n in names)
 
         try:
             await_(lambda: started() or proc.poll() is not None, 180, "every node's first training line")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n--- stdout\n{''.join(out)}--- stderr\n{''.join(err)}") from None
         assert proc.poll() is None, f"launch ended early ({proc.returncode}): {''.join(out)}{''.join(err)}"
-        for host in cluster.hosts:  # the run really has processes on every node (so the check below can fail)
-            assert len(namespace_run_pids(cluster, host, run_id)) >= 3, host.name
+        for name in names:  # the run really has processes on every node (so the check after can fail)
+            assert has_run(name) >= 3, name
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130
+        assert proc.wait(timeout=60) == 130
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     for reader in readers:
         reader.join(5)
-    assert "interrupted" in "".join(err)
-    await_(
-        lambda: not any(namespace_run_pids(cluster, h, run_id) for h in cluster.hosts),
-        10,
-        "every process of the run to be gone",
+    stderr = "".join(err)
+    assert "interrupted" in stderr
+    return stderr
+
+
+def test_sigint_stops_every_process_of_the_run_on_every_node(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "h.yaml", nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
     )
+    run_id = f"int-{os.getpid()}-{time.monotonic_ns()}"
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id], env=env)
+    hosts = {h.name: h for h in cluster.hosts}
+    stderr = _interrupt(
+        argv, tmp_path, list(hosts), lambda n: len(namespace_run_pids(cluster, hosts[n], run_id))
+    )
+    # bootstrap returned only after making sure: nothing of the run is left, at once
+    assert not any(namespace_run_pids(cluster, h, run_id) for h in cluster.hosts), stderr
+
+
+def _local_run_pids(run_id: str) -> set[int]:
+    """Live processes on this machine carrying the run's marker (a local node's run)."""
+    prefix = MARKER_ENV + b"=" + run_id.encode() + b"/"
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and any(e.startswith(prefix) for e in env):
+            found.add(int(entry.name))
+    return found
+
+
+def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
+    """`connection: local` (README command 1's inventory): the launcher's group is killed at once,
+    before torchrun can pass anything on to its workers, which live in sessions of their own."""
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    inv = write_inventory(
+        tmp_path / "local.yaml",
+        [{"name": "here", "connection": "local", "python": sys.executable, "nproc": 2}],
+        name="loc",
+        master="here",
+        backend="gloo",
+        train={"script": str(script)},
+    )
+    run_id = f"intl-{os.getpid()}-{time.monotonic_ns()}"
+    argv = [BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id]
+    try:
+        stderr = _interrupt(argv, tmp_path, ["here"], lambda _n: len(_local_run_pids(run_id)))
+        assert not _local_run_pids(run_id), stderr
+    finally:
+        for pid in _local_run_pids(run_id):  # never leave a stubborn worker on this machine
+            os.kill(pid, signal.SIGKILL)

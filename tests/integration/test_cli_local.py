@@ -180,3 +180,46 @@ def test_node_data_is_never_read_as_markup(tmp_path: Path) -> None:
     run = bootstrap("-i", str(inv), "inventory")
     assert run.returncode == 0, run.stderr
     assert "gpu[0]" in run.stdout and "b[/]" in run.stdout and "[red]x" in run.stdout
+
+
+def _quick_inventory(tmp_path: Path) -> Path:
+    script = tmp_path / "quick.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'ran', flush=True)\n")
+    inv = tmp_path / "quick.yaml"
+    inv.write_text(
+        json.dumps(
+            {
+                "cluster": {
+                    "name": "quick",
+                    "master": "here",
+                    "backend": "gloo",
+                    "train": {"script": str(script)},
+                },
+                "nodes": [{"name": "here", "connection": "local", "python": sys.executable, "nproc": 1}],
+            }
+        )
+    )
+    return inv
+
+
+def test_a_run_id_names_one_run(tmp_path: Path) -> None:
+    """A second launch under a run id is refused before anything runs (its log would be appended to
+    the first's, and the first's exit code taken for its own): here first, then on the node when this
+    directory no longer remembers it."""
+    inv = _quick_inventory(tmp_path)
+    home = {"HOME": str(tmp_path)}
+    first = bootstrap("-i", str(inv), "launch", "--run-id", "r1", cwd=tmp_path, env=home)
+    assert first.returncode == 0, first.stderr
+    node_log = tmp_path / "cluster-bootstrap" / "runs" / "r1" / "here" / "node.log"
+    before = node_log.read_bytes()
+    assert b"rank 0 ran" in before
+
+    again = bootstrap("-i", str(inv), "launch", "--run-id", "r1", cwd=tmp_path, env=home)
+    assert again.returncode == 2, again.stderr
+    assert "run r1 already exists here" in again.stderr and "--run-id" in again.stderr
+
+    (tmp_path / "runs" / "r1" / "run.json").unlink()  # this directory forgot it; the node did not
+    again = bootstrap("-i", str(inv), "launch", "--run-id", "r1", cwd=tmp_path, env=home)
+    assert again.returncode == 1, again.stderr  # a node refused: as any node failing
+    assert "here" in again.stderr and "run r1 already ran on this node" in again.stderr
+    assert node_log.read_bytes() == before  # nothing appended, nothing uploaded over it

@@ -421,3 +421,14 @@ def test_fetch_candidates_on_a_windows_node() -> None:
     node = SimpleNamespace(name="win1", workdir="C:/train")
     found = fetch_candidates(ops, node, "r1", ["ckpt", "C:\\x.txt"], None)  # type: ignore[arg-type]
     assert found == [["C:/train/runs/r1/win1/ckpt", "C:/train/code/ckpt"], ["C:\\x.txt"]]
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_a_run_directory_that_holds_a_log_is_reported_before_anything_is_made(run_dir: str) -> None:
+    """launch refuses a run id that already ran on the node: the preparing script says so first."""
+    line = ps.say_if_exists(f"{run_dir}/node.log", "@@ran-before")
+    tree = pwsh.assert_parses(ps.wrap(line + "\n" + ps.mkdir(run_dir)))
+    (test,) = find(tree, "Test-Path")
+    assert test.has("-LiteralPath")  # no wildcard expansion of [ ] in the path
+    assert test.arguments == [ps.path_word(f"{run_dir}/node.log")]  # one quoted word, as mkdir's
+    assert line.endswith("{ Write-Output '@@ran-before'; exit 0 }")
