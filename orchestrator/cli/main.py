@@ -31,6 +31,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.logs import RunLog, new_run_id, state_dir
 from orchestrator.platforms import PosixShell, PowerShell, check_env_name, platform_for_node
+from orchestrator.render import LaunchSpec
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
@@ -645,6 +646,68 @@ def _dry_run(
         settings.ui.print_text("")
 
 
+def _launch_dry_run(ui: UI, inventory: Inventory, run_id: str, renderer: Any, *, detach: bool) -> None:
+    """Per node: what would be uploaded where, the launch script (secrets masked) and the command
+    that runs it. Connects to nothing: interfaces only as the inventory names them (`launch` finds
+    them on the nodes, as `render` without --offline shows)."""
+    from orchestrator.render import render_all
+    from orchestrator.steps.launch import posix_command, run_dir_for, run_marker, windows_command
+    from orchestrator.steps.runs import run_ops
+
+    backend, specs = _offline_specs(ui, inventory, run_id)
+    platforms = {n.name: platform_for_node(n) for n in inventory.nodes}
+    scripts = render_all(renderer, specs, platforms, mask=True)
+    nodes = []
+    for spec in specs:
+        node, platform = spec.node, platforms[spec.node.name]
+        run_dir = run_dir_for(node, run_id)
+        native = isinstance(platform, PowerShell)
+        launch_file = f"{run_dir}/launch.ps1" if native else f"{run_dir}/launch.sh"
+        relative = not (spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\")))
+        uploads = [launch_file] + ([f"{spec.code_dir.rstrip('/')}/{spec.script}"] if relative else [])
+        if detach:
+            command = run_ops(platform, node).start(
+                run_dir, f"{run_dir}/node.log", run_marker(run_id, node.name)
+            )
+        elif native:
+            assert isinstance(platform, PowerShell)
+            command = windows_command(platform, run_dir)
+        else:
+            assert isinstance(platform, PosixShell)
+            command = posix_command(platform, node, spec)
+        nodes.append(
+            {
+                "name": node.name,
+                "run_dir": run_dir,
+                "uploads": uploads,
+                "script": scripts[node.name],
+                "command": command,
+            }
+        )
+    how = "detached (outliving the connection)" if detach else "in the foreground"
+    if ui.json_mode:
+        ui.print_json(
+            {
+                "command": "launch",
+                "dry_run": True,
+                "run_id": run_id,
+                "backend": backend,
+                "detach": detach,
+                "nodes": nodes,
+            }
+        )
+        return
+    for doc in nodes:
+        ui.print_text(f"# ---- {doc['name']}: uploads {', '.join(doc['uploads'])}")
+        ui.print_text(str(doc["script"]))
+        ui.print_text(f"# ---- {doc['name']}: then runs, {how}:")
+        ui.print_text(str(doc["command"]))
+    ui.note(
+        "--dry-run: nothing was uploaded or started; interfaces as the inventory names them "
+        "(`bootstrap render` shows what the nodes' routes give)"
+    )
+
+
 def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
     """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
     others often fail moments after the first ("Connection closed by peer"), before the stop
@@ -928,6 +991,33 @@ def keys(ctx: click.Context, key_path: str) -> None:
     ctx.exit(int(code))
 
 
+def _offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[LaunchSpec]]:
+    """Every node's launch plan from the inventory alone (render --offline, --dry-run): interfaces
+    only as the inventory names them; backend auto taken as gloo."""
+    from orchestrator.render import plan_launch
+
+    all_nodes = list(inventory.nodes)
+    backend: str = inventory.cluster.backend
+    if backend == "auto":
+        backend = "gloo"
+        ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
+    pythons = {n.name: training_python(n, inventory) for n in all_nodes}
+    for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
+        if n.os == "windows" and n.windows.mode == "native" and not n.python:
+            pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
+    master_addr = "127.0.0.1" if len(all_nodes) == 1 else inventory.master_node.host
+    specs = plan_launch(
+        inventory,
+        backend=backend,
+        master_addr=master_addr,
+        run_id=run_id,
+        interfaces={},
+        cpus={},
+        pythons=pythons,
+    )
+    return backend, list(specs)
+
+
 @cli.command()
 @common_options
 @click.option(
@@ -953,36 +1043,17 @@ def render(
     """
     import time as _time
 
-    from orchestrator.render import Renderer, plan_launch, render_all
+    from orchestrator.render import Renderer, render_all
     from orchestrator.steps.launch import plan
 
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)
     ui = settings.ui
-    master = inventory.master_node
     run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
     renderer = Renderer(templates_dir)
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
-    backend: str = inventory.cluster.backend
     if offline or settings.dry_run:
-        if backend == "auto":
-            backend = "gloo"
-            ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
-        interfaces: dict[str, tuple[str | None, str | None]] = {}
-        pythons = {n.name: training_python(n, inventory) for n in all_nodes}
-        for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
-            if n.os == "windows" and n.windows.mode == "native" and not n.python:
-                pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
-        master_addr = "127.0.0.1" if len(all_nodes) == 1 else master.host
-        specs = plan_launch(
-            inventory,
-            backend=backend,
-            master_addr=master_addr,
-            run_id=run_id,
-            interfaces=interfaces,
-            cpus={},
-            pythons=pythons,
-        )
+        backend, specs = _offline_specs(ui, inventory, run_id)
     else:
         session = _session(settings, inventory, all_nodes)
         with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
@@ -1071,12 +1142,12 @@ def _launch(
     nodes = list(inventory.nodes)
     renderer = Renderer(templates_dir)
     if settings.dry_run:
-        ui.note("--dry-run: `bootstrap render --offline` shows the scripts that would run")
+        _launch_dry_run(ui, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach)
         return
-    from orchestrator.steps.runs import claim_run_id, new_run_id
+    from orchestrator.steps.runs import claim_run_id, pick_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
-    run_id = claim_run_id(run_id) if run_id else new_run_id(inventory.cluster.name)
+    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
     session = _session(settings, inventory, nodes)
     with session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:

@@ -252,8 +252,24 @@ def prepare_windows_node(
         transport.put(launch_file, launch)
     if source is not None:
         transport.put(source, target_script)
-    node_log = f"{run_dir}/node.log"
-    return f"{platform.run_script(launch)} -Log {platform.path_word(node_log)}", node_log
+    return windows_command(platform, run_dir), f"{run_dir}/node.log"
+
+
+def windows_command(platform: PowerShell, run_dir: str) -> str:
+    """What runs a native Windows node's part of a foreground run (launch.ps1 writes its log)."""
+    return f"{platform.run_script(f'{run_dir}/launch.ps1')} -Log {platform.path_word(f'{run_dir}/node.log')}"
+
+
+def posix_command(platform: PosixShell, node: Node, spec: LaunchSpec) -> str:
+    """What runs a Linux (or WSL) node's part of a foreground run: pid file + marker (so `bootstrap
+    stop/status/logs --run` work on foreground runs too), then launch.sh with its output kept in
+    node.log."""
+    run_dir = run_dir_for(node, spec.run_id)
+    return (
+        platform.run_identity(run_dir, run_marker(spec.run_id, node.name))
+        + "\n"
+        + platform.logged(platform.run_script(f"{run_dir}/launch.sh"), f"{run_dir}/node.log")
+    )
 
 
 def run_node(
@@ -287,15 +303,10 @@ def run_node(
             script_file=script_file,
         )
     else:
-        platform, run_dir, node_log = prepare_node(
+        platform, _run_dir, node_log = prepare_node(
             node, transport, spec, renderer=renderer, template=template, script_file=script_file
         )
-        # pid file + marker: `bootstrap stop/status/logs --run` work on foreground runs too
-        command = (
-            platform.run_identity(run_dir, run_marker(spec.run_id, node.name))
-            + "\n"
-            + platform.logged(platform.run_script(f"{run_dir}/launch.sh"), node_log)
-        )
+        command = posix_command(platform, node, spec)
     if output is None:
         per_line = on_line
 

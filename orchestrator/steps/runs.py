@@ -76,7 +76,7 @@ def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, d
     os.replace(tmp, directory / RECORD)
 
 
-def new_run_id(prefix: str, root: Path = RUNS_ROOT) -> str:
+def pick_run_id(prefix: str, root: Path = RUNS_ROOT) -> str:
     """A run id for a launch the user did not name: ``PREFIX-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``...
     when that second is taken here (two launches within one second must not share a run)."""
     base = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"

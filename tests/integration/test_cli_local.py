@@ -223,3 +223,44 @@ def test_a_run_id_names_one_run(tmp_path: Path) -> None:
     assert again.returncode == 1, again.stderr  # a node refused: as any node failing
     assert "here" in again.stderr and "run r1 already ran on this node" in again.stderr
     assert node_log.read_bytes() == before  # nothing appended, nothing uploaded over it
+
+
+def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: Path) -> None:
+    """`launch --dry-run` connects to nothing and changes nothing; it shows, per node, what would be
+    uploaded where, the launch script (secrets masked) and the command that would run it."""
+    inv = tmp_path / "win.yaml"
+    inv.write_text(
+        json.dumps(
+            {
+                "cluster": {
+                    "name": "pcs",
+                    "master": "pc1",
+                    "backend": "gloo",
+                    "train": {"script": "train.py", "env": {"HF_TOKEN": "hf-dry-run-secret-771"}},
+                },
+                "nodes": [
+                    {"name": "pc1", "host": "192.0.2.10", "os": "windows", "windows": {"mode": "native"}},
+                    {"name": "pc2", "host": "192.0.2.11", "os": "windows", "windows": {"mode": "native"}},
+                ],
+            }
+        )
+    )
+    home = {"HOME": str(tmp_path / "home"), "WINRM_PASSWORD": "unused"}
+    run = bootstrap(
+        "-i", str(inv), "--json", "launch", "--dry-run", "--run-id", "dr-1", cwd=tmp_path, env=home
+    )
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert (doc["command"], doc["dry_run"], doc["run_id"]) == ("launch", True, "dr-1")
+    first, second = doc["nodes"]
+    assert first["name"] == "pc1" and first["uploads"][0].endswith("dr-1/pc1/launch.ps1")
+    assert first["uploads"][1].endswith("train.py")
+    assert "-Log" in first["command"] and "launch.ps1" in first["command"]
+    assert "RANK" in first["script"] and "hf-dry-run-secret-771" not in run.stdout + run.stderr
+    assert second["uploads"][0].endswith("dr-1/pc2/launch.ps1")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "home").exists()
+
+    text = bootstrap("-i", str(inv), "launch", "--dry-run", "--detach", cwd=tmp_path, env=home)
+    assert text.returncode == 0, text.stderr
+    assert "# ---- pc2: then runs, detached" in text.stdout and "Win32_Process" in text.stdout
+    assert "nothing was uploaded or started" in text.stderr

@@ -14,12 +14,12 @@ def test_launches_within_one_second_get_their_own_ids(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(runs.time, "strftime", lambda _fmt: "20261203-010203")
-    first = runs.new_run_id("lab", tmp_path)
+    first = runs.pick_run_id("lab", tmp_path)
     assert first == "lab-20261203-010203"
     (tmp_path / first).mkdir()  # the first launch's record directory
-    second = runs.new_run_id("lab", tmp_path)
+    second = runs.pick_run_id("lab", tmp_path)
     (tmp_path / second).mkdir()
-    third = runs.new_run_id("lab", tmp_path)
+    third = runs.pick_run_id("lab", tmp_path)
     assert (second, third) == ("lab-20261203-010203-2", "lab-20261203-010203-3")
 
 
