@@ -7,7 +7,11 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no locks there, nothing else changes
+    fcntl = None  # type: ignore[assignment]
 
 
 def state_dir() -> Path:
@@ -22,35 +26,168 @@ def new_run_id(kind: str) -> str:
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
+#: RunLog.commit's answers
+REPLACED = "replaced"  # the copy is now what was read
+KEPT = "kept"  # the copy was left as it was (the part was dropped)
+BUSY = "busy"  # left as it was: a running `launch` writes it (or another `logs` wrote the part)
+
+
+def _try_lock(fd: int) -> bool:
+    """An exclusive flock on ``fd`` without waiting; True when it is ours (always where there are
+    no locks)."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
 
 class RunLog:
-    """One file per node under ``<dir>/<node>.log``, appended as output arrives (thread-safe)."""
+    """One file per node under ``<dir>/<node>.log``, appended as output arrives (thread-safe).
 
-    def __init__(self, directory: Path) -> None:
+    Every block is one ``write`` to the file, unbuffered: ``tail -f`` shows the lines while the run
+    goes, and a crash or ``kill -9`` of the controller loses nothing already shown. While it
+    is open, each file holds a shared ``flock``: a `logs` in another terminal sees that a run is
+    still writing it and leaves it alone.
+
+    ``staged`` (`bootstrap logs`, which reads each node's log again from its start): blocks go to
+    ``<node>.log.part`` (held with an exclusive ``flock``: a second `logs` of the same run writes no
+    part of its own), and ``<node>.log`` changes only in commit(), when the node's read succeeded:
+    a failed read (the node gone, reinstalled, its run directory moved) never costs the copy here.
+    """
+
+    def __init__(self, directory: Path, *, staged: bool = False) -> None:
         self.directory = directory
-        self._files: dict[str, IO[str]] = {}
+        self.staged = staged
+        self._files: dict[str, int] = {}  # node: open file descriptor
+        self._done: set[str] = set()  # staged: committed, discarded or busy: later blocks are dropped
+        self._busy: set[str] = set()  # staged: another `logs` holds the part
         self._lock = threading.Lock()
 
     def path(self, node: str) -> Path:
         return self.directory / f"{_UNSAFE.sub('_', node)}.log"
 
+    def part_path(self, node: str) -> Path:
+        return self.path(node).with_name(self.path(node).name + ".part")
+
     def write(self, node: str, line: str) -> None:
         self.write_block(node, line + "\n")
 
     def write_block(self, node: str, text: str) -> None:
-        """Append ``text`` (complete lines, each ending with a newline) to the node's file."""
+        """Append ``text`` (complete lines, each ending with a newline) to the node's file: written
+        through at once (no buffer here: a block is a read's worth of lines, one system call)."""
+        data = text.encode("utf-8", errors="replace")
         with self._lock:
-            fh = self._files.get(node)
-            if fh is None:
-                # node output can hold anything (tokens printed by a script): owner-only, like ~/.ssh
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                fh = os.fdopen(fd, "a", encoding="utf-8", errors="replace")
-                self._files[node] = fh
-            fh.write(text)
+            fd = self._files.get(node)
+            if fd is None:
+                if node in self._done:
+                    return
+                fd = self._open(node)
+                if fd is None:
+                    return
+            written = os.write(fd, data)
+            while written < len(data):  # a regular file takes it all unless a signal cut in
+                written += os.write(fd, data[written:])
+
+    def _open(self, node: str) -> int | None:
+        if not self.staged:
+            # node output can hold anything (tokens printed by a script): owner-only, like ~/.ssh
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # "being written": a `logs` does not replace it
+        else:
+            part = self._open_part(node)
+            if part is None:
+                self._busy.add(node)
+                self._done.add(node)
+                return None
+            fd = part
+        self._files[node] = fd
+        return fd
+
+    def _open_part(self, node: str) -> int | None:
+        """The node's part file, empty and locked by us; None when another `logs` holds it."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        part = self.part_path(node)
+        while True:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            if not _try_lock(fd):
+                os.close(fd)
+                return None
+            try:
+                same = os.stat(part).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)  # what a killed `logs` left there
+                return fd
+            os.close(fd)  # the one we locked was renamed over the copy meanwhile: open the new one
+
+    def busy(self, node: str) -> bool:
+        """Staged: another `logs` of this run was writing the node's part: this one wrote none."""
+        return node in self._busy
+
+    def commit(self, node: str, *, only_if_longer: bool = False) -> str:
+        """Staged: make what was read the node's copy (``<node>.log.part`` renamed over
+        ``<node>.log``; a read of an empty log makes it empty). ``only_if_longer``: only when the
+        part holds more bytes than the copy (a read from byte 0 that was cut short: of two prefixes
+        of the same append-only log, the longer one), else the part is dropped.
+
+        Returns REPLACED, KEPT, or BUSY (nothing changed: another `logs` held the part, or a running
+        `launch` is writing the copy, which then stays the fuller one)."""
+        with self._lock:
+            if node in self._busy:
+                return BUSY
+            fd = self._files.pop(node, None)
+            part = self.part_path(node)
+            if fd is None and (only_if_longer or node in self._done):
+                self._done.add(node)
+                return KEPT  # nothing was read, or this node's copy was settled already
+            self._done.add(node)
+            if fd is None:  # nothing was read: an empty part, ours
+                fd = self._open_part(node)
+                if fd is None:
+                    self._busy.add(node)
+                    return BUSY
+            try:
+                final = self.path(node)
+                try:
+                    held = os.open(final, os.O_RDONLY)
+                except FileNotFoundError:
+                    held = None
+                try:
+                    if held is not None and not _try_lock(held):
+                        part.unlink(missing_ok=True)
+                        return BUSY
+                    if only_if_longer and held is not None and os.fstat(held).st_size >= os.fstat(fd).st_size:
+                        part.unlink(missing_ok=True)
+                        return KEPT
+                    os.replace(part, final)  # under our lock on the part: no other `logs` truncates it
+                    return REPLACED
+                finally:
+                    if held is not None:
+                        os.close(held)
+            finally:
+                os.close(fd)
+
+    def discard(self, node: str) -> None:
+        """Staged: drop what was read (the copy stays as it was)."""
+        with self._lock:
+            self._done.add(node)
+            fd = self._files.pop(node, None)
+            if fd is not None:
+                self.part_path(node).unlink(missing_ok=True)  # ours: we hold its lock
+                os.close(fd)
 
     def close(self) -> None:
+        """Close every file; staged: parts not committed are dropped."""
         with self._lock:
-            for fh in self._files.values():
-                fh.close()
+            for node, fd in self._files.items():
+                if self.staged:
+                    self.part_path(node).unlink(missing_ok=True)
+                    self._done.add(node)
+                os.close(fd)
             self._files.clear()

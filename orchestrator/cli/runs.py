@@ -6,6 +6,7 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -26,9 +27,9 @@ from orchestrator.cli.main import (
     common_options,
 )
 from orchestrator.cli.ui import RankedOutput
-from orchestrator.errors import ExitCode
+from orchestrator.errors import CommandFailedError, ExitCode
 from orchestrator.executor import Outcome, exit_code_for
-from orchestrator.logs import RunLog
+from orchestrator.logs import BUSY, KEPT, REPLACED, RunLog
 from orchestrator.steps.inspect import interpreter_for
 from orchestrator.steps.launch import run_dir_for, run_marker
 from orchestrator.steps.runs import (
@@ -159,8 +160,10 @@ def start_detached(
 def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> None:
     """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
 
-    Each node's log is read from its start; with --follow it streams until every launcher has ended
-    and its log is read to the end (exit code 1 when a node's training did not exit 0). A dropped
+    Each node's log is read from its start (into <node>.log.part here, which replaces the copy
+    only once that node's read succeeded: a failed read keeps the previous copy as it was); with
+    --follow it streams until every launcher has ended and its log is read to the end (exit code 1
+    when a node's training did not exit 0). A dropped
     connection is reopened and reading resumes at the byte after the last complete line: no line is
     lost or printed twice.
 
@@ -195,10 +198,9 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
         return
     ranks = first_ranks(inventory)
     directory = RUNS_ROOT / run_id
-    run_log = RunLog(directory)
-    if tail is None:
-        for node in nodes:  # the node's log is read from its start: the copy here is written anew
-            run_log.path(node.name).unlink(missing_ok=True)
+    # each node's log is read from its start into <node>.log.part, which replaces the copy here only
+    # once that node's read succeeded: a node that is gone never costs the only copy left
+    run_log = RunLog(directory, staged=True)
     printer = ui.line_printer([n.name for n in nodes])
 
     outputs = {
@@ -215,28 +217,40 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
     def on_note(node: str, message: str) -> None:
         ui.note(f"{node}: {message}")
 
+    read: dict[str, FollowResult] = {}  # nodes whose read has ended well (known before Ctrl-C too)
+
+    def one(node: Any, t: Any) -> FollowResult:
+        result = follow_node(
+            node,
+            t,
+            run_id,
+            follow=follow,
+            output=outputs[node.name],
+            on_note=on_note,
+            python=interpreter_for(node),  # the run's own: it is there
+            lines=tail,
+        )
+        read[node.name] = result
+        return result
+
     session = _session(settings, inventory, nodes)
+    copies: dict[str, str] = {}
     try:
         with session:
-            outcomes = session.map(
-                lambda node, t: follow_node(
-                    node,
-                    t,
-                    run_id,
-                    follow=follow,
-                    output=outputs[node.name],
-                    on_note=on_note,
-                    python=interpreter_for(node),  # the run's own: it is there
-                    lines=tail,
-                ),
-                step="logs",
-            )
+            outcomes = session.map(one, step="logs")
+        if tail is None:
+            settle = {o.node: "replace" if o.ok else "keep" for o in outcomes}
+            copies = _keep_copies(ui, run_log, nodes, settle, quiet=True)
     except KeyboardInterrupt:
+        if tail is None:
+            # a read cut short is still the log from its start: it becomes the copy when it holds
+            # more than the copy here (of two prefixes of the same append-only log, the longer)
+            _keep_copies(ui, run_log, nodes, {n: "replace" if n in read else "longer" for n in outputs})
         run_log.close()
         ui.note(f"the run goes on; stop it with: {_again(settings, 'stop', run_id)}")
         _interrupted(ui)
     finally:
-        run_log.close()
+        run_log.close()  # drops the parts not committed: the copies stay as they were
     code = exit_code_for(outcomes)
     ended_badly = any(isinstance(o.value, FollowResult) and o.value.exit_code != 0 for o in outcomes)
     if follow and code == ExitCode.OK and ended_badly:
@@ -261,6 +275,11 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
                         "end": o.value.offset if o.value else None,
                         "bytes": o.value.offset - o.value.start if o.value else None,
                         "reconnects": o.value.reconnects if o.value else None,
+                        # runs/<run-id>/<node>.log here: "written" (what was read), "kept" (the
+                        # read failed: left as it was), "busy" (a running launch or another logs
+                        # writes it: left as it was), "none" (the read failed and there is none);
+                        # null with --tail (it writes no copy)
+                        "copy": copies.get(o.node),
                     }
                     for o in outcomes
                 ],
@@ -270,6 +289,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
         )
         ctx.exit(int(code))
     _fail_lines(ui, outcomes)
+    _say_copies(ui, run_log, copies)
     if follow:
         for o in outcomes:
             if isinstance(o.value, FollowResult):
@@ -278,6 +298,43 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
     if tail is None and any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
         ui.note(f"logs: {directory}/")
     ctx.exit(int(code))
+
+
+def _keep_copies(
+    ui: Any, run_log: RunLog, nodes: Sequence[Any], how: dict[str, str], *, quiet: bool = False
+) -> dict[str, str]:
+    """Settle each node's copy here once its read is over: ``how`` is "replace" (read from the
+    start to the end: it becomes the copy), "longer" (cut short: becomes the copy only when longer)
+    or "keep" (failed: the copy stays as it was). Returns each node's "written" / "kept" / "busy" /
+    "none"; says what happened unless ``quiet`` (then _say_copies does, after the failures)."""
+    copies: dict[str, str] = {}
+    for node in nodes:
+        name = node.name
+        existed = run_log.path(name).exists()
+        if run_log.busy(name):
+            state = BUSY
+        elif how.get(name) == "keep":
+            run_log.discard(name)
+            state = KEPT
+        else:
+            state = run_log.commit(name, only_if_longer=how.get(name) == "longer")
+        copies[name] = {REPLACED: "written", BUSY: "busy"}.get(state, "kept" if existed else "none")
+    if not quiet:
+        _say_copies(ui, run_log, copies)
+    return copies
+
+
+def _say_copies(ui: Any, run_log: RunLog, copies: dict[str, str]) -> None:
+    for name, state in copies.items():
+        path = run_log.path(name)
+        if state == "kept":
+            ui.note(f"{name}: the previous copy {path} was kept as it was")
+        elif state == "none":
+            ui.note(f"{name}: no copy written to {path} (the read failed)")
+        elif state == "busy":
+            ui.note(
+                f"{name}: {path} left as it is: a running `bootstrap launch` (or another `logs`) writes it"
+            )
 
 
 # -- status ------------------------------------------------------------------------------------------
@@ -299,6 +356,18 @@ def _gpu_text(status: NodeStatus) -> str:
     )
 
 
+def _unknown_run(outcome: Outcome[NodeStatus], node: Any, run_id: str) -> Outcome[NodeStatus]:
+    """A node that has no such run failed the command (exit 1, as `logs` does), its state kept."""
+    if outcome.value is None or outcome.value.state != "no run":
+        return outcome
+    error = CommandFailedError(
+        f"no run {run_id} on this node ({run_dir_for(node, run_id)} does not exist)",
+        node=node.name,
+        hint="check --run and that the inventory is the one the run was launched with",
+    )
+    return dataclasses.replace(outcome, error=error)
+
+
 @cli.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
@@ -307,7 +376,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
-    start to its exit, or to now). GPU utilisation shows where nvidia-smi exists.
+    start to its exit, or to now). GPU utilisation shows where nvidia-smi exists. Exit code 1 when a
+    node has no such run (state "no run", the node named).
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
@@ -334,6 +404,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
             outcomes = session.map(lambda node, t: status_node(node, t, run_id), step="status")
     except KeyboardInterrupt:
         _interrupted(ui)
+    by_name = {n.name: n for n in nodes}
+    outcomes = [_unknown_run(o, by_name[o.node], run_id) for o in outcomes]
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -363,7 +435,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
             table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
             continue
         label = value.state if value.exit_code is None else f"{value.state} ({value.exit_code})"
-        style = "red" if value.exit_code not in (None, 0) else styles.get(value.state, "dim")
+        failed = o.error is not None or value.exit_code not in (None, 0)  # "no run" fails too
+        style = "red" if failed else styles.get(value.state, "dim")
         table.add_row(
             Text(o.node),
             Text(label, style=style),

@@ -7,6 +7,7 @@ around a run (tests/e2e/test_detach.py does the same through the CLI with real t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.logs import RunLog
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.launch import run_dir_for, run_marker
 from orchestrator.steps.runs import fetch_node, follow_node, status_node, stop_node
@@ -27,9 +29,10 @@ from orchestrator.transports.base import BlockHandler, Stream
 from orchestrator.transports.ssh import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost
-from tests.conftest import root_transport
+from tests.conftest import BOOTSTRAP, CliRun, root_transport, write_inventory
 
 MARKER_ENV = PosixShell.RUN_MARKER_ENV.encode()
+Bootstrap = Callable[..., CliRun]
 
 
 def await_(condition: Callable[[], Any], timeout: float, what: str) -> Any:
@@ -521,3 +524,157 @@ def test_fetch_copies_files_and_directories_from_run_and_code_dirs(
     assert (dest / "checkpoints" / "last.pt").read_bytes() == b"\0" * 5000
     assert (dest / str(absolute).lstrip("/")).read_text() == "abs\n"
     assert by_path["nope"].source is None
+
+
+# -- the CLI's `logs` and `status` on a run started here ---------------------------------------------
+
+
+def _cli_inventory(cluster: NamespaceCluster, tmp_path: Path) -> Path:
+    node = {
+        "name": "node1",
+        "host": cluster.hosts[0].addr,
+        "user": "root",
+        "python": sys.executable,
+        "workdir": str(tmp_path / "work"),  # as _node(tmp_path): the run directories _start makes
+    }
+    return write_inventory(tmp_path / "hosts.yaml", [node], name="ns", master="node1")
+
+
+def test_logs_replaces_the_copy_here_only_when_the_node_was_read(
+    cluster: NamespaceCluster, node1: SSHTransport, bootstrap: Bootstrap, tmp_path: Path
+) -> None:
+    inv = _cli_inventory(cluster, tmp_path)
+    node = _node(tmp_path)
+    run_dir = _start(cluster.controller_ns, node1, node, "r-copy", "echo one\necho two\nprintf 'three'\n")
+    await_(lambda: (run_dir / "node.log.rc").exists(), 10, "the launcher's end")
+    copy = tmp_path / "runs" / "r-copy" / "node1.log"
+    copy.parent.mkdir(parents=True)
+    copy.write_text("an older, shorter read\n")
+    read = bootstrap("-i", str(inv), "logs", "--run", "r-copy", cwd=tmp_path)
+    assert read.returncode == 0, read
+    assert read.stdout.splitlines() == ["[node1] one", "[node1] two", "[node1] three"]
+    assert copy.read_bytes() == b"one\ntwo\nthree\n"  # what was read replaced it
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["node1.log"]  # no part left behind
+    copy.write_text("one\n")
+    tail = bootstrap("-i", str(inv), "logs", "--run", "r-copy", "--tail", "1", cwd=tmp_path)
+    assert tail.returncode == 0 and tail.stdout.splitlines() == ["[node1] three"], tail
+    assert copy.read_bytes() == b"one\n"  # --tail prints only: neither a part nor a new copy
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["node1.log"]
+
+    # the node's run directory is gone (node reinstalled, moved): the copy here is all that is left
+    kept = b"one\ntwo\nthree\n\xc3\xa9 and a line the node never had, without newline"
+    copy.write_bytes(kept)
+    run_dir.rename(tmp_path / "moved")
+    for extra in ([], ["--follow"]):
+        gone = bootstrap("-i", str(inv), "logs", "--run", "r-copy", *extra, cwd=tmp_path)
+        assert gone.returncode == 1, gone
+        assert "node 'node1': no run r-copy on this node" in gone.stderr, gone
+        assert f"node1: the previous copy {Path('runs') / 'r-copy' / 'node1.log'} was kept as it was" in (
+            gone.stderr
+        ), gone
+        assert copy.read_bytes() == kept
+        assert sorted(p.name for p in copy.parent.iterdir()) == ["node1.log"]
+    doc = json.loads(bootstrap("-i", str(inv), "logs", "--run", "r-copy", "--json", cwd=tmp_path).stdout)
+    assert (doc["exit_code"], doc["nodes"][0]["ok"], doc["nodes"][0]["copy"]) == (1, False, "kept")
+    assert copy.read_bytes() == kept
+    # no copy yet and nothing read: none is made
+    fresh = bootstrap("-i", str(inv), "logs", "--run", "r-never", cwd=tmp_path)
+    assert fresh.returncode == 1 and "node1: no copy written to" in fresh.stderr, fresh
+    assert not (tmp_path / "runs" / "r-never" / "node1.log").exists()
+
+    # back in place: a successful read replaces the copy again
+    (tmp_path / "moved").rename(run_dir)
+    doc = json.loads(bootstrap("-i", str(inv), "logs", "--run", "r-copy", "--json", cwd=tmp_path).stdout)
+    assert (doc["exit_code"], doc["nodes"][0]["copy"]) == (0, "written")
+    assert copy.read_bytes() == b"one\ntwo\nthree\n"
+
+
+def test_logs_leaves_the_copy_a_running_launch_writes(
+    cluster: NamespaceCluster, node1: SSHTransport, bootstrap: Bootstrap, tmp_path: Path
+) -> None:
+    inv = _cli_inventory(cluster, tmp_path)
+    node = _node(tmp_path)
+    run_dir = _start(cluster.controller_ns, node1, node, "r-busy", "echo one\necho two\n")
+    await_(lambda: (run_dir / "node.log.rc").exists(), 10, "the launcher's end")
+    launch = RunLog(tmp_path / "runs" / "r-busy")  # what a foreground `launch` holds open
+    launch.write_block("node1", "one\n")
+    try:
+        read = bootstrap("-i", str(inv), "logs", "--run", "r-busy", cwd=tmp_path)
+        assert read.returncode == 0 and read.stdout.splitlines() == ["[node1] one", "[node1] two"], read
+        assert "node1: runs/r-busy/node1.log left as it is: a running `bootstrap launch`" in read.stderr, read
+        doc = json.loads(bootstrap("-i", str(inv), "logs", "--run", "r-busy", "--json", cwd=tmp_path).stdout)
+        assert (doc["exit_code"], doc["nodes"][0]["copy"]) == (0, "busy"), doc
+        launch.write_block("node1", "two\n")  # the launch's lines still land in the copy
+        assert launch.path("node1").read_text() == "one\ntwo\n"
+        assert not launch.part_path("node1").exists()
+    finally:
+        launch.close()
+
+
+def test_logs_follow_interrupted_keeps_what_was_read_when_it_is_more(
+    cluster: NamespaceCluster, node1: SSHTransport, ctl_home: Path, tmp_path: Path
+) -> None:
+    inv = _cli_inventory(cluster, tmp_path)
+    node = _node(tmp_path)
+    flag = tmp_path / "go"
+    _start(
+        cluster.controller_ns,
+        node1,
+        node,
+        "r-int",
+        f"echo one\necho two\nwhile [ ! -e {flag} ]; do sleep 0.05; done\necho three\n",
+    )
+    copy = tmp_path / "runs" / "r-int" / "node1.log"
+
+    def interrupted_follow() -> str:
+        env = {"HOME": str(ctl_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "logs", "--run", "r-int", "-f"], env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        try:
+            await_(lambda: len(out) >= 2 or proc.poll() is not None, 30, "the first two lines")
+            assert proc.poll() is None, out
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=30) == 130
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join(5)
+        assert out == ["[node1] one\n", "[node1] two\n"]
+        assert proc.stderr is not None
+        return proc.stderr.read()
+
+    # no copy yet: what was read until Ctrl-C becomes it
+    interrupted_follow()
+    assert copy.read_text() == "one\ntwo\n"
+    # a longer copy (from an earlier full read, a foreground launch): it stays
+    copy.write_text("one\ntwo\nthree\n")
+    err = interrupted_follow()
+    assert copy.read_text() == "one\ntwo\nthree\n", err
+    assert "node1: the previous copy" in err and "was kept as it was" in err
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["node1.log"]
+    flag.touch()
+
+
+def test_status_of_an_unknown_run_fails_naming_the_node(
+    cluster: NamespaceCluster, node1: SSHTransport, bootstrap: Bootstrap, tmp_path: Path
+) -> None:
+    inv = _cli_inventory(cluster, tmp_path)
+    node = _node(tmp_path)
+    run_dir = _start(cluster.controller_ns, node1, node, "r-known", "echo done\n")
+    await_(lambda: (run_dir / "node.log.rc").exists(), 10, "the launcher's end")
+    known = bootstrap("-i", str(inv), "status", "--run", "r-known", cwd=tmp_path)
+    assert known.returncode == 0 and "exited (0)" in known.stdout, known
+    unknown = bootstrap("-i", str(inv), "status", "--run", "nosuch", cwd=tmp_path)
+    assert unknown.returncode == 1, unknown
+    assert "no run" in unknown.stdout, unknown  # the table still shows the node's state
+    assert f"node 'node1': no run nosuch on this node ({tmp_path}/work/runs/nosuch/node1 does not exist)" in (
+        unknown.stderr
+    ), unknown
+    doc = json.loads(bootstrap("-i", str(inv), "status", "--run", "nosuch", "--json", cwd=tmp_path).stdout)
+    (entry,) = doc["nodes"]
+    assert (doc["exit_code"], entry["ok"], entry["state"]) == (1, False, "no run"), doc
+    assert entry["error"]["message"].startswith("no run nosuch on this node"), doc
