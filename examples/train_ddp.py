@@ -9,15 +9,30 @@ CPUs (gloo) or CUDA GPUs (nccl). Launch it with torchrun on every node, for exam
 or, where torchrun does not work (native Windows, pytorch#148283), start one process per rank yourself
 with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
 Exit code 0 on success, non-zero on any error. Standard library and torch only.
+
+Checkpoints need no shared storage. ``--checkpoint PATH`` is a path on each node's own disk: after
+every epoch, each node's local rank 0 writes its copy there (DDP keeps every replica identical, so
+every node holds the same state, and a node that dies takes no state with it). On start, every node
+says which epoch its copy holds; the newest copy on any node wins: the rank that holds it loads it and
+broadcasts model, optimizer and GradScaler state and the epoch to every rank, so a node that has no
+copy (a new or reinstalled machine, or rank 0 moved by an elastic restart) resumes with the others.
+A copy that exists but cannot be read stops every rank with the node named, instead of hanging.
+On shared storage (NFS) the same path works too: the nodes replace the one file atomically.
+The broadcast pickles the whole state through the process group: right for this example; for a
+model of several GB, save shards with torch.distributed.checkpoint instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import os
+import socket
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +42,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 REQUIRED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-FEATURES, CLASSES, SAMPLES = 64, 10, 20_000
+FEATURES, CLASSES = 64, 10
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,21 +54,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--samples", type=int, default=20_000, help="synthetic dataset size (all ranks together)")
     p.add_argument("--amp", action="store_true", help="autocast: fp16 + GradScaler on CUDA, bf16 on CPU")
     p.add_argument(
-        "--checkpoint", metavar="PATH", help="resume from PATH if it exists; save after each epoch"
+        "--checkpoint",
+        metavar="PATH",
+        help="checkpoint on each node's own disk: saved there after each epoch by every node; "
+        "resume from the newest copy found on any node (no shared storage needed)",
     )
     p.add_argument("--max-steps", type=int, default=0, help="stop after N steps in this run (0: no limit)")
     p.add_argument("--log-every", type=int, default=50, help="log every N steps (0: only per epoch)")
     return p.parse_args(argv)
 
 
-def make_dataset(seed: int) -> TensorDataset:
+def make_dataset(seed: int, samples: int) -> TensorDataset:
     # Same seed on every rank -> identical data everywhere; DistributedSampler then gives each rank a shard.
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(SAMPLES, FEATURES, generator=g)
+    x = torch.randn(samples, FEATURES, generator=g)
     teacher = torch.randn(FEATURES, CLASSES, generator=g)  # labels from a noisy linear "teacher": learnable
-    y = (x @ teacher + 0.5 * torch.randn(SAMPLES, CLASSES, generator=g)).argmax(dim=1)
+    y = (x @ teacher + 0.5 * torch.randn(samples, CLASSES, generator=g)).argmax(dim=1)
     return TensorDataset(x, y)
 
 
@@ -64,12 +83,70 @@ def make_model(hidden: int = 256) -> nn.Module:
 
 def save_checkpoint(path: str, state: dict[str, object]) -> None:
     # Write-then-rename: a crash mid-save leaves the previous checkpoint intact, never a truncated one.
-    tmp = f"{path}.tmp"
+    # The temporary name is per host and process: nodes sharing the directory (NFS) never collide.
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def read_node_checkpoint(path: str, local_rank: int) -> tuple[dict[str, Any] | None, int, str]:
+    """This node's copy, read by its local rank 0 only: (state, epoch it holds or -1, error text)."""
+    if local_rank != 0 or not os.path.exists(path):
+        return None, -1, ""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return state, int(state["epoch"]), ""
+    except Exception as exc:  # unreadable, another torch's format, not our checkpoint
+        return None, -1, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def newest_checkpoint(
+    path: str | None, rank: int, local_rank: int, world: int, device: torch.device, log: Callable[[str], None]
+) -> tuple[dict[str, Any] | None, int]:
+    """The newest checkpoint any node holds, on every rank (None: start from scratch), and its rank.
+
+    Collective: every rank must call it. Each node's local rank 0 reports the epoch of its own copy;
+    the lowest rank holding the newest one broadcasts it, so nodes without a copy need no shared disk.
+    Plain tensor collectives only: torch's object collectives need numpy, which torch does not install.
+    """
+    if not path:  # the same arguments on every rank: all skip the collectives together
+        return None, -1
+    state, epoch, error = read_node_checkpoint(path, local_rank)
+    if error:
+        log(f"cannot read checkpoint {path} on {socket.gethostname()}: {error}")
+    mine = torch.tensor([epoch, 1 if error else 0], dtype=torch.int64, device=device)
+    found = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(found, mine)
+    epochs = [int(t[0]) for t in found]
+    broken = [str(r) for r, t in enumerate(found) if int(t[1])]
+    if broken:  # every rank sees the same list: all stop together instead of some waiting forever
+        raise RuntimeError(
+            f"rank {', '.join(broken)} cannot read its node's checkpoint (its log names the file and why): "
+            "move that file away to start over, or restore it"
+        )
+    newest = max(epochs)
+    if newest < 0:
+        return None, -1
+    source = epochs.index(newest)
+    payload = b""
+    if rank == source:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        payload = buffer.getvalue()
+        log(f"sending checkpoint {path} (epoch {newest + 1}, {len(payload) / 1e6:.1f} MB) to every rank")
+    size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=source)
+    data = bytearray(payload) if rank == source else bytearray(int(size.item()))
+    host_bytes = torch.frombuffer(data, dtype=torch.uint8)  # shares memory with data
+    wire = host_bytes.to(device)  # the same tensor on CPU; NCCL needs a copy on the GPU
+    dist.broadcast(wire, src=source)
+    if wire.data_ptr() != host_bytes.data_ptr():
+        host_bytes.copy_(wire.cpu())
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), source
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"all_reduce check ok: {int(ones.item())} == world size {world}"
             )
 
-        dataset = make_dataset(args.seed)
+        dataset = make_dataset(args.seed, args.samples)
         # shuffle=True with the same seed on every rank: each epoch's permutation is identical everywhere,
         # so the shards stay disjoint. set_epoch() below reseeds it per epoch (else: same order every epoch).
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
@@ -135,20 +212,18 @@ def main(argv: list[str] | None = None) -> int:
         amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
 
         start_epoch, last_loss = 0, float("nan")
-        if args.checkpoint and os.path.exists(args.checkpoint):
-            state = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        state, source = newest_checkpoint(args.checkpoint, rank, local_rank, world, device, log)
+        if state is not None:  # the same state on every rank: they all start at the same epoch
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            optimizer.load_state_dict(state["optimizer"])  # moves its tensors to the parameters' device
             if scaler is not None and state.get("scaler"):
                 scaler.load_state_dict(state["scaler"])
             start_epoch, last_loss = int(state["epoch"]) + 1, float(state["loss"])
-            log(f"resumed from {args.checkpoint}: {start_epoch} of {args.epochs} epochs already done")
-        # Only rank 0 writes the checkpoint: if PATH is not on storage every node shares, ranks would
-        # disagree on where to start and hang later. Fail now instead (max(-e) == -min(e)).
-        agree = torch.tensor([start_epoch, -start_epoch], device=device)
-        dist.all_reduce(agree, op=dist.ReduceOp.MAX)
-        if int(agree[0]) != -int(agree[1]):
-            raise RuntimeError("ranks found different checkpoints: put --checkpoint on shared storage")
+            log(
+                f"resumed from the checkpoint of rank {source}: "
+                f"{start_epoch} of {args.epochs} epochs already done"
+            )
+            del state
 
         # device_ids only for a module on one device; a model spread over several GPUs needs None.
         ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
@@ -199,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             if not complete:
                 break
             epochs_run += 1
-            if args.checkpoint and rank == 0:
+            if args.checkpoint and local_rank == 0:  # one copy per node, on its own disk
                 scaler_state = scaler.state_dict() if scaler is not None else None
                 ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
                 save_checkpoint(args.checkpoint, {**ckpt, "loss": last_loss, "scaler": scaler_state})

@@ -3,19 +3,27 @@
 Nothing runs here. Every inventory value reaches the script through the node platform's quoting
 (the ``q`` and ``path`` filters); ``StrictUndefined`` makes a misspelt variable an error, not an
 empty string in a command line.
+
+Secrets: a ``train.env`` value written ``{from_env: NAME}`` is read from this machine's environment
+only when a script is rendered for a launch (``secrets="value"``). A script shown to the user
+(``"mask"``) has every secret masked: those values, values of secret-looking variable names and the
+argument after a secret-looking flag (``--hf-token X``, ``--api-key=X``). A script written for the
+user to run by hand (``"reference"``) requires the variable from whoever runs it instead of holding
+the value.
 """
 
 from __future__ import annotations
 
-import re
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import jinja2
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import InventoryError, InventoryIssue, UsageError
+from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_args
 from orchestrator.platforms import Platform, PowerShell, check_env_name
 from orchestrator.platforms.powershell import argv_to_command_line
 from orchestrator.resources import templates_dir
@@ -24,7 +32,10 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
 
 DEFAULT_WORKDIR = "~/cluster-bootstrap"
-_SECRET_NAME = re.compile(r"PASS|TOKEN|SECRET|KEY|CREDENTIAL", re.IGNORECASE)
+
+#: how secrets appear in a rendered script: the real values (launch), masked (shown to the user),
+#: or referenced from the environment of whoever runs it (a file written for running by hand)
+SecretMode = Literal["value", "mask", "reference"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class LaunchSpec:
     local_addr: str  # the address this node's peers reach it at (torchrun --local-addr)
     cluster_name: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # names in ``env`` whose value is taken from this machine's environment at launch (a secret):
+    # env name -> variable name; ``env`` holds an empty placeholder for them
+    env_from: dict[str, str] = field(default_factory=dict)
 
 
 def plan_launch(
@@ -84,7 +98,8 @@ def plan_launch(
                 env["NCCL_SOCKET_IFNAME"] = "=" + interface  # "=": exact match, not a prefix
         if node.name in cpus:
             env["OMP_NUM_THREADS"] = str(max(1, cpus[node.name] // max(1, node.nproc)))
-        env.update(train.env_dict)  # the user's values win
+        # the user's values win; secrets (from_env) are read when a launch renders the script
+        env.update({k: "" if isinstance(v, FromEnv) else v for k, v in train.env_dict.items()})
         workdir = node.workdir or DEFAULT_WORKDIR
         specs.append(
             LaunchSpec(
@@ -108,6 +123,7 @@ def plan_launch(
                 local_addr=source or node.host,
                 cluster_name=inventory.cluster.name,
                 env=env,
+                env_from=train.env_from,
             )
         )
         first += node.nproc
@@ -116,11 +132,52 @@ def plan_launch(
 
 def mask_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
     """Environment for display: values of secret-looking names replaced."""
-    return [(k, "********" if _SECRET_NAME.search(k) else v) for k, v in env.items()]
+    return [(k, MASK if is_secret_name(k) else v) for k, v in env.items()]
+
+
+def templates_dir_for(inventory: Inventory, cli_value: Path | None = None) -> Path | None:
+    """The user's template directory: ``--templates DIR`` when given, else the inventory's
+    ``cluster.train.templates`` (resolved and checked when it was loaded), else None (shipped only)."""
+    if cli_value is not None:
+        return cli_value
+    configured = inventory.cluster.train.templates
+    return Path(configured) if configured else None
+
+
+def missing_secrets(inventory: Inventory, environ: Mapping[str, str] | None = None) -> list[InventoryIssue]:
+    """One issue per ``train.env`` secret whose variable is not set (or empty) here."""
+    environ = os.environ if environ is None else environ
+    issues = []
+    for name, variable in inventory.cluster.train.env_from.items():
+        if not environ.get(variable):
+            state = "is empty" if variable in environ else "is not set"
+            issues.append(
+                InventoryIssue(
+                    f"environment variable {variable} {state}: export {variable}=... on this machine "
+                    "before launching (its value is sent to the nodes, never shown or saved here)",
+                    file=inventory.source,
+                    field=f"train.env.{name}",
+                )
+            )
+    return issues
+
+
+def require_secrets(inventory: Inventory, environ: Mapping[str, str] | None = None) -> None:
+    """Before connecting to anything: every ``{from_env: NAME}`` of ``train.env`` can be read here.
+
+    Raises :class:`InventoryError` (exit 2) naming each field and variable.
+    """
+    issues = missing_secrets(inventory, environ)
+    if issues:
+        raise InventoryError(issues)
 
 
 class Renderer:
-    """Jinja environment: ``user_dir`` (``--templates``) searched before the shipped templates."""
+    """Jinja environment: ``user_dir`` (``--templates``) searched before the shipped templates.
+
+    ``environ``: where ``{from_env: NAME}`` values are read when rendering for a launch (default:
+    this process's environment).
+    """
 
     #: platform name -> launch template. WSL nodes run the Linux build of torch inside their
     #: distribution: the same torchrun script as Linux. Native Windows cannot use torchrun
@@ -131,7 +188,8 @@ class Renderer:
         "powershell": "torchrun_windows.ps1.j2",
     }
 
-    def __init__(self, user_dir: Path | None = None) -> None:
+    def __init__(self, user_dir: Path | None = None, *, environ: Mapping[str, str] | None = None) -> None:
+        self.environ = os.environ if environ is None else environ
         search: list[str] = []
         if user_dir is not None:
             if not user_dir.is_dir():
@@ -148,8 +206,17 @@ class Renderer:
         )
 
     def render(
-        self, spec: LaunchSpec, platform: Platform, *, mask: bool = False, template: str | None = None
+        self,
+        spec: LaunchSpec,
+        platform: Platform,
+        *,
+        mask: bool = False,
+        template: str | None = None,
+        secrets: SecretMode | None = None,
     ) -> str:
+        """One node's script. ``secrets``: "value" (the default: what a launch runs), "mask" (the
+        default with ``mask=True``: for showing), "reference" (for a file a user runs by hand)."""
+        mode: SecretMode = secrets or ("mask" if mask else "value")
         name = template or self.TEMPLATES.get(platform.name)
         if name is None:
             raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
@@ -165,7 +232,8 @@ class Renderer:
         # a Windows program's arguments: one command-line string (the C runtime's splitting rules),
         # then a PowerShell literal holding it (see PowerShell.native)
         self.env.filters["winargs"] = lambda argv: platform.quote(argv_to_command_line(["x", *argv])[2:])
-        env = mask_secrets(spec.env) if mask else list(spec.env.items())
+        env, env_required = self._environment(spec, mode)
+        args = masked_args(spec.args) if mode == "mask" else spec.args
         try:
             jinja_template = self.env.get_template(name)
             return jinja_template.render(
@@ -182,18 +250,44 @@ class Renderer:
                 python=spec.python,
                 code_dir=spec.code_dir,
                 script=spec.script,
-                args=spec.args,
+                args=args,
                 run_id=spec.run_id,
                 elastic=spec.elastic,
                 min_nodes=spec.min_nodes,
                 max_restarts=spec.max_restarts,
                 local_addr=spec.local_addr,
                 env=env,
+                env_required=env_required,
                 cluster_name=spec.cluster_name,
             )
         except jinja2.TemplateError as exc:
             where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else name
             raise UsageError(f"template {where}: {exc}", node=spec.node.name) from None
+
+    def _environment(self, spec: LaunchSpec, mode: SecretMode) -> tuple[list[tuple[str, str]], list[str]]:
+        """(name, value) pairs the script exports, and (reference mode) the names it requires from
+        whoever runs it."""
+        pairs: list[tuple[str, str]] = []
+        required: list[str] = []
+        for name, value in spec.env.items():
+            variable = spec.env_from.get(name)
+            if variable is None:
+                pairs.append((name, MASK if mode == "mask" and is_secret_name(name) else value))
+            elif mode == "mask":
+                pairs.append((name, MASK))
+            elif mode == "reference":
+                required.append(name)
+            else:
+                secret = self.environ.get(variable)
+                if not secret:
+                    state = "is empty" if variable in self.environ else "is not set"
+                    raise UsageError(
+                        f"train.env.{name}: environment variable {variable} {state}",
+                        node=spec.node.name,
+                        hint=f"export {variable}=... on this machine before launching",
+                    )
+                pairs.append((name, secret))
+        return pairs, required
 
 
 def refuse_on_native_windows(spec: LaunchSpec) -> None:
@@ -214,9 +308,18 @@ def refuse_on_native_windows(spec: LaunchSpec) -> None:
 
 
 def render_all(
-    renderer: Renderer, specs: Sequence[LaunchSpec], platforms: Mapping[str, Platform], *, mask: bool
+    renderer: Renderer,
+    specs: Sequence[LaunchSpec],
+    platforms: Mapping[str, Platform],
+    *,
+    mask: bool,
+    secrets: SecretMode | None = None,
 ) -> dict[str, str]:
+    """Every node's script, to show (``mask=True``) or to write to files (``mask=False``: values as
+    the inventory writes them, but a ``{from_env: NAME}`` secret is required from whoever runs the
+    script, never written). ``secrets`` overrides that choice."""
+    mode: SecretMode = secrets or ("mask" if mask else "reference")
     out = {}
     for spec in specs:
-        out[spec.node.name] = renderer.render(spec, platforms[spec.node.name], mask=mask)
+        out[spec.node.name] = renderer.render(spec, platforms[spec.node.name], secrets=mode)
     return out

@@ -319,6 +319,10 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
     ui = settings.ui
+    if not settings.dry_run:
+        from orchestrator.render import require_secrets
+
+        require_secrets(inventory)  # train.env from_env: before sync/firewall/ntp change anything
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
     from orchestrator.cli.pipeline import prepare
@@ -646,66 +650,28 @@ def _dry_run(
         settings.ui.print_text("")
 
 
-def _launch_dry_run(ui: UI, inventory: Inventory, run_id: str, renderer: Any, *, detach: bool) -> None:
-    """Per node: what would be uploaded where, the launch script (secrets masked) and the command
-    that runs it. Connects to nothing: interfaces only as the inventory names them (`launch` finds
-    them on the nodes, as `render` without --offline shows)."""
-    from orchestrator.render import render_all
-    from orchestrator.steps.launch import posix_command, run_dir_for, run_marker, windows_command
+def _launch_dry_run(
+    settings: Settings, inventory: Inventory, run_id: str, renderer: Any, *, detach: bool
+) -> None:
+    """Per node: what would be uploaded where, the launch script (secrets masked) and the exact text
+    its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
+    finds them on the nodes, as `render` without --offline shows)."""
+    from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+    from orchestrator.steps.launch import run_dir_for, run_marker
     from orchestrator.steps.runs import run_ops
 
-    backend, specs = _offline_specs(ui, inventory, run_id)
-    platforms = {n.name: platform_for_node(n) for n in inventory.nodes}
-    scripts = render_all(renderer, specs, platforms, mask=True)
-    nodes = []
-    for spec in specs:
-        node, platform = spec.node, platforms[spec.node.name]
-        run_dir = run_dir_for(node, run_id)
-        native = isinstance(platform, PowerShell)
-        launch_file = f"{run_dir}/launch.ps1" if native else f"{run_dir}/launch.sh"
-        relative = not (spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\")))
-        uploads = [launch_file] + ([f"{spec.code_dir.rstrip('/')}/{spec.script}"] if relative else [])
-        if detach:
-            command = run_ops(platform, node).start(
+    backend, specs = _offline_specs(settings.ui, inventory, run_id)
+    planned = dry_run_nodes(settings, inventory, specs, renderer)
+    if detach:  # the start script instead: it starts launch.sh in a session of its own and returns
+        by_name = {n.name: n for n in inventory.nodes}
+        for entry in planned:
+            node = by_name[entry["name"]]
+            run_dir = run_dir_for(node, run_id)
+            entry["command"] = run_ops(platform_for_node(node), node).start(
                 run_dir, f"{run_dir}/node.log", run_marker(run_id, node.name)
             )
-        elif native:
-            assert isinstance(platform, PowerShell)
-            command = windows_command(platform, run_dir)
-        else:
-            assert isinstance(platform, PosixShell)
-            command = posix_command(platform, node, spec)
-        nodes.append(
-            {
-                "name": node.name,
-                "run_dir": run_dir,
-                "uploads": uploads,
-                "script": scripts[node.name],
-                "command": command,
-            }
-        )
     how = "detached (outliving the connection)" if detach else "in the foreground"
-    if ui.json_mode:
-        ui.print_json(
-            {
-                "command": "launch",
-                "dry_run": True,
-                "run_id": run_id,
-                "backend": backend,
-                "detach": detach,
-                "nodes": nodes,
-            }
-        )
-        return
-    for doc in nodes:
-        ui.print_text(f"# ---- {doc['name']}: uploads {', '.join(doc['uploads'])}")
-        ui.print_text(str(doc["script"]))
-        ui.print_text(f"# ---- {doc['name']}: then runs, {how}:")
-        ui.print_text(str(doc["command"]))
-    ui.note(
-        "--dry-run: nothing was uploaded or started; interfaces as the inventory names them "
-        "(`bootstrap render` shows what the nodes' routes give)"
-    )
+    print_dry_run(settings, "launch", run_id, backend, planned, how=how)
 
 
 def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
@@ -1027,7 +993,8 @@ def _offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list
     "--templates",
     "templates_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Your template directory, searched before the shipped templates.",
+    help="Your template directory, searched before the shipped templates "
+    "(default: the inventory's cluster.train.templates).",
 )
 @click.option("--offline", is_flag=True, help="Connect to nothing: interfaces only from the inventory.")
 @click.option("--run-id", help="Rendezvous id / run name (default: <cluster>-<time>).")
@@ -1043,14 +1010,14 @@ def render(
     """
     import time as _time
 
-    from orchestrator.render import Renderer, render_all
+    from orchestrator.render import Renderer, render_all, templates_dir_for
     from orchestrator.steps.launch import plan
 
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)
     ui = settings.ui
     run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
-    renderer = Renderer(templates_dir)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
     if offline or settings.dry_run:
         backend, specs = _offline_specs(ui, inventory, run_id)
@@ -1101,7 +1068,8 @@ def render(
     "--templates",
     "templates_dir",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Your template directory, searched before the shipped templates.",
+    help="Your template directory, searched before the shipped templates "
+    "(default: the inventory's cluster.train.templates).",
 )
 @click.option(
     "--detach",
@@ -1133,17 +1101,20 @@ def _launch(
     detach: bool = False,
 ) -> None:
     from orchestrator.cli.ui import RankedOutput
-    from orchestrator.render import Renderer
+    from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.steps.launch import failure_tail, plan, run_node
 
     ui = settings.ui
     if settings.nodes:
         ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
     nodes = list(inventory.nodes)
-    renderer = Renderer(templates_dir)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
     if settings.dry_run:
-        _launch_dry_run(ui, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach)
+        _launch_dry_run(
+            settings, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach
+        )
         return
+    require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     from orchestrator.steps.runs import claim_run_id, pick_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -23,6 +26,10 @@ from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
+if TYPE_CHECKING:
+    from orchestrator.platforms import Platform
+    from orchestrator.render import LaunchSpec, Renderer
+
 
 @cli.command()
 @common_options
@@ -39,14 +46,22 @@ from orchestrator.logs import RunLog
     show_default=True,
     help="all_reduce sizes to time (bytes; K, M, G = powers of 1024).",
 )
+@click.option(
+    "--templates",
+    "templates_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Your template directory (ranks.sh.j2 there replaces the shipped one); default: "
+    "the inventory's cluster.train.templates.",
+)
 @click.pass_context
-def validate(ctx: click.Context, timeout: float, sizes: str) -> None:
+def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None) -> None:
     """Check that every rank can join and all_reduce correctly, and how fast.
 
     Runs a shipped script on every rank with the environment training gets (interface, backend,
     interpreter), joining through the master: ranks that never join are named after --timeout
     instead of hanging; then an all_reduce correctness check and timed all_reduce per size
-    (latency, algorithm and bus bandwidth). Exit 1 when anything fails.
+    (latency, algorithm and bus bandwidth). Exit 1 when anything fails. --dry-run connects to
+    nothing and prints each node's rank script (secrets masked) and the command that runs it.
     """
     from orchestrator.steps.validate import parse_sizes
 
@@ -56,7 +71,8 @@ def validate(ctx: click.Context, timeout: float, sizes: str) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = _load(settings)
-    ctx.exit(int(run_validate(settings, inventory, timeout=timeout, sizes=size_list)))
+    code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
+    ctx.exit(int(code))
 
 
 def run_validate(
@@ -65,8 +81,13 @@ def run_validate(
     *,
     timeout: float = 60.0,
     sizes: tuple[int, ...] | None = None,
+    templates_dir: Path | None = None,
 ) -> ExitCode:
-    """The validate phase (also a step of the main pipeline); returns its exit code."""
+    """The validate phase (also a step of the main pipeline); returns its exit code.
+
+    ``templates_dir``: ``--templates``; else the inventory's ``cluster.train.templates``.
+    """
+    from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.steps.validate import DEFAULT_SIZES, failure_summary, human_bytes, validate
 
     ui = settings.ui
@@ -74,12 +95,13 @@ def run_validate(
     if settings.nodes:
         ui.note("validate runs every node of the inventory: a training job spans the whole cluster")
     run_id = f"validate-{inventory.cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    session = _session(settings, inventory, nodes)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
     if settings.dry_run:
-        session.close()
-        ui.note("--dry-run: validate runs ranks.sh (see `bootstrap render`) with the shipped worker")
+        _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
-    log = RunLog(__import__("pathlib").Path("runs") / run_id)
+    require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
+    session = _session(settings, inventory, nodes)
+    log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
 
     def on_line(node: str, rank: int | None, text: str) -> None:
@@ -97,6 +119,7 @@ def run_validate(
                     run_id,
                     timeout=timeout,
                     sizes=sizes or DEFAULT_SIZES,
+                    renderer=renderer,
                     on_line=on_line,
                 )
         except KeyboardInterrupt:
@@ -151,3 +174,131 @@ def run_validate(
     if problems:
         ui.note(f"per-node output: {log.directory}/ (validation worker lines; -v shows them live)")
     return code
+
+
+# -- --dry-run: what would be sent to each node, connecting to nothing ----------------------------------
+
+
+def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
+    """The launch specs as validation runs them: the shipped worker, uploaded into each node's run
+    directory, in place of the training script (as ``steps.validate.validate`` does)."""
+    from orchestrator.steps.launch import run_dir_for
+    from orchestrator.steps.validate import WORKER
+
+    out = []
+    for spec in specs:
+        run_dir = run_dir_for(spec.node, spec.run_id)
+        args = ("--backend", spec.backend, "--timeout", f"{timeout:g}", "--sizes", ",".join(map(str, sizes)))
+        out.append(dataclasses.replace(spec, code_dir=run_dir, script=f"{run_dir}/{WORKER}", args=args))
+    return out
+
+
+def node_command(platform: Platform, spec: LaunchSpec) -> tuple[str, str]:
+    """(path of the launch script on the node, the command that runs it), as ``run_node`` sends them."""
+    from orchestrator.platforms import PosixShell, PowerShell
+    from orchestrator.steps.launch import posix_command, run_dir_for, windows_command
+
+    run_dir = run_dir_for(spec.node, spec.run_id)
+    if isinstance(platform, PowerShell):
+        return f"{run_dir}/launch.ps1", windows_command(platform, run_dir)
+    assert isinstance(platform, PosixShell)
+    return f"{run_dir}/launch.sh", posix_command(platform, spec.node, spec)
+
+
+def dry_run_nodes(
+    settings: Settings,
+    inventory: Inventory,
+    specs: list[LaunchSpec],
+    renderer: Renderer,
+    *,
+    template: str | None = None,
+    uploads_script: bool = True,
+) -> list[dict[str, Any]]:
+    """Per node, connecting to nothing: what would be uploaded where, its launch script (secrets
+    masked), and the exact text its shell would receive to run it (``transport.plan``, as every
+    --dry-run shows).
+
+    ``template``: another template than the platform's launch template, for POSIX shells (native
+    Windows keeps its own, as validation does). ``uploads_script``: whether ``spec.script`` is
+    uploaded (validation's worker always is; a training script when it is relative).
+    """
+    from orchestrator.inventory import PasswordResolver
+    from orchestrator.platforms import PowerShell
+    from orchestrator.session import Session
+    from orchestrator.steps.launch import STREAMING_ENV, run_dir_for
+
+    by_name = {s.node.name: s for s in specs}
+    nodes = [n for n in inventory.nodes if n.name in by_name]
+    session = Session(
+        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
+    )
+    planned = []
+    with session:
+        for node in nodes:
+            spec = by_name[node.name]
+            transport = session.transport(node)  # created, never connected
+            platform = transport.platform
+            native = isinstance(platform, PowerShell)
+            script = renderer.render(spec, platform, template=None if native else template, secrets="mask")
+            path, command = node_command(platform, spec)
+            uploads = [path]
+            if uploads_script:
+                absolute = spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\"))
+                uploads.append(spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}")
+            planned.append(
+                {
+                    "name": node.name,
+                    "via": transport.describe(),
+                    "run_dir": run_dir_for(node, spec.run_id),
+                    "uploads": uploads,
+                    "script": script,
+                    "command": transport.plan(platform.wrap(command, env=STREAMING_ENV)),
+                }
+            )
+    return planned
+
+
+def print_dry_run(
+    settings: Settings,
+    command: str,
+    run_id: str,
+    backend: str,
+    planned: list[dict[str, Any]],
+    *,
+    how: str = "in the foreground",
+) -> None:
+    """``--dry-run`` output: one JSON document with --json; else per node the uploads, the script
+    and the text that runs it (the layout of `launch --dry-run`)."""
+    ui = settings.ui
+    if settings.json_mode:
+        ui.print_json(
+            {"command": command, "dry_run": True, "run_id": run_id, "backend": backend, "nodes": planned}
+        )
+        return
+    for entry in planned:
+        ui.print_text(f"# ---- {entry['name']}: uploads {', '.join(entry['uploads'])} (secrets masked)")
+        ui.print_text(entry["script"])
+        ui.print_text(f"# ---- {entry['name']} ({entry['via']}): then runs, {how}:")
+        ui.print_text(entry["command"])
+    ui.note(
+        "--dry-run: nothing was uploaded or started; interfaces as the inventory names them "
+        "(a real run finds them on the nodes, as `bootstrap render` shows)"
+    )
+
+
+def _validate_dry_run(
+    settings: Settings,
+    inventory: Inventory,
+    renderer: Renderer,
+    run_id: str,
+    timeout: float,
+    sizes: tuple[int, ...],
+) -> None:
+    from orchestrator.cli.main import _offline_specs
+    from orchestrator.steps.validate import TEMPLATE
+
+    backend, specs = _offline_specs(settings.ui, inventory, run_id)
+    planned = dry_run_nodes(
+        settings, inventory, validation_specs(specs, timeout, sizes), renderer, template=TEMPLATE
+    )
+    print_dry_run(settings, "validate", run_id, backend, planned)

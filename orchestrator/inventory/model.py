@@ -16,7 +16,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
@@ -44,6 +44,7 @@ __all__ = [
     "EnvOverride",
     "EnvSettings",
     "FirewallSettings",
+    "FromEnv",
     "Inventory",
     "IssueLog",
     "Node",
@@ -57,6 +58,8 @@ __all__ = [
     "assemble",
     "inventory_password",
     "is_localhost",
+    "is_secret_name",
+    "masked_args",
 ]
 
 Transport = Literal["ntlm", "kerberos", "credssp", "basic", "certificate"]
@@ -223,6 +226,74 @@ def _attach_password(node: Node, secret: str) -> None:
     node._password = SecretStr(secret)
 
 
+#: what a secret looks like when shown
+MASK = "********"
+# Names of variables, and of command-line flags, whose values are treated as secrets when shown.
+_SECRET_NAME_RE = re.compile(r"PASS|TOKEN|SECRET|KEY|CREDENTIAL", re.IGNORECASE)
+_SECRET_FLAG_RE = re.compile(r"^--?[A-Za-z0-9_.-]*(token|key|passw|secret|credential)[A-Za-z0-9_.-]*$", re.I)
+
+
+def is_secret_name(name: str) -> bool:
+    """``WANDB_API_KEY``, ``HF_TOKEN``, ``DB_PASSWORD``...: a variable whose value is not shown."""
+    return bool(_SECRET_NAME_RE.search(name))
+
+
+def masked_args(args: Sequence[str]) -> tuple[str, ...]:
+    """Arguments for display: the value after a secret-looking flag masked.
+
+    ``--hf-token X`` -> ``--hf-token ********``; ``--api-key=X`` -> ``--api-key=********`` (flags
+    containing token, key, passw, secret or credential). The argument after such a flag is masked
+    unless it is itself a long option (``--use-token --epochs 3`` keeps ``--epochs``).
+    """
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next and not arg.startswith("--"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        flag, eq, value = arg.partition("=")
+        if _SECRET_FLAG_RE.match(flag):
+            if eq:
+                out.append(f"{flag}={MASK}" if value else arg)
+            else:
+                out.append(arg)
+                hide_next = True
+        else:
+            out.append(arg)
+    return tuple(out)
+
+
+class FromEnv(BaseModel):
+    """A ``train.env`` value taken from this machine's environment at launch: ``{from_env: NAME}``.
+
+    The inventory names the variable, never the value (like a node's ``password_env``). The value is
+    a secret: masked when a script is shown, referenced (never written) in scripts saved to files.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    from_env: str
+
+
+def _env_value(name: str, value: Any) -> str | FromEnv:
+    if value is None:
+        return ""
+    if isinstance(value, FromEnv):
+        return value
+    if isinstance(value, Mapping):
+        variable = value.get("from_env")
+        if set(value) != {"from_env"} or not isinstance(variable, str) or not ENV_NAME_RE.match(variable):
+            # the value is not echoed: a user may have put the secret where its variable's name belongs
+            raise ValueError(
+                f"{name}: write {{from_env: VARIABLE}}, VARIABLE being the NAME of an environment "
+                "variable on this machine (letters, digits, _); the value is not shown"
+            )
+        return FromEnv(from_env=variable)
+    return str(value)
+
+
 class TrainSettings(BaseModel):
     """What every node runs: the training script, its arguments and environment, the launch mode."""
 
@@ -230,12 +301,16 @@ class TrainSettings(BaseModel):
 
     script: Text = "examples/train_ddp.py"  # relative to the code directory on the nodes
     args: tuple[str, ...] = ()
-    # stored as sorted pairs: a frozen (hashable) model cannot hold a dict; ``env_dict`` gives it back
-    env: tuple[tuple[str, str], ...] = ()
+    # stored as sorted pairs: a frozen (hashable) model cannot hold a dict; ``env_dict`` gives it back.
+    # A value is a literal, or FromEnv: taken from this machine's environment at launch (a secret)
+    env: tuple[tuple[str, str | FromEnv], ...] = ()
     code_dir: str | None = None  # on the nodes; default: <workdir>/code
     elastic: bool = False  # c10d rendezvous, --nnodes MIN:MAX, restarts; else static rendezvous
     min_nodes: Annotated[int, Field(ge=1)] | None = None  # elastic: fewest nodes to start with
     max_restarts: Annotated[int, Field(ge=0)] = 0
+    # the user's launch templates, searched before the shipped ones; relative to the inventory
+    # file's directory, stored absolute (resolved and checked when the inventory is loaded)
+    templates: Text | None = None
 
     @field_validator("env", mode="before")
     @classmethod
@@ -244,7 +319,7 @@ class TrainSettings(BaseModel):
             for name in value:
                 if not isinstance(name, str) or not ENV_NAME_RE.match(name):
                     raise ValueError(f"invalid environment variable name {name!r}")
-            return tuple(sorted((str(k), "" if v is None else str(v)) for k, v in value.items()))
+            return tuple(sorted(((str(k), _env_value(str(k), v)) for k, v in value.items()), key=_first))
         return value
 
     @field_validator("args", mode="before")
@@ -254,9 +329,45 @@ class TrainSettings(BaseModel):
             return tuple(str(v) for v in value)
         return value
 
+    @field_validator("templates")
+    @classmethod
+    def _templates_directory(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        path = Path(value).expanduser()
+        base = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        if not path.is_dir():
+            what = "is not a directory" if path.exists() else "does not exist"
+            raise ValueError(f"{path} {what}")
+        return str(path.resolve())
+
     @property
-    def env_dict(self) -> dict[str, str]:
+    def env_dict(self) -> dict[str, str | FromEnv]:
         return dict(self.env)
+
+    @property
+    def env_from(self) -> dict[str, str]:
+        """Variables taken from this machine's environment: train.env name -> variable name."""
+        return {name: value.from_env for name, value in self.env if isinstance(value, FromEnv)}
+
+    def public_dict(self) -> dict[str, Any]:
+        """For --json: literal values of secret-looking variables and secret arguments masked."""
+        doc = self.model_dump(mode="json")
+        env: dict[str, Any] = {}
+        for name, value in self.env:
+            if isinstance(value, FromEnv):
+                env[name] = value.model_dump()  # the variable's name only
+            else:
+                env[name] = MASK if is_secret_name(name) else value
+        doc["env"] = env
+        doc["args"] = list(masked_args(self.args))
+        return doc
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
 
 
 _PORT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -556,6 +667,7 @@ TIME_FIELDS: tuple[str, ...] = tuple(TimeSettings.model_fields)
 ENV_FIELDS: tuple[str, ...] = tuple(EnvSettings.model_fields)
 ENV_OVERRIDE_FIELDS: tuple[str, ...] = tuple(EnvOverride.model_fields)
 CODE_FIELDS: tuple[str, ...] = tuple(CodeSettings.model_fields)
+TRAIN_FIELDS: tuple[str, ...] = tuple(TrainSettings.model_fields)
 
 
 def _one_of(literal: Any) -> str:
@@ -596,6 +708,14 @@ _CLUSTER_EXPECTED: dict[str, str] = {
     "port": "an integer between 1 and 65535",
     "backend": _one_of(Backend),
     "train": "a mapping with " + ", ".join(TrainSettings.model_fields),
+    "train.script": "the training script's path (relative to the code directory on the nodes)",
+    "train.args": "a list of arguments",
+    "train.env": "a mapping of NAME: value, or NAME: {from_env: VARIABLE} for a secret",
+    "train.code_dir": "a directory on the nodes",
+    "train.elastic": "true or false",
+    "train.min_nodes": "an integer >= 1",
+    "train.max_restarts": "an integer >= 0",
+    "train.templates": "a directory of your launch templates (relative to the inventory file)",
     "firewall": "a mapping with " + ", ".join(FirewallSettings.model_fields),
     "firewall.manage": "true or false",
     "firewall.extra_ports": "a list of ports (6006) or LOW-HIGH ranges ('6000-6010')",
@@ -692,7 +812,11 @@ def is_localhost(host: str) -> bool:
 def _error_field(loc: tuple[int | str, ...]) -> tuple[str, str]:
     """(top-level field, dotted path for winrm sub-fields) from a pydantic ``loc``."""
     top = str(loc[0]) if loc else ""
-    if top in ("winrm", "windows", "firewall", "time", "code") and len(loc) > 1 and isinstance(loc[1], str):
+    if (
+        top in ("winrm", "windows", "firewall", "time", "code", "train")
+        and len(loc) > 1
+        and isinstance(loc[1], str)
+    ):
         return top, f"{top}.{loc[1]}"
     if top == "env" and len(loc) > 1 and isinstance(loc[1], str):
         if loc[1] in ("linux", "windows") and len(loc) > 2 and isinstance(loc[2], str):
@@ -744,6 +868,8 @@ def _report_validation(
                 if path.startswith("time.")
                 else CODE_FIELDS
                 if path.startswith("code.")
+                else TRAIN_FIELDS
+                if path.startswith("train.")
                 else ENV_OVERRIDE_FIELDS
                 if path.startswith(("env.linux.", "env.windows."))
                 else ENV_FIELDS
@@ -766,7 +892,11 @@ def _report_validation(
                     item = f" item {loc[-1] + 1}:"
                 message = f"expected {what}, got{item} {describe(got)}"
                 reason = err.get("ctx", {}).get("error")
-                if kind == "value_error" and path.startswith(("firewall.", "time", "code")) and reason:
+                if (
+                    kind == "value_error"
+                    and path.startswith(("firewall.", "time", "code", "train."))
+                    and reason
+                ):
                     message = f"expected {what}: {reason}"
         log.add(message + suffix, line=line, node=issue_node, field=shown_field)
     return bad
@@ -877,11 +1007,13 @@ def _build_cluster(
     fallback_line: int | None,
     known_names: Sequence[str],
     log: IssueLog,
+    base_dir: str = ".",
 ) -> Cluster | None:
     cluster: Cluster | None = None
     bad: set[str] = set()
     try:
-        cluster = Cluster.model_validate(values)
+        # base_dir: where paths in the file start (train.templates)
+        cluster = Cluster.model_validate(values, context={"base_dir": base_dir})
     except ValidationError as exc:
         bad = _report_validation(
             exc,
@@ -961,7 +1093,12 @@ def assemble(
     cluster = None
     if "master" in values:
         cluster = _build_cluster(
-            values, cluster_sources, fallback_line=cluster_line, known_names=known, log=log
+            values,
+            cluster_sources,
+            fallback_line=cluster_line,
+            known_names=known,
+            log=log,
+            base_dir=str(Path(source).absolute().parent),
         )
     if cluster is None and not log:
         log.add("the inventory defines no nodes", line=cluster_line)
@@ -1045,7 +1182,7 @@ class Inventory:
         return {
             "source": self.source,
             "format": self.format,
-            "cluster": self.cluster.model_dump(mode="json"),
+            "cluster": {**self.cluster.model_dump(mode="json"), "train": self.cluster.train.public_dict()},
             "nodes": nodes,
             "notes": list(self.notes),
         }

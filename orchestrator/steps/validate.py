@@ -21,6 +21,7 @@ from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.steps.launch import plan, run_dir_for, run_node, split_rank
+from orchestrator.transports.base import Result
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -272,14 +273,36 @@ def failure_summary(validation: Validation) -> list[str]:
         lines.append("all_reduce returned a WRONG result: ranks disagree (mixed builds or a broken backend)")
     if report.timed_out:
         lines.append("validation did not finish in time and was stopped (a rank hung inside a collective)")
+    started_nodes = {report.ranks.get(rank) for rank in report.started}
     for outcome in validation.outcomes:
         failure = outcome.error
-        if failure is None or isinstance(error, CancelledError):
+        if failure is None or isinstance(failure, CancelledError):
             continue
-        if isinstance(error, CommandFailedError) and (never or report.unreachable):
-            continue  # explained above
-        if isinstance(error, BootstrapError):
-            lines.append(str(error))
+        if isinstance(failure, CommandFailedError) and (never or report.unreachable):
+            if outcome.node in started_nodes:
+                continue  # explained above: every worker exits non-zero when a rank is missing
+            # none of its workers started (no python, no torch, no code dir): that is the cause
+            lines.append(str(failure))
+            lines.extend(f"  {outcome.node}: {text}" for text in _last_words(failure))
+            continue
+        if isinstance(failure, BootstrapError):
+            lines.append(str(failure))
     if not lines and not report.ok:
         lines.append("validation did not complete")
     return lines
+
+
+def _last_words(failure: CommandFailedError, count: int = 3) -> list[str]:
+    """The last distinct lines a failed node printed (its ranks print the same error once each)."""
+    result = failure.result
+    if not isinstance(result, Result):
+        return []
+    words: list[str] = []
+    for text in reversed(result.tail(50)):
+        _, text = split_rank(text)
+        text = text.strip()
+        if text and not text.startswith(_MARK) and text not in words:
+            words.append(text)
+        if len(words) == count:
+            break
+    return words[::-1]

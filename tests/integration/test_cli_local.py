@@ -239,8 +239,20 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
                     "train": {"script": "train.py", "env": {"HF_TOKEN": "hf-dry-run-secret-771"}},
                 },
                 "nodes": [
-                    {"name": "pc1", "host": "192.0.2.10", "os": "windows", "windows": {"mode": "native"}},
-                    {"name": "pc2", "host": "192.0.2.11", "os": "windows", "windows": {"mode": "native"}},
+                    {
+                        "name": "pc1",
+                        "host": "192.0.2.10",
+                        "user": "jo",
+                        "os": "windows",
+                        "windows": {"mode": "native"},
+                    },
+                    {
+                        "name": "pc2",
+                        "host": "192.0.2.11",
+                        "user": "jo",
+                        "os": "windows",
+                        "windows": {"mode": "native"},
+                    },
                 ],
             }
         )
@@ -262,5 +274,6 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
 
     text = bootstrap("-i", str(inv), "launch", "--dry-run", "--detach", cwd=tmp_path, env=home)
     assert text.returncode == 0, text.stderr
-    assert "# ---- pc2: then runs, detached" in text.stdout and "Win32_Process" in text.stdout
+    assert "# ---- pc2 (winrm" in text.stdout and "then runs, detached" in text.stdout
+    assert "Win32_Process" in text.stdout
     assert "nothing was uploaded or started" in text.stderr

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UsageError
-from orchestrator.inventory import load_inventory_text
+from orchestrator.cli.validate import validation_specs
+from orchestrator.errors import InventoryError, UsageError
+from orchestrator.inventory import load_inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
-from orchestrator.render import Renderer, plan_launch, render_all
+from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all, templates_dir_for
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"  # regenerate after an intended change, then review the diff
@@ -36,8 +37,14 @@ nodes:
 
 
 def _render(backend: str, elastic: bool, mask: bool = True) -> dict[str, str]:
+    return render_all(
+        Renderer(), _specs(backend, elastic), {n: PosixShell() for n in ("head", "w1", "w2")}, mask=mask
+    )
+
+
+def _specs(backend: str, elastic: bool) -> list[LaunchSpec]:
     inventory = load_inventory_text(LAB.format(backend=backend, elastic=str(elastic).lower()), "lab.yaml")
-    specs = plan_launch(
+    return plan_launch(
         inventory,
         backend=backend,
         master_addr="10.0.0.1",
@@ -46,7 +53,6 @@ def _render(backend: str, elastic: bool, mask: bool = True) -> dict[str, str]:
         cpus={"head": 16, "w1": 8, "w2": 32},
         pythons={"head": "python3", "w1": "/opt/venv/bin/python", "w2": "python3"},
     )
-    return render_all(Renderer(), specs, {n: PosixShell() for n in ("head", "w1", "w2")}, mask=mask)
 
 
 @pytest.mark.parametrize(("backend", "elastic"), [("gloo", False), ("nccl", False), ("gloo", True)])
@@ -57,6 +63,56 @@ def test_golden(backend: str, elastic: bool) -> None:
         if UPDATE:
             golden.write_text(text)
         assert text == golden.read_text(), f"{golden.name} changed: rerun with UPDATE_GOLDEN=1 and review"
+
+
+# -- ranks.sh.j2: what `bootstrap validate` runs (one process per rank, torchrun's environment) -------
+
+
+def _ranks(backend: str, elastic: bool = False, *, mask: bool = True) -> dict[str, str]:
+    specs = validation_specs(_specs(backend, elastic), 60.0, (4096, 4194304))
+    renderer = Renderer()
+    return {s.node.name: renderer.render(s, PosixShell(), mask=mask, template="ranks.sh.j2") for s in specs}
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_golden_ranks(backend: str) -> None:
+    for node, text in _ranks(backend).items():
+        golden = GOLDEN / f"ranks-{backend}-{node}.sh"
+        if UPDATE:
+            golden.write_text(text)
+        assert golden.exists(), f"{golden.name} missing: rerun with UPDATE_GOLDEN=1 and review"
+        assert text == golden.read_text(), f"{golden.name} changed: rerun with UPDATE_GOLDEN=1 and review"
+        assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+
+
+def test_ranks_script_is_the_same_for_elastic_inventories() -> None:
+    # validation never uses a rendezvous agent: every rank joins the master's store directly
+    assert _ranks("gloo", elastic=True) == _ranks("gloo")
+
+
+def test_ranks_script_starts_each_rank_and_exits_with_the_first_failure(tmp_path: Path) -> None:
+    text = _ranks("gloo", mask=False)["w2"]  # 2 ranks: global 3 and 4
+    fake = tmp_path / "python"
+    fake.write_text(
+        '#!/bin/sh\nprintf "rank=%s local=%s world=%s group=%s if=%s args=%s\\n" '
+        '"$RANK" "$LOCAL_RANK" "$WORLD_SIZE" "$GROUP_RANK" "$GLOO_SOCKET_IFNAME" "$*" >> "$OUT"\n'
+        'exit "$((LOCAL_RANK * 7))"\n'
+    )
+    fake.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    out = tmp_path / "out.txt"
+    script = text.replace("python3 ", f"{fake} ").replace(
+        'cd "$HOME"/cluster-bootstrap/runs/lab-20261202/w2', f"cd {run_dir}"
+    )
+    done = subprocess.run(["sh"], input=script, text=True, env={**os.environ, "OUT": str(out)})
+    assert done.returncode == 7  # local rank 1 failed: the script reports it after waiting for all
+    lines = sorted(out.read_text().splitlines())
+    assert [line.split(" args=")[0] for line in lines] == [
+        "rank=3 local=0 world=5 group=2 if=ib0",
+        "rank=4 local=1 world=5 group=2 if=ib0",
+    ]
+    assert lines[0].endswith("--backend gloo --timeout 60 --sizes 4096,4194304")
 
 
 def test_ranks_follow_inventory_order_with_each_nodes_nproc() -> None:
@@ -109,6 +165,57 @@ def test_user_templates_come_first_and_typos_are_errors(tmp_path: Path) -> None:
     (tmp_path / "torchrun.sh.j2").write_text("echo {{ nnode }}\n")
     with pytest.raises(UsageError, match="nnode"):
         render_all(Renderer(tmp_path), specs, {"a": PosixShell()}, mask=True)
+
+
+def _inventory_with_templates(tmp_path: Path, templates: str) -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(
+        f"cluster:\n  train:\n    templates: {templates}\nnodes:\n  - {{name: a, host: 10.0.0.1}}\n"
+    )
+    return path
+
+
+def test_user_templates_from_the_inventory_relative_to_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "torchrun.sh.j2").write_text("echo mine {{ node.name | q }} {{ world_size }}\n")
+    monkeypatch.chdir("/")  # relative to the inventory file, not to the current directory
+    inventory = load_inventory(_inventory_with_templates(tmp_path, "mine"))
+    assert inventory.cluster.train.templates == str(tmp_path / "mine")
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r", interfaces={}, cpus={}, pythons={}
+    )
+    renderer = Renderer(templates_dir_for(inventory))
+    assert render_all(renderer, specs, {"a": PosixShell()}, mask=True)["a"] == "echo mine a 1\n"
+    # the shipped templates the user did not replace are still found
+    assert "RANK=0 LOCAL_RANK=0" in renderer.render(specs[0], PosixShell(), template="ranks.sh.j2")
+    # --templates on the command line wins over the inventory
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "torchrun.sh.j2").write_text("echo cli\n")
+    assert templates_dir_for(inventory, tmp_path / "cli") == tmp_path / "cli"
+    assert templates_dir_for(load_inventory_text("nodes: [{host: h}]", "x.yaml")) is None
+
+
+def test_a_missing_template_directory_in_the_inventory_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError) as missing:
+        load_inventory(_inventory_with_templates(tmp_path, "nowhere"))
+    message = str(missing.value)
+    assert "hosts.yaml:2: field 'train.templates'" in message
+    assert f"{tmp_path / 'nowhere'} does not exist" in message
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InventoryError, match=r"train\.templates.*is not a directory"):
+        load_inventory(_inventory_with_templates(tmp_path, "file"))
+
+
+def test_train_fields_are_checked_one_by_one_with_suggestions() -> None:
+    text = "cluster:\n  train: {scipt: x, min_nodes: 0}\nnodes: [{host: h}]\n"
+    with pytest.raises(InventoryError) as wrong:
+        load_inventory_text(text, "x.yaml")
+    assert str(wrong.value).splitlines() == [
+        "x.yaml:2: field 'train.min_nodes': expected an integer >= 1, got 0",
+        "x.yaml:2: field 'train.scipt': unknown field 'scipt'; did you mean 'script'?",
+    ]
 
 
 def test_failure_tail_keeps_the_workers_error_above_torchruns_traceback() -> None:

@@ -135,6 +135,33 @@ def test_golden_linux_and_wsl(backend: str, elastic: bool) -> None:
         assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
 
 
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_golden_ranks_linux_and_wsl(backend: str) -> None:
+    """ranks.sh.j2 (what `bootstrap validate` runs) for Linux nodes beside a WSL-mode Windows node."""
+    from orchestrator.cli.validate import validation_specs
+
+    inventory = load_inventory_text(MIXED.format(backend=backend, elastic="false"), "m.yaml")
+    specs = plan_launch(
+        inventory,
+        backend=backend,
+        master_addr="10.0.0.1",
+        run_id="validate-mixed-20261202",
+        interfaces={"head": ("eth0", "10.0.0.1"), "w1": ("eth0", "10.0.0.2"), "win": ("eth1", "10.0.0.3")},
+        cpus={"head": 16, "w1": 8, "win": 12},
+        pythons={n.name: n.python or "python3" for n in inventory.nodes},
+    )
+    platforms = {n.name: platform_for_node(n) for n in inventory.nodes}
+    renderer = Renderer()
+    for spec in validation_specs(specs, 60.0, (4096,)):
+        text = renderer.render(spec, platforms[spec.node.name], mask=True, template="ranks.sh.j2")
+        _check_golden(f"mixed-ranks-{backend}-{spec.node.name}.sh", text)
+        assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0
+        if spec.node.name == "win":  # inside the distribution: the Linux script, the WSL interface
+            assert "RANK=2 LOCAL_RANK=0 /home/bob/venv/bin/python" in text
+            assert "RANK=3 LOCAL_RANK=1 /home/bob/venv/bin/python" in text
+            assert "export GLOO_SOCKET_IFNAME=eth1\n" in text
+
+
 def test_a_wsl_node_gets_the_linux_torchrun_script() -> None:
     win = _mixed("gloo", False)["win"]
     assert "exec /home/bob/venv/bin/python -m torch.distributed.run" in win

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Rank script for node w2 (node rank 2), rendered by cluster-bootstrap.
+# Cluster lab: 3 node(s), world size 5, backend gloo.
+# One process per local rank (global ranks 3-4) with torchrun's
+# environment but without torchrun: a rank that cannot reach the master reports it itself instead of
+# waiting inside torchrun's rendezvous (used by `bootstrap validate`).
+set -eu
+cd "$HOME"/cluster-bootstrap/runs/lab-20261202/w2
+export PYTHONUNBUFFERED=1
+export GLOO_SOCKET_IFNAME=ib0
+export OMP_NUM_THREADS=16
+export MY_FLAG='a b'
+export WANDB_API_KEY='********'
+export MASTER_ADDR=10.0.0.1
+export MASTER_PORT=29500
+export WORLD_SIZE=5
+export LOCAL_WORLD_SIZE=2
+export GROUP_RANK=2
+export TORCHELASTIC_RUN_ID=lab-20261202
+pids=
+RANK=3 LOCAL_RANK=0 python3 '~/cluster-bootstrap/runs/lab-20261202/w2/validate_worker.py' --backend gloo --timeout 60 --sizes 4096,4194304 &
+pids="$pids $!"
+RANK=4 LOCAL_RANK=1 python3 '~/cluster-bootstrap/runs/lab-20261202/w2/validate_worker.py' --backend gloo --timeout 60 --sizes 4096,4194304 &
+pids="$pids $!"
+rc=0
+for pid in $pids; do
+  if wait "$pid"; then :; else s=$?; [ "$rc" -ne 0 ] || rc=$s; fi
+done
+exit "$rc"
