@@ -47,7 +47,15 @@ FEATURES, CLASSES = 64, 10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DDP smoke-test training on synthetic data.")
-    p.add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")
+    p.add_argument(
+        "--backend",
+        # the backend cluster-bootstrap chose for the whole cluster (gloo when one node has no GPU:
+        # nccl on some ranks and gloo on others cannot form one group), else this machine's best
+        default=os.environ.get("CLUSTER_BOOTSTRAP_BACKEND")
+        or ("nccl" if torch.cuda.is_available() else "gloo"),
+        help="gloo or nccl (default: $CLUSTER_BOOTSTRAP_BACKEND, set by bootstrap's launch scripts; "
+        "else nccl with CUDA, gloo without)",
+    )
     # The only real knob for collective timeouts: env vars such as GLOO_TIMEOUT_SECONDS are read by nothing.
     p.add_argument("--timeout", type=float, default=300.0, help="init/collective timeout, seconds")
     p.add_argument("--epochs", type=int, default=3)

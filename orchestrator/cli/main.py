@@ -1135,7 +1135,7 @@ def _launch(
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
         specs = {s.node.name: s for s in launch_plan.specs}
-        from orchestrator.steps.runs import write_record
+        from orchestrator.steps.runs import rank_labels, write_record
 
         write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
         if detach:
@@ -1146,13 +1146,14 @@ def _launch(
         printer = ui.line_printer([n.name for n in nodes])
 
         # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
+        labels = rank_labels(inventory)
         outputs = {
             node.name: RankedOutput(
                 node.name,
                 log,
                 None if settings.json_mode else printer,
-                first_rank=specs[node.name].first_rank,
-                nproc=specs[node.name].nproc,
+                first_rank=labels[node.name][0],
+                nproc=labels[node.name][1],
             )
             for node in nodes
         }

@@ -41,8 +41,8 @@ from orchestrator.steps.runs import (
     StopResult,
     fetch_candidates,
     fetch_node,
-    first_ranks,
     follow_node,
+    rank_labels,
     resolve_run,
     run_ops,
     start_node,
@@ -196,7 +196,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
             ),
         )
         return
-    ranks = first_ranks(inventory)
+    labels = rank_labels(inventory)
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
@@ -208,8 +208,8 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
             node.name,
             run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
             None if settings.json_mode else printer,
-            first_rank=ranks[node.name],
-            nproc=node.nproc,
+            first_rank=labels[node.name][0],
+            nproc=labels[node.name][1],
         )
         for node in nodes
     }

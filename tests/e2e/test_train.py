@@ -65,3 +65,21 @@ def test_a_failing_node_stops_the_others_and_is_named(
         while marker in cluster.ns_run(host.ns, ["pgrep", "-af", marker]).stdout:
             assert time.monotonic() < deadline, f"{host.name} still runs the job"
             time.sleep(0.1)
+
+
+def test_elastic_rendezvous_labels_each_line_with_its_global_rank(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """c10d rendezvous assigns the global ranks (not the inventory order): each line's [node:rank] is
+    the rank that process really has (its RANK), every rank of the world once."""
+    script = tmp_path / "whoami.py"
+    script.write_text(
+        "import os\nprint('I am rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+    )
+    inv = _inventory(cluster, tmp_path / "h.yaml", elastic=True, script=str(script))
+    run = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run
+    labelled = re.findall(r"^\[(node\d):(\d+)\] I am rank (\d+) of 3$", run.stdout, re.M)
+    assert sorted(int(rank) for _n, _l, rank in labelled) == [0, 1, 2], run.stdout
+    assert all(label == rank for _node, label, rank in labelled), labelled
+    assert {node for node, _l, _r in labelled} == {"node1", "node2", "node3"}

@@ -7,6 +7,10 @@ set -eu
 cd "$HOME"/cluster-bootstrap/code
 # lines reach the log (and bootstrap) as they are printed: torchrun's --tee copier never flushes
 export PYTHONUNBUFFERED=1
+# the backend the cluster chose, for training scripts that read it (the shipped example does)
+export CLUSTER_BOOTSTRAP_BACKEND=gloo
+# each rendezvous assigns the global ranks: torchrun tags every line with the rank itself
+export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[default${rank}]:'
 export GLOO_SOCKET_IFNAME=eth0
 export OMP_NUM_THREADS=8
 export MY_FLAG='a b'

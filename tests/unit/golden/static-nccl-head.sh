@@ -7,6 +7,8 @@ set -eu
 cd "$HOME"/cluster-bootstrap/code
 # lines reach the log (and bootstrap) as they are printed: torchrun's --tee copier never flushes
 export PYTHONUNBUFFERED=1
+# the backend the cluster chose, for training scripts that read it (the shipped example does)
+export CLUSTER_BOOTSTRAP_BACKEND=nccl
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_SOCKET_IFNAME==eth0
 export OMP_NUM_THREADS=8

@@ -52,6 +52,8 @@ $cbRanks = New-Object -TypeName System.Collections.Generic.List[object]
 $cbCode = 0
 try {
   Set-Location -LiteralPath ($HOME + '\cluster-bootstrap\code')
+  # the backend the cluster chose, for training scripts that read it (the shipped example does)
+  $env:CLUSTER_BOOTSTRAP_BACKEND = 'gloo'
   $env:GLOO_SOCKET_IFNAME = 'Ethernet'
   $env:OMP_NUM_THREADS = '8'
   $env:MY_FLAG = 'a b'

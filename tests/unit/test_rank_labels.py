@@ -1,0 +1,35 @@
+"""Which global rank a `[defaultN]:` line of a node is: `launch` and `logs` label lines with it."""
+
+from __future__ import annotations
+
+import io
+
+from orchestrator.cli.ui import LinePrinter, RankedOutput
+from orchestrator.inventory import load_inventory_text
+from orchestrator.steps.runs import rank_labels
+
+NODES = """
+nodes:
+  - {name: a, host: 10.0.0.1, nproc: 2}
+  - {name: b, host: 10.0.0.2, nproc: 1}
+  - {name: c, host: 10.0.0.3, nproc: 3}
+"""
+
+
+def test_static_ranks_follow_the_inventory_order() -> None:
+    inventory = load_inventory_text("cluster: {master: a}\n" + NODES, "lab.yaml")
+    assert rank_labels(inventory) == {"a": (0, 2), "b": (2, 1), "c": (3, 3)}
+
+
+def test_elastic_lines_carry_the_global_rank_the_rendezvous_gave() -> None:
+    inventory = load_inventory_text("cluster: {master: a, train: {elastic: true}}\n" + NODES, "lab.yaml")
+    labels = rank_labels(inventory)
+    assert labels == {"a": (0, 6), "b": (0, 6), "c": (0, 6)}
+    # node c came first to the rendezvous: its ranks are 0-2, and its lines say so
+    shown = io.StringIO()
+    printer = LinePrinter(["a", "b", "c"], shown, color=False)
+    first, count = labels["c"]
+    RankedOutput("c", None, printer, first_rank=first, nproc=count).block(
+        "stdout", "[default2]:hi\n[default5]:x\n"
+    )
+    assert [line.split() for line in shown.getvalue().splitlines()] == [["[c:2]", "hi"], ["[c:5]", "x"]]
