@@ -80,7 +80,25 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         cpus=cpus,
         pythons=pythons,
     )
+    warnings.extend(ignored_env_warnings(inventory))
     return LaunchPlan(specs, backend, why, inspected, warnings)
+
+
+#: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
+IGNORED_ENV = {
+    "GLOO_TIMEOUT_SECONDS": "collective timeouts are init_process_group(timeout=...)",
+    "TORCH_DISTRIBUTED_BACKEND": "the backend is init_process_group(backend=...): "
+    "read CLUSTER_BOOTSTRAP_BACKEND there, as the example does",
+}
+
+
+def ignored_env_warnings(inventory: Inventory) -> list[str]:
+    """One warning per train.env variable that is passed on but read by nothing."""
+    return [
+        f"train.env {name}: nothing in torch or gloo reads it ({IGNORED_ENV[name]})"
+        for name, _value in inventory.cluster.train.env
+        if name in IGNORED_ENV
+    ]
 
 
 def _native_windows_plan(
