@@ -376,8 +376,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
-    start to its exit, or to now). GPU utilisation shows where nvidia-smi exists. Exit code 1 when a
-    node has no such run (state "no run", the node named).
+    start to its exit, or to now; stopped: to its last output). GPU utilisation shows where
+    nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named).
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)

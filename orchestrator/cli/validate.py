@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -180,17 +179,11 @@ def run_validate(
 
 
 def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
-    """The launch specs as validation runs them: the shipped worker, uploaded into each node's run
-    directory, in place of the training script (as ``steps.validate.validate`` does)."""
-    from orchestrator.steps.launch import run_dir_for
-    from orchestrator.steps.validate import WORKER
+    """The launch specs as validation runs them (``steps.validate.validation_specs``; imported when
+    used, so the CLI starts without loading the steps)."""
+    from orchestrator.steps import validate as steps
 
-    out = []
-    for spec in specs:
-        run_dir = run_dir_for(spec.node, spec.run_id)
-        args = ("--backend", spec.backend, "--timeout", f"{timeout:g}", "--sizes", ",".join(map(str, sizes)))
-        out.append(dataclasses.replace(spec, code_dir=run_dir, script=f"{run_dir}/{WORKER}", args=args))
-    return out
+    return steps.validation_specs(specs, timeout, sizes)
 
 
 def node_command(platform: Platform, spec: LaunchSpec) -> tuple[str, str]:

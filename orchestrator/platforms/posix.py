@@ -230,7 +230,8 @@ class PosixShell(Platform):
 
     def run_status(self, run_dir: str, marker: str, log: str) -> str:
         """``key=value`` lines: node clock, launcher alive, start/end times (file mtimes on the node's
-        clock), exit code, log size and last line, one ``gpu=`` line per GPU where nvidia-smi exists."""
+        clock), exit code, log size, last-modified time and last line, one ``gpu=`` line per GPU
+        where nvidia-smi exists."""
         return (
             self._run_functions(run_dir, marker) + f"f={self.path_word(log)}\n"
             'echo "now=$(date +%s)"\n'
@@ -240,6 +241,8 @@ class PosixShell(Platform):
             'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
             'if [ -f "$f" ]; then\n'
             '  echo "size=$(wc -c < "$f")"\n'
+            # the time of the last output: how long a stopped (killed) run ran, at least
+            '  echo "modified=$(stat -c %Y "$f")"\n'
             # the last line a rank printed (torchrun's own exit-barrier noise after a good run is not
             # what a user asks about), else the log's last line
             "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$')\n"

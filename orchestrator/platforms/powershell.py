@@ -579,7 +579,8 @@ class PowerShell(Platform):
 
     def run_status(self, run_dir: str, marker: str, log: str) -> str:
         """``key=value`` lines as PosixShell.run_status prints them: node clock, launcher alive,
-        start/end times (file times on the node's clock), exit code, log size and last line (the last
+        start/end times (file times on the node's clock), exit code, log size, last-modified time
+        (the log's last write) and last line (the last
         ``[defaultN]:`` line, else the last line), one ``gpu=`` line per GPU where nvidia-smi exists.
         ``marker`` is unused."""
         del marker
@@ -619,6 +620,7 @@ class PowerShell(Platform):
             "    }\n"
             "  } finally { $cbStream.Dispose() }\n"
             "  Out-Cb ('size=' + $cbSize)\n"
+            "  Out-Cb ('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))\n"
             '  $cbLines = @(([System.Text.Encoding]::UTF8.GetString($cbBytes, 0, $cbGot)) -split "`n")\n'
             # from the middle of the file: its first line is cut
             "  if ($cbFrom -gt 0 -and $cbLines.Count -gt 1) {\n"

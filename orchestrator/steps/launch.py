@@ -307,7 +307,7 @@ def run_node(
     ``BlockHandler`` such as ``RankedOutput`` takes it a block of lines at a time).
 
     ``template``: another launch template than the platform's default (validation uses one);
-    ``script_file``: a local file uploaded to ``spec.script`` (an absolute path on the node) instead
+    ``script_file``: a local file uploaded for ``spec.script`` (to ``code_dir/script`` when relative) instead
     of the training script.
     """
     if isinstance(transport.platform, PowerShell):

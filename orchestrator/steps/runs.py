@@ -707,7 +707,9 @@ def parse_status(stdout: str) -> NodeStatus:
         runtime = ended - started if ended is not None and started is not None else None
     elif started is not None:
         state = "stopped"  # its process is gone without writing an exit code: killed
-        runtime = None
+        # nothing records when it was killed: until its last output (the log's mtime), a lower bound
+        modified = _num(values.get("modified"))
+        runtime = max(0.0, modified - started) if modified is not None else None
     else:
         state = "not started"
         runtime = None

@@ -163,6 +163,24 @@ def human_bytes(n: float) -> str:
     return f"{n:.3g} GiB"
 
 
+def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
+    """The launch specs as validation runs them: the shipped worker in place of the training script.
+
+    The worker is a relative script in the code directory, and the code directory is the node's run
+    directory: ``prepare_node``/``prepare_windows_node`` upload a relative script to
+    ``code_dir/script``, and the rank scripts enter ``code_dir`` (``cd``, ``Set-Location``) before
+    running ``python script``. So the worker is uploaded to, and run from, ``run_dir/validate_worker.py``
+    on Linux, WSL and native Windows, whether the workdir is absolute or starts with ``~`` (a path
+    with ``~`` passed to Python as an argument would be relative: no shell expands it there).
+    """
+    out = []
+    for spec in specs:
+        args = ("--backend", spec.backend, "--timeout", f"{timeout:g}", "--sizes", ",".join(map(str, sizes)))
+        run_dir = run_dir_for(spec.node, spec.run_id)
+        out.append(dataclasses.replace(spec, code_dir=run_dir, script=WORKER, args=args))
+    return out
+
+
 @dataclass
 class Validation:
     plan: LaunchPlan
@@ -189,23 +207,9 @@ def validate(
     renderer = renderer or Renderer()
     launch_plan = launch_plan or plan(session, inventory, run_id)
     worker = package_file("steps/probes/" + WORKER)
-    specs: dict[str, LaunchSpec] = {}
+    specs = {spec.node.name: spec for spec in validation_specs(launch_plan.specs, timeout, sizes)}
     ranks: dict[int, str] = {}
-    for spec in launch_plan.specs:
-        run_dir = run_dir_for(spec.node, run_id)
-        specs[spec.node.name] = dataclasses.replace(
-            spec,
-            code_dir=run_dir,
-            script=f"{run_dir}/{WORKER}",
-            args=(
-                "--backend",
-                spec.backend,
-                "--timeout",
-                f"{timeout:g}",
-                "--sizes",
-                ",".join(str(s) for s in sizes),
-            ),
-        )
+    for spec in specs.values():
         for local in range(spec.nproc):
             ranks[spec.first_rank + local] = spec.node.name
     report = ValidateReport(world_size=len(ranks), ranks=ranks)

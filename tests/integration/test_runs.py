@@ -678,3 +678,34 @@ def test_status_of_an_unknown_run_fails_naming_the_node(
     (entry,) = doc["nodes"]
     assert (doc["exit_code"], entry["ok"], entry["state"]) == (1, False, "no run"), doc
     assert entry["error"]["message"].startswith("no run nosuch on this node"), doc
+
+
+def test_a_stopped_run_shows_how_long_it_ran_until_its_last_output(
+    cluster: NamespaceCluster, node1: SSHTransport, bootstrap: Bootstrap, tmp_path: Path
+) -> None:
+    inv = _cli_inventory(cluster, tmp_path)
+    node = _node(tmp_path)
+    flag = tmp_path / "never"  # the run waits for it: only `stop` ends it
+    script = f"echo step 1\nwhile [ ! -e {flag} ]; do sleep 0.05; done\n"
+    run_dir = _start(cluster.controller_ns, node1, node, "r-killed", script)
+    log = run_dir / "node.log"
+    await_(lambda: log.exists() and b"step 1\n" in log.read_bytes(), 10, "the run's output")
+    with netns.inside(cluster.controller_ns):
+        assert stop_node(node, node1, "r-killed", grace=2.0).state == "stopped"
+        status = status_node(node, node1, "r-killed")
+    assert not (run_dir / "node.log.rc").exists()  # killed: no exit code, no end time
+    assert (status.state, status.exit_code, status.last_line) == ("stopped", None, "step 1")
+    # from the launcher's start (its pid file) to its last output (the log's mtime), node clock
+    assert status.runtime == int(log.stat().st_mtime) - int((run_dir / "pid").stat().st_mtime)
+
+    # a run that printed for 2 min 5 s before it was killed: the table and --json say so
+    start = int(time.time()) - 3600
+    os.utime(run_dir / "pid", (start, start))
+    os.utime(log, (start + 125, start + 125))
+    shown = bootstrap("-i", str(inv), "status", "--run", "r-killed", cwd=tmp_path)
+    assert shown.returncode == 0, shown
+    (row,) = [line for line in shown.stdout.splitlines() if "node1" in line]
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["node1", "stopped", "2:05", "-", "step 1"], row
+    doc = json.loads(bootstrap("-i", str(inv), "status", "--run", "r-killed", "--json", cwd=tmp_path).stdout)
+    (entry,) = doc["nodes"]
+    assert (entry["state"], entry["exit_code"], entry["runtime"]) == ("stopped", None, 125), doc

@@ -334,7 +334,7 @@ def test_validate_dry_run_shows_each_nodes_script_masked_and_its_command(tmp_pat
     assert out.startswith("# ---- a: uploads ~/cluster-bootstrap/runs/validate-sec-")
     assert out.count("export WANDB_API_KEY='********'") == 2
     assert "RANK=1 LOCAL_RANK=0 python3 " in out and "RANK=2 LOCAL_RANK=1 python3 " in out
-    assert "validate_worker.py' --backend gloo --timeout 60 --sizes 4096 &" in out
+    assert "python3 validate_worker.py --backend gloo --timeout 60 --sizes 4096 &" in out
     assert "# ---- b (ssh root@10.255.0.2): then runs, in the foreground:\n" in out
     # the exact text the node's shell gets: the script run with its log, stopped on hang-up
     assert '/bin/sh "$HOME"/cluster-bootstrap/runs/validate-sec-' in out and "setsid" in out

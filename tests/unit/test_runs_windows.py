@@ -257,6 +257,51 @@ def test_a_windows_status_answer_parses() -> None:
     assert status.gpus == [{"index": "0", "util_percent": 87, "mem_used_mib": 5120, "mem_total_mib": 24576}]
 
 
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str) -> None:
+    tree = pwsh.assert_parses(ps.wrap(ps.run_status(run_dir, "ignored", f"{run_dir}/node.log")))
+    (modified,) = [c for c in find(tree, "Out-Cb") if "'modified='" in c.arguments[0]]
+    # the log's last write (UTC), in Unix seconds through the same function as now= and started=
+    assert modified.arguments == [
+        "('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))"
+    ]
+    started = [c for c in find(tree, "Out-Cb") if "'started='" in c.arguments[0]]
+    assert [c.arguments for c in started] == [
+        ["('started=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))"]
+    ]
+    functions = [n for n in pwsh.walk(tree.root_node) if n.type == "function_statement"]
+    assert any((n.text or b"").startswith(b"function Get-CbUnix([DateTime]$When)") for n in functions)
+    # $cbLogPath is node.log (full path), and modified= is printed only when that file exists
+    assert assignments(tree)["$cbLogPath"].startswith(
+        "$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath("
+    )
+    assert resolved(f"{run_dir}/node.log") in full_path_args(tree)
+    node = next(
+        n
+        for n in pwsh.walk(tree.root_node)
+        if n.type == "command" and (n.text or b"").startswith(b"Out-Cb ('modified='")
+    )
+    conditions = []
+    while node.parent is not None:
+        node = node.parent
+        if node.type == "if_statement":
+            conditions.append((node.text or b"").decode().split("{", 1)[0].strip())
+    assert conditions == ["if ([System.IO.File]::Exists($cbLogPath))"]
+
+
+def test_a_stopped_windows_run_shows_how_long_it_ran_until_its_last_output() -> None:
+    stdout = "now=1767269900\r\nstarted=1767268800\r\nalive=0\r\nsize=2048\r\nmodified=1767268842\r\n"
+    status = parse_status(stdout.replace("\r\n", "\n"))
+    assert status.state == "stopped" and status.exit_code is None
+    assert status.runtime == 42  # started -> last output; not until now (it was killed some time)
+    assert status.public_dict()["runtime"] == 42
+    # no log at all (killed before its first output): nothing to measure
+    assert parse_status("now=1767269900\nstarted=1767268800\nalive=0\n").runtime is None
+    # an exited run keeps its end time, whatever the log's
+    exited = parse_status(stdout.replace("alive=0", "alive=0\nrc=0\nended=1767268850").replace("\r\n", "\n"))
+    assert (exited.state, exited.runtime) == ("exited", 50)
+
+
 # -- logs ---------------------------------------------------------------------------------------------------
 
 

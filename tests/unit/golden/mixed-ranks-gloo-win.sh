@@ -18,9 +18,9 @@ export LOCAL_WORLD_SIZE=2
 export GROUP_RANK=2
 export TORCHELASTIC_RUN_ID=validate-mixed-20261202
 pids=
-RANK=2 LOCAL_RANK=0 /home/bob/venv/bin/python '~/cluster-bootstrap/runs/validate-mixed-20261202/win/validate_worker.py' --backend gloo --timeout 60 --sizes 4096 &
+RANK=2 LOCAL_RANK=0 /home/bob/venv/bin/python validate_worker.py --backend gloo --timeout 60 --sizes 4096 &
 pids="$pids $!"
-RANK=3 LOCAL_RANK=1 /home/bob/venv/bin/python '~/cluster-bootstrap/runs/validate-mixed-20261202/win/validate_worker.py' --backend gloo --timeout 60 --sizes 4096 &
+RANK=3 LOCAL_RANK=1 /home/bob/venv/bin/python validate_worker.py --backend gloo --timeout 60 --sizes 4096 &
 pids="$pids $!"
 rc=0
 for pid in $pids; do

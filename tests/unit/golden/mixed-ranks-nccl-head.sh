@@ -19,7 +19,7 @@ export LOCAL_WORLD_SIZE=1
 export GROUP_RANK=0
 export TORCHELASTIC_RUN_ID=validate-mixed-20261202
 pids=
-RANK=0 LOCAL_RANK=0 python3 '~/cluster-bootstrap/runs/validate-mixed-20261202/head/validate_worker.py' --backend nccl --timeout 60 --sizes 4096 &
+RANK=0 LOCAL_RANK=0 python3 validate_worker.py --backend nccl --timeout 60 --sizes 4096 &
 pids="$pids $!"
 rc=0
 for pid in $pids; do

@@ -19,7 +19,7 @@ export LOCAL_WORLD_SIZE=1
 export GROUP_RANK=1
 export TORCHELASTIC_RUN_ID=validate-mixed-20261202
 pids=
-RANK=1 LOCAL_RANK=0 /opt/venv/bin/python /srv/train/runs/validate-mixed-20261202/w1/validate_worker.py --backend nccl --timeout 60 --sizes 4096 &
+RANK=1 LOCAL_RANK=0 /opt/venv/bin/python validate_worker.py --backend nccl --timeout 60 --sizes 4096 &
 pids="$pids $!"
 rc=0
 for pid in $pids; do

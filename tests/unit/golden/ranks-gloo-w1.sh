@@ -18,7 +18,7 @@ export LOCAL_WORLD_SIZE=1
 export GROUP_RANK=1
 export TORCHELASTIC_RUN_ID=lab-20261202
 pids=
-RANK=2 LOCAL_RANK=0 /opt/venv/bin/python /srv/train/runs/lab-20261202/w1/validate_worker.py --backend gloo --timeout 60 --sizes 4096,4194304 &
+RANK=2 LOCAL_RANK=0 /opt/venv/bin/python validate_worker.py --backend gloo --timeout 60 --sizes 4096,4194304 &
 pids="$pids $!"
 rc=0
 for pid in $pids; do

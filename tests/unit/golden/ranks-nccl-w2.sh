@@ -19,9 +19,9 @@ export LOCAL_WORLD_SIZE=2
 export GROUP_RANK=2
 export TORCHELASTIC_RUN_ID=lab-20261202
 pids=
-RANK=3 LOCAL_RANK=0 python3 '~/cluster-bootstrap/runs/lab-20261202/w2/validate_worker.py' --backend nccl --timeout 60 --sizes 4096,4194304 &
+RANK=3 LOCAL_RANK=0 python3 validate_worker.py --backend nccl --timeout 60 --sizes 4096,4194304 &
 pids="$pids $!"
-RANK=4 LOCAL_RANK=1 python3 '~/cluster-bootstrap/runs/lab-20261202/w2/validate_worker.py' --backend nccl --timeout 60 --sizes 4096,4194304 &
+RANK=4 LOCAL_RANK=1 python3 validate_worker.py --backend nccl --timeout 60 --sizes 4096,4194304 &
 pids="$pids $!"
 rc=0
 for pid in $pids; do
