@@ -22,6 +22,7 @@ from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_laun
 from orchestrator.resources import packaged_example
 from orchestrator.steps.inspect import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
+from orchestrator.steps.preflight.checks import NodeFacts as PreflightFacts
 from orchestrator.steps.preflight.checks import choose_backend
 
 if TYPE_CHECKING:
@@ -81,7 +82,24 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         pythons=pythons,
     )
     warnings.extend(ignored_env_warnings(inventory))
+    if inventory.cluster.train.elastic:
+        warnings.extend(old_torch_label_warnings(facts))
     return LaunchPlan(specs, backend, why, inspected, warnings)
+
+
+def old_torch_label_warnings(facts: list[PreflightFacts]) -> list[str]:
+    """Elastic runs: torch before 2.2 ignores TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, so its lines carry
+    local ranks, which `[node:rank]` would show as global ones."""
+    out = []
+    for f in facts:
+        version = f.torch.version if f.torch is not None else None
+        parts = re.match(r"(\d+)\.(\d+)", version or "")
+        if parts and (int(parts[1]), int(parts[2])) < (2, 2):
+            out.append(
+                f"node {f.node.name!r}: torch {version} tags elastic output with local ranks "
+                "(the global rank needs torch 2.2 or later): [node:rank] shows the local rank there"
+            )
+    return out
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
