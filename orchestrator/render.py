@@ -137,11 +137,32 @@ def mask_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
 
 def templates_dir_for(inventory: Inventory, cli_value: Path | None = None) -> Path | None:
     """The user's template directory: ``--templates DIR`` when given, else the inventory's
-    ``cluster.train.templates`` (resolved and checked when it was loaded), else None (shipped only)."""
+    ``cluster.train.templates``, else None (shipped only).
+
+    The inventory's directory (resolved when it was loaded) is checked here, not at load: only the
+    commands that render need it, and `stop`, `status`, `logs`, `teardown` must work without it.
+    Raises :class:`InventoryError` (exit 2) naming the field, the file and the resolved path.
+    """
     if cli_value is not None:
-        return cli_value
-    configured = inventory.cluster.train.templates
-    return Path(configured) if configured else None
+        return cli_value  # checked by Renderer
+    train = inventory.cluster.train
+    if not train.templates:
+        return None
+    path = Path(train.templates)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise InventoryError(
+            [
+                InventoryIssue(
+                    f"{path} {what}: create it with your launch templates, fix the path (relative to "
+                    "the inventory file), or remove train.templates to use the shipped templates",
+                    file=inventory.source,
+                    line=train.templates_line,
+                    field="train.templates",
+                )
+            ]
+        )
+    return path
 
 
 def missing_secrets(inventory: Inventory, environ: Mapping[str, str] | None = None) -> list[InventoryIssue]:

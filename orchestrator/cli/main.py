@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -320,9 +321,10 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
     inventory, nodes = _load(settings)
     ui = settings.ui
     if not settings.dry_run:
-        from orchestrator.render import require_secrets
+        from orchestrator.render import require_secrets, templates_dir_for
 
         require_secrets(inventory)  # train.env from_env: before sync/firewall/ntp change anything
+        templates_dir_for(inventory, None)  # train.templates missing: the same, before anything
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
     from orchestrator.cli.pipeline import prepare
@@ -657,19 +659,10 @@ def _launch_dry_run(
     its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
     finds them on the nodes, as `render` without --offline shows)."""
     from orchestrator.cli.validate import dry_run_nodes, print_dry_run
-    from orchestrator.steps.launch import run_dir_for, run_marker
-    from orchestrator.steps.runs import run_ops
 
     backend, specs = _offline_specs(settings.ui, inventory, run_id)
-    planned = dry_run_nodes(settings, inventory, specs, renderer)
-    if detach:  # the start script instead: it starts launch.sh in a session of its own and returns
-        by_name = {n.name: n for n in inventory.nodes}
-        for entry in planned:
-            node = by_name[entry["name"]]
-            run_dir = run_dir_for(node, run_id)
-            entry["command"] = run_ops(platform_for_node(node), node).start(
-                run_dir, f"{run_dir}/node.log", run_marker(run_id, node.name)
-            )
+    # detached: the start script, which starts launch.sh in a session of its own and returns
+    planned = dry_run_nodes(settings, inventory, specs, renderer, detach=detach)
     how = "detached (outliving the connection)" if detach else "in the foreground"
     print_dry_run(settings, "launch", run_id, backend, planned, how=how)
 
@@ -685,7 +678,13 @@ def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Out
     return failed, [o for o in outcomes if isinstance(o.error, CancelledError)]
 
 
-def _sweep_run(ui: UI, session: Session, run_id: str) -> None:
+def again(settings: Settings, command: str, run_id: str) -> str:
+    """The command line a user types next for this run (same inventory)."""
+    inventory = f" -i {shlex.quote(str(settings.inventory))}" if settings.inventory else ""
+    return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
+
+
+def _sweep_run(settings: Settings, session: Session, run_id: str, started: set[str]) -> None:
     """After a foreground run was cut short (Ctrl-C, or fail fast stopping the others): stop every
     process of the run still on a node, found by the run's marker as `bootstrap stop` does.
 
@@ -693,20 +692,28 @@ def _sweep_run(ui: UI, session: Session, run_id: str) -> None:
     torchrun starts its workers in sessions of their own: a worker that takes longer than that to
     handle TERM, or whose torchrun was killed before it could pass TERM on (a local node's group
     is killed at once), would be left training. The sweep runs on new connections, in parallel,
-    with the same 5 s grace."""
+    with the same 5 s grace, on the nodes in ``started`` only: a node that refused the run id (it
+    ran before there) holds another run's processes under that id."""
     from orchestrator.steps.runs import stop_node
 
+    ui = settings.ui
+    nodes = [n for n in session.nodes if n.name in started]
+    if not nodes:
+        return
+    stop = again(settings, "stop", run_id)
     try:
         with session.reopened() as fresh:
-            outcomes = fresh.map(lambda node, t: stop_node(node, t, run_id, grace=5.0), step="sweep")
+            outcomes = fresh.map(
+                lambda node, t: stop_node(node, t, run_id, grace=5.0), step="sweep", nodes=nodes
+            )
     except KeyboardInterrupt:
-        ui.warn(f"not checked for processes left running: run `bootstrap stop --run {run_id}`")
+        ui.warn(f"not checked for processes left running: run `{stop}`")
         return
     for o in outcomes:
         if o.error is not None:
             ui.warn(
                 f"{o.node}: not checked for processes of the run left running ({o.error}): "
-                f"run `bootstrap stop --run {run_id}` when it is reachable"
+                f"run `{stop}` when it is reachable"
             )
         elif o.value is not None and o.value.state == "stopped":
             ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
@@ -1158,23 +1165,24 @@ def _launch(
             for node in nodes
         }
 
+        started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
         try:
             outcomes = session.map(
                 lambda node, t: run_node(
-                    node, t, specs[node.name], renderer=renderer, output=outputs[node.name]
+                    node, t, specs[node.name], renderer=renderer, output=outputs[node.name], started=started
                 ),
                 step="train",
                 fail_fast=True,
             )
         except KeyboardInterrupt:
             log.close()
-            _sweep_run(ui, session, run_id)
+            _sweep_run(settings, session, run_id, started)
             _interrupted(ui)
         finally:
             log.close()
     failed, stopped = failed_first(outcomes)
     if stopped:
-        _sweep_run(ui, session, run_id)
+        _sweep_run(settings, session, run_id, started)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(

@@ -7,7 +7,6 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from orchestrator.cli.main import (
     _interrupted,
     _load,
     _session,
+    again,
     cli,
     common_options,
 )
@@ -55,12 +55,6 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
 
 _RUN_HELP = "Run id (default: latest, the newest run under ./runs)."
-
-
-def _again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run (same inventory)."""
-    inventory = f" -i {shlex.quote(str(settings.inventory))}" if settings.inventory else ""
-    return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
 
 
 def _run_plan(fn: Callable[[Any, RunOps], str]) -> Any:
@@ -133,9 +127,9 @@ def start_detached(
         if isinstance(o.value, Started):
             ui.note(f"{o.node}: launcher pid {o.value.pid}, log {o.value.node_log}")
     ui.info(f"run {run_id} started detached on {len(outcomes)} node(s); it keeps running without us")
-    ui.info(f"  follow: {_again(settings, 'logs', run_id)} --follow")
-    ui.info(f"  status: {_again(settings, 'status', run_id)}")
-    ui.info(f"  stop:   {_again(settings, 'stop', run_id)}")
+    ui.info(f"  follow: {again(settings, 'logs', run_id)} --follow")
+    ui.info(f"  status: {again(settings, 'status', run_id)}")
+    ui.info(f"  stop:   {again(settings, 'stop', run_id)}")
     ui.print_text(run_id)
     ctx.exit(int(ExitCode.OK))
 
@@ -247,7 +241,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
             # more than the copy here (of two prefixes of the same append-only log, the longer)
             _keep_copies(ui, run_log, nodes, {n: "replace" if n in read else "longer" for n in outputs})
         run_log.close()
-        ui.note(f"the run goes on; stop it with: {_again(settings, 'stop', run_id)}")
+        ui.note(f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
         _interrupted(ui)
     finally:
         run_log.close()  # drops the parts not committed: the copies stay as they were

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,8 +92,10 @@ def run_validate(
     nodes = list(inventory.nodes)
     if settings.nodes:
         ui.note("validate runs every node of the inventory: a training job spans the whole cluster")
-    run_id = f"validate-{inventory.cluster.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from orchestrator.steps.runs import pick_run_id
+
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    run_id = pick_run_id(f"validate-{inventory.cluster.name}", reserve=not settings.dry_run)
     if settings.dry_run:
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
@@ -205,20 +206,24 @@ def dry_run_nodes(
     renderer: Renderer,
     *,
     template: str | None = None,
-    uploads_script: bool = True,
+    script_file: bool = False,
+    detach: bool = False,
 ) -> list[dict[str, Any]]:
     """Per node, connecting to nothing: what would be uploaded where, its launch script (secrets
     masked), and the exact text its shell would receive to run it (``transport.plan``, as every
-    --dry-run shows).
+    --dry-run shows): ``{"name", "via", "run_dir", "uploads", "script", "commands"}``.
 
     ``template``: another template than the platform's launch template, for POSIX shells (native
-    Windows keeps its own, as validation does). ``uploads_script``: whether ``spec.script`` is
-    uploaded (validation's worker always is; a training script when it is relative).
+    Windows keeps its own, as validation does). ``script_file``: ``spec.script`` is a file of ours
+    that is always uploaded (validation's worker); else the training script is uploaded as `launch`
+    does: a relative one found here (or the shipped example), never an absolute one (it is on the
+    node). ``detach``: the command is `launch --detach`'s start script.
     """
     from orchestrator.inventory import PasswordResolver
     from orchestrator.platforms import PowerShell
     from orchestrator.session import Session
-    from orchestrator.steps.launch import STREAMING_ENV, run_dir_for
+    from orchestrator.steps.launch import STREAMING_ENV, local_script, run_dir_for, run_marker
+    from orchestrator.steps.runs import run_ops
 
     by_name = {s.node.name: s for s in specs}
     nodes = [n for n in inventory.nodes if n.name in by_name]
@@ -233,19 +238,24 @@ def dry_run_nodes(
             platform = transport.platform
             native = isinstance(platform, PowerShell)
             script = renderer.render(spec, platform, template=None if native else template, secrets="mask")
+            run_dir = run_dir_for(node, spec.run_id)
             path, command = node_command(platform, spec)
+            if detach:
+                command = run_ops(platform, node).start(
+                    run_dir, f"{run_dir}/node.log", run_marker(spec.run_id, node.name)
+                )
             uploads = [path]
-            if uploads_script:
-                absolute = spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\"))
-                uploads.append(spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}")
+            absolute = spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\"))
+            if script_file or (not absolute and local_script(spec.script) is not None):
+                uploads.append(f"{spec.code_dir.rstrip('/')}/{spec.script}")
             planned.append(
                 {
                     "name": node.name,
                     "via": transport.describe(),
-                    "run_dir": run_dir_for(node, spec.run_id),
+                    "run_dir": run_dir,
                     "uploads": uploads,
                     "script": script,
-                    "command": transport.plan(platform.wrap(command, env=STREAMING_ENV)),
+                    "commands": [transport.plan(platform.wrap(command, env=STREAMING_ENV))],
                 }
             )
     return planned
@@ -272,7 +282,8 @@ def print_dry_run(
         ui.print_text(f"# ---- {entry['name']}: uploads {', '.join(entry['uploads'])} (secrets masked)")
         ui.print_text(entry["script"])
         ui.print_text(f"# ---- {entry['name']} ({entry['via']}): then runs, {how}:")
-        ui.print_text(entry["command"])
+        for text in entry["commands"]:
+            ui.print_text(text)
     ui.note(
         "--dry-run: nothing was uploaded or started; interfaces as the inventory names them "
         "(a real run finds them on the nodes, as `bootstrap render` shows)"
@@ -292,6 +303,11 @@ def _validate_dry_run(
 
     backend, specs = _offline_specs(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
-        settings, inventory, validation_specs(specs, timeout, sizes), renderer, template=TEMPLATE
+        settings,
+        inventory,
+        validation_specs(specs, timeout, sizes),
+        renderer,
+        template=TEMPLATE,
+        script_file=True,
     )
     print_dry_run(settings, "validate", run_id, backend, planned)

@@ -309,8 +309,11 @@ class TrainSettings(BaseModel):
     min_nodes: Annotated[int, Field(ge=1)] | None = None  # elastic: fewest nodes to start with
     max_restarts: Annotated[int, Field(ge=0)] = 0
     # the user's launch templates, searched before the shipped ones; relative to the inventory
-    # file's directory, stored absolute (resolved and checked when the inventory is loaded)
+    # file's directory, stored absolute. Resolved when the inventory is loaded but checked only by
+    # the commands that render (render.templates_dir_for): a missing directory must not stop `stop`
     templates: Text | None = None
+    # the inventory line of ``templates`` (set by _build_cluster), for the error naming it
+    _templates_line: int | None = PrivateAttr(default=None)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -332,16 +335,19 @@ class TrainSettings(BaseModel):
     @field_validator("templates")
     @classmethod
     def _templates_directory(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """Absolute, relative to the inventory file's directory; whether it exists is not checked here."""
         if value is None:
             return None
         path = Path(value).expanduser()
         base = (info.context or {}).get("base_dir")
         if not path.is_absolute() and base is not None:
             path = Path(base) / path
-        if not path.is_dir():
-            what = "is not a directory" if path.exists() else "does not exist"
-            raise ValueError(f"{path} {what}")
         return str(path.resolve())
+
+    @property
+    def templates_line(self) -> int | None:
+        """The inventory line ``templates`` was read from (None when unknown)."""
+        return self._templates_line
 
     @property
     def env_dict(self) -> dict[str, str | FromEnv]:
@@ -1014,6 +1020,9 @@ def _build_cluster(
     try:
         # base_dir: where paths in the file start (train.templates)
         cluster = Cluster.model_validate(values, context={"base_dir": base_dir})
+        if cluster.train.templates is not None:  # its error comes later (render.templates_dir_for)
+            src = sources.get("train.templates") or sources.get("train")
+            cluster.train._templates_line = src.line if src else fallback_line
     except ValidationError as exc:
         bad = _report_validation(
             exc,

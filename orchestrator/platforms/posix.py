@@ -99,8 +99,12 @@ class PosixShell(Platform):
         """Run the script file at ``path`` (on the node) with /bin/sh."""
         return f"/bin/sh {self.path_word(path)}"
 
-    def mkdir(self, path: str) -> str:
-        return f"mkdir -p -- {self.path_word(path)}"
+    def mkdir(self, path: str, *, private: bool = False) -> str:
+        """``mkdir -p``; ``private``: the directory itself only for its owner (0700), so files put
+        into it (a launch script holding secrets) cannot be opened by anyone else, even for the
+        moment before their own mode is set."""
+        word = self.path_word(path)
+        return f"mkdir -p -- {word}" + (f" && chmod 700 -- {word}" if private else "")
 
     def logged(self, command: str, log: str) -> str:
         """``command`` with its output (stdout and stderr together) also appended to ``log`` on the

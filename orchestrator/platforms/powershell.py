@@ -205,8 +205,10 @@ class PowerShell(Platform):
         word = self.path_word(path)
         return f"$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath({word})"
 
-    def mkdir(self, path: str) -> str:
-        """Create ``path`` and its parents; no error when it exists (``mkdir -p``)."""
+    def mkdir(self, path: str, *, private: bool = False) -> str:
+        """Create ``path`` and its parents; no error when it exists (``mkdir -p``). ``private`` changes
+        nothing here: run directories live in the user's profile, which Windows gives only to its
+        owner (and administrators)."""
         return f"[void][System.IO.Directory]::CreateDirectory({self._full_path(path)})"
 
     def say_if_exists(self, path: str, word: str) -> str:

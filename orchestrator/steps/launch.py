@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import CancelledError, CommandFailedError, UsageError
+from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, UsageError
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import packaged_example
@@ -199,7 +199,7 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str)
             f"run {spec.run_id} already ran on this node ({run_dir}/node.log exists)",
             node=node.name,
             hint="choose another --run-id, or leave it out for a new one; "
-            f"`bootstrap logs --run {spec.run_id}` shows the earlier run",
+            f"`logs --run {spec.run_id}` (same inventory) shows the earlier run",
         )
     if not prepare.ok:
         raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
@@ -230,7 +230,7 @@ def prepare_node(
     prepare = transport.run(
         platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
         + "\n"
-        + platform.mkdir(run_dir)
+        + platform.mkdir(run_dir, private=True)  # launch.sh may hold train.env secrets
         + "\n"
         + platform.mkdir(spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))),
         timeout=60,
@@ -318,6 +318,7 @@ def run_node(
     output: OnLine | None = None,
     template: str | None = None,
     script_file: Path | None = None,
+    started: set[str] | None = None,
 ) -> NodeRunResult:
     """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
 
@@ -326,23 +327,31 @@ def run_node(
 
     ``template``: another launch template than the platform's default (validation uses one);
     ``script_file``: a local file uploaded for ``spec.script`` (to ``code_dir/script`` when relative) instead
-    of the training script.
+    of the training script. ``started`` gets the node's name just before its launcher is started:
+    the nodes where this run may have processes (a node that refused the run id has none of this
+    run, and another run's by that id must not be touched).
     """
-    if isinstance(transport.platform, PowerShell):
-        command, node_log = prepare_windows_node(
-            node,
-            transport,
-            transport.platform,
-            spec,
-            renderer=renderer,
-            template=template,
-            script_file=script_file,
-        )
-    else:
-        platform, _run_dir, node_log = prepare_node(
-            node, transport, spec, renderer=renderer, template=template, script_file=script_file
-        )
-        command = posix_command(platform, node, spec)
+    try:
+        if isinstance(transport.platform, PowerShell):
+            command, node_log = prepare_windows_node(
+                node,
+                transport,
+                transport.platform,
+                spec,
+                renderer=renderer,
+                template=template,
+                script_file=script_file,
+            )
+        else:
+            platform, _run_dir, node_log = prepare_node(
+                node, transport, spec, renderer=renderer, template=template, script_file=script_file
+            )
+            command = posix_command(platform, node, spec)
+    except BootstrapError as exc:
+        if transport.closed and not isinstance(exc, CancelledError):
+            # another node failed (or Ctrl-C) while this one was being prepared: nothing started here
+            raise CancelledError("stopped before it started", node=node.name) from exc
+        raise
     if output is None:
         per_line = on_line
 
@@ -350,6 +359,8 @@ def run_node(
             if per_line is not None:
                 per_line(node.name, line)
 
+    if started is not None:
+        started.add(node.name)
     result = transport.run(command, env=STREAMING_ENV, on_line=output, keep_lines=200)
     if result.exit_code is None:
         # our own connection was closed: another node failed (fail fast) or the user interrupted

@@ -76,14 +76,27 @@ def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, d
     os.replace(tmp, directory / RECORD)
 
 
-def pick_run_id(prefix: str, root: Path = RUNS_ROOT) -> str:
-    """A run id for a launch the user did not name: ``PREFIX-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``...
-    when that second is taken here (two launches within one second must not share a run)."""
-    base = f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+def pick_run_id(prefix: str, root: Path = RUNS_ROOT, *, reserve: bool = True) -> str:
+    """A run id for a run the user did not name: ``PREFIX-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``...
+    when that second is taken here (two runs within one second must not share an id). ``reserve``:
+    its directory under ``root`` is created at once (atomically: a launch started at the same moment
+    gets the next one)."""
+    # a cluster's name is free text ("GPU lab"): ids are what `--run` accepts
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", prefix).strip("-._") or "run"
+    base = f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if reserve:
+        root.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
-        candidate = base if n == 1 else f"{base}-{n}"
-        if not (root / candidate).exists():
-            return candidate
+        candidate = check_run_id(base if n == 1 else f"{base}-{n}")
+        if not reserve:
+            if not (root / candidate).exists():
+                return candidate
+            continue
+        try:
+            (root / candidate).mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return candidate
     raise UsageError(f"no free run id for {base} in {root.resolve()}", hint="pass --run-id")
 
 
@@ -93,8 +106,8 @@ def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
     if (root / run_id / RECORD).exists():
         raise UsageError(
             f"run {run_id} already exists here ({root / run_id}/)",
-            hint=f"choose another --run-id, or leave it out for a new one; `bootstrap logs --run {run_id}` "
-            "shows the earlier run",
+            hint=f"choose another --run-id, or leave it out for a new one; `logs --run {run_id}` "
+            "(same inventory) shows the earlier run",
         )
     return run_id
 
@@ -117,13 +130,15 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
         for entry in root.iterdir():
             if entry.is_dir() and _RUN_ID.match(entry.name):
                 stamp = entry / RECORD
-                candidates.append(((stamp if stamp.exists() else entry).stat().st_mtime, entry.name))
+                # launched from here first (a record), newest first; then copies `logs` made
+                launched = stamp.exists()
+                candidates.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
     if not candidates:
         raise UsageError(
             f"no runs in {root.resolve()} (run ids are kept where `bootstrap launch` ran)",
             hint="pass --run RUN-ID, or run this from the directory you launched from",
         )
-    return max(candidates)[1]
+    return max(candidates)[2]
 
 
 def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:

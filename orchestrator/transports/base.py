@@ -179,6 +179,11 @@ class Transport(ABC):
         """What ``run_raw`` would hand the node's shell for ``script`` (shown by --dry-run)."""
         return script
 
+    @property
+    def closed(self) -> bool:
+        """Closed by ``close()`` (a cancel: fail fast, Ctrl-C): what fails now was stopped, not broken."""
+        return bool(getattr(self, "_closed", False))
+
     @abstractmethod
     def run_raw(
         self,

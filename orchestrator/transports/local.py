@@ -54,6 +54,7 @@ class LocalTransport(Transport):
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
         grace: Deadline | None = None
+        drain: Deadline | None = None
         assert proc.stdout is not None and proc.stderr is not None
         try:
             with selectors.DefaultSelector() as sel:
@@ -65,10 +66,20 @@ class LocalTransport(Transport):
                         break
                     if grace is None and proc.poll() is not None:
                         grace = Deadline(self.EOF_GRACE)
-                    if grace is not None and grace.expired:
+                    expired = grace is not None and grace.expired
+                    if expired and drain is None:
+                        drain = Deadline(1.0)  # a child still writing must not keep us forever
+                    if drain is not None and drain.expired:
                         break
-                    wait = deadline.remaining(0.5) if grace is None else grace.remaining(0.5)
-                    for key, _ in sel.select(wait):
+                    # past the grace period, only what is already in the pipes (a loaded machine may
+                    # not have run this loop for a while: output written before the exit is never lost)
+                    wait = (
+                        0.0 if expired else deadline.remaining(0.5) if grace is None else grace.remaining(0.5)
+                    )
+                    ready = sel.select(wait)
+                    if expired and not ready:
+                        break
+                    for key, _ in ready:
                         data = os.read(key.fd, 65536)
                         if not data:
                             sel.unregister(key.fileobj)

@@ -453,7 +453,14 @@ class SSHTransport(Transport):
         self.connect()
         with self._lock:
             if self._sftp is None:
-                self._sftp = self.conn.client.open_sftp()
+                try:
+                    self._sftp = self.conn.client.open_sftp()
+                except (EOFError, OSError, paramiko.SSHException) as exc:
+                    if self._closed:  # cancelled (fail fast, Ctrl-C) while the channel opened
+                        raise self._cancelled() from None
+                    raise TransferError(
+                        f"cannot start SFTP: {exc or type(exc).__name__}", node=self.node_name
+                    ) from exc
             return self._sftp
 
     def _makedirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
@@ -481,7 +488,9 @@ class SSHTransport(Transport):
             sftp.put(str(local), path)
             if mode is not None:
                 sftp.chmod(path, mode)
-        except (OSError, paramiko.SSHException) as exc:
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            if self._closed:
+                raise self._cancelled() from None
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 
     def get(self, remote: str, local: Path) -> None:
@@ -489,7 +498,9 @@ class SSHTransport(Transport):
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
             sftp.get(self.platform.transfer_path(remote), str(local))
-        except (OSError, paramiko.SSHException) as exc:
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            if self._closed:
+                raise self._cancelled() from None
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
 
     def close(self) -> None:

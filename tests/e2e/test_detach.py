@@ -163,3 +163,42 @@ def test_stop_run_ends_a_detached_run_everywhere(
     assert again.returncode == 0 and "nothing was running: nothing changed" in again.stderr, again
     states = _status(bootstrap, inv, run_id, tmp_path)
     assert all(s["state"] == "stopped" for s in states.values()), states
+
+
+def test_a_refused_run_id_never_stops_the_run_that_holds_it(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """A launch under the id of a run still going (started from another directory) is refused on
+    the node that has it; stopping the other nodes afterwards (fail fast, then the sweep) must not
+    stop that run, whose processes carry the same id."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(600)\n")
+    node1 = cluster.hosts[0]
+    one = write_inventory(
+        tmp_path / "one.yaml",
+        [{"name": node1.name, "host": node1.addr, "user": "root", "python": sys.executable}],
+        name="ns",
+        master=node1.name,
+        backend="gloo",
+        train={"script": str(script)},
+    )
+    first_dir, second_dir = tmp_path / "one", tmp_path / "two"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    run_id = f"held-{os.getpid()}-{time.monotonic_ns()}"
+    started = bootstrap("-i", str(one), "launch", "--detach", "--run-id", run_id, cwd=first_dir, timeout=300)
+    assert started.returncode == 0, started
+    try:
+        three = _inventory(cluster, tmp_path / "three.yaml", script)
+        again = bootstrap("-i", str(three), "launch", "--run-id", run_id, cwd=second_dir, timeout=300)
+        assert again.returncode == 1, again
+        assert f"run {run_id} already ran on this node" in again.stderr
+        # the others were stopped because of it (not failed: nothing of theirs is broken)
+        assert re.search(r"node2\W+stopped", again.stderr) and re.search(r"node3\W+stopped", again.stderr), (
+            again
+        )
+        # the earlier run goes on, every process of it
+        assert _status(bootstrap, one, run_id, first_dir)[node1.name]["state"] == "running"
+        assert len(namespace_run_pids(cluster, node1, run_id)) >= 3
+    finally:
+        bootstrap("-i", str(one), "stop", "--run", run_id, cwd=first_dir, timeout=120)

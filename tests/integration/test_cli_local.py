@@ -212,6 +212,7 @@ def test_a_run_id_names_one_run(tmp_path: Path) -> None:
     assert first.returncode == 0, first.stderr
     node_log = tmp_path / "cluster-bootstrap" / "runs" / "r1" / "here" / "node.log"
     before = node_log.read_bytes()
+    assert node_log.parent.stat().st_mode & 0o777 == 0o700  # launch.sh may hold train.env secrets
     assert b"rank 0 ran" in before
 
     again = bootstrap("-i", str(inv), "launch", "--run-id", "r1", cwd=tmp_path, env=home)
@@ -266,8 +267,9 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
     assert (doc["command"], doc["dry_run"], doc["run_id"]) == ("launch", True, "dr-1")
     first, second = doc["nodes"]
     assert first["name"] == "pc1" and first["uploads"][0].endswith("dr-1/pc1/launch.ps1")
-    assert first["uploads"][1].endswith("train.py")
-    assert "-Log" in first["command"] and "launch.ps1" in first["command"]
+    assert len(first["uploads"]) == 1  # train.py is not here: launch uploads nothing for it either
+    (command,) = first["commands"]  # the text the node's shell gets: launch.ps1 run with its log
+    assert "launch.ps1" in command and "-Log" in command
     assert "RANK" in first["script"] and "hf-dry-run-secret-771" not in run.stdout + run.stderr
     assert second["uploads"][0].endswith("dr-1/pc2/launch.ps1")
     assert not (tmp_path / "runs").exists() and not (tmp_path / "home").exists()

@@ -197,15 +197,23 @@ def test_user_templates_from_the_inventory_relative_to_its_file(
     assert templates_dir_for(load_inventory_text("nodes: [{host: h}]", "x.yaml")) is None
 
 
-def test_a_missing_template_directory_in_the_inventory_names_the_field(tmp_path: Path) -> None:
+def test_a_missing_template_directory_stops_only_what_renders(tmp_path: Path) -> None:
+    """Moved, or absent from a colleague's checkout: the inventory still loads (`stop`, `status`,
+    `logs`, `teardown` need no template); `render`, `launch` and `validate` say what is wrong."""
+    inventory = load_inventory(_inventory_with_templates(tmp_path, "nowhere"))
+    assert inventory.cluster.train.templates == str(tmp_path / "nowhere")  # resolved at load
     with pytest.raises(InventoryError) as missing:
-        load_inventory(_inventory_with_templates(tmp_path, "nowhere"))
+        templates_dir_for(inventory)
+    assert missing.value.exit_code == 2
     message = str(missing.value)
     assert "hosts.yaml:2: field 'train.templates'" in message
     assert f"{tmp_path / 'nowhere'} does not exist" in message
+    assert templates_dir_for(inventory, tmp_path) == tmp_path  # --templates DIR does not need it
+    (tmp_path / "nowhere").mkdir()  # checked when used, not when loaded
+    assert templates_dir_for(inventory) == tmp_path / "nowhere"
     (tmp_path / "file").write_text("")
     with pytest.raises(InventoryError, match=r"train\.templates.*is not a directory"):
-        load_inventory(_inventory_with_templates(tmp_path, "file"))
+        templates_dir_for(load_inventory(_inventory_with_templates(tmp_path, "file")))
 
 
 def test_train_fields_are_checked_one_by_one_with_suggestions() -> None:

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli.validate import node_command
 from orchestrator.errors import InventoryError, UsageError
-from orchestrator.inventory import load_inventory_text
-from orchestrator.inventory.model import FromEnv, masked_args
+from orchestrator.inventory import PasswordResolver, load_inventory_text
+from orchestrator.inventory.model import MASK, FromEnv, Node, masked_args
 from orchestrator.platforms import PosixShell, platform_for_node
 from orchestrator.render import Renderer, plan_launch, render_all, require_secrets
-from orchestrator.steps.launch import STREAMING_ENV, run_node
-from orchestrator.transports import Result
+from orchestrator.steps.launch import run_node
+from orchestrator.transports import Result, Transport, open_transport
+from orchestrator.transports.options import SSHOptions
 from tests import pwsh
 from tests.conftest import BOOTSTRAP
 
@@ -226,37 +226,63 @@ def _posix(specs: Any) -> dict[str, PosixShell]:
     return {s.node.name: PosixShell() for s in specs}
 
 
-class RecordingTransport:
-    """A node that accepts everything: keeps each command and the content of each uploaded file."""
+def _wire_cut(node: Node) -> tuple[Transport, list[str], dict[str, tuple[str, int | None]]]:
+    """The node's real transport (as ``open_transport`` makes it, as `launch` uses it) with only
+    its wire cut: each command's text exactly as its shell would get it (``plan``, what the SSH
+    transport sends), and each upload's content and mode. Every command succeeds."""
+    transport = open_transport(node, ssh=SSHOptions(), passwords=PasswordResolver(prompt=None))
+    sent: list[str] = []
+    files: dict[str, tuple[str, int | None]] = {}
 
-    def __init__(self) -> None:
-        self.platform = PosixShell()
-        self.commands: list[tuple[str, Any]] = []
-        self.files: dict[str, tuple[str, int | None]] = {}
+    def run_raw(script: str, **_: Any) -> Result:
+        sent.append(transport.plan(script))
+        return Result(node.name, script, 0, "", "", 0.01)
 
-    def run(self, command: str, **kwargs: Any) -> Result:
-        self.commands.append((command, kwargs.get("env")))
-        return Result("a", command, 0, "", "", 0.01)
+    def put(local: Path, remote: str, *, mode: int | None = None) -> None:
+        files[remote] = (local.read_text(), mode)
 
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.files[remote] = (local.read_text(), mode)
+    transport.connect = lambda: None  # type: ignore[method-assign]
+    transport.run_raw = run_raw  # type: ignore[method-assign]
+    transport.put = put  # type: ignore[method-assign]
+    return transport, sent, files
 
 
-def test_the_node_gets_the_real_values_and_the_command_dry_run_shows(tmp_path: Path) -> None:
-    _, specs = _specs()
-    transport = RecordingTransport()
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # train.py is uploaded from the current directory
-    try:
-        run_node(specs[0].node, transport, specs[0], renderer=Renderer(environ={"CBT_WANDB": FROM_ENV}))  # type: ignore[arg-type]
-    finally:
-        os.chdir(cwd)
-    path, command = node_command(transport.platform, specs[0])
-    assert command == transport.commands[-1][0]
-    content, mode = transport.files[path]
-    assert f"export WANDB_API_KEY={FROM_ENV}\n" in content and mode == 0o700
-    assert transport.commands[-1] == (command, STREAMING_ENV)  # what `validate --dry-run` prints
+def test_each_node_gets_the_real_values_and_what_launch_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --dry-run` shows, per node, what a launch really sends: the same uploads, the same
+    launch script but for the secrets (masked), the same text handed to the node's shell."""
+    (tmp_path / "sec.yaml").write_text(INVENTORY)
+    (tmp_path / "train.py").write_text("print('hi')\n")  # uploaded from the current directory
+    dry = _cli("-i", "sec.yaml", "--json", "launch", "--dry-run", "--run-id", "sec-1", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    shown = {node["name"]: node for node in json.loads(dry.stdout)["nodes"]}
+    _, specs = _specs()  # run id sec-1, the master's address from the inventory, as the dry run
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the ssh config read is the dry run's (none)
+    sh = PosixShell()
+    # what the dry run shows in place of each secret: the same word, quoted, with the value masked
+    masked = {
+        sh.quote(FROM_ENV): sh.quote(MASK),
+        sh.quote(LITERAL): sh.quote(MASK),
+        sh.quote(TOKEN_ARG): sh.quote(MASK),
+        sh.quote(f"--api-key={KEY_ARG}"): sh.quote(f"--api-key={MASK}"),
+    }
+    assert {spec.node.name for spec in specs} == set(shown) == {"a", "b"}
+    for spec in specs:
+        transport, sent, files = _wire_cut(spec.node)
+        run_node(spec.node, transport, spec, renderer=Renderer(environ={"CBT_WANDB": FROM_ENV}))
+        planned = shown[spec.node.name]
+        assert list(files) == planned["uploads"]  # launch.sh, then train.py
+        script, mode = files[planned["uploads"][0]]
+        assert mode == 0o700  # it holds the secrets
+        assert f"export WANDB_API_KEY={FROM_ENV}\n" in script and f"export DB_PASSWORD={LITERAL}\n" in script
+        assert f"--hf-token {TOKEN_ARG} --api-key={KEY_ARG}\n" in script
+        for real, mask in masked.items():
+            script = script.replace(real, mask)
+        assert script == planned["script"]
+        assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
+        _no_secret_in(json.dumps(planned))
 
 
 # -- the CLI ----------------------------------------------------------------------------------------
@@ -347,8 +373,26 @@ def test_validate_dry_run_shows_each_nodes_script_masked_and_its_command(tmp_pat
     assert node["via"] == "ssh root@10.255.0.2" and node["run_dir"].endswith("/b")
     assert node["uploads"][0] == node["run_dir"] + "/launch.sh"
     assert node["uploads"][1].endswith("/validate_worker.py")
-    assert "RANK=2 LOCAL_RANK=1" in node["script"] and "launch.sh" in node["command"]
+    assert "RANK=2 LOCAL_RANK=1" in node["script"] and "launch.sh" in node["commands"][0]
     _no_secret_in(json.dumps(doc))
+
+
+def test_a_missing_templates_directory_stops_only_the_commands_that_render(tmp_path: Path) -> None:
+    """A moved `train.templates` directory must not keep a run from being stopped."""
+    inventory = tmp_path / "sec.yaml"
+    inventory.write_text(INVENTORY.replace("  train:\n", "  train:\n    templates: tpl\n"))
+    for command in (
+        ["inventory"],
+        ["--dry-run", "stop", "--run", "sec-1"],
+        ["--dry-run", "status", "--run", "sec-1"],
+    ):
+        run = _cli("-i", str(inventory), *command, cwd=tmp_path)
+        assert run.returncode == 0, (command, run.stderr)
+    for command in (["render", "--offline"], ["validate", "--dry-run"], ["launch", "--dry-run"]):
+        run = _cli("-i", str(inventory), *command, cwd=tmp_path)
+        assert run.returncode == 2, (command, run.stderr)
+        assert f"sec.yaml:5: field 'train.templates': {tmp_path / 'tpl'} does not exist" in run.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_validate_uses_the_inventorys_templates_and_needs_the_variable(tmp_path: Path) -> None:

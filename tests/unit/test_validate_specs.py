@@ -12,24 +12,30 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import ntpath
 import os
 import re
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from orchestrator.inventory import load_inventory_text
+from orchestrator.inventory import PasswordResolver, load_inventory, load_inventory_text
+from orchestrator.inventory.model import Node
 from orchestrator.platforms import PosixShell, PowerShell, platform_for_node
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file
-from orchestrator.steps.launch import prepare_windows_node, run_dir_for, run_node
-from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
-from orchestrator.transports import LocalTransport
+from orchestrator.steps.launch import LaunchPlan, prepare_windows_node, run_dir_for, run_node
+from orchestrator.steps.validate import TEMPLATE, WORKER, validate, validation_specs
+from orchestrator.transports import LocalTransport, open_transport
 from orchestrator.transports.base import OnLine, Result, Transport
+from orchestrator.transports.options import SSHOptions
 from tests import pwsh
+from tests.conftest import BOOTSTRAP
 from tests.winrm_server import cmdline
 
 RUN_ID = "validate-lab-20261202"
@@ -64,11 +70,127 @@ def _specs(node: str, *, workdir: str | None, windows: bool = False) -> list[Lau
     return validation_specs(specs, 5.0, (4096,))
 
 
-def test_dry_run_and_validate_use_the_same_specs() -> None:
-    from orchestrator.cli import validate as cli_validate
+# -- `validate --dry-run` shows what `validate` sends --------------------------------------------------
 
-    specs = _specs("n1", workdir=None)
-    assert cli_validate.validation_specs(specs, 5.0, (4096,)) == validation_specs(specs, 5.0, (4096,))
+LAB = {
+    "posix": (
+        "cluster: {name: lab, master: a, backend: gloo}\n"
+        "nodes:\n"
+        "  - {name: a, host: 10.255.0.1, user: root}\n"
+        "  - {name: b, host: 10.255.0.2, user: root, nproc: 2, workdir: '/srv/cb work'}\n"
+    ),
+    "windows": (
+        "cluster: {name: lab, master: w1, backend: gloo}\n"
+        "nodes:\n"
+        "  - {name: w1, host: 10.255.0.1, os: windows, user: bob, windows: {mode: native}}\n"
+        "  - {name: w2, host: 10.255.0.2, os: windows, user: bob, nproc: 2, windows: {mode: native},"
+        " workdir: 'D:\\cb work'}\n"
+    ),
+}
+
+
+def _wire_cut(node: Node) -> tuple[Transport, list[str], dict[str, bytes]]:
+    """The node's real transport (as the session makes it) with only its wire cut: each command's
+    text as the node's shell gets it (``plan``: what `--dry-run` claims to show) and each upload.
+    Every command succeeds."""
+    transport = open_transport(node, ssh=SSHOptions(), passwords=PasswordResolver(prompt=None))
+    sent: list[str] = []
+    files: dict[str, bytes] = {}
+
+    def run_raw(script: str, **_: Any) -> Result:
+        sent.append(transport.plan(script))
+        return Result(node.name, script, 0, "", "", 0.01)
+
+    def put(local: Path, remote: str, *, mode: int | None = None) -> None:
+        files[remote] = local.read_bytes()
+
+    transport.connect = lambda: None  # type: ignore[method-assign]
+    transport.run_raw = run_raw  # type: ignore[method-assign]
+    transport.put = put  # type: ignore[method-assign]
+    return transport, sent, files
+
+
+class _Session:
+    """``Session.map`` in order, over the wire-cut transports."""
+
+    def __init__(self, nodes: list[Node], transports: dict[str, Transport]) -> None:
+        self.nodes = nodes
+        self.transports = transports
+
+    def map(self, fn: Callable[[Node, Transport], Any], **_: Any) -> list[Any]:
+        return [fn(node, self.transports[node.name]) for node in self.nodes]
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["posix", "windows"])
+def test_validate_dry_run_shows_the_scripts_and_commands_validate_sends(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per node, `validate --dry-run` shows the uploads, the rank script (POSIX: ranks.sh; native
+    Windows: launch.ps1) and the text that runs it, and `validate` sends exactly those."""
+    (tmp_path / "lab.yaml").write_text(LAB[kind])
+    env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_INVENTORY"}
+    dry = subprocess.run(
+        [
+            BOOTSTRAP,
+            "-i",
+            "lab.yaml",
+            "--json",
+            "validate",
+            "--dry-run",
+            "--timeout",
+            "7",
+            "--sizes",
+            "4K,1M",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**env, "HOME": str(tmp_path), "NO_COLOR": "1"},
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert dry.returncode == 0, dry.stderr
+    doc = json.loads(dry.stdout)
+    shown = {node["name"]: node for node in doc["nodes"]}
+    monkeypatch.setenv("HOME", str(tmp_path))  # the ssh config read is the dry run's (none)
+    inventory = load_inventory(tmp_path / "lab.yaml")
+    specs = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr=inventory.master_node.host,
+        run_id=doc["run_id"],
+        interfaces={},
+        cpus={},
+        # the interpreter the dry run assumes (a real run asks the nodes)
+        pythons={n.name: "python" if kind == "windows" else "python3" for n in inventory.nodes},
+    )
+    wires = {node.name: _wire_cut(node) for node in inventory.nodes}
+    validate(
+        _Session(inventory.nodes, {name: wire[0] for name, wire in wires.items()}),  # type: ignore[arg-type]
+        inventory,
+        doc["run_id"],
+        timeout=7.0,
+        sizes=(4096, 1 << 20),
+        renderer=Renderer(),
+        launch_plan=LaunchPlan(specs, "gloo", "", [], []),
+    )
+    assert set(shown) == set(wires) and len(shown) == 2
+    for name, (_, sent, files) in wires.items():
+        planned = shown[name]
+        assert list(files) == planned["uploads"]  # the rank script, then the worker
+        script = files[planned["uploads"][0]]
+        text = script.decode("utf-8-sig") if kind == "windows" else script.decode()
+        assert text == planned["script"]
+        assert files[planned["uploads"][1]] == WORKER_FILE.read_bytes()
+        assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
+    if kind == "posix":  # validate's own template, with the timeout and sizes asked for
+        assert "RANK=2 LOCAL_RANK=1" in shown["b"]["script"]
+        assert "--timeout 7 --sizes 4096,1048576" in shown["b"]["script"]
+    else:
+        pwsh.assert_parses(shown["w2"]["script"])
 
 
 # -- Linux (and WSL: the same script and the same upload, inside the distribution) ------------------
@@ -89,7 +211,9 @@ def test_posix_ranks_run_the_worker_uploaded_into_the_run_directory(
     fake.write_text(
         f"#!{sys.executable}\nimport hashlib, os, sys\n"
         "data = open(sys.argv[1], 'rb').read()\n"
-        "print('ran', os.environ['RANK'], os.path.realpath(sys.argv[1]), hashlib.sha256(data).hexdigest())\n"
+        # one write per line: both ranks share the pipe (print() writes each argument on its own)
+        "sys.stdout.write(' '.join(['ran', os.environ['RANK'], os.path.realpath(sys.argv[1]),"
+        " hashlib.sha256(data).hexdigest()]) + '\\n')\n"
     )
     fake.chmod(0o755)
     spec = dataclasses.replace(spec, python=str(fake))
