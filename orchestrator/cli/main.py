@@ -964,6 +964,16 @@ def keys(ctx: click.Context, key_path: str) -> None:
     ctx.exit(int(code))
 
 
+def templates_option(which: str = "searched before the shipped templates") -> Callable[[F], F]:
+    """``--templates DIR`` of render, launch and validate."""
+    return click.option(
+        "--templates",
+        "templates_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help=f"Your template directory, {which} (default: the inventory's cluster.train.templates).",
+    )
+
+
 def _offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[LaunchSpec]]:
     """Every node's launch plan from the inventory alone (render --offline, --dry-run): interfaces
     only as the inventory names them; backend auto taken as gloo."""
@@ -996,13 +1006,7 @@ def _offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Write <node>.sh files here."
 )
-@click.option(
-    "--templates",
-    "templates_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Your template directory, searched before the shipped templates "
-    "(default: the inventory's cluster.train.templates).",
-)
+@templates_option()
 @click.option("--offline", is_flag=True, help="Connect to nothing: interfaces only from the inventory.")
 @click.option("--run-id", help="Rendezvous id / run name (default: <cluster>-<time>).")
 @click.pass_context
@@ -1071,13 +1075,7 @@ def render(
 @cli.command()
 @common_options
 @click.option("--run-id", help="Run name (default: <cluster>-<time>); also the elastic rendezvous id.")
-@click.option(
-    "--templates",
-    "templates_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Your template directory, searched before the shipped templates "
-    "(default: the inventory's cluster.train.templates).",
-)
+@templates_option()
 @click.option(
     "--detach",
     is_flag=True,

@@ -18,6 +18,7 @@ from orchestrator.cli.main import (
     _session,
     cli,
     common_options,
+    templates_option,
 )
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
@@ -44,13 +45,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="all_reduce sizes to time (bytes; K, M, G = powers of 1024).",
 )
-@click.option(
-    "--templates",
-    "templates_dir",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Your template directory (ranks.sh.j2 there replaces the shipped one); default: "
-    "the inventory's cluster.train.templates.",
-)
+@templates_option("whose ranks.sh.j2 replaces the shipped one")
 @click.pass_context
 def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None) -> None:
     """Check that every rank can join and all_reduce correctly, and how fast.
