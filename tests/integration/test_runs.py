@@ -121,7 +121,7 @@ def node1(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
 
 def _node(tmp_path: Path, name: str = "node1") -> Any:
     # what run_dir_for and the steps read from an inventory node
-    return SimpleNamespace(name=name, workdir=str(tmp_path / "work"), nproc=1)
+    return SimpleNamespace(name=name, workdir=str(tmp_path / "wd"), nproc=1)
 
 
 def _start(ns: str, t: SSHTransport, node: Any, run_id: str, script: str) -> Path:
@@ -462,7 +462,7 @@ def test_stop_ends_every_process_of_the_run_and_nothing_else(
     others = await_(lambda: run_pids(run_marker("r-other", "node1")), 10, "the other run")
     # a stranger under the pid of a launcher that has ended: the start time does not match
     stranger = subprocess.Popen(["sleep", "304"], start_new_session=True)
-    fake = tmp_path / "work" / "runs" / "r-fake" / "node1"
+    fake = tmp_path / "wd" / "runs" / "r-fake" / "node1"
     fake.mkdir(parents=True)
     (fake / "pid").write_text(f"{stranger.pid} {stranger.pid} 1\n")
     try:
@@ -535,7 +535,7 @@ def _cli_inventory(cluster: NamespaceCluster, tmp_path: Path) -> Path:
         "host": cluster.hosts[0].addr,
         "user": "root",
         "python": sys.executable,
-        "workdir": str(tmp_path / "work"),  # as _node(tmp_path): the run directories _start makes
+        "workdir": str(tmp_path / "wd"),  # as _node(tmp_path): the run directories _start makes
     }
     return write_inventory(tmp_path / "hosts.yaml", [node], name="ns", master="node1")
 
@@ -671,7 +671,7 @@ def test_status_of_an_unknown_run_fails_naming_the_node(
     unknown = bootstrap("-i", str(inv), "status", "--run", "nosuch", cwd=tmp_path)
     assert unknown.returncode == 1, unknown
     assert "no run" in unknown.stdout, unknown  # the table still shows the node's state
-    assert f"node 'node1': no run nosuch on this node ({tmp_path}/work/runs/nosuch/node1 does not exist)" in (
+    assert f"node 'node1': no run nosuch on this node ({tmp_path}/wd/runs/nosuch/node1 does not exist)" in (
         unknown.stderr
     ), unknown
     doc = json.loads(bootstrap("-i", str(inv), "status", "--run", "nosuch", "--json", cwd=tmp_path).stdout)
