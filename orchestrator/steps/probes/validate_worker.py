@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 import time
+import traceback
 
 RANK = int(os.environ.get("RANK", "0"))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
@@ -147,5 +148,21 @@ def main():
     return 0
 
 
+def finish(code):
+    """Exit once every line is out, skipping Python's teardown (examples/train_ddp.py `finish` says why:
+    a gloo worker thread that drops a tensor after finalization began aborts the rank with SIGABRT)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        exit_code = main()
+    except Exception:
+        traceback.print_exc()
+        exit_code = 1
+    finish(exit_code)
