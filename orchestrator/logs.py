@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+from orchestrator.safefiles import NOFOLLOW
+
 try:
     import fcntl
 except ImportError:  # not on Windows: no locks there, nothing else changes
@@ -95,7 +97,7 @@ class RunLog:
         if not self.staged:
             # node output can hold anything (tokens printed by a script): owner-only, like ~/.ssh
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # "being written": a `logs` does not replace it
         else:
@@ -113,7 +115,7 @@ class RunLog:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         part = self.part_path(node)
         while True:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
             if not _try_lock(fd):
                 os.close(fd)
                 return None
@@ -155,7 +157,7 @@ class RunLog:
             try:
                 final = self.path(node)
                 try:
-                    held = os.open(final, os.O_RDONLY)
+                    held = os.open(final, os.O_RDONLY | NOFOLLOW)
                 except FileNotFoundError:
                     held = None
                 try:

@@ -1,8 +1,12 @@
 """Launch scripts: one per node, from Jinja templates (a user directory first, then the shipped ones).
 
-Nothing runs here. Every inventory value reaches the script through the node platform's quoting
-(the ``q`` and ``path`` filters); ``StrictUndefined`` makes a misspelt variable an error, not an
-empty string in a command line.
+Nothing runs here. Quoting is the default, not a discipline: every ``{{ value }}`` a template writes
+goes through the node platform's quoting (Jinja ``finalize``) unless a filter has already made it
+shell text (:class:`ShellText`: ``q``, ``path``, ``env_name``, ``winargs``, ``comment``, ``safe``).
+A forgotten filter, in our templates or a user's, therefore writes a quoted word, never a command.
+Numbers are written as they are. ``StrictUndefined`` makes a misspelt variable an error, not an
+empty string in a command line. Each platform gets its own Jinja environment: nodes render in
+parallel threads and nothing is swapped per call.
 
 Secrets: a ``train.env`` value written ``{from_env: NAME}`` is read from this machine's environment
 only when a script is rendered for a launch (``secrets="value"``). A script shown to the user
@@ -15,7 +19,9 @@ the value.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -217,14 +223,20 @@ class Renderer:
                 raise UsageError(f"template directory {user_dir} does not exist")
             search.append(str(user_dir))
         search.append(str(templates_dir()))
-        self.env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(search),
-            undefined=jinja2.StrictUndefined,
-            autoescape=False,  # shell text, quoted by the platform, never HTML
-            keep_trailing_newline=True,
-            trim_blocks=True,
-            lstrip_blocks=True,
-        )
+        self._loader = jinja2.FileSystemLoader(search)
+        # one environment per platform (its quoting is the environment's finalize): built once, never
+        # changed afterwards, so threads rendering different nodes share nothing mutable
+        self._envs: dict[int, tuple[Platform, jinja2.Environment]] = {}
+        self._lock = threading.Lock()
+
+    def environment(self, platform: Platform) -> jinja2.Environment:
+        """The Jinja environment whose every output is quoted for ``platform`` unless marked safe."""
+        with self._lock:
+            cached = self._envs.get(id(platform))
+            if cached is None or cached[0] is not platform:
+                cached = (platform, _platform_environment(self._loader, platform))
+                self._envs[id(platform)] = cached
+            return cached[1]
 
     def render(
         self,
@@ -243,20 +255,11 @@ class Renderer:
             raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
         if isinstance(platform, PowerShell):
             refuse_on_native_windows(spec)
-        path_word = getattr(platform, "path_word", None)
-        if path_word is None:
-            raise UsageError(f"no launch template for {platform.name} nodes", node=spec.node.name)
-        # quoting belongs to the node's platform: the templates only say where values go
-        self.env.filters["q"] = platform.quote
-        self.env.filters["path"] = path_word
-        self.env.filters["env_name"] = check_env_name
-        # a Windows program's arguments: one command-line string (the C runtime's splitting rules),
-        # then a PowerShell literal holding it (see PowerShell.native)
-        self.env.filters["winargs"] = lambda argv: platform.quote(argv_to_command_line(["x", *argv])[2:])
+        jinja_env = self.environment(platform)
         env, env_required = self._environment(spec, mode)
         args = masked_args(spec.args) if mode == "mask" else spec.args
         try:
-            jinja_template = self.env.get_template(name)
+            jinja_template = jinja_env.get_template(name)
             return jinja_template.render(
                 node=spec.node,
                 node_rank=spec.node_rank,
@@ -284,6 +287,8 @@ class Renderer:
         except jinja2.TemplateError as exc:
             where = f"{exc.filename}:{exc.lineno}" if isinstance(exc, jinja2.TemplateSyntaxError) else name
             raise UsageError(f"template {where}: {exc}", node=spec.node.name) from None
+        except ValueError as exc:  # a filter refused a value (env_name): name the template
+            raise UsageError(f"template {name}: {exc}", node=spec.node.name) from None
 
     def _environment(self, spec: LaunchSpec, mode: SecretMode) -> tuple[list[tuple[str, str]], list[str]]:
         """(name, value) pairs the script exports, and (reference mode) the names it requires from
@@ -309,6 +314,65 @@ class Renderer:
                     )
                 pairs.append((name, secret))
         return pairs, required
+
+
+class ShellText(str):
+    """Text already safe to write into a script of the node's dialect, as it is: what the quoting
+    filters return. Anything else a template writes is quoted first (see :func:`_platform_environment`).
+
+    Joining it with other text gives a plain ``str`` again (``str.__add__``), which is quoted: only a
+    filter's own result is ever trusted.
+    """
+
+    __slots__ = ()
+
+
+#: characters that end or bend a line in a shell, PowerShell or a terminal: controls (Cc), format
+#: characters (Cf: bidi overrides), line and paragraph separators (Zl, Zp)
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]")
+
+
+def comment_text(value: object) -> ShellText:
+    """``value`` for a ``#`` comment line: every character that could end the line (or hide text)
+    shown as ``?``. A quoted word is no protection there: a newline inside quotes still ends a comment."""
+    return ShellText(_UNPRINTABLE.sub("?", str(value)))
+
+
+def _platform_environment(loader: jinja2.BaseLoader, platform: Platform) -> jinja2.Environment:
+    quote = platform.quote
+
+    def finalize(value: object) -> object:
+        # every {{ ... }} output passes here: quoted unless a filter made it shell text already
+        if isinstance(value, ShellText):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value  # digits only: nothing to quote
+        return quote(str(value))
+
+    def shell_text(fn: Callable[..., str]) -> Callable[..., ShellText]:
+        return lambda *args: ShellText(fn(*args))
+
+    env = jinja2.Environment(
+        loader=loader,
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,  # shell text, quoted by the platform (finalize), never HTML
+        finalize=finalize,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(
+        q=shell_text(quote),
+        path=shell_text(platform.path_word),
+        env_name=shell_text(check_env_name),
+        # a Windows program's arguments: one command-line string (the C runtime's splitting rules),
+        # then a PowerShell literal holding it (see PowerShell.native)
+        winargs=shell_text(lambda argv: quote(argv_to_command_line(["x", *argv])[2:])),
+        comment=comment_text,
+        # the template's author vouches for this text (a literal of the template, not a value)
+        safe=ShellText,
+    )
+    return env
 
 
 def refuse_on_native_windows(spec: LaunchSpec) -> None:

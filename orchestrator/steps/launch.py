@@ -367,9 +367,7 @@ def run_node(
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")
     if result.exit_code != 0:
         error = CommandFailedError(
-            f"training exited with code {result.exit_code}"
-            if result.exit_code is not None
-            else "training was stopped",
+            failure_headline(result),
             node=node.name,
             hint=f"the node keeps its log in {node_log}",
             result=result,
@@ -391,6 +389,37 @@ def split_rank(line: str) -> tuple[int | None, str]:
 _ROOT_CAUSE_FIELDS = re.compile(r"^\s*(host|rank|exitcode)\s*:")
 
 
+_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
+_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
+_ROOT_CAUSE = "Root Cause (first observed failure):"
+
+
+def root_cause(result: Result) -> tuple[int, int] | None:
+    """(global rank, its own exit code) of torchrun's first observed failure, when it printed one.
+
+    torchrun itself exits 1 whatever its worker did (FIELD_NOTES, "torchrun"): the rank's code (3, or
+    -9 for a kill) is only in this summary."""
+    text = result.stdout + "\n" + result.stderr
+    start = text.rfind(_ROOT_CAUSE)
+    if start < 0:
+        return None
+    section = text[start : start + 2000]
+    rank, code = _CAUSE_RANK.search(section), _CAUSE_EXIT.search(section)
+    if rank is None or code is None:
+        return None
+    return int(rank.group(1)), int(code.group(1))
+
+
+def failure_headline(result: Result) -> str:
+    """ "rank 5 exited with code 3" when torchrun named the rank, else the launcher's own exit code."""
+    cause = root_cause(result)
+    if cause is not None:
+        rank, code = cause
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return f"rank {rank} {how} (torchrun exited {result.exit_code})"
+    return f"training exited with code {result.exit_code}"
+
+
 def failure_tail(result: Result, lines: int = TAIL) -> list[str]:
     """What a user needs from a failed node: the last lines its ranks printed, then torchrun's root
     cause (host, rank, exit code). torchrun's own ChildFailedError traceback (30+ lines) would
@@ -400,7 +429,7 @@ def failure_tail(result: Result, lines: int = TAIL) -> list[str]:
     if not ranked:
         return text[-lines:]
     cause: list[str] = []
-    if "Root Cause (first observed failure):" in text:
-        start = text.index("Root Cause (first observed failure):")
+    if _ROOT_CAUSE in text:
+        start = text.index(_ROOT_CAUSE)
         cause = [line.strip() for line in text[start:] if _ROOT_CAUSE_FIELDS.match(line)][:3]
     return ranked[-(lines - len(cause)) :] + cause

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 #: the controller's run directories (relative to the current directory, like launch's logs)
 RUNS_ROOT = Path("runs")
 RECORD = "run.json"
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # .fullmatch only
 
 
 # -- the controller's record of runs ---------------------------------------------------------------
@@ -113,7 +113,7 @@ def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
 
 
 def check_run_id(run_id: str) -> str:
-    if not _RUN_ID.match(run_id):
+    if not _RUN_ID.fullmatch(run_id):
         raise UsageError(
             f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (as `launch --run-id` does)"
         )
@@ -128,7 +128,7 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
     candidates = []
     if root.is_dir():
         for entry in root.iterdir():
-            if entry.is_dir() and _RUN_ID.match(entry.name):
+            if entry.is_dir() and _RUN_ID.fullmatch(entry.name):
                 stamp = entry / RECORD
                 # launched from here first (a record), newest first; then copies `logs` made
                 launched = stamp.exists()

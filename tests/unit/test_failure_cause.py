@@ -1,0 +1,50 @@
+"""The fail-fast headline names the rank and its own exit code, not torchrun's 1 (issue 17 item 6)."""
+
+from __future__ import annotations
+
+from orchestrator.steps.launch import failure_headline, root_cause
+from orchestrator.transports import Result
+
+# recorded from torch 2.13's torchrun: rank 1 of 2 did sys.exit(3)
+TORCHRUN_STDERR = """\
+E1203 09:57:29.120000 15330 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3) \
+local_rank: 1 (pid: 15333) of binary: /venv/bin/python
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+fail.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_09:57:29
+  host      : localhost
+  rank      : {rank} (local_rank: 1)
+  exitcode  : {code} (pid: 15333)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def _result(stderr: str, code: int = 1) -> Result:
+    return Result("n1", "launch", code, "[default1]:bye\n", stderr, 1.0)
+
+
+def test_rank_and_its_own_exit_code() -> None:
+    result = _result(TORCHRUN_STDERR.format(rank=5, code=3))
+    assert root_cause(result) == (5, 3)
+    assert failure_headline(result) == "rank 5 exited with code 3 (torchrun exited 1)"
+
+
+def test_a_killed_rank_is_named_with_its_signal() -> None:
+    result = _result(TORCHRUN_STDERR.format(rank=2, code=-9))
+    assert failure_headline(result) == "rank 2 was killed by signal 9 (torchrun exited 1)"
+
+
+def test_without_torchrun_summary_the_launcher_code_is_given() -> None:
+    assert root_cause(_result("Killed\n", 137)) is None
+    assert failure_headline(_result("Killed\n", 137)) == "training exited with code 137"
