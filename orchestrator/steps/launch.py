@@ -19,10 +19,9 @@ from typing import TYPE_CHECKING
 from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, UsageError
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_launch
-from orchestrator.resources import packaged_example
+from orchestrator.resources import package_file, packaged_example
 from orchestrator.steps.inspect import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
-from orchestrator.steps.preflight.checks import NodeFacts as PreflightFacts
 from orchestrator.steps.preflight.checks import choose_backend
 
 if TYPE_CHECKING:
@@ -82,24 +81,7 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         pythons=pythons,
     )
     warnings.extend(ignored_env_warnings(inventory))
-    if inventory.cluster.train.elastic:
-        warnings.extend(old_torch_label_warnings(facts))
     return LaunchPlan(specs, backend, why, inspected, warnings)
-
-
-def old_torch_label_warnings(facts: list[PreflightFacts]) -> list[str]:
-    """Elastic runs: torch before 2.2 ignores TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, so its lines carry
-    local ranks, which `[node:rank]` would show as global ones."""
-    out = []
-    for f in facts:
-        version = f.torch.version if f.torch is not None else None
-        parts = re.match(r"(\d+)\.(\d+)", version or "")
-        if parts and (int(parts[1]), int(parts[2])) < (2, 2):
-            out.append(
-                f"node {f.node.name!r}: torch {version} tags elastic output with local ranks "
-                "(the global rank needs torch 2.2 or later): [node:rank] shows the local rank there"
-            )
-    return out
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
@@ -205,6 +187,14 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str)
         raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
 
 
+#: the node-side per-rank capture (complete lines only), uploaded beside every POSIX launch script
+RANK_CAPTURE = "rank_capture.py"
+
+
+def rank_capture_file() -> Path:
+    return package_file(f"steps/probes/{RANK_CAPTURE}")
+
+
 def prepare_node(
     node: Node,
     transport: Transport,
@@ -240,6 +230,8 @@ def prepare_node(
         launch_file = Path(tmp) / "launch.sh"
         launch_file.write_text(renderer.render(spec, platform, template=template))
         transport.put(launch_file, f"{run_dir}/launch.sh", mode=0o700)
+    # beside launch.sh, which starts every rank through it (probes/rank_capture.py says why)
+    transport.put(rank_capture_file(), f"{run_dir}/{RANK_CAPTURE}", mode=0o600)
     if source is not None:
         transport.put(source, target_script)
     return platform, run_dir, f"{run_dir}/node.log"

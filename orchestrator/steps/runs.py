@@ -145,8 +145,8 @@ def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:
     """Per node, how the ``[defaultN]:`` tags of its lines become global ranks: ``(first, count)``,
     the rank of N = 0 and how many N there are. Static rendezvous: ranks follow inventory order (as
     plan_launch) and N is the local rank. Elastic: each rendezvous assigns the ranks, so the launch
-    script has torchrun tag lines with the global rank itself (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE,
-    torch 2.2 and later): N is the global rank, first 0."""
+    script's rank capture tags lines with the global rank itself (RANK, CB_RANK_LABEL=global, see
+    probes/rank_capture.py): N is the global rank, first 0."""
     if inventory.cluster.train.elastic:
         world = sum(node.nproc for node in inventory.nodes)
         return {node.name: (0, world) for node in inventory.nodes}

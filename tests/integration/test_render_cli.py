@@ -39,5 +39,5 @@ def test_render_uses_each_nodes_route_to_the_master(
     out = tmp_path / "scripts"
     run = bootstrap("-i", str(inv), "render", "--out", str(out), "--nodes", "node2")
     assert run.returncode == 0, run
-    assert [p.name for p in out.iterdir()] == ["node2.sh"]
+    assert sorted(p.name for p in out.iterdir()) == ["node2.sh", "rank_capture.py"]
     assert (out / "node2.sh").stat().st_mode & 0o777 == 0o700

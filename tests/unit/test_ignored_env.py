@@ -24,22 +24,3 @@ def test_nothing_to_say_about_variables_that_work() -> None:
         "lab.yaml",
     )
     assert ignored_env_warnings(inventory) == []
-
-
-def test_elastic_on_torch_before_2_2_is_said_to_show_local_ranks() -> None:
-    from types import SimpleNamespace
-
-    from orchestrator.facts.linux import TorchInfo
-    from orchestrator.steps.launch import old_torch_label_warnings
-
-    facts = [
-        SimpleNamespace(
-            node=SimpleNamespace(name="old"), torch=TorchInfo(installed=True, version="2.1.2+cu121")
-        ),
-        SimpleNamespace(
-            node=SimpleNamespace(name="new"), torch=TorchInfo(installed=True, version="2.13.0+cpu")
-        ),
-        SimpleNamespace(node=SimpleNamespace(name="none"), torch=None),
-    ]
-    (warning,) = old_torch_label_warnings(facts)  # type: ignore[arg-type]
-    assert "'old'" in warning and "torch 2.1.2+cu121" in warning and "2.2" in warning

@@ -164,7 +164,8 @@ def test_golden_ranks_linux_and_wsl(backend: str) -> None:
 
 def test_a_wsl_node_gets_the_linux_torchrun_script() -> None:
     win = _mixed("gloo", False)["win"]
-    assert "exec /home/bob/venv/bin/python -m torch.distributed.run" in win
+    assert "exec /home/bob/venv/bin/python \"$cb_dir/rank_capture.py\" mux" in win
+    assert "  /home/bob/venv/bin/python -m torch.distributed.run \\\n" in win
     assert "--nproc-per-node 2" in win and "--node-rank 2" in win and "global ranks 2-3" in win
     assert "export GLOO_SOCKET_IFNAME=eth1" in win  # the interface the route inside WSL names
     assert "USE_LIBUV" not in win  # Linux torch: nothing Windows-specific
@@ -332,7 +333,7 @@ def test_render_writes_a_ps1_for_native_nodes_and_sh_for_wsl_nodes(tmp_path: Pat
     run = _cli("-i", str(mixed), "render", "--offline", "--run-id", "r2", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "# ---- win ----\n#!/bin/sh\n" in run.stdout
-    assert "exec /home/bob/venv/bin/python -m torch.distributed.run" in run.stdout
+    assert "  /home/bob/venv/bin/python -m torch.distributed.run \\\n" in run.stdout
 
 
 def test_render_refuses_elastic_for_native_nodes_with_a_usage_error(tmp_path: Path) -> None:

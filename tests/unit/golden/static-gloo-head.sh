@@ -2,10 +2,14 @@
 # Launch script for node head (node rank 0), rendered by cluster-bootstrap.
 # Cluster lab: 3 node(s), world size 5, backend gloo.
 # Runs torchrun for this node's 2 rank(s) (global ranks 0-1).
-# Standalone: copy it to the node and run `sh` on it; bootstrap launch runs the same text.
+# Each rank's output goes to its own file (ranks/ beside this script) and rank_capture.py, which must
+# be beside it too (bootstrap launch uploads it; render --out writes it), forwards complete lines only,
+# as [default<rank>]:line: two ranks' lines are never glued together (torchrun --tee glues them).
+# Standalone: copy both files to the node and run `sh` on this one; bootstrap launch runs the same text.
 set -eu
+cb_dir=$(cd "$(dirname "$0")" && pwd)
 cd "$HOME"/cluster-bootstrap/code
-# lines reach the log (and bootstrap) as they are printed: torchrun's --tee copier never flushes
+# lines reach the rank's file (and bootstrap) as they are printed
 export PYTHONUNBUFFERED=1
 # the backend the cluster chose, for training scripts that read it (the shipped example does)
 export CLUSTER_BOOTSTRAP_BACKEND=gloo
@@ -13,11 +17,13 @@ export GLOO_SOCKET_IFNAME=eth0
 export OMP_NUM_THREADS=8
 export MY_FLAG='a b'
 export WANDB_API_KEY='********'
-exec python3 -m torch.distributed.run \
-  --tee 3 \
+exec python3 "$cb_dir/rank_capture.py" mux "$cb_dir/ranks" \
+  python3 -m torch.distributed.run \
+  --no-python \
   --nnodes 3 \
   --nproc-per-node 2 \
   --node-rank 0 \
   --master-addr 10.0.0.1 \
   --master-port 29500 \
-  examples/train_ddp.py --epochs 3 --note 'it'"'"'s $HOME; `x`'
+  python3 "$cb_dir/rank_capture.py" worker "$cb_dir/ranks" \
+  python3 examples/train_ddp.py --epochs 3 --note 'it'"'"'s $HOME; `x`'

@@ -1,0 +1,235 @@
+"""Every line of every rank exactly once: per-rank capture on the node (issue 17).
+
+torchrun's ``--tee`` copies each rank's log file line by line into one shared output and writes a
+partial line at end of file with its prefix; ``print(x)`` under PYTHONUNBUFFERED is two writes (x,
+then the newline), so under load one rank's line was cut and glued to another's. Here nothing is
+shared until a line is complete:
+
+``worker DIR CMD...``   torchrun starts this as each rank (``--no-python``): the rank's stdout and
+                        stderr go to its own file ``DIR/rank-<label>-attempt-<n>.out`` (appended in
+                        the order the rank wrote them), then the process becomes CMD (exec: same
+                        pid and session, so torchrun's signals reach the training process itself).
+                        The label is LOCAL_RANK, or RANK when CB_RANK_LABEL=global (elastic runs,
+                        where the rendezvous assigns global ranks).
+``mux DIR CMD...``      runs CMD (torchrun) and writes to its own stdout, in one stream: torchrun's
+                        lines as they come, and every rank file's complete lines, each as
+                        ``[default<label>]:<line>``. A rank's last line without a newline is written
+                        as a line of its own when that rank's attempt is over (a newer attempt
+                        appeared, or torchrun ended), never glued to anything. Exits with
+                        torchrun's code. TERM/INT/HUP do not end it early: torchrun gets the same
+                        signal (one process group), stops its workers, and everything they wrote up
+                        to then is still delivered.
+
+Standard library only, any Python 3 the node trains with. The rank files are kept in DIR.
+"""
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+_RANK_FILE = re.compile(r"rank-(\d+)-attempt-(\d+)\.out\Z")
+READ = 1 << 20
+#: a "line" this long without a newline is written out anyway: a rank printing progress with "\r"
+#: forever must not grow this process without bound
+MAX_PARTIAL = 1 << 20
+IDLE = 0.02  # seconds between looks at the rank files when nothing arrived
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except InterruptedError:
+            continue
+
+
+def worker(directory, argv):
+    glob_rank = os.environ.get("CB_RANK_LABEL") == "global"
+    label = os.environ.get("RANK" if glob_rank else "LOCAL_RANK", "0")
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    path = os.path.join(directory, "rank-%s-attempt-%s.out" % (int(label), int(attempt)))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        write_all(2, ("cannot start %s: %s\n" % (argv[0], exc)).encode())
+        os._exit(127)
+
+
+class RankFile:
+    def __init__(self, path, label, attempt):
+        self.path = path
+        self.prefix = b"[default" + label.encode() + b"]:"
+        self.label = label
+        self.attempt = attempt
+        self.fd = None
+        self.partial = b""
+        self.done = False
+
+    def read(self):
+        """Complete lines read since the last call, prefixed, as one bytes object."""
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return b""
+        chunks = []
+        while True:
+            data = os.read(self.fd, READ)
+            if not data:
+                break
+            chunks.append(data)
+            if len(data) < READ:
+                break
+        if not chunks:
+            return b""
+        data = self.partial + b"".join(chunks)
+        end = data.rfind(b"\n") + 1
+        self.partial = data[end:]
+        complete = data[:end]
+        if len(self.partial) > MAX_PARTIAL:
+            complete, self.partial = complete + self.partial + b"\n", b""
+        if not complete:
+            return b""
+        # one C-level replace prefixes every line of the block
+        return self.prefix + complete[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"
+
+    def finish(self):
+        """Everything left, the last line newline-terminated; the file is closed."""
+        out = self.read()
+        if self.partial:
+            out += self.prefix + self.partial + b"\n"
+            self.partial = b""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.done = True
+        return out
+
+
+class Streams:
+    """torchrun's own stdout/stderr, forwarded a complete line at a time (its partial lines too are
+    never glued to a rank's)."""
+
+    def __init__(self, proc):
+        self.sel = selectors.DefaultSelector()
+        self.partial = {}
+        for pipe in (proc.stdout, proc.stderr):
+            os.set_blocking(pipe.fileno(), False)
+            self.sel.register(pipe.fileno(), selectors.EVENT_READ)
+            self.partial[pipe.fileno()] = b""
+
+    @property
+    def open(self):
+        return bool(self.partial)
+
+    def read(self, timeout):
+        out = []
+        for key, _ in self.sel.select(timeout) if self.partial else ():
+            fd = key.fd
+            try:
+                data = os.read(fd, READ)
+            except BlockingIOError:
+                continue
+            if not data:
+                self.sel.unregister(fd)
+                rest = self.partial.pop(fd)
+                os.close(fd)
+                if rest:
+                    out.append(rest + b"\n")
+                continue
+            data = self.partial[fd] + data
+            end = data.rfind(b"\n") + 1
+            self.partial[fd] = data[end:]
+            out.append(data[:end])
+        return b"".join(out)
+
+
+def scan(directory, files):
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name in files:
+            continue
+        match = _RANK_FILE.match(name)
+        if match:
+            files[name] = RankFile(os.path.join(directory, name), match.group(1), int(match.group(2)))
+
+
+def drain(files, final):
+    out = []
+    newest = {}
+    for f in files.values():
+        newest[f.label] = max(newest.get(f.label, -1), f.attempt)
+    for name in sorted(files, key=lambda n: (files[n].label, files[n].attempt)):
+        f = files[name]
+        if f.done:
+            continue
+        # an attempt is over once a newer one of the same rank exists (elastic restart)
+        out.append(f.finish() if final or f.attempt < newest[f.label] else f.read())
+    return b"".join(out)
+
+
+def mux(directory, argv):
+    try:
+        os.makedirs(directory, 0o700)
+    except OSError:
+        if not os.path.isdir(directory):
+            raise
+    stopping = []
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # torchrun, in our process group, got the same signal: keep delivering until it has ended
+        signal.signal(sig, lambda *_: stopping.append(1))
+    try:
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=pipe, stderr=pipe)
+    except OSError as exc:
+        write_all(2, ("cannot start %s: %s\n" % (argv[0], exc)).encode())
+        return 127
+    streams = Streams(proc)
+    files = {}
+    while True:
+        got = streams.read(0) if streams.open else b""
+        scan(directory, files)
+        got += drain(files, final=False)
+        if got:
+            write_all(1, got)
+            continue
+        if proc.poll() is not None and not streams.open:
+            break
+        if streams.open:
+            more = streams.read(IDLE)
+            if more:
+                write_all(1, more)
+        else:
+            time.sleep(IDLE)
+    # torchrun has ended, so have its workers: every rank file is complete now
+    scan(directory, files)
+    write_all(1, drain(files, final=True))
+    code = proc.returncode
+    return 128 - code if code < 0 else code
+
+
+def main():
+    if len(sys.argv) < 4 or sys.argv[1] not in ("worker", "mux"):
+        sys.stderr.write("usage: rank_capture.py worker|mux DIR COMMAND...\n")
+        return 2
+    mode, directory, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if mode == "worker":
+        worker(directory, argv)
+        return 127
+    return mux(directory, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
