@@ -11,6 +11,10 @@ the namespaces share one clock, the latency from print to arrival. Paths measure
     the platform's logged() (tee into node.log) and stop-on-hangup wrappers over our SSH transport,
     each line through LineSplitter -> split_rank -> the controller log (RunLog) -> the UI's
     LinePrinter (to /dev/null: a terminal's speed is not ours to measure)
+  - ``ranks``: the launch path with 2 ranks per node writing with plain ``print()`` under
+    PYTHONUNBUFFERED (two writes per line), each rank captured to its own file and forwarded a
+    complete line at a time by the node-side ``rank_capture.py mux`` (as launch.sh runs torchrun);
+    every line of every rank is checked (lost, misordered, mangled)
   - ``logs``: `bootstrap logs --follow` on a detached run: the printer started detached
     (node.log on the node), its log tailed from byte offsets while it is written, by one Python
     process on the node (what the CLI uses) and by the shell fallback (tail + awk per poll)
@@ -44,7 +48,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator.cli.ui import LinePrinter, RankedOutput  # noqa: E402
 from orchestrator.logs import RunLog  # noqa: E402
 from orchestrator.platforms import PosixShell  # noqa: E402
-from orchestrator.steps.launch import run_dir_for, run_marker  # noqa: E402
+from orchestrator.steps.launch import rank_capture_file, run_dir_for, run_marker  # noqa: E402
 from orchestrator.steps.runs import follow_node  # noqa: E402
 from orchestrator.transports import SSHOptions  # noqa: E402
 from orchestrator.transports.ssh import SSHTransport  # noqa: E402
@@ -68,6 +72,23 @@ for i in range(n):
         if ahead > 0:
             time.sleep(ahead)
 sys.stdout.flush()
+"""
+
+
+#: the same lines through print(): with PYTHONUNBUFFERED, text and newline are two writes
+PRINT_PRINTER = """\
+import sys, time
+n = int(sys.argv[1])
+rate = float(sys.argv[2])
+t = time.time
+pad = "x" * 40
+begin = t()
+for i in range(n):
+    print(f"{i} {t():.6f} {pad}")
+    if rate and i % 50 == 49:
+        ahead = begin + (i + 1) / rate - t()
+        if ahead > 0:
+            time.sleep(ahead)
 """
 
 
@@ -242,6 +263,48 @@ def run_launch(
     return _summarise("bootstrap launch", list(tallies.values()), start, cpu)
 
 
+def run_ranks(
+    cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float, tmp: Path
+) -> Row:
+    """Two print() ranks per node through the node-side capture, as launch.sh starts them."""
+    transports = _transports(cluster, known)
+    per_rank = lines // 2
+    tallies = []
+    log = RunLog(tmp / "runs" / f"bench-{time.monotonic_ns()}")
+    sink = TallySink()
+    printer_ui = LinePrinter([h.name for h in cluster.hosts], sink, color=False)  # type: ignore[arg-type]
+    outputs = {}
+    for i, host in enumerate(cluster.hosts):
+        outputs[host.name] = RankedOutput(host.name, log, printer_ui, first_rank=2 * i, nproc=2)
+        for local in range(2):
+            tallies.append(Tally(per_rank))
+            sink.by_head[printer_ui.head(host.name, 2 * i + local).rstrip()] = tallies[-1]
+    capture = rank_capture_file()
+
+    def one(t: SSHTransport) -> None:
+        platform = t.platform
+        assert isinstance(platform, PosixShell)
+        ranks_dir = tmp / f"{t.node_name}-ranks-{time.monotonic_ns()}"
+        # each rank prints half the node's lines at half its rate: the node's totals match the others'
+        worker = (
+            f"{sys.executable} {capture} worker {ranks_dir} {sys.executable} {printer} {per_rank} {rate / 2}"
+        )
+        two = platform.quote(f"LOCAL_RANK=0 RANK=0 {worker} & LOCAL_RANK=1 RANK=1 {worker} & wait")
+        command = platform.logged(
+            f"PYTHONUNBUFFERED=1 {sys.executable} {capture} mux {ranks_dir} /bin/sh -c {two}",
+            str(tmp / f"{t.node_name}-node.log"),
+        )
+        result = t.run(command, on_line=outputs[t.node_name], keep_lines=200)
+        assert result.ok, result
+
+    start, cpu = time.time(), _cpu()
+    _parallel([lambda t=t: one(t) for t in transports])
+    log.close()
+    for t in transports:
+        t.close()
+    return _summarise("launch, 2 print() ranks", tallies, start, cpu)
+
+
 def run_logs(
     cluster: NamespaceCluster,
     known: Path,
@@ -317,7 +380,9 @@ def main() -> int:
         "--rate", type=float, default=5000, help="lines/s per node for the latency phase (paced printers)"
     )
     parser.add_argument(
-        "--only", default="ssh,launch,logs,shell", help="paths to measure (comma-separated; default: all)"
+        "--only",
+        default="ssh,launch,ranks,logs,shell",
+        help="paths to measure (comma-separated; default: all)",
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -327,6 +392,8 @@ def main() -> int:
         tmp = Path(tmp_name)
         printer = tmp / "printer.py"
         printer.write_text(PRINTER)
+        print_printer = tmp / "print_printer.py"
+        print_printer.write_text(PRINT_PRINTER)
         known = tmp / "known_hosts"
         known.write_text(cluster.known_hosts_text())
         for phase, rate in phases.items():
@@ -335,6 +402,7 @@ def main() -> int:
                 paths: dict[str, Callable[[int, float], Row]] = {
                     "ssh": lambda n, r: run_ssh(cluster, known, printer, n, r),
                     "launch": lambda n, r: run_launch(cluster, known, printer, n, r, tmp),
+                    "ranks": lambda n, r: run_ranks(cluster, known, print_printer, n, r, tmp),
                     "logs": lambda n, r: run_logs(cluster, known, printer, n, r, tmp),
                     "shell": lambda n, r: run_logs(cluster, known, printer, n, r, tmp, python=None),
                 }
