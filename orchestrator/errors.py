@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from orchestrator.redact import mask_url_credentials
+
 
 class ExitCode(enum.IntEnum):
     """Process exit codes of ``bootstrap`` (documented in docs/cli.md)."""
@@ -26,10 +28,12 @@ class BootstrapError(Exception):
     exit_code: ExitCode = ExitCode.NODES_FAILED
 
     def __init__(self, message: str, *, node: str | None = None, hint: str | None = None) -> None:
+        # a URL's login never reaches a terminal, a log or --json through an error
+        message = mask_url_credentials(message)
         super().__init__(message)
         self.message = message
         self.node = node
-        self.hint = hint
+        self.hint = None if hint is None else mask_url_credentials(hint)
 
     def __str__(self) -> str:
         prefix = f"node {self.node!r}: " if self.node else ""
@@ -132,6 +136,11 @@ class HostKeyChangedError(ConnectError):
     """The node offered a key different from the recorded one: always refused."""
 
 
+class HostKeyRevokedError(ConnectError):
+    """The node offered a key that known_hosts lists as ``@revoked``: always refused, even with
+    ``--accept-new-host-keys`` (exit code 3, as for a changed key)."""
+
+
 class SecretMissingError(ConnectError):
     """A password was needed but neither its environment variable nor a terminal prompt gave one."""
 
@@ -140,6 +149,11 @@ class CancelledError(BootstrapError):
     """Work on a node was cut short because the user interrupted (or a fail-fast stop)."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+class RunStoppedError(CancelledError):
+    """The run was stopped on purpose by the operator (`bootstrap stop --run` from another terminal):
+    not a failure of the node, reported as stopped, with Ctrl-C's exit code."""
 
 
 class CommandFailedError(BootstrapError):

@@ -10,7 +10,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from orchestrator.errors import BootstrapError, ConnectError, ExitCode
+from orchestrator.errors import BootstrapError, CancelledError, ConnectError, ExitCode
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ def exit_code_for(
     """Connection problems outrank other failures: they mean the step never ran on that node."""
     if any(isinstance(o.error, ConnectError) for o in outcomes):
         return ExitCode.CONNECTION
+    errors = [o.error for o in outcomes if o.error is not None]
+    if errors and all(isinstance(e, CancelledError) for e in errors):
+        return ExitCode.INTERRUPTED  # stopped (stop --run, Ctrl-C), nothing failed of its own
     if any((not o.ok) or (failed is not None and failed(o)) for o in outcomes):
         return ExitCode.NODES_FAILED
     return ExitCode.OK
@@ -137,7 +140,7 @@ class Executor:
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                if fail_fast and not self.cancelled and any(not f.result().ok for f in done):
+                if fail_fast and not self.cancelled and any(_failed(f.result()) for f in done):
                     self.trigger_cancel()
             return [f.result() for f in futures]
         except KeyboardInterrupt:
@@ -152,3 +155,10 @@ class Executor:
         self._cancelled.set()
         if self.cancel is not None:
             self.cancel()
+
+
+def _failed(outcome: Outcome[Any]) -> bool:
+    """A failure that stops the others under fail fast: not a node that was itself stopped (Ctrl-C,
+    or `stop --run`, which reaches every node of the run by itself: cancelling them early would cut
+    their last lines and hide that they were stopped too)."""
+    return outcome.error is not None and not isinstance(outcome.error, CancelledError)

@@ -36,8 +36,9 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     On each node the firewall in charge is found (ufw, firewalld, nftables, iptables; none: nothing to
     do) and TCP is allowed from the other nodes' cluster addresses to the rendezvous port (master), the
     node's ephemeral port range (gloo and NCCL listen there; it cannot be pinned) and
-    cluster.firewall.extra_ports. Every rule is tagged cluster-bootstrap:<cluster>: a rerun adds
-    nothing, a changed peer set changes only what changed, --remove deletes exactly ours. Needs root
+    cluster.firewall.extra_ports. Every rule is tagged cluster-bootstrap:<name>:<digest of the exact
+    cluster name>: a rerun adds nothing, a changed peer set changes only what changed, --remove deletes
+    exactly ours (and rules of the earlier cluster-bootstrap:<name> tag, which a rerun replaces). Needs root
     (sudo -n for other users). --dry-run still reads each firewall (read-only) to print the exact
     commands.
     """

@@ -24,6 +24,7 @@ from orchestrator.errors import (
     CommandTimeoutError,
     ExitCode,
     HostKeyUnknownError,
+    RunStoppedError,
     SecretMissingError,
     SudoPasswordRequiredError,
     UsageError,
@@ -34,9 +35,11 @@ from orchestrator.logs import RunLog, new_run_id, state_dir
 from orchestrator.platforms import PosixShell, PowerShell, check_env_name, platform_for_node
 from orchestrator.render import LaunchSpec
 from orchestrator.resources import default_inventory
+from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
 from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
 from orchestrator.transports import Result, SSHOptions, Transport
+from orchestrator.transports.known_hosts import compare_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -231,6 +234,7 @@ _STATUS = {
     "AuthenticationError": "auth failed",
     "HostKeyUnknownError": "unknown host key",
     "HostKeyChangedError": "HOST KEY CHANGED",
+    "HostKeyRevokedError": "HOST KEY REVOKED",
     "SecretMissingError": "no password",
     "CancelledError": "cancelled",
     "CommandTimeoutError": "timeout",
@@ -259,9 +263,12 @@ def _fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     width = max(len(e.node or "") for e in unknown)
     for e in unknown:
         ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
+    # the command for the key type each node actually offered
+    commands = {e.key_type: compare_command(e.key_type) for e in unknown}
+    how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
     ui.info(
-        "Compare each fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` (or the key "
-        "type shown) run on that node, then rerun with --accept-new-host-keys to record them."
+        f"Compare each fingerprint with {how} run on that node, "
+        "then rerun with --accept-new-host-keys to record them."
     )
 
 
@@ -1022,7 +1029,7 @@ def render(
     import time as _time
 
     from orchestrator.render import Renderer, render_all, templates_dir_for
-    from orchestrator.steps.launch import plan
+    from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
 
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)
@@ -1055,13 +1062,16 @@ def render(
         for name, text in render_all(renderer, specs, platforms, mask=False).items():
             platform = platforms[name]
             if isinstance(platform, PowerShell):  # UTF-8 with BOM: Windows PowerShell 5.1 needs it
-                path = out_dir / f"{name}.ps1"
-                path.write_bytes(platform.script_file(text))
+                data, file_name = platform.script_file(text), f"{name}.ps1"
             else:
-                path = out_dir / f"{name}.sh"
-                path.write_text(text)
-            path.chmod(0o700)  # may hold the run's environment: owner only
+                data, file_name = text.encode("utf-8"), f"{name}.sh"
+            # may hold the run's environment: owner only; inside out_dir whatever the name, no link followed
+            path = write_inside(out_dir, file_name, data, mode=0o700)
             ui.info(f"wrote {path}")
+        if any(not isinstance(platforms[s.node.name], PowerShell) for s in specs):
+            # the POSIX scripts start every rank through it, from their own directory
+            path = write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)
+            ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
     scripts = render_all(renderer, specs, platforms, mask=True)
     if settings.json_mode:
         ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
@@ -1107,7 +1117,7 @@ def _launch(
 ) -> None:
     from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.steps.launch import failure_tail, plan, run_node
+    from orchestrator.steps.launch import failure_tail, plan, root_cause, run_node
 
     ui = settings.ui
     if settings.nodes:
@@ -1206,12 +1216,13 @@ def _launch(
             label = Text("ok", style="green")
         elif o in failed:
             result = getattr(o.error, "result", None)
-            exit_text = (
-                f"exit {result.exit_code}"
-                if isinstance(result, Result) and result.exit_code is not None
-                else "failed"
-            )
+            exit_text = "failed"
+            if isinstance(result, Result) and result.exit_code is not None:
+                cause = root_cause(result)  # torchrun exits 1 whatever the rank did: show the rank's code
+                exit_text = f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
             label = Text(exit_text, style="red bold")
+        elif isinstance(o.error, RunStoppedError):
+            label = Text("stopped by stop --run", style="yellow")
         else:
             label = Text("stopped", style="yellow")
         table.add_row(Text(o.node), label, f"{o.duration:.1f}s")

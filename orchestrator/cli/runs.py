@@ -420,16 +420,19 @@ def status(ctx: click.Context, run_arg: str) -> None:
         )
         ctx.exit(int(code))
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
-    for column in ("node", "state", "runtime", "gpu", "last line"):
-        table.add_column(column, overflow="ellipsis", no_wrap=column == "last line")
+    for column in ("node", "state", "runtime", "gpu"):
+        table.add_column(column, no_wrap=True)
+    # the last line gives way, never the other columns (a 500-character line collapsed them all)
+    table.add_column("last line", overflow="ellipsis", no_wrap=True, max_width=STATUS_LINE_WIDTH)
     styles = {"running": "cyan", "exited": "green", "stopped": "yellow"}
     for o in outcomes:
         value = o.value
         if value is None:
             table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
             continue
-        label = value.state if value.exit_code is None else f"{value.state} ({value.exit_code})"
-        failed = o.error is not None or value.exit_code not in (None, 0)  # "no run" fails too
+        stopped = value.state == "stopped"  # its code is what the stop made of it: no failure
+        label = value.state if value.exit_code is None or stopped else f"{value.state} ({value.exit_code})"
+        failed = o.error is not None or (not stopped and value.exit_code not in (None, 0))  # "no run" too
         style = "red" if failed else styles.get(value.state, "dim")
         table.add_row(
             Text(o.node),
@@ -441,6 +444,10 @@ def status(ctx: click.Context, run_arg: str) -> None:
     ui.print_table(table)
     _fail_lines(ui, outcomes)
     ctx.exit(int(code))
+
+
+#: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)
+STATUS_LINE_WIDTH = 60
 
 
 # -- stop --------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from orchestrator.cli.main import (
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.envsync import NodeEnv, resolve_specs, summarize_outcomes, sync_env
 from orchestrator.steps.envsync.report import EnvReport
@@ -237,8 +238,8 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     for o in outcomes:
         result = getattr(o.error, "result", None)
         if result is not None and hasattr(result, "tail") and type(o.error).__name__ == "EnvInstallError":
-            for line in result.tail(TAIL):
-                ui.info(f"  {o.node} | {line}")
+            for line in result.tail(TAIL):  # the installer's words: may repeat an index URL
+                ui.info(f"  {o.node} | {mask_url_credentials(line)}")
     if report.mismatch:
         ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
         for line in report.describe_mismatch():

@@ -116,8 +116,11 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
     """Keep the nodes' clocks together (chrony; w32time on Windows), and measure it.
 
     Default: the master serves time to the workers (works without internet); cluster.time.servers
-    makes every node follow those instead. Then waits until each node follows its source, measures
-    every node's offset from the master (as `check` does) and fails above cluster.time.max_offset_ms.
+    makes every node follow those instead. Workers follow the master's own address (its host when that
+    is an IP address, else what the master reports about itself): a worker resolving the master's name
+    to another address is refused, named, and left unconfigured. Then waits until each node follows
+    its source, measures every node's offset from the master (as `check` does) and fails above
+    cluster.time.max_offset_ms.
     A second run changes nothing and says "unchanged". --dry-run reads the nodes (read-only) and shows
     each configuration diff and the script that would run as root. --restore puts back the files as
     they were (byte for byte) and stops the chronyd (or unit) this command started.

@@ -217,7 +217,7 @@ def dry_run_nodes(
     from orchestrator.inventory import PasswordResolver
     from orchestrator.platforms import PowerShell
     from orchestrator.session import Session
-    from orchestrator.steps.launch import STREAMING_ENV, local_script, run_dir_for, run_marker
+    from orchestrator.steps.launch import RANK_CAPTURE, STREAMING_ENV, local_script, run_dir_for, run_marker
     from orchestrator.steps.runs import run_ops
 
     by_name = {s.node.name: s for s in specs}
@@ -239,7 +239,7 @@ def dry_run_nodes(
                 command = run_ops(platform, node).start(
                     run_dir, f"{run_dir}/node.log", run_marker(spec.run_id, node.name)
                 )
-            uploads = [path]
+            uploads = [path] if native or template is not None else [path, f"{run_dir}/{RANK_CAPTURE}"]
             absolute = spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\"))
             if script_file or (not absolute and local_script(spec.script) is not None):
                 uploads.append(f"{spec.code_dir.rstrip('/')}/{spec.script}")

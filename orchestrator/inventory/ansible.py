@@ -85,6 +85,14 @@ _ENV_LOOKUP = re.compile(
     r"""^\s*\{\{\s*lookup\(\s*(['"])env\1\s*,\s*(['"])(?P<name>[A-Za-z_][A-Za-z0-9_]*)\2\s*\)\s*\}\}\s*$"""
 )
 _RANGE = re.compile(r"\[(?P<start>[0-9]+|[a-z]):(?P<end>[0-9]+|[a-z])(?::(?P<step>[0-9]+))?\]")
+# Host names one range pattern (``n[0:99]``, ``r[0:9]n[0:99]``) may expand to, and all the range
+# patterns of one file together: a LAN cluster is a few hundred machines, while ``n[0:99999999]``
+# would build a hundred million names (gigabytes) before anything could be checked.
+MAX_RANGE_HOSTS = 4096
+# Digits of a range bound or step (zero-padded bounds included): enough for any host numbering.
+_MAX_RANGE_DIGITS = 12
+# Ranges in one host name (each one is one more pass over the names made so far).
+_MAX_RANGES = 8
 _NOTE_HOSTS = 8
 
 
@@ -111,7 +119,7 @@ class _Group:
     name: str
     order: int
     line: int | None
-    hosts: list[str] = field(default_factory=list)
+    hosts: dict[str, None] = field(default_factory=dict)  # an ordered set: thousands of hosts stay linear
     vars: dict[str, _Var] = field(default_factory=dict)
     parents: set[str] = field(default_factory=set)
 
@@ -135,6 +143,9 @@ class _Reader:
         self.playbook_python: list[str] = []
         self.notes: list[str] = []
         self._reported: set[int] = set()
+        self._range_hosts = 0  # host names made by range patterns so far (MAX_RANGE_HOSTS in all)
+        self._refused_patterns = False  # some host pattern was reported and gave no host
+        self._direct: dict[str, list[str]] | None = None  # see _membership
 
     # ----- structure -----------------------------------------------------------------------------------
 
@@ -142,7 +153,7 @@ class _Reader:
         self._group_entry("all", None, None, parent=None)
         for name, body in self.data.items():
             self._group_entry(name, body, key_line(self.data, name), parent=None)
-        if not self.hosts:
+        if not self.hosts and not self._refused_patterns:  # else the refused pattern says why
             self.log.add(
                 "the Ansible inventory has no hosts (expected 'all: {hosts: {NAME: ...}}')", field="hosts"
             )
@@ -226,12 +237,13 @@ class _Reader:
         for pattern, host_body in hosts.items():
             line = key_line(hosts, pattern)
             names = self._expand(str(pattern), line)
+            if not names:
+                self._refused_patterns = True
             for name, port in names:
                 if name not in self.hosts:
                     self.hosts[name] = line
                     self.host_vars[name] = {}
-                if name not in group.hosts:
-                    group.hosts.append(name)
+                group.hosts.setdefault(name)
                 scope = f"host '{name}'"
                 if port is not None:
                     self.host_vars[name]["ansible_port"] = _Var("ansible_port", port, line, scope, None)
@@ -266,6 +278,14 @@ class _Reader:
     def _expand(self, pattern: str, line: int | None) -> list[tuple[str, int | None]]:
         """Host names of one ``hosts:`` key: ``web[01:03]`` ranges and a ``:port`` suffix, like Ansible."""
         pattern, port = _split_port(pattern)
+        if _RANGE.search(pattern) is None:
+            return [(pattern, port)]
+        if self._range_hosts > MAX_RANGE_HOSTS:
+            return []  # already reported: the file's ranges give too many hosts
+        if pattern.count("[") > _MAX_RANGES:
+            message = f"bad host range in '{_shorten(pattern)}': at most {_MAX_RANGES} ranges in one name"
+            self.log.add(message, line=line)
+            return []
         names = [pattern]
         while any(_RANGE.search(n) for n in names):
             expanded: list[str] = []
@@ -274,32 +294,54 @@ class _Reader:
                 if found is None:
                     expanded.append(name)
                     continue
-                values = self._range_values(found, line, pattern)
+                values = self._range_values(found, line, pattern, MAX_RANGE_HOSTS - len(expanded))
                 if values is None:
                     return []
                 expanded.extend(name[: found.start()] + v + name[found.end() :] for v in values)
             names = expanded
+        self._range_hosts += len(names)
+        if self._range_hosts > MAX_RANGE_HOSTS:
+            self.log.add(
+                f"the host ranges of this file give more than {MAX_RANGE_HOSTS} hosts "
+                f"(reached at '{_shorten(pattern)}'): list fewer hosts",
+                line=line,
+            )
+            return []
         return [(n, port) for n in names]
 
-    def _range_values(self, found: re.Match[str], line: int | None, pattern: str) -> list[str] | None:
+    def _range_values(
+        self, found: re.Match[str], line: int | None, pattern: str, room: int
+    ) -> list[str] | None:
+        """The values of one range; None (with an issue) when it is malformed or gives more than ``room``."""
         start, end, step_text = found.group("start"), found.group("end"), found.group("step")
+        shown = _shorten(pattern)
+        if any(len(t) > _MAX_RANGE_DIGITS for t in (start, end, step_text or "")):
+            self.log.add(
+                f"bad host range in '{shown}': bounds and step have at most {_MAX_RANGE_DIGITS} digits",
+                line=line,
+            )
+            return None
         step = int(step_text) if step_text else 1
         if start.isdigit() != end.isdigit() or step < 1:
-            self.log.add(f"bad host range in '{pattern}': expected [1:9], [01:10:2] or [a:f]", line=line)
+            self.log.add(f"bad host range in '{shown}': expected [1:9], [01:10:2] or [a:f]", line=line)
+            return None
+        width = len(start) if start.isdigit() and start.startswith("0") else 0
+        if start.isdigit():
+            first, last = int(start), int(end)
+        else:
+            first, last = string.ascii_lowercase.index(start), string.ascii_lowercase.index(end)
+        if last < first:
+            self.log.add(f"bad host range in '{shown}': the end is before the start", line=line)
+            return None
+        if (last - first) // step + 1 > room:
+            self.log.add(
+                f"host range '{shown}' gives more than {MAX_RANGE_HOSTS} hosts: split it or list fewer hosts",
+                line=line,
+            )
             return None
         if start.isdigit():
-            width = len(start) if start.startswith("0") else 0
-            first, last = int(start), int(end)
-            if last < first:
-                self.log.add(f"bad host range in '{pattern}': the end is before the start", line=line)
-                return None
             return [str(i).zfill(width) for i in range(first, last + 1, step)]
-        letters = string.ascii_lowercase
-        first, last = letters.index(start), letters.index(end)
-        if last < first:
-            self.log.add(f"bad host range in '{pattern}': the end is before the start", line=line)
-            return None
-        return [letters[i] for i in range(first, last + 1, step)]
+        return [string.ascii_lowercase[i] for i in range(first, last + 1, step)]
 
     def _depths(self) -> dict[str, int]:
         depth: dict[str, int] = {"all": 0}
@@ -325,8 +367,13 @@ class _Reader:
 
     def _membership(self, host: str) -> list[str]:
         """Every group holding ``host``, directly or through children (ancestors included)."""
+        if self._direct is None:  # host -> the groups listing it, in group order (built once: linear)
+            self._direct = {}
+            for group in self.groups.values():
+                for member in group.hosts:
+                    self._direct.setdefault(member, []).append(group.name)
         found: list[str] = []
-        stack = [g.name for g in self.groups.values() if host in g.hosts]
+        stack = list(self._direct.get(host, ()))
         while stack:
             name = stack.pop()
             if name in found:
@@ -562,6 +609,11 @@ def _split_port(pattern: str) -> tuple[str, int | None]:
     if not tail.isdigit() or head.count("[") != head.count("]"):
         return pattern, None
     return head, int(tail)
+
+
+def _shorten(pattern: str) -> str:
+    """A host pattern as shown in a message (a key may be megabytes long)."""
+    return pattern if len(pattern) <= 80 else pattern[:77] + "..."
 
 
 def _hosts_text(hosts: list[str]) -> str:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -45,6 +47,7 @@ __all__ = [
     "EnvSettings",
     "FirewallSettings",
     "FromEnv",
+    "InsecureSetting",
     "Inventory",
     "IssueLog",
     "Node",
@@ -70,13 +73,30 @@ Backend = Literal["auto", "gloo", "nccl"]
 InventoryFormat = Literal["native", "ansible"]
 
 WINRM_DEFAULT_PORTS: dict[str, int] = {"https": 5986, "http": 5985}
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # always .fullmatch: "$" matches before a final "\n"
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
-# A node name is used in patterns (``--nodes a,b``, ``tag:x``): no spaces, no commas, no "tag:" prefix.
-NodeName = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\s,]+$")]
+# A node name is a file name here and on the nodes (runs/<id>/<node>.log, render --out), a prefix on
+# every line and a word in patterns (``--nodes a,b``, ``tag:x``): host-name characters only, so it
+# can never be a path ("/", "..") or hide a line break. pydantic's patterns match the whole text.
+NodeName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+]
 HostName = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\s,/]+$")]
 Text = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _printable(value: str) -> str:
+    # a display name reaches comments in scripts, titles and tables: nothing that ends a line there
+    bad = [c for c in value if unicodedata.category(c) in _UNPRINTABLE_CATEGORIES]
+    if bad:
+        raise ValueError(f"control character {bad[0]!a} in a name: use printable text on one line")
+    return value
+
+
+_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# a name people read (cluster.name): any printable text on one line
+DisplayName = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_printable)]
 PortNumber = Annotated[int, Field(ge=1, le=65535)]
 
 
@@ -97,6 +117,43 @@ class WinRMSettings(BaseModel):
     scheme: Scheme = "https"
     cert_validation: bool = True
     ca_bundle: Text | None = None
+
+    def insecure(self) -> list[InsecureSetting]:
+        """The settings that expose the password or the session, each with its secure alternative.
+
+        The one list that both the inventory (refused unless the node says ``allow_insecure: true``,
+        exit 2, before anything connects) and the WinRM transport (refused likewise, else a warning on
+        every run) check: a weakening added here is refused everywhere at once.
+        """
+        found = []
+        if self.transport == "basic" and self.scheme == "http":
+            found.append(
+                InsecureSetting(
+                    "winrm.transport",
+                    "winrm.transport: basic over winrm.scheme: http sends the password and every "
+                    "command in clear text",
+                    "use winrm.scheme: https (port 5986), or winrm.transport: ntlm (encrypted even "
+                    "over HTTP)",
+                )
+            )
+        if self.scheme == "https" and not self.cert_validation:
+            found.append(
+                InsecureSetting(
+                    "winrm.cert_validation",
+                    "winrm.cert_validation: false: the TLS certificate is not checked, so anyone on the "
+                    "network path can impersonate the node and receive the password",
+                    "set winrm.ca_bundle to a PEM file with the listener's CA (or self-signed) certificate",
+                )
+            )
+        return found
+
+
+class InsecureSetting(NamedTuple):
+    """A WinRM setting that weakens the connection (see :meth:`WinRMSettings.insecure`)."""
+
+    field: str  # the inventory field to name: "winrm.transport", "winrm.cert_validation"
+    risk: str  # what it exposes
+    fix: str  # the secure alternative
 
 
 WindowsMode = Literal["wsl", "native"]
@@ -192,7 +249,7 @@ class Node(BaseModel):
     @field_validator("password_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
-        if value is not None and not ENV_NAME_RE.match(value):
+        if value is not None and not ENV_NAME_RE.fullmatch(value):
             raise ValueError("not an environment variable name")
         return value
 
@@ -230,7 +287,7 @@ def _attach_password(node: Node, secret: str) -> None:
 MASK = "********"
 # Names of variables, and of command-line flags, whose values are treated as secrets when shown.
 _SECRET_NAME_RE = re.compile(r"PASS|TOKEN|SECRET|KEY|CREDENTIAL", re.IGNORECASE)
-_SECRET_FLAG_RE = re.compile(r"^--?[A-Za-z0-9_.-]*(token|key|passw|secret|credential)[A-Za-z0-9_.-]*$", re.I)
+_SECRET_FLAG_RE = re.compile(r"--?[A-Za-z0-9_.-]*(token|key|passw|secret|credential)[A-Za-z0-9_.-]*", re.I)
 
 
 def is_secret_name(name: str) -> bool:
@@ -254,7 +311,7 @@ def masked_args(args: Sequence[str]) -> tuple[str, ...]:
             continue
         hide_next = False
         flag, eq, value = arg.partition("=")
-        if _SECRET_FLAG_RE.match(flag):
+        if _SECRET_FLAG_RE.fullmatch(flag):
             if eq:
                 out.append(f"{flag}={MASK}" if value else arg)
             else:
@@ -284,7 +341,7 @@ def _env_value(name: str, value: Any) -> str | FromEnv:
         return value
     if isinstance(value, Mapping):
         variable = value.get("from_env")
-        if set(value) != {"from_env"} or not isinstance(variable, str) or not ENV_NAME_RE.match(variable):
+        if set(value) != {"from_env"} or not isinstance(variable, str) or not ENV_NAME_RE.fullmatch(variable):
             # the value is not echoed: a user may have put the secret where its variable's name belongs
             raise ValueError(
                 f"{name}: write {{from_env: VARIABLE}}, VARIABLE being the NAME of an environment "
@@ -320,7 +377,7 @@ class TrainSettings(BaseModel):
     def _env_pairs(cls, value: Any) -> Any:
         if isinstance(value, Mapping):
             for name in value:
-                if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+                if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
                     raise ValueError(f"invalid environment variable name {name!r}")
             return tuple(sorted(((str(k), _env_value(str(k), v)) for k, v in value.items()), key=_first))
         return value
@@ -376,7 +433,7 @@ def _first(pair: tuple[str, Any]) -> str:
     return pair[0]
 
 
-_PORT_RANGE_RE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+_PORT_RANGE_RE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
 
 
 def _port_range(value: Any) -> str:
@@ -389,7 +446,7 @@ def _port_range(value: Any) -> str:
             raise ValueError(f"port {port} is not between 1 and 65535")
         return str(port)
     if isinstance(value, str):
-        match = _PORT_RANGE_RE.match(value)
+        match = _PORT_RANGE_RE.fullmatch(value)
         if match:
             low, high = int(match.group(1)), int(match.group(2))
             if not 1 <= low <= high <= 65535:
@@ -427,7 +484,7 @@ class FirewallSettings(BaseModel):
     def _ephemeral(cls, value: Any) -> Any:
         if value == "auto":
             return value
-        if isinstance(value, str) and _PORT_RANGE_RE.match(value):
+        if isinstance(value, str) and _PORT_RANGE_RE.fullmatch(value):
             return _port_range(value)
         raise ValueError(f"{value!r} is neither 'auto' nor a LOW-HIGH range")
 
@@ -479,7 +536,7 @@ class TimeSettings(BaseModel):
             value = [value]
         if isinstance(value, (list, tuple)):
             for item in value:
-                if not isinstance(item, str) or not re.match(r"^[A-Za-z0-9.:_-]+$", item):
+                if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9.:_-]+", item):
                     raise ValueError(f"{item!r} is not a host name or address")
             return tuple(value)
         return value
@@ -502,7 +559,7 @@ class TimeSettings(BaseModel):
 
 
 Installer = Literal["auto", "uv", "pip"]
-_PYTHON_WANTED_RE = re.compile(r"^3(\.\d+){0,2}$")
+_PYTHON_WANTED_RE = re.compile(r"3(\.\d+){0,2}")
 
 
 def _string_list(value: Any) -> Any:
@@ -559,7 +616,7 @@ class EnvSettings(BaseModel):
             raise ValueError(f'write the version quoted (python: "{value}"): YAML reads 3.10 as 3.1')
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
-        if isinstance(value, str) and not _PYTHON_WANTED_RE.match(value):
+        if isinstance(value, str) and not _PYTHON_WANTED_RE.fullmatch(value):
             raise ValueError(f'{value!r} is not a Python 3 version such as "3.11"')
         return value
 
@@ -617,7 +674,7 @@ class Cluster(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
 
-    name: Text
+    name: DisplayName
     master: Text
     port: PortNumber = 29500
     backend: Backend = "auto"
@@ -682,7 +739,7 @@ def _one_of(literal: Any) -> str:
 
 # What each field expects, for "expected ..., got ..." messages.
 _EXPECTED: dict[str, str] = {
-    "name": "a node name without spaces or commas (not starting with 'tag:')",
+    "name": "a node name of letters, digits, '.', '_' and '-' (not starting with '.' or '-')",
     "host": "a host name or IP address",
     "port": "an integer between 1 and 65535",
     "os": _one_of(OsName),
@@ -709,7 +766,7 @@ _EXPECTED: dict[str, str] = {
     "windows.wsl_user": "a Linux user name in that distribution",
 }
 _CLUSTER_EXPECTED: dict[str, str] = {
-    "name": "a non-empty string",
+    "name": "printable text on one line (no control characters), at most 200 characters",
     "master": "a node name",
     "port": "an integer between 1 and 65535",
     "backend": _one_of(Backend),
@@ -984,6 +1041,18 @@ def _check_node(node: Node, draft: NodeDraft, bad: set[str], log: IssueLog) -> N
             node=node.name,
             field=key,
         )
+    if node.connection == "winrm" and not node.allow_insecure and not any(b.startswith("winrm") for b in bad):
+        for item in node.winrm.insecure():
+            line, key = _line_of(draft, item.field, "winrm.scheme", "winrm")
+            # an Ansible inventory spells the opt-in bootstrap_allow_insecure
+            allow = "bootstrap_allow_insecure" if key.startswith("ansible_") else "allow_insecure"
+            log.add(
+                f"{item.risk}: refused; {item.fix} (only on an isolated test network: {allow}: true "
+                "for this node)",
+                line=line,
+                node=node.name,
+                field=key,
+            )
     # Set for this very node (not through defaults or group vars, which Linux nodes share with
     # Windows ones): a Linux node with Windows settings is a mistake worth naming.
     own = draft.sources.get("windows") or next(
@@ -1188,10 +1257,14 @@ class Inventory:
             entry["address"] = node.address
             entry["password_source"] = node.password_source
             nodes.append(entry)
-        return {
+        from orchestrator.redact import mask_credentials_in  # URLs (env.index_url...) may hold a login
+
+        doc: dict[str, Any] = {
             "source": self.source,
             "format": self.format,
             "cluster": {**self.cluster.model_dump(mode="json"), "train": self.cluster.train.public_dict()},
             "nodes": nodes,
             "notes": list(self.notes),
         }
+        masked: dict[str, Any] = mask_credentials_in(doc)
+        return masked

@@ -15,6 +15,11 @@ CWD_FAILED_EXIT = 125
 SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
 
 
+#: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixShell.logged).
+#: A handler, not '': an ignored signal would be inherited by the command itself.
+_WAIT_FOR_COMMAND = "trap : TERM INT HUP; "
+
+
 class PosixShell(Platform):
     name = "posix"
 
@@ -108,13 +113,23 @@ class PosixShell(Platform):
 
     def logged(self, command: str, log: str) -> str:
         """``command`` with its output (stdout and stderr together) also appended to ``log`` on the
-        node, keeping the command's exit code (POSIX sh has no pipefail)."""
+        node, keeping the command's exit code (POSIX sh has no pipefail).
+
+        A stop (TERM, INT or HUP to every process of the run: `stop --run`, Ctrl-C, a lost
+        controller) must not cut the log short: the command handles it (torchrun stops its workers,
+        the rank capture delivers what they wrote up to then), while the shells around it wait for
+        it (a trap runs only once the foreground command is done) and tee ignores the signal, so
+        every line still reaches ``log`` and the exit-code file is written last. KILL, the stop's
+        last resort after its grace period, still ends them all.
+        """
         rc = self.path_word(log + ".rc")
         # the exit-code file appears only once tee has written everything: `logs --follow` ends
         # when it sees that file, and must find the log complete then
         part = self.path_word(log + ".rc.part")
+        tee = f"(trap '' TERM INT HUP; exec tee -a {self.path_word(log)})"
         return (
-            f"{{ {command} 2>&1; echo $? > {part}; }} | tee -a {self.path_word(log)}\n"
+            f"{_WAIT_FOR_COMMAND}\n"
+            f"{{ {_WAIT_FOR_COMMAND}{command} 2>&1; echo $? > {part}; }} | {tee}\n"
             f'mv -f {part} {rc}\nexit "$(cat {rc})"'
         )
 
@@ -178,7 +193,8 @@ class PosixShell(Platform):
         /dev/null, output appended to ``log``; ``log``.rc gets its exit code), then wait until it has
         written its pid file and print that file. Refuses a run directory that already has one."""
         inner = (
-            self.run_identity(run_dir, marker)
+            _WAIT_FOR_COMMAND  # a stop ends the script, and only then this shell writes its exit code
+            + self.run_identity(run_dir, marker)
             + f"\n/bin/sh {self.path_word(script)} >> {self.path_word(log)} 2>&1 </dev/null"
             + f"\necho $? > {self.path_word(log + '.rc.part')}"
             + f" && mv -f {self.path_word(log + '.rc.part')} {self.path_word(log + '.rc')}"
@@ -214,6 +230,8 @@ class PosixShell(Platform):
             "  exit 0\n"
             "fi\n"
             'n=$(printf "%s\\n" "$p" | wc -l)\n'
+            # said before the signal: status and a foreground launch tell "stopped" from "failed"
+            'date +%s > "$d/stopped" 2>/dev/null\n'
             "kill -TERM $p 2>/dev/null\n"
             f"_cb_now; end=$((_cb_up + {hundredths}))\n"
             "while :; do\n"
@@ -243,6 +261,7 @@ class PosixShell(Platform):
             'if [ -f "$d/pid" ]; then echo "started=$(stat -c %Y "$d/pid")"; fi\n'
             'if _cb_leader; then echo "alive=1"; else echo "alive=0"; fi\n'
             'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
+            'if [ -f "$d/stopped" ]; then echo "stopped=$(cat "$d/stopped")"; fi\n'
             'if [ -f "$f" ]; then\n'
             '  echo "size=$(wc -c < "$f")"\n'
             # the time of the last output: how long a stopped (killed) run ran, at least

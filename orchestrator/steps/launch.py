@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, UsageError
+from orchestrator.errors import (
+    BootstrapError,
+    CancelledError,
+    CommandFailedError,
+    RunStoppedError,
+    UsageError,
+)
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
@@ -230,8 +236,8 @@ def prepare_node(
         launch_file = Path(tmp) / "launch.sh"
         launch_file.write_text(renderer.render(spec, platform, template=template))
         transport.put(launch_file, f"{run_dir}/launch.sh", mode=0o700)
-    # beside launch.sh, which starts every rank through it (probes/rank_capture.py says why)
-    transport.put(rank_capture_file(), f"{run_dir}/{RANK_CAPTURE}", mode=0o600)
+    if template is None:  # the launch template starts every rank through it (probes/rank_capture.py)
+        transport.put(rank_capture_file(), f"{run_dir}/{RANK_CAPTURE}", mode=0o600)
     if source is not None:
         transport.put(source, target_script)
     return platform, run_dir, f"{run_dir}/node.log"
@@ -358,6 +364,10 @@ def run_node(
         # our own connection was closed: another node failed (fail fast) or the user interrupted
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")
     if result.exit_code != 0:
+        if stopped_by_operator(transport, node, spec):
+            raise RunStoppedError(
+                "stopped by stop --run", node=node.name, hint=f"the node keeps its log in {node_log}"
+            )
         error = CommandFailedError(
             failure_headline(result),
             node=node.name,
@@ -366,6 +376,24 @@ def run_node(
         )
         raise error
     return NodeRunResult(0, result.duration, result.tail(TAIL), node_log)
+
+
+#: what stop_run leaves in the run directory before it signals anything (PosixShell.stop_run)
+STOPPED = "stopped"
+
+
+def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> bool:
+    """Whether `stop --run` ended this node's part of the run (not a failure of its own)."""
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        return False
+    try:
+        said = transport.run(
+            platform.say_if_exists(f"{run_dir_for(node, spec.run_id)}/{STOPPED}", "@@stopped"), timeout=30
+        )
+    except BootstrapError:
+        return False  # the node is gone too: report what its launcher said
+    return "@@stopped" in said.stdout.splitlines()
 
 
 def split_rank(line: str) -> tuple[int | None, str]:

@@ -717,6 +717,11 @@ def parse_status(stdout: str) -> NodeStatus:
     if values.get("alive") == "1":
         state = "running"
         runtime = now - started if now is not None and started is not None else None
+    elif values.get("stopped") is not None:
+        state = "stopped"  # by `stop --run` (or a controller's stop): whatever code it ended with
+        stopped = _num(values.get("stopped"))
+        end = ended if ended is not None else stopped
+        runtime = max(0.0, end - started) if end is not None and started is not None else None
     elif rc is not None:
         state = "exited"
         runtime = ended - started if ended is not None and started is not None else None

@@ -227,7 +227,13 @@ class Transport(ABC):
 
     @abstractmethod
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        """Copy a local file to ``remote`` on the node."""
+        """Copy a local file to ``remote`` on the node.
+
+        ``mode``: the file's permission bits (POSIX nodes), in place before any of its bytes are
+        written, so a private file (0o600) is never readable by others, not even while it arrives.
+        None: whatever the node's umask gives. Native Windows nodes have no POSIX modes: the file
+        inherits its directory's ACL there.
+        """
 
     @abstractmethod
     def get(self, remote: str, local: Path) -> None:

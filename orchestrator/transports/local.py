@@ -117,9 +117,13 @@ class LocalTransport(Transport):
         target = Path(os.path.expanduser(remote))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(local, target)
-            if mode is not None:
-                target.chmod(mode)
+            with local.open("rb") as source:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                fd = os.open(target, flags, 0o600 if mode is not None else 0o666)
+                with os.fdopen(fd, "wb") as out:
+                    if mode is not None:
+                        os.fchmod(fd, mode)  # before the first byte (an existing file keeps its mode)
+                    shutil.copyfileobj(source, out)
         except OSError as exc:
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 

@@ -2,14 +2,13 @@
 
 Host keys are verified. fabric 3 installs ``AutoAddPolicy`` on every ``Connection`` (its gateways
 included), which accepts any key silently; we replace that policy on each hop before it connects and
-load known_hosts ourselves (fabric never does).
+load known_hosts ourselves (fabric never does), through :mod:`.known_hosts`: a key listed as
+``@revoked`` is refused on every path (unknown, known, changed), before any credential is offered.
 """
 
 from __future__ import annotations
 
-import base64
 import errno
-import hashlib
 import os
 import select
 import shlex
@@ -28,27 +27,47 @@ from orchestrator.errors import (
     CancelledError,
     ConnectError,
     HostKeyChangedError,
+    HostKeyRevokedError,
     HostKeyUnknownError,
     TransferError,
     UnreachableError,
 )
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
+from orchestrator.transports.known_hosts import (
+    KnownHosts,
+    Revocation,
+    compare_command,
+    fingerprint,
+    host_key_file,
+    lookup_name,
+)
 from orchestrator.transports.options import SSHOptions
+
+__all__ = ["SSHTransport", "fingerprint"]
 
 #: one lock for every writer of a known_hosts file in this process (nodes connect in parallel)
 _KNOWN_HOSTS_LOCK = threading.Lock()
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    """``SHA256:...`` exactly as ``ssh-keygen -lf`` and OpenSSH's prompts show it."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def _key_file_kind(key: paramiko.PKey) -> str:
-    name = key.get_name()
-    return "ed25519" if "ed25519" in name else "ecdsa" if "ecdsa" in name else "rsa"
+def revoked_error(node: str, name: str, key: paramiko.PKey, revoked: Revocation) -> HostKeyRevokedError:
+    """The one message for a revoked host key, whichever path met it."""
+    key_type = key.get_name()
+    public = host_key_file(key_type)
+    replace = (
+        f"delete {public.removesuffix('.pub')} and {public} there and run `sudo ssh-keygen -A`"
+        if public
+        else "generate a new one there"
+    )
+    return HostKeyRevokedError(
+        f"HOST KEY REVOKED: {name} offered the {key_type} key {fingerprint(key)}, which "
+        f"{revoked.where} lists as @revoked; refusing to connect (--accept-new-host-keys never "
+        "accepts a revoked key)",
+        node=node,
+        hint=f"the node needs a new {key_type} host key: {replace}, compare the new fingerprint "
+        f"and record it with --accept-new-host-keys; if the revocation is a mistake, delete line "
+        f"{revoked.line} of {revoked.path}",
+    )
 
 
 def _auth_failed(exc: BaseException) -> bool:
@@ -69,24 +88,30 @@ def _limit_unacknowledged(sock: object, seconds: float) -> None:
 
 
 class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
-    """Unknown key: refuse with its fingerprint, or record it when the user asked for that."""
+    """Unknown key: refused when revoked (always); else refused with its fingerprint, or recorded when
+    the user asked for that."""
 
-    def __init__(self, node: str, known_hosts: Path, accept_new: bool, recorded: list[str]) -> None:
+    def __init__(
+        self, node: str, known_hosts: Path, trust: KnownHosts, accept_new: bool, recorded: list[str]
+    ) -> None:
         self.node = node
         self.known_hosts = known_hosts
+        self.trust = trust
         self.accept_new = accept_new
         self.recorded = recorded  # shared by every hop and attempt of one transport
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        revoked = self.trust.revocation(hostname, key)
+        if revoked is not None:  # first: no flag turns a revoked key into a new one
+            raise revoked_error(self.node, hostname, key, revoked)
         fp = fingerprint(key)
         if not self.accept_new:
             raise HostKeyUnknownError(
                 f"unknown {key.get_name()} host key for {hostname}, fingerprint {fp}; "
                 f"it is not in {self.known_hosts}",
                 node=self.node,
-                hint="compare it with `ssh-keygen -lf "
-                f"/etc/ssh/ssh_host_{_key_file_kind(key)}_key.pub` run on the node, "
-                "then rerun with --accept-new-host-keys to record it",
+                hint=f"compare it with {compare_command(key.get_name())} run on the node (the "
+                f"{key.get_name()} key it offered), then rerun with --accept-new-host-keys to record it",
                 fingerprint=fp,
                 host=hostname,
                 key_type=key.get_name(),
@@ -133,6 +158,7 @@ class SSHTransport(Transport):
         self._password = password
         self._lock = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
+        self._trusts: dict[str, KnownHosts] = {}  # known_hosts as read for each hop (lookup name)
         self._closed = False  # sticky: a closed (cancelled) transport never reconnects
         config = Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else Config()
         self.conn = Connection(host, user=user, port=port, config=config)
@@ -168,40 +194,26 @@ class SSHTransport(Transport):
             return Path(os.path.expanduser(str(configured).split()[0]))
         return Path(os.path.expanduser("~/.ssh/known_hosts"))
 
-    def _load_known_hosts(self, client: paramiko.SSHClient, path: Path) -> None:
-        """Load plain and hashed entries. Marker lines (@cert-authority, @revoked) are skipped:
-        paramiko cannot read them, and skipping a revocation only means that key stays unknown."""
-        try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError as exc:
-            raise ConnectError(
-                f"cannot read known_hosts {path}: {exc.strerror}", node=self.node_name
-            ) from None
-        keys = client.get_host_keys()
-        for number, line in enumerate(lines, 1):
-            text = line.strip()
-            if not text or text.startswith(("#", "@")):
-                continue
-            try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(text, number)
-            except (paramiko.SSHException, ValueError, TypeError) as exc:
-                raise ConnectError(
-                    f"{path}:{number}: unreadable known_hosts entry ({exc})",
-                    node=self.node_name,
-                    hint="fix or delete that line (ssh-keygen -R HOST removes a host's lines)",
-                ) from None
-            if entry is not None:
-                keys._entries.append(entry)  # HostKeys.load would do the same, without the markers
+    def _trust(self, conn: Connection) -> KnownHosts:
+        """What the known_hosts files say about ``conn``'s host (read once per hop and attempt)."""
+        paths = [Path("/etc/ssh/ssh_known_hosts"), self._known_hosts_path(conn)]
+        trust = KnownHosts.load(paths, node=self.node_name)
+        self._trusts[lookup_name(conn.host, conn.port)] = trust
+        return trust
 
     def _secure(self, conn: Connection) -> None:
-        """Replace fabric's AutoAddPolicy on ``conn`` and every gateway hop before any of them opens."""
-        known_hosts = self._known_hosts_path(conn)
+        """Replace fabric's AutoAddPolicy on ``conn`` and every gateway hop before any of them opens;
+        paramiko gets only the keys not revoked for that hop's host."""
+        trust = self._trust(conn)
         client = conn.client
-        for path in (Path("/etc/ssh/ssh_known_hosts"), known_hosts):
-            if path.is_file():
-                self._load_known_hosts(client, path)
+        keys = client.get_host_keys()
+        keys._entries.extend(trust.trusted_for(lookup_name(conn.host, conn.port)))  # HostKeys.load's way
         policy = _VerifyingPolicy(
-            self.node_name, known_hosts, self.options.accept_new_host_keys, self.recorded_host_keys
+            self.node_name,
+            self._known_hosts_path(conn),
+            trust,
+            self.options.accept_new_host_keys,
+            self.recorded_host_keys,
         )
         client.set_missing_host_key_policy(policy)
         if isinstance(conn.gateway, Connection):
@@ -263,11 +275,27 @@ class SSHTransport(Transport):
             if self._closed:  # cancelled while the handshake ran
                 self._abort()
                 raise self._cancelled()
+            self._refuse_revoked()
             transport = self.conn.client.get_transport()
             assert transport is not None
             log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
             _limit_unacknowledged(transport.sock, 4 * self.options.keepalive)
+
+    def _refuse_revoked(self) -> None:
+        """A last check on every hop once connected: revoked keys never reach paramiko's trusted keys
+        (:meth:`_secure`), so this only fires if that ever stops being true."""
+        hop: Any = self.conn
+        while isinstance(hop, Connection):
+            name = lookup_name(hop.host, hop.port)
+            link = hop.client.get_transport()
+            key = link.get_remote_server_key() if link is not None else None
+            trust = self._trusts.get(name)
+            revoked = trust.revocation(name, key) if trust is not None and key is not None else None
+            if revoked is not None:
+                self._abort()
+                raise revoked_error(self.node_name, name, key, revoked)
+            hop = hop.gateway
 
     def _client_fresh(self) -> None:
         """A new SSHClient for each attempt (a failed one keeps state), still verifying keys."""
@@ -290,13 +318,20 @@ class SSHTransport(Transport):
             hop = self._hop(exc.hostname)
             name = exc.hostname if hop.port == 22 else f"[{exc.hostname}]:{hop.port}"
             via = "" if hop is self.conn else " (a ProxyJump hop)"
+            trust = self._trusts.get(name)
+            revoked = trust.revocation(name, exc.key) if trust is not None else None
+            if revoked is not None:
+                return revoked_error(self.node_name, name + via, exc.key, revoked)
+            offered = exc.key.get_name()
             return HostKeyChangedError(
                 f"HOST KEY CHANGED for {name}{via}: known_hosts has {fingerprint(exc.expected_key)}, "
-                f"the host offered {exc.key.get_name()} {fingerprint(exc.key)}. Someone may be "
+                f"the host offered {offered} {fingerprint(exc.key)}. Someone may be "
                 "intercepting the connection, or the host was reinstalled; refusing to connect",
                 node=self.node_name,
-                hint=f"if it was reinstalled, remove the old key with `ssh-keygen -R {shlex.quote(name)} "
-                f"-f {shlex.quote(str(self._known_hosts_path(hop)))}` and rerun with --accept-new-host-keys",
+                hint=f"if it was reinstalled, compare {fingerprint(exc.key)} with {compare_command(offered)} "
+                f"run on the node (the {offered} key it offered), remove the old key with `ssh-keygen -R "
+                f"{shlex.quote(name)} -f {shlex.quote(str(self._known_hosts_path(hop)))}` and rerun with "
+                "--accept-new-host-keys",
             )
         if isinstance(exc, paramiko.PasswordRequiredException):
             return AuthenticationError(
@@ -485,9 +520,19 @@ class SSHTransport(Transport):
         path = self.platform.transfer_path(remote)
         try:
             self._makedirs(sftp, str(PurePosixPath(path).parent))
-            sftp.put(str(local), path)
-            if mode is not None:
-                sftp.chmod(path, mode)
+            sent = 0
+            with local.open("rb") as source, sftp.open(path, "wb") as target:
+                if mode is not None:
+                    # before the first byte: opened "wb", the file is empty now, so its content is
+                    # never readable under the server's default mode (0644 with umask 022)
+                    target.chmod(mode)
+                target.set_pipelined(True)
+                while block := source.read(32768):
+                    target.write(block)
+                    sent += len(block)
+            size = sftp.stat(path).st_size
+            if size != sent:
+                raise OSError(f"{path} holds {size} bytes after sending {sent}")
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None

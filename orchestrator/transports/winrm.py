@@ -595,7 +595,8 @@ def tls_failure(text: str, ep: Endpoint) -> ConnectError:
             f"the TLS certificate of {where} is not trusted (certificate verify failed)",
             node=ep.node,
             hint="set winrm.ca_bundle to a PEM file with the CA (or self-signed certificate) of the "
-            "WinRM listener; only on a network you control: winrm.cert_validation: false",
+            "WinRM listener; only on a network you control: winrm.cert_validation: false together "
+            "with allow_insecure: true",
         )
     if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text or "record layer failure" in text:
         return ConnectError(
@@ -752,19 +753,15 @@ class WinRMTransport(Transport):
         """Refuse insecure combinations unless the inventory allows them; the warnings to repeat."""
         s, ep, node = self.settings, self.endpoint, self.node_name
         warnings: list[str] = []
-        if s.transport == "basic" and s.scheme == "http":
+        # the inventory refuses these too (exit 2, naming file and line); this covers every other caller
+        for item in s.insecure():
             if not self.allow_insecure:
                 raise UsageError(
-                    "winrm.transport: basic over winrm.scheme: http sends the password and every "
-                    "command in clear text; refused",
+                    f"{item.risk}; refused",
                     node=node,
-                    hint="use winrm.scheme: https (port 5986), or winrm.transport: ntlm (encrypted "
-                    "even over HTTP); on an isolated test network set allow_insecure: true",
+                    hint=f"{item.fix}; on an isolated test network set allow_insecure: true",
                 )
-            warnings.append(
-                f"allow_insecure: Basic authentication over plain HTTP to {ep.where}: the password "
-                "and all traffic can be read on the network"
-            )
+            warnings.append(f"allow_insecure: {item.risk} (WinRM on {ep.where})")
         if s.transport == "certificate":
             if s.scheme != "https":
                 raise UsageError(
@@ -804,11 +801,6 @@ class WinRMTransport(Transport):
                     node=node,
                     hint="pip install 'pywinrm[credssp]'",
                 )
-        if s.scheme == "https" and not s.cert_validation:
-            warnings.append(
-                f"winrm.cert_validation: false: the TLS certificate of {ep.where} is not checked, "
-                "so anyone on the network path can impersonate the node (set winrm.ca_bundle instead)"
-            )
         if s.ca_bundle and not os.path.isfile(os.path.expanduser(s.ca_bundle)):
             raise UsageError(
                 f"winrm.ca_bundle {s.ca_bundle!r} is not a readable file",

@@ -104,7 +104,9 @@ def test_a_failing_wsl_node_stops_the_linux_nodes_and_is_named(
     run = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=300, env=ENV)
     assert run.returncode == 1, run
     assert time.monotonic() - begin < 120
-    assert re.search(r"node3\W+exit 3 \(rank 2\)", run.stderr), run.stderr  # the rank's code, not torchrun's 1
+    assert re.search(r"node3\W+exit 3 \(rank 2\)", run.stderr), (
+        run.stderr
+    )  # the rank's code, not torchrun's 1
     assert re.search(r"^\[node3:2\] node3 gives up$", run.stdout, re.M), run.stdout + run.stderr
     assert re.search(r"^ *node3 \| .*exitcode *: 3", run.stderr, re.M), run.stderr  # its last lines
     assert re.search(r"node1\W+stopped", run.stderr) and re.search(r"node2\W+stopped", run.stderr), run

@@ -176,10 +176,14 @@ def test_command_line_inventory_beats_the_environment(tmp_path: Path) -> None:
 
 def test_node_data_is_never_read_as_markup(tmp_path: Path) -> None:
     inv = tmp_path / "h.yaml"
-    inv.write_text("nodes:\n  - {name: 'gpu[0]', host: '192.0.2.7', user: 'b[/]', tags: ['[red]x']}\n")
+    # node names are host-name characters (issue 14): the markup comes through the other fields
+    inv.write_text(
+        "cluster: {name: '[bold]lab[/]', master: gpu0}\n"
+        "nodes:\n  - {name: gpu0, host: '192.0.2.7', user: 'b[/]', tags: ['[red]x']}\n"
+    )
     run = bootstrap("-i", str(inv), "inventory")
     assert run.returncode == 0, run.stderr
-    assert "gpu[0]" in run.stdout and "b[/]" in run.stdout and "[red]x" in run.stdout
+    assert "[bold]lab[/]" in run.stdout and "b[/]" in run.stdout and "[red]x" in run.stdout
 
 
 def _quick_inventory(tmp_path: Path) -> Path:

@@ -262,7 +262,9 @@ def test_dry_run_shows_the_commands_and_touches_nothing(
     assert run.returncode == 0, run
     for host in cluster.hosts:
         assert f"# {host.name}: environment at {tmp_path}/nodes/{host.name}/venv" in run.stdout
-    assert "--no-index --find-links" in run.stdout and "-m venv --without-pip" in run.stdout
+    assert "--no-index" in run.stdout and "-m venv --without-pip" in run.stdout
+    # locations reach pip through its environment (an owner-only file), never its command line
+    assert f"#   PIP_FIND_LINKS={wheels}" in run.stdout and "--find-links" not in run.stdout
     assert not (tmp_path / "nodes").exists()
 
 

@@ -23,13 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.steps.firewall.linux import nft_persist_file
+from orchestrator.steps.firewall.rules import ClusterTag
 from tests.cluster import NamespaceCluster, TestHost
 from tests.conftest import CliRun, require_cluster_support, write_inventory
 
 Bootstrap = Callable[..., CliRun]
 RDZV_PORT = 29500
 GLOO_PORT = 40123  # inside Linux's default ephemeral range 32768-60999: where gloo ranks listen
-TAG = "cluster-bootstrap:fwtest"
+IDS = ClusterTag("fwtest")
+TAG = IDS.tag  # cluster-bootstrap:fwtest:<digest>
 
 NFT_DROP = """\
 table inet filter {
@@ -213,6 +216,129 @@ def test_nftables_drop_policy_opened_for_peers_only_then_removed(
     assert _our_nft_rules(cluster, master) == []
     assert _ns(cluster, master.ns, "nft", "list", "ruleset") == user_rules  # theirs untouched
     assert reachable(cluster, master, peer_ns, [RDZV_PORT, GLOO_PORT]) == set()
+
+
+def _ruleset(cluster: NamespaceCluster, host: TestHost) -> str:
+    """The whole nftables ruleset of ``host`` as nft prints it, rule handles included."""
+    return _ns(cluster, host.ns, "nft", "-a", "list", "ruleset")
+
+
+@pytest.mark.parametrize(
+    ("name_a", "name_b"),
+    [
+        ("fw test", "fw_test"),  # earlier versions tagged both cluster-bootstrap:fw_test
+        ("lab-" + "x" * 60 + "-one", "lab-" + "x" * 60 + "-two"),  # the same first 64 characters
+    ],
+    ids=["space-vs-underscore", "same-first-64"],
+)
+def test_clusters_whose_old_tags_collide_keep_each_others_rules(
+    bootstrap: Bootstrap,
+    trusted_home: Path,
+    cluster: NamespaceCluster,
+    master_firewall: TestHost,
+    listener: TestHost,
+    tmp_path: Path,
+    name_a: str,
+    name_b: str,
+) -> None:
+    """Two clusters on the same hosts whose names used to give one tag: removing one leaves the
+    other's rules byte for byte (handles included), and its peers still connect."""
+    master, peer = cluster.hosts[0], cluster.hosts[1]
+    assert ClusterTag(name_a).legacy == ClusterTag(name_b).legacy  # the collision of earlier versions
+    _ns(cluster, master.ns, "nft", "-f", "-", input=NFT_DROP)
+    nodes = [{"name": h.name, "host": h.addr, "user": "root"} for h in cluster.hosts]
+    inv_b = write_inventory(tmp_path / "b.yaml", nodes, name=name_b, master="node1", port=RDZV_PORT)
+    inv_a = write_inventory(
+        tmp_path / "a.yaml",
+        nodes,
+        name=name_a,
+        master="node1",
+        port=RDZV_PORT,
+        firewall={"extra_ports": [6006]},
+    )
+
+    run_b = bootstrap("-i", str(inv_b), "firewall", "--json")
+    assert run_b.returncode == 0, run_b
+    assert _by_node(_json(run_b))["node1"]["added"] == 4
+    only_b = _ruleset(cluster, master)
+    assert can_connect(cluster, peer.ns, master, GLOO_PORT)
+
+    run_a = bootstrap("-i", str(inv_a), "firewall", "--json")
+    assert run_a.returncode == 0, run_a
+    a_node1 = _by_node(_json(run_a))["node1"]
+    assert (a_node1["added"], a_node1["removed"], a_node1["unchanged"]) == (6, 0, 0), a_node1  # B's: not A's
+    assert only_b.count("comment") + 6 == _ruleset(cluster, master).count("comment")
+
+    removed = bootstrap("-i", str(inv_a), "firewall", "--remove", "--json")
+    assert removed.returncode == 0, removed
+    assert _by_node(_json(removed))["node1"]["removed"] == 6
+    assert _ruleset(cluster, master) == only_b  # B's rules untouched, byte for byte
+    assert can_connect(cluster, peer.ns, master, GLOO_PORT) and can_connect(
+        cluster, peer.ns, master, RDZV_PORT
+    )
+
+    gone = bootstrap("-i", str(inv_b), "firewall", "--remove", "--json")
+    assert _by_node(_json(gone))["node1"]["removed"] == 4, gone
+    assert "cluster-bootstrap" not in _ruleset(cluster, master)
+
+
+def test_rules_of_the_previous_tag_format_are_replaced_and_removable(
+    bootstrap: Bootstrap,
+    trusted_home: Path,
+    cluster: NamespaceCluster,
+    master_firewall: TestHost,
+    listener: TestHost,
+    tmp_path: Path,
+) -> None:
+    """An upgrade leaves no rule nobody can remove: rules an earlier version tagged
+    cluster-bootstrap:fwtest are replaced by a run and deleted by --remove; another cluster's old
+    rules (cluster-bootstrap:fwtest2) stay."""
+    master, peers = cluster.hosts[0], cluster.hosts[1:]
+    _ns(cluster, master.ns, "nft", "-f", "-", input=NFT_DROP)
+    theirs = _ruleset(cluster, master)
+
+    def seed_old_rules() -> None:  # exactly what earlier versions ran
+        lines = [
+            f'insert rule inet filter input ip saddr {h.addr} tcp dport {port} accept comment "{tag}"'
+            for h in peers
+            for port, tag in ((RDZV_PORT, IDS.legacy), (GLOO_PORT, "cluster-bootstrap:fwtest2"))
+        ]
+        _ns(cluster, master.ns, "nft", "-f", "-", input="\n".join(lines) + "\n")
+
+    def tagged(tag: str) -> list[dict]:
+        doc = json.loads(_ns(cluster, master.ns, "nft", "-j", "list", "ruleset"))
+        return [i["rule"] for i in doc["nftables"] if "rule" in i and i["rule"].get("comment") == tag]
+
+    seed_old_rules()
+    inv = _inventory(cluster, tmp_path / "hosts.yaml")
+    run = bootstrap("-i", str(inv), "firewall", "--json")
+    assert run.returncode == 0, run
+    node1 = _by_node(_json(run))["node1"]
+    assert (node1["added"], node1["removed"]) == (4, 2), node1
+    assert any(IDS.legacy in note for note in node1["notes"]), node1
+    assert (
+        tagged(IDS.legacy) == [] and len(tagged(TAG)) == 4 and len(tagged("cluster-bootstrap:fwtest2")) == 2
+    )
+
+    seed_old_rules()  # rules of both formats at once
+    removed = bootstrap("-i", str(inv), "firewall", "--remove", "--json")
+    assert removed.returncode == 0, removed
+    assert _by_node(_json(removed))["node1"]["removed"] == 6
+    assert tagged(IDS.legacy) == [] and tagged(TAG) == [] and len(tagged("cluster-bootstrap:fwtest2")) == 4
+    for rule in tagged("cluster-bootstrap:fwtest2"):  # the other cluster's, deleted by hand here
+        _ns(
+            cluster,
+            master.ns,
+            "nft",
+            "delete",
+            "rule",
+            "inet",
+            "filter",
+            "input",
+            "handle",
+            str(rule["handle"]),
+        )
+    assert _ruleset(cluster, master) == theirs  # the host's own rules untouched
 
 
 def test_iptables_nft_drop_policy(
@@ -416,9 +542,9 @@ def test_firewalld_policy_rich_rules_then_removed(
             (h.ns, p) for h in peers for p in (RDZV_PORT, GLOO_PORT)
         }
         assert not can_connect(c, c.controller_ns, master, GLOO_PORT)  # not a node: still rejected
-        info = c.host_run(master, ["firewall-cmd", "--info-policy=cb-fwtest"]).stdout
+        info = c.host_run(master, ["firewall-cmd", f"--info-policy={IDS.policy}"]).stdout
         assert info.count('rule family="ipv4" source address=') == 4
-        described = ["firewall-cmd", "--permanent", "--policy=cb-fwtest", "--get-description"]
+        described = ["firewall-cmd", "--permanent", f"--policy={IDS.policy}", "--get-description"]
         assert c.host_run(master, described).stdout.strip() == TAG
 
         again = _cli(c, home, "-i", str(inv), "firewall", "--json")
@@ -427,7 +553,8 @@ def test_firewalld_policy_rich_rules_then_removed(
         removed = _cli(c, home, "-i", str(inv), "firewall", "--remove", "--json")
         assert _by_node(_json(removed))["node1"]["removed"] == 4, removed
         assert reachable(c, master, [peers[0].ns], [GLOO_PORT]) == set()
-        assert "cb-fwtest" not in c.host_run(master, ["firewall-cmd", "--permanent", "--get-policies"]).stdout
+        policies = c.host_run(master, ["firewall-cmd", "--permanent", "--get-policies"]).stdout
+        assert IDS.policy not in policies.split()
     finally:
         proc.kill()
         proc.wait()
@@ -456,9 +583,9 @@ def test_nftables_persist_survives_a_reload_and_remove_cleans_up(
         run = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert run.returncode == 0, run
         assert _by_node(_json(run))["node1"]["added"] == 2
-        saved = c.private_dir(master, "/etc/nftables.d") / "cluster-bootstrap-fwtest.nft"
+        saved = c.private_dir(master, "/etc/nftables.d") / Path(nft_persist_file(TAG)).name
         assert saved.read_text().count(f"ip saddr {peer.addr} tcp dport") == 2
-        assert conf.read_text().endswith('include "/etc/nftables.d/cluster-bootstrap-fwtest.nft"\n')
+        assert conf.read_text().endswith(f'include "{nft_persist_file(TAG)}"\n')
         again = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert _by_node(_json(again))["node1"]["commands"] == [], again  # nothing rewritten either
 

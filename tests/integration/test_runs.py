@@ -693,19 +693,29 @@ def test_a_stopped_run_shows_how_long_it_ran_until_its_last_output(
     with netns.inside(cluster.controller_ns):
         assert stop_node(node, node1, "r-killed", grace=2.0).state == "stopped"
         status = status_node(node, node1, "r-killed")
-    assert not (run_dir / "node.log.rc").exists()  # killed: no exit code, no end time
-    assert (status.state, status.exit_code, status.last_line) == ("stopped", None, "step 1")
-    # from the launcher's start (its pid file) to its last output (the log's mtime), node clock
-    assert status.runtime == int(log.stat().st_mtime) - int((run_dir / "pid").stat().st_mtime)
+    # the launcher outlived the stop's TERM until its script had ended, then wrote the exit code
+    rc = run_dir / "node.log.rc"
+    assert rc.read_text().strip() == "143"  # sh ended by TERM
+    # the log's last line: the script's, or its shell saying the TERM ended its `sleep`
+    assert (status.state, status.exit_code) == ("stopped", 143)
+    assert status.last_line in ("step 1", "Terminated"), status.last_line
+    # from the launcher's start (its pid file) to its end (the exit code file), node clock
+    assert status.runtime == int(rc.stat().st_mtime) - int((run_dir / "pid").stat().st_mtime)
 
-    # a run that printed for 2 min 5 s before it was killed: the table and --json say so
+    # a run that ran for 2 min 5 s before it was stopped: the table and --json say so
     start = int(time.time()) - 3600
     os.utime(run_dir / "pid", (start, start))
-    os.utime(log, (start + 125, start + 125))
+    os.utime(rc, (start + 125, start + 125))
     shown = bootstrap("-i", str(inv), "status", "--run", "r-killed", cwd=tmp_path)
     assert shown.returncode == 0, shown
     (row,) = [line for line in shown.stdout.splitlines() if "node1" in line]
-    assert [cell.strip() for cell in row.split("│")[1:-1]] == ["node1", "stopped", "2:05", "-", "step 1"], row
+    assert [cell.strip() for cell in row.split("│")[1:-1]] == [
+        "node1",
+        "stopped",
+        "2:05",
+        "-",
+        status.last_line,
+    ], row
     doc = json.loads(bootstrap("-i", str(inv), "status", "--run", "r-killed", "--json", cwd=tmp_path).stdout)
     (entry,) = doc["nodes"]
-    assert (entry["state"], entry["exit_code"], entry["runtime"]) == ("stopped", None, 125), doc
+    assert (entry["state"], entry["exit_code"], entry["runtime"]) == ("stopped", 143, 125), doc

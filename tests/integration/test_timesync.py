@@ -280,3 +280,49 @@ def test_a_node_beyond_the_limit_fails_with_the_numbers(
         assert restore.returncode == 0, restore
     assert all(not _chronyd_pids(cluster, h) for h in cluster.hosts)
     assert _snapshot(cluster) == seeded
+
+
+def test_a_worker_resolving_the_master_elsewhere_is_refused_and_the_others_follow_the_master(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """The inventory names the master (host: node1); on node2 that name resolves to 6.6.6.6 (a wrong
+    or poisoned /etc/hosts). node2 is refused, naming both addresses, and nothing is written there;
+    node3 follows the master's own address, not what node2 resolved (earlier versions took a
+    majority of the workers' answers, and a tie went to node2's)."""
+    cluster = chrony_cluster
+    node1, node2, node3 = cluster.hosts
+    named = tmp_path / "home"
+    shutil.copytree(home, named)
+    with (named / ".ssh" / "known_hosts").open("a") as known:  # the controller dials node1 by name
+        known.write(f"node1 {node1.host_key_line()}\n")
+    nodes: list[dict[str, object]] = [{"name": "node1", "host": "node1", "user": "root"}]
+    nodes += [{"name": h.name, "host": h.addr, "user": "root"} for h in (node2, node3)]
+    inventory = str(write_inventory(tmp_path / "hosts.yaml", nodes, master="node1"))
+    hosts = Path("/etc/netns") / node2.ns / "hosts"  # node2's /etc/hosts (a bind mount: same file)
+    original = hosts.read_text()
+    assert f"{node1.addr}\tnode1\n" in original
+    hosts.write_text(original.replace(f"{node1.addr}\tnode1\n", "6.6.6.6\tnode1\n"))
+    try:
+        assert cluster.host_run(node2, ["getent", "ahostsv4", "node1"]).stdout.startswith("6.6.6.6 ")
+        run = _cli(
+            cluster, named, "-i", inventory, "--json", "ntp", "--no-clock-control", "--sync-timeout", "20"
+        )
+        assert run.returncode == 1, run
+        entries = {n["name"]: n for n in run.json()["nodes"]}
+        bad = entries["node2"]
+        assert not bad["ok"] and "6.6.6.6" in bad["error"]["message"], bad
+        assert f"the master is {node1.addr}" in bad["error"]["message"], bad
+        assert "node 'node2': resolves the master's host 'node1' to 6.6.6.6" in run.stderr, run
+        assert entries["node3"]["ok"] and entries["node3"]["selected"] == node1.addr, entries["node3"]
+        assert entries["node1"]["ok"], entries["node1"]
+        after = _snapshot(cluster)
+        assert after["node2"] == seeded["node2"]  # nothing written on the refused worker
+        assert f"server {node1.addr} iburst prefer".encode() in after["node3"]["chrony.conf"]
+        assert not any(b"6.6.6.6" in data for files in after.values() for data in files.values())
+        assert not _chronyd_pids(cluster, node2)
+    finally:
+        hosts.write_text(original)
+        restore = _cli(cluster, named, "-i", inventory, "ntp", "--restore")
+        assert restore.returncode == 0, restore
+    assert all(not _chronyd_pids(cluster, h) for h in cluster.hosts)
+    assert _snapshot(cluster) == seeded

@@ -7,7 +7,9 @@ Set these to run them (see docs/windows.md, "What the tests prove")::
     WINRM_PASSWORD=...
     WINRM_TRANSPORT=ntlm             # optional: ntlm (default), basic, kerberos, credssp
     WINRM_CA_BUNDLE=/path/ca.pem     # optional: CA of the listener's certificate
-    WINRM_CERT_VALIDATION=false      # optional: skip TLS verification (a lab machine)
+    WINRM_CERT_VALIDATION=false      # optional: skip TLS verification (a lab machine); needs
+    WINRM_ALLOW_INSECURE=1           # ...this too (as allow_insecure: true in an inventory), also
+                                     # for WINRM_TRANSPORT=basic over http
 
 Without WINRM_ENDPOINT, WINRM_USER and WINRM_PASSWORD every test here is skipped, also when CI=true:
 no Windows machine exists on the development or CI machines. What these prove that the test server

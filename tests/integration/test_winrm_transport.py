@@ -547,11 +547,13 @@ def test_https_against_an_http_listener_says_so() -> None:
     assert "does not speak TLS" in str(caught.value) and "winrm.scheme: http" in str(caught.value)
 
 
-def test_cert_validation_off_works_and_warns_every_run(caplog: pytest.LogCaptureFixture) -> None:
+def test_cert_validation_off_with_allow_insecure_works_and_warns_every_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with WinRMServer(auth="ntlm", username="bob", password="pw", tls=True) as srv:
         srv.on_powershell = lambda call: Answer(stdout="ok\n")
         for _ in range(2):
-            transport = _transport(srv, cert_validation=False)
+            transport = _transport(srv, cert_validation=False, allow_insecure=True)
             try:
                 assert transport.run("Write-Output ok").ok
             finally:
@@ -574,6 +576,59 @@ def test_basic_over_http_is_refused_unless_allowed_and_then_warns(caplog: pytest
     text = str(caught.value)
     assert "node 'win1'" in text and "winrm.transport: basic" in text and "allow_insecure" in text
     assert any("allow_insecure" in r.message and r.levelno == logging.WARNING for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "winrm",
+    [
+        {"transport": "basic", "scheme": "http"},
+        {"transport": "basic", "scheme": "https", "cert_validation": False},
+    ],
+    ids=["basic-over-http", "unchecked-certificate"],
+)
+def test_the_cli_refuses_insecure_settings_with_exit_2_before_connecting(
+    tmp_path: Path, winrm: dict[str, object]
+) -> None:
+    """A configuration error found when the inventory is loaded: exit 2 (not 1, a node failing),
+    the file, line, node and field named, and not one request reaches the WinRM listener."""
+    from tests.conftest import BOOTSTRAP, write_inventory
+
+    tls = winrm["scheme"] == "https"
+    with WinRMServer(auth="basic", username="bob", password="pw", tls=tls) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="ok\n")
+        node = {"name": "win1", "host": srv.host, "port": srv.port, "os": "windows", "user": "bob"}
+        node.update({"password_env": "CBT_WIN_PASS", "windows": {"mode": "native"}, "winrm": winrm})
+        inventory = write_inventory(tmp_path / "hosts.yaml", [node])
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "NO_COLOR": "1"}
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "Write-Output", "ok"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "CBT_WIN_PASS": "pw"},
+            stdin=subprocess.DEVNULL,
+        )
+        assert srv.requests == []  # nothing was sent: not even the password
+    assert run.returncode == 2, run.stderr
+    field = "winrm.transport" if winrm["scheme"] == "http" else "winrm.cert_validation"
+    assert f"error: {inventory}:" in run.stderr and "node 'win1'" in run.stderr, run.stderr
+    assert f"field '{field}'" in run.stderr and "allow_insecure: true" in run.stderr, run.stderr
+    # allowed on the node: it connects, and every run warns
+    node["allow_insecure"] = True
+    with WinRMServer(auth="basic", username="bob", password="pw", tls=tls) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="ok\n")
+        node.update(host=srv.host, port=srv.port)
+        write_inventory(inventory, [node])
+        allowed = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "Write-Output", "ok"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "CBT_WIN_PASS": "pw"},
+            stdin=subprocess.DEVNULL,
+        )
+    assert allowed.returncode == 0, allowed.stderr
+    assert "allow_insecure" in allowed.stderr, allowed.stderr
 
 
 def test_basic_disabled_on_the_server_says_how_to_enable_it() -> None:

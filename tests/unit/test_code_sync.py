@@ -129,8 +129,8 @@ def test_gitignore_off_keeps_ignored_files(tmp_path: Path) -> None:
 # -- diff -----------------------------------------------------------------------------------------
 
 
-def _e(sha: str, size: int = 1, x: bool = False, link: str | None = None) -> FileEntry:
-    return FileEntry(sha, size, x, link)
+def _e(sha: str, size: int = 1, mode: int = 0o644, link: str | None = None) -> FileEntry:
+    return FileEntry(sha, size, None if link is not None else mode, link)
 
 
 def test_diff_by_hash_mode_and_kind() -> None:
@@ -138,23 +138,25 @@ def test_diff_by_hash_mode_and_kind() -> None:
         "same": _e("a"),
         "edited": _e("b", 5),
         "new": _e("c", 7),
-        "chmod": _e("d", 2, True),
+        "chmod": _e("d", 2, 0o755),
+        "private": _e("p", 3, 0o600),
         "ln": _e("e"),
     }
     remote = {
         "same": _e("a"),
         "edited": _e("z", 5),
-        "chmod": _e("d", 2, False),
+        "chmod": _e("d", 2, 0o644),
+        "private": _e("p", 3, 0o644),  # someone widened it on the node: repaired like an edit
         "ln": _e("e", link="target"),  # same bytes, but a link there and a file here
         "gone": _e("f"),
         "out/metrics.json": _e("g"),
     }
     changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"))
     assert changes.added == ["new"]
-    assert changes.changed == ["chmod", "edited", "ln"]
+    assert changes.changed == ["chmod", "edited", "ln", "private"]
     assert changes.deleted == ["gone"]
-    assert changes.bytes == 7 + 5 + 2 + 1
-    assert changes.to_send == ["chmod", "edited", "ln", "new"]
+    assert changes.bytes == 7 + 5 + 2 + 1 + 3
+    assert changes.to_send == ["chmod", "edited", "ln", "new", "private"]
 
 
 def test_diff_of_equal_trees_is_empty() -> None:
@@ -269,7 +271,7 @@ def test_probe_refuses_home_and_its_parents(tmp_path: Path) -> None:
 
 
 def _bundle(dest: Path, name: str, delete: list[str], files: list[tuple[str, bytes]]) -> None:
-    header = {"delete": delete, "files": [[rel, len(data), False, None, "0" * 64] for rel, data in files]}
+    header = {"delete": delete, "files": [[rel, len(data), 0o644, None, "0" * 64] for rel, data in files]}
     dest.mkdir(parents=True, exist_ok=True)
     (dest / name).write_bytes(json.dumps(header).encode() + b"\n" + b"".join(d for _, d in files))
 
@@ -308,7 +310,7 @@ def test_node_and_controller_agree_on_the_tree_digest(tmp_path: Path) -> None:
     assert same["same"] is True and same["files"] == {}
     (src / "run.sh").chmod(0o644)
     differs = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
-    assert "same" not in differs and differs["files"]["run.sh"][2] is False
+    assert "same" not in differs and differs["files"]["run.sh"][2] == 0o644
     assert differs["files"]["link"][3] == "sub"
 
 

@@ -9,12 +9,15 @@ tests/integration/test_firewall.py); legacy iptables would load kernel tables ma
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
@@ -27,30 +30,39 @@ from orchestrator.steps.firewall.linux import (
     detection_sections,
     firewalld_commands,
     nft_persist_commands,
+    nft_persist_file,
     parse_firewalld,
     parse_iptables_rules,
 )
 from orchestrator.steps.firewall.rules import (
+    TAG_LIMIT,
+    ClusterTag,
     PortRange,
     Present,
     Rule,
     cluster_tag,
     node_ports,
     reconcile,
-    short_name,
 )
 
 DATA = Path(__file__).parent / "data" / "firewall"
 TOKEN = "cb-0123456789ab"
-TAG = "cluster-bootstrap:lab"
-POLICY = "cb-lab"
+IDS = ClusterTag("lab")
+TAG = IDS.tag  # cluster-bootstrap:lab:<12 hex digits of sha256("lab")>
+LEGACY = "cluster-bootstrap:lab"  # what earlier versions wrote, and the recordings carry
+POLICY = IDS.policy
 EPHEMERAL = "32768-60999"
 COMMENTED = ["-m", "comment", "--comment", TAG, "-j", "ACCEPT"]
 MASTER, ME, PEER_C, PEER_D = "198.18.7.11", "198.18.7.12", "198.18.7.13", "198.18.7.14"
 
 
-def recorded(name: str) -> Detection:
-    return detect((DATA / f"{name}.txt").read_text(), TOKEN, tag=TAG, policy=POLICY)
+def recorded(name: str, *, legacy: bool = False) -> Detection:
+    """A recording, its rules of ours carrying the current tag (as this version writes them), or with
+    ``legacy`` as recorded: with the tag of earlier versions."""
+    text = (DATA / f"{name}.txt").read_text()
+    if not legacy:
+        text = re.sub(re.escape(LEGACY) + r"(?![\w.:-])", TAG, text)
+    return detect(text, TOKEN, IDS)
 
 
 def inventory(tmp_path: Path, firewall: str = "", name: str = "lab") -> Inventory:
@@ -96,14 +108,45 @@ def test_rendezvous_port_only_on_master_and_not_twice() -> None:
 
 
 def test_tag_keeps_only_safe_characters_and_policy_names_fit_firewalld() -> None:
-    assert cluster_tag("lab") == TAG
-    assert cluster_tag("it's $(rm -rf /) lab") == "cluster-bootstrap:it_s___rm_-rf____lab"
-    long_a, long_b = (
-        short_name("a-very-long-cluster-name-1", 17),
-        short_name("a-very-long-cluster-name-2", 17),
-    )
-    assert len(long_a) <= 17 and len(long_b) <= 17 and long_a != long_b
-    assert short_name("lab", 17) == "cb-lab"
+    assert cluster_tag("lab") == TAG == f"cluster-bootstrap:lab:{hashlib.sha256(b'lab').hexdigest()[:12]}"
+    hostile = ClusterTag("it's $(rm -rf /) lab")
+    assert re.fullmatch(r"cluster-bootstrap:it_s___rm_-rf____lab:[0-9a-f]{12}", hostile.tag)
+    assert hostile.legacy == "cluster-bootstrap:it_s___rm_-rf____lab"
+    long_a, long_b = ClusterTag("a-very-long-cluster-name-1"), ClusterTag("a-very-long-cluster-name-2")
+    assert len(long_a.policy) <= 17 and len(long_b.policy) <= 17 and long_a.policy != long_b.policy
+    assert re.fullmatch(r"cb-lab-[0-9a-f]{6}", POLICY)
+    assert IDS.legacy_policy == "cb-lab"  # the name earlier versions gave it
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("fw test", "fw_test"),  # the same once unsafe characters are replaced
+        ("x" * 64 + "-one", "x" * 64 + "-two"),  # the same first 64 characters
+        ("Lab", "lab"),  # Windows compares rule groups and names without case
+        ("fw/test", "fw:test"),
+    ],
+)
+def test_names_whose_old_tags_collided_get_different_tags_and_names_everywhere(a: str, b: str) -> None:
+    one, two = ClusterTag(a), ClusterTag(b)
+    assert one.legacy == two.legacy or one.legacy.lower() == two.legacy.lower()  # the old collision
+    for attribute in ("tag", "policy", "windows_prefix"):
+        assert getattr(one, attribute).lower() != getattr(two, attribute).lower(), attribute
+    # each recognises exactly its own tag (and the shared legacy one), never the other's
+    assert one.owns(one.tag) and not one.owns(two.tag) and not two.owns(one.tag)
+    assert nft_persist_file(one.tag) != nft_persist_file(two.tag)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=200))
+def test_every_name_fits_every_firewalls_limits(name: str) -> None:
+    ids = ClusterTag(name)
+    assert len(ids.tag) <= TAG_LIMIT <= 128  # nft comments: 128 characters; iptables: 256
+    assert re.fullmatch(r"cluster-bootstrap:[A-Za-z0-9_.-]{1,48}:[0-9a-f]{12}", ids.tag)
+    assert re.fullmatch(r"cb-[A-Za-z0-9_-]{1,7}-[0-9a-f]{6}", ids.policy)  # firewalld: 17
+    assert len(ids.windows_prefix + "tcp-32768-60999") <= 100
+    assert ids.owns(ids.tag) and ids.owns(ids.legacy) and ids.is_legacy(ids.legacy)
+    assert not ids.is_legacy(ids.tag) and not ids.owns(ids.tag + "x") and not ids.owns(ids.tag[:-1])
 
 
 def test_reconcile_keeps_one_copy_and_removes_duplicates_strays_and_unknown() -> None:
@@ -150,6 +193,7 @@ def test_nftables_drop_policy_rules_go_into_the_deciding_chain(tmp_path: Path) -
         True,
     )
     # only this cluster's rules are ours: "cluster-bootstrap:other" belongs to another cluster
+    assert not any(p.legacy for p in target.present)
     assert sorted((p.rule, p.ref) for p in target.present if p.rule) == [
         (Rule(PEER_C, PortRange(29500, 29500)), "5"),
         (Rule("198.18.7.99", PortRange(32768, 60999)), "6"),
@@ -236,6 +280,32 @@ def test_ufw_active_wins_and_rules_carry_the_comment(tmp_path: Path) -> None:
     ]
 
 
+def test_rules_of_the_legacy_tag_are_replaced_by_a_run_and_deleted_by_remove(tmp_path: Path) -> None:
+    """An upgrade leaves nothing nobody can remove: rules that earlier versions tagged
+    cluster-bootstrap:lab are deleted by a rerun (which writes them with the new tag) and by --remove."""
+    inv = inventory(tmp_path)
+    d = recorded("nft_drop", legacy=True)
+    [target] = d.targets
+    assert sorted(p.ref for p in target.present if p.legacy) == ["5", "6"]  # not "other"'s rule
+    result = plan_node(inv.node("b"), inv, d, addresses())
+    assert (result.added, result.removed, result.unchanged) == (3, 2, 0)
+    lines = nft_lines(result.commands[0])
+    assert sorted(lines[:2]) == [
+        "delete rule inet filter input handle 5",
+        "delete rule inet filter input handle 6",
+    ]
+    assert all(line.endswith(f'comment "{TAG}"') for line in lines[2:])
+    assert any(LEGACY in note and "removed" in note for note in result.notes)
+    removal = plan_node(inv.node("b"), inv, d, addresses(), remove=True)
+    assert sorted(nft_lines(removal.commands[0])) == sorted(lines[:2])
+    for name in ("iptables_nft_reject", "ufw_active"):  # the same for iptables and ufw
+        old = recorded(name, legacy=True)
+        assert [p.legacy for t in old.targets for p in t.present] == [True] * len(old.targets[0].present)
+        assert plan_node(inv.node("b"), inv, old, addresses(), remove=True).removed == len(
+            old.targets[0].present
+        )
+
+
 def test_legacy_iptables_is_read_from_its_own_section() -> None:
     text = (
         f"@@{TOKEN} begin range@@\n32768\t60999\n\n@@{TOKEN} end range 0@@\n"
@@ -243,20 +313,23 @@ def test_legacy_iptables_is_read_from_its_own_section() -> None:
         f'-A INPUT -s 10.0.0.2/32 -p tcp -m tcp --dport 29500 -m comment --comment "{TAG}" -j ACCEPT\n'
         f"-A INPUT -j DROP\n\n@@{TOKEN} end iptables_legacy 0@@\n"
     )
-    d = detect(text, TOKEN, tag=TAG, policy=POLICY)
+    d = detect(text, TOKEN, IDS)
     [target] = d.targets
     assert (target.binary, target.filtering) == ("iptables-legacy", True)
     assert [p.rule for p in target.present] == [Rule("10.0.0.2", PortRange(29500, 29500))]
 
 
 def test_a_rule_with_another_clusters_tag_is_never_ours() -> None:
-    line = '-A INPUT -s 10.0.0.2/32 -p tcp --dport 1 -m comment --comment "cluster-bootstrap:labx" -j ACCEPT'
-    assert parse_iptables_rules(line, TAG) == []
+    rule = '-A INPUT -s 10.0.0.2/32 -p tcp --dport 1 -m comment --comment "{}" -j ACCEPT'
+    for other in ("cluster-bootstrap:labx", ClusterTag("Lab").tag, ClusterTag("lab ").tag, TAG + "0"):
+        assert parse_iptables_rules(rule.format(other), IDS) == [], other
+    assert len(parse_iptables_rules(rule.format(TAG), IDS)) == 1
 
 
 # -- firewalld (generated commands only: it cannot run in a test namespace) ---------------------------
 
 FIREWALLD_RUNNING = f"""running
+@@policy {POLICY}
 @@runtime
 {POLICY} (active)
   priority: -100
@@ -272,25 +345,31 @@ FIREWALLD_RUNNING = f"""running
 {POLICY}
   priority: -100
   rich rules:
+@@description
+{TAG}
+@@policy {IDS.legacy_policy}
+@@runtime
+@@permanent
+@@description
 """
 
 
 def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
-    target = parse_firewalld("running\n@@runtime\n@@permanent\n", POLICY)
-    assert not target.exists and not target.permanent_exists
-    rule = Rule(PEER_C, PortRange(29500, 29500))
-    changes, commands = firewalld_commands(
-        PosixShell(), target, [rule], POLICY, TAG, persist=False, remove=False
+    target = parse_firewalld(
+        f"running\n@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n", POLICY, IDS
     )
+    assert target is not None and not target.exists and not target.permanent_exists
+    rule = Rule(PEER_C, PortRange(29500, 29500))
+    changes, commands = firewalld_commands(PosixShell(), target, [rule], TAG, persist=False, remove=False)
     argv = [shlex.split(c) for c in commands]
-    assert argv[0] == ["firewall-cmd", "--permanent", "--new-policy=cb-lab"]
-    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", f"--set-description={TAG}"] in argv
-    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", "--add-ingress-zone=ANY"] in argv
-    assert ["firewall-cmd", "--permanent", "--policy=cb-lab", "--add-egress-zone=HOST"] in argv
+    assert argv[0] == ["firewall-cmd", "--permanent", f"--new-policy={POLICY}"]
+    assert ["firewall-cmd", "--permanent", f"--policy={POLICY}", f"--set-description={TAG}"] in argv
+    assert ["firewall-cmd", "--permanent", f"--policy={POLICY}", "--add-ingress-zone=ANY"] in argv
+    assert ["firewall-cmd", "--permanent", f"--policy={POLICY}", "--add-egress-zone=HOST"] in argv
     assert argv[-2] == ["firewall-cmd", "--reload"]
     assert argv[-1] == [
         "firewall-cmd",
-        "--policy=cb-lab",
+        f"--policy={POLICY}",
         f'--add-rich-rule=rule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp"'
         " accept",
     ]
@@ -303,13 +382,12 @@ def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_pat
         f"@@{TOKEN} begin range@@\n32768 60999\n@@{TOKEN} end range 0@@\n"
         f"@@{TOKEN} begin firewalld@@\n{FIREWALLD_RUNNING}\n@@{TOKEN} end firewalld 0@@\n",
         TOKEN,
-        tag=TAG,
-        policy=POLICY,
+        IDS,
     )
-    assert d.kind == "firewalld"
+    assert d.kind == "firewalld" and len(d.targets) == 1  # no policy of the legacy name there
     result = plan_node(inv.node("b"), inv, d, addresses())
     argv = [shlex.split(c) for c in result.commands]
-    assert not any("--new-policy=cb-lab" in a or "--reload" in a for a in argv)  # it exists already
+    assert not any(f"--new-policy={POLICY}" in a or "--reload" in a for a in argv)  # it exists already
     runtime = [a for a in argv if "--permanent" not in a]
     permanent = [a for a in argv if "--permanent" in a]
     assert [a[2].split("=", 1)[0] for a in runtime] == ["--remove-rich-rule"] + ["--add-rich-rule"] * 2
@@ -319,11 +397,37 @@ def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_pat
 
 
 def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
-    target = parse_firewalld(FIREWALLD_RUNNING, POLICY)
-    _, commands = firewalld_commands(PosixShell(), target, [], POLICY, TAG, persist=False, remove=True)
+    target = parse_firewalld(FIREWALLD_RUNNING, POLICY, IDS)
+    assert target is not None
+    _, commands = firewalld_commands(PosixShell(), target, [], TAG, persist=False, remove=True)
     argv = [shlex.split(c) for c in commands]
     assert len([a for a in argv if a[2].startswith("--remove-rich-rule=")]) == 2
+    assert argv[-1] == ["firewall-cmd", "--permanent", f"--delete-policy={POLICY}"]
+
+
+def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_alone(tmp_path: Path) -> None:
+    legacy_block = (
+        "@@policy cb-lab\n@@runtime\ncb-lab (active)\n  rich rules:\n"
+        f'\trule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp" accept\n'
+        f"@@permanent\ncb-lab\n  rich rules:\n@@description\n{LEGACY}\n"
+    )
+    current_block = f"@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n"
+    text = (
+        f"@@{TOKEN} begin firewalld@@\nrunning\n{current_block}{legacy_block}\n@@{TOKEN} end firewalld 0@@\n"
+    )
+    d = detect(text, TOKEN, IDS)
+    assert [(t.policy, t.legacy, t.filtering) for t in d.targets] == [
+        (POLICY, False, True),
+        ("cb-lab", True, False),
+    ]
+    inv = inventory(tmp_path)
+    argv = [shlex.split(c) for c in plan_node(inv.node("b"), inv, d, addresses()).commands]
+    assert ["firewall-cmd", "--policy=cb-lab", argv[-2][2]] == argv[-2] and "remove-rich-rule" in argv[-2][2]
     assert argv[-1] == ["firewall-cmd", "--permanent", "--delete-policy=cb-lab"]
+    assert not any(a[1].startswith("--policy=cb-lab") and "add-rich-rule" in a[-1] for a in argv)
+    # a policy of the legacy name that another cluster made (its description is not our legacy tag)
+    foreign = text.replace(f"@@description\n{LEGACY}\n", "@@description\ncluster-bootstrap:lab2\n")
+    assert [t.policy for t in detect(foreign, TOKEN, IDS).targets] == [POLICY]
 
 
 # -- inventory settings, quoting, persistence ---------------------------------------------------------
@@ -358,7 +462,7 @@ def test_hostile_cluster_name_cannot_escape_the_nft_script(tmp_path: Path) -> No
     result = plan_node(inv.node("b"), inv, d, addresses())
     safe = re.compile(
         r"(insert rule inet filter input ip saddr [0-9.]+ tcp dport [0-9-]+ accept"
-        r' comment "cluster-bootstrap:[\w.-]+"'
+        r' comment "cluster-bootstrap:[\w.-]+:[0-9a-f]{12}"'
         r"|delete rule inet filter input handle [0-9]+)"
     )
     for line in nft_lines(result.commands[0]):
@@ -376,15 +480,27 @@ def test_nft_persistence_file_and_include_line_are_added_and_removed() -> None:
         "nftables", "nftables inet filter input", True, family="inet", table="filter", chain="input"
     )
     add = nft_persist_commands(PosixShell(), [(target, [Rule(PEER_C, PortRange(1, 2))])], TAG, remove=False)
-    assert 'include "/etc/nftables.d/cluster-bootstrap-lab.nft"' in add[-1]
+    assert f'include "/etc/nftables.d/cluster-bootstrap-lab-{IDS.digest}.nft"' in add[-1]
     assert f"ip saddr {PEER_C} tcp dport 1-2 accept" in add[1]
     remove = nft_persist_commands(PosixShell(), [], TAG, remove=True)
-    assert remove[0] == "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft"
+    assert remove[0] == f"rm -f /etc/nftables.d/cluster-bootstrap-lab-{IDS.digest}.nft"
     assert "grep -vxF" in remove[1]
 
 
+def test_rules_persisted_under_the_legacy_tag_are_removed(tmp_path: Path) -> None:
+    inv = inventory(tmp_path)
+    d = recorded("nft_drop")
+    d.persist = {"nftables.conf", "legacy"}  # the detection found /etc/nftables.d/cluster-bootstrap-lab.nft
+    for remove in (False, True):
+        commands = plan_node(inv.node("b"), inv, d, addresses(), remove=remove).commands
+        assert "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft" in commands
+        assert any("grep -vxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"'" in c for c in commands)
+    persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS))["persist"]
+    assert "grep -qxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"' /etc/nftables.conf" in persist
+
+
 def test_detection_script_is_one_round_trip_with_every_section() -> None:
-    sections = detection_sections(PosixShell(), master_host="m'x", policy=POLICY, persist_file="/p")
+    sections = detection_sections(PosixShell(), master_host="m'x", ids=IDS)
     names = [n for n, _ in sections]
     assert names == [
         "route",
@@ -447,9 +563,10 @@ def test_windows_native_master_gets_defender_rules_for_peers_only(tmp_path: Path
     assert result.kind == "windows defender" and result.sources == [PEER_C, PEER_D]
     calls = arguments(result.commands[0])
     rules = [p for name, p in calls if name == "Set-CbRule"]
+    prefix = f"cluster-bootstrap-lab-{IDS.digest}-"
     assert [(r["-name"], r["-port"]) for r in rules] == [
-        ("'cluster-bootstrap-lab-tcp-29500'", "'29500'"),
-        ("'cluster-bootstrap-lab-tcp-ephemeral'", "$cbEphemeral"),  # Windows' dynamic range, read there
+        (f"'{prefix}tcp-29500'", "'29500'"),
+        (f"'{prefix}tcp-ephemeral'", "$cbEphemeral"),  # Windows' dynamic range, read there
     ]
     assert {r["-remote"] for r in rules} == {f"@('{PEER_C}', '{PEER_D}')"}
     [new] = [p for name, p in calls if name == "New-NetFirewallRule"]
@@ -460,10 +577,14 @@ def test_windows_native_master_gets_defender_rules_for_peers_only(tmp_path: Path
         "TCP",
     )
     assert new["-remoteaddress"] == "$Remote" and new["-localport"] == "$Port"
-    assert "$cbGroup = 'cluster-bootstrap:lab'" in result.commands[0]
+    assert f"$cbGroup = '{TAG}'" in result.commands[0]
     assert ("Get-NetTCPSetting", {"-settingname": "Internet"}) in calls
-    [get] = [p for name, p in calls if name == "Get-NetFirewallRule" and "-group" in p]
-    assert get["-group"] == "$cbGroup"  # stray rules of ours are found by group and removed
+    # stray rules of ours are found by group and removed; so is every rule of the legacy group
+    assert [p["-group"] for name, p in calls if name == "Get-NetFirewallRule" and "-group" in p] == [
+        "$cbGroup",
+        "$cbLegacyGroup",
+    ]
+    assert f"$cbLegacyGroup = '{LEGACY}'" in result.commands[0]
 
 
 def test_windows_wsl_worker_gets_hyperv_rules_for_the_wsl_vm(tmp_path: Path) -> None:
@@ -476,7 +597,7 @@ def test_windows_wsl_worker_gets_hyperv_rules_for_the_wsl_vm(tmp_path: Path) -> 
     calls = arguments(result.commands[0])
     [rule] = [p for name, p in calls if name == "Set-CbRule"]
     assert rule == {
-        "-name": "'cluster-bootstrap-lab-tcp-32768-60999'",
+        "-name": f"'cluster-bootstrap-lab-{IDS.digest}-tcp-32768-60999'",
         "-port": "'32768-60999'",
         "-remote": f"@('{PEER_C}', '{PEER_D}')",
     }
@@ -521,3 +642,18 @@ def test_manage_false_touches_no_node(tmp_path: Path) -> None:
     run = apply_firewall(NoSession(), inv, list(inv.nodes))  # type: ignore[arg-type]
     assert [o.value.status for o in run.outcomes if o.value] == ["left alone"] * 4
     assert run.warnings == ["cluster.firewall.manage is false: no firewall was touched"]
+
+
+def test_hyperv_rules_are_recognised_by_their_whole_name_never_by_prefix() -> None:
+    """Hyper-V rules have no group: the script matches names with these patterns (-cmatch), so a
+    cluster whose name starts like ours ("lab-x") keeps its rules when "lab" removes its own."""
+    from orchestrator.steps.firewall.windows import rule_name_pattern
+
+    ours = re.compile(rule_name_pattern(IDS.windows_prefix))
+    legacy = re.compile(rule_name_pattern(IDS.legacy_windows_prefix))
+    for name in (f"{IDS.windows_prefix}tcp-29500", f"{IDS.windows_prefix}tcp-ephemeral"):
+        assert ours.match(name) and not legacy.match(name), name
+    assert legacy.match("cluster-bootstrap-lab-tcp-32768-60999")  # written by earlier versions
+    for other in (ClusterTag("lab-x"), ClusterTag("Lab"), ClusterTag("lab.tcp")):
+        for name in (f"{other.windows_prefix}tcp-29500", f"{other.legacy_windows_prefix}tcp-29500"):
+            assert not ours.match(name) and not legacy.match(name), name

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from orchestrator.inventory import (
     Inventory,
     Node,
     WinRMSettings,
+    _yaml,
     load_inventory,
     load_inventory_text,
 )
@@ -147,6 +151,12 @@ BAD = [
     ("bad_gpus_negative.yaml", ":4:", ["field 'gpus'", "expected an integer >= 0, got -1"]),
     ("bad_local_host.yaml", ":4:", ["node 'here'", "connection 'local'", "192.168.1.50"]),
     ("bad_winrm_linux.yaml", ":4:", ["field 'connection'", "os: windows"]),
+    (
+        "bad_winrm_insecure.yaml",
+        ":7:",
+        ["node 'win-lab'", "field 'winrm.cert_validation'", "not checked", "allow_insecure: true"],
+    ),
+    ("bad_winrm_insecure.yaml", ":12:", ["node 'win-basic'", "field 'winrm.transport'", "clear text"]),
     ("bad_missing_host.yaml", ":4:", ["node 'b'", "field 'host'", "missing"]),
     ("bad_empty_nodes.yaml", ":3:", ["'nodes' is empty"]),
     ("bad_syntax.yaml", ":4:", ["YAML syntax error"]),
@@ -163,6 +173,33 @@ def test_bad_file_reports_line_and_words(name: str, line: str, words: list[str])
     matching = [issue for issue in text.splitlines() if f"{name}{line}" in issue]
     assert matching, text
     assert any(all(w in issue for w in words) for issue in matching), text
+
+
+def test_insecure_winrm_settings_are_refused_unless_the_node_allows_them() -> None:
+    """cert_validation: false and Basic over HTTP need allow_insecure: true on the node (not just a
+    warning): without it the inventory does not load (exit 2), whatever command was asked for."""
+    with pytest.raises(InventoryError) as info:
+        load_inventory(DATA / "bad_winrm_insecure.yaml")
+    assert sorted(i.node or "" for i in info.value.issues) == ["win-basic", "win-lab"]  # not win-allowed
+    assert info.value.exit_code == 2
+    allowed = load_inventory_text(
+        "nodes:\n  - {name: w, host: 10.0.0.8, os: windows, allow_insecure: true,\n"
+        "     winrm: {transport: basic, scheme: http}}\n"
+        "  - {name: v, host: 10.0.0.9, os: windows, winrm: {scheme: http, cert_validation: false}}\n",
+        "h.yaml",
+    )
+    assert [n.name for n in allowed.nodes] == ["w", "v"]  # over HTTP no certificate goes unchecked
+    # defaults shared by Windows nodes: every node is named, at the line of the setting
+    with pytest.raises(InventoryError) as shared:
+        load_inventory_text(
+            "defaults:\n  winrm: {cert_validation: false}\nnodes:\n"
+            "  - {name: a, host: 10.0.0.1, os: windows}\n  - {name: b, host: 10.0.0.2, os: windows}\n",
+            "h.yaml",
+        )
+    assert [(i.line, i.node, i.field) for i in shared.value.issues] == [
+        (2, "a", "winrm.cert_validation"),
+        (2, "b", "winrm.cert_validation"),
+    ]
 
 
 def test_every_issue_is_one_line_naming_the_file() -> None:
@@ -421,3 +458,167 @@ def test_ansible_bootstrap_windows_vars() -> None:
     with pytest.raises(InventoryError) as info:
         load_inventory_text("all:\n  hosts:\n    box:\n      bootstrap_wsl_distro: Ubuntu\n", "a.yaml")
     assert "only for os: windows nodes" in str(info.value)
+
+
+# ----- hostile input: each limit ends in one issue naming the file (the CLI: exit 2, no traceback) -------
+# Before the limits, each of these hung with memory growing past 1 GB, blocked forever, or ended in a
+# traceback. The timeout marks only guard against such a hang; no test measures time (see
+# benchmarks/inventory_load.py).
+
+
+def alias_bomb(indent: str = "") -> str:
+    """Nine levels of nine-fold aliases: ``*l8`` stands for 9**9 (387 million) strings."""
+    lines = [f"{indent}l0: &l0 [{', '.join(['lol'] * 9)}]"]
+    lines += [f"{indent}l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(params=["libyaml", "python"])
+def loader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both PyYAML parsers: libyaml's (the default) and the pure-Python one (where libyaml is missing)."""
+    if request.param == "python":
+        monkeypatch.setattr(_yaml, "_LOADER", _yaml._PyLoader)
+    elif getattr(_yaml, "_CLoader", None) is None:
+        pytest.skip("PyYAML without libyaml")
+    return str(request.param)
+
+
+def only_issue(text: str, source: str = "h.yaml") -> str:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(text, source)
+    (issue,) = info.value.issues
+    assert str(issue).startswith(source) and "\n" not in str(issue)
+    return str(issue)
+
+
+@pytest.mark.timeout(60)
+def test_alias_bomb_is_refused(loader: str) -> None:
+    text = "anchors:\n" + alias_bomb("  ") + "nodes:\n  - host: a\n    tags: *l8\n"
+    issue = only_issue(text)
+    assert issue.startswith("h.yaml:") and f"more than {_yaml.MAX_ALIAS_VALUES} values" in issue
+    assert "billion laughs" in issue
+
+
+def test_aliases_and_merge_keys_within_the_limit_are_read() -> None:
+    # a few hundred merges of shared settings: far below MAX_ALIAS_VALUES
+    hosts = "".join(f"  - {{<<: *d, name: n{i}, host: 10.0.{i // 250}.{i % 250 + 1}}}\n" for i in range(600))
+    text = f"nodes:\n  - &d {{host: 10.9.9.9, user: u, tags: [a, b]}}\n{hosts}"
+    inv = load_inventory_text(text, "m.yaml")
+    assert len(inv.nodes) == 601 and inv.nodes[-1].tags == ("a", "b") and inv.nodes[-1].user == "u"
+    assert inv.nodes[-1].host == "10.0.2.100"  # written in the mapping: wins over the merged value
+
+
+def test_an_alias_loop_is_refused(loader: str) -> None:
+    assert "refers to the mapping or list that contains it" in only_issue("nodes: &a [*a]\n")
+
+
+@pytest.mark.timeout(60)
+def test_deep_nesting_is_refused(loader: str) -> None:
+    issue = only_issue("nodes: " + "[" * 500 + "]" * 500 + "\n")
+    assert issue.startswith("h.yaml:1: ") and f"nested more than {_yaml.MAX_DEPTH} levels" in issue
+    unclosed = only_issue("nodes:\n" + "[" * 500 + "\n")  # a syntax error or the depth, one line either way
+    assert unclosed.startswith("h.yaml:")
+
+
+def test_nesting_up_to_the_limit_is_read(loader: str) -> None:
+    lists = _yaml.MAX_DEPTH - 1  # inside the top-level mapping
+    nested: list[object] = []
+    for _ in range(lists - 1):
+        nested = [nested]
+    assert _yaml.load_yaml("a: " + "[" * lists + "]" * lists + "\n", "d.yaml") == {"a": nested}
+    deeper = "a: " + "[" * (lists + 1) + "]" * (lists + 1) + "\n"
+    with pytest.raises(InventoryError, match=f"nested more than {_yaml.MAX_DEPTH} levels"):
+        _yaml.load_yaml(deeper, "d.yaml")
+
+
+@pytest.mark.timeout(60)
+def test_huge_integer_is_refused(loader: str) -> None:
+    issue = only_issue("nodes:\n  - host: a\n    gpus: " + "1" * 100_000 + "\n")
+    assert issue == "h.yaml:3: an integer of 100000 digits (at most 30 are read): quote it if it is text"
+    assert "0x" + "f" * 40 not in only_issue("nodes:\n  - host: a\n    gpus: 0x" + "f" * 40 + "\n")
+    inv = load_inventory_text("nodes:\n  - host: a\n    name: '" + "1" * 100 + "'\n", "q.yaml")
+    assert inv.nodes[0].name == "1" * 100  # quoted: text
+
+
+@pytest.mark.timeout(60)
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "hosts.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(fifo)  # opening a FIFO with no writer would block forever
+    (issue,) = info.value.issues
+    assert (
+        str(issue)
+        == f"{fifo}: is a FIFO (named pipe), not a regular file: give the path of an inventory file"
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="no /dev/zero")
+def test_device_is_refused_without_reading() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory("/dev/zero")  # endless: reading it would fill the memory
+    (issue,) = info.value.issues
+    assert str(issue).startswith("/dev/zero: is a character device, not a regular file")
+
+
+@pytest.mark.timeout(60)
+def test_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    head = "nodes:\n  - host: a\n"
+    padding = ("#" * 99 + "\n") * ((_yaml.MAX_FILE_BYTES - len(head)) // 100 + 1)
+    path.write_text(head + padding)  # a valid inventory, one comment line over the limit
+    assert path.stat().st_size > _yaml.MAX_FILE_BYTES
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    (issue,) = info.value.issues
+    size = path.stat().st_size
+    assert str(issue).startswith(f"{path}: the inventory file has {size} bytes, over the 4 MiB limit")
+    assert "over the 4 MiB limit" in only_issue(head + padding)  # the text API too
+
+
+def inventory_of_about(size: int) -> str:
+    parts = ["cluster:\n  name: big\n  backend: gloo\ndefaults:\n  user: trainer\nnodes:\n"]
+    total = count = 0
+    while total < size:
+        entry = (
+            f"  - name: node-{count:05d}\n    host: 10.{count // 65536}.{count // 256 % 256}.{count % 256}\n"
+            f"    gpus: {count % 3}\n    tags: [rack{count // 40:03d}, {'gpu' if count % 3 else 'cpu'}]\n"
+        )
+        parts.append(entry)
+        total += len(entry)
+        count += 1
+    return "".join(parts)
+
+
+def test_a_one_megabyte_inventory_loads(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(inventory_of_about(1_000_000))
+    assert 1_000_000 <= path.stat().st_size < _yaml.MAX_FILE_BYTES
+    inv = load_inventory(path)
+    assert len(inv.nodes) > 10_000
+    last = inv.nodes[-1]
+    assert last.line == len(path.read_text().splitlines()) - 3  # node marks still give lines
+    assert last.gpus == int(last.name.rsplit("-", 1)[1]) % 3
+
+
+def test_native_format_keeps_yaml_1_2_meanings() -> None:
+    data = _yaml.plain(_yaml.load_yaml("nodes:\n  - tags: [yes, no, on, off, 0777, 1:20, true]\n", "n.yaml"))
+    assert data["nodes"][0]["tags"] == ["yes", "no", "on", "off", 777, "1:20", True]
+
+
+def test_one_line_and_exit_2_from_the_cli(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text("anchors:\n" + alias_bomb("  ") + "nodes:\n  - host: a\n    tags: *l8\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "-i", str(path), "inventory"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and "billion laughs" in lines[0], proc.stderr

@@ -8,6 +8,8 @@ import pytest
 
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import Inventory, WinRMSettings, load_inventory, load_inventory_text
+from orchestrator.inventory._yaml import MAX_ALIAS_VALUES, load_yaml, plain
+from orchestrator.inventory.ansible import MAX_RANGE_HOSTS
 
 DATA = Path(__file__).parent / "data" / "inventory"
 
@@ -100,6 +102,11 @@ BAD = [
     ("ansible_bad_connection.yaml", ":4:", ["unsupported connection 'docker'", "winrm"]),
     ("ansible_bad_cluster_var.yaml", ":5:", ["bootstrap_master", "vars of group 'all'"]),
     ("ansible_bad_group_key.yaml", ":2:", ["unknown key 'host'", "did you mean 'hosts'"]),
+    (
+        "ansible_bad_winrm_insecure.yaml",
+        ":7:",
+        ["node 'win1'", "field 'ansible_winrm_server_cert_validation'", "bootstrap_allow_insecure: true"],
+    ),
 ]
 
 
@@ -223,3 +230,89 @@ def test_plain_variable_named_like_a_setting_gets_a_hint() -> None:
     inv = load_inventory_text("all:\n  vars:\n    gpus: 2\n  hosts:\n    a:\n", "h.yaml")
     assert inv.notes == ["ignored gpus on host a (not used by bootstrap); did you mean 'bootstrap_gpus'?"]
     assert inv.nodes[0].gpus == 0
+
+
+# ----- YAML 1.1 as Ansible reads it; hostile input -----------------------------------------------------
+
+
+def test_values_have_ansible_yaml_1_1_meanings() -> None:
+    text = (
+        "all:\n  vars:\n    flags: [yes, no, on, off, Yes, OFF, y, n, 'yes']\n"
+        "    numbers: [0755, 1:20, 0x1F, 1_000, 1e3, 3.10]\n  hosts:\n    a:\n"
+    )
+    data = plain(load_yaml(text, "y.yaml"))
+    assert data["all"]["vars"]["flags"] == [True, False, True, False, True, False, "y", "n", "yes"]
+    assert data["all"]["vars"]["numbers"] == [493, 80, 31, 1000, "1e3", 3.1]
+    inv = load_inventory_text(
+        "all:\n  hosts:\n    a:\n      bootstrap_allow_insecure: on\n      bootstrap_password_prompt: no\n"
+        "      ansible_port: 0022\n",
+        "y.yaml",
+    )
+    node = inv.nodes[0]
+    assert (node.allow_insecure, node.password_prompt, node.port) == (True, False, 18)  # 0022: octal
+
+
+def test_duplicate_keys_are_refused_with_their_line() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(
+            "all:\n  hosts:\n    a:\n      ansible_user: x\n      ansible_user: y\n", "d.yaml"
+        )
+    (issue,) = info.value.issues
+    assert str(issue) == "d.yaml:5: duplicate key 'ansible_user' in the same mapping"
+
+
+def only_issue(text: str, source: str = "h.yaml") -> str:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(text, source)
+    (issue,) = info.value.issues
+    assert str(issue).startswith(source) and "\n" not in str(issue)
+    return str(issue)
+
+
+@pytest.mark.timeout(60)  # guards against the hang this was (no timing is measured)
+def test_alias_bomb_in_an_unused_variable_is_refused() -> None:
+    levels = ["      l0: &l0 [" + ", ".join(["lol"] * 9) + "]\n"]
+    levels += [f"      l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]\n" for i in range(1, 9)]
+    text = "all:\n  hosts:\n    a:\n  vars:\n    not_used_by_bootstrap:\n" + "".join(levels)
+    issue = only_issue(text)
+    assert f"more than {MAX_ALIAS_VALUES} values" in issue and "billion laughs" in issue
+
+
+@pytest.mark.timeout(60)
+def test_huge_host_range_is_refused() -> None:
+    issue = only_issue("all:\n  hosts:\n    n[0:99999999]:\n")
+    assert issue == (
+        f"h.yaml:3: host range 'n[0:99999999]' gives more than {MAX_RANGE_HOSTS} hosts: "
+        "split it or list fewer hosts"
+    )
+    assert "more than" in only_issue("all:\n  hosts:\n    r[0:99]n[0:99]:\n")  # 10,000 in one name
+    digits = only_issue("all:\n  hosts:\n    ? n[0:" + "9" * 100_000 + "]\n")  # int() would refuse it
+    assert digits.startswith("h.yaml:3: bad host range") and len(digits) < 200
+
+
+@pytest.mark.timeout(60)
+def test_host_ranges_are_limited_in_total() -> None:
+    text = "all:\n  hosts:\n" + "".join(f"    g{i}-[1:4000]:\n" for i in range(30))
+    issue = only_issue(text)
+    assert issue.startswith("h.yaml:4: ") and f"more than {MAX_RANGE_HOSTS} hosts" in issue
+    inv = load_inventory_text("all:\n  hosts:\n    a[1:2000]:\n    b[1:2000]:\n", "ok.yaml")
+    assert len(inv.nodes) == 4000
+
+
+def test_a_one_megabyte_ansible_inventory_loads(tmp_path: Path) -> None:
+    racks, per_rack = 290, 40
+    parts = ["all:\n  vars:\n    ansible_user: trainer\n    bootstrap_backend: gloo\n  children:\n"]
+    for rack in range(racks):
+        parts.append(f"    rack{rack:03d}:\n      vars: {{bootstrap_gpus: {rack % 3}}}\n      hosts:\n")
+        for i in range(rack * per_rack, (rack + 1) * per_rack):
+            address = f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"
+            parts.append(
+                f"        node-{i:05d}:\n          ansible_host: {address}\n          ansible_become: yes\n"
+            )
+    path = tmp_path / "big.yaml"
+    path.write_text("".join(parts))
+    assert path.stat().st_size >= 1_000_000
+    inv = load_inventory(path)
+    assert len(inv.nodes) == racks * per_rack
+    last = inv.nodes[-1]
+    assert (last.gpus, last.tags, last.line) == (1, ("rack289",), len(path.read_text().splitlines()) - 2)

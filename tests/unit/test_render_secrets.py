@@ -338,7 +338,7 @@ def test_launch_hands_the_secret_to_training_and_prints_it_nowhere(tmp_path: Pat
         "-vv", "-i", "sec.yaml", "launch", "--run-id", "sec-1", cwd=tmp_path, env={"CBT_WANDB": FROM_ENV}
     )
     assert run.returncode == 0, run.stderr
-    assert "[a] training saw its secrets" in run.stdout
+    assert "[a:0] training saw its secrets" in run.stdout  # through the per-rank capture
     _no_secret_in(
         run.stdout, run.stderr, *(p.read_text() for p in (tmp_path / "runs").rglob("*") if p.is_file())
     )

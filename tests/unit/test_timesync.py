@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import InventoryError
+from orchestrator.facts.network import InterfaceAddress, Route
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.timesync import _Addresses, roles
+from orchestrator.steps.timesync import _Addresses, follow_master, master_identity, roles
 from orchestrator.steps.timesync import chrony as c
 from orchestrator.steps.timesync import windows as w
 from tests import pwsh
@@ -73,6 +74,72 @@ def test_bad_time_settings_are_named(time: str, message: str) -> None:
     with pytest.raises(InventoryError) as info:
         load_inventory_text(_inventory(time), "h.yaml")
     assert message in str(info.value)
+
+
+# -- the master's address: the inventory's or the master's own, never the workers' votes --------------
+
+
+def _route(target: str, address: str | None, source: str | None = "10.0.0.2") -> Route:
+    return Route(target, address, "eth0" if address else None, source if address else None, False)
+
+
+OWN = (InterfaceAddress("lo", "127.0.0.1", 8), InterfaceAddress("eth0", "10.0.0.1", 24))
+
+
+def test_master_address_comes_from_the_inventory_or_the_master_itself() -> None:
+    literal = master_identity("10.0.0.1", None, None)
+    assert (literal.address, literal.why) == ("10.0.0.1", "10.0.0.1, its host in the inventory")
+    named = master_identity("m.lab", _route("m.lab", "10.0.0.1"), OWN)
+    assert named.address == "10.0.0.1" and named.addresses == {"10.0.0.1"}  # loopback is never one
+    # Debian's 127.0.1.1 trap on the master: its only non-loopback address is used
+    assert master_identity("m.lab", _route("m.lab", "127.0.1.1"), OWN).address == "10.0.0.1"
+    two = (*OWN, InterfaceAddress("eth1", "10.1.0.1", 24))
+    unknown = master_identity("m.lab", _route("m.lab", "127.0.1.1"), two)
+    assert unknown.address is None and "write the master's IP address as its host" in unknown.why
+    unreachable = master_identity("m.lab", None, None, error="connection refused")
+    assert unreachable.address is None and "connection refused" in unreachable.why
+
+
+def test_a_worker_resolving_the_master_elsewhere_is_named_and_never_followed() -> None:
+    master = master_identity("m.lab", _route("m.lab", "10.0.0.1"), OWN)
+    assert follow_master("w1", "m.lab", _route("m.lab", "10.0.0.1"), master) == ("10.0.0.1", None)
+    assert follow_master("w1", "m.lab", _route("m.lab", None), master) == ("10.0.0.1", None)  # no answer
+    server, problem = follow_master("w2", "m.lab", _route("m.lab", "6.6.6.6"), master)
+    assert server is None and problem is not None
+    assert "resolves the master's host 'm.lab' to 6.6.6.6, but the master is 10.0.0.1" in problem
+    assert "/etc/hosts or DNS on w2" in problem
+    # a multi-homed master: any of its own addresses is fine, each worker follows what it reaches
+    multi = master_identity("10.0.0.1", None, (*OWN, InterfaceAddress("eth1", "10.1.0.1", 24)))
+    assert follow_master("w3", "10.1.0.1", _route("10.1.0.1", "10.1.0.1"), multi) == ("10.1.0.1", None)
+
+
+def test_roles_follow_each_workers_checked_server_and_skip_the_disagreeing_one() -> None:
+    inv = load_inventory_text(_inventory(), "h.yaml")
+    # one worker resolved the master to 6.6.6.6: it gets no role; the other follows the real master
+    addresses = _Addresses(
+        "10.0.0.1", {"w1": "10.0.0.2"}, servers={"w1": "10.0.0.1"}, problems={"w2": "resolves ... 6.6.6.6"}
+    )
+    r = roles(inv, addresses)
+    assert r["w1"] == c.ChronyRole(("10.0.0.1",), prefer_first=True) and "w2" not in r
+    assert r["m"].allow == ("10.0.0.2",)
+    mixed = roles(inv, _Addresses("10.0.0.1", {"w2": "fd00::3", "w1": "10.0.0.10", "w3": "10.0.0.9"}))
+    assert mixed["m"].allow == ("10.0.0.9", "10.0.0.10", "fd00::3")  # numeric order, IPv4 first
+
+
+@pytest.mark.parametrize(
+    "role",
+    [
+        {"sources": (), "serve": True, "allow": ("all",)},  # chrony: every host
+        {"sources": (), "serve": True, "allow": ("0.0.0.0/0",)},
+        {"sources": (), "serve": True, "allow": ("10.0.0.2\nallow",)},
+        {"sources": ("6.6.6.6 iburst\nallow",)},
+        {"sources": ("-x",)},
+        {"sources": ("127.0.0.1",), "allow": ("127.0.0.1",)},
+    ],
+)
+def test_nothing_but_addresses_and_host_names_reaches_a_chrony_configuration(role: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        c.ChronyRole(**role)  # type: ignore[arg-type]
 
 
 # -- configuration -----------------------------------------------------------------------------------
@@ -318,7 +385,7 @@ def _native_argv(tree_commands: list[pwsh.Command], script: str) -> list[list[st
 
 def test_w32time_configure_script_parses_and_sets_the_peers() -> None:
     shell = PowerShell()
-    script = shell.wrap(w.configure_script(["10.0.0.1", "o'brien.lab"]), become=True)
+    script = shell.wrap(w.configure_script(["10.0.0.1", "ntp-1.lab"]), become=True)
     tree = pwsh.assert_parses(script)
     commands = pwsh.commands(tree)
     names = [cmd.name for cmd in commands]
@@ -329,14 +396,20 @@ def test_w32time_configure_script_parses_and_sets_the_peers() -> None:
     assert argv[0] == [
         "w32tm",
         "/config",
-        "/manualpeerlist:10.0.0.1,0x8 o'brien.lab,0x8",
+        "/manualpeerlist:10.0.0.1,0x8 ntp-1.lab,0x8",
         "/syncfromflags:manual",
         "/reliable:no",
         "/update",
     ]
     assert argv[1] == ["w32tm", "/resync", "/force"]
-    assert "$cbWanted = '10.0.0.1,0x8 o''brien.lab,0x8'" in script  # quoted by the platform
+    assert "$cbWanted = '10.0.0.1,0x8 ntp-1.lab,0x8'" in script  # quoted by the platform
     assert "Write-Output 'unchanged'" in script  # idempotent: same peers, running: nothing touched
+    # a peer is an address or a DNS name, nothing that could add peers or leave the quotes
+    for bad in ("o'brien.lab", "a b", "10.0.0.1,0x8 6.6.6.6", "-x", ""):
+        with pytest.raises(ValueError):
+            w.configure_script([bad])
+        with pytest.raises(ValueError):
+            w.status_script(bad)
 
 
 def test_w32time_status_and_restore_scripts_parse() -> None:

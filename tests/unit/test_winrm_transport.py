@@ -298,8 +298,18 @@ def test_settings_that_cannot_work_are_refused_before_connecting() -> None:
         _make(user=None)
     with pytest.raises(UsageError, match="ca_bundle"):
         _make(settings={"ca_bundle": "/nonexistent/ca.pem"})
-    assert _make(settings={"cert_validation": False}).warnings  # works, with a warning
     assert _make().warnings == [] and _make().endpoint.port == 5986
+
+
+def test_unchecked_certificate_needs_allow_insecure_and_then_warns() -> None:
+    with pytest.raises(UsageError) as caught:
+        _make(settings={"cert_validation": False})
+    assert caught.value.node == "win1" and caught.value.exit_code == ExitCode.USAGE
+    assert "winrm.cert_validation: false" in str(caught.value) and "allow_insecure: true" in str(caught.value)
+    allowed = _make(settings={"cert_validation": False}, allow_insecure=True)
+    assert [w for w in allowed.warnings if "cert_validation" in w and "winbox:5986" in w]
+    # over HTTP there is no certificate to check: NTLM encrypts every message, nothing to allow
+    assert _make(settings={"cert_validation": False, "scheme": "http"}).warnings == []
 
 
 def test_dry_run_plan_shows_the_script_and_says_when_it_is_uploaded() -> None:

@@ -5,6 +5,9 @@ Listing: in a git work tree with ``gitignore: true``, ``git ls-files --cached --
 excludes or ``.git/info/exclude`` mentions); elsewhere a walk applying ``.gitignore`` files with
 :mod:`.ignore`. The default and inventory excludes apply on top in both cases.
 
+Modes: each file's permission bits on the nodes come from its mode here (:func:`node_mode`): group
+and others never get more than they have here, so a ``.env`` at 0600 stays 0600 on every node.
+
 Hashing: SHA-256 of each file, cached in a local file keyed by (mtime_ns, ctime_ns, size, inode), so a
 second sync of an unchanged tree reads no file. Entries modified within ``RACY_NS`` of the moment the
 cache was written are hashed again (git's "racily clean" problem: a change in the same timestamp
@@ -39,19 +42,44 @@ RACY_NS = 2_000_000_000
 _CHUNK = 1 << 20
 
 
+def node_mode(source_mode: int, reachable: int = 0o077) -> int:
+    """The permission bits a file gets on the nodes, from its ``st_mode`` here.
+
+    The owner can always read and write it (code sync replaces it) and may run it when anyone may
+    here; group and others keep at most the read and run bits they have here, never write:
+    0600 -> 0600, 0640 -> 0640, 0644 -> 0644, 0755 -> 0755, 0750 -> 0750, 0664 -> 0644.
+    ``reachable``: the group/other bits the file's directories inside the project let through
+    (a file in a 0700 directory is nobody else's here, so it is nobody else's there either).
+    The one place modes are decided: the node script applies exactly what this returns.
+    """
+    widest = 0o755 if source_mode & 0o111 else 0o644
+    return widest & (0o700 | (source_mode & reachable))
+
+
+def _dir_reach(mode: int) -> int:
+    """The group/other bits a directory lets through to what is inside it (its search bits)."""
+    return (0o070 if mode & 0o010 else 0) | (0o007 if mode & 0o001 else 0)
+
+
 @dataclass(frozen=True)
 class FileEntry:
     """One file (or symbolic link) of a tree, as both sides describe it."""
 
     sha256: str  # of the content; of the link text for a symbolic link
     size: int
-    executable: bool
+    #: permission bits the file has (node) or must have (project, see :func:`node_mode`); None for a
+    #: symbolic link, and on nodes without POSIX modes (native Windows)
+    mode: int | None
     link: str | None = None  # symbolic link target, as written
+
+    @property
+    def executable(self) -> bool:
+        return self.mode is not None and bool(self.mode & 0o111)
 
     def same_as(self, other: FileEntry) -> bool:
         return (
             self.sha256 == other.sha256
-            and self.executable == other.executable
+            and self.mode == other.mode
             and (self.link is None) == (other.link is None)
         )
 
@@ -72,8 +100,8 @@ class LocalTree:
 
     @functools.cached_property
     def without_modes(self) -> dict[str, FileEntry]:
-        """The files as a node without executable bits (Windows) reports them."""
-        return {rel: dataclasses.replace(e, executable=False) for rel, e in self.files.items()}
+        """The files as a node without POSIX modes (native Windows) reports them."""
+        return {rel: dataclasses.replace(e, mode=None) for rel, e in self.files.items()}
 
     @property
     def total_bytes(self) -> int:
@@ -102,7 +130,7 @@ def diff(
     remote: Mapping[str, FileEntry],
     protected: Callable[[str], bool] = lambda rel: False,
 ) -> Changes:
-    """What makes ``remote`` equal to ``local``: added/changed by content hash and executable bit, and
+    """What makes ``remote`` equal to ``local``: added/changed by content hash and mode, and
     deletions of remote files the project no longer has (unless ``protected``: ignored paths)."""
     changes = Changes()
     for rel in sorted(local):
@@ -126,7 +154,8 @@ def tree_digest(files: Mapping[str, FileEntry]) -> str:
     for rel in sorted(files):
         entry = files[rel]
         link = "" if entry.link is None else "L" + entry.link
-        line = f"{rel}\0{entry.sha256}\0{1 if entry.executable else 0}\0{link}\n"
+        mode = "-" if entry.mode is None else format(entry.mode, "o")
+        line = f"{rel}\0{entry.sha256}\0{mode}\0{link}\n"
         digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
@@ -298,6 +327,19 @@ def build_tree(
     fresh: dict[str, list[Any]] = {}
     files: dict[str, FileEntry] = {}
     hashed = 0
+    reach: dict[str, int] = {"": 0o077}  # directory (relative) -> group/other bits it lets through
+
+    def reachable(rel_dir: str) -> int:
+        known = reach.get(rel_dir)
+        if known is None:
+            parent = rel_dir.rsplit("/", 1)[0] if "/" in rel_dir else ""
+            try:
+                here = _dir_reach((source / rel_dir).lstat().st_mode)
+            except OSError:
+                here = 0
+            known = reach[rel_dir] = reachable(parent) & here
+        return known
+
     for rel in names:
         path = source / rel
         try:
@@ -305,7 +347,7 @@ def build_tree(
             if stat.S_ISLNK(st.st_mode):
                 target = os.readlink(path)
                 raw = os.fsencode(target)
-                files[rel] = FileEntry(hashlib.sha256(raw).hexdigest(), len(raw), False, target)
+                files[rel] = FileEntry(hashlib.sha256(raw).hexdigest(), len(raw), None, target)
                 continue
             key = [st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino]
             entry = cached.get(rel)
@@ -321,7 +363,8 @@ def build_tree(
                 f"cannot read {path}: {exc.strerror}", hint="fix its permissions or exclude it"
             ) from None
         fresh[rel] = [*key, sha]
-        files[rel] = FileEntry(sha, st.st_size, bool(st.st_mode & 0o111))
+        parent = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        files[rel] = FileEntry(sha, st.st_size, node_mode(st.st_mode, reachable(parent)))
     if cache_file is not None and (hashed or len(fresh) != len(cached)):
         _write_cache(cache_file, fresh)
     return LocalTree(source, files, rules, lister, hashed)

@@ -5,8 +5,15 @@ destination and prints every file's SHA-256 (cached on the node, so an unchanged
 (2) when something differs, one bundle (a JSON header line, then the changed files' bytes) travels
 through the transport's ``put`` (one SFTP upload, whatever the number of files: one put per small file
 costs a round trip each); (3) the probe applies it: deletions, then each file written beside its
-target and renamed over it (atomic per file), modes 0755/0644 after the executable bit, never through
-a symbolic link. Nodes needing the same change share one bundle built once.
+target (created owner-only) and renamed over it (atomic per file), never through a symbolic link.
+
+Modes: every file carries the exact permission bits it must have on the node
+(:func:`~orchestrator.steps.codesync.manifest.node_mode`: group and others never get more than they
+have here, so a 0600 ``.env`` stays 0600); the probe reports each node file's bits and applies the
+header's, so a mode changed on either side is a change like a content edit. The bundle itself holds
+those files' bytes: it is uploaded owner-only (``put(mode=0o600)``, set before any byte is written).
+Native Windows nodes have no POSIX modes (files inherit their directory's ACL): modes are neither
+compared nor applied there. Nodes needing the same change share one bundle built once.
 """
 
 from __future__ import annotations
@@ -140,7 +147,7 @@ def _rules_for_probe(rules: IgnoreRules) -> list[list[Any]]:
 
 def _header_entry(rel: str, entry: FileEntry) -> list[Any]:
     size = 0 if entry.link is not None else entry.size  # a link's text travels in the header
-    return [rel, size, entry.executable, entry.link, entry.sha256]
+    return [rel, size, entry.mode, entry.link, entry.sha256]
 
 
 class _Bundles:
@@ -219,8 +226,8 @@ def _run_probe(node: Node, transport: Transport, args: dict[str, Any], timeout: 
 
 def _remote_files(raw: dict[str, Any]) -> dict[str, FileEntry]:
     return {
-        rel: FileEntry(str(sha), int(size), bool(executable), link)
-        for rel, (sha, size, executable, link) in raw.items()
+        rel: FileEntry(str(sha), int(size), None if mode is None else int(mode), link)
+        for rel, (sha, size, mode, link) in raw.items()
     }
 
 
@@ -250,7 +257,7 @@ def sync_node(
     progress: Callable[[str], None] = lambda text: None,
 ) -> CodeSyncResult:
     """Make ``dest`` on one node hold exactly the project (``tree``); see the module docstring."""
-    # native Windows has no executable bit: compare without modes there (its probe reports none)
+    # native Windows has no POSIX modes: compare without them there (its probe reports none)
     windows = isinstance(transport.platform, PowerShell)
     if not windows and not isinstance(transport.platform, PosixShell):
         raise UsageError(f"code sync to {transport.platform.name} nodes is not supported yet", node=node.name)
@@ -309,7 +316,8 @@ def sync_node(
     bundle = bundles.get(changes)
     progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
     name = f"{RESERVED_PREFIX}-upload-{secrets.token_hex(6)}"
-    transport.put(bundle, f"{where.rstrip('/')}/{name}")
+    # owner-only: the bundle carries the bytes of files that are private here (.env at 0600)
+    transport.put(bundle, f"{where.rstrip('/')}/{name}", mode=0o600)
     applied = _run_probe(node, transport, {"op": "apply", "dest": where, "bundle": name}, APPLY_TIMEOUT)
     errors = [str(e) for e in applied.get("errors") or []]
     if errors:
@@ -346,7 +354,7 @@ def sync_code(
 ) -> list[Outcome[CodeSyncResult]]:
     """Push the project (``cluster.code``) to ``nodes`` in parallel; one outcome per node, in order.
 
-    Only files whose content hash or executable bit differs travel; files the project no longer has
+    Only files whose content hash or mode differs travel; files the project no longer has
     are deleted on the node (ignored files never: a node's ``__pycache__`` or training outputs stay).
     An unchanged node costs one round trip and reads no file on either side (both keep hash caches).
     ``dry_run``: compare only (the node's cache is not written) and report what would move.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
 from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan, EnvOps, ops_for
 from orchestrator.steps.envsync.report import EnvReport, NodeVersions, summarize
@@ -35,7 +36,10 @@ from orchestrator.steps.envsync.spec import (
     STAMP_NAME,
     EnvSpec,
     drift,
+    env_file_text,
     env_path,
+    index_environment,
+    index_flags,
     python_matches,
     resolve_spec,
     stamp_key,
@@ -238,6 +242,7 @@ def plan_build(
     force: bool,
     installer: tuple[str, str | None],
     index_args: list[str],
+    index_env: dict[str, str] | None = None,
     remove_wheels: tuple[str, ...] = (),
     path: str | None = None,
     supports_clone: bool = True,
@@ -274,6 +279,7 @@ def plan_build(
         installer=installer[0],
         uv=installer[1],
         index_args=tuple(index_args),
+        index_env=tuple(sorted((index_env or {}).items())),
         require_hashes=spec.hashes,
         stamp=stamp,
         offline=spec.offline,
@@ -376,11 +382,14 @@ def sync_node(
     notes: list[str] = []
     pushed = 0
     stale: tuple[str, ...] = ()
+    index_env: dict[str, str] = {}
     if spec.offline:
-        # the node's absolute path (the probe expanded "~"): pip takes --find-links literally
+        # the node's absolute path (the probe expanded "~"): pip takes --find-links literally. Our
+        # own directory, no login in it; the inventory's locations were for this machine's download
         index_args = ["--no-index", "--find-links", str(found.venv["path"]).rstrip("/\\") + ".wheels"]
     else:
-        index_args = wheelhouse_mod.index_args(spec)
+        index_args = index_flags(spec)
+        index_env = index_environment(spec, installer[0])
     plan = plan_build(
         node,
         spec,
@@ -389,6 +398,7 @@ def sync_node(
         force=force,
         installer=installer,
         index_args=index_args,
+        index_env=index_env,
         path=str(found.venv["path"]) if ops.absolute_paths else path,
         supports_clone=ops.supports_clone,
     )
@@ -402,13 +412,19 @@ def sync_node(
         pushed, stale, notes = _push_wheels(node, transport, spec, found, plan.path)
         plan = BuildPlan(**{**plan.__dict__, "remove_wheels": stale})
     with tempfile.TemporaryDirectory(prefix="cb-env-") as tmp:
+        # owner-only, both: a requirements file may name an index with its login, the index
+        # settings hold them (the build script reads and deletes that file before installing)
         local = Path(tmp) / "requirements.txt"
         local.write_text(spec.requirements_text, encoding="utf-8")
-        transport.put(local, transport.platform.transfer_path(plan.requirements_file))
+        transport.put(local, transport.platform.transfer_path(plan.requirements_file), mode=0o600)
+        if plan.index_env_file:
+            settings = Path(tmp) / "index.env"
+            settings.write_text(env_file_text(dict(plan.index_env)), encoding="utf-8")
+            transport.put(settings, transport.platform.transfer_path(plan.index_env_file), mode=0o600)
 
     def forward(stream: str, line: str) -> None:
         if on_line is not None and not line.startswith(INSTALLED_MARK):
-            on_line(node.name, line)
+            on_line(node.name, mask_url_credentials(line))
 
     result = transport.run(ops.build(plan), timeout=3600, on_line=forward, keep_lines=400)
     round_trips += 1
@@ -475,19 +491,19 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
     path = env_path(node, spec)
     wrap = transport.platform.wrap
     commands = [wrap(ops.probe(interpreter_for(node), _probe_args(spec, path)))]
-    index_args = (
-        ["--no-index", "--find-links", path.rstrip("/\\") + ".wheels"]
-        if spec.offline
-        else wheelhouse_mod.index_args(spec)
-    )
+    installer = "uv" if spec.installer == "uv" else "pip"
+    offline = ["--no-index", "--find-links", path.rstrip("/\\") + ".wheels"]
+    index_args = offline if spec.offline else index_flags(spec)
+    index_env = {} if spec.offline else index_environment(spec, installer)
     plan = BuildPlan(
         interpreter=interpreter_for(node),
         path=path,
         build_id="BUILD-ID",
         clone=False,
-        installer="uv" if spec.installer == "uv" else "pip",
+        installer=installer,
         uv="uv" if spec.installer == "uv" else None,
         index_args=tuple(index_args),
+        index_env=tuple(sorted(index_env.items())),
         require_hashes=spec.hashes,
         stamp={"key": "KEY", "id": "BUILD-ID"},
         offline=spec.offline,
@@ -497,7 +513,12 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
     commands.append(wrap(ops.prepare(plan)))
     if spec.offline:
         commands.append(f"# upload: wheels this node lacks -> {plan.wheelhouse}/")
-    commands.append(f"# upload: {spec.source} -> {plan.requirements_file}")
+    commands.append(f"# upload (owner-only): {spec.source} -> {plan.requirements_file}")
+    if plan.index_env_file:
+        # what the installer's environment gets, logins masked (one line per variable)
+        settings = mask_url_credentials(env_file_text(index_env)).splitlines()
+        commands.append(f"# upload (owner-only): index settings -> {plan.index_env_file}")
+        commands.extend(f"#   {line}" for line in settings)
     commands.append(wrap(ops.build(plan)))
     return commands
 

@@ -9,6 +9,11 @@ Layout on a node (Linux; ``P`` = ``env.path``)::
     P.versions/<id>/   one complete venv per build (the active one and the previous one are kept)
     P.wheels/          offline mode: the wheels pushed by the controller
 
+Index locations (which may hold a login) reach the installer through its environment: an owner-only
+file ``P.versions/<id>.index.env`` (``NAME=VALUE`` lines, uploaded before the build) that the build
+script reads into its environment and deletes before the installer starts. Nothing secret is ever in
+the script or the installer's command line, which every user of the node can read (``ps``).
+
 Why a symlink switch and not ``mv venv.new venv``: a venv is not relocatable: pip writes the venv's
 absolute path into every console script (``bin/torchrun``'s shebang), so a renamed venv has broken
 scripts. Each build lives at its final path; the switch is an atomic rename of a symlink.
@@ -82,7 +87,8 @@ class BuildPlan:
     clone: bool  # start from a hard-link copy of the active build (only changed packages move)
     installer: str  # "pip" | "uv"
     uv: str | None  # uv's path on the node
-    index_args: tuple[str, ...]  # --index-url ... / --no-index --find-links <wheelhouse>
+    # options without a location from the inventory: --no-index / --no-index --find-links <wheelhouse>
+    index_args: tuple[str, ...]
     require_hashes: bool
     stamp: dict[str, object]
     offline: bool = False  # installs from the node's wheelhouse, which the controller fills
@@ -91,6 +97,8 @@ class BuildPlan:
     pip_runner: str = "venv"
     pip_wheel: str | None = None
     remove_wheels: tuple[str, ...] = ()  # offline: wheels in the node's wheelhouse no longer wanted
+    #: the installer's index variables (spec.index_environment): uploaded in ``index_env_file``
+    index_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def versions_dir(self) -> str:
@@ -103,6 +111,11 @@ class BuildPlan:
     @property
     def requirements_file(self) -> str:
         return f"{self.versions_dir}/{self.build_id}.requirements.txt"
+
+    @property
+    def index_env_file(self) -> str | None:
+        """Where the build script finds ``index_env`` (None: no variables, no file)."""
+        return f"{self.versions_dir}/{self.build_id}.index.env" if self.index_env else None
 
 
 class EnvOps(ABC):
@@ -183,6 +196,13 @@ class PosixEnvOps(EnvOps):
             'fail() { echo "cluster-bootstrap: $1" >&2; rm -rf "$new" "$req"; exit 1; }',
             'rm -rf "$new"',
         ]
+        if plan.index_env_file:
+            # the index locations (maybe with a login) into the environment, never onto a command line
+            lines += [
+                f"envf={word(plan.index_env_file)}",
+                'while IFS= read -r cb_line; do export "$cb_line"; done < "$envf"; cb_read=$?; rm -f "$envf"',
+                '[ "$cb_read" -eq 0 ] || fail "cannot read the index settings $envf"',
+            ]
         if plan.clone:
             lines += [
                 'cp -a -l "$cur" "$new" 2>/dev/null || cp -a "$cur" "$new" || fail "cannot copy $cur"',
@@ -240,6 +260,24 @@ class PowerShellEnvOps(EnvOps):
         dirs = [plan.versions_dir] + ([plan.wheelhouse] if plan.offline else [])
         return "\n".join(self.platform.mkdir(d) for d in dirs)
 
+    def _load_env(self, plan: BuildPlan) -> list[str]:
+        """The index variables into this process's environment (the installer inherits it), the
+        file deleted at once; nothing secret is in the script itself."""
+        if not plan.index_env_file:
+            return []
+        q = self.platform.quote
+        return [
+            f"$cbEnvFile = {q(plan.index_env_file.replace('/', chr(92)))}",
+            "try {",
+            "  foreach ($cbLine in [System.IO.File]::ReadAllLines($cbEnvFile)) {",
+            "    $cbAt = $cbLine.IndexOf('=')",
+            "    if ($cbAt -gt 0) { [Environment]::SetEnvironmentVariable($cbLine.Substring(0, $cbAt), "
+            "$cbLine.Substring($cbAt + 1), 'Process') }",
+            "  }",
+            "} catch { cbFail ('cannot read the index settings ' + $cbEnvFile) }",
+            "finally { Remove-Item -LiteralPath $cbEnvFile -Force -ErrorAction SilentlyContinue }",
+        ]
+
     def _check(self, why: str) -> str:
         return f"if ($global:LASTEXITCODE -ne 0) {{ cbFail {self.platform.quote(why)} }}"
 
@@ -280,6 +318,7 @@ class PowerShellEnvOps(EnvOps):
             "  exit 1",
             "}",
             "if (Test-Path -LiteralPath $cbNew) { Remove-Item -LiteralPath $cbNew -Recurse -Force }",
+            *self._load_env(plan),
             p.native([plan.interpreter, "-m", "venv", *without, new]),
             self._check("python -m venv failed"),
             install,

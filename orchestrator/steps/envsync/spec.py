@@ -4,6 +4,12 @@
 text pushed to the nodes, the index options, the installer setting. :func:`stamp_key` turns a spec
 plus what a node reports (Python version, platform) into the key written in the venv's stamp: an
 unchanged key means an unchanged environment, so the node is skipped after one round trip.
+
+Package locations (``index_url``, ``extra_index_urls``, ``find_links``) may carry a login
+(``https://user:token@host/simple``). They never go on a command line, where every user of the node
+sees them (``ps``): :func:`index_environment` turns them into the variables the installer reads
+(``PIP_INDEX_URL``, ``UV_INDEX_URL``...), and :func:`index_flags` gives the options left, which hold
+no location. Wherever a location is shown, its login is masked (:mod:`orchestrator.redact`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
+from orchestrator.redact import mask_url_credentials
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -76,12 +83,14 @@ class EnvSpec:
 
     @property
     def digest(self) -> str:
-        """Hash of everything in the spec that changes what gets installed (not the path)."""
+        """Hash of everything in the spec that changes what gets installed (not the path). Logins in
+        URLs are left out: a new token changes nothing installed, and the stamp (readable on the
+        node) must not allow guessing a password from its hash."""
         material = {
             "requirements": self.requirements_text,
-            "index_url": self.index_url,
-            "extra_index_urls": list(self.extra_index_urls),
-            "find_links": list(self.find_links),
+            "index_url": None if self.index_url is None else mask_url_credentials(self.index_url),
+            "extra_index_urls": [mask_url_credentials(u) for u in self.extra_index_urls],
+            "find_links": [mask_url_credentials(u) for u in self.find_links],
             "no_index": self.no_index,
             "offline": self.offline,
             "installer": self.installer,
@@ -139,7 +148,8 @@ def parse_requirements(text: str, source: str) -> tuple[tuple[Requirement, ...],
         name = canonical_name(named.group(1)) if named and not is_url else None
         reqs.append(Requirement(requirement, name, None))
         warnings.append(
-            f"{source}: '{requirement}' is not pinned with ==: nodes may resolve different versions "
+            f"{source}: '{mask_url_credentials(requirement)}' is not pinned with ==: nodes may resolve "
+            "different versions "
             "(pin it, or use a lock file: pip-compile, uv pip compile)"
         )
     if not reqs:
@@ -190,6 +200,7 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
             hint="add env.requirements: FILE or env.packages: [...] (see docs/sync.md)",
         )
     reqs, hashes, warnings = parse_requirements(text, source)
+    _check_locations(inventory.source, os_name, override, env.installer, pick)
     return EnvSpec(
         os=os_name,
         source=source,
@@ -207,6 +218,73 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
         base_dir=str(Path(inventory.source).parent),
         warnings=tuple(warnings),
     )
+
+
+#: the variables each installer reads each location from (several extra index URLs: joined by a space
+#: for both; several find-links: a space for pip, a comma for uv)
+_LOCATION_VARIABLES = {
+    "pip": {
+        "index_url": "PIP_INDEX_URL",
+        "extra_index_urls": "PIP_EXTRA_INDEX_URL",
+        "find_links": "PIP_FIND_LINKS",
+    },
+    "uv": {
+        "index_url": "UV_INDEX_URL",
+        "extra_index_urls": "UV_EXTRA_INDEX_URL",
+        "find_links": "UV_FIND_LINKS",
+    },
+}
+_FIND_LINKS_SEPARATOR = {"pip": " ", "uv": ","}
+
+
+def _check_locations(source: str, os_name: str, override: Any, installer: str, pick: Any) -> None:
+    """Every location must survive the trip through an environment variable: one line, no space (pip
+    splits lists at spaces), no comma in find_links unless pip installs (uv splits those at commas)."""
+    for name in ("index_url", "extra_index_urls", "find_links"):
+        value = pick(name)
+        values = [value] if isinstance(value, str) else list(value or ())
+        own = override is not None and getattr(override, name, None) is not None
+        field_name = f"env.{os_name}.{name}" if own else f"env.{name}"
+        for item in values:
+            shown = mask_url_credentials(item)
+            if any(c.isspace() or ord(c) < 32 for c in item):
+                raise UsageError(
+                    f"{source}: {field_name}: {shown!r} contains a space or a line break, which the "
+                    "installer's environment variables cannot carry",
+                    hint="percent-encode it in a URL (%20), or use a directory whose path has no space",
+                )
+            if name == "find_links" and installer != "pip" and _FIND_LINKS_SEPARATOR["uv"] in item:
+                raise UsageError(
+                    f"{source}: {field_name}: {shown!r} contains a comma, which uv reads as a separator",
+                    hint="rename the directory, percent-encode it in a URL (%2C), or set env.installer: pip",
+                )
+
+
+def index_flags(spec: EnvSpec) -> list[str]:
+    """The installer options about where packages come from that hold no location (and so no login):
+    ``--no-index``. The locations themselves travel in :func:`index_environment`."""
+    return ["--no-index"] if spec.no_index else []
+
+
+def index_environment(spec: EnvSpec, installer: str) -> dict[str, str]:
+    """The environment variables giving ``installer`` ("pip" or "uv") the spec's index URL, extra
+    index URLs and find-links locations, exactly as it reads them (the only way they reach an
+    installer: never its command line)."""
+    names = _LOCATION_VARIABLES[installer]
+    out: dict[str, str] = {}
+    if spec.index_url and not spec.no_index:
+        out[names["index_url"]] = spec.index_url
+    if spec.extra_index_urls and not spec.no_index:
+        out[names["extra_index_urls"]] = " ".join(spec.extra_index_urls)
+    if spec.find_links:
+        out[names["find_links"]] = _FIND_LINKS_SEPARATOR[installer].join(spec.find_links)
+    return out
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    """``NAME=VALUE`` lines: how the variables of :func:`index_environment` reach a node, in an
+    owner-only file the build script reads and deletes (values never hold a line break)."""
+    return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
 
 
 def env_path(node: Node, spec: EnvSpec | None = None, path_setting: str | None = None) -> str:

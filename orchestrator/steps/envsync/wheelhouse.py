@@ -4,6 +4,9 @@
 fetches the wheels a node needs without running on it: the platform tags come from the node's own
 report (``env_probe.py``), so a glibc 2.28 node and a glibc 2.36 node each get wheels they can install.
 Nodes then install with ``--no-index --find-links <their wheelhouse>``: they never need the network.
+The index locations reach this machine's ``pip download`` through its environment (``PIP_INDEX_URL``...,
+:func:`~orchestrator.steps.envsync.spec.index_environment`), never its command line: other users of
+this machine see command lines too.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from pathlib import Path
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.logs import state_dir
-from orchestrator.steps.envsync.spec import EnvSpec
+from orchestrator.redact import mask_url_credentials
+from orchestrator.steps.envsync.spec import EnvSpec, index_environment, index_flags
 
 _COMPLETE = ".complete"
 
@@ -52,7 +56,8 @@ def wheelhouse_root() -> Path:
 
 
 def download_command(spec: EnvSpec, target: Target, directory: Path, requirements: Path) -> list[str]:
-    """The controller's ``pip download`` for one target (shown by --dry-run)."""
+    """The controller's ``pip download`` for one target (shown by --dry-run); it runs with
+    :func:`download_environment`, which says where packages come from."""
     argv = [
         sys.executable,
         "-m",
@@ -76,26 +81,16 @@ def download_command(spec: EnvSpec, target: Target, directory: Path, requirement
     ]
     for platform in target.platforms:
         argv += ["--platform", platform]
-    argv += index_args(spec)
+    argv += index_flags(spec)
     if spec.hashes:
         argv.append("--require-hashes")
     argv += ["-d", str(directory), "-r", str(requirements)]
     return argv
 
 
-def index_args(spec: EnvSpec) -> list[str]:
-    """pip/uv options for where packages come from (online installs and controller downloads)."""
-    argv: list[str] = []
-    if spec.no_index:
-        argv.append("--no-index")
-    elif spec.index_url:
-        argv += ["--index-url", spec.index_url]
-    if not spec.no_index:
-        for url in spec.extra_index_urls:
-            argv += ["--extra-index-url", url]
-    for link in spec.find_links:
-        argv += ["--find-links", link]
-    return argv
+def download_environment(spec: EnvSpec) -> dict[str, str]:
+    """The environment of the controller's ``pip download``: this one's, plus the index locations."""
+    return {**os.environ, "PIP_NO_INPUT": "1", **index_environment(spec, "pip")}
 
 
 def sha256(path: Path) -> str:
@@ -141,14 +136,14 @@ def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
                 argv,
                 capture_output=True,
                 text=True,
-                env={**os.environ, "PIP_NO_INPUT": "1"},
+                env=download_environment(spec),
                 cwd=spec.base_dir,  # relative find_links are the inventory's
             )
         finally:
             requirements.unlink(missing_ok=True)
         output = (proc.stdout + proc.stderr).splitlines()
         if proc.returncode != 0:
-            tail = " | ".join(line for line in output[-4:] if line.strip())
+            tail = mask_url_credentials(" | ".join(line for line in output[-4:] if line.strip()))
             _failed[str(directory)] = CommandFailedError(
                 f"offline mode: downloading wheels for {target.describe()} failed: {tail}",
                 hint="every package needs a binary wheel for that platform (--only-binary=:all:); "

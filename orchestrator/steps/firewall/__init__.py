@@ -24,7 +24,6 @@ from orchestrator.steps.firewall.linux import (
     detect,
     detection_sections,
     firewalld_commands,
-    firewalld_policy,
     iptables_commands,
     iptables_persist_commands,
     nft_commands,
@@ -34,9 +33,9 @@ from orchestrator.steps.firewall.linux import (
 )
 from orchestrator.steps.firewall.rules import (
     Changes,
+    ClusterTag,
     PortRange,
     Rule,
-    cluster_tag,
     is_usable_peer,
     node_ports,
     reconcile,
@@ -190,8 +189,8 @@ def plan_node(
     """The commands that bring ``node`` from what ``detection`` found to what the cluster needs."""
     platform = platform or PosixShell()
     settings = inventory.cluster.firewall
-    tag = cluster_tag(inventory.cluster.name)
-    policy = firewalld_policy(inventory.cluster.name)
+    ids = ClusterTag(inventory.cluster.name)
+    tag = ids.tag
     filtering = [t for t in detection.targets if t.filtering]
     result = FirewallResult(kind=detection.kind, places=[t.label for t in detection.targets])
     result.notes.extend(detection.notes)
@@ -218,15 +217,18 @@ def plan_node(
         result.notes.append("no active firewall filters incoming traffic here: nothing to open")
 
     commands: list[str] = []
+    legacy = 0  # rules with the legacy tag, removed
     nft_changes: list[tuple[Target, Changes]] = []
     nft_wanted: list[tuple[Target, list[Rule]]] = []
     for target in detection.targets:
         wanted = rules if target.filtering else []
         if target.kind == "firewalld":
             change, fw_commands = firewalld_commands(
-                platform, target, wanted, policy, tag, persist=settings.persist, remove=remove
+                platform, target, wanted, tag, persist=settings.persist, remove=remove
             )
             commands += fw_commands
+            if target.legacy and fw_commands:
+                result.notes.append(f"removed {target.label} (and its rules): the rules carry {tag} now")
         else:
             change = reconcile(wanted, target.present)
             if target.kind == "nftables":
@@ -248,6 +250,12 @@ def plan_node(
         result.added += len(change.add)
         result.removed += len(change.delete)
         result.unchanged += len(change.unchanged)
+        legacy += sum(1 for entry in change.delete if entry.legacy)
+    if legacy:
+        result.notes.append(
+            f"{legacy} rule(s) tagged {ids.legacy} (the tag of earlier versions, which other cluster "
+            f"names could share) removed" + ("" if remove else f"; the cluster's rules carry {tag} now")
+        )
     commands = nft_commands(platform, nft_changes, tag) + commands
     nft_changed = any(change.changed for _, change in nft_changes)
     persisted = "included" in detection.persist
@@ -262,6 +270,9 @@ def plan_node(
     elif persisted and (remove or not settings.persist):
         commands += nft_persist_commands(platform, [], tag, remove=True)
         result.notes.append(f"removed the persisted rules ({nft_persist_file(tag)})")
+    if "legacy" in detection.persist:  # persisted under the legacy tag: a rerun persists them anew
+        commands += nft_persist_commands(platform, [], ids.legacy, remove=True)
+        result.notes.append(f"removed the persisted rules of the legacy tag ({nft_persist_file(ids.legacy)})")
     result.commands = commands
     return result
 
@@ -305,7 +316,7 @@ def plan_windows(
     shown_ports = [str(p) for p in fixed_ports] + [str(ephemeral) if ephemeral else "dynamic range"]
     return FirewallResult(
         kind=kind,
-        places=[f"{kind} rules {cluster_tag(inventory.cluster.name)}"],
+        places=[f"{kind} rules {ClusterTag(inventory.cluster.name).tag}"],
         ports=[] if remove else shown_ports,
         sources=[] if remove else sources,
         commands=[script],
@@ -361,14 +372,8 @@ def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detec
             node=node.name,
         )
     platform = transport.platform
-    tag = cluster_tag(inventory.cluster.name)
-    policy = firewalld_policy(inventory.cluster.name)
-    sections = detection_sections(
-        platform,
-        master_host=inventory.master_node.host,
-        policy=policy,
-        persist_file=nft_persist_file(tag),
-    )
+    ids = ClusterTag(inventory.cluster.name)
+    sections = detection_sections(platform, master_host=inventory.master_node.host, ids=ids)
     token = "cb-" + secrets.token_hex(6)
     result = run_as_root(
         node, transport, platform.sectioned(sections, token), "reading the firewall", DETECT_TIMEOUT
@@ -381,7 +386,7 @@ def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detec
             hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
             result=result,
         )
-    return detect(result.stdout, token, tag=tag, policy=policy)
+    return detect(result.stdout, token, ids)
 
 
 def apply_node(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
@@ -433,6 +438,11 @@ def _firewall_step(
     detections = {o.node: o.value for o in detected if o.value is not None}
     if addresses is None:
         addresses = cluster_addresses(inventory, detections) if not remove else {}
+    else:  # given by the caller (the preflight's interface sources): checked like our own
+        for name, address in addresses.items():
+            if not is_usable_peer(address):
+                warnings.append(f"{name}: {address!r} is not a usable IPv4 address: no rule names it")
+        addresses = {name: a for name, a in addresses.items() if is_usable_peer(a)}
     chosen = {n.name for n in selected}
     for o in detected:
         if o.node not in chosen and o.error is not None:
@@ -493,6 +503,7 @@ def apply_firewall(
 def remove_firewall(
     session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
 ) -> FirewallRun:
-    """Delete every rule tagged ``cluster-bootstrap:<cluster>`` on ``nodes`` (and our persisted
-    files), nothing else: what `bootstrap firewall --remove` and teardown do."""
+    """Delete every rule tagged with this cluster's exact tag, current or legacy (see
+    :class:`~orchestrator.steps.firewall.rules.ClusterTag`), on ``nodes`` (and our persisted files),
+    nothing else: what `bootstrap firewall --remove` and teardown do."""
     return _firewall_step(session, inventory, nodes, dry_run=dry_run, remove=True, addresses=None)

@@ -28,45 +28,45 @@ from orchestrator.facts.base import split_sections
 from orchestrator.facts.network import Addresses, InterfaceAddress, Interfaces, MasterRoute, Route
 from orchestrator.platforms import Platform
 from orchestrator.steps.firewall.rules import (
+    TAG_PREFIX,
     Changes,
+    ClusterTag,
     PortRange,
     Present,
     Rule,
     normalize_source,
     reconcile,
-    short_name,
 )
 
 Kind = Literal["nftables", "iptables", "ufw", "firewalld"]
 
 #: nft and iptables identifiers we are willing to put into a command (anything else is left alone)
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")  # .fullmatch only
 #: where persisted nftables rules live (Debian/Ubuntu `nftables.service` loads /etc/nftables.conf)
 NFT_CONF = "/etc/nftables.conf"
 NFT_DIR = "/etc/nftables.d"
 #: netfilter-persistent's files (Debian/Ubuntu `iptables-persistent`)
 IPTABLES_RULES = "/etc/iptables/rules.v4"
-#: firewalld policy names are limited like zone names (17 characters)
-FIREWALLD_NAME_LIMIT = 17
-
-
-def firewalld_policy(cluster_name: str) -> str:
-    return short_name(cluster_name, FIREWALLD_NAME_LIMIT)
+#: nft rule handles: what `delete rule ... handle N` takes
+_HANDLE_RE = re.compile(r"[0-9]+")
 
 
 def nft_persist_file(tag: str) -> str:
+    """Where the nft rules tagged ``tag`` are persisted (the current tag's file, or a legacy one)."""
     return f"{NFT_DIR}/{tag.replace(':', '-')}.nft"
 
 
 # -- detection ----------------------------------------------------------------------------------------
 
 
-def detection_sections(
-    platform: Platform, *, master_host: str, policy: str, persist_file: str
-) -> list[tuple[str, str]]:
+def detection_sections(platform: Platform, *, master_host: str, ids: ClusterTag) -> list[tuple[str, str]]:
     """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
-    needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off."""
+    needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
+    Our firewalld policy and persisted nft file are looked for under their current and legacy names."""
     q = platform.quote
+    persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
+    legacy_include = f'include "{legacy_file}"'
+    policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
     return [
         ("route", MasterRoute(master_host).command(platform)),
         ("addresses", Addresses().command(platform)),
@@ -85,8 +85,12 @@ def detection_sections(
             "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
             "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
             "firewall-cmd --state || exit 3\n"
-            f"echo '@@runtime'\nfirewall-cmd --info-policy={q(policy)}\n"
-            f"echo '@@permanent'\nfirewall-cmd --permanent --info-policy={q(policy)}\nexit 0",
+            f"for p in {policies}; do\n"
+            '  echo "@@policy $p"\n'
+            "  echo '@@runtime'; firewall-cmd --info-policy=\"$p\"\n"
+            "  echo '@@permanent'; firewall-cmd --permanent --info-policy=\"$p\"\n"
+            "  echo '@@description'; firewall-cmd --permanent --policy=\"$p\" --get-description\n"
+            "done\nexit 0",
         ),
         ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
         (
@@ -104,6 +108,8 @@ def detection_sections(
             "persist",
             f"[ -f {q(NFT_CONF)} ] && echo nftables.conf\n"
             f"[ -f {q(persist_file)} ] && grep -qF {q(persist_file)} {q(NFT_CONF)} && echo included\n"
+            # the file of the legacy tag, or its include line alone: removed (a rerun persists anew)
+            f"{{ [ -f {q(legacy_file)} ] || grep -qxF {q(legacy_include)} {q(NFT_CONF)}; }} && echo legacy\n"
             f"[ -f {q(IPTABLES_RULES)} ] && echo rules.v4\nexit 0",
         ),
     ]
@@ -124,6 +130,8 @@ class Target:
     exists: bool = True  # firewalld: our policy exists (runtime)
     permanent: list[Present] = field(default_factory=list)  # firewalld: rules in the permanent config
     permanent_exists: bool = False
+    policy: str = ""  # firewalld: the policy's name
+    legacy: bool = False  # firewalld: the policy of the legacy name (removed with its rules)
 
 
 @dataclass
@@ -136,7 +144,7 @@ class Detection:
     addresses: tuple[InterfaceAddress, ...]
     interfaces: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
-    persist: set[str] = field(default_factory=set)  # "nftables.conf", "included", "rules.v4"
+    persist: set[str] = field(default_factory=set)  # "nftables.conf", "included", "legacy", "rules.v4"
 
     @property
     def kind(self) -> str:
@@ -155,7 +163,7 @@ def parse_port_range(text: str) -> PortRange | None:
         return None
 
 
-def detect(stdout: str, token: str, *, tag: str, policy: str) -> Detection:
+def detect(stdout: str, token: str, ids: ClusterTag) -> Detection:
     """Decide from the framed output of :func:`detection_sections` (pure: tested on recorded output)."""
     sections = split_sections(stdout, token)
 
@@ -191,11 +199,22 @@ def detect(stdout: str, token: str, *, tag: str, policy: str) -> Detection:
 
     ufw_text, ufw_code = out("ufw")
     if ufw_code != 127 and re.search(r"^Status: active", ufw_text, re.M):
-        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, tag)))
+        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, ids)))
         return detection
     fwd_text, fwd_code = out("firewalld")
     if fwd_code == 0 and fwd_text.splitlines()[:1] == ["running"]:
-        detection.targets.append(parse_firewalld(fwd_text, policy))
+        current = parse_firewalld(fwd_text, ids.policy, ids)
+        if current is None:
+            detection.notes.append(
+                f"firewalld policy {ids.policy} exists but is not this cluster's (its description is "
+                f"not {ids.tag}): left alone; rename that policy, or this cluster"
+            )
+        else:
+            detection.targets.append(current)
+        if ids.legacy_policy != ids.policy:
+            legacy = parse_firewalld(fwd_text, ids.legacy_policy, ids, legacy=True)
+            if legacy is not None and (legacy.exists or legacy.permanent_exists):
+                detection.targets.append(legacy)
         return detection
 
     nft_text, nft_code = out("nft")
@@ -206,14 +225,14 @@ def detect(stdout: str, token: str, *, tag: str, policy: str) -> Detection:
         except ValueError:
             detection.notes.append("`nft -j list ruleset` printed something that is not JSON")
             doc = {"nftables": []}
-        detection.targets.extend(nft_targets(doc, tag, iptables_nft=ipt_nft_code == 0))
+        detection.targets.extend(nft_targets(doc, ids, iptables_nft=ipt_nft_code == 0))
         if ipt_nft_code == 0:
             for target in detection.targets:
                 if target.kind == "iptables":
-                    target.present = parse_iptables_rules(ipt_nft_text, tag)
+                    target.present = parse_iptables_rules(ipt_nft_text, ids)
     legacy_text, legacy_code = out("iptables_legacy")
     if legacy_code == 0:
-        present = parse_iptables_rules(legacy_text, tag)
+        present = parse_iptables_rules(legacy_text, ids)
         filtering = iptables_filters(legacy_text)
         if filtering or present:
             detection.targets.append(
@@ -318,7 +337,7 @@ def _is_iptables_nft(family: str, table: str, chain: str) -> bool:
     return family == "ip" and table == "filter" and chain == "INPUT"
 
 
-def nft_targets(doc: dict[str, Any], tag: str, *, iptables_nft: bool) -> list[Target]:
+def nft_targets(doc: dict[str, Any], ids: ClusterTag, *, iptables_nft: bool) -> list[Target]:
     """Filtering input chains (IPv4-relevant families) plus any chain holding rules of ours."""
     items = doc.get("nftables", []) if isinstance(doc, dict) else []
     chains: list[dict[str, Any]] = []
@@ -334,8 +353,10 @@ def nft_targets(doc: dict[str, Any], tag: str, *, iptables_nft: bool) -> list[Ta
             key = (str(r.get("family")), str(r.get("table")), str(r.get("chain")))
             expr = r.get("expr") or []
             rules.setdefault(key, []).append(expr)
-            if r.get("comment") == tag:
-                ours.setdefault(key, []).append(Present(parse_nft_rule(expr), str(r.get("handle"))))
+            comment, handle = r.get("comment"), str(r.get("handle"))
+            if isinstance(comment, str) and ids.owns(comment) and _HANDLE_RE.fullmatch(handle):
+                present = Present(parse_nft_rule(expr), handle, legacy=ids.is_legacy(comment))
+                ours.setdefault(key, []).append(present)
     targets: list[Target] = []
     for c in chains:
         family, table, name = str(c.get("family")), str(c.get("table")), str(c.get("name"))
@@ -350,7 +371,7 @@ def nft_targets(doc: dict[str, Any], tag: str, *, iptables_nft: bool) -> list[Ta
             continue
         if not (filtering or key in ours):
             continue
-        if not all(_NAME_RE.match(part) for part in (family, table, name)):
+        if not all(_NAME_RE.fullmatch(part) for part in (family, table, name)):
             continue  # a name we cannot safely write into a command: left alone
         label = f"nftables {family} {table} {name}"
         targets.append(
@@ -423,17 +444,17 @@ def iptables_filters(text: str) -> bool:
     return False
 
 
-def parse_iptables_rules(text: str, tag: str) -> list[Present]:
+def parse_iptables_rules(text: str, ids: ClusterTag) -> list[Present]:
     """Rules of ours in ``-S INPUT`` output; ``ref`` is the rule's spec (what ``-D INPUT`` takes)."""
     found: list[Present] = []
     for line in text.splitlines():
-        if not line.startswith("-A INPUT ") or tag not in line:
+        if not line.startswith("-A INPUT ") or TAG_PREFIX not in line:
             continue
         try:
             words = shlex.split(line)
         except ValueError:
             continue
-        if "--comment" not in words or words[words.index("--comment") + 1] != tag:
+        if "--comment" not in words or not ids.owns(comment := words[words.index("--comment") + 1]):
             continue
         rule: Rule | None = None
         try:
@@ -443,7 +464,7 @@ def parse_iptables_rules(text: str, tag: str) -> list[Present]:
                 rule = Rule(normalize_source(source), PortRange.parse(ports))
         except (ValueError, IndexError):
             rule = None
-        found.append(Present(rule, shlex.join(words[2:])))
+        found.append(Present(rule, shlex.join(words[2:]), legacy=ids.is_legacy(comment)))
     return found
 
 
@@ -469,18 +490,18 @@ def iptables_persist_commands(platform: Platform, target: Target, persist: set[s
 # -- ufw ----------------------------------------------------------------------------------------------
 
 
-def parse_ufw_added(text: str, tag: str) -> list[Present]:
+def parse_ufw_added(text: str, ids: ClusterTag) -> list[Present]:
     """``ufw show added`` lines with our comment; ``ref`` is the rule as ufw prints it."""
     _, _, added = text.partition("@@added")
     found: list[Present] = []
     for line in added.splitlines():
-        if not line.startswith("ufw ") or tag not in line:
+        if not line.startswith("ufw ") or TAG_PREFIX not in line:
             continue
         try:
             words = shlex.split(line)
         except ValueError:
             continue
-        if "comment" not in words or words[words.index("comment") + 1] != tag:
+        if "comment" not in words or not ids.owns(comment := words[words.index("comment") + 1]):
             continue
         rule: Rule | None = None
         try:
@@ -490,7 +511,7 @@ def parse_ufw_added(text: str, tag: str) -> list[Present]:
                 rule = Rule(normalize_source(source), PortRange.parse(ports))
         except (ValueError, IndexError):
             rule = None
-        found.append(Present(rule, shlex.join(words[1:])))
+        found.append(Present(rule, shlex.join(words[1:]), legacy=ids.is_legacy(comment)))
     return found
 
 
@@ -537,13 +558,31 @@ def _rich_rules(block: str) -> list[Present]:
     return found
 
 
-def parse_firewalld(text: str, policy: str) -> Target:
-    """``--info-policy`` of our policy, runtime and permanent (absent: the command printed nothing)."""
-    _, _, rest = text.partition("@@runtime")
-    runtime, _, permanent = rest.partition("@@permanent")
-    target = Target("firewalld", f"firewalld policy {policy}", True)
+def _policy_block(text: str, policy: str) -> str:
+    """The detection's lines about ``policy`` (between ``@@policy NAME`` and the next one)."""
+    blocks = re.split(r"^@@policy (\S+)$", text, flags=re.M)
+    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
+        if name == policy:
+            return body
+    return ""
+
+
+def parse_firewalld(text: str, policy: str, ids: ClusterTag, *, legacy: bool = False) -> Target | None:
+    """``--info-policy`` of ``policy``, runtime and permanent (absent: the command printed nothing),
+    as a Target; None when a policy of that name exists whose description is not our tag (the
+    current one, or for the legacy name the legacy one): another cluster's, never touched."""
+    block = _policy_block(text, policy)
+    _, _, rest = block.partition("@@runtime")
+    runtime, _, rest = rest.partition("@@permanent")
+    permanent, _, description = rest.partition("@@description")
+    label = f"firewalld policy {policy}" + (" (legacy name)" if legacy else "")
+    target = Target("firewalld", label, not legacy, policy=policy, legacy=legacy)
     target.exists = runtime.strip().startswith(policy)
     target.permanent_exists = permanent.strip().startswith(policy)
+    # we create policies with our tag as description: a policy of this name without it (a digest
+    # collision of the short name, or a policy of someone else's) is left alone
+    if target.permanent_exists and description.strip() != (ids.legacy if legacy else ids.tag):
+        return None
     target.present = _rich_rules(runtime) if target.exists else []
     target.permanent = _rich_rules(permanent) if target.permanent_exists else []
     return target
@@ -553,7 +592,6 @@ def firewalld_commands(
     platform: Platform,
     target: Target,
     wanted: Sequence[Rule],
-    policy: str,
     tag: str,
     *,
     persist: bool,
@@ -565,9 +603,13 @@ def firewalld_commands(
     (ssh included) since firewalld dropped zone drifting; a policy only adds accepts and lets the rest
     continue to the zones. firewalld creates policies only in the permanent configuration, so the
     first run adds it there and reloads once; rules go to runtime, and also to permanent with persist.
+    The policy of the legacy name (``target.legacy``) is always removed, rules and all.
     """
     q = platform.quote
     fc = "firewall-cmd"
+    policy = target.policy
+    if target.legacy:
+        wanted, remove = [], True
     commands: list[str] = []
     runtime = reconcile(wanted, target.present)
     if not remove and not target.permanent_exists:

@@ -15,8 +15,96 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-#: every rule we add carries this prefix plus the cluster name (comment, zone description, rule group)
+#: every rule we add carries this prefix plus the cluster's readable name and digest (see ClusterTag)
 TAG_PREFIX = "cluster-bootstrap"
+#: the readable part of a tag keeps at most this many characters of the cluster name
+READABLE_LIMIT = 48
+#: hex digits of sha256(cluster name) in a tag: 48 bits, so two cluster names never share a tag by chance
+DIGEST_LENGTH = 12
+#: firewalld policy names are limited like zone names (17 characters)
+FIREWALLD_NAME_LIMIT = 17
+#: the longest tag: nft keeps comments of up to 128 characters, iptables 256; Windows rule names add
+#: "-tcp-32768-60999" to it
+TAG_LIMIT = len(TAG_PREFIX) + 1 + READABLE_LIMIT + 1 + DIGEST_LENGTH
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def _digest(cluster_name: str) -> str:
+    return hashlib.sha256(cluster_name.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class ClusterTag:
+    """Every name our firewall objects carry, derived from the exact cluster name, in one place.
+
+    ``tag`` (a rule's comment, the firewalld policy's description, the Windows rule group) is
+    ``cluster-bootstrap:<readable>:<digest>``: the readable part is the name with every character
+    other than letters, digits, ``_.-`` made ``_`` and cut at 48 characters (so firewalls and people
+    can show it), the digest the first 12 hex digits of the name's SHA-256. Two cluster names that
+    differ anywhere (``fw test`` and ``fw_test``, or past the 48th character) get different tags,
+    so one cluster's ``--remove`` never matches another's rules. Rules are ours only when their tag
+    is exactly one of ours (:meth:`owns`), never by prefix.
+
+    ``legacy`` is the tag earlier versions wrote (``cluster-bootstrap:<first 64 safe characters>``,
+    shared by such names): rules carrying it are removed, by ``--remove`` and by a rerun, which then
+    writes them again with ``tag`` (docs/firewall.md, "Tags").
+    """
+
+    cluster_name: str
+
+    @property
+    def readable(self) -> str:
+        return _UNSAFE.sub("_", self.cluster_name)[:READABLE_LIMIT] or "cluster"
+
+    @property
+    def digest(self) -> str:
+        return _digest(self.cluster_name)[:DIGEST_LENGTH]
+
+    @property
+    def tag(self) -> str:
+        return f"{TAG_PREFIX}:{self.readable}:{self.digest}"
+
+    @property
+    def legacy(self) -> str:
+        safe = _UNSAFE.sub("_", self.cluster_name)[:64] or "cluster"
+        return f"{TAG_PREFIX}:{safe}"
+
+    def owns(self, comment: str) -> bool:
+        """A rule whose tag (comment) is exactly this cluster's, current or legacy."""
+        return comment in (self.tag, self.legacy)
+
+    def is_legacy(self, comment: str) -> bool:
+        return comment == self.legacy
+
+    @property
+    def policy(self) -> str:
+        """Our firewalld policy: ``cb-<readable>-<6 hex digits>``, at most 17 characters."""
+        head = re.sub(r"[^A-Za-z0-9_-]", "_", self.cluster_name)[: FIREWALLD_NAME_LIMIT - 10] or "cluster"
+        return f"cb-{head}-{self.digest[:6]}"
+
+    @property
+    def legacy_policy(self) -> str:
+        """The firewalld policy name earlier versions used (``cb-<name>`` when short enough)."""
+        safe = re.sub(r"[^A-Za-z0-9_-]", "_", self.cluster_name)
+        head = f"cb-{safe}"
+        if len(head) <= FIREWALLD_NAME_LIMIT:
+            return head
+        sha1 = hashlib.sha1(self.cluster_name.encode()).hexdigest()
+        return f"{head[: FIREWALLD_NAME_LIMIT - 6]}-{sha1[:5]}"
+
+    @property
+    def windows_prefix(self) -> str:
+        """Names of our Windows rules are this plus ``tcp-<ports>`` (Hyper-V rules have no group)."""
+        return self.tag.replace(":", "-") + "-"
+
+    @property
+    def legacy_windows_prefix(self) -> str:
+        return self.legacy.replace(":", "-") + "-"
+
+
+def cluster_tag(cluster_name: str) -> str:
+    """``cluster-bootstrap:<readable>:<digest>`` (see :class:`ClusterTag`)."""
+    return ClusterTag(cluster_name).tag
 
 
 @dataclass(frozen=True, order=True)
@@ -45,38 +133,33 @@ class PortRange:
 
 @dataclass(frozen=True, order=True)
 class Rule:
-    """Allow TCP from ``source`` (an IPv4 address or network) to ``ports`` on the node."""
+    """Allow TCP from ``source`` (an IPv4 address or network) to ``ports`` on the node.
+
+    ``source`` must already be canonical (:func:`normalize_source`): a Rule is what every firewall
+    command is written from, so nothing that is not an IP address or network can reach one (a value
+    a node reported, such as its route's source, included).
+    """
 
     source: str
     ports: PortRange
+
+    def __post_init__(self) -> None:
+        try:
+            canonical = normalize_source(self.source)
+        except ValueError:
+            raise ValueError(f"not an IPv4 address or network: {self.source!r}") from None
+        if canonical != self.source:
+            raise ValueError(f"not in canonical form: {self.source!r} (expected {canonical!r})")
 
     def __str__(self) -> str:
         return f"tcp from {self.source} to port {self.ports}"
 
 
-def cluster_tag(cluster_name: str) -> str:
-    """``cluster-bootstrap:<name>`` with only characters every firewall keeps in a comment.
-
-    The tag is how our rules are told apart from everybody else's: re-runs compare against it and
-    ``--remove`` deletes exactly the rules carrying it. Any other character becomes ``_``.
-    """
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", cluster_name)[:64] or "cluster"
-    return f"{TAG_PREFIX}:{safe}"
-
-
-def short_name(cluster_name: str, limit: int) -> str:
-    """A name of at most ``limit`` characters for places with length limits (firewalld zones: 17),
-    unique per cluster name thanks to a hash suffix."""
-    digest = hashlib.sha1(cluster_name.encode()).hexdigest()[:5]
-    safe = re.sub(r"[^A-Za-z0-9_-]", "_", cluster_name)
-    head = f"cb-{safe}"
-    if len(head) <= limit:
-        return head
-    return f"{head[: limit - 6]}-{digest}"
-
-
 def normalize_source(text: str) -> str:
-    """An IPv4 address (``a.b.c.d``) or network (``a.b.c.0/24``) in canonical form; ``/32`` dropped."""
+    """An IPv4 address (``a.b.c.d``) or network (``a.b.c.0/24``) in canonical form; ``/32`` dropped.
+    ValueError for anything else."""
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not an address")
     network = ipaddress.ip_network(text.strip(), strict=False)
     if network.version != 4:
         raise ValueError(f"{text!r} is not IPv4")
@@ -115,10 +198,12 @@ def node_ports(
 @dataclass(frozen=True)
 class Present:
     """A rule of ours found on a node: what it allows (None: tagged ours but not understood, e.g. a
-    hand edit; it is removed) and how the firewall names it for deletion (nft handle, iptables spec)."""
+    hand edit; it is removed) and how the firewall names it for deletion (nft handle, iptables spec).
+    ``legacy``: it carries the tag of earlier versions (always removed; a rerun writes it anew)."""
 
     rule: Rule | None
     ref: str
+    legacy: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,12 +220,13 @@ class Changes:
 
 
 def reconcile(wanted: Iterable[Rule], present: Iterable[Present]) -> Changes:
-    """Keep one present copy of each wanted rule, delete the rest of ours, add what is missing."""
+    """Keep one present copy of each wanted rule, delete the rest of ours (and every rule with the
+    legacy tag), add what is missing."""
     want = set(wanted)
     kept: set[Rule] = set()
     delete: list[Present] = []
     for entry in present:
-        if entry.rule is not None and entry.rule in want and entry.rule not in kept:
+        if entry.rule is not None and not entry.legacy and entry.rule in want and entry.rule not in kept:
             kept.add(entry.rule)
         else:
             delete.append(entry)  # not wanted (any more), a duplicate, or not understood

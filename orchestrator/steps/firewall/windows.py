@@ -6,12 +6,16 @@ or counts it unchanged; then it removes every rule of ours that is no longer wan
 report ``{"added", "updated", "removed", "unchanged"}``.
 
 - Native Python ranks listen in Windows: Defender rules (``New-NetFirewallRule``), all in the group
-  ``cluster-bootstrap:<cluster>`` (``Get-NetFirewallRule -Group`` finds exactly ours), one rule per port
-  range with the peers as its ``RemoteAddress`` list. The ephemeral range is Windows' own dynamic port
+  named by the cluster's tag (``cluster-bootstrap:<name>:<digest>``, rules.ClusterTag;
+  ``Get-NetFirewallRule -Group`` finds exactly ours), one rule per port range with the peers as its
+  ``RemoteAddress`` list. The ephemeral range is Windows' own dynamic port
   range (``Get-NetTCPSetting``: 49152-65535 by default), read on the node.
 - WSL ranks (mirrored networking) listen inside the WSL VM: inbound traffic to it is filtered by the
   Hyper-V firewall, not by Defender rules (Windows 11 22H2+). Hyper-V rules have no group: ours are the
-  ones whose Name starts with ``cluster-bootstrap-<cluster>-``; they are scoped to WSL's VM creator id.
+  ones whose whole Name is ``<tag with - for :>-tcp-<ports>`` (matched exactly, never by prefix: the
+  name of another cluster may start like ours); they are scoped to WSL's VM creator id.
+- Rules of the legacy tag (the group ``cluster-bootstrap:<name>``, Hyper-V names
+  ``cluster-bootstrap-<name>-tcp-<ports>``) are removed by every run: a rerun writes them anew.
   The ephemeral range is the Linux one inside WSL (``ip_local_port_range``).
 
 Scripts are generated with the PowerShell platform's quoting; they need an elevated session (WinRM
@@ -24,7 +28,7 @@ import re
 from collections.abc import Sequence
 
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.firewall.rules import PortRange, cluster_tag
+from orchestrator.steps.firewall.rules import ClusterTag, PortRange, normalize_source
 
 #: WSL's VM creator id (``Get-NetFirewallHyperVVMCreator``), fixed by Microsoft
 WSL_VM_CREATOR_ID = "{40E0AC32-46A5-438A-A0B2-2B479E8F2E90}"
@@ -33,12 +37,17 @@ WSL_DEFAULT_EPHEMERAL = PortRange(32768, 60999)
 
 
 def rule_prefix(cluster_name: str) -> str:
-    """Names of our rules start with this (Hyper-V rules have no group to find them by)."""
-    return cluster_tag(cluster_name).replace(":", "-") + "-"
+    """Names of our rules are this plus ``tcp-<ports>`` (Hyper-V rules have no group to find them by)."""
+    return ClusterTag(cluster_name).windows_prefix
 
 
 def _rule_name(prefix: str, ports: PortRange | None) -> str:
     return f"{prefix}tcp-{ports}" if ports is not None else f"{prefix}tcp-ephemeral"
+
+
+def rule_name_pattern(prefix: str) -> str:
+    """A .NET regular expression matching exactly the names :func:`_rule_name` makes with ``prefix``."""
+    return "^" + re.escape(prefix) + r"tcp-(ephemeral|[0-9]+(-[0-9]+)?)$"
 
 
 _DEFENDER_FUNCTION = """\
@@ -104,10 +113,16 @@ def firewall_script(
     peers' addresses (never empty when there is a rule to make: no rule is ever open to everyone).
     """
     q = platform.quote
-    prefix = rule_prefix(cluster_name)
+    ids = ClusterTag(cluster_name)
+    prefix = ids.windows_prefix
+    for source in sources:  # the only values from outside that reach the script
+        if normalize_source(source) != source:
+            raise ValueError(f"not a canonical IPv4 address or network: {source!r}")
     lines = [
-        f"$cbGroup = {q(cluster_tag(cluster_name))}",
-        f"$cbPrefix = {q(prefix)}",
+        f"$cbGroup = {q(ids.tag)}",
+        f"$cbLegacyGroup = {q(ids.legacy)}",
+        f"$cbPattern = {q(rule_name_pattern(prefix))}",
+        f"$cbLegacyPattern = {q(rule_name_pattern(ids.legacy_windows_prefix))}",
         "$cbReport = @{ added = 0; updated = 0; removed = 0; unchanged = 0 }",
     ]
     wanted: list[str] = []
@@ -134,13 +149,18 @@ def firewall_script(
     if wsl:
         lines.append(
             "Get-NetFirewallHyperVRule -ErrorAction SilentlyContinue |\n"
-            "  Where-Object { $_.Name.StartsWith($cbPrefix) -and $cbWanted -notcontains $_.Name } |\n"
+            "  Where-Object { ($_.Name -cmatch $cbPattern -and $cbWanted -notcontains $_.Name) -or "
+            "$_.Name -cmatch $cbLegacyPattern } |\n"
             "  ForEach-Object { Remove-NetFirewallHyperVRule -Name $_.Name; $cbReport.removed++ }"
         )
     else:
         lines.append(
             "Get-NetFirewallRule -Group $cbGroup -ErrorAction SilentlyContinue |\n"
             "  Where-Object { $cbWanted -notcontains $_.Name } |\n"
+            "  ForEach-Object { Remove-NetFirewallRule -Name $_.Name; $cbReport.removed++ }"
+        )
+        lines.append(
+            "Get-NetFirewallRule -Group $cbLegacyGroup -ErrorAction SilentlyContinue |\n"
             "  ForEach-Object { Remove-NetFirewallRule -Name $_.Name; $cbReport.removed++ }"
         )
     lines.append("[Console]::Out.WriteLine(($cbReport | ConvertTo-Json -Compress))")

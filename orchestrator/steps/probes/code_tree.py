@@ -2,13 +2,16 @@
 # argv[1] is a JSON object:
 #   {"op": "scan", "dest": D, "rules": [[base, negate, dir_only, regex], ...], "write_cache": bool,
 #    "expect": DIGEST, "create": bool}
-#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, executable, link]}},
+#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, mode, link]}},
+#       mode: the file's permission bits (null for a link, and on Windows, which has none),
 #       leaving out what the rules exclude (the controller's ignore rules: such files are never deleted);
 #       when the listing's digest is "expect" (the project's), "same": true and no listing
 #   {"op": "apply", "dest": D, "bundle": NAME}
 #       applies the bundle file NAME (inside dest; deleted afterwards): a JSON header line
-#       {"delete": [rel...], "files": [[rel, size, executable, link, sha256], ...]} followed by the
-#       contents of the files, in order; prints {"written", "deleted", "errors"}
+#       {"delete": [rel...], "files": [[rel, size, mode, link, sha256], ...]} followed by the
+#       contents of the files, in order; prints {"written", "deleted", "errors"}. Each file gets
+#       exactly the header's mode (the controller decided it: manifest.node_mode); while it is
+#       written it is owner-only (0600).
 # Paths are handled as bytes (UTF-8 with surrogateescape), so names survive any locale. Nothing is ever
 # written or deleted through a symbolic link: every directory between dest and a file must be a real
 # directory, files are replaced by rename (which replaces a link, never its target).
@@ -24,7 +27,7 @@ PROBE_VERSION = 1
 RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
 CACHE = b".bootstrap-code.json"
 CHUNK = 1 << 20
-#: Windows has no executable bit: reported as false there, and the controller compares accordingly
+#: Windows has no POSIX modes: reported as null there, and the controller compares accordingly
 POSIX = os.name == "posix"
 
 
@@ -163,7 +166,7 @@ def scan(args):
                 stack.append(rel_b)
             elif stat.S_ISLNK(st.st_mode):
                 target = os.readlink(entry.path)
-                files[rel] = [hashlib.sha256(target).hexdigest(), len(target), False, dec(target)]
+                files[rel] = [hashlib.sha256(target).hexdigest(), len(target), None, dec(target)]
             elif stat.S_ISREG(st.st_mode):
                 key = cache_key(st)
                 cached = cache.get(rel)
@@ -177,7 +180,7 @@ def scan(args):
                         continue
                     dirty = True
                 fresh[rel] = [*key, sha]
-                files[rel] = [sha, st.st_size, POSIX and bool(st.st_mode & 0o111), None]
+                files[rel] = [sha, st.st_size, stat.S_IMODE(st.st_mode) if POSIX else None, None]
     if out["marked"] and args.get("write_cache") and (dirty or len(fresh) != len(cache)):
         save_cache(root, fresh)
     if args.get("expect") and tree_digest(files) == args["expect"]:
@@ -190,8 +193,9 @@ def tree_digest(files):
     """One hash of a whole listing (the controller computes the same: manifest.tree_digest)."""
     digest = hashlib.sha256()
     for rel in sorted(files):
-        sha, _, executable, link = files[rel]
-        line = "%s\0%s\0%d\0%s\n" % (rel, sha, 1 if executable else 0, "" if link is None else "L" + link)
+        sha, _, mode, link = files[rel]
+        mode_text = "-" if mode is None else "%o" % mode
+        line = "%s\0%s\0%s\0%s\n" % (rel, sha, mode_text, "" if link is None else "L" + link)
         digest.update(enc(line))
     return digest.hexdigest()
 
@@ -296,7 +300,7 @@ def apply(args):
                     known.discard(directory)
                     directory = os.path.dirname(directory)
             stream = Stream(fh)
-            for rel, size, executable, link, sha in plan["files"]:
+            for rel, size, mode, link, sha in plan["files"]:
                 stream.start(size)
                 tmp = None
                 try:
@@ -309,13 +313,14 @@ def apply(args):
                     if link is not None:
                         os.symlink(enc(link), tmp)
                     else:
-                        mode = 0o755 if executable else 0o644
+                        if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+                            raise Refused("no valid mode for %r in the upload: %r" % (rel, mode))
                         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-                        fd = os.open(tmp, flags, mode)
+                        fd = os.open(tmp, flags, 0o600)  # owner-only while its bytes arrive
                         try:
                             stream.copy_to(fd)
                             if POSIX:
-                                os.fchmod(fd, mode)  # whatever the umask says
+                                os.fchmod(fd, mode)  # exactly the controller's, whatever the umask says
                         finally:
                             os.close(fd)
                     os.replace(tmp, target)

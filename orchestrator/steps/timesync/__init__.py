@@ -21,15 +21,15 @@ import ipaddress
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError
+from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
 from orchestrator.executor import Outcome
-from orchestrator.facts.network import MasterRoute
+from orchestrator.facts.network import Addresses, InterfaceAddress, MasterRoute, Route
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.steps.preflight import sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.root import run_as_root
 from orchestrator.steps.timesync import chrony
-from orchestrator.steps.timesync.chrony import ChronyRole, Probe
+from orchestrator.steps.timesync.chrony import ChronyRole, Probe, peer_address, time_source
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -149,41 +149,134 @@ def _ms(seconds: float | None) -> float | None:
 
 @dataclass
 class _Addresses:
-    master: str  # the address the workers dial
-    workers: dict[str, str]  # worker name -> its source address toward the master
+    """Where the workers find the master, and where the master finds the workers.
+
+    ``master`` is the master's own address, never a vote of the workers: its ``host`` when that is an
+    IP address, else what the master reports about itself (:func:`master_identity`). A worker follows
+    the address it resolves the master's name to only when that is one of the master's addresses
+    (``servers``); one resolving it elsewhere has a ``problem`` and is not configured.
+    """
+
+    master: str | None  # None: not established (``why`` says why)
+    workers: dict[str, str]  # worker -> its address toward the master (the master allows exactly those)
+    servers: dict[str, str] = field(default_factory=dict)  # worker -> the master address it follows
+    problems: dict[str, str] = field(default_factory=dict)  # worker -> why it cannot follow the master
+    why: str = ""  # how the master's address was established, or why it could not be
+
+
+def _usable(text: str | None) -> str | None:
+    try:
+        return peer_address(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class MasterIdentity:
+    """The master as its workers must find it (:func:`master_identity`)."""
+
+    address: str | None  # the address workers are told to follow (None: unknown)
+    addresses: frozenset[str]  # every address that is the master's (a worker may resolve to any)
+    why: str  # how ``address`` was found, or why it could not be
+
+
+def master_identity(
+    host: str, own_route: Route | None, own: tuple[InterfaceAddress, ...] | None, *, error: str = ""
+) -> MasterIdentity:
+    """The master's address from the inventory (``host`` as an IP address) or from what the master
+    reports about itself (``own_route``: its own name resolved on it; ``own``: its interface
+    addresses), never from what the workers resolve (pure: unit-tested)."""
+    literal = _usable(host)
+    mine = frozenset(a for a in (_usable(i.address) for i in own or ()) if a is not None)
+    if literal is not None:
+        return MasterIdentity(literal, mine | {literal}, f"{literal}, its host in the inventory")
+    if own is None:
+        why = f"the master could not be asked for its addresses ({error or 'no answer'})"
+        return MasterIdentity(None, mine, why)
+    resolved = _usable(own_route.address) if own_route else None
+    if resolved is not None and resolved in mine:
+        return MasterIdentity(resolved, mine, f"{resolved}, what {host!r} resolves to on the master itself")
+    if len(mine) == 1:
+        [only] = mine
+        return MasterIdentity(only, mine, f"{only}, the master's only address")
+    said = own_route.address if own_route and own_route.address else "nothing"
+    listed = ", ".join(sorted(mine, key=_ip_key)) or "none"
+    return MasterIdentity(
+        None,
+        mine,
+        f"on the master itself {host!r} resolves to {said}, not one of its addresses ({listed}): write "
+        "the master's IP address as its host in the inventory, or map its name to it on the master",
+    )
+
+
+def follow_master(
+    node: str, host: str, route: Route | None, master: MasterIdentity
+) -> tuple[str | None, str | None]:
+    """(the master address ``node`` follows, None) or (None, the problem), from what ``node``
+    resolved the master's ``host`` to (pure: unit-tested)."""
+    if master.address is None:
+        return None, f"the master's address is not known: {master.why}"
+    resolved = route.address if route else None
+    if resolved is None:  # the worker cannot resolve the name: it is given the address itself
+        return master.address, None
+    checked = _usable(resolved)
+    if checked is not None and checked in master.addresses:
+        return checked, None
+    expected = ", ".join(sorted(master.addresses, key=_ip_key))
+    return None, (
+        f"resolves the master's host {host!r} to {resolved}, but the master is {master.why}: its chrony "
+        f"would follow {resolved}, not the master; fix {host!r} in /etc/hosts or DNS on {node} "
+        f"(`getent ahostsv4 {host}` there must print {expected}), then rerun"
+    )
 
 
 def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
-    """Where the master is, as the workers see it (``ip route get``, like the preflight), and each
-    worker's address toward it (the master allows exactly those)."""
-    from orchestrator.facts import gather
+    """The master's address (from the inventory or the master itself), where each worker resolves the
+    master to (``ip route get``, like the preflight) and its own address toward it (the master allows
+    exactly those)."""
+    from orchestrator.facts import FactSet, gather
 
     master = inventory.master_node
-    outcomes = session.map(lambda n, t: gather(t, [MasterRoute(master.host)]), step="route", nodes=nodes)
-    dialed: dict[str, str] = {}
-    workers: dict[str, str] = {}
-    for node, o in zip(nodes, outcomes, strict=True):
-        route = o.value.get("route") if o.value else None
-        if route is None or not route.address:
-            if node.name != master.name and _is_ipv4(node.host):
-                workers[node.name] = node.host  # unreachable now: still allowed, as the inventory says
+    serving = inventory.cluster.time.serving
+
+    def facts(node: Node, transport: Transport) -> FactSet:
+        wanted: list[Any] = [MasterRoute(master.host)]
+        if node.name == master.name:
+            wanted.append(Addresses())
+        return gather(transport, wanted)
+
+    outcomes = {o.node: o for o in session.map(facts, step="route", nodes=nodes)}
+    mine = outcomes.get(master.name)
+    found = mine.value if mine is not None else None
+    if master.os != "linux":
+        literal = _usable(master.host)
+        known = frozenset({literal} if literal else ())
+        identity = MasterIdentity(literal, known, "a Windows master (it cannot serve yet)")
+    else:
+        own = found.get("addresses") if found is not None else None
+        identity = master_identity(
+            master.host,
+            found.get("route") if found is not None else None,
+            own if isinstance(own, tuple) else None,
+            error=mine.error.message if mine is not None and mine.error is not None else "",
+        )
+    out = _Addresses(identity.address, {}, why=identity.why)
+    for node in nodes:
+        if node.name == master.name:
             continue
-        if node.name != master.name:
-            dialed[node.name] = route.address
-            if route.source:
-                workers[node.name] = route.source
-    counts: dict[str, int] = {}
-    for address in dialed.values():
-        counts[address] = counts.get(address, 0) + 1
-    master_address = max(counts, key=lambda a: counts[a]) if counts else master.host
-    return _Addresses(master_address, workers)
-
-
-def _is_ipv4(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 4
-    except ValueError:
-        return False
+        o = outcomes.get(node.name)
+        route = o.value.get("route") if o is not None and o.value is not None else None
+        if serving and o is not None and o.value is not None:  # unreachable: its step fails anyway
+            server, problem = follow_master(node.name, master.host, route, identity)
+            if problem is not None:
+                out.problems[node.name] = problem
+            elif server is not None:
+                out.servers[node.name] = server
+        source = _usable(route.source) if route is not None and node.name not in out.problems else None
+        address = source or _usable(node.host)  # unreachable now: still allowed, as the inventory says
+        if address is not None:
+            out.workers[node.name] = address
+    return out
 
 
 def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
@@ -196,15 +289,22 @@ def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
         if node.name == master:
             out[node.name] = ChronyRole(tuple(settings.servers), serve=settings.serving, allow=allow)
         elif settings.serving:
-            out[node.name] = ChronyRole((addresses.master,), prefer_first=True)
+            server = addresses.servers.get(node.name, addresses.master)
+            if node.name in addresses.problems or server is None:
+                continue  # not configured: the step reports the problem for this node
+            out[node.name] = ChronyRole((server,), prefer_first=True)
         else:
             out[node.name] = ChronyRole(tuple(settings.servers))
     return out
 
 
-def _ip_key(address: str) -> tuple[int, ...] | tuple[str]:
-    parts = address.split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (address,)
+def _ip_key(address: str) -> tuple[int, int, str]:
+    """Addresses in numeric order (IPv4 before IPv6), anything else last."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return (99, 0, address)
+    return (ip.version, int(ip), "")
 
 
 # -- applying ----------------------------------------------------------------------------------------
@@ -379,12 +479,21 @@ def sync_time(
     ``sync_timeout``: seconds each node gets to follow its source within the threshold.
     """
     settings = inventory.cluster.time
+    for server in settings.servers:  # they reach configuration files and command lines
+        try:
+            time_source(server)
+        except ValueError:
+            raise UsageError(
+                f"time.servers: {server!r} is not an IP address or host name",
+                hint="list NTP servers as addresses (192.168.1.5) or DNS names (pool.ntp.org)",
+            ) from None
     chosen = list(session.nodes if nodes is None else nodes)
     master = inventory.master_node
     linux = [n for n in chosen if n.os == "linux"]
     windows = [n for n in chosen if n.os != "linux"]
     values: dict[str, NodeTime] = {}
     errors: dict[str, Outcome[NodeTime]] = {}
+    addresses: _Addresses | None = None
 
     if not settings.manage:
         for node in linux:
@@ -399,6 +508,14 @@ def sync_time(
         route_nodes += [n for n in inventory.nodes if n.os == "linux" and n not in route_nodes]
         addresses = _addresses(session, inventory, route_nodes)
         node_roles = roles(inventory, addresses)
+        for node in list(linux):
+            problem = addresses.problems.get(node.name)
+            if problem is None and node.name not in node_roles:
+                problem = f"the master's address is not known: {addresses.why}"
+            if problem is not None:  # never configured: its chrony would follow something else
+                error = CommandFailedError(problem, node=node.name)
+                errors[node.name] = Outcome(node.name, None, error, 0.0)
+                linux.remove(node)
 
         def apply(node: Node, transport: Transport) -> NodeTime:
             return _apply(
@@ -439,8 +556,17 @@ def sync_time(
             # w32time can serve (NtpServer provider) but that is not written yet: use a Linux master
             value.role = "server"
             value.problem = "a Windows master cannot serve time yet: set cluster.time.servers"
+        elif settings.manage and settings.serving:
+            # the master's own address (from the inventory or the master itself), never its name:
+            # what this node would resolve the name to is not checked
+            if addresses is not None and addresses.master is not None:
+                value.sources = [addresses.master]
+                value.script = win.configure_script(value.sources)
+            else:
+                why = addresses.why if addresses is not None else "the master was not asked"
+                value.problem = f"the master's address is not known: {why}"
         elif settings.manage:
-            value.sources = [master.host] if settings.serving else list(settings.servers)
+            value.sources = list(settings.servers)
             value.script = win.configure_script(value.sources)
         values[node.name] = value
     runnable = [n for n in windows if values[n.name].problem is None and values[n.name].sources]

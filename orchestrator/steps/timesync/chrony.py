@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ LOCAL_STRATUM = 10
 #: seconds a node gets to select its source and bring its offset under the threshold
 SYNC_TIMEOUT = 60.0
 
-_B64 = re.compile(r"^[A-Za-z0-9+/=]*$")
+_B64 = re.compile(r"[A-Za-z0-9+/=]*")  # .fullmatch only
 
 
 # -- what a node has ---------------------------------------------------------------------------------
@@ -179,7 +180,7 @@ def parse_probe(output: str) -> Probe:
 
 
 def _b64(data: str) -> bytes:
-    if not _B64.match(data):
+    if not _B64.fullmatch(data):
         raise ValueError(f"not base64: {data[:40]!r}")
     return base64.b64decode(data)
 
@@ -206,14 +207,56 @@ def confdirs(main_text: str) -> list[str]:
 # -- what we want ------------------------------------------------------------------------------------
 
 
+#: a DNS name chrony and w32tm may be given (cluster.time.servers): labels of letters, digits, "-", "_"
+_LABEL = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,62}"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")  # .fullmatch only
+
+
+def peer_address(text: object) -> str:
+    """``text`` as an IP address a peer can be reached at (canonical); ValueError for anything else
+    (a name, a network, loopback, unspecified, multicast): what may stand in an ``allow`` line or as
+    the master's address in a worker's configuration."""
+    try:
+        ip = ipaddress.ip_address(str(text).strip()) if isinstance(text, str) else None
+    except ValueError:
+        ip = None
+    if ip is None or ip.is_loopback or ip.is_unspecified or ip.is_multicast:
+        raise ValueError(f"not an IP address a peer can use: {text!r}")
+    return str(ip)
+
+
+def time_source(text: object) -> str:
+    """An NTP source: an IP address, or a DNS name (an inventory's ``time.servers``); ValueError else."""
+    if isinstance(text, str):
+        try:
+            return str(ipaddress.ip_address(text))
+        except ValueError:
+            if _HOST_NAME.fullmatch(text):
+                return text
+    raise ValueError(f"not an IP address or host name: {text!r}")
+
+
 @dataclass(frozen=True)
 class ChronyRole:
-    """One node's part: follow ``sources``; when ``serve`` allow ``allow`` and keep ``local stratum``."""
+    """One node's part: follow ``sources``; when ``serve`` allow ``allow`` and keep ``local stratum``.
+
+    What ends up in a chrony configuration is checked here, once: every source is an IP address or a
+    DNS name, every ``allow`` an IP address (:func:`peer_address`); a role holding anything else (a
+    value a node reported, such as ``all`` or ``0.0.0.0/0``) cannot be made.
+    """
 
     sources: tuple[str, ...]
     serve: bool = False
     allow: tuple[str, ...] = ()
     prefer_first: bool = False  # workers of a serving master: the cluster agrees with the master
+
+    def __post_init__(self) -> None:
+        for source in self.sources:
+            if time_source(source) != source:
+                raise ValueError(f"not in canonical form: {source!r}")
+        for address in self.allow:
+            if peer_address(address) != address:
+                raise ValueError(f"not in canonical form: {address!r}")
 
 
 def _is_pool(name: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.timesync.chrony import time_source
 
 # PowerShell expressions (not strings): %ProgramData%\cluster-bootstrap\w32time-before.json
 STATE_DIR = "(Join-Path -Path $env:ProgramData -ChildPath 'cluster-bootstrap')"
@@ -25,8 +26,9 @@ _PARAMETERS = "HKLM:\\SYSTEM\\CurrentControlSet\\Services\\W32Time\\Parameters"
 
 
 def peer_list(peers: Sequence[str]) -> str:
-    """``a,0x8 b,0x8``: w32time's NtpServer syntax (space-separated, each with its flags)."""
-    return " ".join(f"{p},0x8" for p in peers)
+    """``a,0x8 b,0x8``: w32time's NtpServer syntax (space-separated, each with its flags). Every peer
+    must be an IP address or a DNS name (ValueError else): a space or comma would add peers."""
+    return " ".join(f"{time_source(p)},0x8" for p in peers)
 
 
 def _w32tm(shell: PowerShell, *args: str) -> str:
@@ -86,10 +88,11 @@ def configure_script(peers: Sequence[str], shell: PowerShell | None = None) -> s
 def status_script(first_peer: str, shell: PowerShell | None = None) -> str:
     """Source and last sync (``/query /status``), and the offset from ``first_peer`` in seconds."""
     shell = shell or PowerShell()
+    peer = time_source(first_peer)
     return "\n".join(
         [
             _w32tm(shell, "/query", "/status"),
-            shell.native(["w32tm", "/stripchart", f"/computer:{first_peer}", "/samples:3", "/dataonly"]),
+            shell.native(["w32tm", "/stripchart", f"/computer:{peer}", "/samples:3", "/dataonly"]),
         ]
     )
 

@@ -1,0 +1,179 @@
+"""known_hosts files as OpenSSH reads them, for the SSH transport: host keys and their revocations.
+
+One reader for every line of a file, markers included, so a line cannot be dropped by accident:
+
+- plain and hashed (``|1|salt|hash``) entries are the trusted keys;
+- ``@revoked`` lines are keys that are refused always: for a host their host field matches (plain
+  names, ``*``/``?`` wildcards, ``!`` negations, hashed names, ``[host]:port``, as OpenSSH matches
+  them), whatever else known_hosts says and even with ``--accept-new-host-keys``;
+- ``@cert-authority`` lines are kept aside: host certificates are not supported, so such hosts
+  count as unknown.
+
+paramiko reads none of the markers (its ``HostKeys.load`` would even take a revoked key for a
+trusted one), so the transport asks :meth:`KnownHosts.revocation` first and hands paramiko only
+:meth:`KnownHosts.trusted_for` a host, never the raw entries.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+
+from orchestrator.errors import ConnectError
+
+REVOKED = "@revoked"
+CERT_AUTHORITY = "@cert-authority"
+
+#: where sshd keeps the public host key of each type (Debian, Fedora, Arch, macOS, BSDs)
+_HOST_KEY_FILES = {
+    "ssh-ed25519": "/etc/ssh/ssh_host_ed25519_key.pub",
+    "ecdsa-sha2-nistp256": "/etc/ssh/ssh_host_ecdsa_key.pub",
+    "ecdsa-sha2-nistp384": "/etc/ssh/ssh_host_ecdsa_key.pub",
+    "ecdsa-sha2-nistp521": "/etc/ssh/ssh_host_ecdsa_key.pub",
+    "ssh-rsa": "/etc/ssh/ssh_host_rsa_key.pub",
+    "ssh-dss": "/etc/ssh/ssh_host_dsa_key.pub",
+}
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """``SHA256:...`` exactly as ``ssh-keygen -lf`` and OpenSSH's prompts show it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def host_key_file(key_type: str) -> str | None:
+    """Where sshd usually keeps its public host key of ``key_type`` (None: a type we cannot place)."""
+    return _HOST_KEY_FILES.get(key_type)
+
+
+def compare_command(key_type: str) -> str:
+    """How to show, on the node, the fingerprint of its host key of ``key_type`` (the type the node
+    offered: ``ssh-ed25519``, ``ecdsa-sha2-nistp256``, ``ssh-rsa``...)."""
+    path = host_key_file(key_type)
+    if path is None:
+        return f"`ssh-keygen -lf` on the node's {key_type} host key (a HostKey in /etc/ssh/sshd_config)"
+    return f"`ssh-keygen -lf {path}`"
+
+
+def lookup_name(host: str, port: int | None) -> str:
+    """The name known_hosts records a host under: ``host``, or ``[host]:port`` off port 22."""
+    return host if port in (None, 22) else f"[{host}]:{port}"
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """One ``@revoked`` line."""
+
+    hosts: str  # the host field, as written
+    key: paramiko.PKey
+    path: Path
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass
+class _Entry:
+    entry: paramiko.hostkeys.HostKeyEntry
+    hosts: str
+    where: str
+
+
+def _wildcard(pattern: str) -> re.Pattern[str]:
+    parts = (".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def host_matches(hosts: str, name: str) -> bool:
+    """Does a known_hosts host field cover ``name`` (OpenSSH's rules: a hashed name, or a comma list
+    of patterns where one negated match excludes the host; names compare case-insensitively)."""
+    name = name.lower()
+    if hosts.startswith("|1|"):
+        try:
+            return bool(paramiko.HostKeys.hash_host(name, hosts) == hosts)
+        except (AssertionError, binascii.Error, ValueError, IndexError):
+            return False  # a malformed hash matches nothing
+    matched = False
+    for pattern in hosts.lower().split(","):
+        negated = pattern.startswith("!")
+        if _wildcard(pattern[1:] if negated else pattern).fullmatch(name):
+            if negated:
+                return False
+            matched = True
+    return matched
+
+
+@dataclass
+class KnownHosts:
+    """Every usable line of some known_hosts files, by kind."""
+
+    entries: list[_Entry] = field(default_factory=list)
+    revocations: list[Revocation] = field(default_factory=list)
+    authorities: list[str] = field(default_factory=list)  # file:line of @cert-authority lines
+
+    @classmethod
+    def load(cls, paths: list[Path], *, node: str) -> KnownHosts:
+        """Read ``paths`` (missing files are skipped); ConnectError naming file:line for a line that
+        cannot be read (a revocation silently ignored would be worse than no connection)."""
+        known = cls()
+        for path in paths:
+            if path.is_file():
+                known._read(path, node)
+        return known
+
+    def _read(self, path: Path, node: str) -> None:
+        try:
+            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as exc:
+            raise ConnectError(f"cannot read known_hosts {path}: {exc.strerror}", node=node) from None
+        for number, line in enumerate(lines, 1):
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            marker = words[0] if words[0].startswith("@") else None
+            if marker is not None:
+                words = words[1:]
+            if marker == CERT_AUTHORITY:
+                self.authorities.append(f"{path}:{number}")
+                continue
+            if marker not in (None, REVOKED):
+                raise ConnectError(
+                    f"{path}:{number}: unknown known_hosts marker {marker!r}",
+                    node=node,
+                    hint="OpenSSH knows @revoked and @cert-authority only: fix or delete that line",
+                )
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(words), number)
+            except (paramiko.SSHException, ValueError, TypeError) as exc:
+                raise ConnectError(
+                    f"{path}:{number}: unreadable known_hosts entry ({exc})",
+                    node=node,
+                    hint="fix or delete that line (ssh-keygen -R HOST removes a host's lines)",
+                ) from None
+            if entry is None:  # a key type paramiko cannot use: no server can make us accept it
+                continue
+            if marker == REVOKED:
+                self.revocations.append(Revocation(words[0], entry.key, path, number))
+            else:
+                self.entries.append(_Entry(entry, words[0], f"{path}:{number}"))
+
+    def revocation(self, name: str, key: paramiko.PKey) -> Revocation | None:
+        """The ``@revoked`` line refusing ``key`` for host ``name`` (see :func:`lookup_name`), if any."""
+        blob = key.asbytes()
+        for revoked in self.revocations:
+            if revoked.key.asbytes() == blob and host_matches(revoked.hosts, name):
+                return revoked
+        return None
+
+    def trusted_for(self, name: str) -> list[paramiko.hostkeys.HostKeyEntry]:
+        """Every entry except those whose key is revoked for ``name``: a revoked key listed as known
+        too is refused, not trusted (OpenSSH does the same)."""
+        return [e.entry for e in self.entries if self.revocation(name, e.entry.key) is None]
