@@ -20,6 +20,12 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line or inventory: nothing was done
     CONNECTION = 3  # at least one node could not be reached, authenticated or verified
     INTERRUPTED = 130  # Ctrl-C / SIGINT (128 + 2, as shells report it)
+    TERMINATED = 143  # SIGTERM (128 + 15): handled like Ctrl-C (nodes stopped, summary), then this
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the controller (a service manager, `kill`, a CI timeout): raised in the main thread
+    so that every path that handles Ctrl-C (stop the nodes, sweep, summary) handles it too."""
 
 
 class BootstrapError(Exception):

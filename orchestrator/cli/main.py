@@ -6,6 +6,7 @@ import getpass
 import logging
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,11 +23,13 @@ from orchestrator.errors import (
     BootstrapError,
     CancelledError,
     CommandTimeoutError,
+    ConnectError,
     ExitCode,
     HostKeyUnknownError,
     RunStoppedError,
     SecretMissingError,
     SudoPasswordRequiredError,
+    Terminated,
     UsageError,
 )
 from orchestrator.executor import Outcome, exit_code_for
@@ -727,8 +730,11 @@ def _sweep_run(settings: Settings, session: Session, run_id: str, started: set[s
 
 
 def _interrupted(ui: UI) -> None:
-    ui.error("interrupted: connections closed, commands still running on the nodes were stopped")
-    raise SystemExit(int(ExitCode.INTERRUPTED))
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled."""
+    terminated = isinstance(sys.exc_info()[1], Terminated)
+    what = "terminated (SIGTERM)" if terminated else "interrupted"
+    ui.error(f"{what}: connections closed, commands still running on the nodes were stopped")
+    raise SystemExit(int(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED))
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -1190,7 +1196,15 @@ def _launch(
             log.close()
     failed, stopped = failed_first(outcomes)
     if stopped:
-        _sweep_run(settings, session, run_id, started)
+        # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the
+        # sweep would only wait for its connect timeout
+        lost = {o.node for o in outcomes if isinstance(o.error, ConnectError)}
+        for name in sorted(lost & started):
+            settings.ui.note(
+                f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
+                f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
+            )
+        _sweep_run(settings, session, run_id, started - lost)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -1272,6 +1286,11 @@ def show_inventory(ctx: click.Context) -> None:
 
 
 def main() -> None:
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    # SIGTERM behaves like Ctrl-C (issue 17): the nodes are stopped and swept, the summary printed
+    signal.signal(signal.SIGTERM, terminate)
     cli(prog_name="bootstrap")
 
 

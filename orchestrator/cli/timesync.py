@@ -14,7 +14,7 @@ from orchestrator.executor import exit_code_for
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
-    from orchestrator.steps.timesync import TimeReport
+    from orchestrator.steps.timesync import NodeTime, TimeReport
 
 
 def _cell(value: float | None, error: float | None = None) -> str:
@@ -22,6 +22,19 @@ def _cell(value: float | None, error: float | None = None) -> str:
         return "-"
     text = f"{value:+.3f}"
     return f"{text} ±{error:.3f}" if error is not None else text
+
+
+def source_cell(value: NodeTime, *, dry_run: bool) -> str:
+    """What the node follows: chrony's selected source (w32time: the peer it measured), a serving
+    master's own clock, the configured sources only where nothing was awaited (a dry run); else
+    ``none`` (configured but following nothing: its problem says why), never a source it does not have."""
+    if value.selected:
+        return value.selected
+    if value.sources == ["local clock"]:
+        return "local clock"
+    if dry_run and value.sources:
+        return ", ".join(value.sources) + " (planned)"
+    return "none" if value.sources else "-"
 
 
 def print_time_report(settings: Settings, report: TimeReport, command: str) -> ExitCode:
@@ -63,7 +76,7 @@ def print_time_report(settings: Settings, report: TimeReport, command: str) -> E
         if value is None:
             table.add_row(Text(o.node), "-", "-", "-", "-", "-", Text("failed", style="red"))
             continue
-        source = value.selected or ", ".join(value.sources) or "-"
+        source = source_cell(value, dry_run=report.dry_run)
         state = Text(value.state, style="red" if value.problem else "green")
         table.add_row(
             Text(o.node),

@@ -516,6 +516,9 @@ def load_yaml(text: str, source: str) -> Any:
         problem = str(exc.problem or exc.context or "invalid YAML")
         if "maximum nesting depth" in problem:  # libyaml's own limit (1000 levels)
             issue = InventoryIssue(_DEPTH_MESSAGE, file=source, line=_error_line(exc))
+        elif "duplicate anchor" in str(exc.context):
+            message = "an anchor name (&name) defined a second time: give each anchor its own name"
+            issue = InventoryIssue(message, file=source, line=_error_line(exc))
         else:
             message = f"YAML syntax error: {problem}"
             if exc.context and exc.problem:

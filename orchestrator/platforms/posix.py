@@ -62,38 +62,66 @@ class PosixShell(Platform):
         inner = f"/bin/sh -c {self.quote(script)}"
         return f'if [ "$(id -u)" = 0 ]; then {inner}; else sudo -n -- {inner}; fi'
 
-    def stop_on_hangup(self, script: str) -> str:
-        """``script`` run as its own process group, which is stopped when our stdin reaches EOF.
+    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
+        """``script`` run as its own process group, stopped with everything it started when our
+        stdin reaches EOF or, with ``heartbeat``, when no byte arrived on it for 3 heartbeats.
 
         A remote command outlives its SSH channel (no pty, no SIGHUP), so a timeout or a Ctrl-C on
         the controller would leave it running. The transport keeps the channel's stdin open and
-        closes it to cancel (or closes the channel when the command is done): a watcher blocked on
-        that stdin then signals the whole group: TERM, and KILL 5 s later for what ignored TERM.
-        Processes the command left behind in its group go the same way; whatever must outlive a
-        command has to leave the group itself (``setsid``, as detached launches do).
-        ``setsid`` makes the group (dash refuses ``set -m`` without a terminal); the job's stdin
-        is /dev/null, so it cannot eat the watcher's EOF.
+        closes it to cancel (or closes the channel when the command is done); a controller killed
+        outright closes it too (its TCP connection ends). A node cut off from the network hears
+        nothing at all: with ``heartbeat`` the transport writes a byte every ``heartbeat`` seconds
+        and the watcher gives up after three missed ones (issue 17: a partitioned node's training
+        ran on unseen). The watcher then TERMs the job's process group and every process carrying
+        the job's token (CB_WATCH, inherited by every descendant: torchrun's workers live in
+        sessions of their own), and KILLs what is left 5 s later (ranks that ignore TERM).
+        ``setsid`` makes the group (dash refuses ``set -m`` without a terminal); the job's stdin is
+        /dev/null, so it cannot eat the watcher's EOF. Whatever must outlive a command has to leave
+        the group and drop the token itself (detached launches do).
         """
         # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX): the channel's
         # stdin is kept on fd 3 for the watcher.
         job = f"/bin/sh -c {self.quote(script)} </dev/null 3<&- &"
+        if heartbeat is None:
+            listen = "cat <&3 >/dev/null"
+        else:
+            # one read at a time, each bounded: a heartbeat (or any byte) goes on, EOF or silence ends
+            silence = max(1, round(3 * heartbeat))
+            read_one = f"timeout {silence} dd bs=64 count=1 <&3 2>/dev/null | wc -c"
+            listen = (
+                "if command -v timeout >/dev/null 2>&1; then"
+                f' while [ "$({read_one})" -gt 0 ]; do :; done;'
+                " else cat <&3 >/dev/null; fi"
+            )
         return (
             "exec 3<&0\n"
+            # the job's token, in the environment of everything the job starts, wherever that runs
+            # (not in ours: the watcher would find itself)
+            "tok=$$.$(cat /proc/sys/kernel/random/uuid 2>/dev/null || date +%s)\n"
             "if command -v setsid >/dev/null 2>&1; then\n"
-            f"  setsid {job}\n"
+            f'  CB_WATCH="$tok" setsid {job}\n'
             "  job=$! target=-$!\n"  # the job's process group
             "else\n"
-            f"  {job}\n"
+            f'  CB_WATCH="$tok" {job}\n'
             "  job=$! target=$!\n"  # no setsid (rare): the job's first process only
             "fi\n"
-            # A TERM that finds nothing left ends the watcher at once. EOF can come before the job
-            # has called setsid (stdin already closed): no group yet, so the job's process itself
-            # is stopped, before it starts anything; KILL then goes to both.
-            '{ cat <&3 >/dev/null; if kill -TERM "$target"; then sleep 5; kill -KILL "$target";'
-            ' elif kill -TERM "$job"; then sleep 5; kill -KILL "$target" || kill -KILL "$job"; fi; }'
+            '_cb_tok() { grep -lzxF "CB_WATCH=$tok" /proc/[0-9]*/environ 2>/dev/null'
+            ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"; }\n'
+            # After a normal end (USR1 from below) only the group's leftovers are stopped: a daemon the
+            # command started on purpose (chronyd) carries the token too. While the job still runs
+            # (cancel, timeout, silence, a controller gone), everything with the token goes. EOF can
+            # come before the job has called setsid: no group yet, the job's process itself is stopped.
+            "{ trap 'ended=1' USR1; "
+            f"{listen};"
+            ' if [ -n "$ended" ]; then kill -TERM "$target"; exit 0; fi;'
+            ' kill -TERM "$target" || kill -TERM "$job"; p=$(_cb_tok); [ -n "$p" ] && kill -TERM $p;'
+            ' i=0; while [ $i -lt 50 ] && { kill -0 "$target" || [ -n "$(_cb_tok)" ]; }; do'
+            " sleep 0.1; i=$((i + 1)); done;"
+            ' kill -KILL "$target" || kill -KILL "$job"; p=$(_cb_tok); [ -n "$p" ] && kill -KILL $p; }'
             " >/dev/null 2>&1 &\n"
+            "w=$!\n"
             "exec 3<&-\n"
-            'wait "${target#-}"'
+            'wait "${target#-}"; rc=$?; kill -USR1 "$w" 2>/dev/null; exit "$rc"'
         )
 
     def say_if_exists(self, path: str, word: str) -> str:
@@ -203,7 +231,9 @@ class PosixShell(Platform):
             f"d={self.path_word(run_dir)}\n"
             'if [ -e "$d/pid" ]; then echo "@@started-before $(cat "$d/pid")"; exit 3; fi\n'
             "command -v setsid >/dev/null 2>&1 || { echo 'setsid not found (util-linux)' >&2; exit 4; }\n"
-            f"setsid /bin/sh -c {self.quote(inner)} </dev/null >/dev/null 2>&1 &\n"
+            # outside the command's reach on purpose: a session of its own, without the token the
+            # command's watcher stops everything by (stop_on_hangup)
+            f"(unset CB_WATCH; exec setsid /bin/sh -c {self.quote(inner)} </dev/null >/dev/null 2>&1) &\n"
             "i=0\n"
             'while [ ! -s "$d/pid" ]; do\n'
             "  i=$((i + 1)); [ $i -gt 200 ] && { echo 'the launcher did not start' >&2; exit 5; }\n"

@@ -347,8 +347,9 @@ class PowerShell(Platform):
 
     # -- stopping --------------------------------------------------------------------------------------
 
-    def stop_on_hangup(self, script: str) -> str:
-        """``script`` unchanged: Windows stops the whole tree itself.
+    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
+        """``script`` unchanged: Windows stops the whole tree itself (``heartbeat``: not used; WinRM
+        gives up on a silent host through its operation timeout).
 
         WinRS starts every process of a shell inside one job object; when the transport cancels (the
         WS-Man Signal ``terminate``, then Delete of the shell), the job is closed and every process

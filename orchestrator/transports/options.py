@@ -13,5 +13,5 @@ class SSHOptions:
     known_hosts: Path | None = None  # None: ssh config UserKnownHostsFile, else ~/.ssh/known_hosts
     accept_new_host_keys: bool = False  # record unknown keys (trust on first use); changed keys never
     connect_timeout: float | None = None  # None: ssh config ConnectTimeout, else 10 s
-    keepalive: int = 15  # seconds between keepalives; dead peers are noticed instead of hanging
+    keepalive: int = 5  # seconds between keepalives; a peer silent for 3 of them is given up (15 s)
     ssh_config: Path | None = None  # None: ~/.ssh/config (and /etc/ssh/ssh_config)

@@ -15,6 +15,7 @@ import shlex
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -76,9 +77,10 @@ def _auth_failed(exc: BaseException) -> bool:
 
 
 def _limit_unacknowledged(sock: object, seconds: float) -> None:
-    # paramiko's keepalives expect no answer: a node that vanished (power cut, cable) would leave a
-    # command waiting for minutes. TCP_USER_TIMEOUT makes the kernel drop the connection when sent
-    # data (keepalives included) stays unacknowledged this long.
+    # paramiko's keepalives expect no answer: a node that vanished (power cut, cable, `ip link set
+    # down`) would leave a command waiting for minutes (70-100 s with 15 s keepalives: issue 17).
+    # TCP_USER_TIMEOUT makes the kernel drop the connection when sent data (keepalives, heartbeats)
+    # stays unacknowledged this long.
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is not None and isinstance(sock, socket.socket):
         try:
@@ -139,6 +141,11 @@ class SSHTransport(Transport):
     #: node (benchmarks/logs.py); 64 KiB keeps it under 100 ms, and still allows 32 MB/s per node at a
     #: 2 ms round trip. Files go over SFTP, on their own channel with the default window.
     COMMAND_WINDOW = 64 * 1024
+
+    #: seconds between the bytes written to a running command's stdin: the node stops the command
+    #: after three missed ones (PosixShell.stop_on_hangup), so a controller cut off by the network
+    #: leaves nothing running unseen for more than 15 s
+    HEARTBEAT = 5.0
 
     def __init__(
         self,
@@ -280,7 +287,7 @@ class SSHTransport(Transport):
             assert transport is not None
             log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
-            _limit_unacknowledged(transport.sock, 4 * self.options.keepalive)
+            _limit_unacknowledged(transport.sock, 3 * self.options.keepalive)
 
     def _refuse_revoked(self) -> None:
         """A last check on every hop once connected: revoked keys never reach paramiko's trusted keys
@@ -386,7 +393,7 @@ class SSHTransport(Transport):
     # -- commands -----------------------------------------------------------------------------
 
     def plan(self, script: str) -> str:
-        return self.platform.stop_on_hangup(script)
+        return self.platform.stop_on_hangup(script, heartbeat=self.HEARTBEAT)
 
     def run_raw(
         self,
@@ -415,8 +422,13 @@ class SSHTransport(Transport):
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
         grace: Deadline | None = None
+        beat = time.monotonic() + self.HEARTBEAT
         try:
             while True:
+                if time.monotonic() >= beat and not chan.exit_status_ready():
+                    # the node's watcher stops the command when these stop coming (a lost controller)
+                    chan.sendall(b"\n")
+                    beat = time.monotonic() + self.HEARTBEAT
                 while chan.recv_ready():
                     out.feed(chan.recv(65536))
                 while chan.recv_stderr_ready():

@@ -14,11 +14,13 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.facts.network import InterfaceAddress
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
@@ -29,12 +31,19 @@ from orchestrator.steps.firewall.linux import (
     detect,
     detection_sections,
     firewalld_commands,
+    iptables_commands,
     nft_persist_commands,
     nft_persist_file,
+    nft_targets,
     parse_firewalld,
     parse_iptables_rules,
+    parse_nft_rule,
+    parse_ufw_added,
+    rich_rule,
+    ufw_commands,
 )
 from orchestrator.steps.firewall.rules import (
+    NTP_PORT,
     TAG_LIMIT,
     ClusterTag,
     PortRange,
@@ -43,6 +52,7 @@ from orchestrator.steps.firewall.rules import (
     cluster_tag,
     node_ports,
     reconcile,
+    time_rules,
 )
 
 DATA = Path(__file__).parent / "data" / "firewall"
@@ -65,8 +75,8 @@ def recorded(name: str, *, legacy: bool = False) -> Detection:
     return detect(text, TOKEN, IDS)
 
 
-def inventory(tmp_path: Path, firewall: str = "", name: str = "lab") -> Inventory:
-    text = f"cluster:\n  name: {json.dumps(name)}\n  master: a\n  port: 29500\n{firewall}nodes:\n"
+def inventory(tmp_path: Path, firewall: str = "", name: str = "lab", time: str = "") -> Inventory:
+    text = f"cluster:\n  name: {json.dumps(name)}\n  master: a\n  port: 29500\n{firewall}{time}nodes:\n"
     for node, addr in (("a", MASTER), ("b", ME), ("c", PEER_C), ("d", PEER_D)):
         text += f"  - {{name: {node}, host: {addr}, user: root}}\n"
     path = tmp_path / "hosts.yaml"
@@ -219,9 +229,10 @@ def test_master_gets_the_rendezvous_port_and_remove_deletes_only_ours(tmp_path: 
     inv = inventory(tmp_path)
     d = recorded("nft_drop")
     master = plan_node(inv.node("a"), inv, d, {**addresses(), "a": ME})  # recorded node as the master
-    assert master.ports == ["29500", EPHEMERAL]
-    # peers c and d (b is the node itself here) x (29500, ephemeral): c:29500 kept, .99 removed
-    assert (master.added, master.removed, master.unchanged) == (3, 1, 1)
+    assert master.ports == ["29500", EPHEMERAL, "123/udp"]  # it serves the workers' time (the default)
+    # peers c and d (b is the node itself here) x (29500, ephemeral): c:29500 kept, .99 removed;
+    # plus UDP 123 from each of them
+    assert (master.added, master.removed, master.unchanged) == (5, 1, 1)
     removal = plan_node(inv.node("b"), inv, d, addresses(), remove=True)
     assert (removal.added, removal.removed) == (0, 2)
     lines = sorted(nft_lines(removal.commands[0]))
@@ -537,9 +548,10 @@ def arguments(script: str) -> list[tuple[str, dict[str, str]]]:
 
     found = []
     for node in walk(assert_parses(PowerShell().wrap(script, become=True)).root_node):
-        if node.type != "command" or node.child_by_field_name("command_name") is None:
+        command_name = node.child_by_field_name("command_name")
+        if node.type != "command" or command_name is None:
             continue
-        name = (node.child_by_field_name("command_name").text or b"").decode()
+        name = (command_name.text or b"").decode()
         pairs: dict[str, str] = {}
         current = None
         elements = node.child_by_field_name("command_elements")
@@ -657,3 +669,193 @@ def test_hyperv_rules_are_recognised_by_their_whole_name_never_by_prefix() -> No
     for other in (ClusterTag("lab-x"), ClusterTag("Lab"), ClusterTag("lab.tcp")):
         for name in (f"{other.windows_prefix}tcp-29500", f"{other.legacy_windows_prefix}tcp-29500"):
             assert not ours.match(name) and not legacy.match(name), name
+
+
+# -- UDP 123 on the master: the pipeline's own time sync ---------------------------------------------
+
+WORKERS = [ME, PEER_C, PEER_D]
+NTP = PortRange(123, 123)
+
+
+def as_master(name: str) -> Detection:
+    """A recording as if taken on the master (its own address MASTER): the workers are b, c and d."""
+    d = recorded(name)
+    d.addresses = (InterfaceAddress("eth0", MASTER, 24),)
+    return d
+
+
+def udp_rules(result_commands: list[str]) -> list[str]:
+    return [line for line in nft_lines(result_commands[0]) if " udp " in line]
+
+
+def test_time_rules_only_on_a_serving_master_and_from_the_workers_only() -> None:
+    assert time_rules(is_master=True, serves_time=True, workers=[PEER_D, ME, ME]) == [
+        Rule(ME, NTP, "udp"),
+        Rule(PEER_D, NTP, "udp"),
+    ]
+    assert time_rules(is_master=False, serves_time=True, workers=WORKERS) == []
+    assert time_rules(is_master=True, serves_time=False, workers=WORKERS) == []
+    assert NTP_PORT == NTP and str(Rule(ME, NTP, "udp")) == f"udp from {ME} to port 123"
+    with pytest.raises(ValueError):
+        Rule(ME, NTP, "icmp")  # type: ignore[arg-type]
+
+
+def test_serving_master_opens_udp_123_to_each_worker_scoped_and_tagged(tmp_path: Path) -> None:
+    # extra_sources (a workstation) may reach the training ports, but is no worker: no NTP for it
+    inv = inventory(tmp_path, firewall="  firewall: {extra_sources: [10.5.0.0/16]}\n")
+    result = plan_node(inv.node("a"), inv, as_master("nft_drop"), addresses())
+    assert result.ports == ["29500", EPHEMERAL, "123/udp"]
+    assert result.sources == ["10.5.0.0/16", *WORKERS]
+    assert udp_rules(result.commands) == [
+        f'insert rule inet filter input ip saddr {w} udp dport 123 accept comment "{TAG}"'
+        for w in reversed(WORKERS)  # inserted at the top: reversed keeps them in sorted order
+    ]
+    assert any("UDP 123 (NTP) from the 3 worker(s)" in n for n in result.notes)
+    # 4 sources x 2 TCP ports + 3 UDP, of which 1 TCP present; the stray (.99) goes
+    assert (result.added, result.removed, result.unchanged) == (10, 1, 1)
+    # a worker opens no NTP port: nobody asks it for time
+    worker = plan_node(inv.node("b"), inv, recorded("nft_drop"), addresses())
+    assert "123/udp" not in worker.ports and not udp_rules(worker.commands)
+
+
+@pytest.mark.parametrize(
+    ("time", "opened"),
+    [
+        ("", True),  # default: no servers, the master serves
+        ("  time: {servers: [pool.ntp.org]}\n", False),  # every node follows the pool
+        ("  time: {servers: [pool.ntp.org], serve_from_master: true}\n", True),
+        ("  time: {manage: false}\n", False),  # ntp does not configure anything
+    ],
+)
+def test_udp_123_only_when_the_master_serves_time(tmp_path: Path, time: str, opened: bool) -> None:
+    inv = inventory(tmp_path, time=time)
+    result = plan_node(inv.node("a"), inv, as_master("nft_drop"), addresses())
+    assert ("123/udp" in result.ports) is opened
+    assert len(udp_rules(result.commands)) == (3 if opened else 0)
+
+
+def test_a_windows_master_serves_no_time_so_nothing_opens_udp_123(tmp_path: Path) -> None:
+    """``bootstrap ntp`` refuses a Windows master as a time server (use time.servers): neither its
+    script nor anything else opens UDP 123."""
+    from orchestrator.steps.firewall import plan_windows, serves_time
+
+    inv = windows_inventory(tmp_path, "native")
+    assert not serves_time(inv)
+    result = plan_windows(inv.node("w"), inv, {"w": ME, "c": PEER_C, "d": PEER_D})
+    assert "udp" not in result.commands[0].lower() and "123" not in result.ports
+
+
+def test_udp_rules_in_place_are_unchanged_and_a_departed_worker_loses_its_own(tmp_path: Path) -> None:
+    inv = inventory(tmp_path)
+    d = as_master("nft_drop")
+    first = plan_node(inv.node("a"), inv, d, addresses())
+    wanted = [Rule(a, PortRange.parse(p)) for a in WORKERS for p in ("29500", EPHEMERAL)]
+    wanted += [Rule(a, NTP, "udp") for a in WORKERS]
+    assert first.added + first.unchanged == len(wanted)
+    d.targets[0].present = [Present(r, str(i)) for i, r in enumerate(wanted)]
+    again = plan_node(inv.node("a"), inv, d, addresses())
+    assert again.commands == [] and again.status == "unchanged" and again.unchanged == 9
+    left = plan_node(inv.node("a"), inv, d, {k: v for k, v in addresses().items() if k != "d"})
+    assert (left.added, left.removed) == (0, 3)  # d's two TCP rules and its UDP 123
+    assert sorted(nft_lines(left.commands[0])) == sorted(
+        f"delete rule inet filter input handle {i}" for i, r in enumerate(wanted) if r.source == PEER_D
+    )
+    removal = plan_node(inv.node("a"), inv, d, addresses(), remove=True)
+    assert removal.removed == 9 and removal.added == 0  # --remove: the UDP rules too
+
+
+def test_udp_rules_are_read_back_from_every_firewall() -> None:
+    """What each firewall prints for a UDP 123 rule we wrote (nft JSON and `iptables -S` as nft 1.0.6
+    and iptables 1.8.9 print them in the test namespaces) is understood as that rule: found again,
+    so a rerun leaves it alone, and --remove deletes it by its tag."""
+    udp = Rule(PEER_C, NTP, "udp")
+    # nft: `ip saddr 198.18.7.13 udp dport 123 accept comment "TAG"`
+    expr: list[dict[str, Any]] = [
+        {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": PEER_C}},
+        {"match": {"op": "==", "left": {"payload": {"protocol": "udp", "field": "dport"}}, "right": 123}},
+        {"accept": None},
+    ]
+    assert parse_nft_rule(expr) == udp
+    both = [
+        *expr[:2],
+        {"match": {**expr[1]["match"], "left": {"payload": {"protocol": "tcp", "field": "dport"}}}},
+    ]
+    assert parse_nft_rule([*both, {"accept": None}]) is None  # not a rule we write
+    doc = {
+        "nftables": [
+            {
+                "chain": {
+                    "family": "inet",
+                    "table": "filter",
+                    "name": "input",
+                    "hook": "input",
+                    "policy": "drop",
+                }
+            },
+            {
+                "rule": {
+                    "family": "inet",
+                    "table": "filter",
+                    "chain": "input",
+                    "handle": 9,
+                    "comment": TAG,
+                    "expr": expr,
+                }
+            },
+        ]
+    }
+    [target] = nft_targets(doc, IDS, iptables_nft=False)
+    assert target.present == [Present(udp, "9")]
+    # iptables
+    line = f'-A INPUT -s {PEER_C}/32 -p udp -m udp --dport 123 -m comment --comment "{TAG}" -j ACCEPT'
+    [present] = parse_iptables_rules(line, IDS)
+    assert present.rule == udp
+    ipt = Target("iptables", "iptables-nft INPUT", True, binary="iptables-nft")
+    [add] = iptables_commands(PosixShell(), ipt, reconcile([udp], []), TAG)
+    assert shlex.split(add) == [
+        "iptables-nft",
+        "-I",
+        "INPUT",
+        "1",
+        "-s",
+        PEER_C,
+        "-p",
+        "udp",
+        "--dport",
+        "123",
+        *COMMENTED,
+    ]
+    [delete] = iptables_commands(PosixShell(), ipt, reconcile([], [present]), TAG)
+    assert shlex.split(delete)[:9] == [
+        "iptables-nft",
+        "-D",
+        "INPUT",
+        "-s",
+        f"{PEER_C}/32",
+        "-p",
+        "udp",
+        "-m",
+        "udp",
+    ]
+    # ufw (`ufw show added` prints the protocol last)
+    added = f"@@added\nufw allow from {PEER_C} to any port 123 proto udp comment '{TAG}'\n"
+    [present] = parse_ufw_added(added, IDS)
+    assert present.rule == udp
+    assert [shlex.split(c) for c in ufw_commands(PosixShell(), reconcile([udp], []), TAG)] == [
+        ["ufw", "allow", "proto", "udp", "from", PEER_C, "to", "any", "port", "123", "comment", TAG]
+    ]
+    assert [shlex.split(c) for c in ufw_commands(PosixShell(), reconcile([], [present]), TAG)] == [
+        ["ufw", "delete", "allow", "from", PEER_C, "to", "any", "port", "123", "proto", "udp"]
+    ]
+    # firewalld: a rich rule in our policy
+    assert (
+        rich_rule(udp)
+        == f'rule family="ipv4" source address="{PEER_C}" port port="123" protocol="udp" accept'
+    )
+    text = FIREWALLD_RUNNING.replace(
+        'port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1
+    )
+    policy = parse_firewalld(text, POLICY, IDS)
+    assert policy is not None and Present(udp, rich_rule(udp)) in policy.present
+    _, commands = firewalld_commands(PosixShell(), policy, [udp], TAG, persist=False, remove=False)
+    assert not any(rich_rule(udp) in c and "add-rich-rule" in c for c in commands)  # in place already

@@ -164,7 +164,7 @@ def test_golden_ranks_linux_and_wsl(backend: str) -> None:
 
 def test_a_wsl_node_gets_the_linux_torchrun_script() -> None:
     win = _mixed("gloo", False)["win"]
-    assert "exec /home/bob/venv/bin/python \"$cb_dir/rank_capture.py\" mux" in win
+    assert 'exec /home/bob/venv/bin/python "$cb_dir/rank_capture.py" mux' in win
     assert "  /home/bob/venv/bin/python -m torch.distributed.run \\\n" in win
     assert "--nproc-per-node 2" in win and "--node-rank 2" in win and "global ranks 2-3" in win
     assert "export GLOO_SOCKET_IFNAME=eth1" in win  # the interface the route inside WSL names

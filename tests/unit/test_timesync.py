@@ -7,18 +7,29 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.timesync import source_cell
 from orchestrator.errors import InventoryError
 from orchestrator.facts.network import InterfaceAddress, Route
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.timesync import _Addresses, follow_master, master_identity, roles
+from orchestrator.steps.timesync import (
+    NodeTime,
+    _Addresses,
+    _await,
+    follow_master,
+    master_identity,
+    no_reply_problem,
+    roles,
+)
 from orchestrator.steps.timesync import chrony as c
 from orchestrator.steps.timesync import windows as w
+from orchestrator.transports.base import Result
 from tests import pwsh
 from tests.winrm_server.cmdline import split as split_command_line
 
@@ -435,3 +446,125 @@ def test_stripchart_offsets() -> None:
     )
     assert w.parse_stripchart(out) == pytest.approx(0.0005)
     assert w.parse_stripchart("error: 0x800705B4") is None
+
+
+# -- a source that never answers: known after a few requests, not after the whole timeout -------------
+
+# `chronyc -n ntpdata` of a worker whose master drops UDP 123 (chrony 4.3, a test namespace)
+NTPDATA_BLOCKED = """\
+Remote address  : 198.18.81.11 (C612510B)
+Remote port     : 123
+Local address   : [UNSPEC] (00000000)
+Leap status     : Normal
+Reference time  : Thu Jan 01 00:00:00 1970
+NTP tests       : 000 000 0000
+Total TX        : 4
+Total RX        : 0
+Total valid RX  : 0
+Total good RX   : 0
+"""
+
+
+def _blocked_chronyc(tmp_path: Path, *, sent: int, reach: str = "0") -> dict[str, str]:
+    """A stub chronyc for one source 10.0.0.1 that never answers: each `ntpdata` reports one more
+    request sent (chronyd keeps asking), `burst` is recorded. Returns the environment using it."""
+    (tmp_path / "tx").write_text(str(sent))
+    chronyc = tmp_path / "chronyc"
+    chronyc.write_text(
+        "#!/bin/sh\n"
+        f'd={tmp_path}\ncase "$*" in\n'
+        f'  *sources*) echo "^,?,10.0.0.1,0,6,{reach},4294967295,0.000000000,0.000000000,0.000000000";;\n'
+        '  *ntpdata*) n=$(($(cat "$d/tx") + 1)); echo "$n" > "$d/tx"\n'
+        "    printf 'Remote address  : 10.0.0.1 (0A000001)\\nRemote port     : 123\\n"
+        'Total TX        : %s\\nTotal RX        : 0\\n\' "$n";;\n'
+        '  *burst*) echo "$*" >> "$d/calls"; echo "200 OK";;\n'
+        "  *) echo 00000000,,0,0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,1.0,0.0,Not synchronised;;\n"
+        "esac\n"
+    )
+    chronyc.chmod(0o755)
+    return {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+
+
+def test_ntpdata_is_read_by_label() -> None:
+    assert c.parse_ntpdata(NTPDATA_BLOCKED) == {"198.18.81.11": c.Traffic("198.18.81.11", 4, 0)}
+    two = NTPDATA_BLOCKED + "\n" + NTPDATA_BLOCKED.replace("81.11", "81.12").replace(": 4\n", ": 9\n")
+    assert c.parse_ntpdata("@@tracking\nx\n@@ntpdata\n" + two)["198.18.81.12"].sent == 9
+    assert c.parse_ntpdata("506 Cannot talk to daemon\n") == {}
+
+
+def test_wait_ends_as_soon_as_no_source_answers(tmp_path: Path) -> None:
+    """A fresh chronyd whose only source never answers: the wait ends once 4 requests went unanswered
+    (exit 4), long before its 30 s deadline, and asks for no burst (chronyd's iburst is asking)."""
+    env = _blocked_chronyc(tmp_path, sent=0)
+    started = time.monotonic()
+    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
+    took = time.monotonic() - started
+    assert result.returncode == c.NO_REPLY_EXIT, f"{result} after {took:.1f} s"
+    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].received == 0
+    assert not (tmp_path / "calls").exists(), "a burst was asked of a chronyd still in its iburst"
+
+
+def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_path: Path) -> None:
+    """Requests that went unanswered before the wait (an earlier run, before the firewall opened) do
+    not decide: chronyd is asked for a burst, and only requests sent during the wait count."""
+    env = _blocked_chronyc(tmp_path, sent=40)
+    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
+    assert result.returncode == c.NO_REPLY_EXIT, result
+    assert (tmp_path / "calls").read_text() == f"burst {c.UNANSWERED_REQUESTS}/{c.UNANSWERED_REQUESTS}\n"
+    # the start: 1 ntpdata to judge, 1 for the base (42); then until 42 + 4 requests were seen
+    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].sent >= 42 + c.UNANSWERED_REQUESTS
+
+
+def test_a_source_that_answered_is_waited_for_until_the_deadline(tmp_path: Path) -> None:
+    env = _blocked_chronyc(tmp_path, sent=10, reach="1")  # it answered once: not "no reply"
+    result = _sh(c.wait_script(max_offset_s=0.1, timeout=1, has_sources=True), env)
+    assert result.returncode == 3, result
+
+
+class _ShTransport:
+    """Runs scripts with /bin/sh here, in ``env`` (what _await needs of a transport)."""
+
+    platform = SH
+    kind = "local"
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+
+    def run(self, script: str, *, become: bool = False, timeout: float | None = None) -> Result:
+        proc = _sh(script, self.env)
+        return Result("w1", script, proc.returncode, proc.stdout, proc.stderr, 0.0)
+
+
+def test_a_worker_whose_master_never_answers_fails_with_the_reason_and_no_source(tmp_path: Path) -> None:
+    """Not `added` with the master shown as its source: failed, following nothing, and the problem
+    names the blocked UDP 123 and the fix."""
+    inv = load_inventory_text(_inventory(), "h.yaml")
+    role = roles(inv, ADDR)["w1"]
+    value = NodeTime("w1", role="client", daemon="chrony", state="added", sources=["10.0.0.1"])
+    transport = _ShTransport(_blocked_chronyc(tmp_path, sent=0))
+    _await(inv.node("w1"), transport, value, role, 100.0, 30.0, own_address="10.0.0.2")  # type: ignore[arg-type]
+    assert value.state == "failed" and value.selected is None and value.chrony_offset_ms is None
+    assert value.problem is not None
+    assert value.problem.startswith("no time source: the master (10.0.0.1) answered none of its NTP")
+    assert "(4 requests, 0 replies)" in value.problem
+    assert "UDP 123 to the master is blocked: run `bootstrap firewall` (the pipeline does)" in value.problem
+    assert "open UDP 123 from 10.0.0.2 on the master" in value.problem
+    assert source_cell(value, dry_run=False) == "none"
+
+
+def test_no_reply_from_upstream_servers_names_them() -> None:
+    role = c.ChronyRole(("10.9.9.9", "ntp.lab"))
+    traffic = {"10.9.9.9": c.Traffic("10.9.9.9", 5, 0)}
+    problem = no_reply_problem("w2", role, traffic, master=None, own_address=None)
+    assert "10.9.9.9 (5 requests, 0 replies), ntp.lab" in problem
+    assert "check that UDP 123 reaches them from w2" in problem and "bootstrap firewall" not in problem
+
+
+def test_the_source_column_shows_only_what_a_node_follows() -> None:
+    value = NodeTime("w1", sources=["10.0.0.1"])
+    assert source_cell(value, dry_run=False) == "none"  # configured, never followed
+    assert source_cell(value, dry_run=True) == "10.0.0.1 (planned)"
+    value.selected = "10.0.0.1"
+    assert source_cell(value, dry_run=False) == "10.0.0.1"
+    assert source_cell(NodeTime("m", sources=["local clock"]), dry_run=False) == "local clock"
+    assert source_cell(NodeTime("m"), dry_run=False) == "-"  # not managed: nothing configured

@@ -1,11 +1,14 @@
-"""`bootstrap firewall`: open exactly what training needs between the cluster's nodes, undo it cleanly.
+"""`bootstrap firewall`: open exactly what training (and the pipeline's own time sync) needs between the
+cluster's nodes, undo it cleanly.
 
 Two phases over the nodes, each one round trip: detect (as root: which firewall decides, the node's
 route to the master and its ephemeral port range, the rules of ours already there), then, with every
 node's cluster address known, apply the difference between the wanted rules and ours. A second run finds
 everything in place and changes nothing; ``remove`` deletes every rule carrying our tag and nothing else.
-The main pipeline calls :func:`apply_firewall` between `check` and `launch`; teardown calls
-:func:`remove_firewall`.
+Besides the training ports (TCP), the master lets the workers reach its NTP server (UDP 123) when it
+serves the cluster's time (``cluster.time``, see :func:`serves_time`): the ``ntp`` step that follows in
+the pipeline needs it. The main pipeline calls :func:`apply_firewall` before `ntp` and `check`;
+teardown calls :func:`remove_firewall`.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from orchestrator.steps.firewall.linux import (
     ufw_commands,
 )
 from orchestrator.steps.firewall.rules import (
+    NTP_PORT,
     Changes,
     ClusterTag,
     PortRange,
@@ -39,6 +43,7 @@ from orchestrator.steps.firewall.rules import (
     is_usable_peer,
     node_ports,
     reconcile,
+    time_rules,
     wanted_rules,
 )
 from orchestrator.steps.root import run_as_root
@@ -56,6 +61,7 @@ __all__ = [
     "plan_node",
     "plan_windows",
     "remove_firewall",
+    "serves_time",
 ]
 
 DETECT_TIMEOUT = 60.0
@@ -163,15 +169,28 @@ def cluster_addresses(inventory: Inventory, detections: dict[str, Detection]) ->
     return found
 
 
+def _peers_of(node: Node, addresses: dict[str, str], detection: Detection) -> dict[str, str]:
+    """Every other node's cluster address (by name), minus the node's own addresses."""
+    own = {a.address for a in detection.addresses}
+    if node.name in addresses:
+        own.add(addresses[node.name])
+    return {name: addr for name, addr in addresses.items() if name != node.name and addr not in own}
+
+
 def _sources_for(
     node: Node, inventory: Inventory, addresses: dict[str, str], detection: Detection
 ) -> list[str]:
     """Every peer's address plus the inventory's extra sources, minus the node's own addresses."""
-    own = {a.address for a in detection.addresses}
-    if node.name in addresses:
-        own.add(addresses[node.name])
-    peers = {addr for name, addr in addresses.items() if name != node.name and addr not in own}
+    peers = set(_peers_of(node, addresses, detection).values())
     return sorted(peers | set(inventory.cluster.firewall.extra_sources))
+
+
+def serves_time(inventory: Inventory) -> bool:
+    """Does `bootstrap ntp` make the master serve the workers' time (chrony ``local stratum`` +
+    ``allow``)? Only when it manages time, serves from the master (no ``time.servers``, or
+    ``serve_from_master: true``) and the master runs Linux (a Windows master cannot serve yet)."""
+    settings = inventory.cluster.time
+    return settings.manage and settings.serving and inventory.master_node.os == "linux"
 
 
 # -- planning (pure) ------------------------------------------------------------------------------------
@@ -213,6 +232,19 @@ def plan_node(
         else:
             result.sources = _sources_for(node, inventory, addresses, detection)
             rules = wanted_rules(result.sources, ports)
+            # the workers' time source: the master's chrony allows exactly their cluster addresses
+            ntp = time_rules(
+                is_master=node.name == inventory.cluster.master,
+                serves_time=serves_time(inventory),
+                workers=_peers_of(node, addresses, detection).values(),
+            )
+            if ntp:
+                rules = sorted(set(rules) | set(ntp))
+                result.ports.append(f"{NTP_PORT}/udp")
+                result.notes.append(
+                    f"UDP {NTP_PORT} (NTP) from the {len(ntp)} worker(s): the master serves the "
+                    "cluster's time (bootstrap ntp; cluster.time)"
+                )
     if not filtering and not remove and detection.kind == "none":
         result.notes.append("no active firewall filters incoming traffic here: nothing to open")
 

@@ -35,6 +35,7 @@ from orchestrator.steps.firewall.rules import (
     Present,
     Rule,
     normalize_source,
+    protocol_of,
     reconcile,
 )
 
@@ -306,11 +307,18 @@ def _match_value(expr: list[Any], protocol: str, field_name: str) -> Any:
 
 
 def parse_nft_rule(expr: list[Any]) -> Rule | None:
-    """The (source, ports) of a rule we wrote: ``ip saddr A tcp dport P accept``; None otherwise."""
+    """The (source, ports, protocol) of a rule we wrote: ``ip saddr A tcp dport P accept`` (or ``udp
+    dport``); None otherwise (also when it matches ports of both protocols: not a rule we write)."""
     if not any(isinstance(i, dict) and "accept" in i for i in expr):
         return None
     source = _match_value(expr, "ip", "saddr")
-    ports = _match_value(expr, "tcp", "dport")
+    found = [(p, v) for p in ("tcp", "udp") if (v := _match_value(expr, p, "dport")) is not None]
+    if len(found) != 1:
+        return None
+    [(name, ports)] = found
+    protocol = protocol_of(name)
+    if protocol is None:
+        return None
     try:
         if isinstance(source, dict) and isinstance(source.get("prefix"), dict):
             prefix = source["prefix"]
@@ -328,7 +336,7 @@ def parse_nft_rule(expr: list[Any]) -> Rule | None:
             return None
     except (ValueError, KeyError, TypeError):
         return None
-    return Rule(address, port_range)
+    return Rule(address, port_range, protocol)
 
 
 def _is_iptables_nft(family: str, table: str, chain: str) -> bool:
@@ -383,7 +391,7 @@ def nft_targets(doc: dict[str, Any], ids: ClusterTag, *, iptables_nft: bool) -> 
 def nft_rule_text(target: Target, rule: Rule, tag: str) -> str:
     return (
         f"insert rule {target.family} {target.table} {target.chain} "
-        f'ip saddr {rule.source} tcp dport {rule.ports} accept comment "{tag}"'
+        f'ip saddr {rule.source} {rule.protocol} dport {rule.ports} accept comment "{tag}"'
     )
 
 
@@ -460,8 +468,9 @@ def parse_iptables_rules(text: str, ids: ClusterTag) -> list[Present]:
         try:
             source = words[words.index("-s") + 1]
             ports = words[words.index("--dport") + 1]
-            if "ACCEPT" in words and "tcp" in words:
-                rule = Rule(normalize_source(source), PortRange.parse(ports))
+            protocol = protocol_of(words[words.index("-p") + 1])
+            if "ACCEPT" in words and protocol is not None:
+                rule = Rule(normalize_source(source), PortRange.parse(ports), protocol)
         except (ValueError, IndexError):
             rule = None
         found.append(Present(rule, shlex.join(words[2:]), legacy=ids.is_legacy(comment)))
@@ -473,7 +482,7 @@ def iptables_commands(platform: Platform, target: Target, change: Changes, tag: 
     for entry in change.delete:
         commands.append(platform.join([target.binary, "-D", "INPUT", *shlex.split(entry.ref)]))
     for rule in reversed(change.add):  # each goes to the top: before any DROP/REJECT
-        argv = [target.binary, "-I", "INPUT", "1", "-s", rule.source, "-p", "tcp", "--dport"]
+        argv = [target.binary, "-I", "INPUT", "1", "-s", rule.source, "-p", rule.protocol, "--dport"]
         argv += [rule.ports.colon, "-m", "comment", "--comment", tag, "-j", "ACCEPT"]
         commands.append(platform.join(argv))
     return commands
@@ -505,10 +514,11 @@ def parse_ufw_added(text: str, ids: ClusterTag) -> list[Present]:
             continue
         rule: Rule | None = None
         try:
-            if words[1] == "allow" and "proto" in words and words[words.index("proto") + 1] == "tcp":
+            protocol = protocol_of(words[words.index("proto") + 1]) if "proto" in words else None
+            if words[1] == "allow" and protocol is not None:
                 source = words[words.index("from") + 1]
                 ports = words[words.index("port") + 1]
-                rule = Rule(normalize_source(source), PortRange.parse(ports))
+                rule = Rule(normalize_source(source), PortRange.parse(ports), protocol)
         except (ValueError, IndexError):
             rule = None
         found.append(Present(rule, shlex.join(words[1:]), legacy=ids.is_legacy(comment)))
@@ -524,7 +534,8 @@ def ufw_commands(platform: Platform, change: Changes, tag: str) -> list[str]:
             words = words[:i] + words[i + 2 :]
         commands.append(platform.join(["ufw", "delete", *words]))
     for rule in change.add:
-        argv = ["ufw", "allow", "proto", "tcp", "from", rule.source, "to", "any", "port", rule.ports.colon]
+        argv = ["ufw", "allow", "proto", rule.protocol, "from", rule.source, "to", "any", "port"]
+        argv.append(rule.ports.colon)
         commands.append(platform.join([*argv, "comment", tag]))
     return commands
 
@@ -533,12 +544,15 @@ def ufw_commands(platform: Platform, change: Changes, tag: str) -> list[str]:
 
 _RICH_RE = re.compile(
     r'rule family="ipv4" source address="(?P<source>[0-9./]+)" '
-    r'port port="(?P<port>[0-9-]+)" protocol="tcp" accept'
+    r'port port="(?P<port>[0-9-]+)" protocol="(?P<protocol>tcp|udp)" accept'
 )
 
 
 def rich_rule(rule: Rule) -> str:
-    return f'rule family="ipv4" source address="{rule.source}" port port="{rule.ports}" protocol="tcp" accept'
+    return (
+        f'rule family="ipv4" source address="{rule.source}" port port="{rule.ports}" '
+        f'protocol="{rule.protocol}" accept'
+    )
 
 
 def _rich_rules(block: str) -> list[Present]:
@@ -551,7 +565,9 @@ def _rich_rules(block: str) -> list[Present]:
         rule = None
         if match:
             try:
-                rule = Rule(normalize_source(match["source"]), PortRange.parse(match["port"]))
+                protocol = protocol_of(match["protocol"])
+                if protocol is not None:
+                    rule = Rule(normalize_source(match["source"]), PortRange.parse(match["port"]), protocol)
             except ValueError:
                 rule = None
         found.append(Present(rule, line))

@@ -2,9 +2,11 @@
 
 Training needs, from every peer of the cluster (and only from them): the rendezvous port on the master,
 the ephemeral ports gloo and NCCL listen on (every rank binds port 0 and connects a full mesh; no variable
-pins a range, see FIELD_NOTES, "Ports and firewalls"), and the inventory's extra ports. A
-rule is one (source address, port range) pair: small enough that a changed peer set or port range changes
-exactly the rules concerned, and the same shape for nftables, iptables, ufw and Windows.
+pins a range, see FIELD_NOTES, "Ports and firewalls"), and the inventory's extra ports. The pipeline's
+own ``ntp`` step needs one more: when the master serves the cluster's time (chrony ``allow``), UDP 123
+on the master from the workers (:func:`time_rules`). A rule is one (source address, port range,
+protocol): small enough that a changed peer set or port range changes exactly the rules concerned, and
+the same shape for nftables, iptables, ufw and firewalld.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import ipaddress
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 #: every rule we add carries this prefix plus the cluster's readable name and digest (see ClusterTag)
 TAG_PREFIX = "cluster-bootstrap"
@@ -27,6 +30,9 @@ FIREWALLD_NAME_LIMIT = 17
 #: "-tcp-32768-60999" to it
 TAG_LIMIT = len(TAG_PREFIX) + 1 + READABLE_LIMIT + 1 + DIGEST_LENGTH
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+Protocol = Literal["tcp", "udp"]
+PROTOCOLS: tuple[str, ...] = get_args(Protocol)
 
 
 def _digest(cluster_name: str) -> str:
@@ -133,15 +139,17 @@ class PortRange:
 
 @dataclass(frozen=True, order=True)
 class Rule:
-    """Allow TCP from ``source`` (an IPv4 address or network) to ``ports`` on the node.
+    """Allow ``protocol`` (TCP unless said otherwise) from ``source`` (an IPv4 address or network) to
+    ``ports`` on the node.
 
     ``source`` must already be canonical (:func:`normalize_source`): a Rule is what every firewall
     command is written from, so nothing that is not an IP address or network can reach one (a value
-    a node reported, such as its route's source, included).
+    a node reported, such as its route's source, included). ``protocol`` is ``tcp`` or ``udp``.
     """
 
     source: str
     ports: PortRange
+    protocol: Protocol = "tcp"
 
     def __post_init__(self) -> None:
         try:
@@ -150,9 +158,21 @@ class Rule:
             raise ValueError(f"not an IPv4 address or network: {self.source!r}") from None
         if canonical != self.source:
             raise ValueError(f"not in canonical form: {self.source!r} (expected {canonical!r})")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"not a protocol we open: {self.protocol!r}")
 
     def __str__(self) -> str:
-        return f"tcp from {self.source} to port {self.ports}"
+        return f"{self.protocol} from {self.source} to port {self.ports}"
+
+
+def protocol_of(text: str) -> Protocol | None:
+    """``text`` as one of our protocols (what a firewall printed for a rule); None for anything else."""
+    lowered = text.strip().lower()
+    if lowered == "tcp":
+        return "tcp"
+    if lowered == "udp":
+        return "udp"
+    return None
 
 
 def normalize_source(text: str) -> str:
@@ -176,8 +196,22 @@ def is_usable_peer(address: str) -> bool:
 
 
 def wanted_rules(sources: Iterable[str], ports: Iterable[PortRange]) -> list[Rule]:
-    """Every (source, port range) pair, sorted: the rules one node must carry."""
+    """Every (source, port range) pair, sorted: the TCP rules one node must carry."""
     return sorted({Rule(s, p) for s in sources for p in ports})
+
+
+#: NTP: where the master's chrony answers the workers when it serves the cluster's time
+NTP_PORT = PortRange(123, 123)
+
+
+def time_rules(*, is_master: bool, serves_time: bool, workers: Iterable[str]) -> list[Rule]:
+    """UDP 123 (NTP) from each worker's address, on the master only and only when it serves time
+    (``bootstrap ntp`` writes chrony ``allow`` lines for exactly these addresses): what the pipeline's
+    own ``ntp`` step needs through a drop-policy firewall. Nothing for a worker, nothing when the
+    nodes follow other servers (``cluster.time.servers``) or time is not managed."""
+    if not (is_master and serves_time):
+        return []
+    return sorted({Rule(w, NTP_PORT, "udp") for w in workers})
 
 
 def node_ports(

@@ -46,8 +46,10 @@ class NodeTime:
     node: str
     role: str = "-"  # "server" (the master serving the workers), "client", "-" (not managed)
     daemon: str = "-"  # chrony, timesyncd, w32time, none
-    state: str = "-"  # added, changed, unchanged, started, measured, restored, nothing to restore
-    sources: list[str] = field(default_factory=list)
+    # added, changed, unchanged, started, measured, restored, nothing to restore; "failed": configured
+    # (see actions) but following no source (problem says why)
+    state: str = "-"
+    sources: list[str] = field(default_factory=list)  # what it is configured to follow (not: has)
     mode: str | None = None  # dropin, block, file (where our chrony directives went)
     path: str | None = None
     selected: str | None = None  # chrony's selected source (^*)
@@ -396,10 +398,47 @@ def _apply(
     return out
 
 
+def no_reply_problem(
+    node: str,
+    role: ChronyRole,
+    traffic: dict[str, chrony.Traffic],
+    *,
+    master: str | None,
+    own_address: str | None,
+) -> str:
+    """Why ``node`` has no time source when none of its sources ever answered, and what to do (pure:
+    unit-tested). ``master``: the master's address when the node follows it; ``own_address``: the
+    node's address the master's chrony allows (and the firewall step opens UDP 123 for)."""
+    asked = ", ".join(
+        f"{a} ({traffic[a].sent} requests, {traffic[a].received} replies)" if a in traffic else a
+        for a in role.sources
+    )
+    port = chrony.NTP_PORT
+    if master is not None and role.sources == (master,):
+        whom = f" from {own_address}" if own_address else ""
+        return (
+            f"no time source: the master ({master}) answered none of its NTP requests ({asked}): "
+            f"UDP {port} to the master is blocked: run `bootstrap firewall` (the pipeline does) or "
+            f"open UDP {port}{whom} on the master (else the master's chronyd is not serving: see its row)"
+        )
+    return (
+        f"no time source: none of its servers answered an NTP request ({asked}): check that UDP "
+        f"{port} reaches them from {node} (a firewall on the way), and that they serve NTP"
+    )
+
+
 def _await(
-    node: Node, transport: Transport, value: NodeTime, role: ChronyRole, max_offset_ms: float, timeout: float
+    node: Node,
+    transport: Transport,
+    value: NodeTime,
+    role: ChronyRole,
+    max_offset_ms: float,
+    timeout: float,
+    *,
+    own_address: str | None = None,
 ) -> None:
-    """Wait until chronyd on the node follows its source within the threshold; record what it says."""
+    """Wait until chronyd on the node follows its source within the threshold, or until none of its
+    sources can answer (fails at once, saying why); record what it says."""
     script = chrony.wait_script(
         max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources)
     )
@@ -410,7 +449,13 @@ def _await(
     selected = next((s for s in sources if s.selected), None)
     value.selected = selected.address if selected else None
     value.chrony_offset_ms = _ms(selected.offset) if selected else (0.0 if role.serve else None)
-    if result.exit_code == 3:
+    if selected is None and role.sources and result.exit_code in (3, chrony.NO_REPLY_EXIT):
+        value.state = "failed"  # configured (its actions say how), but it follows nothing
+    if result.exit_code == chrony.NO_REPLY_EXIT:
+        traffic = chrony.parse_ntpdata(result.stdout)
+        master = role.sources[0] if role.prefer_first else None  # a worker of a serving master
+        value.problem = no_reply_problem(node.name, role, traffic, master=master, own_address=own_address)
+    elif result.exit_code == 3:
         seen = ", ".join(f"{s.address} ({s.state}, reach {s.reach:o})" for s in sources) or "none"
         if selected is not None:
             value.problem = (
@@ -541,7 +586,13 @@ def sync_time(
             waiting = [n for n in linux if n.name in values]
             session.map(
                 lambda n, t: _await(
-                    n, t, values[n.name], node_roles[n.name], settings.max_offset_ms, sync_timeout
+                    n,
+                    t,
+                    values[n.name],
+                    node_roles[n.name],
+                    settings.max_offset_ms,
+                    sync_timeout,
+                    own_address=addresses.workers.get(n.name) if addresses else None,
                 ),
                 step="sync",
                 nodes=waiting,

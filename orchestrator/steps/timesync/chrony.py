@@ -38,8 +38,16 @@ DEFAULT_PIDFILE = "/run/chrony/chronyd.pid"
 #: chrony's stratum when the master serves its own clock: 10 is what chrony's docs suggest for
 #: ``local``: high enough that any real upstream (stratum 1-4) a client can also see wins over it
 LOCAL_STRATUM = 10
+#: NTP's port: a serving master's chronyd answers the workers there (UDP; `bootstrap firewall` opens it)
+NTP_PORT = 123
 #: seconds a node gets to select its source and bring its offset under the threshold
 SYNC_TIMEOUT = 60.0
+#: NTP requests to a source left without any reply before the wait gives up on it: ``iburst`` sends the
+#: first four about 2 s apart, so a source that answers nothing is known after about 7 s, not after
+#: the whole SYNC_TIMEOUT (one that answers late on a LAN is not a source to keep time by anyway)
+UNANSWERED_REQUESTS = 4
+#: the exit code of :func:`wait_script` when no source ever answered: what it is known by, at once
+NO_REPLY_EXIT = 4
 
 _B64 = re.compile(r"[A-Za-z0-9+/=]*")  # .fullmatch only
 
@@ -426,27 +434,70 @@ class ForeignChronyd(Exception):
         self.cmdline = cmdline
 
 
+#: exits 0 when every NTP server source (``^`` in ``chronyc -c sources``) is known not to answer: its
+#: reachability register is 0 (no reply to any of its last 8 requests) and chronyd has sent it ``min``
+#: requests (``Total TX`` of ``chronyc ntpdata``), counted from ``base`` (``ADDR=TX ...`` at the start of
+#: the wait) when it had had ``min`` already by then: stale failures never decide, only requests sent
+#: during this wait (so a firewall opened since counts). 1 while any source may still answer, or when
+#: there is none to judge (names not resolved yet, refclocks only, a chronyc without ntpdata).
+_NO_REPLY_AWK = """\
+BEGIN {
+  split(base, pairs, " ")
+  for (i in pairs) { split(pairs[i], kv, "="); before[kv[1]] = kv[2] + 0 }
+  while (("chronyc -n -c sources 2>/dev/null" | getline line) > 0) {
+    split(line, f, ",")
+    if (f[1] == "^") { n++; reach[f[3]] = f[6] }
+  }
+  while (("chronyc -n ntpdata 2>/dev/null" | getline line) > 0) {
+    split(line, w, " ")
+    if (line ~ /^Remote address/) a = w[4]
+    else if (line ~ /^Total TX/) tx[a] = w[4] + 0
+  }
+  if (!n) exit 1
+  for (a in reach) {
+    need = before[a] >= min ? before[a] + min : min
+    if (reach[a] != "0" || tx[a] < need) exit 1
+  }
+  exit 0
+}"""
+#: ``ADDR=TX`` for every NTP source (what ``base`` of _NO_REPLY_AWK takes)
+_SENT_AWK = '/^Remote address/ { a = $4 } /^Total TX/ { printf "%s=%s ", a, $4 }'
+
+
 def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> str:
     """Await on the node: a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a
-    master serving only its own clock, a normal leap status), up to ``timeout`` seconds. Prints the final
-    ``chronyc -c sources`` and ``tracking`` either way; exit 3 when the deadline passed."""
+    master serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with
+    sources, stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply:
+    a firewall dropping UDP 123, a server down), which waiting longer would not change. Prints the final
+    ``chronyc -c sources``, ``tracking`` and ``ntpdata`` either way; exit 3 when the deadline passed,
+    :data:`NO_REPLY_EXIT` when no source answered."""
     if has_sources:
         cond = (
             "chronyc -n -c sources 2>/dev/null | awk -F, -v max="
             f"{max_offset_s:.6f}"
             " '$2 == \"*\" { o = $8 + 0; if (o < 0) o = -o; if (o <= max) ok = 1 } END { exit !ok }'"
         )
+        no_reply = f"awk -v min={UNANSWERED_REQUESTS} -v base=\"$base\" '{_NO_REPLY_AWK}'"
+        # sources that went unanswered before this wait (an earlier run, a firewall opened since):
+        # chronyd may not ask again for minutes (its poll interval grows): ask now, and judge anew
+        burst = f"chronyc burst {UNANSWERED_REQUESTS}/{UNANSWERED_REQUESTS} >/dev/null 2>&1"
+        start = f"base=\n{no_reply} && {burst}\nbase=$(chronyc -n ntpdata 2>/dev/null | awk '{_SENT_AWK}')\n"
+        check = f"  if {no_reply}; then rc={NO_REPLY_EXIT}; break; fi\n"
     else:
         cond = "chronyc -c tracking 2>/dev/null | awk -F, '$NF == \"Normal\" { ok = 1 } END { exit !ok }'"
+        start = check = ""
     return (
         f"end=$(($(date +%s) + {int(timeout)}))\n"
         "rc=0\n"
+        f"{start}"
         f"until {cond}; do\n"
+        f"{check}"
         '  if [ "$(date +%s)" -ge "$end" ]; then rc=3; break; fi\n'
         "  sleep 0.2\n"
         "done\n"
         "echo '@@sources'; chronyc -n -c sources 2>&1\n"
         "echo '@@tracking'; chronyc -c tracking 2>&1\n"
+        "echo '@@ntpdata'; chronyc -n ntpdata 2>&1\n"
         'exit "$rc"'
     )
 
@@ -498,8 +549,44 @@ def parse_tracking(csv: str) -> dict[str, str]:
 
 
 def split_wait_output(stdout: str) -> tuple[str, str]:
+    """(``chronyc -c sources``, ``chronyc -c tracking``) from :func:`wait_script`'s output."""
     sources, _, tracking = stdout.partition("@@tracking")
-    return sources.partition("@@sources")[2].strip(), tracking.strip()
+    return sources.partition("@@sources")[2].strip(), tracking.partition("@@ntpdata")[0].strip()
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What chronyd sent to and heard from one NTP source (``chronyc ntpdata``)."""
+
+    address: str
+    sent: int  # Total TX
+    received: int  # Total RX
+
+
+def parse_ntpdata(stdout: str) -> dict[str, Traffic]:
+    """``chronyc -n ntpdata`` (the ``@@ntpdata`` section of :func:`wait_script`'s output, or all of
+    it), by source address. Read by label: the CSV form's columns differ between chrony versions."""
+    text = stdout.partition("@@ntpdata")[2] if "@@ntpdata" in stdout else stdout
+    found: dict[str, Traffic] = {}
+    address: str | None = None
+    counts: dict[str, int] = {}
+
+    def close() -> None:
+        if address is not None and "Total TX" in counts:
+            found[address] = Traffic(address, counts["Total TX"], counts.get("Total RX", 0))
+
+    for line in text.splitlines():
+        label, sep, value = line.partition(":")
+        if not sep:
+            continue
+        label, words = label.strip(), value.split()
+        if label == "Remote address":
+            close()
+            address, counts = (words[0] if words else None), {}
+        elif label in ("Total TX", "Total RX") and words and words[0].isdigit():
+            counts[label] = int(words[0])
+    close()
+    return found
 
 
 @dataclass

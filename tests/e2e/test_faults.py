@@ -1,0 +1,109 @@
+"""Faults that must end in seconds (issue 17 items 3, 4): a node cut off mid-run, the controller killed.
+
+Every rank here ignores SIGTERM and has a child of its own, as one busy saving a checkpoint would, and
+torchrun starts its workers in sessions of their own: only a stop that reaches every process the run
+started, and escalates to SIGKILL, leaves nothing behind.
+
+- ``ip link set eth0 down`` on one node: the controller named it 70-100 s later, and the cut-off
+  node's training ran on until the link came back. Now: reported within 20 s, and 20 s after that no
+  process of the run is left on any node, the cut-off one included (it stops its own run when the
+  controller's heartbeats stop).
+- the controller killed with SIGKILL: the ranks survived indefinitely on every node. Now they end
+  within the same window. SIGTERM to the controller behaves like Ctrl-C (exit 143).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import BOOTSTRAP, write_inventory
+from tests.e2e.test_interrupt import STUBBORN
+from tests.e2e.test_stop_drain import Spawned
+from tests.integration.test_runs import await_, namespace_run_pids
+
+WINDOW = 20.0  # seconds: detection, then the stop on every node (3 missed 5 s heartbeats + KILL grace)
+
+
+def _start(cluster: NamespaceCluster, home: Path, tmp_path: Path, prefix: str) -> tuple[Spawned, str]:
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable, "nproc": 2}
+        for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "h.yaml", nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
+    )
+    run_id = f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
+    env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id], env=env)
+    launch = Spawned(argv, tmp_path)
+    names = [h.name for h in cluster.hosts]
+    await_(
+        lambda: (
+            launch.proc.poll() is not None
+            or all(sum(f"[{n}:" in x and "training started" in x for x in launch.out) == 2 for n in names)
+        ),
+        180,
+        "both ranks of every node training",
+    )
+    assert launch.proc.poll() is None, "".join(launch.out + launch.err)
+    for host in cluster.hosts:  # launcher, capture, torchrun, 2 ranks and their children
+        assert len(namespace_run_pids(cluster, host, run_id)) >= 5, host.name
+    return launch, run_id
+
+
+def _left(cluster: NamespaceCluster, run_id: str) -> dict[str, int]:
+    return {h.name: n for h in cluster.hosts if (n := len(namespace_run_pids(cluster, h, run_id)))}
+
+
+def test_a_node_cut_off_mid_run_is_named_and_nothing_keeps_training(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    launch, run_id = _start(cluster, trusted_home, tmp_path, "cut")
+    cut = cluster.hosts[1]
+    try:
+        subprocess.run(["ip", "-n", cut.ns, "link", "set", "eth0", "down"], check=True)
+        begin = time.monotonic()
+        code = launch.wait(timeout=120)
+        reported = time.monotonic() - begin
+        stderr = "".join(launch.err)
+        assert code == 3, stderr  # a node lost: the connection exit code (docs/cli.md)
+        assert f"node '{cut.name}'" in stderr and "lost" in stderr, stderr
+        assert reported < WINDOW + 10, f"reported after {reported:.0f} s (the sweep of the others included)"
+        # the cut-off node stops its own run: its controller's heartbeats stopped coming
+        await_(lambda: not _left(cluster, run_id), WINDOW + 10, f"no process of {run_id} on any node")
+        gone = time.monotonic() - begin
+        print(f"cut: launch ended after {reported:.1f} s, every node clean after {gone:.1f} s")
+    finally:
+        launch.kill()
+        subprocess.run(["ip", "-n", cut.ns, "link", "set", "eth0", "up"], check=True)
+    cluster._probe_from_controller([cut.addr], timeout=30)  # later tests use it again
+
+
+def test_a_killed_controller_leaves_nothing_running(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    launch, run_id = _start(cluster, trusted_home, tmp_path, "kill9")
+    launch.proc.send_signal(signal.SIGKILL)
+    launch.wait(timeout=30)
+    begin = time.monotonic()
+    await_(lambda: not _left(cluster, run_id), WINDOW, f"no process of {run_id} on any node")
+    print(f"kill -9: every node clean after {time.monotonic() - begin:.1f} s")
+
+
+def test_sigterm_to_the_controller_is_a_ctrl_c(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    launch, run_id = _start(cluster, trusted_home, tmp_path, "term")
+    launch.proc.send_signal(signal.SIGTERM)
+    assert launch.wait(timeout=60) == 143, "".join(launch.err)
+    stderr = "".join(launch.err)
+    assert "terminated (SIGTERM)" in stderr, stderr
+    assert not _left(cluster, run_id), stderr  # swept before it exited, as after Ctrl-C
