@@ -289,7 +289,9 @@ class PosixShell(Platform):
             'echo "now=$(date +%s)"\n'
             'if [ ! -d "$d" ]; then echo "state=no-run"; exit 0; fi\n'
             'if [ -f "$d/pid" ]; then echo "started=$(stat -c %Y "$d/pid")"; fi\n'
-            'if _cb_leader; then echo "alive=1"; else echo "alive=0"; fi\n'
+            # alive: the launcher, or any process of the run at all (its record may say otherwise:
+            # a launcher killed while ranks that ignore TERM live on)
+            'if _cb_leader || [ -n "$(_cb_members)" ]; then echo "alive=1"; else echo "alive=0"; fi\n'
             'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
             'if [ -f "$d/stopped" ]; then echo "stopped=$(cat "$d/stopped")"; fi\n'
             'if [ -f "$f" ]; then\n'

@@ -202,3 +202,46 @@ def test_a_refused_run_id_never_stops_the_run_that_holds_it(
         assert len(namespace_run_pids(cluster, node1, run_id)) >= 3
     finally:
         bootstrap("-i", str(one), "stop", "--run", run_id, cwd=first_dir, timeout=120)
+
+
+def test_status_says_running_while_any_process_of_the_run_lives_and_keeps_its_columns(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """Issue 17: the launcher killed while its ranks (ignoring TERM) live on made `status` say
+    `stopped`; a 500-character last line collapsed every other column of the table."""
+    script = tmp_path / "long.py"
+    script.write_text(
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "print('x' * 500, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    inv = _inventory(cluster, tmp_path / "h.yaml", script)
+    run_id = f"alive-{os.getpid()}-{time.monotonic_ns()}"
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", run_id, cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started
+    host = cluster.hosts[0]
+    run_dir = Path(f"/root/cluster-bootstrap/runs/{run_id}/{host.name}")
+    await_(lambda: b"x" * 500 in (run_dir / "node.log").read_bytes(), 120, "the long line in the log")
+    try:
+        leader = int((run_dir / "pid").read_text().split()[0])
+        os.kill(leader, 9)  # the launcher only: torchrun and the rank live on
+        await_(lambda: not Path(f"/proc/{leader}").exists() or _zombie(leader), 10, "the launcher gone")
+        assert namespace_run_pids(cluster, host, run_id), "the run's other processes are alive"
+        assert _status(bootstrap, inv, run_id, tmp_path)[host.name]["state"] == "running"
+        table = bootstrap("-i", str(inv), "status", "--run", run_id, cwd=tmp_path, env={"COLUMNS": "120"})
+        assert table.returncode == 0, table
+        (row,) = [line for line in table.stdout.splitlines() if host.name in line]
+        cells = [cell.strip() for cell in row.split("│")[1:-1]]
+        assert cells[:2] == [host.name, "running"] and cells[2] not in ("", "…"), row
+        assert cells[4].startswith("xxxx") and len(row) <= 120, row
+    finally:
+        stopped = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path, timeout=120)
+        assert stopped.returncode == 0, stopped
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -164,7 +166,7 @@ def test_directives_pool_server_prefer_local_allow() -> None:
     assert c.directives(c.ChronyRole(("10.0.0.1",), prefer_first=True)) == "server 10.0.0.1 iburst prefer\n"
 
 
-def _probe(files: dict[str, bytes | None], **kw: object) -> c.Probe:
+def _probe(files: Mapping[str, bytes | None], **kw: object) -> c.Probe:
     probe = c.Probe(files=dict(files), etc_chrony=True, chronyd="/usr/sbin/chronyd", **kw)  # type: ignore[arg-type]
     probe.main = next((p for p in c.MAIN_CANDIDATES if files.get(p) is not None), None)
     return probe
@@ -320,7 +322,11 @@ def test_restore_removes_what_we_created_and_stops_our_chronyd(tmp_path: Path) -
     main.write_bytes(b"confdir x\n")
     state = str(main) + c.STATE_SUFFIX
     Path(state).write_text("pid=4242\n")
-    files = {str(created): created.read_bytes(), str(main): b"confdir x\n", state: b"pid=4242\n"}
+    files: dict[str, bytes | None] = {
+        str(created): created.read_bytes(),
+        str(main): b"confdir x\n",
+        state: b"pid=4242\n",
+    }
     probe = c.Probe(files=files, main=str(main), running_pid=4242)
     plan = c.plan_restore(SH, probe)
     assert plan.actions == [f"removed {created}", "stopped chronyd (pid 4242) that bootstrap ntp started"]
@@ -545,8 +551,9 @@ def test_a_worker_whose_master_never_answers_fails_with_the_reason_and_no_source
     _await(inv.node("w1"), transport, value, role, 100.0, 30.0, own_address="10.0.0.2")  # type: ignore[arg-type]
     assert value.state == "failed" and value.selected is None and value.chrony_offset_ms is None
     assert value.problem is not None
-    assert value.problem.startswith("no time source: the master (10.0.0.1) answered none of its NTP")
-    assert "(4 requests, 0 replies)" in value.problem
+    assert re.match(
+        r"no time source: the master \(10\.0\.0\.1\) answered none of the [0-9]+ NTP", value.problem
+    )
     assert "UDP 123 to the master is blocked: run `bootstrap firewall` (the pipeline does)" in value.problem
     assert "open UDP 123 from 10.0.0.2 on the master" in value.problem
     assert source_cell(value, dry_run=False) == "none"
@@ -556,7 +563,7 @@ def test_no_reply_from_upstream_servers_names_them() -> None:
     role = c.ChronyRole(("10.9.9.9", "ntp.lab"))
     traffic = {"10.9.9.9": c.Traffic("10.9.9.9", 5, 0)}
     problem = no_reply_problem("w2", role, traffic, master=None, own_address=None)
-    assert "10.9.9.9 (5 requests, 0 replies), ntp.lab" in problem
+    assert "(10.9.9.9: 5 sent, 0 answered, ntp.lab)" in problem
     assert "check that UDP 123 reaches them from w2" in problem and "bootstrap firewall" not in problem
 
 

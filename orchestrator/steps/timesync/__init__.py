@@ -409,18 +409,20 @@ def no_reply_problem(
     """Why ``node`` has no time source when none of its sources ever answered, and what to do (pure:
     unit-tested). ``master``: the master's address when the node follows it; ``own_address``: the
     node's address the master's chrony allows (and the firewall step opens UDP 123 for)."""
-    asked = ", ".join(
-        f"{a} ({traffic[a].sent} requests, {traffic[a].received} replies)" if a in traffic else a
-        for a in role.sources
-    )
     port = chrony.NTP_PORT
     if master is not None and role.sources == (master,):
+        sent = traffic[master].sent if master in traffic else None
+        asked = f"none of the {sent} NTP requests sent to it" if sent else "no NTP request"
         whom = f" from {own_address}" if own_address else ""
         return (
-            f"no time source: the master ({master}) answered none of its NTP requests ({asked}): "
-            f"UDP {port} to the master is blocked: run `bootstrap firewall` (the pipeline does) or "
-            f"open UDP {port}{whom} on the master (else the master's chronyd is not serving: see its row)"
+            f"no time source: the master ({master}) answered {asked}: UDP {port} to the master is "
+            f"blocked: run `bootstrap firewall` (the pipeline does) or open UDP {port}{whom} on the "
+            "master (else the master's chronyd is not serving: see its row)"
         )
+    asked = ", ".join(
+        f"{a}: {traffic[a].sent} sent, {traffic[a].received} answered" if a in traffic else a
+        for a in role.sources
+    )
     return (
         f"no time source: none of its servers answered an NTP request ({asked}): check that UDP "
         f"{port} reaches them from {node} (a firewall on the way), and that they serve NTP"
