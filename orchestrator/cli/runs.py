@@ -26,6 +26,7 @@ from orchestrator.cli.main import (
     cli,
     common_options,
 )
+from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import RankedOutput
 from orchestrator.errors import CommandFailedError, ExitCode
 from orchestrator.executor import Outcome, exit_code_for
@@ -439,7 +440,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
             Text(label, style=style),
             _duration(value.runtime),
             _gpu_text(value),
-            Text(value.last_line),
+            Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
         )
     ui.print_table(table)
     _fail_lines(ui, outcomes)

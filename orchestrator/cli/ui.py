@@ -2,6 +2,13 @@
 
 Colours and live displays only on terminals (rich detects pipes and honours NO_COLOR); ``--json``
 prints a single JSON document on stdout and nothing else there.
+
+Node text never reaches the operator's terminal raw (neutralise.py): every way out of this module
+neutralises it, terminal or pipe. ``LinePrinter``'s write methods take the node's text and
+neutralise it before adding prefixes (keeping SGR colour when the printer colours); the consoles
+(``UI.out``, ``UI.err``) neutralise the text of everything they render (messages, tables, the
+progress display), rich's own styling and cursor control aside. ``--json`` escapes control
+characters itself (``\u001b``).
 """
 
 from __future__ import annotations
@@ -12,15 +19,17 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.neutralise import neutralise
 from orchestrator.executor import NodeEvent
 from orchestrator.logs import RunLog
 from orchestrator.transports.base import BlockHandler
@@ -29,13 +38,29 @@ from orchestrator.transports.base import BlockHandler
 _PALETTE = ("36", "35", "32", "33", "34", "96", "95", "92", "93", "94")
 
 
+class NeutralConsole(Console):
+    """A rich console that neutralises the text of every segment it writes: a node's text inside a
+    message, a table cell or the progress display cannot drive the terminal, whoever built the
+    renderable. Rich's own styles (rendered from each segment's style, not its text) and its control
+    segments (the live display's cursor moves) are left alone. Callers that pass node text still
+    neutralise it first where it is measured (a table column's width, an ellipsis)."""
+
+    # rich's one place where buffered segments become the text written out (a private method, but
+    # the only such place; test_terminal_safety.py fails if a rich release stops calling it)
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(neutralise(segment.text), segment.style)
+            for segment in buffer
+        )
+
+
 class UI:
     def __init__(self, *, json_mode: bool = False, verbose: int = 0, color: bool | None = None) -> None:
         self.json_mode = json_mode
         self.verbose = verbose
         no_color = color is False or "NO_COLOR" in os.environ
-        self.out = Console(file=sys.stdout, highlight=False, no_color=no_color, soft_wrap=True)
-        self.err = Console(file=sys.stderr, highlight=False, no_color=no_color, soft_wrap=True)
+        self.out = NeutralConsole(file=sys.stdout, highlight=False, no_color=no_color, soft_wrap=True)
+        self.err = NeutralConsole(file=sys.stderr, highlight=False, no_color=no_color, soft_wrap=True)
         for console in (self.out, self.err):
             if not console.is_terminal:
                 console.width = 200  # piped: one wide table row per node beats 80-column wrapping
@@ -44,17 +69,20 @@ class UI:
 
     # -- messages (stderr) ----------------------------------------------------------------------
 
+    # messages may quote node text (an error's output, the last lines of a failed node): neutralised
+    # before rich sees it (rich's Text silently drops \r and \b, which should show)
+
     def note(self, message: str) -> None:
-        self.err.print(Text(message, style="dim"))
+        self.err.print(Text(neutralise(message), style="dim"))
 
     def warn(self, message: str) -> None:
-        self.err.print(Text("warning: ", style="yellow bold") + Text(message))
+        self.err.print(Text("warning: ", style="yellow bold") + Text(neutralise(message)))
 
     def error(self, message: str) -> None:
-        self.err.print(Text("error: ", style="red bold") + Text(message))
+        self.err.print(Text("error: ", style="red bold") + Text(neutralise(message)))
 
     def info(self, message: str) -> None:
-        self.err.print(Text(message))
+        self.err.print(Text(neutralise(message)))
 
     # -- results (stdout) -----------------------------------------------------------------------
 
@@ -66,14 +94,16 @@ class UI:
         if self.collected is not None:
             self.collected.append(doc)
             return
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+        # ensure_ascii: every control character a node printed travels escaped (\u001b), so the
+        # document carries node text exactly and a `cat` of it later cannot drive a terminal
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str, ensure_ascii=True) + "\n")
         sys.stdout.flush()
 
     def print_table(self, table: Table) -> None:
         self.out.print(table)
 
     def print_text(self, text: str) -> None:
-        self.out.print(Text(text))
+        self.out.print(Text(neutralise(text)))
 
     # -- progress -------------------------------------------------------------------------------
 
@@ -108,7 +138,8 @@ class UI:
                     return
                 took = time.monotonic() - started.get(event.node, time.monotonic())
                 status = "ok" if event.kind == "done" else "failed"
-                state[event.node] = (status, event.detail.splitlines()[0] if event.detail else "", took)
+                detail = neutralise(event.detail.splitlines()[0]) if event.detail else ""
+                state[event.node] = (status, detail, took)
             if not self.live and not self.json_mode:
                 mark = "ok" if status == "ok" else "FAILED"
                 self.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
@@ -126,11 +157,18 @@ class UI:
 
 
 class LinePrinter:
-    """Writes ``[node] line`` for every node's output line, as it arrives, from any thread."""
+    """Writes ``[node] line`` for every node's output line, as it arrives, from any thread.
+
+    Every write method takes the node's own text and neutralises it (neutralise.py) before the
+    prefixes are added: there is no way to print node text through it raw. SGR colour in that text
+    is kept when the printer colours (a terminal, colours allowed), else removed. Prefixes start
+    with a reset, so no attribute a node left on can dress up the next line's label.
+    """
 
     def __init__(self, nodes: Sequence[str], stream: IO[str], *, color: bool) -> None:
         width = max((len(n) for n in nodes), default=0)
         self.stream = stream
+        self.color = color
         self._lock = threading.Lock()
         self.prefixes: dict[str, str] = {}
         self._colours: dict[str, str] = {}
@@ -138,7 +176,7 @@ class LinePrinter:
             label = f"[{name}]".ljust(width + 2)
             if color:
                 self._colours[name] = _PALETTE[i % len(_PALETTE)]
-                label = f"\x1b[{self._colours[name]}m{label}\x1b[0m"
+                label = f"\x1b[0;{self._colours[name]}m{label}\x1b[0m"
             self.prefixes[name] = label + " "
         self.err_mark = "\x1b[31m!\x1b[0m " if color else ""
         self._heads: dict[tuple[str, int | None], str] = {}
@@ -149,22 +187,31 @@ class LinePrinter:
         if head is None:  # built once per node and rank
             label = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
             colour = self._colours.get(node)
-            head = f"\x1b[{colour}m{label}\x1b[0m " if colour else label + " "
+            head = f"\x1b[0;{colour}m{label}\x1b[0m " if colour else label + " "
             self._heads[(node, rank)] = head
         return head
 
+    def visible(self, text: str) -> str:
+        """Node text as this printer shows it (neutralised; colour kept when the printer colours)."""
+        return neutralise(text, keep_colour=self.color)
+
     def write_rank(self, node: str, rank: int | None, line: str) -> None:
         """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
-        self.write_text(self.head(node, rank) + line + "\n")
-
-    def write_text(self, text: str) -> None:
-        """Already prefixed lines, written whole (lines of two nodes never interleave)."""
-        with self._lock:
-            self.stream.write(text)
-            self.stream.flush()
+        self._emit(self.head(node, rank) + self.visible(line) + "\n")
 
     def write(self, node: str, line: str, *, stderr: bool = False) -> None:
-        text = self.prefixes[node] + (self.err_mark if stderr else "") + line + "\n"
+        self._emit(self.prefixes[node] + (self.err_mark if stderr else "") + self.visible(line) + "\n")
+
+    def write_lines(self, head: str, text: str, rewrite: Callable[[str], str] | None = None) -> None:
+        """A node's complete lines (``text`` ends with a newline), each shown as ``head line``, in
+        one write; ``rewrite`` gets the prefixed block before it is written (rank labels)."""
+        text = self.visible(text)
+        out = head + text[:-1].replace("\n", "\n" + head) + "\n"
+        self._emit(rewrite(out) if rewrite is not None else out)
+
+    def _emit(self, text: str) -> None:
+        """Already neutralised, already prefixed lines, written whole (lines of two nodes never
+        interleave)."""
         with self._lock:
             self.stream.write(text)
             self.stream.flush()
@@ -175,8 +222,8 @@ _RANK_TAG = re.compile(r"\[default(\d+)\]:")
 
 class RankedOutput(BlockHandler):
     """One node's training output: into the controller's log as received, and onto the terminal
-    with each line's ``[defaultN]:`` tag (torchrun's ``--tee``) replaced by ``[node:GLOBAL_RANK]``
-    (``[node]`` for the launcher's own lines).
+    (neutralised) with each line's ``[defaultN]:`` tag (torchrun's ``--tee``) replaced by
+    ``[node:GLOBAL_RANK]`` (``[node]`` for the launcher's own lines).
 
     Works on whole blocks of lines with string operations that run in C: a node printing 100k
     lines/s costs a few replaces per read, not a Python call per line.
@@ -207,19 +254,19 @@ class RankedOutput(BlockHandler):
 
     def block(self, stream: str, text: str) -> None:
         if self.log is not None:
-            self.log.write_block(self.node, text)
+            self.log.write_block(self.node, text)  # the log keeps what the node sent
         if self.on_block is not None:
             self.on_block(self.node, text)
         if self.printer is None:
             return
-        head = self._head
-        out = head + text[:-1].replace("\n", "\n" + head) + "\n"
-        if "[default" in text:
-            for tag, rank_head in self._tags:
-                out = out.replace(tag, rank_head)
-            if "[default" in out:  # a rank beyond nproc, or the tag inside a line: the slow way
-                out = self._other.sub(self._rank_head, out)
-        self.printer.write_text(out)
+        self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
+
+    def _ranks(self, out: str) -> str:
+        for tag, rank_head in self._tags:
+            out = out.replace(tag, rank_head)
+        if "[default" in out:  # a rank beyond nproc, or the tag inside a line: the slow way
+            out = self._other.sub(self._rank_head, out)
+        return out
 
     def _rank_head(self, match: re.Match[str]) -> str:
         assert self.printer is not None
@@ -228,7 +275,7 @@ class RankedOutput(BlockHandler):
 
 class PrefixedOutput(BlockHandler):
     """One node's command output (`bootstrap run`): into the controller's log as received, and onto
-    the terminal as ``[node] line`` (stderr lines marked), a block of lines per write."""
+    the terminal (neutralised) as ``[node] line`` (stderr lines marked), a block of lines per write."""
 
     def __init__(self, node: str, log: RunLog | None, printer: LinePrinter | None) -> None:
         self.node = node
@@ -237,8 +284,8 @@ class PrefixedOutput(BlockHandler):
 
     def block(self, stream: str, text: str) -> None:
         if self.log is not None:
-            self.log.write_block(self.node, text)
+            self.log.write_block(self.node, text)  # the log keeps what the node sent
         if self.printer is None:
             return
         head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
-        self.printer.write_text(head + text[:-1].replace("\n", "\n" + head) + "\n")
+        self.printer.write_lines(head, text)

@@ -124,6 +124,15 @@ class PosixShell(Platform):
             'wait "${target#-}"; rc=$?; kill -USR1 "$w" 2>/dev/null; exit "$rc"'
         )
 
+    def other_runs(self, own: str) -> str:
+        """One line ``@@leftover COUNT MARKER`` per run (other than ``own``, a RUN_MARKER_ENV value)
+        that still has processes on the node: what a new launch should know is running beside it."""
+        return (
+            f"grep -azo '^{self.RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
+            f" | tr '\\0' '\\n' | sed 's/^[^=]*=//' | grep -vxF {self.quote(own)} | sort | uniq -c"
+            " | while read -r n m; do echo \"@@leftover $n $m\"; done"
+        )
+
     def say_if_exists(self, path: str, word: str) -> str:
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"

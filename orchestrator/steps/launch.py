@@ -209,6 +209,7 @@ def prepare_node(
     renderer: Renderer,
     template: str | None = None,
     script_file: Path | None = None,
+    notice: Callable[[str], None] | None = None,
 ) -> tuple[PosixShell, str, str]:
     """Create the node's run directory, upload its launch script and the training script.
 
@@ -224,7 +225,9 @@ def prepare_node(
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     prepare = transport.run(
-        platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
+        platform.other_runs(run_marker(spec.run_id, node.name))
+        + "\n"
+        + platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
         + "\n"
         + platform.mkdir(run_dir, private=True)  # launch.sh may hold train.env secrets
         + "\n"
@@ -232,6 +235,15 @@ def prepare_node(
         timeout=60,
     )
     _check_prepared(prepare, node, spec, run_dir)
+    if notice is not None:
+        for line in prepare.stdout.splitlines():
+            if line.startswith("@@leftover "):
+                _, count, marker = line.split(" ", 2)
+                other = marker.rsplit("/", 1)[0]
+                notice(
+                    f"bootstrap: {count} process(es) of run {other} still running on this node "
+                    f"(`bootstrap stop --run {other}` ends them if they should not)"
+                )
     with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
         launch_file = Path(tmp) / "launch.sh"
         launch_file.write_text(renderer.render(spec, platform, template=template))
@@ -329,6 +341,14 @@ def run_node(
     the nodes where this run may have processes (a node that refused the run id has none of this
     run, and another run's by that id must not be touched).
     """
+    if output is None:
+        per_line = on_line
+
+        def output(stream: Stream, line: str) -> None:
+            if per_line is not None:
+                per_line(node.name, line)
+
+    said = output
     try:
         if isinstance(transport.platform, PowerShell):
             command, node_log = prepare_windows_node(
@@ -342,7 +362,14 @@ def run_node(
             )
         else:
             platform, _run_dir, node_log = prepare_node(
-                node, transport, spec, renderer=renderer, template=template, script_file=script_file
+                node,
+                transport,
+                spec,
+                renderer=renderer,
+                template=template,
+                script_file=script_file,
+                # other runs still on the node, said where its lines go (a launch, not a validation)
+                notice=(lambda text: said("stderr", text)) if template is None else None,
             )
             command = posix_command(platform, node, spec)
     except BootstrapError as exc:
@@ -350,13 +377,6 @@ def run_node(
             # another node failed (or Ctrl-C) while this one was being prepared: nothing started here
             raise CancelledError("stopped before it started", node=node.name) from exc
         raise
-    if output is None:
-        per_line = on_line
-
-        def output(stream: Stream, line: str) -> None:
-            if per_line is not None:
-                per_line(node.name, line)
-
     if started is not None:
         started.add(node.name)
     result = transport.run(command, env=STREAMING_ENV, on_line=output, keep_lines=200)

@@ -245,3 +245,45 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
     except OSError:
         return True
+
+
+def test_a_new_launch_names_the_runs_still_running_beside_it(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """Issue 17: a new launch on nodes that still ran another run's processes did not mention them."""
+    sleeper = tmp_path / "sleeper.py"
+    sleeper.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    quick = tmp_path / "quick.py"
+    quick.write_text("print('quick done', flush=True)\n")
+    old = f"old-{os.getpid()}-{time.monotonic_ns()}"
+    started = bootstrap(
+        "-i",
+        str(_inventory(cluster, tmp_path / "a.yaml", sleeper)),
+        "launch",
+        "--detach",
+        "--run-id",
+        old,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert started.returncode == 0, started
+    try:
+        await_(lambda: all(namespace_run_pids(cluster, h, old) for h in cluster.hosts), 120, "the old run")
+        nodes = [
+            {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+        ]
+        inv = write_inventory(  # another port: the old run's torchrun holds the default one
+            tmp_path / "b.yaml", nodes, name="ns", master="node1", port=29577, train={"script": str(quick)}
+        )
+        new = bootstrap("-i", str(inv), "launch", "--run-id", f"new-{old}", cwd=tmp_path, timeout=300)
+        assert new.returncode == 0, new
+        for host in cluster.hosts:
+            assert re.search(
+                rf"^\[{host.name}\] bootstrap: \d+ process\(es\) of run {re.escape(old)} still running",
+                new.stdout + new.stderr,
+                re.M,
+            ), new.stdout + new.stderr
+        assert not re.search(rf"of run new-{re.escape(old)} ", new.stdout + new.stderr)  # not itself
+    finally:
+        inv_a = tmp_path / "a.yaml"
+        assert bootstrap("-i", str(inv_a), "stop", "--run", old, cwd=tmp_path, timeout=120).returncode == 0

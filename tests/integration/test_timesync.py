@@ -87,6 +87,7 @@ def home(chrony_cluster: NamespaceCluster, tmp_path_factory: pytest.TempPathFact
 
 
 def _cli(cluster: NamespaceCluster, home: Path, *args: str, timeout: float = 180) -> Run:
+    print("CLI", args, time.monotonic(), flush=True)
     env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     argv = cluster.controller_argv([BOOTSTRAP, *args], env=env)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -371,6 +372,7 @@ def _ntp_rules(cluster: NamespaceCluster, host: TestHost) -> list[str]:
 
 
 def _timed(cluster: NamespaceCluster, home: Path, *args: str) -> tuple[Run, float]:
+    import builtins; t0 = time.monotonic(); r = _cli(cluster, home, *args); builtins.print("TIMED", args, round(time.monotonic() - t0, 1), flush=True); return r, time.monotonic() - t0
     started = time.monotonic()
     run = _cli(cluster, home, *args)
     return run, time.monotonic() - started
