@@ -33,14 +33,15 @@ from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_fire
 def firewall(ctx: click.Context, remove: bool) -> None:
     """Let the cluster's nodes reach each other's training ports, and nobody else.
 
-    On each node the firewall in charge is found (ufw, firewalld, nftables, iptables; none: nothing to
-    do) and TCP is allowed from the other nodes' cluster addresses to the rendezvous port (master), the
-    node's ephemeral port range (gloo and NCCL listen there; it cannot be pinned) and
-    cluster.firewall.extra_ports. Every rule is tagged cluster-bootstrap:<name>:<digest of the exact
-    cluster name>: a rerun adds nothing, a changed peer set changes only what changed, --remove deletes
-    exactly ours (and rules of the earlier cluster-bootstrap:<name> tag, which a rerun replaces). Needs root
-    (sudo -n for other users). --dry-run still reads each firewall (read-only) to print the exact
-    commands.
+    On each node the firewall in charge is found (ufw, firewalld, nftables, iptables; none: nothing to do)
+    and TCP is allowed from the other nodes' cluster addresses to the rendezvous port (master), the node's
+    ephemeral port range (gloo and NCCL listen there; it cannot be pinned) and
+    cluster.firewall.extra_ports; and, when the master serves the cluster's time (cluster.time: no
+    servers, or serve_from_master), UDP 123 on the master from the workers, for `bootstrap ntp`. Every
+    rule is tagged cluster-bootstrap:<name>:<digest of the exact cluster name>: a rerun adds nothing, a
+    changed peer set changes only what changed, --remove deletes exactly ours (and rules of the earlier
+    cluster-bootstrap:<name> tag, which a rerun replaces). Needs root (sudo -n for other users). --dry-run
+    still reads each firewall (read-only) to print the exact commands.
     """
     settings = Settings.from_context(ctx)
     inventory, selected = _load(settings)

@@ -3,8 +3,10 @@ and ufw, each set to drop incoming traffic on the master (ssh allowed), with rea
 
 The master (node1) listens on the rendezvous port and on a port inside its ephemeral range (where gloo
 ranks listen). Before the step a peer cannot connect, after it can, after --remove it cannot again; the
-controller (not a node) never can. Only the master's namespace firewall is changed, and it is flushed
-after every test.
+controller (not a node) never can. The master also serves the cluster's time (the default
+``cluster.time``), so it also gets UDP 123 from each worker: one rule more per peer
+(tests/integration/test_timesync.py shows chrony syncing through them). Only the master's namespace
+firewall is changed, and it is flushed after every test.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,7 +85,9 @@ def can_connect(cluster: NamespaceCluster, from_ns: str, host: TestHost, port: i
     return res.returncode == 0
 
 
-def reachable(cluster: NamespaceCluster, target: TestHost, sources: list[str], ports: list[int]) -> set:
+def reachable(
+    cluster: NamespaceCluster, target: TestHost, sources: list[str], ports: list[int]
+) -> set[tuple[str, int]]:
     """Which (source namespace, port) pairs connect; tried all at once (a refusal costs the timeout)."""
     pairs = [(ns, port) for ns in sources for port in ports]
     with ThreadPoolExecutor(len(pairs)) as pool:
@@ -118,28 +123,30 @@ def master_firewall(cluster: NamespaceCluster) -> Iterator[TestHost]:
 def _inventory(
     cluster: NamespaceCluster, path: Path, hosts: list[TestHost] | None = None, **fw: object
 ) -> Path:
-    nodes = [{"name": h.name, "host": h.addr, "user": "root"} for h in hosts or cluster.hosts]
+    nodes: list[dict[str, object]] = [
+        {"name": h.name, "host": h.addr, "user": "root"} for h in hosts or cluster.hosts
+    ]
     extra = {"firewall": fw} if fw else {}
     return write_inventory(path, nodes, name="fwtest", master="node1", port=RDZV_PORT, **extra)
 
 
-def _json(run: CliRun) -> dict:
+def _json(run: CliRun) -> dict[str, Any]:
     try:
         return dict(json.loads(run.stdout))
     except ValueError:
         pytest.fail(f"not JSON:\n{run}")
 
 
-def _by_node(doc: dict) -> dict[str, dict]:
+def _by_node(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {n["name"]: n for n in doc["nodes"]}
 
 
-def _our_nft_rules(cluster: NamespaceCluster, host: TestHost) -> list[dict]:
+def _our_nft_rules(cluster: NamespaceCluster, host: TestHost) -> list[dict[str, Any]]:
     doc = json.loads(_ns(cluster, host.ns, "nft", "-j", "list", "ruleset"))
     return [i["rule"] for i in doc["nftables"] if "rule" in i and i["rule"].get("comment") == TAG]
 
 
-def _saddr(rule: dict) -> str:
+def _saddr(rule: dict[str, Any]) -> str:
     for e in rule["expr"]:
         m = e.get("match")
         if m and m["left"].get("payload", {}).get("field") == "saddr":
@@ -180,9 +187,9 @@ def test_nftables_drop_policy_opened_for_peers_only_then_removed(
     assert run.returncode == 0, run
     nodes = _by_node(_json(run))
     assert nodes["node1"]["kind"] == "nftables"
-    assert nodes["node1"]["ports"] == [str(RDZV_PORT), "32768-60999"]
+    assert nodes["node1"]["ports"] == [str(RDZV_PORT), "32768-60999", "123/udp"]
     assert nodes["node1"]["sources"] == sorted(h.addr for h in peers)
-    assert nodes["node1"]["added"] == 4 and nodes["node1"]["removed"] == 0
+    assert nodes["node1"]["added"] == 6 and nodes["node1"]["removed"] == 0  # 2 peers x (2 TCP + NTP)
     for name in ("node2", "node3"):  # no firewall there
         assert nodes[name]["kind"] == "none" and nodes[name]["commands"] == [], nodes[name]
         assert any("nothing to open" in n for n in nodes[name]["notes"])
@@ -194,25 +201,27 @@ def test_nftables_drop_policy_opened_for_peers_only_then_removed(
     rules = _our_nft_rules(cluster, master)
     assert sorted({_saddr(r) for r in rules}) == sorted(h.addr for h in peers)  # peers only, no own address
     assert {(r["table"], r["chain"]) for r in rules} == {("filter", "input")}  # inside the deciding chain
+    ntp = [r for r in rules if '"udp"' in json.dumps(r["expr"])]
+    assert sorted(_saddr(r) for r in ntp) == sorted(h.addr for h in peers), ntp  # NTP: the workers only
 
     again = bootstrap("-i", str(inv), "firewall", "--json")
     assert again.returncode == 0, again
     master_again = _by_node(_json(again))["node1"]
-    assert (master_again["added"], master_again["removed"], master_again["unchanged"]) == (0, 0, 4)
+    assert (master_again["added"], master_again["removed"], master_again["unchanged"]) == (0, 0, 6)
     assert master_again["commands"] == [] and master_again["status"] == "unchanged"
-    assert len(_our_nft_rules(cluster, master)) == 4
+    assert len(_our_nft_rules(cluster, master)) == 6
 
-    # node3 leaves the cluster: exactly its two rules go
+    # node3 leaves the cluster: exactly its three rules go (two TCP, its NTP)
     smaller = _inventory(cluster, tmp_path / "two.yaml", cluster.hosts[:2])
     shrink = bootstrap("-i", str(smaller), "firewall", "--json")
     assert shrink.returncode == 0, shrink
     shrunk = _by_node(_json(shrink))["node1"]
-    assert (shrunk["added"], shrunk["removed"], shrunk["unchanged"]) == (0, 2, 2), shrunk
+    assert (shrunk["added"], shrunk["removed"], shrunk["unchanged"]) == (0, 3, 3), shrunk
     assert {_saddr(r) for r in _our_nft_rules(cluster, master)} == {peers[0].addr}
 
     removed = bootstrap("-i", str(inv), "firewall", "--remove")
     assert removed.returncode == 0, removed
-    assert "2 removed" in removed.stdout
+    assert "3 removed" in removed.stdout
     assert _our_nft_rules(cluster, master) == []
     assert _ns(cluster, master.ns, "nft", "list", "ruleset") == user_rules  # theirs untouched
     assert reachable(cluster, master, peer_ns, [RDZV_PORT, GLOO_PORT]) == set()
@@ -246,7 +255,7 @@ def test_clusters_whose_old_tags_collide_keep_each_others_rules(
     master, peer = cluster.hosts[0], cluster.hosts[1]
     assert ClusterTag(name_a).legacy == ClusterTag(name_b).legacy  # the collision of earlier versions
     _ns(cluster, master.ns, "nft", "-f", "-", input=NFT_DROP)
-    nodes = [{"name": h.name, "host": h.addr, "user": "root"} for h in cluster.hosts]
+    nodes: list[dict[str, object]] = [{"name": h.name, "host": h.addr, "user": "root"} for h in cluster.hosts]
     inv_b = write_inventory(tmp_path / "b.yaml", nodes, name=name_b, master="node1", port=RDZV_PORT)
     inv_a = write_inventory(
         tmp_path / "a.yaml",
@@ -259,26 +268,26 @@ def test_clusters_whose_old_tags_collide_keep_each_others_rules(
 
     run_b = bootstrap("-i", str(inv_b), "firewall", "--json")
     assert run_b.returncode == 0, run_b
-    assert _by_node(_json(run_b))["node1"]["added"] == 4
+    assert _by_node(_json(run_b))["node1"]["added"] == 6
     only_b = _ruleset(cluster, master)
     assert can_connect(cluster, peer.ns, master, GLOO_PORT)
 
     run_a = bootstrap("-i", str(inv_a), "firewall", "--json")
     assert run_a.returncode == 0, run_a
     a_node1 = _by_node(_json(run_a))["node1"]
-    assert (a_node1["added"], a_node1["removed"], a_node1["unchanged"]) == (6, 0, 0), a_node1  # B's: not A's
-    assert only_b.count("comment") + 6 == _ruleset(cluster, master).count("comment")
+    assert (a_node1["added"], a_node1["removed"], a_node1["unchanged"]) == (8, 0, 0), a_node1  # B's: not A's
+    assert only_b.count("comment") + 8 == _ruleset(cluster, master).count("comment")
 
     removed = bootstrap("-i", str(inv_a), "firewall", "--remove", "--json")
     assert removed.returncode == 0, removed
-    assert _by_node(_json(removed))["node1"]["removed"] == 6
+    assert _by_node(_json(removed))["node1"]["removed"] == 8
     assert _ruleset(cluster, master) == only_b  # B's rules untouched, byte for byte
     assert can_connect(cluster, peer.ns, master, GLOO_PORT) and can_connect(
         cluster, peer.ns, master, RDZV_PORT
     )
 
     gone = bootstrap("-i", str(inv_b), "firewall", "--remove", "--json")
-    assert _by_node(_json(gone))["node1"]["removed"] == 4, gone
+    assert _by_node(_json(gone))["node1"]["removed"] == 6, gone
     assert "cluster-bootstrap" not in _ruleset(cluster, master)
 
 
@@ -305,7 +314,7 @@ def test_rules_of_the_previous_tag_format_are_replaced_and_removable(
         ]
         _ns(cluster, master.ns, "nft", "-f", "-", input="\n".join(lines) + "\n")
 
-    def tagged(tag: str) -> list[dict]:
+    def tagged(tag: str) -> list[dict[str, Any]]:
         doc = json.loads(_ns(cluster, master.ns, "nft", "-j", "list", "ruleset"))
         return [i["rule"] for i in doc["nftables"] if "rule" in i and i["rule"].get("comment") == tag]
 
@@ -314,16 +323,16 @@ def test_rules_of_the_previous_tag_format_are_replaced_and_removable(
     run = bootstrap("-i", str(inv), "firewall", "--json")
     assert run.returncode == 0, run
     node1 = _by_node(_json(run))["node1"]
-    assert (node1["added"], node1["removed"]) == (4, 2), node1
+    assert (node1["added"], node1["removed"]) == (6, 2), node1
     assert any(IDS.legacy in note for note in node1["notes"]), node1
     assert (
-        tagged(IDS.legacy) == [] and len(tagged(TAG)) == 4 and len(tagged("cluster-bootstrap:fwtest2")) == 2
+        tagged(IDS.legacy) == [] and len(tagged(TAG)) == 6 and len(tagged("cluster-bootstrap:fwtest2")) == 2
     )
 
     seed_old_rules()  # rules of both formats at once
     removed = bootstrap("-i", str(inv), "firewall", "--remove", "--json")
     assert removed.returncode == 0, removed
-    assert _by_node(_json(removed))["node1"]["removed"] == 6
+    assert _by_node(_json(removed))["node1"]["removed"] == 8
     assert tagged(IDS.legacy) == [] and tagged(TAG) == [] and len(tagged("cluster-bootstrap:fwtest2")) == 4
     for rule in tagged("cluster-bootstrap:fwtest2"):  # the other cluster's, deleted by hand here
         _ns(
@@ -363,14 +372,15 @@ def test_iptables_nft_drop_policy(
     assert run.returncode == 0, run
     node1 = _by_node(_json(run))["node1"]
     assert node1["kind"] == "iptables" and node1["places"] == ["iptables-nft INPUT"]
-    assert node1["added"] == 6  # 2 peers x (rendezvous, ephemeral range, 6006)
+    assert node1["added"] == 8  # 2 peers x (rendezvous, ephemeral range, 6006, NTP)
     assert can_connect(cluster, peer.ns, master, GLOO_PORT) and can_connect(
         cluster, peer.ns, master, RDZV_PORT
     )
     listed = _ns(cluster, master.ns, "iptables-nft", "-S", "INPUT").splitlines()
     ours = [line for line in listed if TAG in line]
     peer_sources = {f"-A INPUT -s {h.addr}/32" for h in cluster.hosts[1:]}
-    assert len(ours) == 6 and {" ".join(line.split()[:4]) for line in ours} == peer_sources
+    assert len(ours) == 8 and {" ".join(line.split()[:4]) for line in ours} == peer_sources
+    assert sum(" -p udp " in line and "--dport 123 " in line for line in ours) == 2
     assert listed.index(ours[-1]) < next(i for i, line in enumerate(listed) if "REJECT" in line)
 
     again = bootstrap("-i", str(inv), "firewall", "--json")
@@ -378,7 +388,7 @@ def test_iptables_nft_drop_policy(
 
     removed = bootstrap("-i", str(inv), "firewall", "--remove", "--json")
     assert removed.returncode == 0, removed
-    assert _by_node(_json(removed))["node1"]["removed"] == 6
+    assert _by_node(_json(removed))["node1"]["removed"] == 8
     after = _ns(cluster, master.ns, "iptables-nft", "-S", "INPUT").splitlines()
     assert [line for line in after if TAG in line] == [] and len(after) == 4  # policy + their 3 rules
     assert not can_connect(cluster, peer.ns, master, GLOO_PORT)
@@ -389,7 +399,9 @@ def test_non_root_without_passwordless_sudo_fails_with_the_fix(
 ) -> None:
     cluster.add_user("cbtfwpw", sudo="password")
     try:
-        nodes = [{"name": h.name, "host": h.addr, "user": "cbtfwpw"} for h in cluster.hosts[:2]]
+        nodes: list[dict[str, object]] = [
+            {"name": h.name, "host": h.addr, "user": "cbtfwpw"} for h in cluster.hosts[:2]
+        ]
         inv = write_inventory(tmp_path / "h.yaml", nodes, name="fwtest", master="node1")
         run = bootstrap("-i", str(inv), "firewall")
         assert run.returncode == 1, run
@@ -435,16 +447,17 @@ def test_ufw_rules_with_comments_then_removed(
         run = _cli(c, ctl_home_for(c), "-i", str(inv), "firewall", "--json")
         assert run.returncode == 0, run
         node1 = _by_node(_json(run))["node1"]
-        assert node1["kind"] == "ufw" and node1["added"] == 4, node1
+        assert node1["kind"] == "ufw" and node1["added"] == 6, node1
         assert can_connect(c, peer.ns, master, GLOO_PORT) and can_connect(c, peer.ns, master, RDZV_PORT)
         added = c.host_run(master, ["ufw", "show", "added"]).stdout
-        assert added.count(f"comment '{TAG}'") == 4 and "ufw allow 22/tcp" in added
+        assert added.count(f"comment '{TAG}'") == 6 and "ufw allow 22/tcp" in added
+        assert added.count("port 123 proto udp comment") == 2, added
 
         again = _cli(c, ctl_home_for(c), "-i", str(inv), "firewall", "--json")
         assert _by_node(_json(again))["node1"]["status"] == "unchanged", again
 
         removed = _cli(c, ctl_home_for(c), "-i", str(inv), "firewall", "--remove", "--json")
-        assert _by_node(_json(removed))["node1"]["removed"] == 4, removed
+        assert _by_node(_json(removed))["node1"]["removed"] == 6, removed
         left = c.host_run(master, ["ufw", "show", "added"]).stdout
         assert TAG not in left and "ufw allow 22/tcp" in left
         assert not can_connect(c, peer.ns, master, GLOO_PORT)
@@ -537,13 +550,14 @@ def test_firewalld_policy_rich_rules_then_removed(
         run = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert run.returncode == 0, run
         node1 = _by_node(_json(run))["node1"]
-        assert node1["kind"] == "firewalld" and node1["added"] == 4, node1
+        assert node1["kind"] == "firewalld" and node1["added"] == 6, node1
         assert reachable(c, master, [h.ns for h in peers], [RDZV_PORT, GLOO_PORT]) == {
             (h.ns, p) for h in peers for p in (RDZV_PORT, GLOO_PORT)
         }
         assert not can_connect(c, c.controller_ns, master, GLOO_PORT)  # not a node: still rejected
         info = c.host_run(master, ["firewall-cmd", f"--info-policy={IDS.policy}"]).stdout
-        assert info.count('rule family="ipv4" source address=') == 4
+        assert info.count('rule family="ipv4" source address=') == 6
+        assert info.count('port port="123" protocol="udp" accept') == 2, info
         described = ["firewall-cmd", "--permanent", f"--policy={IDS.policy}", "--get-description"]
         assert c.host_run(master, described).stdout.strip() == TAG
 
@@ -551,7 +565,7 @@ def test_firewalld_policy_rich_rules_then_removed(
         assert _by_node(_json(again))["node1"]["status"] == "unchanged", again
 
         removed = _cli(c, home, "-i", str(inv), "firewall", "--remove", "--json")
-        assert _by_node(_json(removed))["node1"]["removed"] == 4, removed
+        assert _by_node(_json(removed))["node1"]["removed"] == 6, removed
         assert reachable(c, master, [peers[0].ns], [GLOO_PORT]) == set()
         policies = c.host_run(master, ["firewall-cmd", "--permanent", "--get-policies"]).stdout
         assert IDS.policy not in policies.split()
@@ -582,21 +596,22 @@ def test_nftables_persist_survives_a_reload_and_remove_cleans_up(
 
         run = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert run.returncode == 0, run
-        assert _by_node(_json(run))["node1"]["added"] == 2
+        assert _by_node(_json(run))["node1"]["added"] == 3  # 2 TCP + NTP from the one worker
         saved = c.private_dir(master, "/etc/nftables.d") / Path(nft_persist_file(TAG)).name
         assert saved.read_text().count(f"ip saddr {peer.addr} tcp dport") == 2
+        assert saved.read_text().count(f"ip saddr {peer.addr} udp dport 123 accept") == 1
         assert conf.read_text().endswith(f'include "{nft_persist_file(TAG)}"\n')
         again = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert _by_node(_json(again))["node1"]["commands"] == [], again  # nothing rewritten either
 
         # a reboot: the ruleset is loaded from the files alone
         assert c.host_run(master, ["nft", "-f", "/etc/nftables.conf"]).returncode == 0
-        assert len(_our_nft_rules(c, master)) == 2
+        assert len(_our_nft_rules(c, master)) == 3
         reloaded = _cli(c, home, "-i", str(inv), "firewall", "--json")
         assert _by_node(_json(reloaded))["node1"]["status"] == "unchanged", reloaded
 
         removed = _cli(c, home, "-i", str(inv), "firewall", "--remove", "--json")
-        assert _by_node(_json(removed))["node1"]["removed"] == 2, removed
+        assert _by_node(_json(removed))["node1"]["removed"] == 3, removed
         assert not saved.exists() and "include" not in conf.read_text()
         assert conf.read_text() == "#!/usr/sbin/nft -f\nflush ruleset\n" + NFT_DROP  # theirs, unchanged
         assert _our_nft_rules(c, master) == []

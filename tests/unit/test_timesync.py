@@ -500,31 +500,35 @@ def test_ntpdata_is_read_by_label() -> None:
 
 def test_wait_ends_as_soon_as_no_source_answers(tmp_path: Path) -> None:
     """A fresh chronyd whose only source never answers: the wait ends once 4 requests went unanswered
-    (exit 4), long before its 30 s deadline, and asks for no burst (chronyd's iburst is asking)."""
+    (exit 4), long before its 30 s deadline."""
     env = _blocked_chronyc(tmp_path, sent=0)
     started = time.monotonic()
     result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
     took = time.monotonic() - started
     assert result.returncode == c.NO_REPLY_EXIT, f"{result} after {took:.1f} s"
     assert c.parse_ntpdata(result.stdout)["10.0.0.1"].received == 0
-    assert not (tmp_path / "calls").exists(), "a burst was asked of a chronyd still in its iburst"
 
 
 def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_path: Path) -> None:
     """Requests that went unanswered before the wait (an earlier run, before the firewall opened) do
-    not decide: chronyd is asked for a burst, and only requests sent during the wait count."""
+    not decide: chronyd is asked for a burst (again and again: a burst under way, such as chronyd's
+    initial one, ignores the request), and only requests sent during the wait count."""
     env = _blocked_chronyc(tmp_path, sent=40)
     result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
     assert result.returncode == c.NO_REPLY_EXIT, result
-    assert (tmp_path / "calls").read_text() == f"burst {c.UNANSWERED_REQUESTS}/{c.UNANSWERED_REQUESTS}\n"
-    # the start: 1 ntpdata to judge, 1 for the base (42); then until 42 + 4 requests were seen
-    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].sent >= 42 + c.UNANSWERED_REQUESTS
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls and set(calls) == {f"burst {c.UNANSWERED_REQUESTS}/{c.UNANSWERED_REQUESTS}"}, calls
+    # 41 when the wait started; then until 4 more requests were seen
+    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].sent >= 41 + c.UNANSWERED_REQUESTS
 
 
 def test_a_source_that_answered_is_waited_for_until_the_deadline(tmp_path: Path) -> None:
-    env = _blocked_chronyc(tmp_path, sent=10, reach="1")  # it answered once: not "no reply"
+    """It answered (not "no reply"), but is not selected yet: chronyd is kept sampling (its next poll
+    after a burst, or after answers it missed, may be minutes away) until the deadline."""
+    env = _blocked_chronyc(tmp_path, sent=10, reach="1")
     result = _sh(c.wait_script(max_offset_s=0.1, timeout=1, has_sources=True), env)
     assert result.returncode == 3, result
+    assert (tmp_path / "calls").read_text().startswith(f"burst {c.UNANSWERED_REQUESTS}/"), result
 
 
 class _ShTransport:

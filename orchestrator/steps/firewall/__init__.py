@@ -313,7 +313,8 @@ def plan_windows(
     node: Node, inventory: Inventory, addresses: dict[str, str], *, remove: bool = False
 ) -> FirewallResult:
     """The PowerShell script converging a Windows node: Defender rules for native ranks, Hyper-V
-    firewall rules for ranks inside WSL (mirrored networking); see windows.py."""
+    firewall rules for ranks inside WSL (mirrored networking); see windows.py. TCP only: a Windows
+    master never serves time (:func:`serves_time`), so no node here needs UDP 123 opened."""
     from orchestrator.platforms.powershell import PowerShell
     from orchestrator.steps.firewall.windows import WSL_DEFAULT_EPHEMERAL, firewall_script
 

@@ -434,42 +434,48 @@ class ForeignChronyd(Exception):
         self.cmdline = cmdline
 
 
-#: exits 0 when every NTP server source (``^`` in ``chronyc -c sources``) is known not to answer: its
-#: reachability register is 0 (no reply to any of its last 8 requests) and chronyd has sent it ``min``
-#: requests (``Total TX`` of ``chronyc ntpdata``), counted from ``base`` (``ADDR=TX ...`` at the start of
-#: the wait) when it had had ``min`` already by then: stale failures never decide, only requests sent
-#: during this wait (so a firewall opened since counts). 1 while any source may still answer, or when
-#: there is none to judge (names not resolved yet, refclocks only, a chronyc without ntpdata).
-_NO_REPLY_AWK = """\
+#: prints what the NTP server sources (``^`` in ``chronyc -c sources``) say about being answered:
+#: ``noreply`` when every one is known not to answer: its reachability register is 0 (no reply to any
+#: of its last 8 requests) and chronyd sent it ``min`` requests (``Total TX`` of ``chronyc ntpdata``),
+#: counted from ``base`` (``ADDR=TX ...`` at the start of the wait) when it had had ``min`` already by
+#: then: old failures never decide, only requests sent during this wait (so a firewall opened since
+#: counts); ``ask`` while none is selected (``*``) yet: chronyd is to sample now, not at its next poll;
+#: else ``wait`` (there is none to judge: names not resolved yet, refclocks only, a chronyc without
+#: ntpdata; or one is selected and the offset is being awaited).
+_ANSWERED_AWK = """\
 BEGIN {
   split(base, pairs, " ")
   for (i in pairs) { split(pairs[i], kv, "="); before[kv[1]] = kv[2] + 0 }
   while (("chronyc -n -c sources 2>/dev/null" | getline line) > 0) {
     split(line, f, ",")
-    if (f[1] == "^") { n++; reach[f[3]] = f[6] }
+    if (f[1] == "^") { n++; reach[f[3]] = f[6]; if (f[2] == "*") chosen = 1 }
   }
   while (("chronyc -n ntpdata 2>/dev/null" | getline line) > 0) {
     split(line, w, " ")
     if (line ~ /^Remote address/) a = w[4]
     else if (line ~ /^Total TX/) tx[a] = w[4] + 0
   }
-  if (!n) exit 1
+  if (!n) { print "wait"; exit }
+  dead = 1
   for (a in reach) {
     need = before[a] >= min ? before[a] + min : min
-    if (reach[a] != "0" || tx[a] < need) exit 1
+    if (reach[a] != "0" || tx[a] < need) dead = 0
   }
-  exit 0
+  print dead ? "noreply" : chosen ? "wait" : "ask"
 }"""
-#: ``ADDR=TX`` for every NTP source (what ``base`` of _NO_REPLY_AWK takes)
+#: ``ADDR=TX`` for every NTP source (what ``base`` of _ANSWERED_AWK takes)
 _SENT_AWK = '/^Remote address/ { a = $4 } /^Total TX/ { printf "%s=%s ", a, $4 }'
 
 
 def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> str:
     """Await on the node: a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a
-    master serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with
-    sources, stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply:
-    a firewall dropping UDP 123, a server down), which waiting longer would not change. Prints the final
-    ``chronyc -c sources``, ``tracking`` and ``ntpdata`` either way; exit 3 when the deadline passed,
+    master serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with sources,
+    stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply: a firewall
+    dropping UDP 123, a server down), which waiting longer would not change. Until a source is selected
+    chronyd is kept sampling (``chronyc burst``, which does nothing while a burst, such as ``iburst``'s,
+    is under way): after its initial burst, or sources left unanswered before the wait (an earlier run; a
+    firewall opened since), its own next poll may be minutes away. Prints the final ``chronyc -c
+    sources``, ``tracking`` and ``ntpdata`` either way; exit 3 when the deadline passed,
     :data:`NO_REPLY_EXIT` when no source answered."""
     if has_sources:
         cond = (
@@ -477,12 +483,14 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> st
             f"{max_offset_s:.6f}"
             " '$2 == \"*\" { o = $8 + 0; if (o < 0) o = -o; if (o <= max) ok = 1 } END { exit !ok }'"
         )
-        no_reply = f"awk -v min={UNANSWERED_REQUESTS} -v base=\"$base\" '{_NO_REPLY_AWK}'"
-        # sources that went unanswered before this wait (an earlier run, a firewall opened since):
-        # chronyd may not ask again for minutes (its poll interval grows): ask now, and judge anew
-        burst = f"chronyc burst {UNANSWERED_REQUESTS}/{UNANSWERED_REQUESTS} >/dev/null 2>&1"
-        start = f"base=\n{no_reply} && {burst}\nbase=$(chronyc -n ntpdata 2>/dev/null | awk '{_SENT_AWK}')\n"
-        check = f"  if {no_reply}; then rc={NO_REPLY_EXIT}; break; fi\n"
+        n = UNANSWERED_REQUESTS
+        start = f"base=$(chronyc -n ntpdata 2>/dev/null | awk '{_SENT_AWK}')\n"
+        check = (
+            f"  case $(awk -v min={n} -v base=\"$base\" '{_ANSWERED_AWK}') in\n"
+            f"    noreply) rc={NO_REPLY_EXIT}; break;;\n"
+            f"    ask) chronyc burst {n}/{n} >/dev/null 2>&1;;\n"
+            "  esac\n"
+        )
     else:
         cond = "chronyc -c tracking 2>/dev/null | awk -F, '$NF == \"Normal\" { ok = 1 } END { exit !ok }'"
         start = check = ""
