@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator import __version__
+from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, PrefixedOutput
 from orchestrator.errors import (
     BootstrapError,
@@ -176,9 +177,19 @@ class Settings:
         )
 
 
+class _NeutralFormatter(logging.Formatter):
+    """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
+    other node text shown (cli/neutralise.py); newlines of tracebacks kept."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return neutralise(super().format(record))
+
+
 def _configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_NeutralFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     # paramiko's own chatter only with -vv: it would bury our messages
     logging.getLogger("paramiko").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
     for noisy in ("invoke", "fabric"):  # configuration dumps, not what a user debugs
@@ -330,6 +341,7 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
     settings = Settings.from_context(ctx)
     inventory, nodes = _load(settings)
     ui = settings.ui
+    _refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
     if not settings.dry_run:
         from orchestrator.render import require_secrets, templates_dir_for
 
@@ -402,9 +414,18 @@ def check(ctx: click.Context) -> None:
     ctx.exit(int(_check(settings, inventory, nodes)))
 
 
+def _refuse_native_mix(inventory: Inventory) -> None:
+    """Native Windows nodes beside Linux or WSL ones cannot train together: a UsageError (exit 2),
+    decided from the inventory (not from --nodes or who answers), before connecting."""
+    from orchestrator.steps.preflight.checks import refuse_native_mix
+
+    refuse_native_mix(inventory)
+
+
 def _check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitCode:
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
+    _refuse_native_mix(inventory)
     from orchestrator.steps.preflight import preflight_facts, run_preflight
 
     if settings.dry_run:
@@ -1126,6 +1147,7 @@ def _launch(
     from orchestrator.steps.launch import failure_tail, plan, root_cause, run_node
 
     ui = settings.ui
+    _refuse_native_mix(inventory)
     if settings.nodes:
         ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
     nodes = list(inventory.nodes)

@@ -81,8 +81,10 @@ def run_validate(
     ``templates_dir``: ``--templates``; else the inventory's ``cluster.train.templates``.
     """
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
+    from orchestrator.steps.preflight.checks import refuse_native_mix
     from orchestrator.steps.validate import DEFAULT_SIZES, failure_summary, human_bytes, validate
 
+    refuse_native_mix(inventory)  # native Windows beside Linux/WSL nodes: exit 2, nothing started
     ui = settings.ui
     nodes = list(inventory.nodes)
     if settings.nodes:

@@ -130,7 +130,7 @@ class PosixShell(Platform):
         return (
             f"grep -azo '^{self.RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
             f" | tr '\\0' '\\n' | sed 's/^[^=]*=//' | grep -vxF {self.quote(own)} | sort | uniq -c"
-            " | while read -r n m; do echo \"@@leftover $n $m\"; done"
+            ' | while read -r n m; do echo "@@leftover $n $m"; done'
         )
 
     def say_if_exists(self, path: str, word: str) -> str:

@@ -15,20 +15,38 @@ the script, which :meth:`PosixShell.stop_on_hangup` relies on.
 
 Windows-side work on the same machine (firewall, time, ``.wslconfig``, ``wsl --list``) is PowerShell:
 :attr:`WslShell.windows`.
+
+wsl.exe's own messages ("There is no distribution with the supplied name.") are UTF-16LE on a pipe
+unless ``WSL_UTF8=1`` is in its environment: the transport sets it in every WinRS shell
+(:data:`WSL_SHELL_ENV`), and :class:`WslOutput` decodes the UTF-16LE that a wsl.exe older than 0.64,
+which ignores the variable, still writes.
 """
 
 from __future__ import annotations
 
 import base64
+import codecs
 import re
 from collections.abc import Mapping
 
 from orchestrator.platforms.posix import PosixShell
 from orchestrator.platforms.powershell import MAX_COMMAND_LINE, PowerShell, cmd_command_line
 
-__all__ = ["MAX_COMMAND_LINE", "ROOT_MARKER", "WSL_EXE", "WslShell"]
+__all__ = [
+    "MAX_COMMAND_LINE",
+    "ROOT_MARKER",
+    "WSL_EXE",
+    "WSL_SHELL_ENV",
+    "WslOutput",
+    "WslShell",
+    "is_wsl_command",
+]
 
 WSL_EXE = "wsl.exe"
+#: the environment of every WinRS shell on a Windows node: wsl.exe (0.64 and newer) then writes its
+#: own messages in UTF-8 instead of UTF-16LE. It is not passed into the distribution (only the
+#: variables WSLENV names are), so the Linux programs see nothing of it.
+WSL_SHELL_ENV = {"WSL_UTF8": "1"}
 #: first line of a script that must run as root in the distribution (``wsl.exe -u root``: WSL lets
 #: the Windows user be root in their own distributions without a password; sudo would ask for one)
 ROOT_MARKER = "#cb:wsl-root"
@@ -148,3 +166,76 @@ class WslShell(PosixShell):
 def cmd_words(argv: list[str]) -> list[str]:
     """Each element of ``argv`` as the word :func:`cmd_command_line` writes for it."""
     return [cmd_command_line([argv[0]]), *(cmd_command_line(["x", a])[2:] for a in argv[1:])]
+
+
+def is_wsl_command(command_line: str) -> bool:
+    """Whether a Windows command line starts ``wsl.exe`` (as :meth:`WslShell.login_command` and
+    :meth:`WslShell.file_command` write it, or with a path)."""
+    words = command_line.split(None, 1)
+    program = words[0].strip('"').replace("/", "\\").rsplit("\\", 1)[-1].lower() if words else ""
+    return program in ("wsl.exe", "wsl")
+
+
+class WslOutput:
+    """One output stream (stdout or stderr) of a ``wsl.exe`` command, as UTF-8 bytes.
+
+    Two writers share the stream: the Linux program, whose bytes pass unchanged, and wsl.exe itself
+    ("There is no distribution with the supplied name.", warnings before the program starts), in
+    UTF-16LE unless ``WSL_UTF8=1`` took effect. Text never holds a NUL byte, and UTF-16LE has one
+    after every ASCII character (the line feed included: ``0A 00``): a line in which a NUL shows
+    up is decoded as UTF-16LE from its start to that line feed; every other line passes as it is,
+    at once (a training log is not held back). Chunks may split the stream anywhere.
+    """
+
+    def __init__(self) -> None:
+        self._held = b""  # the odd last byte of a UTF-16LE line, until the next chunk
+        self._utf16: codecs.IncrementalDecoder | None = None  # set while inside a UTF-16LE line
+        self._column = 0  # bytes of the current line passed on already (as UTF-8)
+        self._after_lf = False  # the last bytes passed on were an empty line ("\n" alone)
+
+    def __call__(self, data: bytes, *, final: bool = False) -> bytes:
+        buf = self._held + data
+        self._held = b""
+        out = bytearray()
+        i, n = 0, len(buf)
+        while i < n:
+            if self._utf16 is not None:
+                j = i
+                while j + 1 < n and buf[j : j + 2] != b"\n\x00":
+                    j += 2
+                if j + 1 < n:  # its line feed: the line ends here
+                    out += self._utf16.decode(buf[i : j + 2], final=True).encode("utf-8")
+                    self._utf16 = None
+                    self._column, self._after_lf = 0, False
+                    i = j + 2
+                    continue
+                end = i + (n - i) // 2 * 2
+                out += self._utf16.decode(buf[i:end]).encode("utf-8")
+                self._held = buf[end:]
+                break
+            if self._after_lf and buf[i] == 0:
+                # the high byte of a UTF-16LE line feed that ended the previous chunk: that empty
+                # line was wsl.exe's, passed on as a line feed already
+                self._after_lf = False
+                i += 1
+                continue
+            lf = buf.find(b"\n", i)
+            end = n if lf < 0 else lf + 1
+            # an empty line is wsl.exe's when the byte after its line feed is a NUL
+            empty = lf == i and self._column == 0
+            if buf.find(b"\x00", i, min(end + 1, n) if empty else end) < 0:
+                out += buf[i:end]
+                self._column = 0 if lf >= 0 else self._column + end - i
+                self._after_lf = empty
+                i = end
+                continue
+            # a UTF-16LE line, from its start: an odd number of its bytes passed on already leaves
+            # the high byte of the last one here
+            self._utf16 = codecs.getincrementaldecoder("utf-16-le")(errors="replace")
+            i += self._column % 2
+            self._column, self._after_lf = 0, False
+        if final:
+            if self._utf16 is not None:
+                out += self._utf16.decode(self._held, final=True).encode("utf-8")
+            self._held, self._utf16 = b"", None
+        return bytes(out)

@@ -19,7 +19,9 @@ temporary name and renamed only when the hashes agree.
 
 On a WSL-mode node the platform is a :class:`~orchestrator.platforms.wsl.WslShell`: commands (and
 file transfers) run with ``/bin/sh`` inside the distribution through ``wsl.exe``; ``run_windows``
-runs PowerShell on the Windows side of the same machine.
+runs PowerShell on the Windows side of the same machine. Every shell is opened with ``WSL_UTF8=1``
+(wsl.exe's own messages in UTF-8), and what a wsl.exe command prints goes through
+:class:`~orchestrator.platforms.wsl.WslOutput`, which decodes the UTF-16LE an older wsl.exe writes.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from orchestrator.errors import (
 )
 from orchestrator.platforms import Platform, PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.platforms.wsl import ROOT_MARKER
+from orchestrator.platforms.wsl import ROOT_MARKER, WSL_SHELL_ENV, WslOutput, is_wsl_command
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
 
 if TYPE_CHECKING:
@@ -865,7 +867,9 @@ class WinRMTransport(Transport):
         except WinRMError as exc:  # pywinrm refusing the settings (a missing library, a bad file)
             raise ConnectError(f"cannot set up WinRM: {exc}", node=self.node_name) from None
         try:
-            shell_id = protocol.open_shell(codepage=65001, noprofile=True)
+            # WSL_UTF8=1: every wsl.exe this shell starts (commands in the distribution, and those
+            # of PowerShell scripts) writes its own messages in UTF-8, not UTF-16LE
+            shell_id = protocol.open_shell(codepage=65001, noprofile=True, env_vars=dict(WSL_SHELL_ENV))
         except Exception as exc:
             protocol.transport.close_session()
             if self._closed:
@@ -1074,7 +1078,9 @@ class WinRMTransport(Transport):
         stop_by_eof: bool = False,
     ) -> Result:
         """Run one command line in a lane's shell, streaming its output; the lane is reused after a
-        clean exit and deleted (with everything the command started) after a timeout or a cancel."""
+        clean exit and deleted (with everything the command started) after a timeout or a cancel.
+        A wsl.exe command's streams are read through :class:`WslOutput` (its own UTF-16LE messages
+        decoded)."""
         lane, command_id = self._start(command_line, console_mode_stdin=stdin is None)
         protocol, shell = lane.protocol, lane.shell_id
         out = LineSplitter("stdout", on_line, keep_lines)
@@ -1086,8 +1092,17 @@ class WinRMTransport(Transport):
         healthy = False
 
         out_crlf, err_crlf = _Crlf(), _Crlf()
+        wsl = is_wsl_command(command_line)
+        out_wsl, err_wsl = (WslOutput(), WslOutput()) if wsl else (None, None)
+
+        def feed_out(data: bytes, final: bool = False) -> None:
+            if out_wsl is not None:
+                data = out_wsl(data, final=final)
+            out.feed(out_crlf(data, final=final))
 
         def feed_err(data: bytes, final: bool = False) -> None:
+            if err_wsl is not None:
+                data = err_wsl(data, final=final)
             text = err_text.decode(data, final=final)
             if clixml is not None:
                 text = clixml.feed(text) + (clixml.close() if final else "")
@@ -1114,14 +1129,14 @@ class WinRMTransport(Transport):
                         break
                     raise self._lost(exc, "read output") from None
                 if stdout:
-                    out.feed(out_crlf(stdout))
+                    feed_out(stdout)
                 if stderr:
                     feed_err(stderr)
                 if done:
                     exit_code = code
                     break
             if exit_code is None and stop_by_eof and stdin is None:
-                self._stop_by_eof(protocol, shell, command_id, out, out_crlf, feed_err)
+                self._stop_by_eof(protocol, shell, command_id, feed_out, feed_err)
             if exit_code is not None:
                 try:
                     protocol.cleanup_command(shell, command_id)
@@ -1130,7 +1145,7 @@ class WinRMTransport(Transport):
                     log.debug("%s: WinRM command clean-up failed: %s", self.node_name, exc)
         finally:
             feed_err(b"", final=True)
-            out.feed(out_crlf(b"", final=True))
+            feed_out(b"", final=True)
             out.close()
             err.close()
             if not healthy and exit_code is None:
@@ -1176,8 +1191,7 @@ class WinRMTransport(Transport):
         protocol: Protocol,
         shell: str,
         command_id: str,
-        out: LineSplitter,
-        out_crlf: _Crlf,
+        feed_out: Callable[[bytes], None],
         feed_err: Callable[[bytes], None],
     ) -> None:
         """Close the command's stdin and give it :attr:`STOP_GRACE` seconds to end.
@@ -1202,7 +1216,7 @@ class WinRMTransport(Transport):
                 log.debug("%s: reading after end-of-file failed: %s", self.node_name, exc)
                 return
             if stdout:
-                out.feed(out_crlf(stdout))
+                feed_out(stdout)
             if stderr:
                 feed_err(stderr)
             if done:

@@ -427,6 +427,29 @@ def test_wsl_management_commands_answer_utf16le_without_bom() -> None:
         assert "WSL_E_DISTRO_NOT_FOUND" in bad.std_out.decode("utf-16-le")
 
 
+def test_wsl_exe_writes_its_messages_in_utf8_when_the_shell_has_wsl_utf8() -> None:
+    """WSL_UTF8=1 in wsl.exe's environment (here: the WinRS shell's, from the Create request) makes
+    wsl.exe 0.64+ write its own messages in UTF-8; an older wsl.exe ignores it."""
+    with WinRMServer() as server:
+        proto = _protocol(server)
+        for honours, encoding in ((True, "utf-8"), (False, "utf-16-le")):
+            server.wsl.honours_utf8 = honours
+            shell = proto.open_shell(env_vars={"wsl_utf8": "1"})  # Windows: names without case
+            command = proto.run_command(shell, "wsl.exe", ["-d", "Nope", "-e", "true"])
+            out, _err, code = proto.get_command_output(shell, command)
+            proto.cleanup_command(shell, command)
+            proto.close_shell(shell)
+            assert code == 4294967295
+            assert out.decode(encoding).startswith("There is no distribution with the supplied name.\r\n")
+        server.wsl.honours_utf8 = True
+        shell = proto.open_shell(env_vars={"WSL_UTF8": "0"})
+        command = proto.run_command(shell, "wsl.exe", ["--status"])
+        out, _err, _code = proto.get_command_output(shell, command)
+        proto.close_shell(shell)
+        assert out.decode("utf-16-le").startswith("Default Distribution: ")  # only 1 means UTF-8
+    assert server.wsl.written == ["utf-8", "utf-16-le", "utf-16-le"]
+
+
 # -- as a process inside a namespace host -----------------------------------------------------------------
 
 

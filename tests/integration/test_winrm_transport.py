@@ -727,6 +727,42 @@ def test_run_windows_on_a_wsl_node_runs_powershell(server: WinRMServer) -> None:
     assert server.calls[-1].command("Get-Content").has("-LiteralPath")
 
 
+@pytest.mark.parametrize("honours_utf8", [True, False], ids=["wsl-0.64-or-newer", "older-wsl"])
+def test_a_wrong_distribution_is_named_in_readable_text(tmp_path: Path, honours_utf8: bool) -> None:
+    """wsl.exe writes its own messages in UTF-16LE unless WSL_UTF8=1 is in its environment. Every
+    shell of the transport has it (wsl.exe 0.64 and newer then write UTF-8), and the UTF-16LE of an
+    older wsl.exe, which ignores it, is decoded: `bootstrap run` on a node whose windows.distro does
+    not exist shows wsl.exe's message as text, not as letters with a NUL between each."""
+    from tests.conftest import BOOTSTRAP, write_inventory
+
+    with WinRMServer(auth="ntlm", username="bob", password="pw") as srv:
+        srv.wsl.honours_utf8 = honours_utf8
+        node: dict[str, object] = {"name": "win1", "host": srv.host, "port": srv.port, "os": "windows"}
+        node.update(user="bob", password_env="CBT_WIN_PASS", winrm={"scheme": "http"})
+        node["windows"] = {"mode": "wsl", "distro": "Ubuntu-2204"}  # installed: Ubuntu-22.04
+        inventory = write_inventory(tmp_path / "hosts.yaml", [node])
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "NO_COLOR": "1"}
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "echo", "hi"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "CBT_WIN_PASS": "pw"},
+            stdin=subprocess.DEVNULL,
+        )
+        written = list(srv.wsl.written)
+    assert run.returncode == 1, run.stderr
+    lines = [line for line in run.stdout.splitlines() if line.startswith("[win1]")]
+    assert [line.split(None, 1)[1] for line in lines] == [
+        "There is no distribution with the supplied name.",
+        "Error code: Wsl/Service/WSL_E_DISTRO_NOT_FOUND",
+    ], run.stdout
+    assert "\x00" not in run.stdout + run.stderr
+    assert re.search(r"win1\W+exit 4294967295", run.stderr), run.stderr
+    # the message left wsl.exe in UTF-8 when it knows WSL_UTF8=1 (so the shell had it), else in UTF-16LE
+    assert written == (["utf-8"] if honours_utf8 else ["utf-16-le"])
+
+
 # -- the real CLI: a WSL-mode Windows node beside Linux nodes in the namespace cluster --------------
 
 

@@ -7,6 +7,7 @@ for real with this machine's /bin/sh: it is POSIX, and must give back the origin
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 import subprocess
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from orchestrator.inventory.model import Node, WindowsSettings
 from orchestrator.platforms import PosixShell, PowerShell, WslShell, platform_for_node
-from orchestrator.platforms.wsl import ROOT_MARKER
+from orchestrator.platforms.wsl import ROOT_MARKER, WslOutput, is_wsl_command
 from tests import pwsh
 from tests.unit.test_platform_powershell import single_quoted_value, split_command_line, unquoted_regions
 
@@ -150,3 +151,55 @@ def test_platform_for_node() -> None:
     shell = platform_for_node(wsl)
     assert isinstance(shell, WslShell) and (shell.distro, shell.user) == ("Ubuntu", "me")
     assert isinstance(platform_for_node(Node(name="d", host="h", os="windows")), WslShell)  # the default
+
+
+# -- what wsl.exe prints: its own messages in UTF-16LE, the Linux program's bytes as they are ----------
+
+NOT_FOUND = (
+    "There is no distribution with the supplied name.\r\nError code: Wsl/Service/WSL_E_DISTRO_NOT_FOUND\r\n"
+)
+
+
+def _decoded(data: bytes, *cuts: int) -> bytes:
+    decoder = WslOutput()
+    edges = [0, *cuts, len(data)]
+    parts = [decoder(data[a:b]) for a, b in itertools.pairwise(edges)]
+    return b"".join(parts) + decoder(b"", final=True)
+
+
+def test_wsl_exe_messages_in_utf16le_are_decoded_wherever_the_chunks_split() -> None:
+    # a warning of wsl.exe, the program's output (UTF-8), an empty line and a localized message of
+    # wsl.exe, the program again: each line as its writer wrote it
+    data = (
+        "wsl: Ein Fehler ist aufgetreten\r\n".encode("utf-16-le")
+        + "step 1 ok\nstep 2 \u00e9t\u00e9\n".encode()
+        + "\n".encode("utf-16-le")
+        + b"tail\n"
+        + "Gr\u00f6\u00dfe: Zugriff verweigert\r\n".encode("utf-16-le")
+        + b"end"
+    )
+    expected = (
+        "wsl: Ein Fehler ist aufgetreten\r\nstep 1 ok\nstep 2 \u00e9t\u00e9\n\ntail\n"
+        "Gr\u00f6\u00dfe: Zugriff verweigert\r\nend"
+    ).encode()
+    for a in range(len(data) + 1):
+        for b in range(a, len(data) + 1, 7):
+            assert _decoded(data, a, b) == expected, (a, b)
+    assert _decoded(NOT_FOUND.encode("utf-16-le")) == NOT_FOUND.encode()
+    assert _decoded("\u4e2d\u6587\r\n".encode("utf-16-le")) == "\u4e2d\u6587\r\n".encode()  # whole chunk
+
+
+def test_utf8_output_passes_unchanged_and_at_once() -> None:
+    decoder = WslOutput()
+    # WSL_UTF8=1 honoured, or the Linux program: nothing held back (a training log streams)
+    assert decoder(NOT_FOUND.encode()) == NOT_FOUND.encode()
+    assert decoder("[rank 0] loss 0.25 \u2713".encode()) == "[rank 0] loss 0.25 \u2713".encode()
+    assert decoder(b"\n", final=True) == b"\n"
+
+
+def test_wsl_command_lines_are_recognised() -> None:
+    shell = WslShell("Ubuntu-22.04")
+    assert is_wsl_command(shell.login_command("echo hi"))
+    assert is_wsl_command(shell.file_command("C:\\Users\\bob\\x.sh"))
+    assert is_wsl_command('"C:\\Windows\\System32\\wsl.exe" --status')
+    assert not is_wsl_command(PowerShell().login_command("Get-Date"))

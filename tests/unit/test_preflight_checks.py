@@ -19,6 +19,7 @@ from orchestrator.steps.preflight.checks import (
     check_versions,
     check_windows,
     choose_backend,
+    native_mix_error,
 )
 
 CPU_TORCH = TorchInfo(installed=True, version="2.13.0+cpu", distributed=True, gloo=True, gloo_works=True)
@@ -238,6 +239,38 @@ def test_an_all_native_windows_cluster_is_fine() -> None:
     b = facts("b", os="windows", windows=NATIVE)
     verdict = check_windows(a, [a, b])
     assert verdict is not None and verdict.level == "ok" and "no torchrun" in verdict.reason
+
+
+def _inventory(*nodes: str) -> Any:
+    from orchestrator.inventory import load_inventory_text
+
+    """An inventory of nodes given as "NAME" (Linux) or "NAME MODE" (Windows in that mode)."""
+    text = f"cluster: {{name: lab, master: {nodes[0].split()[0]}}}\nnodes:\n"
+    for index, spec in enumerate(nodes, start=1):
+        name, _, mode = spec.partition(" ")
+        windows = f", os: windows, windows: {{mode: {mode}}}" if mode else ""
+        text += f"  - {{name: {name}, host: 10.0.0.{index}{windows}}}\n"
+    return load_inventory_text(text, "lab.yaml")
+
+
+def test_a_native_node_beside_linux_or_wsl_nodes_is_refused_from_the_inventory() -> None:
+    error = native_mix_error(_inventory("gpu1", "gpu2", "win1 native", "win2 wsl"))
+    assert error is not None and error.exit_code == 2  # a configuration error, not a failed check
+    text = str(error)
+    assert text.startswith("lab.yaml: native Windows node win1 (windows.mode: native) cannot train with ")
+    assert "gpu1, gpu2 (Linux) and win2 (Windows in WSL mode)" in text
+    assert "UV (libuv) transport" in text and "only its TCP transport" in text and "gloo#386" in text
+    assert "set windows: {mode: wsl} for win1, so that its ranks run" in text
+    two = str(native_mix_error(_inventory("win1 native", "win2 native", "win3 wsl")))
+    assert "nodes win1, win2 (windows.mode: native) cannot train with win3 (Windows in WSL mode)" in two
+    assert "for win1, win2, so that their ranks" in two
+
+
+def test_clusters_of_one_kind_of_torch_are_not_refused() -> None:
+    assert native_mix_error(_inventory("win1 native", "win2 native")) is None
+    assert native_mix_error(_inventory("gpu1", "win2 wsl")) is None
+    assert native_mix_error(_inventory("gpu1", "gpu2")) is None
+    assert native_mix_error(_inventory("win1 native")) is None
 
 
 def test_wsl_node_without_mirrored_networking_warns() -> None:

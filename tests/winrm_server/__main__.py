@@ -6,8 +6,8 @@
 Prints ``LISTENING <endpoint>`` on stdout once it accepts connections (start_in_host waits for that line),
 then serves until SIGTERM/SIGINT, killing whatever its shells still run when it stops.
 ``--answers``: a JSON list of {"match": regex searched in the script, "stdout", "stderr", "exit_code"}.
-``--wsl``: JSON {"distros": [{"name", "state", "version", "default"}], "encoding", "installed",
-"networking_mode"} for the fake WSL installation.
+``--wsl``: JSON {"distros": [{"name", "state", "version", "default"}], "encoding", "honours_utf8",
+"installed", "networking_mode"} for the fake WSL installation.
 ``--tls-dir``: the CA (ca.pem), server certificate and key are written there.
 """
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(args.wsl.read_text())
         if "distros" in doc:
             wsl.distros = [Distro(**d) for d in doc["distros"]]
-        for key in ("encoding", "installed", "networking_mode", "version_text"):
+        for key in ("encoding", "honours_utf8", "installed", "networking_mode", "version_text"):
             if key in doc:
                 setattr(wsl, key, doc[key])
     host, port = args.listen

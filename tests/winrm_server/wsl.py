@@ -1,7 +1,10 @@
 """``wsl.exe`` as the server plays it: management commands (``--list --verbose``, ``--status``,
-``--version``) answer canned text in UTF-16LE without BOM, as the real wsl.exe writes to a pipe; a
-command for a distribution runs FOR REAL as a Linux process on this machine (in the server's network
-namespace when the server runs inside a test host).
+``--version``) answer canned text, and wsl.exe's own messages ("There is no distribution with the
+supplied name.") are written, in UTF-16LE without BOM, as the real wsl.exe writes to a pipe, unless
+``WSL_UTF8=1`` is in its environment (the WinRS shell's, from the Create request): then in UTF-8, as
+wsl.exe 0.64 and newer do (``WslConfig.honours_utf8 = False`` plays an older one, which ignores it).
+A command for a distribution runs FOR REAL as a Linux process on this machine (in the server's
+network namespace when the server runs inside a test host); what that program prints is its own.
 
 Accepted forms (wsl.exe's own syntax)::
 
@@ -42,12 +45,16 @@ class WslConfig:
     """What the fake WSL installation reports; tests change it before the command runs.
 
     ``on_wsl(argv)`` may answer any wsl.exe command itself (return an Answer; None: default behaviour).
-    ``encoding`` is how wsl.exe's own messages are written ("utf-16-le": the real default; a test may set
-    "utf-8", like WSL_UTF8=1 does on a real machine).
+    ``encoding`` is how wsl.exe's own messages are written without ``WSL_UTF8=1`` ("utf-16-le": the
+    real default); ``honours_utf8``: whether ``WSL_UTF8=1`` in the shell's environment makes them
+    UTF-8 (wsl.exe 0.64 and newer; False: an older wsl.exe, which ignores the variable).
+    ``written`` records the encoding of every message written (tests assert on it).
     """
 
     distros: list[Distro] = field(default_factory=lambda: [Distro("Ubuntu-22.04", default=True)])
     encoding: str = "utf-16-le"
+    honours_utf8: bool = True
+    written: list[str] = field(default_factory=list)
     installed: bool = True
     version_text: str = (
         "WSL version: 2.3.26.0\n"
@@ -77,8 +84,16 @@ class WslConfig:
         d = self.default()
         return f"Default Distribution: {d.name if d else ''}\nDefault Version: 2\n"
 
-    def encode(self, text: str) -> bytes:
-        return text.replace("\r\n", "\n").replace("\n", "\r\n").encode(self.encoding)
+    def encoding_for(self, env: dict[str, str]) -> str:
+        """How wsl.exe writes its own messages in a process with environment ``env`` (Windows
+        compares variable names without case; wsl.exe wants the value 1)."""
+        utf8 = any(k.upper() == "WSL_UTF8" and v == "1" for k, v in env.items())
+        return "utf-8" if utf8 and self.honours_utf8 else self.encoding
+
+    def encode(self, text: str, env: dict[str, str] | None = None) -> bytes:
+        encoding = self.encoding_for(env or {})
+        self.written.append(encoding)
+        return text.replace("\r\n", "\n").replace("\n", "\r\n").encode(encoding)
 
 
 def run_wsl(server: WinRMServer, cmd: Command, line: str, tokens: list[cmdline.Token]) -> None:
@@ -93,9 +108,10 @@ def run_wsl(server: WinRMServer, cmd: Command, line: str, tokens: list[cmdline.T
             return
 
     def say(text: str, code: int, stream: str = "stdout") -> None:
-        """wsl.exe's own messages: UTF-16LE (config.encoding); those of WSL's init inside the
-        distribution (``<3>WSL ...``, stderr) are plain UTF-8 with LF."""
-        data = text.encode("utf-8") if stream == "stderr" else config.encode(text)
+        """wsl.exe's own messages: UTF-16LE (config.encoding) unless WSL_UTF8=1 is in the shell's
+        environment; those of WSL's init inside the distribution (``<3>WSL ...``, stderr) are plain
+        UTF-8 with LF."""
+        data = text.encode("utf-8") if stream == "stderr" else config.encode(text, cmd.shell.env)
         cmd.emit(stream, data)
         cmd.finish(code)
 

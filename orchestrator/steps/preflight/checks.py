@@ -11,13 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import UsageError
 from orchestrator.facts.linux import GpuReport, PythonInfo, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
 from orchestrator.facts.windows import WindowsInfo, WslInfo, wsl_blocker
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Cluster, Node
+    from orchestrator.inventory import Cluster, Inventory, Node
 
 #: clock offset above which a warning is given (seconds)
 CLOCK_WARN = 1.0
@@ -496,11 +497,57 @@ def is_native_windows(node: Node) -> bool:
     return node.os == "windows" and node.windows.mode == "native"
 
 
+def _names_of(nodes: Sequence[Node]) -> str:
+    return ", ".join(n.name for n in nodes)
+
+
+def native_mix_error(inventory: Inventory) -> UsageError | None:
+    """Why this inventory's training job cannot run, when it mixes native Windows nodes with Linux
+    or WSL-mode ones; None when it does not.
+
+    Decided from the inventory alone, never from which nodes were selected (``--nodes``) or
+    answered: a training job spans every node, so a native node selected alone, or one whose Linux
+    peers are down, is the same mistake. Windows wheels of torch have only gloo's UV (libuv)
+    transport, Linux wheels (inside WSL too) only its TCP transport, and the two handshakes differ
+    (FIELD_NOTES; pytorch/gloo#386): such a job hangs or fails at its first connection. A
+    configuration error (exit 2): refused before anything connects, is uploaded or starts.
+    """
+    native = [n for n in inventory.nodes if is_native_windows(n)]
+    linux = [n for n in inventory.nodes if n.os != "windows"]
+    wsl = [n for n in inventory.nodes if n.os == "windows" and not is_native_windows(n)]
+    if not native or not (linux or wsl):
+        return None
+    groups = [f"{_names_of(linux)} (Linux)"] if linux else []
+    groups += [f"{_names_of(wsl)} (Windows in WSL mode)"] if wsl else []
+    natives = _names_of(native)
+    one = len(native) == 1
+    what, its = ("native Windows node", "its") if one else ("native Windows nodes", "their")
+    return UsageError(
+        f"{inventory.source}: {what} {natives} (windows.mode: native) cannot train with "
+        f"{' and '.join(groups)}: Windows builds of torch have only gloo's UV (libuv) transport, Linux "
+        "builds (WSL included) only its TCP transport, and ranks of the two cannot form one gloo "
+        "process group (pytorch/gloo#386); nothing was started",
+        hint=f"set windows: {{mode: wsl}} for {natives}, so that {its} ranks run the Linux build of torch "
+        "inside WSL2 with mirrored networking, see docs/windows.md; or make every node of the cluster "
+        "native Windows",
+    )
+
+
+def refuse_native_mix(inventory: Inventory) -> None:
+    """Raise :func:`native_mix_error`'s error, if any (``check``, ``validate``, ``launch`` and the
+    main pipeline call this before connecting to anything)."""
+    error = native_mix_error(inventory)
+    if error is not None:
+        raise error
+
+
 def check_windows(f: NodeFacts, facts: Sequence[NodeFacts]) -> Verdict | None:
     """Can this Windows node's ranks join the others? None for Linux nodes.
 
     Native mode beside Linux or WSL ranks fails: Windows wheels have only gloo's UV (libuv) transport,
     Linux wheels only its TCP transport, and their handshakes differ (FIELD_NOTES; pytorch/gloo#386).
+    (The CLI refuses such an inventory before connecting, from the inventory itself:
+    :func:`native_mix_error`; this verdict is what a direct caller of the preflight gets.)
     WSL mode fails when WSL cannot run the distribution, and warns when WSL's networking is not
     mirrored: in NAT mode peers cannot reach the ephemeral ports gloo listens on in the distribution.
     """

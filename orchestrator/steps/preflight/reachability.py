@@ -13,8 +13,9 @@ A multi-node job hangs silently when the network is wrong, so the preflight trie
 
 The probe (probes/reach.py) runs under each node's own Python. All listeners start at once; once
 each has reported its port, all connectors run at once; a listener ends by itself when every
-expected peer came (else it is stopped with SIGTERM, else after its own deadline). Nothing waits on
-a clock except deadlines: readiness comes from the probes' output lines.
+expected peer came (else it is stopped: SIGTERM on Linux and in WSL, the PowerShell platform's
+``kill_tree`` on native Windows, which has no ``kill``; else it ends after its own deadline).
+Nothing waits on a clock except deadlines: readiness comes from the probes' output lines.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Literal
 
-from orchestrator.platforms import Platform
+from orchestrator.platforms import Platform, PowerShell
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 from orchestrator.transports import Result, Stream, Transport
 
@@ -397,6 +398,17 @@ def probe_command(platform: Platform, python: str, args: Sequence[str]) -> str:
     return platform.join([python, "-I", "-c", probe_source(), PROBE_TAG, *args])
 
 
+def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
+    """(the command that stops the listener ``pid`` on a node of ``platform``, whether it ends the
+    listener at once). POSIX sh (Linux, WSL): SIGTERM, which the probe answers with "done stopped".
+    Native Windows has neither ``kill`` nor SIGTERM for a windowless process: the PowerShell
+    platform's ``kill_tree`` terminates the listener (and anything it started) outright, so it
+    prints nothing more."""
+    if isinstance(platform, PowerShell):
+        return platform.kill_tree(pid), True
+    return platform.join(["kill", "-TERM", str(pid)]), False
+
+
 def _address_list(addresses: Sequence[str]) -> str:
     return ",".join(addresses) if addresses else "-"
 
@@ -479,6 +491,8 @@ class _Listener(_ProbeRun):
         self.problem: str | None = None
         self.done: str | None = None
         self.stop_sent = False
+        #: stopped outright on our request (native Windows): an end without "done" is expected then
+        self.terminated = False
 
     def _line(self, line: str) -> None:
         event = parse_listener_line(line)
@@ -517,6 +531,8 @@ class _Listener(_ProbeRun):
             )
         if not self.listening:
             return self.failure("reachability")
+        if self.terminated and self.ended.is_set() and self.done is None and self.error is None:
+            return None  # it listened until we stopped it, after every connection was tried
         if self.ended.is_set() and (self.done is None or self.result is None or not self.result.ok):
             # a listener that died early makes its peers look refused: no verdict can rest on it
             return self.failure("reachability listener")
@@ -528,15 +544,21 @@ class _Listener(_ProbeRun):
         return None
 
     def stop(self) -> None:
-        """SIGTERM the listener (it prints "done stopped" and exits); a no-op once it ended."""
+        """Stop the listener (:func:`stop_command`: SIGTERM, after which it prints "done stopped"
+        and exits; on native Windows it is terminated); a no-op once it ended."""
         if self.pid is None or self.ended.is_set() or self.stop_sent:
             return
         self.stop_sent = True
-        platform = self.node.transport.platform
+        command, outright = stop_command(self.node.transport.platform, self.pid)
         try:
-            self.node.transport.run(platform.join(["kill", "-TERM", str(self.pid)]), timeout=RUN_SLACK)
+            result = self.node.transport.run(command, timeout=RUN_SLACK)
         except Exception as exc:  # its own deadline still ends it; say so in the log only
             log.warning("%s: could not stop the reachability listener: %s", self.node.name, exc)
+            return
+        if not result.ok:
+            log.warning("%s: could not stop the reachability listener: %s", self.node.name, _tail(result))
+        elif outright:
+            self.terminated = True
 
 
 class _Connector(_ProbeRun):
