@@ -36,7 +36,7 @@ READ = 1 << 20
 #: a "line" this long without a newline is written out anyway: a rank printing progress with "\r"
 #: forever must not grow this process without bound
 MAX_PARTIAL = 1 << 20
-IDLE = 0.02  # seconds between looks at the rank files when nothing arrived
+IDLE = 0.01  # seconds between looks at the rank files when nothing arrived (the latency when idle)
 
 
 def write_all(fd, data):
