@@ -206,10 +206,44 @@ class PowerShell(Platform):
         return f"$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath({word})"
 
     def mkdir(self, path: str, *, private: bool = False) -> str:
-        """Create ``path`` and its parents; no error when it exists (``mkdir -p``). ``private`` changes
-        nothing here: run directories live in the user's profile, which Windows gives only to its
-        owner (and administrators)."""
-        return f"[void][System.IO.Directory]::CreateDirectory({self._full_path(path)})"
+        """Create ``path`` and its parents; no error when it exists (``mkdir -p``).
+
+        ``private`` (what ``chmod 700`` is on POSIX): the directory's access list is replaced by one
+        entry, full control for the connecting user, inherited by everything created in it, and
+        nothing inherited from its parent; the user is made its owner. Set on every call (also when
+        the directory existed), before anything is put there; a failure (a volume without ACLs)
+        stops the script: the directory is never used unprotected.
+
+        Why no entry for SYSTEM or Administrators, as Windows gives a profile: nothing of ours
+        running under another account opens a run directory (launch.ps1 runs as the connecting
+        user, in the WinRM shell or started by ``Win32_Process`` Create with the caller's token; the
+        file transfers run in that shell), and administrators and SYSTEM reach any file anyway
+        through their privileges (take ownership, backup): an entry for them would protect nothing
+        and would let every service running as SYSTEM read the launch script's secrets. A profile
+        is no substitute: ``workdir`` may put run directories anywhere, and inside a profile a
+        directory inherits whatever was granted on its parents.
+
+        ``DirectoryInfo.SetAccessControl`` (.NET Framework, under powershell.exe 5.1) writes only
+        what was set on the new ``DirectorySecurity``: owner and access list, never the audit list
+        (Set-Acl may try to, which needs SeSecurityPrivilege).
+        """
+        if not private:
+            return f"[void][System.IO.Directory]::CreateDirectory({self._full_path(path)})"
+        acl = "System.Security.AccessControl"
+        return (
+            "& {\n"
+            f"  $cbDir = [System.IO.Directory]::CreateDirectory({self._full_path(path)})\n"
+            "  $cbMe = [System.Security.Principal.WindowsIdentity]::GetCurrent().User\n"
+            f"  $cbAcl = New-Object -TypeName {acl}.DirectorySecurity\n"
+            "  $cbAcl.SetOwner($cbMe)\n"
+            "  $cbAcl.SetAccessRuleProtection($true, $false)\n"
+            f"  $cbAcl.AddAccessRule((New-Object -TypeName {acl}.FileSystemAccessRule -ArgumentList @($cbMe,"
+            f" [{acl}.FileSystemRights]::FullControl,"
+            f" [{acl}.InheritanceFlags]'ContainerInherit, ObjectInherit',"
+            f" [{acl}.PropagationFlags]::None, [{acl}.AccessControlType]::Allow)))\n"
+            "  $cbDir.SetAccessControl($cbAcl)\n"
+            "}"
+        )
 
     def say_if_exists(self, path: str, word: str) -> str:
         """A statement that prints ``word`` and ends the script (exit 0) when ``path`` exists."""

@@ -179,6 +179,23 @@ def run_marker(run_id: str, node_name: str) -> str:
 RAN_BEFORE = "@@ran-before"
 
 
+def prepare_script(platform: PosixShell | PowerShell, run_dir: str, code_dir: str) -> str:
+    """What prepares a node for a run, on every platform: refuse a run id that ran there before,
+    create the run directory, and the directory the training script goes to.
+
+    The run directory is always private (owner-only: ``chmod 700`` on POSIX, an access list of one
+    entry for the connecting user on Windows): the launch script written into it may hold
+    ``train.env`` secrets. One function for both launch paths, so no path can forget it.
+    """
+    return "\n".join(
+        (
+            platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
+            platform.mkdir(run_dir, private=True),
+            platform.mkdir(code_dir),
+        )
+    )
+
+
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str) -> None:
     """A run id names one run: a second launch under it would append to the first's log and take
     its exit code file for its own. Refused before anything is uploaded."""
@@ -227,11 +244,9 @@ def prepare_node(
     prepare = transport.run(
         platform.other_runs(run_marker(spec.run_id, node.name))
         + "\n"
-        + platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
-        + "\n"
-        + platform.mkdir(run_dir, private=True)  # launch.sh may hold train.env secrets
-        + "\n"
-        + platform.mkdir(spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))),
+        + prepare_script(
+            platform, run_dir, spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
+        ),
         timeout=60,
     )
     _check_prepared(prepare, node, spec, run_dir)
@@ -282,14 +297,7 @@ def prepare_windows_node(
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-    prepare = transport.run(
-        platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE)
-        + "\n"
-        + platform.mkdir(run_dir)
-        + "\n"
-        + platform.mkdir(parent),
-        timeout=60,
-    )
+    prepare = transport.run(prepare_script(platform, run_dir, parent), timeout=60)
     _check_prepared(prepare, node, spec, run_dir)
     launch = f"{run_dir}/launch.ps1"
     with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:

@@ -22,7 +22,8 @@ from orchestrator.resources import packaged_example
 from orchestrator.steps.launch import run_node, split_rank
 from orchestrator.transports.winrm import WinRMTransport
 from tests import pwsh
-from tests.integration.test_winrm_transport import HOME, Emulator
+from tests.integration.test_winrm_transport import HOME, Emulator, assignments
+from tests.unit.test_platform_powershell import invocations
 from tests.winrm_server import Answer, PwshCall, WinRMServer
 
 INVENTORY = """\
@@ -147,3 +148,43 @@ def test_a_failing_native_windows_node_reports_the_ranks_exit_code(server: WinRM
     assert error is not None and "training exited with code 3" in str(error) and error.node == "win1"
     assert error.result is not None and error.result.tail(2) == lines
     assert "node.log" in (error.hint or "")
+
+
+def owner_only_directories(call: PwshCall) -> list[str]:
+    """The directories a script gives an owner-only access list (read off its parse tree: a new
+    descriptor, inheritance cut, one entry, written onto the directory it creates)."""
+    calls = invocations(call.tree)
+    on_acl = [(method, args) for target, method, args in calls if target == "$cbAcl"]
+    if (
+        ("$cbDir", "SetAccessControl", ["$cbAcl"]) not in calls
+        or on_acl[:2] != [("SetOwner", ["$cbMe"]), ("SetAccessRuleProtection", ["$true", "$false"])]
+        or [method for method, _ in on_acl[2:]] != ["AddAccessRule"]
+    ):
+        return []
+    text, literals = assignments(call)["$cbdir"]
+    assert "CreateDirectory(" in text and "[System.Security.AccessControl.FileSystemRights]::FullControl" in (
+        call.script
+    )
+    return [HOME + literals[0] if "$HOME +" in text else literals[0]]
+
+
+def test_the_run_directory_is_owner_only_before_launch_ps1_is_put_there(server: WinRMServer) -> None:
+    """launch.ps1 may hold train.env secrets: the node is told to give the run directory an
+    owner-only access list before the script is uploaded into it (the statement's every part is
+    checked in tests/unit/test_platform_powershell.py). The server keeps files, not directories or
+    access lists: what it received, and in which order, is checked. That Windows applies the list
+    as written is proven only on a real host (docs/windows.md, "What the tests prove")."""
+    node = Node(server, ["[default0]:done: 1 steps"], 0)
+    _, error = _run(server, node)
+    assert error is None
+    calls = list(server.calls)
+    made_private = [i for i, call in enumerate(calls) if RUN_DIR in owner_only_directories(call)]
+    launch_put = [
+        i
+        for i, call in enumerate(calls)
+        if "FromBase64String" in call.script
+        and assignments(call).get("$target", ("", [""]))[1][0].endswith(f"{RUN_ID}\\win1\\launch.ps1")
+    ]
+    assert made_private and launch_put, [c.script for c in calls]
+    assert made_private[0] < launch_put[0]
+    assert f"{RUN_DIR}\\launch.ps1" in server.files

@@ -297,6 +297,75 @@ def test_mkdir_and_run_script_parse(path: str) -> None:
     pwsh.assert_parses(ps.run_script(path + "/launch.ps1"))
 
 
+def invocations(tree: object) -> list[tuple[str, str, list[str]]]:
+    """Every method call on the tree, in order: (what it is called on, method, argument texts)."""
+    found = []
+    for node in pwsh.walk(tree.root_node):  # type: ignore[attr-defined]
+        if node.type != "invocation_expression":
+            continue
+        member = next(c for c in node.children if c.type == "member_name")
+        arguments = node.children[-1]  # argument_list > argument_expression_list > argument_expression
+        args = [
+            (e.text or b"").decode()
+            for listed in arguments.children
+            if listed.type == "argument_expression_list"
+            for e in listed.children
+            if e.type == "argument_expression"
+        ]
+        found.append(((node.children[0].text or b"").decode(), (member.text or b"").decode(), args))
+    return found
+
+
+ACL = "System.Security.AccessControl"
+
+
+@pytest.mark.parametrize("path", ["~/cluster-bootstrap/runs/r1/win1", "C:\\data\\it's ‘x’", "D:/runs/a b"])
+def test_a_private_directory_gets_an_owner_only_access_list(path: str) -> None:
+    """What ``chmod 700`` is on POSIX: one entry (the connecting user, full control, inherited by
+    what is created inside), inheritance from the parent cut, the user the owner, written onto the
+    directory just created (or already there)."""
+    tree = pwsh.assert_parses(ps.mkdir(path, private=True))
+    plain = pwsh.parse(ps.mkdir(path))
+    calls = invocations(tree)
+    # the same directory as without `private`, created first, its DirectoryInfo kept
+    (create,) = [c for c in invocations(plain) if c[1] == "CreateDirectory"]
+    assert calls[0] == create and assignments(tree)["$cbDir"].startswith(create[0] + "::CreateDirectory(")
+    # the path stays one literal (quotes doubled), the only other one is the inheritance flags
+    assert string_literals(tree) == [*string_literals(plain), "'ContainerInherit, ObjectInherit'"]
+    # whose identity: the user this session runs as (not a name: a SID, whatever the account's locale)
+    assert assignments(tree)["$cbMe"] == "[System.Security.Principal.WindowsIdentity]::GetCurrent().User"
+    # a new, empty descriptor (nothing copied from the parent or the profile)...
+    (descriptor,) = [c for c in pwsh.commands(tree) if c.arguments[:1] == [f"{ACL}.DirectorySecurity"]]
+    assert descriptor.name == "New-Object" and descriptor.parameters == ["-typename"]
+    assert assignments(tree)["$cbAcl"] == f"New-Object -TypeName {ACL}.DirectorySecurity"
+    # ...given exactly: owner, protection without keeping inherited entries, one entry
+    on_acl = [(method, args) for target, method, args in calls if target == "$cbAcl"]
+    assert on_acl[0] == ("SetOwner", ["$cbMe"])
+    assert on_acl[1] == ("SetAccessRuleProtection", ["$true", "$false"])
+    assert [method for method, _ in on_acl[2:]] == ["AddAccessRule"]
+    (rule,) = [n for n in pwsh.walk(tree.root_node) if n.type == "array_literal_expression"]
+    assert [(e.text or b"").decode() for e in rule.children if e.type != ","] == [
+        "$cbMe",
+        f"[{ACL}.FileSystemRights]::FullControl",
+        f"[{ACL}.InheritanceFlags]'ContainerInherit, ObjectInherit'",
+        f"[{ACL}.PropagationFlags]::None",
+        f"[{ACL}.AccessControlType]::Allow",
+    ]
+    (new_rule,) = [c for c in pwsh.commands(tree) if c.arguments[:1] == [f"{ACL}.FileSystemAccessRule"]]
+    assert new_rule.parameters == ["-typename", "-argumentlist"]
+    # written onto the directory last, with the .NET method (not Set-Acl: no audit list, no privilege)
+    assert calls[-1] == ("$cbDir", "SetAccessControl", ["$cbAcl"])
+    assert "Set-Acl" not in {c.name for c in pwsh.commands(tree)}
+
+
+def test_a_plain_directory_keeps_what_it_inherits() -> None:
+    script = ps.mkdir("~/cluster-bootstrap/code")
+    assert [m for _, m, _ in invocations(pwsh.assert_parses(script))] == [
+        "CreateDirectory",
+        "GetUnresolvedProviderPathFromPSPath",
+    ]
+
+
 def test_sections_parse_and_frame_like_posix() -> None:
     sections = [("one", "'hello'"), ("two", ps.native(["nvidia-smi", "-L"])), ("three", "throw 'boom'")]
     script = ps.sectioned(sections, "cb-abc")
