@@ -492,9 +492,20 @@ def _error_line(exc: yaml.MarkedYAMLError) -> int | None:
     return int(mark.line) + 1 if mark is not None else None
 
 
-def _looks_ansible(root: Any) -> bool:
-    from orchestrator.inventory.ansible import looks_ansible  # ansible.py imports this module
+#: what an Ansible group body holds
+GROUP_KEYS = ("hosts", "vars", "children")
 
+
+def looks_ansible(data: Mapping[Any, Any]) -> bool:
+    """True when some top-level value is an Ansible group body (``hosts:``/``children:``/``vars:``)."""
+    if isinstance(data.get("nodes"), list):
+        return False
+    if isinstance(data.get("all"), Mapping):
+        return True
+    return any(isinstance(body, Mapping) and any(k in body for k in GROUP_KEYS) for body in data.values())
+
+
+def _looks_ansible(root: Any) -> bool:
     top = _Builder(_plain_12, strict=False, shallow=True).build(root, 1, None)
     return isinstance(top, Mapping) and looks_ansible(top)
 

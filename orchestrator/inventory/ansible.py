@@ -15,7 +15,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.inventory._yaml import Tagged, describe, did_you_mean, key_line, plain
+from orchestrator.inventory._yaml import (
+    GROUP_KEYS,
+    Tagged,
+    describe,
+    did_you_mean,
+    key_line,
+    looks_ansible,
+    plain,
+)
 from orchestrator.inventory.model import (
     Inventory,
     IssueLog,
@@ -26,7 +34,6 @@ from orchestrator.inventory.model import (
 
 __all__ = ["looks_ansible", "read_ansible"]
 
-GROUP_KEYS = ("hosts", "vars", "children")
 
 # bootstrap_* settings of the cluster: only in the vars of group "all".
 CLUSTER_VARS: dict[str, str] = {
@@ -94,15 +101,6 @@ _MAX_RANGE_DIGITS = 12
 # Ranges in one host name (each one is one more pass over the names made so far).
 _MAX_RANGES = 8
 _NOTE_HOSTS = 8
-
-
-def looks_ansible(data: Mapping[Any, Any]) -> bool:
-    """True when some top-level value is an Ansible group body (``hosts:``/``children:``/``vars:``)."""
-    if isinstance(data.get("nodes"), list):
-        return False
-    if isinstance(data.get("all"), Mapping):
-        return True
-    return any(isinstance(body, Mapping) and any(k in body for k in GROUP_KEYS) for body in data.values())
 
 
 @dataclass
