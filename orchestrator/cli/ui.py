@@ -222,7 +222,7 @@ _RANK_TAG = re.compile(r"\[default(\d+)\]:")
 
 class RankedOutput(BlockHandler):
     """One node's training output: into the controller's log as received, and onto the terminal
-    (neutralised) with each line's ``[defaultN]:`` tag (torchrun's ``--tee``) replaced by
+    (neutralised) with each line's ``[defaultN]:`` tag (the node's rank capture) replaced by
     ``[node:GLOBAL_RANK]`` (``[node]`` for the launcher's own lines).
 
     Works on whole blocks of lines with string operations that run in C: a node printing 100k

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.transports import Result, Transport
     from orchestrator.transports.base import OnLine, Stream
 
-#: torchrun --tee 3 prefixes each worker line with its local rank
+#: the node's rank capture (probes/rank_capture.py) prefixes each worker line with its rank label
 _RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 TAIL = 20
 

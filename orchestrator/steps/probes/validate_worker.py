@@ -2,7 +2,7 @@
 
 Started once per local rank with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT) by the rendered ranks.sh. Every line it prints is ``[default<local rank>]:CBV <json>``
-(the prefix torchrun --tee uses, so the controller parses both the same way).
+(the prefix launch lines carry, so the controller parses both the same way).
 
 Joining is done in two steps so that a hang becomes a list of names: every rank first registers its
 key in the master's TCPStore; rank 0 waits for all keys until the timeout and, if some never arrive,
