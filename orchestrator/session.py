@@ -34,6 +34,8 @@ class Session:
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._memo: dict[tuple[str, str], object] = {}
+        self._memo_locks: dict[tuple[str, str], threading.Lock] = {}
         self.executor = Executor(max_workers=max_workers, on_event=on_event, cancel=self.close)
 
     def transport(self, node: Node) -> Transport:
@@ -46,6 +48,30 @@ class Session:
                 existing = open_transport(node, ssh=self.ssh, passwords=self.passwords)
                 self._transports[node.name] = existing
             return existing
+
+    def remember(self, node: str, key: str, compute: Callable[[], T]) -> T:
+        """What ``compute()`` returns for ``node``, computed once per session: facts gathered by the
+        preflight are handed to validate and launch instead of being asked for again. A failure is not
+        remembered (the next phase asks again)."""
+        slot = (node, key)
+        with self._lock:
+            if slot in self._memo:
+                return self._memo[slot]  # type: ignore[return-value]
+            guard = self._memo_locks.setdefault(slot, threading.Lock())
+        with guard:  # two phases asking at once wait for one answer
+            with self._lock:
+                if slot in self._memo:
+                    return self._memo[slot]  # type: ignore[return-value]
+            value = compute()
+            with self._lock:
+                self._memo[slot] = value
+            return value
+
+    def forget(self, node: str | None = None) -> None:
+        """Drop remembered values (of one node): after a step changed what they describe."""
+        with self._lock:
+            for slot in [s for s in self._memo if node is None or s[0] == node]:
+                del self._memo[slot]
 
     def map(
         self,
