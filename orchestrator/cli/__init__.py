@@ -1,11 +1,9 @@
 """Command line interface (``bootstrap``).
 
-``main.py`` holds the group, the common options and the main pipeline; each area's subcommands live in
-their own module, which registers them on ``cli`` when imported here.
+``main.py`` holds the group and the main pipeline's presentation; each area's subcommands live in their
+own module and are registered by ``main.py``; what they share is in ``common.py``.
 """
 
-# subcommand modules (import order = nothing; each decorates ``cli``)
-from orchestrator.cli import firewall, runs, sync, teardown, timesync, validate  # noqa: F401
 from orchestrator.cli.main import cli, main
 
 __all__ = ["cli", "main"]

@@ -9,16 +9,15 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.main import (
+from orchestrator.cli.common import (
     Settings,
-    _error_dict,
-    _fail_lines,
-    _interrupted,
-    _load,
-    _session,
-    _status,
-    cli,
     common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    node_status,
+    open_session,
 )
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
@@ -26,7 +25,7 @@ from orchestrator.inventory import Inventory, Node
 from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--remove", is_flag=True, help="Delete every rule of this cluster (tagged ours), nothing else.")
 @click.pass_context
@@ -44,7 +43,7 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     still reads each firewall (read-only) to print the exact commands.
     """
     settings = Settings.from_context(ctx)
-    inventory, selected = _load(settings)
+    inventory, selected = load_selection(settings)
     ctx.exit(int(run_firewall(settings, inventory, selected, remove=remove)))
 
 
@@ -53,20 +52,20 @@ def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node],
     ui = settings.ui
     # every node is asked for its cluster address (the peer set), the selected ones are changed
     probed = selected if remove else list(inventory.nodes)
-    session = _session(settings, inventory, probed)
+    session = open_session(settings, inventory, probed)
     step = remove_firewall if remove else apply_firewall
     try:
         with ui.progress([n.name for n in probed], "firewall") as on_event, session:
             session.executor.on_event = on_event
             run: FirewallRun = step(session, inventory, selected, dry_run=settings.dry_run)
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     outcomes = run.outcomes
     code = exit_code_for(outcomes)
     for warning in run.warnings:
         ui.warn(warning)
     if settings.json_mode:
-        _fail_lines(ui, outcomes)
+        fail_lines(ui, outcomes)
         ui.print_json(
             {
                 "command": "firewall",
@@ -79,7 +78,7 @@ def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node],
                         "name": o.node,
                         "ok": o.ok,
                         "duration": round(o.duration, 4),
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         **(o.value.public_dict() if o.value else {}),
                     }
                     for o in outcomes
@@ -103,7 +102,7 @@ def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node],
         table.add_column(column, overflow="fold")
     for o in outcomes:
         if o.value is None:
-            failed = _status(o.error) if o.error else "failed"
+            failed = node_status(o.error) if o.error else "failed"
             table.add_row(Text(o.node), "-", Text(failed, style="red"), "-", "-")
             continue
         r = o.value
@@ -118,5 +117,5 @@ def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node],
             ui.note(f"{o.node}: {note}")
     if run.addresses and ui.verbose:
         ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.addresses.items()))
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     return code

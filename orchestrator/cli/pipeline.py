@@ -8,7 +8,7 @@ that follows measures what they were for (reachability, clocks) and decides.
 
 from __future__ import annotations
 
-from orchestrator.cli.main import Settings
+from orchestrator.cli.common import Settings
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
 

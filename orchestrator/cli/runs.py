@@ -14,17 +14,16 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.main import (
+from orchestrator.cli.common import (
     Settings,
-    _dry_run,
-    _error_dict,
-    _fail_lines,
-    _interrupted,
-    _load,
-    _session,
     again,
-    cli,
     common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    open_session,
+    print_plans,
 )
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import RankedOutput
@@ -87,7 +86,7 @@ def start_detached(
             lambda node, t: start_node(node, t, by_name[node.name], renderer=renderer), step="start"
         )
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     failed = [o for o in outcomes if not o.ok]
     undone: list[Outcome[StopResult]] = []
     if failed:
@@ -105,7 +104,7 @@ def start_detached(
                     {
                         "name": o.node,
                         "ok": o.ok,
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         "pid": o.value.pid if isinstance(o.value, Started) else None,
                         "run_dir": o.value.run_dir if isinstance(o.value, Started) else None,
                     }
@@ -117,7 +116,7 @@ def start_detached(
         )
         ctx.exit(int(code))
     if failed:
-        _fail_lines(ui, failed)
+        fail_lines(ui, failed)
         if undone:
             ui.error(
                 "not started on every node: stopped it again on "
@@ -138,7 +137,7 @@ def start_detached(
 # -- logs ----------------------------------------------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming until every node's launcher has ended.")
@@ -169,11 +168,11 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
     `logs` wrote.
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        _dry_run(
+        print_plans(
             settings,
             inventory,
             nodes,
@@ -228,7 +227,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
         read[node.name] = result
         return result
 
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     copies: dict[str, str] = {}
     try:
         with session:
@@ -243,7 +242,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
             _keep_copies(ui, run_log, nodes, {n: "replace" if n in read else "longer" for n in outputs})
         run_log.close()
         ui.note(f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
-        _interrupted(ui)
+        interrupted(ui)
     finally:
         run_log.close()  # drops the parts not committed: the copies stay as they were
     code = exit_code_for(outcomes)
@@ -261,7 +260,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
                     {
                         "name": o.node,
                         "ok": o.ok,
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         "exit_code": o.value.exit_code if o.value else None,
                         "lines": o.value.lines if o.value else None,
                         # byte offsets in the node's node.log: reading began at start (0 without
@@ -283,7 +282,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
             }
         )
         ctx.exit(int(code))
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     _say_copies(ui, run_log, copies)
     if follow:
         for o in outcomes:
@@ -363,7 +362,7 @@ def _unknown_run(outcome: Outcome[NodeStatus], node: Any, run_id: str) -> Outcom
     return dataclasses.replace(outcome, error=error)
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.pass_context
@@ -375,11 +374,11 @@ def status(ctx: click.Context, run_arg: str) -> None:
     nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named).
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        _dry_run(
+        print_plans(
             settings,
             inventory,
             nodes,
@@ -392,13 +391,13 @@ def status(ctx: click.Context, run_arg: str) -> None:
             ),
         )
         return
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "status") as on_event, session:
             session.executor.on_event = on_event
             outcomes = session.map(lambda node, t: status_node(node, t, run_id), step="status")
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     by_name = {n.name: n for n in nodes}
     outcomes = [_unknown_run(o, by_name[o.node], run_id) for o in outcomes]
     code = exit_code_for(outcomes)
@@ -411,7 +410,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
                     {
                         "name": o.node,
                         "ok": o.ok,
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         **(o.value.public_dict() if o.value else {}),
                     }
                     for o in outcomes
@@ -443,7 +442,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
             Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
         )
     ui.print_table(table)
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     ctx.exit(int(code))
 
 
@@ -454,7 +453,7 @@ STATUS_LINE_WIDTH = 60
 # -- stop --------------------------------------------------------------------------------------------
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--run", "run_arg", required=True, help="Run id to stop (`latest`: the newest under ./runs).")
 @click.option(
@@ -475,11 +474,11 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
     them). Stopping a run that has ended says so and changes nothing.
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        _dry_run(
+        print_plans(
             settings,
             inventory,
             nodes,
@@ -488,13 +487,13 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
             ),
         )
         return
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "stop") as on_event, session:
             session.executor.on_event = on_event
             outcomes = session.map(lambda node, t: stop_node(node, t, run_id, grace=grace), step="stop")
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -505,7 +504,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
                     {
                         "name": o.node,
                         "ok": o.ok,
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         **(
                             {
                                 "state": o.value.state,
@@ -534,7 +533,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
             style = "green" if o.value.state == "stopped" else "dim"
             table.add_row(Text(o.node), Text(o.value.describe(), style=style))
     ui.print_table(table)
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     if code == ExitCode.OK and all(o.value is not None and o.value.state != "stopped" for o in outcomes):
         ui.note("nothing was running: nothing changed")
     ctx.exit(int(code))
@@ -552,7 +551,7 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.argument("paths", nargs=-1, required=True)
@@ -565,7 +564,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
     Directories are copied with everything below them.
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
     code_dir = inventory.cluster.train.code_dir
@@ -574,9 +573,9 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
         def listing(node: Any, ops: RunOps) -> str:
             return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir))
 
-        _dry_run(settings, inventory, nodes, _run_plan(listing))
+        print_plans(settings, inventory, nodes, _run_plan(listing))
         return
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "fetch") as on_event, session:
             session.executor.on_event = on_event
@@ -587,7 +586,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
                 step="fetch",
             )
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     missing = [(o.node, f.path) for o in outcomes if o.value for f in o.value if f.source is None]
     code = exit_code_for(outcomes)
     if code == ExitCode.OK and missing:
@@ -601,7 +600,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
                     {
                         "name": o.node,
                         "ok": o.ok,
-                        "error": _error_dict(o.error),
+                        "error": error_dict(o.error),
                         "paths": [vars(f) for f in o.value] if o.value else [],
                     }
                     for o in outcomes
@@ -620,7 +619,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
             else:
                 table.add_row(Text(o.node), Text(f.path), str(f.files), _size(f.bytes), Text(f.local))
     ui.print_table(table)
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     for node, path in missing:
         ui.error(f"node {node!r}: {path} not found in the run directory or the code directory")
     ctx.exit(int(code))

@@ -12,16 +12,15 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.main import (
+from orchestrator.cli.common import (
     Settings,
-    _error_dict,
-    _fail_lines,
-    _interrupted,
-    _load,
-    _session,
-    _status,
-    cli,
     common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    node_status,
+    open_session,
 )
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
@@ -41,7 +40,7 @@ _ACTION_STYLE = {
 }
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--force", is_flag=True, help="Rebuild every environment, even when its stamp matches.")
 @click.option(
@@ -63,7 +62,7 @@ def sync(ctx: click.Context, force: bool, only: str | None) -> None:
     Code (cluster.code): the project directory, only changed files moved. See docs/sync.md.
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     ctx.exit(int(run_sync(settings, inventory, nodes, force=force, only=only)))
 
 
@@ -99,7 +98,7 @@ def run_sync(
         for spec in specs.values():
             for warning in spec.warnings:
                 ui.warn(warning)
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     env_outcomes: list[Outcome[NodeEnv]] = []
     code_outcomes: list[Outcome[Any]] = []
     try:
@@ -109,13 +108,13 @@ def run_sync(
             if do_code:
                 code_outcomes = _run_code(settings, session, inventory, nodes)
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     report = summarize_outcomes(env_outcomes)
     code = exit_code_for([*env_outcomes, *code_outcomes])
     if report.mismatch and code == ExitCode.OK:
         code = ExitCode.NODES_FAILED
     if settings.json_mode:
-        _fail_lines(ui, [*env_outcomes, *code_outcomes])
+        fail_lines(ui, [*env_outcomes, *code_outcomes])
         ui.print_json(
             {
                 "command": "sync",
@@ -208,7 +207,9 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
         env = o.value
         if env is None:
             status = "install failed" if type(o.error).__name__ == "EnvInstallError" else "failed"
-            label = _status(o.error) if o.error is not None and _status(o.error) != "failed" else status
+            label = (
+                node_status(o.error) if o.error is not None and node_status(o.error) != "failed" else status
+            )
             table.add_row(Text(o.node), Text(label, style="red"), "-", "-", "-", "-", f"{o.duration:.2f}s")
             continue
         table.add_row(
@@ -234,7 +235,7 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
                 Text(group.describe()),
             )
         ui.print_table(groups)
-    _fail_lines(ui, outcomes)
+    fail_lines(ui, outcomes)
     for o in outcomes:
         result = getattr(o.error, "result", None)
         if result is not None and hasattr(result, "tail") and type(o.error).__name__ == "EnvInstallError":
@@ -263,7 +264,7 @@ def _env_json(outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> dict[str, 
                 "name": o.node,
                 "ok": o.ok,
                 "duration": round(o.duration, 4),
-                "error": _error_dict(o.error),
+                "error": error_dict(o.error),
                 "kept_previous": getattr(o.error, "kept", None),
                 **(o.value.public_dict() if o.value else {}),
             }
@@ -284,7 +285,7 @@ def _code_json(outcomes: list[Outcome[Any]]) -> dict[str, Any]:
                 "name": o.node,
                 "ok": o.ok,
                 "duration": round(o.duration, 4),
-                "error": _error_dict(o.error),
+                "error": error_dict(o.error),
                 **(o.value.public_dict() if o.value is not None and hasattr(o.value, "public_dict") else {}),
             }
             for o in outcomes
@@ -299,10 +300,10 @@ def _code_human(settings: Settings, outcomes: list[Outcome[Any]]) -> None:
         table.add_column(column, overflow="fold")
     for o in outcomes:
         if o.value is None:
-            label = Text(_status(o.error) if o.error is not None else "failed", style="red")
+            label = Text(node_status(o.error) if o.error is not None else "failed", style="red")
         else:
             summary = o.value.summary() if hasattr(o.value, "summary") else "ok"
             label = Text(str(summary), style="green" if getattr(o.value, "unchanged", False) else "cyan")
         table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.print_table(table)
-    _fail_lines(ui, [o for o in outcomes if o.error is not None])
+    fail_lines(ui, [o for o in outcomes if o.error is not None])

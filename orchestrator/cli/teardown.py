@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from orchestrator.cli.main import Settings, _load, cli, common_options
+from orchestrator.cli.common import Settings, common_options, load_selection
 from orchestrator.errors import ExitCode
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option("--keep-time", is_flag=True, help="Leave the time configuration in place.")
 @click.option("--keep-firewall", is_flag=True, help="Leave the firewall rules in place.")
@@ -23,7 +23,7 @@ def teardown(ctx: click.Context, keep_time: bool, keep_firewall: bool) -> None:
     from orchestrator.cli.timesync import run_ntp
 
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     codes = []
     if not keep_firewall and inventory.cluster.firewall.manage:
         codes.append(run_firewall(settings, inventory, nodes, remove=True))

@@ -8,7 +8,14 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.main import Settings, _fail_lines, _interrupted, _load, _session, cli, common_options
+from orchestrator.cli.common import (
+    Settings,
+    common_options,
+    fail_lines,
+    interrupted,
+    load_selection,
+    open_session,
+)
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 
@@ -100,13 +107,13 @@ def print_time_report(settings: Settings, report: TimeReport, command: str) -> E
 
 
 def _problems(settings: Settings, report: TimeReport) -> None:
-    _fail_lines(settings.ui, report.outcomes)
+    fail_lines(settings.ui, report.outcomes)
     for o in report.outcomes:
         if o.value is not None and o.value.problem:
             settings.ui.error(f"node {o.node!r}: {o.value.problem}")
 
 
-@cli.command(name="ntp")
+@click.command(name="ntp")
 @common_options
 @click.option(
     "--restore", is_flag=True, help="Undo: put back the previous configuration, stop what we started."
@@ -139,7 +146,7 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
     they were (byte for byte) and stops the chronyd (or unit) this command started.
     """
     settings = Settings.from_context(ctx)
-    inventory, nodes = _load(settings)
+    inventory, nodes = load_selection(settings)
     code = run_ntp(
         settings,
         inventory,
@@ -164,7 +171,7 @@ def run_ntp(
     from orchestrator.steps.timesync import restore_time, sync_time
 
     ui = settings.ui
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     step = "ntp --restore" if restore else "ntp"
     try:
         with ui.progress([n.name for n in nodes], step) as on_event, session:
@@ -181,5 +188,5 @@ def run_ntp(
                     sync_timeout=sync_timeout,
                 )
     except KeyboardInterrupt:
-        _interrupted(ui)
+        interrupted(ui)
     return print_time_report(settings, report, step)

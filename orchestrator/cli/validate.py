@@ -9,15 +9,14 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.main import (
+from orchestrator.cli.common import (
     Settings,
-    _error_dict,
-    _fail_lines,
-    _interrupted,
-    _load,
-    _session,
-    cli,
     common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    open_session,
     templates_option,
 )
 from orchestrator.errors import ExitCode
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from orchestrator.render import LaunchSpec, Renderer
 
 
-@cli.command()
+@click.command()
 @common_options
 @click.option(
     "--timeout",
@@ -63,7 +62,7 @@ def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path
         size_list = parse_sizes(sizes)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
-    inventory, _ = _load(settings)
+    inventory, _ = load_selection(settings)
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
     ctx.exit(int(code))
 
@@ -97,7 +96,7 @@ def run_validate(
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
     require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
-    session = _session(settings, inventory, nodes)
+    session = open_session(settings, inventory, nodes)
     log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
 
@@ -121,12 +120,12 @@ def run_validate(
                 )
         except KeyboardInterrupt:
             log.close()
-            _interrupted(ui)
+            interrupted(ui)
         finally:
             log.close()
     unreachable = [o for o in result.plan.inspected if not o.ok]
     if unreachable:
-        _fail_lines(ui, unreachable)
+        fail_lines(ui, unreachable)
         return exit_code_for(result.plan.inspected)
     report = result.report
     problems = failure_summary(result)
@@ -140,7 +139,7 @@ def run_validate(
                 **report.public_dict(),
                 "problems": problems,
                 "nodes": [
-                    {"name": o.node, "ok": o.ok, "error": _error_dict(o.error)} for o in result.outcomes
+                    {"name": o.node, "ok": o.ok, "error": error_dict(o.error)} for o in result.outcomes
                 ],
                 "exit_code": int(code),
             }
@@ -295,10 +294,10 @@ def _validate_dry_run(
     timeout: float,
     sizes: tuple[int, ...],
 ) -> None:
-    from orchestrator.cli.main import _offline_specs
+    from orchestrator.cli.common import offline_specs
     from orchestrator.steps.validate import TEMPLATE
 
-    backend, specs = _offline_specs(settings.ui, inventory, run_id)
+    backend, specs = offline_specs(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
         settings,
         inventory,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.cli.main import failed_first
+from orchestrator.cli.launch import failed_first
 from orchestrator.errors import CancelledError, CommandFailedError
 from orchestrator.executor import Outcome
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.cli.main import _fail_lines
+from orchestrator.cli.common import fail_lines
 from orchestrator.cli.ui import UI
 from orchestrator.errors import ConnectError, HostKeyUnknownError
 from orchestrator.executor import Outcome
@@ -95,7 +95,7 @@ def test_the_unknown_key_block_names_each_offered_type(capsys: pytest.CaptureFix
         )
         return Outcome(node, None, error, 0.0)
 
-    _fail_lines(UI(color=False), [unknown("a", "ecdsa-sha2-nistp256"), unknown("b", "ssh-rsa")])
+    fail_lines(UI(color=False), [unknown("a", "ecdsa-sha2-nistp256"), unknown("b", "ssh-rsa")])
     err = capsys.readouterr().err
     assert "`ssh-keygen -lf /etc/ssh/ssh_host_ecdsa_key.pub` (for ecdsa-sha2-nistp256)" in err, err
     assert "`ssh-keygen -lf /etc/ssh/ssh_host_rsa_key.pub` (for ssh-rsa)" in err, err

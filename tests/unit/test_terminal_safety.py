@@ -166,9 +166,9 @@ def test_json_carries_node_text_exactly_and_no_raw_control(capsys: pytest.Captur
 
 def test_log_lines_quoting_a_node_are_neutralised() -> None:
     """-v / -vv: a WinRM fault's text or an SSH server's banner reaches the log lines."""
-    from orchestrator.cli.main import _NeutralFormatter
+    from orchestrator.cli.common import NeutralFormatter
 
     record = logging.LogRecord(
         "orchestrator", logging.INFO, __file__, 1, "n1: %s", ("\x1b]52;c;eA==\x07",), None
     )
-    assert _NeutralFormatter("%(levelname)s %(message)s").format(record) == "INFO n1: ^[]52;c;eA==^G"
+    assert NeutralFormatter("%(levelname)s %(message)s").format(record) == "INFO n1: ^[]52;c;eA==^G"

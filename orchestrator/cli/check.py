@@ -1,0 +1,308 @@
+"""`bootstrap check`, `facts` and `inventory`: what the nodes are, and whether they will train."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.common import (
+    Settings,
+    common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    node_status,
+    open_session,
+    print_plans,
+    refuse_native_mix,
+)
+from orchestrator.cli.ui import UI
+from orchestrator.errors import (
+    ExitCode,
+)
+from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.inventory import Inventory, Node
+from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
+
+
+@click.command()
+@common_options
+@click.pass_context
+def check(ctx: click.Context) -> None:
+    """Will this cluster train? Connect to every node, show what it is, and check it.
+
+    Checks, each ok / warn / fail per node with the reason and the fix: versions (torch, Python,
+    CUDA build identical; gloo really usable), backend (what auto picks and why), interface (the route
+    to the master, the 127.0.1.1 trap, overrides), reachability (master port free and reachable, full
+    mesh on ephemeral ports), clock (offset from the master), resources (GPUs, disk, Python).
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    ctx.exit(int(run_check(settings, inventory, nodes)))
+
+
+def run_check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitCode:
+    """The preflight with its report; returns the exit code it deserves."""
+    ui = settings.ui
+    refuse_native_mix(inventory)
+    from orchestrator.steps.preflight import preflight_facts, run_preflight
+
+    if settings.dry_run:
+        # the facts round trip; then `date` samples and the reachability probes (listeners, connects)
+        master = inventory.master_node
+        print_plans(
+            settings,
+            inventory,
+            nodes,
+            lambda node, t: [
+                facts_plan(node, t, preflight_facts(node, master), python=training_python(node, inventory))
+            ],
+        )
+        return ExitCode.OK
+
+    names = [n.name for n in nodes]
+    session = open_session(settings, inventory, nodes)  # asks for passwords before the live display starts
+    try:
+        with ui.progress(names, "check") as on_event, session:
+            session.executor.on_event = on_event
+            report = run_preflight(session, inventory)
+    except KeyboardInterrupt:
+        interrupted(ui)
+    outcomes = report.inspected
+    code = exit_code_for(outcomes)
+    if code == ExitCode.OK and report.failed:
+        code = ExitCode.NODES_FAILED
+    if settings.json_mode:
+        fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
+        ui.print_json(
+            {
+                "command": "check",
+                "inventory": inventory.public_dict(),
+                "backend": report.backend,
+                "backend_reason": report.backend_reason,
+                "versions": report.versions,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok and report.level(o.node) != "fail",
+                        "duration": round(o.duration, 4),
+                        "error": error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                        "checks": {
+                            name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
+                        },
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        return code
+    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    for o in outcomes:
+        if o.value is not None:
+            for key in o.value.recorded_host_keys:
+                ui.note(f"{o.node}: recorded host key {key}")
+            for fact, why in o.value.facts.errors.items():
+                ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
+    if report.verdicts:
+        ui.print_table(_checks_table(nodes, report))
+        if len({tuple(v.values()) for v in report.versions.values()}) > 1:
+            ui.print_table(_versions_table(report.versions))
+        _check_details(ui, nodes, report)
+    fail_lines(ui, outcomes)
+    reachable = sum(o.ok for o in outcomes)
+    failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
+    verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
+    ui.info(f"{reachable}/{len(outcomes)} nodes reachable, {failing} failing a check: {verdict}")
+    return code
+
+
+@click.command()
+@common_options
+@click.pass_context
+def facts(ctx: click.Context) -> None:
+    """Connect to every node and show what it is, checking nothing (like `ansible -m setup`)."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    ui = settings.ui
+    if settings.dry_run:
+        print_plans(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
+        return
+    session = open_session(settings, inventory, nodes)
+    try:
+        with ui.progress([n.name for n in nodes], "facts") as on_event, session:
+            session.executor.on_event = on_event
+            outcomes = session.map(inspect, step="facts", connect=False)
+    except KeyboardInterrupt:
+        interrupted(ui)
+    code = exit_code_for(outcomes)
+    fail_lines(ui, outcomes)
+    if settings.json_mode:
+        nodes_json = [
+            {
+                "name": o.node,
+                "ok": o.ok,
+                "duration": round(o.duration, 4),
+                "error": error_dict(o.error),
+                **(o.value.public_dict() if o.value else {}),
+            }
+            for o in outcomes
+        ]
+        ui.print_json({"command": "facts", "nodes": nodes_json, "exit_code": int(code)})
+        ctx.exit(int(code))
+    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")
+    ctx.exit(int(code))
+
+
+_LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}
+
+
+def _checks_table(nodes: list[Node], report: Any) -> Table:
+    from orchestrator.steps.preflight.model import CHECKS
+
+    table = Table(title=Text(f"preflight: backend {report.backend}"), title_justify="left")
+    table.add_column("node")
+    for check_name in CHECKS:
+        table.add_column(check_name)
+    for node in nodes:
+        checks = report.verdicts.get(node.name)
+        if checks is None:
+            table.add_row(Text(node.name), *[Text("-", style="dim")] * len(CHECKS))
+            continue
+        cells = []
+        for check_name in CHECKS:
+            verdict = checks.get(check_name)
+            label, style = _LEVEL_STYLE[verdict.level] if verdict else ("-", "dim")
+            cells.append(Text(label, style=style))
+        table.add_row(Text(node.name), *cells)
+    return table
+
+
+def _versions_table(versions: dict[str, dict[str, str | None]]) -> Table:
+    """Versions side by side when they differ: the first thing to fix."""
+    table = Table(title=Text("versions differ"), title_justify="left")
+    for column in ("node", "python", "torch", "cuda"):
+        table.add_column(column)
+    for node, v in versions.items():
+        table.add_row(Text(node), *(Text(v.get(k) or "-") for k in ("python", "torch", "cuda")))
+    return table
+
+
+def _check_details(ui: UI, nodes: list[Node], report: Any) -> None:
+    """Every verdict on one line under the table; problems first, with their fix."""
+    ui.info(f"backend: {report.backend_reason}")
+    for level in ("fail", "warn", "ok") if ui.verbose else ("fail", "warn"):
+        for node in nodes:
+            for name, verdict in report.verdicts.get(node.name, {}).items():
+                if verdict.level != level:
+                    continue
+                label, style = _LEVEL_STYLE[level]
+                line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {verdict.reason}")
+                if verdict.fix:
+                    line += Text(f" -> {verdict.fix}", style="dim" if level == "ok" else "")
+                ui.err.print(line) if level != "ok" else ui.err.print(line, style="dim")
+
+
+def _gib(value: int | None) -> str:
+    return f"{value / 2**30:.1f} GiB" if value else "-"
+
+
+def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[NodeFacts]]) -> Table:
+    table = Table(title=Text(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)"), title_justify="left")
+    for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
+        table.add_column(column, overflow="fold")
+    for node, outcome in zip(nodes, outcomes, strict=True):
+        master = " (master)" if node.name == inventory.cluster.master else ""
+        if outcome.value is None:
+            status = node_status(outcome.error) if outcome.error else "failed"
+            table.add_row(Text(node.name + master), Text(status, style="red"), *["-"] * 8)
+            continue
+        facts = outcome.value.facts
+        os_info, kernel = facts.get("os"), facts.get("kernel")
+        python, torch, gpus = facts.get("python"), facts.get("torch"), facts.get("gpus")
+        os_text = os_info.pretty_name if os_info else "?"
+        if kernel:
+            os_text += f" ({kernel.machine})"
+        windows, modes = facts.get("windows"), facts.get("modes")
+        if windows is not None:  # native: Windows itself; WSL mode: the distribution on it
+            build = f"{windows.build}" + (f".{windows.ubr}" if windows.ubr is not None else "")
+            shown = f"{windows.caption} (build {build})"
+            os_text = f"{os_text} in WSL on {shown}" if os_info else shown
+        if modes is not None:
+            os_text += "; modes: " + (", ".join(modes.modes) or "none")
+        torch_text = "-"
+        if python is None:
+            py_text = Text(f"{node.python or 'python3'} not found", style="yellow")
+        else:
+            py_text = Text(python.version)
+        if torch is not None:
+            if not torch.installed:
+                torch_text = "not installed"
+            elif torch.error:
+                torch_text = f"broken: {torch.error}"
+            else:
+                backends = ", ".join(b for b in ("gloo", "nccl") if getattr(torch, b)) or "no distributed"
+                cuda = f" cuda {torch.cuda_build}" if torch.cuda_build else ""
+                torch_text = f"{torch.version}{cuda} ({backends})"
+        gpu_text = "-"
+        if gpus is not None:
+            if gpus.error:
+                gpu_text = f"nvidia-smi failed: {gpus.error}"
+            elif gpus.gpus:
+                names = sorted({g.name for g in gpus.gpus})
+                gpu_text = f"{len(gpus.gpus)}x " + ", ".join(names)
+            else:
+                gpu_text = "none"
+        memory = facts.get("memory")
+        # data from nodes goes in as Text: rich would read "[gloo]" in a plain string as markup
+        table.add_row(
+            Text(node.name + master),
+            Text("ok", style="green"),
+            Text(outcome.value.via),
+            Text(str(facts.get("hostname") or "?")),
+            Text(os_text),
+            Text(str(facts.get("cpus") or "?")),
+            Text(_gib(memory.total_bytes if memory else None)),
+            py_text,
+            Text(torch_text),
+            Text(gpu_text),
+        )
+    return table
+
+
+@click.command(name="inventory")
+@common_options
+@click.pass_context
+def show_inventory(ctx: click.Context) -> None:
+    """Validate the inventory and show the nodes it defines (no connection is made)."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    if settings.json_mode:
+        settings.ui.print_json(inventory.public_dict())
+        return
+    table = Table(
+        title=Text(f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
+    )
+    for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "tags"):
+        table.add_column(column)
+    for node in nodes:
+        master = " (master)" if node.name == inventory.cluster.master else ""
+        cells = (
+            node.connection,
+            node.address,
+            node.user or "-",
+            node.os,
+            node.gpus,
+            node.nproc,
+            ",".join(node.tags),
+        )
+        table.add_row(Text(node.name + master), *(Text(str(c)) for c in cells))
+    settings.ui.print_table(table)
+    c = inventory.cluster
+    settings.ui.print_text(f"master {c.master}, rendezvous port {c.port}, backend {c.backend}")

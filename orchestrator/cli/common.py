@@ -1,0 +1,374 @@
+"""What every command shares: the common options and Settings, loading the inventory, opening the
+session, and the few ways a failure is shown. Imports nothing else of cli/ but ui and neutralise."""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from orchestrator.cli.neutralise import neutralise
+from orchestrator.cli.ui import UI
+from orchestrator.errors import (
+    BootstrapError,
+    ExitCode,
+    HostKeyUnknownError,
+    SecretMissingError,
+    Terminated,
+)
+from orchestrator.executor import Outcome
+from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
+from orchestrator.render import LaunchSpec
+from orchestrator.resources import default_inventory
+from orchestrator.session import Session
+from orchestrator.steps.inspect import training_python
+from orchestrator.transports import Result, SSHOptions, Transport
+from orchestrator.transports.known_hosts import compare_command
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+T = TypeVar("T")
+
+
+log = logging.getLogger("orchestrator")
+
+
+def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    obj = ctx.find_root().ensure_object(dict)
+    sources = obj.setdefault("_sources", {})
+    if value is None or value is False or value == () or value == 0:
+        obj.setdefault(param.name, value)
+        return
+    assert param.name is not None
+    source = ctx.get_parameter_source(param.name)
+    # a value typed on the command line (before or after the subcommand) beats one that came from
+    # an environment variable such as $BOOTSTRAP_INVENTORY, wherever click read that from
+    if source != click.core.ParameterSource.COMMANDLINE and sources.get(param.name) == "cli":
+        return
+    sources[param.name] = "cli" if source == click.core.ParameterSource.COMMANDLINE else "env"
+    if param.name == "nodes":
+        obj["nodes"] = tuple(obj.get("nodes") or ()) + tuple(value)
+    else:
+        obj[param.name] = value
+
+
+def common_options(fn: F) -> F:
+    options = [
+        click.option(
+            "-i",
+            "--inventory",
+            type=click.Path(dir_okay=False, path_type=Path),
+            envvar="BOOTSTRAP_INVENTORY",
+            help="Inventory file: our own YAML format or an Ansible YAML inventory. "
+            "Default: $BOOTSTRAP_INVENTORY, else the embedded inventory/local.yaml (this machine only).",
+        ),
+        click.option(
+            "--nodes",
+            "-n",
+            multiple=True,
+            help="Only these nodes: names, globs (gpu-*), tag:NAME; comma-separated or repeated.",
+        ),
+        click.option(
+            "--json", "json_mode", is_flag=True, default=None, help="Print one JSON document on stdout."
+        ),
+        click.option("--dry-run", is_flag=True, default=None, help="Show every command, run nothing."),
+        click.option("-v", "--verbose", count=True, help="More detail (-vv: SSH protocol debug)."),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            default=None,
+            help="Trust and record host keys seen for the first time. Changed keys are always refused.",
+        ),
+        click.option(
+            "--known-hosts",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="known_hosts file to verify against (default: ssh config, else ~/.ssh/known_hosts).",
+        ),
+        click.option(
+            "--ssh-config",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="OpenSSH client config to honour (default: ~/.ssh/config).",
+        ),
+        click.option(
+            "--connect-timeout", type=click.FloatRange(min=0.1), help="Seconds to wait for a connection (10)."
+        ),
+        click.option("--forks", type=click.IntRange(min=1), help="Nodes worked on at once (64)."),
+        click.option("--no-color", is_flag=True, default=None, help="No colours (also: NO_COLOR=1)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    # every option is collected by _store; none reaches the function as an argument
+    for param in getattr(fn, "__click_params__", []):
+        if param.name in _COMMON:
+            param.callback = _store
+            param.expose_value = False
+    return fn
+
+
+_COMMON = {
+    "inventory",
+    "nodes",
+    "json_mode",
+    "dry_run",
+    "verbose",
+    "accept_new_host_keys",
+    "known_hosts",
+    "ssh_config",
+    "connect_timeout",
+    "forks",
+    "no_color",
+}
+
+
+@dataclass
+class Settings:
+    inventory: Path | None = None
+    nodes: tuple[str, ...] = ()
+    json_mode: bool = False
+    dry_run: bool = False
+    verbose: int = 0
+    accept_new_host_keys: bool = False
+    known_hosts: Path | None = None
+    ssh_config: Path | None = None
+    connect_timeout: float | None = None  # None: ssh config ConnectTimeout, else 10 s
+    forks: int = 64
+    no_color: bool = False
+    ui: UI = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ui = UI(json_mode=self.json_mode, verbose=self.verbose, color=False if self.no_color else None)
+
+    @classmethod
+    def from_context(cls, ctx: click.Context) -> Settings:
+        obj = ctx.find_root().ensure_object(dict)
+        known = {k: v for k, v in obj.items() if k in _COMMON and v not in (None, ())}
+        settings = cls(**known)
+        _configure_logging(settings.verbose)
+        return settings
+
+    def ssh_options(self, *, accept_new: bool | None = None) -> SSHOptions:
+        return SSHOptions(
+            known_hosts=self.known_hosts,
+            accept_new_host_keys=self.accept_new_host_keys if accept_new is None else accept_new,
+            connect_timeout=self.connect_timeout,
+            ssh_config=self.ssh_config,
+        )
+
+
+class NeutralFormatter(logging.Formatter):
+    """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
+    other node text shown (cli/neutralise.py); newlines of tracebacks kept."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return neutralise(super().format(record))
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(NeutralFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
+    # paramiko's own chatter only with -vv: it would bury our messages
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if verbose >= 2 else logging.CRITICAL)
+    for noisy in ("invoke", "fabric"):  # configuration dumps, not what a user debugs
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def load_selection(settings: Settings) -> tuple[Inventory, list[Node]]:
+    path = settings.inventory
+    if path is None:
+        path = default_inventory()
+        if not settings.json_mode:
+            settings.ui.note(
+                f"using the embedded default inventory ({path.name}: this machine only); "
+                "pass --inventory FILE for a cluster"
+            )
+    inventory = load_inventory(path)
+    for note in inventory.notes:
+        settings.ui.note(f"note: {note}")
+    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
+    return inventory, nodes
+
+
+def _prompt(text: str) -> str:
+    return getpass.getpass(text)
+
+
+def _passwords(settings: Settings, nodes: list[Node]) -> PasswordResolver:
+    """Ask for every needed password before parallel work starts (one prompt per distinct secret)."""
+    interactive = sys.stdin.isatty() and not settings.dry_run
+    resolver = PasswordResolver(prompt=_prompt if interactive else None)
+    if interactive:
+        for node in nodes:
+            try:
+                resolver.password_for(node)
+            except SecretMissingError:
+                pass  # the node fails with this error when it connects; the others go on
+    return resolver
+
+
+def open_session(
+    settings: Settings, inventory: Inventory, nodes: list[Node], on_event: Any = None
+) -> Session:
+    return Session(
+        inventory,
+        nodes,
+        ssh=settings.ssh_options(),
+        passwords=_passwords(settings, nodes),
+        on_event=on_event,
+        max_workers=settings.forks,
+    )
+
+
+_STATUS = {
+    "UnreachableError": "unreachable",
+    "AuthenticationError": "auth failed",
+    "HostKeyUnknownError": "unknown host key",
+    "HostKeyChangedError": "HOST KEY CHANGED",
+    "HostKeyRevokedError": "HOST KEY REVOKED",
+    "SecretMissingError": "no password",
+    "CancelledError": "cancelled",
+    "CommandTimeoutError": "timeout",
+    "SudoPasswordRequiredError": "sudo refused",
+    "ConnectError": "connection failed",
+}
+
+
+def node_status(error: BootstrapError) -> str:
+    """A few words for a summary table cell; the full message follows the table."""
+    return _STATUS.get(type(error).__name__, "failed")
+
+
+def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
+    """One line per failed node; unknown host keys as one block, since they need one decision."""
+    unknown: list[HostKeyUnknownError] = []
+    for outcome in outcomes:
+        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
+            unknown.append(outcome.error)
+        elif outcome.error is not None:
+            ui.error(str(outcome.error))
+    if not unknown:
+        return
+    files = sorted({e.known_hosts for e in unknown})
+    ui.error(f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
+    width = max(len(e.node or "") for e in unknown)
+    for e in unknown:
+        ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
+    # the command for the key type each node actually offered
+    commands = {e.key_type: compare_command(e.key_type) for e in unknown}
+    how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
+    ui.info(
+        f"Compare each fingerprint with {how} run on that node, "
+        "then rerun with --accept-new-host-keys to record them."
+    )
+
+
+def error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"type": type(error).__name__, "message": error.message, "hint": error.hint}
+
+
+def result_dict(outcome: Outcome[Any]) -> dict[str, Any]:
+    """A command's output for --json, also when it failed after producing some (timeout, sudo)."""
+    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
+    if isinstance(result, Result):
+        return result.public_dict()
+    return {"exit_code": None, "duration": round(outcome.duration, 4)}
+
+
+def print_plans(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    plan: Callable[[Node, Transport], list[str]],
+) -> None:
+    """Print what would run on each node without connecting anywhere."""
+    session = Session(
+        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
+    )
+    planned = []
+    for node in nodes:
+        transport = session.transport(node)
+        commands = [transport.plan(script) for script in plan(node, transport)]
+        planned.append({"name": node.name, "via": transport.describe(), "commands": commands})
+    if settings.json_mode:
+        settings.ui.print_json({"dry_run": True, "nodes": planned})
+        return
+    for entry in planned:
+        how = (
+            " (each script reaches /bin/sh base64-encoded through the login shell)"
+            if entry["via"] != "local"
+            else ""
+        )
+        settings.ui.print_text(f"# {entry['name']} ({entry['via']}): would run{how}")
+        for command in entry["commands"]:
+            settings.ui.print_text(command)
+        settings.ui.print_text("")
+
+
+def again(settings: Settings, command: str, run_id: str) -> str:
+    """The command line a user types next for this run (same inventory)."""
+    inventory = f" -i {shlex.quote(str(settings.inventory))}" if settings.inventory else ""
+    return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
+
+
+def interrupted(ui: UI) -> None:
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled."""
+    terminated = isinstance(sys.exc_info()[1], Terminated)
+    what = "terminated (SIGTERM)" if terminated else "interrupted"
+    ui.error(f"{what}: connections closed, commands still running on the nodes were stopped")
+    raise SystemExit(int(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED))
+
+
+def templates_option(which: str = "searched before the shipped templates") -> Callable[[F], F]:
+    """``--templates DIR`` of render, launch and validate."""
+    return click.option(
+        "--templates",
+        "templates_dir",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help=f"Your template directory, {which} (default: the inventory's cluster.train.templates).",
+    )
+
+
+def refuse_native_mix(inventory: Inventory) -> None:
+    """Native Windows nodes beside Linux or WSL ones cannot train together: a UsageError (exit 2),
+    decided from the inventory (not from --nodes or who answers), before connecting."""
+    from orchestrator.steps.preflight.checks import refuse_native_mix
+
+    refuse_native_mix(inventory)
+
+
+def offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[LaunchSpec]]:
+    """Every node's launch plan from the inventory alone (render --offline, --dry-run): interfaces
+    only as the inventory names them; backend auto taken as gloo."""
+    from orchestrator.render import plan_launch
+
+    all_nodes = list(inventory.nodes)
+    backend: str = inventory.cluster.backend
+    if backend == "auto":
+        backend = "gloo"
+        ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
+    pythons = {n.name: training_python(n, inventory) for n in all_nodes}
+    for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
+        if n.os == "windows" and n.windows.mode == "native" and not n.python:
+            pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
+    master_addr = "127.0.0.1" if len(all_nodes) == 1 else inventory.master_node.host
+    specs = plan_launch(
+        inventory,
+        backend=backend,
+        master_addr=master_addr,
+        run_id=run_id,
+        interfaces={},
+        cpus={},
+        pythons=pythons,
+    )
+    return backend, list(specs)

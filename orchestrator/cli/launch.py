@@ -1,0 +1,340 @@
+"""`bootstrap render` and `bootstrap launch`: each node's launch script, and training on every node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.common import (
+    Settings,
+    again,
+    common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    offline_specs,
+    open_session,
+    refuse_native_mix,
+    result_dict,
+    templates_option,
+)
+from orchestrator.errors import (
+    CancelledError,
+    ConnectError,
+    RunStoppedError,
+)
+from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.inventory import Inventory
+from orchestrator.logs import RunLog
+from orchestrator.platforms import PowerShell, platform_for_node
+from orchestrator.safefiles import write_inside
+from orchestrator.session import Session
+from orchestrator.transports import Result
+
+T = TypeVar("T")
+
+
+@click.command()
+@common_options
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Write <node>.sh files here."
+)
+@templates_option()
+@click.option("--offline", is_flag=True, help="Connect to nothing: interfaces only from the inventory.")
+@click.option("--run-id", help="Rendezvous id / run name (default: <cluster>-<time>).")
+@click.pass_context
+def render(
+    ctx: click.Context, out_dir: Path | None, templates_dir: Path | None, offline: bool, run_id: str | None
+) -> None:
+    """Show each node's exact launch script (torchrun with its rendezvous, interface and environment).
+
+    The interface and the address peers reach each node at come from the route to the master, found
+    on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
+    secret-looking variables; files written with --out are complete and run by hand on each node.
+    """
+    import time as _time
+
+    from orchestrator.render import Renderer, render_all, templates_dir_for
+    from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
+
+    settings = Settings.from_context(ctx)
+    inventory, selected = load_selection(settings)
+    ui = settings.ui
+    run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
+    if offline or settings.dry_run:
+        backend, specs = offline_specs(ui, inventory, run_id)
+    else:
+        session = open_session(settings, inventory, all_nodes)
+        with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
+            session.executor.on_event = on_event
+            launch_plan = plan(session, inventory, run_id)
+        failed = [o for o in launch_plan.inspected if not o.ok]
+        if failed:
+            fail_lines(ui, failed)
+            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+        for warning in launch_plan.warnings:
+            ui.warn(warning)
+        backend = launch_plan.backend
+        ui.note(f"backend: {launch_plan.backend_reason}")
+        specs = launch_plan.specs
+    # WSL-mode Windows nodes render the Linux torchrun script (it runs inside the distribution)
+    platforms = {n.name: platform_for_node(n) for n in all_nodes}
+    shown = {n.name for n in selected}
+    specs = [s for s in specs if s.node.name in shown]
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in render_all(renderer, specs, platforms, mask=False).items():
+            platform = platforms[name]
+            if isinstance(platform, PowerShell):  # UTF-8 with BOM: Windows PowerShell 5.1 needs it
+                data, file_name = platform.script_file(text), f"{name}.ps1"
+            else:
+                data, file_name = text.encode("utf-8"), f"{name}.sh"
+            # may hold the run's environment: owner only; inside out_dir whatever the name, no link followed
+            path = write_inside(out_dir, file_name, data, mode=0o700)
+            ui.info(f"wrote {path}")
+        if any(not isinstance(platforms[s.node.name], PowerShell) for s in specs):
+            # the POSIX scripts start every rank through it, from their own directory
+            path = write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)
+            ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+    scripts = render_all(renderer, specs, platforms, mask=True)
+    if settings.json_mode:
+        ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
+        return
+    if out_dir is None:
+        for name, text in scripts.items():
+            ui.print_text(f"# ---- {name} ----")
+            ui.print_text(text)
+
+
+@click.command()
+@common_options
+@click.option("--run-id", help="Run name (default: <cluster>-<time>); also the elastic rendezvous id.")
+@templates_option()
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Start every node's launcher in the background (it survives this command and the "
+    "connection), print the run id and exit; follow with `logs --run RUN --follow`.",
+)
+@click.pass_context
+def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, detach: bool) -> None:
+    """Start training on every node and stream every rank's output as `[node:rank] line`.
+
+    Renders each node's torchrun script (see `render`), uploads it with the training script, runs all
+    nodes at once. When one node fails, the others are stopped; the summary names it first with its
+    exit code and last lines. Output is kept in runs/<run-id>/<node>.log here and beside the script
+    on each node. Exit code 0 only when every node succeeded.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, _ = load_selection(settings)
+    run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
+
+
+def run_launch(
+    ctx: click.Context,
+    settings: Settings,
+    inventory: Inventory,
+    *,
+    run_id: str | None,
+    templates_dir: Path | None,
+    detach: bool = False,
+) -> None:
+    from orchestrator.cli.ui import RankedOutput
+    from orchestrator.render import Renderer, require_secrets, templates_dir_for
+    from orchestrator.steps.launch import failure_tail, plan, root_cause, run_node
+
+    ui = settings.ui
+    refuse_native_mix(inventory)
+    if settings.nodes:
+        ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
+    nodes = list(inventory.nodes)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    if settings.dry_run:
+        _launch_dry_run(
+            settings, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach
+        )
+        return
+    require_secrets(inventory)  # train.env from_env: exit 2 before connecting
+    from orchestrator.steps.runs import claim_run_id, pick_run_id
+
+    # a run id names one run: a new one unless the user named it (then refused when it exists)
+    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    session = open_session(settings, inventory, nodes)
+    with session:
+        with ui.progress([n.name for n in nodes], "plan") as on_event:
+            session.executor.on_event = on_event
+            launch_plan = plan(session, inventory, run_id)
+        session.executor.on_event = None
+        unreachable = [o for o in launch_plan.inspected if not o.ok]
+        if unreachable:
+            fail_lines(ui, unreachable)
+            ui.error("not launching: every node must be reachable")
+            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+        for warning in launch_plan.warnings:
+            ui.warn(warning)
+        backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
+        ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
+        specs = {s.node.name: s for s in launch_plan.specs}
+        from orchestrator.steps.runs import rank_labels, write_record
+
+        write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
+        if detach:
+            from orchestrator.cli.runs import start_detached
+
+            start_detached(ctx, settings, session, launch_plan.specs, renderer, run_id)  # exits
+        log = RunLog(Path("runs") / run_id)
+        printer = ui.line_printer([n.name for n in nodes])
+
+        # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
+        labels = rank_labels(inventory)
+        outputs = {
+            node.name: RankedOutput(
+                node.name,
+                log,
+                None if settings.json_mode else printer,
+                first_rank=labels[node.name][0],
+                nproc=labels[node.name][1],
+            )
+            for node in nodes
+        }
+
+        started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
+        try:
+            outcomes = session.map(
+                lambda node, t: run_node(
+                    node, t, specs[node.name], renderer=renderer, output=outputs[node.name], started=started
+                ),
+                step="train",
+                fail_fast=True,
+            )
+        except KeyboardInterrupt:
+            log.close()
+            sweep_run(settings, session, run_id, started)
+            interrupted(ui)
+        finally:
+            log.close()
+    failed, stopped = failed_first(outcomes)
+    if stopped:
+        # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the
+        # sweep would only wait for its connect timeout
+        lost = {o.node for o in outcomes if isinstance(o.error, ConnectError)}
+        for name in sorted(lost & started):
+            settings.ui.note(
+                f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
+                f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
+            )
+        sweep_run(settings, session, run_id, started - lost)
+    code = exit_code_for(outcomes)
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "launch",
+                "run_id": run_id,
+                "backend": launch_plan.backend,
+                "nodes": [
+                    {"name": o.node, "ok": o.ok, "error": error_dict(o.error), **result_dict(o)}
+                    for o in outcomes
+                ],
+                "log_dir": str(log.directory),
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"run {run_id}"), title_justify="left")
+    for column in ("node", "result", "time"):
+        table.add_column(column)
+    ordered = failed + [o for o in outcomes if o not in failed]
+    for o in ordered:
+        if o.error is None:
+            label = Text("ok", style="green")
+        elif o in failed:
+            result = getattr(o.error, "result", None)
+            exit_text = "failed"
+            if isinstance(result, Result) and result.exit_code is not None:
+                cause = root_cause(result)  # torchrun exits 1 whatever the rank did: show the rank's code
+                exit_text = f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
+            label = Text(exit_text, style="red bold")
+        elif isinstance(o.error, RunStoppedError):
+            label = Text("stopped by stop --run", style="yellow")
+        else:
+            label = Text("stopped", style="yellow")
+        table.add_row(Text(o.node), label, f"{o.duration:.1f}s")
+    ui.err.print(table)
+    for o in failed:
+        ui.error(str(o.error))
+        result = getattr(o.error, "result", None)
+        if isinstance(result, Result):
+            for line in failure_tail(result):
+                ui.info(f"  {o.node} | {line}")
+    if stopped and failed:
+        ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
+    ui.note(f"logs: {log.directory}/ (and runs/{run_id}/<node>/node.log under each node's workdir)")
+    ctx.exit(int(code))
+
+
+def _launch_dry_run(
+    settings: Settings, inventory: Inventory, run_id: str, renderer: Any, *, detach: bool
+) -> None:
+    """Per node: what would be uploaded where, the launch script (secrets masked) and the exact text
+    its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
+    finds them on the nodes, as `render` without --offline shows)."""
+    from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+
+    backend, specs = offline_specs(settings.ui, inventory, run_id)
+    # detached: the start script, which starts launch.sh in a session of its own and returns
+    planned = dry_run_nodes(settings, inventory, specs, renderer, detach=detach)
+    how = "detached (outliving the connection)" if detach else "in the foreground"
+    print_dry_run(settings, "launch", run_id, backend, planned, how=how)
+
+
+def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
+    """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
+    others often fail moments after the first ("Connection closed by peer"), before the stop
+    reaches them: the cause is the earliest, whatever its place in the inventory."""
+    failed = sorted(
+        (o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)),
+        key=lambda o: o.finished,
+    )
+    return failed, [o for o in outcomes if isinstance(o.error, CancelledError)]
+
+
+def sweep_run(settings: Settings, session: Session, run_id: str, started: set[str]) -> None:
+    """After a foreground run was cut short (Ctrl-C, or fail fast stopping the others): stop every
+    process of the run still on a node, found by the run's marker as `bootstrap stop` does.
+
+    Closing a node's connection stops the launcher's process group (TERM, KILL 5 s later) but
+    torchrun starts its workers in sessions of their own: a worker that takes longer than that to
+    handle TERM, or whose torchrun was killed before it could pass TERM on (a local node's group
+    is killed at once), would be left training. The sweep runs on new connections, in parallel,
+    with the same 5 s grace, on the nodes in ``started`` only: a node that refused the run id (it
+    ran before there) holds another run's processes under that id."""
+    from orchestrator.steps.runs import stop_node
+
+    ui = settings.ui
+    nodes = [n for n in session.nodes if n.name in started]
+    if not nodes:
+        return
+    stop = again(settings, "stop", run_id)
+    try:
+        with session.reopened() as fresh:
+            outcomes = fresh.map(
+                lambda node, t: stop_node(node, t, run_id, grace=5.0), step="sweep", nodes=nodes
+            )
+    except KeyboardInterrupt:
+        ui.warn(f"not checked for processes left running: run `{stop}`")
+        return
+    for o in outcomes:
+        if o.error is not None:
+            ui.warn(
+                f"{o.node}: not checked for processes of the run left running ({o.error}): "
+                f"run `{stop}` when it is reachable"
+            )
+        elif o.value is not None and o.value.state == "stopped":
+            ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")

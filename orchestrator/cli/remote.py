@@ -1,0 +1,278 @@
+"""`bootstrap run` (a shell command on every node) and `bootstrap keys` (first contact, ssh-copy-id)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.common import (
+    Settings,
+    common_options,
+    error_dict,
+    fail_lines,
+    interrupted,
+    load_selection,
+    node_status,
+    open_session,
+    print_plans,
+    result_dict,
+)
+from orchestrator.cli.ui import PrefixedOutput
+from orchestrator.errors import (
+    CommandTimeoutError,
+    SecretMissingError,
+    SudoPasswordRequiredError,
+    UsageError,
+)
+from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.inventory import Node, PasswordResolver
+from orchestrator.logs import RunLog, new_run_id, state_dir
+from orchestrator.platforms import PosixShell, check_env_name
+from orchestrator.session import Session
+from orchestrator.transports import Result, Transport
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@common_options
+@click.option("--timeout", type=click.FloatRange(min=0.1), help="Seconds before the command is cut off.")
+@click.option("-b", "--become", is_flag=True, help="Run as root (sudo -n for other users).")
+@click.option("--cwd", help="Working directory on the nodes.")
+@click.option(
+    "-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeatable)."
+)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def run(
+    ctx: click.Context,
+    timeout: float | None,
+    become: bool,
+    cwd: str | None,
+    env_pairs: tuple[str, ...],
+    command: tuple[str, ...],
+) -> None:
+    """Run a shell command on every node; output streams live as `[node] line`.
+
+    Like `ssh host CMD`, the words are joined and read by the node's shell: quote what should not
+    expand locally, e.g. bootstrap run -- 'echo $HOSTNAME'.
+    """
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    ui = settings.ui
+    env = _parse_env(env_pairs)
+    text = " ".join(command)
+    if settings.dry_run:
+        print_plans(
+            settings,
+            inventory,
+            nodes,
+            lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
+        )
+        return
+    run_log = RunLog(state_dir() / "runs" / new_run_id("run"))
+    printer = ui.line_printer([n.name for n in nodes])
+
+    def one(node: Node, transport: Transport) -> Result:
+        output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
+        result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=output, become=become)
+        platform = transport.platform
+        if (
+            become
+            and not result.ok
+            and isinstance(platform, PosixShell)
+            and platform.sudo_refused(result.stderr)
+        ):
+            raise SudoPasswordRequiredError(
+                "sudo needs a password here, and bootstrap never types one",
+                node=node.name,
+                hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
+                "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
+                result=result,
+            )
+        if result.timed_out:
+            raise CommandTimeoutError(
+                f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
+            )
+        return result
+
+    try:
+        with open_session(settings, inventory, nodes) as session:
+            outcomes = session.map(one, step="run")
+    except KeyboardInterrupt:
+        interrupted(ui)
+    finally:
+        run_log.close()
+
+    def failed(o: Outcome[Any]) -> bool:
+        return o.value is not None and not o.value.ok
+
+    code = exit_code_for(outcomes, failed)
+    if settings.json_mode:
+        fail_lines(ui, outcomes)
+        ui.print_json(
+            {
+                "command": "run",
+                "shell": text,
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok and not failed(o),
+                        "error": error_dict(o.error),
+                        **result_dict(o),
+                    }
+                    for o in outcomes
+                ],
+                "log_dir": str(run_log.directory),
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title="run summary", title_justify="left")
+    for column in ("node", "result", "time"):
+        table.add_column(column)
+    for o in outcomes:
+        if o.error is not None:
+            label = Text(node_status(o.error), style="red")
+        elif o.value is not None and o.value.ok:
+            label = Text("ok", style="green")
+        else:
+            label = Text(f"exit {o.value.exit_code if o.value else '?'}", style="red")
+        table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
+    ui.err.print(table)
+    fail_lines(ui, outcomes)
+    if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
+        ui.note(f"output kept in {run_log.directory}")
+    ctx.exit(int(code))
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+        try:
+            env[check_env_name(name)] = value
+        except ValueError as exc:
+            raise UsageError(f"--env {pair!r}: {exc}") from None
+    return env
+
+
+@click.command()
+@common_options
+@click.option(
+    "--key", "key_path", default="~/.ssh/id_ed25519", show_default=True, help="Controller key to install."
+)
+@click.pass_context
+def keys(ctx: click.Context, key_path: str) -> None:
+    """First contact: install your public key on nodes that accept only a password (ssh-copy-id).
+
+    Creates the key when missing, installs it once, then proves that key login works with that key
+    alone. Host keys are verified as everywhere: on first contact the run stops showing each new
+    fingerprint; compare them with the nodes' and rerun with --accept-new-host-keys, before any
+    password is sent. Passwords come from each node's password_env, or one prompt shared by all nodes.
+    """
+    from orchestrator.steps.keys import KeyInstall, ensure_controller_key, install_key
+
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    ui = settings.ui
+    ssh_nodes = [n for n in nodes if n.connection == "ssh"]
+    skipped = [n.name for n in nodes if n.connection != "ssh"]
+    if skipped:
+        ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
+    if settings.dry_run:
+        public = os.path.expanduser(key_path) + ".pub"
+        print_plans(
+            settings,
+            inventory,
+            ssh_nodes,
+            lambda node, t: [t.platform.wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))],
+        )
+        return
+    key = ensure_controller_key(key_path)
+    if key.generated:
+        ui.info(f"generated a new key pair: {key.private} (+ .pub)")
+    interactive = sys.stdin.isatty()
+    shared: dict[str, str] = {}
+
+    def prompt(text: str) -> str:
+        return getpass.getpass(text)
+
+    resolver = PasswordResolver(prompt=prompt if interactive else None)
+    # Nodes with no password setting share one prompt, like ssh-copy-id run in a loop.
+    fallback_needed = [n for n in ssh_nodes if not n.password_env and not n.password_prompt]
+    if fallback_needed and interactive:
+        shared["password"] = getpass.getpass("SSH password for the nodes (used once, never stored): ")
+
+    class _KeysResolver(PasswordResolver):
+        def password_for(self, node: Node) -> str | None:
+            if node.password_env or node.password_prompt:
+                return resolver.password_for(node)
+            if "password" not in shared:
+                raise SecretMissingError(
+                    "`bootstrap keys` logs in with the node's password, and none is available",
+                    node=node.name,
+                    hint="set password_env: VAR on the node (and export VAR), "
+                    "or run from a terminal to be asked",
+                )
+            return shared["password"]
+
+    # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
+    session = Session(
+        inventory,
+        ssh_nodes,
+        ssh=settings.ssh_options(),
+        passwords=_KeysResolver(prompt=None),
+        max_workers=settings.forks,
+    )
+    check_options = settings.ssh_options(accept_new=False)
+    try:
+        with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
+            session.executor.on_event = on_event
+            with session:
+                outcomes = session.map(lambda n, t: install_key(n, t, key, check_options), step="keys")
+    except KeyboardInterrupt:
+        interrupted(ui)
+    code = exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)
+    if settings.json_mode:
+        fail_lines(ui, outcomes)
+        ui.print_json(
+            {
+                "command": "keys",
+                "key": str(key.private),
+                "nodes": [
+                    {
+                        "name": o.node,
+                        "ok": o.ok,
+                        "error": error_dict(o.error),
+                        **(o.value.public_dict() if o.value else {}),
+                    }
+                    for o in outcomes
+                ],
+                "exit_code": int(code),
+            }
+        )
+        ctx.exit(int(code))
+    table = Table(title=Text(f"key {key.private}"), title_justify="left")
+    for column in ("node", "key", "key login", "host key recorded"):
+        table.add_column(column)
+    for o in outcomes:
+        value: KeyInstall | None = o.value
+        if value is None:
+            table.add_row(Text(o.node), Text("failed", style="red"), "-", "-")
+            continue
+        table.add_row(
+            Text(o.node),
+            Text(value.status),
+            Text("verified", style="green") if value.verified else Text("FAILED", style="red"),
+            Text("\n".join(value.recorded_host_keys) or "already known"),
+        )
+    ui.print_table(table)
+    fail_lines(ui, outcomes)
+    ctx.exit(int(code))
