@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -93,6 +94,13 @@ class Session:
 
         chosen = self.nodes if nodes is None else nodes
         return self.executor.map(chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
+
+    def subset(self, nodes: list[Node]) -> Session:
+        """This session over fewer nodes: the same connections, memo and executor (the main pipeline's
+        one session, handed to a phase that works on the selected nodes only). Closing it closes them all."""
+        view = copy.copy(self)
+        view.nodes = nodes
+        return view
 
     def reopened(self) -> Session:
         """A new session over the same nodes and credentials (no new prompt): for work after this

@@ -17,6 +17,7 @@ from orchestrator.cli.common import (
     load_selection,
     node_status,
     open_session,
+    phase_session,
     print_plans,
     refuse_native_mix,
 )
@@ -26,6 +27,7 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.session import Session
 from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
 
 
@@ -45,7 +47,9 @@ def check(ctx: click.Context) -> None:
     ctx.exit(int(run_check(settings, inventory, nodes)))
 
 
-def run_check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitCode:
+def run_check(
+    settings: Settings, inventory: Inventory, nodes: list[Node], *, session: Session | None = None
+) -> ExitCode:
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
     refuse_native_mix(inventory)
@@ -65,11 +69,14 @@ def run_check(settings: Settings, inventory: Inventory, nodes: list[Node]) -> Ex
         return ExitCode.OK
 
     names = [n.name for n in nodes]
-    session = open_session(settings, inventory, nodes)  # asks for passwords before the live display starts
     try:
-        with ui.progress(names, "check") as on_event, session:
-            session.executor.on_event = on_event
-            report = run_preflight(session, inventory)
+        # a session of its own asks for passwords before the live display starts
+        with (
+            phase_session(settings, inventory, nodes, session) as on,
+            ui.progress(names, "check") as on_event,
+        ):
+            on.executor.on_event = on_event
+            report = run_preflight(on, inventory)
     except KeyboardInterrupt:
         interrupted(ui)
     outcomes = report.inspected

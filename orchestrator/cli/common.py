@@ -7,7 +7,8 @@ import getpass
 import logging
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -213,6 +214,19 @@ def _passwords(settings: Settings, nodes: list[Node]) -> PasswordResolver:
             except SecretMissingError:
                 pass  # the node fails with this error when it connects; the others go on
     return resolver
+
+
+@contextmanager
+def phase_session(
+    settings: Settings, inventory: Inventory, nodes: list[Node], shared: Session | None
+) -> Iterator[Session]:
+    """The main pipeline's one session narrowed to ``nodes`` (left open: the next phase uses it); else
+    a session of the command's own, closed when the command is done."""
+    if shared is not None:
+        yield shared.subset(nodes)
+        return
+    with open_session(settings, inventory, nodes) as own:
+        yield own
 
 
 def open_session(

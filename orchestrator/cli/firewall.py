@@ -17,11 +17,12 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     node_status,
-    open_session,
+    phase_session,
 )
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.session import Session
 from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
 
 
@@ -47,17 +48,26 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     ctx.exit(int(run_firewall(settings, inventory, selected, remove=remove)))
 
 
-def run_firewall(settings: Settings, inventory: Inventory, selected: list[Node], *, remove: bool) -> ExitCode:
+def run_firewall(
+    settings: Settings,
+    inventory: Inventory,
+    selected: list[Node],
+    *,
+    remove: bool,
+    session: Session | None = None,
+) -> ExitCode:
     """The firewall phase (also a step of the main pipeline and of teardown); its exit code."""
     ui = settings.ui
     # every node is asked for its cluster address (the peer set), the selected ones are changed
     probed = selected if remove else list(inventory.nodes)
-    session = open_session(settings, inventory, probed)
     step = remove_firewall if remove else apply_firewall
     try:
-        with ui.progress([n.name for n in probed], "firewall") as on_event, session:
-            session.executor.on_event = on_event
-            run: FirewallRun = step(session, inventory, selected, dry_run=settings.dry_run)
+        with (
+            phase_session(settings, inventory, probed, session) as on,
+            ui.progress([n.name for n in probed], "firewall") as on_event,
+        ):
+            on.executor.on_event = on_event
+            run: FirewallRun = step(on, inventory, selected, dry_run=settings.dry_run)
     except KeyboardInterrupt:
         interrupted(ui)
     outcomes = run.outcomes

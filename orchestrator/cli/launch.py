@@ -19,6 +19,7 @@ from orchestrator.cli.common import (
     load_selection,
     offline_specs,
     open_session,
+    phase_session,
     refuse_native_mix,
     result_dict,
     templates_option,
@@ -26,6 +27,7 @@ from orchestrator.cli.common import (
 from orchestrator.errors import (
     CancelledError,
     ConnectError,
+    ExitCode,
     RunStoppedError,
 )
 from orchestrator.executor import Outcome, exit_code_for
@@ -134,7 +136,8 @@ def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, d
     """
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
-    run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
+    code = run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
+    ctx.exit(int(code))
 
 
 def run_launch(
@@ -145,7 +148,10 @@ def run_launch(
     run_id: str | None,
     templates_dir: Path | None,
     detach: bool = False,
-) -> None:
+    session: Session | None = None,
+) -> ExitCode:
+    """The launch phase (also the main pipeline's last step); its exit code. ``session``: the
+    pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.steps.launch import failure_tail, plan, root_cause, run_node
@@ -160,14 +166,13 @@ def run_launch(
         _launch_dry_run(
             settings, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach
         )
-        return
+        return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     from orchestrator.steps.runs import claim_run_id, pick_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
     run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
-    session = open_session(settings, inventory, nodes)
-    with session:
+    with phase_session(settings, inventory, nodes, session) as session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
             launch_plan = plan(session, inventory, run_id)
@@ -176,7 +181,7 @@ def run_launch(
         if unreachable:
             fail_lines(ui, unreachable)
             ui.error("not launching: every node must be reachable")
-            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+            return exit_code_for(launch_plan.inspected)
         for warning in launch_plan.warnings:
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
@@ -246,7 +251,7 @@ def run_launch(
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)
@@ -276,7 +281,7 @@ def run_launch(
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {log.directory}/ (and runs/{run_id}/<node>/node.log under each node's workdir)")
-    ctx.exit(int(code))
+    return code
 
 
 def _launch_dry_run(

@@ -8,18 +8,16 @@ from typing import Any
 import click
 
 from orchestrator import __version__
-from orchestrator.cli.check import run_check
 from orchestrator.cli.common import (
     Settings,
     common_options,
     interrupted,
     load_selection,
+    open_session,
     refuse_native_mix,
 )
-from orchestrator.cli.launch import run_launch
 from orchestrator.errors import (
     BootstrapError,
-    ExitCode,
     Terminated,
 )
 
@@ -70,33 +68,17 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
         templates_dir_for(inventory, None)  # train.templates missing: the same, before anything
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
-    from orchestrator.cli.pipeline import prepare
+    from orchestrator.cli.pipeline import CliPhases
+    from orchestrator.pipeline import PipelineOptions, run_pipeline
 
-    prepared = prepare(settings, inventory, nodes)
-    code = run_check(settings, inventory, nodes) if prepared == ExitCode.OK else prepared
-    launched = False
-    if settings.dry_run or prepared != ExitCode.OK:
-        pass
-    elif code == ExitCode.NODES_FAILED and force:
-        ui.warn("--force: launching although a check failed")
-        launched = True
-    elif code != ExitCode.OK:
-        ui.error("not launching: fix what failed above (or pass --force to launch anyway)")
-    else:
-        launched = True
-    if launched and not skip_validate:
-        from orchestrator.cli.validate import run_validate
-
-        validated = run_validate(settings, inventory)
-        if validated != ExitCode.OK:
-            code = validated
-            launched = False
-            ui.error("not launching: validation failed (see above; --skip-validate launches anyway)")
-    if launched:
-        try:
-            run_launch(ctx, settings, inventory, run_id=None, templates_dir=None, detach=detach)
-        except click.exceptions.Exit as done:
-            code = ExitCode(done.exit_code)
+    # ONE session for every phase: each node is connected once (passwords asked here, once per node)
+    # and the facts the preflight gathers are handed to validate and launch
+    everyone = list(inventory.nodes)
+    options = PipelineOptions(force=force, skip_validate=skip_validate)
+    phases = CliPhases(ctx, settings, inventory, detach=detach)
+    with open_session(settings, inventory, everyone) as session:
+        report = run_pipeline(session, inventory, nodes, options, phases)
+    code = report.exit_code
     if ui.collected is not None:
         docs = ui.collected
         ui.collected = None
@@ -104,6 +86,7 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
             {
                 "command": "bootstrap",
                 **_pipeline_docs(docs),
+                **report.public_dict(),
                 "exit_code": int(code),
             }
         )

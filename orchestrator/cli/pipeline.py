@@ -1,49 +1,69 @@
-"""The setup phases of the main pipeline, before the preflight: sync, firewall, time.
-
-Order: sync (the environment the preflight then checks), firewall (the ports the preflight's
-reachability mesh then tests), time (the clocks it then measures). A failed sync stops the pipeline
-(training would run the wrong code or torch). A failed firewall or time step only warns: the preflight
-that follows measures what they were for (reachability, clocks) and decides.
-"""
+"""The main pipeline's phases as the CLI runs and shows them (orchestrator/pipeline.py decides the
+order and when to stop): each phase is its standalone command's work and report, on the pipeline's
+one session."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
 
 from orchestrator.cli.common import Settings
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
+from orchestrator.session import Session
 
 
-def wants_code_sync(inventory: Inventory) -> bool:
-    """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
-    default source is the current directory, which must be a deliberate choice (it may be a home)."""
-    return "code" in inventory.cluster.model_fields_set
+@dataclass
+class CliPhases:
+    ctx: click.Context
+    settings: Settings
+    inventory: Inventory
+    detach: bool = False
+    templates_dir: Path | None = None
 
+    def sync(self, session: Session, nodes: list[Node], *, only: str | None) -> ExitCode:
+        from orchestrator.cli.sync import run_sync
 
-def prepare(settings: Settings, inventory: Inventory, nodes: list[Node]) -> ExitCode:
-    """Run sync (when declared), firewall and time sync (clusters of 2+ nodes, when managed)."""
-    from orchestrator.cli.firewall import run_firewall
-    from orchestrator.cli.sync import run_sync
-    from orchestrator.cli.timesync import run_ntp
+        return run_sync(self.settings, self.inventory, nodes, only=only, session=session)
 
-    ui = settings.ui
-    cluster = inventory.cluster
-    env, code = cluster.env.declared, wants_code_sync(inventory)
-    if env or code:
-        only = None if env and code else "env" if env else "code"
-        synced = run_sync(settings, inventory, nodes, only=only)
-        if synced != ExitCode.OK:
-            ui.error("not going on: sync failed (see above); `bootstrap sync` repeats just that step")
-            return synced
-    if len(inventory.nodes) < 2:
-        return ExitCode.OK  # one machine: no peers to let in, no clocks to align
-    if cluster.firewall.manage and run_firewall(settings, inventory, nodes, remove=False) != ExitCode.OK:
-        ui.warn(
-            "the firewall step failed on some nodes (see above): the preflight's reachability "
-            "check shows whether the nodes can still reach each other"
-        )
-    if cluster.time.manage and run_ntp(settings, inventory, nodes) != ExitCode.OK:
-        ui.warn(
-            "time sync failed on some nodes (see above): the preflight's clock check shows "
-            "whether it matters for this run"
-        )
-    return ExitCode.OK
+    def firewall(self, session: Session, nodes: list[Node]) -> ExitCode:
+        from orchestrator.cli.firewall import run_firewall
+
+        return run_firewall(self.settings, self.inventory, nodes, remove=False, session=session)
+
+    def ntp(self, session: Session, nodes: list[Node]) -> ExitCode:
+        from orchestrator.cli.timesync import run_ntp
+
+        return run_ntp(self.settings, self.inventory, nodes, session=session)
+
+    def check(self, session: Session, nodes: list[Node]) -> ExitCode:
+        from orchestrator.cli.check import run_check
+
+        return run_check(self.settings, self.inventory, nodes, session=session)
+
+    def validate(self, session: Session) -> ExitCode:
+        from orchestrator.cli.validate import run_validate
+
+        return run_validate(self.settings, self.inventory, session=session)
+
+    def launch(self, session: Session) -> ExitCode:
+        from orchestrator.cli.launch import run_launch
+
+        try:
+            return run_launch(
+                self.ctx,
+                self.settings,
+                self.inventory,
+                run_id=None,
+                templates_dir=self.templates_dir,
+                detach=self.detach,
+                session=session,
+            )
+        except click.exceptions.Exit as done:  # launch --detach prints its hints and exits
+            return ExitCode(done.exit_code)
+
+    def say(self, level: str, text: str) -> None:
+        ui = self.settings.ui
+        {"error": ui.error, "warn": ui.warn}.get(level, ui.note)(text)

@@ -20,7 +20,7 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     node_status,
-    open_session,
+    phase_session,
 )
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
@@ -73,6 +73,7 @@ def run_sync(
     *,
     force: bool = False,
     only: str | None = None,
+    session: Session | None = None,
 ) -> ExitCode:
     """The sync phase (also a step of the main pipeline); its exit code."""
     ui = settings.ui
@@ -98,15 +99,14 @@ def run_sync(
         for spec in specs.values():
             for warning in spec.warnings:
                 ui.warn(warning)
-    session = open_session(settings, inventory, nodes)
     env_outcomes: list[Outcome[NodeEnv]] = []
     code_outcomes: list[Outcome[Any]] = []
     try:
-        with session:
+        with phase_session(settings, inventory, nodes, session) as on:
             if do_env:
-                env_outcomes = _run_env(settings, session, inventory, nodes, force=force)
+                env_outcomes = _run_env(settings, on, inventory, nodes, force=force)
             if do_code:
-                code_outcomes = _run_code(settings, session, inventory, nodes)
+                code_outcomes = _run_code(settings, on, inventory, nodes)
     except KeyboardInterrupt:
         interrupted(ui)
     report = summarize_outcomes(env_outcomes)

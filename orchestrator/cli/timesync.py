@@ -14,13 +14,14 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    open_session,
+    phase_session,
 )
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
     from orchestrator.steps.timesync import NodeTime, TimeReport
 
 
@@ -166,21 +167,24 @@ def run_ntp(
     restore: bool = False,
     no_clock_control: bool = False,
     sync_timeout: float = 60,
+    session: Session | None = None,
 ) -> ExitCode:
     """The time phase (also a step of the main pipeline and of teardown); its exit code."""
     from orchestrator.steps.timesync import restore_time, sync_time
 
     ui = settings.ui
-    session = open_session(settings, inventory, nodes)
     step = "ntp --restore" if restore else "ntp"
     try:
-        with ui.progress([n.name for n in nodes], step) as on_event, session:
-            session.executor.on_event = on_event
+        with (
+            phase_session(settings, inventory, nodes, session) as on,
+            ui.progress([n.name for n in nodes], step) as on_event,
+        ):
+            on.executor.on_event = on_event
             if restore:
-                report = restore_time(session, inventory, nodes, dry_run=settings.dry_run)
+                report = restore_time(on, inventory, nodes, dry_run=settings.dry_run)
             else:
                 report = sync_time(
-                    session,
+                    on,
                     inventory,
                     nodes,
                     dry_run=settings.dry_run,

@@ -16,7 +16,7 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    open_session,
+    phase_session,
     templates_option,
 )
 from orchestrator.errors import ExitCode
@@ -27,6 +27,7 @@ from orchestrator.logs import RunLog
 if TYPE_CHECKING:
     from orchestrator.platforms import Platform
     from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.session import Session
 
 
 @click.command()
@@ -74,6 +75,7 @@ def run_validate(
     timeout: float = 60.0,
     sizes: tuple[int, ...] | None = None,
     templates_dir: Path | None = None,
+    session: Session | None = None,
 ) -> ExitCode:
     """The validate phase (also a step of the main pipeline); returns its exit code.
 
@@ -96,7 +98,6 @@ def run_validate(
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
     require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
-    session = open_session(settings, inventory, nodes)
     log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
 
@@ -105,12 +106,12 @@ def run_validate(
         if settings.verbose and not settings.json_mode:
             printer.write_rank(node, rank, text)
 
-    with session:
+    with phase_session(settings, inventory, nodes, session) as on:
         try:
             with ui.progress([n.name for n in nodes], "validate") as on_event:
-                session.executor.on_event = on_event
+                on.executor.on_event = on_event
                 result = validate(
-                    session,
+                    on,
                     inventory,
                     run_id,
                     timeout=timeout,

@@ -1,0 +1,156 @@
+"""The main job, ``bootstrap --inventory hosts.yaml``: sync, firewall, ntp, check, validate, launch, over
+ONE session.
+
+This module decides what runs, in which order, on which nodes, and when to stop; it knows nothing of
+terminals. Each phase is the same work as its standalone command (``Phases``, which the CLI provides:
+the step functions, with their reports shown as the standalone command shows them), handed the
+pipeline's session: every node is connected once, a password is asked at most once per node, and what
+one phase learnt about a node (its facts: ``Session.remember``) the next one reuses.
+
+Order: sync (the environment the preflight then checks), firewall (the ports the preflight's
+reachability mesh then tests), time (the clocks it then measures), the preflight, the all_reduce
+validation, training. A failed sync stops the pipeline (training would run the wrong code or torch). A
+failed firewall or time step only warns: the preflight that follows measures what they were for
+(reachability, clocks) and decides. A failed check stops before anything starts, unless ``force``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator.errors import ExitCode
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
+
+PHASES = ("sync", "firewall", "ntp", "check", "validate", "launch")
+
+
+class Phases(Protocol):
+    """One method per phase: run the step on ``session`` (narrowed to the nodes it works on), show its
+    report, return its exit code. ``say`` tells the user why the pipeline goes on or stops."""
+
+    def sync(self, session: Session, nodes: list[Node], *, only: str | None) -> ExitCode: ...
+
+    def firewall(self, session: Session, nodes: list[Node]) -> ExitCode: ...
+
+    def ntp(self, session: Session, nodes: list[Node]) -> ExitCode: ...
+
+    def check(self, session: Session, nodes: list[Node]) -> ExitCode: ...
+
+    def validate(self, session: Session) -> ExitCode: ...
+
+    def launch(self, session: Session) -> ExitCode: ...
+
+    def say(self, level: str, text: str) -> None: ...
+
+
+@dataclass
+class PipelineOptions:
+    force: bool = False  # launch although a check failed
+    skip_validate: bool = False
+
+
+@dataclass
+class PipelineReport:
+    """Which phases ran, with their exit codes, and why the pipeline stopped where it did."""
+
+    codes: dict[str, ExitCode] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # phase -> why it did not run
+    stopped: str | None = None  # why training was not started
+    exit_code: ExitCode = ExitCode.OK
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "phases": {
+                name: (
+                    {"exit_code": int(self.codes[name])}
+                    if name in self.codes
+                    else {"skipped": self.skipped.get(name, "not reached")}
+                )
+                for name in PHASES
+            },
+            "stopped": self.stopped,
+        }
+
+
+def wants_code_sync(inventory: Inventory) -> bool:
+    """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
+    default source is the current directory, which must be a deliberate choice (it may be a home)."""
+    return "code" in inventory.cluster.model_fields_set
+
+
+def run_pipeline(
+    session: Session,
+    inventory: Inventory,
+    selected: list[Node],
+    options: PipelineOptions,
+    phases: Phases,
+) -> PipelineReport:
+    """The whole job on ``session`` (which spans every node of the inventory: the firewall learns
+    every peer's address, validation and training span the cluster); ``selected`` (``--nodes``) are
+    the nodes synced, configured and checked."""
+    report = PipelineReport()
+    cluster = inventory.cluster
+
+    def stop(why: str, code: ExitCode) -> PipelineReport:
+        report.stopped = why
+        report.exit_code = code
+        phases.say("error", why)
+        return report
+
+    env, code_sync = cluster.env.declared, wants_code_sync(inventory)
+    if env or code_sync:
+        only = None if env and code_sync else "env" if env else "code"
+        report.codes["sync"] = phases.sync(session, selected, only=only)
+        if report.codes["sync"] != ExitCode.OK:
+            return stop(
+                "not going on: sync failed (see above); `bootstrap sync` repeats just that step",
+                report.codes["sync"],
+            )
+    else:
+        report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
+
+    single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
+    if single or not cluster.firewall.manage:
+        report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
+    else:
+        report.codes["firewall"] = phases.firewall(session, selected)
+        if report.codes["firewall"] != ExitCode.OK:
+            phases.say(
+                "warn",
+                "the firewall step failed on some nodes (see above): the preflight's reachability "
+                "check shows whether the nodes can still reach each other",
+            )
+    if single or not cluster.time.manage:
+        report.skipped["ntp"] = "one node" if single else "cluster.time.manage is false"
+    else:
+        report.codes["ntp"] = phases.ntp(session, selected)
+        if report.codes["ntp"] != ExitCode.OK:
+            phases.say(
+                "warn",
+                "time sync failed on some nodes (see above): the preflight's clock check shows "
+                "whether it matters for this run",
+            )
+
+    checked = report.codes["check"] = phases.check(session, selected)
+    report.exit_code = checked
+    if checked == ExitCode.NODES_FAILED and options.force:
+        phases.say("warn", "--force: launching although a check failed")
+    elif checked != ExitCode.OK:
+        report.skipped.update(validate="a check failed", launch="a check failed")
+        return stop("not launching: fix what failed above (or pass --force to launch anyway)", checked)
+
+    if options.skip_validate:
+        report.skipped["validate"] = "--skip-validate"
+    else:
+        validated = report.codes["validate"] = phases.validate(session)
+        if validated != ExitCode.OK:
+            report.skipped["launch"] = "validation failed"
+            return stop(
+                "not launching: validation failed (see above; --skip-validate launches anyway)", validated
+            )
+    report.exit_code = report.codes["launch"] = phases.launch(session)
+    return report
