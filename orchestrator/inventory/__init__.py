@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from orchestrator.errors import InventoryError, InventoryIssue
-from orchestrator.inventory._yaml import describe, did_you_mean, load_yaml, node_line, plain, read_text
+from orchestrator.inventory._yaml import load_yaml, read_text
+from orchestrator.inventory._yaml_values import describe, did_you_mean, node_line, plain
 from orchestrator.inventory.ansible import looks_ansible, read_ansible
-from orchestrator.inventory.model import Cluster, Inventory, Node, WinRMSettings
+from orchestrator.inventory.cluster import Cluster, Inventory
+from orchestrator.inventory.model import Node, WinRMSettings
 from orchestrator.inventory.native import TOP_LEVEL_KEYS, looks_native, read_native
-from orchestrator.inventory.secrets import PasswordResolver, resolve_password
+from orchestrator.inventory.secrets import PasswordResolver
 
 __all__ = [
     "Cluster",
@@ -25,7 +27,6 @@ __all__ = [
     "WinRMSettings",
     "load_inventory",
     "load_inventory_text",
-    "resolve_password",
 ]
 
 

@@ -1,8 +1,10 @@
-"""The inventory data model and the format-independent part of loading it.
+"""The inventory's data model: a node (:class:`Node`, with its WinRM and Windows settings), what
+every node trains (:class:`TrainSettings`), the value types they share, and how secret-looking values
+are shown (masked).
 
-Readers (:mod:`.native`, :mod:`.ansible`) turn a file into :class:`NodeDraft` objects (raw values plus where
-each came from); :func:`assemble` validates them with the pydantic models below, runs the cross-node
-checks and either returns an :class:`Inventory` or raises one :class:`InventoryError` with every issue.
+The cluster and the loaded inventory are :mod:`.cluster`, the setup steps' settings :mod:`.settings`;
+loading (readers' drafts validated into an :class:`~orchestrator.inventory.cluster.Inventory`) is
+:mod:`.assemble`, its messages :mod:`.issues`.
 
 Secrets: a literal password found in an inventory (Ansible ``ansible_password``) is kept in a private
 pydantic attribute of the :class:`Node` as a :class:`~pydantic.SecretStr`. It is not a field, so it never
@@ -11,14 +13,12 @@ appears in ``repr``/``str``/``model_dump``/:meth:`Inventory.public_dict`.
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path, PurePath
-from typing import Annotated, Any, Literal, NamedTuple, get_args
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -28,37 +28,21 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     StringConstraints,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from orchestrator.errors import InventoryError, InventoryIssue
-from orchestrator.inventory._yaml import closest, describe, did_you_mean
-
 __all__ = [
-    "NODE_USER_FIELDS",
     "Backend",
-    "Cluster",
-    "CodeSettings",
     "ConnectionName",
-    "EnvOverride",
-    "EnvSettings",
-    "FirewallSettings",
     "FromEnv",
     "InsecureSetting",
-    "Inventory",
-    "IssueLog",
     "Node",
-    "NodeDraft",
     "OsName",
-    "Source",
-    "TimeSettings",
     "TrainSettings",
     "WinRMSettings",
     "WindowsSettings",
-    "assemble",
     "inventory_password",
     "is_localhost",
     "is_secret_name",
@@ -283,6 +267,17 @@ def _attach_password(node: Node, secret: str) -> None:
     node._password = SecretStr(secret)
 
 
+def is_localhost(host: str) -> bool:
+    """True for names and addresses that always mean this machine."""
+    lowered = host.lower().strip("[]")
+    if lowered in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(lowered).is_loopback
+    except ValueError:
+        return False
+
+
 #: what a secret looks like when shown
 MASK = "********"
 # Names of variables, and of command-line flags, whose values are treated as secrets when shown.
@@ -365,6 +360,9 @@ class TrainSettings(BaseModel):
     elastic: bool = False  # c10d rendezvous, --nnodes MIN:MAX, restarts; else static rendezvous
     min_nodes: Annotated[int, Field(ge=1)] | None = None  # elastic: fewest nodes to start with
     max_restarts: Annotated[int, Field(ge=0)] = 0
+    # each rank's share of a global batch (docs/bench.md): equal (plain DDP), measured (probed before
+    # the launch), or integers, one per rank or one per node (checked against the nodes by assemble)
+    shares: Literal["equal", "measured"] | tuple[int, ...] = "equal"
     # the user's launch templates, searched before the shipped ones; relative to the inventory
     # file's directory, stored absolute. Resolved when the inventory is loaded but checked only by
     # the commands that render (render.templates_dir_for): a missing directory must not stop `stop`
@@ -381,6 +379,18 @@ class TrainSettings(BaseModel):
                     raise ValueError(f"invalid environment variable name {name!r}")
             return tuple(sorted(((str(k), _env_value(str(k), v)) for k, v in value.items()), key=_first))
         return value
+
+    @field_validator("shares", mode="before")
+    @classmethod
+    def _shares_setting(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in ("equal", "measured"):
+            return value
+        if isinstance(value, (list, tuple)) and value:
+            for index, item in enumerate(value):
+                if isinstance(item, bool) or not isinstance(item, int) or item < 1:
+                    raise ValueError(f"item {index + 1} ({item!r}) is not an integer >= 1")
+            return tuple(value)
+        raise ValueError(f"{value!r} is not equal, measured or a list of integers")
 
     @field_validator("args", mode="before")
     @classmethod
@@ -431,840 +441,3 @@ class TrainSettings(BaseModel):
 
 def _first(pair: tuple[str, Any]) -> str:
     return pair[0]
-
-
-_PORT_RANGE_RE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
-
-
-def _port_range(value: Any) -> str:
-    """``6006`` or ``"6000-6010"`` -> the canonical text (``"6006"``, ``"6000-6010"``); ValueError else."""
-    if isinstance(value, bool):
-        raise ValueError("a boolean is not a port")
-    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-        port = int(value)
-        if not 1 <= port <= 65535:
-            raise ValueError(f"port {port} is not between 1 and 65535")
-        return str(port)
-    if isinstance(value, str):
-        match = _PORT_RANGE_RE.fullmatch(value)
-        if match:
-            low, high = int(match.group(1)), int(match.group(2))
-            if not 1 <= low <= high <= 65535:
-                raise ValueError(f"range {value!r} must be LOW-HIGH with 1 <= LOW <= HIGH <= 65535")
-            return str(low) if low == high else f"{low}-{high}"
-    raise ValueError(f"{value!r} is not a port or a LOW-HIGH range")
-
-
-class FirewallSettings(BaseModel):
-    """What `bootstrap firewall` opens on the nodes (docs/firewall.md).
-
-    Training needs the rendezvous port on the master and the ephemeral ports gloo/NCCL listen on (they
-    cannot be pinned), from the cluster's own addresses only; these settings add to or switch off that.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    manage: bool = True  # false: the step leaves every firewall alone (says so)
-    extra_ports: tuple[str, ...] = ()  # "6006", "6000-6010": same scoping (peers only)
-    ephemeral_ports: str = "auto"  # "auto": each node's ip_local_port_range; or "LOW-HIGH"
-    extra_sources: tuple[str, ...] = ()  # more IPv4 addresses/networks allowed (e.g. a workstation)
-    persist: bool = False  # keep the rules across reboots (nftables/iptables files; firewalld --permanent)
-
-    @field_validator("extra_ports", mode="before")
-    @classmethod
-    def _ports(cls, value: Any) -> Any:
-        if isinstance(value, (int, str)) and not isinstance(value, bool):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            return tuple(_port_range(v) for v in value)
-        return value
-
-    @field_validator("ephemeral_ports", mode="before")
-    @classmethod
-    def _ephemeral(cls, value: Any) -> Any:
-        if value == "auto":
-            return value
-        if isinstance(value, str) and _PORT_RANGE_RE.fullmatch(value):
-            return _port_range(value)
-        raise ValueError(f"{value!r} is neither 'auto' nor a LOW-HIGH range")
-
-    @field_validator("extra_sources", mode="before")
-    @classmethod
-    def _sources(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            return value
-        out = []
-        for item in value:
-            try:
-                network = ipaddress.ip_network(str(item), strict=False)
-            except ValueError:
-                raise ValueError(f"{item!r} is not an IPv4 address or network") from None
-            if network.version != 4:
-                raise ValueError(f"{item!r}: only IPv4 sources are supported (the cluster speaks IPv4)")
-            if network.prefixlen < 8:
-                raise ValueError(
-                    f"{item!r} is far wider than a LAN: training ports are never opened to the world"
-                )
-            out.append(str(network.network_address) if network.prefixlen == 32 else str(network))
-        return tuple(out)
-
-
-class TimeSettings(BaseModel):
-    """How `bootstrap ntp` keeps the nodes' clocks together (docs/time.md).
-
-    Default: the master serves time to the workers (chrony ``local stratum`` + ``allow``), which works
-    in labs without internet; with ``servers`` every node follows those instead (or only the master,
-    which then serves the workers, with ``serve_from_master: true``).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    manage: bool = True  # false: the step only measures and reports the offsets
-    servers: tuple[Text, ...] = ()  # upstream NTP servers or pools (names or addresses)
-    serve_from_master: bool | None = None  # None: true when no servers are given
-    # 100 ms: far inside the preflight's 1 s warning and the ~15 s elastic-rendezvous limit
-    # (FIELD_NOTES: c10d heartbeats), yet reachable by w32time on Windows and by Wi-Fi nodes
-    max_offset_ms: Annotated[float, Field(gt=0)] = 100.0
-    install: bool = False  # install chrony where missing (apt-get/dnf, as root)
-
-    @field_validator("servers", mode="before")
-    @classmethod
-    def _server_list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9.:_-]+", item):
-                    raise ValueError(f"{item!r} is not a host name or address")
-            return tuple(value)
-        return value
-
-    @field_validator("max_offset_ms", mode="before")
-    @classmethod
-    def _offset_not_bool(cls, value: Any) -> Any:
-        return _no_bool(value)
-
-    @model_validator(mode="after")
-    def _something_to_follow(self) -> TimeSettings:
-        if self.manage and self.serve_from_master is False and not self.servers:
-            raise ValueError("serve_from_master: false needs servers (or manage: false)")
-        return self
-
-    @property
-    def serving(self) -> bool:
-        """Does the master serve time to the workers?"""
-        return self.serve_from_master if self.serve_from_master is not None else not self.servers
-
-
-Installer = Literal["auto", "uv", "pip"]
-_PYTHON_WANTED_RE = re.compile(r"3(\.\d+){0,2}")
-
-
-def _string_list(value: Any) -> Any:
-    """One string or a list of strings -> tuple (YAML lets users write either)."""
-    if isinstance(value, str):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-
-class EnvOverride(BaseModel):
-    """``cluster.env.linux`` / ``cluster.env.windows``: what differs on nodes of one OS (a CUDA wheel
-    index for Linux, another for Windows). Each field given replaces the cluster-wide one."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    requirements: Text | None = None
-    packages: tuple[Text, ...] | None = None
-    index_url: Text | None = None
-    extra_index_urls: tuple[Text, ...] | None = None
-    find_links: tuple[Text, ...] | None = None
-    no_index: bool | None = None
-
-    @field_validator("packages", "extra_index_urls", "find_links", mode="before")
-    @classmethod
-    def _lists(cls, value: Any) -> Any:
-        return _string_list(value)
-
-
-class EnvSettings(BaseModel):
-    """``cluster.env``: the Python environment every node gets (see docs/sync.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    python: Text | None = None  # "3.11": the node's interpreter must report this version (prefix)
-    requirements: Text | None = None  # a requirements/lock file, relative to the inventory file
-    packages: tuple[Text, ...] = ()
-    index_url: Text | None = None
-    extra_index_urls: tuple[Text, ...] = ()
-    find_links: tuple[Text, ...] = ()
-    no_index: bool = False  # only find_links (pip --no-index)
-    linux: EnvOverride | None = None
-    windows: EnvOverride | None = None
-    path: Text | None = None  # where the venv lives on each node; default <workdir>/venv
-    offline: bool = False  # the controller downloads wheels and pushes them: nodes need no internet
-    installer: Installer = "auto"
-
-    @field_validator("python", mode="before")
-    @classmethod
-    def _version_text(cls, value: Any) -> Any:
-        if isinstance(value, float):
-            # YAML reads 3.10 as the number 3.1: the only safe spelling is a string
-            raise ValueError(f'write the version quoted (python: "{value}"): YAML reads 3.10 as 3.1')
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        if isinstance(value, str) and not _PYTHON_WANTED_RE.fullmatch(value):
-            raise ValueError(f'{value!r} is not a Python 3 version such as "3.11"')
-        return value
-
-    @field_validator("packages", "extra_index_urls", "find_links", mode="before")
-    @classmethod
-    def _lists(cls, value: Any) -> Any:
-        return _string_list(value)
-
-    @property
-    def declared(self) -> bool:
-        """True when the inventory asks for an environment at all."""
-        overrides = [o for o in (self.linux, self.windows) if o is not None]
-        return bool(
-            self.requirements or self.packages or any(o.requirements or o.packages for o in overrides)
-        )
-
-
-#: dest values that would make code sync (which deletes what the project no longer has) wipe a home
-_UNSAFE_CODE_DESTS = frozenset({"", "/", "~", ".", "$HOME", "%USERPROFILE%"})
-
-
-class CodeSettings(BaseModel):
-    """``cluster.code``: the project directory `bootstrap sync` pushes to every node (docs/sync.md).
-
-    ``dest`` is the one code directory of the cluster: launch runs the training script from it
-    (``train.code_dir`` names the same directory and is kept for older inventories).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: Text | None = None  # on this machine; default: the current directory (like train.script)
-    dest: Text | None = None  # on the nodes; default: train.code_dir, else <workdir>/code
-    excludes: tuple[Text, ...] = ()  # gitignore syntax, relative to source; "!pattern" re-includes
-    gitignore: bool = True  # honour .gitignore files (git ls-files in a git work tree)
-
-    @field_validator("excludes", mode="before")
-    @classmethod
-    def _excludes_list(cls, value: Any) -> Any:
-        return (value,) if isinstance(value, str) else tuple(value) if isinstance(value, list) else value
-
-    @field_validator("dest")
-    @classmethod
-    def _not_a_home(cls, value: str | None) -> str | None:
-        bare = None if value is None else value.strip().rstrip("/\\")
-        if bare is not None and (bare in _UNSAFE_CODE_DESTS or re.fullmatch(r"[A-Za-z]:", bare)):
-            raise ValueError(
-                f"{value!r} is a home or root directory: sync deletes files the project does not have, "
-                "so dest must be a directory of its own, e.g. ~/cluster-bootstrap/code"
-            )
-        return value
-
-
-class Cluster(BaseModel):
-    """Cluster-wide settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
-
-    name: DisplayName
-    master: Text
-    port: PortNumber = 29500
-    backend: Backend = "auto"
-    train: TrainSettings = TrainSettings()
-    firewall: FirewallSettings = FirewallSettings()
-    time: TimeSettings = TimeSettings()
-    env: EnvSettings = EnvSettings()
-    code: CodeSettings = CodeSettings()
-
-    @field_validator("port", mode="before")
-    @classmethod
-    def _integers_are_not_booleans(cls, value: Any) -> Any:
-        return _no_bool(value)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_code_directory(cls, data: Any) -> Any:
-        """``code.dest`` and ``train.code_dir`` name one directory: sync pushes where launch runs.
-
-        A ``code.dest`` alone is copied into ``train.code_dir`` (launch reads that); both given and
-        different would make launch run code that sync never pushed.
-        """
-        if not isinstance(data, dict):
-            return data
-        code, train = data.get("code"), data.get("train")
-        dest = code.get("dest") if isinstance(code, dict) else None
-        if not isinstance(dest, str) or (train is not None and not isinstance(train, dict)):
-            return data
-        if (train or {}).get("code_dir") is None:
-            return {**data, "train": {**(train or {}), "code_dir": dest}}
-        return data  # both given: _same_code_directory compares them once validated
-
-    @field_validator("code")
-    @classmethod
-    def _same_code_directory(cls, code: CodeSettings, info: ValidationInfo) -> CodeSettings:
-        train = info.data.get("train")
-        code_dir = train.code_dir if isinstance(train, TrainSettings) else None
-        if code.dest is not None and code_dir is not None and code_dir != code.dest:
-            raise ValueError(
-                f"code.dest {code.dest!r} and train.code_dir {code_dir!r} differ: launch runs the code "
-                "from train.code_dir, sync pushes it to code.dest; keep only code.dest"
-            )
-        return code
-
-
-# Fields a user may write for a node ("line" is filled in by the loader).
-NODE_USER_FIELDS: tuple[str, ...] = tuple(f for f in Node.model_fields if f != "line")
-WINRM_FIELDS: tuple[str, ...] = tuple(WinRMSettings.model_fields)
-WINDOWS_FIELDS: tuple[str, ...] = tuple(WindowsSettings.model_fields)
-CLUSTER_FIELDS: tuple[str, ...] = tuple(Cluster.model_fields)
-FIREWALL_FIELDS: tuple[str, ...] = tuple(FirewallSettings.model_fields)
-TIME_FIELDS: tuple[str, ...] = tuple(TimeSettings.model_fields)
-ENV_FIELDS: tuple[str, ...] = tuple(EnvSettings.model_fields)
-ENV_OVERRIDE_FIELDS: tuple[str, ...] = tuple(EnvOverride.model_fields)
-CODE_FIELDS: tuple[str, ...] = tuple(CodeSettings.model_fields)
-TRAIN_FIELDS: tuple[str, ...] = tuple(TrainSettings.model_fields)
-
-
-def _one_of(literal: Any) -> str:
-    return "one of: " + ", ".join(str(a) for a in get_args(literal))
-
-
-# What each field expects, for "expected ..., got ..." messages.
-_EXPECTED: dict[str, str] = {
-    "name": "a node name of letters, digits, '.', '_' and '-' (not starting with '.' or '-')",
-    "host": "a host name or IP address",
-    "port": "an integer between 1 and 65535",
-    "os": _one_of(OsName),
-    "connection": _one_of(ConnectionName),
-    "user": "a user name",
-    "key_file": "a path to a private key file",
-    "password_env": "the NAME of an environment variable holding the password (letters, digits, _)",
-    "password_prompt": "true or false",
-    "gpus": "an integer >= 0",
-    "nproc": "an integer >= 1",
-    "interface": "a network interface name",
-    "python": "a path or command name of a Python interpreter",
-    "workdir": "a directory path",
-    "tags": "a list of tag names",
-    "winrm": "a mapping with " + ", ".join(WINRM_FIELDS),
-    "allow_insecure": "true or false",
-    "winrm.transport": _one_of(Transport),
-    "winrm.scheme": _one_of(Scheme),
-    "winrm.cert_validation": "true or false",
-    "winrm.ca_bundle": "a path to a CA bundle file",
-    "windows": "a mapping with " + ", ".join(WINDOWS_FIELDS),
-    "windows.mode": _one_of(WindowsMode) + " (wsl: training inside WSL2, needed beside Linux nodes)",
-    "windows.distro": "a WSL distribution name as `wsl --list` shows it (letters, digits, '.', '_', '-')",
-    "windows.wsl_user": "a Linux user name in that distribution",
-}
-_CLUSTER_EXPECTED: dict[str, str] = {
-    "name": "printable text on one line (no control characters), at most 200 characters",
-    "master": "a node name",
-    "port": "an integer between 1 and 65535",
-    "backend": _one_of(Backend),
-    "train": "a mapping with " + ", ".join(TrainSettings.model_fields),
-    "train.script": "the training script's path (relative to the code directory on the nodes)",
-    "train.args": "a list of arguments",
-    "train.env": "a mapping of NAME: value, or NAME: {from_env: VARIABLE} for a secret",
-    "train.code_dir": "a directory on the nodes",
-    "train.elastic": "true or false",
-    "train.min_nodes": "an integer >= 1",
-    "train.max_restarts": "an integer >= 0",
-    "train.templates": "a directory of your launch templates (relative to the inventory file)",
-    "firewall": "a mapping with " + ", ".join(FirewallSettings.model_fields),
-    "firewall.manage": "true or false",
-    "firewall.extra_ports": "a list of ports (6006) or LOW-HIGH ranges ('6000-6010')",
-    "firewall.ephemeral_ports": "'auto' (each node's ip_local_port_range) or a LOW-HIGH range",
-    "firewall.extra_sources": "a list of IPv4 addresses or networks (at most /8 wide)",
-    "firewall.persist": "true or false",
-    "time": "a mapping with " + ", ".join(TimeSettings.model_fields),
-    "time.manage": "true or false",
-    "time.servers": "a list of NTP server or pool names/addresses",
-    "time.serve_from_master": "true or false",
-    "time.max_offset_ms": "a number of milliseconds > 0",
-    "time.install": "true or false",
-    "env": "a mapping with " + ", ".join(EnvSettings.model_fields),
-    "env.python": 'a Python version as a quoted string, e.g. "3.11"',
-    "env.requirements": "a requirements/lock file path (relative to the inventory file)",
-    "env.packages": "a list of requirement strings, e.g. ['torch==2.13.0']",
-    "env.index_url": "a package index URL",
-    "env.extra_index_urls": "a list of package index URLs",
-    "env.find_links": "a list of directories or URLs holding wheels",
-    "env.no_index": "true or false",
-    "env.linux": "a mapping with " + ", ".join(EnvOverride.model_fields),
-    "env.windows": "a mapping with " + ", ".join(EnvOverride.model_fields),
-    "env.path": "a directory path on the nodes (default <workdir>/venv)",
-    "env.offline": "true or false",
-    "env.installer": _one_of(Installer),
-    "code": "a mapping with " + ", ".join(CodeSettings.model_fields),
-    "code.source": "a directory on this machine (default: the current directory)",
-    "code.dest": "a directory on the nodes (default <workdir>/code)",
-    "code.excludes": "a list of gitignore-style patterns",
-    "code.gitignore": "true or false",
-}
-# Values never echoed in messages (a user may put a password where a variable name belongs).
-_SECRET_FIELDS = frozenset({"password_env"})
-
-
-@dataclass
-class Source:
-    """Where a value came from: the line and the key as written; ``scope`` for shared values."""
-
-    line: int | None
-    key: str
-    scope: str | None = None  # e.g. "defaults" or "vars of group 'gpu'": the value applies to many nodes
-
-
-@dataclass
-class NodeDraft:
-    """A node as read from a file, before validation."""
-
-    label: str  # name for messages: the node name when known, else "nodes[3]"
-    line: int | None
-    values: dict[str, Any] = field(default_factory=dict)
-    sources: dict[str, Source] = field(default_factory=dict)  # "gpus", "winrm", "winrm.transport", ...
-    password: str | None = field(default=None, repr=False)
-    errored: set[str] = field(default_factory=set)  # fields a reader already reported and dropped
-
-
-class IssueLog:
-    """Collects issues for one file; identical issues (a shared value, many nodes) are kept once."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.issues: list[InventoryIssue] = []
-        self._seen: set[tuple[int | None, str | None, str | None, str]] = set()
-
-    def add(
-        self, message: str, *, line: int | None = None, node: str | None = None, field: str | None = None
-    ) -> None:
-        key = (line, node, field, message)
-        if key in self._seen:
-            return
-        self._seen.add(key)
-        self.issues.append(InventoryIssue(message, file=self.source, line=line, node=node, field=field))
-
-    def __bool__(self) -> bool:
-        return bool(self.issues)
-
-    def raise_if_any(self) -> None:
-        if self.issues:
-            ordered = sorted(self.issues, key=lambda i: (i.line is not None, i.line or 0))
-            raise InventoryError(ordered)
-
-
-def is_localhost(host: str) -> bool:
-    """True for names and addresses that always mean this machine."""
-    lowered = host.lower().strip("[]")
-    if lowered in _LOCAL_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(lowered).is_loopback
-    except ValueError:
-        return False
-
-
-def _error_field(loc: tuple[int | str, ...]) -> tuple[str, str]:
-    """(top-level field, dotted path for winrm sub-fields) from a pydantic ``loc``."""
-    top = str(loc[0]) if loc else ""
-    if (
-        top in ("winrm", "windows", "firewall", "time", "code", "train")
-        and len(loc) > 1
-        and isinstance(loc[1], str)
-    ):
-        return top, f"{top}.{loc[1]}"
-    if top == "env" and len(loc) > 1 and isinstance(loc[1], str):
-        if loc[1] in ("linux", "windows") and len(loc) > 2 and isinstance(loc[2], str):
-            return top, f"env.{loc[1]}.{loc[2]}"
-        return top, f"env.{loc[1]}"
-    return top, top
-
-
-def _report_validation(
-    exc: ValidationError,
-    *,
-    values: dict[str, Any],
-    sources: dict[str, Source],
-    expected: dict[str, str],
-    known_fields: Sequence[str],
-    fallback_line: int | None,
-    node: str | None,
-    log: IssueLog,
-) -> set[str]:
-    """Turn pydantic errors into issues; returns the dotted paths that were wrong."""
-    bad: set[str] = set()
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        top, path = _error_field(loc)
-        kind = err["type"]
-        if top == "name" and "name" not in sources and "host" in values:
-            continue  # the name was derived from the host, whose own problem is reported
-        bad.add(path)
-        src = sources.get(path) or sources.get(top)
-        line = src.line if src else fallback_line
-        shown_field = src.key if src else path
-        if src is not None and path != top and src.key == top:
-            shown_field = path  # a sub-field of a mapping whose own line is all we know
-        issue_node = node
-        suffix = ""
-        if src is not None and src.scope:
-            issue_node = None
-            suffix = f" (set in {src.scope})"
-        if kind == "extra_forbidden":
-            name = str(loc[-1])
-            options = (
-                WINRM_FIELDS
-                if path.startswith("winrm.")
-                else WINDOWS_FIELDS
-                if path.startswith("windows.")
-                else FIREWALL_FIELDS
-                if path.startswith("firewall.")
-                else TIME_FIELDS
-                if path.startswith("time.")
-                else CODE_FIELDS
-                if path.startswith("code.")
-                else TRAIN_FIELDS
-                if path.startswith("train.")
-                else ENV_OVERRIDE_FIELDS
-                if path.startswith(("env.linux.", "env.windows."))
-                else ENV_FIELDS
-                if path.startswith("env.")
-                else known_fields
-            )
-            message = f"unknown field '{name}'{did_you_mean(name, options)}"
-            shown_field = path if src is not None and src.key == top and path != top else shown_field
-        elif kind == "missing":
-            what = expected.get(path, "a value")
-            message = f"required field '{path}' is missing (expected {what})"
-        else:
-            what = expected.get(path, str(err.get("msg", "a valid value")))
-            if top in _SECRET_FIELDS:
-                message = f"expected {what}; the value is not shown"
-            else:
-                got = err.get("input")
-                item = ""
-                if len(loc) > 1 and isinstance(loc[-1], int):
-                    item = f" item {loc[-1] + 1}:"
-                message = f"expected {what}, got{item} {describe(got)}"
-                reason = err.get("ctx", {}).get("error")
-                if (
-                    kind == "value_error"
-                    and path.startswith(("firewall.", "time", "code", "train."))
-                    and reason
-                ):
-                    message = f"expected {what}: {reason}"
-        log.add(message + suffix, line=line, node=issue_node, field=shown_field)
-    return bad
-
-
-def _without(values: dict[str, Any], paths: Iterable[str]) -> dict[str, Any]:
-    """A copy of ``values`` without the given (dotted) fields."""
-    out = dict(values)
-    for path in paths:
-        top = path.split(".", 1)[0]
-        if top in ("winrm", "windows") and "." in path and isinstance(out.get(top), dict):
-            sub = dict(out[top])
-            sub.pop(path.split(".", 1)[1], None)
-            out[top] = sub
-        else:
-            out.pop(path, None)
-    return out
-
-
-def _validate_node(draft: NodeDraft, log: IssueLog) -> tuple[Node | None, set[str]]:
-    """Validate one draft; report problems; return the node (wrong fields dropped) and the wrong fields."""
-    values = dict(draft.values)
-    values["line"] = draft.line
-    try:
-        node = Node.model_validate(values)
-    except ValidationError as exc:
-        bad = _report_validation(
-            exc,
-            values=values,
-            sources=draft.sources,
-            expected=_EXPECTED,
-            known_fields=NODE_USER_FIELDS,
-            fallback_line=draft.line,
-            node=draft.label,
-            log=log,
-        )
-        try:
-            # The cross-field checks still run on what is left (every issue is reported in one go).
-            node = Node.model_validate(_without(values, bad))
-        except ValidationError:
-            return None, bad | draft.errored
-        return node, bad | draft.errored
-    return node, set(draft.errored)
-
-
-def _line_of(draft: NodeDraft, *fields: str) -> tuple[int | None, str]:
-    for name in fields:
-        src = draft.sources.get(name)
-        if src is not None:
-            return src.line, src.key
-    return draft.line, fields[0]
-
-
-def _check_node(node: Node, draft: NodeDraft, bad: set[str], log: IssueLog) -> None:
-    """Checks involving several fields of one node."""
-    if node.gpus > 0 and node.nproc > node.gpus and not bad & {"gpus", "nproc"}:
-        line, key = _line_of(draft, "nproc", "gpus")
-        log.add(
-            f"nproc {node.nproc} is more than gpus {node.gpus}: each rank needs its own GPU: "
-            "set nproc <= gpus, or gpus: 0 for CPU ranks",
-            line=line,
-            node=node.name,
-            field=key,
-        )
-    if node.connection == "local" and not is_localhost(node.host) and not bad & {"host", "connection"}:
-        line, key = _line_of(draft, "host", "connection")
-        log.add(
-            f"connection 'local' runs on this machine, but host is '{node.host}': "
-            "omit host (or use localhost) for the local node, or use connection: ssh",
-            line=line,
-            node=node.name,
-            field=key,
-        )
-    if node.connection == "winrm" and node.os == "linux" and not bad & {"os", "connection"}:
-        line, key = _line_of(draft, "connection", "os")
-        log.add(
-            "connection 'winrm' is for Windows nodes: set os: windows, or use connection: ssh for Linux",
-            line=line,
-            node=node.name,
-            field=key,
-        )
-    if node.connection == "winrm" and not node.allow_insecure and not any(b.startswith("winrm") for b in bad):
-        for item in node.winrm.insecure():
-            line, key = _line_of(draft, item.field, "winrm.scheme", "winrm")
-            # an Ansible inventory spells the opt-in bootstrap_allow_insecure
-            allow = "bootstrap_allow_insecure" if key.startswith("ansible_") else "allow_insecure"
-            log.add(
-                f"{item.risk}: refused; {item.fix} (only on an isolated test network: {allow}: true "
-                "for this node)",
-                line=line,
-                node=node.name,
-                field=key,
-            )
-    # Set for this very node (not through defaults or group vars, which Linux nodes share with
-    # Windows ones): a Linux node with Windows settings is a mistake worth naming.
-    own = draft.sources.get("windows") or next(
-        (src for key, src in draft.sources.items() if key.startswith("windows.")), None
-    )
-    if node.os != "windows" and "windows" in draft.values and own and not own.scope and "os" not in bad:
-        log.add(
-            "'windows' (mode, distro, wsl_user) is only for os: windows nodes: remove it, or set os: windows",
-            line=own.line,
-            node=node.name,
-            field=own.key,
-        )
-
-
-def _effective_port(node: Node) -> int | str | None:
-    if node.port is not None:
-        return node.port
-    if node.connection == "ssh":
-        return 22
-    return node.connection
-
-
-def _build_cluster(
-    values: dict[str, Any],
-    sources: dict[str, Source],
-    *,
-    fallback_line: int | None,
-    known_names: Sequence[str],
-    log: IssueLog,
-    base_dir: str = ".",
-) -> Cluster | None:
-    cluster: Cluster | None = None
-    bad: set[str] = set()
-    try:
-        # base_dir: where paths in the file start (train.templates)
-        cluster = Cluster.model_validate(values, context={"base_dir": base_dir})
-        if cluster.train.templates is not None:  # its error comes later (render.templates_dir_for)
-            src = sources.get("train.templates") or sources.get("train")
-            cluster.train._templates_line = src.line if src else fallback_line
-    except ValidationError as exc:
-        bad = _report_validation(
-            exc,
-            values=values,
-            sources=sources,
-            expected=_CLUSTER_EXPECTED,
-            known_fields=CLUSTER_FIELDS,
-            fallback_line=fallback_line,
-            node=None,
-            log=log,
-        )
-    master = values.get("master")
-    if known_names and "master" not in bad and isinstance(master, str) and master not in known_names:
-        src = sources.get("master")
-        log.add(
-            f"master '{master}' is not a node{did_you_mean(master, known_names)}",
-            line=src.line if src else fallback_line,
-            field=src.key if src else "master",
-        )
-    return cluster
-
-
-def assemble(
-    *,
-    source: str,
-    fmt: InventoryFormat,
-    drafts: list[NodeDraft],
-    cluster_values: dict[str, Any],
-    cluster_sources: dict[str, Source],
-    cluster_line: int | None,
-    default_master: str | None,
-    notes: list[str],
-    log: IssueLog,
-) -> Inventory:
-    """Validate drafts and cluster settings: an Inventory, or InventoryError with all issues."""
-    nodes: list[Node] = []
-    by_name: dict[str, Node] = {}
-    by_address: dict[tuple[str, int | str | None], Node] = {}
-    for draft in drafts:
-        node, bad = _validate_node(draft, log)
-        if node is None:
-            continue
-        _check_node(node, draft, bad, log)
-        if draft.password is not None:
-            _attach_password(node, draft.password)
-        if "name" not in bad and "host" not in bad:
-            first = by_name.get(node.name)
-            if first is not None:
-                line, key = _line_of(draft, "name", "host")
-                at = f" (first defined at line {first.line})" if first.line else ""
-                log.add(f"duplicate node name '{node.name}'{at}", line=line, node=node.name, field=key)
-                continue
-            by_name[node.name] = node
-        if not bad & {"host", "port", "connection"}:
-            address = (node.host.lower(), _effective_port(node))
-            other = by_address.get(address)
-            if other is not None:
-                line, key = _line_of(draft, "host", "port")
-                at = f" (line {other.line})" if other.line else ""
-                log.add(
-                    f"same address {node.address} as node '{other.name}'{at}: "
-                    "nodes on one host need different ports",
-                    line=line,
-                    node=node.name,
-                    field=key,
-                )
-            else:
-                by_address[address] = node
-        nodes.append(node)
-
-    stem = PurePath(source).stem or "cluster"
-    values = dict(cluster_values)
-    values.setdefault("name", stem)
-    if "master" not in values and default_master is not None:
-        values["master"] = default_master
-    known = [d.label for d in drafts]
-    cluster = None
-    if "master" in values:
-        cluster = _build_cluster(
-            values,
-            cluster_sources,
-            fallback_line=cluster_line,
-            known_names=known,
-            log=log,
-            base_dir=str(Path(source).absolute().parent),
-        )
-    if cluster is None and not log:
-        log.add("the inventory defines no nodes", line=cluster_line)
-    log.raise_if_any()
-    assert cluster is not None
-    return Inventory(cluster=cluster, nodes=nodes, source=source, format=fmt, notes=list(notes))
-
-
-@dataclass
-class Inventory:
-    """A loaded, validated inventory."""
-
-    cluster: Cluster
-    nodes: list[Node]
-    source: str
-    format: InventoryFormat
-    notes: list[str] = field(default_factory=list)
-
-    def node(self, name: str) -> Node:
-        """The node called ``name``; :class:`InventoryError` (with the closest name) when there is none."""
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        hint = did_you_mean(name, self.names)
-        raise InventoryError([InventoryIssue(f"unknown node '{name}'{hint}", file=self.source)])
-
-    @property
-    def names(self) -> list[str]:
-        return [n.name for n in self.nodes]
-
-    @property
-    def master_node(self) -> Node:
-        return self.node(self.cluster.master)
-
-    def select(self, patterns: Sequence[str]) -> list[Node]:
-        """Nodes matching any pattern, in inventory order, each once.
-
-        A pattern is a node name, an ``fnmatch`` glob (``gpu-*``) or ``tag:NAME`` (the tag may be a glob
-        too); one string may hold several comma-separated patterns. A pattern matching no node is an
-        :class:`InventoryError` naming it (all such patterns at once).
-        """
-        wanted: set[str] = set()
-        issues: list[InventoryIssue] = []
-        for raw in patterns:
-            for pattern in (p.strip() for p in raw.split(",")):
-                if not pattern:
-                    continue
-                matched = self._match(pattern)
-                if not matched:
-                    issues.append(InventoryIssue(self._no_match(pattern), file=self.source))
-                wanted.update(matched)
-        if issues:
-            raise InventoryError(issues)
-        return [n for n in self.nodes if n.name in wanted]
-
-    def _match(self, pattern: str) -> set[str]:
-        if pattern.startswith("tag:"):
-            tag = pattern[4:]
-            return {n.name for n in self.nodes if any(fnmatch.fnmatchcase(t, tag) for t in n.tags)}
-        exact = {n.name for n in self.nodes if n.name == pattern}
-        return exact or {n.name for n in self.nodes if fnmatch.fnmatchcase(n.name, pattern)}
-
-    def _no_match(self, pattern: str) -> str:
-        if pattern.startswith("tag:"):
-            tags = sorted({t for n in self.nodes for t in n.tags})
-            match = closest(pattern[4:], tags)
-            hint = f"; did you mean 'tag:{match}'?" if match else ""
-            known = ", ".join(tags) if tags else "none"
-            return f"no node has tag '{pattern[4:]}'{hint} (tags: {known})"
-        return f"no node matches '{pattern}'{did_you_mean(pattern, self.names)}"
-
-    def public_dict(self) -> dict[str, Any]:
-        """A JSON-safe description (no secret values; the NAME of a password variable is shown)."""
-        nodes = []
-        for node in self.nodes:
-            entry = node.model_dump(mode="json")
-            entry["tags"] = list(node.tags)
-            entry["address"] = node.address
-            entry["password_source"] = node.password_source
-            nodes.append(entry)
-        from orchestrator.redact import mask_credentials_in  # URLs (env.index_url...) may hold a login
-
-        doc: dict[str, Any] = {
-            "source": self.source,
-            "format": self.format,
-            "cluster": {**self.cluster.model_dump(mode="json"), "train": self.cluster.train.public_dict()},
-            "nodes": nodes,
-            "notes": list(self.notes),
-        }
-        masked: dict[str, Any] = mask_credentials_in(doc)
-        return masked

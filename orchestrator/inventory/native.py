@@ -5,15 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.inventory._yaml import describe, did_you_mean, item_line, key_line, node_line, plain
-from orchestrator.inventory.model import (
-    NODE_USER_FIELDS,
-    Inventory,
-    IssueLog,
-    NodeDraft,
-    Source,
-    assemble,
-)
+from orchestrator.inventory._yaml_values import describe, did_you_mean, item_line, key_line, node_line, plain
+from orchestrator.inventory.assemble import NodeDraft, assemble
+from orchestrator.inventory.cluster import Inventory
+from orchestrator.inventory.issues import NODE_USER_FIELDS, IssueLog, Source
 
 __all__ = ["TOP_LEVEL_KEYS", "looks_native", "read_native"]
 

@@ -18,7 +18,7 @@ from pydantic import SecretStr
 from orchestrator.errors import SecretMissingError
 from orchestrator.inventory.model import Node, inventory_password
 
-__all__ = ["PasswordResolver", "default_prompt", "resolve_password"]
+__all__ = ["PasswordResolver", "default_prompt"]
 
 Prompt = Callable[[str], str]
 
@@ -88,17 +88,3 @@ class PasswordResolver:
             answer = self._prompt(question)
             self._cache[key] = SecretStr(answer)
             return answer
-
-
-_default: PasswordResolver | None = None
-_default_lock = threading.Lock()
-
-
-def resolve_password(node: Node) -> str | None:
-    """:meth:`PasswordResolver.password_for` on a process-wide resolver (prompting only on a terminal)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = PasswordResolver(default_prompt())
-        resolver = _default
-    return resolver.password_for(node)

@@ -25,23 +25,19 @@ from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.steps.firewall import cluster_addresses, plan_node
+from orchestrator.steps.firewall.firewalld import firewalld_commands, parse_firewalld, rich_rule
 from orchestrator.steps.firewall.linux import (
-    Detection,
     Target,
-    detect,
-    detection_sections,
-    firewalld_commands,
     iptables_commands,
     nft_persist_commands,
     nft_persist_file,
     nft_targets,
-    parse_firewalld,
     parse_iptables_rules,
     parse_nft_rule,
     parse_ufw_added,
-    rich_rule,
     ufw_commands,
 )
+from orchestrator.steps.firewall.linux_detection import Detection, detect, detection_sections
 from orchestrator.steps.firewall.rules import (
     NTP_PORT,
     TAG_LIMIT,

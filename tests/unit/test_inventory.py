@@ -22,6 +22,7 @@ from orchestrator.inventory import (
     load_inventory,
     load_inventory_text,
 )
+from orchestrator.inventory._yaml_values import plain
 
 DATA = Path(__file__).parent / "data" / "inventory"
 EXAMPLES = Path(__file__).resolve().parents[2] / "inventory"
@@ -603,7 +604,7 @@ def test_a_one_megabyte_inventory_loads(tmp_path: Path) -> None:
 
 
 def test_native_format_keeps_yaml_1_2_meanings() -> None:
-    data = _yaml.plain(_yaml.load_yaml("nodes:\n  - tags: [yes, no, on, off, 0777, 1:20, true]\n", "n.yaml"))
+    data = plain(_yaml.load_yaml("nodes:\n  - tags: [yes, no, on, off, 0777, 1:20, true]\n", "n.yaml"))
     assert data["nodes"][0]["tags"] == ["yes", "no", "on", "off", 777, "1:20", True]
 
 

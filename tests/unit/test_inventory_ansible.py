@@ -8,8 +8,9 @@ import pytest
 
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import Inventory, WinRMSettings, load_inventory, load_inventory_text
-from orchestrator.inventory._yaml import MAX_ALIAS_VALUES, load_yaml, plain
-from orchestrator.inventory.ansible import MAX_RANGE_HOSTS
+from orchestrator.inventory._yaml import MAX_ALIAS_VALUES, load_yaml
+from orchestrator.inventory._yaml_values import plain
+from orchestrator.inventory.ansible_hosts import MAX_RANGE_HOSTS
 
 DATA = Path(__file__).parent / "data" / "inventory"
 

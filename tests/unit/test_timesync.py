@@ -20,17 +20,11 @@ from orchestrator.facts.network import InterfaceAddress, Route
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.timesync import (
-    NodeTime,
-    _Addresses,
-    _await,
-    follow_master,
-    master_identity,
-    no_reply_problem,
-    roles,
-)
+from orchestrator.steps.timesync import NodeTime
 from orchestrator.steps.timesync import chrony as c
 from orchestrator.steps.timesync import windows as w
+from orchestrator.steps.timesync.apply import _await, no_reply_problem
+from orchestrator.steps.timesync.master import _Addresses, follow_master, master_identity, roles
 from orchestrator.transports.base import Result
 from tests import pwsh
 from tests.winrm_server.cmdline import split as split_command_line

@@ -21,12 +21,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.platforms import PosixShell
+from orchestrator.steps.firewall.firewalld import firewalld_commands
 from orchestrator.steps.firewall.linux import (
-    Detection,
     Target,
-    detect,
-    detection_sections,
-    firewalld_commands,
     iptables_commands,
     iptables_persist_commands,
     nft_commands,
@@ -34,6 +31,7 @@ from orchestrator.steps.firewall.linux import (
     nft_persist_file,
     ufw_commands,
 )
+from orchestrator.steps.firewall.linux_detection import Detection, detect, detection_sections
 from orchestrator.steps.firewall.rules import (
     NTP_PORT,
     Changes,
@@ -139,10 +137,10 @@ def cluster_addresses(inventory: Inventory, detections: dict[str, Detection]) ->
     judged exactly as the preflight's interface check does (inventory ``interface`` overrides, the
     master's own address as its peers dial it), else its inventory host when that is an IPv4 address."""
     from orchestrator.steps.preflight import check_interfaces
-    from orchestrator.steps.preflight.checks import NodeFacts
+    from orchestrator.steps.preflight.checks import PreflightFacts
 
     facts = [
-        NodeFacts(
+        PreflightFacts(
             node=node,
             python=None,
             torch=None,

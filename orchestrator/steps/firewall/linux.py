@@ -1,31 +1,25 @@
-"""Linux firewalls: find the one that decides (one round trip), read our rules, write the commands.
-
-Detection order: ufw (active), firewalld (running), then what the kernel really evaluates: nftables base
-chains hooked at ``input`` (native tables, and iptables-nft's ``ip filter INPUT``) and the legacy
-iptables ``INPUT`` chain. A chain *filters* when its policy is drop or a drop/reject is reachable from it.
+"""Linux firewalls: where our rules live (:class:`Target`), and for nftables, iptables and ufw how the
+rules of ours are read back and what commands write and remove them.
 
 Why rules go INTO the filtering chains: nftables evaluates every base chain on a hook and a packet must
 be accepted by each of them; an ``accept`` in a table of our own ends only our chain, while the host's
 ``policy drop`` still drops (nftables wiki, "Configuring chains": base chain priority; FIELD_NOTES.md).
 So each rule is inserted at the top of every filtering chain, tagged with a comment, and found again
 by that comment. ufw and firewalld own their rulesets: we go through them (a rule comment for ufw, a
-firewalld policy object of our own whose name is the tag).
+firewalld policy object of our own whose name is the tag: ``firewalld.py``).
 
-Everything here is pure except nothing: the detection *script* is text, the parsers take its output,
-the planners return shell text. The step module runs them.
+Everything here is pure: the parsers take the detection's output (``linux_detection.py``), the planners
+return shell text. The step module runs them.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator.facts.base import split_sections
-from orchestrator.facts.network import Addresses, InterfaceAddress, Interfaces, MasterRoute, Route
 from orchestrator.platforms import Platform
 from orchestrator.steps.firewall.rules import (
     TAG_PREFIX,
@@ -36,7 +30,6 @@ from orchestrator.steps.firewall.rules import (
     Rule,
     normalize_source,
     protocol_of,
-    reconcile,
 )
 
 Kind = Literal["nftables", "iptables", "ufw", "firewalld"]
@@ -57,65 +50,6 @@ def nft_persist_file(tag: str) -> str:
     return f"{NFT_DIR}/{tag.replace(':', '-')}.nft"
 
 
-# -- detection ----------------------------------------------------------------------------------------
-
-
-def detection_sections(platform: Platform, *, master_host: str, ids: ClusterTag) -> list[tuple[str, str]]:
-    """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
-    needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
-    Our firewalld policy and persisted nft file are looked for under their current and legacy names."""
-    q = platform.quote
-    persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
-    legacy_include = f'include "{legacy_file}"'
-    policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
-    return [
-        ("route", MasterRoute(master_host).command(platform)),
-        ("addresses", Addresses().command(platform)),
-        ("interfaces", Interfaces().command(platform)),
-        ("range", "cat /proc/sys/net/ipv4/ip_local_port_range"),
-        (
-            "ufw",
-            # `ufw` is a Python program (about a second): asked only when its config says enabled
-            "command -v ufw >/dev/null 2>&1 || exit 127\n"
-            "grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || { echo 'Status: inactive'; exit 0; }\n"
-            "ufw status\necho '@@added'\nufw show added",
-        ),
-        (
-            "firewalld",
-            # firewall-cmd too (and slower when no daemon answers): asked only when firewalld runs
-            "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
-            "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
-            "firewall-cmd --state || exit 3\n"
-            f"for p in {policies}; do\n"
-            '  echo "@@policy $p"\n'
-            "  echo '@@runtime'; firewall-cmd --info-policy=\"$p\"\n"
-            "  echo '@@permanent'; firewall-cmd --permanent --info-policy=\"$p\"\n"
-            "  echo '@@description'; firewall-cmd --permanent --policy=\"$p\" --get-description\n"
-            "done\nexit 0",
-        ),
-        ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
-        (
-            "iptables_nft",
-            # iptables-nft lists nothing it did not create; `-S` never creates a table
-            "command -v iptables-nft >/dev/null 2>&1 || exit 127\niptables-nft -S INPUT",
-        ),
-        (
-            "iptables_legacy",
-            # only when legacy tables exist in this network namespace: listing would load them
-            "grep -qx filter /proc/net/ip_tables_names 2>/dev/null || exit 3\n"
-            "command -v iptables-legacy >/dev/null 2>&1 || exit 127\niptables-legacy -S INPUT",
-        ),
-        (
-            "persist",
-            f"[ -f {q(NFT_CONF)} ] && echo nftables.conf\n"
-            f"[ -f {q(persist_file)} ] && grep -qF {q(persist_file)} {q(NFT_CONF)} && echo included\n"
-            # the file of the legacy tag, or its include line alone: removed (a rerun persists anew)
-            f"{{ [ -f {q(legacy_file)} ] || grep -qxF {q(legacy_include)} {q(NFT_CONF)}; }} && echo legacy\n"
-            f"[ -f {q(IPTABLES_RULES)} ] && echo rules.v4\nexit 0",
-        ),
-    ]
-
-
 @dataclass
 class Target:
     """One place rules live: a chain (nftables/iptables), ufw, or our firewalld policy."""
@@ -133,113 +67,6 @@ class Target:
     permanent_exists: bool = False
     policy: str = ""  # firewalld: the policy's name
     legacy: bool = False  # firewalld: the policy of the legacy name (removed with its rules)
-
-
-@dataclass
-class Detection:
-    """What one node runs and what of ours is on it."""
-
-    targets: list[Target]
-    ephemeral: PortRange | None
-    route: Route | None
-    addresses: tuple[InterfaceAddress, ...]
-    interfaces: tuple[str, ...]
-    notes: list[str] = field(default_factory=list)
-    persist: set[str] = field(default_factory=set)  # "nftables.conf", "included", "legacy", "rules.v4"
-
-    @property
-    def kind(self) -> str:
-        """The firewall in charge, for the summary ("none" when nothing filters)."""
-        kinds = sorted({t.kind for t in self.targets if t.filtering})
-        return "+".join(kinds) if kinds else "none"
-
-
-def parse_port_range(text: str) -> PortRange | None:
-    words = text.split()
-    if len(words) != 2 or not all(w.isdigit() for w in words):
-        return None
-    try:
-        return PortRange(int(words[0]), int(words[1]))
-    except ValueError:
-        return None
-
-
-def detect(stdout: str, token: str, ids: ClusterTag) -> Detection:
-    """Decide from the framed output of :func:`detection_sections` (pure: tested on recorded output)."""
-    sections = split_sections(stdout, token)
-
-    def out(name: str) -> tuple[str, int]:
-        return sections.get(name, ("", 127))
-
-    route: Route | None = None
-    text, code = out("route")
-    if "route" in sections:
-        try:
-            route = MasterRoute("").parse(text, code)
-        except ValueError:
-            route = None
-    addresses: tuple[InterfaceAddress, ...] = ()
-    text, code = out("addresses")
-    if "addresses" in sections:
-        try:
-            addresses = Addresses().parse(text, code)
-        except ValueError:
-            addresses = ()
-    interfaces: tuple[str, ...] = ()
-    text, code = out("interfaces")
-    if "interfaces" in sections:
-        try:
-            interfaces = Interfaces().parse(text, code)
-        except ValueError:
-            interfaces = ()
-    ephemeral = parse_port_range(out("range")[0])
-    persist = {line.strip() for line in out("persist")[0].splitlines() if line.strip()}
-    detection = Detection([], ephemeral, route, addresses, interfaces, persist=persist)
-    if ephemeral is None:
-        detection.notes.append("could not read /proc/sys/net/ipv4/ip_local_port_range")
-
-    ufw_text, ufw_code = out("ufw")
-    if ufw_code != 127 and re.search(r"^Status: active", ufw_text, re.M):
-        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, ids)))
-        return detection
-    fwd_text, fwd_code = out("firewalld")
-    if fwd_code == 0 and fwd_text.splitlines()[:1] == ["running"]:
-        current = parse_firewalld(fwd_text, ids.policy, ids)
-        if current is None:
-            detection.notes.append(
-                f"firewalld policy {ids.policy} exists but is not this cluster's (its description is "
-                f"not {ids.tag}): left alone; rename that policy, or this cluster"
-            )
-        else:
-            detection.targets.append(current)
-        if ids.legacy_policy != ids.policy:
-            legacy = parse_firewalld(fwd_text, ids.legacy_policy, ids, legacy=True)
-            if legacy is not None and (legacy.exists or legacy.permanent_exists):
-                detection.targets.append(legacy)
-        return detection
-
-    nft_text, nft_code = out("nft")
-    ipt_nft_text, ipt_nft_code = out("iptables_nft")
-    if nft_code == 0 and nft_text.strip():
-        try:
-            doc = json.loads(nft_text)
-        except ValueError:
-            detection.notes.append("`nft -j list ruleset` printed something that is not JSON")
-            doc = {"nftables": []}
-        detection.targets.extend(nft_targets(doc, ids, iptables_nft=ipt_nft_code == 0))
-        if ipt_nft_code == 0:
-            for target in detection.targets:
-                if target.kind == "iptables":
-                    target.present = parse_iptables_rules(ipt_nft_text, ids)
-    legacy_text, legacy_code = out("iptables_legacy")
-    if legacy_code == 0:
-        present = parse_iptables_rules(legacy_text, ids)
-        filtering = iptables_filters(legacy_text)
-        if filtering or present:
-            detection.targets.append(
-                Target("iptables", "iptables-legacy INPUT", filtering, present, binary="iptables-legacy")
-            )
-    return detection
 
 
 # -- nftables -----------------------------------------------------------------------------------------
@@ -538,115 +365,3 @@ def ufw_commands(platform: Platform, change: Changes, tag: str) -> list[str]:
         argv.append(rule.ports.colon)
         commands.append(platform.join([*argv, "comment", tag]))
     return commands
-
-
-# -- firewalld ----------------------------------------------------------------------------------------
-
-_RICH_RE = re.compile(
-    r'rule family="ipv4" source address="(?P<source>[0-9./]+)" '
-    r'port port="(?P<port>[0-9-]+)" protocol="(?P<protocol>tcp|udp)" accept'
-)
-
-
-def rich_rule(rule: Rule) -> str:
-    return (
-        f'rule family="ipv4" source address="{rule.source}" port port="{rule.ports}" '
-        f'protocol="{rule.protocol}" accept'
-    )
-
-
-def _rich_rules(block: str) -> list[Present]:
-    found: list[Present] = []
-    for line in block.splitlines():
-        line = line.strip()
-        if not line.startswith("rule "):
-            continue
-        match = _RICH_RE.fullmatch(line)
-        rule = None
-        if match:
-            try:
-                protocol = protocol_of(match["protocol"])
-                if protocol is not None:
-                    rule = Rule(normalize_source(match["source"]), PortRange.parse(match["port"]), protocol)
-            except ValueError:
-                rule = None
-        found.append(Present(rule, line))
-    return found
-
-
-def _policy_block(text: str, policy: str) -> str:
-    """The detection's lines about ``policy`` (between ``@@policy NAME`` and the next one)."""
-    blocks = re.split(r"^@@policy (\S+)$", text, flags=re.M)
-    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
-        if name == policy:
-            return body
-    return ""
-
-
-def parse_firewalld(text: str, policy: str, ids: ClusterTag, *, legacy: bool = False) -> Target | None:
-    """``--info-policy`` of ``policy``, runtime and permanent (absent: the command printed nothing),
-    as a Target; None when a policy of that name exists whose description is not our tag (the
-    current one, or for the legacy name the legacy one): another cluster's, never touched."""
-    block = _policy_block(text, policy)
-    _, _, rest = block.partition("@@runtime")
-    runtime, _, rest = rest.partition("@@permanent")
-    permanent, _, description = rest.partition("@@description")
-    label = f"firewalld policy {policy}" + (" (legacy name)" if legacy else "")
-    target = Target("firewalld", label, not legacy, policy=policy, legacy=legacy)
-    target.exists = runtime.strip().startswith(policy)
-    target.permanent_exists = permanent.strip().startswith(policy)
-    # we create policies with our tag as description: a policy of this name without it (a digest
-    # collision of the short name, or a policy of someone else's) is left alone
-    if target.permanent_exists and description.strip() != (ids.legacy if legacy else ids.tag):
-        return None
-    target.present = _rich_rules(runtime) if target.exists else []
-    target.permanent = _rich_rules(permanent) if target.permanent_exists else []
-    return target
-
-
-def firewalld_commands(
-    platform: Platform,
-    target: Target,
-    wanted: Sequence[Rule],
-    tag: str,
-    *,
-    persist: bool,
-    remove: bool,
-) -> tuple[Changes, list[str]]:
-    """Rich rules in a firewalld policy of our own (ingress ANY -> HOST, before the zones).
-
-    A policy, not a zone: a zone bound to the peers' addresses would take over *all* their traffic
-    (ssh included) since firewalld dropped zone drifting; a policy only adds accepts and lets the rest
-    continue to the zones. firewalld creates policies only in the permanent configuration, so the
-    first run adds it there and reloads once; rules go to runtime, and also to permanent with persist.
-    The policy of the legacy name (``target.legacy``) is always removed, rules and all.
-    """
-    q = platform.quote
-    fc = "firewall-cmd"
-    policy = target.policy
-    if target.legacy:
-        wanted, remove = [], True
-    commands: list[str] = []
-    runtime = reconcile(wanted, target.present)
-    if not remove and not target.permanent_exists:
-        commands += [
-            f"{fc} --permanent --new-policy={q(policy)}",
-            f"{fc} --permanent --policy={q(policy)} --set-description={q(tag)}",
-            f"{fc} --permanent --policy={q(policy)} --add-ingress-zone=ANY",
-            f"{fc} --permanent --policy={q(policy)} --add-egress-zone=HOST",
-            f"{fc} --permanent --policy={q(policy)} --set-priority=-100",
-        ]
-    if not remove and not target.exists:
-        commands.append(f"{fc} --reload")
-    for entry in runtime.delete:
-        commands.append(f"{fc} --policy={q(policy)} --remove-rich-rule={q(entry.ref)}")
-    for rule in runtime.add:
-        commands.append(f"{fc} --policy={q(policy)} --add-rich-rule={q(rich_rule(rule))}")
-    permanent = reconcile(wanted if persist else [], target.permanent)
-    for entry in permanent.delete:
-        commands.append(f"{fc} --permanent --policy={q(policy)} --remove-rich-rule={q(entry.ref)}")
-    for rule in permanent.add:
-        commands.append(f"{fc} --permanent --policy={q(policy)} --add-rich-rule={q(rich_rule(rule))}")
-    if remove and target.permanent_exists:
-        commands.append(f"{fc} --permanent --delete-policy={q(policy)}")
-    return runtime, commands

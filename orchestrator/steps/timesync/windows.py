@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.timesync.chrony import time_source
+from orchestrator.steps.timesync.chrony.config import time_source
 
 # PowerShell expressions (not strings): %ProgramData%\cluster-bootstrap\w32time-before.json
 STATE_DIR = "(Join-Path -Path $env:ProgramData -ChildPath 'cluster-bootstrap')"

@@ -1,0 +1,165 @@
+"""The loaded inventory: :class:`Cluster` (the cluster-wide settings: name, master, rendezvous port,
+backend and each step's settings) and :class:`Inventory` (the cluster and its nodes, in file order),
+with the node selection that ``--nodes`` patterns use.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
+
+from orchestrator.errors import InventoryError, InventoryIssue
+from orchestrator.inventory._yaml_values import closest, did_you_mean
+from orchestrator.inventory.model import (
+    Backend,
+    DisplayName,
+    InventoryFormat,
+    Node,
+    PortNumber,
+    Text,
+    TrainSettings,
+    _no_bool,
+)
+from orchestrator.inventory.settings import CodeSettings, EnvSettings, FirewallSettings, TimeSettings
+
+__all__ = ["Cluster", "Inventory"]
+
+
+class Cluster(BaseModel):
+    """Cluster-wide settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    name: DisplayName
+    master: Text
+    port: PortNumber = 29500
+    backend: Backend = "auto"
+    train: TrainSettings = TrainSettings()
+    firewall: FirewallSettings = FirewallSettings()
+    time: TimeSettings = TimeSettings()
+    env: EnvSettings = EnvSettings()
+    code: CodeSettings = CodeSettings()
+
+    @field_validator("port", mode="before")
+    @classmethod
+    def _integers_are_not_booleans(cls, value: Any) -> Any:
+        return _no_bool(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_code_directory(cls, data: Any) -> Any:
+        """``code.dest`` and ``train.code_dir`` name one directory: sync pushes where launch runs.
+
+        A ``code.dest`` alone is copied into ``train.code_dir`` (launch reads that); both given and
+        different would make launch run code that sync never pushed.
+        """
+        if not isinstance(data, dict):
+            return data
+        code, train = data.get("code"), data.get("train")
+        dest = code.get("dest") if isinstance(code, dict) else None
+        if not isinstance(dest, str) or (train is not None and not isinstance(train, dict)):
+            return data
+        if (train or {}).get("code_dir") is None:
+            return {**data, "train": {**(train or {}), "code_dir": dest}}
+        return data  # both given: _same_code_directory compares them once validated
+
+    @field_validator("code")
+    @classmethod
+    def _same_code_directory(cls, code: CodeSettings, info: ValidationInfo) -> CodeSettings:
+        train = info.data.get("train")
+        code_dir = train.code_dir if isinstance(train, TrainSettings) else None
+        if code.dest is not None and code_dir is not None and code_dir != code.dest:
+            raise ValueError(
+                f"code.dest {code.dest!r} and train.code_dir {code_dir!r} differ: launch runs the code "
+                "from train.code_dir, sync pushes it to code.dest; keep only code.dest"
+            )
+        return code
+
+
+@dataclass
+class Inventory:
+    """A loaded, validated inventory."""
+
+    cluster: Cluster
+    nodes: list[Node]
+    source: str
+    format: InventoryFormat
+    notes: list[str] = field(default_factory=list)
+
+    def node(self, name: str) -> Node:
+        """The node called ``name``; :class:`InventoryError` (with the closest name) when there is none."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        hint = did_you_mean(name, self.names)
+        raise InventoryError([InventoryIssue(f"unknown node '{name}'{hint}", file=self.source)])
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    @property
+    def master_node(self) -> Node:
+        return self.node(self.cluster.master)
+
+    def select(self, patterns: Sequence[str]) -> list[Node]:
+        """Nodes matching any pattern, in inventory order, each once.
+
+        A pattern is a node name, an ``fnmatch`` glob (``gpu-*``) or ``tag:NAME`` (the tag may be a glob
+        too); one string may hold several comma-separated patterns. A pattern matching no node is an
+        :class:`InventoryError` naming it (all such patterns at once).
+        """
+        wanted: set[str] = set()
+        issues: list[InventoryIssue] = []
+        for raw in patterns:
+            for pattern in (p.strip() for p in raw.split(",")):
+                if not pattern:
+                    continue
+                matched = self._match(pattern)
+                if not matched:
+                    issues.append(InventoryIssue(self._no_match(pattern), file=self.source))
+                wanted.update(matched)
+        if issues:
+            raise InventoryError(issues)
+        return [n for n in self.nodes if n.name in wanted]
+
+    def _match(self, pattern: str) -> set[str]:
+        if pattern.startswith("tag:"):
+            tag = pattern[4:]
+            return {n.name for n in self.nodes if any(fnmatch.fnmatchcase(t, tag) for t in n.tags)}
+        exact = {n.name for n in self.nodes if n.name == pattern}
+        return exact or {n.name for n in self.nodes if fnmatch.fnmatchcase(n.name, pattern)}
+
+    def _no_match(self, pattern: str) -> str:
+        if pattern.startswith("tag:"):
+            tags = sorted({t for n in self.nodes for t in n.tags})
+            match = closest(pattern[4:], tags)
+            hint = f"; did you mean 'tag:{match}'?" if match else ""
+            known = ", ".join(tags) if tags else "none"
+            return f"no node has tag '{pattern[4:]}'{hint} (tags: {known})"
+        return f"no node matches '{pattern}'{did_you_mean(pattern, self.names)}"
+
+    def public_dict(self) -> dict[str, Any]:
+        """A JSON-safe description (no secret values; the NAME of a password variable is shown)."""
+        nodes = []
+        for node in self.nodes:
+            entry = node.model_dump(mode="json")
+            entry["tags"] = list(node.tags)
+            entry["address"] = node.address
+            entry["password_source"] = node.password_source
+            nodes.append(entry)
+        from orchestrator.redact import mask_credentials_in  # URLs (env.index_url...) may hold a login
+
+        doc: dict[str, Any] = {
+            "source": self.source,
+            "format": self.format,
+            "cluster": {**self.cluster.model_dump(mode="json"), "train": self.cluster.train.public_dict()},
+            "nodes": nodes,
+            "notes": list(self.notes),
+        }
+        masked: dict[str, Any] = mask_credentials_in(doc)
+        return masked

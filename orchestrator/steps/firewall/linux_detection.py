@@ -1,0 +1,195 @@
+"""Linux firewalls: find the one that decides, and the rules of ours on it, in one round trip.
+
+Detection order: ufw (active), firewalld (running), then what the kernel really evaluates: nftables base
+chains hooked at ``input`` (native tables, and iptables-nft's ``ip filter INPUT``) and the legacy
+iptables ``INPUT`` chain. A chain *filters* when its policy is drop or a drop/reject is reachable from it.
+The same round trip reads the node's route to the master, its addresses and interfaces, its ephemeral
+port range and how rules persist there. Pure: the *script* is text, :func:`detect` parses its output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from orchestrator.facts.base import split_sections
+from orchestrator.facts.network import Addresses, InterfaceAddress, Interfaces, MasterRoute, Route
+from orchestrator.platforms import Platform
+from orchestrator.steps.firewall.firewalld import parse_firewalld
+from orchestrator.steps.firewall.linux import (
+    IPTABLES_RULES,
+    NFT_CONF,
+    Target,
+    iptables_filters,
+    nft_persist_file,
+    nft_targets,
+    parse_iptables_rules,
+    parse_ufw_added,
+)
+from orchestrator.steps.firewall.rules import ClusterTag, PortRange
+
+__all__ = ["Detection", "detect", "detection_sections", "parse_port_range"]
+
+
+def detection_sections(platform: Platform, *, master_host: str, ids: ClusterTag) -> list[tuple[str, str]]:
+    """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
+    needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
+    Our firewalld policy and persisted nft file are looked for under their current and legacy names."""
+    q = platform.quote
+    persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
+    legacy_include = f'include "{legacy_file}"'
+    policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
+    return [
+        ("route", MasterRoute(master_host).command(platform)),
+        ("addresses", Addresses().command(platform)),
+        ("interfaces", Interfaces().command(platform)),
+        ("range", "cat /proc/sys/net/ipv4/ip_local_port_range"),
+        (
+            "ufw",
+            # `ufw` is a Python program (about a second): asked only when its config says enabled
+            "command -v ufw >/dev/null 2>&1 || exit 127\n"
+            "grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || { echo 'Status: inactive'; exit 0; }\n"
+            "ufw status\necho '@@added'\nufw show added",
+        ),
+        (
+            "firewalld",
+            # firewall-cmd too (and slower when no daemon answers): asked only when firewalld runs
+            "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
+            "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
+            "firewall-cmd --state || exit 3\n"
+            f"for p in {policies}; do\n"
+            '  echo "@@policy $p"\n'
+            "  echo '@@runtime'; firewall-cmd --info-policy=\"$p\"\n"
+            "  echo '@@permanent'; firewall-cmd --permanent --info-policy=\"$p\"\n"
+            "  echo '@@description'; firewall-cmd --permanent --policy=\"$p\" --get-description\n"
+            "done\nexit 0",
+        ),
+        ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
+        (
+            "iptables_nft",
+            # iptables-nft lists nothing it did not create; `-S` never creates a table
+            "command -v iptables-nft >/dev/null 2>&1 || exit 127\niptables-nft -S INPUT",
+        ),
+        (
+            "iptables_legacy",
+            # only when legacy tables exist in this network namespace: listing would load them
+            "grep -qx filter /proc/net/ip_tables_names 2>/dev/null || exit 3\n"
+            "command -v iptables-legacy >/dev/null 2>&1 || exit 127\niptables-legacy -S INPUT",
+        ),
+        (
+            "persist",
+            f"[ -f {q(NFT_CONF)} ] && echo nftables.conf\n"
+            f"[ -f {q(persist_file)} ] && grep -qF {q(persist_file)} {q(NFT_CONF)} && echo included\n"
+            # the file of the legacy tag, or its include line alone: removed (a rerun persists anew)
+            f"{{ [ -f {q(legacy_file)} ] || grep -qxF {q(legacy_include)} {q(NFT_CONF)}; }} && echo legacy\n"
+            f"[ -f {q(IPTABLES_RULES)} ] && echo rules.v4\nexit 0",
+        ),
+    ]
+
+
+@dataclass
+class Detection:
+    """What one node runs and what of ours is on it."""
+
+    targets: list[Target]
+    ephemeral: PortRange | None
+    route: Route | None
+    addresses: tuple[InterfaceAddress, ...]
+    interfaces: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+    persist: set[str] = field(default_factory=set)  # "nftables.conf", "included", "legacy", "rules.v4"
+
+    @property
+    def kind(self) -> str:
+        """The firewall in charge, for the summary ("none" when nothing filters)."""
+        kinds = sorted({t.kind for t in self.targets if t.filtering})
+        return "+".join(kinds) if kinds else "none"
+
+
+def parse_port_range(text: str) -> PortRange | None:
+    words = text.split()
+    if len(words) != 2 or not all(w.isdigit() for w in words):
+        return None
+    try:
+        return PortRange(int(words[0]), int(words[1]))
+    except ValueError:
+        return None
+
+
+def detect(stdout: str, token: str, ids: ClusterTag) -> Detection:
+    """Decide from the framed output of :func:`detection_sections` (pure: tested on recorded output)."""
+    sections = split_sections(stdout, token)
+
+    def out(name: str) -> tuple[str, int]:
+        return sections.get(name, ("", 127))
+
+    route: Route | None = None
+    text, code = out("route")
+    if "route" in sections:
+        try:
+            route = MasterRoute("").parse(text, code)
+        except ValueError:
+            route = None
+    addresses: tuple[InterfaceAddress, ...] = ()
+    text, code = out("addresses")
+    if "addresses" in sections:
+        try:
+            addresses = Addresses().parse(text, code)
+        except ValueError:
+            addresses = ()
+    interfaces: tuple[str, ...] = ()
+    text, code = out("interfaces")
+    if "interfaces" in sections:
+        try:
+            interfaces = Interfaces().parse(text, code)
+        except ValueError:
+            interfaces = ()
+    ephemeral = parse_port_range(out("range")[0])
+    persist = {line.strip() for line in out("persist")[0].splitlines() if line.strip()}
+    detection = Detection([], ephemeral, route, addresses, interfaces, persist=persist)
+    if ephemeral is None:
+        detection.notes.append("could not read /proc/sys/net/ipv4/ip_local_port_range")
+
+    ufw_text, ufw_code = out("ufw")
+    if ufw_code != 127 and re.search(r"^Status: active", ufw_text, re.M):
+        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, ids)))
+        return detection
+    fwd_text, fwd_code = out("firewalld")
+    if fwd_code == 0 and fwd_text.splitlines()[:1] == ["running"]:
+        current = parse_firewalld(fwd_text, ids.policy, ids)
+        if current is None:
+            detection.notes.append(
+                f"firewalld policy {ids.policy} exists but is not this cluster's (its description is "
+                f"not {ids.tag}): left alone; rename that policy, or this cluster"
+            )
+        else:
+            detection.targets.append(current)
+        if ids.legacy_policy != ids.policy:
+            legacy = parse_firewalld(fwd_text, ids.legacy_policy, ids, legacy=True)
+            if legacy is not None and (legacy.exists or legacy.permanent_exists):
+                detection.targets.append(legacy)
+        return detection
+
+    nft_text, nft_code = out("nft")
+    ipt_nft_text, ipt_nft_code = out("iptables_nft")
+    if nft_code == 0 and nft_text.strip():
+        try:
+            doc = json.loads(nft_text)
+        except ValueError:
+            detection.notes.append("`nft -j list ruleset` printed something that is not JSON")
+            doc = {"nftables": []}
+        detection.targets.extend(nft_targets(doc, ids, iptables_nft=ipt_nft_code == 0))
+        if ipt_nft_code == 0:
+            for target in detection.targets:
+                if target.kind == "iptables":
+                    target.present = parse_iptables_rules(ipt_nft_text, ids)
+    legacy_text, legacy_code = out("iptables_legacy")
+    if legacy_code == 0:
+        present = parse_iptables_rules(legacy_text, ids)
+        filtering = iptables_filters(legacy_text)
+        if filtering or present:
+            detection.targets.append(
+                Target("iptables", "iptables-legacy INPUT", filtering, present, binary="iptables-legacy")
+            )
+    return detection

@@ -1,0 +1,364 @@
+"""One node's time configuration over its transport: chrony on Linux (probe, install, configure,
+await its source, measure, restore) and w32time on Windows (configure, measure, restore).
+
+The chrony files and scripts themselves are built by :mod:`orchestrator.steps.timesync.chrony` and the
+w32time scripts by :mod:`orchestrator.steps.timesync.windows`; here they are run (as root) and what
+they print becomes the node's :class:`NodeTime`. In which order the nodes get this work is decided by
+:func:`orchestrator.steps.timesync.sync_time` and :func:`orchestrator.steps.timesync.restore_time`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import BootstrapError, CommandFailedError
+from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.steps.preflight import sample_clock
+from orchestrator.steps.preflight.checks import ClockSample
+from orchestrator.steps.root import run_as_root
+from orchestrator.steps.timesync import chrony
+from orchestrator.steps.timesync.chrony.config import ChronyRole
+from orchestrator.steps.timesync.chrony.probe import Probe
+from orchestrator.steps.timesync.report import NodeTime
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Node
+    from orchestrator.session import Session
+    from orchestrator.transports import Result, Transport
+
+__all__ = ["no_reply_problem"]
+
+
+def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
+    return run_as_root(node, transport, script, what, timeout)
+
+
+def _probe(node: Node, transport: Transport) -> Probe:
+    shell = _posix(node, transport)
+    result = _as_root(transport, node, chrony.probe_script(shell), "reading the time configuration", 60)
+    if not result.ok:
+        raise CommandFailedError(
+            f"reading the time configuration failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+            node=node.name,
+            result=result,
+        )
+    return chrony.parse_probe(result.stdout)
+
+
+def _posix(node: Node, transport: Transport) -> PosixShell:
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise CommandFailedError(
+            f"time sync on {platform.name} nodes needs the WinRM transport", node=node.name
+        )
+    return platform
+
+
+def _daemon_name(probe: Probe) -> str:
+    if probe.chronyd:
+        return "chrony"
+    return "timesyncd" if probe.timesyncd_active else "none"
+
+
+def _missing_chrony(node: Node, probe: Probe) -> BootstrapError:
+    install = chrony.install_command(probe.package_manager) or "install the chrony package"
+    if probe.timesyncd_active:
+        why = "only systemd-timesyncd runs here: it cannot serve the cluster nor report its source and offset"
+    else:
+        why = "no time daemon (chrony or systemd-timesyncd) is installed"
+    return CommandFailedError(
+        why,
+        node=node.name,
+        hint=f"run `sudo {install}` on it (chrony replaces systemd-timesyncd), "
+        "or set cluster.time.install: true to let bootstrap install it",
+    )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+# -- applying ----------------------------------------------------------------------------------------
+
+
+def _apply(
+    node: Node,
+    transport: Transport,
+    role: ChronyRole,
+    *,
+    is_master: bool,
+    serving: bool,
+    install: bool,
+    dry_run: bool,
+    no_clock_control: bool,
+) -> NodeTime:
+    shell = _posix(node, transport)
+    probe = _probe(node, transport)
+    out = NodeTime(
+        node.name, role="server" if is_master and serving else "client", sources=list(role.sources)
+    )
+    if role.serve:
+        out.sources = [*role.sources] or ["local clock"]
+    script_parts: list[str] = []
+    if not probe.chronyd:
+        command = chrony.install_command(probe.package_manager)
+        if not install or command is None:
+            raise _missing_chrony(node, probe)
+        if dry_run:
+            out.actions.append("would install chrony")
+            script_parts.append(command)
+            out.daemon = "chrony"
+            out.state = "would install"
+            out.script = "\n".join(script_parts)
+            return out
+        result = _as_root(transport, node, command, "installing chrony", timeout=600)
+        if not result.ok:
+            raise CommandFailedError(
+                f"installing chrony failed (exit {result.exit_code})",
+                node=node.name,
+                hint=" | ".join(result.tail(3)),
+                result=result,
+            )
+        out.actions.append("installed chrony")
+        probe = _probe(node, transport)
+        if not probe.chronyd:
+            raise CommandFailedError("chrony was installed but chronyd is still not found", node=node.name)
+    out.daemon = "chrony"
+    out.clock_control = not (no_clock_control or probe.shared_clock)
+    mode, change = chrony.plan_config(probe, role)
+    out.mode, out.path = mode, change.path
+    running = probe.unit_active if (probe.systemd and probe.unit) else probe.running_pid is not None
+    if change.changed:
+        script_parts.append(chrony.write_file_script(shell, change))
+        out.diff = change.diff()
+    if change.changed or not running:
+        try:
+            script_parts.append(
+                chrony.start_script(shell, probe, no_clock_control=no_clock_control, restart=running)
+            )
+        except chrony.ForeignChronyd as exc:
+            raise CommandFailedError(
+                str(exc),
+                node=node.name,
+                hint="stop it (or run it under systemd), then rerun: bootstrap must restart chronyd "
+                "with the new configuration",
+            ) from None
+    if change.changed:
+        out.state = "added" if change.before is None or (mode == "block" and change.backup) else "changed"
+    elif not running:
+        out.state = "started"
+    else:
+        out.state = "unchanged"
+    script = "set -e\n" + "\n".join(script_parts) if script_parts else ""
+    if dry_run:
+        out.script = script
+        out.state = f"would be {out.state}" if out.state != "unchanged" else "unchanged"
+        return out
+    if script:
+        result = _as_root(transport, node, script, "configuring chrony", timeout=120)
+        if not result.ok:
+            raise CommandFailedError(
+                f"configuring chrony failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+                node=node.name,
+                hint=f"see {change.path}; `bootstrap ntp --restore` puts back the previous configuration",
+                result=result,
+            )
+        out.actions.append(f"wrote {change.path}" if change.changed else "started chronyd")
+    return out
+
+
+def no_reply_problem(
+    node: str,
+    role: ChronyRole,
+    traffic: dict[str, chrony.Traffic],
+    *,
+    master: str | None,
+    own_address: str | None,
+) -> str:
+    """Why ``node`` has no time source when none of its sources ever answered, and what to do (pure:
+    unit-tested). ``master``: the master's address when the node follows it; ``own_address``: the
+    node's address the master's chrony allows (and the firewall step opens UDP 123 for)."""
+    port = chrony.NTP_PORT
+    if master is not None and role.sources == (master,):
+        sent = traffic[master].sent if master in traffic else None
+        asked = f"none of the {sent} NTP requests sent to it" if sent else "no NTP request"
+        whom = f" from {own_address}" if own_address else ""
+        return (
+            f"no time source: the master ({master}) answered {asked}: UDP {port} to the master is "
+            f"blocked: run `bootstrap firewall` (the pipeline does) or open UDP {port}{whom} on the "
+            "master (else the master's chronyd is not serving: see its row)"
+        )
+    asked = ", ".join(
+        f"{a}: {traffic[a].sent} sent, {traffic[a].received} answered" if a in traffic else a
+        for a in role.sources
+    )
+    return (
+        f"no time source: none of its servers answered an NTP request ({asked}): check that UDP "
+        f"{port} reaches them from {node} (a firewall on the way), and that they serve NTP"
+    )
+
+
+def _await(
+    node: Node,
+    transport: Transport,
+    value: NodeTime,
+    role: ChronyRole,
+    max_offset_ms: float,
+    timeout: float,
+    *,
+    own_address: str | None = None,
+) -> None:
+    """Wait until chronyd on the node follows its source within the threshold, or until none of its
+    sources can answer (fails at once, saying why); record what it says."""
+    script = chrony.wait_script(
+        max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources)
+    )
+    result = _as_root(transport, node, script, "reading chronyc", timeout=timeout + 30)
+    sources_csv, tracking_csv = chrony.split_wait_output(result.stdout)
+    sources = chrony.parse_sources(sources_csv)
+    tracking = chrony.parse_tracking(tracking_csv)
+    selected = next((s for s in sources if s.selected), None)
+    value.selected = selected.address if selected else None
+    value.chrony_offset_ms = _ms(selected.offset) if selected else (0.0 if role.serve else None)
+    if selected is None and role.sources and result.exit_code in (3, chrony.NO_REPLY_EXIT):
+        value.state = "failed"  # configured (its actions say how), but it follows nothing
+    if result.exit_code == chrony.NO_REPLY_EXIT:
+        traffic = chrony.parse_ntpdata(result.stdout)
+        master = role.sources[0] if role.prefer_first else None  # a worker of a serving master
+        value.problem = no_reply_problem(node.name, role, traffic, master=master, own_address=own_address)
+    elif result.exit_code == 3:
+        seen = ", ".join(f"{s.address} ({s.state}, reach {s.reach:o})" for s in sources) or "none"
+        if selected is not None:
+            value.problem = (
+                f"chrony follows {selected.address} but is still {abs(selected.offset) * 1000:.1f} ms off "
+                f"after {timeout:g} s (limit {max_offset_ms:g} ms)"
+            )
+        else:
+            value.problem = (
+                f"chrony selected no source within {timeout:g} s (sources: {seen}; "
+                f"leap status {tracking.get('leap', '?')}): check that UDP 123 reaches "
+                f"{', '.join(role.sources) or 'the sources'} from {node.name}"
+            )
+    elif not result.ok:
+        value.problem = f"chronyc failed (exit {result.exit_code}): {' | '.join(result.tail(3))}"
+    elif role.prefer_first and selected is not None and selected.address not in role.sources:
+        value.actions.append(f"chrony prefers {selected.address} (also a source here) over the master")
+
+
+def _measure(
+    session: Session, nodes: list[Node], master: Node, values: dict[str, NodeTime], max_offset_ms: float
+) -> None:
+    """Each node's offset from the master over the connection (the preflight's method)."""
+    targets = [n for n in nodes if n.name in values]
+    if master not in targets:
+        targets = [master, *targets]
+    clocks = session.map(lambda n, t: sample_clock(t), step="clock", nodes=targets)
+    samples: dict[str, ClockSample | None] = {o.node: o.value for o in clocks}
+    reference = samples.get(master.name)
+    for name, value in values.items():
+        sample = samples.get(name)
+        if reference is None or sample is None:
+            value.actions.append("offset from the master not measured (`date` failed)")
+            continue
+        offset = sample.offset - reference.offset
+        error = (sample.rtt + reference.rtt) / 2
+        value.offset_ms, value.offset_error_ms = _ms(offset), _ms(error)
+        if value.problem is None and abs(offset) - error > max_offset_ms / 1000:
+            value.problem = (
+                f"clock is {offset * 1000:+.1f} ms (+-{error * 1000:.1f}) from the master's, over the "
+                f"{max_offset_ms:g} ms limit: check that its time daemon follows the master "
+                "(chronyc sources), or raise cluster.time.max_offset_ms"
+            )
+        chrony_ms = value.chrony_offset_ms
+        if value.problem is None and chrony_ms is not None and abs(chrony_ms) > max_offset_ms:
+            value.problem = (
+                f"chrony reports {chrony_ms:+.3f} ms from {value.selected}, "
+                f"over the {max_offset_ms:g} ms limit"
+            )
+
+
+def _run_powershell(node: Node, transport: Transport, script: str, timeout: float) -> Result:
+    """PowerShell on the Windows host: the node's own shell (native), or beside its WSL distribution
+    (a WSL2 distribution follows the host's clock: w32time is what to configure)."""
+    run_windows = getattr(transport, "run_windows", None)
+    if isinstance(transport.platform, PowerShell):
+        return transport.run(script, become=True, timeout=timeout)
+    if run_windows is not None:
+        result: Result = run_windows(script, timeout=timeout)
+        return result
+    raise CommandFailedError(
+        f"time sync on a Windows node needs PowerShell on its host; this node runs {transport.platform.name}"
+        f" over {transport.kind}",
+        node=node.name,
+        hint="reach Windows nodes over WinRM (connection: winrm)",
+    )
+
+
+def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
+    """w32time pointed at the sources, then its offset from the first one measured (stripchart)."""
+    from orchestrator.steps.timesync import windows as win
+
+    ran = _run_powershell(node, transport, value.script, 180)
+    if not ran.ok:
+        raise CommandFailedError(
+            "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
+            node=node.name,
+            hint="it needs an elevated session (a member of Administrators over WinRM)",
+            result=ran,
+        )
+    value.state = "unchanged" if "unchanged" in ran.stdout.split() else "changed"
+    value.actions.append("w32tm /config /update, service restarted" if value.state == "changed" else "none")
+    status = _run_powershell(node, transport, win.status_script(value.sources[0]), 120)
+    offset = win.parse_stripchart(status.stdout) if status.ok else None
+    if offset is not None:
+        value.chrony_offset_ms = round(offset * 1000.0, 3)
+        value.selected = value.sources[0]
+    return value
+
+
+# -- undoing -----------------------------------------------------------------------------------------
+
+
+def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
+    shell = _posix(node, transport)
+    probe = _probe(node, transport)
+    plan = chrony.plan_restore(shell, probe)
+    out = NodeTime(node.name, daemon=_daemon_name(probe), actions=plan.actions)
+    out.diff = "".join(c.diff() for c in plan.changes)
+    if not plan.script:
+        out.state = "nothing to restore"
+        return out
+    if dry_run:
+        out.script = plan.script
+        out.state = "would be restored"
+        return out
+    result = _as_root(transport, node, plan.script, "restoring the time configuration")
+    if not result.ok:
+        raise CommandFailedError(
+            f"restoring the time configuration failed (exit {result.exit_code}): "
+            + " | ".join(result.tail(3)),
+            node=node.name,
+            result=result,
+        )
+    out.state = "restored"
+    return out
+
+
+def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
+    """w32time's peers, type and service state put back from what the first configure saved."""
+    from orchestrator.steps.timesync import windows as win
+
+    out = NodeTime(node.name, daemon="w32time")
+    script = win.restore_script()
+    if dry_run:
+        out.script, out.state = script, "would be restored (if configured)"
+        return out
+    ran = _run_powershell(node, transport, script, 120)
+    if not ran.ok:
+        raise CommandFailedError(
+            "restoring w32time failed: " + (" | ".join(ran.tail(3)) or f"exit {ran.exit_code}"),
+            node=node.name,
+            result=ran,
+        )
+    out.state = "nothing to restore" if "nothing" in ran.stdout.split() else "restored"
+    return out

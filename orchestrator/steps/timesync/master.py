@@ -1,0 +1,183 @@
+"""Who follows whom: the master's address, where each worker finds it, and each node's chrony role.
+
+The master's address comes from the inventory (its ``host`` as an IP address) or from what the master
+reports about itself, never from what the workers resolve its name to: a worker that resolves the name
+elsewhere would have its chrony follow another machine, so it is not configured and its row says why.
+The master allows exactly the workers' own addresses toward it (what the firewall step opens UDP 123 for).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.facts.network import Addresses, InterfaceAddress, MasterRoute, Route
+from orchestrator.steps.timesync.chrony.config import ChronyRole, peer_address
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
+    from orchestrator.transports import Transport
+
+__all__ = ["MasterIdentity", "follow_master", "master_identity", "roles"]
+
+
+@dataclass
+class _Addresses:
+    """Where the workers find the master, and where the master finds the workers.
+
+    ``master`` is the master's own address, never a vote of the workers: its ``host`` when that is an
+    IP address, else what the master reports about itself (:func:`master_identity`). A worker follows
+    the address it resolves the master's name to only when that is one of the master's addresses
+    (``servers``); one resolving it elsewhere has a ``problem`` and is not configured.
+    """
+
+    master: str | None  # None: not established (``why`` says why)
+    workers: dict[str, str]  # worker -> its address toward the master (the master allows exactly those)
+    servers: dict[str, str] = field(default_factory=dict)  # worker -> the master address it follows
+    problems: dict[str, str] = field(default_factory=dict)  # worker -> why it cannot follow the master
+    why: str = ""  # how the master's address was established, or why it could not be
+
+
+def _usable(text: str | None) -> str | None:
+    try:
+        return peer_address(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class MasterIdentity:
+    """The master as its workers must find it (:func:`master_identity`)."""
+
+    address: str | None  # the address workers are told to follow (None: unknown)
+    addresses: frozenset[str]  # every address that is the master's (a worker may resolve to any)
+    why: str  # how ``address`` was found, or why it could not be
+
+
+def master_identity(
+    host: str, own_route: Route | None, own: tuple[InterfaceAddress, ...] | None, *, error: str = ""
+) -> MasterIdentity:
+    """The master's address from the inventory (``host`` as an IP address) or from what the master
+    reports about itself (``own_route``: its own name resolved on it; ``own``: its interface
+    addresses), never from what the workers resolve (pure: unit-tested)."""
+    literal = _usable(host)
+    mine = frozenset(a for a in (_usable(i.address) for i in own or ()) if a is not None)
+    if literal is not None:
+        return MasterIdentity(literal, mine | {literal}, f"{literal}, its host in the inventory")
+    if own is None:
+        why = f"the master could not be asked for its addresses ({error or 'no answer'})"
+        return MasterIdentity(None, mine, why)
+    resolved = _usable(own_route.address) if own_route else None
+    if resolved is not None and resolved in mine:
+        return MasterIdentity(resolved, mine, f"{resolved}, what {host!r} resolves to on the master itself")
+    if len(mine) == 1:
+        [only] = mine
+        return MasterIdentity(only, mine, f"{only}, the master's only address")
+    said = own_route.address if own_route and own_route.address else "nothing"
+    listed = ", ".join(sorted(mine, key=_ip_key)) or "none"
+    return MasterIdentity(
+        None,
+        mine,
+        f"on the master itself {host!r} resolves to {said}, not one of its addresses ({listed}): write "
+        "the master's IP address as its host in the inventory, or map its name to it on the master",
+    )
+
+
+def follow_master(
+    node: str, host: str, route: Route | None, master: MasterIdentity
+) -> tuple[str | None, str | None]:
+    """(the master address ``node`` follows, None) or (None, the problem), from what ``node``
+    resolved the master's ``host`` to (pure: unit-tested)."""
+    if master.address is None:
+        return None, f"the master's address is not known: {master.why}"
+    resolved = route.address if route else None
+    if resolved is None:  # the worker cannot resolve the name: it is given the address itself
+        return master.address, None
+    checked = _usable(resolved)
+    if checked is not None and checked in master.addresses:
+        return checked, None
+    expected = ", ".join(sorted(master.addresses, key=_ip_key))
+    return None, (
+        f"resolves the master's host {host!r} to {resolved}, but the master is {master.why}: its chrony "
+        f"would follow {resolved}, not the master; fix {host!r} in /etc/hosts or DNS on {node} "
+        f"(`getent ahostsv4 {host}` there must print {expected}), then rerun"
+    )
+
+
+def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
+    """The master's address (from the inventory or the master itself), where each worker resolves the
+    master to (``ip route get``, like the preflight) and its own address toward it (the master allows
+    exactly those)."""
+    from orchestrator.facts import FactSet, gather
+
+    master = inventory.master_node
+    serving = inventory.cluster.time.serving
+
+    def facts(node: Node, transport: Transport) -> FactSet:
+        wanted: list[Any] = [MasterRoute(master.host)]
+        if node.name == master.name:
+            wanted.append(Addresses())
+        return gather(transport, wanted)
+
+    outcomes = {o.node: o for o in session.map(facts, step="route", nodes=nodes)}
+    mine = outcomes.get(master.name)
+    found = mine.value if mine is not None else None
+    if master.os != "linux":
+        literal = _usable(master.host)
+        known = frozenset({literal} if literal else ())
+        identity = MasterIdentity(literal, known, "a Windows master (it cannot serve yet)")
+    else:
+        own = found.get("addresses") if found is not None else None
+        identity = master_identity(
+            master.host,
+            found.get("route") if found is not None else None,
+            own if isinstance(own, tuple) else None,
+            error=mine.error.message if mine is not None and mine.error is not None else "",
+        )
+    out = _Addresses(identity.address, {}, why=identity.why)
+    for node in nodes:
+        if node.name == master.name:
+            continue
+        o = outcomes.get(node.name)
+        route = o.value.get("route") if o is not None and o.value is not None else None
+        if serving and o is not None and o.value is not None:  # unreachable: its step fails anyway
+            server, problem = follow_master(node.name, master.host, route, identity)
+            if problem is not None:
+                out.problems[node.name] = problem
+            elif server is not None:
+                out.servers[node.name] = server
+        source = _usable(route.source) if route is not None and node.name not in out.problems else None
+        address = source or _usable(node.host)  # unreachable now: still allowed, as the inventory says
+        if address is not None:
+            out.workers[node.name] = address
+    return out
+
+
+def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
+    """Each Linux node's chrony role (pure: unit-tested)."""
+    settings = inventory.cluster.time
+    master = inventory.cluster.master
+    allow = tuple(sorted(set(addresses.workers.values()), key=_ip_key))
+    out: dict[str, ChronyRole] = {}
+    for node in inventory.nodes:
+        if node.name == master:
+            out[node.name] = ChronyRole(tuple(settings.servers), serve=settings.serving, allow=allow)
+        elif settings.serving:
+            server = addresses.servers.get(node.name, addresses.master)
+            if node.name in addresses.problems or server is None:
+                continue  # not configured: the step reports the problem for this node
+            out[node.name] = ChronyRole((server,), prefer_first=True)
+        else:
+            out[node.name] = ChronyRole(tuple(settings.servers))
+    return out
+
+
+def _ip_key(address: str) -> tuple[int, int, str]:
+    """Addresses in numeric order (IPv4 before IPv6), anything else last."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return (99, 0, address)
+    return (ip.version, int(ip), "")
