@@ -573,3 +573,31 @@ def test_the_source_column_shows_only_what_a_node_follows() -> None:
     assert source_cell(value, dry_run=False) == "10.0.0.1"
     assert source_cell(NodeTime("m", sources=["local clock"]), dry_run=False) == "local clock"
     assert source_cell(NodeTime("m"), dry_run=False) == "-"  # not managed: nothing configured
+
+
+def test_windows_workers_are_allowed_by_the_serving_master() -> None:
+    """A Windows worker's w32time asks the Linux master: the master's chrony must allow it (it listed
+    only Linux workers before)."""
+    from orchestrator.steps.timesync.master import windows_clients
+
+    inv = load_inventory_text(
+        "nodes:\n"
+        "  - {name: m, host: 10.0.0.1}\n"
+        "  - {name: w1, host: 10.0.0.2}\n"
+        "  - {name: pc, host: 10.0.0.7, os: windows}\n"
+        "  - {name: pc2, host: gaming-pc.lan, os: windows}\n"
+        "  - {name: pc3, host: nowhere.lan, os: windows}\n"
+        "cluster: {master: m}\n",
+        "h.yaml",
+    )
+
+    def resolve(name: str) -> str:
+        if name == "gaming-pc.lan":
+            return "10.0.0.8"
+        raise OSError("not found")
+
+    allowed, problems = windows_clients(inv, resolve)
+    assert allowed == {"pc": "10.0.0.7", "pc2": "10.0.0.8"}
+    assert set(problems) == {"pc3"} and "nowhere.lan" in problems["pc3"] and "IP address" in problems["pc3"]
+    addresses = _Addresses("10.0.0.1", {"w1": "10.0.0.2", **allowed}, problems=problems)
+    assert roles(inv, addresses)["m"].allow == ("10.0.0.2", "10.0.0.7", "10.0.0.8")

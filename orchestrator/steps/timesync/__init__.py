@@ -35,7 +35,7 @@ from orchestrator.steps.timesync.apply import (
     _restore_windows,
 )
 from orchestrator.steps.timesync.chrony.config import time_source
-from orchestrator.steps.timesync.master import _Addresses, _addresses, roles
+from orchestrator.steps.timesync.master import _Addresses, _addresses, roles, windows_clients
 from orchestrator.steps.timesync.report import NodeTime, TimeReport
 
 if TYPE_CHECKING:
@@ -92,6 +92,11 @@ def sync_time(
         # every worker of the inventory: the master's allow list must not depend on --nodes
         route_nodes += [n for n in inventory.nodes if n.os == "linux" and n not in route_nodes]
         addresses = _addresses(session, inventory, route_nodes)
+        if settings.serving and master.os == "linux":
+            # Windows workers ask the master too (w32time): their addresses join its allow list
+            allowed, windows_problems = windows_clients(inventory)
+            addresses.workers.update(allowed)
+            addresses.problems.update(windows_problems)
         node_roles = roles(inventory, addresses)
         for node in list(linux):
             problem = addresses.problems.get(node.name)
@@ -150,7 +155,9 @@ def sync_time(
         elif settings.manage and settings.serving:
             # the master's own address (from the inventory or the master itself), never its name:
             # what this node would resolve the name to is not checked
-            if addresses is not None and addresses.master is not None:
+            if addresses is not None and node.name in addresses.problems:
+                value.problem = addresses.problems[node.name]
+            elif addresses is not None and addresses.master is not None:
                 value.sources = [addresses.master]
                 value.script = win.configure_script(value.sources)
             else:

@@ -155,6 +155,37 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
     return out
 
 
+def windows_clients(inventory: Inventory, resolve: Any = None) -> tuple[dict[str, str], dict[str, str]]:
+    """(Windows worker -> the address the master's chrony must allow, Windows worker -> why it has
+    none), for a Linux master serving time (pure but for ``resolve``: unit-tested).
+
+    w32time on a Windows node (native or WSL mode: the host keeps the time) asks the master from the
+    node's own LAN address, which is what the inventory connects to: its ``host`` when that is an IP
+    address, else that name resolved here (``resolve``: ``socket.gethostbyname``)."""
+    import socket
+
+    resolve = resolve or socket.gethostbyname
+    allowed: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    for node in inventory.nodes:
+        if node.os == "linux" or node.name == inventory.cluster.master:
+            continue
+        address = _usable(node.host)
+        if address is None:
+            try:
+                address = _usable(resolve(node.host))
+            except OSError:
+                address = None
+        if address is None:
+            problems[node.name] = (
+                f"the master's chrony must allow this node, and its host {node.host!r} does not resolve "
+                "to an IP address here: write the node's IP address as its host in the inventory"
+            )
+        else:
+            allowed[node.name] = address
+    return allowed, problems
+
+
 def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
     """Each Linux node's chrony role (pure: unit-tested)."""
     settings = inventory.cluster.time
