@@ -1,16 +1,26 @@
-"""Fan-out benchmark: `bootstrap facts` on 1, 4 and 16 namespace hosts vs Ansible's minimal facts.
+"""Fan-out benchmark: `bootstrap facts` and `bootstrap check` on 1, 4, 16 and 64 namespace hosts vs
+Ansible's minimal facts.
 
 Builds a namespace cluster (tests/cluster.py: real sshd per host), then times, from the controller
 namespace, the whole CLI process (start-up included):
   - `bootstrap facts --json` (connect + every fact in one round trip per node)
-  - `bootstrap check --json` (the whole preflight, reported beside: it adds clock samples and the
-    reachability mesh)
+  - `bootstrap check --json` (the whole preflight: facts, clock samples, the reachability mesh, sudo;
+    on Linux nodes the facts, a clock sample and the node's listener share one round trip)
   - `ansible all -m setup -a gather_subset=min` (when ansible-core is installed), with its defaults
     (forks raised to the node count so both work on all nodes at once; ControlPersist on, as shipped)
-Both log in as a dedicated user with stock dotfiles. Prints a table of medians and the ratio.
-Target (issue 2): 16 nodes <= 3 s, >= 4x faster than Ansible.
+All log in as a dedicated user with stock dotfiles (no sudo). Prints a table of medians.
 
-    sudo python benchmarks/fanout.py [--runs 5] [--sizes 1,4,16]
+`--compare DIR` times a second checkout of this repository (e.g. `git worktree add /tmp/base HEAD`)
+in the same cluster, its runs interleaved with ours: on a busy machine both see the same load.
+
+Every namespace gets permanent neighbour entries for all the others: the kernel's neighbour table is
+shared by all namespaces and holds 1024 dynamic entries (net.ipv4.neigh.default.gc_thresh3), which a
+64-host full mesh (4,032 pairs) overflows: connections would then time out for reasons no real LAN
+has. Permanent entries are not counted against that limit.
+
+Targets: 16 nodes <= 3 s and >= 4x faster than Ansible (issue 2); `check` on 64 nodes <= 6 s (issue 13).
+
+    sudo python benchmarks/fanout.py [--runs 5] [--sizes 1,4,16,64] [--compare /tmp/base]
 """
 
 from __future__ import annotations
@@ -48,20 +58,59 @@ def _time(
     return took
 
 
+def pin_neighbours(cluster: NamespaceCluster) -> None:
+    """Permanent neighbour entries in every namespace for every other one (see the module docstring)."""
+    spaces = [(cluster.controller_ns, cluster.controller_addr)] + [(h.ns, h.addr) for h in cluster.hosts]
+    macs = {}
+    for ns, addr in spaces:
+        shown = subprocess.run(
+            ["ip", "-n", ns, "-j", "link", "show", "eth0"], capture_output=True, text=True, check=True
+        )
+        macs[addr] = json.loads(shown.stdout)[0]["address"]
+    for ns, own in spaces:
+        batch = "".join(
+            f"neigh replace {addr} lladdr {mac} dev eth0 nud permanent\n"
+            for addr, mac in macs.items()
+            if addr != own
+        )
+        subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True)
+
+
+def _median_interleaved(
+    runs: int, timers: dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]], cluster: NamespaceCluster
+) -> dict[str, float]:
+    """Each command once to warm up (the page cache, not our caches: facts are not cached), then
+    ``runs`` rounds of every command in turn; the median of each."""
+    for argv, env, ok in timers.values():
+        _time(cluster, argv, env, ok)
+    times: dict[str, list[float]] = {name: [] for name in timers}
+    for _ in range(runs):
+        for name, (argv, env, ok) in timers.items():
+            times[name].append(_time(cluster, argv, env, ok))
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--sizes", default="1,4,16")
+    parser.add_argument("--sizes", default="1,4,16,64")
+    parser.add_argument("--compare", type=Path, help="another checkout, timed beside this one")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     bootstrap = BIN / "bootstrap"
     ansible = BIN / "ansible" if (BIN / "ansible").exists() else shutil.which("ansible")
+    # the code each column runs (the venv's `bootstrap` imports `orchestrator` from PYTHONPATH first)
+    codes = {"": REPO}
+    if args.compare is not None:
+        codes[f" ({args.compare.name})"] = args.compare.resolve()
+    for code in codes.values():
+        # an installed package has its bytecode compiled; a source checkout may not (PYTHONDONTWRITEBYTECODE)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "orchestrator")], check=True)
     rows = []
-    # an installed package has its bytecode compiled; a source checkout may not (PYTHONDONTWRITEBYTECODE)
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator")], check=True)
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp, NamespaceCluster(max(sizes)) as cluster:
+        pin_neighbours(cluster)
         # A dedicated account with Debian's stock dotfiles, like a lab's training user. (root on the
         # development machines sources pyenv from ~/.bashrc: bash runs it for every SSH command, which
         # adds ~0.2 s of CPU per command to any tool, Ansible included.)
@@ -79,14 +128,21 @@ def main() -> int:
                 {"name": h.name, "host": h.addr, "user": USER, "python": "/usr/bin/python3"} for h in hosts
             ]
             inv.write_text(json.dumps({"nodes": nodes}))
-            argv = [str(bootstrap), "-i", str(inv), "facts", "--json"]
-            _time(cluster, argv, env)  # warm-up: the page cache, not our caches (facts are not cached)
-            ours = statistics.median(_time(cluster, argv, env) for _ in range(args.runs))
-            # the whole preflight: facts + clock samples + reachability mesh (exit 1 is fine here:
-            # the stock user's Python has no torch, so the versions check fails)
-            pargv = [str(bootstrap), "-i", str(inv), "check", "--json"]
-            preflight = statistics.median(_time(cluster, pargv, env, ok=(0, 1)) for _ in range(args.runs))
-            theirs = None
+            timers: dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]] = {}
+            for label, code in codes.items():
+                code_env = {**env, "PYTHONPATH": str(code)}
+                timers["facts" + label] = (
+                    [str(bootstrap), "-i", str(inv), "facts", "--json"],
+                    code_env,
+                    (0,),
+                )
+                # the whole preflight; exit 1 is fine here: the stock user's Python has no torch (the
+                # versions check fails) and no sudo
+                timers["check" + label] = (
+                    [str(bootstrap), "-i", str(inv), "check", "--json"],
+                    code_env,
+                    (0, 1),
+                )
             if ansible:
                 ainv = Path(tmp) / f"ansible-{n}.yaml"
                 ahosts = {
@@ -108,21 +164,24 @@ def main() -> int:
                     f"-o IdentityFile={home / '.ssh' / 'id_ed25519'}"
                 )
                 aargv = [str(ansible), "all", "-i", str(ainv), "-m", "setup", "-a", "gather_subset=min"]
-                _time(cluster, aargv, aenv)
-                theirs = statistics.median(_time(cluster, aargv, aenv) for _ in range(args.runs))
-            rows.append((n, ours, theirs, preflight))
+                timers["ansible"] = (aargv, aenv, (0,))
+            rows.append((n, _median_interleaved(args.runs, timers, cluster)))
+    columns = [f"{what}{label}" for label in codes for what in ("facts", "check")]
     print(
-        f"\nbootstrap facts vs ansible -m setup (gather_subset=min), median of {args.runs} runs, "
-        f"{os.cpu_count()} CPUs\n"
+        f"\nbootstrap facts and check vs ansible -m setup (gather_subset=min), median of {args.runs} runs "
+        f"(interleaved), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end\n"
     )
     print(
-        "| nodes | bootstrap facts (s) | ansible setup min (s) | ansible / bootstrap | bootstrap check (s) |"
+        "| nodes | "
+        + " | ".join(f"bootstrap {c} (s)" for c in columns)
+        + " | ansible setup min (s) | ansible / bootstrap facts |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    for n, ours, theirs, preflight in rows:
+    print("| ---: " * (len(columns) + 3) + "|")
+    for n, medians in rows:
+        theirs = medians.get("ansible")
         a = f"{theirs:.2f}" if theirs is not None else "not installed"
-        ratio = f"{theirs / ours:.1f}x" if theirs is not None else "-"
-        print(f"| {n} | {ours:.2f} | {a} | {ratio} | {preflight:.2f} |")
+        ratio = f"{theirs / medians['facts']:.1f}x" if theirs is not None else "-"
+        print(f"| {n} | " + " | ".join(f"{medians[c]:.2f}" for c in columns) + f" | {a} | {ratio} |")
     return 0
 
 

@@ -48,8 +48,10 @@ sys.path.insert(0, str(REPO))
 from orchestrator.cli.ui import LinePrinter, RankedOutput  # noqa: E402
 from orchestrator.logs import RunLog  # noqa: E402
 from orchestrator.platforms import PosixShell  # noqa: E402
-from orchestrator.steps.launch import rank_capture_file, run_dir_for, run_marker  # noqa: E402
-from orchestrator.steps.runs import follow_node  # noqa: E402
+from orchestrator.runs.control import follow_node, start_node  # noqa: E402
+from orchestrator.runs.layout import run_dir_for  # noqa: E402
+from orchestrator.runs.posix import PosixRuns  # noqa: E402
+from orchestrator.steps.launch import rank_capture_file  # noqa: E402
 from orchestrator.transports import SSHOptions  # noqa: E402
 from orchestrator.transports.ssh import SSHTransport  # noqa: E402
 from tests import netns  # noqa: E402
@@ -251,7 +253,7 @@ def run_launch(
         platform = t.platform
         assert isinstance(platform, PosixShell)
         node_log = str(tmp / f"{t.node_name}-node.log")
-        command = platform.logged(f"{sys.executable} {printer} {lines} {rate}", node_log)
+        command = PosixRuns(platform).logged(f"{sys.executable} {printer} {lines} {rate}", node_log)
         result = t.run(command, on_line=outputs[t.node_name], keep_lines=200)
         assert result.ok, result
 
@@ -290,7 +292,7 @@ def run_ranks(
             f"{sys.executable} {capture} worker {ranks_dir} {sys.executable} {printer} {per_rank} {rate / 2}"
         )
         two = platform.quote(f"LOCAL_RANK=0 RANK=0 {worker} & LOCAL_RANK=1 RANK=1 {worker} & wait")
-        command = platform.logged(
+        command = PosixRuns(platform).logged(
             f"PYTHONUNBUFFERED=1 {sys.executable} {capture} mux {ranks_dir} /bin/sh -c {two}",
             str(tmp / f"{t.node_name}-node.log"),
         )
@@ -349,16 +351,7 @@ def run_logs(
     for thread in followers:
         thread.start()
     for t in transports:
-        platform = t.platform
-        assert isinstance(platform, PosixShell)
-        node = nodes[t.node_name]
-        run_dir = run_dir_for(node, run_id)  # type: ignore[arg-type]
-        started = t.run(
-            platform.start_detached(
-                run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
-            )
-        )
-        assert started.ok, started
+        start_node(nodes[t.node_name], t, run_id)  # type: ignore[arg-type]
     for thread in followers:
         thread.join()
     if errors:

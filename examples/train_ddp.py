@@ -10,6 +10,19 @@ or, where torchrun does not work (native Windows, pytorch#148283), start one pro
 with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set.
 Exit code 0 on success, non-zero on any error. Standard library and torch only.
 
+Unequal machines (docs/bench.md). Each rank takes its share of every global batch of
+``--global-batch`` samples (default: ``--batch-size`` x world size) through the helper that
+`bootstrap launch` ships beside the run (``cb_shares.py``, named by ``$CB_SHARES_HELPER``; its
+shares in ``$CB_SHARES_FILE``; equal shares without that file, as plain DDP). Each rank's mean loss
+is scaled by ``n_r * world / B`` so that DDP's averaged gradient is the mean over the global batch:
+training is the same whatever the shares, only faster when the fast machines take more. Every
+``--log-every`` steps and at the end each rank prints a metrics line read by `bootstrap bench
+--scaling`::
+
+    CB_METRIC {"kind": "window", "rank": 0, "step": 50, "steps": 10, "seconds": ..., "step_time": ...,
+               "compute_time": ..., "samples_per_s": ..., "global_samples": ..., "loss": ...}
+    CB_METRIC {"kind": "summary", ...}   (the same figures over the run, warm-up steps left out)
+
 Checkpoints need no shared storage. ``--checkpoint PATH`` is a path on each node's own disk: after
 every epoch, each node's local rank 0 writes its copy there (DDP keeps every replica identical, so
 every node holds the same state, and a node that dies takes no state with it). On start, every node
@@ -40,7 +53,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
 
 REQUIRED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 FEATURES, CLASSES = 64, 10
@@ -60,7 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # The only real knob for collective timeouts: env vars such as GLOO_TIMEOUT_SECONDS are read by nothing.
     p.add_argument("--timeout", type=float, default=300.0, help="init/collective timeout, seconds")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank, on average")
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="samples per step over all ranks, split by the shares (default: --batch-size x world size)",
+    )
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--samples", type=int, default=20_000, help="synthetic dataset size (all ranks together)")
@@ -73,7 +91,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--max-steps", type=int, default=0, help="stop after N steps in this run (0: no limit)")
     p.add_argument("--log-every", type=int, default=50, help="log every N steps (0: only per epoch)")
+    p.add_argument(
+        "--metric-warmup", type=int, default=2, help="steps left out of the CB_METRIC summary (start-up)"
+    )
     return p.parse_args(argv)
+
+
+def load_shares_helper() -> Any:
+    """The cb_shares helper: the file `bootstrap launch` names in $CB_SHARES_HELPER, else a
+    ``cb_shares.py`` beside this script (or importable), else the installed cluster-bootstrap's."""
+    path = os.environ.get("CB_SHARES_HELPER")
+    if path:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("cb_shares", os.path.expanduser(path))
+        if spec is None or spec.loader is None:
+            raise RuntimeError(f"CB_SHARES_HELPER={path}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    try:
+        import cb_shares  # type: ignore[import-not-found]
+
+        return cb_shares
+    except ImportError:
+        pass
+    try:
+        from orchestrator.bench import cb_shares as installed
+
+        return installed
+    except ImportError:
+        raise RuntimeError(
+            "cb_shares.py not found: launch with `bootstrap launch` (it ships it and sets "
+            "CB_SHARES_HELPER), or copy orchestrator/bench/cb_shares.py beside this script"
+        ) from None
 
 
 def make_dataset(seed: int, samples: int) -> TensorDataset:
@@ -206,12 +257,16 @@ def main(argv: list[str] | None = None) -> int:
             )
 
         dataset = make_dataset(args.seed, args.samples)
-        # shuffle=True with the same seed on every rank: each epoch's permutation is identical everywhere,
-        # so the shards stay disjoint. set_epoch() below reseeds it per epoch (else: same order every epoch).
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed)
-        loader = DataLoader(
-            dataset, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda"
-        )
+        helper = load_shares_helper()
+        shares_info = helper.load_shares(world)
+        global_batch = args.global_batch or args.batch_size * world
+        shares = shares_info.for_batch(global_batch)
+        # The same seed on every rank: each epoch's permutation is identical everywhere, and rank r takes
+        # its piece of every global batch. set_epoch() below reseeds it per epoch (else: same order).
+        sampler = helper.ShareBatchSampler(len(dataset), shares, rank, shuffle=True, seed=args.seed)
+        loader = DataLoader(dataset, batch_sampler=sampler, pin_memory=device.type == "cuda")
+        if rank == 0:
+            log(f"{shares_info.describe()}: {shares} of a global batch of {global_batch}")
 
         torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's)
         model = make_model().to(device)
@@ -236,45 +291,96 @@ def main(argv: list[str] | None = None) -> int:
 
         # device_ids only for a module on one device; a model spread over several GPUs needs None.
         ddp = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+        timer = helper.StepTimer(ddp, device)  # wall and compute time per step, for CB_METRIC lines
         loss_fn = nn.CrossEntropyLoss()
         steps = run_samples = epochs_run = 0
         run_time = 0.0
+        window = {"local": 0, "global": 0}
+        totals = {"local": 0, "global": 0}
+
+        def global_mean(loss_sum: torch.Tensor, count: int) -> float:
+            # collective: every rank calls it at the same steps. SUM, since gloo < 2.7 rejects AVG
+            both = torch.stack([loss_sum.detach().float(), torch.tensor(float(count), device=device)])
+            dist.all_reduce(both, op=dist.ReduceOp.SUM)
+            return float(both[0].item() / max(both[1].item(), 1.0))
+
+        def metric(kind: str, figures: dict[str, Any], samples: dict[str, int], **extra: Any) -> None:
+            count = int(figures["steps"])
+            if not count:
+                return
+            seconds, compute = float(figures["seconds"]), figures["compute"]
+            helper.print_metric(
+                kind=kind,
+                rank=rank,
+                world=world,
+                step=steps,
+                steps=count,
+                seconds=round(seconds, 6),
+                step_time=round(seconds / count, 6),
+                compute_time=None if compute is None else round(float(compute) / count, 6),
+                local_samples=samples["local"],
+                global_samples=samples["global"],
+                samples_per_s=round(samples["global"] / seconds, 3) if seconds > 0 else None,
+                **extra,
+            )
+
+        def close_window(loss: float | None) -> None:
+            figures = timer.window()
+            metric("window", figures, window, loss=loss)
+            totals["local"] += window["local"]
+            totals["global"] += window["global"]
+            window["local"] = window["global"] = 0
+
         for epoch in range(start_epoch, args.epochs):
             if args.max_steps and steps >= args.max_steps:
                 break
             sampler.set_epoch(epoch)  # new shuffle each epoch, identical on all ranks
             ddp.train()
             loss_sum = torch.zeros((), device=device)  # accumulate on device: no sync per step
-            seen, t0 = 0, time.perf_counter()
+            seen, epoch_steps, t0 = 0, 0, time.perf_counter()
             for step, (x, y) in enumerate(loader, start=1):
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                timer.start()
                 optimizer.zero_grad(set_to_none=True)
                 with torch.autocast(device_type=device.type, dtype=amp_dtype, enabled=args.amp):
                     loss = loss_fn(ddp(x), y)
+                # this rank's n_r of the step's B samples: DDP's average of the scaled losses' gradients
+                # is the mean over the global batch (cb_shares.py says why; 1.0 with equal shares)
+                scaled = loss * sampler.loss_scale(step - 1)
                 if scaler is not None:
-                    scaler.scale(loss).backward()  # DDP all-reduces (averages) gradients during backward
+                    scaler.scale(scaled).backward()  # DDP all-reduces (averages) gradients during backward
                     scaler.step(optimizer)
                     scaler.update()
                 else:
-                    loss.backward()
+                    scaled.backward()
                     optimizer.step()
+                timer.stop()
                 loss_sum += loss.detach().float() * len(y)
                 seen += len(y)
+                epoch_steps += 1
                 steps += 1
+                window["local"] += len(y)
+                window["global"] += sampler.global_batch_size(step - 1)
+                if steps == args.metric_warmup:  # start-up steps: not in the CB_METRIC figures
+                    timer.reset()
+                    window["local"] = window["global"] = totals["local"] = totals["global"] = 0
                 if args.log_every and step % args.log_every == 0:
-                    log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} loss {loss.item():.4f}")
-                # Every rank has the same number of batches (the sampler pads), so all stop together.
+                    step_loss = global_mean(loss.detach().float() * len(y), len(y))
+                    close_window(step_loss)
+                    if rank == 0:
+                        where = f"epoch {epoch + 1}/{args.epochs} step {step}/{len(sampler)}"
+                        log(f"{where} loss {step_loss:.4f}")
+                # Every rank has the same number of steps (the sampler says so), so all stop together.
                 if args.max_steps and steps >= args.max_steps:
                     break
             if device.type == "cuda":
                 torch.cuda.synchronize()  # CUDA is asynchronous: wait before reading the clock
             elapsed = time.perf_counter() - t0
+            close_window(None)  # windows end with the epoch
             run_samples, run_time = run_samples + seen, run_time + elapsed
-            # Global mean loss: SUM then divide, since gloo before torch 2.7 rejects ReduceOp.AVG.
-            mean_loss = loss_sum / max(seen, 1)
-            dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)
-            last_loss = mean_loss.item() / world
-            complete = not (args.max_steps and steps >= args.max_steps) or seen == len(sampler)
+            # Global mean loss over every sample of the epoch (the ranks' counts differ with shares).
+            last_loss = global_mean(loss_sum, seen)
+            complete = not (args.max_steps and steps >= args.max_steps) or epoch_steps == len(sampler)
             log(
                 f"epoch {epoch + 1}/{args.epochs} {'complete' if complete else 'stopped by --max-steps'}: "
                 f"global mean loss {last_loss:.4f}, {seen} samples in {elapsed:.2f}s = "
@@ -288,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}
                 save_checkpoint(args.checkpoint, {**ckpt, "loss": last_loss, "scaler": scaler_state})
 
+        metric("summary", timer.totals, totals, shares=shares, shares_mode=shares_info.mode)
         # Cluster throughput is the sum of what each rank processed per second.
         total = torch.tensor([run_samples / run_time if run_time else 0.0], device=device)
         dist.all_reduce(total, op=dist.ReduceOp.SUM)

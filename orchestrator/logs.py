@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from orchestrator.safefiles import NOFOLLOW
@@ -20,10 +20,6 @@ def state_dir() -> Path:
     """``$XDG_STATE_HOME/cluster-bootstrap`` (default ``~/.local/state/cluster-bootstrap``)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "cluster-bootstrap"
-
-
-def new_run_id(kind: str) -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{kind}-{os.getpid()}"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -174,6 +170,25 @@ class RunLog:
                         os.close(held)
             finally:
                 os.close(fd)
+
+    def settle(self, nodes: Iterable[str], how: Mapping[str, str]) -> dict[str, str]:
+        """Staged: each node's copy once its read is over. ``how[node]`` is "replace" (read from the
+        start to the end: it becomes the copy), "longer" (cut short: it becomes the copy only when
+        longer) or "keep" (the read failed: the copy stays as it was). Returns per node "written",
+        "kept", "busy" (another `logs` or a running `launch` writes it: left as it was) or "none"
+        (the read failed and there is no copy)."""
+        copies: dict[str, str] = {}
+        for node in nodes:
+            existed = self.path(node).exists()
+            if self.busy(node):
+                state = BUSY
+            elif how.get(node) == "keep":
+                self.discard(node)
+                state = KEPT
+            else:
+                state = self.commit(node, only_if_longer=how.get(node) == "longer")
+            copies[node] = {REPLACED: "written", BUSY: "busy"}.get(state, "kept" if existed else "none")
+        return copies
 
     def discard(self, node: str) -> None:
         """Staged: drop what was read (the copy stays as it was)."""

@@ -32,7 +32,9 @@ class Phases(Protocol):
     """One method per phase: run the step on ``session`` (narrowed to the nodes it works on), show its
     report, return its exit code. ``say`` tells the user why the pipeline goes on or stops."""
 
-    def sync(self, session: Session, nodes: list[Node], *, only: str | None) -> ExitCode: ...
+    def sync(
+        self, session: Session, nodes: list[Node], *, only: str | None, from_master: bool = False
+    ) -> ExitCode: ...
 
     def firewall(self, session: Session, nodes: list[Node]) -> ExitCode: ...
 
@@ -51,6 +53,8 @@ class Phases(Protocol):
 class PipelineOptions:
     force: bool = False  # launch although a check failed
     skip_validate: bool = False
+    until: str | None = None  # the last phase to run (e.g. "check": set the cluster up, train nothing)
+    sync_from_master: bool = False  # no cluster.env: the master's torch and companions on every node
 
 
 @dataclass
@@ -74,6 +78,15 @@ class PipelineReport:
             },
             "stopped": self.stopped,
         }
+
+
+def _done(options: PipelineOptions, phase: str, report: PipelineReport) -> bool:
+    """``--until PHASE``: whether the pipeline ends after ``phase`` (the phases after it: skipped)."""
+    if options.until != phase:
+        return False
+    for later in PHASES[PHASES.index(phase) + 1 :]:
+        report.skipped.setdefault(later, f"--until {phase}")
+    return True
 
 
 def wants_code_sync(inventory: Inventory) -> bool:
@@ -102,17 +115,24 @@ def run_pipeline(
         return report
 
     env, code_sync = cluster.env.declared, wants_code_sync(inventory)
-    if env or code_sync:
+    from_master = options.sync_from_master and not env  # cluster.env wins: it declares the environment
+    if options.sync_from_master and env:
+        phases.say("warn", "--sync-from-master ignored: cluster.env declares the environment (synced below)")
+    if env or code_sync or from_master:
+        env = env or from_master
         only = None if env and code_sync else "env" if env else "code"
-        report.codes["sync"] = phases.sync(session, selected, only=only)
+        report.codes["sync"] = phases.sync(session, selected, only=only, from_master=from_master)
         if report.codes["sync"] != ExitCode.OK:
             return stop(
-                "not going on: sync failed (see above); `bootstrap sync` repeats just that step",
+                "not going on: sync failed (see above); "
+                f"`bootstrap sync{' --from-master' if from_master else ''}` repeats just that step",
                 report.codes["sync"],
             )
     else:
         report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
 
+    if _done(options, "sync", report):
+        return report
     single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
     if single or not cluster.firewall.manage:
         report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
@@ -124,6 +144,8 @@ def run_pipeline(
                 "the firewall step failed on some nodes (see above): the preflight's reachability "
                 "check shows whether the nodes can still reach each other",
             )
+    if _done(options, "firewall", report):
+        return report
     if single or not cluster.time.manage:
         report.skipped["ntp"] = "one node" if single else "cluster.time.manage is false"
     else:
@@ -135,8 +157,12 @@ def run_pipeline(
                 "whether it matters for this run",
             )
 
+    if _done(options, "ntp", report):
+        return report
     checked = report.codes["check"] = phases.check(session, selected)
     report.exit_code = checked
+    if _done(options, "check", report):
+        return report
     if checked == ExitCode.NODES_FAILED and options.force:
         phases.say("warn", "--force: launching although a check failed")
     elif checked != ExitCode.OK:
@@ -152,5 +178,7 @@ def run_pipeline(
             return stop(
                 "not launching: validation failed (see above; --skip-validate launches anyway)", validated
             )
+        if _done(options, "validate", report):
+            return report
     report.exit_code = report.codes["launch"] = phases.launch(session)
     return report

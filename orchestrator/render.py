@@ -33,11 +33,10 @@ from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_a
 from orchestrator.platforms import Platform, PowerShell, check_env_name
 from orchestrator.platforms.powershell import argv_to_command_line
 from orchestrator.resources import templates_dir
+from orchestrator.runs.layout import in_workdir
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
-
-DEFAULT_WORKDIR = "~/cluster-bootstrap"
 
 #: how secrets appear in a rendered script: the real values (launch), masked (shown to the user),
 #: or referenced from the environment of whoever runs it (a file written for running by hand)
@@ -71,6 +70,9 @@ class LaunchSpec:
     # names in ``env`` whose value is taken from this machine's environment at launch (a secret):
     # env name -> variable name; ``env`` holds an empty placeholder for them
     env_from: dict[str, str] = field(default_factory=dict)
+    # cb_shares.json for the ranks (cluster.train.shares, orchestrator/bench): uploaded with the
+    # helper into the run directory when not empty
+    shares_json: str = ""
 
 
 def plan_launch(
@@ -106,7 +108,6 @@ def plan_launch(
             env["OMP_NUM_THREADS"] = str(max(1, cpus[node.name] // max(1, node.nproc)))
         # the user's values win; secrets (from_env) are read when a launch renders the script
         env.update({k: "" if isinstance(v, FromEnv) else v for k, v in train.env_dict.items()})
-        workdir = node.workdir or DEFAULT_WORKDIR
         specs.append(
             LaunchSpec(
                 node=node,
@@ -119,7 +120,7 @@ def plan_launch(
                 master_port=inventory.cluster.port,
                 backend=backend,
                 python=pythons.get(node.name, node.python or "python3"),
-                code_dir=train.code_dir or f"{workdir.rstrip('/')}/code",
+                code_dir=train.code_dir or in_workdir(node, "code"),
                 script=train.script,
                 args=train.args,
                 run_id=run_id,
@@ -134,11 +135,6 @@ def plan_launch(
         )
         first += node.nproc
     return specs
-
-
-def mask_secrets(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """Environment for display: values of secret-looking names replaced."""
-    return [(k, MASK if is_secret_name(k) else v) for k, v in env.items()]
 
 
 def templates_dir_for(inventory: Inventory, cli_value: Path | None = None) -> Path | None:

@@ -317,10 +317,13 @@ class NamespaceCluster:
         workdir: Path | None = None,
         password_auth: bool = False,
         private_dirs: Iterable[str] = (),
+        sftp: bool = True,
     ) -> None:
         """``private_dirs``: absolute directories (e.g. /etc/chrony, /run/chrony) each host gets its own
         empty copy of (bind mounts in the host's mount namespace; the copies live in the workdir, see
-        :meth:`private_dir`). Created on this machine when missing (empty), never written to."""
+        :meth:`private_dir`). Created on this machine when missing (empty), never written to.
+        ``sftp``: False leaves the ``Subsystem sftp`` line out of every sshd_config (a hardened host:
+        SFTP refused with "Channel closed."); :meth:`set_sftp` changes one host."""
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise ValueError(f"n_hosts must be between 1 and {MAX_HOSTS}, got {n_hosts}")
         self.private_dirs = tuple(private_dirs)
@@ -346,6 +349,8 @@ class NamespaceCluster:
         self.start_seconds: float | None = None
         self._password_auth_by_host: dict[str, bool] = {}
         self._session_env: dict[str, dict[str, str]] = {}  # host -> sshd SetEnv for its sessions
+        self.sftp = sftp
+        self._sftp_by_host: dict[str, bool] = {}  # host -> sftp subsystem offered (default: self.sftp)
         # everything below is what stop() undoes; entries are removed once undone
         self._namespaces: list[str] = []
         self._etc_dirs: list[Path] = []
@@ -545,8 +550,9 @@ MaxSessions 50
 PrintMotd no
 PrintLastLog no
 X11Forwarding no
-Subsystem sftp {sftp}
 """
+        if self._sftp_by_host.get(host.name, self.sftp):
+            text += f"Subsystem sftp {sftp}\n"
         env = self._session_env.get(host.name)
         if env:
             text += "SetEnv " + " ".join(f'"{k}={v}"' for k, v in env.items()) + "\n"
@@ -781,6 +787,14 @@ Subsystem sftp {sftp}
         """Switch PasswordAuthentication for one host (sshd restarted if it was running)."""
         with self._lock:
             self._password_auth_by_host[host.name] = enabled
+            self._write_sshd_config(host)
+            if host.name in self._sshd:
+                self.restart_sshd(host)
+
+    def set_sftp(self, host: TestHost, enabled: bool) -> None:
+        """Offer the sftp subsystem on ``host`` or not (sshd restarted if it was running)."""
+        with self._lock:
+            self._sftp_by_host[host.name] = enabled
             self._write_sshd_config(host)
             if host.name in self._sshd:
                 self.restart_sshd(host)

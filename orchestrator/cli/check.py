@@ -27,8 +27,9 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
-from orchestrator.steps.inspect import NodeFacts, facts_plan, inspect, training_python
+from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect, training_python
 
 
 @click.command()
@@ -220,7 +221,7 @@ def _gib(value: int | None) -> str:
     return f"{value / 2**30:.1f} GiB" if value else "-"
 
 
-def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[NodeFacts]]) -> Table:
+def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[InspectedNode]]) -> Table:
     table = Table(title=Text(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)"), title_justify="left")
     for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
         table.add_column(column, overflow="fold")
@@ -296,7 +297,7 @@ def show_inventory(ctx: click.Context) -> None:
     table = Table(
         title=Text(f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
     )
-    for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "tags"):
+    for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "workdir", "tags"):
         table.add_column(column)
     for node in nodes:
         master = " (master)" if node.name == inventory.cluster.master else ""
@@ -307,6 +308,7 @@ def show_inventory(ctx: click.Context) -> None:
             node.os,
             node.gpus,
             node.nproc,
+            workdir_for(node),  # {node} replaced: where its runs, code and venv go
             ",".join(node.tags),
         )
         table.add_row(Text(node.name + master), *(Text(str(c)) for c in cells))

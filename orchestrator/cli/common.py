@@ -29,7 +29,7 @@ from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inven
 from orchestrator.render import LaunchSpec
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.inspect import training_python
+from orchestrator.steps.node_facts import training_python
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.known_hosts import compare_command
 
@@ -330,9 +330,18 @@ def print_plans(
 
 
 def again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run (same inventory)."""
-    inventory = f" -i {shlex.quote(str(settings.inventory))}" if settings.inventory else ""
-    return f"bootstrap{inventory} {command} --run {shlex.quote(run_id)}"
+    """The command line a user types next for this run: the same inventory and the files that say
+    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
+    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
+    words = ["bootstrap"]
+    for option, value in (
+        ("-i", settings.inventory),
+        ("--known-hosts", settings.known_hosts),
+        ("--ssh-config", settings.ssh_config),
+    ):
+        if value is not None:
+            words += [option, shlex.quote(str(value))]
+    return " ".join([*words, command, "--run", shlex.quote(run_id)])
 
 
 def interrupted(ui: UI) -> None:

@@ -25,8 +25,6 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.errors import (
-    CancelledError,
-    ConnectError,
     ExitCode,
     RunStoppedError,
 )
@@ -34,6 +32,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 from orchestrator.platforms import PowerShell, platform_for_node
+from orchestrator.runs.layout import logs_where
 from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
 from orchestrator.transports import Result
@@ -59,15 +58,14 @@ def render(
     on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
     secret-looking variables; files written with --out are complete and run by hand on each node.
     """
-    import time as _time
-
     from orchestrator.render import Renderer, render_all, templates_dir_for
+    from orchestrator.runs.ids import new_run_id
     from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
 
     settings = Settings.from_context(ctx)
     inventory, selected = load_selection(settings)
     ui = settings.ui
-    run_id = run_id or f"{inventory.cluster.name}-{_time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id, reserve=False)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
     if offline or settings.dry_run:
@@ -154,7 +152,8 @@ def run_launch(
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.steps.launch import failure_tail, plan, root_cause, run_node
+    from orchestrator.steps.launch import failure_tail, plan, root_cause
+    from orchestrator.steps.train import sweep, train
 
     ui = settings.ui
     refuse_native_mix(inventory)
@@ -168,7 +167,7 @@ def run_launch(
         )
         return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
-    from orchestrator.steps.runs import claim_run_id, pick_run_id
+    from orchestrator.runs.ids import claim_run_id, pick_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
     run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
@@ -186,8 +185,8 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        specs = {s.node.name: s for s in launch_plan.specs}
-        from orchestrator.steps.runs import rank_labels, write_record
+        from orchestrator.runs.layout import write_record
+        from orchestrator.runs.ranks import rank_labels
 
         write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
         if detach:
@@ -212,30 +211,23 @@ def run_launch(
 
         started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
         try:
-            outcomes = session.map(
-                lambda node, t: run_node(
-                    node, t, specs[node.name], renderer=renderer, output=outputs[node.name], started=started
-                ),
-                step="train",
-                fail_fast=True,
-            )
+            report = train(session, launch_plan.specs, renderer, outputs, started)
         except KeyboardInterrupt:
             log.close()
-            sweep_run(settings, session, run_id, started)
+            try:
+                show_sweep(settings, run_id, sweep(session, run_id, started))
+            except KeyboardInterrupt:
+                ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
             interrupted(ui)
         finally:
             log.close()
-    failed, stopped = failed_first(outcomes)
-    if stopped:
-        # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the
-        # sweep would only wait for its connect timeout
-        lost = {o.node for o in outcomes if isinstance(o.error, ConnectError)}
-        for name in sorted(lost & started):
-            settings.ui.note(
-                f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
-                f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
-            )
-        sweep_run(settings, session, run_id, started - lost)
+    outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
+    for name in sorted(report.lost):
+        settings.ui.note(
+            f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
+            f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
+        )
+    show_sweep(settings, run_id, report.swept)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -280,7 +272,7 @@ def run_launch(
                 ui.info(f"  {o.node} | {line}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
-    ui.note(f"logs: {log.directory}/ (and runs/{run_id}/<node>/node.log under each node's workdir)")
+    ui.note(f"logs: {log.directory}/ (and {logs_where(nodes, run_id)})")
     return code
 
 
@@ -299,47 +291,14 @@ def _launch_dry_run(
     print_dry_run(settings, "launch", run_id, backend, planned, how=how)
 
 
-def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
-    """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
-    others often fail moments after the first ("Connection closed by peer"), before the stop
-    reaches them: the cause is the earliest, whatever its place in the inventory."""
-    failed = sorted(
-        (o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)),
-        key=lambda o: o.finished,
-    )
-    return failed, [o for o in outcomes if isinstance(o.error, CancelledError)]
-
-
-def sweep_run(settings: Settings, session: Session, run_id: str, started: set[str]) -> None:
-    """After a foreground run was cut short (Ctrl-C, or fail fast stopping the others): stop every
-    process of the run still on a node, found by the run's marker as `bootstrap stop` does.
-
-    Closing a node's connection stops the launcher's process group (TERM, KILL 5 s later) but
-    torchrun starts its workers in sessions of their own: a worker that takes longer than that to
-    handle TERM, or whose torchrun was killed before it could pass TERM on (a local node's group
-    is killed at once), would be left training. The sweep runs on new connections, in parallel,
-    with the same 5 s grace, on the nodes in ``started`` only: a node that refused the run id (it
-    ran before there) holds another run's processes under that id."""
-    from orchestrator.steps.runs import stop_node
-
-    ui = settings.ui
-    nodes = [n for n in session.nodes if n.name in started]
-    if not nodes:
-        return
+def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]]) -> None:
+    """What the sweep after a cut-short run found: nodes it could not check, processes it stopped."""
     stop = again(settings, "stop", run_id)
-    try:
-        with session.reopened() as fresh:
-            outcomes = fresh.map(
-                lambda node, t: stop_node(node, t, run_id, grace=5.0), step="sweep", nodes=nodes
-            )
-    except KeyboardInterrupt:
-        ui.warn(f"not checked for processes left running: run `{stop}`")
-        return
-    for o in outcomes:
+    for o in swept:
         if o.error is not None:
-            ui.warn(
+            settings.ui.warn(
                 f"{o.node}: not checked for processes of the run left running ({o.error}): "
                 f"run `{stop}` when it is reachable"
             )
         elif o.value is not None and o.value.state == "stopped":
-            ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
+            settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")

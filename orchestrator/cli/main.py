@@ -45,8 +45,26 @@ class _Group(click.Group):
     "--skip-validate", is_flag=True, help="Main pipeline: launch without the all_reduce validation first."
 )
 @click.option("--detach", is_flag=True, help="Main pipeline: train detached (see `launch --detach`).")
+@click.option(
+    "--sync-from-master",
+    is_flag=True,
+    help="Main pipeline, without cluster.env: first give every node the master's torch and companions "
+    "(`sync --from-master`).",
+)
+@click.option(
+    "--until",
+    type=click.Choice(["sync", "firewall", "ntp", "check", "validate"]),
+    help="Main pipeline: stop after this phase (e.g. `--until check`: set the cluster up, train nothing).",
+)
 @click.pass_context
-def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> None:
+def cli(
+    ctx: click.Context,
+    force: bool,
+    skip_validate: bool,
+    detach: bool,
+    until: str | None,
+    sync_from_master: bool,
+) -> None:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
     Without a command: the main pipeline: environment and code sync (`sync`, when the inventory
@@ -74,7 +92,9 @@ def cli(ctx: click.Context, force: bool, skip_validate: bool, detach: bool) -> N
     # ONE session for every phase: each node is connected once (passwords asked here, once per node)
     # and the facts the preflight gathers are handed to validate and launch
     everyone = list(inventory.nodes)
-    options = PipelineOptions(force=force, skip_validate=skip_validate)
+    options = PipelineOptions(
+        force=force, skip_validate=skip_validate, until=until, sync_from_master=sync_from_master
+    )
     phases = CliPhases(ctx, settings, inventory, detach=detach)
     with open_session(settings, inventory, everyone) as session:
         report = run_pipeline(session, inventory, nodes, options, phases)

@@ -23,10 +23,14 @@ class CliPhases:
     detach: bool = False
     templates_dir: Path | None = None
 
-    def sync(self, session: Session, nodes: list[Node], *, only: str | None) -> ExitCode:
+    def sync(
+        self, session: Session, nodes: list[Node], *, only: str | None, from_master: bool = False
+    ) -> ExitCode:
         from orchestrator.cli.sync import run_sync
 
-        return run_sync(self.settings, self.inventory, nodes, only=only, session=session)
+        return run_sync(
+            self.settings, self.inventory, nodes, only=only, session=session, from_master=from_master
+        )
 
     def firewall(self, session: Session, nodes: list[Node]) -> ExitCode:
         from orchestrator.cli.firewall import run_firewall

@@ -32,8 +32,9 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Node, PasswordResolver
-from orchestrator.logs import RunLog, new_run_id, state_dir
+from orchestrator.logs import RunLog, state_dir
 from orchestrator.platforms import PosixShell, check_env_name
+from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
 from orchestrator.transports import Result, Transport
 
@@ -74,7 +75,8 @@ def run(
             lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
         )
         return
-    run_log = RunLog(state_dir() / "runs" / new_run_id("run"))
+    runs = state_dir() / "runs"
+    run_log = RunLog(runs / new_run_id(inventory.cluster.name, kind="run", root=runs))
     printer = ui.line_printer([n.name for n in nodes])
 
     def one(node: Node, transport: Transport) -> Result:

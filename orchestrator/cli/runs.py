@@ -26,44 +26,44 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.neutralise import neutralise
-from orchestrator.cli.ui import RankedOutput
-from orchestrator.errors import CommandFailedError, ExitCode
+from orchestrator.cli.ui import UI, RankedOutput
+from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
-from orchestrator.logs import BUSY, KEPT, REPLACED, RunLog
-from orchestrator.steps.inspect import interpreter_for
-from orchestrator.steps.launch import run_dir_for, run_marker
-from orchestrator.steps.runs import (
-    RUNS_ROOT,
-    FollowResult,
+from orchestrator.logs import RunLog
+from orchestrator.runs.control import (
+    DetachedStart,
     NodeStatus,
-    RunOps,
     Started,
-    StopResult,
-    fetch_candidates,
     fetch_node,
+    fetch_script,
     follow_node,
-    rank_labels,
-    resolve_run,
-    run_ops,
-    start_node,
+    no_such_run,
     status_node,
+    status_script,
     stop_node,
+    stop_script,
+    tail_script,
 )
+from orchestrator.runs.ids import resolve_run
+from orchestrator.runs.layout import RUNS_ROOT
+from orchestrator.runs.ranks import rank_labels
+from orchestrator.runs.tail import FollowResult
+from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.platforms import Platform
     from orchestrator.render import LaunchSpec, Renderer
     from orchestrator.session import Session
 
 _RUN_HELP = "Run id (default: latest, the newest run under ./runs)."
 
 
-def _run_plan(fn: Callable[[Any, RunOps], str]) -> Any:
-    """For --dry-run: the script a run command sends to each node, in the node's own shell."""
-
-    def plan(node: Any, transport: Any) -> list[str]:
-        return [fn(node, run_ops(transport.platform, node))]
-
-    return plan
+def _print_scripts(
+    settings: Settings, inventory: Inventory, nodes: list[Node], script: Callable[[Node, Platform], str]
+) -> None:
+    """--dry-run: the script a run command sends to each node (runs.control's ``*_script``)."""
+    print_plans(settings, inventory, nodes, lambda node, transport: [script(node, transport.platform)])
 
 
 # -- launch --detach ---------------------------------------------------------------------------------
@@ -77,22 +77,20 @@ def start_detached(
     renderer: Renderer,
     run_id: str,
 ) -> None:
-    """Start every node's launcher detached; all or nothing: when one fails to start, the ones that
-    did are stopped again. Exits (ctx.exit) with the command's code."""
-    ui = settings.ui
-    by_name = {s.node.name: s for s in specs}
+    """`launch --detach`: every node's launcher started detached (steps.launch.start_detached: all or
+    nothing), the result shown; exits (ctx.exit) with the command's code."""
+    from orchestrator.steps.launch import start_detached as start
+
     try:
-        outcomes = session.map(
-            lambda node, t: start_node(node, t, by_name[node.name], renderer=renderer), step="start"
-        )
+        report = start(session, list(specs), renderer=renderer)
     except KeyboardInterrupt:
-        interrupted(ui)
-    failed = [o for o in outcomes if not o.ok]
-    undone: list[Outcome[StopResult]] = []
-    if failed:
-        started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]
-        if started:
-            undone = session.map(lambda n, t: stop_node(n, t, run_id), step="stop", nodes=started)
+        interrupted(settings.ui)
+    ctx.exit(int(show_detached(settings, report)))
+
+
+def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
+    """What `launch --detach` prints (or its --json document); its exit code."""
+    ui, run_id, outcomes = settings.ui, report.run_id, report.outcomes
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -110,19 +108,19 @@ def start_detached(
                     }
                     for o in outcomes
                 ],
-                "stopped_again": [o.node for o in undone if o.ok],
+                "stopped_again": [o.node for o in report.undone if o.ok],
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
-    if failed:
-        fail_lines(ui, failed)
-        if undone:
+        return code
+    if report.failed:
+        fail_lines(ui, report.failed)
+        if report.undone:
             ui.error(
                 "not started on every node: stopped it again on "
-                + ", ".join(f"{o.node} ({o.value.describe() if o.value else o.error})" for o in undone)
+                + ", ".join(f"{o.node} ({o.value.describe() if o.value else o.error})" for o in report.undone)
             )
-        ctx.exit(int(code))
+        return code
     for o in outcomes:
         if isinstance(o.value, Started):
             ui.note(f"{o.node}: launcher pid {o.value.pid}, log {o.value.node_log}")
@@ -131,7 +129,7 @@ def start_detached(
     ui.info(f"  status: {again(settings, 'status', run_id)}")
     ui.info(f"  stop:   {again(settings, 'stop', run_id)}")
     ui.print_text(run_id)
-    ctx.exit(int(ExitCode.OK))
+    return ExitCode.OK
 
 
 # -- logs ----------------------------------------------------------------------------------------------
@@ -172,21 +170,12 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        print_plans(
+        _print_scripts(
             settings,
             inventory,
             nodes,
-            _run_plan(
-                lambda node, ops: ops.tail(
-                    run_dir_for(node, run_id),
-                    run_marker(run_id, node.name),
-                    f"{run_dir_for(node, run_id)}/node.log",
-                    0,
-                    follow=follow,
-                    python=interpreter_for(node),
-                    interval=None,
-                    lines=tail,
-                )
+            lambda node, platform: tail_script(
+                platform, node, run_id, follow=follow, python=interpreter_for(node), lines=tail
             ),
         )
         return
@@ -233,13 +222,16 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
         with session:
             outcomes = session.map(one, step="logs")
         if tail is None:
-            settle = {o.node: "replace" if o.ok else "keep" for o in outcomes}
-            copies = _keep_copies(ui, run_log, nodes, settle, quiet=True)
+            copies = run_log.settle(outputs, {o.node: "replace" if o.ok else "keep" for o in outcomes})
     except KeyboardInterrupt:
         if tail is None:
             # a read cut short is still the log from its start: it becomes the copy when it holds
             # more than the copy here (of two prefixes of the same append-only log, the longer)
-            _keep_copies(ui, run_log, nodes, {n: "replace" if n in read else "longer" for n in outputs})
+            _say_copies(
+                ui,
+                run_log,
+                run_log.settle(outputs, {n: "replace" if n in read else "longer" for n in outputs}),
+            )
         run_log.close()
         ui.note(f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
         interrupted(ui)
@@ -294,31 +286,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
     ctx.exit(int(code))
 
 
-def _keep_copies(
-    ui: Any, run_log: RunLog, nodes: Sequence[Any], how: dict[str, str], *, quiet: bool = False
-) -> dict[str, str]:
-    """Settle each node's copy here once its read is over: ``how`` is "replace" (read from the
-    start to the end: it becomes the copy), "longer" (cut short: becomes the copy only when longer)
-    or "keep" (failed: the copy stays as it was). Returns each node's "written" / "kept" / "busy" /
-    "none"; says what happened unless ``quiet`` (then _say_copies does, after the failures)."""
-    copies: dict[str, str] = {}
-    for node in nodes:
-        name = node.name
-        existed = run_log.path(name).exists()
-        if run_log.busy(name):
-            state = BUSY
-        elif how.get(name) == "keep":
-            run_log.discard(name)
-            state = KEPT
-        else:
-            state = run_log.commit(name, only_if_longer=how.get(name) == "longer")
-        copies[name] = {REPLACED: "written", BUSY: "busy"}.get(state, "kept" if existed else "none")
-    if not quiet:
-        _say_copies(ui, run_log, copies)
-    return copies
-
-
-def _say_copies(ui: Any, run_log: RunLog, copies: dict[str, str]) -> None:
+def _say_copies(ui: UI, run_log: RunLog, copies: dict[str, str]) -> None:
     for name, state in copies.items():
         path = run_log.path(name)
         if state == "kept":
@@ -350,16 +318,11 @@ def _gpu_text(status: NodeStatus) -> str:
     )
 
 
-def _unknown_run(outcome: Outcome[NodeStatus], node: Any, run_id: str) -> Outcome[NodeStatus]:
+def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
     """A node that has no such run failed the command (exit 1, as `logs` does), its state kept."""
     if outcome.value is None or outcome.value.state != "no run":
         return outcome
-    error = CommandFailedError(
-        f"no run {run_id} on this node ({run_dir_for(node, run_id)} does not exist)",
-        node=node.name,
-        hint="check --run and that the inventory is the one the run was launched with",
-    )
-    return dataclasses.replace(outcome, error=error)
+    return dataclasses.replace(outcome, error=no_such_run(node, run_id))
 
 
 @click.command()
@@ -378,17 +341,8 @@ def status(ctx: click.Context, run_arg: str) -> None:
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        print_plans(
-            settings,
-            inventory,
-            nodes,
-            _run_plan(
-                lambda node, ops: ops.status(
-                    run_dir_for(node, run_id),
-                    run_marker(run_id, node.name),
-                    f"{run_dir_for(node, run_id)}/node.log",
-                )
-            ),
+        _print_scripts(
+            settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
         )
         return
     session = open_session(settings, inventory, nodes)
@@ -478,13 +432,8 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
     ui = settings.ui
     run_id = resolve_run(run_arg)
     if settings.dry_run:
-        print_plans(
-            settings,
-            inventory,
-            nodes,
-            _run_plan(
-                lambda node, ops: ops.stop(run_dir_for(node, run_id), run_marker(run_id, node.name), grace)
-            ),
+        _print_scripts(
+            settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
         )
         return
     session = open_session(settings, inventory, nodes)
@@ -569,11 +518,12 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
     run_id = resolve_run(run_arg)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
-
-        def listing(node: Any, ops: RunOps) -> str:
-            return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir))
-
-        print_plans(settings, inventory, nodes, _run_plan(listing))
+        _print_scripts(
+            settings,
+            inventory,
+            nodes,
+            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir),
+        )
         return
     session = open_session(settings, inventory, nodes)
     try:

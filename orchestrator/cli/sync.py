@@ -6,6 +6,7 @@ Registered on import by orchestrator/cli/__init__.py. The work is in orchestrato
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -27,7 +28,24 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
-from orchestrator.steps.envsync import NodeEnv, resolve_specs, summarize_outcomes, sync_env
+from orchestrator.steps.envsync import (
+    EnvSharedError,
+    EnvSpec,
+    NodeEnv,
+    installer_tail,
+    probe_script,
+    resolve_specs,
+    summarize_outcomes,
+    sync_env,
+)
+from orchestrator.steps.envsync.master import (
+    Reference,
+    read_reference,
+    recorded_nodes,
+    remember,
+    spec_from_master,
+    write_freeze,
+)
 from orchestrator.steps.envsync.report import EnvReport
 
 TAIL = 15
@@ -48,8 +66,21 @@ _ACTION_STYLE = {
     type=click.Choice(["env", "code"]),
     help="Only the environment (cluster.env) or only the code (cluster.code).",
 )
+@click.option(
+    "--from-master",
+    is_flag=True,
+    help="Without cluster.env: give every node a venv with the master's torch and its companions, "
+    "at the master's exact versions (docs/sync.md).",
+)
+@click.option(
+    "--freeze",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Write the master's torch and companions, pinned, to FILE (a requirements file to commit and "
+    "name in cluster.env.requirements); with --from-master, sync too.",
+)
 @click.pass_context
-def sync(ctx: click.Context, force: bool, only: str | None) -> None:
+def sync(ctx: click.Context, force: bool, only: str | None, from_master: bool, freeze: Path | None) -> None:
     """Make every node's Python environment and code identical to what the inventory declares.
 
     Environment (cluster.env): a venv per node at env.path (default <workdir>/venv) with exactly the
@@ -59,11 +90,28 @@ def sync(ctx: click.Context, force: bool, only: str | None) -> None:
     machine. Afterwards every node's installed versions are compared: one line per distinct
     environment; any difference fails the command (exit 1), naming the packages.
 
+    Without cluster.env, --from-master installs the master's training environment instead (torch,
+    torchvision, torchaudio and numpy when the master has them, and what they require, at the master's
+    versions, from the wheel index of its torch build); check, validate and launch then use it.
+    --freeze FILE writes that set as a requirements file for cluster.env.
+
     Code (cluster.code): the project directory, only changed files moved. See docs/sync.md.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    ctx.exit(int(run_sync(settings, inventory, nodes, force=force, only=only)))
+    if freeze is not None and not from_master:
+        ctx.exit(int(run_freeze(settings, inventory, nodes, freeze)))
+    if from_master and inventory.cluster.env.declared:
+        raise UsageError(
+            f"{inventory.source}: cluster.env declares this cluster's environment: "
+            "`bootstrap sync` installs it",
+            hint="--from-master is for inventories without cluster.env (to pin the master's environment "
+            "into a file for it: bootstrap sync --freeze requirements.txt)",
+        )
+    code = run_sync(
+        settings, inventory, nodes, force=force, only=only, from_master=from_master, freeze=freeze
+    )
+    ctx.exit(int(code))
 
 
 def run_sync(
@@ -74,16 +122,33 @@ def run_sync(
     force: bool = False,
     only: str | None = None,
     session: Session | None = None,
+    from_master: bool = False,
+    freeze: Path | None = None,
 ) -> ExitCode:
-    """The sync phase (also a step of the main pipeline); its exit code."""
+    """The sync phase (also a step of the main pipeline); its exit code. ``from_master``: without
+    cluster.env, the master's training environment (orchestrator/steps/envsync/master.py)."""
     ui = settings.ui
     do_env = only in (None, "env")
     do_code = only in (None, "code")
-    if do_env and not inventory.cluster.env.declared:
+    from_master = from_master and not inventory.cluster.env.declared
+    if do_env and not inventory.cluster.env.declared and not from_master:
         if only == "env":
-            ui.error("cluster.env declares no requirements or packages: nothing to sync (see docs/sync.md)")
+            ui.error(
+                "cluster.env declares no requirements or packages: nothing to sync "
+                "(`bootstrap sync --from-master` installs the master's torch on every node; docs/sync.md)"
+            )
             return ExitCode.USAGE
-        ui.note("no cluster.env in the inventory: environment sync skipped")
+        recorded = recorded_nodes(inventory)
+        if recorded:
+            ui.note(
+                f"no cluster.env: environment sync skipped ({', '.join(recorded)} train in the master's "
+                "environment from `bootstrap sync --from-master`: run that again to refresh it)"
+            )
+        else:
+            ui.note(
+                "no cluster.env in the inventory: environment sync skipped "
+                "(`bootstrap sync --from-master` installs the master's torch on every node)"
+            )
         do_env = False
     if do_code:
         from orchestrator.steps.codesync import code_source
@@ -94,16 +159,21 @@ def run_sync(
                 f"code.source {source} is not a directory",
                 hint="set cluster.code.source to your project directory (relative to the current one)",
             )
-    if do_env:
+    if do_env and not from_master:
         specs = resolve_specs(inventory, nodes)  # a bad env section stops here, exit 2, nothing contacted
         for spec in specs.values():
             for warning in spec.warnings:
                 ui.warn(warning)
     env_outcomes: list[Outcome[NodeEnv]] = []
     code_outcomes: list[Outcome[Any]] = []
+    master_note: str | None = None
     try:
         with phase_session(settings, inventory, nodes, session) as on:
-            if do_env:
+            if do_env and from_master:
+                env_outcomes, master_note = _run_from_master(
+                    settings, on, inventory, nodes, force=force, freeze=freeze
+                )
+            elif do_env:
                 env_outcomes = _run_env(settings, on, inventory, nodes, force=force)
             if do_code:
                 code_outcomes = _run_code(settings, on, inventory, nodes)
@@ -126,30 +196,133 @@ def run_sync(
         )
         return code
     if do_env:
-        _env_human(settings, env_outcomes, report)
+        if master_note:
+            ui.note(master_note)
+        if env_outcomes or not from_master:
+            _env_human(settings, env_outcomes, report)
     if do_code:
         _code_human(settings, code_outcomes)
     return code
 
 
 def _run_env(
-    settings: Settings, session: Session, inventory: Inventory, nodes: list[Node], *, force: bool
+    settings: Settings,
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    force: bool,
+    specs: dict[str, EnvSpec] | None = None,
 ) -> list[Outcome[NodeEnv]]:
     ui = settings.ui
     if settings.dry_run:
-        return sync_env(session, inventory, nodes, dry_run=True, force=force)
+        return sync_env(session, inventory, nodes, dry_run=True, force=force, specs=specs)
     printer = ui.line_printer([n.name for n in nodes], stream=ui.err.file) if settings.verbose else None
 
     def on_line(node: str, line: str) -> None:
         if printer is not None and not settings.json_mode:
             printer.write(node, line)
 
-    with ui.progress([n.name for n in nodes], "env") as on_event:
-        session.executor.on_event = on_event
+    with ui.board([n.name for n in nodes], "env") as board:
+        session.executor.on_event = board.on_event
         try:
-            return sync_env(session, inventory, nodes, force=force, on_line=on_line)
+            return sync_env(
+                session, inventory, nodes, force=force, on_line=on_line, on_progress=board.update, specs=specs
+            )
         finally:
             session.executor.on_event = None
+
+
+def _run_from_master(
+    settings: Settings,
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    force: bool,
+    freeze: Path | None,
+) -> tuple[list[Outcome[NodeEnv]], str | None]:
+    """The master's environment on ``nodes`` (the master itself left out when its own interpreter is
+    the reference), then the record check, validate and launch read (master.py)."""
+    ui = settings.ui
+    reference = _read_reference(settings, session, inventory)
+    env = reference.env
+    targets = [
+        n for n in nodes if not (reference.master_is_reference and n.name == inventory.master_node.name)
+    ]
+    torch_line = f"torch {env.torch} and {len(env.packages) - 1} companions from {env.where}"
+    if freeze is not None:
+        for path in write_freeze(freeze, inventory, nodes, env):
+            ui.note(f"wrote {path}: {torch_line}")
+    if not targets:
+        return (
+            [],
+            f"nothing to sync: {inventory.master_node.name} is the master, whose Python is the reference",
+        )
+    oses: set[str] = {n.os for n in targets}
+    specs = {os_name: spec_from_master(inventory, env, os_name) for os_name in sorted(oses)}
+    if not settings.json_mode:
+        ui.note(f"the master's environment: {torch_line}")
+    outcomes = _run_env(settings, session, inventory, targets, force=force, specs=specs)
+    if settings.dry_run:
+        return outcomes, None
+    synced = {
+        o.node: {"env_id": o.value.env_id, "torch": o.value.packages.get("torch"), "source": env.where}
+        for o in outcomes
+        if o.value is not None
+    }
+    if not synced:
+        return outcomes, None
+    record = remember(inventory, synced)
+    first = next(o.value for o in outcomes if o.value is not None)
+    return outcomes, (
+        f"training on {', '.join(synced)} now uses {first.python_path} (recorded in {record}); "
+        "to make it part of the inventory: bootstrap sync --freeze requirements.txt, then "
+        "cluster.env.requirements: requirements.txt"
+    )
+
+
+def _read_reference(settings: Settings, session: Session, inventory: Inventory) -> Reference:
+    master = inventory.master_node
+    found = session.map(lambda node, t: read_reference(inventory, t), step="master", nodes=[master])[0]
+    if found.error is not None:
+        raise found.error
+    assert found.value is not None
+    return found.value
+
+
+def run_freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: Path) -> ExitCode:
+    """``bootstrap sync --freeze FILE`` alone: read the master, write the file(s), sync nothing."""
+    ui = settings.ui
+    with phase_session(settings, inventory, nodes, None) as on:
+        reference = _read_reference(settings, on, inventory)
+    env = reference.env
+    files = write_freeze(path, inventory, nodes, env)
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "sync",
+                "freeze": {
+                    "files": [str(f) for f in files],
+                    "master": env.where,
+                    "torch": env.torch,
+                    "packages": env.packages,
+                },
+                "exit_code": 0,
+            }
+        )
+        return ExitCode.OK
+    base = Path(str(inventory.source)).resolve().parent
+    for written in files:
+        try:
+            shown = written.resolve().relative_to(base)
+        except ValueError:
+            shown = written.resolve()
+        ui.info(f"wrote {written}: torch {env.torch} and {len(env.packages) - 1} companions from {env.where}")
+        ui.note(
+            f"declare it in the inventory: cluster: {{env: {{requirements: {shown}}}}} (then bootstrap sync)"
+        )
+    return ExitCode.OK
 
 
 def _run_code(
@@ -158,10 +331,12 @@ def _run_code(
     # The code half (orchestrator/steps/codesync, written alongside): same session, same nodes.
     from orchestrator.steps.codesync import sync_code
 
-    with settings.ui.progress([n.name for n in nodes], "code") as on_event:
-        session.executor.on_event = on_event
+    with settings.ui.board([n.name for n in nodes], "code") as board:
+        session.executor.on_event = board.on_event
         try:
-            outcomes: list[Outcome[Any]] = sync_code(session, inventory, nodes, dry_run=settings.dry_run)
+            outcomes: list[Outcome[Any]] = sync_code(
+                session, inventory, nodes, dry_run=settings.dry_run, on_progress=board.update
+            )
         finally:
             session.executor.on_event = None
     return outcomes
@@ -192,6 +367,14 @@ def _changes_text(env: NodeEnv) -> str:
 def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> None:
     ui = settings.ui
     if settings.dry_run:
+        if any(o.value is not None for o in outcomes):
+            name, text = probe_script()
+            ui.print_text(
+                f"# {name}: every node's first command runs it with its Python (one JSON line back)"
+            )
+            for line in text.rstrip("\n").splitlines():
+                ui.print_text(f"#   {line}" if line else "#")
+            ui.print_text("")
         for o in outcomes:
             if o.value is None:
                 continue
@@ -239,7 +422,7 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     for o in outcomes:
         result = getattr(o.error, "result", None)
         if result is not None and hasattr(result, "tail") and type(o.error).__name__ == "EnvInstallError":
-            for line in result.tail(TAIL):  # the installer's words: may repeat an index URL
+            for line in installer_tail(result.tail(TAIL * 4))[-TAIL:]:  # may repeat an index URL
                 ui.info(f"  {o.node} | {mask_url_credentials(line)}")
     if report.mismatch:
         ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
@@ -248,13 +431,39 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     unchanged = sum(1 for o in outcomes if o.value is not None and o.value.action == "unchanged")
     done = sum(1 for o in outcomes if o.value is not None)
     failed = len(outcomes) - done
-    verdict = "environments DIFFER" if report.mismatch else "identical" if done > 1 else "ok"
+    parts = []
+    if report.mismatch:
+        parts.append("environments DIFFER")
+    elif done > 1:
+        parts.append("identical")
+    elif done == 1 and not failed:
+        parts.append("ok")
     if failed:
-        verdict += f", {failed} failed"
-    ui.info(f"environment: {done}/{len(outcomes)} nodes synced ({unchanged} unchanged), {verdict}")
+        parts.append(f"{failed} failed")
+    shared = _shared_headline(outcomes)
+    if shared:
+        parts.append(shared)
+    counted = f" ({unchanged} unchanged)" if done else ""
+    ui.info(f"environment: {done}/{len(outcomes)} nodes synced{counted}, {', '.join(parts)}")
     if done:
         first = next(o.value for o in outcomes if o.value is not None)
         ui.note(f"launch with {first.python_path} (the stable path; each build is switched in atomically)")
+
+
+def _shared_headline(outcomes: list[Outcome[NodeEnv]]) -> str | None:
+    """When nodes were refused because they share a directory: that is the cause, said once."""
+    by_dir: dict[str, set[str]] = {}
+    for o in outcomes:
+        if isinstance(o.error, EnvSharedError):
+            by_dir.setdefault(o.error.directory, set()).update([o.node, *o.error.shared_with])
+    if not by_dir:
+        return None
+    groups = [f"{', '.join(sorted(names))} share {where}" for where, names in sorted(by_dir.items())]
+    return (
+        "; ".join(groups)
+        + " (one filesystem: nothing was installed; not a pip or index problem): give each node its own "
+        "directory with {node} in workdir (docs/quickstart.md)"
+    )
 
 
 def _env_json(outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> dict[str, Any]:

@@ -110,50 +110,152 @@ class UI:
     @contextmanager
     def progress(self, nodes: Sequence[str], step: str) -> Iterator[Callable[[NodeEvent], None]]:
         """A per-node progress display; yields the executor's event callback."""
-        state = {n: ("waiting", "", 0.0) for n in nodes}
-        started: dict[str, float] = {}
-        lock = threading.Lock()
+        with self.board(nodes, step) as board:
+            yield board.on_event
 
-        def render() -> Table:
-            table = Table(box=None, show_header=False, pad_edge=False)
-            table.add_column("node", style="bold")
-            table.add_column("state")
-            table.add_column("time", justify="right", style="dim")
-            table.add_column("detail", overflow="ellipsis", no_wrap=True)
-            now = time.monotonic()
-            for name in nodes:
-                status, detail, took = state[name]
-                style = {"running": "cyan", "ok": "green", "failed": "red"}.get(status, "dim")
-                shown = (
-                    took if status in ("ok", "failed") else (now - started[name] if name in started else 0)
-                )
-                table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
-            return table
-
-        def on_event(event: NodeEvent) -> None:
-            with lock:
-                if event.kind == "start":
-                    started[event.node] = time.monotonic()
-                    state[event.node] = ("running", event.step, 0.0)
-                    return
-                took = time.monotonic() - started.get(event.node, time.monotonic())
-                status = "ok" if event.kind == "done" else "failed"
-                detail = neutralise(event.detail.splitlines()[0]) if event.detail else ""
-                state[event.node] = (status, detail, took)
-            if not self.live and not self.json_mode:
-                mark = "ok" if status == "ok" else "FAILED"
-                self.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
-
-        if not self.live:
-            yield on_event
+    @contextmanager
+    def board(self, nodes: Sequence[str], step: str, *, interval: float | None = None) -> Iterator[Board]:
+        """A per-node progress display for long work: the executor's events (``board.on_event``) and
+        what each node is doing now (``board.update(node, activity, detail)``: "installing torch",
+        "1.2 GB downloaded"). On a terminal, a live table (state, elapsed time, activity); piped, a
+        plain line per node every ``interval`` seconds while it works
+        (``[node2] installing torch (1.2 GB downloaded, 45 s)``; default: $BOOTSTRAP_PROGRESS_INTERVAL,
+        else 10), and one line as each node finishes."""
+        board = Board(self, nodes, step, progress_interval() if interval is None else interval)
+        if self.live:
+            with Live(
+                board.render(),
+                console=self.err,
+                transient=True,
+                refresh_per_second=8,
+                get_renderable=board.render,
+            ):
+                yield board
             return
-        with Live(render(), console=self.err, transient=True, refresh_per_second=8, get_renderable=render):
-            yield on_event
+        if self.json_mode:
+            yield board
+            return
+        ticker = threading.Thread(target=board.tick_until_closed, name=f"progress-{step}", daemon=True)
+        ticker.start()
+        try:
+            yield board
+        finally:
+            board.close()
+            ticker.join(timeout=5)
 
     # -- streaming ------------------------------------------------------------------------------
 
     def line_printer(self, nodes: Sequence[str], stream: IO[str] | None = None) -> LinePrinter:
         return LinePrinter(nodes, stream or sys.stdout, color=self.color_out)
+
+
+def progress_interval() -> float:
+    """Seconds between piped progress lines: $BOOTSTRAP_PROGRESS_INTERVAL, else 10."""
+    try:
+        value = float(os.environ.get("BOOTSTRAP_PROGRESS_INTERVAL", "") or 10)
+    except ValueError:
+        value = 10.0
+    return max(value, 0.1)
+
+
+class Board:
+    """Each node's state in one step, shared by the executor's threads, the nodes' workers (what they
+    are doing) and the display: a live table on terminals, periodic lines when piped."""
+
+    def __init__(self, ui: UI, nodes: Sequence[str], step: str, interval: float) -> None:
+        self.ui = ui
+        self.nodes = list(nodes)
+        self.step = step
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._status = {n: "waiting" for n in nodes}
+        self._activity = {n: "" for n in nodes}
+        self._detail = {n: "" for n in nodes}
+        self._took: dict[str, float] = {}
+        self._started: dict[str, float] = {}
+        self._printed: dict[str, float] = {}  # piped: when each node's last progress line was written
+        self._closed = threading.Event()
+
+    # -- input (any thread) ---------------------------------------------------------------------
+
+    def on_event(self, event: NodeEvent) -> None:
+        with self._lock:
+            if event.kind == "start":
+                self._started[event.node] = time.monotonic()
+                self._status[event.node] = "running"
+                self._activity[event.node] = event.step
+                self._detail[event.node] = ""
+                return
+            took = time.monotonic() - self._started.get(event.node, time.monotonic())
+            status = "ok" if event.kind == "done" else "failed"
+            self._status[event.node] = status
+            self._activity[event.node] = neutralise(event.detail.splitlines()[0]) if event.detail else ""
+            self._detail[event.node] = ""
+            self._took[event.node] = took
+        if not self.ui.live and not self.ui.json_mode:
+            mark = "ok" if status == "ok" else "FAILED"
+            self.ui.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
+
+    def update(self, node: str, activity: str, detail: str = "") -> None:
+        """What ``node`` is doing now (node text: neutralised before it is shown)."""
+        with self._lock:
+            if self._status.get(node) in ("ok", "failed"):
+                return
+            self._activity[node] = neutralise(activity)
+            self._detail[node] = neutralise(detail)
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def line(self, node: str, now: float | None = None) -> str:
+        """``[node] activity (detail, 45 s)``: one running node, as a piped line shows it."""
+        with self._lock:
+            elapsed = (now or time.monotonic()) - self._started.get(node, now or time.monotonic())
+            activity, detail = self._activity.get(node) or self.step, self._detail.get(node, "")
+        return f"[{node}] {activity} ({detail + ', ' if detail else ''}{elapsed:.0f} s)"
+
+    def due(self, now: float) -> list[str]:
+        """Running nodes whose next piped line is due: working for ``interval`` seconds or more, and
+        ``interval`` seconds after their last line (quick work prints nothing but its end)."""
+        out = []
+        with self._lock:
+            for node in self.nodes:
+                if self._status[node] != "running":
+                    continue
+                last = self._printed.get(node, self._started.get(node, now))
+                if now - last >= self.interval:
+                    self._printed[node] = now
+                    out.append(node)
+        return out
+
+    def tick_until_closed(self) -> None:
+        while not self._closed.wait(min(1.0, self.interval / 2)):
+            now = time.monotonic()
+            for node in self.due(now):
+                self.ui.err.print(Text(self.line(node, now)), highlight=False)
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def render(self) -> Table:
+        table = Table(box=None, show_header=False, pad_edge=False)
+        table.add_column("node", style="bold")
+        table.add_column("state")
+        table.add_column("time", justify="right", style="dim")
+        table.add_column("detail", overflow="ellipsis", no_wrap=True)
+        now = time.monotonic()
+        with self._lock:
+            for name in self.nodes:
+                status = self._status[name]
+                style = {"running": "cyan", "ok": "green", "failed": "red"}.get(status, "dim")
+                if status in ("ok", "failed"):
+                    shown = self._took.get(name, 0.0)
+                else:
+                    shown = now - self._started[name] if name in self._started else 0.0
+                detail = self._activity[name]
+                if self._detail[name]:
+                    detail += f" ({self._detail[name]})"
+                table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
+        return table
 
 
 class LinePrinter:

@@ -25,7 +25,6 @@ from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
-    from orchestrator.platforms import Platform
     from orchestrator.render import LaunchSpec, Renderer
     from orchestrator.session import Session
 
@@ -90,10 +89,10 @@ def run_validate(
     nodes = list(inventory.nodes)
     if settings.nodes:
         ui.note("validate runs every node of the inventory: a training job spans the whole cluster")
-    from orchestrator.steps.runs import pick_run_id
+    from orchestrator.runs.ids import new_run_id
 
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    run_id = pick_run_id(f"validate-{inventory.cluster.name}", reserve=not settings.dry_run)
+    run_id = new_run_id(inventory.cluster.name, kind="validate", reserve=not settings.dry_run)
     if settings.dry_run:
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
@@ -184,18 +183,6 @@ def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, 
     return steps.validation_specs(specs, timeout, sizes)
 
 
-def node_command(platform: Platform, spec: LaunchSpec) -> tuple[str, str]:
-    """(path of the launch script on the node, the command that runs it), as ``run_node`` sends them."""
-    from orchestrator.platforms import PosixShell, PowerShell
-    from orchestrator.steps.launch import posix_command, run_dir_for, windows_command
-
-    run_dir = run_dir_for(spec.node, spec.run_id)
-    if isinstance(platform, PowerShell):
-        return f"{run_dir}/launch.ps1", windows_command(platform, run_dir)
-    assert isinstance(platform, PosixShell)
-    return f"{run_dir}/launch.sh", posix_command(platform, spec.node, spec)
-
-
 def dry_run_nodes(
     settings: Settings,
     inventory: Inventory,
@@ -203,24 +190,26 @@ def dry_run_nodes(
     renderer: Renderer,
     *,
     template: str | None = None,
-    script_file: bool = False,
+    script_file: Path | None = None,
     detach: bool = False,
 ) -> list[dict[str, Any]]:
-    """Per node, connecting to nothing: what would be uploaded where, its launch script (secrets
-    masked), and the exact text its shell would receive to run it (``transport.plan``, as every
-    --dry-run shows): ``{"name", "via", "run_dir", "uploads", "script", "commands"}``.
+    """Per node, connecting to nothing: the node's plan (``steps.launch.node_plan``, the very object
+    ``run_node`` applies), shown with its launch script's secrets masked: ``{"name", "via", "run_dir",
+    "uploads", "script", "prepare", "commands", "plan"}``; ``prepare`` and ``commands`` are the exact
+    texts the node's shell receives (``transport.plan``) before and for the launcher.
 
     ``template``: another template than the platform's launch template, for POSIX shells (native
-    Windows keeps its own, as validation does). ``script_file``: ``spec.script`` is a file of ours
-    that is always uploaded (validation's worker); else the training script is uploaded as `launch`
-    does: a relative one found here (or the shipped example), never an absolute one (it is on the
-    node). ``detach``: the command is `launch --detach`'s start script.
+    Windows keeps its own, as validation does). ``script_file``: a file of ours uploaded for
+    ``spec.script`` (validation's worker). ``detach``: the launcher is `launch --detach`'s
+    start script.
     """
     from orchestrator.inventory import PasswordResolver
+    from orchestrator.plans import Put, Run, sent_text
     from orchestrator.platforms import PowerShell
+    from orchestrator.runs.control import start_script
+    from orchestrator.runs.layout import STREAMING_ENV, run_dir_for
     from orchestrator.session import Session
-    from orchestrator.steps.launch import RANK_CAPTURE, STREAMING_ENV, local_script, run_dir_for, run_marker
-    from orchestrator.steps.runs import run_ops
+    from orchestrator.steps.launch import node_plan
 
     by_name = {s.node.name: s for s in specs}
     nodes = [n for n in inventory.nodes if n.name in by_name]
@@ -234,25 +223,31 @@ def dry_run_nodes(
             transport = session.transport(node)  # created, never connected
             platform = transport.platform
             native = isinstance(platform, PowerShell)
-            script = renderer.render(spec, platform, template=None if native else template, secrets="mask")
+            plan = node_plan(
+                node,
+                platform,
+                spec,
+                renderer=renderer,
+                template=None if native else template,
+                script_file=script_file,
+                secrets="mask",
+            )
             run_dir = run_dir_for(node, spec.run_id)
-            path, command = node_command(platform, spec)
             if detach:
-                command = run_ops(platform, node).start(
-                    run_dir, f"{run_dir}/node.log", run_marker(spec.run_id, node.name)
-                )
-            uploads = [path] if native or template is not None else [path, f"{run_dir}/{RANK_CAPTURE}"]
-            absolute = spec.script.startswith("/") or (native and spec.script[1:3] in (":/", ":\\"))
-            if script_file or (not absolute and local_script(spec.script) is not None):
-                uploads.append(f"{spec.code_dir.rstrip('/')}/{spec.script}")
+                start = start_script(platform, node, spec.run_id)
+                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
+            runs = [a for a in plan.actions if isinstance(a, Run)]
+            launch_put = next(a for a in plan.actions if isinstance(a, Put))
             planned.append(
                 {
                     "name": node.name,
                     "via": transport.describe(),
                     "run_dir": run_dir,
-                    "uploads": uploads,
-                    "script": script,
-                    "commands": [transport.plan(platform.wrap(command, env=STREAMING_ENV))],
+                    "uploads": plan.uploads,
+                    "script": launch_put.content().decode("utf-8-sig"),
+                    "prepare": [sent_text(transport, r) for r in runs[:-1]],
+                    "commands": [sent_text(transport, runs[-1])],
+                    "plan": plan.public_dict(transport),
                 }
             )
     return planned
@@ -296,7 +291,8 @@ def _validate_dry_run(
     sizes: tuple[int, ...],
 ) -> None:
     from orchestrator.cli.common import offline_specs
-    from orchestrator.steps.validate import TEMPLATE
+    from orchestrator.resources import package_file
+    from orchestrator.steps.validate import TEMPLATE, WORKER
 
     backend, specs = offline_specs(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
@@ -305,6 +301,6 @@ def _validate_dry_run(
         validation_specs(specs, timeout, sizes),
         renderer,
         template=TEMPLATE,
-        script_file=True,
+        script_file=package_file("steps/probes/" + WORKER),
     )
     print_dry_run(settings, "validate", run_id, backend, planned)

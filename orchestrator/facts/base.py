@@ -56,12 +56,16 @@ def gather(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120
 
 def collect(facts: list[Fact[Any]], result: Result, token: str) -> FactSet:
     """Parse every fact's section of ``result`` (a run of a ``sectioned`` script framed with ``token``)."""
-    sections = split_sections(result.stdout, token)
+    why = "timed out" if result.timed_out else f"no output (exit code {result.exit_code})"
+    return parse_sections(facts, split_sections(result.stdout, token), why)
+
+
+def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]], missing: str) -> FactSet:
+    """Each fact's value from its section (``missing``: why a fact without a section has no value)."""
     found = FactSet()
     for fact in facts:
         if fact.name not in sections:
-            why = "timed out" if result.timed_out else f"no output (exit code {result.exit_code})"
-            found.errors[fact.name] = why
+            found.errors[fact.name] = missing
             continue
         output, code = sections[fact.name]
         try:
@@ -69,6 +73,47 @@ def collect(facts: list[Fact[Any]], result: Result, token: str) -> FactSet:
         except (FactParseError, ValueError, KeyError, IndexError) as exc:
             found.errors[fact.name] = f"unexpected output (exit code {code}): {exc}"
     return found
+
+
+class SectionStream:
+    """The framed output of ``Platform.sectioned`` read line by line while the script still runs: the
+    sections are known the moment their end marker arrives, and what follows the last one (a command
+    that keeps running, such as the preflight's listener) is handed back to the caller.
+
+    Keeps the arrival time of each section's first output line (``time.time()``): a section that
+    prints the node's clock is dated by it."""
+
+    def __init__(self, token: str, names: list[str]) -> None:
+        self._begin, self._end = f"@@{token} begin ", f"@@{token} end "
+        self._waiting = set(names)
+        self._current: str | None = None
+        self._lines: list[str] = []
+        self.sections: dict[str, tuple[str, int]] = {}
+        self.first_line_at: dict[str, float] = {}
+
+    @property
+    def complete(self) -> bool:
+        """Every expected section ended."""
+        return not self._waiting
+
+    def feed(self, line: str, at: float) -> str | None:
+        """Take one stdout line received at ``at``; returns it when it belongs to no section and
+        every section ended (the caller's), else None."""
+        if self.complete:
+            return line
+        if line.startswith(self._begin) and line.endswith("@@"):
+            self._current, self._lines = line[len(self._begin) : -2], []
+        elif line.startswith(self._end) and line.endswith("@@") and self._current is not None:
+            name, _, code = line[len(self._end) : -2].rpartition(" ")
+            if self._lines and self._lines[-1] == "":  # the newline we added before the marker
+                self._lines.pop()
+            self.sections[name] = ("\n".join(self._lines), int(code))
+            self._waiting.discard(name)
+            self._current = None
+        elif self._current is not None:
+            self.first_line_at.setdefault(self._current, at)
+            self._lines.append(line)
+        return None
 
 
 def split_sections(stdout: str, token: str) -> dict[str, tuple[str, int]]:

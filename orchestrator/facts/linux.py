@@ -127,8 +127,9 @@ class Python(Fact["PythonInfo | None"]):
 
     def command(self, platform: Platform) -> str:
         code = "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"
-        # path_word: a venv under ~ (cluster.env's default) must expand on the node
-        return platform.path_word(self.interpreter) + " " + platform.join(["-c", code])
+        # path_word: a venv under ~ (cluster.env's default) must expand on the node; -S: the answer
+        # does not depend on site-packages, and skipping them makes the interpreter start faster
+        return platform.path_word(self.interpreter) + " " + platform.join(["-S", "-c", code])
 
     def parse(self, output: str, exit_code: int) -> PythonInfo | None:
         if exit_code == NOT_FOUND:
@@ -230,6 +231,68 @@ class Torch(Fact["TorchInfo | None"]):
         data.pop("cached", None)
         known = {k: v for k, v in data.items() if k in TorchInfo.__dataclass_fields__}
         return TorchInfo(**known)
+
+
+class WallClock(Fact[float]):
+    """The node's wall clock (Unix time, sub-second). The preflight dates the line's arrival to
+    measure the offset from the controller's clock (steps/preflight/rounds.py)."""
+
+    name = "clock"
+
+    def command(self, platform: Platform) -> str:
+        return "date +%s.%N"
+
+    def parse(self, output: str, exit_code: int) -> float:
+        lines = output.strip().splitlines()
+        try:
+            return float(lines[-1])
+        except (IndexError, ValueError):
+            # busybox date prints "%N" literally: no sub-second answer
+            raise FactParseError(f"`date +%s.%N` printed {output.strip()[:40]!r} (GNU date needed)") from None
+
+
+@dataclass(frozen=True)
+class RootAccess:
+    """Whether commands can become root on the node without a password: what the firewall and time
+    steps need (they run ``sudo -n`` for users other than root, and never type a password)."""
+
+    user: str
+    method: str | None  # "root" (the login is root), "sudo" (sudo -n works), None (neither)
+    detail: str = ""  # why not: sudo's own words, or "sudo is not installed"
+
+
+class BecomeRoot(Fact[RootAccess]):
+    """``sudo -n`` exactly as the steps that change the system call it (``Platform.wrap(become=True)``):
+    a password prompt or a missing sudoers entry makes it fail at once instead of asking."""
+
+    name = "root_access"
+
+    def command(self, platform: Platform) -> str:
+        # wrap(become=True) is "root already: run it; else sudo -n -- /bin/sh -c ..." (the same test
+        # of the user id); stdin is /dev/null, so sudo cannot ask anything
+        become = platform.wrap("true", become=True)
+        return (
+            "id -un\n"
+            'if [ "$(id -u)" = 0 ]; then echo "root-login"; exit 0; fi\n'
+            "command -v sudo >/dev/null 2>&1 || { echo no-sudo; exit 0; }\n"
+            f"{{ {become}\n}} 2>&1 && echo sudo-ok || echo sudo-refused"
+        )
+
+    def parse(self, output: str, exit_code: int) -> RootAccess:
+        lines = [line for line in output.strip().splitlines() if line.strip()]
+        if len(lines) < 2:
+            raise FactParseError("no answer")
+        user, verdict, said = lines[0].strip(), lines[-1].strip(), lines[1:-1]
+        if verdict == "root-login":
+            return RootAccess(user, "root")
+        if verdict == "sudo-ok":
+            return RootAccess(user, "sudo")
+        if verdict == "no-sudo":
+            return RootAccess(user, None, "sudo is not installed")
+        if verdict == "sudo-refused":
+            words = " ".join(line.strip() for line in said).removeprefix("sudo: ").strip()
+            return RootAccess(user, None, words or "sudo -n failed")
+        raise FactParseError(f"unexpected last line {verdict!r}")
 
 
 def linux_facts(interpreter: str) -> list[Fact[Any]]:

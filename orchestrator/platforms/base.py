@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.platforms.transfer import GET_CHUNK
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -21,11 +24,32 @@ def check_env_name(name: str) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class ScriptFile:
+    """A script too long for one command line, as it is uploaded to run from a file."""
+
+    data: bytes  # the file's bytes
+    suffix: str  # the end of its name (a new file in the node's temporary directory)
+    mode: int | None  # its permission bits where the node has them
+
+
 class Platform(ABC):
-    """Shell dialect of a node."""
+    """Shell dialect of a node: everything a transport asks of the shell is declared here."""
 
     #: short name shown to users and in --json ("posix", "powershell", ...)
     name: str
+    #: the longest ``login_command`` line the node's command runner accepts (None: no limit that
+    #: matters); a longer script is uploaded (``long_script``) and run with ``run_long_script``
+    MAX_COMMAND_LINE: int | None = None
+    #: whether a script made by ``stop_on_hangup`` stops (its whole tree) when its stdin reaches
+    #: end-of-file: a transport closes that stdin before giving up on a command
+    stops_on_stdin_eof: bool = False
+
+    @property
+    def host_shell(self) -> Platform:
+        """The shell of the machine itself: this one, except inside a WSL distribution, where it is
+        the Windows host's PowerShell (firewall, time, ``.wslconfig``)."""
+        return self
 
     @abstractmethod
     def quote(self, value: str) -> str:
@@ -69,3 +93,35 @@ class Platform(ABC):
     @abstractmethod
     def transfer_path(self, path: str) -> str:
         """``path`` as a file-transfer protocol (SFTP) expects it: no shell expansion happens there."""
+
+    @abstractmethod
+    def local_argv(self, script: str) -> list[str]:
+        """The argv that runs ``script`` on the controller's own machine (``connection: local``)."""
+
+    # -- files through a command (see platforms/transfer.py for the protocol) -------------------------
+
+    @abstractmethod
+    def upload_script(
+        self, remote: str | None, expected_sha256: str, *, mode: int | None = None, suffix: str = ".tmp"
+    ) -> str:
+        """The script that writes its stdin (base64 lines) to ``remote`` (None: a new file in the
+        node's temporary directory, its name ending in ``suffix``), renamed into place only when the
+        SHA-256 of what arrived is ``expected_sha256``; prints ``sha256 HEX`` and ``path P``.
+        ``mode``: the file's permission bits where the node has them (see ``Transport.put``)."""
+
+    @abstractmethod
+    def download_script(self, remote: str, chunk: int = GET_CHUNK) -> str:
+        """The script printing ``size N``, ``data BASE64`` lines (``chunk`` bytes each at most) and
+        ``sha256 HEX`` for the file ``remote``."""
+
+    @abstractmethod
+    def remove_file(self, remote: str) -> str:
+        """The script deleting the file ``remote`` (no error when it is gone already)."""
+
+    @abstractmethod
+    def long_script(self, script: str) -> ScriptFile:
+        """``script`` as a file to upload when its ``login_command`` is too long for one line."""
+
+    @abstractmethod
+    def run_long_script(self, path: str, script: str) -> str:
+        """The command line running ``script`` once uploaded (``long_script``) to ``path``."""

@@ -29,7 +29,8 @@ import base64
 import re
 from collections.abc import Mapping, Sequence
 
-from orchestrator.platforms.base import Platform, check_env_name
+from orchestrator.platforms import transfer
+from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
 #: program name); longer PowerShell scripts are uploaded and run with ``file_command``
@@ -199,7 +200,8 @@ class PowerShell(Platform):
             return path[2:]
         return path
 
-    def _full_path(self, path: str) -> str:
+    def full_path(self, path: str) -> str:
+        """``path`` as a PowerShell expression giving the full path on the node."""
         # .NET resolves relative paths against the process directory, which Set-Location does not
         # move: resolve against PowerShell's current location first.
         word = self.path_word(path)
@@ -228,11 +230,11 @@ class PowerShell(Platform):
         (Set-Acl may try to, which needs SeSecurityPrivilege).
         """
         if not private:
-            return f"[void][System.IO.Directory]::CreateDirectory({self._full_path(path)})"
+            return f"[void][System.IO.Directory]::CreateDirectory({self.full_path(path)})"
         acl = "System.Security.AccessControl"
         return (
             "& {\n"
-            f"  $cbDir = [System.IO.Directory]::CreateDirectory({self._full_path(path)})\n"
+            f"  $cbDir = [System.IO.Directory]::CreateDirectory({self.full_path(path)})\n"
             "  $cbMe = [System.Security.Principal.WindowsIdentity]::GetCurrent().User\n"
             f"  $cbAcl = New-Object -TypeName {acl}.DirectorySecurity\n"
             "  $cbAcl.SetOwner($cbMe)\n"
@@ -379,6 +381,31 @@ class PowerShell(Platform):
         file without BOM in the ANSI code page, mangling every non-ASCII character)."""
         return b"\xef\xbb\xbf" + script.encode("utf-8")
 
+    def local_argv(self, script: str) -> list[str]:
+        encoded = base64.b64encode(script.encode("utf-16-le")).decode("ascii")
+        return [POWERSHELL_EXE, *POWERSHELL_OPTIONS, "-EncodedCommand", encoded]
+
+    def long_script(self, script: str) -> ScriptFile:
+        return ScriptFile(self.script_file(script), ".ps1", None)
+
+    def run_long_script(self, path: str, script: str) -> str:
+        return self.file_command(path)
+
+    # -- files through a command (protocol: platforms/transfer.py) ----------------------------------------
+
+    def upload_script(
+        self, remote: str | None, expected_sha256: str, *, mode: int | None = None, suffix: str = ".tmp"
+    ) -> str:
+        """``mode`` has no meaning here: the file inherits its directory's access list."""
+        target = None if remote is None else self.transfer_path(remote)
+        return transfer.put_script(self, target, expected_sha256, suffix=suffix)
+
+    def download_script(self, remote: str, chunk: int = transfer.GET_CHUNK) -> str:
+        return transfer.get_script(self, self.transfer_path(remote), chunk)
+
+    def remove_file(self, remote: str) -> str:
+        return transfer.remove_script(self, self.transfer_path(remote))
+
     # -- stopping --------------------------------------------------------------------------------------
 
     def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
@@ -390,7 +417,7 @@ class PowerShell(Platform):
         in it ends: powershell.exe, the native programs :meth:`native` starts (they inherit the job)
         and their children. Only processes created outside the job (``Win32_Process`` Create,
         scheduled tasks: what detached runs use on purpose) survive; stop those with
-        :meth:`kill_tree` or :meth:`stop_run`.
+        :meth:`kill_tree` or runs/windows.py.
         """
         return script
 
@@ -419,7 +446,7 @@ class PowerShell(Platform):
     #: whose ParentProcessId is in the tree and that was created after that parent (a recycled id's
     #: older processes are not its children). Walking from stopped processes too finds a child started
     #: while its parent was being stopped.
-    _FIND_TREE = (
+    FIND_TREE = (
         "function Find-CbTree($Known) {\n"
         "  $cbFound = New-Object -TypeName System.Collections.Generic.List[int]\n"
         "  $cbAll = @(Get-CimInstance -ClassName Win32_Process)\n"
@@ -446,416 +473,9 @@ class PowerShell(Platform):
         each; nothing (exit 0) when it is gone already."""
         if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
             raise ValueError(f"not a process id: {pid!r}")
-        return self._FIND_TREE + self._tree_killer(
+        return self.FIND_TREE + self._tree_killer(
             f"Get-CimInstance -ClassName Win32_Process -Filter 'ProcessId = {pid}'"
         )
-
-    # -- runs: detached start, identity, stop, status, log tail from a byte offset ------------------
-    # A run is found by its directory (steps/launch.run_dir_for). launch.ps1 (run with -Log, whose
-    # directory is the run directory) writes there ``pid`` ("PID TICKS": its process id and creation
-    # time as a FILETIME, so a recycled pid is never taken for it), ``ranks`` (the same for every
-    # rank it starts), node.log, and node.log.rc (written to .part, then renamed) when it ends. Its
-    # processes are the launcher, the ranks and their descendants: found from those identities, never
-    # by a name or a command-line pattern that could match another run.
-
-    def _run_functions(self, run_dir: str) -> str:
-        """Variables and functions shared by start, stop, status and the tail (``$cbDir``: the run
-        directory as a full path)."""
-        return (
-            f"$cbDir = {self._full_path(run_dir)}\n"
-            # files the launcher may be writing: opened with FileShare ReadWrite and Delete
-            "function Read-CbText([string]$Path) {\n"
-            "  if (-not [System.IO.File]::Exists($Path)) { return '' }\n"
-            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
-            "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $Path,"
-            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
-            "  try {\n"
-            "    $cbReader = New-Object -TypeName System.IO.StreamReader -ArgumentList $cbStream\n"
-            "    return $cbReader.ReadToEnd()\n"
-            "  } finally { $cbStream.Dispose() }\n"
-            "}\n"
-            # the process a "PID TICKS" line names, while it still runs: same id, same creation time
-            "function Get-CbLive([string]$Line) {\n"
-            "  $cbWords = @($Line.Trim() -split '\\s+')\n"
-            "  if ($cbWords.Count -lt 2) { return $null }\n"
-            "  try {\n"
-            "    $cbProc = [System.Diagnostics.Process]::GetProcessById([int]$cbWords[0])\n"
-            "    if ($cbProc.HasExited) { return $null }\n"
-            "    if ([string]$cbProc.StartTime.ToFileTimeUtc() -ne $cbWords[1]) { return $null }\n"
-            "    return $cbProc\n"
-            "  } catch { return $null }\n"
-            "}\n"
-            "function Get-CbLeader {\n"
-            "  return Get-CbLive (Read-CbText (Join-Path -Path $cbDir -ChildPath 'pid'))\n"
-            "}\n"
-            # the launcher and every rank still running (a rank outlives a launcher killed outright)
-            "function Get-CbRoots {\n"
-            "  $cbLive = New-Object -TypeName System.Collections.Generic.List[object]\n"
-            "  $cbLines = @((Read-CbText (Join-Path -Path $cbDir -ChildPath 'pid')) -split \"`n\")\n"
-            "  $cbLines += @((Read-CbText (Join-Path -Path $cbDir -ChildPath 'ranks')) -split \"`n\")\n"
-            "  foreach ($cbLine in $cbLines) {\n"
-            "    $cbProc = Get-CbLive $cbLine\n"
-            "    if ($null -ne $cbProc) { $cbLive.Add($cbProc) }\n"
-            "  }\n"
-            "  return $cbLive\n"
-            "}\n"
-        )
-
-    def start_detached(self, run_dir: str, script: str, log: str) -> str:
-        """Start ``script`` (launch.ps1) with ``-Log log`` outside this WinRM shell, so it survives it,
-        wait until it has written its pid file and print ``@@started PID TICKS`` (``@@started-before
-        ...``, exit 3: the run directory has a pid file already).
-
-        Why ``Win32_Process`` Create (Invoke-CimMethod) and not a scheduled task: WinRS puts every
-        process of a shell in the shell's job object, which Windows ends when the shell is deleted;
-        the WMI service creates the process itself, outside that job, as the connected user, and
-        returns its id at once. A scheduled task would have to be registered under a name (and removed
-        again), run under Task Scheduler's own limits (a default 72-hour execution time limit, its own
-        stop) and, to run without an interactive logon, need the user's password stored or an S4U
-        logon. The new process gets no console of ours and none of our environment: launch.ps1 sets
-        everything its ranks need itself (PYTHONUNBUFFERED included).
-        """
-        return (
-            self._run_functions(run_dir) + f"$cbScript = {self._full_path(script)}\n"
-            f"$cbLogPath = {self._full_path(log)}\n"
-            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
-            "if ([System.IO.File]::Exists($cbPidFile)) {\n"
-            "  [Console]::Out.WriteLine('@@started-before ' + (Read-CbText $cbPidFile).Trim())\n"
-            "  exit 3\n"
-            "}\n"
-            # the command line Windows splits (C runtime rules): Windows paths hold no double quote,
-            # and these end in a file name, never in a backslash
-            "$cbExe = [System.Diagnostics.Process]::GetCurrentProcess().MainModule.FileName\n"
-            "$cbLine = '\"' + $cbExe + '\" -NoProfile -NonInteractive -ExecutionPolicy Bypass -File \"'"
-            " + $cbScript + '\" -Log \"' + $cbLogPath + '\"'\n"
-            "$cbCreate = @{ CommandLine = $cbLine; CurrentDirectory = $cbDir }\n"
-            "$cbResult = Invoke-CimMethod -ClassName Win32_Process -MethodName Create -Arguments $cbCreate\n"
-            "if ($cbResult.ReturnValue -ne 0) {\n"
-            "  [Console]::Error.WriteLine('Win32_Process Create failed with code ' + $cbResult.ReturnValue"
-            " + ' (2 access denied, 3 insufficient privilege, 9 path not found)')\n"
-            "  exit 4\n"
-            "}\n"
-            "$cbChild = [int]$cbResult.ProcessId\n"
-            "$cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
-            "while (-not [System.IO.File]::Exists($cbPidFile)) {\n"
-            "  $cbGone = $null -eq (Get-Process -Id $cbChild -ErrorAction SilentlyContinue)\n"
-            "  if (($cbGone -and -not [System.IO.File]::Exists($cbPidFile))"
-            " -or $cbClock.Elapsed.TotalSeconds -gt 60) {\n"
-            "    [Console]::Error.WriteLine('the launcher (process ' + $cbChild + ') did not start: '"
-            " + (Read-CbText $cbLogPath).Trim())\n"
-            "    exit 5\n"
-            "  }\n"
-            "  Start-Sleep -Milliseconds 50\n"
-            "}\n"
-            "[Console]::Out.WriteLine('@@started ' + (Read-CbText $cbPidFile).Trim())"
-        )
-
-    def stop_run(self, run_dir: str, marker: str = "", grace: float = 5.0) -> str:
-        """Stop every process of the run: the launcher and the ranks named in the run directory's
-        ``pid`` and ``ranks`` files (pid and creation time), and all their descendants. Prints one line
-        like PosixShell.stop_run: ``@@stop terminated COUNT LEFT`` or ``@@stop exited CODE|gone|
-        not-started|no-run``.
-
-        Windows has no SIGTERM for a process without a window: every process is terminated at once
-        (Stop-Process -Force, TerminateProcess), launcher first so it cannot react to its ranks ending;
-        ``grace`` is not used. Returns once they are gone (10 s at most), checked by id and creation
-        time. ``marker`` is unused (PosixShell needs it: Windows cannot read another process's
-        environment)."""
-        del marker, grace
-        return (
-            self._run_functions(run_dir)
-            + self._FIND_TREE
-            + "$cbRc = Join-Path -Path $cbDir -ChildPath 'node.log.rc'\n"
-            "$cbRoots = @(Get-CbRoots)\n"
-            "if ($cbRoots.Count -eq 0) {\n"
-            "  if ([System.IO.File]::Exists($cbRc)) {"
-            " [Console]::Out.WriteLine('@@stop exited ' + (Read-CbText $cbRc).Trim()) }\n"
-            "  elseif ([System.IO.File]::Exists((Join-Path -Path $cbDir -ChildPath 'pid'))) {"
-            " [Console]::Out.WriteLine('@@stop gone') }\n"
-            "  elseif ([System.IO.Directory]::Exists($cbDir)) {"
-            " [Console]::Out.WriteLine('@@stop not-started') }\n"
-            "  else { [Console]::Out.WriteLine('@@stop no-run') }\n"
-            "  exit 0\n"
-            "}\n"
-            "$cbKnown = @{}\n"
-            "$cbBatch = New-Object -TypeName System.Collections.Generic.List[int]\n"
-            "foreach ($cbRoot in $cbRoots) {\n"
-            "  $cbKnown[$cbRoot.Id] = $cbRoot.StartTime\n"
-            "  $cbBatch.Add($cbRoot.Id)\n"
-            "}\n"
-            "foreach ($cbId in @(Find-CbTree $cbKnown)) { $cbBatch.Add($cbId) }\n"
-            "$cbStopped = New-Object -TypeName System.Collections.Generic.List[int]\n"
-            "for ($cbRound = 0; $cbRound -lt 5 -and $cbBatch.Count -gt 0; $cbRound++) {\n"
-            "  foreach ($cbId in $cbBatch) {\n"
-            "    Stop-Process -Id $cbId -Force -ErrorAction SilentlyContinue\n"
-            "    $cbStopped.Add($cbId)\n"
-            "  }\n"
-            # children started while their parents were being stopped (their parents are in $cbKnown)
-            "  $cbBatch = @(Find-CbTree $cbKnown)\n"
-            "}\n"
-            # gone: no process with that id, or one created at another time (the id was reused)
-            "function Get-CbLeft {\n"
-            "  $cbLeft = 0\n"
-            "  foreach ($cbId in $cbStopped) {\n"
-            "    $cbProc = Get-Process -Id $cbId -ErrorAction SilentlyContinue\n"
-            "    if ($null -eq $cbProc) { continue }\n"
-            "    try {\n"
-            # CIM creation times are whole microseconds: the same process is within 1 ms
-            "      $cbApart = [Math]::Abs(($cbProc.StartTime - $cbKnown[$cbId]).TotalMilliseconds)\n"
-            "      if ($cbApart -lt 1) { $cbLeft++ }\n"
-            "    } catch { $null = $_ }\n"
-            "  }\n"
-            "  return $cbLeft\n"
-            "}\n"
-            "$cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
-            "while ((Get-CbLeft) -gt 0 -and $cbClock.Elapsed.TotalSeconds -lt 10) {\n"
-            "  Start-Sleep -Milliseconds 100\n"
-            "}\n"
-            "[Console]::Out.WriteLine('@@stop terminated ' + $cbStopped.Count + ' ' + (Get-CbLeft))"
-        )
-
-    def run_status(self, run_dir: str, marker: str, log: str) -> str:
-        """``key=value`` lines as PosixShell.run_status prints them: node clock, launcher alive,
-        start/end times (file times on the node's clock), exit code, log size, last-modified time
-        (the log's last write) and last line (the last
-        ``[defaultN]:`` line, else the last line), one ``gpu=`` line per GPU where nvidia-smi exists.
-        ``marker`` is unused."""
-        del marker
-        query = "--query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
-        return (
-            self._run_functions(run_dir) + f"$cbLogPath = {self._full_path(log)}\n"
-            "function Get-CbUnix([DateTime]$When) {\n"
-            "  return [long][Math]::Floor(($When.ToUniversalTime().Ticks - 621355968000000000) / 10000000)\n"
-            "}\n"
-            "function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }\n"
-            "Out-Cb ('now=' + (Get-CbUnix ([DateTime]::UtcNow)))\n"
-            "if (-not [System.IO.Directory]::Exists($cbDir)) { Out-Cb 'state=no-run'; exit 0 }\n"
-            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
-            "if ([System.IO.File]::Exists($cbPidFile)) {\n"
-            "  Out-Cb ('started=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))\n"
-            "}\n"
-            "if ($null -ne (Get-CbLeader)) { Out-Cb 'alive=1' } else { Out-Cb 'alive=0' }\n"
-            "$cbRc = $cbLogPath + '.rc'\n"
-            "if ([System.IO.File]::Exists($cbRc)) {\n"
-            "  Out-Cb ('rc=' + (Read-CbText $cbRc).Trim())\n"
-            "  Out-Cb ('ended=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbRc))))\n"
-            "}\n"
-            "if ([System.IO.File]::Exists($cbLogPath)) {\n"
-            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
-            "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
-            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
-            "  try {\n"
-            "    $cbSize = $cbStream.Length\n"
-            "    $cbFrom = [Math]::Max([long]0, $cbSize - 65536)\n"
-            "    $null = $cbStream.Seek($cbFrom, [System.IO.SeekOrigin]::Begin)\n"
-            "    $cbBytes = New-Object -TypeName byte[] -ArgumentList ([int]($cbSize - $cbFrom))\n"
-            "    $cbGot = 0\n"
-            "    while ($cbGot -lt $cbBytes.Length) {\n"
-            "      $cbN = $cbStream.Read($cbBytes, $cbGot, $cbBytes.Length - $cbGot)\n"
-            "      if ($cbN -le 0) { break }\n"
-            "      $cbGot += $cbN\n"
-            "    }\n"
-            "  } finally { $cbStream.Dispose() }\n"
-            "  Out-Cb ('size=' + $cbSize)\n"
-            "  Out-Cb ('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))\n"
-            '  $cbLines = @(([System.Text.Encoding]::UTF8.GetString($cbBytes, 0, $cbGot)) -split "`n")\n'
-            # from the middle of the file: its first line is cut
-            "  if ($cbFrom -gt 0 -and $cbLines.Count -gt 1) {\n"
-            "    $cbLines = $cbLines[1..($cbLines.Count - 1)]\n"
-            "  }\n"
-            "  $cbLines = @($cbLines | ForEach-Object { $_.TrimEnd([char]13) }"
-            " | Where-Object { $_.Trim() })\n"
-            "  if ($cbLines.Count -gt 0) {\n"
-            "    $cbRanked = @($cbLines | Where-Object { $_ -match '^\\[default[0-9]*\\]:' })\n"
-            "    $cbLast = if ($cbRanked.Count -gt 0) { $cbRanked[-1] } else { $cbLines[-1] }\n"
-            "    if ($cbLast.Length -gt 400) { $cbLast = $cbLast.Substring(0, 400) }\n"
-            "    Out-Cb ('last=' + $cbLast)\n"
-            "  } else { Out-Cb 'last=' }\n"
-            "}\n"
-            # nvidia-smi: on PATH (System32 with current drivers) or where older drivers put it
-            "$cbSmi = Get-Command -CommandType Application -Name 'nvidia-smi' -ErrorAction SilentlyContinue"
-            " | Select-Object -First 1\n"
-            "$cbSmiPath = if ($null -ne $cbSmi) { $cbSmi.Path } else {"
-            " Join-Path -Path $env:ProgramFiles -ChildPath 'NVIDIA Corporation\\NVSMI\\nvidia-smi.exe' }\n"
-            "if ([System.IO.File]::Exists($cbSmiPath)) {\n"
-            "  $cbInfo = New-Object -TypeName System.Diagnostics.ProcessStartInfo\n"
-            "  $cbInfo.FileName = $cbSmiPath\n"
-            f"  $cbInfo.Arguments = {self.quote(query)}\n"
-            "  $cbInfo.UseShellExecute = $false\n"
-            "  $cbInfo.CreateNoWindow = $true\n"
-            "  $cbInfo.RedirectStandardOutput = $true\n"
-            "  $cbSmiProc = [System.Diagnostics.Process]::Start($cbInfo)\n"
-            "  $cbText = $cbSmiProc.StandardOutput.ReadToEndAsync()\n"
-            # a wedged driver can hang nvidia-smi: status answers without GPU lines then
-            "  if ($cbText.Wait(10000)) {\n"
-            '    foreach ($cbGpu in ($cbText.Result -split "`n")) {\n'
-            "      if ($cbGpu.Trim()) { Out-Cb ('gpu=' + $cbGpu.Trim()) }\n"
-            "    }\n"
-            "  } else { try { $cbSmiProc.Kill() } catch { $null = $_ } }\n"
-            "}"
-        )
-
-    def tail_log(
-        self,
-        run_dir: str,
-        log: str,
-        offset: int,
-        *,
-        follow: bool,
-        interval: float = 0.05,
-        lines: int | None = None,
-    ) -> str:
-        """``log`` from byte ``offset``, with PosixShell.tail_log's protocol (steps/runs.py
-        FOLLOW_PROGRAM does the same in Python): complete lines sent as they are (a line starting with
-        ``@@`` gets one more ``@``), each batch followed by ``@@. OFFSET`` (the byte offset just past
-        it); a last line without its newline waits until the launcher has ended. ``@@end CODE|none
-        OFFSET`` at the end, ``@@missing`` when there is no run directory. With ``follow`` it polls
-        until the launcher has ended (exit-code file, or its process gone) and everything is read.
-
-        The log is opened with FileShare ReadWrite (the launcher is writing it) and its bytes are
-        written to our stdout unchanged (``[Console]::OpenStandardOutput()``): offsets are bytes of the
-        UTF-8 file. The ``@@`` escape is done on the bytes read as Latin-1, one character per byte.
-
-        ``lines`` (``logs --tail``): start at the ``lines``-th last complete line instead of
-        ``offset``, found by reading back from the end with the same FileStream (a block at a time,
-        newlines counted with ``[Array]::LastIndexOf``), and print ``@@start OFFSET`` first (0 when
-        there is no log yet). The end is checked before the size is taken: a last line without
-        newline counts only once the launcher has ended, as it is sent only then.
-        """
-        start = ""
-        if lines is not None:
-            start = (
-                f"  $cbTail = [long]{max(0, int(lines))}\n"
-                "  $cbFin = Test-CbEnded\n"
-                "  $cbOffset = [long]0\n"  # no log yet: everything the launcher writes is new
-                "  if ([System.IO.File]::Exists($cbLogPath)) {\n"
-                "    $cbFile = New-CbLogStream\n"
-                "    $cbSize = $cbFile.Length\n"
-                # newlines to pass going back: the last line's own, then one per line wanted
-                "    $cbNeed = $cbTail + 1\n"
-                "    if ($cbFin -and $cbSize -gt 0) {\n"
-                "      $null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)\n"
-                "      if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }\n"
-                "    }\n"
-                "    $cbOffset = $cbSize\n"
-                "    $cbPos = $cbSize\n"
-                "    while ($cbNeed -gt 0) {\n"
-                "      if ($cbPos -le 0) { $cbOffset = [long]0; break }\n"
-                "      $cbWant = [int][Math]::Min($cbPos, [long]$cbBlock)\n"
-                "      $cbPos -= $cbWant\n"
-                "      $cbGot = Read-CbBlock $cbFile $cbPos $cbWant\n"
-                "      $cbAt = $cbGot\n"
-                "      while ($cbNeed -gt 0 -and $cbAt -gt 0) {\n"
-                "        $cbAt = [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)\n"
-                "        if ($cbAt -lt 0) { break }\n"
-                "        $cbNeed -= 1\n"
-                "        if ($cbNeed -eq 0) { $cbOffset = $cbPos + $cbAt + 1 }\n"
-                "      }\n"
-                "    }\n"
-                "  }\n"
-                "  Send-Cb ('@@start ' + $cbOffset + \"`n\")\n"
-            )
-        return (
-            self._run_functions(run_dir) + f"$cbLogPath = {self._full_path(log)}\n"
-            f"$cbOffset = [long]{int(offset)}\n"
-            f"$cbFollow = {'$true' if follow else '$false'}\n"
-            "$cbOut = [Console]::OpenStandardOutput()\n"
-            "$cbLatin = [System.Text.Encoding]::GetEncoding(28591)\n"
-            "function Send-Cb([string]$Text) {\n"
-            "  $cbData = $cbLatin.GetBytes($Text)\n"
-            "  $cbOut.Write($cbData, 0, $cbData.Length)\n"
-            "  $cbOut.Flush()\n"
-            "}\n"
-            'if (-not [System.IO.Directory]::Exists($cbDir)) { Send-Cb "@@missing`n"; exit 0 }\n'
-            "$cbRc = $cbLogPath + '.rc'\n"
-            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
-            "function Test-CbEnded {\n"
-            "  if ([System.IO.File]::Exists($cbRc)) { return $true }\n"
-            "  return [System.IO.File]::Exists($cbPidFile) -and $null -eq (Get-CbLeader)\n"
-            "}\n"
-            "$cbBlock = 1048576\n"
-            "$cbBuf = New-Object -TypeName byte[] -ArgumentList $cbBlock\n"
-            "$cbFile = $null\n"
-            # up to Want bytes from At into $cbBuf (a read may return fewer): how many it got
-            "function Read-CbBlock([System.IO.FileStream]$Stream, [long]$At, [int]$Want) {\n"
-            "  $null = $Stream.Seek($At, [System.IO.SeekOrigin]::Begin)\n"
-            "  $got = 0\n"
-            "  while ($got -lt $Want) {\n"
-            "    $n = $Stream.Read($cbBuf, $got, $Want - $got)\n"
-            "    if ($n -le 0) { break }\n"
-            "    $got += $n\n"
-            "  }\n"
-            "  return $got\n"
-            "}\n"
-            "function New-CbLogStream {\n"
-            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
-            "  New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
-            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
-            "}\n"
-            "try {\n" + start + "  while ($true) {\n"
-            # taken before the size: what the launcher wrote before it ended is all read
-            "    $cbFin = Test-CbEnded\n"
-            "    if ($null -eq $cbFile -and [System.IO.File]::Exists($cbLogPath)) {\n"
-            "      $cbFile = New-CbLogStream\n"
-            "    }\n"
-            "    while ($null -ne $cbFile) {\n"
-            "      $cbSize = $cbFile.Length\n"
-            "      if ($cbSize -le $cbOffset) { break }\n"
-            "      $cbWant = [int][Math]::Min($cbSize - $cbOffset, [long]$cbBlock)\n"
-            "      $cbGot = Read-CbBlock $cbFile $cbOffset $cbWant\n"
-            "      if ($cbGot -eq 0) { break }\n"
-            "      $cbCut = [Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1\n"
-            "      if ($cbFin -and $cbGot -eq $cbSize - $cbOffset) {\n"
-            "        $cbCut = $cbGot\n"  # the launcher has ended: a last line without newline is final
-            "      } elseif ($cbCut -eq 0) {\n"
-            "        if ($cbGot -lt $cbBlock) { break }\n"  # a line still being written
-            "        $cbCut = $cbGot\n"  # a line longer than a block: sent in pieces
-            "      }\n"
-            "      $cbText = $cbLatin.GetString($cbBuf, 0, $cbCut)\n"
-            "      $cbOffset += $cbCut\n"
-            '      if (-not $cbText.EndsWith("`n")) { $cbText += "`n" }\n'
-            "      if ($cbText.Contains('@@')) {\n"
-            '        $cbText = ("`n" + $cbText).Replace("`n@@", "`n@@@").Substring(1)\n'
-            "      }\n"
-            "      Send-Cb ($cbText + '@@. ' + $cbOffset + \"`n\")\n"
-            "    }\n"
-            "    if ($cbFin -or -not $cbFollow) { break }\n"
-            f"    Start-Sleep -Milliseconds {max(1, round(interval * 1000))}\n"
-            "  }\n"
-            "} finally {\n"
-            "  if ($null -ne $cbFile) { $cbFile.Dispose() }\n"
-            "}\n"
-            "$cbCode = (Read-CbText $cbRc).Trim()\n"
-            "if (-not $cbCode) { $cbCode = 'none' }\n"
-            "Send-Cb ('@@end ' + $cbCode + ' ' + $cbOffset + \"`n\")"
-        )
-
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
-        """As PosixShell.list_files: for each entry the first of its candidate paths that exists, as
-        ``@@file I SIZE PATH``, ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it
-        (``/``-separated), or ``@@missing I``; PATH is the full Windows path."""
-        lines = ["function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }"]
-        for index, paths in enumerate(candidates):
-            words = ", ".join(self._full_path(p) for p in paths)
-            lines.append(
-                f"$cbFound = $null\n"
-                f"foreach ($cbC in @({words})) {{\n"
-                "  if (Test-Path -LiteralPath $cbC) { $cbFound = $cbC; break }\n"
-                "}\n"
-                f"if ($null -eq $cbFound) {{ Out-Cb '@@missing {index}' }}\n"
-                "elseif ([System.IO.Directory]::Exists($cbFound)) {\n"
-                f"  Out-Cb ('@@dir {index} ' + $cbFound)\n"
-                "  $cbRoot = $cbFound.TrimEnd('\\') + '\\'\n"
-                "  foreach ($cbF in @(Get-ChildItem -LiteralPath $cbFound -Recurse -File -Force)) {\n"
-                "    $cbRel = $cbF.FullName.Substring($cbRoot.Length).Replace('\\', '/')\n"
-                "    Out-Cb ([string]$cbF.Length + ' ' + $cbRel)\n"
-                "  }\n"
-                "} else {\n"
-                "  $cbSize = (Get-Item -LiteralPath $cbFound -Force).Length\n"
-                f"  Out-Cb ('@@file {index} ' + $cbSize + ' ' + $cbFound)\n"
-                "}"
-            )
-        return "\n".join(lines)
 
     @staticmethod
     def not_elevated(exit_code: int | None) -> bool:

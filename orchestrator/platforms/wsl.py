@@ -76,6 +76,10 @@ class WslShell(PosixShell):
         #: the Windows side of the same node
         self.windows = PowerShell()
 
+    @property
+    def host_shell(self) -> PowerShell:
+        return self.windows
+
     # -- privilege -------------------------------------------------------------------------------------
 
     def wrap(
@@ -132,6 +136,16 @@ class WslShell(PosixShell):
         """The wsl.exe argv running ``script`` in the distribution (unquoted: for a program that
         starts processes itself, like :meth:`PowerShell.native` on the Windows side)."""
         return [*self._wsl_options(script), "-e", "/bin/sh", "-c", self.decoder(script)]
+
+    def local_argv(self, script: str) -> list[str]:
+        return self.argv(script)
+
+    def run_long_script(self, path: str, script: str) -> str:
+        """``script`` uploaded to ``path`` inside the distribution (written from inside it: no
+        Windows path mapping), run by /bin/sh as the user the script asks for: a script marked to
+        run as root has a runner carrying the mark too."""
+        marker = ROOT_MARKER + "\n" if script.startswith(ROOT_MARKER) else ""
+        return self.login_command(marker + self.run_script(path))
 
     def file_command(self, windows_path: str, *, root: bool = False) -> str:
         """Run a script uploaded to the Windows side at ``windows_path`` (``C:\\...``) with the

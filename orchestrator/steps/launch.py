@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import posixpath
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from orchestrator.errors import (
     BootstrapError,
@@ -23,10 +22,14 @@ from orchestrator.errors import (
     RunStoppedError,
     UsageError,
 )
-from orchestrator.platforms import PosixShell, PowerShell
-from orchestrator.render import DEFAULT_WORKDIR, LaunchSpec, Renderer, plan_launch
+from orchestrator.plans import NodePlan, Put, Run, apply
+from orchestrator.platforms import Platform, PosixShell, PowerShell
+from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.steps.inspect import training_python
+from orchestrator.runs.control import DetachedStart, start_all
+from orchestrator.runs.layout import STOPPED, STREAMING_ENV, run_dir_for, run_marker
+from orchestrator.runs.posix import PosixRuns
+from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
 
@@ -34,12 +37,10 @@ if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.steps.inspect import NodeFacts
+    from orchestrator.steps.node_facts import InspectedNode
     from orchestrator.transports import Result, Transport
     from orchestrator.transports.base import OnLine, Stream
 
-#: the node's rank capture (probes/rank_capture.py) prefixes each worker line with its rank label
-_RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
 TAIL = 20
 
 
@@ -48,12 +49,16 @@ class LaunchPlan:
     specs: list[LaunchSpec]
     backend: str
     backend_reason: str
-    inspected: list[Outcome[NodeFacts]]
+    inspected: list[Outcome[InspectedNode]]
     warnings: list[str]
 
 
-def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
-    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node."""
+def plan(session: Session, inventory: Inventory, run_id: str, *, shares: bool = True) -> LaunchPlan:
+    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node.
+
+    ``shares``: each rank's share of the global batch as ``cluster.train.shares`` says, shipped with
+    the launch (``orchestrator/bench``; ``measured`` runs the throughput probe here first); False for
+    the specs of another program than the training script (validation)."""
     master = inventory.master_node
     inspected, facts = gather_node_facts(session, inventory)
     single = len(inventory.nodes) == 1
@@ -87,7 +92,12 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         pythons=pythons,
     )
     warnings.extend(ignored_env_warnings(inventory))
-    return LaunchPlan(specs, backend, why, inspected, warnings)
+    launch_plan = LaunchPlan(specs, backend, why, inspected, warnings)
+    if shares:
+        from orchestrator.bench.launch import attach_shares
+
+        attach_shares(session, inventory, launch_plan, run_id)
+    return launch_plan
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
@@ -109,7 +119,7 @@ def ignored_env_warnings(inventory: Inventory) -> list[str]:
 
 def _native_windows_plan(
     node: Node,
-    inspected: list[Outcome[NodeFacts]],
+    inspected: list[Outcome[InspectedNode]],
     interfaces: dict[str, tuple[str | None, str | None]],
     pythons: dict[str, str],
     warnings: list[str],
@@ -152,27 +162,6 @@ class NodeRunResult:
     duration: float
     tail: list[str]
     node_log: str
-
-
-def run_dir_for(node: Node, run_id: str) -> str:
-    """The node's directory for one run (launch script, node.log, pid and exit-code files).
-
-    Per node even on the node: homes shared over NFS (common in labs) would otherwise make every node
-    run the last-written script.
-    """
-    workdir = node.workdir or DEFAULT_WORKDIR
-    return f"{workdir.rstrip('/')}/runs/{run_id}/{node.name}"
-
-
-#: torchrun copies its workers' output with write() and never flushes: into a pipe, Python buffers
-#: 8 KiB, and lines would reach the controller minutes late. Unbuffered, each arrives as printed.
-STREAMING_ENV = {"PYTHONUNBUFFERED": "1"}
-
-
-def run_marker(run_id: str, node_name: str) -> str:
-    """What every process of one node's part of a run carries in PosixShell.RUN_MARKER_ENV: how
-    `stop` finds them (never by a name pattern that could hit another run)."""
-    return f"{run_id}/{node_name}"
 
 
 #: what the preparing script prints when the run directory already holds a run's log
@@ -218,6 +207,120 @@ def rank_capture_file() -> Path:
     return package_file(f"steps/probes/{RANK_CAPTURE}")
 
 
+def _leftover_notice(notice: Callable[[str], None] | None) -> Callable[[str], None]:
+    def parse(stdout: str) -> None:
+        for line in stdout.splitlines():
+            if notice is not None and line.startswith("@@leftover "):
+                _, count, marker = line.split(" ", 2)
+                other = marker.rsplit("/", 1)[0]
+                notice(
+                    f"bootstrap: {count} process(es) of run {other} still running on this node "
+                    f"(`bootstrap stop --run {other}` ends them if they should not)"
+                )
+
+    return parse
+
+
+def prepare_plan(
+    node: Node,
+    platform: Platform,
+    spec: LaunchSpec,
+    *,
+    renderer: Renderer,
+    template: str | None = None,
+    script_file: Path | None = None,
+    notice: Callable[[str], None] | None = None,
+    secrets: Literal["mask"] | None = None,
+) -> NodePlan:
+    """Everything before the launcher starts, as data: refuse a run id that ran on the node before and
+    create the (private) run directory, then upload the launch script, the rank capture (POSIX, the
+    shipped launch template) and the training script.
+
+    A relative training script is this project's: uploaded into the code directory (full code sync
+    comes with `bootstrap sync`). An absolute one is taken to be on the node already.
+    ``secrets="mask"``: the launch script as --dry-run shows it (the plan is then for showing only).
+    """
+    run_dir = run_dir_for(node, spec.run_id)
+    native = isinstance(platform, PowerShell)
+    if not native and not isinstance(platform, PosixShell):
+        raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
+    absolute = bool(_WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
+    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
+    target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
+    rendered = renderer.render(spec, platform, template=template, secrets=secrets)
+    notice_of = _leftover_notice(notice)
+
+    def check(prepare: Result) -> None:
+        _check_prepared(prepare, node, spec, run_dir)
+        notice_of(prepare.stdout)
+
+    if native:
+        assert isinstance(platform, PowerShell)
+        parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
+        prepare = prepare_script(platform, run_dir, parent)
+        launch = Put(f"{run_dir}/launch.ps1", data=platform.script_file(rendered), what="launch script")
+    else:
+        assert isinstance(platform, PosixShell)
+        code_dir = spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
+        prepare = (
+            PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name))
+            + "\n"
+            + prepare_script(platform, run_dir, code_dir)
+        )
+        launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")
+    actions: list[Put | Run] = [
+        Run(prepare, timeout=60, what="refuse a run id used before; create the run directory", check=check),
+        launch,
+    ]
+    if not native and template is None:  # the launch template starts every rank through it
+        actions.append(
+            Put(f"{run_dir}/{RANK_CAPTURE}", source=rank_capture_file(), mode=0o600, what="rank capture")
+        )
+    if spec.shares_json:  # each rank's share of the global batch, and the helper that reads it
+        from orchestrator.bench.launch import shares_helper_file
+        from orchestrator.bench.shares import SHARES_FILE, SHARES_HELPER
+
+        helper, shares = shares_helper_file(), spec.shares_json.encode()
+        actions.append(Put(f"{run_dir}/{SHARES_HELPER}", source=helper, mode=0o600, what="shares helper"))
+        actions.append(Put(f"{run_dir}/{SHARES_FILE}", data=shares, mode=0o600, what="shares"))
+    if source is not None:
+        actions.append(Put(target_script, source=source, what="training script"))
+    return NodePlan(node.name, actions)
+
+
+def node_plan(
+    node: Node,
+    platform: Platform,
+    spec: LaunchSpec,
+    *,
+    renderer: Renderer,
+    template: str | None = None,
+    script_file: Path | None = None,
+    notice: Callable[[str], None] | None = None,
+    secrets: Literal["mask"] | None = None,
+) -> NodePlan:
+    """A node's whole part of a foreground run, as data: ``prepare_plan`` then the launcher, its output
+    streamed (and kept in node.log on the node). What --dry-run prints, what ``run_node`` applies."""
+    prepared = prepare_plan(
+        node,
+        platform,
+        spec,
+        renderer=renderer,
+        template=template,
+        script_file=script_file,
+        notice=notice,
+        secrets=secrets,
+    )
+    run_dir = run_dir_for(node, spec.run_id)
+    if isinstance(platform, PowerShell):
+        command = windows_command(platform, run_dir)
+    else:
+        assert isinstance(platform, PosixShell)
+        command = posix_command(platform, node, spec)
+    launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
+    return NodePlan(node.name, [*prepared.actions, launcher])
+
+
 def prepare_node(
     node: Node,
     transport: Transport,
@@ -228,45 +331,15 @@ def prepare_node(
     script_file: Path | None = None,
     notice: Callable[[str], None] | None = None,
 ) -> tuple[PosixShell, str, str]:
-    """Create the node's run directory, upload its launch script and the training script.
-
-    Returns (platform, run directory, node log path).
-    """
+    """``prepare_plan`` applied on a POSIX node. Returns (platform, run directory, node log path)."""
     platform = transport.platform
     if not isinstance(platform, PosixShell):
         raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
-    run_dir = run_dir_for(node, spec.run_id)
-    # A relative script is this project's: uploaded into the code directory (full code sync comes
-    # with `bootstrap sync`). An absolute one is taken to be on the node already.
-    absolute = spec.script.startswith("/")
-    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
-    target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
-    prepare = transport.run(
-        platform.other_runs(run_marker(spec.run_id, node.name))
-        + "\n"
-        + prepare_script(
-            platform, run_dir, spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
-        ),
-        timeout=60,
+    planned = prepare_plan(
+        node, platform, spec, renderer=renderer, template=template, script_file=script_file, notice=notice
     )
-    _check_prepared(prepare, node, spec, run_dir)
-    if notice is not None:
-        for line in prepare.stdout.splitlines():
-            if line.startswith("@@leftover "):
-                _, count, marker = line.split(" ", 2)
-                other = marker.rsplit("/", 1)[0]
-                notice(
-                    f"bootstrap: {count} process(es) of run {other} still running on this node "
-                    f"(`bootstrap stop --run {other}` ends them if they should not)"
-                )
-    with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
-        launch_file = Path(tmp) / "launch.sh"
-        launch_file.write_text(renderer.render(spec, platform, template=template))
-        transport.put(launch_file, f"{run_dir}/launch.sh", mode=0o700)
-    if template is None:  # the launch template starts every rank through it (probes/rank_capture.py)
-        transport.put(rank_capture_file(), f"{run_dir}/{RANK_CAPTURE}", mode=0o600)
-    if source is not None:
-        transport.put(source, target_script)
+    apply(planned, transport)
+    run_dir = run_dir_for(node, spec.run_id)
     return platform, run_dir, f"{run_dir}/node.log"
 
 
@@ -283,8 +356,8 @@ def prepare_windows_node(
     template: str | None = None,
     script_file: Path | None = None,
 ) -> tuple[str, str]:
-    """A native Windows node: create the run directory, upload ``launch.ps1`` (UTF-8 with BOM, which
-    Windows PowerShell 5.1 needs) and the training script. Returns (command, node log path).
+    """``prepare_plan`` applied on a native Windows node: ``launch.ps1`` (UTF-8 with BOM, which Windows
+    PowerShell 5.1 needs) and the training script. Returns (command, node log path).
 
     The command runs the script in the WinRS PowerShell itself (``& path -Log node.log``): its
     ``exit N`` becomes the command's exit code, ``~`` paths resolve on the node (``-File`` would
@@ -292,21 +365,22 @@ def prepare_windows_node(
     shell's job object). The script writes node.log and node.log.rc itself: its rank output goes to
     the console handles, past PowerShell's pipeline, where Tee-Object would not see it.
     """
+    planned = prepare_plan(
+        node, platform, spec, renderer=renderer, template=template, script_file=script_file
+    )
+    apply(planned, transport)
     run_dir = run_dir_for(node, spec.run_id)
-    absolute = bool(_WINDOWS_ABSOLUTE.match(spec.script))
-    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
-    target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
-    parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-    prepare = transport.run(prepare_script(platform, run_dir, parent), timeout=60)
-    _check_prepared(prepare, node, spec, run_dir)
-    launch = f"{run_dir}/launch.ps1"
-    with tempfile.TemporaryDirectory(prefix="cb-launch-") as tmp:
-        launch_file = Path(tmp) / "launch.ps1"
-        launch_file.write_bytes(platform.script_file(renderer.render(spec, platform, template=template)))
-        transport.put(launch_file, launch)
-    if source is not None:
-        transport.put(source, target_script)
     return windows_command(platform, run_dir), f"{run_dir}/node.log"
+
+
+def start_detached(session: Session, specs: list[LaunchSpec], *, renderer: Renderer) -> DetachedStart:
+    """`launch --detach`: on every node ``prepare_plan`` applied (run directory, launcher, training
+    script), then the launcher started detached; all or nothing (runs.control.start_all)."""
+
+    def prepare(node: Node, transport: Transport, spec: LaunchSpec) -> None:
+        apply(prepare_plan(node, transport.platform, spec, renderer=renderer), transport)
+
+    return start_all(session, specs, prepare)
 
 
 def windows_command(platform: PowerShell, run_dir: str) -> str:
@@ -320,9 +394,9 @@ def posix_command(platform: PosixShell, node: Node, spec: LaunchSpec) -> str:
     node.log."""
     run_dir = run_dir_for(node, spec.run_id)
     return (
-        platform.run_identity(run_dir, run_marker(spec.run_id, node.name))
+        PosixRuns(platform).run_identity(run_dir, run_marker(spec.run_id, node.name))
         + "\n"
-        + platform.logged(platform.run_script(f"{run_dir}/launch.sh"), f"{run_dir}/node.log")
+        + PosixRuns(platform).logged(platform.run_script(f"{run_dir}/launch.sh"), f"{run_dir}/node.log")
     )
 
 
@@ -338,7 +412,8 @@ def run_node(
     script_file: Path | None = None,
     started: set[str] | None = None,
 ) -> NodeRunResult:
-    """Upload and run one node's launch script; raises CommandFailedError (with the tail) on failure.
+    """Apply the node's plan (``node_plan``): upload, then run its launcher; raises CommandFailedError
+    (with the tail) on failure.
 
     Its output goes to ``on_line(node, line)``, or to ``output``, the node's own handler (a
     ``BlockHandler`` such as ``RankedOutput`` takes it a block of lines at a time).
@@ -357,37 +432,33 @@ def run_node(
                 per_line(node.name, line)
 
     said = output
+    node_log = f"{run_dir_for(node, spec.run_id)}/node.log"
+    planned = node_plan(
+        node,
+        transport.platform,
+        spec,
+        renderer=renderer,
+        template=template,
+        script_file=script_file,
+        # other runs still on the node, said where its lines go (a launch, not a validation)
+        notice=(lambda text: said("stderr", text)) if template is None else None,
+    )
+    launched = False
+
+    def starting(_: Run) -> None:
+        nonlocal launched
+        launched = True
+        if started is not None:
+            started.add(node.name)
+
     try:
-        if isinstance(transport.platform, PowerShell):
-            command, node_log = prepare_windows_node(
-                node,
-                transport,
-                transport.platform,
-                spec,
-                renderer=renderer,
-                template=template,
-                script_file=script_file,
-            )
-        else:
-            platform, _run_dir, node_log = prepare_node(
-                node,
-                transport,
-                spec,
-                renderer=renderer,
-                template=template,
-                script_file=script_file,
-                # other runs still on the node, said where its lines go (a launch, not a validation)
-                notice=(lambda text: said("stderr", text)) if template is None else None,
-            )
-            command = posix_command(platform, node, spec)
+        results = apply(planned, transport, output=output, before=starting)
     except BootstrapError as exc:
-        if transport.closed and not isinstance(exc, CancelledError):
+        if not launched and transport.closed and not isinstance(exc, CancelledError):
             # another node failed (or Ctrl-C) while this one was being prepared: nothing started here
             raise CancelledError("stopped before it started", node=node.name) from exc
         raise
-    if started is not None:
-        started.add(node.name)
-    result = transport.run(command, env=STREAMING_ENV, on_line=output, keep_lines=200)
+    result = results[-1]
     if result.exit_code is None:
         # our own connection was closed: another node failed (fail fast) or the user interrupted
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")
@@ -406,10 +477,6 @@ def run_node(
     return NodeRunResult(0, result.duration, result.tail(TAIL), node_log)
 
 
-#: what stop_run leaves in the run directory before it signals anything (PosixShell.stop_run)
-STOPPED = "stopped"
-
-
 def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> bool:
     """Whether `stop --run` ended this node's part of the run (not a failure of its own)."""
     platform = transport.platform
@@ -422,16 +489,6 @@ def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> b
     except BootstrapError:
         return False  # the node is gone too: report what its launcher said
     return "@@stopped" in said.stdout.splitlines()
-
-
-def split_rank(line: str) -> tuple[int | None, str]:
-    """``[default3]:text`` -> (3, "text"); torchrun's own lines have no rank."""
-    if not line.startswith("[default"):  # every line of a log passes here: skip the regex when we can
-        return None, line
-    match = _RANK_LINE.match(line)
-    if match is None:
-        return None, line
-    return int(match.group(1)), match.group(2)
 
 
 _ROOT_CAUSE_FIELDS = re.compile(r"^\s*(host|rank|exitcode)\s*:")

@@ -20,7 +20,9 @@ from orchestrator.errors import BootstrapError, CancelledError, CommandFailedErr
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
-from orchestrator.steps.launch import plan, run_dir_for, run_node, split_rank
+from orchestrator.runs.layout import run_dir_for
+from orchestrator.runs.ranks import split_rank
+from orchestrator.steps.launch import plan, run_node
 from orchestrator.transports.base import Result
 
 if TYPE_CHECKING:
@@ -205,7 +207,7 @@ def validate(
     ``timeout`` + 60 s after the start whatever happens (a rank stuck inside a collective).
     """
     renderer = renderer or Renderer()
-    launch_plan = launch_plan or plan(session, inventory, run_id)
+    launch_plan = launch_plan or plan(session, inventory, run_id, shares=False)
     worker = package_file("steps/probes/" + WORKER)
     specs = {spec.node.name: spec for spec in validation_specs(launch_plan.specs, timeout, sizes)}
     ranks: dict[int, str] = {}

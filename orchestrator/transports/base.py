@@ -164,12 +164,17 @@ class Transport(ABC):
 
     #: "local", "ssh", "winrm"
     kind: str
+    #: set by ``close()``; sticky
+    _closed: bool = False
 
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name
         self.platform = platform
         #: host keys trusted on first use while connecting ("host type SHA256:..."), for the report
         self.recorded_host_keys: list[str] = []
+        #: what a user should know about how this node is reached, each said once (e.g. files go
+        #: through the shell because the SSH server has no sftp subsystem), for ``-v`` and ``check``
+        self.notes: list[str] = []
 
     @abstractmethod
     def connect(self) -> None:
@@ -182,7 +187,7 @@ class Transport(ABC):
     @property
     def closed(self) -> bool:
         """Closed by ``close()`` (a cancel: fail fast, Ctrl-C): what fails now was stopped, not broken."""
-        return bool(getattr(self, "_closed", False))
+        return self._closed
 
     @abstractmethod
     def run_raw(

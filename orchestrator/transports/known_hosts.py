@@ -11,7 +11,8 @@ One reader for every line of a file, markers included, so a line cannot be dropp
 
 paramiko reads none of the markers (its ``HostKeys.load`` would even take a revoked key for a
 trusted one), so the transport asks :meth:`KnownHosts.revocation` first and hands paramiko only
-:meth:`KnownHosts.trusted_for` a host, never the raw entries.
+:meth:`KnownHosts.trusted_for` a host, never the raw entries; a key paramiko does not know goes to
+:class:`VerifyingPolicy`.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import base64
 import binascii
 import hashlib
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import paramiko
 
-from orchestrator.errors import ConnectError
+from orchestrator.errors import ConnectError, HostKeyRevokedError, HostKeyUnknownError
 
 REVOKED = "@revoked"
 CERT_AUTHORITY = "@cert-authority"
@@ -177,3 +179,68 @@ class KnownHosts:
         """Every entry except those whose key is revoked for ``name``: a revoked key listed as known
         too is refused, not trusted (OpenSSH does the same)."""
         return [e.entry for e in self.entries if self.revocation(name, e.entry.key) is None]
+
+
+# -- the policy paramiko asks about keys it does not know ------------------------------------------
+
+#: one lock for every writer of a known_hosts file in this process (nodes connect in parallel)
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+def revoked_error(node: str, name: str, key: paramiko.PKey, revoked: Revocation) -> HostKeyRevokedError:
+    """The one message for a revoked host key, whichever path met it."""
+    key_type = key.get_name()
+    public = host_key_file(key_type)
+    replace = (
+        f"delete {public.removesuffix('.pub')} and {public} there and run `sudo ssh-keygen -A`"
+        if public
+        else "generate a new one there"
+    )
+    return HostKeyRevokedError(
+        f"HOST KEY REVOKED: {name} offered the {key_type} key {fingerprint(key)}, which "
+        f"{revoked.where} lists as @revoked; refusing to connect (--accept-new-host-keys never "
+        "accepts a revoked key)",
+        node=node,
+        hint=f"the node needs a new {key_type} host key: {replace}, compare the new fingerprint "
+        f"and record it with --accept-new-host-keys; if the revocation is a mistake, delete line "
+        f"{revoked.line} of {revoked.path}",
+    )
+
+
+class VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
+    """Unknown key: refused when revoked (always); else refused with its fingerprint, or recorded when
+    the user asked for that."""
+
+    def __init__(
+        self, node: str, known_hosts: Path, trust: KnownHosts, accept_new: bool, recorded: list[str]
+    ) -> None:
+        self.node = node
+        self.known_hosts = known_hosts
+        self.trust = trust
+        self.accept_new = accept_new
+        self.recorded = recorded  # shared by every hop and attempt of one transport
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        revoked = self.trust.revocation(hostname, key)
+        if revoked is not None:  # first: no flag turns a revoked key into a new one
+            raise revoked_error(self.node, hostname, key, revoked)
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise HostKeyUnknownError(
+                f"unknown {key.get_name()} host key for {hostname}, fingerprint {fp}; "
+                f"it is not in {self.known_hosts}",
+                node=self.node,
+                hint=f"compare it with {compare_command(key.get_name())} run on the node (the "
+                f"{key.get_name()} key it offered), then rerun with --accept-new-host-keys to record it",
+                fingerprint=fp,
+                host=hostname,
+                key_type=key.get_name(),
+                known_hosts=str(self.known_hosts),
+            )
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _KNOWN_HOSTS_LOCK:
+            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self.known_hosts.open("a", encoding="utf-8") as fh:
+                fh.write(line)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.recorded.append(f"{hostname} {key.get_name()} {fp}")

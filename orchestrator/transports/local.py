@@ -10,7 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from orchestrator.errors import TransferError
+from orchestrator.errors import CancelledError, TransferError
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
 
@@ -25,7 +25,8 @@ class LocalTransport(Transport):
         self._closed = False
 
     def connect(self) -> None:
-        self._closed = False
+        if self._closed:  # closing is for good, as for every transport: a cancelled session starts nothing
+            raise CancelledError("cancelled before the command could run", node=self.node_name)
 
     #: after the command exits, how long its output may still trail in (a child it left behind can
     #: hold the pipe open forever: then the group is stopped, as the SSH transport does)
@@ -39,10 +40,11 @@ class LocalTransport(Transport):
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
+        self.connect()
         deadline = Deadline(timeout)
-        # Own session: a timeout or cancellation kills the whole process group, not just /bin/sh.
+        # Own session: a timeout or cancellation kills the whole process group, not just the shell.
         proc = subprocess.Popen(
-            ["/bin/sh", "-c", script],
+            self.platform.local_argv(script),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -50,6 +52,8 @@ class LocalTransport(Transport):
         )
         with self._lock:
             self._procs.add(proc)
+        if self._closed:  # closed while it started: close() did not see it
+            self._kill(proc)
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
@@ -114,6 +118,7 @@ class LocalTransport(Transport):
             pass
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        self.connect()
         target = Path(os.path.expanduser(remote))
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +133,7 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 
     def get(self, remote: str, local: Path) -> None:
+        self.connect()
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(os.path.expanduser(remote), local)

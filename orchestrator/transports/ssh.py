@@ -4,6 +4,11 @@ Host keys are verified. fabric 3 installs ``AutoAddPolicy`` on every ``Connectio
 included), which accepts any key silently; we replace that policy on each hop before it connects and
 load known_hosts ourselves (fabric never does), through :mod:`.known_hosts`: a key listed as
 ``@revoked`` is refused on every path (unknown, known, changed), before any credential is offered.
+
+Files go over SFTP. A server without an sftp subsystem (hardened hosts leave the ``Subsystem sftp``
+line out) refuses it ("Channel closed."): the transport then says so once (log and :attr:`notes`)
+and moves files through the shell, as Ansible does: the platform's upload and download scripts over
+the exec channel, base64 in chunks, SHA-256 checked and renamed into place (:mod:`.piped`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -28,47 +33,23 @@ from orchestrator.errors import (
     CancelledError,
     ConnectError,
     HostKeyChangedError,
-    HostKeyRevokedError,
-    HostKeyUnknownError,
     TransferError,
     UnreachableError,
 )
 from orchestrator.platforms import Platform
+from orchestrator.transports import piped
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
 from orchestrator.transports.known_hosts import (
     KnownHosts,
-    Revocation,
+    VerifyingPolicy,
     compare_command,
     fingerprint,
-    host_key_file,
     lookup_name,
+    revoked_error,
 )
 from orchestrator.transports.options import SSHOptions
 
 __all__ = ["SSHTransport", "fingerprint"]
-
-#: one lock for every writer of a known_hosts file in this process (nodes connect in parallel)
-_KNOWN_HOSTS_LOCK = threading.Lock()
-
-
-def revoked_error(node: str, name: str, key: paramiko.PKey, revoked: Revocation) -> HostKeyRevokedError:
-    """The one message for a revoked host key, whichever path met it."""
-    key_type = key.get_name()
-    public = host_key_file(key_type)
-    replace = (
-        f"delete {public.removesuffix('.pub')} and {public} there and run `sudo ssh-keygen -A`"
-        if public
-        else "generate a new one there"
-    )
-    return HostKeyRevokedError(
-        f"HOST KEY REVOKED: {name} offered the {key_type} key {fingerprint(key)}, which "
-        f"{revoked.where} lists as @revoked; refusing to connect (--accept-new-host-keys never "
-        "accepts a revoked key)",
-        node=node,
-        hint=f"the node needs a new {key_type} host key: {replace}, compare the new fingerprint "
-        f"and record it with --accept-new-host-keys; if the revocation is a mistake, delete line "
-        f"{revoked.line} of {revoked.path}",
-    )
 
 
 def _auth_failed(exc: BaseException) -> bool:
@@ -87,45 +68,6 @@ def _limit_unacknowledged(sock: object, seconds: float) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
         except OSError:
             pass
-
-
-class _VerifyingPolicy(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]  # paramiko is untyped
-    """Unknown key: refused when revoked (always); else refused with its fingerprint, or recorded when
-    the user asked for that."""
-
-    def __init__(
-        self, node: str, known_hosts: Path, trust: KnownHosts, accept_new: bool, recorded: list[str]
-    ) -> None:
-        self.node = node
-        self.known_hosts = known_hosts
-        self.trust = trust
-        self.accept_new = accept_new
-        self.recorded = recorded  # shared by every hop and attempt of one transport
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        revoked = self.trust.revocation(hostname, key)
-        if revoked is not None:  # first: no flag turns a revoked key into a new one
-            raise revoked_error(self.node, hostname, key, revoked)
-        fp = fingerprint(key)
-        if not self.accept_new:
-            raise HostKeyUnknownError(
-                f"unknown {key.get_name()} host key for {hostname}, fingerprint {fp}; "
-                f"it is not in {self.known_hosts}",
-                node=self.node,
-                hint=f"compare it with {compare_command(key.get_name())} run on the node (the "
-                f"{key.get_name()} key it offered), then rerun with --accept-new-host-keys to record it",
-                fingerprint=fp,
-                host=hostname,
-                key_type=key.get_name(),
-                known_hosts=str(self.known_hosts),
-            )
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        with _KNOWN_HOSTS_LOCK:
-            self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with self.known_hosts.open("a", encoding="utf-8") as fh:
-                fh.write(line)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        self.recorded.append(f"{hostname} {key.get_name()} {fp}")
 
 
 class SSHTransport(Transport):
@@ -147,6 +89,10 @@ class SSHTransport(Transport):
     #: leaves nothing running unseen for more than 15 s
     HEARTBEAT = 5.0
 
+    #: raw bytes per base64 line when files go through the shell (no SFTP): 64 KiB lines, far from
+    #: any limit of the node's tools, and the most the controller holds of a file at once
+    SHELL_CHUNK = 48 * 1024
+
     def __init__(
         self,
         node_name: str,
@@ -165,6 +111,7 @@ class SSHTransport(Transport):
         self._password = password
         self._lock = threading.Lock()
         self._sftp: paramiko.SFTPClient | None = None
+        self._no_sftp = False  # the server refused the sftp subsystem: files go through the shell
         self._trusts: dict[str, KnownHosts] = {}  # known_hosts as read for each hop (lookup name)
         self._closed = False  # sticky: a closed (cancelled) transport never reconnects
         config = Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else Config()
@@ -215,7 +162,7 @@ class SSHTransport(Transport):
         client = conn.client
         keys = client.get_host_keys()
         keys._entries.extend(trust.trusted_for(lookup_name(conn.host, conn.port)))  # HostKeys.load's way
-        policy = _VerifyingPolicy(
+        policy = VerifyingPolicy(
             self.node_name,
             self._known_hosts_path(conn),
             trust,
@@ -403,21 +350,42 @@ class SSHTransport(Transport):
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
+        # stdin stays open: closing it is how a timeout or a cancel stops the remote command
+        chan = self._exec(self.platform.login_command(self.plan(script)), window=self.COMMAND_WINDOW)
+        return self._collect(chan, script, Deadline(timeout), on_line, keep_lines, heartbeat=True)
+
+    def _exec(self, line: str, *, window: int | None = None) -> paramiko.Channel:
+        """A new channel running the command line ``line``."""
         self.connect()
-        deadline = Deadline(timeout)
         transport = self.conn.client.get_transport()
         if self._closed:
             raise self._cancelled()
         if transport is None or not transport.is_active():
             raise UnreachableError(f"the SSH connection to {self.conn.host} was lost", node=self.node_name)
         try:
-            chan = transport.open_session(timeout=self.connect_timeout, window_size=self.COMMAND_WINDOW)
-            # stdin stays open: closing it is how a timeout or a cancel stops the remote command
-            chan.exec_command(self.platform.login_command(self.plan(script)))
+            if window is None:
+                chan = transport.open_session(timeout=self.connect_timeout)
+            else:
+                chan = transport.open_session(timeout=self.connect_timeout, window_size=window)
+            chan.exec_command(line)
         except paramiko.SSHException as exc:
             if self._closed:
                 raise self._cancelled() from None
             raise UnreachableError(f"cannot start a command over SSH: {exc}", node=self.node_name) from exc
+        return chan
+
+    def _collect(
+        self,
+        chan: paramiko.Channel,
+        command: str,
+        deadline: Deadline,
+        on_line: OnLine | None,
+        keep_lines: int | None,
+        *,
+        heartbeat: bool,
+    ) -> Result:
+        """Read ``chan``'s output until the command ends (or ``deadline``), then close it.
+        ``heartbeat``: write a byte to its stdin every :attr:`HEARTBEAT` seconds (stop_on_hangup)."""
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
@@ -425,7 +393,7 @@ class SSHTransport(Transport):
         beat = time.monotonic() + self.HEARTBEAT
         try:
             while True:
-                if time.monotonic() >= beat and not chan.exit_status_ready():
+                if heartbeat and time.monotonic() >= beat and not chan.exit_status_ready():
                     # the node's watcher stops the command when these stop coming (a lost controller)
                     chan.sendall(b"\n")
                     beat = time.monotonic() + self.HEARTBEAT
@@ -486,7 +454,7 @@ class SSHTransport(Transport):
             )
         return Result(
             node=self.node_name,
-            command=script,
+            command=command,
             exit_code=exit_code,
             stdout=out.text,
             stderr=err.text,
@@ -496,18 +464,30 @@ class SSHTransport(Transport):
 
     # -- files --------------------------------------------------------------------------------
 
-    def _sftp_client(self) -> paramiko.SFTPClient:
+    def _sftp_client(self) -> paramiko.SFTPClient | None:
+        """The connection's SFTP session; None when the server has no sftp subsystem (then files go
+        through the shell, said once in the log and in :attr:`notes`)."""
         self.connect()
         with self._lock:
-            if self._sftp is None:
+            if self._sftp is None and not self._no_sftp:
                 try:
                     self._sftp = self.conn.client.open_sftp()
                 except (EOFError, OSError, paramiko.SSHException) as exc:
                     if self._closed:  # cancelled (fail fast, Ctrl-C) while the channel opened
                         raise self._cancelled() from None
-                    raise TransferError(
-                        f"cannot start SFTP: {exc or type(exc).__name__}", node=self.node_name
-                    ) from exc
+                    link = self.conn.client.get_transport()
+                    if isinstance(exc, paramiko.ChannelException) or link is None or not link.is_active():
+                        # no channel at all (MaxSessions) or no connection: the shell cannot help
+                        raise TransferError(
+                            f"cannot start SFTP: {exc or type(exc).__name__}", node=self.node_name
+                        ) from exc
+                    self._no_sftp = True
+                    note = (
+                        f"the SSH server refused SFTP ({exc or type(exc).__name__}: no sftp subsystem?): "
+                        "files go through the shell (base64, SHA-256 checked)"
+                    )
+                    log.info("%s: %s", self.node_name, note)
+                    self.notes.append(note)
             return self._sftp
 
     def _makedirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
@@ -530,6 +510,9 @@ class SSHTransport(Transport):
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         sftp = self._sftp_client()
         path = self.platform.transfer_path(remote)
+        if sftp is None:
+            self._put_through_shell(local, path, mode=mode)
+            return
         try:
             self._makedirs(sftp, str(PurePosixPath(path).parent))
             sent = 0
@@ -552,13 +535,58 @@ class SSHTransport(Transport):
 
     def get(self, remote: str, local: Path) -> None:
         sftp = self._sftp_client()
+        if sftp is None:
+            path = self.platform.transfer_path(remote)
+            piped.download(
+                self._piped, self.platform, path, local, node=self.node_name, cancelled=lambda: self._closed
+            )
+            return
+        part = local.with_name(local.name + ".part")  # renamed once whole: never a half file at local
         try:
             local.parent.mkdir(parents=True, exist_ok=True)
-            sftp.get(self.platform.transfer_path(remote), str(local))
+            with part.open("wb") as fh:
+                size = sftp.getfo(self.platform.transfer_path(remote), fh)
+            if part.stat().st_size != size:
+                raise OSError(f"{part} holds {part.stat().st_size} bytes, the node sent {size}")
+            os.replace(part, local)
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
+        finally:
+            part.unlink(missing_ok=True)
+
+    # -- files through the shell (no sftp subsystem) ----------------------------------------------
+
+    def _piped(self, line: str, stdin: Iterator[bytes] | None, on_line: OnLine | None) -> Result:
+        """Run the command line ``line`` with ``stdin`` streamed into it, then closed, and wait for it.
+        No heartbeat and no timeout: a transfer takes as long as its bytes need."""
+        chan = self._exec(line)
+        try:
+            for piece in stdin or ():
+                chan.sendall(piece)
+            chan.shutdown_write()
+        except (EOFError, OSError, paramiko.SSHException) as exc:
+            if self._closed:
+                raise self._cancelled() from None
+            # the command ended before reading everything (its output says why), or the connection
+            # is gone (reading tells): either way, what comes back is the answer
+            log.debug("%s: the command stopped taking input: %s", self.node_name, exc)
+        return self._collect(chan, line, Deadline(None), on_line, 20, heartbeat=False)
+
+    def _put_through_shell(self, local: Path, remote: str, *, mode: int | None) -> None:
+        payload = piped.Payload(path=local, node=self.node_name)
+        piped.upload(
+            self._piped,
+            self.platform,
+            payload,
+            remote,
+            node=self.node_name,
+            chunk=self.SHELL_CHUNK,
+            cancelled=lambda: self._closed,
+            mode=mode,
+            label=str(local),
+        )
 
     def close(self) -> None:
         """Close for good (also from another thread, mid-handshake: cancellation relies on it)."""

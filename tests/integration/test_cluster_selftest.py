@@ -17,6 +17,9 @@ import pytest
 from tests.cluster import RUN_NETNS, SUDOERS_DIR, NamespaceCluster, TestHost
 from tests.conftest import require_cluster_support
 
+#: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
+pytestmark = pytest.mark.harness
+
 CLUSTER_PY = Path(__file__).resolve().parents[1] / "cluster.py"
 
 # paramiko, run in the controller namespace: password logins (no sshpass here) and HOME lookups

@@ -19,7 +19,8 @@ from orchestrator.inventory import WinRMSettings, load_inventory_text
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import packaged_example
-from orchestrator.steps.launch import run_node, split_rank
+from orchestrator.runs.ranks import split_rank
+from orchestrator.steps.launch import run_node
 from orchestrator.transports.winrm import WinRMTransport
 from tests import pwsh
 from tests.integration.test_winrm_transport import HOME, Emulator, assignments

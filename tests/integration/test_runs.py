@@ -22,16 +22,15 @@ from typing import Any
 import pytest
 
 from orchestrator.logs import RunLog
-from orchestrator.platforms import PosixShell
-from orchestrator.steps.launch import run_dir_for, run_marker
-from orchestrator.steps.runs import fetch_node, follow_node, status_node, stop_node
+from orchestrator.runs.control import fetch_node, follow_node, start_node, status_node, stop_node
+from orchestrator.runs.layout import RUN_MARKER_ENV, run_dir_for, run_marker
 from orchestrator.transports.base import BlockHandler, Stream
 from orchestrator.transports.ssh import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost
 from tests.conftest import BOOTSTRAP, CliRun, root_transport, write_inventory
 
-MARKER_ENV = PosixShell.RUN_MARKER_ENV.encode()
+MARKER_ENV = RUN_MARKER_ENV.encode()
 Bootstrap = Callable[..., CliRun]
 
 
@@ -128,15 +127,9 @@ def _start(ns: str, t: SSHTransport, node: Any, run_id: str, script: str) -> Pat
     run_dir = run_dir_for(node, run_id)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     Path(run_dir, "launch.sh").write_text(script)
-    platform = t.platform
-    assert isinstance(platform, PosixShell)
     with netns.inside(ns):
-        result = t.run(
-            platform.start_detached(
-                run_dir, f"{run_dir}/launch.sh", f"{run_dir}/node.log", run_marker(run_id, node.name)
-            )
-        )
-    assert result.ok and "@@started " in result.stdout, result
+        started = start_node(node, t, run_id)
+    assert started.run_dir == run_dir and started.pid > 0
     return Path(run_dir)
 
 

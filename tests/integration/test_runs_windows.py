@@ -4,12 +4,12 @@ scripts are emulated on its in-memory files (tests.integration.test_winrm_transp
 run scripts (start, status, stop, tail, listing) are recognised on their parse trees and answered as
 the node would print them (CRLF line ends, UTF-8).
 
-What is checked: the controller side (steps/runs.py) reads those answers correctly through the
-transport: ``start_node`` uploads launch.ps1 and reads the launcher's pid, ``status_node`` and
-``stop_node`` parse the node's report, ``follow_node`` delivers a log whose lines look like protocol
-markers exactly once across a connection dropped in the middle of a batch (resuming at the byte
-offset the node sent), and ``fetch_node`` copies what the listing names. What the scripts do on a
-real Windows host is not proven here (docs/windows.md, "What the tests prove").
+What is checked: the controller side (runs/control.py) reads those answers correctly through the
+transport: a detached start uploads launch.ps1 and ``start_node`` reads the launcher's pid,
+``status_node`` and ``stop_node`` parse the node's report, ``follow_node`` delivers a log whose
+lines look like protocol markers exactly once across a connection dropped in the middle of a batch
+(resuming at the byte offset the node sent), and ``fetch_node`` copies what the listing names. What
+the scripts do on a real Windows host is not proven here (docs/windows.md, "What the tests prove").
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ import pytest
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.inventory import WinRMSettings, load_inventory_text
+from orchestrator.plans import apply
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
-from orchestrator.steps.runs import fetch_node, follow_node, start_node, status_node, stop_node
+from orchestrator.runs.control import Started, fetch_node, follow_node, start_node, status_node, stop_node
+from orchestrator.steps.launch import prepare_plan
 from orchestrator.transports.winrm import WinRMTransport
 from tests.integration.test_winrm_transport import HOME, Emulator, assignments
 from tests.winrm_server import Answer, PwshCall, WinRMServer
@@ -132,13 +134,19 @@ def _spec() -> LaunchSpec:
 # -- start ---------------------------------------------------------------------------------------------
 
 
+def _start(spec: LaunchSpec, transport: WinRMTransport) -> Started:
+    """What `launch --detach` does on the node (steps.launch.start_detached): prepare, then start."""
+    apply(prepare_plan(spec.node, transport.platform, spec, renderer=Renderer()), transport)
+    return start_node(spec.node, transport, spec.run_id)
+
+
 def test_start_uploads_launch_ps1_and_reads_the_launchers_identity(
     server: WinRMServer, transport: WinRMTransport
 ) -> None:
     node = Node(server)
     node.answers["start"] = lambda call: Answer(stdout="@@started 4242 134093952000000000\n")
     spec = _spec()
-    started = start_node(spec.node, transport, spec, renderer=Renderer())
+    started = _start(spec, transport)
     assert started.pid == 4242
     assert started.node_log.endswith("/node.log") and started.run_dir.endswith(f"runs/{RUN_ID}/win1")
     uploaded = server.files[f"{RUN_DIR}\\launch.ps1"]
@@ -152,7 +160,7 @@ def test_start_uploads_launch_ps1_and_reads_the_launchers_identity(
         stdout="@@started-before 4242 134093952000000000\n", exit_code=3
     )
     with pytest.raises(CommandFailedError, match="already started") as caught:
-        start_node(spec.node, transport, spec, renderer=Renderer())
+        _start(spec, transport)
     assert caught.value.node == "win1"
 
 
@@ -165,7 +173,7 @@ def test_a_launcher_that_does_not_start_is_an_error_naming_the_node(
     )
     spec = _spec()
     with pytest.raises(CommandFailedError, match="Win32_Process Create failed with code 2") as caught:
-        start_node(spec.node, transport, spec, renderer=Renderer())
+        _start(spec, transport)
     assert caught.value.node == "win1"
 
 

@@ -26,6 +26,9 @@ from ruamel.yaml import YAML
 from tests.winrm_server import Answer, PwshCall, WinRMServer
 from tests.winrm_server.soap import NS
 
+#: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
+pytestmark = pytest.mark.harness
+
 SDIST = "pypsrp==0.9.1"
 # every WinRS transcript of the sdist (pypsrp's own WinRS tests and its Client.execute_cmd tests)
 TRANSCRIPT_GLOBS = ("test_winrs_*.yml", "test_client_execute_cmd*.yml")
@@ -222,7 +225,9 @@ def replay(name: str, messages: list[dict[str, str]]) -> list[tuple[dict[str, An
     gate = Gate(threading.Event())
     codepage = "65001" if any('WINRS_CODEPAGE">65001' in m["request"] for m in messages) else "437"
     pairs = []
-    with WinRMServer(on_powershell=_emulate(gate, codepage), strict=True) as server:
+    # the recorded requests are replayed as clear-text SOAP with Basic: the server must accept that
+    # over HTTP, as a host with AllowUnencrypted=true does (its default refuses it)
+    with WinRMServer(allow_unencrypted=True, on_powershell=_emulate(gate, codepage), strict=True) as server:
         http = requests.Session()
         http.auth = ("bob", "pw")
         live: dict[str, str] = {}  # recorded id -> id our server issued

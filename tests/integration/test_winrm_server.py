@@ -1,5 +1,9 @@
 """The WS-Management test server against the unmodified pywinrm client: what it must get right for the
-product's WinRM transport tests to mean anything (the server itself is tests/winrm_server)."""
+product's WinRM transport tests to mean anything (the server itself is tests/winrm_server).
+
+Most tests speak Basic over plain HTTP, so they opt out of Windows' default (``allow_unencrypted=True``,
+what ``AllowUnencrypted=true`` is on a lab host); the defaults themselves (clear text refused, the
+envelope limits) are tested in their own section."""
 
 from __future__ import annotations
 
@@ -16,13 +20,22 @@ import pytest
 import requests
 import winrm
 import xmltodict
-from winrm.exceptions import InvalidCredentialsError, WinRMOperationTimeoutError, WSManFaultError
+from winrm.exceptions import (
+    InvalidCredentialsError,
+    WinRMOperationTimeoutError,
+    WinRMTransportError,
+    WSManFaultError,
+)
 
 from tests.cluster import NamespaceCluster, _wait_pids_gone
 from tests.conftest import require_cluster_support
 from tests.netns import inside
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer, start_in_host
 from tests.winrm_server.cmdline import quote
+from tests.winrm_server.server import CMD_LINE_LIMIT
+
+#: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
+pytestmark = pytest.mark.harness
 
 
 def _protocol(
@@ -87,7 +100,7 @@ def _receive_until(proto: winrm.Protocol, shell: str, cmd: str, want: bytes) -> 
 
 
 def test_run_cmd_over_basic_runs_the_command_for_real() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         r = _session(server).run_cmd("echo out; echo err >&2; exit 4")
         assert (r.status_code, r.std_out, r.std_err) == (4, b"out\n", b"err\n")
         assert server.commands == ["echo out; echo err >&2; exit 4"]
@@ -99,7 +112,7 @@ def test_run_ps_is_decoded_parsed_recorded_and_answered() -> None:
     def handler(call: PwshCall) -> Answer:
         return Answer(stdout=f"user={call.command('Get-LocalUser').arguments[0]}\n", exit_code=7)
 
-    with WinRMServer(on_powershell=handler) as server:
+    with WinRMServer(allow_unencrypted=True, on_powershell=handler) as server:
         r = _session(server).run_ps("Get-LocalUser 'bob' | Select-Object -ExpandProperty Name")
         assert r.status_code == 7
         assert r.std_out == b"user='bob'\r\n"  # PowerShell writes CRLF
@@ -111,7 +124,7 @@ def test_run_ps_is_decoded_parsed_recorded_and_answered() -> None:
 
 def test_canned_answers_match_the_script() -> None:
     answers = [{"match": r"\$PSVersionTable", "stdout": "5.1.22621.4391\n"}]
-    with WinRMServer(answers=answers) as server:
+    with WinRMServer(allow_unencrypted=True, answers=answers) as server:
         assert (
             _session(server).run_ps("$PSVersionTable.PSVersion.ToString()").std_out == b"5.1.22621.4391\r\n"
         )
@@ -131,7 +144,7 @@ def test_ntlm_with_message_encryption() -> None:
 
 @pytest.mark.parametrize("transport", ["basic", "ntlm"])
 def test_wrong_password_is_invalid_credentials(transport: str) -> None:
-    with WinRMServer(auth=transport) as server:
+    with WinRMServer(allow_unencrypted=True, auth=transport) as server:
         with pytest.raises(InvalidCredentialsError):
             _session(server, transport=transport, password="wrong").run_cmd("echo never")
         assert server.commands == []
@@ -163,7 +176,7 @@ def test_tls_with_the_ca_file_works_and_without_it_is_refused(transport: str) ->
 
 
 def test_output_streams_while_the_command_runs_and_stdin_reaches_it() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, "echo first; read line; echo got $line")
@@ -187,7 +200,7 @@ def test_handler_chunks_stream_before_the_handler_finishes() -> None:
 
         return Answer(chunks=pieces())
 
-    with WinRMServer(on_powershell=handler) as server:
+    with WinRMServer(allow_unencrypted=True, on_powershell=handler) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, _ps_command("Start-Job { 1 }"))
@@ -200,7 +213,7 @@ def test_handler_chunks_stream_before_the_handler_finishes() -> None:
 
 
 def test_receive_without_output_answers_the_operation_timeout_fault() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server, operation_timeout_sec=1, read_timeout_sec=5)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, "read never")
@@ -227,7 +240,7 @@ def _signal(proto: winrm.Protocol, shell: str, cmd: str, code: str) -> None:
 
 @pytest.mark.parametrize("how", ["terminate", "ctrl_c", "delete_shell"])
 def test_signal_and_shell_delete_kill_the_whole_process_group(how: str) -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, "sleep 300 & sleep 300 & echo started; wait")
@@ -253,7 +266,7 @@ def test_signal_and_shell_delete_kill_the_whole_process_group(how: str) -> None:
 
 
 def test_unknown_shell_id_is_the_real_invalid_selectors_fault() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server)
         bogus = str(uuid.uuid4()).upper()
         with pytest.raises(WSManFaultError) as err:
@@ -265,7 +278,7 @@ def test_unknown_shell_id_is_the_real_invalid_selectors_fault() -> None:
 
 
 def test_unknown_command_id_is_invalid_selectors_too() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         with pytest.raises(WSManFaultError) as err:
@@ -276,21 +289,33 @@ def test_unknown_command_id_is_invalid_selectors_too() -> None:
 
 
 def test_not_soap_is_a_bad_request() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         resp = requests.post(server.endpoint, data=b"this is not xml", auth=("bob", "pw"), timeout=10)
         assert resp.status_code == 400
         assert ET.fromstring(resp.content).tag == "{http://www.w3.org/2003/05/soap-envelope}Envelope"
 
 
-def test_cmd_exe_refuses_lines_over_8191_characters() -> None:
-    with WinRMServer() as server:
+@pytest.mark.parametrize("under", [0, 1, 3])
+def test_cmd_exe_runs_lines_at_and_under_its_documented_limit(under: int) -> None:
+    """8191 characters (the server's own CMD_LINE_LIMIT: Microsoft's documented cmd.exe limit) and a
+    few under it run."""
+    assert CMD_LINE_LIMIT == 8191
+    with WinRMServer(allow_unencrypted=True) as server:
+        word = "x" * (CMD_LINE_LIMIT - under - len("echo "))
+        r = _session(server).run_cmd("echo " + word)
+        assert (r.status_code, r.std_out, r.std_err) == (0, word.encode() + b"\n", b"")
+        assert [len(line) for line in server.commands] == [CMD_LINE_LIMIT - under]
+
+
+def test_cmd_exe_refuses_a_line_one_over_its_limit_as_windows_does() -> None:
+    with WinRMServer(allow_unencrypted=True) as server:
         sess = _session(server)
-        fits = "echo " + "x" * (8191 - 5)
-        assert sess.run_cmd(fits).std_out == b"x" * 8186 + b"\n"
-        r = sess.run_cmd(fits + "y")
+        over = "echo " + "x" * (CMD_LINE_LIMIT + 1 - len("echo "))
+        r = sess.run_cmd(over)
+        # cmd.exe's own message, exit code 1; the WinRS Command itself succeeded
         assert (r.status_code, r.std_out, r.std_err) == (1, b"", b"The command line is too long.\r\n")
         # the line is Command plus space-joined Arguments; pywinrm's run_ps hits the same wall
-        r = sess.run_cmd("echo", ["x" * 8186])
+        r = sess.run_cmd("echo", ["x" * (CMD_LINE_LIMIT - len("echo "))])
         assert r.status_code == 0
         assert (
             sess.run_ps("Write-Output '" + "y" * 3100 + "'").std_err == b"The command line is too long.\r\n"
@@ -299,7 +324,7 @@ def test_cmd_exe_refuses_lines_over_8191_characters() -> None:
 
 
 def test_max_shells_per_user_quota_fault() -> None:
-    with WinRMServer(max_shells_per_user=2) as server:
+    with WinRMServer(allow_unencrypted=True, max_shells_per_user=2) as server:
         proto = _protocol(server)
         shells = [proto.open_shell(), proto.open_shell()]
         with pytest.raises(WSManFaultError) as err:
@@ -320,7 +345,7 @@ def test_stderr_is_powershell_clixml() -> None:
     def handler(call: PwshCall) -> Answer:
         return Answer(stderr="Access is denied <C:\\x_y>\nsecond line", exit_code=1)
 
-    with WinRMServer(on_powershell=handler) as server:
+    with WinRMServer(allow_unencrypted=True, on_powershell=handler) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, _ps_command("Stop-Service WinRM"))
@@ -341,18 +366,18 @@ def test_stderr_is_powershell_clixml() -> None:
 
 
 def test_script_that_does_not_parse_fails_and_is_reported() -> None:
-    server = WinRMServer(strict=False)
+    server = WinRMServer(allow_unencrypted=True, strict=False)
     with server:
         r = _session(server).run_ps("if ($x -eq {")
         assert r.status_code == 1 and b"ParserError" in r.std_err
     assert len(server.parse_errors) == 1 and "if ($x -eq {" in server.parse_errors[0]
     with pytest.raises(AssertionError, match="does not parse"):
-        with WinRMServer() as strict:
+        with WinRMServer(allow_unencrypted=True) as strict:
             _session(strict).run_ps("function {")
 
 
 def test_file_scripts_come_from_the_fake_filesystem() -> None:
-    with WinRMServer(on_powershell=lambda call: Answer(stdout=call.script)) as server:
+    with WinRMServer(allow_unencrypted=True, on_powershell=lambda call: Answer(stdout=call.script)) as server:
         server.files["C:\\ProgramData\\cb\\Run.ps1"] = b"\xef\xbb\xbfWrite-Output 'caf\xc3\xa9'"
         r = _session(server).run_cmd("powershell.exe -NoProfile -File c:/programdata/CB/run.ps1 -Mode x")
         assert r.std_out == "Write-Output 'café'".encode("cp437")
@@ -365,7 +390,9 @@ def test_file_scripts_come_from_the_fake_filesystem() -> None:
 
 
 def test_stdin_sent_before_receive_reaches_the_handler() -> None:
-    with WinRMServer(on_powershell=lambda call: Answer(stdout=call.stdin.decode().upper())) as server:
+    with WinRMServer(
+        allow_unencrypted=True, on_powershell=lambda call: Answer(stdout=call.stdin.decode().upper())
+    ) as server:
         proto = _protocol(server)
         shell = proto.open_shell()
         cmd = proto.run_command(shell, _ps_command("$input | ForEach-Object { $_ }"))
@@ -379,7 +406,7 @@ def test_stdin_sent_before_receive_reaches_the_handler() -> None:
 
 def test_wsl_exec_runs_linux_argv_split_by_windows_rules() -> None:
     tricky = ["a b", 'say "hi"', "C:\\dir\\", 'back\\\\slash\\"q', "", "$HOME;`x`"]
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         sess = _session(server)
         line = " ".join(quote(a) for a in tricky)
         r = sess.run_cmd("wsl.exe", ["-d", "Ubuntu-22.04", "-e", "printf", "[%s]", line])
@@ -390,7 +417,7 @@ def test_wsl_exec_runs_linux_argv_split_by_windows_rules() -> None:
 
 
 def test_wsl_user_and_directory_options() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         r = _session(server).run_cmd('wsl.exe -d Ubuntu-22.04 -u nobody --cd / -e sh -c "id -un; pwd"')
         assert (r.status_code, r.std_out) == (0, b"nobody\n/\n")
         r = _session(server).run_cmd("wsl.exe -u no-such-user -e true")
@@ -398,7 +425,9 @@ def test_wsl_user_and_directory_options() -> None:
 
 
 def test_cmd_exe_operators_outside_quotes_are_refused_and_variables_expand() -> None:
-    server = WinRMServer(strict=False, on_powershell=lambda call: Answer(stdout=call.file or ""))
+    server = WinRMServer(
+        allow_unencrypted=True, strict=False, on_powershell=lambda call: Answer(stdout=call.file or "")
+    )
     with server:
         sess = _session(server)
         assert sess.run_cmd('wsl.exe -e echo "a|b" ^& c').std_out == b"a|b & c\n"
@@ -410,7 +439,7 @@ def test_cmd_exe_operators_outside_quotes_are_refused_and_variables_expand() -> 
 
 
 def test_wsl_management_commands_answer_utf16le_without_bom() -> None:
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         server.wsl.distros = [Distro("Ubuntu-24.04", default=True), Distro("Debian", state="Stopped")]
         sess = _session(server)
         raw = sess.run_cmd("wsl.exe --list --verbose").std_out
@@ -430,7 +459,7 @@ def test_wsl_management_commands_answer_utf16le_without_bom() -> None:
 def test_wsl_exe_writes_its_messages_in_utf8_when_the_shell_has_wsl_utf8() -> None:
     """WSL_UTF8=1 in wsl.exe's environment (here: the WinRS shell's, from the Create request) makes
     wsl.exe 0.64+ write its own messages in UTF-8; an older wsl.exe ignores it."""
-    with WinRMServer() as server:
+    with WinRMServer(allow_unencrypted=True) as server:
         proto = _protocol(server)
         for honours, encoding in ((True, "utf-8"), (False, "utf-16-le")):
             server.wsl.honours_utf8 = honours
@@ -448,6 +477,153 @@ def test_wsl_exe_writes_its_messages_in_utf8_when_the_shell_has_wsl_utf8() -> No
         proto.close_shell(shell)
         assert out.decode("utf-16-le").startswith("Default Distribution: ")  # only 1 means UTF-8
     assert server.wsl.written == ["utf-8", "utf-16-le", "utf-16-le"]
+
+
+def _start_wsl(proto: winrm.Protocol, script: str, want: bytes = b"started") -> tuple[str, str]:
+    shell = proto.open_shell()
+    cmd = proto.run_command(shell, "wsl.exe", ["-d", "Ubuntu-22.04", "-e", "sh", "-c", quote(script)])
+    _receive_until(proto, shell, cmd, want)
+    return shell, cmd
+
+
+@pytest.mark.parametrize("how", ["terminate", "delete_shell"])
+def test_stopping_a_wsl_command_ends_wsl_exe_only(how: str) -> None:
+    """Windows ends what is in the shell's job: wsl.exe. The Linux processes it started are not
+    Windows processes; they keep running (their stdin still open), whatever happens to wsl.exe."""
+    with WinRMServer(allow_unencrypted=True) as server:
+        proto = _protocol(server)
+        shell, cmd = _start_wsl(proto, "sleep 300 & echo started; wait")
+        (leader,) = server.running_pids()
+        group = _group_pids(leader)
+        assert len(group) == 2  # sh and the sleep
+        if how == "terminate":
+            proto.cleanup_command(shell, cmd)
+            with pytest.raises(WSManFaultError):  # the command is gone for WinRS
+                proto.get_command_output_raw(shell, cmd)
+            proto.close_shell(shell)
+        else:
+            proto.close_shell(shell)
+        assert server.running_pids() == [] and server.open_shells() == []
+        assert _wait_pids_gone(group, 1.5) == group  # nothing stopped them
+        assert set(server.orphaned_pids()) == group
+    assert _wait_pids_gone(group, 10) == set()  # the server's own clean-up when it stops
+
+
+def test_closing_a_wsl_commands_stdin_is_an_end_of_file_in_the_distribution() -> None:
+    with WinRMServer(allow_unencrypted=True) as server:
+        proto = _protocol(server)
+        shell, cmd = _start_wsl(proto, "echo started; cat >/dev/null; echo saw-eof; exit 4")
+        proto.send_command_input(shell, cmd, b"ignored\n", end=True)
+        out, _err, rc = proto.get_command_output(shell, cmd)
+        proto.close_shell(shell)
+        assert (out, rc) == (b"saw-eof\n", 4)
+        assert server.orphaned_pids() == []
+
+
+def test_ctrl_c_reaches_the_linux_process_as_sigint() -> None:
+    with WinRMServer(allow_unencrypted=True) as server:
+        proto = _protocol(server)
+        script = "trap 'echo interrupted; exit 3' INT; echo started; while :; do sleep 0.1; done"
+        shell, cmd = _start_wsl(proto, script)
+        _signal(proto, shell, cmd, "ctrl_c")
+        out, _err, rc = proto.get_command_output(shell, cmd)
+        proto.close_shell(shell)
+        assert (out, rc) == (b"interrupted\n", 3)  # the Linux exit code, not STATUS_CONTROL_C_EXIT
+
+
+# -- stderr: CLIXML only for PowerShell's own records --------------------------------------------------
+
+
+def _raw_stderr(server: WinRMServer, command: str) -> bytes:
+    proto = _protocol(server)
+    shell = proto.open_shell()
+    cmd = proto.run_command(shell, command)
+    _out, err, _rc = proto.get_command_output(shell, cmd)
+    proto.close_shell(shell)
+    return err
+
+
+def test_console_and_native_stderr_is_plain_text_and_error_records_are_clixml() -> None:
+    def handler(call: PwshCall) -> Answer:
+        return Answer(
+            console_stderr="python.exe: warning\n",
+            stderr="Write-Error : broken",
+            console_stderr_inside="inside" in call.script,
+            exit_code=1,
+        )
+
+    with WinRMServer(allow_unencrypted=True, on_powershell=handler, progress_record=True) as server:
+        before = _raw_stderr(server, _ps_command("[Console]::Error.WriteLine('x'); Write-Error broken"))
+        inside = _raw_stderr(server, _ps_command("'inside'; Write-Error broken"))
+        native = _raw_stderr(server, "echo from-sh >&2")
+        wsl = _raw_stderr(server, "wsl.exe -e sh -c " + quote("echo from-linux >&2"))
+    assert before.startswith(b"python.exe: warning\r\n#< CLIXML\r\n<Objs ")
+    assert before.endswith(b'<S S="Error">Write-Error : broken_x000D__x000A_</S></Objs>')
+    head, tail = inside.split(b"python.exe: warning\r\n")
+    assert head.startswith(b"#< CLIXML\r\n<Objs ") and head.endswith(b"</Obj>")  # after the progress record
+    assert tail == b'<S S="Error">Write-Error : broken_x000D__x000A_</S></Objs>'
+    assert (native, wsl) == (b"from-sh\n", b"from-linux\n")  # programs write their own bytes
+
+
+# -- Windows' defaults: AllowUnencrypted=false, MaxEnvelopeSizekb=500 -----------------------------------
+
+
+def test_basic_over_http_is_refused_by_default_whatever_the_password() -> None:
+    with WinRMServer(auth="basic") as server:  # Windows' default: AllowUnencrypted=false
+        with pytest.raises(InvalidCredentialsError):
+            _session(server).run_cmd("echo never")
+        assert server.commands == [] and server.requests == []
+        assert server.refusals == ["401 Basic over HTTP while AllowUnencrypted is false"]
+    with WinRMServer(auth="basic", tls=True) as tls:  # over HTTPS Basic is fine
+        assert _session(tls).run_cmd("echo over-https").std_out == b"over-https\n"
+        assert tls.refusals == []
+    with WinRMServer(auth="basic", allow_unencrypted=True) as lab:  # AllowUnencrypted=true
+        assert _session(lab).run_cmd("echo clear").std_out == b"clear\n"
+
+
+def test_ntlm_over_http_must_seal_its_messages_by_default() -> None:
+    with WinRMServer(auth="ntlm") as server:
+        assert _session(server, transport="ntlm").run_cmd("echo sealed").std_out == b"sealed\n"
+        with pytest.raises(InvalidCredentialsError):
+            _session(server, transport="ntlm", message_encryption="never").run_cmd("echo never")
+        assert server.commands == ["echo sealed"]
+        assert server.refusals == ["401 an unencrypted message over HTTP while AllowUnencrypted is false"]
+
+
+def test_a_request_over_max_envelope_size_gets_http_413() -> None:
+    with WinRMServer(allow_unencrypted=True, max_envelope_kb=150) as server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, "wc -c")
+        proto.send_command_input(shell, cmd, b"a" * 100_000)  # base64: 133 KB, under 150 KiB
+        with pytest.raises(WinRMTransportError) as err:
+            proto.send_command_input(shell, cmd, b"b" * 120_000, end=True)  # 160 KB of base64
+        assert err.value.code == 413
+        assert server.refusals and server.refusals[-1].startswith("413 a request of ")
+        assert server.largest_request > 150 * 1024
+        proto.send_command_input(shell, cmd, b"", end=True)
+        out, _err, _rc = proto.get_command_output(shell, cmd)
+        proto.close_shell(shell)
+        assert out.strip() == b"100000"  # the refused Send never reached the command
+    with WinRMServer(allow_unencrypted=True) as default:  # 500 KiB: the same Send passes
+        assert default.max_envelope_bytes == 512_000
+        proto = _protocol(default)
+        shell = proto.open_shell()
+        cmd = proto.run_command(shell, "wc -c")
+        proto.send_command_input(shell, cmd, b"b" * 120_000, end=True)
+        assert proto.get_command_output(shell, cmd)[0].strip() == b"120000"
+        proto.close_shell(shell)
+
+
+@pytest.mark.parametrize("max_envelope_kb", [32, 500])
+def test_receive_responses_fit_the_smaller_of_both_envelope_sizes(max_envelope_kb: int) -> None:
+    """pywinrm asks for responses of at most 153600 bytes (its MaxEnvelopeSize header); a host's
+    MaxEnvelopeSizekb below that caps them further (MS-WSMV 3.1.4.1.7)."""
+    with WinRMServer(allow_unencrypted=True, max_envelope_kb=max_envelope_kb) as server:
+        r = _session(server).run_cmd("head -c 1000000 /dev/zero | tr '\\0' x")
+        assert r.std_out == b"x" * 1_000_000
+        assert server.largest_response <= min(153_600, max_envelope_kb * 1024)
+        assert server.largest_response > min(153_600, max_envelope_kb * 1024) // 2  # not needlessly small
 
 
 # -- as a process inside a namespace host -----------------------------------------------------------------

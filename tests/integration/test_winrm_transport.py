@@ -1,4 +1,7 @@
-"""WinRMTransport against the WS-Management test server (tests/winrm_server), in process.
+"""WinRMTransport against the WS-Management test server (tests/winrm_server), in process: what only
+WinRM has (shells reused and deleted, PowerShell's transfer scripts, CLIXML, authentication, TLS,
+quotas, WSL distributions, native Windows stopping through the WinRS Signal). What every transport
+does is in test_transport_contract.py, where the WinRM case runs a WSL node for real.
 
 The server speaks the real WinRS protocol to the unmodified pywinrm client, but cannot run PowerShell:
 the transport's own transfer scripts (put/get, the upload of long scripts, the clean-up) are EMULATED
@@ -19,7 +22,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.inventory import WinRMSettings
-from orchestrator.platforms import Platform
+from orchestrator.platforms import Platform, PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.transports.winrm import WinRMTransport
 from tests import pwsh
@@ -141,14 +144,14 @@ class Emulator:
         return Answer(stdout="\n".join(lines) + "\n")
 
 
-class _CmdLine(Platform):
-    """Sends the script as the command line itself: the server runs it with /bin/sh, for real (so a
-    timeout or a cancel can be checked on a real process)."""
+class _CmdLine(PosixShell):
+    """Sends the script as the command line itself: the server runs it with /bin/sh, for real, the way
+    it runs anything that is not PowerShell or wsl.exe. With nothing watching stdin (as for native
+    PowerShell), a timeout or a cancel is the WinRS Signal and the shell's deletion, checked on a real
+    process."""
 
     name = "cmdline"
-
-    def quote(self, value: str) -> str:
-        return "'" + value.replace("'", "'\\''") + "'"
+    stops_on_stdin_eof = False
 
     def wrap(
         self,
@@ -160,17 +163,11 @@ class _CmdLine(Platform):
     ) -> str:
         return command
 
-    def stop_on_hangup(self, script: str) -> str:
+    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
         return script
 
     def login_command(self, script: str) -> str:
         return script
-
-    def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
-        raise NotImplementedError
-
-    def transfer_path(self, path: str) -> str:
-        return path
 
 
 def _transport(
@@ -218,32 +215,6 @@ def _await_gone(marker: str, seconds: float = 10.0) -> list[str]:
 
 
 # -- commands ---------------------------------------------------------------------------------------
-
-
-def test_lines_arrive_while_the_command_runs(server: WinRMServer) -> None:
-    seen_first = threading.Event()
-    waited: list[bool] = []
-
-    def chunks() -> Iterator[bytes]:
-        yield b"first line\r\n"
-        waited.append(seen_first.wait(15))  # only the client seeing line one lets the command go on
-        yield b"second line\r\n"
-
-    server.on_powershell = Emulator(server.files, lambda call: Answer(chunks=chunks(), exit_code=0))
-    lines: list[tuple[str, str]] = []
-
-    def on_line(stream: str, line: str) -> None:
-        lines.append((stream, line))
-        seen_first.set()
-
-    transport = _transport(server)
-    try:
-        result = transport.run("Write-Output 'x'", on_line=on_line)
-    finally:
-        transport.close()
-    assert waited == [True]
-    assert lines == [("stdout", "first line"), ("stdout", "second line")]
-    assert result.stdout == "first line\nsecond line\n" and result.ok
 
 
 def test_exit_codes_and_one_shell_for_every_command(server: WinRMServer) -> None:
@@ -563,7 +534,7 @@ def test_cert_validation_off_with_allow_insecure_works_and_warns_every_run(
 
 
 def test_basic_over_http_is_refused_unless_allowed_and_then_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with WinRMServer(auth="basic", username="bob", password="pw") as srv:
+    with WinRMServer(auth="basic", username="bob", password="pw", allow_unencrypted=True) as srv:
         srv.on_powershell = lambda call: Answer(stdout="ok\n")
         with pytest.raises(UsageError) as caught:
             _transport(srv, transport="basic")
@@ -615,7 +586,7 @@ def test_the_cli_refuses_insecure_settings_with_exit_2_before_connecting(
     assert f"field '{field}'" in run.stderr and "allow_insecure: true" in run.stderr, run.stderr
     # allowed on the node: it connects, and every run warns
     node["allow_insecure"] = True
-    with WinRMServer(auth="basic", username="bob", password="pw", tls=tls) as srv:
+    with WinRMServer(auth="basic", username="bob", password="pw", tls=tls, allow_unencrypted=True) as srv:
         srv.on_powershell = lambda call: Answer(stdout="ok\n")
         node.update(host=srv.host, port=srv.port)
         write_inventory(inventory, [node])
@@ -680,17 +651,6 @@ def test_wsl_commands_run_in_the_distribution_with_exit_codes_and_streaming(serv
     )
     assert env.stdout == "it's $HOME; `x` 100%\n"
     assert all(line.lower().startswith("wsl.exe -d ubuntu-22.04") for line in server.commands)
-
-
-def test_wsl_timeout_stops_the_linux_processes(server: WinRMServer) -> None:
-    marker = f"cbt-wsl-timeout-{time.monotonic_ns()}"
-    transport = _wsl(server)
-    try:
-        result = transport.run(f"echo started; sleep 300; : {marker}", timeout=1.5)
-        assert result.timed_out and result.stdout == "started\n"
-        assert _await_gone(marker) == []
-    finally:
-        transport.close()
 
 
 def test_wsl_long_scripts_and_files_go_through_the_distribution(server: WinRMServer, tmp_path: Path) -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.facts import base, gather, linux, network, public_value, split_sections
+from orchestrator.inventory import Node
 from orchestrator.platforms import PosixShell
+from orchestrator.steps.preflight import preflight_facts
 from orchestrator.transports import LocalTransport
 
 CASES = sorted((Path(__file__).parent / "data" / "facts").glob("*.json"))
@@ -26,7 +30,43 @@ def test_fact_parses_recorded_output(path: Path) -> None:
 def test_every_fact_class_has_recorded_cases() -> None:
     covered = {json.loads(p.read_text())["fact"] for p in CASES}
     classes = {type(f).__name__ for f in linux.linux_facts("python3")}
+    # the preflight's own (its network facts and more), on a Linux node
+    classes |= {type(f).__name__ for f in preflight_facts(Node(name="n", host="h"), Node(name="m", host="m"))}
+    classes |= {"WallClock"}
     assert classes <= covered
+
+
+def test_sections_are_read_while_the_script_still_runs() -> None:
+    stream = base.SectionStream("cb-1", ["clock", "cpus"])
+    assert stream.feed("Welcome to the lab", 1.0) is None  # a login banner: no section
+    assert stream.feed("@@cb-1 begin clock@@", 2.0) is None
+    assert stream.feed("1796300000.5", 3.0) is None
+    assert stream.feed("", 3.0) is None
+    assert stream.feed("@@cb-1 end clock 0@@", 3.0) is None
+    assert not stream.complete
+    for line in ("@@cb-1 begin cpus@@", "8", "", "@@cb-1 end cpus 0@@"):
+        assert stream.feed(line, 4.0) is None
+    assert stream.complete
+    assert stream.sections == {"clock": ("1796300000.5", 0), "cpus": ("8", 0)}
+    assert stream.first_line_at == {"clock": 3.0, "cpus": 4.0}  # when each section's output came
+    # what follows the last section is the caller's (the preflight's listener)
+    assert stream.feed("ready 4242", 5.0) == "ready 4242"
+
+
+def test_a_busybox_date_gives_no_clock() -> None:
+    with pytest.raises(base.FactParseError, match="GNU date"):
+        linux.WallClock().parse("1796300000.%N", 0)
+
+
+def test_root_access_as_the_firewall_step_would_become_root() -> None:
+    # this machine's test runs as root: the login itself is root, no sudo asked
+    found = gather(LocalTransport("local", PosixShell()), [linux.BecomeRoot(), linux.WallClock()])
+    assert found.errors == {}
+    access = found.values["root_access"]
+    assert access.method == "root" if os.geteuid() == 0 else access.method in ("sudo", None)
+    assert abs(found.values["clock"] - time.time()) < 60
+    # the command is the platform's own `become`: sudo -n, never a prompt
+    assert "sudo -n --" in linux.BecomeRoot().command(PosixShell())
 
 
 def test_sections_survive_output_that_looks_like_markers() -> None:

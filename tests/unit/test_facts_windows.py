@@ -27,7 +27,7 @@ from orchestrator.facts.windows import (
 )
 from orchestrator.inventory.model import Node, WindowsSettings
 from orchestrator.platforms import PowerShell, WslShell
-from orchestrator.steps.inspect import facts_plan, inspect
+from orchestrator.steps.node_facts import facts_plan, inspect
 from orchestrator.transports.base import Result
 from tests import pwsh
 from tests.unit.test_platform_powershell import split_command_line
@@ -454,7 +454,7 @@ def _native_preflight(route_b: str, adapters_b: str = ADAPTERS_WIN11, extra: str
     network facts), the interface check, and the launch plan's GLOO_SOCKET_IFNAME."""
     from orchestrator.inventory import load_inventory_text
     from orchestrator.render import Renderer, plan_launch, render_all
-    from orchestrator.steps.inspect import inspect
+    from orchestrator.steps.node_facts import inspect
     from orchestrator.steps.preflight import (
         _node_facts,
         check_interfaces,

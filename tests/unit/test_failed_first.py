@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.cli.launch import failed_first
 from orchestrator.errors import CancelledError, CommandFailedError
 from orchestrator.executor import Outcome
+from orchestrator.steps.train import failed_first
 
 
 def test_the_earliest_failure_leads_whatever_the_inventory_order() -> None:

@@ -1,5 +1,5 @@
 """Where `logs --tail N` starts, as both POSIX node readers find it: the Python reader
-(FOLLOW_PROGRAM) and the shell one (dd + awk), run here on local files against a reference.
+(runs/tail.py FOLLOW_PROGRAM) and the shell one (dd + awk), run here on local files against a reference.
 
 The start must be the N-th last complete line (a last line without newline is complete once the
 launcher has ended), found by reading back from the end: logs much larger than the readers' blocks
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.platforms import PosixShell
-from orchestrator.steps.runs import FOLLOW_PROGRAM
+from orchestrator.runs.posix import PosixRuns
+from orchestrator.runs.tail import posix_tail_python
 
 sh = PosixShell()
 
@@ -34,11 +35,13 @@ def reference(data: bytes, n: int, ended: bool) -> int:
 def start_of(reader: str, run_dir: Path, n: int) -> tuple[int, bytes]:
     log = str(run_dir / "node.log")
     if reader == "python":
-        script = sh.tail_log_python(
-            sys.executable, FOLLOW_PROGRAM, str(run_dir), log, 0, follow=False, interval=0.02, lines=n
+        script = posix_tail_python(
+            sh, sys.executable, str(run_dir), log, 0, follow=False, interval=0.02, lines=n
         )
     else:
-        script = sh.tail_log(str(run_dir), "m", log, 0, follow=False, lines=n)
+        script = PosixRuns(sh).tail(
+            str(run_dir), "m", log, 0, follow=False, python=None, interval=None, lines=n
+        )
     ran = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
     first, _, rest = ran.stdout.partition(b"\n")

@@ -3,8 +3,13 @@ property runs through real bash over real sshd in tests/integration/test_ssh_tra
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -76,3 +81,79 @@ def test_transfer_paths_are_home_relative() -> None:
     shell = PosixShell()
     assert shell.transfer_path("~/x/y") == "x/y"
     assert shell.transfer_path("/abs") == "/abs"
+
+
+# -- files through a command (platforms/transfer.py), run by a real /bin/sh --------------------------------
+
+
+def _sh(script: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["/bin/sh", "-c", script], input=stdin, capture_output=True, check=False)
+
+
+def _lines(data: bytes, chunk: int = 1000) -> bytes:
+    return b"".join(base64.b64encode(data[i : i + chunk]) + b"\n" for i in range(0, len(data), chunk))
+
+
+def test_upload_renames_into_place_with_the_mode_and_prints_the_hash(tmp_path: Path) -> None:
+    data = os.urandom(5000) + b"\r\n"
+    target = tmp_path / "it's a dir" / "deep" / "f $x.bin"
+    digest = hashlib.sha256(data).hexdigest()
+    done = _sh(PosixShell().upload_script(str(target), digest, mode=0o640), _lines(data))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().splitlines() == [f"sha256 {digest}", f"path {target}"]
+    assert target.read_bytes() == data and target.stat().st_mode & 0o777 == 0o640
+    assert os.listdir(target.parent) == [target.name]
+
+
+def test_upload_with_a_wrong_hash_exits_3_and_replaces_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "model.bin"
+    target.write_bytes(b"old contents")
+    done = _sh(PosixShell().upload_script(str(target), "0" * 64), _lines(b"new contents"))
+    assert done.returncode == 3 and b"sha256 mismatch" in done.stderr
+    assert target.read_bytes() == b"old contents" and os.listdir(tmp_path) == ["model.bin"]
+
+
+def test_upload_without_a_mode_keeps_an_existing_files_mode(tmp_path: Path) -> None:
+    target = tmp_path / "run.sh"
+    target.write_bytes(b"old")
+    target.chmod(0o751)
+    done = _sh(PosixShell().upload_script(str(target), hashlib.sha256(b"new").hexdigest()), _lines(b"new"))
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == b"new" and target.stat().st_mode & 0o777 == 0o751
+
+
+def test_upload_of_an_empty_file_and_to_a_new_temporary_file(tmp_path: Path) -> None:
+    done = _sh(PosixShell().upload_script(None, hashlib.sha256(b"").hexdigest(), suffix=".sh"))
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.decode().splitlines()[1].removeprefix("path "))
+    try:
+        assert path.parent == Path("/tmp") and path.name.endswith(".sh") and path.read_bytes() == b""
+        _sh(PosixShell().remove_file(str(path)))
+        assert not path.exists()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_download_prints_size_chunks_and_hash_and_names_a_missing_file(tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    (tmp_path / "f").write_bytes(data)
+    # relative paths are relative to the home directory, as over SFTP: run it with HOME there
+    done = subprocess.run(
+        ["/bin/sh", "-c", PosixShell().download_script("f", chunk=3000)],
+        capture_output=True,
+        env={**os.environ, "HOME": str(tmp_path)},
+        check=False,
+    )
+    lines = done.stdout.decode().splitlines()
+    assert lines[0] == "size 10000" and lines[-1] == f"sha256 {hashlib.sha256(data).hexdigest()}"
+    pieces = [base64.b64decode(line.removeprefix("data ")) for line in lines[1:-1]]
+    assert [len(p) for p in pieces] == [3000, 3000, 3000, 1000] and b"".join(pieces) == data
+    missing = _sh(PosixShell().download_script(str(tmp_path / "nope")))
+    assert missing.returncode == 1 and b"cannot read" in missing.stderr and b"nope" in missing.stderr
+
+
+def test_long_scripts_are_private_files_run_by_sh() -> None:
+    shell = PosixShell()
+    file = shell.long_script("echo hi")
+    assert file.data == b"echo hi" and file.mode == 0o600
+    assert _sh(shell.run_long_script("/dev/null", "echo hi")).returncode == 0

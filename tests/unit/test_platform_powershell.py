@@ -25,6 +25,7 @@ from orchestrator.platforms.powershell import (
     argv_to_command_line,
     cmd_command_line,
 )
+from orchestrator.runs.windows import WindowsRuns
 from tests import pwsh
 
 QUOTES = "'\u2018\u2019\u201a\u201b"
@@ -425,7 +426,7 @@ def test_stop_on_hangup_leaves_it_to_the_job_object() -> None:
 
 def test_kill_tree_and_stop_run_scripts() -> None:
     run_dir = "C:/runs/x'; Remove-Item C:\\ -Recurse; '/win1"
-    for script in (ps.kill_tree(4242), ps.stop_run(run_dir)):
+    for script in (ps.kill_tree(4242), WindowsRuns(ps).stop(run_dir)):
         tree = pwsh.assert_parses(script)
         stop = find(tree, "Stop-Process")[0]
         assert stop.has("-Id") and stop.has("-Force")
@@ -435,7 +436,7 @@ def test_kill_tree_and_stop_run_scripts() -> None:
         assert not find(tree, "Remove-Item")  # a run directory is only ever a quoted literal
     assert "'ProcessId = 4242'" in ps.kill_tree(4242)
     # a run is found by the identities in its directory (tests/unit/test_runs_windows.py), not by name
-    assert "'C:\\runs\\x''; Remove-Item C:\\ -Recurse; ''\\win1'" in ps.stop_run(run_dir)
+    assert "'C:\\runs\\x''; Remove-Item C:\\ -Recurse; ''\\win1'" in WindowsRuns(ps).stop(run_dir)
     for bad in (0, -1, True):
         with pytest.raises(ValueError):
             ps.kill_tree(bad)
@@ -443,3 +444,24 @@ def test_kill_tree_and_stop_run_scripts() -> None:
 
 def test_platform_for_windows_is_powershell() -> None:
     assert isinstance(platform_for("windows"), PowerShell)
+
+
+def test_transfer_scripts_take_home_relative_paths_and_long_scripts_go_to_a_ps1() -> None:
+    put = pwsh.assert_parses(ps.upload_script("~/data/it's.bin", "ab" * 32))
+    literals = [
+        (n.text or b"").decode() for n in pwsh.walk(put.root_node) if n.type == "verbatim_string_characters"
+    ]
+    assert ps.quote("data\\it's.bin") in literals  # relative to the profile, as the WinRS shell starts there
+    assert ps.quote("data\\x") in ps.download_script("~/data/x") and "-LiteralPath 'x'" in ps.remove_file(
+        "~/x"
+    )
+    file = ps.long_script("Write-Output 'h\u00e9'")
+    assert (
+        file.suffix == ".ps1" and file.mode is None and file.data == ps.script_file("Write-Output 'h\u00e9'")
+    )
+    assert split_command_line(ps.run_long_script("C:\\T\\bootstrap-1.ps1", "x"))[-2:] == [
+        "-File",
+        "C:\\T\\bootstrap-1.ps1",
+    ]
+    argv = ps.local_argv("Write-Output 1")
+    assert argv[0] == "powershell.exe" and base64.b64decode(argv[-1]).decode("utf-16-le") == "Write-Output 1"

@@ -7,6 +7,7 @@ for real with this machine's /bin/sh: it is POSIX, and must give back the origin
 
 from __future__ import annotations
 
+import base64
 import itertools
 import re
 import shlex
@@ -203,3 +204,23 @@ def test_wsl_command_lines_are_recognised() -> None:
     assert is_wsl_command(shell.file_command("C:\\Users\\bob\\x.sh"))
     assert is_wsl_command('"C:\\Windows\\System32\\wsl.exe" --status')
     assert not is_wsl_command(PowerShell().login_command("Get-Date"))
+
+
+def test_a_long_script_marked_for_root_is_run_as_root_from_its_file() -> None:
+    shell = WslShell("Ubuntu", "me")
+    assert shell.host_shell is shell.windows and PosixShell().host_shell.name == "posix"
+    marked = shell.wrap("id -u", become=True)
+    as_root = split_command_line(shell.run_long_script("/tmp/bootstrap-1.sh", marked))
+    plain = split_command_line(shell.run_long_script("/tmp/bootstrap-1.sh", shell.wrap("id -u")))
+    assert as_root[:5] == ["wsl.exe", "-d", "Ubuntu", "-u", "root"]
+    assert plain[:5] == ["wsl.exe", "-d", "Ubuntu", "-u", "me"]
+    script = PosixShell().quote("/tmp/bootstrap-1.sh")
+    assert run_inner(shell.run_long_script("/dev/null", marked)).returncode == 0
+    assert f"/bin/sh {script}" in base64_script(as_root[-1])
+
+
+def base64_script(code: str) -> str:
+    """The script a :meth:`WslShell.decoder` one-liner carries."""
+    encoded = re.search(r"echo ([A-Za-z0-9+/=]+) \| base64 -d", code)
+    assert encoded is not None
+    return base64.b64decode(encoded.group(1)).decode()

@@ -1,21 +1,22 @@
-"""The preflight's decisions from facts (pure): versions, backend, interface, clock, resources."""
+"""The preflight's decisions from facts (pure): versions, backend, interface, clock, resources, sudo."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, TorchInfo
+from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, RootAccess, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
 from orchestrator.facts.windows import WindowsInfo, WindowsRoute, WslDistro, WslInfo
 from orchestrator.inventory import Cluster, Node
 from orchestrator.inventory.model import WindowsSettings
 from orchestrator.steps.preflight.checks import (
     ClockSample,
-    NodeFacts,
+    PreflightFacts,
     check_clocks,
     check_interface,
     check_resources,
+    check_root_access,
     check_versions,
     check_windows,
     choose_backend,
@@ -29,12 +30,12 @@ CUDA_TORCH = replace(
 GPU = GpuInfo(index=0, name="NVIDIA GeForce RTX 3090", memory_mib=24576, driver="550.54.14", uuid="GPU-1")
 
 
-def facts(name: str, **over: Any) -> NodeFacts:
-    windows_info = over.pop("windows_info", None)  # NodeFacts.windows (``windows=`` is the node's field)
+def facts(name: str, **over: Any) -> PreflightFacts:
+    windows_info = over.pop("windows_info", None)  # PreflightFacts.windows (``windows=`` is the node's field)
     node_fields = {k: over.pop(k) for k in ("gpus", "nproc", "interface", "os", "windows") if k in over}
     if windows_info is not None:
         over["windows"] = windows_info
-    base = NodeFacts(
+    base = PreflightFacts(
         node=Node(name=name, host=f"10.0.0.{len(name)}", **node_fields),
         python=PythonInfo(path="/usr/bin/python3", version="3.11.2"),
         torch=CPU_TORCH,
@@ -298,7 +299,7 @@ def test_wsl_node_that_cannot_run_its_distro_fails() -> None:
 # -- interface on native Windows nodes (adapter names, facts/windows.py) -----------------------------
 
 
-def _native(**over: Any) -> NodeFacts:
+def _native(**over: Any) -> PreflightFacts:
     """A native Windows node whose route to the master goes through the adapter 'Ethernet 2'."""
     base = facts(
         "win",
@@ -358,3 +359,57 @@ def test_native_windows_fixes_name_windows_tools() -> None:
     assert "`ip -4 route get 10.9.9.9`" in (linux.fix or "")
     unresolved = check_interface(facts("w", route=Route("master.lan", None, None, None, False)))
     assert "/etc/hosts" in (unresolved.fix or "")
+
+
+# -- sudo ------------------------------------------------------------------------------------------
+
+NO_SUDO = RootAccess("alice", None, "a password is required")
+
+
+def test_a_user_without_passwordless_sudo_fails_when_the_pipeline_needs_root() -> None:
+    v = check_root_access(facts("w", root_access=NO_SUDO), ["firewall", "time sync"])
+    assert v is not None and v.level == "fail"
+    assert v.reason.startswith(
+        "alice cannot run root commands without a password here (a password is required)"
+    )
+    assert "firewall and time sync steps would stop here" in v.reason
+    # the exact line to add, where, and the other ways out
+    assert v.fix is not None
+    assert "on w, as root: `echo 'alice ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/cluster-bootstrap" in v.fix
+    assert "`visudo -c`" in v.fix and "or connect as root" in v.fix
+    assert "firewall.manage: false, time.manage: false" in v.fix
+    assert v.data == {
+        "user": "alice",
+        "method": None,
+        "needed_by": ["firewall", "time sync"],
+        "detail": "a password is required",
+    }
+
+
+def test_only_the_managed_step_is_named() -> None:
+    v = check_root_access(facts("w", root_access=NO_SUDO), ["time sync"])
+    assert v is not None and v.level == "fail"
+    assert "the main pipeline's time sync step would stop here" in v.reason
+    assert v.fix is not None and v.fix.endswith("time.manage: false in the inventory")
+
+
+def test_without_a_step_that_needs_root_it_is_a_warning() -> None:
+    v = check_root_access(facts("w", root_access=RootAccess("alice", None, "sudo is not installed")), [])
+    assert v is not None and v.level == "warn"
+    assert "(sudo is not installed)" in v.reason and "runs neither" in v.reason
+    assert v.fix is not None and "NOPASSWD" in v.fix
+
+
+def test_root_logins_and_passwordless_sudo_pass() -> None:
+    root = check_root_access(facts("w", root_access=RootAccess("root", "root")), ["firewall"])
+    sudo = check_root_access(facts("w", root_access=RootAccess("alice", "sudo")), ["firewall"])
+    assert root is not None and root.level == "ok" and root.reason.startswith("logged in as root")
+    assert sudo is not None and sudo.level == "ok" and "`sudo -n`" in sudo.reason
+
+
+def test_unknown_root_access_is_a_warning_and_windows_nodes_have_no_sudo_verdict() -> None:
+    unknown = check_root_access(facts("w", root_access_error="timed out"), ["firewall"])
+    assert unknown is not None and unknown.level == "warn" and "(timed out)" in unknown.reason
+    assert (
+        check_root_access(facts("w", os="windows", windows=WindowsSettings(mode="wsl")), ["firewall"]) is None
+    )

@@ -6,7 +6,7 @@ import io
 
 from orchestrator.cli.ui import LinePrinter, RankedOutput
 from orchestrator.inventory import load_inventory_text
-from orchestrator.steps.runs import rank_labels
+from orchestrator.runs.ranks import rank_labels
 
 NODES = """
 nodes:

@@ -282,6 +282,8 @@ def test_each_node_gets_the_real_values_and_what_launch_dry_run_shows(
             script = script.replace(real, mask)
         assert script == planned["script"]
         assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
+        # the whole plan: every command the node's shell got, in order, is what the dry run showed
+        assert sent == [*planned["prepare"], *planned["commands"]]
         _no_secret_in(json.dumps(planned))
 
 

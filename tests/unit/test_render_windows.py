@@ -23,7 +23,7 @@ from orchestrator.errors import UsageError
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import Platform, PosixShell, PowerShell, WslShell, platform_for_node
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
-from orchestrator.steps.launch import split_rank
+from orchestrator.runs.ranks import split_rank
 from tests import pwsh
 from tests.winrm_server import cmdline
 

@@ -1,6 +1,6 @@
 """Run management on native Windows nodes: the PowerShell that starts a detached launcher, stops a run
 by its identity, reports its status, tails its log from a byte offset and lists files to fetch; and
-how steps/runs.py picks it by platform.
+how runs/control.py picks it by platform.
 
 No PowerShell runs here: every script is parsed with tree-sitter (tests/pwsh.py) and asserted on the
 tree; every path is read back from its literal with PowerShell's own quoting rule, with run
@@ -9,6 +9,7 @@ directories holding spaces and quotes (plain and typographic).
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,20 +19,31 @@ from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell, PowerShell, WslShell
 from orchestrator.render import Renderer, plan_launch
-from orchestrator.steps.runs import (
-    PosixRuns,
+from orchestrator.runs.control import (
     StopResult,
-    WindowsRuns,
     fetch_candidates,
+    fetch_node,
+    fetch_script,
+    follow_node,
     parse_status,
     run_ops,
+    start_node,
+    start_script,
+    status_node,
+    status_script,
     stop_node,
+    stop_script,
+    tail_script,
 )
+from orchestrator.runs.layout import STREAMING_ENV
+from orchestrator.runs.posix import PosixRuns
+from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import Result
 from tests import pwsh
 from tests.unit.test_platform_powershell import assignments, find, single_quoted_value, string_literals
 
 ps = PowerShell()
+runs = WindowsRuns(ps)
 RUN_DIRS = [
     "~/cluster-bootstrap/runs/lab-20260101-120000/win1",
     "C:/Users/Jo O'Brien/runs/r-1/win 1",
@@ -86,7 +98,7 @@ def full_path_args(tree: Any) -> list[str]:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_start_creates_the_launcher_outside_the_shell_and_waits_for_its_pid_file(run_dir: str) -> None:
-    script = ps.start_detached(run_dir, f"{run_dir}/launch.ps1", f"{run_dir}/node.log")
+    script = runs.start(run_dir, f"{run_dir}/node.log", "ignored")
     tree = pwsh.assert_parses(ps.wrap(script))
     # every path reaches the node exactly (quotes doubled, slashes turned)
     paths = full_path_args(tree)
@@ -155,7 +167,7 @@ def test_the_launch_script_records_its_identity_and_each_ranks() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_stop_finds_the_run_by_identity_never_by_name(run_dir: str) -> None:
-    script = ps.stop_run(run_dir, "ignored", grace=5)
+    script = runs.stop(run_dir, "ignored", grace=5)
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir)]
     # the launcher and the ranks: pid + creation time from the run directory's files
@@ -228,7 +240,7 @@ def test_stop_reports_windows_terminations_plainly() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_status_prints_what_parse_status_reads(run_dir: str) -> None:
-    script = ps.run_status(run_dir, "ignored", f"{run_dir}/node.log")
+    script = runs.status(run_dir, "ignored", f"{run_dir}/node.log")
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
     for key in ("now=", "started=", "rc=", "ended=", "size=", "last=", "gpu="):
@@ -259,7 +271,7 @@ def test_a_windows_status_answer_parses() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str) -> None:
-    tree = pwsh.assert_parses(ps.wrap(ps.run_status(run_dir, "ignored", f"{run_dir}/node.log")))
+    tree = pwsh.assert_parses(ps.wrap(runs.status(run_dir, "ignored", f"{run_dir}/node.log")))
     (modified,) = [c for c in find(tree, "Out-Cb") if "'modified='" in c.arguments[0]]
     # the log's last write (UTC), in Unix seconds through the same function as now= and started=
     assert modified.arguments == [
@@ -308,7 +320,9 @@ def test_a_stopped_windows_run_shows_how_long_it_ran_until_its_last_output() -> 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 @pytest.mark.parametrize("follow", [True, False])
 def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, follow: bool) -> None:
-    script = ps.tail_log(run_dir, f"{run_dir}/node.log", 123456789012, follow=follow, interval=0.05)
+    script = runs.tail(
+        run_dir, "m", f"{run_dir}/node.log", 123456789012, follow=follow, python=None, interval=0.05
+    )
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
     values = assignments(tree)
@@ -343,7 +357,9 @@ def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, fo
 def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
     run_dir: str, lines: int
 ) -> None:
-    script = ps.tail_log(run_dir, f"{run_dir}/node.log", 0, follow=True, interval=0.05, lines=lines)
+    script = runs.tail(
+        run_dir, "m", f"{run_dir}/node.log", 0, follow=True, python=None, interval=0.05, lines=lines
+    )
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
     values = all_assignments(tree)
@@ -383,14 +399,14 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
 
 
 def test_without_tail_there_is_no_start_marker() -> None:
-    script = ps.tail_log("C:/r", "C:/r/node.log", 42, follow=False)
+    script = runs.tail("C:/r", "m", "C:/r/node.log", 42, follow=False, python=None, interval=None)
     assert "@@start" not in script and "$cbTail" not in script
     tree = pwsh.assert_parses(ps.wrap(script))
     assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]42", "+= $cbCut"]
 
 
 def test_tail_offsets_must_be_integers() -> None:
-    script = ps.tail_log("C:/r", "C:/r/node.log", 7, follow=False)
+    script = runs.tail("C:/r", "m", "C:/r/node.log", 7, follow=False, python=None, interval=None)
     assert "$cbOffset = [long]7\n" in script
 
 
@@ -399,7 +415,7 @@ def test_tail_offsets_must_be_integers() -> None:
 
 def test_list_files_prints_the_posix_listing() -> None:
     candidates = [["C:/Users/Jo O'Brien/runs/r1/win1/out dir", "C:/code/out dir"], ["D:/ckpt/model.pt"]]
-    script = ps.list_files(candidates)
+    script = runs.list_files(candidates)
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(p) for group in candidates for p in group]
     literals = literal_paths(tree)
@@ -424,24 +440,52 @@ def test_run_ops_by_platform() -> None:
         run_ops(other, node)  # type: ignore[arg-type]
 
 
-def test_posix_scripts_are_unchanged() -> None:
-    posix = PosixShell()
-    ops = run_ops(posix, SimpleNamespace(name="n"))  # type: ignore[arg-type]
-    assert ops.stop("/r", "m", 5.0) == posix.stop_run("/r", "m", grace=5.0)
-    assert ops.status("/r", "m", "/r/node.log") == posix.run_status("/r", "m", "/r/node.log")
-    assert ops.start("/r", "/r/node.log", "m") == posix.start_detached(
-        "/r", "/r/launch.sh", "/r/node.log", "m"
-    )
-    assert ops.tail("/r", "m", "/r/node.log", 5, follow=True, python=None, interval=None) == posix.tail_log(
-        "/r", "m", "/r/node.log", 5, follow=True, interval=0.05
-    )
-    assert ops.tail(
-        "/r", "m", "/r/node.log", 0, follow=False, python=None, interval=None, lines=7
-    ) == posix.tail_log("/r", "m", "/r/node.log", 0, follow=False, interval=0.05, lines=7)
-    windows = run_ops(ps, SimpleNamespace(name="n"))  # type: ignore[arg-type]
-    assert windows.tail(
-        "C:/r", "m", "C:/r/node.log", 0, follow=True, python="python.exe", interval=None, lines=7
-    ) == ps.tail_log("C:/r", "C:/r/node.log", 0, follow=True, interval=0.05, lines=7)
+class Answering(FakeTransport):
+    """A FakeTransport that also hands its answer to a tail's block handler, as transports do."""
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        handler = kwargs.get("on_line")
+        if handler is not None:
+            handler.block("stdout", self.stdout)
+        return super().run(command, **kwargs)
+
+
+@pytest.mark.parametrize("platform", [PosixShell(), WslShell("Ubuntu"), ps], ids=lambda p: p.name)
+def test_what_dry_run_prints_is_what_each_operation_sends(platform: Any) -> None:
+    """`logs/status/stop/fetch --dry-run` and `launch --detach --dry-run` print runs.control's
+    ``*_script`` texts: the operations send exactly those (shared workdirs: ``{node}`` replaced)."""
+    node = SimpleNamespace(name="n1", workdir="/srv/{node}/cb")
+    sent = Answering(platform, "@@started 42 42 7\n")
+    start_node(node, sent, "r1")  # type: ignore[arg-type]
+    assert sent.scripts == [start_script(platform, node, "r1")]  # type: ignore[arg-type]
+    assert "/srv/n1/cb/runs/r1/n1" in sent.scripts[0].replace("\\", "/")
+    sent = Answering(platform, "state=no-run\n")
+    status_node(node, sent, "r1")  # type: ignore[arg-type]
+    assert sent.scripts == [status_script(platform, node, "r1")]  # type: ignore[arg-type]
+    sent = Answering(platform, "@@stop no-run\n")
+    stop_node(node, sent, "r1", grace=3)  # type: ignore[arg-type]
+    assert sent.scripts == [stop_script(platform, node, "r1", 3)]  # type: ignore[arg-type]
+    sent = Answering(platform, "@@end 0 0\n")
+    follow_node(node, sent, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
+    assert sent.scripts == [
+        tail_script(platform, node, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
+    ]
+    sent = Answering(platform, "@@missing 0\n")
+    fetch_node(node, sent, "r1", ["ckpt"], code_dir=None, dest=Path("unused"))  # type: ignore[arg-type]
+    assert sent.scripts == [fetch_script(platform, node, "r1", ["ckpt"], None)]  # type: ignore[arg-type]
+
+
+def test_the_start_runs_with_unbuffered_python() -> None:
+    """`logs --follow` sees lines as they are printed: the detached launcher inherits it."""
+    seen: dict[str, Any] = {}
+
+    class Keeping(FakeTransport):
+        def run(self, command: str, **kwargs: Any) -> Result:
+            seen.update(kwargs)
+            return super().run(command, **kwargs)
+
+    start_node(SimpleNamespace(name="n1", workdir=None), Keeping(ps, "@@started 1 2\n"), "r1")  # type: ignore[arg-type]
+    assert seen["env"] == STREAMING_ENV == {"PYTHONUNBUFFERED": "1"}
 
 
 @pytest.mark.parametrize(

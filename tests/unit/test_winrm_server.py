@@ -13,6 +13,9 @@ from tests.winrm_server import cmdline
 from tests.winrm_server import powershell as ps
 from tests.winrm_server.soap import parse_duration
 
+#: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
+pytestmark = pytest.mark.harness
+
 
 # The table of "Parsing C command-line arguments" (Microsoft C runtime documentation), plus argv[0].
 @pytest.mark.parametrize(
@@ -116,3 +119,34 @@ def test_cmd_exe_preprocessing() -> None:
     for bad in ("x a|b", "x a && b", "x > f", 'x "q" & y'):
         with pytest.raises(CmdSyntaxError):
             preprocess(bad, env)
+
+
+def test_clixml_error_parts_cut_after_the_first_record() -> None:
+    head, tail = ps.clixml_error_parts("one\ntwo\n", progress_record=True)
+    assert head + tail == ps.clixml_errors("one\ntwo\n", progress_record=True)
+    assert head.startswith('#< CLIXML\r\n<Objs Version="1.1.0.1" ') and head.endswith("</Obj>")
+    assert tail.startswith('<S S="Error">one_x000D__x000A_</S>') and tail.endswith("</Objs>")
+    head, tail = ps.clixml_error_parts("one\ntwo\n", progress_record=False)
+    assert (
+        head.endswith('<S S="Error">one_x000D__x000A_</S>')
+        and tail == '<S S="Error">two_x000D__x000A_</S></Objs>'
+    )
+
+
+def test_corruption_changes_one_base64_character_into_another() -> None:
+    from tests.winrm_server.server import Corruption
+
+    line = base64.b64encode(bytes(range(60))) + b"\r\n"
+    hit = Corruption("stdout", at=10)
+    out = hit.apply("cmd", line, start=0)
+    assert hit.fired and hit.offset == 10 and hit.command_line == "cmd"
+    assert sum(a != b for a, b in zip(out, line, strict=True)) == 1
+    assert base64.b64decode(out.strip(), validate=True) != bytes(range(60))  # still base64, other bytes
+    # a later piece of the stream: the offset counts from the stream's start
+    later = Corruption("stdout", at=100)
+    assert later.apply("cmd", line, start=0) == line and not later.fired
+    assert later.apply("cmd", line, start=90) != line and later.offset == 100
+    # the last character before a line end or padding is never the one changed (its low bits may not count)
+    tail = Corruption("stdin", at=0)
+    assert tail.apply("cmd", b"QQ==\n", start=0) == b"RQ==\n" and tail.offset == 0
+    assert Corruption("stdin", at=1).apply("cmd", b"QQ==\n", start=0) == b"QQ==\n"

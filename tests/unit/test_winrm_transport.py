@@ -18,6 +18,7 @@ from winrm.protocol import Protocol
 from orchestrator.errors import AuthenticationError, ExitCode, UnreachableError, UsageError
 from orchestrator.inventory import WinRMSettings
 from orchestrator.platforms.powershell import PowerShell
+from orchestrator.platforms.transfer import get_script, put_script, remove_script
 from orchestrator.transports.winrm import (
     MAX_ENVELOPE,
     ClixmlDecoder,
@@ -26,10 +27,7 @@ from orchestrator.transports.winrm import (
     auth_rejected,
     decode_clixml,
     explain,
-    get_script,
     plan_chunks,
-    put_script,
-    remove_script,
     send_chunk_size,
     unescape_clixml,
 )

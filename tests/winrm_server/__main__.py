@@ -2,6 +2,7 @@
 
     python -m tests.winrm_server --listen ADDR:PORT --auth basic|ntlm --user U --password-env VAR
         [--tls-dir DIR] [--answers FILE.json] [--record FILE.jsonl] [--max-shells N] [--wsl FILE.json]
+        [--allow-unencrypted] [--max-envelope-kb N]
 
 Prints ``LISTENING <endpoint>`` on stdout once it accepts connections (start_in_host waits for that line),
 then serves until SIGTERM/SIGINT, killing whatever its shells still run when it stops.
@@ -9,6 +10,9 @@ then serves until SIGTERM/SIGINT, killing whatever its shells still run when it 
 ``--wsl``: JSON {"distros": [{"name", "state", "version", "default"}], "encoding", "honours_utf8",
 "installed", "networking_mode"} for the fake WSL installation.
 ``--tls-dir``: the CA (ca.pem), server certificate and key are written there.
+``--allow-unencrypted``: accept Basic and unsealed messages over HTTP (Windows' AllowUnencrypted=true;
+the default refuses them, as a default Windows host does). ``--max-envelope-kb``: MaxEnvelopeSizekb
+(default 500, Windows' default).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-shells", type=int, default=30)
     parser.add_argument("--wsl", type=Path)
     parser.add_argument("--computer-name", default="WINHOST")
+    parser.add_argument("--allow-unencrypted", action="store_true")
+    parser.add_argument("--max-envelope-kb", type=int, default=500)
     args = parser.parse_args(argv)
     password = os.environ.get(args.password_env)
     if password is None:
@@ -76,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         record=args.record,
         strict=False,
         wsl=wsl,
+        allow_unencrypted=args.allow_unencrypted,
+        max_envelope_kb=args.max_envelope_kb,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -67,6 +67,10 @@ class HostedServer:
     def commands(self) -> list[str]:
         return [r["command_line"] for r in self.records() if r.get("kind") == "command"]
 
+    def refusals(self) -> list[str]:
+        """Requests refused by Windows' defaults (401 for clear text over HTTP, 413 over the envelope)."""
+        return [r["reason"] for r in self.records() if r.get("kind") == "refused"]
+
     def parse_errors(self) -> list[str]:
         return [r["report"] for r in self.records() if r.get("kind") in ("parse_error", "handler_error")]
 
@@ -109,12 +113,15 @@ def start_in_host(
     wsl: dict[str, Any] | None = None,
     workdir: Path | None = None,
     module: str = "tests.winrm_server",
+    allow_unencrypted: bool = False,
+    max_envelope_kb: int = 500,
 ) -> HostedServer:
     """Start ``python -m tests.winrm_server`` on ``host`` (a tests.cluster.TestHost) listening on its
     address (port 5985, or 5986 with TLS, like Windows), and return once it accepts connections.
 
     ``module``: another entry point taking the same options (a server with the Windows side played,
-    tests/e2e/windows_host.py)."""
+    tests/e2e/windows_host.py). ``allow_unencrypted``, ``max_envelope_kb``: as for WinRMServer (the
+    defaults are Windows' own: plain HTTP only NTLM-sealed, 500 KiB envelopes)."""
     own = workdir is None
     wd = Path(tempfile.mkdtemp(prefix=f"winrm-{host.name}-")) if workdir is None else workdir
     wd.mkdir(parents=True, exist_ok=True)
@@ -135,7 +142,11 @@ def start_in_host(
         str(wd / "record.jsonl"),
         "--max-shells",
         str(max_shells_per_user),
+        "--max-envelope-kb",
+        str(max_envelope_kb),
     ]
+    if allow_unencrypted:
+        argv.append("--allow-unencrypted")
     if tls:
         argv += ["--tls-dir", str(wd / "tls")]
     if answers is not None:

@@ -150,11 +150,21 @@ def clixml_escape(text: str) -> str:
 def clixml_errors(text: str, progress_record: bool = True) -> str:
     """Error text as powershell.exe writes it to a redirected stderr: one ``<S S="Error">`` per line, each
     line ending in an escaped CRLF."""
+    head, tail = clixml_error_parts(text, progress_record)
+    return head + tail
+
+
+def clixml_error_parts(text: str, progress_record: bool = True) -> tuple[str, str]:
+    """:func:`clixml_errors` cut after the document's first record: plain text written to stderr while
+    the document is open ([Console]::Error, a native program) lands between the two parts."""
     lines = text.replace("\r\n", "\n").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    body = "".join(f'<S S="Error">{clixml_escape(line + chr(13) + chr(10))}</S>' for line in lines)
-    return CLIXML_HEADER + _OBJS_OPEN + (_PROGRESS if progress_record else "") + body + "</Objs>"
+    records = [f'<S S="Error">{clixml_escape(line + chr(13) + chr(10))}</S>' for line in lines]
+    if progress_record:
+        records.insert(0, _PROGRESS)
+    first = records[0] if records else ""
+    return CLIXML_HEADER + _OBJS_OPEN + first, "".join(records[1:]) + "</Objs>"
 
 
 def error_record_text(

@@ -58,6 +58,7 @@ class Request:
     options: dict[str, str]
     body: ET.Element
     root: ET.Element = field(repr=False)
+    max_envelope: int | None = None  # the client's w:MaxEnvelopeSize (octets), if it sent one
 
     def find(self, path: str) -> ET.Element | None:
         return self.body.find(path, NS)
@@ -102,6 +103,8 @@ def parse_request(data: bytes) -> Request:
         raise BadRequest("no wsa:Action")
     timeout_text = text("w:OperationTimeout")
     timeout = parse_duration(timeout_text) if timeout_text else None
+    envelope_text = text("w:MaxEnvelopeSize")
+    max_envelope = int(envelope_text) if envelope_text.isdigit() else None
     selectors = {
         el.get("Name", ""): (el.text or "").strip() for el in header.findall("w:SelectorSet/w:Selector", NS)
     }
@@ -117,6 +120,7 @@ def parse_request(data: bytes) -> Request:
         options=options,
         body=body,
         root=root,
+        max_envelope=max_envelope,
     )
 
 
@@ -315,6 +319,10 @@ def invalid_parameter() -> Fault:
 
 
 def shell_quota(limit: int) -> Fault:
+    """MaxShellsPerUser exceeded. DOCUMENTED, NOT RECORDED: no transcript of this fault exists here (the
+    pypsrp recordings have none); its subcode, code (ERROR_WSMAN_QUOTA_MAX_SHELLS, 0x803381A5) and
+    wording follow Microsoft's documentation of the quota and the error text Windows users report.
+    What the client depends on (the code, "maximum number of") is what the product reads."""
     text = (
         f"The WS-Management service cannot process the request. This user is allowed a maximum number of "
         f"{limit} concurrent shells, which has been exceeded. Close existing shells or raise the quota for "

@@ -1,5 +1,6 @@
 """A throw-away certificate authority and server certificate, so HTTPS tests validate a real chain:
-with the CA file a client connects, without it the connection is refused (unknown issuer)."""
+with the CA file a client connects, without it the connection is refused (unknown issuer). The same CA
+issues client certificates (:func:`issue_client_certificate`) for WinRM's certificate authentication."""
 
 from __future__ import annotations
 
@@ -70,6 +71,13 @@ def make_tls_files(directory: Path, host: str) -> TlsFiles:
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    ca_key_file = directory / "ca.key"
+    ca_key_file.touch(mode=0o600)
+    ca_key_file.write_bytes(
+        ca_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     files = TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key")
     files.ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     files.cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -80,3 +88,35 @@ def make_tls_files(directory: Path, host: str) -> TlsFiles:
         )
     )
     return files
+
+
+def issue_client_certificate(directory: Path, user: str) -> Path:
+    """A client certificate for ``user`` (subject CN, client-authentication use) signed by the CA
+    that :func:`make_tls_files` made in ``directory``: one PEM file holding the certificate and its
+    key, as the product's ``key_file:`` for ``winrm.transport: certificate`` expects."""
+    ca_cert = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(user))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    path = directory / f"client-{user}.pem"
+    path.touch(mode=0o600)
+    path.write_bytes(
+        cert.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return path

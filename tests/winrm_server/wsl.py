@@ -6,6 +6,11 @@ wsl.exe 0.64 and newer do (``WslConfig.honours_utf8 = False`` plays an older one
 A command for a distribution runs FOR REAL as a Linux process on this machine (in the server's
 network namespace when the server runs inside a test host); what that program prints is its own.
 
+Stopping the command (WinRS terminate, the shell deleted) ends wsl.exe only: the Linux processes run
+on, stdin open, output unread (:meth:`~tests.winrm_server.server.Command.end_wsl_exe`); closing the
+command's stdin (Send ``End="true"``) is an end-of-file for the Linux process. Ctrl+C is passed on as
+SIGINT, and the command ends when the Linux process does.
+
 Accepted forms (wsl.exe's own syntax)::
 
     wsl.exe [-d|--distribution NAME] [-u|--user USER] [--cd DIR] -e|--exec PROGRAM ARGS...
@@ -97,9 +102,10 @@ class WslConfig:
 
 
 def run_wsl(server: WinRMServer, cmd: Command, line: str, tokens: list[cmdline.Token]) -> None:
-    from tests.winrm_server.server import Answer
+    from tests.winrm_server.server import WSL_TOKEN_ENV, Answer
 
     config: WslConfig = server.wsl
+    cmd.wsl = True  # stopping it ends wsl.exe only (Command.end_wsl_exe)
     argv = [t.value for t in tokens]
     if config.on_wsl is not None:
         answer = config.on_wsl(argv)
@@ -211,6 +217,7 @@ def run_wsl(server: WinRMServer, cmd: Command, line: str, tokens: list[cmdline.T
             popen = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}
 
     env["WSL_DISTRO_NAME"] = distro.name
+    env[WSL_TOKEN_ENV] = cmd.token  # not WSL's: how the server finds what this command started
     if cwd in (None, ""):
         workdir = None
     elif cwd == "~":

@@ -1,13 +1,10 @@
 # Runs on a node, under the node's Python: prints one JSON object describing its torch install.
 # Importing torch costs seconds of CPU, so the answer is cached per interpreter + torch install +
-# NVIDIA driver (a reinstall or driver change gives a new key). Standard library only.
-import hashlib
+# NVIDIA driver (a reinstall or driver change gives a new key). Standard library only, imported only
+# where needed: `check` starts this on every node at once, and a node without torch answers at once.
 import importlib.util
-import json
 import os
-import socket
 import sys
-import tempfile
 
 PROBE_VERSION = 3
 
@@ -98,8 +95,11 @@ def _gloo_works(torch, dist):
 def main():
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.origin:
-        print(json.dumps({"installed": False}))
+        print('{"installed": false}')
         return
+    import hashlib
+    import json
+    import socket
     root = os.path.dirname(spec.origin)
     # The answer holds per-machine results (GPUs seen, gloo working), so the key names the machine
     # and its boot too: a home directory shared over NFS must not lend one node's answer to another,
@@ -138,6 +138,8 @@ def main():
         print(json.dumps(info))  # a failure may be passing: ask again next time
         return
     try:
+        import tempfile
+
         os.makedirs(cache_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache_dir)
         with os.fdopen(fd, "w") as fh:

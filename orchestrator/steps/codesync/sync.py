@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.render import DEFAULT_WORKDIR
+from orchestrator.runs.layout import in_workdir
 from orchestrator.steps.codesync.ignore import RESERVED_PREFIX, IgnoreRules
 from orchestrator.steps.codesync.manifest import (
     Changes,
@@ -44,12 +44,12 @@ from orchestrator.steps.codesync.manifest import (
     diff,
     tree_digest,
 )
-from orchestrator.steps.inspect import interpreter_for
+from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
-    from orchestrator.inventory.model import Cluster
+    from orchestrator.inventory.cluster import Cluster
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
@@ -134,7 +134,7 @@ def code_dest(cluster: Cluster, node: Node) -> str:
         return cluster.code.dest
     if cluster.train.code_dir:
         return cluster.train.code_dir
-    return f"{(node.workdir or DEFAULT_WORKDIR).rstrip('/')}/code"
+    return in_workdir(node, "code")
 
 
 def _probe_text() -> str:

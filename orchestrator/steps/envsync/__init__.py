@@ -26,11 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
+from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
-from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan, EnvOps, ops_for
+from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan, EnvOps, ops_for, probe_code
+from orchestrator.steps.envsync.progress import STEP_MARK, InstallProgress, human_size
 from orchestrator.steps.envsync.report import EnvReport, NodeVersions, summarize
 from orchestrator.steps.envsync.spec import (
     STAMP_NAME,
@@ -44,7 +46,6 @@ from orchestrator.steps.envsync.spec import (
     resolve_spec,
     stamp_key,
 )
-from orchestrator.steps.inspect import interpreter_for
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -170,18 +171,37 @@ def venv_python(node: Node, inventory: Inventory) -> str:
     return path.rstrip("/") + "/bin/python"
 
 
-def _probe_args(spec: EnvSpec, path: str) -> dict[str, object]:
+def _probe_args(spec: EnvSpec, path: str, marker: dict[str, str] | None = None) -> dict[str, object]:
     args: dict[str, object] = {"path": path, "stamp": STAMP_NAME, "wheelhouse": None}
     if spec.offline:
         args["wheelhouse"] = path.rstrip("/\\") + ".wheels"
         args["create_wheelhouse"] = False
+    if marker is not None:
+        args["marker"] = marker
     return args
 
 
-def probe(node: Node, transport: Transport, spec: EnvSpec, ops: EnvOps) -> Probe:
+def _marker(node: Node, path: str, token: str) -> dict[str, str]:
+    """The probe's marker (steps/preflight/shared_fs.py): this node's name and this sync's token, in
+    the directory holding the environment, so that nodes sharing that directory find each other."""
+    from orchestrator.steps.preflight.shared_fs import MARKER_DIR
+
+    return {"dir": _env_parent(path), "name": node.name, "token": token, "marker_dir": MARKER_DIR}
+
+
+def _env_parent(path: str) -> str:
+    """The directory holding the environment ``path`` (``~`` stays for the node to expand)."""
+    parent = path.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[0]
+    return parent if parent and parent != path.rstrip("/\\") else "."
+
+
+def probe(
+    node: Node, transport: Transport, spec: EnvSpec, ops: EnvOps, marker: dict[str, str] | None = None
+) -> Probe:
     """The one round trip: parse the node's report or raise a clear error."""
     interpreter = interpreter_for(node)
-    result = transport.run(ops.probe(interpreter, _probe_args(spec, env_path(node, spec))), timeout=120)
+    args = _probe_args(spec, env_path(node, spec), marker)
+    result = transport.run(ops.probe(interpreter, args), timeout=120)
     if result.exit_code == NOT_FOUND:
         raise CommandFailedError(
             f"Python interpreter {interpreter!r} not found",
@@ -284,7 +304,30 @@ def plan_build(
         stamp=stamp,
         offline=spec.offline,
         remove_wheels=remove_wheels,
+        progress_bar="raw" if _pip_reports_bytes(found) else "off",
     )
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return 0, 0
+    return major, minor
+
+
+def _pip_reports_bytes(found: Probe) -> bool:
+    """pip 24.1+ prints ``Progress DONE of TOTAL`` lines while it downloads (``--progress-bar raw``):
+    the bytes of the progress display. Older pips do not know the option."""
+    py = found.data["python"]
+    runner = _pip_runner(found)
+    if runner == "base":
+        version = str(py.get("pip") or "")
+    elif runner == "wheel":
+        version = Path(str(py.get("pip_wheel") or "")).name.split("-")[1:2][0] if py.get("pip_wheel") else ""
+    else:
+        return False
+    return _version_tuple(version) >= (24, 1)
 
 
 def _pip_runner(found: Probe) -> str:
@@ -324,53 +367,135 @@ def _changes(before: dict[str, str] | None, after: dict[str, str]) -> dict[str, 
 
 
 def _push_wheels(
-    node: Node, transport: Transport, spec: EnvSpec, found: Probe, plan_path: str
+    node: Node,
+    transport: Transport,
+    spec: EnvSpec,
+    found: Probe,
+    plan_path: str,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
 ) -> tuple[int, tuple[str, ...], list[str]]:
     """Offline: fill the controller's wheelhouse for this node's platform, push what the node lacks."""
+    progress("downloading wheels on this machine", "")
     house = wheelhouse_mod.fill(spec, found.target())
     remote_listing: dict[str, str] = dict((found.data.get("wheelhouse") or {}).get("files") or {})
     wheels_dir = plan_path.rstrip("/\\") + ".wheels"
     pushed = 0
-    for name, digest in sorted(house.files.items()):
-        if remote_listing.get(name) == digest:
-            continue
+    missing = [(n, d) for n, d in sorted(house.files.items()) if remote_listing.get(n) != d]
+    sizes = {n: (house.directory / n).stat().st_size for n, _ in missing}
+    total, sent = sum(sizes.values()), 0
+    for index, (name, _digest) in enumerate(missing, start=1):
+        progress(
+            f"uploading wheels ({index} of {len(missing)})",
+            f"{human_size(sent)} of {human_size(total)} sent",
+        )
         transport.put(house.directory / name, transport.platform.transfer_path(f"{wheels_dir}/{name}"))
+        sent += sizes[name]
         pushed += 1
     stale = tuple(sorted(n for n in remote_listing if n not in house.files))
     notes = [f"wheelhouse {house.directory} ({'downloaded' if house.downloaded else 'reused'})"]
     return pushed, stale, notes
 
 
-def sync_node(
+#: (node, activity, detail): what a node's sync is doing now, for the progress display
+ProgressFn = Callable[[str, str, str], None]
+
+
+class EnvSharedError(CommandFailedError):
+    """Nodes would build their environments in one directory (a shared filesystem)."""
+
+    def __init__(self, message: str, *, node: str, hint: str, shared_with: list[str], directory: str) -> None:
+        super().__init__(message, node=node, hint=hint)
+        self.shared_with = shared_with
+        self.directory = directory
+
+
+@dataclass
+class Probed:
+    """A node after its probe: done (``env``: unchanged), or what its build needs."""
+
+    found: Probe
+    key: str
+    ops: EnvOps
+    path: str
+    env: NodeEnv | None = None  # set when nothing is to be built
+    marker_error: str | None = None
+
+
+def probe_node(
     node: Node,
     transport: Transport,
     spec: EnvSpec,
     *,
     force: bool = False,
-    on_line: Callable[[str, str], None] | None = None,
-) -> NodeEnv:
-    """Probe, and when needed build and switch, one node's environment."""
+    token: str | None = None,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
+) -> Probed:
+    """Round trip 1: what the node has; an unchanged node is done here. ``token``: write this sync's
+    marker beside the environment (the build then looks for other nodes' markers there)."""
     try:
         ops = ops_for(transport.platform)
     except NotImplementedError as exc:
         raise UsageError(str(exc), node=node.name) from None
     path = env_path(node, spec)
-    found = probe(node, transport, spec, ops)
+    progress("checking the environment", "")
+    marker = _marker(node, path, token) if token is not None else None
+    found = probe(node, transport, spec, ops, marker)
     _check_node(node, spec, found)
     key = stamp_key(spec, python_version=found.python_version, platform=found.platform_key)
-    venv_interpreter = ops.venv_python(path)
+    marker_error = (found.data.get("marker") or {}).get("error") if marker is not None else None
+    probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error)
     if _unchanged(spec, found, key, force):
-        return NodeEnv(
+        probed.env = NodeEnv(
             node=node.name,
             os=node.os,
             action="unchanged",
             path=path,
-            python_path=venv_interpreter,
+            python_path=ops.venv_python(path),
             python=str(found.venv.get("python") or found.python_version),
             installer=found.stamp.get("installer"),
             env_id=found.stamp.get("id"),
             packages=found.installed or {},
         )
+    return probed
+
+
+def refuse_shared(node: Node, transport: Transport, probed: Probed, tokens: dict[str, str]) -> None:
+    """Before a build: another node of this sync whose marker is beside this environment shares the
+    directory (NFS home, shared disk). Building would delete its builds and it ours: refuse, saying
+    so (the installer's errors would otherwise blame the requirements or the index)."""
+    from orchestrator.steps.preflight.shared_fs import fix_text, read_markers, sharing
+
+    if probed.marker_error:
+        return  # no marker there: nothing to compare (the build reports what is wrong with the path)
+    directory = _env_parent(probed.path)
+    seen = read_markers(node, transport, [directory]).get(directory, {})
+    others = sharing(node.name, seen, tokens)
+    if others:
+        where = str((probed.found.data.get("marker") or {}).get("path") or directory)
+        raise EnvSharedError(
+            f"{where} is the same directory on {', '.join(others)} (a shared filesystem: NFS home, "
+            "shared disk): building here would delete their environments and they this one's; "
+            "nothing was installed",
+            node=node.name,
+            hint=fix_text() + ", then run bootstrap sync again",
+            shared_with=others,
+            directory=where,
+        )
+
+
+def build_node(
+    node: Node,
+    transport: Transport,
+    spec: EnvSpec,
+    probed: Probed,
+    *,
+    force: bool = False,
+    on_line: Callable[[str, str], None] | None = None,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
+) -> NodeEnv:
+    """Round trips 2 and 3: a new venv beside the active one, installed, stamped, switched to."""
+    found, key, ops, path = probed.found, probed.key, probed.ops, probed.path
+    venv_interpreter = ops.venv_python(path)
     if not found.data["python"].get("venv_module"):
         raise CommandFailedError(
             f"{found.python_path} cannot create virtual environments (no venv/ensurepip module)",
@@ -402,6 +527,7 @@ def sync_node(
         path=str(found.venv["path"]) if ops.absolute_paths else path,
         supports_clone=ops.supports_clone,
     )
+    progress("preparing the build", "")
     prepared = transport.run(ops.prepare(plan), timeout=60)
     round_trips += 1
     if not prepared.ok:
@@ -409,7 +535,7 @@ def sync_node(
         message = f"cannot create {plan.versions_dir}: {tail}"
         raise CommandFailedError(message, node=node.name, result=prepared)
     if spec.offline:
-        pushed, stale, notes = _push_wheels(node, transport, spec, found, plan.path)
+        pushed, stale, notes = _push_wheels(node, transport, spec, found, plan.path, progress)
         plan = BuildPlan(**{**plan.__dict__, "remove_wheels": stale})
     with tempfile.TemporaryDirectory(prefix="cb-env-") as tmp:
         # owner-only, both: a requirements file may name an index with its login, the index
@@ -422,8 +548,16 @@ def sync_node(
             settings.write_text(env_file_text(dict(plan.index_env)), encoding="utf-8")
             transport.put(settings, transport.platform.transfer_path(plan.index_env_file), mode=0o600)
 
+    tracker = InstallProgress("creating the environment")
+    progress("creating the environment", "")
+
     def forward(stream: str, line: str) -> None:
-        if on_line is not None and not line.startswith(INSTALLED_MARK):
+        if line.startswith(INSTALLED_MARK):
+            return
+        tracker.feed(line)
+        snapshot = tracker.snapshot()
+        progress(snapshot.activity, snapshot.detail())
+        if on_line is not None and not line.startswith(STEP_MARK) and not _is_raw_progress(line):
             on_line(node.name, mask_url_credentials(line))
 
     result = transport.run(ops.build(plan), timeout=3600, on_line=forward, keep_lines=400)
@@ -443,11 +577,8 @@ def sync_node(
             if had_env
             else "no environment was installed"
         )
-        last = [
-            line.strip()
-            for line in result.tail(TAIL)
-            if line.strip() and not line.startswith("cluster-bootstrap:")
-        ]
+        last = [line.strip() for line in installer_tail(result.tail(TAIL * 4))[-TAIL:] if line.strip()]
+        last = [line for line in last if not line.startswith("cluster-bootstrap:")]
         errors = [line for line in last if "error" in line.lower()]
         why = (errors or last or [f"exit code {result.exit_code}"])[-1]
         raise EnvInstallError(
@@ -483,6 +614,36 @@ def sync_node(
     )
 
 
+def _is_raw_progress(line: str) -> bool:
+    """pip's ``--progress-bar raw`` counter line."""
+    return line.startswith("Progress ") and " of " in line
+
+
+def installer_tail(lines: list[str]) -> list[str]:
+    """The build's last lines without our step marks and pip's raw progress counters (what a user
+    reads after a failure)."""
+    return [line for line in lines if not line.startswith(STEP_MARK) and not _is_raw_progress(line)]
+
+
+def sync_node(
+    node: Node,
+    transport: Transport,
+    spec: EnvSpec,
+    *,
+    force: bool = False,
+    on_line: Callable[[str, str], None] | None = None,
+) -> NodeEnv:
+    """Probe, and when needed build and switch, one node's environment (no other node involved)."""
+    probed = probe_node(node, transport, spec, force=force)
+    if probed.env is not None:
+        return probed.env
+    return build_node(node, transport, spec, probed, force=force, on_line=on_line)
+
+
+#: stands for the probe's text in --dry-run commands (the script is printed once, before them)
+PROBE_PLACEHOLDER = "<env_probe.py, printed once above>"
+
+
 def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: bool = False) -> list[str]:
     """What a sync runs on ``node`` (for --dry-run): the probe, then the build it runs when the
     stamp differs (shown as a fresh build; a clone replaces ``python -m venv`` when only versions
@@ -490,7 +651,15 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
     ops = ops_for(transport.platform)
     path = env_path(node, spec)
     wrap = transport.platform.wrap
-    commands = [wrap(ops.probe(interpreter_for(node), _probe_args(spec, path)))]
+    marker = {
+        "dir": _env_parent(path),
+        "name": node.name,
+        "token": "TOKEN",
+        "marker_dir": ".cluster-bootstrap-nodes",
+    }
+    # the probe's text is the same for every node: shown once (probe_script), named here
+    probe_command = ops.probe(interpreter_for(node), _probe_args(spec, path, marker), code=PROBE_PLACEHOLDER)
+    commands = [wrap(probe_command)]
     installer = "uv" if spec.installer == "uv" else "pip"
     offline = ["--no-index", "--find-links", path.rstrip("/\\") + ".wheels"]
     index_args = offline if spec.offline else index_flags(spec)
@@ -510,6 +679,10 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
         pip_runner="base",  # shown as the common case: the node's own pip 22.3+ (see _pip_runner)
     )
     commands.append(f"# only when the stamp differs{' or --force' if not force else ''}:")
+    commands.append(
+        f"# first: the markers in {_env_parent(path)}/.cluster-bootstrap-nodes/ are read; another node's "
+        "marker of this sync there (a shared directory) stops this node before it installs anything"
+    )
     commands.append(wrap(ops.prepare(plan)))
     if spec.offline:
         commands.append(f"# upload: wheels this node lacks -> {plan.wheelhouse}/")
@@ -531,18 +704,28 @@ def sync_env(
     dry_run: bool = False,
     force: bool = False,
     on_line: Callable[[str, str], None] | None = None,
+    on_progress: ProgressFn | None = None,
+    specs: dict[str, EnvSpec] | None = None,
 ) -> list[Outcome[NodeEnv]]:
     """Sync every node's environment in parallel (the pipeline's entry point).
 
-    Returns ``[]`` when the inventory declares no environment. Raises UsageError (exit 2) before
-    contacting any node when ``cluster.env`` is unusable; per-node failures are in the outcomes.
-    With ``dry_run`` nothing is contacted: each outcome's value holds the commands. Compare the
+    Returns ``[]`` when the inventory declares no environment and no ``specs`` are given (``specs``:
+    one per OS, e.g. the master's environment: orchestrator/steps/envsync/master.py). Raises
+    UsageError (exit 2) before contacting any node when ``cluster.env`` is unusable; per-node failures
+    are in the outcomes. With ``dry_run`` nothing is contacted: each outcome's value holds the
+    commands (the probe script itself is :func:`probe_script`, the same for every node). Compare the
     result with :func:`summarize_outcomes` (``.mismatch``: the environments differ, fail the run).
+
+    Every node is probed first (one round trip: an unchanged node is done), then the nodes to build
+    are built. Between the two, every probe has left this sync's marker beside its environment: a node
+    finding another's (a shared directory) is refused before it installs anything (:func:`refuse_shared`).
+    ``on_progress(node, activity, detail)`` is called from worker threads as each node moves on.
     """
     chosen = list(session.nodes if nodes is None else nodes)
-    if not inventory.cluster.env.declared:
-        return []  # no cluster.env: nothing to install (the pipeline goes on with the nodes' Python)
-    specs = resolve_specs(inventory, chosen)
+    if specs is None:
+        if not inventory.cluster.env.declared:
+            return []  # no cluster.env: nothing to install (the pipeline goes on with the nodes' Python)
+        specs = resolve_specs(inventory, chosen)
     if dry_run:
         outcomes: list[Outcome[NodeEnv]] = []
         for node in chosen:
@@ -552,7 +735,7 @@ def sync_env(
                 os=node.os,
                 action="planned",
                 path=env_path(node, specs[node.os]),
-                python_path=venv_python(node, inventory),
+                python_path=_ops_venv_python(transport, env_path(node, specs[node.os])),
                 python="",
                 installer=None,
                 env_id=None,
@@ -561,11 +744,84 @@ def sync_env(
             )
             outcomes.append(Outcome(node.name, value, None, 0.0))
         return outcomes
-    return session.map(
-        lambda node, transport: sync_node(node, transport, specs[node.os], force=force, on_line=on_line),
-        step="env",
+    chosen_specs = specs
+    tokens = {n.name: new_marker_token() for n in chosen} if len(chosen) > 1 else {}
+
+    def reporter(node: Node) -> Callable[[str, str], None]:
+        def report(activity: str, detail: str) -> None:
+            if on_progress is not None:
+                on_progress(node.name, activity, detail)
+
+        return report
+
+    probed = session.map(
+        lambda node, transport: probe_node(
+            node,
+            transport,
+            chosen_specs[node.os],
+            force=force,
+            token=tokens.get(node.name),
+            progress=reporter(node),
+        ),
+        step="env check",
         nodes=chosen,
     )
+    waiting = {o.node: o.value for o in probed if o.value is not None and o.value.env is None}
+
+    def build(node: Node, transport: Transport) -> NodeEnv:
+        ready = waiting[node.name]
+        if tokens:
+            refuse_shared(node, transport, ready, tokens)
+        env = build_node(
+            node,
+            transport,
+            chosen_specs[node.os],
+            ready,
+            force=force,
+            on_line=on_line,
+            progress=reporter(node),
+        )
+        if tokens:
+            env.round_trips += 1  # the markers were read
+        session.forget(node.name)  # its Python and torch changed: later phases ask for facts again
+        return env
+
+    built: dict[str, Outcome[NodeEnv]] = {}
+    if waiting:
+        builders = [n for n in chosen if n.name in waiting]
+        built = {o.node: o for o in session.map(build, step="env build", nodes=builders)}
+    merged: list[Outcome[NodeEnv]] = []
+    for first in probed:
+        second = built.get(first.node)
+        if first.value is not None and first.value.env is not None:
+            merged.append(Outcome(first.node, first.value.env, None, first.duration, first.finished))
+        elif second is not None:
+            merged.append(
+                Outcome(
+                    second.node, second.value, second.error, first.duration + second.duration, second.finished
+                )
+            )
+        else:
+            merged.append(Outcome(first.node, None, first.error, first.duration, first.finished))
+    return merged
+
+
+def new_marker_token() -> str:
+    from orchestrator.steps.preflight.shared_fs import new_token
+
+    return new_token()
+
+
+def _ops_venv_python(transport: Transport, path: str) -> str:
+    try:
+        return ops_for(transport.platform).venv_python(path)
+    except NotImplementedError:
+        return path
+
+
+def probe_script() -> tuple[str, str]:
+    """(file name, text) of the environment probe every node runs first (--dry-run shows it once)."""
+    return "env_probe.py", probe_code()
 
 
 def summarize_outcomes(outcomes: list[Outcome[NodeEnv]]) -> EnvReport:
@@ -576,7 +832,3 @@ def summarize_outcomes(outcomes: list[Outcome[NodeEnv]]) -> EnvReport:
         if o.value is not None and o.value.action != "planned"
     ]
     return summarize(envs)
-
-
-def failed_errors(outcomes: list[Outcome[NodeEnv]]) -> list[BootstrapError]:
-    return [o.error for o in outcomes if o.error is not None]

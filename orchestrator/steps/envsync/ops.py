@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.envsync.progress import STEP_MARK
 from orchestrator.steps.envsync.spec import STAMP_NAME
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class BuildPlan:
     # node's own pip, --python), "wheel" (pip_wheel, run from the wheel), "venv" (ensurepip after all)
     pip_runner: str = "venv"
     pip_wheel: str | None = None
+    #: pip's --progress-bar: "raw" (pip 24.1+: byte counts while downloading) or "off"
+    progress_bar: str = "off"
     remove_wheels: tuple[str, ...] = ()  # offline: wheels in the node's wheelhouse no longer wanted
     #: the installer's index variables (spec.index_environment): uploaded in ``index_env_file``
     index_env: tuple[tuple[str, str], ...] = ()
@@ -130,8 +133,9 @@ class EnvOps(ABC):
         self.platform = platform
 
     @abstractmethod
-    def probe(self, interpreter: str, args: dict[str, object]) -> str:
-        """Shell text running the probe under ``interpreter`` (one JSON line on stdout)."""
+    def probe(self, interpreter: str, args: dict[str, object], code: str | None = None) -> str:
+        """Shell text running the probe under ``interpreter`` (one JSON line on stdout); ``code``
+        replaces the probe's text (--dry-run names it instead of repeating it for every node)."""
 
     @abstractmethod
     def venv_python(self, path: str) -> str:
@@ -151,8 +155,9 @@ class PosixEnvOps(EnvOps):
 
     platform: PosixShell
 
-    def probe(self, interpreter: str, args: dict[str, object]) -> str:
-        return self.platform.join([interpreter, "-c", probe_code(), json.dumps(args, sort_keys=True)])
+    def probe(self, interpreter: str, args: dict[str, object], code: str | None = None) -> str:
+        text = probe_code() if code is None else code
+        return self.platform.join([interpreter, "-c", text, json.dumps(args, sort_keys=True)])
 
     def venv_python(self, path: str) -> str:
         return f"{path.rstrip('/')}/bin/python"
@@ -170,7 +175,7 @@ class PosixEnvOps(EnvOps):
         if plan.installer == "uv":
             assert plan.uv is not None
             return " ".join([q(plan.uv), "pip", "install", '--python "$new/bin/python"', *opts, '-r "$req"'])
-        flags = "install --disable-pip-version-check --no-input --progress-bar off"
+        flags = f"install --disable-pip-version-check --no-input --progress-bar {q(plan.progress_bar)}"
         if plan.pip_runner == "base":
             pip = f'{q(plan.interpreter)} -m pip --python "$new/bin/python" {flags}'
         elif plan.pip_runner == "wheel":
@@ -203,23 +208,28 @@ class PosixEnvOps(EnvOps):
                 'while IFS= read -r cb_line; do export "$cb_line"; done < "$envf"; cb_read=$?; rm -f "$envf"',
                 '[ "$cb_read" -eq 0 ] || fail "cannot read the index settings $envf"',
             ]
+        step = self.step
         if plan.clone:
             lines += [
+                step("copying the active environment"),
                 'cp -a -l "$cur" "$new" 2>/dev/null || cp -a "$cur" "$new" || fail "cannot copy $cur"',
                 f'{p.quote(plan.interpreter)} -c {p.quote(REBASE_CODE)} "$cur" "$new" '
                 '|| fail "cannot rebase the copied environment"',
             ]
         else:
             without = "" if plan.installer == "pip" and plan.pip_runner == "venv" else " --without-pip"
+            lines.append(step("creating the environment"))
             lines.append(
                 f'{p.quote(plan.interpreter)} -m venv{without} "$new" '
                 '|| fail "python -m venv failed (Debian/Ubuntu: install the python3-venv package)"'
             )
+        lines.append(step("resolving packages"))
         lines.append(
             f'{self.install_command(plan)} || fail "{plan.installer} install failed: '
             'the previous environment is still active"'
         )
         lines += [
+            step("switching to the new environment"),
             f'printf %s {p.quote(stamp)} > "$new"/{p.quote(STAMP_NAME)} || fail "cannot write the stamp"',
             # the switch: a new symlink renamed over the old one (atomic: launch sees old or new)
             'rm -f "$link.cb-new" && ln -s "$new" "$link.cb-new" && mv -T "$link.cb-new" "$link" '
@@ -231,8 +241,13 @@ class PosixEnvOps(EnvOps):
         if plan.remove_wheels:
             names = " ".join(p.quote(n) for n in plan.remove_wheels)
             lines.append(f"(cd {word(plan.wheelhouse)} && rm -f -- {names})")
+        lines.append(step("listing the environment"))
         lines.append(f'printf %s {p.quote(INSTALLED_MARK)}; "$link/bin/python" -c {p.quote(LIST_CODE)}')
         return "\n".join(lines)
+
+    def step(self, what: str) -> str:
+        """The line telling the progress display what the build does next (progress.py)."""
+        return f"echo {self.platform.quote(STEP_MARK + what)}"
 
 
 class PowerShellEnvOps(EnvOps):
@@ -250,8 +265,9 @@ class PowerShellEnvOps(EnvOps):
     supports_clone = False
     absolute_paths = True
 
-    def probe(self, interpreter: str, args: dict[str, object]) -> str:
-        return self.platform.native([interpreter, "-c", probe_code(), json.dumps(args, sort_keys=True)])
+    def probe(self, interpreter: str, args: dict[str, object], code: str | None = None) -> str:
+        text = probe_code() if code is None else code
+        return self.platform.native([interpreter, "-c", text, json.dumps(args, sort_keys=True)])
 
     def venv_python(self, path: str) -> str:
         return path.rstrip("/\\") + "\\Scripts\\python.exe"
@@ -278,6 +294,10 @@ class PowerShellEnvOps(EnvOps):
             "finally { Remove-Item -LiteralPath $cbEnvFile -Force -ErrorAction SilentlyContinue }",
         ]
 
+    def step(self, what: str) -> str:
+        """The line telling the progress display what the build does next (progress.py)."""
+        return f"[Console]::Out.WriteLine({self.platform.quote(STEP_MARK + what)})"
+
     def _check(self, why: str) -> str:
         return f"if ($global:LASTEXITCODE -ne 0) {{ cbFail {self.platform.quote(why)} }}"
 
@@ -292,7 +312,13 @@ class PowerShellEnvOps(EnvOps):
             assert plan.uv is not None
             install = p.native([plan.uv, "pip", "install", "--python", new_python, *args, "-r", requirements])
         else:
-            pip = ["install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
+            pip = [
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--progress-bar",
+                plan.progress_bar,
+            ]
             if plan.pip_runner == "base":
                 argv = [plan.interpreter, "-m", "pip", "--python", new_python, *pip]
             elif plan.pip_runner == "wheel" and plan.pip_wheel:
@@ -319,10 +345,13 @@ class PowerShellEnvOps(EnvOps):
             "}",
             "if (Test-Path -LiteralPath $cbNew) { Remove-Item -LiteralPath $cbNew -Recurse -Force }",
             *self._load_env(plan),
+            self.step("creating the environment"),
             p.native([plan.interpreter, "-m", "venv", *without, new]),
             self._check("python -m venv failed"),
+            self.step("resolving packages"),
             install,
             self._check(f"{plan.installer} install failed: the previous environment is still active"),
+            self.step("switching to the new environment"),
             f"[System.IO.File]::WriteAllText($cbNew + {q(chr(92) + STAMP_NAME)}, {q(stamp)})",
             # the switch: the junction is replaced (only the link: Directory.Delete leaves its target)
             "if ($null -ne $cbItem) { [System.IO.Directory]::Delete($cbLink) }",
@@ -337,6 +366,7 @@ class PowerShellEnvOps(EnvOps):
             wheel = f"{plan.wheelhouse}\\{name}".replace("/", "\\")
             lines.append(f"Remove-Item -LiteralPath {q(wheel)} -Force -ErrorAction SilentlyContinue")
         lines += [
+            self.step("listing the environment"),
             f"[Console]::Out.Write({q(INSTALLED_MARK)})",
             p.native([self.venv_python(plan.path), "-c", LIST_CODE]),
         ]

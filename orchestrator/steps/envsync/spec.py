@@ -23,17 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
 from orchestrator.redact import mask_url_credentials
+from orchestrator.runs.layout import in_workdir, node_path
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
-    from orchestrator.inventory.model import EnvSettings
+    from orchestrator.inventory.settings import EnvSettings
 
 #: bump when the layout or the install commands change: every node then rebuilds once
 FORMAT = 1
 #: the stamp file inside each built environment
 STAMP_NAME = ".cluster-bootstrap-env.json"
-#: default workdir on nodes (the one launch and preflight use: orchestrator/render.py)
-DEFAULT_WORKDIR = "~/cluster-bootstrap"
 
 _NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _PIN_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*===?\s*([^\s;,]+)\s*(;.*)?$")
@@ -293,9 +292,8 @@ def env_path(node: Node, spec: EnvSpec | None = None, path_setting: str | None =
     ``<workdir>/venv``."""
     setting = spec.path_setting if spec is not None else path_setting
     if setting:
-        return setting.replace("{node}", node.name)
-    workdir = (node.workdir or DEFAULT_WORKDIR).rstrip("/") or "/"
-    return f"{workdir}/venv"
+        return node_path(setting, node.name)
+    return in_workdir(node, "venv")
 
 
 def python_matches(wanted: str | None, version: str) -> bool:

@@ -1,28 +1,34 @@
 """The preflight (`bootstrap check`): will this cluster train? Each cause of a rendezvous hang, found first.
 
-Phases: facts (one round trip per node, shared with `inspect`), clock samples, reachability (real
-listeners and connections between the nodes), then pure decisions (checks.py).
+Per Linux node, one round trip (rounds.py): a clock sample, the facts (`inspect`'s and the
+preflight's, unless this session gathered them already: ``Session.remember``), whether commands can
+become root, then the node's reachability listener. Windows nodes: their facts (facts/windows.py),
+then a listener of their own. Then the connectors of the reachability mesh, which sample the clocks
+once more (reachability.py), and the pure decisions (checks.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
+from orchestrator.facts.linux import BecomeRoot
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows import WindowsNetwork, windows_network_facts
-from orchestrator.steps.inspect import NodeFacts as InspectedNode
-from orchestrator.steps.inspect import inspect, interpreter_for, training_python
+from orchestrator.platforms import PosixShell
+from orchestrator.runs.layout import workdir_for
+from orchestrator.steps.node_facts import InspectedNode, inspect_once, interpreter_for, training_python
 from orchestrator.steps.preflight.checks import (
     ClockSample,
-    NodeFacts,
+    PreflightFacts,
     check_clocks,
     check_interface,
     check_resources,
+    check_root_access,
     check_versions,
     check_windows,
     choose_backend,
@@ -30,13 +36,22 @@ from orchestrator.steps.preflight.checks import (
     version_table,
 )
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
+from orchestrator.steps.preflight.reachability import (
+    LISTEN_HOLD,
+    RUN_SLACK,
+    MeshPlan,
+    ReachNode,
+    check_reachability,
+    in_threads,
+)
+from orchestrator.steps.preflight.rounds import FACTS_TIMEOUT, NodeRound
 
 if TYPE_CHECKING:
+    from orchestrator.facts import Fact
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
-DEFAULT_WORKDIR = "~/cluster-bootstrap"
 CLOCK_SAMPLES = 3
 
 
@@ -68,22 +83,26 @@ class PreflightReport:
         }
 
 
-def preflight_facts(node: Node, master: Node) -> list[Any]:
+def preflight_facts(node: Node, master: Node) -> list[Fact[Any]]:
     """The facts the checks need beyond `inspect`'s, gathered in the same round trip. Native Windows
     nodes: the route to the master and the adapters, in PowerShell (facts/windows.py)."""
     if is_native_windows(node):
         return windows_network_facts(master.host)
-    return [
+    facts: list[Fact[Any]] = [
         MasterRoute(master.host),
         Addresses(),
         Interfaces(),
         HostnameAddress(),
-        DiskFree(node.workdir or DEFAULT_WORKDIR),
+        DiskFree(workdir_for(node)),
     ]
+    if node.os != "windows":  # a WSL node becomes root with `wsl -u root`, no sudo involved
+        facts.append(BecomeRoot())
+    return facts
 
 
 def sample_clock(transport: Transport) -> ClockSample:
-    """Offset of the node's wall clock from ours, corrected by half the round trip; best of a few."""
+    """Offset of the node's wall clock from ours, corrected by half the round trip; best of a few
+    (for nodes whose preflight round trips brought no usable clock line)."""
     best: ClockSample | None = None
     for _ in range(CLOCK_SAMPLES):
         before = time.time()
@@ -104,12 +123,12 @@ def sample_clock(transport: Transport) -> ClockSample:
     return best
 
 
-def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
+def _node_facts(node: Node, inspected: InspectedNode) -> PreflightFacts:
     values, errors = inspected.facts.values, inspected.facts.errors
     network = values.get("adapters")
     if isinstance(network, WindowsNetwork):  # native Windows: the same model as `ip addr`/`ip link`
         values = {**values, "addresses": network.addresses, "interfaces": network.interfaces}
-    return NodeFacts(
+    return PreflightFacts(
         torch_error=errors.get("torch"),
         python_error=errors.get("python"),
         node=node,
@@ -125,10 +144,12 @@ def _node_facts(node: Node, inspected: InspectedNode) -> NodeFacts:
         windows=values.get("windows"),
         wsl=values.get("wsl"),
         down=network.down if isinstance(network, WindowsNetwork) else (),
+        root_access=values.get("root_access"),
+        root_access_error=errors.get("root_access"),
     )
 
 
-def check_interfaces(facts: list[NodeFacts], master: str, *, single: bool) -> dict[str, Verdict]:
+def check_interfaces(facts: list[PreflightFacts], master: str, *, single: bool) -> dict[str, Verdict]:
     """Interface verdicts for every node, the master first: the others are judged against the address
     their peers dial, which on the master may differ from what its own name resolves to there (its
     own /etc/hosts can say 127.0.1.1 while the peers use DNS)."""
@@ -150,12 +171,13 @@ def check_interfaces(facts: list[NodeFacts], master: str, *, single: bool) -> di
 
 def gather_node_facts(
     session: Session, inventory: Inventory
-) -> tuple[list[Outcome[InspectedNode]], list[NodeFacts]]:
-    """Connect and gather `inspect`'s facts plus the preflight's, one round trip per node."""
+) -> tuple[list[Outcome[InspectedNode]], list[PreflightFacts]]:
+    """Connect and gather `inspect`'s facts plus the preflight's, one round trip per node, once per
+    session: what an earlier phase of the session gathered (the preflight) is handed on."""
     master = inventory.master_node
     inspected = session.map(
-        lambda node, transport: inspect(
-            node, transport, preflight_facts(node, master), python=training_python(node, inventory)
+        lambda node, transport: inspect_once(
+            session, node, transport, preflight_facts(node, master), python=training_python(node, inventory)
         ),
         step="check",
         connect=False,
@@ -164,63 +186,112 @@ def gather_node_facts(
     return inspected, facts
 
 
+def _one_round_trip(node: Node, transport: Transport) -> bool:
+    """Can the facts, the clock and the listener share one command (a Linux node's POSIX shell)?"""
+    return node.os != "windows" and isinstance(transport.platform, PosixShell)
+
+
+def _first_round(
+    session: Session, inventory: Inventory, plan: MeshPlan | None
+) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound]]:
+    """Every node's facts (remembered ones are not asked again); on Linux nodes in the same round trip
+    as a clock sample and, when the mesh is probed, the node's listener (``rounds``, still running)."""
+    master = inventory.master_node
+    rounds: dict[str, NodeRound] = {}
+
+    def first(node: Node, transport: Transport) -> InspectedNode:
+        extra = preflight_facts(node, master)
+        python = training_python(node, inventory)
+        if not _one_round_trip(node, transport):
+            return inspect_once(session, node, transport, extra, python=python)
+        wanted = plan is not None and node.name in plan.names
+        listener = plan.listener(node.name, transport, interpreter_for(node)) if plan and wanted else None
+
+        def in_round(t: Transport, facts: list[Fact[Any]]) -> Any:
+            rounds[node.name] = NodeRound(node.name, t, facts, listener).start()
+            return rounds[node.name].gathered()
+
+        found = inspect_once(session, node, transport, extra, python=python, run=in_round)
+        if node.name not in rounds:  # the facts were remembered: the clock and the listener still go
+            rounds[node.name] = NodeRound(node.name, transport, [], listener).start()
+        return found
+
+    return session.map(first, step="check", connect=False), rounds
+
+
 def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
     master = inventory.master_node
-    inspected, facts = gather_node_facts(session, inventory)
+    single = len(inventory.nodes) == 1
+    cluster = inventory.cluster
+    selected = [n.name for n in session.nodes]
+    # who listens for whom is fixed before anyone answers: listeners start inside the first round trip
+    plan = (
+        MeshPlan(
+            (master.name,) if single else tuple(selected),
+            master.name,
+            cluster.port,
+            hold=FACTS_TIMEOUT + LISTEN_HOLD,
+        )
+        if master.name in selected
+        else None
+    )
+    inspected, rounds = _first_round(session, inventory, plan)
+    facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     names = {node.name for node, _ in reachable}
-
-    reachable_nodes = [node for node, _ in reachable]
-    clocks = session.map(lambda node, t: sample_clock(t), step="clock", nodes=reachable_nodes)
-    samples = {o.node: o.value for o in clocks}
 
     verdicts: dict[str, dict[str, Verdict]] = {name: {} for name in names}
     for name, verdict in check_versions(facts, master.name).items():
         verdicts[name]["versions"] = verdict
-    backend, why, backend_verdicts = choose_backend(inventory.cluster, facts)
+    backend, why, backend_verdicts = choose_backend(cluster, facts)
     for name, verdict in backend_verdicts.items():
         verdicts[name]["backend"] = verdict
-    single = len(inventory.nodes) == 1
     for name, verdict in check_interfaces(facts, master.name, single=single).items():
         verdicts[name]["interface"] = verdict
+    # the main pipeline runs these as root on clusters of 2+ nodes (orchestrator/pipeline.py)
+    needed_by = [
+        step
+        for step, managed in (("firewall", cluster.firewall.manage), ("time sync", cluster.time.manage))
+        if managed and not single
+    ]
     for f in facts:
         verdicts[f.node.name]["resources"] = check_resources(f)
         windows_verdict = check_windows(f, facts)
         if windows_verdict is not None:
             verdicts[f.node.name]["windows"] = windows_verdict
-    if master.name not in samples or samples[master.name] is None:
-        why_not = (
-            f"the master {master.name} is not selected or did not answer"
-            if master.name not in names
-            else f"`date` failed on the master {master.name}"
-        )
-        for name in names:
-            verdicts[name]["clock"] = warn("clock", f"not measured: {why_not}", "fix that, then rerun")
-    else:
-        full = {name: samples.get(name) for name in names}
-        elastic = inventory.cluster.train.elastic
-        for name, verdict in check_clocks(full, master.name, elastic=elastic).items():
-            verdicts[name]["clock"] = verdict
+        root_verdict = check_root_access(f, needed_by)
+        if root_verdict is not None:
+            verdicts[f.node.name]["sudo"] = root_verdict
 
-    if master.name in names:
-        from orchestrator.steps.preflight.reachability import ReachNode, check_reachability
-
+    samples: dict[str, ClockSample] = {}
+    for name, node_round in rounds.items():
+        if name in names and (sample := node_round.clock()) is not None:
+            samples[name] = sample
+    if plan is not None and master.name in names:
         # a single node too: torchrun binds the rendezvous port there, so "port busy" matters
         reach_nodes = [
             ReachNode(
                 name=node.name,
                 transport=session.transport(node),
                 python=interpreter_for(node),
-                address=verdicts[node.name]["interface"].data.get("source") or node.host,
+                address="127.0.0.1"
+                if single
+                else verdicts[node.name]["interface"].data.get("source") or node.host,
+                listener=rounds[node.name].listener if node.name in rounds else None,
             )
             for node, _ in reachable
-            if not single or node.name == master.name
+            if node.name in plan.names
         ]
-        if single:
-            reach_nodes = [replace(r, address="127.0.0.1") for r in reach_nodes]
-        for name, verdict in check_reachability(reach_nodes, master.name, inventory.cluster.port).items():
+        connector_clocks: dict[str, ClockSample] = {}
+        measured = check_reachability(
+            reach_nodes, master.name, cluster.port, plan=plan, clocks=connector_clocks
+        )
+        for name, verdict in measured.items():
             verdicts[name]["reachability"] = verdict
+        for name, sample in connector_clocks.items():
+            if name not in samples or sample.rtt < samples[name].rtt:
+                samples[name] = sample
         missing = [n.name for n in session.nodes if n.name not in names]
         if missing:
             # a node that never answered was never probed: an "ok" mesh would overstate it
@@ -240,6 +311,33 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
                 f"not checked: the master {master.name} is not selected or did not answer",
                 "include the master in --nodes and make it reachable",
             )
+    # listeners nobody will connect to (the master never answered) are stopped; every round ends
+    in_threads([r.listener.stop for r in rounds.values() if r.listener and not r.ended.is_set()], RUN_SLACK)
+    for node_round in rounds.values():
+        node_round.ended.wait(RUN_SLACK)
+
+    unsampled = [node for node, _ in reachable if node.name not in samples]
+    if unsampled and master.name in names:
+        for o in session.map(lambda node, t: sample_clock(t), step="clock", nodes=unsampled):
+            if o.value is not None:
+                samples[o.node] = o.value
+    if master.name not in samples:
+        why_not = (
+            f"the master {master.name} is not selected or did not answer"
+            if master.name not in names
+            else f"`date` failed on the master {master.name}"
+        )
+        for name in names:
+            verdicts[name]["clock"] = warn("clock", f"not measured: {why_not}", "fix that, then rerun")
+    else:
+        full = {name: samples.get(name) for name in names}
+        for name, verdict in check_clocks(full, master.name, elastic=cluster.train.elastic).items():
+            verdicts[name]["clock"] = verdict
+
+    from orchestrator.steps.preflight.shared_fs import check_shared_workdirs  # two round trips
+
+    for name, verdict in check_shared_workdirs(session, inventory, [n for n, _ in reachable]).items():
+        verdicts[name]["workdir"] = verdict
 
     ordered = {name: {c: verdicts[name][c] for c in CHECKS if c in verdicts[name]} for name in names}
     return PreflightReport(

@@ -12,9 +12,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
-from orchestrator.facts.linux import GpuReport, PythonInfo, TorchInfo
+from orchestrator.facts.linux import GpuReport, PythonInfo, RootAccess, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
 from orchestrator.facts.windows import WindowsInfo, WslInfo, wsl_blocker
+from orchestrator.steps.envsync import master as _master_env  # the fixes name its sync
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ DISK_FAIL = 1 * 2**30
 
 
 @dataclass(frozen=True)
-class NodeFacts:
+class PreflightFacts:
     """What the checks need from one node (None: that fact is unknown)."""
 
     node: Node
@@ -48,12 +49,14 @@ class NodeFacts:
     windows: WindowsInfo | None = None  # Windows nodes: the Windows build
     wsl: WslInfo | None = None  # Windows nodes: WSL as the Windows side sees it
     down: tuple[str, ...] = ()  # interfaces that exist but are not up (native Windows: adapters)
+    root_access: RootAccess | None = None  # Linux nodes: can commands become root without a password
+    root_access_error: str | None = None  # why that is unknown
 
 
 # -- versions --------------------------------------------------------------------------------------
 
 
-def _versions_of(f: NodeFacts) -> dict[str, str | None]:
+def _versions_of(f: PreflightFacts) -> dict[str, str | None]:
     torch = f.torch.version if f.torch and f.torch.installed else None
     return {
         "python": f.python.version if f.python else None,
@@ -62,7 +65,7 @@ def _versions_of(f: NodeFacts) -> dict[str, str | None]:
     }
 
 
-def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict]:
+def check_versions(facts: Sequence[PreflightFacts], master: str) -> dict[str, Verdict]:
     """Identical torch (and CUDA build) and Python on every rank; gloo really usable on each."""
     table = {f.node.name: _versions_of(f) for f in facts}
     reference = table.get(master) or next(iter(table.values()), {})
@@ -96,12 +99,10 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
             )
             continue
         if f.torch is None or not f.torch.installed:
-            want = f" {reference['torch']}" if reference.get("torch") else ""
             verdicts[f.node.name] = fail(
                 "versions",
                 f"torch is not installed for {f.python.path}",
-                f"install torch{want} for that interpreter (`{f.python.path} -m pip install "
-                f"torch{'==' + want.strip() if want else ''}`) or set python: to one that has it",
+                _master_env.torch_missing_fix(reference.get("torch")),
                 **data,
             )
             continue
@@ -137,8 +138,7 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
             verdicts[f.node.name] = fail(
                 "versions",
                 "; ".join(differences),
-                "use the same torch release and Python on every node (torch checks nothing at init: "
-                "a mismatch fails later in obscure ways)",
+                _master_env.versions_differ_fix(mine, reference),
                 **data,
             )
             continue
@@ -174,14 +174,14 @@ def check_versions(facts: Sequence[NodeFacts], master: str) -> dict[str, Verdict
     return verdicts
 
 
-def version_table(facts: Sequence[NodeFacts]) -> dict[str, dict[str, str | None]]:
+def version_table(facts: Sequence[PreflightFacts]) -> dict[str, dict[str, str | None]]:
     return {f.node.name: _versions_of(f) for f in facts}
 
 
 # -- backend ---------------------------------------------------------------------------------------
 
 
-def _nccl_blocker(f: NodeFacts) -> str | None:
+def _nccl_blocker(f: PreflightFacts) -> str | None:
     """Why this node cannot run NCCL ranks (None: it can)."""
     if is_native_windows(f.node):
         return "native Windows torch has no NCCL"
@@ -196,7 +196,7 @@ def _nccl_blocker(f: NodeFacts) -> str | None:
     return None
 
 
-def choose_backend(cluster: Cluster, facts: Sequence[NodeFacts]) -> tuple[str, str, dict[str, Verdict]]:
+def choose_backend(cluster: Cluster, facts: Sequence[PreflightFacts]) -> tuple[str, str, dict[str, Verdict]]:
     """(backend, why, verdicts). ``auto`` picks nccl only when every rank can run it, else gloo."""
     blockers = {f.node.name: _nccl_blocker(f) for f in facts}
     linux = [f.node.name for f in facts if not is_native_windows(f.node)]  # Linux torch (WSL too)
@@ -244,18 +244,18 @@ def _address_of(interface: str, addresses: Sequence[InterfaceAddress]) -> str | 
     return next((a.address for a in addresses if a.interface == interface), None)
 
 
-def _hosts_file(f: NodeFacts) -> str:
+def _hosts_file(f: PreflightFacts) -> str:
     return "C:\\Windows\\System32\\drivers\\etc\\hosts" if is_native_windows(f.node) else "/etc/hosts"
 
 
-def _route_command(f: NodeFacts, address: str) -> str:
+def _route_command(f: PreflightFacts, address: str) -> str:
     if is_native_windows(f.node):
         return f"`Find-NetRoute -RemoteIPAddress {address}`"
     return f"`ip -4 route get {address}`"
 
 
 def check_interface(
-    f: NodeFacts, *, single_node: bool = False, peers_see_master_at: str | None = None
+    f: PreflightFacts, *, single_node: bool = False, peers_see_master_at: str | None = None
 ) -> Verdict:
     """The interface and source address that route to the master: GLOO_SOCKET_IFNAME later.
 
@@ -441,7 +441,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
 
 
-def check_resources(f: NodeFacts) -> Verdict:
+def check_resources(f: PreflightFacts) -> Verdict:
     node = f.node
     visible = len(f.gpus.gpus) if f.gpus else 0
     data: dict[str, Any] = {"gpus_asked": node.gpus, "nproc": node.nproc, "gpus_visible": visible}
@@ -541,7 +541,64 @@ def refuse_native_mix(inventory: Inventory) -> None:
         raise error
 
 
-def check_windows(f: NodeFacts, facts: Sequence[NodeFacts]) -> Verdict | None:
+# -- root ----------------------------------------------------------------------------------------
+
+
+def sudoers_fix(node: str, user: str) -> str:
+    """The one line that lets ``user`` become root without a password on ``node`` (bootstrap never
+    types a sudo password: steps/root.py says the same when a step is refused)."""
+    return (
+        f"on {node}, as root: `echo '{user} ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/cluster-bootstrap "
+        "&& chmod 440 /etc/sudoers.d/cluster-bootstrap` (check it with `visudo -c`), or connect as root"
+    )
+
+
+def check_root_access(f: PreflightFacts, needed_by: Sequence[str]) -> Verdict | None:
+    """Can the login user run root commands without a password (``sudo -n``, as the firewall and time
+    steps do)? ``needed_by``: the steps that will need it on this cluster (the main pipeline runs the
+    firewall and time steps on clusters of 2+ nodes unless the inventory turns them off). Fails when
+    one of them will, warns otherwise (only those commands, run by hand, would need it). None for
+    Windows nodes: there the steps need an elevated WinRM session instead (WSL: ``wsl -u root``)."""
+    node = f.node
+    if node.os == "windows":
+        return None
+    access = f.root_access
+    if access is None:
+        why = f" ({f.root_access_error})" if f.root_access_error else ""
+        return warn(
+            "sudo",
+            f"could not tell whether commands can become root here{why}",
+            "check that `sudo -n true` works for this user on the node, or connect as root",
+        )
+    data: dict[str, Any] = {"user": access.user, "method": access.method, "needed_by": list(needed_by)}
+    if access.method == "root":
+        return ok("sudo", f"logged in as {access.user}: the firewall and time steps can run", **data)
+    if access.method == "sudo":
+        return ok("sudo", f"{access.user} can run root commands with `sudo -n` (no password)", **data)
+    data["detail"] = access.detail
+    why = f"{access.user} cannot run root commands without a password here ({access.detail})"
+    fix = sudoers_fix(node.name, access.user)
+    if needed_by:
+        steps = " and ".join(needed_by)
+        return fail(
+            "sudo",
+            f"{why}: the main pipeline's {steps} step{'s' if len(needed_by) > 1 else ''} would stop here "
+            "(they run as root and never type a password)",
+            f"{fix}; or leave them to someone else: "
+            + ", ".join(f"{'firewall' if s == 'firewall' else 'time'}.manage: false" for s in needed_by)
+            + " in the inventory",
+            **data,
+        )
+    return warn(
+        "sudo",
+        f"{why}: only `bootstrap firewall` and `bootstrap ntp` need it, and this cluster's pipeline runs "
+        "neither",
+        fix,
+        **data,
+    )
+
+
+def check_windows(f: PreflightFacts, facts: Sequence[PreflightFacts]) -> Verdict | None:
     """Can this Windows node's ranks join the others? None for Linux nodes.
 
     Native mode beside Linux or WSL ranks fails: Windows wheels have only gloo's UV (libuv) transport,

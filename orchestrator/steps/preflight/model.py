@@ -8,7 +8,17 @@ from typing import Any, Literal
 Level = Literal["ok", "warn", "fail"]
 
 #: the checks, in the order the table shows them
-CHECKS = ("versions", "backend", "windows", "interface", "reachability", "clock", "resources")
+CHECKS = (
+    "versions",
+    "backend",
+    "windows",
+    "interface",
+    "reachability",
+    "clock",
+    "resources",
+    "workdir",
+    "sudo",
+)
 
 _RANK = {"ok": 0, "warn": 1, "fail": 2}
 

@@ -11,26 +11,33 @@ A multi-node job hangs silently when the network is wrong, so the preflight trie
     (../shared/FIELD_NOTES.md "Ports and firewalls"), so a firewall that opens only the rendezvous
     port breaks training.
 
-The probe (probes/reach.py) runs under each node's own Python. All listeners start at once; once
-each has reported its port, all connectors run at once; a listener ends by itself when every
-expected peer came (else it is stopped: SIGTERM on Linux and in WSL, the PowerShell platform's
-``kill_tree`` on native Windows, which has no ``kill``; else it ends after its own deadline).
-Nothing waits on a clock except deadlines: readiness comes from the probes' output lines.
+The probe (probes/reach.py) runs under each node's own Python. A listener listens on every address
+of its node, so it can start before the controller knows which address the node will train on: on
+Linux nodes it starts at the end of the node's facts round trip (rounds.py); elsewhere this module
+starts it. Once every listener has reported its port, all connectors run at once, each from the
+node's cluster address to the address its peers will dial. A connector hands each listener the
+run's token; a listener ends by itself once every expected peer delivered it (else it is stopped:
+SIGTERM on Linux and in WSL, the PowerShell platform's ``kill_tree`` on native Windows, which has no
+``kill``; else it ends after its own deadline). Nothing waits on a clock except deadlines: readiness
+comes from the probes' output lines. Each connector also prints its node's clock first: a clock
+sample for the preflight.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Literal
 
 from orchestrator.platforms import Platform, PowerShell
+from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 from orchestrator.transports import Result, Stream, Transport
 
@@ -45,6 +52,10 @@ START_TIMEOUT = 15.0
 RUN_SLACK = 15.0
 #: after the connections, how long a listener that got every peer may take to end by itself
 STOP_GRACE = 3.0
+#: how long a listener started here waits at most (a safety net: it normally ends by itself or by
+#: SIGTERM long before); one started at the end of a facts round trip adds how long the other
+#: nodes' facts may take (rounds.py)
+LISTEN_HOLD = START_TIMEOUT + 2.0 + RUN_SLACK + STOP_GRACE
 
 Role = Literal["rendezvous", "mesh"]
 Outcome = Literal["ok", "refused", "timed out", "no route", "error"]
@@ -72,6 +83,31 @@ class ReachNode:
     transport: Transport  # connected
     python: str  # interpreter on the node, e.g. "/usr/bin/python3"
     address: str  # the node's cluster IPv4 address (source address of its route to the master)
+    listener: Listener | None = None  # already started (by the node's facts round trip); None: start one
+
+
+@dataclass(frozen=True)
+class MeshPlan:
+    """What every listener is told, fixed before any node answered: who takes part (``names``), the
+    master and its rendezvous port, the token that marks the connectors' connections."""
+
+    names: tuple[str, ...]
+    master: str
+    port: int
+    hold: float = LISTEN_HOLD
+    token: str = field(default_factory=lambda: secrets.token_hex(8))
+
+    def listen_args(self, name: str) -> list[str]:
+        """The listener's arguments on node ``name``: every other node connects to its mesh port;
+        on the master, every node (itself included) to the rendezvous port too."""
+        args = ["listen", f"{self.hold:g}", self.token, str(len(self.names) - 1)]
+        if name == self.master:
+            args += [str(self.port), str(len(self.names))]
+        return args
+
+    def listener(self, name: str, transport: Transport, python: str) -> Listener:
+        """A listener for ``name`` that another command runs (its ``command`` ends that script)."""
+        return Listener(name, transport, python, self.listen_args(name), self.hold + RUN_SLACK)
 
 
 @dataclass(frozen=True)
@@ -137,13 +173,6 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Accepted:
-    role: Role
-    source: str
-    expected: bool
-
-
-@dataclass(frozen=True)
 class Done:
     how: str  # "complete", "deadline", "stopped"
 
@@ -153,7 +182,12 @@ class ProbeError:
     message: str
 
 
-ListenerEvent = Listening | Busy | PortRange | Ready | Accepted | Done | ProbeError
+@dataclass(frozen=True)
+class Clock:
+    unix_time: float  # the node's wall clock when the connector started
+
+
+ListenerEvent = Listening | Busy | PortRange | Ready | Done | ProbeError
 
 
 @dataclass(frozen=True)
@@ -185,9 +219,6 @@ def parse_listener_line(line: str) -> ListenerEvent | None:
             return PortRange(int(rest[0]), int(rest[1]))
         if head == "ready" and len(rest) == 1:
             return Ready(int(rest[0]))
-        if head == "accepted" and len(rest) == 3:
-            role = _role(rest[0])
-            return Accepted(role, rest[1], rest[2] == "expected") if role else None
         if head == "done" and len(rest) == 1:
             return Done(rest[0])
         if head == "error" and rest:
@@ -195,6 +226,17 @@ def parse_listener_line(line: str) -> ListenerEvent | None:
     except ValueError:
         return None
     return None
+
+
+def parse_clock_line(line: str) -> Clock | None:
+    """``clock UNIX_TIME``, the first line of ``cbt-reach connect``; None for anything else."""
+    words = line.split()
+    if len(words) != 2 or words[0] != "clock":
+        return None
+    try:
+        return Clock(float(words[1]))
+    except ValueError:
+        return None
 
 
 def parse_connect_line(line: str) -> ConnectResult | None:
@@ -280,7 +322,8 @@ def _allow_fix(
     return (
         f"{name}'s firewall probably blocks incoming TCP from {_names(sources)}: allow TCP from the "
         f"cluster's addresses ({addresses}) to {ports} on {name}; opening only the rendezvous port is "
-        "not enough: gloo and NCCL listen on random ports"
+        "not enough: gloo and NCCL listen on random ports. `bootstrap firewall` adds exactly these rules "
+        "(the main pipeline runs it on clusters of 2+ nodes; docs/firewall.md)"
     )
 
 
@@ -327,9 +370,12 @@ def build_verdicts(
         if busy is not None and name == master:
             by = f" (by {busy.holder})" if busy.holder else ""
             reasons.append(f"port {port} is already in use on the master{by}")
+            from orchestrator.resources import default_inventory
+
             fixes.append(
-                "stop that program or choose another cluster port: "
-                "(`port:` under `cluster:` in the inventory)"
+                f"stop that program or choose another cluster port: `port: {port + 1}` under `cluster:` "
+                f"in the inventory (running without --inventory? copy the default one first: "
+                f"`cp {default_inventory()} hosts.yaml`, add the line there, then `bootstrap -i hosts.yaml`)"
             )
         outgoing = [p for p in pairs if p.source == name and not p.ok]
         incoming = [p for p in pairs if p.target == name and p.source != name and not p.ok]
@@ -409,10 +455,6 @@ def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
     return platform.join(["kill", "-TERM", str(pid)]), False
 
 
-def _address_list(addresses: Sequence[str]) -> str:
-    return ",".join(addresses) if addresses else "-"
-
-
 def _target(address: str, port: int) -> str:
     return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
 
@@ -423,32 +465,51 @@ def _tail(result: Result, lines: int = 3) -> str:
 
 
 class _ProbeRun:
-    """One probe command on one node, in its own thread; output lines are parsed as they come."""
+    """One probe command on one node; output lines are parsed as they come. It runs in a thread of
+    its own (:meth:`start`), or inside a longer command that hands its lines over (:meth:`feed`,
+    :meth:`ended_elsewhere`): the listener at the end of a facts round trip."""
 
-    def __init__(self, node: ReachNode, args: Sequence[str], timeout: float) -> None:
-        self.node = node
-        self.command = probe_command(node.transport.platform, node.python, args)
+    def __init__(
+        self, name: str, transport: Transport, python: str, args: Sequence[str], timeout: float
+    ) -> None:
+        self.name = name
+        self.transport = transport
+        self.python = python
+        self.command = probe_command(transport.platform, python, args)
         self.timeout = timeout
         self.ended = threading.Event()
         self.result: Result | None = None
         self.error: str | None = None  # the transport raised (connection lost, cancelled)
-        self._thread = threading.Thread(target=self._run, name=f"reach-{node.name}", daemon=True)
+        self.started_at: float | None = None  # time.time() just before the command was sent
+        self._thread = threading.Thread(target=self._run, name=f"reach-{name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
+        result: Result | None = None
+        error: str | None = None
+        self.started_at = time.time()
         try:
-            self.result = self.node.transport.run(self.command, timeout=self.timeout, on_line=self._on_line)
+            result = self.transport.run(self.command, timeout=self.timeout, on_line=self._on_line)
         except Exception as exc:  # a thread boundary: whatever happened becomes this node's verdict
-            self.error = str(exc) or type(exc).__name__
+            error = str(exc) or type(exc).__name__
         finally:
-            self.ended.set()
-            self._ended()
+            self.ended_elsewhere(result, error)
 
     def _on_line(self, stream: Stream, line: str) -> None:
         if stream == "stdout":
-            self._line(line)
+            self.feed(line)
+
+    def feed(self, line: str) -> None:
+        """One stdout line of the probe."""
+        self._line(line)
+
+    def ended_elsewhere(self, result: Result | None, error: str | None) -> None:
+        """The command that ran the probe is over (``error``: it raised)."""
+        self.result, self.error = result, error
+        self.ended.set()
+        self._ended()
 
     def _line(self, line: str) -> None:
         raise NotImplementedError
@@ -457,16 +518,15 @@ class _ProbeRun:
         pass
 
     def failure(self, what: str) -> ProbeFailure:
-        python = self.node.python
         if self.error is not None:
             return ProbeFailure(
                 f"the {what} probe could not run: {self.error}",
-                f"check the connection to {self.node.name} and rerun `bootstrap check`",
+                f"check the connection to {self.name} and rerun `bootstrap check`",
             )
         if self.result is None:
             return ProbeFailure(
                 f"the {what} probe did not answer in time",
-                f"{self.node.name} or its SSH server is very slow: rerun `bootstrap check`",
+                f"{self.name} or its SSH server is very slow: rerun `bootstrap check`",
             )
         if self.result.timed_out:
             return ProbeFailure(
@@ -475,13 +535,17 @@ class _ProbeRun:
             )
         return ProbeFailure(
             f"the {what} probe failed (exit code {self.result.exit_code}): {_tail(self.result)}",
-            f"check that `{python}` runs on {self.node.name} (python: in the inventory)",
+            f"check that `{self.python}` runs on {self.name} (python: in the inventory)",
         )
 
 
-class _Listener(_ProbeRun):
-    def __init__(self, node: ReachNode, args: Sequence[str], timeout: float) -> None:
-        super().__init__(node, args, timeout)
+class Listener(_ProbeRun):
+    """A node's listener (``cbt-reach listen``): its ports, its pid, how it ended."""
+
+    def __init__(
+        self, name: str, transport: Transport, python: str, args: Sequence[str], timeout: float
+    ) -> None:
+        super().__init__(name, transport, python, args, timeout)
         self.reported = threading.Event()  # ready, error or ended
         self.mesh: Listening | None = None
         self.rendezvous: Listening | None = None
@@ -526,8 +590,8 @@ class _Listener(_ProbeRun):
         if self.problem is not None:
             return ProbeFailure(
                 f"the reachability probe cannot listen: {self.problem}",
-                f"check that {self.node.address} is an address of {self.node.name} (the source of its "
-                "route to the master) and that the cluster port is allowed for this user",
+                f"check that this user may listen on TCP ports on {self.name} (ports below 1024 need "
+                "root: choose a cluster port above 1023)",
             )
         if not self.listening:
             return self.failure("reachability")
@@ -539,7 +603,7 @@ class _Listener(_ProbeRun):
         if self.done == "deadline":
             return ProbeFailure(
                 "the reachability listener gave up before every connection was tried",
-                f"{self.node.name} or its SSH server is very slow: rerun `bootstrap check`",
+                f"{self.name} or its SSH server is very slow: rerun `bootstrap check`",
             )
         return None
 
@@ -549,27 +613,32 @@ class _Listener(_ProbeRun):
         if self.pid is None or self.ended.is_set() or self.stop_sent:
             return
         self.stop_sent = True
-        command, outright = stop_command(self.node.transport.platform, self.pid)
+        command, outright = stop_command(self.transport.platform, self.pid)
         try:
-            result = self.node.transport.run(command, timeout=RUN_SLACK)
+            result = self.transport.run(command, timeout=RUN_SLACK)
         except Exception as exc:  # its own deadline still ends it; say so in the log only
-            log.warning("%s: could not stop the reachability listener: %s", self.node.name, exc)
+            log.warning("%s: could not stop the reachability listener: %s", self.name, exc)
             return
         if not result.ok:
-            log.warning("%s: could not stop the reachability listener: %s", self.node.name, _tail(result))
+            log.warning("%s: could not stop the reachability listener: %s", self.name, _tail(result))
         elif outright:
             self.terminated = True
 
 
 class _Connector(_ProbeRun):
     def __init__(
-        self, node: ReachNode, targets: Sequence[tuple[str, Role, str, int]], connect_timeout: float
+        self,
+        node: ReachNode,
+        targets: Sequence[tuple[str, Role, str, int]],
+        connect_timeout: float,
+        token: str,
     ) -> None:
-        args = ["connect", node.address, f"{connect_timeout:g}"]
+        args = ["connect", node.address, f"{connect_timeout:g}", token]
         args += [_target(address, port) for _, _, address, port in targets]
-        super().__init__(node, args, connect_timeout + RUN_SLACK)
+        super().__init__(node.name, node.transport, node.python, args, connect_timeout + RUN_SLACK)
         self.targets = list(targets)  # (target node, role, address, port)
         self.results: dict[int, ConnectResult] = {}
+        self.clock: ClockSample | None = None
         # every result is in ("done" printed, or the run ended): listeners can be settled while
         # this run is still coming back
         self.reported = threading.Event()
@@ -578,6 +647,11 @@ class _Connector(_ProbeRun):
         result = parse_connect_line(line)
         if result is not None and 0 <= result.index < len(self.targets):
             self.results[result.index] = result
+        elif (clock := parse_clock_line(line)) is not None and self.started_at is not None:
+            after = time.time()
+            self.clock = ClockSample(
+                offset=clock.unix_time - (self.started_at + after) / 2, rtt=after - self.started_at
+            )
         elif isinstance(parse_listener_line(line), Done):
             self.reported.set()
 
@@ -586,13 +660,14 @@ class _Connector(_ProbeRun):
 
     def pairs(self) -> list[Pair]:
         return [
-            Pair(self.node.name, target, role, address, port, r.outcome, r.ms, r.detail)
+            Pair(self.name, target, role, address, port, r.outcome, r.ms, r.detail)
             for index, (target, role, address, port) in enumerate(self.targets)
             if (r := self.results.get(index)) is not None
         ]
 
 
-def _in_threads(calls: Sequence[Callable[[], None]], timeout: float) -> None:
+def in_threads(calls: Sequence[Callable[[], None]], timeout: float) -> None:
+    """Run every call in a thread of its own; return when all ended or ``timeout`` passed."""
     threads = [threading.Thread(target=call, daemon=True) for call in calls]
     for thread in threads:
         thread.start()
@@ -607,43 +682,56 @@ def _await(events: Iterable[threading.Event], deadline: float) -> None:
 
 
 def check_reachability(
-    nodes: Sequence[ReachNode], master: str, port: int, *, connect_timeout: float = 2.0
+    nodes: Sequence[ReachNode],
+    master: str,
+    port: int,
+    *,
+    connect_timeout: float = 2.0,
+    plan: MeshPlan | None = None,
+    clocks: dict[str, ClockSample] | None = None,
 ) -> dict[str, Verdict]:
-    """Verdicts keyed by node name (check "reachability"); see the module docstring."""
+    """Verdicts keyed by node name (check "reachability"); see the module docstring.
+
+    ``plan``: what the nodes' listeners were told when some were started already (``ReachNode.listener``);
+    its ``names`` may include nodes missing here (they never answered): listeners waiting for them are
+    stopped. ``clocks`` receives each node's clock sample, taken by its connector."""
     names = [n.name for n in nodes]
     if len(set(names)) != len(names):
         raise ValueError(f"node names must be unique: {names}")
     if master not in names:
         raise ValueError(f"master {master!r} is not among the nodes {names}")
+    plan = plan or MeshPlan(tuple(names), master, port)
+    if plan.master != master or plan.port != port or not set(names) <= set(plan.names):
+        raise ValueError(f"the listeners' plan {plan} does not cover the nodes {names}")
     started = time.monotonic()
-    everyone = [n.address for n in nodes]
-    # a safety net only: listeners normally end on their own or by SIGTERM long before
-    hold = START_TIMEOUT + connect_timeout + RUN_SLACK + STOP_GRACE
-    listeners: dict[str, _Listener] = {}
+    listeners: dict[str, Listener] = {}
     for node in nodes:
-        peers = [other.address for other in nodes if other is not node]
-        args = ["listen", node.address, f"{hold:g}", _address_list(peers)]
-        if node.name == master:
-            args += [str(port), _address_list(everyone)]
-        listeners[node.name] = _Listener(node, args, timeout=hold + RUN_SLACK)
-    for listener in listeners.values():
-        listener.start()
+        if node.listener is not None:
+            listeners[node.name] = node.listener
+            continue
+        own = Listener(
+            node.name, node.transport, node.python, plan.listen_args(node.name), plan.hold + RUN_SLACK
+        )
+        own.start()
+        listeners[node.name] = own
     _await((lst.reported for lst in listeners.values()), time.monotonic() + START_TIMEOUT)
     ready = [name for name in names if listeners[name].listening]
     listened = time.monotonic() - started
 
+    address = {n.name: n.address for n in nodes}
     rendezvous = listeners[master].rendezvous if master in ready else None
     connectors: list[_Connector] = []
     for name in ready:
         targets: list[tuple[str, Role, str, int]] = []
         if rendezvous is not None:
-            targets.append((master, "rendezvous", rendezvous.address, rendezvous.port))
+            targets.append((master, "rendezvous", address[master], rendezvous.port))
         for other in ready:
             mesh = listeners[other].mesh
             if other != name and mesh is not None:
-                targets.append((other, "mesh", mesh.address, mesh.port))
+                targets.append((other, "mesh", address[other], mesh.port))
         if targets:
-            connectors.append(_Connector(next(n for n in nodes if n.name == name), targets, connect_timeout))
+            node = next(n for n in nodes if n.name == name)
+            connectors.append(_Connector(node, targets, connect_timeout, plan.token))
     for connector in connectors:
         connector.start()
     _await((c.reported for c in connectors), time.monotonic() + connect_timeout + RUN_SLACK)
@@ -651,21 +739,21 @@ def check_reachability(
     connected = time.monotonic() - started
 
     # Listeners whose every peer connected end by themselves; the others wait for peers that will
-    # never come (dropped, refused, or no probe on that node): stop those now.
+    # never come (dropped, refused, no probe on that node, or no answer at all): stop those now.
     arrived: dict[tuple[str, Role], int] = defaultdict(int)
     for p in pairs:
         if p.ok:
             arrived[(p.target, p.role)] += 1
     waiting = []
     for name, listener in listeners.items():
-        complete = arrived[(name, "mesh")] == len(nodes) - 1 and (
-            listener.rendezvous is None or arrived[(name, "rendezvous")] == len(nodes)
+        complete = arrived[(name, "mesh")] == len(plan.names) - 1 and (
+            listener.rendezvous is None or arrived[(name, "rendezvous")] == len(plan.names)
         )
         if not complete:
             waiting.append(listener.stop)
-    _in_threads(waiting, RUN_SLACK)
+    in_threads(waiting, RUN_SLACK)
     _await((lst.ended for lst in listeners.values()), time.monotonic() + STOP_GRACE)
-    _in_threads([lst.stop for lst in listeners.values() if not lst.ended.is_set()], RUN_SLACK)
+    in_threads([lst.stop for lst in listeners.values() if not lst.ended.is_set()], RUN_SLACK)
     _await((lst.ended for lst in listeners.values()), time.monotonic() + STOP_GRACE)
     # connectors ended right after their last line: this only collects their exit
     _await((c.ended for c in connectors), time.monotonic() + RUN_SLACK)
@@ -673,7 +761,9 @@ def check_reachability(
     failures: dict[str, ProbeFailure] = {}
     for connector in connectors:
         if len(connector.results) < len(connector.targets):
-            failures[connector.node.name] = connector.failure("connection")
+            failures[connector.name] = connector.failure("connection")
+        if clocks is not None and connector.clock is not None:
+            clocks[connector.name] = connector.clock
     for name, listener in listeners.items():
         if not listener.ended.is_set():
             log.warning("%s: the reachability listener is still running; it ends by its deadline", name)
@@ -693,7 +783,7 @@ def check_reachability(
     master_listener = listeners[master]
     return build_verdicts(
         names,
-        {n.name: n.address for n in nodes},
+        address,
         master,
         port,
         pairs,

@@ -3,7 +3,8 @@
 # the interpreter (version, wheel platform tags), uv on PATH, the managed venv (its stamp and the
 # versions installed in it) and, when asked, a listing of the node's wheelhouse with SHA-256 hashes.
 # Argument: a JSON object {"path": venv path ("~" allowed), "stamp": file name, "wheelhouse": dir|null,
-# "create_wheelhouse": bool}.
+# "create_wheelhouse": bool, "marker": {"dir", "name", "token", "marker_dir"} (optional: written, see
+# write_marker)}.
 import hashlib
 import importlib.util
 import json
@@ -249,6 +250,23 @@ def wheelhouse_listing(directory, create):
     return {"dir": directory, "files": files}
 
 
+def write_marker(marker):
+    """This node's marker for the shared-directory check (orchestrator/steps/preflight/shared_fs.py):
+    a file named after the node, holding this sync's token, in <dir>/<marker_dir>/."""
+    path = os.path.abspath(os.path.expanduser(marker["dir"]))
+    marks = os.path.join(path, marker["marker_dir"])
+    try:
+        if not os.path.isdir(marks):
+            os.makedirs(marks)
+        tmp = os.path.join(marks, ".%s.%d" % (marker["name"], os.getpid()))
+        with open(tmp, "w") as fh:
+            fh.write(marker["token"])
+        os.replace(tmp, os.path.join(marks, marker["name"]))
+    except OSError as exc:
+        return {"path": path, "error": "%s: %s" % (exc.filename or path, exc.strerror or exc)}
+    return {"path": path}
+
+
 def main():
     args = json.loads(sys.argv[1])
     path = os.path.abspath(os.path.expanduser(args["path"]))
@@ -259,6 +277,8 @@ def main():
         "venv": venv_info(path, args["stamp"]),
         "wheelhouse": None,
     }
+    if args.get("marker"):
+        result["marker"] = write_marker(args["marker"])
     if args.get("wheelhouse"):
         directory = os.path.abspath(os.path.expanduser(args["wheelhouse"]))
         result["wheelhouse"] = wheelhouse_listing(directory, args.get("create_wheelhouse"))

@@ -1,27 +1,30 @@
 # Runs on a node, under the node's Python 3 (any 3.6+, standard library only): the network half of the
 # preflight's reachability check (orchestrator/steps/preflight/reachability.py drives it).
 #
-#   python3 -I -c SCRIPT cbt-reach listen ADDR HOLD MESH_FROM [PORT PORT_FROM]
-#       Listens on ADDR port 0 (an ephemeral port, as gloo and NCCL do) and, given PORT (the
-#       rendezvous port), on ADDR:PORT once nothing else on the node listens there. *_FROM list the
-#       source addresses expected to connect (comma separated, repeated for several, "-" for none).
-#       Ends once every expected connection came and was closed by its peer, after HOLD seconds, or
-#       on SIGTERM.
-#   python3 -I -c SCRIPT cbt-reach connect SRC TIMEOUT TARGET...
-#       Connects from SRC to every TARGET ("ADDR:PORT", "[V6]:PORT") at once, within TIMEOUT seconds.
+#   python3 -I -c SCRIPT cbt-reach listen HOLD TOKEN MESH_COUNT [PORT PORT_COUNT]
+#       Listens on every address of the node, port 0 (an ephemeral port, as gloo and NCCL do) and,
+#       given PORT (the rendezvous port), on PORT too unless something on the node listens there
+#       already. A connection counts when it delivers TOKEN and closes; *_COUNT say how many are
+#       expected. Ends once every expected connection came, after HOLD seconds, or on SIGTERM.
+#   python3 -I -c SCRIPT cbt-reach connect SRC TIMEOUT TOKEN TARGET...
+#       Connects from SRC to every TARGET ("ADDR:PORT", "[V6]:PORT") at once, within TIMEOUT
+#       seconds, and hands TOKEN to each listener it reached. Prints its wall clock first.
+#
+# Listening on every address (not the one the controller picked) lets the listener start before the
+# node's facts are read: it runs at the end of the facts' round trip. Peers still dial the address
+# training will use; a firewall sees the same packets either way.
 #
 # The "cbt-reach" tag only marks the process for `pgrep -af cbt-reach`. Output is one event a line,
-# flushed at once (the controller reacts to "ready" while the listener keeps running):
+# flushed at once (the controller reacts to "ready" while the listener keeps running); a connector
+# prints its results in one write, at the end (thousands of lines on a large cluster):
 #   listening on ADDR PORT mesh|rendezvous   busy PORT [HOLDER...]   range LOW HIGH   ready PID
-#   accepted mesh|rendezvous SRC expected|unexpected   done complete|deadline|stopped
-#   result INDEX ok|refused|timeout|unreachable|error MS TARGET DETAIL   error TEXT
+#   done complete|deadline|stopped   error TEXT
+#   clock UNIX_TIME   result INDEX ok|refused|timeout|unreachable|error MS TARGET DETAIL
 import errno
 import os
-import re
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -60,22 +63,52 @@ def on_sigterm(signum: int, frame: object) -> None:
     raise Stopped()
 
 
+def wildcard_socket(port: int) -> socket.socket:
+    """A listening socket on every address of the node: IPv6 and IPv4 at once where the node has
+    IPv6 (as TCPStore binds), else IPv4 only. EADDRINUSE when anything listens on ``port`` already,
+    whichever address it holds (a wildcard bind conflicts with all of them)."""
+    attempts = []
+    if socket.has_ipv6:
+        attempts.append((socket.AF_INET6, "::"))
+    attempts.append((socket.AF_INET, "0.0.0.0"))
+    for family, wildcard in attempts:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 in this kernel
+        try:
+            if os.name != "nt":
+                # a TIME_WAIT left by an earlier check or run must not block the bind (Windows'
+                # SO_REUSEADDR would let us share a port in use instead: not there)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind((wildcard, port))
+            sock.listen(512)
+            sock.setblocking(False)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE or family != socket.AF_INET6:
+                raise
+            # IPv6 disabled on this node: IPv4 only
+    raise OSError(errno.EAFNOSUPPORT, "no IPv4 or IPv6 socket")
+
+
 class Listener:
-    def __init__(self, role: str, address: str, port: int, expected: "list[str]") -> None:
+    def __init__(self, role: str, port: int, expected: int) -> None:
         self.role = role
-        self.sock = socket.socket(family_of(address), socket.SOCK_STREAM)
-        # a TIME_WAIT left by an earlier check (or a finished training run) must not block the bind
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind((address, port))
-        self.sock.listen(max(128, len(expected) + 16))
-        self.sock.setblocking(False)
-        self.address = address
+        self.sock = wildcard_socket(port)
+        self.address = self.sock.getsockname()[0]
         self.port = self.sock.getsockname()[1]
-        self.waiting = list(expected)  # source addresses still to come (a multiset)
+        self.waiting = expected  # connections still to come with the token
 
 
 def port_holder(port: int) -> str:
     """Who listens on ``port``, as ``ss -ltnp`` tells it ("" when it cannot: no ss, not root)."""
+    import re  # only here: the probe starts on every node, and these two imports cost it
+    import subprocess
+
     for ss in _SS_CANDIDATES:
         try:
             proc = subprocess.run(
@@ -101,37 +134,6 @@ def port_holder(port: int) -> str:
     return ""
 
 
-def port_in_use(port: int) -> bool:
-    """Would a wildcard bind of ``port`` fail? That is what TCPStore does, so a listener on any
-    address of the node (loopback included) makes the rendezvous port unusable."""
-    attempts = []
-    if socket.has_ipv6:
-        attempts.append((socket.AF_INET6, "::"))
-    attempts.append((socket.AF_INET, "0.0.0.0"))
-    for family, wildcard in attempts:
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue  # no IPv6 in this kernel
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                # dual stack: conflicts with IPv4 listeners too
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            # bind alone conflicts with a listening socket, even with SO_REUSEADDR
-            sock.bind((wildcard, port))
-            return False
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                return True
-            if family == socket.AF_INET6:
-                continue  # IPv6 disabled: ask IPv4
-            raise
-        finally:
-            sock.close()
-    return False
-
-
 def ephemeral_range() -> "tuple[int, int] | None":
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
@@ -141,41 +143,23 @@ def ephemeral_range() -> "tuple[int, int] | None":
         return None
 
 
-def canonical(address: str) -> str:
-    """The form accept() reports (IPv6 text has many spellings of one address)."""
-    family = family_of(address)
-    try:
-        return socket.inet_ntop(family, socket.inet_pton(family, address))
-    except (OSError, ValueError):
-        return address
-
-
-def sources(text: str) -> "list[str]":
-    return [] if text == "-" else [canonical(a) for a in text.split(",") if a]
-
-
 def listen(args: "list[str]") -> int:
-    address, hold, mesh_from = args[0], float(args[1]), sources(args[2])
+    hold, token, mesh_count = float(args[0]), args[1].encode("ascii"), int(args[2])
     deadline = time.monotonic() + hold
     listeners = []
     try:
-        listeners.append(Listener("mesh", address, 0, mesh_from))
+        listeners.append(Listener("mesh", 0, mesh_count))
     except OSError as exc:
-        emit("error", "cannot listen on " + address + ": " + (exc.strerror or str(exc)))
+        emit("error", "cannot listen: " + (exc.strerror or str(exc)))
         return 2
     if len(args) >= 5:
-        port, port_from = int(args[3]), sources(args[4])
-        busy = False
+        port, port_count = int(args[3]), int(args[4])
         try:
-            busy = port_in_use(port)
-            if not busy:
-                listeners.append(Listener("rendezvous", address, port, port_from))
+            listeners.append(Listener("rendezvous", port, port_count))
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE:  # EACCES below 1024 without root, ...
                 emit("error", "cannot listen on port " + str(port) + ": " + (exc.strerror or str(exc)))
                 return 2
-            busy = True  # taken between the check and our bind
-        if busy:
             emit("busy", port, port_holder(port))
     for lst in listeners:
         emit("listening", "on", lst.address, lst.port, lst.role)
@@ -186,10 +170,9 @@ def listen(args: "list[str]") -> int:
 
     sel = selectors.DefaultSelector()
     for lst in listeners:
-        sel.register(lst.sock, selectors.EVENT_READ, ("listener", lst))
-    open_peers = 0  # accepted connections the client has not closed yet
+        sel.register(lst.sock, selectors.EVENT_READ, ("listener", lst, None, None))
     while True:
-        if not open_peers and not any(lst.waiting for lst in listeners):
+        if not any(lst.waiting > 0 for lst in listeners):
             emit("done", "complete")
             return 0
         left = deadline - time.monotonic()
@@ -197,32 +180,29 @@ def listen(args: "list[str]") -> int:
             emit("done", "deadline")
             return 0
         for key, _ in sel.select(left):
-            kind, obj = key.data
+            kind, lst, got, conn = key.data
             if kind == "listener":
                 try:
-                    conn, peer = obj.sock.accept()
+                    conn, _peer = lst.sock.accept()
                 except OSError:  # reset before we took it, or a spurious wakeup
                     continue
-                expected = peer[0] in obj.waiting
-                emit("accepted", obj.role, peer[0], "expected" if expected else "unexpected")
-                if not expected:
-                    conn.close()  # a stray client (a torchrun retrying?) must not hold us
-                    continue
-                obj.waiting.remove(peer[0])
                 conn.setblocking(False)
-                sel.register(conn, selectors.EVENT_READ, ("peer", conn))
-                open_peers += 1
-            else:
-                # Wait for the client's close, so the TIME_WAIT stays on its side and not on the
-                # rendezvous port that torchrun binds next.
-                try:
-                    data = obj.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(obj)
-                    obj.close()
-                    open_peers -= 1
+                sel.register(conn, selectors.EVENT_READ, ("peer", lst, bytearray(), conn))
+                continue
+            # A peer: it sends the token, then closes. Waiting for its close keeps the TIME_WAIT
+            # on its side, not on the rendezvous port that torchrun binds next.
+            try:
+                data = conn.recv(64)
+            except OSError:
+                data = b""
+            got.extend(data)
+            if data and len(got) <= len(token):
+                continue
+            sel.unregister(conn)
+            conn.close()
+            if bytes(got) == token:
+                lst.waiting -= 1
+            # anything else (a stray client, a torchrun retrying) does not count
 
 
 def split_target(target: str) -> "tuple[str, int]":
@@ -231,14 +211,26 @@ def split_target(target: str) -> "tuple[str, int]":
 
 
 def connect(args: "list[str]") -> int:
-    source, timeout, targets = args[0], float(args[1]), args[2:]
+    emit("clock", "%.6f" % time.time())  # first: its arrival time on the controller dates it
+    source, timeout, token, targets = args[0], float(args[1]), args[2].encode("ascii"), args[3:]
     sel = selectors.DefaultSelector()
     started = time.monotonic()
     deadline = started + timeout
+    lines = []
 
     def report(index: int, outcome: str, detail: str, begun: float) -> None:
         ms = (time.monotonic() - begun) * 1000
-        emit("result", index, outcome, f"{ms:.1f}", targets[index], detail or "-")
+        lines.append("result %d %s %.1f %s %s" % (index, outcome, ms, targets[index], detail or "-"))
+
+    def finish(sock: socket.socket, code: int, index: int, begun: float) -> None:
+        outcome = _OUTCOMES.get(code, "error")
+        report(index, outcome, "" if outcome == "ok" else errname(code), begun)
+        if outcome == "ok":
+            try:
+                sock.send(token)  # a few bytes into an empty send buffer: never blocks
+            except OSError:
+                pass
+        sock.close()  # we close first: the TIME_WAIT stays on this side
 
     for index, target in enumerate(targets):
         address, port = split_target(target)
@@ -255,25 +247,22 @@ def connect(args: "list[str]") -> int:
         if code in _IN_PROGRESS:
             sel.register(sock, selectors.EVENT_WRITE, (index, begun, sock))
             continue
-        sock.close()
-        outcome = _OUTCOMES.get(code, "error")
-        report(index, outcome, "" if outcome == "ok" else errname(code), begun)
+        finish(sock, code, index, begun)
     while sel.get_map():
         left = deadline - time.monotonic()
         if left <= 0:
             break
         for key, _ in sel.select(left):
             index, begun, sock = key.data
-            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             sel.unregister(sock)
-            sock.close()  # we close first: the TIME_WAIT stays on this side
-            outcome = _OUTCOMES.get(code, "error")
-            report(index, outcome, "" if outcome == "ok" else errname(code), begun)
+            finish(sock, sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), index, begun)
     for key in list(sel.get_map().values()):
         index, begun, sock = key.data
         sock.close()
         report(index, "timeout", "", begun)
-    emit("done", "complete")
+    lines.append("done complete")
+    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.flush()
     return 0
 
 
@@ -287,10 +276,10 @@ def main(argv: "list[str]") -> int:
         except Stopped:
             emit("done", "stopped")
             return 0
-    if argv and argv[0] == "connect" and len(argv) >= 3:
+    if argv and argv[0] == "connect" and len(argv) >= 4:
         return connect(argv[1:])
-    sys.stderr.write("usage: cbt-reach listen ADDR HOLD MESH_FROM [PORT PORT_FROM]\n")
-    sys.stderr.write("       cbt-reach connect SRC TIMEOUT ADDR:PORT...\n")
+    sys.stderr.write("usage: cbt-reach listen HOLD TOKEN MESH_COUNT [PORT PORT_COUNT]\n")
+    sys.stderr.write("       cbt-reach connect SRC TIMEOUT TOKEN ADDR:PORT...\n")
     return 2
 
 

@@ -1,46 +1,56 @@
-"""Connect and learn what each node is (the facts behind `bootstrap check`)."""
+"""Connect and learn what each node is: the facts behind `bootstrap facts`, `check`, validate and launch.
+
+Within one session the facts of a node are gathered once (``Session.remember``): the main pipeline's
+preflight hands them to validate and launch. A step that changes a node (``sync``) makes the session
+forget them.
+"""
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.facts import Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import RunsWindows, gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
+from orchestrator.steps.envsync import venv_python
 from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
 
-#: interpreter used on remote nodes when the inventory names none
-DEFAULT_PYTHON = "python3"
+__all__ = [
+    "DEFAULT_PYTHON",
+    "InspectedNode",
+    "facts_key",
+    "facts_plan",
+    "inspect",
+    "inspect_once",
+    "interpreter_for",
+    "training_python",
+]
 
-
-def interpreter_for(node: Node) -> str:
-    """The node's Python: the inventory's, else (local node) the controller's own, else python3."""
-    if node.python:
-        return node.python
-    if node.connection == "local":
-        return sys.executable
-    return DEFAULT_PYTHON
+#: runs the facts of a node's own platform in one round trip (``gather``, or a caller's round trip
+#: that carries more than facts: the preflight's)
+Gatherer = Callable[[Transport, list[Fact[Any]]], FactSet]
 
 
 def training_python(node: Node, inventory: Inventory) -> str:
     """The interpreter training (and the preflight's torch checks) use: the synced venv's when the
     inventory declares an environment (cluster.env: `bootstrap sync` made it), else the node's own."""
-    if inventory.cluster.env.declared:
-        from orchestrator.steps.envsync import venv_python
+    from orchestrator.steps.envsync.master import synced_from_master
 
+    if inventory.cluster.env.declared or synced_from_master(node, inventory):  # `sync --from-master`
         return venv_python(node, inventory)
     return interpreter_for(node)
 
 
 @dataclass
-class NodeFacts:
+class InspectedNode:
     """A node's facts plus how we reached it."""
 
     via: str
@@ -72,13 +82,17 @@ def _windows_plan(
     return [], [*windows_facts(python or node.python), *extra], []
 
 
+def _is_windows(node: Node, transport: Transport) -> bool:
+    return node.os == "windows" and isinstance(transport.platform, (PowerShell, WslShell))
+
+
 def facts_plan(
     node: Node, transport: Transport, extra: Sequence[Fact[Any]] = (), *, python: str | None = None
 ) -> str:
     """The exact script `facts`/`check` run on the node (for --dry-run); markers carry a random
     token per run where this shows TOKEN."""
     platform = transport.platform
-    if node.os == "windows" and isinstance(platform, (PowerShell, WslShell)):
+    if _is_windows(node, transport):
         windows, own, _ = _windows_plan(node, platform, extra, python)
         script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], "TOKEN"))
         if isinstance(platform, WslShell):
@@ -91,11 +105,11 @@ def facts_plan(
 
 
 def _gather_windows(
-    node: Node, transport: Transport, extra: Sequence[Fact[Any]], python: str | None
+    node: Node, transport: Transport, extra: Sequence[Fact[Any]], python: str | None, run: Gatherer
 ) -> FactSet:
     platform = transport.platform
     windows, own, skipped = _windows_plan(node, platform, extra, python)
-    facts = gather(transport, own)
+    facts = run(transport, own)
     if windows and getattr(transport, "run_windows", None) is not None:
         side = gather_windows_side(cast("RunsWindows", transport), windows)
         facts.values.update(side.values)
@@ -112,21 +126,52 @@ def _gather_windows(
 
 
 def inspect(
-    node: Node, transport: Transport, extra: Sequence[Fact[Any]] = (), *, python: str | None = None
-) -> NodeFacts:
+    node: Node,
+    transport: Transport,
+    extra: Sequence[Fact[Any]] = (),
+    *,
+    python: str | None = None,
+    run: Gatherer | None = None,
+) -> InspectedNode:
     """Connect, then gather the standard facts plus ``extra`` ones in the same round trip.
 
-    ``python``: the interpreter whose Python and torch are reported (default: the node's own)."""
+    ``python``: the interpreter whose Python and torch are reported (default: the node's own).
+    ``run``: what runs the facts of the node's own platform (default :func:`gather`)."""
+    run = run or (lambda t, facts: gather(t, facts))
     start = time.monotonic()
     transport.connect()
     connected = time.monotonic() - start
-    if node.os == "windows" and isinstance(transport.platform, (PowerShell, WslShell)):
-        facts = _gather_windows(node, transport, extra, python)
+    if _is_windows(node, transport):
+        facts = _gather_windows(node, transport, extra, python, run)
     else:
-        facts = gather(transport, [*linux_facts(python or interpreter_for(node)), *extra])
-    return NodeFacts(
+        facts = run(transport, [*linux_facts(python or interpreter_for(node)), *extra])
+    return InspectedNode(
         via=transport.describe(),
         facts=facts,
         connect_seconds=connected,
         recorded_host_keys=list(transport.recorded_host_keys),
     )
+
+
+def facts_key(extra: Sequence[Fact[Any]], python: str | None) -> str:
+    """The session memo's key for one set of facts (the inventory, hence each fact's arguments, is
+    fixed for a session)."""
+    return "facts " + (python or "-") + " " + ",".join(f.name for f in extra)
+
+
+def inspect_once(
+    session: Session,
+    node: Node,
+    transport: Transport,
+    extra: Sequence[Fact[Any]] = (),
+    *,
+    python: str | None = None,
+    run: Gatherer | None = None,
+) -> InspectedNode:
+    """:func:`inspect`, once per session and node: the first phase that asks gathers, later phases
+    get the same answer (a failure is not remembered). Connects in any case."""
+    found = session.remember(
+        node.name, facts_key(extra, python), lambda: inspect(node, transport, extra, python=python, run=run)
+    )
+    transport.connect()  # remembered: this phase still needs the connection (idempotent)
+    return found

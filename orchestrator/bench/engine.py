@@ -1,0 +1,166 @@
+"""`bootstrap bench` on a session: the probe on every rank, then (``scaling``) the scaling runs and
+their HTML page. Returns a :class:`BenchReport`; writes ``bench.json`` (and ``scaling.html``) into
+``runs/<id>/`` beside the nodes' logs. Printing is the CLI's (cli/bench.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.bench.probe import Probe, ProbeReport, probe_problems, run_probe
+from orchestrator.bench.scaling import ScalingReport, run_scaling
+from orchestrator.bench.shares import SharesDoc
+from orchestrator.errors import ExitCode
+from orchestrator.executor import exit_code_for
+from orchestrator.logs import RunLog
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+    from orchestrator.render import Renderer
+    from orchestrator.session import Session
+
+
+@dataclass
+class BenchOptions:
+    batch_size: int = 64  # the probe's batch, on each rank
+    repeats: int = 5
+    seconds: float = 0.5  # target time of one repeat
+    timeout: float = 60.0  # seconds every rank has to join
+    workload: str | None = None  # the user's module:function
+    scaling: bool = False
+    steps: int = 50  # training steps per scaling run
+    log_every: int = 10
+
+
+@dataclass
+class BenchReport:
+    run_id: str
+    cluster: str
+    options: BenchOptions
+    directory: Path  # runs/<id>/ here
+    probe: Probe | None = None
+    problems: list[str] = field(default_factory=list)
+    scaling: ScalingReport | None = None
+    html: Path | None = None
+
+    @property
+    def probe_report(self) -> ProbeReport | None:
+        return None if self.probe is None else self.probe.report
+
+    def shares(self) -> SharesDoc | None:
+        """Measured shares of the probe's batch x world (what ``shares: measured`` would ship)."""
+        report = self.probe_report
+        return report.shares() if report is not None and report.ok else None
+
+    @property
+    def ok(self) -> bool:
+        report = self.probe_report
+        probed = report is not None and report.ok and not self.problems
+        return probed and (self.scaling is None or self.scaling.ok)
+
+    def exit_code(self) -> ExitCode:
+        if self.probe is not None:
+            unreachable = [o for o in self.probe.plan.inspected if not o.ok]
+            if unreachable:
+                return exit_code_for(self.probe.plan.inspected)
+        return ExitCode.OK if self.ok else ExitCode.NODES_FAILED
+
+    def public_dict(self) -> dict[str, Any]:
+        report = self.probe_report
+        shares = self.shares()
+        return {
+            "command": "bench",
+            "run_id": self.run_id,
+            "cluster": self.cluster,
+            "ok": self.ok,
+            "backend": None if self.probe is None else self.probe.plan.backend,
+            "probe": None if report is None else report.public_dict(),
+            "shares": None if shares is None else shares.document(),
+            "problems": self.problems,
+            "scaling": None if self.scaling is None else self.scaling.public_dict(),
+            "html": None if self.html is None else str(self.html),
+            "directory": str(self.directory),
+        }
+
+
+def run_bench(
+    session: Session,
+    inventory: Inventory,
+    run_id: str,
+    options: BenchOptions,
+    *,
+    renderer: Renderer | None = None,
+    on_line: Callable[[str, int | None, str], None] | None = None,
+    directory: Path | None = None,
+) -> BenchReport:
+    """The probe on every rank of the inventory's launch plan; then, with ``options.scaling``, the
+    scaling runs (the probe's speeds give their measured shares) and the HTML page."""
+    from orchestrator.bench.report import render_html
+
+    directory = directory or Path("runs") / run_id
+    directory.mkdir(parents=True, exist_ok=True)
+    report = BenchReport(run_id, inventory.cluster.name, options, directory)
+    probe_log = RunLog(directory / "probe")
+
+    def probe_line(node: str, rank: int | None, text: str) -> None:
+        probe_log.write(node, text)
+        if on_line is not None:
+            on_line(node, rank, text)
+
+    try:
+        report.probe = run_probe(
+            session,
+            inventory,
+            run_id,
+            batch_size=options.batch_size,
+            repeats=options.repeats,
+            seconds=options.seconds,
+            timeout=options.timeout,
+            workload=options.workload,
+            renderer=renderer,
+            on_line=probe_line,
+        )
+    finally:
+        probe_log.close()
+    if any(not o.ok for o in report.probe.plan.inspected):
+        return report  # nodes unreachable: the CLI names them
+    report.problems = probe_problems(report.probe)
+    if options.scaling:
+        probe = report.probe.report
+        rates = (
+            {(r.node, r.local_rank): float(r.samples_per_s or 0.0) for r in probe.ranks.values()}
+            if probe.ok
+            else {}
+        )
+        report.scaling = run_scaling(
+            session,
+            inventory,
+            run_id,
+            rates=rates,
+            steps=options.steps,
+            log_every=options.log_every,
+            renderer=renderer,
+            logs=lambda name: RunLog(directory / name),
+            on_line=on_line,
+            global_batch=lambda world: options.batch_size * world,
+        )
+        report.html = directory / "scaling.html"
+        note = (
+            f"cluster {inventory.cluster.name}, bench {run_id}: every figure on this page was measured "
+            "on this cluster by this run"
+        )
+        report.html.write_text(
+            render_html(
+                title=f"Scaling of {inventory.cluster.name}",
+                probe=probe,
+                scaling=report.scaling,
+                data=report.public_dict(),
+                note=note,
+            ),
+            encoding="utf-8",
+        )
+    (directory / "bench.json").write_text(json.dumps(report.public_dict(), indent=1, sort_keys=True) + "\n")
+    return report

@@ -1,0 +1,263 @@
+"""`bootstrap bench`: each rank's measured training speed, the shares it implies, and (--scaling)
+how the training script scales on 1, 2, ... N nodes with equal and measured shares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.cli.common import (
+    Settings,
+    common_options,
+    fail_lines,
+    interrupted,
+    load_selection,
+    open_session,
+    refuse_native_mix,
+    templates_option,
+)
+from orchestrator.errors import ExitCode
+
+if TYPE_CHECKING:
+    from orchestrator.bench.engine import BenchOptions, BenchReport
+    from orchestrator.inventory import Inventory
+    from orchestrator.render import Renderer
+
+
+def _callable(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    module, colon, function = value.partition(":")
+    parts = module.split(".")
+    if not colon or not function.isidentifier() or not all(p.isidentifier() for p in parts):
+        raise click.BadParameter(
+            f"{value!r}: write MODULE:FUNCTION (e.g. mymodels.bench:make_step), the module importable "
+            "from the code directory on the nodes"
+        )
+    return value
+
+
+@click.command()
+@common_options
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Samples per step of the probe's workload, on each rank.",
+)
+@click.option(
+    "--repeats", type=click.IntRange(min=1), default=5, show_default=True, help="Timed repeats per rank."
+)
+@click.option(
+    "--callable",
+    "workload",
+    metavar="MODULE:FUNCTION",
+    callback=_callable,
+    help="Your workload instead of the shipped MLP: FUNCTION(batch_size, device) returns a function "
+    "that trains on one batch (docs/bench.md); MODULE is imported from the code directory.",
+)
+@click.option(
+    "--scaling",
+    is_flag=True,
+    help="Then train (--steps steps) on 1, 2, ... N nodes with equal and measured shares: a table and "
+    "runs/<id>/scaling.html.",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=5),
+    default=50,
+    show_default=True,
+    help="--scaling: training steps per run (the script gets --max-steps).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds every rank has to join before the missing ones are named.",
+)
+@templates_option("whose ranks.sh.j2 replaces the shipped one")
+@click.pass_context
+def bench(
+    ctx: click.Context,
+    batch_size: int,
+    repeats: int,
+    workload: str | None,
+    scaling: bool,
+    steps: int,
+    timeout: float,
+    templates_dir: Path | None,
+) -> None:
+    """Measure every rank's training speed (samples/s) on its own device, with the launch's environment.
+
+    A fixed forward/backward workload (a small MLP, or --callable) runs on every rank at once, timed
+    over --repeats; the table shows each rank's median samples/s, its spread over the repeats, its
+    device, and the share of a global batch `cluster.train.shares: measured` would give it. With
+    --scaling the training script then runs on 1, 2, ... N nodes with equal and measured shares: a
+    table (samples/s, speed-up, efficiency) and an HTML page with the curves. Exit 1 when a rank
+    could not be measured or a run failed. --dry-run prints each node's probe script.
+    """
+    from orchestrator.bench.engine import BenchOptions
+
+    settings = Settings.from_context(ctx)
+    inventory, _ = load_selection(settings)
+    options = BenchOptions(
+        batch_size=batch_size,
+        repeats=repeats,
+        timeout=timeout,
+        workload=workload,
+        scaling=scaling,
+        steps=steps,
+    )
+    ctx.exit(int(run_bench_command(settings, inventory, options, templates_dir=templates_dir)))
+
+
+def run_bench_command(
+    settings: Settings, inventory: Inventory, options: BenchOptions, *, templates_dir: Path | None = None
+) -> ExitCode:
+    from orchestrator.bench.engine import run_bench
+    from orchestrator.render import Renderer, require_secrets, templates_dir_for
+    from orchestrator.runs.ids import new_run_id
+    refuse_native_mix(inventory)
+    ui = settings.ui
+    nodes = list(inventory.nodes)
+    if settings.nodes:
+        ui.note("bench runs every node of the inventory: the probe uses the whole cluster's launch plan")
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    run_id = new_run_id(inventory.cluster.name, kind="bench", reserve=not settings.dry_run)
+    if settings.dry_run:
+        _dry_run(settings, inventory, renderer, run_id, options)
+        return ExitCode.OK
+    require_secrets(inventory)
+    printer = ui.line_printer([n.name for n in nodes])
+
+    def on_line(node: str, rank: int | None, text: str) -> None:
+        if settings.verbose and not settings.json_mode:
+            printer.write_rank(node, rank, text)
+
+    with open_session(settings, inventory, nodes) as session:
+        try:
+            with ui.progress([n.name for n in nodes], "bench") as on_event:
+                session.executor.on_event = on_event
+                report = run_bench(session, inventory, run_id, options, renderer=renderer, on_line=on_line)
+        except KeyboardInterrupt:
+            interrupted(ui)
+    probe = report.probe
+    if probe is not None and any(not o.ok for o in probe.plan.inspected):
+        fail_lines(ui, [o for o in probe.plan.inspected if not o.ok])
+        return report.exit_code()
+    code = report.exit_code()
+    if settings.json_mode:
+        ui.print_json({**report.public_dict(), "exit_code": int(code)})
+        return code
+    show(settings, report)
+    return code
+
+
+def show(settings: Settings, report: BenchReport) -> None:
+    """The tables, the problems, where the files are."""
+    from orchestrator.bench.report import (
+        PROBE_HEADER,
+        RANK_HEADER,
+        SCALING_HEADER,
+        probe_rows,
+        rank_rows,
+        scaling_rows,
+    )
+
+    ui = settings.ui
+    probe = report.probe_report
+    if probe is not None:
+        shares = report.shares()
+        table = Table(
+            title=Text(
+                f"samples/s per rank: {probe.workload}, batch {probe.batch_size}, {probe.repeats} repeats "
+                f"(backend {report.probe.plan.backend if report.probe else '?'})"
+            ),
+            title_justify="left",
+        )
+        header = [h for h in PROBE_HEADER if h != "error"]
+        if shares is not None:
+            header.append(f"share of {shares.global_batch}")
+        for column in header:
+            table.add_column(column, justify="left" if column in ("node", "device") else "right")
+        slowest = probe.slowest()
+        for row, rank in zip(probe_rows(probe), sorted(probe.ranks), strict=True):
+            cells = row[: len(PROBE_HEADER) - 1]
+            if shares is not None and shares.shares is not None:
+                cells.append(str(shares.shares[rank]))
+            style = (
+                "bold red" if slowest is not None and rank == slowest.rank and len(probe.ranks) > 1 else ""
+            )
+            table.add_row(*cells, style=style)
+        ui.print_table(table)
+        fastest = max((r.samples_per_s or 0.0 for r in probe.ranks.values()), default=0.0)
+        if slowest is not None and slowest.samples_per_s and len(probe.ranks) > 1:
+            ui.info(
+                f"slowest: rank {slowest.rank} on {slowest.node} ({slowest.samples_per_s:.0f} samples/s, "
+                f"{fastest / slowest.samples_per_s:.2f}x slower than the fastest)"
+            )
+        if shares is not None:
+            ui.note(
+                "cluster.train.shares: measured gives each rank such a share of every global batch "
+                "(the training script's own batch, in the same proportions)"
+            )
+    for problem in report.problems:
+        ui.error(problem)
+    scaling = report.scaling
+    if scaling is not None:
+        table = Table(title=Text(f"scaling, {scaling.steps} steps per run"), title_justify="left")
+        for column in SCALING_HEADER:
+            table.add_column(column, justify="right")
+        for cells in scaling_rows(scaling):
+            table.add_row(*cells)
+        ui.print_table(table)
+        ranks = Table(title=Text("per rank, largest node set"), title_justify="left")
+        for column in RANK_HEADER:
+            ranks.add_column(column, justify="left" if column == "node" else "right")
+        for cells in rank_rows(scaling):
+            ranks.add_row(*cells)
+        ui.print_table(ranks)
+        for run in scaling.runs:
+            if run.error:
+                ui.error(f"{len(run.nodes)} node(s), {run.mode} shares: {run.error}")
+        if report.html is not None:
+            ui.note(f"report: {report.html}")
+    ui.note(f"per-node output and bench.json: {report.directory}/")
+
+
+def _dry_run(
+    settings: Settings, inventory: Inventory, renderer: Renderer, run_id: str, options: BenchOptions
+) -> None:
+    from orchestrator.bench.probe import TEMPLATE, WORKER, probe_specs
+    from orchestrator.cli.common import offline_specs
+    from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+    from orchestrator.resources import package_file
+
+    backend, specs = offline_specs(settings.ui, inventory, run_id)
+    planned = dry_run_nodes(
+        settings,
+        inventory,
+        probe_specs(
+            specs,
+            batch_size=options.batch_size,
+            repeats=options.repeats,
+            seconds=options.seconds,
+            timeout=options.timeout,
+            workload=options.workload,
+        ),
+        renderer,
+        template=TEMPLATE,
+        script_file=package_file("bench/" + WORKER),
+    )
+    print_dry_run(settings, "bench", run_id, backend, planned)
+    if options.scaling:
+        settings.ui.note(
+            f"--scaling would then run the training script for {options.steps} steps on 1 to "
+            f"{len(inventory.nodes)} node(s), with equal and measured shares"
+        )

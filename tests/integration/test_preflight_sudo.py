@@ -1,0 +1,77 @@
+"""`bootstrap check` says, before the firewall and time steps run, which login cannot become root.
+
+Real users on the namespace cluster: root, one without any sudo rule, one with passwordless sudo.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import CliRun, write_inventory
+
+Bootstrap = Callable[..., CliRun]
+#: Python under /root is not readable by other users: Debian's own (no torch: versions fail, unasked)
+PYTHON = "/usr/bin/python3"
+NO_SUDO, SUDO_OK = "cbtnosudo", "cbtsudook"
+
+
+@pytest.fixture
+def users(cluster: NamespaceCluster) -> Iterator[None]:
+    cluster.add_user(NO_SUDO, sudo="none")
+    cluster.add_user(SUDO_OK, sudo="nopasswd")
+    try:
+        yield
+    finally:
+        cluster.remove_user(NO_SUDO)
+        cluster.remove_user(SUDO_OK)
+
+
+def _inventory(cluster: NamespaceCluster, path: Path, **settings: Any) -> Path:
+    users = {"node1": "root", "node2": NO_SUDO, "node3": SUDO_OK}
+    nodes = [{"name": h.name, "host": h.addr, "user": users[h.name], "python": PYTHON} for h in cluster.hosts]
+    return write_inventory(path, nodes, master="node1", **settings)
+
+
+def _sudo_verdicts(run: CliRun) -> dict[str, dict[str, Any]]:
+    assert run.stdout, run
+    return {n["name"]: n["checks"]["sudo"] for n in json.loads(run.stdout)["nodes"]}
+
+
+def test_a_login_without_passwordless_sudo_fails_before_the_pipeline_needs_root(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, users: None, tmp_path: Path
+) -> None:
+    inv = _inventory(cluster, tmp_path / "h.yaml")  # 3 nodes: the pipeline runs firewall and time sync
+    run = bootstrap("-i", str(inv), "--json", "check")
+    assert run.returncode == 1, run
+    sudo = _sudo_verdicts(run)
+    assert sudo["node1"]["level"] == "ok" and sudo["node1"]["reason"].startswith("logged in as root")
+    assert sudo["node3"]["level"] == "ok" and f"{SUDO_OK} can run root commands with `sudo -n`" in sudo["node3"]["reason"]
+    strict = sudo["node2"]
+    assert strict["level"] == "fail", strict
+    assert strict["reason"].startswith(f"{NO_SUDO} cannot run root commands without a password here (")
+    assert "firewall and time sync steps would stop here" in strict["reason"]
+    assert f"on node2, as root: `echo '{NO_SUDO} ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/" in strict["fix"]
+    assert strict["data"]["needed_by"] == ["firewall", "time sync"]
+
+    human = bootstrap("-i", str(inv), "check")
+    assert human.returncode == 1, human
+    assert re.search(rf"node2 FAIL sudo: {NO_SUDO} cannot run root commands without a password", human.stderr)
+    assert "NOPASSWD: ALL" in human.stderr and "NOT ready to train" in human.stderr
+
+
+def test_without_managed_firewall_and_time_it_is_only_a_warning(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, users: None, tmp_path: Path
+) -> None:
+    inv = _inventory(cluster, tmp_path / "h.yaml", firewall={"manage": False}, time={"manage": False})
+    sudo = _sudo_verdicts(bootstrap("-i", str(inv), "--json", "check"))
+    assert sudo["node2"]["level"] == "warn", sudo["node2"]
+    assert "this cluster's pipeline runs neither" in sudo["node2"]["reason"]
+    assert "NOPASSWD" in sudo["node2"]["fix"]
+    assert {sudo[n]["level"] for n in ("node1", "node3")} == {"ok"}

@@ -1,0 +1,387 @@
+"""The WinRM transport against the test server where it plays what a default Windows host does, and
+the test would pass only if the PRODUCT handles it (not the server):
+
+- a stopped ``wsl.exe`` command leaves its Linux processes running (Windows ends wsl.exe only): what
+  stops them is the product closing the command's stdin first (``stop_on_hangup`` in the script,
+  end-of-file sent by the transport);
+- stderr is CLIXML only for PowerShell's own error records; ``[Console]::Error`` and native programs
+  write plain text, before or inside the CLIXML document;
+- ``AllowUnencrypted=false``: Basic over HTTP is refused (the product must say what to do), NTLM over
+  HTTP must seal every message;
+- ``MaxEnvelopeSizekb``: every request the product sends fits the smallest Windows value (150 KiB);
+- the SHA-256 check of transfers, with the SERVER corrupting the bytes in either direction;
+- cmd.exe's 8191-character limit, taken from the server's own constant: a command line exactly at it
+  and just under it runs inline, one character over goes through the product's upload fallback;
+- certificate authentication: a TLS client certificate of the host's CA, mapped to an account.
+
+Native (PowerShell) transfers are played by ``tests.integration.test_winrm_transport.Emulator``
+(no PowerShell runs here); WSL ones run the product's real sh scripts as Linux processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import AuthenticationError, TransferError
+from orchestrator.inventory import WinRMSettings
+from orchestrator.platforms import Platform
+from orchestrator.platforms.powershell import PowerShell
+from orchestrator.platforms.wsl import WslShell
+from orchestrator.transports.winrm import WinRMTransport
+from tests.integration.test_winrm_transport import Emulator
+from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer
+from tests.winrm_server.server import CMD_LINE_LIMIT
+
+DISTRO = "Ubuntu-22.04"
+
+
+def _transport(
+    server: WinRMServer, platform: Platform | None = None, *, allow_insecure: bool = False, **settings: Any
+) -> WinRMTransport:
+    settings.setdefault("transport", "ntlm" if "ntlm" in server.auth_methods else "basic")
+    return WinRMTransport(
+        "win1",
+        platform or PowerShell(),
+        host=server.host,
+        port=server.port,
+        user="bob",
+        settings=WinRMSettings(scheme="https" if server.tls else "http", **settings),
+        allow_insecure=allow_insecure,
+        password=lambda: "pw",
+        connect_timeout=5.0,
+    )
+
+
+@pytest.fixture
+def server() -> Iterator[WinRMServer]:
+    """A default Windows host: NTLM over HTTP (sealed), AllowUnencrypted=false, MaxEnvelopeSizekb 500."""
+    srv = WinRMServer(auth="ntlm", username="bob", password="pw")
+    srv.on_powershell = Emulator(srv.files)
+    with srv:
+        yield srv
+
+
+def _until(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _alive(marker: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False).stdout.split()
+
+
+# -- WSL: what stops the Linux processes is the product's end-of-file ----------------------------------
+
+
+def test_a_timed_out_wsl_command_is_stopped_by_the_products_end_of_file(server: WinRMServer) -> None:
+    """Windows (and this server) ends only wsl.exe on terminate and shell Delete. The Linux processes
+    are gone because the transport closed the command's stdin before terminating it."""
+    marker = f"cbt-eof-timeout-{time.monotonic_ns()}"
+    transport = _transport(server, WslShell(DISTRO))
+    try:
+        result = transport.run(f"echo started; sleep 300; : {marker}", timeout=1.5)
+    finally:
+        transport.close()
+    assert result.timed_out and result.stdout == "started\n"
+    assert server.requests.count("Send") == 1  # the end-of-file: the command had no other input
+    assert _until(lambda: not _alive(marker)), _alive(marker)
+    assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
+
+
+def test_a_cancelled_wsl_command_is_stopped_by_the_products_end_of_file(server: WinRMServer) -> None:
+    marker = f"cbt-eof-cancel-{time.monotonic_ns()}"
+    transport = _transport(server, WslShell(DISTRO))
+    started = threading.Event()
+    threading.Thread(target=lambda: (started.wait(10), transport.close()), daemon=True).start()
+    result = transport.run(f"echo started; sleep 300; : {marker}", on_line=lambda s, line: started.set())
+    assert result.exit_code is None and not result.timed_out
+    assert server.requests.count("Send") == 1
+    assert _until(lambda: not _alive(marker)), _alive(marker)
+    assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
+
+
+# -- stderr: plain text and CLIXML, as Windows mixes them ---------------------------------------------
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["plain-before-clixml", "plain-inside-clixml"])
+def test_plain_and_clixml_stderr_both_read_as_text(server: WinRMServer, inside: bool) -> None:
+    """A script whose native program (or [Console]::Error.WriteLine) writes plain text and which also
+    fails a cmdlet (an error record, CLIXML): the user reads both as lines, in order, nothing of
+    the XML left."""
+
+    def answer(call: PwshCall) -> Answer:
+        return Answer(
+            stdout="out\n",
+            console_stderr="python.exe: naïve warning ✓\nsecond plain line\n",
+            stderr="Get-Item : Cannot find path 'C:\\nope_x' because it does not exist.\n"
+            "    + CategoryInfo          : ObjectNotFound: (C:\\nope_x:String) [Get-Item]",
+            console_stderr_inside=inside,
+            exit_code=1,
+        )
+
+    server.on_powershell = Emulator(server.files, answer)
+    lines: list[tuple[str, str]] = []
+    transport = _transport(server)
+    try:
+        result = transport.run(
+            "python.exe -c 'x'; Get-Item C:\\nope_x", on_line=lambda s, x: lines.append((s, x))
+        )
+    finally:
+        transport.close()
+    expected = [
+        "python.exe: naïve warning ✓",
+        "second plain line",
+        "Get-Item : Cannot find path 'C:\\nope_x' because it does not exist.",
+        "    + CategoryInfo          : ObjectNotFound: (C:\\nope_x:String) [Get-Item]",
+    ]
+    assert result.exit_code == 1 and result.stdout == "out\n"
+    assert result.stderr.splitlines() == expected
+    assert [x for s, x in lines if s == "stderr"] == expected
+    assert not any(t in result.stderr for t in ("CLIXML", "<Objs", "<S ", "_x000D_", "Preparing modules"))
+
+
+def test_native_programs_stderr_passes_unchanged(server: WinRMServer) -> None:
+    """A WSL command's stderr is the Linux program's own bytes (no CLIXML at all); one that merely
+    looks like markup stays as it is."""
+    transport = _transport(server, WslShell(DISTRO))
+    try:
+        result = transport.run("echo 'plain <S S=\"Error\">x</S> _x000D_' >&2; echo 'ünïcode' >&2; exit 2")
+    finally:
+        transport.close()
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == ['plain <S S="Error">x</S> _x000D_', "ünïcode"]
+
+
+# -- AllowUnencrypted=false ------------------------------------------------------------------------------
+
+
+def test_basic_over_http_refused_by_a_default_host_says_to_use_https() -> None:
+    """The inventory allowed Basic over HTTP (allow_insecure: true); a default Windows host still
+    refuses it. The user is told why and what to do, not only that the password was rejected."""
+    with WinRMServer(auth="basic", username="bob", password="pw") as srv:
+        transport = _transport(srv, transport="basic", allow_insecure=True)
+        with pytest.raises(AuthenticationError) as caught:
+            transport.connect()
+        assert srv.commands == [] and srv.refusals[0].startswith("401 Basic over HTTP")
+    text = str(caught.value)
+    assert "node 'win1'" in text and "rejected" in text
+    assert 'AllowUnencrypted="true"' in text and "HTTPS" in text
+
+
+def test_the_cli_shows_the_https_advice_with_exit_3(tmp_path: Path) -> None:
+    from tests.conftest import BOOTSTRAP, write_inventory
+
+    with WinRMServer(auth="basic", username="bob", password="pw") as srv:
+        node = {"name": "win1", "host": srv.host, "port": srv.port, "os": "windows", "user": "bob"}
+        node.update(password_env="CBT_WIN_PASS", windows={"mode": "native"}, allow_insecure=True)
+        node["winrm"] = {"transport": "basic", "scheme": "http"}
+        inventory = write_inventory(tmp_path / "hosts.yaml", [node])
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "Write-Output", "ok"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(tmp_path),
+                "NO_COLOR": "1",
+                "CBT_WIN_PASS": "pw",
+            },
+            stdin=subprocess.DEVNULL,
+        )
+        assert srv.commands == []
+    assert run.returncode == 3, run.stderr
+    assert "win1" in run.stderr and 'AllowUnencrypted="true"' in run.stderr and "HTTPS" in run.stderr
+
+
+def test_ntlm_over_http_passes_a_default_host_because_every_message_is_sealed(server: WinRMServer) -> None:
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="ok\n"))
+    transport = _transport(server)
+    try:
+        assert transport.run("Write-Output ok").stdout == "ok\n"
+    finally:
+        transport.close()
+    assert server.refusals == [] and server.encrypted_requests == len(server.requests) > 0
+
+
+# -- MaxEnvelopeSizekb -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_transfers_fit_the_smallest_windows_envelope(mode: str, tmp_path: Path) -> None:
+    """150 KiB, Windows' MaxEnvelopeSizekb before Windows 8 / Server 2012 (500 since): a 1 MB
+    round trip, and no request the product sends is refused (HTTP 413) or larger."""
+    payload = os.urandom(1_000_000)
+    (tmp_path / "src.bin").write_bytes(payload)
+    remote = "C:\\data\\big.bin" if mode == "native" else str(tmp_path / "wsl" / "big.bin")
+    with WinRMServer(auth="ntlm", username="bob", password="pw", max_envelope_kb=150) as srv:
+        srv.on_powershell = Emulator(srv.files)
+        transport = _transport(srv, PowerShell() if mode == "native" else WslShell(DISTRO))
+        try:
+            transport.put(tmp_path / "src.bin", remote)
+            transport.get(remote, tmp_path / "back.bin")
+        finally:
+            transport.close()
+        assert srv.refusals == []
+        assert 100 * 1024 < srv.largest_request <= 150 * 1024  # big Sends, yet under the limit
+    assert (tmp_path / "back.bin").read_bytes() == payload
+
+
+# -- SHA-256: the server corrupts the bytes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_a_put_corrupted_on_the_way_fails_the_check_and_replaces_nothing(
+    server: WinRMServer, mode: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(200_000))
+    if mode == "native":
+        target = "C:\\data\\model.bin"
+        server.files[target] = b"old contents"
+    else:
+        target = str(tmp_path / "wsl" / "model.bin")
+        Path(target).parent.mkdir()
+        Path(target).write_bytes(b"old contents")
+    corruption = server.corrupt("stdin", at=5000)
+    transport = _transport(server, PowerShell() if mode == "native" else WslShell(DISTRO))
+    try:
+        with pytest.raises(TransferError) as caught:
+            transport.put(src, target)
+    finally:
+        transport.close()
+    assert corruption.fired and corruption.offset is not None and corruption.offset >= 5000
+    text = str(caught.value)
+    assert (
+        "node 'win1'" in text and "model.bin" in text and "SHA-256" in text and "nothing was replaced" in text
+    )
+    if mode == "native":
+        assert server.files[target] == b"old contents" and list(server.files) == [target]
+    else:
+        assert Path(target).read_bytes() == b"old contents"
+        assert sorted(p.name for p in Path(target).parent.iterdir()) == ["model.bin"]
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_a_get_corrupted_on_the_way_fails_the_check_and_writes_nothing(
+    server: WinRMServer, mode: str, tmp_path: Path
+) -> None:
+    data = os.urandom(200_000)
+    if mode == "native":
+        source = "C:\\data\\result.bin"
+        server.files[source] = data
+    else:
+        source = str(tmp_path / "result.bin")
+        Path(source).write_bytes(data)
+    local = tmp_path / "out" / "result.bin"
+    corruption = server.corrupt("stdout", at=5000)
+    transport = _transport(server, PowerShell() if mode == "native" else WslShell(DISTRO))
+    try:
+        with pytest.raises(TransferError) as caught:
+            transport.get(source, local)
+        # the same file, not corrupted this time, arrives whole: the check itself is not what failed
+        transport.get(source, tmp_path / "out" / "again.bin")
+    finally:
+        transport.close()
+    assert corruption.fired and corruption.offset is not None and corruption.offset >= 5000
+    text = str(caught.value)
+    assert "node 'win1'" in text and "result.bin" in text and "failed the SHA-256 check" in text
+    assert not local.exists() and not local.with_name("result.bin.part").exists()
+    assert (tmp_path / "out" / "again.bin").read_bytes() == data
+
+
+# -- cmd.exe's 8191 characters ---------------------------------------------------------------------------
+
+
+def _script_of_line_length(length: int) -> tuple[str, str]:
+    """(distribution, script) whose command line, as the transport builds it for a WSL node, is
+    exactly ``length`` characters (the base64 in it grows 4 at a time: the distribution's name
+    shifts it)."""
+    for distro in ("D", "Dx", "Dxx", "Dxxx"):
+        platform = WslShell(distro)
+
+        def line(pad: int, platform: WslShell = platform) -> int:
+            return len(platform.login_command(platform.stop_on_hangup("echo " + "y" * pad)))
+
+        low, high = 0, length
+        while low < high:  # the smallest pad whose line is at least `length`
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if line(mid) < length else (low, mid)
+        if line(low) == length:
+            return distro, "echo " + "y" * low
+    raise AssertionError(f"no script makes a {length}-character line")
+
+
+@pytest.mark.parametrize(
+    "over", [0, -1, -3, 1], ids=["exactly-the-limit", "one-under", "three-under", "one-over"]
+)
+def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
+    server: WinRMServer, over: int
+) -> None:
+    length = CMD_LINE_LIMIT + over  # the server's own constant, not the product's
+    distro, script = _script_of_line_length(length)
+    server.wsl.distros = [Distro(distro, default=True)]
+    transport = _transport(server, WslShell(distro))
+    try:
+        planned = transport.plan(script)
+        result = transport.run_raw(script)
+    finally:
+        transport.close()
+    assert result.ok and result.stdout == script[len("echo ") :] + "\n", result.stderr
+    assert "too long" not in result.stderr
+    assert all(len(line) <= CMD_LINE_LIMIT for line in server.commands)
+    if over <= 0:
+        assert [len(line) for line in server.commands] == [length]  # sent as it is
+        assert "uploaded to a temporary file" not in planned
+    else:
+        # the product's fallback: upload the script into the distribution, run it, delete it
+        assert len(server.commands) == 3 and length not in [len(line) for line in server.commands]
+        assert "uploaded to a temporary file" in planned
+        assert not list(Path("/tmp").glob("bootstrap-*.sh"))
+
+
+# -- winrm.transport: certificate --------------------------------------------------------------------
+
+
+def _certificate_transport(server: WinRMServer, key_file: Path) -> WinRMTransport:
+    return WinRMTransport(
+        "win1",
+        PowerShell(),
+        host=server.host,
+        port=server.port,
+        user=None,
+        settings=WinRMSettings(scheme="https", transport="certificate", ca_bundle=str(server.ca_file)),
+        key_file=str(key_file),
+        password=lambda: None,
+        connect_timeout=5.0,
+    )
+
+
+def test_the_certificate_transport_logs_in_with_the_client_certificate() -> None:
+    """The TLS client certificate (one PEM with its key, the node's key_file:) is the login: no
+    password, no user name; a certificate the host maps to no account is refused."""
+    with WinRMServer(auth="certificate", username="bob", tls=True) as srv:
+        srv.on_powershell = lambda call: Answer(stdout="as bob\n")
+        transport = _certificate_transport(srv, srv.client_certificate())
+        try:
+            assert transport.run("Write-Output whoami").stdout == "as bob\n"
+        finally:
+            transport.close()
+        assert srv.refusals == [] and len(srv.calls) == 1
+        stranger = _certificate_transport(srv, srv.client_certificate("mallory"))
+        with pytest.raises(AuthenticationError) as caught:
+            stranger.connect()
+        assert srv.refusals == ["401 no client certificate mapped to a user"] and len(srv.calls) == 1
+    assert "node 'win1'" in str(caught.value) and "rejected" in str(caught.value)

@@ -1,0 +1,127 @@
+"""One node layout (runs/layout.py): ``{node}`` in ``workdir`` gives nodes that share a filesystem a
+directory each, for everything placed below it; what the user is told names the real paths; the
+commands printed after a detached launch work as pasted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from orchestrator.cli.common import Settings, again
+from orchestrator.inventory import load_inventory_text
+from orchestrator.render import plan_launch
+from orchestrator.runs.layout import logs_where, run_dir_for, workdir_for
+from orchestrator.steps.codesync.sync import code_dest
+from orchestrator.steps.envsync.spec import env_path
+from orchestrator.steps.preflight import preflight_facts
+from tests.conftest import BOOTSTRAP
+
+SHARED = """\
+cluster: {name: lab, master: a}
+defaults: {workdir: "/nfs/home/jo/cb-{node}/", user: jo}
+nodes:
+  - {name: a, host: 10.0.0.1}
+  - {name: b, host: 10.0.0.2}
+  - {name: c, host: 10.0.0.3, workdir: /scratch/c-own}
+"""
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_INVENTORY"}
+    env.update({"NO_COLOR": "1", "HOME": str(cwd)})
+    return subprocess.run(
+        [BOOTSTRAP, *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_nodes_sharing_a_filesystem_get_a_workdir_each() -> None:
+    inventory = load_inventory_text(SHARED, "hosts.yaml")
+    a, b, c = inventory.nodes
+    assert [workdir_for(n) for n in (a, b, c)] == ["/nfs/home/jo/cb-a", "/nfs/home/jo/cb-b", "/scratch/c-own"]
+    # everything below the workdir follows: runs, the code, the environment, the disk-space check
+    assert run_dir_for(a, "r1") == "/nfs/home/jo/cb-a/runs/r1/a"
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={}, pythons={}
+    )
+    assert [s.code_dir for s in specs] == [
+        "/nfs/home/jo/cb-a/code",
+        "/nfs/home/jo/cb-b/code",
+        "/scratch/c-own/code",
+    ]
+    assert code_dest(inventory.cluster, b) == "/nfs/home/jo/cb-b/code"
+    assert env_path(b) == "/nfs/home/jo/cb-b/venv"
+    disk = [f for f in preflight_facts(b, a) if type(f).__name__ == "DiskFree"]
+    assert [f.workdir for f in disk] == ["/nfs/home/jo/cb-b"]
+
+
+def test_without_a_workdir_the_default_one_and_a_root_workdir_stays_a_path() -> None:
+    inventory = load_inventory_text(
+        "nodes:\n  - {name: a, host: 10.0.0.1}\n  - {name: b, host: 10.0.0.2, workdir: /}\n", "h.yaml"
+    )
+    a, b = inventory.nodes
+    assert workdir_for(a) == "~/cluster-bootstrap" and run_dir_for(a, "r") == "~/cluster-bootstrap/runs/r/a"
+    assert workdir_for(b) == "/" and run_dir_for(b, "r") == "/runs/r/b" and env_path(b) == "/venv"
+
+
+def test_the_end_of_run_line_names_the_path_when_every_node_has_it() -> None:
+    same = load_inventory_text("nodes:\n  - {name: a, host: h1}\n  - {name: b, host: h2}\n", "h.yaml")
+    assert logs_where(same.nodes, "r1") == "~/cluster-bootstrap/runs/r1/<node>/node.log on each node"
+    shared = load_inventory_text(SHARED, "hosts.yaml")
+    assert logs_where(shared.nodes, "r1") == (
+        "runs/r1/<node>/node.log under each node's workdir (`bootstrap inventory` lists them)"
+    )
+
+
+def test_inventory_shows_each_nodes_workdir(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text(SHARED)
+    shown = _cli("-i", "hosts.yaml", "inventory", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    # rich's table: the header between ┃, the rows between │
+    lines = [ln.replace("┃", "│") for ln in shown.stdout.splitlines()]
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if "│" in ln]
+    header, *nodes = rows
+    workdirs = {row[0]: row[header.index("workdir")] for row in nodes}
+    assert workdirs == {"a (master)": "/nfs/home/jo/cb-a", "b": "/nfs/home/jo/cb-b", "c": "/scratch/c-own"}
+
+
+def test_a_launch_puts_each_nodes_run_in_its_own_workdir(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text(SHARED)
+    dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    nodes = json.loads(dry.stdout)["nodes"]
+    assert [n["run_dir"] for n in nodes] == [
+        "/nfs/home/jo/cb-a/runs/r1/a",
+        "/nfs/home/jo/cb-b/runs/r1/b",
+        "/scratch/c-own/runs/r1/c",
+    ]
+
+
+def test_the_next_command_carries_the_files_that_reach_the_nodes() -> None:
+    settings = Settings(
+        inventory=Path("lab hosts.yaml"),
+        known_hosts=Path("/home/jo/lab known_hosts"),
+        ssh_config=Path("ssh/config"),
+        nodes=("a",),
+    )
+    assert shlex.split(again(settings, "status", "lab-1")) == [
+        "bootstrap",
+        "-i",
+        "lab hosts.yaml",
+        "--known-hosts",
+        "/home/jo/lab known_hosts",
+        "--ssh-config",
+        "ssh/config",
+        "status",
+        "--run",
+        "lab-1",
+    ]  # no --nodes: a run spans the whole inventory
+    assert again(Settings(), "stop", "r1") == "bootstrap stop --run r1"
