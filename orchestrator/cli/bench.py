@@ -123,6 +123,7 @@ def run_bench_command(
     from orchestrator.bench.engine import run_bench
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.runs.ids import new_run_id
+
     refuse_native_mix(inventory)
     ui = settings.ui
     nodes = list(inventory.nodes)

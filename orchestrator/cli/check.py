@@ -35,7 +35,7 @@ from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect, tr
 @click.command()
 @common_options
 @click.pass_context
-def check(ctx: click.Context) -> None:
+def check(ctx: click.Context) -> int:
     """Will this cluster train? Connect to every node, show what it is, and check it.
 
     Checks, each ok / warn / fail per node with the reason and the fix: versions (torch, Python,
@@ -45,7 +45,7 @@ def check(ctx: click.Context) -> None:
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    ctx.exit(int(run_check(settings, inventory, nodes)))
+    return run_check(settings, inventory, nodes)
 
 
 def run_check(
@@ -133,14 +133,14 @@ def run_check(
 @click.command()
 @common_options
 @click.pass_context
-def facts(ctx: click.Context) -> None:
+def facts(ctx: click.Context) -> int:
     """Connect to every node and show what it is, checking nothing (like `ansible -m setup`)."""
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     if settings.dry_run:
         print_plans(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
-        return
+        return ExitCode.OK
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "facts") as on_event, session:
@@ -162,10 +162,10 @@ def facts(ctx: click.Context) -> None:
             for o in outcomes
         ]
         ui.print_json({"command": "facts", "nodes": nodes_json, "exit_code": int(code)})
-        ctx.exit(int(code))
+        return code
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")
-    ctx.exit(int(code))
+    return code
 
 
 _LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}

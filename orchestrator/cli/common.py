@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -344,12 +344,21 @@ def again(settings: Settings, command: str, run_id: str) -> str:
     return " ".join([*words, command, "--run", shlex.quote(run_id)])
 
 
-def interrupted(ui: UI) -> None:
+class CommandExit(Exception):
+    """Ends a command with ``code`` from deep inside it (an interrupt while nodes work); turned into
+    the exit status by the group's one exit path (cli/main.py), like a command's returned code."""
+
+    def __init__(self, code: ExitCode) -> None:
+        super().__init__(int(code))
+        self.code = code
+
+
+def interrupted(ui: UI) -> NoReturn:
     """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled."""
     terminated = isinstance(sys.exc_info()[1], Terminated)
     what = "terminated (SIGTERM)" if terminated else "interrupted"
     ui.error(f"{what}: connections closed, commands still running on the nodes were stopped")
-    raise SystemExit(int(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED))
+    raise CommandExit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
 
 
 def templates_option(which: str = "searched before the shipped templates") -> Callable[[F], F]:

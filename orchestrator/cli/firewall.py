@@ -30,7 +30,7 @@ from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_fire
 @common_options
 @click.option("--remove", is_flag=True, help="Delete every rule of this cluster (tagged ours), nothing else.")
 @click.pass_context
-def firewall(ctx: click.Context, remove: bool) -> None:
+def firewall(ctx: click.Context, remove: bool) -> int:
     """Let the cluster's nodes reach each other's training ports, and nobody else.
 
     On each node the firewall in charge is found (ufw, firewalld, nftables, iptables; none: nothing to do)
@@ -45,7 +45,7 @@ def firewall(ctx: click.Context, remove: bool) -> None:
     """
     settings = Settings.from_context(ctx)
     inventory, selected = load_selection(settings)
-    ctx.exit(int(run_firewall(settings, inventory, selected, remove=remove)))
+    return run_firewall(settings, inventory, selected, remove=remove)
 
 
 def run_firewall(

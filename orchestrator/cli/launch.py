@@ -51,7 +51,7 @@ T = TypeVar("T")
 @click.pass_context
 def render(
     ctx: click.Context, out_dir: Path | None, templates_dir: Path | None, offline: bool, run_id: str | None
-) -> None:
+) -> int:
     """Show each node's exact launch script (torchrun with its rendezvous, interface and environment).
 
     The interface and the address peers reach each node at come from the route to the master, found
@@ -78,7 +78,7 @@ def render(
         failed = [o for o in launch_plan.inspected if not o.ok]
         if failed:
             fail_lines(ui, failed)
-            ctx.exit(int(exit_code_for(launch_plan.inspected)))
+            return exit_code_for(launch_plan.inspected)
         for warning in launch_plan.warnings:
             ui.warn(warning)
         backend = launch_plan.backend
@@ -106,11 +106,12 @@ def render(
     scripts = render_all(renderer, specs, platforms, mask=True)
     if settings.json_mode:
         ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
-        return
+        return ExitCode.OK
     if out_dir is None:
         for name, text in scripts.items():
             ui.print_text(f"# ---- {name} ----")
             ui.print_text(text)
+    return ExitCode.OK
 
 
 @click.command()
@@ -124,7 +125,7 @@ def render(
     "connection), print the run id and exit; follow with `logs --run RUN --follow`.",
 )
 @click.pass_context
-def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, detach: bool) -> None:
+def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, detach: bool) -> int:
     """Start training on every node and stream every rank's output as `[node:rank] line`.
 
     Renders each node's torchrun script (see `render`), uploads it with the training script, runs all
@@ -135,7 +136,7 @@ def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, d
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
     code = run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
-    ctx.exit(int(code))
+    return code
 
 
 def run_launch(
@@ -190,9 +191,14 @@ def run_launch(
 
         write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
         if detach:
-            from orchestrator.cli.runs import start_detached
+            from orchestrator.cli.runs import show_detached
+            from orchestrator.steps.launch import start_detached
 
-            start_detached(ctx, settings, session, launch_plan.specs, renderer, run_id)  # exits
+            try:
+                started_detached = start_detached(session, launch_plan.specs, renderer=renderer)
+            except KeyboardInterrupt:
+                interrupted(ui)
+            return show_detached(settings, started_detached)
         log = RunLog(Path("runs") / run_id)
         printer = ui.line_printer([n.name for n in nodes])
 

@@ -9,6 +9,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.common import (
+    CommandExit,
     Settings,
     common_options,
     interrupted,
@@ -18,21 +19,29 @@ from orchestrator.cli.common import (
 )
 from orchestrator.errors import (
     BootstrapError,
+    ExitCode,
     Terminated,
 )
 
 
 class _Group(click.Group):
+    """The one exit path: every command returns its exit code (or raises); only here does a code,
+    an error or an interrupt become the process's exit status."""
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            try:
+                code = super().invoke(ctx)
+            except KeyboardInterrupt:  # at a prompt, or anywhere outside the node fan-out
+                interrupted(Settings.from_context(ctx).ui)
+        except CommandExit as stop:
+            code = stop.code
         except BootstrapError as exc:
             settings = Settings.from_context(ctx)
             for line in str(exc).splitlines():
                 settings.ui.error(line)
-            ctx.exit(int(exc.exit_code))
-        except KeyboardInterrupt:  # at a prompt, or anywhere outside the node fan-out
-            interrupted(Settings.from_context(ctx).ui)
+            code = exc.exit_code
+        ctx.exit(int(code) if code is not None else 0)
 
 
 @click.group(
@@ -64,7 +73,7 @@ def cli(
     detach: bool,
     until: str | None,
     sync_from_master: bool,
-) -> None:
+) -> int:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
     Without a command: the main pipeline: environment and code sync (`sync`, when the inventory
@@ -74,7 +83,7 @@ def cli(
     every node (`launch`) with every rank's output streamed here.
     """
     if ctx.invoked_subcommand is not None:
-        return
+        return ExitCode.OK
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
@@ -110,7 +119,7 @@ def cli(
                 "exit_code": int(code),
             }
         )
-    ctx.exit(int(code))
+    return code
 
 
 def _pipeline_docs(docs: list[Any]) -> dict[str, Any]:

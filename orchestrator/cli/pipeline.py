@@ -55,18 +55,15 @@ class CliPhases:
     def launch(self, session: Session) -> ExitCode:
         from orchestrator.cli.launch import run_launch
 
-        try:
-            return run_launch(
-                self.ctx,
-                self.settings,
-                self.inventory,
-                run_id=None,
-                templates_dir=self.templates_dir,
-                detach=self.detach,
-                session=session,
-            )
-        except click.exceptions.Exit as done:  # launch --detach prints its hints and exits
-            return ExitCode(done.exit_code)
+        return run_launch(
+            self.ctx,
+            self.settings,
+            self.inventory,
+            run_id=None,
+            templates_dir=self.templates_dir,
+            detach=self.detach,
+            session=session,
+        )
 
     def say(self, level: str, text: str) -> None:
         ui = self.settings.ui

@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     CommandTimeoutError,
+    ExitCode,
     SecretMissingError,
     SudoPasswordRequiredError,
     UsageError,
@@ -56,7 +57,7 @@ def run(
     cwd: str | None,
     env_pairs: tuple[str, ...],
     command: tuple[str, ...],
-) -> None:
+) -> int:
     """Run a shell command on every node; output streams live as `[node] line`.
 
     Like `ssh host CMD`, the words are joined and read by the node's shell: quote what should not
@@ -74,7 +75,7 @@ def run(
             nodes,
             lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
         )
-        return
+        return ExitCode.OK
     runs = state_dir() / "runs"
     run_log = RunLog(runs / new_run_id(inventory.cluster.name, kind="run", root=runs))
     printer = ui.line_printer([n.name for n in nodes])
@@ -133,7 +134,7 @@ def run(
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)
@@ -149,7 +150,7 @@ def run(
     fail_lines(ui, outcomes)
     if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
         ui.note(f"output kept in {run_log.directory}")
-    ctx.exit(int(code))
+    return code
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -171,7 +172,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     "--key", "key_path", default="~/.ssh/id_ed25519", show_default=True, help="Controller key to install."
 )
 @click.pass_context
-def keys(ctx: click.Context, key_path: str) -> None:
+def keys(ctx: click.Context, key_path: str) -> int:
     """First contact: install your public key on nodes that accept only a password (ssh-copy-id).
 
     Creates the key when missing, installs it once, then proves that key login works with that key
@@ -196,7 +197,7 @@ def keys(ctx: click.Context, key_path: str) -> None:
             ssh_nodes,
             lambda node, t: [t.platform.wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))],
         )
-        return
+        return ExitCode.OK
     key = ensure_controller_key(key_path)
     if key.generated:
         ui.info(f"generated a new key pair: {key.private} (+ .pub)")
@@ -260,7 +261,7 @@ def keys(ctx: click.Context, key_path: str) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title=Text(f"key {key.private}"), title_justify="left")
     for column in ("node", "key", "key login", "host key recorded"):
         table.add_column(column)
@@ -277,4 +278,4 @@ def keys(ctx: click.Context, key_path: str) -> None:
         )
     ui.print_table(table)
     fail_lines(ui, outcomes)
-    ctx.exit(int(code))
+    return code

@@ -7,7 +7,7 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -53,8 +53,6 @@ from orchestrator.steps.node_facts import interpreter_for
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.platforms import Platform
-    from orchestrator.render import LaunchSpec, Renderer
-    from orchestrator.session import Session
 
 _RUN_HELP = "Run id (default: latest, the newest run under ./runs)."
 
@@ -67,25 +65,6 @@ def _print_scripts(
 
 
 # -- launch --detach ---------------------------------------------------------------------------------
-
-
-def start_detached(
-    ctx: click.Context,
-    settings: Settings,
-    session: Session,
-    specs: Sequence[LaunchSpec],
-    renderer: Renderer,
-    run_id: str,
-) -> None:
-    """`launch --detach`: every node's launcher started detached (steps.launch.start_detached: all or
-    nothing), the result shown; exits (ctx.exit) with the command's code."""
-    from orchestrator.steps.launch import start_detached as start
-
-    try:
-        report = start(session, list(specs), renderer=renderer)
-    except KeyboardInterrupt:
-        interrupted(settings.ui)
-    ctx.exit(int(show_detached(settings, report)))
 
 
 def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
@@ -149,7 +128,7 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
     "Prints only: runs/<run-id>/<node>.log here is left as it is.",
 )
 @click.pass_context
-def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> None:
+def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> int:
     """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
 
     Each node's log is read from its start (into <node>.log.part here, which replaces the copy
@@ -178,7 +157,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
                 platform, node, run_id, follow=follow, python=interpreter_for(node), lines=tail
             ),
         )
-        return
+        return ExitCode.OK
     labels = rank_labels(inventory)
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
@@ -273,7 +252,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     fail_lines(ui, outcomes)
     _say_copies(ui, run_log, copies)
     if follow:
@@ -283,7 +262,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> No
                 ui.note(f"{o.node}: training {how}")
     if tail is None and any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
         ui.note(f"logs: {directory}/")
-    ctx.exit(int(code))
+    return code
 
 
 def _say_copies(ui: UI, run_log: RunLog, copies: dict[str, str]) -> None:
@@ -329,7 +308,7 @@ def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outco
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.pass_context
-def status(ctx: click.Context, run_arg: str) -> None:
+def status(ctx: click.Context, run_arg: str) -> int:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
@@ -344,7 +323,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
         )
-        return
+        return ExitCode.OK
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "status") as on_event, session:
@@ -372,7 +351,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
     for column in ("node", "state", "runtime", "gpu"):
         table.add_column(column, no_wrap=True)
@@ -397,7 +376,7 @@ def status(ctx: click.Context, run_arg: str) -> None:
         )
     ui.print_table(table)
     fail_lines(ui, outcomes)
-    ctx.exit(int(code))
+    return code
 
 
 #: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)
@@ -418,7 +397,7 @@ STATUS_LINE_WIDTH = 60
     help="Seconds between SIGTERM and SIGKILL (native Windows nodes terminate at once).",
 )
 @click.pass_context
-def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
+def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     """Stop every process of a run on every node: SIGTERM, then SIGKILL after --grace seconds.
 
     The run's processes are those of its launcher's session (the launcher identified by its pid and
@@ -435,7 +414,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
         )
-        return
+        return ExitCode.OK
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "stop") as on_event, session:
@@ -471,7 +450,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title=Text(f"stop {run_id}"), title_justify="left")
     for column in ("node", "result"):
         table.add_column(column)
@@ -485,7 +464,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> None:
     fail_lines(ui, outcomes)
     if code == ExitCode.OK and all(o.value is not None and o.value.state != "stopped" for o in outcomes):
         ui.note("nothing was running: nothing changed")
-    ctx.exit(int(code))
+    return code
 
 
 # -- fetch -------------------------------------------------------------------------------------------
@@ -505,7 +484,7 @@ def _size(n: int) -> str:
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
 @click.argument("paths", nargs=-1, required=True)
 @click.pass_context
-def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
+def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
     """Copy files or directories a run wrote on the nodes into runs/<run-id>/<node>/ here.
 
     A relative PATH is looked for in the node's run directory, then in its code directory (where
@@ -524,7 +503,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
             nodes,
             lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir),
         )
-        return
+        return ExitCode.OK
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "fetch") as on_event, session:
@@ -558,7 +537,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
                 "exit_code": int(code),
             }
         )
-        ctx.exit(int(code))
+        return code
     table = Table(title=Text(f"fetch {run_id}"), title_justify="left")
     for column in ("node", "path", "files", "size", "copied to"):
         table.add_column(column)
@@ -572,4 +551,4 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> None:
     fail_lines(ui, outcomes)
     for node, path in missing:
         ui.error(f"node {node!r}: {path} not found in the run directory or the code directory")
-    ctx.exit(int(code))
+    return code

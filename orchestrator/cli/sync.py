@@ -80,7 +80,9 @@ _ACTION_STYLE = {
     "name in cluster.env.requirements); with --from-master, sync too.",
 )
 @click.pass_context
-def sync(ctx: click.Context, force: bool, only: str | None, from_master: bool, freeze: Path | None) -> None:
+def sync(
+    ctx: click.Context, force: bool, only: str | None, from_master: bool, freeze: Path | None
+) -> ExitCode:
     """Make every node's Python environment and code identical to what the inventory declares.
 
     Environment (cluster.env): a venv per node at env.path (default <workdir>/venv) with exactly the
@@ -100,7 +102,7 @@ def sync(ctx: click.Context, force: bool, only: str | None, from_master: bool, f
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     if freeze is not None and not from_master:
-        ctx.exit(int(run_freeze(settings, inventory, nodes, freeze)))
+        return run_freeze(settings, inventory, nodes, freeze)
     if from_master and inventory.cluster.env.declared:
         raise UsageError(
             f"{inventory.source}: cluster.env declares this cluster's environment: "
@@ -108,10 +110,9 @@ def sync(ctx: click.Context, force: bool, only: str | None, from_master: bool, f
             hint="--from-master is for inventories without cluster.env (to pin the master's environment "
             "into a file for it: bootstrap sync --freeze requirements.txt)",
         )
-    code = run_sync(
+    return run_sync(
         settings, inventory, nodes, force=force, only=only, from_master=from_master, freeze=freeze
     )
-    ctx.exit(int(code))
 
 
 def run_sync(

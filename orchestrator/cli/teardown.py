@@ -13,7 +13,7 @@ from orchestrator.errors import ExitCode
 @click.option("--keep-time", is_flag=True, help="Leave the time configuration in place.")
 @click.option("--keep-firewall", is_flag=True, help="Leave the firewall rules in place.")
 @click.pass_context
-def teardown(ctx: click.Context, keep_time: bool, keep_firewall: bool) -> None:
+def teardown(ctx: click.Context, keep_time: bool, keep_firewall: bool) -> int:
     """Remove what bootstrap set up on the nodes: exactly the firewall rules tagged with this
     cluster's name (`firewall --remove`), and the time configuration restored byte for byte, with
     the chronyd it started stopped (`ntp --restore`). Environments, code and run logs stay (they are
@@ -31,4 +31,4 @@ def teardown(ctx: click.Context, keep_time: bool, keep_firewall: bool) -> None:
         codes.append(run_ntp(settings, inventory, nodes, restore=True))
     if not codes:
         settings.ui.note("nothing to tear down (firewall and time are not managed, or both kept)")
-    ctx.exit(int(max(codes, default=ExitCode.OK)))
+    return max(codes, default=ExitCode.OK)

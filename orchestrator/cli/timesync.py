@@ -133,7 +133,7 @@ def _problems(settings: Settings, report: TimeReport) -> None:
     help="Seconds each node gets to follow its source within the limit.",
 )
 @click.pass_context
-def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout: float) -> None:
+def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout: float) -> int:
     """Keep the nodes' clocks together (chrony; w32time on Windows), and measure it.
 
     Default: the master serves time to the workers (works without internet); cluster.time.servers
@@ -156,7 +156,7 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
         no_clock_control=no_clock_control,
         sync_timeout=sync_timeout,
     )
-    ctx.exit(int(code))
+    return code
 
 
 def run_ntp(

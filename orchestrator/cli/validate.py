@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 )
 @templates_option("whose ranks.sh.j2 replaces the shipped one")
 @click.pass_context
-def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None) -> None:
+def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None) -> int:
     """Check that every rank can join and all_reduce correctly, and how fast.
 
     Runs a shipped script on every rank with the environment training gets (interface, backend,
@@ -64,7 +64,7 @@ def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
-    ctx.exit(int(code))
+    return code
 
 
 def run_validate(
