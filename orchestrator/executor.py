@@ -46,6 +46,37 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
+class GroupResult(list[Outcome[T]]):
+    """The outcomes of one step on a group of nodes, in inventory order (a list, so existing code
+    reads it as one), and what a report needs to know about them: which nodes succeeded, which
+    failed (the first to fail first: in DDP the others fail moments later because of it), which were
+    stopped because of them, and the exit code they deserve."""
+
+    @property
+    def succeeded(self) -> list[Outcome[T]]:
+        return [o for o in self if o.ok]
+
+    @property
+    def failed(self) -> list[Outcome[T]]:
+        """Failed of their own (not stopped), the earliest first."""
+        return sorted(
+            (o for o in self if o.error is not None and not isinstance(o.error, CancelledError)),
+            key=lambda o: o.finished,
+        )
+
+    @property
+    def cancelled(self) -> list[Outcome[T]]:
+        return [o for o in self if isinstance(o.error, CancelledError)]
+
+    @property
+    def first_failure(self) -> Outcome[T] | None:
+        failed = self.failed
+        return failed[0] if failed else None
+
+    def exit_code(self, failed: Callable[[Outcome[Any]], bool] | None = None) -> ExitCode:
+        return exit_code_for(self, failed)
+
+
 class InternalError(BootstrapError):
     """A bug: an exception that is not one of ours. The message says where to report it."""
 
@@ -123,14 +154,14 @@ class Executor:
         name: Callable[[N], str],
         step: str,
         fail_fast: bool = False,
-    ) -> list[Outcome[T]]:
+    ) -> GroupResult[T]:
         """``fn(item)`` for every item in parallel; outcomes in the order of ``items``.
 
         With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early.
         KeyboardInterrupt triggers ``cancel`` too, then propagates.
         """
         if not items:
-            return []
+            return GroupResult()
         workers = max(1, min(self.max_workers, len(items)))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"bootstrap-{step}")
         futures: list[Future[Outcome[T]]] = [
@@ -142,7 +173,7 @@ class Executor:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 if fail_fast and not self.cancelled and any(_failed(f.result()) for f in done):
                     self.trigger_cancel()
-            return [f.result() for f in futures]
+            return GroupResult(f.result() for f in futures)
         except KeyboardInterrupt:
             self.trigger_cancel()
             raise

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.errors import CancelledError
-from orchestrator.executor import Executor, NodeEvent, Outcome
+from orchestrator.executor import Executor, GroupResult, NodeEvent
 from orchestrator.transports import SSHOptions, Transport, open_transport
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Session:
         connect: bool = True,
         fail_fast: bool = False,
         nodes: list[Node] | None = None,
-    ) -> list[Outcome[T]]:
+    ) -> GroupResult[T]:
         """``fn(node, transport)`` on every selected node (or on ``nodes``) in parallel, outcomes in
         inventory order."""
 

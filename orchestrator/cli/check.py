@@ -11,10 +11,10 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     node_status,
     open_session,
     phase_session,
@@ -93,19 +93,16 @@ def run_check(
                 "backend": report.backend,
                 "backend_reason": report.backend_reason,
                 "versions": report.versions,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok and report.level(o.node) != "fail",
-                        "duration": round(o.duration, 4),
-                        "error": error_dict(o.error),
+                "nodes": node_docs(
+                    outcomes,
+                    lambda o: {
                         **(o.value.public_dict() if o.value else {}),
                         "checks": {
                             name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
                         },
-                    }
-                    for o in outcomes
-                ],
+                    },
+                    ok=lambda o: o.ok and report.level(o.node) != "fail",
+                ),
                 "exit_code": int(code),
             }
         )
@@ -151,17 +148,7 @@ def facts(ctx: click.Context) -> int:
     code = exit_code_for(outcomes)
     fail_lines(ui, outcomes)
     if settings.json_mode:
-        nodes_json = [
-            {
-                "name": o.node,
-                "ok": o.ok,
-                "duration": round(o.duration, 4),
-                "error": error_dict(o.error),
-                **(o.value.public_dict() if o.value else {}),
-            }
-            for o in outcomes
-        ]
-        ui.print_json({"command": "facts", "nodes": nodes_json, "exit_code": int(code)})
+        ui.print_json({"command": "facts", "nodes": node_docs(outcomes), "exit_code": int(code)})
         return code
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")

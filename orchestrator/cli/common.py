@@ -7,7 +7,7 @@ import getpass
 import logging
 import shlex
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -289,6 +289,31 @@ def error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
     if error is None:
         return None
     return {"type": type(error).__name__, "message": error.message, "hint": error.hint}
+
+
+def node_docs(
+    outcomes: Iterable[Outcome[Any]],
+    fields: Callable[[Outcome[Any]], dict[str, Any]] | None = None,
+    *,
+    ok: Callable[[Outcome[Any]], bool] | None = None,
+) -> list[dict[str, Any]]:
+    """Each node's entry of a ``--json`` document, one shape for every command: ``name``, ``ok``,
+    ``duration``, ``error``, then what the node's value says about itself (its ``public_dict()``),
+    or ``fields(outcome)`` where a command shows something else."""
+    docs = []
+    for o in outcomes:
+        doc: dict[str, Any] = {
+            "name": o.node,
+            "ok": o.ok if ok is None else ok(o),
+            "duration": round(o.duration, 4),
+            "error": error_dict(o.error),
+        }
+        if fields is not None:
+            doc.update(fields(o))
+        elif o.value is not None and hasattr(o.value, "public_dict"):
+            doc.update(o.value.public_dict())
+        docs.append(doc)
+    return docs
 
 
 def result_dict(outcome: Outcome[Any]) -> dict[str, Any]:

@@ -12,10 +12,10 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     node_status,
     phase_session,
 )
@@ -83,16 +83,7 @@ def run_firewall(
                 "dry_run": settings.dry_run,
                 "addresses": run.addresses,
                 "warnings": run.warnings,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "duration": round(o.duration, 4),
-                        "error": error_dict(o.error),
-                        **(o.value.public_dict() if o.value else {}),
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
         )

@@ -13,10 +13,10 @@ from orchestrator.cli.common import (
     Settings,
     again,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     offline_specs,
     open_session,
     phase_session,
@@ -74,7 +74,7 @@ def render(
         session = open_session(settings, inventory, all_nodes)
         with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
             session.executor.on_event = on_event
-            launch_plan = plan(session, inventory, run_id)
+            launch_plan = plan(session, inventory, run_id, shares=False)  # no probe; --out runs by hand
         failed = [o for o in launch_plan.inspected if not o.ok]
         if failed:
             fail_lines(ui, failed)
@@ -241,10 +241,7 @@ def run_launch(
                 "command": "launch",
                 "run_id": run_id,
                 "backend": launch_plan.backend,
-                "nodes": [
-                    {"name": o.node, "ok": o.ok, "error": error_dict(o.error), **result_dict(o)}
-                    for o in outcomes
-                ],
+                "nodes": node_docs(outcomes, result_dict),
                 "log_dir": str(log.directory),
                 "exit_code": int(code),
             }

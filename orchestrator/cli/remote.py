@@ -14,10 +14,10 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     node_status,
     open_session,
     print_plans,
@@ -121,15 +121,7 @@ def run(
             {
                 "command": "run",
                 "shell": text,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok and not failed(o),
-                        "error": error_dict(o.error),
-                        **result_dict(o),
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(outcomes, result_dict, ok=lambda o: o.ok and not failed(o)),
                 "log_dir": str(run_log.directory),
                 "exit_code": int(code),
             }
@@ -249,15 +241,7 @@ def keys(ctx: click.Context, key_path: str) -> int:
             {
                 "command": "keys",
                 "key": str(key.private),
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
-                        **(o.value.public_dict() if o.value else {}),
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
         )

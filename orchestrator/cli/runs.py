@@ -18,17 +18,17 @@ from orchestrator.cli.common import (
     Settings,
     again,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     open_session,
     print_plans,
 )
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
-from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.logs import RunLog
 from orchestrator.runs.control import (
     DetachedStart,
@@ -77,16 +77,13 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
                 "command": "launch",
                 "run_id": run_id,
                 "detached": True,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
+                "nodes": node_docs(
+                    outcomes,
+                    lambda o: {
                         "pid": o.value.pid if isinstance(o.value, Started) else None,
                         "run_dir": o.value.run_dir if isinstance(o.value, Started) else None,
-                    }
-                    for o in outcomes
-                ],
+                    },
+                ),
                 "stopped_again": [o.node for o in report.undone if o.ok],
                 "exit_code": int(code),
             }
@@ -227,11 +224,9 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
                 "run_id": run_id,
                 "follow": follow,
                 "tail": tail,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
+                "nodes": node_docs(
+                    outcomes,
+                    lambda o: {
                         "exit_code": o.value.exit_code if o.value else None,
                         "lines": o.value.lines if o.value else None,
                         # byte offsets in the node's node.log: reading began at start (0 without
@@ -245,9 +240,8 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
                         # writes it: left as it was), "none" (the read failed and there is none);
                         # null with --tail (it writes no copy)
                         "copy": copies.get(o.node),
-                    }
-                    for o in outcomes
-                ],
+                    },
+                ),
                 "log_dir": str(directory) if tail is None else None,  # --tail writes no copy here
                 "exit_code": int(code),
             }
@@ -332,22 +326,14 @@ def status(ctx: click.Context, run_arg: str) -> int:
     except KeyboardInterrupt:
         interrupted(ui)
     by_name = {n.name: n for n in nodes}
-    outcomes = [_unknown_run(o, by_name[o.node], run_id) for o in outcomes]
+    outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
             {
                 "command": "status",
                 "run_id": run_id,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
-                        **(o.value.public_dict() if o.value else {}),
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
         )
@@ -428,25 +414,20 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
             {
                 "command": "stop",
                 "run_id": run_id,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
-                        **(
-                            {
-                                "state": o.value.state,
-                                "terminated": o.value.terminated,
-                                "killed": o.value.killed,
-                                "exit_code": o.value.exit_code,
-                                "forced": o.value.forced,
-                            }
-                            if o.value
-                            else {}
-                        ),
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(
+                    outcomes,
+                    lambda o: (
+                        {
+                            "state": o.value.state,
+                            "terminated": o.value.terminated,
+                            "killed": o.value.killed,
+                            "exit_code": o.value.exit_code,
+                            "forced": o.value.forced,
+                        }
+                        if o.value
+                        else {}
+                    ),
+                ),
                 "exit_code": int(code),
             }
         )
@@ -525,15 +506,9 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
             {
                 "command": "fetch",
                 "run_id": run_id,
-                "nodes": [
-                    {
-                        "name": o.node,
-                        "ok": o.ok,
-                        "error": error_dict(o.error),
-                        "paths": [vars(f) for f in o.value] if o.value else [],
-                    }
-                    for o in outcomes
-                ],
+                "nodes": node_docs(
+                    outcomes, lambda o: {"paths": [vars(f) for f in o.value] if o.value else []}
+                ),
                 "exit_code": int(code),
             }
         )

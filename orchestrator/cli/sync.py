@@ -190,6 +190,7 @@ def run_sync(
             {
                 "command": "sync",
                 "dry_run": settings.dry_run,
+                "from_master": from_master,  # the environment is the master's (no cluster.env)
                 "env": _env_json(env_outcomes, report) if do_env else None,
                 "code": _code_json(code_outcomes) if do_code else None,
                 "exit_code": int(code),

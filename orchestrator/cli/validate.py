@@ -12,10 +12,10 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     phase_session,
     templates_option,
 )
@@ -138,9 +138,7 @@ def run_validate(
                 "backend": result.plan.backend,
                 **report.public_dict(),
                 "problems": problems,
-                "nodes": [
-                    {"name": o.node, "ok": o.ok, "error": error_dict(o.error)} for o in result.outcomes
-                ],
+                "nodes": node_docs(result.outcomes, lambda o: {}),
                 "exit_code": int(code),
             }
         )

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.errors import CancelledError, ConnectError
+from orchestrator.errors import ConnectError
+from orchestrator.executor import GroupResult
 from orchestrator.steps.launch import run_node
 
 if TYPE_CHECKING:
@@ -32,11 +33,8 @@ def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Out
     """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
     others often fail moments after the first ("Connection closed by peer"), before the stop
     reaches them: the cause is the earliest, whatever its place in the inventory."""
-    failed = sorted(
-        (o for o in outcomes if o.error is not None and not isinstance(o.error, CancelledError)),
-        key=lambda o: o.finished,
-    )
-    return failed, [o for o in outcomes if isinstance(o.error, CancelledError)]
+    group = GroupResult(outcomes)
+    return group.failed, group.cancelled
 
 
 def sweep(session: Session, run_id: str, names: set[str]) -> list[Outcome[Any]]:

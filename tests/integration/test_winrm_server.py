@@ -540,7 +540,7 @@ def _raw_stderr(server: WinRMServer, command: str) -> bytes:
     cmd = proto.run_command(shell, command)
     _out, err, _rc = proto.get_command_output(shell, cmd)
     proto.close_shell(shell)
-    return err
+    return bytes(err)
 
 
 def test_console_and_native_stderr_is_plain_text_and_error_records_are_clixml() -> None:

@@ -104,7 +104,12 @@ def test_a_cancelled_wsl_command_is_stopped_by_the_products_end_of_file(server: 
     marker = f"cbt-eof-cancel-{time.monotonic_ns()}"
     transport = _transport(server, WslShell(DISTRO))
     started = threading.Event()
-    threading.Thread(target=lambda: (started.wait(10), transport.close()), daemon=True).start()
+
+    def cancel() -> None:
+        started.wait(10)
+        transport.close()
+
+    threading.Thread(target=cancel, daemon=True).start()
     result = transport.run(f"echo started; sleep 300; : {marker}", on_line=lambda s, line: started.set())
     assert result.exit_code is None and not result.timed_out
     assert server.requests.count("Send") == 1

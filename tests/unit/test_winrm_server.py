@@ -1,5 +1,6 @@
 """Pure logic of the WS-Management test server (tests/winrm_server): Windows command-line splitting,
-CLIXML escaping, xs:duration, powershell.exe argument decoding."""
+CLIXML escaping and where plain stderr text can land in it, xs:duration, powershell.exe argument
+decoding, and the corruption device the SHA-256 tests use."""
 
 from __future__ import annotations
 

@@ -1,11 +1,16 @@
 """A WS-Management / WinRS server for the tests (Windows cannot run here): speaks the real protocol over
-HTTP(S) to the unmodified pywinrm client, with Basic or NTLM authentication (and WinRM message
-encryption), real fault envelopes, cmd commands run via /bin/sh, PowerShell decoded, parsed
-(tests/pwsh.py), recorded and answered by a handler, and wsl.exe commands run for real as Linux processes.
+HTTP(S) to the unmodified pywinrm client, with Basic, NTLM (and WinRM message encryption) or client
+certificate authentication, real fault envelopes, cmd commands run via /bin/sh, PowerShell decoded,
+parsed (tests/pwsh.py), recorded and answered by a handler, and wsl.exe commands run for real as Linux
+processes (stopping one ends wsl.exe only, as on Windows: the Linux processes run on).
+
+By default it is a default Windows host: over plain HTTP only NTLM-sealed messages pass
+(``AllowUnencrypted=false``; ``allow_unencrypted=True`` opts out), requests over 500 KiB get HTTP 413
+(``MaxEnvelopeSizekb``; ``max_envelope_kb=``), 30 shells per user.
 
 In-process (a thread)::
 
-    with WinRMServer(auth="basic", username="bob", password="pw", on_powershell=handler) as server:
+    with WinRMServer(auth="ntlm", username="bob", password="pw", on_powershell=handler) as server:
         ...  # server.endpoint, server.calls, server.commands, server.files, server.parse_errors
 
 Inside a namespace host of tests/cluster.py (a subprocess)::
