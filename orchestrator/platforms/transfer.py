@@ -126,10 +126,10 @@ def remove_script(platform: Platform, remote: str) -> str:
 _POSIX_PUT = """\
 set -e
 cd
-{umask}target={target}
+target={target}
 expected={expected}
 mkdir -p -- "$(dirname -- "$target")"
-part="$target{suffix}.$$"
+{umask}part="$target{suffix}.$$"
 trap 'rm -f -- "$part"' EXIT
 trap 'exit 1' HUP INT TERM PIPE
 tr -d '\\r' | base64 -d > "$part"
@@ -164,7 +164,8 @@ def posix_put_script(
     """sh writing its stdin (base64 lines) to ``remote`` through a temporary name in the same
     directory, SHA-256 checked. With ``mode`` (e.g. 0o600) the content is written under umask 077
     (never readable by others, not even while it arrives) and the file gets ``mode`` before the
-    rename; without, it gets the node's umask, or an existing target's bits."""
+    rename; without, it gets the node's umask, or an existing target's bits. Directories it creates
+    get the node's umask, as over SFTP."""
     return _POSIX_PUT.format(
         umask="umask 077\n" if mode is not None else "",
         target=platform.path_word(remote),

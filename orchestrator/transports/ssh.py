@@ -363,10 +363,7 @@ class SSHTransport(Transport):
         if transport is None or not transport.is_active():
             raise UnreachableError(f"the SSH connection to {self.conn.host} was lost", node=self.node_name)
         try:
-            if window is None:
-                chan = transport.open_session(timeout=self.connect_timeout)
-            else:
-                chan = transport.open_session(timeout=self.connect_timeout, window_size=window)
+            chan = transport.open_session(timeout=self.connect_timeout, window_size=window)  # None: default
             chan.exec_command(line)
         except paramiko.SSHException as exc:
             if self._closed:
@@ -511,7 +508,18 @@ class SSHTransport(Transport):
         sftp = self._sftp_client()
         path = self.platform.transfer_path(remote)
         if sftp is None:
-            self._put_through_shell(local, path, mode=mode)
+            payload = piped.Payload(path=local, node=self.node_name)
+            piped.upload(
+                self._piped,
+                self.platform,
+                payload,
+                path,
+                node=self.node_name,
+                chunk=self.SHELL_CHUNK,
+                cancelled=lambda: self._closed,
+                mode=mode,
+                label=str(local),
+            )
             return
         try:
             self._makedirs(sftp, str(PurePosixPath(path).parent))
@@ -573,20 +581,6 @@ class SSHTransport(Transport):
             # is gone (reading tells): either way, what comes back is the answer
             log.debug("%s: the command stopped taking input: %s", self.node_name, exc)
         return self._collect(chan, line, Deadline(None), on_line, 20, heartbeat=False)
-
-    def _put_through_shell(self, local: Path, remote: str, *, mode: int | None) -> None:
-        payload = piped.Payload(path=local, node=self.node_name)
-        piped.upload(
-            self._piped,
-            self.platform,
-            payload,
-            remote,
-            node=self.node_name,
-            chunk=self.SHELL_CHUNK,
-            cancelled=lambda: self._closed,
-            mode=mode,
-            label=str(local),
-        )
 
     def close(self) -> None:
         """Close for good (also from another thread, mid-handshake: cancellation relies on it)."""

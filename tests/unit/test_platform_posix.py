@@ -157,3 +157,12 @@ def test_long_scripts_are_private_files_run_by_sh() -> None:
     file = shell.long_script("echo hi")
     assert file.data == b"echo hi" and file.mode == 0o600
     assert _sh(shell.run_long_script("/dev/null", "echo hi")).returncode == 0
+
+
+def test_directories_an_upload_creates_follow_the_umask_not_the_files_mode(tmp_path: Path) -> None:
+    target = tmp_path / "new" / "dir" / "secret.txt"
+    digest = hashlib.sha256(b"s").hexdigest()
+    done = _sh(f"umask 022\n{PosixShell().upload_script(str(target), digest, mode=0o600)}", _lines(b"s"))
+    assert done.returncode == 0, done.stderr
+    assert target.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o755  # as sftp mkdir under umask 022
