@@ -50,6 +50,11 @@ class Session:
                 self._transports[node.name] = existing
             return existing
 
+    def opened(self) -> set[str]:
+        """The names of the nodes whose transport exists (contacted, or about to be)."""
+        with self._lock:
+            return set(self._transports)
+
     def remember(self, node: str, key: str, compute: Callable[[], T]) -> T:
         """What ``compute()`` returns for ``node``, computed once per session: facts gathered by the
         preflight are handed to validate and launch instead of being asked for again. A failure is not

@@ -78,6 +78,8 @@ def run_check(
         ):
             on.executor.on_event = on_event
             report = run_preflight(on, inventory)
+            # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
+            reached = {n.name: list(on.transport(n).notes) for n in nodes if n.name in on.opened()}
     except KeyboardInterrupt:
         interrupted(ui)
     outcomes = report.inspected
@@ -97,6 +99,7 @@ def run_check(
                     outcomes,
                     lambda o: {
                         **(o.value.public_dict() if o.value else {}),
+                        "transport_notes": reached.get(o.node, []),
                         "checks": {
                             name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
                         },
@@ -112,6 +115,8 @@ def run_check(
         if o.value is not None:
             for key in o.value.recorded_host_keys:
                 ui.note(f"{o.node}: recorded host key {key}")
+            for note in reached.get(o.node, []):
+                ui.note(f"{o.node}: {note}")
             for fact, why in o.value.facts.errors.items():
                 ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
     if report.verdicts:
