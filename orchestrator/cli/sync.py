@@ -40,6 +40,7 @@ from orchestrator.steps.envsync import (
 )
 from orchestrator.steps.envsync.master import (
     Reference,
+    freeze_texts,
     read_reference,
     recorded_nodes,
     remember,
@@ -253,7 +254,7 @@ def _run_from_master(
         n for n in nodes if not (reference.master_is_reference and n.name == inventory.master_node.name)
     ]
     torch_line = f"torch {env.torch} and {len(env.packages) - 1} companions from {env.where}"
-    if freeze is not None:
+    if freeze is not None and not settings.dry_run:
         for path in write_freeze(freeze, inventory, nodes, env):
             ui.note(f"wrote {path}: {torch_line}")
     if not targets:
@@ -276,12 +277,21 @@ def _run_from_master(
     if not synced:
         return outcomes, None
     record = remember(inventory, synced)
-    first = next(o.value for o in outcomes if o.value is not None)
+    envs = [o.value for o in outcomes if o.value is not None]
     return outcomes, (
-        f"training on {', '.join(synced)} now uses {first.python_path} (recorded in {record}); "
-        "to make it part of the inventory: bootstrap sync --freeze requirements.txt, then "
+        f"training on {', '.join(synced)} now uses {_where(envs)} (recorded in {record}); to make it "
+        "part of the inventory: bootstrap sync --freeze requirements.txt, then "
         "cluster.env.requirements: requirements.txt"
     )
+
+
+def _where(envs: list[NodeEnv]) -> str:
+    """The interpreter launch runs: one path, or each node's (``{node}`` in workdir)."""
+    paths = {e.python_path for e in envs}
+    if len(paths) == 1:
+        return paths.pop()
+    shown = "; ".join(f"{e.node}: {e.python_path}" for e in envs[:3])
+    return f"each node's own venv ({shown}{'; ...' if len(envs) > 3 else ''})"
 
 
 def _read_reference(settings: Settings, session: Session, inventory: Inventory) -> Reference:
@@ -299,6 +309,11 @@ def run_freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path
     with phase_session(settings, inventory, nodes, None) as on:
         reference = _read_reference(settings, on, inventory)
     env = reference.env
+    if settings.dry_run:  # what would be written, written nowhere
+        for target, text in freeze_texts(path, inventory, nodes, env).items():
+            ui.print_text(f"# would write {target}:")
+            ui.print_text(text.rstrip("\n"))
+        return ExitCode.OK
     files = write_freeze(path, inventory, nodes, env)
     if settings.json_mode:
         ui.print_json(
@@ -448,8 +463,8 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     counted = f" ({unchanged} unchanged)" if done else ""
     ui.info(f"environment: {done}/{len(outcomes)} nodes synced{counted}, {', '.join(parts)}")
     if done:
-        first = next(o.value for o in outcomes if o.value is not None)
-        ui.note(f"launch with {first.python_path} (the stable path; each build is switched in atomically)")
+        envs = [o.value for o in outcomes if o.value is not None]
+        ui.note(f"launch with {_where(envs)} (the stable path; each build is switched in atomically)")
 
 
 def _shared_headline(outcomes: list[Outcome[NodeEnv]]) -> str | None:

@@ -237,3 +237,12 @@ def test_the_master_probe_reads_this_interpreter() -> None:
     version = metadata.version("torch")  # importing torch costs seconds: its metadata says the same
     assert env.torch == version and env.packages["torch"] == version and "torch" in env.portable
     assert env.cuda is None if version.endswith("+cpu") else env.cuda
+
+
+def test_uv_resolves_a_lock_naming_pytorchs_index_as_pip_does(tmp_path: Path) -> None:
+    from orchestrator.steps.envsync.spec import index_environment
+
+    spec = spec_from_master(_inventory(tmp_path), LINUX_CPU, "linux")
+    # uv's default takes numpy from the first index that has any numpy (PyTorch's): pip's way instead
+    assert index_environment(spec, "uv") == {"UV_INDEX_STRATEGY": "unsafe-best-match"}
+    assert index_environment(spec, "pip") == {}

@@ -252,18 +252,25 @@ def read_reference(inventory: Inventory, transport: Transport) -> Reference:
     )
 
 
-def write_freeze(path: Path, inventory: Inventory, nodes: list[Node], master: MasterEnv) -> list[Path]:
+def freeze_texts(path: Path, inventory: Inventory, nodes: list[Node], master: MasterEnv) -> dict[Path, str]:
     """``--freeze FILE``: the lock for each OS among ``nodes`` (FILE for the master's OS, or for the
-    only OS; ``FILE`` with ``.windows``/``.linux`` before its suffix for another). Returns the files."""
+    only OS; ``FILE`` with ``.windows``/``.linux`` before its suffix for another), file -> text."""
     oses: list[str] = sorted({n.os for n in nodes}) or [master.os]
-    written: list[Path] = []
+    out: dict[Path, str] = {}
     for os_name in oses:
         target = path
         if len(oses) > 1 and os_name != master.os:
             target = path.with_name(f"{path.stem}.{os_name}{path.suffix}")
         index_url = _pick(inventory, os_name, "index_url")
         no_index = bool(_pick(inventory, os_name, "no_index"))
-        text = requirements_text(master, os_name, with_index=not (index_url or no_index))
+        out[target] = requirements_text(master, os_name, with_index=not (index_url or no_index))
+    return out
+
+
+def write_freeze(path: Path, inventory: Inventory, nodes: list[Node], master: MasterEnv) -> list[Path]:
+    """Write :func:`freeze_texts`; returns the files."""
+    written: list[Path] = []
+    for target, text in freeze_texts(path, inventory, nodes, master).items():
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
@@ -351,16 +358,20 @@ def remember(inventory: Inventory, synced: dict[str, dict[str, Any]]) -> Path:
 # -- what `check` tells a node without the master's torch (steps/preflight/checks.py) ---------------
 
 
-def torch_missing_fix(master_torch: str | None) -> str:
+def torch_missing_fix(master_torch: str | None, declared: bool | None = None) -> str:
     """The fix for a node whose training interpreter has no torch: the sync that installs it (never a
-    pip into a sync-managed venv: it has no pip)."""
+    pip into a sync-managed venv: it has no pip). ``declared``: whether the inventory declares
+    cluster.env (None: unknown here, both ways are named)."""
     want = f" {master_torch}" if master_torch else ""
     pin = f"=={master_torch}" if master_torch else ""
-    return (
+    from_master = (
         f"`bootstrap sync --from-master` installs the master's torch{want} and its companions in a venv "
-        "on every node, which training then uses (in the pipeline: `bootstrap --sync-from-master`); "
-        f"if the inventory declares cluster.env, add torch{pin} to its requirements and run `bootstrap sync`"
+        "on every node, which training then uses (in the pipeline: `bootstrap --sync-from-master`)"
     )
+    declared_fix = f"add torch{pin} to cluster.env's requirements, then run `bootstrap sync`"
+    if declared is None:
+        return f"{from_master}; if the inventory declares cluster.env: {declared_fix}"
+    return declared_fix if declared else from_master
 
 
 def versions_differ_fix(mine: dict[str, str | None], master: dict[str, str | None]) -> str:

@@ -277,7 +277,16 @@ def index_environment(spec: EnvSpec, installer: str) -> dict[str, str]:
         out[names["extra_index_urls"]] = " ".join(spec.extra_index_urls)
     if spec.find_links:
         out[names["find_links"]] = _FIND_LINKS_SEPARATOR[installer].join(spec.find_links)
+    if installer == "uv" and not spec.no_index and _names_extra_index(spec.requirements_text):
+        # uv takes a package from the first index that has it at all ("first-index"); pip from any
+        # index, best version first. A lock naming PyTorch's index beside PyPI (`sync --freeze`)
+        # must resolve the same with both: numpy==2.4.6 may be on PyPI only.
+        out["UV_INDEX_STRATEGY"] = "unsafe-best-match"
     return out
+
+
+def _names_extra_index(text: str) -> bool:
+    return any(line.split()[0].startswith("--extra-index-url") for line in logical_lines(text))
 
 
 def env_file_text(env: dict[str, str]) -> str:

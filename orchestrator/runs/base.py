@@ -1,0 +1,77 @@
+"""The node side of run management, declared once: what each OS's run scripts must do (runs/posix.py
+for Linux and WSL nodes, runs/windows.py for native Windows nodes)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+from orchestrator.platforms import Platform
+
+
+class RunOps(ABC):
+    """The scripts that start, stop, inspect and read a run in the node's own shell, and how paths
+    are told apart there. Every script names the run by its directory (runs/layout.py)."""
+
+    #: the launch script's name in the run directory
+    launcher: str
+    #: whether ``tail`` uses the node's Python when given one
+    uses_python: bool = False
+
+    platform: Platform
+
+    @abstractmethod
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        """Start the launcher detached (it outlives our connection), wait until it has written its
+        pid file; prints ``@@started PID ...`` (``@@started-before ...``, exit 3: it ran before)."""
+
+    @abstractmethod
+    def stop(self, run_dir: str, marker: str, grace: float) -> str:
+        """Stop every process of the run; prints one line ``@@stop stopped TERMED KILLED LEFT``,
+        ``@@stop terminated COUNT LEFT`` (no grace period: native Windows) or ``@@stop
+        exited CODE|gone|not-started|no-run``."""
+
+    @abstractmethod
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        """``key=value`` lines: now, started, alive, rc, ended, stopped, size, modified, last, and one
+        ``gpu=INDEX, UTIL, USED, TOTAL`` per GPU where nvidia-smi exists (``state=no-run``: no run
+        directory)."""
+
+    @abstractmethod
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+        lines: int | None = None,
+    ) -> str:
+        """The log from ``offset`` in the tail protocol (runs/tail.py). ``lines``: from the
+        ``lines``-th last complete line instead (``offset`` ignored): ``@@start OFFSET`` first."""
+
+    @abstractmethod
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        """For each entry the first of its candidate paths that exists: ``@@file I SIZE PATH``,
+        ``@@dir I PATH`` then ``SIZE RELPATH`` (``/``-separated) per file below it, or
+        ``@@missing I``."""
+
+    @abstractmethod
+    def is_absolute(self, path: str) -> bool:
+        """A path ``fetch`` takes as it is (else: looked for in the run, then the code directory)."""
+
+    def local_parts(self, path: str) -> list[str] | None:
+        """``path`` as safe parts of a local path below the fetch destination (None: unsafe)."""
+        return safe_parts(path)
+
+
+def safe_parts(path: str) -> list[str] | None:
+    """The parts of a relative ``/`` path, None when it is empty or climbs out (``..``)."""
+    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".")]
+    if not parts or ".." in parts:
+        return None
+    return parts

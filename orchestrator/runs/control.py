@@ -1,0 +1,612 @@
+"""A run after it started, on any OS: detached start, logs from byte offsets, status, stop, fetch,
+and the controller's side of a foreground run on a native Windows node (``follow_windows``).
+
+Each operation is one script in the node's own shell (``run_ops``: runs/posix.py or runs/windows.py)
+naming the run by its directory (runs/layout.py), and the parsing of what the node printed. The
+``*_script`` functions are what ``--dry-run`` prints: the very text the operations send.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
+from orchestrator.platforms import Platform, PosixShell, PowerShell
+from orchestrator.runs.base import RunOps, safe_parts
+from orchestrator.runs.layout import STREAMING_ENV, in_workdir, node_log, run_dir_for, run_marker
+from orchestrator.runs.posix import PosixRuns
+from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.tail import Batches, FollowResult
+from orchestrator.runs.windows import ROUND_SECONDS, WindowsRuns
+from orchestrator.transports.base import BlockHandler, Result
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import Node
+    from orchestrator.render import LaunchSpec
+    from orchestrator.session import Session
+    from orchestrator.transports import Transport
+    from orchestrator.transports.base import OnLine, Stream
+
+log = logging.getLogger(__name__)
+
+
+def run_ops(platform: Platform, node: Node) -> RunOps:
+    """The run management of ``node``'s platform (Linux and WSL: POSIX sh; native Windows: PowerShell)."""
+    if isinstance(platform, PosixShell):
+        return PosixRuns(platform)
+    if isinstance(platform, PowerShell):
+        return WindowsRuns(platform)
+    raise UsageError(f"runs on {platform.name} nodes are not supported", node=node.name)
+
+
+# -- the scripts, per node (what --dry-run shows) ------------------------------------------------------
+
+
+def start_script(platform: Platform, node: Node, run_id: str) -> str:
+    run_dir = run_dir_for(node, run_id)
+    return run_ops(platform, node).start(run_dir, node_log(run_dir), run_marker(run_id, node.name))
+
+
+def tail_script(
+    platform: Platform,
+    node: Node,
+    run_id: str,
+    offset: int = 0,
+    *,
+    follow: bool,
+    python: str | None = None,
+    interval: float | None = None,
+    lines: int | None = None,
+) -> str:
+    ops = run_ops(platform, node)
+    run_dir = run_dir_for(node, run_id)
+    return ops.tail(
+        run_dir,
+        run_marker(run_id, node.name),
+        node_log(run_dir),
+        offset,
+        follow=follow,
+        python=python if ops.uses_python else None,
+        interval=interval,
+        lines=lines,
+    )
+
+
+def status_script(platform: Platform, node: Node, run_id: str) -> str:
+    run_dir = run_dir_for(node, run_id)
+    return run_ops(platform, node).status(run_dir, run_marker(run_id, node.name), node_log(run_dir))
+
+
+def stop_script(platform: Platform, node: Node, run_id: str, grace: float = 5.0) -> str:
+    return run_ops(platform, node).stop(run_dir_for(node, run_id), run_marker(run_id, node.name), grace)
+
+
+def fetch_candidates(
+    ops: RunOps, node: Node, run_id: str, paths: Sequence[str], code_dir: str | None
+) -> list[list[str]]:
+    """Where each PATH is looked for on the node: as it is when absolute, else in the run directory,
+    then in the code directory."""
+    run_dir = run_dir_for(node, run_id)
+    code = (code_dir or in_workdir(node, "code")).rstrip("/")
+    return [[p] if ops.is_absolute(p) else [f"{run_dir}/{p}", f"{code}/{p}"] for p in paths]
+
+
+def fetch_script(
+    platform: Platform, node: Node, run_id: str, paths: Sequence[str], code_dir: str | None
+) -> str:
+    ops = run_ops(platform, node)
+    return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir))
+
+
+# -- detached start ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Started:
+    pid: int
+    run_dir: str
+    node_log: str
+
+
+def start_node(node: Node, transport: Transport, run_id: str) -> Started:
+    """Start the node's launcher (uploaded into its run directory already) detached: a session of its
+    own on POSIX nodes, a process outside the WinRM shell's job on native Windows nodes (it survives
+    us)."""
+    run_dir = run_dir_for(node, run_id)
+    result = transport.run(
+        start_script(transport.platform, node, run_id),
+        env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
+        timeout=60,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("@@started "):
+            return Started(int(line.split()[1]), run_dir, node_log(run_dir))
+        if line.startswith("@@started-before "):
+            raise CommandFailedError(
+                f"run {run_id} was already started on this node ({run_dir}/pid exists)",
+                node=node.name,
+                hint="pick another --run-id",
+            )
+    raise CommandFailedError(
+        f"the launcher did not start (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+        node=node.name,
+        result=result,
+    )
+
+
+@dataclass
+class DetachedStart:
+    run_id: str
+    outcomes: list[Outcome[Started]]
+    #: where it had started when another node failed to: stopped again (all or nothing)
+    undone: list[Outcome[StopResult]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Outcome[Started]]:
+        return [o for o in self.outcomes if not o.ok]
+
+
+def start_all(
+    session: Session,
+    specs: Sequence[LaunchSpec],
+    prepare: Callable[[Node, Transport, LaunchSpec], object],
+) -> DetachedStart:
+    """Start every node's launcher detached, all or nothing: when one fails to start, the ones that
+    did are stopped again. ``prepare(node, transport, spec)`` creates the node's run directory and
+    uploads its launcher first (steps.launch.prepare_detached)."""
+    by_name = {s.node.name: s for s in specs}
+    run_id = specs[0].run_id if specs else ""
+
+    def one(node: Node, transport: Transport) -> Started:
+        prepare(node, transport, by_name[node.name])
+        return start_node(node, transport, run_id)
+
+    outcomes = session.map(one, step="start")
+    started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]
+    report = DetachedStart(run_id, outcomes)
+    if report.failed and started:
+        report.undone = session.map(lambda n, t: stop_node(n, t, run_id), step="stop", nodes=started)
+    return report
+
+
+# -- logs ------------------------------------------------------------------------------------------
+
+
+def follow_node(
+    node: Node,
+    transport: Transport,
+    run_id: str,
+    *,
+    follow: bool,
+    on_line: Callable[[str, str], None] | None = None,
+    output: BlockHandler | None = None,
+    on_note: Callable[[str, str], None] | None = None,
+    reconnect_for: float = 300.0,
+    python: str | None = None,
+    interval: float | None = None,
+    lines: int | None = None,
+) -> FollowResult:
+    """Stream the node's log of ``run_id`` from the start, to ``output`` (the node's handler, a block
+    of lines at a time) or ``on_line(node, line)``; with ``follow`` until the launcher has ended and
+    the log is read to its end. ``lines``: from the ``lines``-th last complete line instead (0: only
+    what is written from now on), found on the node.
+
+    A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
+    restarts from the offset just past the last batch delivered (runs/tail.py). ``python``: the
+    node's interpreter (the one the run uses): one Python process reads the log on the node instead
+    of a shell loop running tail and awk at every poll; where it is missing, the shell reads.
+    """
+    if not run_ops(transport.platform, node).uses_python:
+        python = None
+    run_dir = run_dir_for(node, run_id)
+    reconnects = 0
+
+    def deliver(text: str) -> None:
+        if output is not None:
+            output.block("stdout", text)
+        elif on_line is not None:
+            for line in text[:-1].split("\n"):
+                on_line(node.name, line)
+
+    batches = Batches(node.name, deliver)
+    while True:
+        batches.restart()
+        script = tail_script(
+            transport.platform,
+            node,
+            run_id,
+            batches.offset,
+            follow=follow,
+            python=python,
+            interval=interval,
+            lines=lines if batches.start is None else None,
+        )
+        try:
+            result = transport.run(script, on_line=batches, keep_lines=20)
+        except (UnreachableError, EOFError, OSError) as exc:
+            # EOFError/OSError: paramiko can raise them raw when the connection dies while it
+            # sends (a window adjust inside recv); the transport does not wrap those yet
+            log.info("%s: tail interrupted: %r", node.name, exc)
+            reconnects += 1
+            if on_note is not None:
+                on_note(node.name, f"connection lost after byte {batches.offset}; reconnecting")
+            _reconnect(transport, node, time.monotonic() + reconnect_for)
+            if on_note is not None:
+                on_note(node.name, f"reconnected; resuming at byte {batches.offset}")
+            continue
+        if result.exit_code is None:
+            raise CancelledError("stopped following", node=node.name)
+        if batches.missing:
+            raise no_such_run(node, run_id)
+        end = batches.end()
+        if end is None and python is not None and result.exit_code == 127 and not batches.markers:
+            log.info("%s: %s not found: reading the log with the shell instead", node.name, python)
+            python = None  # nothing was delivered: the shell reader starts at the same offset
+            continue
+        if end is None:
+            raise CommandFailedError(
+                f"reading {node_log(run_dir)} failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+                node=node.name,
+                result=result,
+            )
+        code = batches.exit_code()
+        return FollowResult(
+            code,
+            ended=follow or code is not None,
+            offset=batches.offset,
+            lines=batches.lines,
+            reconnects=reconnects,
+            start=batches.start or 0,
+        )
+
+
+def _reconnect(transport: Transport, node: Node, deadline: float) -> None:
+    """Open the connection again, backing off, until it works or ``deadline`` passes."""
+    delay = 0.2
+    while True:
+        try:
+            transport.connect()
+            return
+        except CancelledError:
+            raise
+        except ConnectError:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.info("%s: reconnect failed; retrying in %.1fs", node.name, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+# -- a foreground run on a native Windows node ---------------------------------------------------------
+
+#: how long one follower round may take beyond its own ROUND_SECONDS (a powershell.exe start on a
+#: loaded node, the Receive rounds): past that it is stuck, is stopped, and the watchdog stops the run
+ROUND_MARGIN = 60.0
+#: the first round also starts the watchdog and the launcher (which has 60 s to write its pid file)
+FIRST_ROUND_TIMEOUT = ROUND_SECONDS + ROUND_MARGIN + 60.0
+
+
+class Followed(BlockHandler):
+    """What the follower of a foreground run on a native Windows node prints (runs/windows.py), read
+    here: its stdout is the tail protocol (``Batches``), whose complete lines go on to ``output`` (the
+    node's handler: ``[defaultN]:`` rank labels as in node.log); its stderr (the follower's own
+    errors) goes on as stderr. The last ``keep`` lines of both are kept for a failure's summary."""
+
+    def __init__(self, node: str, output: OnLine, keep: int = 200) -> None:
+        self.output = output
+        self.batches = Batches(node, self._deliver)
+        self.kept: deque[str] = deque(maxlen=keep)
+        self.errors: deque[str] = deque(maxlen=keep)
+
+    def block(self, stream: Stream, text: str) -> None:
+        if stream == "stdout":
+            self.batches.block(stream, text)
+            return
+        self.errors.extend(text.splitlines())
+        self._pass("stderr", text)
+
+    def _deliver(self, text: str) -> None:
+        self.kept.extend(text.splitlines())
+        self._pass("stdout", text)
+
+    def _pass(self, stream: Stream, text: str) -> None:
+        if isinstance(self.output, BlockHandler):
+            self.output.block(stream, text)
+            return
+        for line in text.splitlines():
+            self.output(stream, line)
+
+
+@dataclass
+class ForegroundEnd:
+    """How a foreground run on a native Windows node ended, as the controller saw it."""
+
+    result: Result  # exit_code: the launcher's (None: cancelled, timed out, or ended without one)
+    ended: bool  # the launcher ended (with or without an exit code); False: we stopped following
+    rounds: int
+
+
+def follow_windows(
+    node: Node, transport: Transport, run_id: str, followed: Followed, first: Result
+) -> ForegroundEnd:
+    """After the first round of the follower (the foreground plan's last action, its output already
+    fed to ``followed``): further rounds from the offset each one reached, until the launcher has
+    ended. Cancelled (the transport closed: fail fast, Ctrl-C) or timed out: returns at once; the
+    follower was stopped with the WinRS shell, and the node's watchdog stops the run.
+
+    A round that ends without ``@@more`` or ``@@end`` is a follower that failed: CommandFailedError
+    (the watchdog stops the run once its heartbeat is old)."""
+    platform = transport.platform
+    assert isinstance(platform, PowerShell), "native Windows nodes only"
+    ops = WindowsRuns(platform)
+    run_dir = run_dir_for(node, run_id)
+    batches = followed.batches
+    result, rounds, duration = first, 1, first.duration
+    while True:
+        if result.exit_code is None:
+            return ForegroundEnd(_summary(followed, result, None, duration), False, rounds)
+        if batches.missing:
+            raise no_such_run(node, run_id)
+        if batches.end() is not None:
+            code = batches.exit_code()
+            return ForegroundEnd(_summary(followed, result, code, duration), True, rounds)
+        if batches.more() is None:
+            said = [*followed.errors, *result.tail(3)][-3:]
+            raise CommandFailedError(
+                f"following the run failed (exit {result.exit_code}): {' | '.join(said)}",
+                node=node.name,
+                hint="the node's watchdog stops the run when the follower's heartbeat is old; "
+                f"see {node_log(run_dir)} there",
+                result=result,
+            )
+        batches.restart()
+        rounds += 1
+        result = transport.run(
+            ops.follow_round(run_dir, batches.offset),
+            on_line=followed,
+            keep_lines=20,
+            timeout=ROUND_SECONDS + ROUND_MARGIN,
+        )
+        duration += result.duration
+
+
+def _summary(followed: Followed, last: Result, code: int | None, duration: float) -> Result:
+    """The run as one Result: the launcher's exit code, the lines it printed (the last ones),
+    the follower's own errors."""
+    return Result(
+        node=last.node,
+        command=last.command,
+        exit_code=code,
+        stdout="".join(line + "\n" for line in followed.kept),
+        stderr="".join(line + "\n" for line in followed.errors),
+        duration=duration,
+        timed_out=last.timed_out,
+    )
+
+
+# -- status ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class NodeStatus:
+    state: str  # running / exited / stopped / not started / no run
+    exit_code: int | None = None
+    runtime: float | None = None
+    last_line: str = ""
+    log_bytes: int = 0
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+
+    def public_dict(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["runtime"] = None if self.runtime is None else round(self.runtime, 1)
+        return doc
+
+
+def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
+    """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
+    result = transport.run(status_script(transport.platform, node, run_id), timeout=60)
+    if not result.ok:
+        raise CommandFailedError(
+            f"status failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
+        )
+    return parse_status(result.stdout)
+
+
+def no_such_run(node: Node, run_id: str) -> CommandFailedError:
+    """The error of a node that has no run ``run_id`` (its run directory does not exist)."""
+    return CommandFailedError(
+        f"no run {run_id} on this node ({run_dir_for(node, run_id)} does not exist)",
+        node=node.name,
+        hint="check --run and that the inventory is the one the run was launched with",
+    )
+
+
+def parse_status(stdout: str) -> NodeStatus:
+    values: dict[str, str] = {}
+    gpus: list[dict[str, Any]] = []
+    for line in stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if key == "gpu":
+            cells = [c.strip() for c in value.split(",")]
+            if len(cells) == 4:
+                gpus.append(
+                    {
+                        "index": cells[0],
+                        "util_percent": _num(cells[1]),
+                        "mem_used_mib": _num(cells[2]),
+                        "mem_total_mib": _num(cells[3]),
+                    }
+                )
+            continue
+        values[key] = value
+    if values.get("state") == "no-run":
+        return NodeStatus("no run")
+    now, started, ended = _num(values.get("now")), _num(values.get("started")), _num(values.get("ended"))
+    rc = values.get("rc")
+    code = int(rc) if rc is not None and rc.lstrip("-").isdigit() else None
+    if values.get("alive") == "1":
+        state = "running"
+        runtime = now - started if now is not None and started is not None else None
+    elif values.get("stopped") is not None:
+        state = "stopped"  # by `stop --run` (or a controller's stop): whatever code it ended with
+        stopped = _num(values.get("stopped"))
+        end = ended if ended is not None else stopped
+        runtime = max(0.0, end - started) if end is not None and started is not None else None
+    elif rc is not None:
+        state = "exited"
+        runtime = ended - started if ended is not None and started is not None else None
+    elif started is not None:
+        state = "stopped"  # its process is gone without writing an exit code: killed
+        # nothing records when it was killed: until its last output (the log's mtime), a lower bound
+        modified = _num(values.get("modified"))
+        runtime = max(0.0, modified - started) if modified is not None else None
+    else:
+        state = "not started"
+        runtime = None
+    return NodeStatus(
+        state,
+        exit_code=code,
+        runtime=runtime,
+        last_line=split_rank(values.get("last", ""))[1],
+        log_bytes=int(_num(values.get("size")) or 0),
+        gpus=gpus,
+    )
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+# -- stop --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StopResult:
+    state: str  # stopped / exited / gone / not started / no run
+    terminated: int = 0  # processes sent SIGTERM
+    killed: int = 0  # of those, still there after the grace period: SIGKILL
+    exit_code: int | None = None
+    forced: bool = False  # Windows: terminated at once (TerminateProcess), no grace period
+
+    def describe(self) -> str:
+        if self.state == "stopped" and self.forced:
+            return f"terminated {self.terminated} process(es)"
+        if self.state == "stopped":
+            extra = f", {self.killed} needed SIGKILL" if self.killed else ""
+            return f"stopped {self.terminated} process(es){extra}"
+        if self.state == "exited":
+            return f"nothing to stop: exited with code {self.exit_code}"
+        if self.state == "gone":
+            return "nothing to stop: its processes are gone"
+        if self.state == "not started":
+            return "nothing to stop: never started here"
+        return "nothing to stop: no such run on this node"
+
+
+def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5.0) -> StopResult:
+    """TERM every process of the run on the node, KILL what is left after ``grace`` seconds."""
+    result = transport.run(stop_script(transport.platform, node, run_id, grace), timeout=grace + 30)
+    line = next((x for x in result.stdout.splitlines() if x.startswith("@@stop ")), None)
+    if line is None:
+        raise CommandFailedError(
+            f"stop failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
+        )
+    words = line.split()[1:]
+    kind = words[0] if words else ""
+    if kind == "stopped":
+        termed, killed, left = (int(w) for w in words[1:4])
+        if left:
+            raise CommandFailedError(
+                f"{left} process(es) of run {run_id} survived SIGKILL",
+                node=node.name,
+                hint="they may be stuck in the kernel (D state); see `ps` on the node",
+            )
+        return StopResult("stopped", termed, killed)
+    if kind == "terminated":  # Windows: every process terminated at once (no SIGTERM there)
+        count, left = (int(w) for w in words[1:3])
+        if left:
+            raise CommandFailedError(
+                f"{left} process(es) of run {run_id} were still there 10 s after being terminated",
+                node=node.name,
+                hint="see Get-Process on the node; a process stuck in a driver call ends only with it",
+            )
+        return StopResult("stopped", count, 0, forced=True)
+    if kind == "exited":
+        code = words[1] if len(words) > 1 else ""
+        return StopResult("exited", exit_code=int(code) if code.lstrip("-").isdigit() else None)
+    return StopResult({"gone": "gone", "not-started": "not started"}.get(kind, "no run"))
+
+
+# -- fetch -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fetched:
+    path: str  # as asked
+    source: str | None  # where it was found on the node (None: missing)
+    files: int = 0
+    bytes: int = 0
+    local: str = ""
+
+
+def fetch_node(
+    node: Node, transport: Transport, run_id: str, paths: Sequence[str], *, code_dir: str | None, dest: Path
+) -> list[Fetched]:
+    """Copy what the run wrote on the node into ``dest`` (``runs/<run-id>/<node>/``).
+
+    A relative PATH is looked for in the node's run directory, then in its code directory; an
+    absolute one is taken as is. Directories are copied with everything below them.
+    """
+    ops = run_ops(transport.platform, node)
+    listing = transport.run(fetch_script(transport.platform, node, run_id, paths, code_dir), timeout=120)
+    if not listing.ok:
+        raise CommandFailedError(
+            f"cannot list {', '.join(paths)} (exit {listing.exit_code}): {' | '.join(listing.tail(3))}",
+            node=node.name,
+        )
+    fetched: list[Fetched] = []
+    current: Fetched | None = None
+    base = ""
+    for line in listing.stdout.splitlines():
+        if line.startswith("@@"):
+            words = line.split(" ", 3)
+            index = int(words[1])
+            asked = paths[index]
+            parts = ops.local_parts(asked) or [f"path{index}"]
+            local_root = dest.joinpath(*parts)
+            if words[0] == "@@missing":
+                current = None
+                fetched.append(Fetched(asked, None))
+            elif words[0] == "@@dir":
+                base = line.split(" ", 2)[2]
+                current = Fetched(asked, base, local=str(local_root))
+                fetched.append(current)
+            elif words[0] == "@@file":
+                size_text, source = line.split(" ", 3)[2:4]
+                current = None
+                transport.get(source, local_root)
+                fetched.append(Fetched(asked, source, 1, int(size_text), str(local_root)))
+            continue
+        if current is None:
+            continue
+        size_text, _, rel = line.partition(" ")
+        rel_parts = safe_parts(rel)
+        if rel_parts is None or not size_text.isdigit():
+            log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
+            continue
+        transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(current.local).joinpath(*rel_parts))
+        current.files += 1
+        current.bytes += int(size_text)
+    return fetched

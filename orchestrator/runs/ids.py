@@ -1,0 +1,104 @@
+"""Run ids: one scheme for every run bootstrap starts or names.
+
+An id bootstrap picks is ``[KIND-]CLUSTER-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``... when that second
+is taken (two runs within one second must not share an id): ``lab-20261203-010203`` for a launch
+(and the id `render` puts into the scripts), ``validate-lab-...`` for a validation,
+``run-lab-...`` for a `bootstrap run -- CMD`. The cluster's name is free text ("GPU lab"): it is
+reduced to what an id may hold (letters, digits, ``.``, ``_``, ``-``), the only characters
+``--run`` and ``--run-id`` accept. An id the user chose is checked the same way, and refused when a
+run of it was launched from here already.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from orchestrator.errors import UsageError
+from orchestrator.runs.layout import RECORD, RUNS_ROOT
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # .fullmatch only
+
+
+def new_run_id(
+    cluster: str,
+    *,
+    kind: str = "",
+    chosen: str | None = None,
+    root: Path = RUNS_ROOT,
+    reserve: bool = True,
+) -> str:
+    """The id of a new run of ``cluster``: ``chosen`` when the user named one, else one picked
+    (``[KIND-]CLUSTER-YYYYmmdd-HHMMSS[-N]``, unique under ``root``).
+
+    ``reserve``: the run is about to start here: a picked id's directory under ``root`` is created
+    at once (a launch started at the same moment gets the next id), a chosen id is refused when a
+    run of it was launched from here. Without it (`render`, ``--dry-run``) nothing is created and a
+    chosen id is only checked."""
+    if chosen:
+        return claim_run_id(chosen, root) if reserve else check_run_id(chosen)
+    return pick_run_id(f"{kind}-{cluster}" if kind else cluster, root, reserve=reserve)
+
+
+def pick_run_id(prefix: str, root: Path = RUNS_ROOT, *, reserve: bool = True) -> str:
+    """A run id for a run the user did not name: ``PREFIX-YYYYmmdd-HHMMSS``, ``-2``, ``-3``... when
+    that second is taken under ``root``. ``reserve``: its directory is created at once
+    (atomically)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", prefix).strip("-._") or "run"
+    base = f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if reserve:
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = check_run_id(base if n == 1 else f"{base}-{n}")
+        if not reserve:
+            if not (root / candidate).exists():
+                return candidate
+            continue
+        try:
+            (root / candidate).mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return candidate
+    raise UsageError(f"no free run id for {base} in {root.resolve()}", hint="pass --run-id")
+
+
+def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
+    """A run id the user chose: refused when a run of that id was launched from here already."""
+    check_run_id(run_id)
+    if (root / run_id / RECORD).exists():
+        raise UsageError(
+            f"run {run_id} already exists here ({root / run_id}/)",
+            hint=f"choose another --run-id, or leave it out for a new one; `logs --run {run_id}` "
+            "(same inventory) shows the earlier run",
+        )
+    return run_id
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.fullmatch(run_id):
+        raise UsageError(
+            f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (as `launch --run-id` does)"
+        )
+    return run_id
+
+
+def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
+    """``latest`` (or nothing): the newest run under ./runs; anything else is taken as a run id."""
+    if run not in (None, "", "latest"):
+        assert run is not None
+        return check_run_id(run)
+    candidates = []
+    if root.is_dir():
+        for entry in root.iterdir():
+            if entry.is_dir() and _RUN_ID.fullmatch(entry.name):
+                stamp = entry / RECORD
+                # launched from here first (a record), newest first; then copies `logs` made
+                launched = stamp.exists()
+                candidates.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
+    if not candidates:
+        raise UsageError(
+            f"no runs in {root.resolve()} (run ids are kept where `bootstrap launch` ran)",
+            hint="pass --run RUN-ID, or run this from the directory you launched from",
+        )
+    return max(candidates)[2]

@@ -1,0 +1,121 @@
+"""Where a run lives, on each node and here: one layout, read by everything that touches a run.
+
+On a node, below its ``workdir`` (the inventory's, default ``~/cluster-bootstrap``; ``{node}`` in it
+is the node's name, so nodes that share a filesystem, such as NFS homes, get a directory each)::
+
+    <workdir>/code/                      the code directory (default of train.code_dir, code.dest)
+    <workdir>/venv/                      the environment (default of env.path)
+    <workdir>/runs/<run-id>/<node>/      the run directory, owner-only (steps.launch.prepare_script)
+        launch.sh | launch.ps1           the launcher: the node's rendered launch script
+        rank_capture.py                  POSIX: what the launcher starts each rank through
+        pid                              the launcher's identity (POSIX "PID SESSION STARTTIME",
+                                         native Windows "PID TICKS")
+        ranks                            native Windows: each rank's "PID TICKS"
+        node.log                         everything the launcher printed, append-only
+        node.log.rc                      its exit code, renamed into place once node.log is complete
+        stopped                          `stop` writes it (the node's clock) before it signals anything
+
+The run directory is per node even inside one workdir: two nodes sharing a home would otherwise run
+the last-written script. Every process of a POSIX run carries the run marker in its environment
+(``RUN_MARKER_ENV=<run-id>/<node>``): `stop` finds exactly them, never a process matched by name.
+
+Here, relative to the directory `launch` ran in::
+
+    runs/<run-id>/run.json               the record: which nodes and ranks the run has
+    runs/<run-id>/<node>.log             the copy of each node's output (orchestrator/logs.py)
+    runs/<run-id>/<node>/                what `fetch` copied
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Node
+    from orchestrator.render import LaunchSpec
+
+#: a node's workdir when the inventory gives none (``~``: the connecting user's home on the node)
+DEFAULT_WORKDIR = "~/cluster-bootstrap"
+#: replaced by the node's name in ``workdir`` and ``env.path``
+NODE_PLACEHOLDER = "{node}"
+
+NODE_LOG = "node.log"
+EXIT_CODE = NODE_LOG + ".rc"
+PID_FILE = "pid"
+STOPPED = "stopped"
+
+#: environment variable holding ``<run-id>/<node>`` in every process of a POSIX run
+RUN_MARKER_ENV = "CLUSTER_BOOTSTRAP_RUN"
+
+#: torchrun copies its workers' output with write() and never flushes: into a pipe, Python buffers
+#: 8 KiB, and lines would reach the controller minutes late. Unbuffered, each arrives as printed.
+STREAMING_ENV = {"PYTHONUNBUFFERED": "1"}
+
+#: the controller's run directories (relative to the current directory, where `launch` ran)
+RUNS_ROOT = Path("runs")
+RECORD = "run.json"
+
+
+def node_path(path: str, node_name: str) -> str:
+    """A path setting as it is on one node: ``{node}`` becomes the node's name."""
+    return path.replace(NODE_PLACEHOLDER, node_name)
+
+
+def workdir_for(node: Node) -> str:
+    """The node's workdir: the inventory's (``{node}`` replaced) or the default, without a trailing
+    slash (``/`` stays ``/``)."""
+    return node_path(node.workdir or DEFAULT_WORKDIR, node.name).rstrip("/") or "/"
+
+
+def in_workdir(node: Node, *parts: str) -> str:
+    """``<workdir>/<parts...>`` on the node."""
+    return "/".join([workdir_for(node).rstrip("/"), *parts])
+
+
+def run_dir_for(node: Node, run_id: str) -> str:
+    """The node's directory for one run (launch script, node.log, pid and exit-code files)."""
+    return in_workdir(node, "runs", run_id, node.name)
+
+
+def node_log(run_dir: str) -> str:
+    return f"{run_dir}/{NODE_LOG}"
+
+
+def run_marker(run_id: str, node_name: str) -> str:
+    """What every process of one node's part of a run carries in RUN_MARKER_ENV: how `stop` finds
+    them (never by a name pattern that could hit another run)."""
+    return f"{run_id}/{node_name}"
+
+
+def logs_where(nodes: Sequence[Node], run_id: str) -> str:
+    """Where the nodes keep their logs of ``run_id``, for a line after a run: the path itself when
+    every node has the same workdir, else the pattern (`bootstrap inventory` shows each workdir)."""
+    workdirs = {workdir_for(n) for n in nodes}
+    pattern = f"runs/{run_id}/<node>/{NODE_LOG}"
+    if len(workdirs) == 1:
+        (workdir,) = workdirs
+        return f"{workdir.rstrip('/')}/{pattern} on each node"
+    return f"{pattern} under each node's workdir (`bootstrap inventory` lists them)"
+
+
+# -- the controller's record of runs ---------------------------------------------------------------
+
+
+def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
+    """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
+    `fetch` find the latest run without being told."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    doc = {
+        "run_id": run_id,
+        "detached": detached,
+        "started": time.time(),
+        "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
+    }
+    tmp = directory / (RECORD + ".part")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, directory / RECORD)

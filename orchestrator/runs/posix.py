@@ -1,0 +1,268 @@
+"""Runs on Linux and WSL nodes, in POSIX sh: the launcher's identity, detached start, stop, status,
+the log tail and file listing for `fetch`.
+
+A run's processes are found by what they carry, never by their names: the launcher's session (its
+leader checked against the pid and start time written when it started, so a recycled pid is never
+taken for it) and the run marker (layout.RUN_MARKER_ENV) every descendant inherits. Everything here
+reads /proc: Linux (and WSL2) only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.platforms import PosixShell
+from orchestrator.runs import tail
+from orchestrator.runs.base import RunOps
+from orchestrator.runs.layout import RUN_MARKER_ENV
+
+#: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixRuns.logged).
+#: A handler, not '': an ignored signal would be inherited by the command itself.
+WAIT_FOR_COMMAND = "trap : TERM INT HUP; "
+
+
+class PosixRuns(RunOps):
+    """Linux and WSL-mode nodes: sessions, the run marker in the environment, /proc."""
+
+    launcher = "launch.sh"
+    uses_python = True
+
+    platform: PosixShell
+
+    def __init__(self, platform: PosixShell) -> None:
+        self.platform = platform
+
+    # -- a run's identity, and a foreground run's output -------------------------------------------
+
+    def run_identity(self, run_dir: str, marker: str) -> str:
+        """Lines that make the current shell the run's known launcher: the marker exported for every
+        descendant, ``<run_dir>/pid`` = "PID SESSION STARTTIME" (STARTTIME: field 22 of
+        /proc/PID/stat, clock ticks since boot: with the pid it names one process for good)."""
+        return (
+            f"export {RUN_MARKER_ENV}={self.platform.quote(marker)}\n"
+            f"_cb_d={self.platform.path_word(run_dir)}\n"
+            '_cb_self() { set -- $1; printf \'%s %s %s\\n\' "$$" "${4:--}" "${20:--}"; }\n'
+            '{ IFS= read -r _cb_l < "/proc/$$/stat"; } 2>/dev/null || _cb_l=") ?"\n'
+            '_cb_self "${_cb_l##*) }" > "$_cb_d/pid.part" && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
+        )
+
+    def logged(self, command: str, log: str) -> str:
+        """``command`` with its output (stdout and stderr together) also appended to ``log`` on the
+        node, keeping the command's exit code (POSIX sh has no pipefail).
+
+        A stop (TERM, INT or HUP to every process of the run: `stop --run`, Ctrl-C, a lost
+        controller) must not cut the log short: the command handles it (torchrun stops its workers,
+        the rank capture delivers what they wrote up to then), while the shells around it wait for
+        it (a trap runs only once the foreground command is done) and tee ignores the signal, so
+        every line still reaches ``log`` and the exit-code file is written last. KILL, the stop's
+        last resort after its grace period, still ends them all.
+        """
+        rc = self.platform.path_word(log + ".rc")
+        # the exit-code file appears only once tee has written everything: `logs --follow` ends
+        # when it sees that file, and must find the log complete then
+        part = self.platform.path_word(log + ".rc.part")
+        tee = f"(trap '' TERM INT HUP; exec tee -a {self.platform.path_word(log)})"
+        return (
+            f"{WAIT_FOR_COMMAND}\n"
+            f"{{ {WAIT_FOR_COMMAND}{command} 2>&1; echo $? > {part}; }} | {tee}\n"
+            f'mv -f {part} {rc}\nexit "$(cat {rc})"'
+        )
+
+    def other_runs(self, own: str) -> str:
+        """One line ``@@leftover COUNT MARKER`` per run (other than ``own``, a RUN_MARKER_ENV value)
+        that still has processes on the node: what a new launch should know is running beside it."""
+        return (
+            f"grep -azo '^{RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
+            f" | tr '\\0' '\\n' | sed 's/^[^=]*=//' | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
+            ' | while read -r n m; do echo "@@leftover $n $m"; done'
+        )
+
+    # -- the run's scripts -------------------------------------------------------------------------
+
+    def functions(self, run_dir: str, marker: str) -> str:
+        """Shell functions shared by stop, status and the log tail (``$d`` = the run directory)."""
+        env_line = self.platform.quote(f"{RUN_MARKER_ENV}={marker}")
+        return (
+            f"d={self.platform.path_word(run_dir)}\n"
+            f"m={env_line}\n"
+            # the launcher, when it still runs: the pid file's pid with the recorded start time
+            "_cb_leader() {\n"
+            '  [ -f "$d/pid" ] || return 1\n'
+            '  read -r _cb_pid _cb_sid _cb_start < "$d/pid" || return 1\n'
+            '  { IFS= read -r _cb_l < "/proc/$_cb_pid/stat"; } 2>/dev/null || return 1\n'
+            '  _cb_check "${_cb_l##*) }"\n'
+            "}\n"
+            '_cb_check() { set -- $1; [ "$1" != Z ] && [ "${20}" = "$_cb_start" ]; }\n'
+            # every live process of the run: members of the launcher's session ($_cb_sess, set once
+            # while the leader was verified) and every process carrying the marker; zombies excluded
+            "_cb_members() {\n"
+            "  {\n"
+            '  if [ -n "$_cb_sess" ]; then\n'
+            "    for _cb_s in /proc/[0-9]*/stat; do\n"
+            '      { IFS= read -r _cb_l < "$_cb_s"; } 2>/dev/null || continue\n'
+            "      _cb_p=${_cb_s#/proc/}; _cb_p=${_cb_p%/stat}\n"
+            '      [ "$_cb_p" = "$$" ] && continue\n'
+            '      _cb_in "${_cb_l##*) }" && echo "$_cb_p"\n'
+            "    done\n"
+            "  fi\n"
+            '  grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null'
+            ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
+            "  } | sort -u\n"
+            "}\n"
+            '_cb_in() { set -- $1; [ "$1" != Z ] && [ "$4" = "$_cb_sess" ]; }\n'
+            "_cb_sess=\n"
+            'if _cb_leader && [ "$_cb_sid" = "$_cb_pid" ]; then _cb_sess=$_cb_pid; fi\n'
+        )
+
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        """Start the launcher in a session of its own that outlives our connection (setsid; stdin
+        /dev/null, output appended to ``node_log``; ``node_log``.rc gets its exit code), then wait
+        until it has written its pid file and print that file. Refuses a run directory that already
+        has one."""
+        word = self.platform.path_word
+        inner = (
+            WAIT_FOR_COMMAND  # a stop ends the script, and only then this shell writes its exit code
+            + self.run_identity(run_dir, marker)
+            + f"\n/bin/sh {word(f'{run_dir}/{self.launcher}')} >> {word(node_log)} 2>&1 </dev/null"
+            + f"\necho $? > {word(node_log + '.rc.part')}"
+            + f" && mv -f {word(node_log + '.rc.part')} {word(node_log + '.rc')}"
+        )
+        return (
+            f"d={self.platform.path_word(run_dir)}\n"
+            'if [ -e "$d/pid" ]; then echo "@@started-before $(cat "$d/pid")"; exit 3; fi\n'
+            "command -v setsid >/dev/null 2>&1 || { echo 'setsid not found (util-linux)' >&2; exit 4; }\n"
+            # outside the command's reach on purpose: a session of its own, without the token the
+            # command's watcher stops everything by (stop_on_hangup)
+            f"(unset CB_WATCH; exec setsid /bin/sh -c {self.platform.quote(inner)}"
+            " </dev/null >/dev/null 2>&1) &\n"
+            "i=0\n"
+            'while [ ! -s "$d/pid" ]; do\n'
+            "  i=$((i + 1)); [ $i -gt 200 ] && { echo 'the launcher did not start' >&2; exit 5; }\n"
+            "  sleep 0.05\n"
+            "done\n"
+            'echo "@@started $(cat "$d/pid")"'
+        )
+
+    def stop(self, run_dir: str, marker: str, grace: float = 5.0) -> str:
+        """TERM every process of the run, KILL what is left after ``grace`` seconds. Prints one line:
+        ``@@stop stopped TERMED KILLED LEFT`` or ``@@stop exited CODE|gone|not-started|no-run``."""
+        hundredths = max(1, int(grace * 100))
+        return (
+            self.functions(run_dir, marker)
+            # deadlines on the uptime clock (hundredths of a second): a loaded node must not
+            # stretch the grace period by the time each scan takes
+            + "_cb_now() { read -r _cb_up _cb_x < /proc/uptime; _cb_up=${_cb_up%.*}${_cb_up#*.}; }\n"
+            "p=$(_cb_members)\n"
+            'if [ -z "$p" ]; then\n'
+            '  if [ -f "$d/node.log.rc" ]; then echo "@@stop exited $(cat "$d/node.log.rc")"\n'
+            '  elif [ -f "$d/pid" ]; then echo "@@stop gone"\n'
+            '  elif [ -d "$d" ]; then echo "@@stop not-started"\n'
+            '  else echo "@@stop no-run"; fi\n'
+            "  exit 0\n"
+            "fi\n"
+            'n=$(printf "%s\\n" "$p" | wc -l)\n'
+            # said before the signal: status and a foreground launch tell "stopped" from "failed"
+            'date +%s > "$d/stopped" 2>/dev/null\n'
+            "kill -TERM $p 2>/dev/null\n"
+            f"_cb_now; end=$((_cb_up + {hundredths}))\n"
+            "while :; do\n"
+            '  p=$(_cb_members); [ -z "$p" ] && break\n'
+            '  _cb_now; [ "$_cb_up" -ge "$end" ] && break\n'
+            "  sleep 0.1\n"
+            "done\n"
+            "k=0\n"
+            'if [ -n "$p" ]; then\n'
+            '  k=$(printf "%s\\n" "$p" | wc -l); kill -KILL $p 2>/dev/null\n'
+            "  _cb_now; end=$((_cb_up + 300))\n"
+            '  while [ -n "$(_cb_members)" ]; do\n'
+            '    _cb_now; [ "$_cb_up" -ge "$end" ] && break; sleep 0.1\n'
+            "  done\n"
+            "fi\n"
+            'echo "@@stop stopped $n $k $(_cb_members | wc -l)"'
+        )
+
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        """``key=value`` lines: node clock, launcher alive, start/end times (file mtimes on the node's
+        clock), exit code, log size, last-modified time and last line, one ``gpu=`` line per GPU
+        where nvidia-smi exists."""
+        return (
+            self.functions(run_dir, marker) + f"f={self.platform.path_word(node_log)}\n"
+            'echo "now=$(date +%s)"\n'
+            'if [ ! -d "$d" ]; then echo "state=no-run"; exit 0; fi\n'
+            'if [ -f "$d/pid" ]; then echo "started=$(stat -c %Y "$d/pid")"; fi\n'
+            # alive: the launcher, or any process of the run at all (its record may say otherwise:
+            # a launcher killed while ranks that ignore TERM live on)
+            'if _cb_leader || [ -n "$(_cb_members)" ]; then echo "alive=1"; else echo "alive=0"; fi\n'
+            'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
+            'if [ -f "$d/stopped" ]; then echo "stopped=$(cat "$d/stopped")"; fi\n'
+            'if [ -f "$f" ]; then\n'
+            '  echo "size=$(wc -c < "$f")"\n'
+            # the time of the last output: how long a stopped (killed) run ran, at least
+            '  echo "modified=$(stat -c %Y "$f")"\n'
+            # the last line a rank printed (torchrun's own exit-barrier noise after a good run is not
+            # what a user asks about), else the log's last line
+            # nor torch's harmless "[c10d] The hostname of the client socket cannot be retrieved" (a
+            # reverse DNS miss per connection: docs/troubleshooting.md)
+            "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$'"
+            " | grep -v 'hostname of the client socket cannot be retrieved')\n"
+            "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"
+            '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
+            '  echo "last=$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
+            "fi\n"
+            "if command -v nvidia-smi >/dev/null 2>&1; then\n"
+            "  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total"
+            " --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'\n"
+            "fi"
+        )
+
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+        lines: int | None = None,
+    ) -> str:
+        if python is not None:
+            return tail.posix_tail_python(
+                self.platform,
+                python,
+                run_dir,
+                node_log,
+                offset,
+                follow=follow,
+                interval=interval or 0.02,
+                lines=lines,
+            )
+        return tail.posix_tail(
+            self.platform,
+            self.functions(run_dir, marker),
+            node_log,
+            offset,
+            follow=follow,
+            interval=interval or 0.05,
+            lines=lines,
+        )
+
+    def is_absolute(self, path: str) -> bool:
+        return path.startswith(("/", "~"))
+
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        """For each entry: the first of its candidate paths that exists, as ``@@file I SIZE PATH``,
+        ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it, or ``@@missing I``."""
+        parts = []
+        for index, paths in enumerate(candidates):
+            words = " ".join(self.platform.path_word(p) for p in paths)
+            parts.append(
+                f'found=; for c in {words}; do [ -e "$c" ] && {{ found=$c; break; }}; done\n'
+                f'if [ -z "$found" ]; then echo "@@missing {index}"\n'
+                f'elif [ -d "$found" ]; then echo "@@dir {index} $found"\n'
+                '  (cd "$found" && find . -type f -exec sh -c '
+                '\'for f; do printf "%s %s\\n" "$(wc -c < "$f")" "$f"; done\' sh {} +)\n'
+                f'else echo "@@file {index} $(wc -c < "$found") $found"; fi'
+            )
+        return "\n".join(parts)

@@ -1,0 +1,39 @@
+"""How a run's lines name their rank: every line a rank prints reaches node.log as ``[defaultN]:text``
+(the node's rank capture, steps/probes/rank_capture.py, and launch.ps1 on native Windows), and the
+controller turns N into the global rank it shows (``[node:rank] text``)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+
+_RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """``[default3]:text`` -> (3, "text"); torchrun's own lines have no rank."""
+    if not line.startswith("[default"):  # every line of a log passes here: skip the regex when we can
+        return None, line
+    match = _RANK_LINE.match(line)
+    if match is None:
+        return None, line
+    return int(match.group(1)), match.group(2)
+
+
+def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:
+    """Per node, how the ``[defaultN]:`` tags of its lines become global ranks: ``(first, count)``,
+    the rank of N = 0 and how many N there are. Static rendezvous: ranks follow inventory order (as
+    plan_launch) and N is the local rank. Elastic: each rendezvous assigns the ranks, so the launch
+    script's rank capture tags lines with the global rank itself (RANK, CB_RANK_LABEL=global, see
+    probes/rank_capture.py): N is the global rank, first 0."""
+    if inventory.cluster.train.elastic:
+        world = sum(node.nproc for node in inventory.nodes)
+        return {node.name: (0, world) for node in inventory.nodes}
+    labels, first = {}, 0
+    for node in inventory.nodes:
+        labels[node.name] = (first, node.nproc)
+        first += node.nproc
+    return labels

@@ -1,0 +1,497 @@
+"""The tail protocol: a node's ``node.log`` read from a byte offset, across dropped connections,
+every line delivered exactly once. Three producers speak it on the nodes (FOLLOW_PROGRAM in the
+node's Python, ``posix_tail`` in sh with tail and awk, ``powershell_tail`` on native Windows); one
+parser reads it here (``Batches``).
+
+What a producer prints on stdout, given the log, an OFFSET, FOLLOW and LINES:
+
+- ``@@missing``: there is no run directory; nothing else follows.
+- ``@@start OFFSET``, first, only when LINES was given (`logs --tail N`): reading starts at the
+  N-th last complete line, found on the node by reading back from the end (never the whole log),
+  at OFFSET (0 when there is no log yet). A last line without its newline counts only once the
+  launcher has ended; that end is checked before the size is taken.
+- Batches: complete lines of the log from OFFSET, exactly as they are, except that a line starting
+  with ``@@`` gets one more ``@`` (so no log line looks like a marker). Each batch is followed by
+  ``@@. OFFSET``, the byte offset just past it. A last line without its newline is held back until
+  the launcher has ended (then it is sent, with a newline added). A line longer than a producer's
+  block may be sent in pieces. Sizes are taken before reading: a line being written is never cut.
+- With FOLLOW the producer polls until the launcher has ended (its exit-code file exists, or its
+  recorded process is gone) and everything is read; without, it stops at the current end.
+- ``@@end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and
+  the offset read up to.
+- ``@@more OFFSET`` last instead, only from a producer given a ROUND (the follower of a foreground
+  run on a native Windows node, runs/windows.py): ROUND seconds have passed and the launcher is
+  still running; the controller runs the next round from OFFSET. Other markers (``@@started ...``
+  of that follower's first round) are kept by the parser, not delivered.
+
+The parser passes a batch on only once the ``@@. OFFSET`` after it arrived (it came whole) and
+remembers that offset: after a dropped connection the tail is asked again from there, and the
+piece after the last marker (possibly cut) is read again. Nothing is lost, nothing printed twice.
+With ``@@start``, a reconnect after it resumes from offsets (the last N lines are not counted again
+against a longer log); one before it (nothing delivered yet) asks for the last N lines again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.transports.base import BlockHandler
+
+log = logging.getLogger(__name__)
+
+#: The producer in the node's Python (POSIX nodes, when the run's interpreter is known): one process
+#: reads the log, no process per poll, so lines arrive within the interval even on a busy node.
+#: argv: LOG RC_FILE PID_FILE OFFSET FOLLOW(0/1) INTERVAL LINES(-1: none)
+FOLLOW_PROGRAM = r"""
+import os, sys, time
+path, rc_path, pid_path = sys.argv[1:4]
+offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
+lines = int(sys.argv[7])
+out = sys.stdout.buffer
+BLOCK = 1 << 20
+BACK = 1 << 16
+
+def ended():
+    if os.path.exists(rc_path):
+        return True
+    try:
+        with open(pid_path) as fh:
+            pid, _sid, start = fh.read().split()[:3]
+    except (OSError, ValueError):
+        return False
+    try:
+        with open("/proc/%s/stat" % pid, "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return True
+    return fields[0] == b"Z" or fields[19].decode() != start
+
+def last_lines(f, n, fin):
+    # where the n-th last complete line starts; a last line without newline is one only once the
+    # launcher has ended (as it is sent); read back from the end, a block at a time
+    size = os.fstat(f.fileno()).st_size
+    need = n + 1  # newlines to pass going back: the last line's own, then the one before each
+    if fin and size:
+        f.seek(size - 1)
+        if f.read(1) != b"\n":
+            need = n
+    if need == 0:
+        return size
+    pos = size
+    while pos > 0:
+        step = min(pos, BACK)
+        pos -= step
+        f.seek(pos)
+        data = f.read(step)
+        found = data.count(b"\n")
+        if found < need:
+            need -= found
+            continue
+        end = len(data)
+        while True:
+            end = data.rfind(b"\n", 0, end)
+            need -= 1
+            if need == 0:
+                return pos + end + 1
+    return 0
+
+f = None
+if lines >= 0:
+    offset = 0  # no log yet: everything the launcher will write is new
+    if os.path.exists(path):
+        f = open(path, "rb")
+        offset = last_lines(f, lines, ended())  # ended() first: then the size is final
+    out.write(b"@@start %d\n" % offset)
+    out.flush()
+while True:
+    fin = ended()
+    if f is None and os.path.exists(path):
+        f = open(path, "rb")
+    while f is not None:
+        size = os.fstat(f.fileno()).st_size
+        if size <= offset:
+            break
+        f.seek(offset)
+        data = f.read(min(size - offset, BLOCK))
+        cut = data.rfind(b"\n") + 1
+        if fin and len(data) == size - offset:
+            cut = len(data)  # the launcher has ended: a last line without newline is final
+        elif cut == 0:
+            if len(data) < BLOCK:
+                break  # a line still being written: wait for its newline
+            cut = len(data)  # a line longer than a block: sent in pieces
+        chunk = data[:cut]
+        offset += cut
+        if not chunk.endswith(b"\n"):
+            chunk += b"\n"
+        if b"@@" in chunk:
+            chunk = (b"\n" + chunk).replace(b"\n@@", b"\n@@@")[1:]
+        out.write(chunk + b"@@. %d\n" % offset)
+        out.flush()
+    if fin or not follow:
+        break
+    time.sleep(interval)
+rc = "none"
+if os.path.exists(rc_path):
+    with open(rc_path) as fh:
+        rc = fh.read().strip() or "none"
+out.write(b"@@end %s %d\n" % (rc.encode(), offset))
+out.flush()
+"""
+
+
+def posix_tail(
+    sh: PosixShell,
+    preamble: str,
+    log: str,
+    offset: int,
+    *,
+    follow: bool,
+    interval: float = 0.05,
+    lines: int | None = None,
+) -> str:
+    """The producer in sh (tail, awk, dd: processes per poll). ``preamble``: the run's shell
+    functions (runs/posix.py: ``$d`` the run directory, ``_cb_leader``).
+
+    ``lines``: found without reading the whole log: ``dd`` seeks to a window before the end (64 KiB,
+    doubled until it holds enough newlines) and awk notes the newlines in it, stopping at the size
+    measured first. The log is only ever appended to, so the bytes before that size do not change
+    while they are read: the start is exact and on a line boundary; what the launcher writes
+    meanwhile comes after it and is read by the loop."""
+    start = ""
+    if lines is not None:
+        # newline positions in [base, size) (a ring of the last n + 1); prints the start, or "-"
+        # when the window begins after the first byte and holds too few of them
+        count = (
+            "BEGIN { o = o0 } { e = o + length($0); if (e >= size) exit; c++; p[c % k] = e"
+            "; if (e == size - 1) nl = 1; o = e + 1 }"
+            " END { need = n + 1; if (fin && !nl) need = n;"
+            ' if (need == 0) printf "%.0f\\n", size;'
+            ' else if (c >= need) printf "%.0f\\n", p[(c - need + 1) % k] + 1;'
+            ' else if (o0 == 0) print 0; else print "-" }'
+        )
+        start = (
+            f"n={max(0, int(lines))}\n"
+            "fin=0\n"
+            'if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
+            'size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
+            "off=0\n"
+            'if [ "$size" -gt 0 ]; then\n'
+            "  w=1; nb=$(((size + 65535) / 65536))\n"
+            "  while :; do\n"
+            '    skip=$((nb - w)); [ "$skip" -lt 0 ] && skip=0\n'
+            '    off=$(dd if="$f" bs=65536 skip="$skip" 2>/dev/null'
+            ' | LC_ALL=C awk -v o0=$((skip * 65536)) -v size="$size" -v n="$n" -v k=$((n + 1))'
+            f' -v fin="$fin" {sh.quote(count)})\n'
+            '    [ "$off" != - ] && break\n'
+            "    w=$((w * 2))\n"
+            "  done\n"
+            "fi\n"
+            'case $off in ""|*[!0-9]*) echo "cannot find the last $n lines of $f" >&2; exit 1;; esac\n'
+            'echo "@@start $off"\n'
+        )
+    awk = (
+        "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
+        ' if (substr($0, 1, 2) == "@@") printf "@"; print; o = e }'
+        # "@@. OFFSET": the batch before it arrived whole (the reader holds it until then)
+        ' END { printf "@@. %.0f\\n", o; printf "%.0f\\n", o > "/dev/stderr" }'
+    )
+    return (
+        preamble + f"f={sh.path_word(log)}\n"
+        f"off={int(offset)}\n"
+        'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
+        "exec 4>&1\n" + start + "while :; do\n"
+        "  fin=0\n"
+        '  if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
+        '  size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
+        '  if [ "$size" -gt "$off" ]; then\n'
+        # awk stops at the first line ending past $size (bytes written after it was measured)
+        '    off=$(tail -c +$((off + 1)) "$f" 2>/dev/null'
+        f' | LC_ALL=C awk -v o="$off" -v size="$size" -v fin="$fin" {sh.quote(awk)} 2>&1 >&4)\n'
+        "  fi\n"
+        '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
+        "done\n"
+        'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
+        'echo "@@end ${rc:-none} $off"'
+    )
+
+
+def posix_tail_python(
+    sh: PosixShell,
+    python: str,
+    run_dir: str,
+    log: str,
+    offset: int,
+    *,
+    follow: bool,
+    interval: float,
+    lines: int | None = None,
+) -> str:
+    """The producer in the node's Python (FOLLOW_PROGRAM run by ``python``, the interpreter the run
+    uses): no process per poll, so lines arrive within ``interval`` even on a busy node."""
+    count = -1 if lines is None else max(0, int(lines))
+    return (
+        f"d={sh.path_word(run_dir)}\n"
+        'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
+        f"exec {sh.quote(python)} -c {sh.quote(FOLLOW_PROGRAM)} {sh.path_word(log)}"
+        f' {sh.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g} {count}'
+    )
+
+
+def powershell_tail(
+    ps: PowerShell,
+    preamble: str,
+    log: str,
+    offset: int,
+    *,
+    follow: bool,
+    interval: float = 0.05,
+    lines: int | None = None,
+    offset_from: str | None = None,
+    beat: str = "",
+    round_seconds: float | None = None,
+) -> str:
+    """The producer in PowerShell (native Windows nodes). ``preamble``: the run's functions
+    (runs/windows.py: ``$cbDir``, ``Read-CbText``, ``Get-CbLeader``).
+
+    The log is opened with FileShare ReadWrite (the launcher is writing it) and its bytes are
+    written to our stdout unchanged (``[Console]::OpenStandardOutput()``): offsets are bytes of the
+    UTF-8 file. The ``@@`` escape is done on the bytes read as Latin-1, one character per byte.
+    ``lines``: found by reading back from the end with the same FileStream (a block at a time,
+    newlines counted with ``[Array]::LastIndexOf``).
+
+    The follower of a foreground run (runs/windows.py) also gives: ``offset_from``, a PowerShell
+    expression for the offset (its script's ``$Offset`` parameter) instead of ``offset``; ``beat``, a
+    statement run once per poll (it touches the heartbeat file); ``round_seconds``: after that long,
+    with the launcher still running, it ends with ``@@more OFFSET`` instead of ``@@end``.
+    """
+    first = f"[long]{int(offset)}" if offset_from is None else f"[long]{offset_from}"
+    if round_seconds is not None and not follow:
+        raise ValueError("a round only makes sense while following")
+    start = ""
+    if lines is not None:
+        start = (
+            f"  $cbTail = [long]{max(0, int(lines))}\n"
+            "  $cbFin = Test-CbEnded\n"
+            "  $cbOffset = [long]0\n"  # no log yet: everything the launcher writes is new
+            "  if ([System.IO.File]::Exists($cbLogPath)) {\n"
+            "    $cbFile = New-CbLogStream\n"
+            "    $cbSize = $cbFile.Length\n"
+            # newlines to pass going back: the last line's own, then one per line wanted
+            "    $cbNeed = $cbTail + 1\n"
+            "    if ($cbFin -and $cbSize -gt 0) {\n"
+            "      $null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)\n"
+            "      if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }\n"
+            "    }\n"
+            "    $cbOffset = $cbSize\n"
+            "    $cbPos = $cbSize\n"
+            "    while ($cbNeed -gt 0) {\n"
+            "      if ($cbPos -le 0) { $cbOffset = [long]0; break }\n"
+            "      $cbWant = [int][Math]::Min($cbPos, [long]$cbBlock)\n"
+            "      $cbPos -= $cbWant\n"
+            "      $cbGot = Read-CbBlock $cbFile $cbPos $cbWant\n"
+            "      $cbAt = $cbGot\n"
+            "      while ($cbNeed -gt 0 -and $cbAt -gt 0) {\n"
+            "        $cbAt = [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)\n"
+            "        if ($cbAt -lt 0) { break }\n"
+            "        $cbNeed -= 1\n"
+            "        if ($cbNeed -eq 0) { $cbOffset = $cbPos + $cbAt + 1 }\n"
+            "      }\n"
+            "    }\n"
+            "  }\n"
+            "  Send-Cb ('@@start ' + $cbOffset + \"`n\")\n"
+        )
+    return (
+        preamble + f"$cbLogPath = {ps.full_path(log)}\n"
+        f"$cbOffset = {first}\n"
+        f"$cbFollow = {'$true' if follow else '$false'}\n"
+        "$cbOut = [Console]::OpenStandardOutput()\n"
+        "$cbLatin = [System.Text.Encoding]::GetEncoding(28591)\n"
+        "function Send-Cb([string]$Text) {\n"
+        "  $cbData = $cbLatin.GetBytes($Text)\n"
+        "  $cbOut.Write($cbData, 0, $cbData.Length)\n"
+        "  $cbOut.Flush()\n"
+        "}\n"
+        'if (-not [System.IO.Directory]::Exists($cbDir)) { Send-Cb "@@missing`n"; exit 0 }\n'
+        "$cbRc = $cbLogPath + '.rc'\n"
+        "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
+        "function Test-CbEnded {\n"
+        "  if ([System.IO.File]::Exists($cbRc)) { return $true }\n"
+        "  return [System.IO.File]::Exists($cbPidFile) -and $null -eq (Get-CbLeader)\n"
+        "}\n"
+        "$cbBlock = 1048576\n"
+        "$cbBuf = New-Object -TypeName byte[] -ArgumentList $cbBlock\n"
+        "$cbFile = $null\n"
+        # up to Want bytes from At into $cbBuf (a read may return fewer): how many it got
+        "function Read-CbBlock([System.IO.FileStream]$Stream, [long]$At, [int]$Want) {\n"
+        "  $null = $Stream.Seek($At, [System.IO.SeekOrigin]::Begin)\n"
+        "  $got = 0\n"
+        "  while ($got -lt $Want) {\n"
+        "    $n = $Stream.Read($cbBuf, $got, $Want - $got)\n"
+        "    if ($n -le 0) { break }\n"
+        "    $got += $n\n"
+        "  }\n"
+        "  return $got\n"
+        "}\n"
+        "function New-CbLogStream {\n"
+        "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
+        "  New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
+        " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+        "}\n"
+        + (
+            "$cbMore = $false\n$cbRound = [System.Diagnostics.Stopwatch]::StartNew()\n"
+            if round_seconds is not None
+            else ""
+        )
+        + "try {\n"
+        + start
+        + "  while ($true) {\n"
+        + (f"    {beat}\n" if beat else "")
+        # taken before the size: what the launcher wrote before it ended is all read
+        + "    $cbFin = Test-CbEnded\n"
+        "    if ($null -eq $cbFile -and [System.IO.File]::Exists($cbLogPath)) {\n"
+        "      $cbFile = New-CbLogStream\n"
+        "    }\n"
+        "    while ($null -ne $cbFile) {\n"
+        "      $cbSize = $cbFile.Length\n"
+        "      if ($cbSize -le $cbOffset) { break }\n"
+        "      $cbWant = [int][Math]::Min($cbSize - $cbOffset, [long]$cbBlock)\n"
+        "      $cbGot = Read-CbBlock $cbFile $cbOffset $cbWant\n"
+        "      if ($cbGot -eq 0) { break }\n"
+        "      $cbCut = [Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1\n"
+        "      if ($cbFin -and $cbGot -eq $cbSize - $cbOffset) {\n"
+        "        $cbCut = $cbGot\n"  # the launcher has ended: a last line without newline is final
+        "      } elseif ($cbCut -eq 0) {\n"
+        "        if ($cbGot -lt $cbBlock) { break }\n"  # a line still being written
+        "        $cbCut = $cbGot\n"  # a line longer than a block: sent in pieces
+        "      }\n"
+        "      $cbText = $cbLatin.GetString($cbBuf, 0, $cbCut)\n"
+        "      $cbOffset += $cbCut\n"
+        '      if (-not $cbText.EndsWith("`n")) { $cbText += "`n" }\n'
+        "      if ($cbText.Contains('@@')) {\n"
+        '        $cbText = ("`n" + $cbText).Replace("`n@@", "`n@@@").Substring(1)\n'
+        "      }\n"
+        "      Send-Cb ($cbText + '@@. ' + $cbOffset + \"`n\")\n"
+        "    }\n"
+        "    if ($cbFin -or -not $cbFollow) { break }\n"
+        + (
+            f"    if ($cbRound.Elapsed.TotalSeconds -ge {round_seconds:g}) {{ $cbMore = $true; break }}\n"
+            if round_seconds is not None
+            else ""
+        )
+        + f"    Start-Sleep -Milliseconds {max(1, round(interval * 1000))}\n"
+        "  }\n"
+        "} finally {\n"
+        "  if ($null -ne $cbFile) { $cbFile.Dispose() }\n"
+        "}\n"
+        + (
+            # the launcher runs on: the controller starts the next round from here
+            "if ($cbMore) {\n  Send-Cb ('@@more ' + $cbOffset + \"`n\")\n} else {\n"
+            if round_seconds is not None
+            else ""
+        )
+        + "$cbCode = (Read-CbText $cbRc).Trim()\n"
+        "if (-not $cbCode) { $cbCode = 'none' }\n"
+        "Send-Cb ('@@end ' + $cbCode + ' ' + $cbOffset + \"`n\")"
+        + ("\n}" if round_seconds is not None else "")
+    )
+
+
+# -- the parser -----------------------------------------------------------------------------------
+
+
+@dataclass
+class FollowResult:
+    exit_code: int | None  # the launcher's, when it has ended with one
+    ended: bool  # the launcher is no longer running (exit code file, or its process gone)
+    offset: int  # byte offset of node.log read up to (complete lines)
+    lines: int
+    reconnects: int
+    start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
+
+
+def marker_spans(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of every marker line in ``text`` (complete lines): lines starting with "@@" but
+    not "@@@" (a log line that starts with "@@" arrives with one more "@")."""
+    line = 0
+    while True:
+        if text.startswith("@@", line):
+            end = text.index("\n", line) + 1
+            if text[line + 2 : line + 3] != "@":
+                yield line, end
+            line = end
+            continue
+        found = text.find("\n@@", line)
+        if found < 0:
+            return
+        line = found + 1
+
+
+class Batches(BlockHandler):
+    """The controller side of the tail protocol: a batch of lines is passed on once the marker after
+    it arrived (it came whole); what came after the last marker waits for its own."""
+
+    def __init__(self, node: str, deliver: Callable[[str], None]) -> None:
+        self.node = node
+        self.deliver = deliver
+        self.offset = 0
+        self.start: int | None = None  # "@@start OFFSET": where the node began the last N lines
+        self.lines = 0
+        self.markers: list[str] = []
+        self.pending: list[str] = []
+
+    def restart(self) -> None:
+        self.pending.clear()  # possibly cut by a dropped connection: read again from ``offset``
+        self.markers.clear()
+
+    def block(self, stream: str, text: str) -> None:
+        if stream != "stdout":
+            log.debug("%s: tail: %s", self.node, text.rstrip("\n"))
+            return
+        pos = 0
+        for start, end in marker_spans(text):
+            self._batch(text[pos:start])
+            pos = end
+            marker = text[start : end - 1]
+            if marker.startswith("@@. "):
+                self.offset = int(marker[4:])
+            elif marker.startswith("@@start "):
+                self.offset = self.start = int(marker[8:])
+            else:
+                self.markers.append(marker)
+        if pos < len(text):
+            self.pending.append(text[pos:])
+
+    def _batch(self, text: str) -> None:
+        if self.pending:
+            text = "".join(self.pending) + text
+            self.pending.clear()
+        if not text:
+            return
+        if "@@@" in text:  # lines of the log that start with "@@" arrive with one more "@"
+            text = ("\n" + text).replace("\n@@@", "\n@@")[1:]
+        self.lines += text.count("\n")
+        self.deliver(text)
+
+    @property
+    def missing(self) -> bool:
+        """``@@missing`` arrived: the node has no such run directory."""
+        return "@@missing" in self.markers
+
+    def end(self) -> str | None:
+        """The ``@@end CODE|none OFFSET`` line, once it arrived."""
+        return next((m for m in self.markers if m.startswith("@@end ")), None)
+
+    def more(self) -> int | None:
+        """``@@more OFFSET`` arrived (a follower's round is over, the launcher runs on): OFFSET."""
+        marker = next((m for m in self.markers if m.startswith("@@more ")), None)
+        words = (marker or "").split()
+        return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
+
+    def exit_code(self) -> int | None:
+        """The launcher's exit code that ``@@end`` gave (None: running, killed, or no end yet)."""
+        words = (self.end() or "").split()
+        return int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None

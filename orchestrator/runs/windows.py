@@ -1,0 +1,535 @@
+"""Runs on native Windows nodes, in Windows PowerShell 5.1: detached start, stop, status, the log
+tail, file listing for `fetch`, and the node side of a foreground run.
+
+A run is found by its directory (runs/layout.py). launch.ps1 (run with -Log, whose
+directory is the run directory) writes there ``pid`` ("PID TICKS": its process id and creation
+time as a FILETIME, so a recycled pid is never taken for it), ``ranks`` (the same for every
+rank it starts), node.log, and node.log.rc (written to .part, then renamed) when it ends. Its
+processes are the launcher, the ranks and their descendants: found from those identities, never
+by a name or a command-line pattern that could match another run.
+
+**Every run starts outside the WinRS shell's job**, foreground or detached. WinRS puts each process
+a shell starts into the shell's job object, and Windows limits that job (``MaxProcessesPerShell``
+25 and ``MaxMemoryPerShellMB`` 1024 by default, every child included): ranks, their DataLoader
+workers and compilers would count. So the launcher is always created by the WMI service
+(``Win32_Process`` Create, :meth:`WindowsRuns.start`), and a foreground run differs from a detached
+one only in who waits: the controller, through a *follower* in the WinRS shell.
+
+The follower (``follow.ps1`` in the run directory, one powershell.exe inside the job: it counts as
+one process there) reads node.log in the tail protocol (runs/tail.py) from an offset. It runs in
+*rounds*: each ends after :data:`ROUND_SECONDS` with ``@@more OFFSET`` while the launcher runs on,
+and the controller starts the next one from that offset (``& follow.ps1 -Offset N``, a short
+command: the first round wrote the file). The first round (:meth:`WindowsRuns.foreground`, the
+last action of a foreground plan) also starts the *watchdog* and then the launcher.
+
+The controller's hangup guarantee (POSIX: ``stop_on_hangup``, a run stops when its controller's
+connection or heartbeats stop) is the watchdog's job here. ``watchdog.ps1`` is created outside the
+job too (``Win32_Process`` Create), before the launcher, and stops the run (the same ``Stop-CbRun``
+as `bootstrap stop`, every process of the run by identity) when:
+
+- the follower that wrote ``follower`` ("PID TICKS", replaced at the start of each round and deleted
+  when a round ends normally) is gone while the file still names it: it was killed, which is what
+  Windows does to every process of the job when the controller cancels (fail fast, Ctrl-C, a
+  timeout: WS-Man Signal terminate, then Delete of the shell) or when Windows deletes a shell whose
+  client went silent (``IdleTimeout``). Noticed within :data:`WATCH_POLL_MS`;
+- or ``heartbeat`` (touched by the follower at least once a second while it runs) is older than
+  :data:`STALE_SECONDS`: no round came after the last one (the controller was killed, or its
+  network is gone), or the follower is stuck (a write to a stdout nobody reads).
+
+So a controller that disappears without a word stops its native run within ``ROUND_SECONDS +
+STALE_SECONDS`` (20 s) plus one poll; one that cancels, within a poll. The watchdog notes why in
+``watchdog.log`` and exits; it also exits when the run ends by itself (node.log.rc) or was stopped
+(`bootstrap stop`: no process of the run left). Why rounds and not one long follower: nothing else
+tells the node that the controller is alive. WinRS has no input a running command could read as a
+heartbeat without the transport writing it, a silent client's shell lives until ``IdleTimeout``
+(2 hours by default), and the output of a command nobody receives is buffered by the WinRS host,
+not refused. Each round costs one powershell.exe start on the node every 8 s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.platforms import PowerShell
+from orchestrator.runs import tail
+from orchestrator.runs.base import RunOps, safe_parts
+
+_WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2}|~)")
+
+#: how long one follower command runs before it ends with ``@@more`` and the controller starts the next
+ROUND_SECONDS = 8.0
+#: the watchdog stops the run when the follower's heartbeat is this old (rounds are 8 s apart, and a
+#: new one needs a powershell.exe start on the node, slow on a loaded machine)
+STALE_SECONDS = 12.0
+#: how often the watchdog looks
+WATCH_POLL_MS = 500
+#: how often the follower looks at the log (a little less often than `logs --follow`: it runs for
+#: the whole training on the training machine)
+FOLLOW_INTERVAL = 0.1
+#: files of a foreground run in the run directory, beside those launch.ps1 writes
+FOLLOW_SCRIPT = "follow.ps1"
+WATCHDOG_SCRIPT = "watchdog.ps1"
+FOLLOWER = "follower"
+HEARTBEAT = "heartbeat"
+WATCHDOG_LOG = "watchdog.log"
+#: a launcher created by Win32_Process Create writes its pid file within this long (start's own limit)
+START_SECONDS = 60
+
+#: PowerShell function: every process of the run stopped (the launcher and the ranks named in
+#: ``pid`` and ``ranks``, and all their descendants), launcher first so it cannot react to its ranks
+#: ending; returns "COUNT LEFT" once they are gone (10 s at most). Used by `stop` and the watchdog.
+STOP_RUN = (
+    "function Get-CbLeft($Stopped, $Known) {\n"
+    # gone: no process with that id, or one created at another time (the id was reused)
+    "  $cbLeft = 0\n"
+    "  foreach ($cbId in $Stopped) {\n"
+    "    $cbProc = Get-Process -Id $cbId -ErrorAction SilentlyContinue\n"
+    "    if ($null -eq $cbProc) { continue }\n"
+    "    try {\n"
+    # CIM creation times are whole microseconds: the same process is within 1 ms
+    "      $cbApart = [Math]::Abs(($cbProc.StartTime - $Known[$cbId]).TotalMilliseconds)\n"
+    "      if ($cbApart -lt 1) { $cbLeft++ }\n"
+    "    } catch { $null = $_ }\n"
+    "  }\n"
+    "  return $cbLeft\n"
+    "}\n"
+    "function Stop-CbRun {\n"
+    "  $cbKnown = @{}\n"
+    "  $cbBatch = New-Object -TypeName System.Collections.Generic.List[int]\n"
+    "  foreach ($cbRoot in @(Get-CbRoots)) {\n"
+    "    $cbKnown[$cbRoot.Id] = $cbRoot.StartTime\n"
+    "    $cbBatch.Add($cbRoot.Id)\n"
+    "  }\n"
+    "  foreach ($cbId in @(Find-CbTree $cbKnown)) { $cbBatch.Add($cbId) }\n"
+    "  $cbStopped = New-Object -TypeName System.Collections.Generic.List[int]\n"
+    "  for ($cbRound = 0; $cbRound -lt 5 -and $cbBatch.Count -gt 0; $cbRound++) {\n"
+    "    foreach ($cbId in $cbBatch) {\n"
+    "      Stop-Process -Id $cbId -Force -ErrorAction SilentlyContinue\n"
+    "      $cbStopped.Add($cbId)\n"
+    "    }\n"
+    # children started while their parents were being stopped (their parents are in $cbKnown)
+    "    $cbBatch = @(Find-CbTree $cbKnown)\n"
+    "  }\n"
+    "  $cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
+    "  while ((Get-CbLeft $cbStopped $cbKnown) -gt 0 -and $cbClock.Elapsed.TotalSeconds -lt 10) {\n"
+    "    Start-Sleep -Milliseconds 100\n"
+    "  }\n"
+    "  return ([string]$cbStopped.Count + ' ' + (Get-CbLeft $cbStopped $cbKnown))\n"
+    "}\n"
+)
+
+
+class WindowsRuns(RunOps):
+    """Native Windows nodes: launch.ps1 started outside the WinRS job (Win32_Process Create), found by
+    the pid and creation time it records."""
+
+    launcher = "launch.ps1"
+
+    platform: PowerShell
+
+    def __init__(self, platform: PowerShell) -> None:
+        self.platform = platform
+
+    def functions(self, run_dir: str) -> str:
+        """Variables and functions shared by start, stop, status and the tail (``$cbDir``: the run
+        directory as a full path)."""
+        return (
+            f"$cbDir = {self.platform.full_path(run_dir)}\n"
+            # files the launcher may be writing: opened with FileShare ReadWrite and Delete
+            "function Read-CbText([string]$Path) {\n"
+            "  if (-not [System.IO.File]::Exists($Path)) { return '' }\n"
+            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
+            "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $Path,"
+            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+            "  try {\n"
+            "    $cbReader = New-Object -TypeName System.IO.StreamReader -ArgumentList $cbStream\n"
+            "    return $cbReader.ReadToEnd()\n"
+            "  } finally { $cbStream.Dispose() }\n"
+            "}\n"
+            # the process a "PID TICKS" line names, while it still runs: same id, same creation time
+            "function Get-CbLive([string]$Line) {\n"
+            "  $cbWords = @($Line.Trim() -split '\\s+')\n"
+            "  if ($cbWords.Count -lt 2) { return $null }\n"
+            "  try {\n"
+            "    $cbProc = [System.Diagnostics.Process]::GetProcessById([int]$cbWords[0])\n"
+            "    if ($cbProc.HasExited) { return $null }\n"
+            "    if ([string]$cbProc.StartTime.ToFileTimeUtc() -ne $cbWords[1]) { return $null }\n"
+            "    return $cbProc\n"
+            "  } catch { return $null }\n"
+            "}\n"
+            "function Get-CbLeader {\n"
+            "  return Get-CbLive (Read-CbText (Join-Path -Path $cbDir -ChildPath 'pid'))\n"
+            "}\n"
+            # the launcher and every rank still running (a rank outlives a launcher killed outright)
+            "function Get-CbRoots {\n"
+            "  $cbLive = New-Object -TypeName System.Collections.Generic.List[object]\n"
+            "  $cbLines = @((Read-CbText (Join-Path -Path $cbDir -ChildPath 'pid')) -split \"`n\")\n"
+            "  $cbLines += @((Read-CbText (Join-Path -Path $cbDir -ChildPath 'ranks')) -split \"`n\")\n"
+            "  foreach ($cbLine in $cbLines) {\n"
+            "    $cbProc = Get-CbLive $cbLine\n"
+            "    if ($null -ne $cbProc) { $cbLive.Add($cbProc) }\n"
+            "  }\n"
+            "  return $cbLive\n"
+            "}\n"
+        )
+
+    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+        """Start launch.ps1 with ``-Log node_log`` outside this WinRM shell, so it survives it,
+        wait until it has written its pid file and print ``@@started PID TICKS`` (``@@started-before
+        ...``, exit 3: the run directory has a pid file already).
+
+        Why ``Win32_Process`` Create (Invoke-CimMethod) and not a scheduled task: WinRS puts every
+        process of a shell in the shell's job object, which Windows ends when the shell is deleted;
+        the WMI service creates the process itself, outside that job, as the connected user, and
+        returns its id at once. A scheduled task would have to be registered under a name (and removed
+        again), run under Task Scheduler's own limits (a default 72-hour execution time limit, its own
+        stop) and, to run without an interactive logon, need the user's password stored or an S4U
+        logon. The new process gets no console of ours and none of our environment: launch.ps1 sets
+        everything its ranks need itself (PYTHONUNBUFFERED included).
+        """
+        return self.functions(run_dir) + self._start_launcher(run_dir, node_log)
+
+    def _start_launcher(self, run_dir: str, node_log: str, *, tick: str = "") -> str:
+        """The body of :meth:`start` (after ``functions``); ``tick``: a statement run on every look
+        for the pid file (the follower's heartbeat)."""
+        return (
+            f"$cbScript = {self.platform.full_path(f'{run_dir}/{self.launcher}')}\n"
+            f"$cbLogPath = {self.platform.full_path(node_log)}\n"
+            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
+            "if ([System.IO.File]::Exists($cbPidFile)) {\n"
+            "  [Console]::Out.WriteLine('@@started-before ' + (Read-CbText $cbPidFile).Trim())\n"
+            "  exit 3\n"
+            "}\n"
+            # the command line Windows splits (C runtime rules): Windows paths hold no double quote,
+            # and these end in a file name, never in a backslash
+            "$cbExe = [System.Diagnostics.Process]::GetCurrentProcess().MainModule.FileName\n"
+            "$cbLine = '\"' + $cbExe + '\" -NoProfile -NonInteractive -ExecutionPolicy Bypass -File \"'"
+            " + $cbScript + '\" -Log \"' + $cbLogPath + '\"'\n"
+            "$cbCreate = @{ CommandLine = $cbLine; CurrentDirectory = $cbDir }\n"
+            "$cbResult = Invoke-CimMethod -ClassName Win32_Process -MethodName Create -Arguments $cbCreate\n"
+            "if ($cbResult.ReturnValue -ne 0) {\n"
+            "  [Console]::Error.WriteLine('Win32_Process Create failed with code ' + $cbResult.ReturnValue"
+            " + ' (2 access denied, 3 insufficient privilege, 9 path not found)')\n"
+            "  exit 4\n"
+            "}\n"
+            "$cbChild = [int]$cbResult.ProcessId\n"
+            "$cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
+            "while (-not [System.IO.File]::Exists($cbPidFile)) {\n"
+            "  $cbGone = $null -eq (Get-Process -Id $cbChild -ErrorAction SilentlyContinue)\n"
+            "  if (($cbGone -and -not [System.IO.File]::Exists($cbPidFile))"
+            f" -or $cbClock.Elapsed.TotalSeconds -gt {START_SECONDS}) {{\n"
+            "    [Console]::Error.WriteLine('the launcher (process ' + $cbChild + ') did not start: '"
+            " + (Read-CbText $cbLogPath).Trim())\n"
+            "    exit 5\n"
+            "  }\n" + (f"  {tick}\n" if tick else "") + "  Start-Sleep -Milliseconds 50\n"
+            "}\n"
+            "[Console]::Out.WriteLine('@@started ' + (Read-CbText $cbPidFile).Trim())"
+        )
+
+    def stop(self, run_dir: str, marker: str = "", grace: float = 5.0) -> str:
+        """Stop every process of the run: the launcher and the ranks named in the run directory's
+        ``pid`` and ``ranks`` files (pid and creation time), and all their descendants. Prints one line
+        like PosixRuns.stop: ``@@stop terminated COUNT LEFT`` or ``@@stop exited CODE|gone|
+        not-started|no-run``.
+
+        Windows has no SIGTERM for a process without a window: every process is terminated at once
+        (Stop-Process -Force, TerminateProcess), launcher first so it cannot react to its ranks ending;
+        ``grace`` is not used. Returns once they are gone (10 s at most), checked by id and creation
+        time. Before anything is stopped, ``stopped`` gets the node's time (Unix seconds), as on POSIX:
+        status and a foreground launch then tell "stopped" from "failed". ``marker`` is unused
+        (PosixRuns needs it: Windows cannot read another process's environment)."""
+        del marker, grace
+        return (
+            self.functions(run_dir)
+            + self.platform.FIND_TREE
+            + STOP_RUN
+            + "$cbRc = Join-Path -Path $cbDir -ChildPath 'node.log.rc'\n"
+            "$cbRoots = @(Get-CbRoots)\n"
+            "if ($cbRoots.Count -eq 0) {\n"
+            "  if ([System.IO.File]::Exists($cbRc)) {"
+            " [Console]::Out.WriteLine('@@stop exited ' + (Read-CbText $cbRc).Trim()) }\n"
+            "  elseif ([System.IO.File]::Exists((Join-Path -Path $cbDir -ChildPath 'pid'))) {"
+            " [Console]::Out.WriteLine('@@stop gone') }\n"
+            "  elseif ([System.IO.Directory]::Exists($cbDir)) {"
+            " [Console]::Out.WriteLine('@@stop not-started') }\n"
+            "  else { [Console]::Out.WriteLine('@@stop no-run') }\n"
+            "  exit 0\n"
+            "}\n"
+            # said before anything is stopped: status and a foreground launch tell "stopped" from "failed"
+            "$cbNow = [long][Math]::Floor(([DateTime]::UtcNow.Ticks - 621355968000000000) / 10000000)\n"
+            "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'stopped'),"
+            ' [string]$cbNow + "`n")\n'
+            "[Console]::Out.WriteLine('@@stop terminated ' + (Stop-CbRun))"
+        )
+
+    # -- foreground runs: the follower and the watchdog (see the module docstring) -----------------------
+
+    def foreground(self, run_dir: str, node_log: str) -> str:
+        """The last action of a foreground plan: write ``follow.ps1`` and ``watchdog.ps1`` into the run
+        directory (UTF-8 with BOM, as Windows PowerShell 5.1 needs), then run the follower's first
+        round: it starts the watchdog and the launcher (both outside the WinRS job), prints
+        ``@@started PID TICKS`` and follows node.log from byte 0 (``@@more`` or ``@@end`` last)."""
+        write = "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath {name}), {text}, $cbBom)\n"
+        quote = self.platform.quote
+        return (
+            f"$cbDir = {self.platform.full_path(run_dir)}\n"
+            "$cbBom = New-Object -TypeName System.Text.UTF8Encoding -ArgumentList $true\n"
+            + write.format(name=quote(WATCHDOG_SCRIPT), text=quote(self.watchdog_script(run_dir)))
+            + write.format(name=quote(FOLLOW_SCRIPT), text=quote(self.follower_script(run_dir, node_log)))
+            + self.follow_round(run_dir, 0, start=True)
+        )
+
+    def follow_round(self, run_dir: str, offset: int, *, start: bool = False) -> str:
+        """One round of the follower from byte ``offset`` (``start``: the first, which starts the run)."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"not a byte offset: {offset!r}")
+        return f"{self.platform.run_script(f'{run_dir}/{FOLLOW_SCRIPT}')} -Offset {offset}" + (
+            " -Start" if start else ""
+        )
+
+    def follower_script(self, run_dir: str, node_log: str) -> str:
+        """``follow.ps1``: one round of following (see the module docstring). It records its own
+        identity in ``follower`` (to ``.part``, then renamed: the watchdog never reads half of it),
+        touches ``heartbeat`` at least once a second, with ``-Start`` first starts the watchdog and
+        then the launcher (both with ``Win32_Process`` Create, the watchdog first: a follower killed
+        in between leaves no launcher unwatched), then reads node.log from ``-Offset`` in the tail
+        protocol until the launcher has ended (``@@end``) or :data:`ROUND_SECONDS` have passed
+        (``@@more``). A round that ends by itself (also with an error) deletes ``follower``: only a
+        killed follower leaves the file naming a process that is gone."""
+        return (
+            "param([long]$Offset = 0, [switch]$Start)\n"
+            + self.platform.prelude()
+            + "\n"
+            + self.functions(run_dir)
+            + f"$cbBeat = Join-Path -Path $cbDir -ChildPath '{HEARTBEAT}'\n"
+            f"$cbFollower = Join-Path -Path $cbDir -ChildPath '{FOLLOWER}'\n"
+            "$cbBeatAt = [DateTime]::MinValue\n"
+            # its last-write time is what the watchdog reads; written at most once a second
+            "function Set-CbBeat {\n"
+            "  $cbNow = [DateTime]::UtcNow\n"
+            "  if (($cbNow - $script:cbBeatAt).TotalSeconds -lt 1) { return }\n"
+            "  $script:cbBeatAt = $cbNow\n"
+            "  [System.IO.File]::WriteAllText($cbBeat, [string]$cbNow.Ticks)\n"
+            "}\n"
+            "$cbSelf = [System.Diagnostics.Process]::GetCurrentProcess()\n"
+            "[System.IO.File]::WriteAllText($cbFollower + '.part',"
+            " [string]$cbSelf.Id + ' ' + $cbSelf.StartTime.ToFileTimeUtc() + \"`n\")\n"
+            "[System.IO.File]::Delete($cbFollower)\n"
+            "[System.IO.File]::Move($cbFollower + '.part', $cbFollower)\n"
+            "Set-CbBeat\n"
+            "try {\n"
+            "if ($Start) {\n"
+            "$cbWatchScript = Join-Path -Path $cbDir -ChildPath 'watchdog.ps1'\n"
+            "$cbWatchExe = [System.Diagnostics.Process]::GetCurrentProcess().MainModule.FileName\n"
+            "$cbWatchLine = '\"' + $cbWatchExe + '\" -NoProfile -NonInteractive -ExecutionPolicy Bypass"
+            " -File \"' + $cbWatchScript + '\"'\n"
+            "$cbWatchCreate = @{ CommandLine = $cbWatchLine; CurrentDirectory = $cbDir }\n"
+            "$cbWatch = Invoke-CimMethod -ClassName Win32_Process -MethodName Create"
+            " -Arguments $cbWatchCreate\n"
+            "if ($cbWatch.ReturnValue -ne 0) {\n"
+            "  [Console]::Error.WriteLine('the watchdog could not be started: Win32_Process Create failed"
+            " with code ' + $cbWatch.ReturnValue)\n"
+            "  exit 4\n"
+            "}\n"
+            + self._start_launcher(run_dir, node_log, tick="Set-CbBeat")
+            + "\n}\n"
+            + tail.powershell_tail(
+                self.platform,
+                "",
+                node_log,
+                0,
+                follow=True,
+                interval=FOLLOW_INTERVAL,
+                offset_from="$Offset",
+                beat="Set-CbBeat",
+                round_seconds=ROUND_SECONDS,
+            )
+            + "\n} finally {\n"
+            # a round that ends by itself: the watchdog now goes by the heartbeat until the next one
+            "  [System.IO.File]::Delete($cbFollower)\n"
+            "}\n"
+        )
+
+    def watchdog_script(self, run_dir: str) -> str:
+        """``watchdog.ps1``: created outside the WinRS job with the run; stops the run when its
+        follower was killed or its heartbeat is older than :data:`STALE_SECONDS`, notes why in
+        ``watchdog.log``; exits when the run has ended or no process of it is left."""
+        return (
+            self.platform.prelude()
+            + "\n"
+            + self.functions(run_dir)
+            + self.platform.FIND_TREE
+            + STOP_RUN
+            + "$cbRc = Join-Path -Path $cbDir -ChildPath 'node.log.rc'\n"
+            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
+            f"$cbBeat = Join-Path -Path $cbDir -ChildPath '{HEARTBEAT}'\n"
+            f"$cbFollower = Join-Path -Path $cbDir -ChildPath '{FOLLOWER}'\n"
+            "$cbWhy = ''\n"
+            "while (-not $cbWhy) {\n"
+            "  if ([System.IO.File]::Exists($cbRc)) { exit 0 }\n"
+            # stopped by `bootstrap stop`, or ended without an exit code: nothing left to watch
+            "  if ([System.IO.File]::Exists($cbPidFile) -and @(Get-CbRoots).Count -eq 0) { exit 0 }\n"
+            "  $cbLine = Read-CbText $cbFollower\n"
+            "  $cbAge = ([DateTime]::UtcNow - [System.IO.File]::GetLastWriteTimeUtc($cbBeat)).TotalSeconds\n"
+            # killed: gone while the file still names it (a round that ends deletes the file first)
+            "  if ($cbLine.Trim() -and $null -eq (Get-CbLive $cbLine)"
+            " -and (Read-CbText $cbFollower) -eq $cbLine) {\n"
+            "    $cbWhy = 'its follower (the controller''s command in the WinRS shell) was stopped'\n"
+            f"  }} elseif ($cbAge -gt {STALE_SECONDS:g}) {{\n"
+            "    $cbWhy = 'no heartbeat from the controller''s follower for ' + [int]$cbAge + ' s'\n"
+            "  } else {\n"
+            f"    Start-Sleep -Milliseconds {WATCH_POLL_MS}\n"
+            "  }\n"
+            "}\n"
+            "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'watchdog.log'),"
+            " [DateTime]::UtcNow.ToString('o') + ' stopping the run: ' + $cbWhy + \"`n\")\n"
+            # the launcher may still be starting (created, its pid file not written yet)
+            "$cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
+            "while (-not [System.IO.File]::Exists($cbPidFile) -and -not [System.IO.File]::Exists($cbRc)"
+            f" -and $cbClock.Elapsed.TotalSeconds -lt {START_SECONDS}) {{\n"
+            "  Start-Sleep -Milliseconds 200\n"
+            "}\n"
+            "$null = Stop-CbRun\n"
+        )
+
+    def status(self, run_dir: str, marker: str, node_log: str) -> str:
+        """``key=value`` lines as PosixRuns.status prints them: node clock, launcher alive,
+        start/end times (file times on the node's clock), exit code, when `stop` stopped it, log size,
+        last-modified time
+        (the log's last write) and last line (the last
+        ``[defaultN]:`` line, else the last line), one ``gpu=`` line per GPU where nvidia-smi exists.
+        ``marker`` is unused."""
+        del marker
+        query = "--query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
+        return (
+            self.functions(run_dir) + f"$cbLogPath = {self.platform.full_path(node_log)}\n"
+            "function Get-CbUnix([DateTime]$When) {\n"
+            "  return [long][Math]::Floor(($When.ToUniversalTime().Ticks - 621355968000000000) / 10000000)\n"
+            "}\n"
+            "function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }\n"
+            "Out-Cb ('now=' + (Get-CbUnix ([DateTime]::UtcNow)))\n"
+            "if (-not [System.IO.Directory]::Exists($cbDir)) { Out-Cb 'state=no-run'; exit 0 }\n"
+            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
+            "if ([System.IO.File]::Exists($cbPidFile)) {\n"
+            "  Out-Cb ('started=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))\n"
+            "}\n"
+            "if ($null -ne (Get-CbLeader)) { Out-Cb 'alive=1' } else { Out-Cb 'alive=0' }\n"
+            "$cbRc = $cbLogPath + '.rc'\n"
+            "if ([System.IO.File]::Exists($cbRc)) {\n"
+            "  Out-Cb ('rc=' + (Read-CbText $cbRc).Trim())\n"
+            "  Out-Cb ('ended=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbRc))))\n"
+            "}\n"
+            "$cbStopped = Join-Path -Path $cbDir -ChildPath 'stopped'\n"
+            "if ([System.IO.File]::Exists($cbStopped)) {"
+            " Out-Cb ('stopped=' + (Read-CbText $cbStopped).Trim()) }\n"
+            "if ([System.IO.File]::Exists($cbLogPath)) {\n"
+            "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
+            "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
+            " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+            "  try {\n"
+            "    $cbSize = $cbStream.Length\n"
+            "    $cbFrom = [Math]::Max([long]0, $cbSize - 65536)\n"
+            "    $null = $cbStream.Seek($cbFrom, [System.IO.SeekOrigin]::Begin)\n"
+            "    $cbBytes = New-Object -TypeName byte[] -ArgumentList ([int]($cbSize - $cbFrom))\n"
+            "    $cbGot = 0\n"
+            "    while ($cbGot -lt $cbBytes.Length) {\n"
+            "      $cbN = $cbStream.Read($cbBytes, $cbGot, $cbBytes.Length - $cbGot)\n"
+            "      if ($cbN -le 0) { break }\n"
+            "      $cbGot += $cbN\n"
+            "    }\n"
+            "  } finally { $cbStream.Dispose() }\n"
+            "  Out-Cb ('size=' + $cbSize)\n"
+            "  Out-Cb ('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))\n"
+            '  $cbLines = @(([System.Text.Encoding]::UTF8.GetString($cbBytes, 0, $cbGot)) -split "`n")\n'
+            # from the middle of the file: its first line is cut
+            "  if ($cbFrom -gt 0 -and $cbLines.Count -gt 1) {\n"
+            "    $cbLines = $cbLines[1..($cbLines.Count - 1)]\n"
+            "  }\n"
+            "  $cbLines = @($cbLines | ForEach-Object { $_.TrimEnd([char]13) }"
+            " | Where-Object { $_.Trim() -and $_ -notmatch 'client socket cannot be retrieved' })\n"
+            "  if ($cbLines.Count -gt 0) {\n"
+            "    $cbRanked = @($cbLines | Where-Object { $_ -match '^\\[default[0-9]*\\]:' })\n"
+            "    $cbLast = if ($cbRanked.Count -gt 0) { $cbRanked[-1] } else { $cbLines[-1] }\n"
+            "    if ($cbLast.Length -gt 400) { $cbLast = $cbLast.Substring(0, 400) }\n"
+            "    Out-Cb ('last=' + $cbLast)\n"
+            "  } else { Out-Cb 'last=' }\n"
+            "}\n"
+            # nvidia-smi: on PATH (System32 with current drivers) or where older drivers put it
+            "$cbSmi = Get-Command -CommandType Application -Name 'nvidia-smi' -ErrorAction SilentlyContinue"
+            " | Select-Object -First 1\n"
+            "$cbSmiPath = if ($null -ne $cbSmi) { $cbSmi.Path } else {"
+            " Join-Path -Path $env:ProgramFiles -ChildPath 'NVIDIA Corporation\\NVSMI\\nvidia-smi.exe' }\n"
+            "if ([System.IO.File]::Exists($cbSmiPath)) {\n"
+            "  $cbInfo = New-Object -TypeName System.Diagnostics.ProcessStartInfo\n"
+            "  $cbInfo.FileName = $cbSmiPath\n"
+            f"  $cbInfo.Arguments = {self.platform.quote(query)}\n"
+            "  $cbInfo.UseShellExecute = $false\n"
+            "  $cbInfo.CreateNoWindow = $true\n"
+            "  $cbInfo.RedirectStandardOutput = $true\n"
+            "  $cbSmiProc = [System.Diagnostics.Process]::Start($cbInfo)\n"
+            "  $cbText = $cbSmiProc.StandardOutput.ReadToEndAsync()\n"
+            # a wedged driver can hang nvidia-smi: status answers without GPU lines then
+            "  if ($cbText.Wait(10000)) {\n"
+            '    foreach ($cbGpu in ($cbText.Result -split "`n")) {\n'
+            "      if ($cbGpu.Trim()) { Out-Cb ('gpu=' + $cbGpu.Trim()) }\n"
+            "    }\n"
+            "  } else { try { $cbSmiProc.Kill() } catch { $null = $_ } }\n"
+            "}"
+        )
+
+    def tail(
+        self,
+        run_dir: str,
+        marker: str,
+        node_log: str,
+        offset: int,
+        *,
+        follow: bool,
+        python: str | None,
+        interval: float | None,
+        lines: int | None = None,
+    ) -> str:
+        """The PowerShell producer of the tail protocol (``marker`` and ``python`` are not used)."""
+        return tail.powershell_tail(
+            self.platform,
+            self.functions(run_dir),
+            node_log,
+            offset,
+            follow=follow,
+            interval=interval or 0.05,
+            lines=lines,
+        )
+
+    def is_absolute(self, path: str) -> bool:
+        return bool(_WINDOWS_ABSOLUTE.match(path))
+
+    def local_parts(self, path: str) -> list[str] | None:
+        return safe_parts(re.sub(r"^[A-Za-z]:", "", path.replace("\\", "/")).lstrip("/"))
+
+    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+        """As PosixRuns.list_files: for each entry the first of its candidate paths that exists, as
+        ``@@file I SIZE PATH``, ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it
+        (``/``-separated), or ``@@missing I``; PATH is the full Windows path."""
+        lines = ["function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }"]
+        for index, paths in enumerate(candidates):
+            words = ", ".join(self.platform.full_path(p) for p in paths)
+            lines.append(
+                f"$cbFound = $null\n"
+                f"foreach ($cbC in @({words})) {{\n"
+                "  if (Test-Path -LiteralPath $cbC) { $cbFound = $cbC; break }\n"
+                "}\n"
+                f"if ($null -eq $cbFound) {{ Out-Cb '@@missing {index}' }}\n"
+                "elseif ([System.IO.Directory]::Exists($cbFound)) {\n"
+                f"  Out-Cb ('@@dir {index} ' + $cbFound)\n"
+                "  $cbRoot = $cbFound.TrimEnd('\\') + '\\'\n"
+                "  foreach ($cbF in @(Get-ChildItem -LiteralPath $cbFound -Recurse -File -Force)) {\n"
+                "    $cbRel = $cbF.FullName.Substring($cbRoot.Length).Replace('\\', '/')\n"
+                "    Out-Cb ([string]$cbF.Length + ' ' + $cbRel)\n"
+                "  }\n"
+                "} else {\n"
+                "  $cbSize = (Get-Item -LiteralPath $cbFound -Force).Length\n"
+                f"  Out-Cb ('@@file {index} ' + $cbSize + ' ' + $cbFound)\n"
+                "}"
+            )
+        return "\n".join(lines)

@@ -1,0 +1,41 @@
+"""`bootstrap status`'s "last line" is what the ranks said last, not torch's reverse-DNS noise
+(issue 15): on a LAN without reverse DNS, TCPStore logs `[c10d] The hostname of the client socket
+cannot be retrieved. err=-3` on every connection, often after the rank's own last line.
+
+The real status script of a POSIX node, run on this machine (local transport) over a run directory
+laid out as launch leaves it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.inventory import load_inventory_text
+from orchestrator.platforms import PosixShell
+from orchestrator.runs.control import status_node
+from orchestrator.runs.layout import run_dir_for
+from orchestrator.transports.local import LocalTransport
+
+NOISE = (
+    "[W1203 10:41:07.123456 socket.cpp:467] [c10d] The hostname of the client socket cannot be "
+    "retrieved. err=-3"
+)
+
+
+def test_the_c10d_hostname_warning_never_becomes_the_last_line(tmp_path: Path) -> None:
+    text = f"nodes:\n  - {{name: n1, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    node = load_inventory_text(text, str(tmp_path / "hosts.yaml")).nodes[0]
+    run_dir = Path(run_dir_for(node, "r1"))
+    run_dir.mkdir(parents=True)
+    (run_dir / "node.log").write_text(
+        f"[default0]:{NOISE}\n"
+        "[default0]:[rank 0/2] epoch 3/3 complete\n"
+        f"[default1]:{NOISE}\n"
+        f"[default0]:{NOISE}\n"
+    )
+    (run_dir / "node.log.rc").write_text("0\n")
+    status = status_node(node, LocalTransport("n1", PosixShell()), "r1")
+    assert status.last_line == "[rank 0/2] epoch 3/3 complete", status
+
+    # a log of nothing else: no last line rather than the noise
+    (run_dir / "node.log").write_text(f"[default0]:{NOISE}\n")
+    assert status_node(node, LocalTransport("n1", PosixShell()), "r1").last_line == ""
