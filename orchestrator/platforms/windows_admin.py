@@ -2,10 +2,19 @@
 
 Never run by the product (it cannot reach a machine whose WinRM refuses it); kept beside the
 PowerShell dialect so that the transports hold no PowerShell or cmd text (issue 13). Each function
-returns the command in backquotes, ready to be placed in a sentence.
+returns the command in backquotes, ready to be placed in a sentence; :func:`not_elevated_error` is the
+one error built here: what a step that needs an administrator raises when the session is not one.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import CommandFailedError
+from orchestrator.platforms.powershell import NOT_ELEVATED_EXIT, NOT_ELEVATED_MESSAGE
+
+if TYPE_CHECKING:
+    from orchestrator.transports.base import Result
 
 #: where each WinRM quota setting lives in ``winrm set``
 QUOTA_SCOPES = {
@@ -57,6 +66,43 @@ def allow_unencrypted() -> str:
     return '`winrm set winrm/config/service @{AllowUnencrypted="true"}`'
 
 
+def certificate_mapping() -> str:
+    """Turn certificate authentication on (it is off by default) and map client certificates of one
+    issuer to a local account: WinRM logs a client certificate in only through such a mapping."""
+    return (
+        "`winrm set winrm/config/service/auth '@{Certificate=\"true\"}'` and "
+        "`winrm create winrm/config/service/certmapping?Issuer=<thumbprint of the CA that issued the "
+        "certificate>+Subject=<the certificate's user principal name>+URI=* "
+        '\'@{UserName="<local account>";Password="<its password>"}\' -remote:localhost` '
+        "(`winrm enumerate winrm/config/service/certmapping` lists the mappings)"
+    )
+
+
+def max_envelope_size(kb: int) -> str:
+    """Let the WinRM service accept requests of up to ``kb`` KiB (``MaxEnvelopeSizekb``)."""
+    return f"`winrm set winrm/config '@{{MaxEnvelopeSizekb=\"{int(kb)}\"}}'`"
+
+
+def join_administrators(user: str | None) -> str:
+    """Make ``user`` a member of the machine's Administrators group."""
+    member = user or "<the account bootstrap logs in as>"
+    if member.startswith(".\\"):  # `.\name`, a local account as WinRM logs in: the group wants `name`
+        member = member[2:]
+    return f"`Add-LocalGroupMember -Group Administrators -Member '{member.replace(chr(39), chr(39) * 2)}'`"
+
+
+def elevation_fix(user: str | None) -> str:
+    """What makes a WinRM session elevated: an administrator account, with remote UAC's filtering
+    of local accounts lifted (``LocalAccountTokenFilterPolicy``, what ``Enable-PSRemoting`` sets)."""
+    return (
+        "connect as an account of the machine's Administrators group (in an administrator PowerShell "
+        f"there: {join_administrators(user)}), or set user: to one. A local account other than the "
+        "built-in Administrator gets a filtered, non-elevated token over the network (UAC remote "
+        f"restrictions) until {local_account_token_filter()} is set (Enable-PSRemoting sets it); a "
+        "domain account in Administrators is elevated as it is"
+    )
+
+
 def raise_quota(setting: str, value: int = 50) -> str:
     """Raise one WinRM quota (a key of :data:`QUOTA_SCOPES`)."""
     return f'`winrm set {QUOTA_SCOPES[setting]} @{{{setting}="{value}"}}`'
@@ -67,4 +113,20 @@ def local_account_token_filter() -> str:
     return (
         "`Set-ItemProperty HKLM:\\SOFTWARE\\Microsoft\\Windows\\CurrentVersion\\Policies\\System "
         "LocalAccountTokenFilterPolicy 1`"
+    )
+
+
+def not_elevated_error(node: str, user: str | None, what: str, result: Result) -> CommandFailedError | None:
+    """The product's error for a PowerShell ``become`` script (``PowerShell.elevation_check``) that
+    stopped because the WinRM session is not elevated: exit code 740 (ERROR_ELEVATION_REQUIRED) or
+    its message; None for any other result. ``what``: the step's work, as the message names it."""
+    if result.exit_code != NOT_ELEVATED_EXIT and NOT_ELEVATED_MESSAGE not in result.stderr:
+        return None
+    who = f"'{user}'" if user else "the account bootstrap logs in as"
+    return CommandFailedError(
+        f"{what} needs an elevated (administrator) session, and the WinRM session of {who} is not "
+        f"elevated (exit code {result.exit_code}); nothing was changed",
+        node=node,
+        hint=elevation_fix(user) + "; then rerun",
+        result=result,
     )

@@ -257,9 +257,15 @@ def download(
     cancelled: Callable[[], bool],
     chunk: int = GET_CHUNK,
     progress: Progress | None = None,
+    stop_on_hangup: bool = False,
 ) -> None:
-    """Copy ``remote`` to ``local`` (through ``local.part``, renamed once the SHA-256 matches)."""
+    """Copy ``remote`` to ``local`` (through ``local.part``, renamed once the SHA-256 matches).
+
+    ``stop_on_hangup``: the node's script stops (its whole tree) when its stdin reaches end-of-file
+    (``Platform.stop_on_hangup``), for a transport that closes that stdin to cancel it."""
     script = platform.download_script(remote, chunk)
+    if stop_on_hangup:
+        script = platform.stop_on_hangup(script)
     with Download(node, remote, local, progress) as received:
         result = run(platform.login_command(script), None, received.on_line)
         received.finish(result, cancelled=cancelled())

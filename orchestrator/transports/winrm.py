@@ -8,8 +8,14 @@ Shells are reused: a *lane* is one authenticated HTTP session plus one WinRS she
 an idle lane for the next command; two commands running at the same time on one node get two lanes
 (a shell runs one command at a time, and NTLM message encryption numbers every message of a session,
 so two threads must never share one). Timeouts and cancellation terminate the command and delete its
-shell: Windows ends every process the shell started (the shell's job object), so nothing is left
-running. Cancellation is noticed between Receive rounds, which last at most :attr:`POLL_SECONDS`.
+shell: Windows ends every process the shell started (the shell's job object). Cancellation is noticed
+between Receive rounds, which last at most :attr:`POLL_SECONDS`.
+
+The job object holds Windows processes only: for a ``wsl.exe`` command Windows ends wsl.exe and
+nothing else, and the Linux processes it started keep running. What stops them is the transport
+itself: before terminating a command whose stdin is still open (a script that stops on end-of-file,
+or a transfer whose data was still being sent), it closes that stdin (a Send with ``End="true"``)
+and gives the command :attr:`WinRMTransport.STOP_GRACE` seconds to end on that end-of-file.
 
 Files go through stdin (WinRS ``Send``) of one command per file rather than one command per chunk:
 a command line holds about 2 KiB of payload after base64 and UTF-16 encoding, a Send envelope about
@@ -97,6 +103,14 @@ __all__ = [  # the names other modules (and tests) import from here
 # -- the transport ----------------------------------------------------------------------------------
 
 
+class _TooLarge(Exception):
+    """A Send the host refused as larger than its MaxEnvelopeSizekb (HTTP 413)."""
+
+    def __init__(self, error: WinRMTransportError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class WinRMTransport(Transport):
     kind = "winrm"
 
@@ -157,12 +171,13 @@ class WinRMTransport(Transport):
     def _cancelled(self) -> CancelledError:
         return CancelledError("cancelled before the command could run", node=self.node_name)
 
-    def _open_lane(self) -> Lane:
+    def _new_protocol(self) -> Protocol:
+        """A new authenticated HTTP session (it authenticates with its first request)."""
         try:
             password = None
             if self.settings.transport in ("ntlm", "basic", "credssp", "kerberos"):
                 password = self._password()  # may raise SecretMissingError; cached by the resolver
-            protocol = new_protocol(
+            return new_protocol(
                 self.settings,
                 self.endpoint,
                 password=password,
@@ -173,6 +188,20 @@ class WinRMTransport(Transport):
             )
         except WinRMError as exc:  # pywinrm refusing the settings (a missing library, a bad file)
             raise ConnectError(f"cannot set up WinRM: {exc}", node=self.node_name) from None
+
+    def _renew_session(self, lane: Lane) -> None:
+        """Give ``lane`` a new HTTP session for the same shell (a shell belongs to the user, not to
+        the session). Needed after a request the host refused before reading it (HTTP 413): with
+        message encryption (NTLM over HTTP) that request used up a sequence number the host never
+        saw, and the host can decrypt nothing more of that session."""
+        lane.protocol.transport.close_session()
+        try:
+            lane.protocol = self._new_protocol()
+        except Exception as exc:  # best effort: the clean-up then fails and the host times the shell out
+            log.debug("%s: a new WinRM session for the clean-up failed: %s", self.node_name, exc)
+
+    def _open_lane(self) -> Lane:
+        protocol = self._new_protocol()
         try:
             # WSL_UTF8=1: every wsl.exe this shell starts (commands in the distribution, and those
             # of PowerShell scripts) writes its own messages in UTF-8, not UTF-16LE
@@ -274,14 +303,16 @@ class WinRMTransport(Transport):
         timeout: float | None = None,
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
+        become: bool = False,
     ) -> Result:
         """Run PowerShell ``command`` on the Windows side of the node, also when the node's platform is
         a WSL distribution (firewall, ``.wslconfig``, ``wsl --status``). ``run`` on a WSL node runs
-        inside the distribution instead."""
+        inside the distribution instead. ``become``: as ``run``'s on a native node, the script first
+        checks that the session is elevated and exits 740 when it is not (Windows has no sudo)."""
         platform = self.platform.host_shell
-        script = platform.wrap(command, env=env, cwd=cwd)
+        script = platform.wrap(command, env=env, cwd=cwd, become=become)
         first = command.strip().splitlines()[0] if command.strip() else ""
-        log.info("%s: run (Windows) %s", self.node_name, first[:120])
+        log.info("%s: run (Windows) %s%s", self.node_name, first[:120], " (elevated)" if become else "")
         result = self._run_on(platform, script, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
         result.command = command
         return result
@@ -296,8 +327,10 @@ class WinRMTransport(Transport):
         keep_lines: int | None,
     ) -> Result:
         deadline = Deadline(timeout)
-        # POSIX (WSL): the script's process group stops when wsl.exe's stdin closes, which is what
-        # happens inside the distribution when Windows ends wsl.exe (timeout, cancel, shell deleted)
+        # POSIX (WSL): the script's process group stops when its stdin reaches end-of-file, which the
+        # transport sends itself (_execute) before it terminates the command on a timeout or cancel.
+        # Windows ending wsl.exe (terminate, shell deleted) does not stop it: the Linux processes are
+        # no part of the shell's job object, and may keep their stdin open (docs/windows.md)
         script = platform.stop_on_hangup(script)
         line = platform.login_command(script)
         uploaded: str | None = None
@@ -355,7 +388,15 @@ class WinRMTransport(Transport):
         """Run one command line in a lane's shell, streaming its output; the lane is reused after a
         clean exit and deleted (with everything the command started) after a timeout or a cancel.
         A wsl.exe command's streams are read through :class:`WslOutput` (its own UTF-16LE messages
-        decoded)."""
+        decoded).
+
+        ``stdin``: the pieces to send (the last one closes stdin). ``stop_by_eof``: the command stops
+        (its whole tree) when its stdin reaches end-of-file. A command that has not ended when it
+        is given up on (timeout, cancel, a failure) gets that end-of-file first whenever its stdin
+        is still open, and :attr:`STOP_GRACE` seconds to end on it, before it is terminated: Windows'
+        terminate ends only wsl.exe of a WSL command, never the Linux processes behind it. A
+        transfer cancelled while its data is still being sent then ends on its own: the receiving
+        script sees a short input, fails its hash check and removes its part file."""
         lane, command_id = self._start(command_line, console_mode_stdin=stdin is None)
         protocol, shell = lane.protocol, lane.shell_id
         out = LineSplitter("stdout", on_line, keep_lines)
@@ -369,6 +410,10 @@ class WinRMTransport(Transport):
         out_crlf, err_crlf = Crlf(), Crlf()
         wsl = is_wsl_command(command_line)
         out_wsl, err_wsl = (WslOutput(), WslOutput()) if wsl else (None, None)
+        # our end of the command's stdin: open until the last piece of ``stdin`` was sent; a command
+        # that stops on end-of-file (and gets no input) keeps it open until we close it
+        stdin_open = stdin is not None or stop_by_eof
+        reachable = True  # False once the node stopped answering: nothing more is asked of it
 
         def feed_out(data: bytes, final: bool = False) -> None:
             if out_wsl is not None:
@@ -386,7 +431,13 @@ class WinRMTransport(Transport):
 
         try:
             if stdin is not None:
-                self._send_stdin(protocol, shell, command_id, stdin)
+                try:
+                    stdin_open = not self._send_stdin(protocol, shell, command_id, stdin)
+                except _TooLarge as too_large:
+                    if lane.protocol.transport.encryption is not None:
+                        self._renew_session(lane)
+                        protocol = lane.protocol
+                    raise self._lost(too_large.error, "send input") from None
             while True:
                 if self._closed:
                     break
@@ -410,15 +461,22 @@ class WinRMTransport(Transport):
                 if done:
                     exit_code = code
                     break
-            if exit_code is None and stop_by_eof and stdin is None:
-                self._stop_by_eof(protocol, shell, command_id, feed_out, feed_err)
             if exit_code is not None:
+                if stdin_open and stop_by_eof:
+                    # ended on its own: what still reads its stdin (the script's watcher) gets the
+                    # end-of-file too, since the end of wsl.exe may not close it in the distribution
+                    self._close_stdin(protocol, shell, command_id)
                 try:
                     protocol.cleanup_command(shell, command_id)
                     healthy = True
                 except Exception as exc:
                     log.debug("%s: WinRM command clean-up failed: %s", self.node_name, exc)
+        except UnreachableError:
+            reachable = False
+            raise
         finally:
+            if exit_code is None and stdin_open and reachable:
+                self._stop_by_eof(protocol, shell, command_id, feed_out, feed_err)
             feed_err(b"", final=True)
             feed_out(b"", final=True)
             out.close()
@@ -461,6 +519,16 @@ class WinRMTransport(Transport):
             f"WinRM on {self.endpoint.where} keeps refusing new commands", node=self.node_name
         )
 
+    def _close_stdin(self, protocol: Protocol, shell: str, command_id: str) -> bool:
+        """Send the command's end-of-file (an empty Send with ``End="true"``); False when refused."""
+        set_read_timeout(protocol, self.connect_timeout, self.STOP_TIMEOUT)
+        try:
+            protocol.send_command_input(shell, command_id, b"", end=True)
+        except Exception as exc:  # the command ended meanwhile, or the host is going away
+            log.debug("%s: closing stdin failed: %s", self.node_name, exc)
+            return False
+        return True
+
     def _stop_by_eof(
         self,
         protocol: Protocol,
@@ -472,13 +540,10 @@ class WinRMTransport(Transport):
         """Close the command's stdin and give it :attr:`STOP_GRACE` seconds to end.
 
         A POSIX script in WSL stops its own process group when its stdin reaches end-of-file (the
-        platform's ``stop_on_hangup``, as over SSH). Deleting the shell only ends ``wsl.exe`` on the
-        Windows side, which may leave the Linux processes running; the end-of-file reaches them."""
-        set_read_timeout(protocol, self.connect_timeout, self.STOP_TIMEOUT)
-        try:
-            protocol.send_command_input(shell, command_id, b"", end=True)
-        except Exception as exc:
-            log.debug("%s: closing stdin failed: %s", self.node_name, exc)
+        platform's ``stop_on_hangup``, as over SSH), and a transfer's receiving script ends when its
+        input does. Terminating the command or deleting the shell only ends ``wsl.exe`` on the
+        Windows side and leaves the Linux processes running: this end-of-file is what reaches them."""
+        if not self._close_stdin(protocol, shell, command_id):
             return
         grace = Deadline(self.STOP_GRACE)
         while not grace.expired:
@@ -497,25 +562,29 @@ class WinRMTransport(Transport):
             if done:
                 return
 
-    def _send_stdin(self, protocol: Protocol, shell: str, command_id: str, chunks: Iterator[bytes]) -> None:
-        """Send every chunk, the last one closing stdin. A command that has already exited (it failed
-        early) refuses more input: stop sending; its output tells why."""
+    def _send_stdin(self, protocol: Protocol, shell: str, command_id: str, chunks: Iterator[bytes]) -> bool:
+        """Send every chunk, the last one closing stdin; False when sending stopped before that
+        (cancelled: stdin is still open). A command that has already exited (it failed early)
+        refuses more input: stop sending; its output tells why. A request over the host's
+        MaxEnvelopeSizekb (HTTP 413) is an error: the command would wait for that input for ever."""
         pending = next(chunks, b"")
         while True:
             if self._closed:
-                return
+                return False
             following = next(chunks, None)
             try:
                 protocol.send_command_input(shell, command_id, pending, end=following is None)
             except (WSManFaultError, WinRMTransportError) as exc:
+                if isinstance(exc, WinRMTransportError) and exc.code == 413:
+                    raise _TooLarge(exc) from None
                 log.debug("%s: stdin refused (the command ended?): %s", self.node_name, exc)
-                return
+                return True
             except Exception as exc:
                 if self._closed:
-                    return
+                    return False
                 raise self._lost(exc, "send input") from None
             if following is None:
-                return
+                return True
             pending = following
 
     def _terminate(self, lane: Lane, command_id: str) -> None:
@@ -567,20 +636,35 @@ class WinRMTransport(Transport):
         )
 
     def get(self, remote: str, local: Path, *, progress: Progress | None = None) -> None:
-        """Copy ``remote`` to ``local``: written as ``local.part`` and renamed once the SHA-256 matches."""
+        """Copy ``remote`` to ``local``: written as ``local.part`` and renamed once the SHA-256 matches.
+
+        In a WSL distribution the sending script stops on end-of-file, like a command: a cancelled
+        get does not leave it reading and encoding the rest of the file behind wsl.exe."""
+        eof = self.platform.stops_on_stdin_eof
         piped.download(
-            self._run_piped,
+            lambda line, stdin, on_line: self._run_piped(line, stdin, on_line, stop_by_eof=eof),
             self.platform,
             remote,
             local,
             node=self.node_name,
             cancelled=lambda: self._closed,
             progress=progress,
+            stop_on_hangup=eof,
         )
 
-    def _run_piped(self, line: str, stdin: Iterator[bytes] | None, on_line: OnLine | None) -> Result:
-        """A file transfer's command: stdin streamed in Sends, no timeout, no stop on end-of-file."""
-        return self._execute(line, deadline=Deadline(None), on_line=on_line, keep_lines=20, stdin=stdin)
+    def _run_piped(
+        self, line: str, stdin: Iterator[bytes] | None, on_line: OnLine | None, *, stop_by_eof: bool = False
+    ) -> Result:
+        """A file transfer's command: stdin streamed in Sends, no timeout. Its stdin is closed before
+        it is given up on (see ``_execute``): the receiving script of a put then ends on its own."""
+        return self._execute(
+            line,
+            deadline=Deadline(None),
+            on_line=on_line,
+            keep_lines=20,
+            stdin=stdin,
+            stop_by_eof=stop_by_eof,
+        )
 
     def close(self) -> None:
         """Close for good (also from another thread). Idle shells are deleted now; a running command

@@ -21,6 +21,7 @@ from winrm.exceptions import InvalidCredentialsError, WinRMError, WinRMTransport
 from orchestrator.errors import AuthenticationError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import windows_admin
 from orchestrator.platforms.windows_admin import listener_fix
+from orchestrator.transports.winrm_shell import MAX_ENVELOPE
 
 if TYPE_CHECKING:
     from orchestrator.inventory import WinRMSettings
@@ -295,6 +296,18 @@ def tls_failure(text: str, ep: Endpoint) -> ConnectError:
 def auth_rejected(ep: Endpoint, *, offered: list[str] | None) -> ConnectError:
     """HTTP 401. ``offered``: the schemes the server's WWW-Authenticate header lists, when known."""
     who = f"{ep.user!r}" if ep.user else "the configured user"
+    if ep.auth == "certificate":
+        # no password involved: the host maps a client certificate to an account, or refuses it
+        return AuthenticationError(
+            f"the client certificate (key_file:) was rejected by WinRM on {ep.where}: the host maps no "
+            "account to it, or has certificate authentication turned off",
+            node=ep.node,
+            hint="on the Windows machine, as administrator: "
+            + windows_admin.certificate_mapping()
+            + "; the issuing CA must be in the machine's Trusted Root store (Cert:\\LocalMachine\\Root), "
+            "and the certificate needs the Client Authentication usage and a user principal name in "
+            "its subject alternative name",
+        )
     if offered is not None:
         names = {o.lower() for o in offered}
         wanted = {"basic": "basic", "ntlm": "negotiate", "credssp": "credssp", "kerberos": "negotiate"}
@@ -308,17 +321,27 @@ def auth_rejected(ep: Endpoint, *, offered: list[str] | None) -> ConnectError:
                 hint=f"on the Windows machine, as administrator: {windows_admin.enable_auth(setting)}, "
                 "or set winrm.transport: to one the server offers",
             )
+    if ep.auth == "basic" and ep.scheme == "http":
+        # a default Windows host (AllowUnencrypted=false) answers 401 to Basic over HTTP whatever the
+        # password: that is the likelier cause, and no password should travel in clear text anyway
+        return AuthenticationError(
+            f"basic authentication as {who} over unencrypted HTTP on {ep.where} was rejected: Windows "
+            "refuses Basic over HTTP unless its WinRM service allows unencrypted messages (it does not "
+            "by default), whatever the password",
+            node=ep.node,
+            hint="set winrm.scheme: https (HTTPS on port 5986: TLS then protects the password), or "
+            "winrm.transport: ntlm, which encrypts every message over HTTP. Only on a lab host whose "
+            "clear text this inventory accepts (allow_insecure: true): "
+            f"{windows_admin.allow_unencrypted()} there. If that is set already: check user: (a local "
+            "account, `.\\user`: Basic works only with local accounts) and the password "
+            "(password_env / prompt)",
+        )
     hint = (
         "check user: and the password (password_env / prompt); a local account is written "
         "`.\\user` or `HOST\\user`, a domain account `DOMAIN\\user`"
     )
     if ep.auth == "basic":
         hint += "; Basic works only with local accounts"
-        if ep.scheme == "http":
-            hint += (
-                f"; over HTTP Windows also rejects Basic while {windows_admin.allow_unencrypted()} "
-                "is not set (prefer HTTPS)"
-            )
     return AuthenticationError(
         f"{ep.auth} authentication as {who} on {ep.where} was rejected", node=ep.node, hint=hint
     )
@@ -336,6 +359,17 @@ def http_failure(code: int, body: str, ep: Endpoint) -> ConnectError:
             f"{ep.where} refused the encrypted WinRM message (HTTP {code})",
             node=ep.node,
             hint="the listener may not accept message encryption over HTTP: use winrm.scheme: https",
+        )
+    if code == 413:
+        needed = MAX_ENVELOPE // 1024
+        return ConnectError(
+            f"WinRM on {ep.where} refused a request as too large (HTTP 413): the host's "
+            f"MaxEnvelopeSizekb is under the {needed} KiB this product's requests may take",
+            node=ep.node,
+            hint=f"on the Windows machine, as administrator: {windows_admin.max_envelope_size(needed)} "
+            "(or more: Windows 8 / Server 2012 and later default to 500); the product cuts file "
+            "transfers into stdin chunks that fit MAX_ENVELOPE in orchestrator/transports/winrm_shell.py "
+            "(send_chunk_size): lowering it there makes those requests smaller",
         )
     return UnreachableError(f"WinRM on {ep.where} answered HTTP {code}", node=ep.node)
 
@@ -377,6 +411,8 @@ def lost(exc: BaseException, ep: Endpoint, doing: str) -> ConnectError:
         return explain_fault(exc, ep)
     if isinstance(exc, InvalidCredentialsError):
         return auth_rejected(ep, offered=None)
+    if isinstance(exc, WinRMTransportError) and exc.code == 413:
+        return http_failure(exc.code, exc.response_text, ep)
     return UnreachableError(
         f"the WinRM connection to {ep.where} failed while trying to {doing}: {type(exc).__name__}: {exc}",
         node=ep.node,

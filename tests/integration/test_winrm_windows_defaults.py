@@ -3,12 +3,14 @@ the test would pass only if the PRODUCT handles it (not the server):
 
 - a stopped ``wsl.exe`` command leaves its Linux processes running (Windows ends wsl.exe only): what
   stops them is the product closing the command's stdin first (``stop_on_hangup`` in the script,
-  end-of-file sent by the transport);
+  end-of-file sent by the transport), also for a transfer cancelled while its data is being sent, and
+  for what still reads the stdin of a command that ended on its own;
 - stderr is CLIXML only for PowerShell's own error records; ``[Console]::Error`` and native programs
   write plain text, before or inside the CLIXML document;
 - ``AllowUnencrypted=false``: Basic over HTTP is refused (the product must say what to do), NTLM over
   HTTP must seal every message;
-- ``MaxEnvelopeSizekb``: every request the product sends fits the smallest Windows value (150 KiB);
+- ``MaxEnvelopeSizekb``: every request the product sends fits the smallest Windows value (150 KiB); a
+  host set lower answers HTTP 413, and the product names the setting to raise;
 - the SHA-256 check of transfers, with the SERVER corrupting the bytes in either direction;
 - cmd.exe's 8191-character limit, taken from the server's own constant: a command line exactly at it
   and just under it runs inline, one character over goes through the product's upload fallback;
@@ -30,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.errors import AuthenticationError, TransferError
+from orchestrator.errors import AuthenticationError, CancelledError, ConnectError, TransferError
 from orchestrator.inventory import WinRMSettings
 from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import PowerShell
@@ -117,6 +119,92 @@ def test_a_cancelled_wsl_command_is_stopped_by_the_products_end_of_file(server: 
     assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
 
 
+def _cancel_while_sending(transport: WinRMTransport, after_bytes: int) -> Callable[[int, int], None]:
+    """A progress callback that closes ``transport`` from another thread (as fail-fast and Ctrl-C do)
+    once ``after_bytes`` were handed to the sender, and holds the sender until the close is done: the
+    transfer is cancelled while its data is still being sent, never after its last chunk."""
+    reached, closed = threading.Event(), threading.Event()
+
+    def close() -> None:
+        if reached.wait(60):
+            transport.close()
+        closed.set()
+
+    threading.Thread(target=close, daemon=True).start()
+
+    def progress(done: int, total: int) -> None:
+        if done >= after_bytes and not reached.is_set():
+            assert done < total, "the cancel must come while data is still being sent"
+            reached.set()
+            closed.wait(30)
+
+    return progress
+
+
+def test_a_wsl_put_cancelled_while_sending_leaves_no_process_and_no_part_file(
+    server: WinRMServer, tmp_path: Path
+) -> None:
+    """A 30 MB put into the distribution, cancelled after its first Sends. Windows (and this server)
+    ends only wsl.exe: the receiving ``sh``, ``tr`` and ``base64 -d`` would wait for more input for
+    ever, beside a half-written ``NAME.bootstrap-part.PID``. The transport closes the command's stdin
+    before terminating it: the script then fails its hash check, removes its part file and exits."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(30 * 1024 * 1024))
+    target = tmp_path / "wsl" / "big.bin"
+    transport = _transport(server, WslShell(DISTRO))
+    try:
+        with pytest.raises(CancelledError) as caught:
+            transport.put(src, str(target), progress=_cancel_while_sending(transport, 300_000))
+    finally:
+        transport.close()
+    assert "node 'win1'" in str(caught.value) and "cancelled while copying" in str(caught.value)
+    assert 2 < server.requests.count("Send") < 100  # some of the 30 MB went, most did not
+    assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
+    assert sorted(p.name for p in target.parent.iterdir()) == []  # no part file, no target
+    assert not target.exists()
+
+
+def test_a_wsl_get_cancelled_while_receiving_stops_in_the_distribution(
+    server: WinRMServer, tmp_path: Path
+) -> None:
+    """A get from the distribution cancelled after its first data lines: its sending script stops
+    on the transport's end-of-file (the one Send of the transfer) instead of reading and encoding
+    the rest of the 30 MB behind an ended wsl.exe; nothing is written locally."""
+    source = tmp_path / "checkpoint.bin"
+    source.write_bytes(os.urandom(30 * 1024 * 1024))
+    local = tmp_path / "out" / "checkpoint.bin"
+    transport = _transport(server, WslShell(DISTRO))
+    try:
+        with pytest.raises(CancelledError) as caught:
+            transport.get(str(source), local, progress=_cancel_while_sending(transport, 300_000))
+    finally:
+        transport.close()
+    assert "node 'win1'" in str(caught.value) and "cancelled while copying" in str(caught.value)
+    assert server.requests.count("Send") == 1  # the end-of-file: a get sends nothing else
+    assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
+    assert not local.exists() and not local.with_name("checkpoint.bin.part").exists()
+
+
+def test_wsl_commands_that_end_on_their_own_leave_nothing_in_the_distribution(
+    server: WinRMServer, tmp_path: Path
+) -> None:
+    """A finished command's script has a watcher still reading its stdin (it stops the job on an
+    end-of-file). Whether wsl.exe ending closes that stdin is not documented (this server: it does
+    not), so the transport closes it itself once the command has ended: commands, a put and a get
+    leave no process behind."""
+    (tmp_path / "src.bin").write_bytes(b"x" * 1000)
+    transport = _transport(server, WslShell(DISTRO))
+    try:
+        assert transport.run("echo one").stdout == "one\n"
+        assert transport.run("exit 3").exit_code == 3
+        transport.put(tmp_path / "src.bin", str(tmp_path / "wsl" / "dst.bin"))
+        transport.get(str(tmp_path / "wsl" / "dst.bin"), tmp_path / "back.bin")
+        assert _until(lambda: not server.orphaned_pids()), server.orphaned_pids()
+    finally:
+        transport.close()
+    assert (tmp_path / "back.bin").read_bytes() == b"x" * 1000
+
+
 # -- stderr: plain text and CLIXML, as Windows mixes them ---------------------------------------------
 
 
@@ -181,8 +269,12 @@ def test_basic_over_http_refused_by_a_default_host_says_to_use_https() -> None:
             transport.connect()
         assert srv.commands == [] and srv.refusals[0].startswith("401 Basic over HTTP")
     text = str(caught.value)
-    assert "node 'win1'" in text and "rejected" in text
+    assert "node 'win1'" in text and "rejected" in text and "over unencrypted HTTP" in text
     assert 'AllowUnencrypted="true"' in text and "HTTPS" in text
+    hint = caught.value.hint or ""
+    # the way out first (HTTPS, or NTLM's encryption), the lab-only opt-out next, the password last
+    assert hint.startswith("set winrm.scheme: https")
+    assert hint.index("winrm.transport: ntlm") < hint.index("AllowUnencrypted") < hint.index("check user:")
 
 
 def test_the_cli_shows_the_https_advice_with_exit_3(tmp_path: Path) -> None:
@@ -242,6 +334,31 @@ def test_transfers_fit_the_smallest_windows_envelope(mode: str, tmp_path: Path) 
         assert srv.refusals == []
         assert 100 * 1024 < srv.largest_request <= 150 * 1024  # big Sends, yet under the limit
     assert (tmp_path / "back.bin").read_bytes() == payload
+
+
+@pytest.mark.parametrize("mode", ["native", "wsl"])
+def test_a_host_with_a_smaller_envelope_limit_gets_the_setting_to_raise(mode: str, tmp_path: Path) -> None:
+    """A host whose MaxEnvelopeSizekb was lowered below what the product's Sends take answers HTTP 413.
+    The put fails at once (its command would otherwise wait for that input for ever) with the setting,
+    the value the product needs and where its own chunk size is set; nothing is left on the node."""
+    (tmp_path / "src.bin").write_bytes(os.urandom(1_000_000))
+    remote = "C:\\data\\big.bin" if mode == "native" else str(tmp_path / "wsl" / "big.bin")
+    with WinRMServer(auth="ntlm", username="bob", password="pw", max_envelope_kb=100) as srv:
+        srv.on_powershell = Emulator(srv.files)
+        transport = _transport(srv, PowerShell() if mode == "native" else WslShell(DISTRO))
+        try:
+            with pytest.raises(ConnectError) as caught:
+                transport.put(tmp_path / "src.bin", remote)
+        finally:
+            transport.close()
+        assert srv.refusals and srv.refusals[0].startswith("413")
+        assert _until(lambda: not srv.orphaned_pids()), srv.orphaned_pids()
+        leftovers = list(srv.files) if mode == "native" else list(Path(remote).parent.iterdir())
+    text = str(caught.value)
+    assert "node 'win1'" in text and "HTTP 413" in text and "MaxEnvelopeSizekb" in text
+    assert "winrm set winrm/config '@{MaxEnvelopeSizekb=\"150\"}'" in text  # what the product needs
+    assert "MAX_ENVELOPE in orchestrator/transports/winrm_shell.py" in text
+    assert leftovers == []
 
 
 # -- SHA-256: the server corrupts the bytes --------------------------------------------------------------
@@ -389,4 +506,8 @@ def test_the_certificate_transport_logs_in_with_the_client_certificate() -> None
         with pytest.raises(AuthenticationError) as caught:
             stranger.connect()
         assert srv.refusals == ["401 no client certificate mapped to a user"] and len(srv.calls) == 1
-    assert "node 'win1'" in str(caught.value) and "rejected" in str(caught.value)
+    text = str(caught.value)
+    assert "node 'win1'" in text and "client certificate" in text and "rejected" in text
+    # no password is involved: the fix is the host's certificate-to-account mapping
+    assert "winrm create winrm/config/service/certmapping?Issuer=" in text and "URI=*" in text
+    assert '@{Certificate="true"}' in text and "password_env" not in text

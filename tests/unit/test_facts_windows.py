@@ -1,5 +1,6 @@
-"""Windows facts: parsers against recorded-style outputs of Windows 10/11 (data/facts/windows/),
-wsl.exe's UTF-16 output, the modes a node can run, and the scripts (parsed with tree-sitter)."""
+"""Windows facts: parsers against outputs of Windows 10/11 composed by hand, not recorded
+(data/facts/windows/, see its README), wsl.exe's UTF-16 output, the modes a node can run, and the
+scripts (parsed with tree-sitter)."""
 
 from __future__ import annotations
 
@@ -38,14 +39,14 @@ ps = PowerShell()
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
-def test_fact_parses_recorded_output(path: Path) -> None:
+def test_fact_parses_composed_output(path: Path) -> None:
     case = json.loads(path.read_text())
     fact = getattr(windows_module, case["fact"])(*case["args"])
     value = fact.parse(case["output"], case["exit_code"])
     assert json.loads(json.dumps(public_value(value))) == case["expected"]
 
 
-def test_every_windows_fact_class_has_recorded_cases() -> None:
+def test_every_windows_fact_class_has_composed_cases() -> None:
     covered = {json.loads(p.read_text())["fact"] for p in CASES}
     classes = {type(f).__name__ for f in windows_facts(None)} - {"WindowsTorch"}  # the Linux probe's parser
     assert classes <= covered
@@ -192,15 +193,15 @@ def test_native_needs_windows_python() -> None:
 
 
 class FakeWinRM:
-    """A WinRM transport's surface: the Windows side answers from recorded outputs; commands for the
+    """A WinRM transport's surface: the Windows side answers from composed outputs; commands for the
     distribution go the real way, a ``wsl.exe ... -e /bin/sh -c`` command line, whose argv after
     ``-e`` runs for real on this machine (it is POSIX)."""
 
     kind = "winrm"
 
-    def __init__(self, platform: Any, recorded: dict[str, str]) -> None:
+    def __init__(self, platform: Any, composed: dict[str, str]) -> None:
         self.platform = platform
-        self.recorded = recorded
+        self.composed = composed
         self.windows_scripts: list[str] = []
         self.lines: list[str] = []
         self.recorded_host_keys: list[str] = []
@@ -217,7 +218,7 @@ class FakeWinRM:
         token = re.search(r"@@(cb-[0-9a-f]+) begin", script)
         assert token
         out = []
-        for name, text in self.recorded.items():
+        for name, text in self.composed.items():
             tok = token.group(1)
             out.append(f"@@{tok} begin {name}@@\r\n{text}\r\n\r\n@@{tok} end {name} 0@@\r\n")
         return Result("win", script, 0, "".join(out), "", 0.1)
@@ -232,7 +233,7 @@ class FakeWinRM:
         return Result("win", command, done.returncode, done.stdout, done.stderr, 0.1)
 
 
-def recorded(name: str) -> str:
+def composed(name: str) -> str:
     return str(json.loads((DATA / f"{name}.json").read_text())["output"])
 
 
@@ -241,9 +242,9 @@ def test_wsl_node_gathers_windows_and_linux_facts_in_two_round_trips() -> None:
     transport = FakeWinRM(
         WslShell(),
         {
-            "windows": recorded("os_win11_23h2"),
-            "wsl": recorded("wsl_win11_mirrored"),
-            "windows_python": recorded("python_found"),
+            "windows": composed("os_win11_23h2"),
+            "wsl": composed("wsl_win11_mirrored"),
+            "windows_python": composed("python_found"),
         },
     )
     found = inspect(node, transport)  # type: ignore[arg-type]
@@ -413,13 +414,13 @@ def test_adapter_output_parses_names_states_and_usable_addresses() -> None:
 
 class FakeNativeWinRM:
     """A native node's WinRM transport: every PowerShell script is parsed, then answered section by
-    section from recorded outputs (a missing one: no output, exit code 1)."""
+    section from composed outputs (a missing one: no output, exit code 1)."""
 
     kind = "winrm"
 
-    def __init__(self, recorded: dict[str, str]) -> None:
+    def __init__(self, composed: dict[str, str]) -> None:
         self.platform = ps
-        self.recorded = recorded
+        self.composed = composed
         self.scripts: list[str] = []
         self.recorded_host_keys: list[str] = []
 
@@ -434,8 +435,8 @@ class FakeNativeWinRM:
         pwsh.assert_parses(ps.wrap(script))
         out = []
         for token, name in re.findall(r"@@(cb-[0-9a-f]+) begin (\w+)@@", script):
-            code = 0 if name in self.recorded else 1
-            text = self.recorded.get(name, "")
+            code = 0 if name in self.composed else 1
+            text = self.composed.get(name, "")
             out.append(f"@@{token} begin {name}@@\r\n{text}\r\n@@{token} end {name} {code}@@\r\n")
         return Result("win", script, 0, "".join(out), "", 0.1)
 

@@ -231,6 +231,12 @@ def test_rejected_credentials_and_disabled_schemes() -> None:
     assert 'winrm set winrm/config/service/auth @{Basic="true"}' in str(disabled)
     unencrypted = auth_rejected(basic, offered=["Basic", "Negotiate"])
     assert 'AllowUnencrypted="true"' in str(unencrypted)
+    assert (unencrypted.hint or "").startswith("set winrm.scheme: https")  # not "check the password"
+    over_tls = auth_rejected(Endpoint("win1", "winbox", 5986, "https", "basic", "bob"), offered=None)
+    assert (over_tls.hint or "").startswith("check user: and the password")
+    certificate = auth_rejected(Endpoint("win1", "winbox", 5986, "https", "certificate", None), offered=None)
+    assert "client certificate" in str(certificate) and "password_env" not in str(certificate)
+    assert "winrm create winrm/config/service/certmapping?Issuer=" in str(certificate)
 
 
 def _fault(code: int, reason: str) -> WSManFaultError:
@@ -258,6 +264,10 @@ def test_http_errors() -> None:
     assert "no WinRM endpoint at /wsman" in str(explain(WinRMTransportError("http", 404, ""), EP))
     http_ntlm = Endpoint("win1", "winbox", 5985, "http", "ntlm", "bob")
     assert "winrm.scheme: https" in str(explain(WinRMTransportError("http", 400, ""), http_ntlm))
+    too_large = explain(WinRMTransportError("http", 413, ""), EP)
+    assert too_large.exit_code == ExitCode.CONNECTION
+    assert f"winrm set winrm/config '@{{MaxEnvelopeSizekb=\"{MAX_ENVELOPE // 1024}\"}}'" in str(too_large)
+    assert "MAX_ENVELOPE in orchestrator/transports/winrm_shell.py" in str(too_large)
 
 
 # -- settings --------------------------------------------------------------------------------------

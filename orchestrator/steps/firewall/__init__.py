@@ -358,13 +358,14 @@ def plan_windows(
 def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
     """Run the converging script in an elevated PowerShell session and read its report."""
     from orchestrator.platforms.powershell import PowerShell
+    from orchestrator.platforms.windows_admin import not_elevated_error
     from orchestrator.steps.firewall.windows import parse_report
 
     run_windows = getattr(transport, "run_windows", None)
     if isinstance(transport.platform, PowerShell):
         ran = transport.run(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
     elif run_windows is not None:  # a WSL node: the rules belong to the Windows host under it
-        ran = run_windows(result.commands[0], timeout=APPLY_TIMEOUT)
+        ran = run_windows(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
     else:
         raise CommandFailedError(
             f"the {result.kind} rules need PowerShell on the Windows host; this node's commands run in "
@@ -373,6 +374,8 @@ def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> F
             hint="run `bootstrap firewall --dry-run` and paste the script into an administrator "
             "PowerShell on the node, or reach the node over WinRM",
         )
+    if (refused := not_elevated_error(node.name, node.user, "setting the firewall rules", ran)) is not None:
+        raise refused
     if not ran.ok:
         raise CommandFailedError(
             "the Windows firewall script failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),

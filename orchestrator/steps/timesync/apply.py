@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.platforms.windows_admin import not_elevated_error
 from orchestrator.steps.preflight import sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.root import run_as_root
@@ -284,7 +285,7 @@ def _run_powershell(node: Node, transport: Transport, script: str, timeout: floa
     if isinstance(transport.platform, PowerShell):
         return transport.run(script, become=True, timeout=timeout)
     if run_windows is not None:
-        result: Result = run_windows(script, timeout=timeout)
+        result: Result = run_windows(script, become=True, timeout=timeout)
         return result
     raise CommandFailedError(
         f"time sync on a Windows node needs PowerShell on its host; this node runs {transport.platform.name}"
@@ -299,6 +300,8 @@ def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTim
     from orchestrator.steps.timesync import windows as win
 
     ran = _run_powershell(node, transport, value.script, 180)
+    if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
+        raise refused
     if not ran.ok:
         raise CommandFailedError(
             "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
@@ -354,6 +357,8 @@ def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTim
         out.script, out.state = script, "would be restored (if configured)"
         return out
     ran = _run_powershell(node, transport, script, 120)
+    if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
+        raise refused
     if not ran.ok:
         raise CommandFailedError(
             "restoring w32time failed: " + (" | ".join(ran.tail(3)) or f"exit {ran.exit_code}"),

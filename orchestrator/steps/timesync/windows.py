@@ -1,5 +1,7 @@
 """w32time on Windows nodes: PowerShell scripts that point the Windows Time service at the cluster's
-source, report, and undo it. Generated here, run once the WinRM transport lands (tests parse them).
+source, report, and undo it. Generated here; ``apply`` runs them over WinRM on the Windows host (a WSL2
+distribution follows the host's clock) as ``become`` scripts: a session that is not elevated stops
+before anything changes, with the product's error and fix (``platforms.windows_admin``).
 
 - configure: keeps the previous ``NtpServer``/``Type`` registry values in
   ``%ProgramData%\\cluster-bootstrap\\w32time-before.json`` (first run only: a second run must not
