@@ -8,7 +8,11 @@ namespace, the whole CLI process (start-up included):
     on Linux nodes the facts, a clock sample and the node's listener share one round trip)
   - `ansible all -m setup -a gather_subset=min` (when ansible-core is installed), with its defaults
     (forks raised to the node count so both work on all nodes at once; ControlPersist on, as shipped)
-All log in as a dedicated user with stock dotfiles (no sudo). Prints a table of medians.
+All log in as a dedicated user with stock dotfiles (no sudo). Prints a table of medians: wall
+seconds, and CPU seconds (the CLI process plus every sshd of the cluster with all it started: the
+nodes' side). The nodes are namespaces of this machine, so they share its CPUs with the controller:
+on a quiet machine the wall time is about the CPU time divided by the number of CPUs, and the CPU
+time barely changes when other work loads the machine, the wall time does.
 
 `--compare DIR` times a second checkout of this repository (e.g. `git worktree add /tmp/base HEAD`)
 in the same cluster, its runs interleaved with ours: on a busy machine both see the same load.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -45,9 +50,41 @@ BIN = Path(sys.executable).parent
 USER = "cbtbench"
 
 
+def _sshd_pids(cluster: NamespaceCluster) -> list[int]:
+    # tests/cluster.py: "ip netns exec, unshare and `sh -c '... && exec'` all exec: this pid is sshd"
+    return [sshd.proc.pid for sshd in cluster._sshd.values()]
+
+
+def _sshd_cpu(pids: list[int]) -> float:
+    """CPU seconds of the sshd listeners and everything they started and reaped (sessions, commands)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _sessions_over(pids: list[int], timeout: float = 5.0) -> None:
+    """Wait until no sshd has a session process left (their CPU is then in the listener's cutime)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(Path(f"/proc/{pid}/task/{pid}/children").read_text().split() for pid in pids):
+            return
+        time.sleep(0.05)
+
+
+def _own_children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _time(
     cluster: NamespaceCluster, argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
-) -> float:
+) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: the command plus the nodes' side)."""
+    pids = _sshd_pids(cluster)
+    _sessions_over(pids)
+    cpu = _own_children_cpu() + _sshd_cpu(pids)
     start = time.monotonic()
     proc = subprocess.run(cluster.controller_argv(argv, env=env), capture_output=True, text=True, timeout=300)
     took = time.monotonic() - start
@@ -55,7 +92,8 @@ def _time(
         raise SystemExit(
             f"{argv[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         )
-    return took
+    _sessions_over(pids)
+    return took, _own_children_cpu() + _sshd_cpu(pids) - cpu
 
 
 def pin_neighbours(cluster: NamespaceCluster) -> None:
@@ -76,18 +114,24 @@ def pin_neighbours(cluster: NamespaceCluster) -> None:
         subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True)
 
 
+Timers = dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]]
+
+
 def _median_interleaved(
-    runs: int, timers: dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]], cluster: NamespaceCluster
-) -> dict[str, float]:
+    runs: int, timers: Timers, cluster: NamespaceCluster
+) -> dict[str, tuple[float, float]]:
     """Each command once to warm up (the page cache, not our caches: facts are not cached), then
-    ``runs`` rounds of every command in turn; the median of each."""
+    ``runs`` rounds of every command in turn; the median wall and CPU seconds of each."""
     for argv, env, ok in timers.values():
         _time(cluster, argv, env, ok)
-    times: dict[str, list[float]] = {name: [] for name in timers}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in timers}
     for _ in range(runs):
         for name, (argv, env, ok) in timers.items():
             times[name].append(_time(cluster, argv, env, ok))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {
+        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        for name, values in times.items()
+    }
 
 
 def main() -> int:
@@ -109,6 +153,7 @@ def main() -> int:
         # an installed package has its bytecode compiled; a source checkout may not (PYTHONDONTWRITEBYTECODE)
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "orchestrator")], check=True)
     rows = []
+    started_load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp, NamespaceCluster(max(sizes)) as cluster:
         pin_neighbours(cluster)
         # A dedicated account with Debian's stock dotfiles, like a lab's training user. (root on the
@@ -128,7 +173,7 @@ def main() -> int:
                 {"name": h.name, "host": h.addr, "user": USER, "python": "/usr/bin/python3"} for h in hosts
             ]
             inv.write_text(json.dumps({"nodes": nodes}))
-            timers: dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]] = {}
+            timers: Timers = {}
             for label, code in codes.items():
                 code_env = {**env, "PYTHONPATH": str(code)}
                 timers["facts" + label] = (
@@ -169,19 +214,21 @@ def main() -> int:
     columns = [f"{what}{label}" for label in codes for what in ("facts", "check")]
     print(
         f"\nbootstrap facts and check vs ansible -m setup (gather_subset=min), median of {args.runs} runs "
-        f"(interleaved), {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} at the end\n"
+        f"(interleaved), {os.cpu_count()} CPUs, load {started_load:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end; seconds, wall / CPU\n"
     )
     print(
         "| nodes | "
-        + " | ".join(f"bootstrap {c} (s)" for c in columns)
-        + " | ansible setup min (s) | ansible / bootstrap facts |"
+        + " | ".join(f"bootstrap {c}" for c in columns)
+        + " | ansible setup min | ansible / bootstrap facts (wall) |"
     )
     print("| ---: " * (len(columns) + 3) + "|")
     for n, medians in rows:
         theirs = medians.get("ansible")
-        a = f"{theirs:.2f}" if theirs is not None else "not installed"
-        ratio = f"{theirs / medians['facts']:.1f}x" if theirs is not None else "-"
-        print(f"| {n} | " + " | ".join(f"{medians[c]:.2f}" for c in columns) + f" | {a} | {ratio} |")
+        a = f"{theirs[0]:.2f} / {theirs[1]:.2f}" if theirs is not None else "not installed"
+        ratio = f"{theirs[0] / medians['facts'][0]:.1f}x" if theirs is not None else "-"
+        cells = [f"{medians[c][0]:.2f} / {medians[c][1]:.2f}" for c in columns]
+        print(f"| {n} | " + " | ".join(cells) + f" | {a} | {ratio} |")
     return 0
 
 

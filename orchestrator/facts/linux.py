@@ -57,11 +57,14 @@ class Kernel(Fact[KernelInfo]):
     name = "kernel"
 
     def command(self, platform: Platform) -> str:
-        return "uname -s; uname -r; uname -m"
+        return "uname -s -r -m"  # one line: a release never holds a space
 
     def parse(self, output: str, exit_code: int) -> KernelInfo:
-        system, release, machine = output.split("\n")[:3]
-        return KernelInfo(system=system.strip(), release=release.strip(), machine=machine.strip())
+        words = output.split()  # "Linux 6.1.0 x86_64", or one per line (as recorded before)
+        if len(words) < 3:
+            raise FactParseError(f"unexpected uname output {output.strip()!r}")
+        system, release, machine = words[:3]
+        return KernelInfo(system=system, release=release, machine=machine)
 
 
 class Hostname(Fact[str]):

@@ -39,12 +39,16 @@ def _check(bootstrap: Bootstrap, inventory: Path, *args: str) -> tuple[CliRun, d
 def test_healthy_cluster_is_ready(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    inv = write_inventory(tmp_path / "h.yaml", _nodes(cluster), master="node1")
+    # the namespaces share this machine's disk: each node gets a workdir of its own, as on a LAN
+    own = {h.name: {"workdir": str(tmp_path / "work" / h.name)} for h in cluster.hosts}
+    inv = write_inventory(tmp_path / "h.yaml", _nodes(cluster, **own), master="node1")
     run, nodes = _check(bootstrap, inv)
     assert run.returncode == 0, run
     for host in cluster.hosts:
         checks = nodes[host.name]["checks"]
-        assert {c["level"] for c in checks.values()} == {"ok"}, checks
+        assert {c["level"] for c in checks.values()} == {"ok"}, {
+            name: (c["level"], c["reason"]) for name, c in checks.items() if c["level"] != "ok"
+        }
         assert checks["interface"]["data"]["source"] == host.addr
         assert abs(checks["clock"]["data"]["offset_s"]) < 0.5  # one kernel clock for all namespaces
     assert nodes["_doc"]["backend"] == "gloo" and "cannot run NCCL" in nodes["_doc"]["backend_reason"]

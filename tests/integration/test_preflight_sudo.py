@@ -52,7 +52,10 @@ def test_a_login_without_passwordless_sudo_fails_before_the_pipeline_needs_root(
     assert run.returncode == 1, run
     sudo = _sudo_verdicts(run)
     assert sudo["node1"]["level"] == "ok" and sudo["node1"]["reason"].startswith("logged in as root")
-    assert sudo["node3"]["level"] == "ok" and f"{SUDO_OK} can run root commands with `sudo -n`" in sudo["node3"]["reason"]
+    assert (
+        sudo["node3"]["level"] == "ok"
+        and f"{SUDO_OK} can run root commands with `sudo -n`" in sudo["node3"]["reason"]
+    )
     strict = sudo["node2"]
     assert strict["level"] == "fail", strict
     assert strict["reason"].startswith(f"{NO_SUDO} cannot run root commands without a password here (")

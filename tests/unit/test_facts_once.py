@@ -35,6 +35,7 @@ nodes:
 """
 SECTION = re.compile(r"@@(cb-[0-9a-f]+) begin ([a-z_]+)@@")
 LISTEN = re.compile(r"cbt-reach listen (\S+) (\S+) (\d+)(?: (\d+) (\d+))?")
+MARK = re.compile(r"printf %s (\S+) 2>&1 > \"\$m\"/(\S+)")
 
 
 def probe_args(script: str) -> str:
@@ -115,6 +116,7 @@ class FakeNode(Transport):
         self.mesh = mesh
         self.commands: list[str] = []
         self.connects = 0
+        self.markers: dict[str, str] = {}
 
     def connect(self) -> None:
         self.connects += 1
@@ -129,21 +131,29 @@ class FakeNode(Transport):
     ) -> Result:
         self.commands.append(script)
         out: list[str] = []
+        if script.startswith("kill -TERM "):
+            self.mesh.done[self.node_name].set()
+            return Result(self.node_name, script, 0, "", "", 0.01)
 
         def say(line: str) -> None:
             out.append(line)
             if on_line is not None:
                 on_line("stdout", line)
 
-        for token, name in SECTION.findall(script):
-            text, code = self.answers[name]()
-            say(f"@@{token} begin {name}@@")
-            for line in text.splitlines():
-                say(line)
-            say("")
-            say(f"@@{token} end {name} {code}@@")
+        def sections(text: str) -> None:
+            for token, name in SECTION.findall(text):
+                output, code = self.section(name, text)
+                say(f"@@{token} begin {name}@@")
+                for line in output.splitlines():
+                    say(line)
+                say("")
+                say(f"@@{token} end {name} {code}@@")
+
         tail = probe_args(script)
-        if (listen := LISTEN.match(tail)) is not None:
+        listen = LISTEN.match(tail)
+        # a listener runs after the sections before it and before those after it
+        sections(script[: script.rfind("cbt-reach ")] if listen else script)
+        if listen is not None:
             _, _, mesh_count, port, port_count = listen.groups()
             rendezvous = int(port) if port else None
             expected = int(mesh_count) + (int(port_count) if port_count else 0)
@@ -151,6 +161,7 @@ class FakeNode(Transport):
                 say(line)
             stopped = not self.mesh.done[self.node_name].wait(10)
             say("done stopped" if stopped else "done complete")
+            sections(tail)
         elif tail.startswith("cbt-reach connect "):
             args = shlex.split(tail)[2:]
             say(f"clock {time.time():.6f}")
@@ -158,10 +169,19 @@ class FakeNode(Transport):
                 self.mesh.arrived(int(target.rpartition(":")[2]))
                 say(f"result {index} ok 0.2 {target} -")
             say("done complete")
-        elif "cluster-bootstrap-nodes" in script:  # the workdir markers (steps/preflight/shared_fs.py)
+        elif "cluster-bootstrap-nodes" in script:  # the workdir markers' own round trips (shared_fs.py)
             request = json.loads(shlex.split(script)[-1])
             say(json.dumps({d: {"path": "/home/alice/x", "seen": {}} for d in request["dirs"]}))
         return Result(self.node_name, script, 0, "\n".join(out) + "\n", "", 0.01)
+
+    def section(self, name: str, script: str) -> tuple[str, int]:
+        if name == "workdir_mark":  # each node has a disk of its own here
+            token, marker = MARK.findall(script)[-1]
+            self.markers[marker] = token
+            return "", 0
+        if name == "workdir_marks":
+            return "".join(f"{marker} {token}\n" for marker, token in self.markers.items()), 0
+        return self.answers[name]()
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         raise AssertionError("no uploads while planning")
@@ -202,15 +222,18 @@ def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
         assert checks["clock"].level == "ok", checks["clock"].reason
         assert checks["interface"].level == "ok", checks["interface"].reason
         assert checks["sudo"].level == "ok", checks["sudo"].reason
-        # facts, clock and listener in one command; the connector is the second and last
-        commands = [c for c in session.fakes[name].commands if "cluster-bootstrap-nodes" not in c]
+        assert checks["workdir"].level == "ok", checks["workdir"].reason
+        # facts, clock, workdir markers and listener in one command; the connector is the second
+        # and last
+        commands = session.fakes[name].commands
         assert len(commands) == 2, commands
+        assert "begin workdir_mark@@" in commands[0] and "begin workdir_marks@@" in commands[0]
         assert "begin clock@@" in commands[0] and probe_args(commands[0]).startswith("cbt-reach listen ")
         assert probe_args(commands[1]).startswith("cbt-reach connect ")
 
     planned = launch_plan(session, inventory, "run-1")
     assert facts_asked(session) == {"n1": 1, "n2": 1, "n3": 1}  # handed on, not asked again
-    assert all("begin torch@@" not in c for fake in session.fakes.values() for c in fake.commands[-2:])
+    assert all(len(fake.commands) == 2 for fake in session.fakes.values())  # not a single command
     # ... and used: the routes to the master the preflight found give each node's address
     assert {s.node.name: (s.local_addr, s.master_addr) for s in planned.specs} == {
         "n1": ("10.0.0.11", "10.0.0.11"),
@@ -254,3 +277,19 @@ def test_a_failed_gathering_is_not_remembered() -> None:
     broken.run_raw = real_run  # type: ignore[method-assign]
     launch_plan(session, inventory, "run-2")
     assert facts_asked(session) == {"n1": 1, "n2": 1, "n3": 1}
+
+
+def test_listeners_are_stopped_when_the_master_never_answers() -> None:
+    inventory = load_inventory_text(INVENTORY, "hosts.yaml")
+    session = FakeSession(inventory)
+
+    def unreachable(script: str, **kw: object) -> Result:
+        raise ConnectionError("no route to host")
+
+    session.fakes["n1"].run_raw = unreachable  # type: ignore[method-assign, assignment]
+    started = time.monotonic()
+    report = run_preflight(session, inventory)
+    assert time.monotonic() - started < 5  # not the listeners' own deadline
+    for name in ("n2", "n3"):
+        assert report.verdicts[name]["reachability"].reason.startswith("not checked: the master n1")
+        assert session.fakes[name].commands[-1].startswith("kill -TERM 4242")

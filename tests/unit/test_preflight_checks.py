@@ -16,12 +16,12 @@ from orchestrator.steps.preflight.checks import (
     check_clocks,
     check_interface,
     check_resources,
-    check_root_access,
     check_versions,
     check_windows,
     choose_backend,
     native_mix_error,
 )
+from orchestrator.steps.preflight.privilege import check_root_access
 
 CPU_TORCH = TorchInfo(installed=True, version="2.13.0+cpu", distributed=True, gloo=True, gloo_works=True)
 CUDA_TORCH = replace(

@@ -12,7 +12,9 @@ import threading
 import time
 
 from orchestrator.facts import linux
+from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
+from orchestrator.steps.preflight import check_plan
 from orchestrator.steps.preflight.reachability import (
     MeshPlan,
     ReachNode,
@@ -106,3 +108,27 @@ def test_the_connectors_clock_line() -> None:
     assert clock is not None and clock.unix_time == 1796300000.25
     assert parse_clock_line("clock soon") is None
     assert parse_clock_line("result 0 ok 0.1 1.2.3.4:5 -") is None
+
+
+def test_the_dry_run_shows_the_round_trip_and_the_connector() -> None:
+    inventory = load_inventory_text(
+        "cluster: {name: lab, master: n1}\n"
+        "nodes:\n  - {name: n1, host: 10.0.0.11}\n  - {name: n2, host: 10.0.0.12}\n",
+        "hosts.yaml",
+    )
+    node = inventory.nodes[1]
+    first, connector = check_plan(node, LocalTransport("n2", PosixShell()), inventory)
+    order = [
+        "begin clock@@",
+        "begin torch@@",
+        "begin route@@",
+        "begin root_access@@",
+        "begin workdir_mark@@",
+        " cbt-reach listen ",
+        "begin workdir_marks@@",
+    ]
+    positions = [first.index(marker) for marker in order]
+    assert positions == sorted(positions), positions
+    assert " cbt-reach connect ADDRESS 2 " in connector and connector.endswith(
+        " 10.0.0.11:PORT 10.0.0.11:29500"
+    )

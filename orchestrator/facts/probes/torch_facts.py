@@ -2,7 +2,6 @@
 # Importing torch costs seconds of CPU, so the answer is cached per interpreter + torch install +
 # NVIDIA driver (a reinstall or driver change gives a new key). Standard library only, imported only
 # where needed: `check` starts this on every node at once, and a node without torch answers at once.
-import importlib.util
 import os
 import sys
 
@@ -92,14 +91,31 @@ def _gloo_works(torch, dist):
     return True, None
 
 
+def _find_torch():
+    # importlib.util.find_spec("torch") without importing importlib.util (a few ms on every node):
+    # ask the import system's finders in turn, as find_spec does for a top-level name
+    try:
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find("torch", None) if find is not None else None
+            if spec is not None:
+                return spec
+        return None
+    except Exception:  # an unusual finder: the library's own way
+        import importlib.util
+
+        return importlib.util.find_spec("torch")
+
+
 def main():
-    spec = importlib.util.find_spec("torch")
+    spec = _find_torch()
     if spec is None or not spec.origin:
         print('{"installed": false}')
         return
     import hashlib
     import json
     import socket
+
     root = os.path.dirname(spec.origin)
     # The answer holds per-machine results (GPUs seen, gloo working), so the key names the machine
     # and its boot too: a home directory shared over NFS must not lend one node's answer to another,

@@ -2,9 +2,10 @@
 
 Per Linux node, one round trip (rounds.py): a clock sample, the facts (`inspect`'s and the
 preflight's, unless this session gathered them already: ``Session.remember``), whether commands can
-become root, then the node's reachability listener. Windows nodes: their facts (facts/windows.py),
-then a listener of their own. Then the connectors of the reachability mesh, which sample the clocks
-once more (reachability.py), and the pure decisions (checks.py).
+become root, the node's workdir marker, its reachability listener, then the markers it sees. Windows
+nodes: their facts (facts/windows.py), then a listener of their own. Then the connectors of the
+reachability mesh, which sample the clocks once more (reachability.py), and the pure decisions
+(checks.py, shared_fs.py).
 """
 
 from __future__ import annotations
@@ -16,19 +17,24 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
-from orchestrator.facts.linux import BecomeRoot
+from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows import WindowsNetwork, windows_network_facts
 from orchestrator.platforms import PosixShell
 from orchestrator.runs.layout import workdir_for
-from orchestrator.steps.node_facts import InspectedNode, inspect_once, interpreter_for, training_python
+from orchestrator.steps.node_facts import (
+    InspectedNode,
+    facts_plan,
+    inspect_once,
+    interpreter_for,
+    training_python,
+)
 from orchestrator.steps.preflight.checks import (
     ClockSample,
     PreflightFacts,
     check_clocks,
     check_interface,
     check_resources,
-    check_root_access,
     check_versions,
     check_windows,
     choose_backend,
@@ -36,15 +42,32 @@ from orchestrator.steps.preflight.checks import (
     version_table,
 )
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
+from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
     LISTEN_HOLD,
     RUN_SLACK,
+    START_TIMEOUT,
     MeshPlan,
     ReachNode,
     check_reachability,
     in_threads,
+    probe_command,
 )
-from orchestrator.steps.preflight.rounds import FACTS_TIMEOUT, NodeRound
+from orchestrator.steps.preflight.rounds import (
+    FACTS_TIMEOUT,
+    MARK,
+    MARKS,
+    NodeRound,
+    list_command,
+    mark_command,
+    parse_listing,
+)
+from orchestrator.steps.preflight.shared_fs import (
+    MARKER_DIR,
+    check_shared_workdirs,
+    new_token,
+    workdir_verdicts,
+)
 
 if TYPE_CHECKING:
     from orchestrator.facts import Fact
@@ -169,6 +192,46 @@ def check_interfaces(facts: list[PreflightFacts], master: str, *, single: bool) 
     return verdicts
 
 
+def check_plan(node: Node, transport: Transport, inventory: Inventory) -> list[str]:
+    """What `check` sends to ``node`` (for --dry-run), in order: on a Linux node its one round trip
+    (clock, facts, root access, workdir marker, listener, markers seen), then its connector. The
+    connector's source ADDRESS and its targets' addresses are, at run time, each node's address
+    toward the master (here: the inventory's hosts), and the mesh PORTs those the listeners report;
+    markers and tokens differ per run."""
+    master = inventory.master_node
+    single = len(inventory.nodes) == 1
+    names = (master.name,) if single else tuple(n.name for n in inventory.nodes)
+    plan = MeshPlan(names, master.name, inventory.cluster.port, hold=FACTS_TIMEOUT + LISTEN_HOLD)
+    python = interpreter_for(node)
+    extra = preflight_facts(node, master)
+    platform = transport.platform
+    listener = plan.listener(node.name, transport, python)
+    if node.os == "windows" or not isinstance(platform, PosixShell):
+        first = [
+            facts_plan(node, transport, extra, python=training_python(node, inventory)),
+            listener.command,
+        ]
+    else:
+        facts = [*linux_facts(training_python(node, inventory)), *extra]
+        workdir = workdir_for(node)
+        token = "TOKEN"
+        node_round = NodeRound(
+            node.name,
+            transport,
+            facts,
+            listener,
+            before=[(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token))],
+            after=[(MARKS, list_command(platform, workdir, MARKER_DIR))],
+        )
+        first = [node_round.script]
+    peers = [n for n in inventory.nodes if n.name in names and n.name != node.name]
+    targets = [f"{n.host}:PORT" for n in peers] + (
+        [f"{master.host}:{plan.port}"] if node.name in names else []
+    )
+    connector = probe_command(platform, python, ["connect", "ADDRESS", "2", plan.token, *targets])
+    return [*first, connector]
+
+
 def gather_node_facts(
     session: Session, inventory: Inventory
 ) -> tuple[list[Outcome[InspectedNode]], list[PreflightFacts]]:
@@ -186,37 +249,92 @@ def gather_node_facts(
     return inspected, facts
 
 
-def _one_round_trip(node: Node, transport: Transport) -> bool:
-    """Can the facts, the clock and the listener share one command (a Linux node's POSIX shell)?"""
-    return node.os != "windows" and isinstance(transport.platform, PosixShell)
-
-
 def _first_round(
-    session: Session, inventory: Inventory, plan: MeshPlan | None
+    session: Session, inventory: Inventory, plan: MeshPlan | None, tokens: dict[str, str]
 ) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound]]:
     """Every node's facts (remembered ones are not asked again); on Linux nodes in the same round trip
-    as a clock sample and, when the mesh is probed, the node's listener (``rounds``, still running)."""
+    as a clock sample and, when the mesh is probed, the node's workdir marker (``tokens``), its
+    listener and the markers it sees after that (``rounds``, still running)."""
     master = inventory.master_node
     rounds: dict[str, NodeRound] = {}
 
     def first(node: Node, transport: Transport) -> InspectedNode:
         extra = preflight_facts(node, master)
         python = training_python(node, inventory)
-        if not _one_round_trip(node, transport):
+        platform = transport.platform
+        if node.os == "windows" or not isinstance(platform, PosixShell):
+            # WSL and native Windows: facts from both sides (facts/windows.py), a listener of its own
             return inspect_once(session, node, transport, extra, python=python)
-        wanted = plan is not None and node.name in plan.names
-        listener = plan.listener(node.name, transport, interpreter_for(node)) if plan and wanted else None
+        listener = None
+        before: list[tuple[str, str]] = []
+        after: list[tuple[str, str]] = []
+        if plan is not None and node.name in plan.names:
+            listener = plan.listener(node.name, transport, interpreter_for(node))
+            if node.name in tokens:  # the listener is the barrier between writing and listing
+                workdir = workdir_for(node)
+                before = [(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, tokens[node.name]))]
+                after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
 
         def in_round(t: Transport, facts: list[Fact[Any]]) -> Any:
-            rounds[node.name] = NodeRound(node.name, t, facts, listener).start()
+            rounds[node.name] = NodeRound(node.name, t, facts, listener, before=before, after=after).start()
             return rounds[node.name].gathered()
 
         found = inspect_once(session, node, transport, extra, python=python, run=in_round)
-        if node.name not in rounds:  # the facts were remembered: the clock and the listener still go
-            rounds[node.name] = NodeRound(node.name, transport, [], listener).start()
+        if node.name not in rounds:  # the facts were remembered: the rest of the round trip still goes
+            rounds[node.name] = NodeRound(
+                node.name, transport, [], listener, before=before, after=after
+            ).start()
         return found
 
     return session.map(first, step="check", connect=False), rounds
+
+
+def _workdir_check(
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node],
+    rounds: dict[str, NodeRound],
+    tokens: dict[str, str],
+) -> dict[str, Verdict]:
+    """The shared-workdir verdicts (shared_fs.py) from the markers the rounds wrote and listed; when
+    a node's round could not carry them (a Windows node, a listener that did not end as asked: the
+    listing may have come before every marker was written), the check's own two round trips."""
+    listed = {}
+    for node in nodes:
+        node_round = rounds.get(node.name)
+        listener = node_round.listener if node_round is not None else None
+        mark = node_round.section(MARK) if node_round is not None else None
+        marks = node_round.section(MARKS) if node_round is not None else None
+        barrier = listener is not None and (listener.done in ("complete", "stopped") or listener.terminated)
+        if node.name not in tokens or mark is None or marks is None or not barrier:
+            return check_shared_workdirs(session, inventory, nodes)
+        listed[node.name] = (mark, marks)
+    if len(nodes) < 2:
+        return check_shared_workdirs(session, inventory, nodes)  # says so without a round trip
+    dirs = {n.name: workdir_for(n) for n in nodes}
+    written: list[Outcome[dict[str, str]]] = []
+    read: list[Outcome[dict[str, dict[str, str]]]] = []
+    for node in nodes:
+        (mark_out, mark_code), (marks_out, _) = listed[node.name]
+        where = dirs[node.name]
+        failed = {where: mark_out.strip() or f"exit code {mark_code}"} if mark_code != 0 else {}
+        written.append(Outcome(node.name, failed, None, 0.0))
+        if not failed:
+            read.append(Outcome(node.name, {where: parse_listing(marks_out)}, None, 0.0))
+    return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
+
+
+def _end_rounds(rounds: dict[str, NodeRound]) -> None:
+    """Every round over: their listeners ended by themselves or were stopped by the reachability
+    check; those nobody connected to (the master never answered) are stopped here."""
+    left = [r.listener for r in rounds.values() if r.listener is not None and not r.ended.is_set()]
+    deadline = time.monotonic() + START_TIMEOUT
+    for listener in left:  # a listener is stopped by its pid, which "ready" tells
+        listener.reported.wait(max(0.0, deadline - time.monotonic()))
+    in_threads([listener.stop for listener in left if not listener.ended.is_set()], RUN_SLACK)
+    deadline = time.monotonic() + RUN_SLACK
+    for node_round in rounds.values():
+        node_round.ended.wait(max(0.0, deadline - time.monotonic()))
 
 
 def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
@@ -236,7 +354,9 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         if master.name in selected
         else None
     )
-    inspected, rounds = _first_round(session, inventory, plan)
+    # the shared-workdir check's markers ride along when the listeners (its barrier) do
+    tokens = {n.name: new_token() for n in session.nodes} if plan is not None and not single else {}
+    inspected, rounds = _first_round(session, inventory, plan, tokens)
     facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     names = {node.name for node, _ in reachable}
@@ -311,10 +431,7 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
                 f"not checked: the master {master.name} is not selected or did not answer",
                 "include the master in --nodes and make it reachable",
             )
-    # listeners nobody will connect to (the master never answered) are stopped; every round ends
-    in_threads([r.listener.stop for r in rounds.values() if r.listener and not r.ended.is_set()], RUN_SLACK)
-    for node_round in rounds.values():
-        node_round.ended.wait(RUN_SLACK)
+    _end_rounds(rounds)
 
     unsampled = [node for node, _ in reachable if node.name not in samples]
     if unsampled and master.name in names:
@@ -334,9 +451,9 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         for name, verdict in check_clocks(full, master.name, elastic=cluster.train.elastic).items():
             verdicts[name]["clock"] = verdict
 
-    from orchestrator.steps.preflight.shared_fs import check_shared_workdirs  # two round trips
-
-    for name, verdict in check_shared_workdirs(session, inventory, [n for n, _ in reachable]).items():
+    for name, verdict in _workdir_check(
+        session, inventory, [n for n, _ in reachable], rounds, tokens
+    ).items():
         verdicts[name]["workdir"] = verdict
 
     ordered = {name: {c: verdicts[name][c] for c in CHECKS if c in verdicts[name]} for name in names}

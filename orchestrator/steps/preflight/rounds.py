@@ -1,14 +1,19 @@
-"""One round trip per Linux node for `bootstrap check`: a clock sample, the node's facts, then its
-reachability listener, in one script whose output is read while it runs.
+"""One round trip per Linux node for `bootstrap check`: a clock sample, the node's facts, its
+workdir marker, then its reachability listener and, once that ended, the markers it sees.
 
 The script is the facts' sectioned script (facts/base.py) with the node's clock as its first
-section and the listener (reachability.py) as its last command. The facts are parsed the moment
-their last section ends, while the listener keeps running in the same command until its peers have
-connected. The clock line is dated by its arrival: the node's clock was read between the moment the
-command was sent and that moment.
+section and the listener (reachability.py) as its last command but one. The facts are parsed the
+moment their last section ends, while the listener keeps running in the same command until its
+peers have connected. The clock line is dated by its arrival: the node's clock was read between the
+moment the command was sent and that moment.
+
+The shared-workdir check (shared_fs.py) needs every node's marker written before any node lists
+them: the listener is that barrier. A listener ends once every peer connected, and the connectors
+start only when every node's facts, marker included, are in. So the listing after it sees every
+marker of this check: two round trips fewer per node. POSIX sh builtins only (no process, no Python).
 
 Facts already gathered in this session (``Session.remember``) are not asked again: the round trip
-then carries the clock and the listener only.
+then carries the clock, the marker and the listener.
 """
 
 from __future__ import annotations
@@ -17,13 +22,22 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.facts.base import Fact, FactParseError, FactSet, SectionStream, parse_sections
+from orchestrator.facts.base import (
+    Fact,
+    FactParseError,
+    FactSet,
+    SectionStream,
+    parse_sections,
+    split_sections,
+)
 from orchestrator.facts.linux import WallClock
 from orchestrator.steps.preflight.checks import ClockSample
 
 if TYPE_CHECKING:
+    from orchestrator.platforms import PosixShell
     from orchestrator.steps.preflight.reachability import Listener
     from orchestrator.transports import Result, Transport
     from orchestrator.transports.base import Stream
@@ -32,10 +46,44 @@ log = logging.getLogger("orchestrator.preflight.rounds")
 
 #: how long a node's facts may take (torch's first import on a slow disk is the long part)
 FACTS_TIMEOUT = 120.0
+#: section names of the workdir markers (written before the listener, listed after it)
+MARK, MARKS = "workdir_mark", "workdir_marks"
+
+
+def mark_command(platform: PosixShell, workdir: str, marker_dir: str, name: str, token: str) -> str:
+    """Write ``token`` into ``<workdir>/<marker_dir>/<name>`` (both created when missing); prints
+    the failure, if any (shared_fs.py's protocol in sh)."""
+    q = platform.quote
+    return (
+        f"m={platform.path_word(workdir)}/{q(marker_dir)}\n"
+        f'{{ [ -d "$m" ] || mkdir -p "$m"; }} 2>&1 && printf %s {q(token)} 2>&1 > "$m"/{q(name)}'
+    )
+
+
+def list_command(platform: PosixShell, workdir: str, marker_dir: str) -> str:
+    """``NAME TOKEN`` for every marker in ``<workdir>/<marker_dir>`` (dot files are half-written)."""
+    return (
+        f"cd {platform.path_word(workdir)}/{platform.quote(marker_dir)} || exit 0\n"
+        'for f in *; do [ -f "$f" ] || continue; t=; IFS= read -r t < "$f"\n'
+        'printf \'%s %s\\n\' "$f" "$t"; done'
+    )
+
+
+def parse_listing(output: str) -> dict[str, str]:
+    """:func:`list_command`'s output -> {node: token}."""
+    seen = {}
+    for line in output.splitlines():
+        name, _, token = line.partition(" ")
+        if name:
+            seen[name] = token.strip()
+    return seen
 
 
 class NodeRound:
-    """The round trip of one node (see the module docstring); ``start`` sends it."""
+    """The round trip of one node (see the module docstring); ``start`` sends it.
+
+    ``before``: (name, command) sections after the facts, before the listener; ``after``: sections
+    after the listener ended (their output is read once the command is over)."""
 
     def __init__(
         self,
@@ -44,6 +92,8 @@ class NodeRound:
         facts: list[Fact[Any]],
         listener: Listener | None = None,
         *,
+        before: Sequence[tuple[str, str]] = (),
+        after: Sequence[tuple[str, str]] = (),
         facts_timeout: float = FACTS_TIMEOUT,
     ) -> None:
         self.name = name
@@ -52,19 +102,22 @@ class NodeRound:
         self.listener = listener
         self.facts_timeout = facts_timeout
         self._clock = WallClock()
-        sections: list[Fact[Any]] = [self._clock, *facts]
-        token = "cb-" + secrets.token_hex(6)  # unguessable frame markers: no output can fake them
         platform = transport.platform
-        self.script = platform.sectioned([(f.name, f.command(platform)) for f in sections], token)
+        first = [(f.name, f.command(platform)) for f in [self._clock, *facts]] + list(before)
+        self._token = "cb-" + secrets.token_hex(6)  # unguessable frame markers: no output can fake them
+        self.script = platform.sectioned(first, self._token)
         if listener is not None:
             self.script += "\n" + listener.command
+        if after:
+            self.script += "\n" + platform.sectioned(list(after), self._token)
         self.timeout = facts_timeout + (listener.timeout if listener is not None else 0.0)
-        self._stream = SectionStream(token, [f.name for f in sections])
-        self.sections_in = threading.Event()  # every section arrived, or the command ended
+        self._stream = SectionStream(self._token, [section for section, _ in first])
+        self.sections_in = threading.Event()  # every section before the listener arrived, or the end
         self.ended = threading.Event()
         self.started_at: float | None = None  # time.time() just before the command was sent
         self.result: Result | None = None
         self.error: Exception | None = None
+        self._lines: list[str] = []  # stdout as it came: all there is when the command raised at the end
         self._thread = threading.Thread(target=self._run, name=f"check-{name}", daemon=True)
 
     def start(self) -> NodeRound:
@@ -80,14 +133,15 @@ class NodeRound:
             self.error = exc
         finally:
             self.sections_in.set()
-            self.ended.set()
             if self.listener is not None:
                 error = None if self.error is None else str(self.error) or type(self.error).__name__
                 self.listener.ended_elsewhere(self.result, error)
+            self.ended.set()
 
     def _on_line(self, stream: Stream, line: str) -> None:
         if stream != "stdout":
             return
+        self._lines.append(line)
         rest = self._stream.feed(line, time.time())
         if self._stream.complete:
             self.sections_in.set()
@@ -108,6 +162,15 @@ class NodeRound:
         else:
             missing = "no output"
         return parse_sections(self.facts, dict(self._stream.sections), missing)
+
+    def section(self, name: str) -> tuple[str, int] | None:
+        """(output, exit code) of a ``before`` section once in, or of an ``after`` section once the
+        command is over; None when it never came."""
+        if name in self._stream.sections:
+            return self._stream.sections[name]
+        if not self.ended.is_set():
+            return None
+        return split_sections("\n".join(self._lines), self._token).get(name)
 
     def clock(self) -> ClockSample | None:
         """The node's clock offset from ours, corrected by half the time the line took to come;

@@ -27,6 +27,7 @@ from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
 if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
     from orchestrator.transports import Transport
@@ -136,6 +137,21 @@ def check_shared_workdirs(session: Session, inventory: Inventory, nodes: list[No
     read = session.map(
         lambda node, t: read_markers(node, t, [dirs[node.name]]), step="workdir", nodes=writers
     )
+    return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
+
+
+def workdir_verdicts(
+    inventory: Inventory,
+    nodes: list[Node],
+    dirs: dict[str, str],
+    tokens: dict[str, str],
+    written: list[Outcome[dict[str, str]]],
+    read: list[Outcome[dict[str, dict[str, str]]]],
+) -> dict[str, Verdict]:
+    """The verdicts from what each node's marker write gave (``written``, in ``nodes`` order: dir ->
+    error) and what each node that wrote then listed (``read``, in that order: dir -> {node: token});
+    `check` gathers both inside its own round trips on Linux nodes (steps/preflight/rounds.py)."""
+    writers = [n for n, o in zip(nodes, written, strict=True) if o.value is not None]
     from orchestrator.steps.envsync.master import recorded_nodes
 
     env = inventory.cluster.env
