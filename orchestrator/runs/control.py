@@ -9,6 +9,7 @@ naming the run by its directory (runs/layout.py), and the parsing of what the no
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ from orchestrator.runs.layout import STREAMING_ENV, in_workdir, node_log, run_di
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.tail import Batches, FollowResult
-from orchestrator.runs.windows import ROUND_SECONDS, WindowsRuns
+from orchestrator.runs.windows import JOB_SCRIPT, ROUND_SECONDS, RUNNER, WindowsRuns
 from orchestrator.transports.base import BlockHandler, Result
 
 if TYPE_CHECKING:
@@ -309,19 +310,25 @@ class Followed(BlockHandler):
         if stream == "stdout":
             self.batches.block(stream, text)
             return
-        self.errors.extend(text.splitlines())
+        self.errors.extend(_lines(text))
         self._pass("stderr", text)
 
     def _deliver(self, text: str) -> None:
-        self.kept.extend(text.splitlines())
+        self.kept.extend(_lines(text))
         self._pass("stdout", text)
 
     def _pass(self, stream: Stream, text: str) -> None:
         if isinstance(self.output, BlockHandler):
             self.output.block(stream, text)
             return
-        for line in text.splitlines():
+        for line in _lines(text):
             self.output(stream, line)
+
+
+def _lines(text: str) -> list[str]:
+    """Complete lines (``text`` ends with a newline) split at newlines only: a form feed or U+2028
+    inside a line is part of it, as the transports see it."""
+    return text.removesuffix("\n").split("\n")
 
 
 @dataclass
@@ -334,26 +341,33 @@ class ForegroundEnd:
 
 
 def follow_windows(
-    node: Node, transport: Transport, run_id: str, followed: Followed, first: Result
+    node: Node,
+    transport: Transport,
+    run_dir: str,
+    followed: Followed,
+    first: Result,
+    *,
+    deadline: float | None = None,
 ) -> ForegroundEnd:
     """After the first round of the follower (the foreground plan's last action, its output already
     fed to ``followed``): further rounds from the offset each one reached, until the launcher has
     ended. Cancelled (the transport closed: fail fast, Ctrl-C) or timed out: returns at once; the
-    follower was stopped with the WinRS shell, and the node's watchdog stops the run.
+    follower was stopped with the WinRS shell, and the node's watchdog stops the run. ``deadline``
+    (``time.monotonic()``): no round is started past it (the result says timed out; the run goes on
+    until the caller stops it).
 
     A round that ends without ``@@more`` or ``@@end`` is a follower that failed: CommandFailedError
     (the watchdog stops the run once its heartbeat is old)."""
     platform = transport.platform
     assert isinstance(platform, PowerShell), "native Windows nodes only"
     ops = WindowsRuns(platform)
-    run_dir = run_dir_for(node, run_id)
     batches = followed.batches
     result, rounds, duration = first, 1, first.duration
     while True:
         if result.exit_code is None:
             return ForegroundEnd(_summary(followed, result, None, duration), False, rounds)
         if batches.missing:
-            raise no_such_run(node, run_id)
+            raise CommandFailedError(f"{run_dir} does not exist on this node", node=node.name)
         if batches.end() is not None:
             code = batches.exit_code()
             return ForegroundEnd(_summary(followed, result, code, duration), True, rounds)
@@ -366,6 +380,9 @@ def follow_windows(
                 f"see {node_log(run_dir)} there",
                 result=result,
             )
+        if deadline is not None and time.monotonic() >= deadline:
+            late = Result(result.node, result.command, None, "", "", 0.0, timed_out=True)
+            return ForegroundEnd(_summary(followed, late, None, duration), False, rounds)
         batches.restart()
         rounds += 1
         result = transport.run(
@@ -375,6 +392,60 @@ def follow_windows(
             timeout=ROUND_SECONDS + ROUND_MARGIN,
         )
         duration += result.duration
+
+
+def run_outside_job(
+    node: Node,
+    transport: Transport,
+    job_dir: str,
+    script: str,
+    *,
+    output: OnLine,
+    timeout: float | None = None,
+    keep: int = 400,
+) -> Result:
+    """Run PowerShell ``script`` on a native Windows node outside the WinRS shell's job, as a
+    foreground run is (runs/windows.py): in ``job_dir`` (made owner-only here; it must not hold a
+    log yet), ``job.ps1`` (``script`` wrapped as every script is) is run by ``run.ps1`` (launch.ps1's
+    contract), started by the follower's first round with its watchdog, and followed in rounds;
+    each line the script prints (stdout and stderr alike, in order) goes to ``output`` as stdout.
+
+    For heavy or long work that the shell's quotas (MaxProcessesPerShell, MaxMemoryPerShellMB) would
+    end: pip installing torch. Returns the script's exit code and its last ``keep`` lines (None and
+    ``timed_out`` past ``timeout``: the job is stopped then). Cancelled (the transport closed): exit
+    code None; the watchdog stops the job on the node."""
+    platform = transport.platform
+    if not isinstance(platform, PowerShell):
+        raise UsageError(f"run_outside_job is for native Windows nodes, not {platform.name}", node=node.name)
+    ops = WindowsRuns(platform)
+    log_path = node_log(job_dir)
+    prepared = transport.run(
+        platform.say_if_exists(log_path, "@@ran-before") + "\n" + platform.mkdir(job_dir, private=True),
+        timeout=60,
+    )
+    if "@@ran-before" in prepared.stdout.splitlines() or not prepared.ok:
+        raise CommandFailedError(
+            f"cannot use {job_dir} for a job: "
+            + ("it holds a job's log already" if prepared.ok else " | ".join(prepared.tail(3))),
+            node=node.name,
+        )
+    with tempfile.TemporaryDirectory(prefix="cb-job-") as tmp:
+        for name, text in ((JOB_SCRIPT, platform.wrap(script)), (RUNNER, ops.runner_script())):
+            local = Path(tmp) / name
+            local.write_bytes(platform.script_file(text))
+            transport.put(local, f"{job_dir}/{name}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    followed = Followed(node.name, output, keep=keep)
+    first = transport.run(
+        ops.foreground(job_dir, log_path, launcher=RUNNER),
+        on_line=followed,
+        keep_lines=20,
+        timeout=FIRST_ROUND_TIMEOUT,
+    )
+    end = follow_windows(node, transport, job_dir, followed, first, deadline=deadline)
+    if end.result.timed_out and not transport.closed:
+        transport.run(ops.stop(job_dir), timeout=60)  # the watchdog would, once the heartbeat is old
+    return end.result
 
 
 def _summary(followed: Followed, last: Result, code: int | None, duration: float) -> Result:

@@ -32,9 +32,10 @@ as `bootstrap stop`, every process of the run by identity) when:
   Windows does to every process of the job when the controller cancels (fail fast, Ctrl-C, a
   timeout: WS-Man Signal terminate, then Delete of the shell) or when Windows deletes a shell whose
   client went silent (``IdleTimeout``). Noticed within :data:`WATCH_POLL_MS`;
-- or ``heartbeat`` (touched by the follower at least once a second while it runs) is older than
-  :data:`STALE_SECONDS`: no round came after the last one (the controller was killed, or its
-  network is gone), or the follower is stuck (a write to a stdout nobody reads).
+- or ``heartbeat`` (written by the follower once a second while it runs) has not changed for
+  :data:`STALE_SECONDS`, measured on the watchdog's own ``Stopwatch`` (a clock set forward or back
+  must neither stop a run nor keep one alive): no round came after the last one (the controller was
+  killed, or its network is gone), or the follower is stuck (a write to a stdout nobody reads).
 
 So a controller that disappears without a word stops its native run within ``ROUND_SECONDS +
 STALE_SECONDS`` (20 s) plus one poll; one that cancels, within a poll. The watchdog notes why in
@@ -44,6 +45,14 @@ tells the node that the controller is alive. WinRS has no input a running comman
 heartbeat without the transport writing it, a silent client's shell lives until ``IdleTimeout``
 (2 hours by default), and the output of a command nobody receives is buffered by the WinRS host,
 not refused. Each round costs one powershell.exe start on the node every 8 s.
+
+Any other heavy job (an environment build's pip) can run the same way: ``run.ps1``
+(:meth:`WindowsRuns.runner_script`) gives a PowerShell script ``job.ps1`` launch.ps1's contract, and
+runs.control.run_outside_job starts and follows it like a foreground run.
+
+Files of a foreground run in the run directory, beside launch.ps1's: ``follow.ps1``,
+``watchdog.ps1``, ``follower``, ``heartbeat``, ``watchdog.log`` (why the watchdog stopped the run),
+``stopped`` (`bootstrap stop`'s time, as on POSIX).
 """
 
 from __future__ import annotations
@@ -75,6 +84,10 @@ HEARTBEAT = "heartbeat"
 WATCHDOG_LOG = "watchdog.log"
 #: a launcher created by Win32_Process Create writes its pid file within this long (start's own limit)
 START_SECONDS = 60
+#: a job run outside the WinRS job (runs.control.run_outside_job): the launcher in its directory,
+#: and the PowerShell script it runs
+RUNNER = "run.ps1"
+JOB_SCRIPT = "job.ps1"
 
 #: PowerShell function: every process of the run stopped (the launcher and the ranks named in
 #: ``pid`` and ``ranks``, and all their descendants), launcher first so it cannot react to its ranks
@@ -136,12 +149,15 @@ class WindowsRuns(RunOps):
         directory as a full path)."""
         return (
             f"$cbDir = {self.platform.full_path(run_dir)}\n"
-            # files the launcher may be writing: opened with FileShare ReadWrite and Delete
+            # files the launcher may be writing: opened with FileShare ReadWrite and Delete; one that
+            # is being replaced (deleted, renamed into place: pid, follower) reads as missing
             "function Read-CbText([string]$Path) {\n"
             "  if (-not [System.IO.File]::Exists($Path)) { return '' }\n"
             "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
-            "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $Path,"
+            "  try {\n"
+            "    $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $Path,"
             " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
+            "  } catch { return '' }\n"
             "  try {\n"
             "    $cbReader = New-Object -TypeName System.IO.StreamReader -ArgumentList $cbStream\n"
             "    return $cbReader.ReadToEnd()\n"
@@ -190,11 +206,14 @@ class WindowsRuns(RunOps):
         """
         return self.functions(run_dir) + self._start_launcher(run_dir, node_log)
 
-    def _start_launcher(self, run_dir: str, node_log: str, *, tick: str = "") -> str:
+    def _start_launcher(
+        self, run_dir: str, node_log: str, *, tick: str = "", launcher: str | None = None
+    ) -> str:
         """The body of :meth:`start` (after ``functions``); ``tick``: a statement run on every look
-        for the pid file (the follower's heartbeat)."""
+        for the pid file (the follower's heartbeat); ``launcher``: another script than launch.ps1 in
+        the run directory, with its contract (``-Log``, ``pid``, the log's ``.rc``): RUNNER."""
         return (
-            f"$cbScript = {self.platform.full_path(f'{run_dir}/{self.launcher}')}\n"
+            f"$cbScript = {self.platform.full_path(f'{run_dir}/{launcher or self.launcher}')}\n"
             f"$cbLogPath = {self.platform.full_path(node_log)}\n"
             "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
             "if ([System.IO.File]::Exists($cbPidFile)) {\n"
@@ -265,7 +284,78 @@ class WindowsRuns(RunOps):
 
     # -- foreground runs: the follower and the watchdog (see the module docstring) -----------------------
 
-    def foreground(self, run_dir: str, node_log: str) -> str:
+    def runner_script(self) -> str:
+        """``run.ps1``: the launcher of any other job run outside the WinRS shell's job (an
+        environment build's pip), with launch.ps1's contract, so that start, the follower, the
+        watchdog, `stop` and `status` treat it as a run: ``-Log FILE`` (its directory is the job's),
+        ``pid`` written first, ``job.ps1`` beside it run by a child powershell.exe (recorded in
+        ``ranks``: stopped with its tree even when the runner is gone), each line it prints on
+        stdout or stderr appended to the log as it comes, its exit code in ``FILE.rc`` (to .part,
+        then renamed) once the log is closed."""
+        return (
+            "param([string]$Log = '')\n" + self.platform.prelude() + "\n"
+            "$cbUtf8 = New-Object -TypeName System.Text.UTF8Encoding -ArgumentList $false\n"
+            "$cbLogPath = $ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath($Log)\n"
+            "$cbDir = [System.IO.Path]::GetDirectoryName($cbLogPath)\n"
+            "$cbLog = New-Object -TypeName System.IO.StreamWriter -ArgumentList $cbLogPath, $true, $cbUtf8\n"
+            "$cbLog.AutoFlush = $true\n"
+            "$cbSelf = [System.Diagnostics.Process]::GetCurrentProcess()\n"
+            "$cbPidPart = Join-Path -Path $cbDir -ChildPath 'pid.part'\n"
+            "[System.IO.File]::WriteAllText($cbPidPart,"
+            " [string]$PID + ' ' + $cbSelf.StartTime.ToFileTimeUtc() + \"`n\")\n"
+            "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
+            "Move-Item -LiteralPath $cbPidPart -Destination $cbPidFile -Force\n"
+            "$cbCode = 1\n"
+            "$cbProc = $null\n"
+            "try {\n"
+            "  $cbInfo = New-Object -TypeName System.Diagnostics.ProcessStartInfo\n"
+            "  $cbInfo.FileName = $cbSelf.MainModule.FileName\n"
+            "  $cbInfo.Arguments = '-NoProfile -NonInteractive -ExecutionPolicy Bypass -File \"'"
+            f" + (Join-Path -Path $cbDir -ChildPath '{JOB_SCRIPT}') + '\"'\n"
+            "  $cbInfo.UseShellExecute = $false\n"
+            "  $cbInfo.CreateNoWindow = $true\n"
+            "  $cbInfo.RedirectStandardOutput = $true\n"
+            "  $cbInfo.RedirectStandardError = $true\n"
+            "  $cbInfo.StandardOutputEncoding = $cbUtf8\n"
+            "  $cbInfo.StandardErrorEncoding = $cbUtf8\n"
+            "  $cbInfo.WorkingDirectory = $cbDir\n"
+            # Python (pip) writes UTF-8, as it prints, into our pipes
+            "  $cbInfo.EnvironmentVariables['PYTHONIOENCODING'] = 'utf-8'\n"
+            "  $cbInfo.EnvironmentVariables['PYTHONUNBUFFERED'] = '1'\n"
+            "  $cbProc = [System.Diagnostics.Process]::Start($cbInfo)\n"
+            "  [System.IO.File]::AppendAllText((Join-Path -Path $cbDir -ChildPath 'ranks'),"
+            " [string]$cbProc.Id + ' ' + $cbProc.StartTime.ToFileTimeUtc() + \"`n\")\n"
+            "  $cbOut = $cbProc.StandardOutput.ReadLineAsync()\n"
+            "  $cbErr = $cbProc.StandardError.ReadLineAsync()\n"
+            "  while ($null -ne $cbOut -or $null -ne $cbErr) {\n"
+            "    $cbPending = @(@($cbOut, $cbErr) | Where-Object { $null -ne $_ })\n"
+            "    $cbTasks = [System.Threading.Tasks.Task[]]$cbPending\n"
+            "    $null = [System.Threading.Tasks.Task]::WaitAny($cbTasks, 200)\n"
+            "    while ($null -ne $cbOut -and $cbOut.IsCompleted) {\n"
+            "      if ($null -eq $cbOut.Result) { $cbOut = $null; break }\n"
+            "      $cbLog.WriteLine($cbOut.Result)\n"
+            "      $cbOut = $cbProc.StandardOutput.ReadLineAsync()\n"
+            "    }\n"
+            "    while ($null -ne $cbErr -and $cbErr.IsCompleted) {\n"
+            "      if ($null -eq $cbErr.Result) { $cbErr = $null; break }\n"
+            "      $cbLog.WriteLine($cbErr.Result)\n"
+            "      $cbErr = $cbProc.StandardError.ReadLineAsync()\n"
+            "    }\n"
+            "  }\n"
+            "  $cbProc.WaitForExit()\n"
+            "  $cbCode = $cbProc.ExitCode\n"
+            "} catch {\n"
+            "  $cbLog.WriteLine('ERROR: ' + $_.Exception.Message)\n"
+            "} finally {\n"
+            "  if ($null -ne $cbProc -and -not $cbProc.HasExited) { $cbProc.Kill() }\n"
+            "  $cbLog.Dispose()\n"
+            "  [System.IO.File]::WriteAllText($cbLogPath + '.rc.part', [string]$cbCode + \"`n\")\n"
+            "  Move-Item -LiteralPath ($cbLogPath + '.rc.part') -Destination ($cbLogPath + '.rc') -Force\n"
+            "}\n"
+            "exit $cbCode\n"
+        )
+
+    def foreground(self, run_dir: str, node_log: str, *, launcher: str | None = None) -> str:
         """The last action of a foreground plan: write ``follow.ps1`` and ``watchdog.ps1`` into the run
         directory (UTF-8 with BOM, as Windows PowerShell 5.1 needs), then run the follower's first
         round: it starts the watchdog and the launcher (both outside the WinRS job), prints
@@ -276,7 +366,10 @@ class WindowsRuns(RunOps):
             f"$cbDir = {self.platform.full_path(run_dir)}\n"
             "$cbBom = New-Object -TypeName System.Text.UTF8Encoding -ArgumentList $true\n"
             + write.format(name=quote(WATCHDOG_SCRIPT), text=quote(self.watchdog_script(run_dir)))
-            + write.format(name=quote(FOLLOW_SCRIPT), text=quote(self.follower_script(run_dir, node_log)))
+            + write.format(
+                name=quote(FOLLOW_SCRIPT),
+                text=quote(self.follower_script(run_dir, node_log, launcher=launcher)),
+            )
             + self.follow_round(run_dir, 0, start=True)
         )
 
@@ -288,7 +381,7 @@ class WindowsRuns(RunOps):
             " -Start" if start else ""
         )
 
-    def follower_script(self, run_dir: str, node_log: str) -> str:
+    def follower_script(self, run_dir: str, node_log: str, *, launcher: str | None = None) -> str:
         """``follow.ps1``: one round of following (see the module docstring). It records its own
         identity in ``follower`` (to ``.part``, then renamed: the watchdog never reads half of it),
         touches ``heartbeat`` at least once a second, with ``-Start`` first starts the watchdog and
@@ -304,13 +397,17 @@ class WindowsRuns(RunOps):
             + self.functions(run_dir)
             + f"$cbBeat = Join-Path -Path $cbDir -ChildPath '{HEARTBEAT}'\n"
             f"$cbFollower = Join-Path -Path $cbDir -ChildPath '{FOLLOWER}'\n"
-            "$cbBeatAt = [DateTime]::MinValue\n"
-            # its last-write time is what the watchdog reads; written at most once a second
+            "$cbBeatWatch = $null\n"
+            # the watchdog notices each change of its last-write time; written at most once a second
+            # on a steady clock (a clock set back must not stop the beats); a write that fails (a
+            # scanner holding the file) is left to the next second's
             "function Set-CbBeat {\n"
-            "  $cbNow = [DateTime]::UtcNow\n"
-            "  if (($cbNow - $script:cbBeatAt).TotalSeconds -lt 1) { return }\n"
-            "  $script:cbBeatAt = $cbNow\n"
-            "  [System.IO.File]::WriteAllText($cbBeat, [string]$cbNow.Ticks)\n"
+            "  $cbLast = $script:cbBeatWatch\n"
+            "  if ($null -ne $cbLast -and $cbLast.Elapsed.TotalSeconds -lt 1) { return }\n"
+            "  $script:cbBeatWatch = [System.Diagnostics.Stopwatch]::StartNew()\n"
+            "  try {\n"
+            "    [System.IO.File]::WriteAllText($cbBeat, [string][DateTime]::UtcNow.Ticks)\n"
+            "  } catch { $null = $_ }\n"
             "}\n"
             "$cbSelf = [System.Diagnostics.Process]::GetCurrentProcess()\n"
             "[System.IO.File]::WriteAllText($cbFollower + '.part',"
@@ -332,7 +429,7 @@ class WindowsRuns(RunOps):
             " with code ' + $cbWatch.ReturnValue)\n"
             "  exit 4\n"
             "}\n"
-            + self._start_launcher(run_dir, node_log, tick="Set-CbBeat")
+            + self._start_launcher(run_dir, node_log, tick="Set-CbBeat", launcher=launcher)
             + "\n}\n"
             + tail.powershell_tail(
                 self.platform,
@@ -366,24 +463,35 @@ class WindowsRuns(RunOps):
             f"$cbBeat = Join-Path -Path $cbDir -ChildPath '{HEARTBEAT}'\n"
             f"$cbFollower = Join-Path -Path $cbDir -ChildPath '{FOLLOWER}'\n"
             "$cbWhy = ''\n"
+            # the heartbeat's age on a steady clock: since its last-write time last changed (a clock
+            # set forward must not look like silence)
+            "$cbSeen = [DateTime]::MinValue\n"
+            "$cbQuiet = [System.Diagnostics.Stopwatch]::StartNew()\n"
             "while (-not $cbWhy) {\n"
-            "  if ([System.IO.File]::Exists($cbRc)) { exit 0 }\n"
+            # a look that fails (a file being replaced, a process ending meanwhile) is tried again:
+            # nothing may end the watchdog but the run's end
+            "  try {\n"
+            "    if ([System.IO.File]::Exists($cbRc)) { exit 0 }\n"
             # stopped by `bootstrap stop`, or ended without an exit code: nothing left to watch
-            "  if ([System.IO.File]::Exists($cbPidFile) -and @(Get-CbRoots).Count -eq 0) { exit 0 }\n"
-            "  $cbLine = Read-CbText $cbFollower\n"
-            "  $cbAge = ([DateTime]::UtcNow - [System.IO.File]::GetLastWriteTimeUtc($cbBeat)).TotalSeconds\n"
+            "    if ([System.IO.File]::Exists($cbPidFile) -and @(Get-CbRoots).Count -eq 0) { exit 0 }\n"
+            "    $cbLine = Read-CbText $cbFollower\n"
+            "    $cbAt = [System.IO.File]::GetLastWriteTimeUtc($cbBeat)\n"
+            "    if ($cbAt -ne $cbSeen) { $cbSeen = $cbAt; $cbQuiet.Restart() }\n"
+            "    $cbAge = $cbQuiet.Elapsed.TotalSeconds\n"
             # killed: gone while the file still names it (a round that ends deletes the file first)
-            "  if ($cbLine.Trim() -and $null -eq (Get-CbLive $cbLine)"
+            "    if ($cbLine.Trim() -and $null -eq (Get-CbLive $cbLine)"
             " -and (Read-CbText $cbFollower) -eq $cbLine) {\n"
-            "    $cbWhy = 'its follower (the controller''s command in the WinRS shell) was stopped'\n"
-            f"  }} elseif ($cbAge -gt {STALE_SECONDS:g}) {{\n"
-            "    $cbWhy = 'no heartbeat from the controller''s follower for ' + [int]$cbAge + ' s'\n"
-            "  } else {\n"
-            f"    Start-Sleep -Milliseconds {WATCH_POLL_MS}\n"
-            "  }\n"
+            "      $cbWhy = 'its follower (the controller''s command in the WinRS shell) was stopped'\n"
+            f"    }} elseif ($cbAge -gt {STALE_SECONDS:g}) {{\n"
+            "      $cbWhy = 'no heartbeat from the controller''s follower for ' + [int]$cbAge + ' s'\n"
+            "    }\n"
+            "  } catch { $null = $_ }\n"
+            f"  if (-not $cbWhy) {{ Start-Sleep -Milliseconds {WATCH_POLL_MS} }}\n"
             "}\n"
-            "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'watchdog.log'),"
+            "try {\n"
+            "  [System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'watchdog.log'),"
             " [DateTime]::UtcNow.ToString('o') + ' stopping the run: ' + $cbWhy + \"`n\")\n"
+            "} catch { $null = $_ }\n"
             # the launcher may still be starting (created, its pid file not written yet)
             "$cbClock = [System.Diagnostics.Stopwatch]::StartNew()\n"
             "while (-not [System.IO.File]::Exists($cbPidFile) -and -not [System.IO.File]::Exists($cbRc)"

@@ -4,6 +4,11 @@ Every node gets its rendered script in ``<workdir>/runs/<run-id>/<node>/launch.s
 output in ``node.log`` beside it; the controller keeps its own copy (``runs/<run-id>/<node>.log``).
 A node that fails stops the others (fail fast: the session closes their connections, which stops
 each remote process group; see PosixShell.stop_on_hangup).
+
+Native Windows nodes get ``launch.ps1``, started outside the WinRS shell's job exactly as `launch
+--detach` starts it, with a watchdog; the controller follows node.log in rounds of the tail protocol
+and the watchdog stops the run when the controller's follower is killed or goes silent
+(runs/windows.py). Foreground and detached runs differ only in who waits.
 """
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.runs.control import DetachedStart, start_all
+from orchestrator.runs.control import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.layout import STOPPED, STREAMING_ENV, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
+from orchestrator.runs.windows import ROUND_SECONDS, WindowsRuns
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -300,7 +306,12 @@ def node_plan(
     secrets: Literal["mask"] | None = None,
 ) -> NodePlan:
     """A node's whole part of a foreground run, as data: ``prepare_plan`` then the launcher, its output
-    streamed (and kept in node.log on the node). What --dry-run prints, what ``run_node`` applies."""
+    streamed (and kept in node.log on the node). What --dry-run prints, what ``run_node`` applies.
+
+    Native Windows: the last action writes the follower and the watchdog into the run directory and
+    runs the follower's first round, which starts the watchdog and the launcher outside the WinRS
+    job and follows node.log (runs/windows.py); ``run_node`` then runs the next rounds
+    (``& follow.ps1 -Offset N``) until the launcher has ended."""
     prepared = prepare_plan(
         node,
         platform,
@@ -313,11 +324,18 @@ def node_plan(
     )
     run_dir = run_dir_for(node, spec.run_id)
     if isinstance(platform, PowerShell):
-        command = windows_command(platform, run_dir)
+        launcher = Run(
+            windows_command(platform, run_dir),
+            stream=True,
+            keep_lines=20,
+            timeout=FIRST_ROUND_TIMEOUT,
+            what="start the launcher and its watchdog outside the WinRS job, then follow node.log"
+            f" (the next rounds: follow.ps1 -Offset N every {ROUND_SECONDS:g} s)",
+        )
     else:
         assert isinstance(platform, PosixShell)
         command = posix_command(platform, node, spec)
-    launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
+        launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
     return NodePlan(node.name, [*prepared.actions, launcher])
 
 
@@ -357,13 +375,8 @@ def prepare_windows_node(
     script_file: Path | None = None,
 ) -> tuple[str, str]:
     """``prepare_plan`` applied on a native Windows node: ``launch.ps1`` (UTF-8 with BOM, which Windows
-    PowerShell 5.1 needs) and the training script. Returns (command, node log path).
-
-    The command runs the script in the WinRS PowerShell itself (``& path -Log node.log``): its
-    ``exit N`` becomes the command's exit code, ``~`` paths resolve on the node (``-File`` would
-    need an absolute path), and deleting the shell (cancel, fail fast) ends every rank with it (the
-    shell's job object). The script writes node.log and node.log.rc itself: its rank output goes to
-    the console handles, past PowerShell's pipeline, where Tee-Object would not see it.
+    PowerShell 5.1 needs) and the training script. Returns (command, node log path): the command is
+    ``windows_command``, the first round of the run's follower (runs/windows.py).
     """
     planned = prepare_plan(
         node, platform, spec, renderer=renderer, template=template, script_file=script_file
@@ -384,8 +397,10 @@ def start_detached(session: Session, specs: list[LaunchSpec], *, renderer: Rende
 
 
 def windows_command(platform: PowerShell, run_dir: str) -> str:
-    """What runs a native Windows node's part of a foreground run (launch.ps1 writes its log)."""
-    return f"{platform.run_script(f'{run_dir}/launch.ps1')} -Log {platform.path_word(f'{run_dir}/node.log')}"
+    """What starts a native Windows node's part of a foreground run and follows it: launch.ps1
+    created outside the WinRS job (it writes its log), with the watchdog that stops it when the
+    controller is gone; the first round of its follower (``WindowsRuns.foreground``)."""
+    return WindowsRuns(platform).foreground(run_dir, f"{run_dir}/node.log")
 
 
 def posix_command(platform: PosixShell, node: Node, spec: LaunchSpec) -> str:
@@ -451,24 +466,40 @@ def run_node(
         if started is not None:
             started.add(node.name)
 
+    # native Windows: the plan's last action is the follower's first round (the tail protocol)
+    followed = Followed(node.name, output) if isinstance(transport.platform, PowerShell) else None
     try:
-        results = apply(planned, transport, output=output, before=starting)
+        results = apply(planned, transport, output=followed or output, before=starting)
     except BootstrapError as exc:
         if not launched and transport.closed and not isinstance(exc, CancelledError):
             # another node failed (or Ctrl-C) while this one was being prepared: nothing started here
             raise CancelledError("stopped before it started", node=node.name) from exc
         raise
     result = results[-1]
-    if result.exit_code is None:
+    killed = False  # the launcher ended without an exit code (native Windows: its processes were ended)
+    if followed is not None:
+        # later rounds until the launcher has ended; cancelled: the node's watchdog stops the run
+        end = follow_windows(node, transport, run_dir_for(node, spec.run_id), followed, result)
+        result, killed = end.result, end.ended and end.result.exit_code is None
+    if result.exit_code is None and not killed:
+        if result.timed_out:  # native Windows: a round of the follower that never ended
+            raise CommandFailedError(
+                "following the run timed out (the node's watchdog stops it)",
+                node=node.name,
+                hint=f"the node keeps its log in {node_log}",
+                result=result,
+            )
         # our own connection was closed: another node failed (fail fast) or the user interrupted
         raise CancelledError("stopped", node=node.name, hint=f"its log: {node_log}")
-    if result.exit_code != 0:
+    if killed or result.exit_code != 0:
         if stopped_by_operator(transport, node, spec):
             raise RunStoppedError(
                 "stopped by stop --run", node=node.name, hint=f"the node keeps its log in {node_log}"
             )
         error = CommandFailedError(
-            failure_headline(result),
+            "the launcher ended without an exit code: its processes were ended on the node"
+            if killed
+            else failure_headline(result),
             node=node.name,
             hint=f"the node keeps its log in {node_log}",
             result=result,
@@ -478,9 +509,10 @@ def run_node(
 
 
 def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> bool:
-    """Whether `stop --run` ended this node's part of the run (not a failure of its own)."""
+    """Whether `stop --run` ended this node's part of the run (not a failure of its own): it wrote
+    ``stopped`` in the run directory (POSIX and native Windows alike) before stopping anything."""
     platform = transport.platform
-    if not isinstance(platform, PosixShell):
+    if not isinstance(platform, (PosixShell, PowerShell)):
         return False
     try:
         said = transport.run(

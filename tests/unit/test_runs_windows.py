@@ -521,3 +521,346 @@ def test_a_run_directory_that_holds_a_log_is_reported_before_anything_is_made(ru
     assert test.has("-LiteralPath")  # no wildcard expansion of [ ] in the path
     assert test.arguments == [ps.path_word(f"{run_dir}/node.log")]  # one quoted word, as mkdir's
     assert line.endswith("{ Write-Output '@@ran-before'; exit 0 }")
+
+
+# -- foreground runs: the follower, the watchdog, the runner (runs/windows.py) ------------------------------
+
+
+def write_all_texts(tree: Any) -> list[tuple[str, str, str]]:
+    """Every ``[System.IO.File]::WriteAllText(...)``: (its first argument's text, the value of the
+    single-quoted literal written or the expression's text, the encoding argument or "")."""
+    found = []
+    for node in pwsh.walk(tree.root_node):
+        text = (node.text or b"").decode()
+        if node.type == "invocation_expression" and text.startswith("[System.IO.File]::WriteAllText("):
+            (arguments,) = [n for n in pwsh.walk(node) if n.type == "argument_expression_list"][:1]
+            parts = [c for c in arguments.children if c.type == "argument_expression"]
+            texts = [(p.text or b"").decode() for p in parts] + [""]
+            found.append(
+                (texts[0], single_quoted_value(texts[1]) if texts[1][0] == "'" else texts[1], texts[2])
+            )
+    return found
+
+
+def enclosing(node: Any, kind: str) -> list[Any]:
+    """The ``kind`` nodes around ``node``, innermost first."""
+    found = []
+    while node.parent is not None:
+        node = node.parent
+        if node.type == kind:
+            found.append(node)
+    return found
+
+
+def command_nodes(tree: Any, name: str) -> list[Any]:
+    return [
+        n
+        for n in pwsh.walk(tree.root_node)
+        if n.type == "command"
+        and n.child_by_field_name("command_name") is not None
+        and (n.child_by_field_name("command_name").text or b"").decode() == name
+    ]
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_a_foreground_run_writes_its_follower_and_watchdog_then_starts_the_first_round(run_dir: str) -> None:
+    log = f"{run_dir}/node.log"
+    script = runs.foreground(run_dir, log)
+    tree = pwsh.assert_parses(ps.wrap(script))
+    assert full_path_args(tree) == [resolved(run_dir)]
+    # both files, UTF-8 with a BOM (Windows PowerShell 5.1 reads a BOM-less .ps1 as ANSI), exactly
+    assert assignments(tree)["$cbBom"] == "New-Object -TypeName System.Text.UTF8Encoding -ArgumentList $true"
+    assert write_all_texts(tree) == [
+        ("(Join-Path -Path $cbDir -ChildPath 'watchdog.ps1')", runs.watchdog_script(run_dir), "$cbBom"),
+        ("(Join-Path -Path $cbDir -ChildPath 'follow.ps1')", runs.follower_script(run_dir, log), "$cbBom"),
+    ]
+    # then the first round: the file just written, from byte 0, starting the run
+    (invocation,) = [c for c in pwsh.commands(tree) if c.name == ps.path_word(f"{run_dir}/follow.ps1")]
+    assert (invocation.parameters, invocation.arguments) == (["-offset", "-start"], ["0"])
+    assert script.rstrip().endswith(runs.follow_round(run_dir, 0, start=True))
+
+
+def test_later_rounds_are_short_commands_from_an_offset() -> None:
+    run_dir = RUN_DIRS[1]
+    line = runs.follow_round(run_dir, 123456789)
+    tree = pwsh.assert_parses(ps.wrap(line))
+    (invocation,) = [c for c in pwsh.commands(tree) if c.name.endswith("follow.ps1'")]
+    assert (invocation.parameters, invocation.arguments) == (["-offset"], ["123456789"])
+    assert len(ps.login_command(ps.wrap(line))) < 8191  # no upload of a temporary script each round
+    for bad in (-1, True, "5"):
+        with pytest.raises(ValueError):
+            runs.follow_round(run_dir, bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_launcher(run_dir: str) -> None:
+    from orchestrator.runs.windows import ROUND_SECONDS
+
+    script = runs.follower_script(run_dir, f"{run_dir}/node.log")
+    tree = pwsh.assert_parses(script)
+    assert script.startswith("param([long]$Offset = 0, [switch]$Start)\n")
+    assert full_path_args(tree) == [
+        resolved(run_dir),
+        resolved(f"{run_dir}/launch.ps1"),
+        resolved(f"{run_dir}/node.log"),
+        resolved(f"{run_dir}/node.log"),
+    ]
+    values = assignments(tree)
+    assert values["$cbBeat"] == "Join-Path -Path $cbDir -ChildPath 'heartbeat'"
+    assert values["$cbFollower"] == "Join-Path -Path $cbDir -ChildPath 'follower'"
+    # its identity ("PID TICKS") to .part, then renamed into place: never read half-written
+    at = script.index
+    assert (
+        at("[System.IO.File]::WriteAllText($cbFollower + '.part', [string]$cbSelf.Id + ' ' +")
+        < at("[System.IO.File]::Delete($cbFollower)")
+        < at("[System.IO.File]::Move($cbFollower + '.part', $cbFollower)")
+        < at("try {\nif ($Start)")
+    )
+    # the heartbeat: on a steady clock, at most once a second, a failed write tolerated
+    (beat,) = [n for n in pwsh.walk(tree.root_node) if (n.text or b"").startswith(b"function Set-CbBeat")]
+    body = (beat.text or b"").decode()
+    assert "Stopwatch" in body and "-lt 1) { return }" in body and "catch { $null = $_ }" in body
+    assert "[DateTime]::UtcNow -" not in body  # no wall-clock arithmetic
+    # beating while waiting for the launcher, and on every poll of the log
+    beats = command_nodes(tree, "Set-CbBeat")
+    loops = [enclosing(b, "while_statement") for b in beats]
+    assert len(beats) == 3 and not loops[0]  # once at the start
+    assert (loops[1][0].text or b"").startswith(b"while (-not [System.IO.File]::Exists($cbPidFile))")
+    assert (loops[2][0].text or b"").startswith(b"while ($true)")
+    # both created by the WMI service, outside the WinRS job: the watchdog first
+    creates = find(tree, "Invoke-CimMethod")
+    assert [c.arguments for c in creates] == [
+        ["Win32_Process", "Create", "$cbWatchCreate"],
+        ["Win32_Process", "Create", "$cbCreate"],
+    ]
+    assert "-File \"' + $cbWatchScript + '\"'" in values["$cbWatchLine"]
+    assert values["$cbWatchScript"] == "Join-Path -Path $cbDir -ChildPath 'watchdog.ps1'"
+    assert "-File \"' + $cbScript + '\" -Log \"' + $cbLogPath + '\"'" in values["$cbLine"]
+    # the tail from the round's offset; a round ends with @@more after ROUND_SECONDS
+    assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]$Offset", "+= $cbCut"]
+    assert f"if ($cbRound.Elapsed.TotalSeconds -ge {ROUND_SECONDS:g}) {{ $cbMore = $true; break }}" in script
+    assert "Send-Cb ('@@more ' + $cbOffset + \"`n\")" in script
+    # whatever happens in the round, an end of its own deletes the identity (only a kill leaves it)
+    (delete,) = [
+        n
+        for n in pwsh.walk(tree.root_node)
+        if n.type == "invocation_expression"
+        and (n.text or b"") == b"[System.IO.File]::Delete($cbFollower)"
+        and enclosing(n, "finally_clause")
+    ]
+    (guarded,) = enclosing(delete, "try_statement")[:1]
+    inside = (guarded.text or b"").decode()
+    assert "Invoke-CimMethod" in inside and "while ($true)" in inside and "@@end" in inside
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_the_watchdog_stops_the_run_when_its_follower_is_killed_or_silent(run_dir: str) -> None:
+    from orchestrator.runs.windows import STALE_SECONDS, START_SECONDS, STOP_RUN, WATCH_POLL_MS
+
+    script = runs.watchdog_script(run_dir)
+    tree = pwsh.assert_parses(script)
+    assert full_path_args(tree) == [resolved(run_dir)]
+    # the very Stop-CbRun `bootstrap stop` uses: by identity, never by name
+    assert STOP_RUN in script and STOP_RUN in runs.stop(run_dir)
+    for pattern in ("CommandLine", "-like", "-match", ".Name", "taskkill", "-Filter"):
+        assert pattern not in script, pattern
+    at = script.index
+    loop = at("while (-not $cbWhy)")
+    # each look: the run ended, or nothing of it is left: the watchdog goes, stopping nothing
+    assert loop < at("if ([System.IO.File]::Exists($cbRc)) { exit 0 }")
+    assert "if ([System.IO.File]::Exists($cbPidFile) -and @(Get-CbRoots).Count -eq 0) { exit 0 }" in script
+    # killed: the follower file names a process that is gone, and still does when read again
+    assert (
+        "if ($cbLine.Trim() -and $null -eq (Get-CbLive $cbLine) -and (Read-CbText $cbFollower) -eq $cbLine)"
+        in script
+    )
+    # silent: the heartbeat's write time unchanged for STALE_SECONDS on a steady clock
+    assert "if ($cbAt -ne $cbSeen) { $cbSeen = $cbAt; $cbQuiet.Restart() }" in script
+    assert f"}} elseif ($cbAge -gt {STALE_SECONDS:g}) {{" in script
+    assert f"if (-not $cbWhy) {{ Start-Sleep -Milliseconds {WATCH_POLL_MS} }}" in script
+    # a look that throws is tried again: the checks sit in a try inside the loop
+    (check,) = [
+        n
+        for n in pwsh.walk(tree.root_node)
+        if n.type == "if_statement" and b"$cbQuiet.Restart()" in (n.text or b"")
+    ]
+    assert enclosing(check, "try_statement") and enclosing(check, "while_statement")
+    # then: why, in watchdog.log; a launcher still starting is waited for; the run stopped
+    assert (
+        loop
+        < at("-ChildPath 'watchdog.log')")
+        < at(f"$cbClock.Elapsed.TotalSeconds -lt {START_SECONDS}")
+        < at("$null = Stop-CbRun")
+    )
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_stop_says_stopped_before_it_stops_anything_and_status_reports_it(run_dir: str) -> None:
+    script = runs.stop(run_dir, "ignored")
+    tree = pwsh.assert_parses(ps.wrap(script))
+    (said,) = [w for w in write_all_texts(tree) if "'stopped'" in w[0]]
+    assert said[1] == '[string]$cbNow + "`n"'  # Unix seconds on the node's clock, as on POSIX
+    assert script.index("-ChildPath 'stopped'") < script.index("(Stop-CbRun)")
+    status = runs.status(run_dir, "ignored", f"{run_dir}/node.log")
+    pwsh.assert_parses(ps.wrap(status))
+    assert "Out-Cb ('stopped=' + (Read-CbText $cbStopped).Trim())" in status
+    parsed = parse_status("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=140\n")
+    assert (parsed.state, parsed.runtime) == ("stopped", 50)
+
+
+def test_the_runner_gives_any_job_the_launchers_contract() -> None:
+    from orchestrator.runs.windows import JOB_SCRIPT
+
+    script = runs.runner_script()
+    tree = pwsh.assert_parses(script)
+    assert script.startswith("param([string]$Log = '')\n")
+    values = assignments(tree)
+    assert values["$cbDir"] == "[System.IO.Path]::GetDirectoryName($cbLogPath)"
+    at = script.index
+    # pid first (to .part, renamed), then the job started with its output piped, recorded in ranks
+    assert at("$cbPidPart") < at("Move-Item -LiteralPath $cbPidPart -Destination $cbPidFile -Force")
+    assert at("Move-Item -LiteralPath $cbPidPart") < at(
+        "$cbProc = [System.Diagnostics.Process]::Start($cbInfo)"
+    )
+    assert f"-ChildPath '{JOB_SCRIPT}'" in values["$cbInfo.Arguments"]
+    assert values["$cbInfo.RedirectStandardOutput"] == values["$cbInfo.RedirectStandardError"] == "$true"
+    assert at("Process]::Start($cbInfo)") < at("-ChildPath 'ranks')")
+    # every line to the log as it comes; the exit code once the log is closed
+    assert script.count("$cbLog.WriteLine(") == 3
+    assert at("$cbLog.Dispose()") < at("$cbLogPath + '.rc.part'") < at("($cbLogPath + '.rc') -Force")
+    assert script.rstrip().endswith("exit $cbCode")
+
+
+# -- the controller's side: rounds until the launcher ends -------------------------------------------------
+
+
+def test_a_round_ends_with_more_and_the_parser_says_where_to_resume() -> None:
+    from orchestrator.runs.tail import Batches
+
+    got: list[str] = []
+    batches = Batches("win1", got.append)
+    batches.block("stdout", "@@started 4242 133\nline 1\n@@. 7\n@@more 7\n")
+    assert got == ["line 1\n"] and batches.offset == 7
+    assert batches.more() == 7 and batches.end() is None and batches.exit_code() is None
+    batches.restart()
+    batches.block("stdout", "line 2\n@@. 14\n@@end 3 14\n")
+    assert batches.more() is None and batches.exit_code() == 3 and got == ["line 1\n", "line 2\n"]
+
+
+class Rounds:
+    """A transport whose every run hands the next scripted answer (stdout, exit code) to on_line."""
+
+    def __init__(self, answers: list[tuple[str, int | None]]) -> None:
+        self.platform = ps
+        self.answers = answers
+        self.scripts: list[str] = []
+        self.closed = False
+
+    def run(self, command: str, **kwargs: Any) -> Result:
+        self.scripts.append(command)
+        stdout, code = self.answers.pop(0)
+        if kwargs.get("on_line") is not None and stdout:
+            kwargs["on_line"].block("stdout", stdout)
+        return Result("win1", command, code, stdout, "", 0.5)
+
+
+def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -> None:
+    from orchestrator.runs.control import Followed, follow_windows
+
+    lines: list[tuple[str, str]] = []
+    followed = Followed("win1", lambda stream, line: lines.append((stream, line)))
+    first = "@@started 4242 133\n[default0]:a\n@@. 14\n@@more 14\n"
+    followed.block("stdout", first)
+    transport = Rounds([("[default1]:b\n@@. 28\n@@more 28\n", 0), ("@@end 3 28\n", 0)])
+    end = follow_windows(
+        NODE,  # type: ignore[arg-type]
+        transport,  # type: ignore[arg-type]
+        "C:/train/runs/r1/win1",
+        followed,
+        Result("win1", "first", 0, first, "", 1.0),
+    )
+    assert transport.scripts == [
+        runs.follow_round("C:/train/runs/r1/win1", 14),
+        runs.follow_round("C:/train/runs/r1/win1", 28),
+    ]
+    assert lines == [("stdout", "[default0]:a"), ("stdout", "[default1]:b")]
+    assert (end.ended, end.rounds, end.result.exit_code) == (True, 3, 3)
+    assert end.result.tail(2) == ["[default0]:a", "[default1]:b"] and end.result.duration == 2.0
+
+
+def test_a_follower_that_ends_without_its_markers_is_an_error_and_a_cancel_ends_following() -> None:
+    from orchestrator.runs.control import Followed, follow_windows
+
+    followed = Followed("win1", lambda stream, line: None)
+    followed.block("stderr", "ERROR: the watchdog could not be started\n")
+    with pytest.raises(CommandFailedError, match=r"following the run failed \(exit 4\): ERROR: the watchdog"):
+        follow_windows(NODE, Rounds([]), "C:/r", followed, Result("win1", "x", 4, "", "", 1))  # type: ignore[arg-type]
+    followed = Followed("win1", lambda stream, line: None)
+    followed.block("stdout", "@@more 0\n")
+    cancelled = follow_windows(
+        NODE,  # type: ignore[arg-type]
+        Rounds([("", None)]),  # type: ignore[arg-type]
+        "C:/r",
+        followed,
+        Result("win1", "x", 0, "", "", 1),
+    )
+    assert (cancelled.ended, cancelled.result.exit_code) == (False, None)
+
+
+def test_a_native_foreground_plan_ends_with_the_follower_outside_the_job() -> None:
+    from orchestrator.plans import Put, Run
+    from orchestrator.runs.control import FIRST_ROUND_TIMEOUT
+    from orchestrator.steps.launch import node_plan
+
+    inventory = load_inventory_text(
+        "cluster: {name: w, master: win1, backend: gloo}\n"
+        "nodes:\n  - {name: win1, host: 10.0.0.1, os: windows, user: bob, nproc: 2, interface: Ethernet,\n"
+        "     windows: {mode: native}}\n",
+        "w.yaml",
+    )
+    (spec,) = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr="10.0.0.1",
+        run_id="r1",
+        interfaces={"win1": ("Ethernet", None)},
+        cpus={"win1": 4},
+        pythons={"win1": "C:\\Python312\\python.exe"},
+    )
+    plan = node_plan(spec.node, ps, spec, renderer=Renderer())
+    last = plan.actions[-1]
+    run_dir = "~/cluster-bootstrap/runs/r1/win1"
+    assert isinstance(last, Run) and last.script == runs.foreground(run_dir, f"{run_dir}/node.log")
+    assert last.stream and last.timeout == FIRST_ROUND_TIMEOUT and dict(last.env) == {}
+    assert "outside the WinRS job" in last.what
+    # the follower and the watchdog are written by that command, not uploaded: `--detach`'s dry
+    # run, which replaces the last action, shows no upload it would not make
+    assert [a.target for a in plan.actions if isinstance(a, Put)] == [
+        f"{run_dir}/launch.ps1",
+        "~/cluster-bootstrap/code/examples/train_ddp.py",
+    ]
+
+
+def test_the_followed_lines_are_split_at_newlines_only() -> None:
+    """A line holding a form feed or U+2028 (a progress bar, a pasted text) reaches the handler whole,
+    as the transports split lines; a block handler gets the block as it came."""
+    from orchestrator.runs.control import Followed
+    from orchestrator.transports.base import BlockHandler
+
+    lines: list[str] = []
+    followed = Followed("win1", lambda stream, line: lines.append(line))
+    followed.block("stdout", "[default0]:a\x0cb\u2028c\n[default1]:d\n@@. 19\n")
+    assert lines == ["[default0]:a\x0cb\u2028c", "[default1]:d"] == list(followed.kept)
+
+    class Blocks(BlockHandler):
+        def __init__(self) -> None:
+            self.got: list[tuple[str, str]] = []
+
+        def block(self, stream: str, text: str) -> None:
+            self.got.append((stream, text))
+
+    blocks = Blocks()
+    followed = Followed("win1", blocks)
+    followed.block("stdout", "x\ny\n@@. 4\n")
+    followed.block("stderr", "ERROR: boom\n")
+    assert blocks.got == [("stdout", "x\ny\n"), ("stderr", "ERROR: boom\n")]

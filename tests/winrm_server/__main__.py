@@ -2,7 +2,7 @@
 
     python -m tests.winrm_server --listen ADDR:PORT --auth basic|ntlm --user U --password-env VAR
         [--tls-dir DIR] [--answers FILE.json] [--record FILE.jsonl] [--max-shells N] [--wsl FILE.json]
-        [--allow-unencrypted] [--max-envelope-kb N]
+        [--allow-unencrypted] [--max-envelope-kb N] [--max-processes-per-shell N]
 
 Prints ``LISTENING <endpoint>`` on stdout once it accepts connections (start_in_host waits for that line),
 then serves until SIGTERM/SIGINT, killing whatever its shells still run when it stops.
@@ -12,7 +12,8 @@ then serves until SIGTERM/SIGINT, killing whatever its shells still run when it 
 ``--tls-dir``: the CA (ca.pem), server certificate and key are written there.
 ``--allow-unencrypted``: accept Basic and unsealed messages over HTTP (Windows' AllowUnencrypted=true;
 the default refuses them, as a default Windows host does). ``--max-envelope-kb``: MaxEnvelopeSizekb
-(default 500, Windows' default).
+(default 500, Windows' default). ``--max-processes-per-shell``: MaxProcessesPerShell of each shell's
+job (default 25, Windows' default; 0: no limit), for the played processes (tests/winrm_server/processes.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--computer-name", default="WINHOST")
     parser.add_argument("--allow-unencrypted", action="store_true")
     parser.add_argument("--max-envelope-kb", type=int, default=500)
+    parser.add_argument("--max-processes-per-shell", type=int, default=25)
     args = parser.parse_args(argv)
     password = os.environ.get(args.password_env)
     if password is None:
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         wsl=wsl,
         allow_unencrypted=args.allow_unencrypted,
         max_envelope_kb=args.max_envelope_kb,
+        max_processes_per_shell=args.max_processes_per_shell,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -9,6 +9,9 @@ import binascii
 from dataclasses import dataclass, field
 
 POWERSHELL_NAMES = ("powershell", "powershell.exe", "pwsh", "pwsh.exe")
+#: powershell.exe's exit code when the shell's job refused it (ERROR_NOT_ENOUGH_QUOTA, as a process
+#: that could not be created reports it); see tests/winrm_server/processes.py
+QUOTA_EXIT = 1816
 CLIXML_HEADER = "#< CLIXML\r\n"
 _OBJS_OPEN = '<Objs Version="1.1.0.1" xmlns="http://schemas.microsoft.com/powershell/2004/04">'
 # the progress record Windows PowerShell emits the first time modules are loaded in a session: real

@@ -11,10 +11,14 @@ A command line received by WinRS is dispatched like this:
 - anything else: ``/bin/sh -c LINE`` for real, in its own process group.
 
 Stopping a command (Signal terminate, or Delete of its shell) is what Windows' job object does: every
-process of the command ends. A ``wsl.exe`` command is different: only wsl.exe is a Windows process,
-so only it ends; the Linux processes it started keep running, their stdin still open and their
-output read by no one (see :meth:`Command.end_wsl_exe`). What stops them is the client closing the
-command's stdin first (WinRS Send with ``End="true"``), which reaches the Linux process as EOF.
+process of the command ends. PowerShell commands are played processes of :attr:`WinRMServer.processes`
+(:mod:`tests.winrm_server.processes`): each is in its shell's job, with the job's
+``MaxProcessesPerShell`` (``max_processes_per_shell=``) enforced for what is created inside it; a
+handler creates the processes the script would (``Win32_Process`` Create: outside every job).
+A ``wsl.exe`` command is different: only wsl.exe is a Windows process, so only it ends; the Linux
+processes it started keep running, their stdin still open and their output read by no one (see
+:meth:`Command.end_wsl_exe`). What stops them is the client closing the command's stdin first
+(WinRS Send with ``End="true"``), which reaches the Linux process as EOF.
 
 A default Windows host (``AllowUnencrypted=false``, ``MaxEnvelopeSizekb=500``) is what the server
 plays unless told otherwise: over plain HTTP it answers 401 to Basic and to any SOAP message that is
@@ -48,6 +52,7 @@ from tests import pwsh
 from tests.winrm_server import auth as _auth
 from tests.winrm_server import cmdexe, cmdline, soap
 from tests.winrm_server import powershell as ps
+from tests.winrm_server.processes import ProcessTable, QuotaExceeded, WinProcess
 from tests.winrm_server.tls import TlsFiles, issue_client_certificate, make_tls_files
 
 #: cmd.exe: "the maximum length of the string that you can use at the command prompt is 8191
@@ -106,6 +111,8 @@ class PwshCall:
     file_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)  # shell environment from the Create request
     cwd: str | None = None  # shell WorkingDirectory from the Create request (a Windows path)
+    #: the played powershell.exe running it, in its shell's job (processes.WinProcess)
+    process: WinProcess | None = None
 
     def command(self, name: str) -> pwsh.Command:
         """The first command called ``name`` (case-insensitive) on the tree; AssertionError if none."""
@@ -123,6 +130,7 @@ class FakeFiles(MutableMapping[str, bytes]):
 
     def __init__(self) -> None:
         self._data: dict[str, tuple[str, bytes]] = {}
+        self._mtimes: dict[str, float] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -136,10 +144,24 @@ class FakeFiles(MutableMapping[str, bytes]):
     def __setitem__(self, key: str, value: bytes) -> None:
         with self._lock:
             self._data[self._norm(key)] = (key, bytes(value))
+            self._mtimes[self._norm(key)] = time.time()
 
     def __delitem__(self, key: str) -> None:
         with self._lock:
             del self._data[self._norm(key)]
+            self._mtimes.pop(self._norm(key), None)
+
+    def append(self, key: str, data: bytes) -> None:
+        """Add ``data`` at the end of the file (created when missing), in one step."""
+        with self._lock:
+            name, old = self._data.get(self._norm(key), (key, b""))
+            self._data[self._norm(key)] = (name, old + data)
+            self._mtimes[self._norm(key)] = time.time()
+
+    def mtime(self, key: str) -> float | None:
+        """The file's last write (``time.time()``), None when there is no such file."""
+        with self._lock:
+            return self._mtimes.get(self._norm(key))
 
     def __iter__(self) -> Iterator[str]:
         with self._lock:
@@ -206,6 +228,7 @@ class Command:
         self.killed = False
         self.interrupted = False
         self.wait_for_stdin = False
+        self.process: WinProcess | None = None  # a played powershell.exe (WinRMServer.processes)
 
     def _tamper(self, stream: str, data: bytes) -> bytes:
         start = self.counts[stream]
@@ -229,6 +252,8 @@ class Command:
             if self.exit_code is None:
                 self.exit_code = exit_code
             self.cond.notify_all()
+        if self.process is not None and self.server is not None:
+            self.server.processes.exited(self.process, exit_code)
 
     def start_deferred(self) -> None:
         with self.cond:
@@ -320,6 +345,8 @@ class Command:
             return
         self.killed = True
         self._killpg(signal.SIGKILL)
+        if self.process is not None and self.server is not None:
+            self.server.processes.terminate_tree(self.process)
         with self.cond:
             self.deferred = None
         self.finish(1)
@@ -449,6 +476,7 @@ class WinRMServer:
         wsl: Any = None,
         allow_unencrypted: bool = False,
         max_envelope_kb: int = DEFAULT_MAX_ENVELOPE_KB,
+        max_processes_per_shell: int = 25,
     ) -> None:
         from tests.winrm_server.wsl import WslConfig  # late: wsl imports this module's types
 
@@ -498,6 +526,9 @@ class WinRMServer:
         self._connections: set[socket.socket] = set()
         self._orphans: list[Command] = []  # wsl.exe commands ended while their Linux side ran
         self.instance = uuid.uuid4().hex[:12]
+        #: the played Windows processes, with each shell's job and its MaxProcessesPerShell
+        self.processes = ProcessTable(max_processes_per_shell)
+        self.cut_off = False  # cut_off_clients(): every connection closed as it comes
 
     def client_certificate(self, user: str | None = None) -> Path:
         """A PEM (certificate and key) the server maps to ``user`` (default: its user) for
@@ -518,6 +549,16 @@ class WinRMServer:
             raise ValueError(f"stream must be stdin or stdout, not {stream!r}")
         self.corruption = Corruption(stream, at)
         return self.corruption
+
+    def cut_off_clients(self) -> None:
+        """What a controller that lost its network (or was killed) is to this host: its connections
+        end and no request of it arrives any more. Shells and their commands go on."""
+        with self._lock:
+            self.cut_off = True
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
 
     def refuse(self, reason: str) -> None:
         with self._lock:
@@ -625,6 +666,7 @@ class WinRMServer:
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
+        self.processes.close()
         if self._ntlm is not None:
             self._ntlm.close()
             self._ntlm = None
@@ -689,6 +731,7 @@ class WinRMServer:
                 self._shells.pop(shell.id, None)
             for cmd in shell.commands.values():
                 cmd.kill()
+            self.processes.terminate_job(shell.id)  # the shell's job object is closed
             return soap.delete_response(req)
         if req.action == soap.ACTION_COMMAND:
             return self._command(req, self._shell(req))
@@ -830,6 +873,14 @@ class WinRMServer:
     def _start_powershell(self, cmd: Command, argv: list[str]) -> None:
         encoding = cmd.shell.encoding()
         try:
+            cmd.process = self.processes.create(
+                "powershell.exe", cmd.command_line, parent=None, job=cmd.shell.id
+            )
+        except QuotaExceeded as exc:
+            cmd.emit("stderr", (str(exc) + "\r\n").encode(encoding, "replace"))
+            cmd.finish(ps.QUOTA_EXIT)
+            return
+        try:
             inv = ps.parse_invocation(argv)
         except ps.PowerShellUsageError as exc:
             cmd.emit("stderr", (str(exc) + "\r\n").encode(encoding, "replace"))
@@ -878,6 +929,7 @@ class WinRMServer:
             file_args=inv.file_args,
             env=dict(cmd.shell.env),
             cwd=cmd.shell.cwd,
+            process=cmd.process,
         )
         with self._lock:
             self.calls.append(call)
@@ -1023,6 +1075,9 @@ class _RequestHandler(BaseHTTPRequestHandler):
     sys_version = ""
 
     def setup(self) -> None:
+        if self.winrm.cut_off:
+            self.request.close()  # a controller cut off: nothing of it arrives
+            raise ConnectionAbortedError("cut off")
         if isinstance(self.request, ssl.SSLSocket):
             self.request.settimeout(10)
             self.request.do_handshake()  # here, in the connection's thread (a slow client blocks no one)

@@ -1,0 +1,649 @@
+"""A native Windows node's side of runs, played on the test server: no PowerShell runs here, so what
+the product's run scripts would do on Windows is done by this model, on the server's files
+(:class:`~tests.winrm_server.server.FakeFiles`, with their write times) and its played processes
+(:mod:`tests.winrm_server.processes`: jobs, ``MaxProcessesPerShell``, ``Win32_Process`` Create).
+
+Each script is recognised on its parse tree, and the model takes its values from there: paths,
+offsets, the files the follower and the watchdog use and their timings are read from the scripts
+the product wrote (``follow.ps1``, ``watchdog.ps1``, ``launch.ps1``), not from the product's
+Python constants. Played:
+
+- ``launch.ps1`` (the rendered launch script): its ``$env:`` values, ``Set-Location``,
+  ``$cbArguments`` and ``Start-CbRank`` calls. Each rank is a real Python process on this machine
+  (the uploaded training script, with RANK and LOCAL_RANK), created as a child of the launcher, so
+  in the launcher's job when there is one: over the shell's quota, ``Process.Start`` fails as on
+  Windows and the script's catch ends the run with exit code 1. Rank lines go to node.log with
+  ``[defaultN]:`` (CRLF, as StreamWriter writes them) and to the console when run in the shell.
+  A rank exiting non-zero stops the others (taskkill /T /F); ``pid``, ``ranks``, ``node.log.rc``
+  as the script writes them. A launcher terminated writes nothing more; its ranks run on.
+- a foreground run's first round (``follow.ps1`` and ``watchdog.ps1`` written, then ``& follow.ps1
+  -Offset 0 -Start``) and later rounds: the follower records its identity and touches the
+  heartbeat, creates the watchdog and then the launcher outside the job, and serves node.log in the
+  tail protocol until the launcher ends or its round is over. Killed (its shell deleted, the
+  command terminated), it does nothing more: its ``follower`` file stays.
+- the watchdog (a thread per run, a played process outside the job): the rules of
+  ``watchdog.ps1``; when it stops a run it does what ``Stop-CbRun`` does, and writes
+  ``watchdog.log``.
+- `bootstrap stop` (the stop script) and `launch --detach`'s start.
+
+What this proves is the controller's side against a node that behaves as the scripts say, and that
+the scripts say what the model reads; that Windows runs them so is for a real host
+(docs/windows.md, "What the tests prove").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests import pwsh
+from tests.winrm_server import cmdline
+from tests.winrm_server.processes import QUOTA_MESSAGE, ProcessTable, QuotaExceeded, WinProcess
+from tests.winrm_server.server import Answer, FakeFiles, PwshCall, WinRMServer
+
+HOME = "C:\\Users\\bob"
+#: a block the follower reads at once (the PowerShell producer's)
+BLOCK = 1 << 20
+
+
+def unquote(literal: str) -> str:
+    """A single-quoted PowerShell literal's value (every kind of quote written twice is one)."""
+    assert literal[:1] in "'\u2018\u2019\u201a\u201b", literal
+    return re.sub(r"(['\u2018\u2019\u201a\u201b])\1", r"\1", literal[1:-1])
+
+
+def path_of(word: str) -> str:
+    """A path word of ``PowerShell.path_word`` as the node resolves it (``$HOME``: the profile)."""
+    word = word.strip()
+    if word == "$HOME":
+        return HOME
+    match = re.fullmatch(r"\(\$HOME \+ (.+)\)", word, re.S)
+    if match:
+        return HOME + unquote(match.group(1))
+    return unquote(word)
+
+
+def full_path_of(expression: str) -> str:
+    """``$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath(WORD)``'s path."""
+    prefix = "$ExecutionContext.SessionState.Path.GetUnresolvedProviderPathFromPSPath("
+    assert expression.startswith(prefix) and expression.endswith(")"), expression
+    return path_of(expression[len(prefix) : -1])
+
+
+def assigned(tree: Any) -> dict[str, str]:
+    """``$name = value`` on the tree: the first value of each variable (lower-cased name)."""
+    found: dict[str, str] = {}
+    for node in pwsh.walk(tree.root_node):
+        if node.type == "assignment_expression":
+            left = (node.children[0].text or b"").decode().lower()
+            found.setdefault(left, (node.children[-1].text or b"").decode())
+    return found
+
+
+def written_files(tree: Any) -> list[tuple[str, str]]:
+    """``[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath NAME), TEXT, ...)``: (NAME,
+    TEXT) for each, from their literals."""
+    found = []
+    for node in pwsh.walk(tree.root_node):
+        text = node.text or b""
+        if node.type == "invocation_expression" and text.startswith(b"[System.IO.File]::WriteAllText("):
+            literals = [
+                unquote((n.text or b"").decode())
+                for n in pwsh.walk(node)
+                if n.type == "verbatim_string_characters"
+            ]
+            if len(literals) == 2:
+                found.append((literals[0], literals[1]))
+    return found
+
+
+def number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} is not in the script"
+    return float(match.group(1))
+
+
+@dataclass
+class Run:
+    """What the node holds of one run directory."""
+
+    run_dir: str
+    launcher: WinProcess | None = None
+    ranks: list[WinProcess] = field(default_factory=list)
+    watchdog: WinProcess | None = None
+    code: int | None = None
+
+
+class NativeNode:
+    """Plays a native Windows node on ``server`` (see the module docstring); the transport's file
+    transfers are emulated (tests.integration.test_winrm_transport.Emulator). ``disk``: a real
+    directory standing for the node's disk where rank programs run from."""
+
+    def __init__(self, server: WinRMServer, disk: Path, python: str = sys.executable) -> None:
+        from tests.integration.test_winrm_transport import Emulator
+
+        self.server = server
+        self.files: FakeFiles = server.files
+        self.table: ProcessTable = server.processes
+        self.disk = disk
+        self.python = python
+        self.runs: dict[str, Run] = {}
+        self.calls: dict[str, list[PwshCall]] = {}
+        self.errors: list[str] = []  # what the model found wrong in a script (fails the test)
+        #: run.ps1's job (runs.control.run_outside_job): job.ps1's text -> the argv of the real
+        #: process standing for ``powershell.exe -File job.ps1`` (PowerShell cannot run here)
+        self.jobs: Callable[[str], list[str]] | None = None
+        self._lock = threading.Lock()
+        server.on_powershell = Emulator(server.files, self.answer)
+
+    # -- dispatch -----------------------------------------------------------------------------------
+
+    def kind(self, call: PwshCall) -> str:
+        names = [c.name for c in call.commands]
+        if any(n.endswith("follow.ps1')") for n in names):
+            return "round"
+        if any(n.endswith("launch.ps1')") for n in names):
+            return "launch-in-shell"
+        if "Stop-CbRun" in names and "'@@stop terminated '" in call.script:
+            return "stop"
+        if "Invoke-CimMethod" in names and "@@started" in call.script:
+            return "start"
+        if "Test-Path" in names and "Write-Output" in names:
+            return "say-if-exists"
+        return "other"
+
+    def answer(self, call: PwshCall) -> Answer | None:
+        kind = self.kind(call)
+        with self._lock:
+            self.calls.setdefault(kind, []).append(call)
+        if kind == "round":
+            return self._round(call)
+        if kind == "launch-in-shell":
+            return self._launch_in_shell(call)
+        if kind == "stop":
+            return self._stop(call)
+        if kind == "start":
+            return self._start(call)
+        if kind == "say-if-exists":
+            return self._say_if_exists(call)
+        return None
+
+    def _guard(self, body: Callable[..., None]) -> Callable[..., None]:
+        """A played process's thread: what goes wrong in the model is kept for the test to fail on."""
+
+        def guarded(*args: Any) -> None:
+            try:
+                body(*args)
+            except Exception as exc:
+                self.errors.append(f"{body.__name__}: {exc!r}")
+                raise
+
+        return guarded
+
+    def run(self, run_dir: str) -> Run:
+        with self._lock:
+            return self.runs.setdefault(run_dir.lower(), Run(run_dir))
+
+    def path(self, run_dir: str, name: str) -> str:
+        return f"{run_dir}\\{name}"
+
+    def read(self, path: str) -> str:
+        try:
+            return self.files[path].decode("utf-8-sig")
+        except KeyError:
+            return ""
+
+    def _say_if_exists(self, call: PwshCall) -> Answer | None:
+        """``if (Test-Path -LiteralPath PATH) { Write-Output 'WORD'; exit 0 }`` (PowerShell.say_if_exists):
+        the word when the file is there; else the rest of the script (directories are not played)."""
+        (test,) = [c for c in call.commands if c.name == "Test-Path"]
+        (say,) = [c for c in call.commands if c.name == "Write-Output"]
+        assert test.parameters == ["-literalpath"], test
+        if path_of(test.arguments[0]) in self.files:
+            return Answer(stdout=unquote(say.arguments[0]) + "\n")
+        return None
+
+    # -- the launcher (launch.ps1) --------------------------------------------------------------------
+
+    def start_launcher(
+        self, run: Run, proc: WinProcess, console: Callable[[str, str], None] | None = None
+    ) -> threading.Thread:
+        """launch.ps1 -Log node.log, played in ``proc`` (a process created outside the job by
+        Win32_Process Create, or the WinRS command's own powershell.exe)."""
+        run.launcher = proc
+        thread = threading.Thread(
+            target=self._guard(self._launcher),
+            args=(run, proc, console),
+            name=f"launcher-{proc.pid}",
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def _launcher(self, run: Run, proc: WinProcess, console: Callable[[str, str], None] | None) -> None:
+        table, files = self.table, self.files
+        log = self.path(run.run_dir, "node.log")
+        script = self.read(self.path(run.run_dir, "launch.ps1"))
+        tree = pwsh.assert_parses(script)
+        values = assigned(tree)
+        env = {}
+        for node in pwsh.walk(tree.root_node):
+            if node.type == "assignment_expression":
+                left = (node.children[0].text or b"").decode()
+                right = (node.children[-1].text or b"").decode()
+                if left.startswith("$env:") and right[:1] == "'":
+                    env[left[5:]] = unquote(right)
+        (cd,) = [c for c in pwsh.commands(tree) if c.name == "Set-Location"]
+        code_dir = path_of(cd.arguments[0])
+        argv = cmdline.split("python.exe " + unquote(values["$cbarguments"]))[1:]
+        ranks = [
+            (int(c.arguments[0]), int(c.arguments[1]))
+            for c in pwsh.commands(tree)
+            if c.name == "Start-CbRank"
+        ]
+        here = self.disk / f"p{proc.pid}"
+        here.mkdir(parents=True, exist_ok=True)
+        program = here / Path(argv[0].replace("\\", "/")).name
+        program.write_bytes(self.files[f"{code_dir}\\{argv[0]}"])
+
+        def write(text: str, stderr: bool = False) -> bool:
+            """Write-CbLine: to the console and node.log, only while the launcher lives."""
+            with table.lock:
+                if not proc.alive:
+                    return False
+                files.append(log, (text + "\r\n").encode("utf-8"))
+            if console is not None:
+                console("stderr" if stderr else "stdout", text)
+            return True
+
+        with table.lock:
+            if not proc.alive:
+                return
+            files[self.path(run.run_dir, "pid")] = (proc.identity + "\n").encode()
+        code = 0
+        started: list[tuple[int, WinProcess]] = []
+        pumps: list[threading.Thread] = []
+
+        def pump(stream: Any, prefix: str, stderr: bool) -> None:
+            for raw in iter(stream.readline, b""):
+                if not write(prefix + raw.decode("utf-8", "replace").rstrip("\r\n"), stderr):
+                    break  # the launcher is gone: nobody reads this pipe any more
+            stream.close()
+
+        try:
+            for local, global_rank in ranks:
+                rank_env = {**os.environ, **env, "RANK": str(global_rank), "LOCAL_RANK": str(local)}
+                try:
+                    child = table.create(
+                        "python.exe",
+                        f"python.exe {' '.join(argv)}",
+                        parent=proc,
+                        argv=[self.python, str(program), *argv[1:]],
+                        env=rank_env,
+                        cwd=here,
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                    )
+                except QuotaExceeded:
+                    raise RuntimeError(
+                        f'Exception calling "Start" with "1" argument(s): "{QUOTA_MESSAGE}"'
+                    ) from None
+                run.ranks.append(child)
+                started.append((local, child))
+                with table.lock:
+                    if proc.alive:
+                        files.append(self.path(run.run_dir, "ranks"), (child.identity + "\n").encode())
+                assert child.linux is not None and child.linux.stdout and child.linux.stderr
+                for stream, stderr in ((child.linux.stdout, False), (child.linux.stderr, True)):
+                    t = threading.Thread(
+                        target=pump, args=(stream, f"[default{local}]:", stderr), daemon=True
+                    )
+                    t.start()
+                    pumps.append(t)
+            done: set[int] = set()
+            while proc.alive and len(done) < len(started):
+                for local, child in started:
+                    if child.pid in done or child.alive:
+                        continue
+                    done.add(child.pid)
+                    exit_code = child.exit_code or 0
+                    if exit_code != 0 and code == 0:
+                        code = exit_code
+                        write(
+                            f"local rank {local} exited with code {exit_code}: stopping the other ranks", True
+                        )
+                        for _, other in started:
+                            if other.alive:
+                                table.terminate_tree(other)
+                time.sleep(0.02)
+            for t in pumps:
+                t.join(10)
+        except Exception as exc:  # the script's catch
+            write(f"ERROR: {exc}", True)
+            code = code or 1
+        finally:
+            for _, child in started:  # also on Ctrl-C: no rank outlives the script (when it runs)
+                if child.alive and proc.alive:
+                    table.terminate_tree(child)
+        with table.lock:
+            if not proc.alive:
+                return  # terminated: no exit code written
+            files[log + ".rc"] = f"{code}\n".encode()
+            run.code = code
+        table.exited(proc, code)
+
+    # -- run.ps1: any job run outside the shell's job ---------------------------------------------------
+
+    def start_runner(self, run: Run, proc: WinProcess) -> None:
+        run.launcher = proc
+        threading.Thread(target=self._guard(self._runner), args=(run, proc), daemon=True).start()
+
+    def _runner(self, run: Run, proc: WinProcess) -> None:
+        table, files = self.table, self.files
+        log = self.path(run.run_dir, "node.log")
+        runner = pwsh.assert_parses(self.read(self.path(run.run_dir, "run.ps1")))
+        assert "job.ps1" in (runner.root_node.text or b"").decode()
+        job = self.read(self.path(run.run_dir, "job.ps1"))
+        pwsh.assert_parses(job)
+        assert self.jobs is not None, "a job ran, and the test gave no program for it"
+        with table.lock:
+            if not proc.alive:
+                return
+            files[self.path(run.run_dir, "pid")] = (proc.identity + "\n").encode()
+        child = table.create(
+            "powershell.exe",
+            "powershell.exe -File job.ps1",
+            parent=proc,
+            argv=self.jobs(job),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # both streams into the log, in order
+        )
+        run.ranks.append(child)
+        with table.lock:
+            if proc.alive:
+                files.append(self.path(run.run_dir, "ranks"), (child.identity + "\n").encode())
+        assert child.linux is not None and child.linux.stdout is not None
+        for raw in iter(child.linux.stdout.readline, b""):
+            with table.lock:
+                if not proc.alive:
+                    break
+                files.append(log, raw.rstrip(b"\r\n") + b"\r\n")
+        child.linux.stdout.close()
+        child.ended.wait()
+        with table.lock:
+            if not proc.alive:
+                return
+            run.code = child.exit_code or 0
+            files[log + ".rc"] = f"{run.code}\n".encode()
+        table.exited(proc, run.code)
+
+    # -- Win32_Process Create -------------------------------------------------------------------------
+
+    def create_outside_job(self, command_line: str) -> WinProcess:
+        """``Invoke-CimMethod Win32_Process Create``: the WMI service creates it, in no WinRS job."""
+        return self.table.create("powershell.exe", command_line, parent=None, job=None)
+
+    def _start(self, call: PwshCall) -> Answer:
+        """`launch --detach`'s start: the launcher created outside the job; its pid reported."""
+        run = self.run(full_path_of(assigned(call.tree)["$cbdir"]))
+        proc = self.create_outside_job("powershell.exe -File launch.ps1 -Log node.log")
+        self.start_launcher(run, proc)
+        pid = self.path(run.run_dir, "pid")
+        while not self.read(pid) and proc.alive:
+            time.sleep(0.02)
+        return Answer(stdout=f"@@started {self.read(pid).strip()}\n")
+
+    # -- the old way: launch.ps1 inside the WinRS shell's job -----------------------------------------
+
+    def _launch_in_shell(self, call: PwshCall) -> Answer:
+        (invocation,) = [c for c in call.commands if c.name.endswith("launch.ps1')")]
+        assert invocation.parameters == ["-log"], invocation
+        run = self.run(path_of(invocation.name).rsplit("\\", 1)[0])
+        assert call.process is not None
+        lines: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        answer = Answer()
+        thread = self.start_launcher(run, call.process, lambda stream, text: lines.put((stream, text)))
+
+        def chunks() -> Iterator[bytes]:
+            finished = threading.Thread(target=lambda: (thread.join(), lines.put(None)), daemon=True)
+            finished.start()
+            while (item := lines.get()) is not None:
+                if item[0] == "stdout":
+                    yield (item[1] + "\r\n").encode()
+                else:
+                    answer.console_stderr = str(answer.console_stderr) + item[1] + "\n"
+            answer.exit_code = run.code if run.code is not None else 1
+
+        answer.chunks = chunks()
+        return answer
+
+    # -- the follower's rounds ------------------------------------------------------------------------
+
+    def _round(self, call: PwshCall) -> Answer:
+        for path, text in written_files(call.tree):  # the first round writes follow.ps1, watchdog.ps1
+            run_dir = full_path_of(assigned(call.tree)["$cbdir"])
+            self.files[self.path(run_dir, path)] = b"\xef\xbb\xbf" + text.encode("utf-8")
+        (invocation,) = [c for c in call.commands if c.name.endswith("follow.ps1')")]
+        script_path = path_of(invocation.name)
+        run = self.run(script_path.rsplit("\\", 1)[0])
+        offset = int(invocation.arguments[0])
+        assert invocation.parameters[0] == "-offset", invocation
+        start = "-start" in invocation.parameters
+        assert call.process is not None
+        answer = Answer()
+        answer.chunks = self._follower(run, call.process, offset, start, answer)
+        return answer
+
+    def _follower(
+        self, run: Run, me: WinProcess, offset: int, start: bool, answer: Answer
+    ) -> Iterator[bytes]:
+        table, files, run_dir = self.table, self.files, run.run_dir
+        script = self.read(self.path(run_dir, "follow.ps1"))
+        tree = pwsh.assert_parses(script)
+        values = assigned(tree)
+        beat_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbbeat"])[-1]))
+        follower_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbfollower"])[-1]))
+        round_seconds = number(
+            r"\$cbRound\.Elapsed\.TotalSeconds -ge ([0-9.]+)\) \{ \$cbMore = \$true", script
+        )
+        interval = number(r"Start-Sleep -Milliseconds ([0-9]+)\n  \}\n\} finally", script) / 1000
+        log, rc, pid_file = (self.path(run_dir, n) for n in ("node.log", "node.log.rc", "pid"))
+        last_beat = 0.0
+
+        def alive_write(path: str, data: bytes) -> bool:
+            with table.lock:
+                if not me.alive:
+                    return False
+                files[path] = data
+                return True
+
+        def beat() -> bool:
+            nonlocal last_beat
+            if time.monotonic() - last_beat < 1:
+                return me.alive
+            last_beat = time.monotonic()
+            return alive_write(beat_file, str(time.time_ns() // 100).encode())
+
+        if not alive_write(follower_file, (me.identity + "\n").encode()) or not beat():
+            return
+        if start:
+            run.watchdog = self.create_outside_job("powershell.exe -File watchdog.ps1")
+            threading.Thread(
+                target=self._guard(self._watchdog), args=(run, run.watchdog), daemon=True
+            ).start()
+            script_name = full_path_of(values["$cbscript"]).rsplit("\\", 1)[-1]
+            launcher = self.create_outside_job(f"powershell.exe -File {script_name} -Log node.log")
+            if script_name == "run.ps1":
+                self.start_runner(run, launcher)
+            else:
+                assert script_name == "launch.ps1", script_name
+                self.start_launcher(run, launcher)
+            began = time.monotonic()
+            while not self.read(pid_file):
+                if not me.alive:
+                    return
+                if not launcher.alive or time.monotonic() - began > 60:
+                    answer.console_stderr = f"the launcher (process {launcher.pid}) did not start\n"
+                    answer.exit_code = 5
+                    with table.lock:  # the script's finally
+                        if me.alive:
+                            files.pop(follower_file, None)
+                    return
+                beat()
+                time.sleep(0.05)
+            yield f"@@started {self.read(pid_file).strip()}\r\n".encode()
+        began = time.monotonic()
+        more = False
+        while True:
+            if not beat():
+                return  # killed: nothing more, the follower file stays
+            launcher_line = self.read(pid_file)
+            fin = self.read(rc) != "" or (launcher_line != "" and table.by_identity(launcher_line) is None)
+            data = files.get(log, b"")
+            while len(data) > offset:
+                chunk = data[offset : offset + BLOCK]
+                cut = chunk.rfind(b"\n") + 1
+                if fin and len(chunk) == len(data) - offset:
+                    cut = len(chunk)
+                elif cut == 0:
+                    if len(chunk) < BLOCK:
+                        break
+                    cut = len(chunk)
+                text = chunk[:cut]
+                offset += cut
+                if not text.endswith(b"\n"):
+                    text += b"\n"
+                text = (b"\n" + text).replace(b"\n@@", b"\n@@@")[1:]
+                if not me.alive:
+                    return
+                yield text + b"@@. %d\n" % offset
+            if fin:
+                break
+            if time.monotonic() - began >= round_seconds:
+                more = True
+                break
+            time.sleep(interval)
+        if not me.alive:
+            return
+        if more:
+            yield b"@@more %d\n" % offset
+        else:
+            code = self.read(rc).strip() or "none"
+            yield f"@@end {code} {offset}\n".encode()
+        with table.lock:  # a round that ends by itself: its identity goes
+            if me.alive:
+                files.pop(follower_file, None)
+
+    # -- the watchdog ---------------------------------------------------------------------------------
+
+    def _watchdog(self, run: Run, me: WinProcess) -> None:
+        table, files, run_dir = self.table, self.files, run.run_dir
+        script = self.read(self.path(run_dir, "watchdog.ps1"))
+        tree = pwsh.assert_parses(script)
+        values = assigned(tree)
+        beat_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbbeat"])[-1]))
+        follower_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbfollower"])[-1]))
+        stale = number(r"\} elseif \(\$cbAge -gt ([0-9.]+)\) \{", script)
+        poll = number(r"if \(-not \$cbWhy\) \{ Start-Sleep -Milliseconds ([0-9]+) \}", script) / 1000
+        rc, pid_file = self.path(run_dir, "node.log.rc"), self.path(run_dir, "pid")
+        why = ""
+        seen: float | None = None
+        quiet = time.monotonic()  # since the heartbeat's write time last changed
+        while not why:
+            if not me.alive:
+                return
+            if self.read(rc):
+                table.exited(me, 0)
+                return
+            if self.read(pid_file) and not self.roots(run_dir):
+                table.exited(me, 0)
+                return
+            line = self.read(follower_file)
+            beat_at = files.mtime(beat_file)
+            if beat_at != seen:
+                seen, quiet = beat_at, time.monotonic()
+            age = time.monotonic() - quiet
+            if line.strip() and table.by_identity(line) is None and self.read(follower_file) == line:
+                why = "its follower (the controller's command in the WinRS shell) was stopped"
+            elif age > stale:
+                why = f"no heartbeat from the controller's follower for {int(age)} s"
+            else:
+                time.sleep(poll)
+        with table.lock:
+            if not me.alive:
+                return
+            files[self.path(run_dir, "watchdog.log")] = f"stopping the run: {why}\n".encode()
+        began = time.monotonic()
+        while not self.read(pid_file) and not self.read(rc) and time.monotonic() - began < 60:
+            time.sleep(0.2)
+        if me.alive:
+            self.stop_run(run_dir)
+            table.exited(me, 0)
+
+    # -- stopping -------------------------------------------------------------------------------------
+
+    def roots(self, run_dir: str) -> list[WinProcess]:
+        """Get-CbRoots: the launcher and every rank still running, by the identities recorded."""
+        lines = (
+            self.read(self.path(run_dir, "pid")).splitlines()
+            + self.read(self.path(run_dir, "ranks")).splitlines()
+        )
+        return [p for p in (self.table.by_identity(line) for line in lines) if p is not None]
+
+    def stop_run(self, run_dir: str) -> int:
+        """Stop-CbRun: roots (launcher first) and their descendants terminated; how many."""
+        stopped = 0
+        for root in self.roots(run_dir):
+            stopped += len(self.table.terminate_tree(root))
+        return stopped
+
+    def _stop(self, call: PwshCall) -> Answer:
+        run_dir = full_path_of(assigned(call.tree)["$cbdir"])
+        if not self.roots(run_dir):
+            if self.read(self.path(run_dir, "node.log.rc")):
+                return Answer(
+                    stdout=f"@@stop exited {self.read(self.path(run_dir, 'node.log.rc')).strip()}\n"
+                )
+            if self.read(self.path(run_dir, "pid")):
+                return Answer(stdout="@@stop gone\n")
+            return Answer(stdout="@@stop not-started\n")
+        self.files[self.path(run_dir, "stopped")] = f"{int(time.time())}\n".encode()
+        return Answer(stdout=f"@@stop terminated {self.stop_run(run_dir)} 0\n")
+
+    # -- what a test asks ----------------------------------------------------------------------------
+
+    def processes_of(self, run_dir: str) -> list[WinProcess]:
+        """Every live played process of the run: launcher, ranks (and their real processes), watchdog."""
+        run = self.run(run_dir)
+        mine = [p for p in [run.launcher, run.watchdog, *run.ranks] if p is not None]
+        return [p for p in mine if p.alive or (p.linux is not None and p.linux.poll() is None)]
+
+    def await_gone(self, run_dir: str, seconds: float) -> float:
+        """Wait until no process of the run is left; how long it took (AssertionError past ``seconds``)."""
+        began = time.monotonic()
+        while self.processes_of(run_dir):
+            if time.monotonic() - began > seconds:
+                left = [f"{p.image} {p.pid}" for p in self.processes_of(run_dir)]
+                raise AssertionError(f"still running after {seconds:.0f} s: {left}")
+            time.sleep(0.05)
+        return time.monotonic() - began
+
+
+@contextlib.contextmanager
+def native_node(server: WinRMServer) -> Iterator[NativeNode]:
+    """A NativeNode on ``server`` with a temporary disk."""
+    with tempfile.TemporaryDirectory(prefix="native-node-") as disk:
+        yield NativeNode(server, Path(disk))
