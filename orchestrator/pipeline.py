@@ -89,6 +89,14 @@ def _done(options: PipelineOptions, phase: str, report: PipelineReport) -> bool:
     return True
 
 
+def _root_steps(inventory: Inventory) -> list[str]:
+    """The main pipeline's steps that will run as root on a cluster of 2+ nodes."""
+    cluster = inventory.cluster
+    return [
+        name for name, on in (("firewall", cluster.firewall.manage), ("time sync", cluster.time.manage)) if on
+    ]
+
+
 def wants_code_sync(inventory: Inventory) -> bool:
     """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
     default source is the current directory, which must be a deliberate choice (it may be a home)."""
@@ -114,6 +122,24 @@ def run_pipeline(
         phases.say("error", why)
         return report
 
+    single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
+    as_root = [] if single or options.until == "sync" else _root_steps(inventory)
+    if as_root:
+        # the firewall and time steps run as root and never type a password: a node that cannot
+        # become root stops the pipeline here, before anything (sync included) changed anywhere
+        from orchestrator.steps.preflight.privilege import refused_root, root_access
+
+        refused = refused_root(root_access(session, selected), as_root)
+        if refused:
+            for line in refused:
+                phases.say("error", line)
+            report.skipped.update({name: "a node cannot become root" for name in PHASES})
+            return stop(
+                f"not going on: the {' and '.join(as_root)} step(s) need root on every node (see above); "
+                "nothing was changed",
+                ExitCode.NODES_FAILED,
+            )
+
     env, code_sync = cluster.env.declared, wants_code_sync(inventory)
     from_master = options.sync_from_master and not env  # cluster.env wins: it declares the environment
     if options.sync_from_master and env:
@@ -133,7 +159,6 @@ def run_pipeline(
 
     if _done(options, "sync", report):
         return report
-    single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
     if single or not cluster.firewall.manage:
         report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
     else:

@@ -392,7 +392,13 @@ class SSHTransport(Transport):
             while True:
                 if heartbeat and time.monotonic() >= beat and not chan.exit_status_ready():
                     # the node's watcher stops the command when these stop coming (a lost controller)
-                    chan.sendall(b"\n")
+                    try:
+                        chan.sendall(b"\n")
+                    except OSError:
+                        # the command ended and sshd closed the channel between the check and the
+                        # write ("Socket is closed"): nothing to keep alive; read what is left
+                        if not (chan.closed or chan.exit_status_ready()):
+                            raise
                     beat = time.monotonic() + self.HEARTBEAT
                 while chan.recv_ready():
                     out.feed(chan.recv(65536))

@@ -78,3 +78,25 @@ def test_without_managed_firewall_and_time_it_is_only_a_warning(
     assert "this cluster's pipeline runs neither" in sudo["node2"]["reason"]
     assert "NOPASSWD" in sudo["node2"]["fix"]
     assert {sudo[n]["level"] for n in ("node1", "node3")} == {"ok"}
+
+
+def test_the_pipeline_stops_before_changing_anything_when_a_node_cannot_become_root(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, users: None, tmp_path: Path
+) -> None:
+    """The main pipeline asks first: no code synced, no firewall rule, no chrony configuration on any
+    node, and the line to add is named."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "marker.txt").write_text("never synced\n")
+    dest = f"/tmp/cbt-sudo-gate-{tmp_path.name}"
+    inv = _inventory(cluster, tmp_path / "h.yaml", code={"source": str(project), "dest": dest})
+    run = bootstrap("-i", str(inv), "--json", cwd=tmp_path)
+    assert run.returncode == 1, run
+    doc = json.loads(run.stdout)
+    assert doc["stopped"].startswith("not going on: the firewall and time sync step(s) need root"), doc
+    assert all("exit_code" not in phase for phase in doc["phases"].values()), doc["phases"]
+    assert f"node2: {NO_SUDO} cannot run root commands without a password" in run.stderr
+    assert f"echo '{NO_SUDO} ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/cluster-bootstrap" in run.stderr
+    assert "node1: " not in run.stderr and "node3: " not in run.stderr  # root, passwordless sudo
+    for host in cluster.hosts:  # the sync never ran
+        assert cluster.host_run(host, ["test", "-e", dest]).returncode == 1
