@@ -29,7 +29,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
-from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect, training_python
+from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect
 
 
 @click.command()
@@ -54,19 +54,12 @@ def run_check(
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
     refuse_native_mix(inventory)
-    from orchestrator.steps.preflight import preflight_facts, run_preflight
+    from orchestrator.steps.preflight import check_plan, run_preflight
 
     if settings.dry_run:
-        # the facts round trip; then `date` samples and the reachability probes (listeners, connects)
-        master = inventory.master_node
-        print_plans(
-            settings,
-            inventory,
-            nodes,
-            lambda node, t: [
-                facts_plan(node, t, preflight_facts(node, master), python=training_python(node, inventory))
-            ],
-        )
+        # what check sends, in order: each node's one round trip (clock, facts, root access, workdir
+        # marker, reachability listener), then its connector
+        print_plans(settings, inventory, nodes, lambda node, t: check_plan(node, t, inventory))
         return ExitCode.OK
 
     names = [n.name for n in nodes]

@@ -58,12 +58,12 @@ def certificate_for(what: str) -> str:
 
 def enable_auth(setting: str) -> str:
     """Turn on one authentication scheme of the WinRM service (``Basic``, ``Negotiate``, ``CredSSP``)."""
-    return f'`winrm set winrm/config/service/auth @{{{setting}="true"}}`'
+    return f"`winrm set winrm/config/service/auth '@{{{setting}=\"true\"}}'`"
 
 
 def allow_unencrypted() -> str:
     """Let the WinRM service accept unencrypted messages (what Basic over HTTP needs)."""
-    return '`winrm set winrm/config/service @{AllowUnencrypted="true"}`'
+    return "`winrm set winrm/config/service '@{AllowUnencrypted=\"true\"}'`"
 
 
 def certificate_mapping() -> str:
@@ -105,7 +105,7 @@ def elevation_fix(user: str | None) -> str:
 
 def raise_quota(setting: str, value: int = 50) -> str:
     """Raise one WinRM quota (a key of :data:`QUOTA_SCOPES`)."""
-    return f'`winrm set {QUOTA_SCOPES[setting]} @{{{setting}="{value}"}}`'
+    return f"`winrm set {QUOTA_SCOPES[setting]} '@{{{setting}=\"{value}\"}}'`"
 
 
 def local_account_token_filter() -> str:

@@ -583,7 +583,7 @@ def test_basic_disabled_on_the_server_says_how_to_enable_it() -> None:
             _transport(srv, transport="basic", allow_insecure=True).connect()
     text = str(caught.value)
     assert "basic authentication is disabled" in text and "Negotiate" in text
-    assert 'winrm set winrm/config/service/auth @{Basic="true"}' in text
+    assert "winrm set winrm/config/service/auth '@{Basic=\"true\"}'" in text
 
 
 def test_shell_quota_exceeded_names_the_setting() -> None:
@@ -596,7 +596,7 @@ def test_shell_quota_exceeded_names_the_setting() -> None:
         finally:
             first.close()
     text = str(caught.value)
-    assert "quota" in text and 'winrm set winrm/config/winrs @{MaxShellsPerUser="50"}' in text
+    assert "quota" in text and "winrm set winrm/config/winrs '@{MaxShellsPerUser=\"50\"}'" in text
 
 
 # -- WSL mode: commands inside the distribution (the server runs them for real, as Linux processes) ---

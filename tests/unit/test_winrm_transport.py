@@ -228,7 +228,7 @@ def test_rejected_credentials_and_disabled_schemes() -> None:
     assert isinstance(error, AuthenticationError) and "'bob'" in str(error) and "rejected" in str(error)
     basic = Endpoint("win1", "winbox", 5985, "http", "basic", "bob")
     disabled = auth_rejected(basic, offered=["Negotiate", "Kerberos"])
-    assert 'winrm set winrm/config/service/auth @{Basic="true"}' in str(disabled)
+    assert "winrm set winrm/config/service/auth '@{Basic=\"true\"}'" in str(disabled)
     unencrypted = auth_rejected(basic, offered=["Basic", "Negotiate"])
     assert 'AllowUnencrypted="true"' in str(unencrypted)
     assert (unencrypted.hint or "").startswith("set winrm.scheme: https")  # not "check the password"
@@ -251,9 +251,9 @@ def test_quota_faults_name_the_setting_to_raise() -> None:
         ),
         EP,
     )
-    assert 'winrm set winrm/config/winrs @{MaxShellsPerUser="50"}' in str(shells)
+    assert "winrm set winrm/config/winrs '@{MaxShellsPerUser=\"50\"}'" in str(shells)
     users = explain(_fault(0x803381AB, "The maximum number of concurrent users has been exceeded."), EP)
-    assert 'winrm set winrm/config/winrs @{MaxConcurrentUsers="50"}' in str(users)
+    assert "winrm set winrm/config/winrs '@{MaxConcurrentUsers=\"50\"}'" in str(users)
     denied = explain(_fault(5, "Access is denied."), EP)
     assert isinstance(denied, AuthenticationError) and "Administrators" in str(denied).replace(
         "administrator", "Administrators"
