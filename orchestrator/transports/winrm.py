@@ -12,10 +12,9 @@ shell: Windows ends every process the shell started (the shell's job object). Ca
 between Receive rounds, which last at most :attr:`POLL_SECONDS`.
 
 The job object holds Windows processes only: for a ``wsl.exe`` command Windows ends wsl.exe and
-nothing else, and the Linux processes it started keep running. What stops them is the transport
-itself: before terminating a command whose stdin is still open (a script that stops on end-of-file,
-or a transfer whose data was still being sent), it closes that stdin (a Send with ``End="true"``)
-and gives the command :attr:`WinRMTransport.STOP_GRACE` seconds to end on that end-of-file.
+nothing else, and the Linux processes it started keep running. So before terminating a command whose
+stdin is still open, the transport closes that stdin and gives the command
+:attr:`WinRMTransport.STOP_GRACE` seconds to end on that end-of-file (:mod:`.winrm_command`).
 
 Files go through stdin (WinRS ``Send``) of one command per file rather than one command per chunk:
 a command line holds about 2 KiB of payload after base64 and UTF-16 encoding, a Send envelope about
@@ -33,7 +32,9 @@ writes.
 
 CLIXML decoding lives in :mod:`.clixml`; the diagnosis of endpoints that cannot be used (settings,
 refusals, faults, with the fix) in :mod:`.winrm_diagnose`; lanes, pywinrm's ``Protocol`` and the
-limits of a WinRS command (command line, Send envelope) in :mod:`.winrm_shell`.
+limits of a WinRS command (command line, Send envelope) in :mod:`.winrm_shell`; one started command's
+output, stdin and stopping in :mod:`.winrm_command`. This module keeps the transport: its lanes, and
+each command from its start to its end.
 """
 
 from __future__ import annotations
@@ -44,22 +45,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from winrm.exceptions import (
-    InvalidCredentialsError,
-    WinRMError,
-    WinRMOperationTimeoutError,
-    WinRMTransportError,
-    WSManFaultError,
-)
+from winrm.exceptions import InvalidCredentialsError, WinRMError, WinRMOperationTimeoutError
 from winrm.protocol import Protocol
 
 from orchestrator.errors import CancelledError, ConnectError, UnreachableError
 from orchestrator.platforms import Platform
-from orchestrator.platforms.wsl import WSL_SHELL_ENV, WslOutput, is_wsl_command
+from orchestrator.platforms.wsl import WSL_SHELL_ENV
 from orchestrator.transports import piped
-from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
+from orchestrator.transports.base import Deadline, OnLine, Result, Transport, log
 from orchestrator.transports.clixml import ClixmlDecoder, decode_clixml, unescape_clixml
 from orchestrator.transports.piped import PROGRESS_LOG_BYTES, Payload, Progress, plan_chunks
+from orchestrator.transports.winrm_command import CommandOutput, TooLarge, WinRSCommand
 from orchestrator.transports.winrm_diagnose import (
     Endpoint,
     auth_rejected,
@@ -71,14 +67,12 @@ from orchestrator.transports.winrm_diagnose import (
 )
 from orchestrator.transports.winrm_shell import (
     MAX_ENVELOPE,
-    Crlf,
     Lane,
     fits_command_line,
     line_limit,
     new_protocol,
     send_chunk_size,
     set_read_timeout,
-    utf8_decoder,
 )
 
 if TYPE_CHECKING:
@@ -101,14 +95,6 @@ __all__ = [  # the names other modules (and tests) import from here
 ]
 
 # -- the transport ----------------------------------------------------------------------------------
-
-
-class _TooLarge(Exception):
-    """A Send the host refused as larger than its MaxEnvelopeSizekb (HTTP 413)."""
-
-    def __init__(self, error: WinRMTransportError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class WinRMTransport(Transport):
@@ -399,41 +385,24 @@ class WinRMTransport(Transport):
         script sees a short input, fails its hash check and removes its part file."""
         lane, command_id = self._start(command_line, console_mode_stdin=stdin is None)
         protocol, shell = lane.protocol, lane.shell_id
-        out = LineSplitter("stdout", on_line, keep_lines)
-        err = LineSplitter("stderr", on_line, keep_lines)
-        clixml = ClixmlDecoder() if decode_clixml else None
-        err_text = utf8_decoder()
+        command = WinRSCommand(lane, command_id, self.node_name, self.connect_timeout, self.STOP_TIMEOUT)
+        output = CommandOutput(command_line, on_line, keep_lines, decode_clixml=decode_clixml)
         timed_out = False
         exit_code: int | None = None
         healthy = False
 
-        out_crlf, err_crlf = Crlf(), Crlf()
-        wsl = is_wsl_command(command_line)
-        out_wsl, err_wsl = (WslOutput(), WslOutput()) if wsl else (None, None)
         # our end of the command's stdin: open until the last piece of ``stdin`` was sent; a command
         # that stops on end-of-file (and gets no input) keeps it open until we close it
         stdin_open = stdin is not None or stop_by_eof
         reachable = True  # False once the node stopped answering: nothing more is asked of it
 
-        def feed_out(data: bytes, final: bool = False) -> None:
-            if out_wsl is not None:
-                data = out_wsl(data, final=final)
-            out.feed(out_crlf(data, final=final))
-
-        def feed_err(data: bytes, final: bool = False) -> None:
-            if err_wsl is not None:
-                data = err_wsl(data, final=final)
-            text = err_text.decode(data, final=final)
-            if clixml is not None:
-                text = clixml.feed(text) + (clixml.close() if final else "")
-            if text or final:
-                err.feed(err_crlf(text.encode("utf-8"), final=final))
-
         try:
             if stdin is not None:
                 try:
-                    stdin_open = not self._send_stdin(protocol, shell, command_id, stdin)
-                except _TooLarge as too_large:
+                    stdin_open = not command.send_stdin(
+                        stdin, cancelled=lambda: self._closed, lost=self._lost
+                    )
+                except TooLarge as too_large:
                     if lane.protocol.transport.encryption is not None:
                         self._renew_session(lane)
                         protocol = lane.protocol
@@ -455,9 +424,9 @@ class WinRMTransport(Transport):
                         break
                     raise self._lost(exc, "read output") from None
                 if stdout:
-                    feed_out(stdout)
+                    output.feed_out(stdout)
                 if stderr:
-                    feed_err(stderr)
+                    output.feed_err(stderr)
                 if done:
                     exit_code = code
                     break
@@ -465,7 +434,7 @@ class WinRMTransport(Transport):
                 if stdin_open and stop_by_eof:
                     # ended on its own: what still reads its stdin (the script's watcher) gets the
                     # end-of-file too, since the end of wsl.exe may not close it in the distribution
-                    self._close_stdin(protocol, shell, command_id)
+                    command.close_stdin()
                 try:
                     protocol.cleanup_command(shell, command_id)
                     healthy = True
@@ -476,20 +445,17 @@ class WinRMTransport(Transport):
             raise
         finally:
             if exit_code is None and stdin_open and reachable:
-                self._stop_by_eof(protocol, shell, command_id, feed_out, feed_err)
-            feed_err(b"", final=True)
-            feed_out(b"", final=True)
-            out.close()
-            err.close()
+                command.stop_by_eof(output, self.STOP_GRACE)
+            output.close()
             if not healthy and exit_code is None:
-                self._terminate(lane, command_id)
+                command.terminate()
             self._release(lane, reusable=healthy)
         return Result(
             node=self.node_name,
             command=command_line,
             exit_code=None if timed_out or (self._closed and exit_code is None) else exit_code,
-            stdout=out.text,
-            stderr=err.text,
+            stdout=output.out.text,
+            stderr=output.err.text,
             duration=deadline.elapsed,
             timed_out=timed_out,
         )
@@ -518,82 +484,6 @@ class WinRMTransport(Transport):
         raise UnreachableError(
             f"WinRM on {self.endpoint.where} keeps refusing new commands", node=self.node_name
         )
-
-    def _close_stdin(self, protocol: Protocol, shell: str, command_id: str) -> bool:
-        """Send the command's end-of-file (an empty Send with ``End="true"``); False when refused."""
-        set_read_timeout(protocol, self.connect_timeout, self.STOP_TIMEOUT)
-        try:
-            protocol.send_command_input(shell, command_id, b"", end=True)
-        except Exception as exc:  # the command ended meanwhile, or the host is going away
-            log.debug("%s: closing stdin failed: %s", self.node_name, exc)
-            return False
-        return True
-
-    def _stop_by_eof(
-        self,
-        protocol: Protocol,
-        shell: str,
-        command_id: str,
-        feed_out: Callable[[bytes], None],
-        feed_err: Callable[[bytes], None],
-    ) -> None:
-        """Close the command's stdin and give it :attr:`STOP_GRACE` seconds to end.
-
-        A POSIX script in WSL stops its own process group when its stdin reaches end-of-file (the
-        platform's ``stop_on_hangup``, as over SSH), and a transfer's receiving script ends when its
-        input does. Terminating the command or deleting the shell only ends ``wsl.exe`` on the
-        Windows side and leaves the Linux processes running: this end-of-file is what reaches them."""
-        if not self._close_stdin(protocol, shell, command_id):
-            return
-        grace = Deadline(self.STOP_GRACE)
-        while not grace.expired:
-            protocol.operation_timeout_sec = 1
-            try:
-                stdout, stderr, _code, done = protocol.get_command_output_raw(shell, command_id)
-            except WinRMOperationTimeoutError:
-                continue
-            except Exception as exc:
-                log.debug("%s: reading after end-of-file failed: %s", self.node_name, exc)
-                return
-            if stdout:
-                feed_out(stdout)
-            if stderr:
-                feed_err(stderr)
-            if done:
-                return
-
-    def _send_stdin(self, protocol: Protocol, shell: str, command_id: str, chunks: Iterator[bytes]) -> bool:
-        """Send every chunk, the last one closing stdin; False when sending stopped before that
-        (cancelled: stdin is still open). A command that has already exited (it failed early)
-        refuses more input: stop sending; its output tells why. A request over the host's
-        MaxEnvelopeSizekb (HTTP 413) is an error: the command would wait for that input for ever."""
-        pending = next(chunks, b"")
-        while True:
-            if self._closed:
-                return False
-            following = next(chunks, None)
-            try:
-                protocol.send_command_input(shell, command_id, pending, end=following is None)
-            except (WSManFaultError, WinRMTransportError) as exc:
-                if isinstance(exc, WinRMTransportError) and exc.code == 413:
-                    raise _TooLarge(exc) from None
-                log.debug("%s: stdin refused (the command ended?): %s", self.node_name, exc)
-                return True
-            except Exception as exc:
-                if self._closed:
-                    return False
-                raise self._lost(exc, "send input") from None
-            if following is None:
-                return True
-            pending = following
-
-    def _terminate(self, lane: Lane, command_id: str) -> None:
-        """Signal terminate, then the lane is discarded (its shell deleted) by ``_release``."""
-        set_read_timeout(lane.protocol, self.connect_timeout, self.STOP_TIMEOUT)
-        try:
-            lane.protocol.cleanup_command(lane.shell_id, command_id)
-        except Exception as exc:
-            log.debug("%s: WinRM terminate signal failed: %s", self.node_name, exc)
 
     def _lost(self, exc: BaseException, doing: str) -> ConnectError:
         return lost(exc, self.endpoint, doing)

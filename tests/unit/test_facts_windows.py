@@ -18,13 +18,15 @@ from orchestrator.facts.linux import PythonInfo
 from orchestrator.facts.windows import (
     ModesInfo,
     WindowsInfo,
+    windows_facts,
+    windows_modes,
+)
+from orchestrator.facts.wsl import (
     WslDistro,
     WslInfo,
     decode_wsl_bytes,
     decode_wsl_text,
     parse_wslconfig,
-    windows_facts,
-    windows_modes,
 )
 from orchestrator.inventory.model import Node, WindowsSettings
 from orchestrator.platforms import PowerShell, WslShell
@@ -331,7 +333,7 @@ NATIVE_MODE = WindowsSettings(mode="native")
 
 
 def test_route_script_quotes_the_master_host_and_parses() -> None:
-    from orchestrator.facts.windows import WindowsMasterRoute
+    from orchestrator.facts.windows_network import WindowsMasterRoute
 
     for host in (
         "win-a.lan",
@@ -355,7 +357,7 @@ def test_route_script_quotes_the_master_host_and_parses() -> None:
 
 
 def test_adapter_script_parses_and_reads_both_cmdlets() -> None:
-    from orchestrator.facts.windows import WindowsAdapters
+    from orchestrator.facts.windows_network import WindowsAdapters
 
     tree = pwsh.assert_parses(WindowsAdapters().command(ps))
     assert {"Get-NetAdapter", "Get-NetIPAddress"} <= {c.name for c in pwsh.commands(tree)}
@@ -370,7 +372,7 @@ def test_adapter_script_parses_and_reads_both_cmdlets() -> None:
 
 def test_route_outputs_parse_into_the_linux_route_model() -> None:
     from orchestrator.facts.network import Route
-    from orchestrator.facts.windows import WindowsMasterRoute
+    from orchestrator.facts.windows_network import WindowsMasterRoute
 
     fact = WindowsMasterRoute("win-master.lan")
     lan = fact.parse(ROUTE_LAN, 0)
@@ -392,7 +394,7 @@ def test_route_outputs_parse_into_the_linux_route_model() -> None:
 
 
 def test_adapter_output_parses_names_states_and_usable_addresses() -> None:
-    from orchestrator.facts.windows import WindowsAdapters
+    from orchestrator.facts.windows_network import WindowsAdapters
 
     network = WindowsAdapters().parse(ADAPTERS_WIN11, 0)
     assert [a.name for a in network.adapters] == [

@@ -7,7 +7,9 @@ from typing import Any
 
 from orchestrator.facts.linux import GpuInfo, GpuReport, PythonInfo, RootAccess, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
-from orchestrator.facts.windows import WindowsInfo, WindowsRoute, WslDistro, WslInfo
+from orchestrator.facts.windows import WindowsInfo
+from orchestrator.facts.windows_network import WindowsRoute
+from orchestrator.facts.wsl import WslDistro, WslInfo
 from orchestrator.inventory import Cluster, Node
 from orchestrator.inventory.model import WindowsSettings
 from orchestrator.steps.preflight.checks import (

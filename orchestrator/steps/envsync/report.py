@@ -1,4 +1,5 @@
-"""After a sync: one line per distinct environment, and what differs between them (pure logic).
+"""What a sync reports: each node's environment (:class:`NodeEnv`), then one line per distinct
+environment and what differs between them (pure logic).
 
 Nothing checks torch versions across ranks when a job starts (pytorch#174917): mismatches fail later
 in obscure ways. So a difference is an error of the sync, named package by package.
@@ -8,9 +9,46 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 #: seeded by ``python -m venv`` (its version follows the node's Python patch release), not by the lock
 IGNORED = frozenset({"pip"})
+
+
+@dataclass
+class NodeEnv:
+    """A node's environment after the sync."""
+
+    node: str
+    os: str
+    action: str  # unchanged | installed | updated | rebuilt | planned
+    path: str  # the stable path (as configured; "~" is the node user's home)
+    python_path: str  # the interpreter launch should run
+    python: str  # its version
+    installer: str | None  # what installed the current build (from its stamp)
+    env_id: str | None
+    packages: dict[str, str] = field(default_factory=dict)
+    changes: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    wheels_pushed: int = 0
+    round_trips: int = 1
+    notes: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)  # dry run only
+
+    def public_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "path": self.path,
+            "python_path": self.python_path,
+            "python": self.python,
+            "installer": self.installer,
+            "env_id": self.env_id,
+            "packages": dict(sorted(self.packages.items())),
+            "changes": {k: list(v) for k, v in sorted(self.changes.items())},
+            "wheels_pushed": self.wheels_pushed,
+            "round_trips": self.round_trips,
+            "notes": self.notes,
+            **({"commands": self.commands} if self.commands else {}),
+        }
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
-from orchestrator.facts.windows import WindowsNetwork, windows_network_facts
+from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.platforms import PosixShell
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.node_facts import (

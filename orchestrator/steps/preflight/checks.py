@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import UsageError
 from orchestrator.facts.linux import GpuReport, PythonInfo, RootAccess, TorchInfo
 from orchestrator.facts.network import DiskSpace, InterfaceAddress, Route
-from orchestrator.facts.windows import WindowsInfo, WslInfo, wsl_blocker
+from orchestrator.facts.windows import WindowsInfo, wsl_blocker
+from orchestrator.facts.wsl import WslInfo
 from orchestrator.steps.envsync import master as _master_env  # the fixes name its sync
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 

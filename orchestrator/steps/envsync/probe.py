@@ -1,0 +1,235 @@
+"""Round trip 1 of an environment sync: what a node has, and whether it is done.
+
+:func:`probe_node` runs the probe (``env_probe.py``, one round trip) and parses its report into a
+:class:`Probe`: the node's Python, uv, the managed venv's stamp and installed versions. A node whose
+stamp key matches and whose pinned versions are installed is done (``Probed.env``); any other node
+goes on to the build (orchestrator/steps/envsync/build.py) with what it needs in :class:`Probed`.
+
+The probe also leaves this sync's marker beside the environment; :func:`refuse_shared` reads the
+markers before a build, so that nodes sharing one directory (NFS home, shared disk) are stopped
+before they install anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import CommandFailedError, UsageError
+from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
+from orchestrator.steps.envsync.ops import EnvOps, ops_for
+from orchestrator.steps.envsync.report import NodeEnv
+from orchestrator.steps.envsync.spec import (
+    STAMP_NAME,
+    EnvSpec,
+    drift,
+    env_path,
+    python_matches,
+    stamp_key,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Node
+    from orchestrator.transports import Transport
+
+NOT_FOUND = 127
+
+
+@dataclass
+class Probe:
+    """What the probe round trip reported, parsed."""
+
+    data: dict[str, Any]
+
+    @property
+    def python_version(self) -> str:
+        return str(self.data["python"]["version"])
+
+    @property
+    def python_path(self) -> str:
+        return str(self.data["python"]["executable"])
+
+    @property
+    def platform_key(self) -> str:
+        py = self.data["python"]
+        return f"{py['sysconfig_platform']}-{py['implementation']}-{py['abi']}"
+
+    @property
+    def venv(self) -> dict[str, Any]:
+        venv: dict[str, Any] = self.data["venv"]
+        return venv
+
+    @property
+    def installed(self) -> dict[str, str] | None:
+        packages = self.venv.get("packages")
+        return dict(packages) if isinstance(packages, dict) else None
+
+    @property
+    def stamp(self) -> dict[str, Any]:
+        stamp = self.venv.get("stamp")
+        return stamp if isinstance(stamp, dict) else {}
+
+    def target(self) -> wheelhouse_mod.Target:
+        py = self.data["python"]
+        impl = {"cpython": "cp", "pypy": "pp"}.get(py["implementation"], "cp")
+        return wheelhouse_mod.Target(
+            python=".".join(self.python_version.split(".")[:2]),
+            implementation=impl,
+            abi=py["abi"],
+            platforms=tuple(py["platforms"]),
+        )
+
+
+def probe_args(spec: EnvSpec, path: str, marker: dict[str, str] | None = None) -> dict[str, object]:
+    args: dict[str, object] = {"path": path, "stamp": STAMP_NAME, "wheelhouse": None}
+    if spec.offline:
+        args["wheelhouse"] = path.rstrip("/\\") + ".wheels"
+        args["create_wheelhouse"] = False
+    if marker is not None:
+        args["marker"] = marker
+    return args
+
+
+def _marker(node: Node, path: str, token: str) -> dict[str, str]:
+    """The probe's marker (steps/preflight/shared_fs.py): this node's name and this sync's token, in
+    the directory holding the environment, so that nodes sharing that directory find each other."""
+    from orchestrator.steps.preflight.shared_fs import MARKER_DIR
+
+    return {"dir": env_parent(path), "name": node.name, "token": token, "marker_dir": MARKER_DIR}
+
+
+def env_parent(path: str) -> str:
+    """The directory holding the environment ``path`` (``~`` stays for the node to expand)."""
+    parent = path.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[0]
+    return parent if parent and parent != path.rstrip("/\\") else "."
+
+
+def probe(
+    node: Node, transport: Transport, spec: EnvSpec, ops: EnvOps, marker: dict[str, str] | None = None
+) -> Probe:
+    """The one round trip: parse the node's report or raise a clear error."""
+    interpreter = interpreter_for(node)
+    args = probe_args(spec, env_path(node, spec), marker)
+    result = transport.run(ops.probe(interpreter, args), timeout=120)
+    if result.exit_code == NOT_FOUND:
+        raise CommandFailedError(
+            f"Python interpreter {interpreter!r} not found",
+            node=node.name,
+            hint="install Python 3 on the node, or set python: (path of the interpreter) on the node",
+            result=result,
+        )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if not result.ok or not lines:
+        tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
+        raise CommandFailedError(f"the environment probe failed: {tail}", node=node.name, result=result)
+    return Probe(json.loads(lines[-1]))
+
+
+def _unchanged(spec: EnvSpec, found: Probe, key: str, force: bool) -> bool:
+    installed = found.installed
+    if force or installed is None or found.stamp.get("key") != key:
+        return False
+    return not drift(spec, installed).wrong
+
+
+def _check_node(node: Node, spec: EnvSpec, found: Probe) -> None:
+    if not python_matches(spec.python_wanted, found.python_version):
+        raise CommandFailedError(
+            f"Python {found.python_version} ({found.python_path}), but cluster.env.python wants "
+            f"{spec.python_wanted}",
+            node=node.name,
+            hint=f"install Python {spec.python_wanted} there and set python: (its path) on the node",
+        )
+    state = found.venv.get("state")
+    if state in ("dir", "other"):
+        raise UsageError(
+            f"{found.venv.get('path')} exists and was not made by bootstrap sync (not a symlink to a build)",
+            node=node.name,
+            hint="move it away, or choose another place with cluster.env.path",
+        )
+
+
+class EnvSharedError(CommandFailedError):
+    """Nodes would build their environments in one directory (a shared filesystem)."""
+
+    def __init__(self, message: str, *, node: str, hint: str, shared_with: list[str], directory: str) -> None:
+        super().__init__(message, node=node, hint=hint)
+        self.shared_with = shared_with
+        self.directory = directory
+
+
+@dataclass
+class Probed:
+    """A node after its probe: done (``env``: unchanged), or what its build needs."""
+
+    found: Probe
+    key: str
+    ops: EnvOps
+    path: str
+    env: NodeEnv | None = None  # set when nothing is to be built
+    marker_error: str | None = None
+
+
+def probe_node(
+    node: Node,
+    transport: Transport,
+    spec: EnvSpec,
+    *,
+    force: bool = False,
+    token: str | None = None,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
+) -> Probed:
+    """Round trip 1: what the node has; an unchanged node is done here. ``token``: write this sync's
+    marker beside the environment (the build then looks for other nodes' markers there)."""
+    try:
+        ops = ops_for(transport.platform)
+    except NotImplementedError as exc:
+        raise UsageError(str(exc), node=node.name) from None
+    path = env_path(node, spec)
+    progress("checking the environment", "")
+    marker = _marker(node, path, token) if token is not None else None
+    found = probe(node, transport, spec, ops, marker)
+    _check_node(node, spec, found)
+    key = stamp_key(spec, python_version=found.python_version, platform=found.platform_key)
+    marker_error = (found.data.get("marker") or {}).get("error") if marker is not None else None
+    probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error)
+    if _unchanged(spec, found, key, force):
+        probed.env = NodeEnv(
+            node=node.name,
+            os=node.os,
+            action="unchanged",
+            path=path,
+            python_path=ops.venv_python(path),
+            python=str(found.venv.get("python") or found.python_version),
+            installer=found.stamp.get("installer"),
+            env_id=found.stamp.get("id"),
+            packages=found.installed or {},
+        )
+    return probed
+
+
+def refuse_shared(node: Node, transport: Transport, probed: Probed, tokens: dict[str, str]) -> None:
+    """Before a build: another node of this sync whose marker is beside this environment shares the
+    directory (NFS home, shared disk). Building would delete its builds and it ours: refuse, saying
+    so (the installer's errors would otherwise blame the requirements or the index)."""
+    from orchestrator.steps.preflight.shared_fs import fix_text, read_markers, sharing
+
+    if probed.marker_error:
+        return  # no marker there: nothing to compare (the build reports what is wrong with the path)
+    directory = env_parent(probed.path)
+    seen = read_markers(node, transport, [directory]).get(directory, {})
+    others = sharing(node.name, seen, tokens)
+    if others:
+        where = str((probed.found.data.get("marker") or {}).get("path") or directory)
+        raise EnvSharedError(
+            f"{where} is the same directory on {', '.join(others)} (a shared filesystem: NFS home, "
+            "shared disk): building here would delete their environments and they this one's; "
+            "nothing was installed",
+            node=node.name,
+            hint=fix_text() + ", then run bootstrap sync again",
+            shared_with=others,
+            directory=where,
+        )
