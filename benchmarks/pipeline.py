@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster import NamespaceCluster  # noqa: E402
+from tests.conftest import CHRONY_DIRS  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -86,7 +87,7 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator")], check=True)
     with (
         tempfile.TemporaryDirectory(prefix="cb-pipe-") as tmp_text,
-        NamespaceCluster(max(args.nodes, 3)) as cluster,
+        NamespaceCluster(max(args.nodes, 3), private_dirs=CHRONY_DIRS) as cluster,
     ):
         tmp = Path(tmp_text)
         home = tmp / "home"
@@ -105,6 +106,7 @@ def main() -> int:
         bootstrap = str(BIN / "bootstrap")
         _run(cluster, [bootstrap, "-i", inv, "--until", "check"], env, tmp)  # sets everything up
         one, four, logins_one, logins_four = [], [], [], []
+        each: dict[str, list[float]] = {}
         for _ in range(args.runs):
             before = _logins(cluster, hosts)
             one.append(_run(cluster, [bootstrap, "-i", inv, "--until", "check"], env, tmp))
@@ -112,7 +114,9 @@ def main() -> int:
             before = _logins(cluster, hosts)
             total = 0.0
             for command in (["sync", "--only", "code"], ["firewall"], ["ntp"], ["check"]):
-                total += _run(cluster, [bootstrap, "-i", inv, *command], env, tmp)
+                took = _run(cluster, [bootstrap, "-i", inv, *command], env, tmp)
+                each.setdefault(command[0], []).append(took)
+                total += took
             four.append(total)
             logins_four.append((_logins(cluster, hosts) - before) / len(hosts))
         print(f"\nsetup phases (sync, firewall, ntp, check), nothing to change, {len(hosts)} nodes,", end="")
@@ -126,6 +130,8 @@ def main() -> int:
             f"{min(one):.2f}",
             f"{med(logins_one):g}",
         )
+        for name, times in each.items():
+            _row(f"  `bootstrap {name}` alone", f"{med(times):.2f}", f"{min(times):.2f}", "1")
         _row("4 separate commands", f"{med(four):.2f}", f"{min(four):.2f}", f"{med(logins_four):g}")
         print(f"| speed-up | {statistics.median(four) / statistics.median(one):.1f}x | | |")
         if args.skip_full:
