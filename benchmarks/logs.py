@@ -48,9 +48,10 @@ sys.path.insert(0, str(REPO))
 from orchestrator.cli.ui import LinePrinter, RankedOutput  # noqa: E402
 from orchestrator.logs import RunLog  # noqa: E402
 from orchestrator.platforms import PosixShell  # noqa: E402
-from orchestrator.runs.control import follow_node, start_node  # noqa: E402
+from orchestrator.runs.control import follow_node  # noqa: E402
 from orchestrator.runs.layout import run_dir_for  # noqa: E402
 from orchestrator.runs.posix import PosixRuns  # noqa: E402
+from orchestrator.runs.start import start_node  # noqa: E402
 from orchestrator.steps.launch import rank_capture_file  # noqa: E402
 from orchestrator.transports import SSHOptions  # noqa: E402
 from orchestrator.transports.ssh import SSHTransport  # noqa: E402

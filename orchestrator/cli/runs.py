@@ -31,9 +31,7 @@ from orchestrator.errors import ExitCode
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.logs import RunLog
 from orchestrator.runs.control import (
-    DetachedStart,
     NodeStatus,
-    Started,
     fetch_node,
     fetch_script,
     follow_node,
@@ -47,6 +45,7 @@ from orchestrator.runs.control import (
 from orchestrator.runs.ids import resolve_run
 from orchestrator.runs.layout import RUNS_ROOT
 from orchestrator.runs.ranks import rank_labels
+from orchestrator.runs.start import DetachedStart, Started
 from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
 

@@ -20,7 +20,7 @@ What a producer prints on stdout, given the log, an OFFSET, FOLLOW and LINES:
 - ``@@end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and
   the offset read up to.
 - ``@@more OFFSET`` last instead, only from a producer given a ROUND (the follower of a foreground
-  run on a native Windows node, runs/windows.py): ROUND seconds have passed and the launcher is
+  run on a native Windows node, runs/windows_follow.py): ROUND seconds have passed and the launcher is
   still running; the controller runs the next round from OFFSET. Other markers (``@@started ...``
   of that follower's first round) are kept by the parser, not delivered.
 
@@ -263,7 +263,7 @@ def powershell_tail(
     ``lines``: found by reading back from the end with the same FileStream (a block at a time,
     newlines counted with ``[Array]::LastIndexOf``).
 
-    The follower of a foreground run (runs/windows.py) also gives: ``offset_from``, a PowerShell
+    The follower of a foreground run (runs/windows_follow.py) also gives: ``offset_from``, a PowerShell
     expression for the offset (its script's ``$Offset`` parameter) instead of ``offset``; ``beat``, a
     statement run once per poll (it touches the heartbeat file); ``round_seconds``: after that long,
     with the launcher still running, it ends with ``@@more OFFSET`` instead of ``@@end``.

@@ -31,10 +31,11 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.runs.control import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.layout import STOPPED, STREAMING_ENV, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
-from orchestrator.runs.windows import ROUND_SECONDS, WindowsRuns
+from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
+from orchestrator.runs.windows import WindowsRuns
+from orchestrator.runs.windows_follow import ROUND_SECONDS
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -59,12 +60,8 @@ class LaunchPlan:
     warnings: list[str]
 
 
-def plan(session: Session, inventory: Inventory, run_id: str, *, shares: bool = True) -> LaunchPlan:
-    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node.
-
-    ``shares``: each rank's share of the global batch as ``cluster.train.shares`` says, shipped with
-    the launch (``orchestrator/bench``; ``measured`` runs the throughput probe here first); False for
-    the specs of another program than the training script (validation)."""
+def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
+    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node."""
     master = inventory.master_node
     inspected, facts = gather_node_facts(session, inventory)
     single = len(inventory.nodes) == 1
@@ -98,12 +95,7 @@ def plan(session: Session, inventory: Inventory, run_id: str, *, shares: bool = 
         pythons=pythons,
     )
     warnings.extend(ignored_env_warnings(inventory))
-    launch_plan = LaunchPlan(specs, backend, why, inspected, warnings)
-    if shares:
-        from orchestrator.bench.launch import attach_shares
-
-        attach_shares(session, inventory, launch_plan, run_id)
-    return launch_plan
+    return LaunchPlan(specs, backend, why, inspected, warnings)
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
@@ -283,8 +275,7 @@ def prepare_plan(
             Put(f"{run_dir}/{RANK_CAPTURE}", source=rank_capture_file(), mode=0o600, what="rank capture")
         )
     if spec.shares_json:  # each rank's share of the global batch, and the helper that reads it
-        from orchestrator.bench.launch import shares_helper_file
-        from orchestrator.bench.shares import SHARES_FILE, SHARES_HELPER
+        from orchestrator.bench.shares import SHARES_FILE, SHARES_HELPER, shares_helper_file
 
         helper, shares = shares_helper_file(), spec.shares_json.encode()
         actions.append(Put(f"{run_dir}/{SHARES_HELPER}", source=helper, mode=0o600, what="shares helper"))
@@ -388,7 +379,7 @@ def prepare_windows_node(
 
 def start_detached(session: Session, specs: list[LaunchSpec], *, renderer: Renderer) -> DetachedStart:
     """`launch --detach`: on every node ``prepare_plan`` applied (run directory, launcher, training
-    script), then the launcher started detached; all or nothing (runs.control.start_all)."""
+    script), then the launcher started detached; all or nothing (runs.start.start_all)."""
 
     def prepare(node: Node, transport: Transport, spec: LaunchSpec) -> None:
         apply(prepare_plan(node, transport.platform, spec, renderer=renderer), transport)

@@ -38,9 +38,10 @@ from orchestrator.inventory import PasswordResolver, WinRMSettings, load_invento
 from orchestrator.plans import apply
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
-from orchestrator.runs.control import run_outside_job, stop_node
+from orchestrator.runs.control import stop_node
 from orchestrator.runs.ranks import split_rank
-from orchestrator.runs.windows import ROUND_SECONDS, STALE_SECONDS, WATCH_POLL_MS
+from orchestrator.runs.start import run_outside_job
+from orchestrator.runs.windows_follow import ROUND_SECONDS, STALE_SECONDS, WATCH_POLL_MS
 from orchestrator.session import Session
 from orchestrator.steps.launch import prepare_plan, run_node
 from orchestrator.steps.train import train
@@ -483,7 +484,7 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
 def test_any_heavy_job_runs_outside_the_shells_job_and_reports_its_exit_code(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """runs.control.run_outside_job, what env sync's pip needs: the script runs in a powershell.exe
+    """runs.start.run_outside_job, what env sync's pip needs: the script runs in a powershell.exe
     that run.ps1 starts, both created outside the WinRS job, its lines followed in the tail
     protocol, its exit code returned."""
     program = (

@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from orchestrator.logs import RunLog
-from orchestrator.runs.control import fetch_node, follow_node, start_node, status_node, stop_node
+from orchestrator.runs.control import fetch_node, follow_node, status_node, stop_node
 from orchestrator.runs.layout import RUN_MARKER_ENV, run_dir_for, run_marker
+from orchestrator.runs.start import start_node
 from orchestrator.transports.base import BlockHandler, Stream
 from orchestrator.transports.ssh import SSHTransport
 from tests import netns

@@ -4,8 +4,8 @@ scripts are emulated on its in-memory files (tests.integration.test_winrm_transp
 run scripts (start, status, stop, tail, listing) are recognised on their parse trees and answered as
 the node would print them (CRLF line ends, UTF-8).
 
-What is checked: the controller side (runs/control.py) reads those answers correctly through the
-transport: a detached start uploads launch.ps1 and ``start_node`` reads the launcher's pid,
+What is checked: the controller side (runs/control.py, runs/start.py) reads those answers correctly through
+the transport: a detached start uploads launch.ps1 and ``start_node`` reads the launcher's pid,
 ``status_node`` and ``stop_node`` parse the node's report, ``follow_node`` delivers a log whose
 lines look like protocol markers exactly once across a connection dropped in the middle of a batch
 (resuming at the byte offset the node sent), and ``fetch_node`` copies what the listing names. What
@@ -27,7 +27,8 @@ from orchestrator.inventory import WinRMSettings, load_inventory_text
 from orchestrator.plans import apply
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
-from orchestrator.runs.control import Started, fetch_node, follow_node, start_node, status_node, stop_node
+from orchestrator.runs.control import fetch_node, follow_node, status_node, stop_node
+from orchestrator.runs.start import Started, start_node
 from orchestrator.steps.launch import prepare_plan
 from orchestrator.transports.winrm import WinRMTransport
 from tests.integration.test_winrm_transport import HOME, Emulator, assignments

@@ -27,7 +27,6 @@ from orchestrator.runs.control import (
     follow_node,
     parse_status,
     run_ops,
-    start_node,
     start_script,
     status_node,
     status_script,
@@ -37,6 +36,7 @@ from orchestrator.runs.control import (
 )
 from orchestrator.runs.layout import STREAMING_ENV
 from orchestrator.runs.posix import PosixRuns
+from orchestrator.runs.start import start_node
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import Result
 from tests import pwsh
@@ -594,7 +594,7 @@ def test_later_rounds_are_short_commands_from_an_offset() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_launcher(run_dir: str) -> None:
-    from orchestrator.runs.windows import ROUND_SECONDS
+    from orchestrator.runs.windows_follow import ROUND_SECONDS
 
     script = runs.follower_script(run_dir, f"{run_dir}/node.log")
     tree = pwsh.assert_parses(script)
@@ -655,7 +655,8 @@ def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_la
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_the_watchdog_stops_the_run_when_its_follower_is_killed_or_silent(run_dir: str) -> None:
-    from orchestrator.runs.windows import STALE_SECONDS, START_SECONDS, STOP_RUN, WATCH_POLL_MS
+    from orchestrator.runs.windows import START_SECONDS, STOP_RUN
+    from orchestrator.runs.windows_follow import STALE_SECONDS, WATCH_POLL_MS
 
     script = runs.watchdog_script(run_dir)
     tree = pwsh.assert_parses(script)
@@ -709,7 +710,7 @@ def test_stop_says_stopped_before_it_stops_anything_and_status_reports_it(run_di
 
 
 def test_the_runner_gives_any_job_the_launchers_contract() -> None:
-    from orchestrator.runs.windows import JOB_SCRIPT
+    from orchestrator.runs.windows_follow import JOB_SCRIPT
 
     script = runs.runner_script()
     tree = pwsh.assert_parses(script)
@@ -765,7 +766,7 @@ class Rounds:
 
 
 def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -> None:
-    from orchestrator.runs.control import Followed, follow_windows
+    from orchestrator.runs.start import Followed, follow_windows
 
     lines: list[tuple[str, str]] = []
     followed = Followed("win1", lambda stream, line: lines.append((stream, line)))
@@ -789,7 +790,7 @@ def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -
 
 
 def test_a_follower_that_ends_without_its_markers_is_an_error_and_a_cancel_ends_following() -> None:
-    from orchestrator.runs.control import Followed, follow_windows
+    from orchestrator.runs.start import Followed, follow_windows
 
     followed = Followed("win1", lambda stream, line: None)
     followed.block("stderr", "ERROR: the watchdog could not be started\n")
@@ -809,7 +810,7 @@ def test_a_follower_that_ends_without_its_markers_is_an_error_and_a_cancel_ends_
 
 def test_a_native_foreground_plan_ends_with_the_follower_outside_the_job() -> None:
     from orchestrator.plans import Put, Run
-    from orchestrator.runs.control import FIRST_ROUND_TIMEOUT
+    from orchestrator.runs.start import FIRST_ROUND_TIMEOUT
     from orchestrator.steps.launch import node_plan
 
     inventory = load_inventory_text(
@@ -844,7 +845,7 @@ def test_a_native_foreground_plan_ends_with_the_follower_outside_the_job() -> No
 def test_the_followed_lines_are_split_at_newlines_only() -> None:
     """A line holding a form feed or U+2028 (a progress bar, a pasted text) reaches the handler whole,
     as the transports split lines; a block handler gets the block as it came."""
-    from orchestrator.runs.control import Followed
+    from orchestrator.runs.start import Followed
     from orchestrator.transports.base import BlockHandler
 
     lines: list[str] = []

@@ -141,7 +141,7 @@ class NativeNode:
         self.runs: dict[str, Run] = {}
         self.calls: dict[str, list[PwshCall]] = {}
         self.errors: list[str] = []  # what the model found wrong in a script (fails the test)
-        #: run.ps1's job (runs.control.run_outside_job): job.ps1's text -> the argv of the real
+        #: run.ps1's job (runs.start.run_outside_job): job.ps1's text -> the argv of the real
         #: process standing for ``powershell.exe -File job.ps1`` (PowerShell cannot run here)
         self.jobs: Callable[[str], list[str]] | None = None
         self._lock = threading.Lock()

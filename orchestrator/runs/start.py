@@ -1,0 +1,283 @@
+"""Starting a run: detached on any OS (each node's launcher started to outlive us, all or nothing),
+in the foreground on a native Windows node (the controller's side of the follower's rounds,
+``follow_windows``), and any other heavy job run outside the WinRS shell's job there
+(``run_outside_job``).
+
+What the node runs is asked of its run scripts (``start_script``: runs/control.py; the follower and
+the watchdog: runs/windows_follow.py); a run that has started is followed, inspected, stopped and
+fetched by runs/control.py.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import CommandFailedError, UsageError
+from orchestrator.platforms import PowerShell
+from orchestrator.runs.control import StopResult, start_script, stop_node
+from orchestrator.runs.layout import STREAMING_ENV, node_log, run_dir_for
+from orchestrator.runs.tail import Batches
+from orchestrator.runs.windows import WindowsRuns
+from orchestrator.runs.windows_follow import JOB_SCRIPT, ROUND_SECONDS, RUNNER
+from orchestrator.transports.base import BlockHandler, Result
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import Node
+    from orchestrator.render import LaunchSpec
+    from orchestrator.session import Session
+    from orchestrator.transports import Transport
+    from orchestrator.transports.base import OnLine, Stream
+
+# -- detached start ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Started:
+    pid: int
+    run_dir: str
+    node_log: str
+
+
+def start_node(node: Node, transport: Transport, run_id: str) -> Started:
+    """Start the node's launcher (uploaded into its run directory already) detached: a session of its
+    own on POSIX nodes, a process outside the WinRM shell's job on native Windows nodes (it survives
+    us)."""
+    run_dir = run_dir_for(node, run_id)
+    result = transport.run(
+        start_script(transport.platform, node, run_id),
+        env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
+        timeout=60,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("@@started "):
+            return Started(int(line.split()[1]), run_dir, node_log(run_dir))
+        if line.startswith("@@started-before "):
+            raise CommandFailedError(
+                f"run {run_id} was already started on this node ({run_dir}/pid exists)",
+                node=node.name,
+                hint="pick another --run-id",
+            )
+    raise CommandFailedError(
+        f"the launcher did not start (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+        node=node.name,
+        result=result,
+    )
+
+
+@dataclass
+class DetachedStart:
+    run_id: str
+    outcomes: list[Outcome[Started]]
+    #: where it had started when another node failed to: stopped again (all or nothing)
+    undone: list[Outcome[StopResult]] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Outcome[Started]]:
+        return [o for o in self.outcomes if not o.ok]
+
+
+def start_all(
+    session: Session,
+    specs: Sequence[LaunchSpec],
+    prepare: Callable[[Node, Transport, LaunchSpec], object],
+) -> DetachedStart:
+    """Start every node's launcher detached, all or nothing: when one fails to start, the ones that
+    did are stopped again. ``prepare(node, transport, spec)`` creates the node's run directory and
+    uploads its launcher first (steps.launch.prepare_detached)."""
+    by_name = {s.node.name: s for s in specs}
+    run_id = specs[0].run_id if specs else ""
+
+    def one(node: Node, transport: Transport) -> Started:
+        prepare(node, transport, by_name[node.name])
+        return start_node(node, transport, run_id)
+
+    outcomes = session.map(one, step="start")
+    started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]
+    report = DetachedStart(run_id, outcomes)
+    if report.failed and started:
+        report.undone = session.map(lambda n, t: stop_node(n, t, run_id), step="stop", nodes=started)
+    return report
+
+
+# -- a foreground run on a native Windows node ---------------------------------------------------------
+
+#: how long one follower round may take beyond its own ROUND_SECONDS (a powershell.exe start on a
+#: loaded node, the Receive rounds): past that it is stuck, is stopped, and the watchdog stops the run
+ROUND_MARGIN = 60.0
+#: the first round also starts the watchdog and the launcher (which has 60 s to write its pid file)
+FIRST_ROUND_TIMEOUT = ROUND_SECONDS + ROUND_MARGIN + 60.0
+
+
+class Followed(BlockHandler):
+    """What the follower of a foreground run on a native Windows node prints (runs/windows_follow.py), read
+    here: its stdout is the tail protocol (``Batches``), whose complete lines go on to ``output`` (the
+    node's handler: ``[defaultN]:`` rank labels as in node.log); its stderr (the follower's own
+    errors) goes on as stderr. The last ``keep`` lines of both are kept for a failure's summary."""
+
+    def __init__(self, node: str, output: OnLine, keep: int = 200) -> None:
+        self.output = output
+        self.batches = Batches(node, self._deliver)
+        self.kept: deque[str] = deque(maxlen=keep)
+        self.errors: deque[str] = deque(maxlen=keep)
+
+    def block(self, stream: Stream, text: str) -> None:
+        if stream == "stdout":
+            self.batches.block(stream, text)
+            return
+        self.errors.extend(_lines(text))
+        self._pass("stderr", text)
+
+    def _deliver(self, text: str) -> None:
+        self.kept.extend(_lines(text))
+        self._pass("stdout", text)
+
+    def _pass(self, stream: Stream, text: str) -> None:
+        if isinstance(self.output, BlockHandler):
+            self.output.block(stream, text)
+            return
+        for line in _lines(text):
+            self.output(stream, line)
+
+
+def _lines(text: str) -> list[str]:
+    """Complete lines (``text`` ends with a newline) split at newlines only: a form feed or U+2028
+    inside a line is part of it, as the transports see it."""
+    return text.removesuffix("\n").split("\n")
+
+
+@dataclass
+class ForegroundEnd:
+    """How a foreground run on a native Windows node ended, as the controller saw it."""
+
+    result: Result  # exit_code: the launcher's (None: cancelled, timed out, or ended without one)
+    ended: bool  # the launcher ended (with or without an exit code); False: we stopped following
+    rounds: int
+
+
+def follow_windows(
+    node: Node,
+    transport: Transport,
+    run_dir: str,
+    followed: Followed,
+    first: Result,
+    *,
+    deadline: float | None = None,
+) -> ForegroundEnd:
+    """After the first round of the follower (the foreground plan's last action, its output already
+    fed to ``followed``): further rounds from the offset each one reached, until the launcher has
+    ended. Cancelled (the transport closed: fail fast, Ctrl-C) or timed out: returns at once; the
+    follower was stopped with the WinRS shell, and the node's watchdog stops the run. ``deadline``
+    (``time.monotonic()``): no round is started past it (the result says timed out; the run goes on
+    until the caller stops it).
+
+    A round that ends without ``@@more`` or ``@@end`` is a follower that failed: CommandFailedError
+    (the watchdog stops the run once its heartbeat is old)."""
+    platform = transport.platform
+    assert isinstance(platform, PowerShell), "native Windows nodes only"
+    ops = WindowsRuns(platform)
+    batches = followed.batches
+    result, rounds, duration = first, 1, first.duration
+    while True:
+        if result.exit_code is None:
+            return ForegroundEnd(_summary(followed, result, None, duration), False, rounds)
+        if batches.missing:
+            raise CommandFailedError(f"{run_dir} does not exist on this node", node=node.name)
+        if batches.end() is not None:
+            code = batches.exit_code()
+            return ForegroundEnd(_summary(followed, result, code, duration), True, rounds)
+        if batches.more() is None:
+            said = [*followed.errors, *result.tail(3)][-3:]
+            raise CommandFailedError(
+                f"following the run failed (exit {result.exit_code}): {' | '.join(said)}",
+                node=node.name,
+                hint="the node's watchdog stops the run when the follower's heartbeat is old; "
+                f"see {node_log(run_dir)} there",
+                result=result,
+            )
+        if deadline is not None and time.monotonic() >= deadline:
+            late = Result(result.node, result.command, None, "", "", 0.0, timed_out=True)
+            return ForegroundEnd(_summary(followed, late, None, duration), False, rounds)
+        batches.restart()
+        rounds += 1
+        result = transport.run(
+            ops.follow_round(run_dir, batches.offset),
+            on_line=followed,
+            keep_lines=20,
+            timeout=ROUND_SECONDS + ROUND_MARGIN,
+        )
+        duration += result.duration
+
+
+def run_outside_job(
+    node: Node,
+    transport: Transport,
+    job_dir: str,
+    script: str,
+    *,
+    output: OnLine,
+    timeout: float | None = None,
+    keep: int = 400,
+) -> Result:
+    """Run PowerShell ``script`` on a native Windows node outside the WinRS shell's job, as a
+    foreground run is (runs/windows_follow.py): in ``job_dir`` (made owner-only here; it must not hold a
+    log yet), ``job.ps1`` (``script`` wrapped as every script is) is run by ``run.ps1`` (launch.ps1's
+    contract), started by the follower's first round with its watchdog, and followed in rounds;
+    each line the script prints (stdout and stderr alike, in order) goes to ``output`` as stdout.
+
+    For heavy or long work that the shell's quotas (MaxProcessesPerShell, MaxMemoryPerShellMB) would
+    end: pip installing torch. Returns the script's exit code and its last ``keep`` lines (None and
+    ``timed_out`` past ``timeout``: the job is stopped then). Cancelled (the transport closed): exit
+    code None; the watchdog stops the job on the node."""
+    platform = transport.platform
+    if not isinstance(platform, PowerShell):
+        raise UsageError(f"run_outside_job is for native Windows nodes, not {platform.name}", node=node.name)
+    ops = WindowsRuns(platform)
+    log_path = node_log(job_dir)
+    prepared = transport.run(
+        platform.say_if_exists(log_path, "@@ran-before") + "\n" + platform.mkdir(job_dir, private=True),
+        timeout=60,
+    )
+    if "@@ran-before" in prepared.stdout.splitlines() or not prepared.ok:
+        raise CommandFailedError(
+            f"cannot use {job_dir} for a job: "
+            + ("it holds a job's log already" if prepared.ok else " | ".join(prepared.tail(3))),
+            node=node.name,
+        )
+    with tempfile.TemporaryDirectory(prefix="cb-job-") as tmp:
+        for name, text in ((JOB_SCRIPT, platform.wrap(script)), (RUNNER, ops.runner_script())):
+            local = Path(tmp) / name
+            local.write_bytes(platform.script_file(text))
+            transport.put(local, f"{job_dir}/{name}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    followed = Followed(node.name, output, keep=keep)
+    first = transport.run(
+        ops.foreground(job_dir, log_path, launcher=RUNNER),
+        on_line=followed,
+        keep_lines=20,
+        timeout=FIRST_ROUND_TIMEOUT,
+    )
+    end = follow_windows(node, transport, job_dir, followed, first, deadline=deadline)
+    if end.result.timed_out and not transport.closed:
+        transport.run(ops.stop(job_dir), timeout=60)  # the watchdog would, once the heartbeat is old
+    return end.result
+
+
+def _summary(followed: Followed, last: Result, code: int | None, duration: float) -> Result:
+    """The run as one Result: the launcher's exit code, the lines it printed (the last ones),
+    the follower's own errors."""
+    return Result(
+        node=last.node,
+        command=last.command,
+        exit_code=code,
+        stdout="".join(line + "\n" for line in followed.kept),
+        stderr="".join(line + "\n" for line in followed.errors),
+        duration=duration,
+        timed_out=last.timed_out,
+    )
