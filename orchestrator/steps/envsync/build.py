@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.platforms.powershell import PowerShell
 from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
 from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan
@@ -282,7 +283,17 @@ def build_node(
         if on_line is not None and not line.startswith(STEP_MARK) and not _is_raw_progress(line):
             on_line(node.name, mask_url_credentials(line))
 
-    result = transport.run(ops.build(plan), timeout=3600, on_line=forward, keep_lines=400)
+    if isinstance(transport.platform, PowerShell):
+        # pip installing torch inside the WinRS shell's job would meet its quotas (25 processes,
+        # 1 GB, children included): the build runs outside it, followed like a foreground run
+        from orchestrator.runs.start import run_outside_job
+
+        job_dir = f"{plan.versions_dir}/{plan.build_id}.job"
+        result = run_outside_job(
+            node, transport, job_dir, ops.build(plan), output=forward, timeout=3600, keep=400
+        )
+    else:
+        result = transport.run(ops.build(plan), timeout=3600, on_line=forward, keep_lines=400)
     round_trips += 1
     listing = _installed_from(result.stdout)
     if result.ok and listing is None:
