@@ -39,7 +39,7 @@ REQUIRED_TOPICS = (
     "kill_tree",
     "MaxProcessesPerShell",
     "MaxMemoryPerShellMB",
-    "inside the WinRS shell's job",
+    "outside the WinRS shell's job",
     "composed, not recorded",
 )
 
