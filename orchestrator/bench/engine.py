@@ -32,6 +32,7 @@ class BenchOptions:
     workload: str | None = None  # the user's module:function
     scaling: bool = False
     steps: int = 50  # training steps per scaling run
+    rounds: int = 1  # scaling runs per node set and mode (the median is shown)
     log_every: int = 10
 
 
@@ -141,6 +142,7 @@ def run_bench(
             run_id,
             rates=rates,
             steps=options.steps,
+            rounds=options.rounds,
             log_every=options.log_every,
             renderer=renderer,
             logs=lambda name: RunLog(directory / name),

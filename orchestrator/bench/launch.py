@@ -1,33 +1,28 @@
 """What a launch ships for ``cluster.train.shares``: the helper, ``cb_shares.json``, two variables.
 
-``steps.launch.plan`` calls :func:`attach_shares` once the specs exist: equal or fixed shares are
-written as they are; ``measured`` runs the probe first (:mod:`.probe`) on the same plan, under a run
-id of its own (a run directory belongs to one run). Every spec then carries the file's text
-(``LaunchSpec.shares_json``, uploaded by ``prepare_plan`` beside the rank capture) and the ranks'
-environment names the files (``CB_SHARES_HELPER``, ``CB_SHARES_FILE``; a ``train.env`` value of the
-same name wins).
+The launch (``cli/launch.py``, also the main pipeline's launch phase) calls :func:`attach_shares`
+once ``steps.launch.plan`` made the specs: equal or fixed shares are written as they are; ``measured``
+runs the probe first (:mod:`.probe`) on the same plan, under a run id of its own (a run directory
+belongs to one run). Every spec then carries the file's text (``LaunchSpec.shares_json``, uploaded by
+``steps.launch.prepare_plan`` beside the rank capture) and the ranks' environment names the files
+(``CB_SHARES_HELPER``, ``CB_SHARES_FILE``; a ``train.env`` value of the same name wins). `render`,
+the dry runs and `validate` plan without it. This module sits above ``steps``: it uses the launch
+machinery, which never imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.bench.shares import SharesDoc, SharesError, doc_for_setting, shares_env
 from orchestrator.errors import CommandFailedError, UsageError
-from orchestrator.resources import package_file
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
     from orchestrator.render import LaunchSpec
     from orchestrator.session import Session
     from orchestrator.steps.launch import LaunchPlan
-
-
-def shares_helper_file() -> Path:
-    """The node-side helper, as shipped in the package."""
-    return package_file("bench/cb_shares.py")
 
 
 def probe_run_id(run_id: str) -> str:
@@ -56,6 +51,7 @@ def decide_shares(
     catch it first) and :class:`CommandFailedError` when the probe cannot measure every rank.
     """
     from orchestrator.bench.probe import probe_problems, run_probe
+    from orchestrator.render import Renderer, templates_dir_for
 
     setting = inventory.cluster.train.shares
     nodes = [(s.node.name, s.nproc) for s in launch_plan.specs]
@@ -69,7 +65,8 @@ def decide_shares(
     probing = dataclasses.replace(
         launch_plan, specs=[dataclasses.replace(s, run_id=probe_id) for s in launch_plan.specs]
     )
-    probe = run_probe(session, inventory, probe_id, launch_plan=probing)
+    renderer = Renderer(templates_dir_for(inventory))  # a ranks.sh.j2 of the user's is used, as by validate
+    probe = run_probe(session, inventory, probe_id, launch_plan=probing, renderer=renderer)
     problems = probe_problems(probe)
     if problems:
         raise CommandFailedError(
@@ -79,8 +76,13 @@ def decide_shares(
     return probe.report.shares()
 
 
-def attach_shares(session: Session, inventory: Inventory, launch_plan: LaunchPlan, run_id: str) -> SharesDoc:
-    """Decide the shares and put them into every spec of ``launch_plan`` (see the module docstring)."""
+def attach_shares(
+    session: Session, inventory: Inventory, launch_plan: LaunchPlan, run_id: str
+) -> SharesDoc | None:
+    """Decide the shares and put them into every spec of ``launch_plan`` (see the module docstring).
+    Nothing when a node could not be reached (the launch names it and stops)."""
+    if any(not o.ok for o in launch_plan.inspected):
+        return None
     doc = decide_shares(session, inventory, launch_plan, run_id=run_id)
     launch_plan.specs = with_shares(launch_plan.specs, doc)
     return doc

@@ -227,14 +227,15 @@ def run_probe(
     """Run the probe worker on every rank of the launch plan (``launch_plan``, else planned here).
 
     ``on_line(node, rank, text)`` sees every line that is not a probe record. The workers give up
-    joining after ``timeout`` s; the controller stops everything after ``timeout`` + the repeats'
-    time + 60 s whatever happens.
+    joining after ``timeout`` s (counted from the moment each has imported torch: a slow node may
+    take long to get there); the controller stops everything after twice ``timeout`` + four times
+    the repeats' target time + 120 s, whatever happens.
     """
     from orchestrator.runs.ranks import split_rank
     from orchestrator.steps.launch import plan, run_node
 
     renderer = renderer or Renderer()
-    launch_plan = launch_plan or plan(session, inventory, run_id, shares=False)
+    launch_plan = launch_plan or plan(session, inventory, run_id)
     specs = {
         s.node.name: s
         for s in probe_specs(
@@ -264,6 +265,8 @@ def run_probe(
 
     def line(node: str, text: str) -> None:
         local, rest = split_rank(text)
+        if rest.startswith("[default"):  # native Windows: launch.ps1 prefixes the worker's own prefix
+            _, rest = split_rank(rest)
         rank = None if local is None else specs[node].first_rank + local
         if rest.startswith(_MARK):
             try:
@@ -282,7 +285,7 @@ def run_probe(
         session.close()
 
     worker = package_file("bench/" + WORKER)
-    watchdog = threading.Timer(timeout + repeats * seconds * 4 + 60.0, give_up)
+    watchdog = threading.Timer(2 * timeout + repeats * seconds * 4 + 120.0, give_up)
     watchdog.daemon = True
     watchdog.start()
     try:

@@ -20,7 +20,7 @@ from orchestrator.bench.probe import ProbeReport
 from orchestrator.bench.scaling import MODES, ScalingReport, ScalingRun
 
 COLORS = {"equal": "#4c72b0", "measured": "#dd8452", "ideal": "#555555", "probe": "#55a868"}
-WIDTH, HEIGHT, PAD = 560, 320, 48
+WIDTH, HEIGHT, PAD = 600, 320, 56
 
 
 def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -35,17 +35,22 @@ def _attr(**data: Any) -> str:
     )
 
 
+def _x(value: float, x_max: float) -> float:
+    """Node counts 1..x_max spread over the plot, half a step of margin on both sides."""
+    return PAD + (WIDTH - 2 * PAD) * (value - 0.5) / max(x_max, 1)
+
+
 def _axes(x_max: float, y_max: float, x_label: str, y_label: str, x_ticks: Sequence[float]) -> list[str]:
-    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    inner_h = HEIGHT - 2 * PAD
     parts = [
         f'<line x1="{PAD}" y1="{HEIGHT - PAD}" x2="{WIDTH - PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
         f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{HEIGHT - PAD}" stroke="#333"/>',
         f'<text x="{WIDTH / 2}" y="{HEIGHT - 8}" text-anchor="middle">{escape(x_label)}</text>',
-        f'<text x="14" y="{HEIGHT / 2}" transform="rotate(-90 14 {HEIGHT / 2})" text-anchor="middle">'
+        f'<text x="12" y="{HEIGHT / 2}" transform="rotate(-90 12 {HEIGHT / 2})" text-anchor="middle">'
         f"{escape(y_label)}</text>",
     ]
     for tick in x_ticks:
-        x = PAD + inner_w * tick / x_max if x_max else PAD
+        x = _x(tick, x_max)
         parts.append(f'<text x="{x:.1f}" y="{HEIGHT - PAD + 16}" text-anchor="middle">{tick:g}</text>')
     for i in range(5):
         value = y_max * i / 4
@@ -73,13 +78,15 @@ def speedup_svg(scaling: ScalingReport) -> str:
         if row.probe_bound is not None:
             bound.append((row.nodes, row.probe_bound))
     values = [p[2] for s in series.values() for p in s] + [v for _, v in ideal] + [v for _, v in bound]
+    if base is not None and base.samples_per_s:
+        values += [r.samples_per_s / base.samples_per_s for r in scaling.runs if r.ok and r.samples_per_s]
     y_max = max(values, default=1.0) * 1.1 or 1.0
-    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    inner_h = HEIGHT - 2 * PAD
 
     def xy(nodes: float, value: float) -> tuple[float, float]:
-        return PAD + inner_w * nodes / x_max, HEIGHT - PAD - inner_h * value / y_max
+        return _x(nodes, x_max), HEIGHT - PAD - inner_h * value / y_max
 
-    parts = _axes(x_max, y_max, "nodes", "speed-up (vs the first set, equal shares)", counts)
+    parts = _axes(x_max, y_max, "nodes", "speed-up", counts)
     for name, line, dash in (("ideal", ideal, "6 4"), ("probe", bound, "2 3")):
         if line:
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(n, v) for n, v in line))
@@ -95,7 +102,15 @@ def speedup_svg(scaling: ScalingReport) -> str:
             f'<polyline class="line" data-series="{mode}" points="{path}" fill="none" '
             f'stroke="{COLORS[mode]}" stroke-width="2"/>'
         )
+        base_rate = base.samples_per_s if base is not None else None
         for nodes, ranks, speedup, rate in points:
+            rounds = scaling.round_rates(nodes, mode)
+            for other in rounds if len(rounds) > 1 and base_rate else []:  # every round, faint
+                ox, oy = xy(nodes, other / (base_rate or 1.0))
+                parts.append(
+                    f'<circle class="round" {_attr(series=mode, nodes=nodes, samples_per_s=other)} '
+                    f'cx="{ox:.1f}" cy="{oy:.1f}" r="2" fill="{COLORS[mode]}" fill-opacity="0.35"/>'
+                )
             x, y = xy(nodes, speedup)
             data = _attr(series=mode, nodes=nodes, ranks=ranks, speedup=f"{speedup:.4f}", samples_per_s=rate)
             title = (
@@ -166,12 +181,12 @@ def step_time_svg(scaling: ScalingReport) -> str:
             f'<text x="{label_x:.1f}" y="{HEIGHT - PAD + 16}" text-anchor="middle">'
             f"{rank} ({escape(node)})</text>"
         )
-    for i, mode in enumerate(MODES):
-        y = PAD + 14 * i
-        parts.append(
-            f'<rect x="{WIDTH - PAD - 170}" y="{y - 8}" width="10" height="10" fill="{COLORS[mode]}"/>'
-        )
-        parts.append(f'<text x="{WIDTH - PAD - 154}" y="{y + 1}">{mode} shares: compute (dark) / step</text>')
+    for i, mode in enumerate(MODES):  # the legend, in the margin above the bars
+        x = PAD + 130 * i
+        parts.append(f'<rect x="{x}" y="12" width="10" height="10" fill="{COLORS[mode]}"/>')
+        parts.append(f'<text x="{x + 16}" y="21">{mode} shares</text>')
+    note = "dark: the rank's own compute; light: the whole step"
+    parts.append(f'<text x="{PAD}" y="38">{escape(note)}</text>')
     return _svg("step-time", parts)
 
 
@@ -229,8 +244,10 @@ def scaling_rows(scaling: ScalingReport) -> list[list[str]]:
         cells = [str(row.nodes), str(row.ranks)]
         for mode in MODES:
             rate, speedup, efficiency = row.figures.get(mode, (None, None, None))
+            rounds = scaling.round_rates(row.nodes, mode)
+            spread = f" ({min(rounds):.0f}-{max(rounds):.0f})" if len(rounds) > 1 else ""
             cells += [
-                _fmt(rate, 0),
+                _fmt(rate, 0) + spread,
                 _fmt(speedup, 2, "x"),
                 _fmt(None if efficiency is None else efficiency * 100, 0, " %"),
             ]
@@ -290,9 +307,15 @@ def render_html(
         )
         sections.append(_table(PROBE_HEADER, probe_rows(probe), "probe"))
     sections.append(
-        f"<h2>Scaling</h2><p>{scaling.steps} steps per run; speed-up against the first node set with equal "
-        "shares; efficiency = speed-up / (ranks / its ranks); probe bound = the ranks' summed probe "
-        "speeds against the first set's</p>"
+        f"<h2>Scaling</h2><p>{scaling.steps} steps per run"
+        + (
+            f", {scaling.rounds} rounds per node set and mode (the median run; in brackets the range, faint "
+            "points in the chart)"
+            if scaling.rounds > 1
+            else ""
+        )
+        + "; speed-up against the first node set with equal shares; efficiency = speed-up / (ranks / "
+        "its ranks); probe bound = the ranks' summed probe speeds against the first set's</p>"
     )
     sections.append(_table(SCALING_HEADER, scaling_rows(scaling), "scaling"))
     sections.append(speedup_svg(scaling))

@@ -88,12 +88,24 @@ class ScalingReport:
     runs: list[ScalingRun]
     steps: int
     probe_rates: dict[tuple[str, int], float] = field(default_factory=dict)  # (node, local rank)
+    rounds: int = 1
 
     def run(self, nodes: int, mode: str) -> ScalingRun | None:
-        for run in self.runs:
-            if len(run.nodes) == nodes and run.mode == mode:
-                return run
-        return None
+        """The run the tables show for a node set and mode: with several rounds, the one of median
+        samples/s (the lower middle of an even count); a failed run only when none succeeded."""
+        runs = [r for r in self.runs if len(r.nodes) == nodes and r.mode == mode]
+        good = sorted((r for r in runs if r.ok), key=lambda r: r.samples_per_s or 0.0)
+        if good:
+            return good[(len(good) - 1) // 2]
+        return runs[0] if runs else None
+
+    def round_rates(self, nodes: int, mode: str) -> list[float]:
+        """samples/s of every successful round of a node set and mode, in the order they ran."""
+        return [
+            r.samples_per_s
+            for r in self.runs
+            if len(r.nodes) == nodes and r.mode == mode and r.ok and r.samples_per_s is not None
+        ]
 
     @property
     def ok(self) -> bool:
@@ -139,6 +151,7 @@ class ScalingReport:
         return {
             "ok": self.ok,
             "steps": self.steps,
+            "rounds": self.rounds,
             "runs": [r.public_dict() for r in self.runs],
             "table": [
                 {
@@ -238,21 +251,24 @@ def run_scaling(
     *,
     rates: dict[tuple[str, int], float],
     steps: int,
+    rounds: int = 1,
     log_every: int = 10,
     renderer: Renderer | None = None,
     logs: Callable[[str], RunLog] | None = None,
     on_line: Callable[[str, int | None, str], None] | None = None,
     global_batch: Callable[[int], int] | None = None,
 ) -> ScalingReport:
-    """Every node set, equal then measured shares (``rates``: the probe's samples/s per (node, local
-    rank); empty: equal shares only). ``logs(name)``: where a run's lines are kept; ``global_batch``:
-    the measured shares' reference batch for a world size (the helper rescales it to the script's)."""
+    """Every node set, with equal and with measured shares (``rates``: the probe's samples/s per
+    (node, local rank); empty: equal shares only), ``rounds`` times each, the two modes alternating
+    (equal first in odd rounds, measured first in even ones: a burst of other load does not always
+    hit the same mode). ``logs(name)``: where a run's lines are kept; ``global_batch``: the measured
+    shares' reference batch for a world size (the helper rescales it to the script's)."""
     from orchestrator.render import Renderer
     from orchestrator.session import Session
     from orchestrator.steps.launch import plan
 
     renderer = renderer or Renderer()
-    report = ScalingReport([], steps, dict(rates))
+    report = ScalingReport([], steps, dict(rates), rounds)
     for nodes in node_sets(inventory):
         inv = sub_inventory(inventory, nodes, steps=steps, log_every=log_every)
         # a session of its own: a failed run stops (closes) only this node set's connections
@@ -265,21 +281,20 @@ def run_scaling(
             max_workers=session.executor.max_workers,
         ) as sub:
             base_id = f"{bench_id}-n{len(nodes)}"
-            launch_plan = plan(sub, inv, base_id, shares=False)
+            launch_plan = plan(sub, inv, base_id)
             failed = [o for o in launch_plan.inspected if not o.ok]
             layout = rank_layout([(s.node.name, s.nproc) for s in launch_plan.specs])
             world = len(layout)
             batch = global_batch(world) if global_batch is not None else 64 * world
-            for mode in MODES:
-                run = ScalingRun([n.name for n in nodes], world, mode, f"{base_id}-{mode}")
+            order = [(r, m) for r in range(rounds) for m in (MODES if r % 2 == 0 else MODES[::-1])]
+            for round_index, mode in order:
+                suffix = f"-r{round_index + 1}" if rounds > 1 else ""
+                run = ScalingRun([n.name for n in nodes], world, mode, f"{base_id}-{mode}{suffix}")
+                if mode == "measured" and world == 1:
+                    continue  # one rank: its measured share is the equal one (added below)
                 report.runs.append(run)
                 if failed:
                     run.error = "; ".join(str(o.error) for o in failed)
-                    continue
-                if mode == "measured" and world == 1:
-                    equal = report.run(len(nodes), "equal")
-                    if equal is not None:
-                        report.runs[-1] = dataclasses.replace(equal, mode="measured", same_as="equal")
                     continue
                 if mode == "equal":
                     doc = SharesDoc.equal(world)
@@ -292,13 +307,18 @@ def run_scaling(
                 doc.ranks = layout
                 run.shares = doc.for_batch(batch)
                 run.global_batch = sum(run.shares)
-                log = logs(f"n{len(nodes)}-{mode}") if logs is not None else None
+                log = logs(f"n{len(nodes)}-{mode}{suffix}") if logs is not None else None
                 try:
                     records = train_once(sub, launch_plan.specs, doc, run, renderer, log, on_line)
                 finally:
                     if log is not None:
                         log.close()
                 read_metrics(run, records, {r["rank"]: r["node"] for r in layout})
+            if world == 1:  # the same runs stand for measured shares
+                for run in [
+                    r for r in report.runs if r.nodes == [n.name for n in nodes] and r.mode == "equal"
+                ]:
+                    report.runs.append(dataclasses.replace(run, mode="measured", same_as="equal"))
     return report
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from orchestrator.bench.cb_shares import (
@@ -23,6 +24,7 @@ from orchestrator.bench.cb_shares import (
     loss_scale,
     split_batch,
 )
+from orchestrator.resources import package_file
 
 __all__ = [
     "FILE_ENV",
@@ -41,6 +43,11 @@ __all__ = [
 #: the names the files get in each node's run directory
 SHARES_HELPER = "cb_shares.py"
 SHARES_FILE = "cb_shares.json"
+
+
+def shares_helper_file() -> Path:
+    """The node-side helper, as shipped in the package."""
+    return package_file("bench/cb_shares.py")
 
 
 def fixed_weights(values: Sequence[int], nprocs: Sequence[int]) -> list[int]:

@@ -75,6 +75,13 @@ def _callable(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="--scaling: training steps per run (the script gets --max-steps).",
 )
 @click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="--scaling: runs per node set and shares mode, alternating; the tables show the median.",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=1),
     default=60.0,
@@ -90,6 +97,7 @@ def bench(
     workload: str | None,
     scaling: bool,
     steps: int,
+    rounds: int,
     timeout: float,
     templates_dir: Path | None,
 ) -> None:
@@ -113,6 +121,7 @@ def bench(
         workload=workload,
         scaling=scaling,
         steps=steps,
+        rounds=rounds,
     )
     ctx.exit(int(run_bench_command(settings, inventory, options, templates_dir=templates_dir)))
 
@@ -212,7 +221,8 @@ def show(settings: Settings, report: BenchReport) -> None:
         ui.error(problem)
     scaling = report.scaling
     if scaling is not None:
-        table = Table(title=Text(f"scaling, {scaling.steps} steps per run"), title_justify="left")
+        rounds = f", median of {scaling.rounds} rounds (range)" if scaling.rounds > 1 else ""
+        table = Table(title=Text(f"scaling, {scaling.steps} steps per run{rounds}"), title_justify="left")
         for column in SCALING_HEADER:
             table.add_column(column, justify="right")
         for cells in scaling_rows(scaling):

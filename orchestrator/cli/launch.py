@@ -74,7 +74,7 @@ def render(
         session = open_session(settings, inventory, all_nodes)
         with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
             session.executor.on_event = on_event
-            launch_plan = plan(session, inventory, run_id, shares=False)  # no probe; --out runs by hand
+            launch_plan = plan(session, inventory, run_id)
         failed = [o for o in launch_plan.inspected if not o.ok]
         if failed:
             fail_lines(ui, failed)
@@ -151,6 +151,7 @@ def run_launch(
 ) -> ExitCode:
     """The launch phase (also the main pipeline's last step); its exit code. ``session``: the
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
+    from orchestrator.bench.launch import attach_shares
     from orchestrator.cli.ui import RankedOutput
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.steps.launch import failure_tail, plan, root_cause
@@ -176,6 +177,7 @@ def run_launch(
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
             launch_plan = plan(session, inventory, run_id)
+            attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
         session.executor.on_event = None
         unreachable = [o for o in launch_plan.inspected if not o.ok]
         if unreachable:

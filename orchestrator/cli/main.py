@@ -142,7 +142,18 @@ def main() -> None:
 
 def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
-    from orchestrator.cli import check, firewall, launch, remote, runs, sync, teardown, timesync, validate
+    from orchestrator.cli import (
+        bench,
+        check,
+        firewall,
+        launch,
+        remote,
+        runs,
+        sync,
+        teardown,
+        timesync,
+        validate,
+    )
 
     for command in (
         check.check,
@@ -153,6 +164,7 @@ def _register() -> None:
         launch.render,
         launch.launch,
         validate.validate,
+        bench.bench,
         sync.sync,
         firewall.firewall,
         timesync.ntp,

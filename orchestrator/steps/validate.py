@@ -207,7 +207,7 @@ def validate(
     ``timeout`` + 60 s after the start whatever happens (a rank stuck inside a collective).
     """
     renderer = renderer or Renderer()
-    launch_plan = launch_plan or plan(session, inventory, run_id, shares=False)
+    launch_plan = launch_plan or plan(session, inventory, run_id)
     worker = package_file("steps/probes/" + WORKER)
     specs = {spec.node.name: spec for spec in validation_specs(launch_plan.specs, timeout, sizes)}
     ranks: dict[int, str] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from orchestrator.bench.cb_shares import metric_line, parse_metric
 from orchestrator.bench.probe import ProbeReport, RankSpeed
-from orchestrator.bench.report import render_html
+from orchestrator.bench.report import render_html, scaling_rows
 from orchestrator.bench.scaling import (
     RankFigures,
     ScalingReport,
@@ -257,3 +258,27 @@ def test_the_shares_setting_per_rank_per_node_or_by_name() -> None:
 def test_per_rank_shares_need_a_static_rendezvous() -> None:
     with pytest.raises(InventoryError, match="elastic: true assigns the ranks anew"):
         load_inventory_text(INVENTORY.format(extra=", shares: measured, elastic: true"), "lab.yaml")
+
+
+def test_with_several_rounds_the_tables_show_the_median_run_and_the_page_every_round() -> None:
+    scaling = _scaling()
+    scaling.rounds = 3
+    second = next(r for r in scaling.runs if len(r.nodes) == 2 and r.mode == "measured")
+    for rate in (1200.0, 2400.0):  # rounds 2 and 3 of the same set and mode
+        scaling.runs.append(dataclasses.replace(second, samples_per_s=rate, run_id=f"x{rate}"))
+    failed = dataclasses.replace(second, samples_per_s=None, error="node2 failed", run_id="bad")
+    scaling.runs.append(failed)  # a failed round is never the one shown
+    chosen = scaling.run(2, "measured")
+    assert chosen is not None and chosen.samples_per_s == 1500.0
+    assert scaling.round_rates(2, "measured") == [1500.0, 1200.0, 2400.0]
+    (row,) = [r for r in scaling_rows(scaling) if r[0] == "2"]
+    assert row[5] == "1500 (1200-2400)" and row[2] == "800"
+    page = _Page()
+    page.feed(render_html(title="t", probe=None, scaling=scaling, data={}))
+    faint = sorted(
+        float(a["data-samples-per-s"] or 0)
+        for tag, a in page.elements
+        if tag == "circle" and a.get("class") == "round"
+    )
+    assert faint == [1200.0, 1500.0, 2400.0]
+    assert not scaling.ok  # the failed round is reported
