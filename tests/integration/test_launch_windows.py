@@ -456,7 +456,9 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
     """MaxProcessesPerShell 3 (the default is 25): a launch of 4 ranks runs, since only the follower
     is in the shell's job; launch.ps1 run inside the shell, as `launch` did before issue 18, has its
     third rank refused by the quota."""
-    plan_ranks(monkeypatch, {rank: {"lines": [f"rank {rank} ran"]} for rank in range(4)})
+    # each rank lives 3 s after its line: all four are alive at once, so the quota counts them all
+    # (ranks that ended before the next one started would never reach it: a race, not a quota)
+    plan_ranks(monkeypatch, {rank: {"lines": [f"rank {rank} ran"], "every": 3} for rank in range(4)})
     with WinRMServer(auth="ntlm", username="bob", password="pw", max_processes_per_shell=3) as server:
         with native_node(server) as node:
             lines = Lines()
