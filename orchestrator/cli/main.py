@@ -142,37 +142,35 @@ def main() -> None:
 
 def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
-    from orchestrator.cli import (
-        bench,
-        check,
-        firewall,
-        launch,
-        remote,
-        runs,
-        sync,
-        teardown,
-        timesync,
-        validate,
-    )
+    from orchestrator.cli.bench import bench
+    from orchestrator.cli.check import check, facts, show_inventory
+    from orchestrator.cli.firewall import firewall
+    from orchestrator.cli.launch import launch, render
+    from orchestrator.cli.remote import keys, run
+    from orchestrator.cli.runs import fetch, logs, status, stop
+    from orchestrator.cli.sync import sync
+    from orchestrator.cli.teardown import teardown
+    from orchestrator.cli.timesync import ntp
+    from orchestrator.cli.validate import validate
 
     for command in (
-        check.check,
-        check.facts,
-        check.show_inventory,
-        remote.run,
-        remote.keys,
-        launch.render,
-        launch.launch,
-        validate.validate,
-        bench.bench,
-        sync.sync,
-        firewall.firewall,
-        timesync.ntp,
-        runs.logs,
-        runs.status,
-        runs.stop,
-        runs.fetch,
-        teardown.teardown,
+        check,
+        facts,
+        show_inventory,
+        run,
+        keys,
+        render,
+        launch,
+        validate,
+        bench,
+        sync,
+        firewall,
+        ntp,
+        logs,
+        status,
+        stop,
+        fetch,
+        teardown,
     ):
         cli.add_command(command)
 

@@ -7,7 +7,7 @@ import shlex
 import uuid
 from collections.abc import Mapping, Sequence
 
-from orchestrator.platforms import transfer
+import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).

@@ -29,7 +29,7 @@ import base64
 import re
 from collections.abc import Mapping, Sequence
 
-from orchestrator.platforms import transfer
+import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the

@@ -28,6 +28,7 @@ from typing import Any
 import paramiko
 from fabric import Config, Connection
 
+import orchestrator.transports.piped as piped
 from orchestrator.errors import (
     AuthenticationError,
     CancelledError,
@@ -37,7 +38,6 @@ from orchestrator.errors import (
     UnreachableError,
 )
 from orchestrator.platforms import Platform
-from orchestrator.transports import piped
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport, log
 from orchestrator.transports.known_hosts import (
     KnownHosts,

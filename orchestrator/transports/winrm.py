@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING
 from winrm.exceptions import InvalidCredentialsError, WinRMError, WinRMOperationTimeoutError
 from winrm.protocol import Protocol
 
+import orchestrator.transports.piped as piped
 from orchestrator.errors import CancelledError, ConnectError, UnreachableError
 from orchestrator.platforms import Platform
 from orchestrator.platforms.wsl import WSL_SHELL_ENV
-from orchestrator.transports import piped
 from orchestrator.transports.base import Deadline, OnLine, Result, Transport, log
 from orchestrator.transports.clixml import ClixmlDecoder, decode_clixml, unescape_clixml
 from orchestrator.transports.piped import PROGRESS_LOG_BYTES, Payload, Progress, plan_chunks

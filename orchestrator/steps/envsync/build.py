@@ -18,11 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orchestrator.steps.envsync.wheelhouse as wheelhouse_mod
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.redact import mask_url_credentials
-from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
 from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan
 from orchestrator.steps.envsync.probe import Probe, Probed
 from orchestrator.steps.envsync.progress import STEP_MARK, InstallProgress, human_size

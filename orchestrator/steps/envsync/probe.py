@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orchestrator.steps.envsync.wheelhouse as wheelhouse_mod
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
-from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
 from orchestrator.steps.envsync.ops import EnvOps, ops_for
 from orchestrator.steps.envsync.report import NodeEnv
 from orchestrator.steps.envsync.spec import (

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.platforms.windows_admin import not_elevated_error
 from orchestrator.steps.preflight import sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.root import run_as_root
-from orchestrator.steps.timesync import chrony
 from orchestrator.steps.timesync.chrony.config import ChronyRole
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.report import NodeTime
@@ -297,7 +297,7 @@ def _run_powershell(node: Node, transport: Transport, script: str, timeout: floa
 
 def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
     """w32time pointed at the sources, then its offset from the first one measured (stripchart)."""
-    from orchestrator.steps.timesync import windows as win
+    import orchestrator.steps.timesync.windows as win
 
     ran = _run_powershell(node, transport, value.script, 180)
     if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
@@ -349,7 +349,7 @@ def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
 
 def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
     """w32time's peers, type and service state put back from what the first configure saved."""
-    from orchestrator.steps.timesync import windows as win
+    import orchestrator.steps.timesync.windows as win
 
     out = NodeTime(node.name, daemon="w32time")
     script = win.restore_script()
