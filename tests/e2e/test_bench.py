@@ -247,14 +247,14 @@ def test_a_slow_host_is_measured_and_measured_shares_train_faster_with_the_same_
         assert all(r["device"].startswith("CPU ") for r in doc["probe"]["ranks"]), doc["probe"]["ranks"]
         shares = doc["shares"]["shares"]
         assert sum(shares) == 3 * 64 and shares[2] == min(shares) and min(shares) >= 1, shares
-        human = _bench(cluster, trusted_home, "-i", str(inv), "bench", "--repeats", "3", cwd=tmp_path)
+        human = _bench(cluster, trusted_home, "-i", str(inv), "bench", "--repeats", "2", cwd=tmp_path)
         assert human.returncode == 0, str(human)
         assert "slowest: rank 2 on node3" in human.stderr, human.stderr
         print(human.stdout)  # the table, for the report (pytest -s)
 
         # 2. the scaling report: a table and its page, every point measured
         scaled = _bench(
-            cluster, trusted_home, "-i", str(inv), "bench", "--scaling", "--steps", "20", "--repeats", "3",
+            cluster, trusted_home, "-i", str(inv), "bench", "--scaling", "--steps", "10", "--repeats", "1",
             cwd=tmp_path,
         )  # fmt: skip
         assert scaled.returncode == 0, str(scaled)
