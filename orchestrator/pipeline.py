@@ -126,10 +126,15 @@ def run_pipeline(
     as_root = [] if single or options.until == "sync" else _root_steps(inventory)
     if as_root:
         # the firewall and time steps run as root and never type a password: a node that cannot
-        # become root stops the pipeline here, before anything (sync included) changed anywhere
-        from orchestrator.steps.preflight.privilege import refused_root, root_access
+        # become root stops the pipeline here, before anything (sync included) changed anywhere. The
+        # same round trip reads what those steps read first (steps/setup_read.py): on every Linux node,
+        # since the firewall and time steps read the unselected ones too (their peers' addresses)
+        from orchestrator.steps.preflight.privilege import refused_root
+        from orchestrator.steps.setup_read import read_setup
 
-        refused = refused_root(root_access(session, selected), as_root)
+        chosen = {n.name for n in selected}
+        access = read_setup(session, inventory, list(session.nodes))
+        refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
         if refused:
             for line in refused:
                 phases.say("error", line)

@@ -73,11 +73,18 @@ class Session:
                 self._memo[slot] = value
             return value
 
-    def forget(self, node: str | None = None) -> None:
-        """Drop remembered values (of one node): after a step changed what they describe."""
+    def forget(self, node: str | None = None, *keys: str) -> None:
+        """Drop remembered values (of one node; only ``keys`` when given): after a step changed what
+        they describe."""
         with self._lock:
-            for slot in [s for s in self._memo if node is None or s[0] == node]:
-                del self._memo[slot]
+            for slot in list(self._memo):
+                if (node is None or slot[0] == node) and (not keys or slot[1] in keys):
+                    del self._memo[slot]
+
+    def seed(self, node: str, key: str, value: object) -> None:
+        """Remember ``value`` for ``node`` as if ``remember`` had computed it (a round trip that read
+        several steps' answers at once hands each its own; kept if already remembered)."""
+        self.remember(node, key, lambda: value)
 
     def map(
         self,

@@ -60,3 +60,32 @@ def test_the_whole_pipeline_logs_in_to_each_node_once(
         before,
         after,
     )
+
+
+def test_with_nothing_to_change_the_firewall_and_time_steps_read_in_the_first_round_trip(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """A second `bootstrap --until check` finds everything in place. The firewall detection and the
+    chrony probe travelled in the pipeline's first round trip with the root check (steps/setup_read.py),
+    and chronyd already followed the master: neither step sends a command of its own, and nothing at
+    all runs as root after that first command (no read, no change, no wait)."""
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    inventory = write_inventory(tmp_path / "hosts.yaml", nodes, name="again", master="node1", backend="gloo")
+    first = bootstrap("-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
+    assert first.returncode == 0, first
+    again = bootstrap("-v", "-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
+    assert again.returncode == 0, again
+    runs = [
+        line for line in again.stderr.splitlines() if "orchestrator.transports" in line and ": run " in line
+    ]
+    assert runs, again.stderr  # -v logs every command
+    assert [line for line in runs if line.endswith("(as root)")] == []
+    for host in cluster.hosts:  # the time table: every node unchanged, following its source
+        row = next(
+            line
+            for line in again.stdout.splitlines()
+            if line.startswith(f"│ {host.name} ") and "chrony" in line
+        )
+        assert "unchanged" in row and ("local clock" in row or cluster.hosts[0].addr in row), row

@@ -293,3 +293,23 @@ def test_listeners_are_stopped_when_the_master_never_answers() -> None:
     for name in ("n2", "n3"):
         assert report.verdicts[name]["reachability"].reason.startswith("not checked: the master n1")
         assert session.fakes[name].commands[-1].startswith("kill -TERM 4242")
+
+
+def test_a_step_forgets_only_what_it_changed() -> None:
+    """The firewall step forgets a node's firewall reading after changing it, not that node's
+    facts nor another step's reading; a seeded answer is what the step then reads."""
+    inventory = load_inventory_text(INVENTORY, "hosts.yaml")
+    session = FakeSession(inventory)
+    asked: list[str] = []
+
+    def compute(what: str) -> Callable[[], str]:
+        return lambda: asked.append(what) or f"{what} read"
+
+    session.seed("n1", "firewall.detection", "from the first round trip")
+    session.seed("n1", "firewall.detection", "a second seed changes nothing")
+    assert session.remember("n1", "firewall.detection", compute("fw")) == "from the first round trip"
+    session.remember("n1", "timesync.probe", compute("chrony"))
+    session.forget("n1", "firewall.detection")
+    assert session.remember("n1", "firewall.detection", compute("fw")) == "fw read"
+    assert session.remember("n1", "timesync.probe", compute("chrony")) == "chrony read"
+    assert asked == ["chrony", "fw"]

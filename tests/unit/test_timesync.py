@@ -601,3 +601,51 @@ def test_windows_workers_are_allowed_by_the_serving_master() -> None:
     assert set(problems) == {"pc3"} and "nowhere.lan" in problems["pc3"] and "IP address" in problems["pc3"]
     addresses = _Addresses("10.0.0.1", {"w1": "10.0.0.2", **allowed}, problems=problems)
     assert roles(inv, addresses)["m"].allow == ("10.0.0.2", "10.0.0.7", "10.0.0.8")
+
+
+# -- no wait where nothing changed -------------------------------------------------------------------
+
+_TRACKING_NORMAL = "7F7F0101,,10,0,0,0,0,0,0,0,0,0,0.0,Normal\n"
+
+
+def _running(sources: str = "", tracking: str = "") -> c.Probe:
+    return c.Probe(chronyd="/usr/sbin/chronyd", running_pid=42, sources_csv=sources, tracking_csv=tracking)
+
+
+@pytest.mark.parametrize(
+    ("state", "sources", "settles"),
+    [
+        ("unchanged", "^,*,10.0.0.1,10,6,377,1,0.000020,0,0.00003\n", True),
+        ("unchanged", "^,*,10.0.0.1,10,6,377,1,-0.250,0,0.00003\n", False),  # 250 ms off: wait
+        ("unchanged", "^,?,10.0.0.1,0,6,0,-,0,0,0\n", False),  # nothing selected yet
+        ("changed", "^,*,10.0.0.1,10,6,377,1,0.000020,0,0.00003\n", False),  # restarted: wait
+    ],
+)
+def test_a_worker_with_nothing_changed_is_not_awaited_when_it_already_follows(
+    state: str, sources: str, settles: bool
+) -> None:
+    """`ntp` with nothing to change sends no wait: what chronyd said when it was probed is the wait's
+    own condition, and what it follows is recorded as the wait would have."""
+    from orchestrator.steps.timesync.apply import settled
+
+    value = NodeTime("w1", state=state)
+    role = c.ChronyRole(("10.0.0.1",), prefer_first=True)
+    assert settled(value, _running(sources), role, 100) is settles
+    if settles:
+        assert (value.selected, value.chrony_offset_ms) == ("10.0.0.1", 0.02)
+
+
+def test_a_master_serving_its_own_clock_settles_on_a_normal_leap_status() -> None:
+    from orchestrator.steps.timesync.apply import settled
+
+    role = c.ChronyRole((), serve=True, allow=("10.0.0.2",))
+    unsynced = "7F7F0101,,0,0,0,0,0,0,0,0,0,0,0.0,Not synchronised\n"
+    assert not settled(NodeTime("m", state="unchanged"), _running(tracking=unsynced), role, 100)
+    value = NodeTime("m", state="unchanged")
+    assert settled(value, _running(tracking=_TRACKING_NORMAL), role, 100)
+    assert value.chrony_offset_ms == 0.0 and value.selected is None
+
+
+def test_the_probe_reads_chronyd_tracking_too() -> None:
+    out = "running 4242\ntracking " + base64.b64encode(_TRACKING_NORMAL.encode()).decode()
+    assert c.parse_tracking(c.parse_probe(out).tracking_csv)["leap"] == "Normal"

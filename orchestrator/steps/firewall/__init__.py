@@ -64,6 +64,9 @@ __all__ = [
 
 DETECT_TIMEOUT = 60.0
 APPLY_TIMEOUT = 120.0
+#: ``Session.remember`` key of a node's :class:`Detection` (the main pipeline's first round trip
+#: reads it with the root check: steps/setup_read.py); forgotten once the step changed the node
+DETECTION = "firewall.detection"
 
 
 @dataclass
@@ -468,7 +471,11 @@ def _firewall_step(
     # Windows nodes are not probed (their script converges on the node itself)
     probe = selected if remove or addresses is not None else list(inventory.nodes)
     probe = [n for n in probe if n.os == "linux"]
-    detected = session.map(lambda n, t: detect_node(n, t, inventory), step="read firewall", nodes=probe)
+    detected = session.map(
+        lambda n, t: session.remember(n.name, DETECTION, lambda: detect_node(n, t, inventory)),
+        step="read firewall",
+        nodes=probe,
+    )
     detections = {o.node: o.value for o in detected if o.value is not None}
     if addresses is None:
         addresses = cluster_addresses(inventory, detections) if not remove else {}
@@ -505,6 +512,8 @@ def _firewall_step(
             nodes=[n for n in selected if n.name in plans and plans[n.name].commands],
         )
         applied.update({o.node: o for o in ran})
+        for name in (c.node for c in ran):  # what was read there is history now (even a failed change)
+            session.forget(name, DETECTION)
     by_name = {o.node: o for o in detected}
     final: list[Outcome[FirewallResult]] = []
     for node in selected:

@@ -76,6 +76,10 @@ if TYPE_CHECKING:
     from orchestrator.transports import Transport
 
 CLOCK_SAMPLES = 3
+#: ``Session.remember`` key of a node's :class:`ClockSample` against this controller's clock (taken
+#: by the main pipeline's first round trip or by the time step; the time step forgets the nodes whose
+#: time configuration it changed)
+CLOCK = "clock"
 
 
 @dataclass

@@ -124,6 +124,11 @@ class NodeRound:
         self._thread.start()
         return self
 
+    def run(self) -> NodeRound:
+        """The round trip in the calling thread (no listener waits for it): returns once it ended."""
+        self._run()
+        return self
+
     def _run(self) -> None:
         self.started_at = time.time()
         try:

@@ -25,16 +25,21 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.steps.preflight import CLOCK
 from orchestrator.steps.timesync import chrony
 from orchestrator.steps.timesync.apply import (
+    PROBE,
     _apply,
     _apply_windows,
     _await,
     _measure,
+    _probe,
     _restore,
     _restore_windows,
+    settled,
 )
 from orchestrator.steps.timesync.chrony.config import time_source
+from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.master import _Addresses, _addresses, roles, windows_clients
 from orchestrator.steps.timesync.report import NodeTime, TimeReport
 
@@ -107,17 +112,28 @@ def sync_time(
                 errors[node.name] = Outcome(node.name, None, error, 0.0)
                 linux.remove(node)
 
+        probes: dict[str, Probe] = {}
+
         def apply(node: Node, transport: Transport) -> NodeTime:
-            return _apply(
-                node,
-                transport,
-                node_roles[node.name],
-                is_master=node.name == master.name,
-                serving=settings.serving,
-                install=settings.install,
-                dry_run=dry_run,
-                no_clock_control=no_clock_control,
-            )
+            probe = probes[node.name] = session.remember(node.name, PROBE, lambda: _probe(node, transport))
+            try:
+                value = _apply(
+                    node,
+                    transport,
+                    node_roles[node.name],
+                    is_master=node.name == master.name,
+                    serving=settings.serving,
+                    install=settings.install,
+                    dry_run=dry_run,
+                    no_clock_control=no_clock_control,
+                    probe=probe,
+                )
+            except BaseException:
+                session.forget(node.name, PROBE, CLOCK)  # it may have changed part of it
+                raise
+            if value.state != "unchanged" and not dry_run:
+                session.forget(node.name, PROBE, CLOCK)  # read again when asked: it changed
+            return value
 
         first = [master] if settings.serving and master in linux else []
         rest = [n for n in linux if n not in first]
@@ -128,7 +144,13 @@ def sync_time(
                 else:
                     errors[o.node] = o
         if not dry_run:
-            waiting = [n for n in linux if n.name in values]
+            configured = [n for n in linux if n.name in values]
+            # nothing changed and chronyd already follows its source within the limit: no wait
+            waiting = [
+                n
+                for n in configured
+                if not settled(values[n.name], probes[n.name], node_roles[n.name], settings.max_offset_ms)
+            ]
             session.map(
                 lambda n, t: _await(
                     n,
@@ -142,7 +164,7 @@ def sync_time(
                 step="sync",
                 nodes=waiting,
             )
-            _measure(session, waiting, master, values, settings.max_offset_ms)
+            _measure(session, configured, master, values, settings.max_offset_ms)
 
     for node in windows:
         from orchestrator.steps.timesync import windows as win

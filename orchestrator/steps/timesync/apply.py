@@ -15,7 +15,7 @@ import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.platforms.windows_admin import not_elevated_error
-from orchestrator.steps.preflight import sample_clock
+from orchestrator.steps.preflight import CLOCK, sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.root import run_as_root
 from orchestrator.steps.timesync.chrony.config import ChronyRole
@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-__all__ = ["no_reply_problem"]
+__all__ = ["PROBE", "no_reply_problem", "settled"]
+
+#: ``Session.remember`` key of a node's chrony :class:`Probe` (read by the main pipeline's first round
+#: trip: steps/setup_read.py); forgotten once the step changed the node
+PROBE = "timesync.probe"
 
 
 def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
@@ -92,9 +96,11 @@ def _apply(
     install: bool,
     dry_run: bool,
     no_clock_control: bool,
+    probe: Probe | None = None,
 ) -> NodeTime:
+    """Configure chrony on the node for ``role``; ``probe``: what the node has (read here when None)."""
     shell = _posix(node, transport)
-    probe = _probe(node, transport)
+    probe = probe or _probe(node, transport)
     out = NodeTime(
         node.name, role="server" if is_master and serving else "client", sources=list(role.sources)
     )
@@ -218,9 +224,7 @@ def _await(
     sources_csv, tracking_csv = chrony.split_wait_output(result.stdout)
     sources = chrony.parse_sources(sources_csv)
     tracking = chrony.parse_tracking(tracking_csv)
-    selected = next((s for s in sources if s.selected), None)
-    value.selected = selected.address if selected else None
-    value.chrony_offset_ms = _ms(selected.offset) if selected else (0.0 if role.serve else None)
+    selected = _follows(value, role, sources)
     if selected is None and role.sources and result.exit_code in (3, chrony.NO_REPLY_EXIT):
         value.state = "failed"  # configured (its actions say how), but it follows nothing
     if result.exit_code == chrony.NO_REPLY_EXIT:
@@ -242,8 +246,43 @@ def _await(
             )
     elif not result.ok:
         value.problem = f"chronyc failed (exit {result.exit_code}): {' | '.join(result.tail(3))}"
-    elif role.prefer_first and selected is not None and selected.address not in role.sources:
+    else:
+        _note_preference(value, role, selected)
+
+
+def _follows(value: NodeTime, role: ChronyRole, sources: list[chrony.SourceLine]) -> chrony.SourceLine | None:
+    """Record what chronyd follows (its selected source and offset) on ``value``; returns that source."""
+    selected = next((s for s in sources if s.selected), None)
+    value.selected = selected.address if selected else None
+    value.chrony_offset_ms = _ms(selected.offset) if selected else (0.0 if role.serve else None)
+    return selected
+
+
+def _note_preference(value: NodeTime, role: ChronyRole, selected: chrony.SourceLine | None) -> None:
+    if role.prefer_first and selected is not None and selected.address not in role.sources:
         value.actions.append(f"chrony prefers {selected.address} (also a source here) over the master")
+
+
+def settled(value: NodeTime, probe: Probe, role: ChronyRole, max_offset_ms: float) -> bool:
+    """Whether the node needs no wait: nothing was changed on it, and what chronyd said when it was
+    probed already meets :func:`_await`'s condition (a selected source within the limit; a master
+    serving only its own clock: a normal leap status). Records what it follows, as the wait would."""
+    if value.state != "unchanged" or (probe.running_pid is None and not probe.unit_active):
+        return False
+    sources = chrony.parse_sources(probe.sources_csv)
+    if role.sources:
+        chosen = next((s for s in sources if s.selected), None)
+        if chosen is None or abs(chosen.offset) > max_offset_ms / 1000:
+            return False
+    elif chrony.parse_tracking(probe.tracking_csv).get("leap") != "Normal":
+        return False
+    _note_preference(value, role, _follows(value, role, sources))
+    return True
+
+
+#: a clock sample already taken is reused when its error (half its round trip) is at most the offset
+#: limit divided by this (100 ms: 20 ms)
+REUSE_PRECISION = 5
 
 
 def _measure(
@@ -253,7 +292,19 @@ def _measure(
     targets = [n for n in nodes if n.name in values]
     if master not in targets:
         targets = [master, *targets]
-    clocks = session.map(lambda n, t: sample_clock(t), step="clock", nodes=targets)
+    # a sample this session already took stands for nodes the step did not change (sync_time forgets
+    # the others'), the master's too (offsets are differences of samples against our one clock), when
+    # it is precise enough to judge the limit by: else the node is sampled again, best of a few
+    sharp = max_offset_ms / 1000 / REUSE_PRECISION
+
+    def sample_of(node: Node, transport: Transport) -> ClockSample:
+        known = session.remember(node.name, CLOCK, lambda: sample_clock(transport))
+        if known.rtt / 2 <= sharp:
+            return known
+        session.forget(node.name, CLOCK)
+        return session.remember(node.name, CLOCK, lambda: sample_clock(transport))
+
+    clocks = session.map(sample_of, step="clock", nodes=targets)
     samples: dict[str, ClockSample | None] = {o.node: o.value for o in clocks}
     reference = samples.get(master.name)
     for name, value in values.items():

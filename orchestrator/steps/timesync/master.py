@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
-__all__ = ["MasterIdentity", "follow_master", "master_identity", "roles"]
+__all__ = ["ROUTE", "MasterIdentity", "follow_master", "master_identity", "roles", "route_facts"]
 
 
 @dataclass
@@ -106,6 +106,20 @@ def follow_master(
     )
 
 
+#: ``Session.remember`` key of a node's :func:`route_facts` (read by the main pipeline's first round
+#: trip: steps/setup_read.py)
+ROUTE = "timesync.route"
+
+
+def route_facts(node: Node, master_host: str, master_name: str) -> list[Any]:
+    """What the time step asks a node first: where it finds the master (``ip route get``, like the
+    preflight), and on the master itself its own addresses."""
+    wanted: list[Any] = [MasterRoute(master_host)]
+    if node.name == master_name:
+        wanted.append(Addresses())
+    return wanted
+
+
 def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
     """The master's address (from the inventory or the master itself), where each worker resolves the
     master to (``ip route get``, like the preflight) and its own address toward it (the master allows
@@ -116,10 +130,9 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
     serving = inventory.cluster.time.serving
 
     def facts(node: Node, transport: Transport) -> FactSet:
-        wanted: list[Any] = [MasterRoute(master.host)]
-        if node.name == master.name:
-            wanted.append(Addresses())
-        return gather(transport, wanted)
+        return session.remember(
+            node.name, ROUTE, lambda: gather(transport, route_facts(node, master.host, master.name))
+        )
 
     outcomes = {o.node: o for o in session.map(facts, step="route", nodes=nodes)}
     mine = outcomes.get(master.name)

@@ -63,6 +63,7 @@ class Probe:
     running_pid: int | None = None  # chronyd named by the pidfile, alive
     running_cmdline: str = ""
     sources_csv: str = ""  # chronyc -n -c sources, when running
+    tracking_csv: str = ""  # chronyc -c tracking, when running
     chrony_user: str | None = None
 
     @property
@@ -128,6 +129,7 @@ case "$pid" in ''|*[!0-9]*) ;; *)
   if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = chronyd ]; then
     echo "running $pid"; printf 'cmdline '; tr '\\0' ' ' < /proc/"$pid"/cmdline; echo
     printf 'sources '; chronyc -n -c sources 2>/dev/null | base64 -w0; echo
+    printf 'tracking '; chronyc -c tracking 2>/dev/null | base64 -w0; echo
   fi;;
 esac
 exit 0
@@ -168,6 +170,8 @@ def parse_probe(output: str) -> Probe:
             probe.running_cmdline = value.strip()
         elif key == "sources":
             probe.sources_csv = _b64(value.strip()).decode(errors="replace")
+        elif key == "tracking":
+            probe.tracking_csv = _b64(value.strip()).decode(errors="replace")
         elif key == "file":
             path, _, data = value.partition(" ")
             probe.files[path] = _b64(data.strip())

@@ -1,0 +1,112 @@
+"""The main pipeline's first round trip on each Linux node: what its setup phases read, asked once.
+
+Before anything changes, the pipeline must know that every selected node can become root: the
+firewall and time steps run as root and never type a password (steps/preflight/privilege.py). The
+same command carries what those steps read before they decide anything:
+
+- as the login user: a clock sample (first, dated by its arrival: steps/preflight/rounds.py), the
+  ``root_access`` fact, and for the time step the node's route to the master (the master: also its
+  own addresses);
+- then as root, in the same command (``sudo -n`` for other users, which fails at once where the
+  verdict above says it will): the firewall detection (steps/firewall/linux_detection.py) and the
+  chrony probe (steps/timesync/chrony/probe.py), framed with a second token.
+
+Each answer is handed to its step through the session, under the key that step reads it by
+(``Session.seed``; :data:`~orchestrator.steps.firewall.DETECTION`,
+:data:`~orchestrator.steps.timesync.apply.PROBE`, :data:`~orchestrator.steps.timesync.master.ROUTE`,
+:data:`~orchestrator.steps.preflight.CLOCK`). A step that changes a node forgets what it changed there;
+so with nothing to change, the firewall and time phases send no command of their own to read. An
+answer that did not come (sudo refused, a section cut short) is not handed on: that step then asks
+itself and reports the failure as its standalone command does.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import BootstrapError
+from orchestrator.facts.base import FactSet, split_sections
+from orchestrator.facts.linux import BecomeRoot, RootAccess
+from orchestrator.platforms import PosixShell
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
+    from orchestrator.transports import Transport
+
+__all__ = ["read_setup"]
+
+#: the section of the round trip that runs as root (its own sections inside, framed with another token)
+AS_ROOT = "as_root"
+
+
+def read_setup(
+    session: Session, inventory: Inventory, nodes: list[Node]
+) -> dict[str, RootAccess | BootstrapError]:
+    """One round trip per Linux node of ``nodes``: each node's ``root_access`` verdict (what
+    :func:`~orchestrator.steps.preflight.privilege.root_access` returns), with the firewall and time
+    steps' first reads handed to them through ``session`` (see the module docstring)."""
+    linux = [n for n in nodes if n.os == "linux"]
+    found: dict[str, RootAccess | BootstrapError] = {}
+    for o in session.map(lambda n, t: _read(session, inventory, n, t), step="read setup", nodes=linux):
+        if o.error is not None:
+            found[o.node] = o.error
+        elif o.value is not None:
+            found[o.node] = o.value
+    return found
+
+
+def _read(session: Session, inventory: Inventory, node: Node, transport: Transport) -> RootAccess:
+    from orchestrator.steps.firewall import DETECTION
+    from orchestrator.steps.firewall.linux_detection import detect, detection_sections
+    from orchestrator.steps.firewall.rules import ClusterTag
+    from orchestrator.steps.preflight import CLOCK
+    from orchestrator.steps.preflight.rounds import NodeRound
+    from orchestrator.steps.timesync.apply import PROBE
+    from orchestrator.steps.timesync.chrony import parse_probe, probe_script
+    from orchestrator.steps.timesync.master import ROUTE, route_facts
+
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise BootstrapError(f"a Linux node that speaks {platform.name}, not a POSIX shell", node=node.name)
+    cluster, master = inventory.cluster, inventory.master_node
+    ids = ClusterTag(cluster.name)
+    route = route_facts(node, master.host, master.name) if cluster.time.manage else []
+    root: list[tuple[str, str]] = []
+    if cluster.firewall.manage:
+        root += detection_sections(platform, master_host=master.host, ids=ids)
+    if cluster.time.manage:
+        root.append(("chrony", probe_script(platform)))
+    inner = "cb-" + secrets.token_hex(6)
+    before = [(AS_ROOT, platform.wrap(platform.sectioned(root, inner), become=True))] if root else []
+    done = NodeRound(node.name, transport, [BecomeRoot(), *route], before=before).run()
+    facts = done.gathered()  # raises what the transport raised: the node is unreachable
+    access = facts.get("root_access")
+    if not isinstance(access, RootAccess):
+        why = facts.errors.get("root_access", "no answer")
+        raise BootstrapError(f"could not tell whether commands can become root: {why}", node=node.name)
+    clock = done.clock()
+    if clock is not None:
+        session.seed(node.name, CLOCK, clock)
+    if route:
+        names = [f.name for f in route]
+        session.seed(
+            node.name,
+            ROUTE,
+            FactSet(
+                {k: v for k, v in facts.values.items() if k in names},
+                {k: v for k, v in facts.errors.items() if k in names},
+            ),
+        )
+    text = (done.section(AS_ROOT) or ("", 1))[0]
+    sections = split_sections(text, inner)
+    if cluster.firewall.manage and f"@@{inner} end range" in text:
+        session.seed(node.name, DETECTION, detect(text, inner, ids))
+    probe: Any = sections.get("chrony")
+    if cluster.time.manage and probe is not None and probe[1] == 0:
+        try:
+            session.seed(node.name, PROBE, parse_probe(probe[0]))
+        except ValueError:  # not what the probe prints: the time step asks again and says so
+            pass
+    return access
