@@ -133,7 +133,8 @@ def run_pipeline(
         from orchestrator.steps.setup_read import read_setup
 
         chosen = {n.name for n in selected}
-        access = read_setup(session, inventory, list(session.nodes))
+        code = [n.name for n in selected] if wants_code_sync(inventory) else []
+        access = read_setup(session, inventory, list(session.nodes), code=code)
         refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
         if refused:
             for line in refused:

@@ -81,6 +81,11 @@ class Session:
                 if (node is None or slot[0] == node) and (not keys or slot[1] in keys):
                     del self._memo[slot]
 
+    def recall(self, node: str, key: str) -> object | None:
+        """What is remembered for ``node`` under ``key`` (None: nothing), computing nothing."""
+        with self._lock:
+            return self._memo.get((node, key))
+
     def seed(self, node: str, key: str, value: object) -> None:
         """Remember ``value`` for ``node`` as if ``remember`` had computed it (a round trip that read
         several steps' answers at once hands each its own; kept if already remembered)."""

@@ -7,6 +7,8 @@ same command carries what those steps read before they decide anything:
 - as the login user: a clock sample (first, dated by its arrival: steps/preflight/rounds.py), the
   ``root_access`` fact, and for the time step the node's route to the master (the master: also its
   own addresses);
+- the code sync's scan of the node's code directory, read-only (it creates nothing and writes no
+  cache: steps/codesync/sync.py), when the pipeline syncs code;
 - then as root, in the same command (``sudo -n`` for other users, which fails at once where the
   verdict above says it will): the firewall detection (steps/firewall/linux_detection.py) and the
   chrony probe (steps/timesync/chrony/probe.py), framed with a second token.
@@ -14,15 +16,17 @@ same command carries what those steps read before they decide anything:
 Each answer is handed to its step through the session, under the key that step reads it by
 (``Session.seed``; :data:`~orchestrator.steps.firewall.DETECTION`,
 :data:`~orchestrator.steps.timesync.apply.PROBE`, :data:`~orchestrator.steps.timesync.master.ROUTE`,
-:data:`~orchestrator.steps.preflight.CLOCK`). A step that changes a node forgets what it changed there;
-so with nothing to change, the firewall and time phases send no command of their own to read. An
-answer that did not come (sudo refused, a section cut short) is not handed on: that step then asks
-itself and reports the failure as its standalone command does.
+:data:`~orchestrator.steps.preflight.CLOCK`, :data:`~orchestrator.steps.codesync.sync.SCAN`). A step
+that changes a node forgets what it changed there; so with nothing to change, the sync, firewall and
+time phases send no command of their own to read. An answer that did not come (sudo refused, a
+section cut short) is not handed on: that step then asks itself and reports the failure as its
+standalone command does.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError
@@ -33,23 +37,40 @@ from orchestrator.platforms import PosixShell
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
+    from orchestrator.steps.codesync import LocalTree
     from orchestrator.transports import Transport
 
 __all__ = ["read_setup"]
 
 #: the section of the round trip that runs as root (its own sections inside, framed with another token)
 AS_ROOT = "as_root"
+#: the section that scans the code directory (code sync's own script, creating nothing)
+CODE = "code_scan"
 
 
 def read_setup(
-    session: Session, inventory: Inventory, nodes: list[Node]
+    session: Session, inventory: Inventory, nodes: list[Node], *, code: Sequence[str] = ()
 ) -> dict[str, RootAccess | BootstrapError]:
     """One round trip per Linux node of ``nodes``: each node's ``root_access`` verdict (what
     :func:`~orchestrator.steps.preflight.privilege.root_access` returns), with the firewall and time
-    steps' first reads handed to them through ``session`` (see the module docstring)."""
+    steps' first reads handed to them through ``session`` (see the module docstring); on the nodes
+    named in ``code`` also the code sync's scan, read-only (it creates nothing)."""
     linux = [n for n in nodes if n.os == "linux"]
+    tree = None
+    if code:
+        from orchestrator.steps.codesync import prepare_tree
+
+        try:
+            tree = prepare_tree(inventory)
+        except BootstrapError:  # the sync step says what is wrong with the project, in its place
+            tree = None
+    scanned = set(code) if tree is not None else set()
+
+    def one(node: Node, transport: Transport) -> RootAccess:
+        return _read(session, inventory, node, transport, tree if node.name in scanned else None)
+
     found: dict[str, RootAccess | BootstrapError] = {}
-    for o in session.map(lambda n, t: _read(session, inventory, n, t), step="read setup", nodes=linux):
+    for o in session.map(one, step="read setup", nodes=linux):
         if o.error is not None:
             found[o.node] = o.error
         elif o.value is not None:
@@ -57,7 +78,10 @@ def read_setup(
     return found
 
 
-def _read(session: Session, inventory: Inventory, node: Node, transport: Transport) -> RootAccess:
+def _read(
+    session: Session, inventory: Inventory, node: Node, transport: Transport, tree: LocalTree | None
+) -> RootAccess:
+    from orchestrator.steps.codesync.sync import SCAN, code_dest, parse_probe_output, probe_command, scan_args
     from orchestrator.steps.firewall import DETECTION
     from orchestrator.steps.firewall.linux_detection import detect, detection_sections
     from orchestrator.steps.firewall.rules import ClusterTag
@@ -80,6 +104,11 @@ def _read(session: Session, inventory: Inventory, node: Node, transport: Transpo
         root.append(("chrony", probe_script(platform)))
     inner = "cb-" + secrets.token_hex(6)
     before = [(AS_ROOT, platform.wrap(platform.sectioned(root, inner), become=True))] if root else []
+    if tree is not None:  # as the login user, creating nothing: the sync step scans for real if needed
+        dest = code_dest(cluster, node)
+        before.append(
+            (CODE, probe_command(node, platform, scan_args(tree, dest, windows=False, dry_run=True)))
+        )
     done = NodeRound(node.name, transport, [BecomeRoot(), *route], before=before).run()
     facts = done.gathered()  # raises what the transport raised: the node is unreachable
     access = facts.get("root_access")
@@ -109,4 +138,8 @@ def _read(session: Session, inventory: Inventory, node: Node, transport: Transpo
             session.seed(node.name, PROBE, parse_probe(probe[0]))
         except ValueError:  # not what the probe prints: the time step asks again and says so
             pass
+    scan = done.section(CODE) if tree is not None else None
+    found = parse_probe_output(scan[0]) if scan is not None and scan[1] == 0 else None
+    if found is not None:
+        session.seed(node.name, SCAN, found)
     return access

@@ -5,6 +5,7 @@ once, as each node's own sshd records it."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,26 +63,42 @@ def test_the_whole_pipeline_logs_in_to_each_node_once(
     )
 
 
-def test_with_nothing_to_change_the_firewall_and_time_steps_read_in_the_first_round_trip(
+def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    """A second `bootstrap --until check` finds everything in place. The firewall detection and the
-    chrony probe travelled in the pipeline's first round trip with the root check (steps/setup_read.py),
-    and chronyd already followed the master: neither step sends a command of its own, and nothing at
-    all runs as root after that first command (no read, no change, no wait)."""
+    """A second `bootstrap --until check` finds everything in place. The code scan, the firewall
+    detection and the chrony probe travelled in the pipeline's first round trip with the root check
+    (steps/setup_read.py), and chronyd already followed the master: the sync, firewall and time steps
+    send no command of their own (clock samples aside, taken again when the first one was too coarse
+    to judge), and nothing at all runs as root after that first command."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('synced')\n")
     nodes = [
         {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
     ]
-    inventory = write_inventory(tmp_path / "hosts.yaml", nodes, name="again", master="node1", backend="gloo")
+    inventory = write_inventory(
+        tmp_path / "hosts.yaml",
+        nodes,
+        name="again",
+        master="node1",
+        backend="gloo",
+        code={"source": str(project)},
+    )
     first = bootstrap("-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
     assert first.returncode == 0, first
     again = bootstrap("-v", "-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
     assert again.returncode == 0, again
-    runs = [
-        line for line in again.stderr.splitlines() if "orchestrator.transports" in line and ": run " in line
-    ]
-    assert runs, again.stderr  # -v logs every command
-    assert [line for line in runs if line.endswith("(as root)")] == []
+    sent: dict[str, list[str]] = {h.name: [] for h in cluster.hosts}
+    for line in again.stderr.splitlines():  # -v logs every command: "INFO ...: node2: run <its first line>"
+        found = re.search(r"orchestrator\.transports: (node\d+): run (.*)$", line)
+        if found and found[2] != "date +%s.%N":
+            sent[found[1]].append(found[2])
+    for name, commands in sent.items():
+        # the first round trip, the check's, and its reachability connector: nothing else
+        assert len(commands) == 3, (name, commands)
+        assert not [c for c in commands if c.endswith("(as root)")], (name, commands)
+    assert re.search(r"│ node1 +│ unchanged \(1 file\)", again.stdout), again.stdout  # the code table
     for host in cluster.hosts:  # the time table: every node unchanged, following its source
         row = next(
             line

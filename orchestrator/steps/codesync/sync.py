@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
-from orchestrator.platforms import PosixShell
+from orchestrator.platforms import Platform, PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.runs.layout import in_workdir
 from orchestrator.steps.codesync.ignore import RESERVED_PREFIX, IgnoreRules
@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 #: called with (node name, what is happening now), e.g. ("node2", "sending 3 files (12.0 kB)")
 ProgressFn = Callable[[str, str], None]
 
+#: ``Session.recall`` key of a node's read-only scan taken by the main pipeline's first round trip
+#: (steps/setup_read.py): spares the scan when it shows nothing to send
+SCAN = "codesync.scan"
 SCAN_TIMEOUT = 600.0  # the first scan of a large existing tree hashes every file
 APPLY_TIMEOUT = 1800.0
 NOT_FOUND = 127
@@ -195,33 +198,63 @@ class _Bundles:
                 out.write(data)
 
 
+def probe_command(node: Node, platform: Platform, args: dict[str, Any]) -> str:
+    """The command that runs the node-side script (``op`` scan or apply) with the node's Python."""
+    return platform.join([interpreter_for(node), "-c", _probe_text(), json.dumps(args)])
+
+
+def scan_args(tree: LocalTree, dest: str, *, windows: bool, dry_run: bool) -> dict[str, Any]:
+    """The scan of ``dest`` against ``tree``: ``dry_run`` creates nothing and writes no cache."""
+    return {
+        "op": "scan",
+        "dest": dest,
+        "rules": _rules_for_probe(tree.rules),
+        "write_cache": not dry_run,
+        "create": not dry_run,
+        "expect": tree_digest(tree.without_modes) if windows else tree.digest,
+    }
+
+
+def parse_probe_output(stdout: str) -> dict[str, Any] | None:
+    """The script's JSON answer (its last line), None when there is none."""
+    lines = stdout.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _run_probe(node: Node, transport: Transport, args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    platform = transport.platform
-    python = interpreter_for(node)
-    command = platform.join([python, "-c", _probe_text(), json.dumps(args)])
-    result = transport.run(command, timeout=timeout)
+    result = transport.run(probe_command(node, transport.platform, args), timeout=timeout)
     if result.exit_code == NOT_FOUND:
         raise CommandFailedError(
-            f"no Python at {python!r} on the node (code sync runs a small standard-library script there)",
+            f"no Python at {interpreter_for(node)!r} on the node (code sync runs a small standard-library "
+            "script there)",
             node=node.name,
             hint="install python3 on the node or set its python: in the inventory",
             result=result,
         )
-    lines = result.stdout.strip().splitlines()
-    if not result.ok or not lines:
+    if not result.ok or not result.stdout.strip():
         what = "timed out" if result.timed_out else f"failed (exit {result.exit_code})"
         raise CommandFailedError(
             f"the code sync script {what}: {' | '.join(result.tail(3))}", node=node.name, result=result
         )
-    try:
-        data = json.loads(lines[-1])
-    except ValueError:
+    data = parse_probe_output(result.stdout)
+    if data is None:
         raise CommandFailedError(
             f"the code sync script printed no result: {' | '.join(result.tail(3))}", node=node.name
-        ) from None
-    if not isinstance(data, dict):
-        raise CommandFailedError("the code sync script printed no result", node=node.name)
+        )
     return data
+
+
+def _nothing_to_send(scan: dict[str, Any] | None, local: dict[str, FileEntry], tree: LocalTree) -> bool:
+    """Whether a scan taken earlier (read-only: the main pipeline's first round trip) shows the node's
+    existing directory already holding exactly the project."""
+    if not scan or scan.get("refused") or scan.get("errors") or not scan.get("exists"):
+        return False
+    remote = local if scan.get("same") else _remote_files(scan.get("files") or {})
+    return not diff(local, remote, protected=tree.rules.excluded)
 
 
 def _remote_files(raw: dict[str, Any]) -> dict[str, FileEntry]:
@@ -255,8 +288,11 @@ def sync_node(
     dest: str,
     dry_run: bool = False,
     progress: Callable[[str], None] = lambda text: None,
+    earlier: dict[str, Any] | None = None,
 ) -> CodeSyncResult:
-    """Make ``dest`` on one node hold exactly the project (``tree``); see the module docstring."""
+    """Make ``dest`` on one node hold exactly the project (``tree``); see the module docstring.
+    ``earlier``: a read-only scan this session already took (:data:`SCAN`): when it shows nothing to
+    send, the node is not asked again."""
     # native Windows has no POSIX modes: compare without them there (its probe reports none)
     windows = isinstance(transport.platform, PowerShell)
     if not windows and not isinstance(transport.platform, PosixShell):
@@ -264,19 +300,12 @@ def sync_node(
     local = tree.without_modes if windows else tree.files
     _check_overlap(node, transport, tree, dest)  # before the scan, which creates dest
     progress("comparing")
-    scan = _run_probe(
-        node,
-        transport,
-        {
-            "op": "scan",
-            "dest": dest,
-            "rules": _rules_for_probe(tree.rules),
-            "write_cache": not dry_run,
-            "create": not dry_run,
-            "expect": tree_digest(local) if windows else tree.digest,
-        },
-        SCAN_TIMEOUT,
-    )
+    if _nothing_to_send(earlier, local, tree):
+        scan: dict[str, Any] = earlier or {}
+    else:
+        scan = _run_probe(
+            node, transport, scan_args(tree, dest, windows=windows, dry_run=dry_run), SCAN_TIMEOUT
+        )
     where = str(scan.get("dest") or dest)
     if scan.get("refused"):
         raise CodeDestRefused(
@@ -370,6 +399,8 @@ def sync_code(
             if on_progress is not None:
                 on_progress(node.name, text)
 
+        earlier = session.recall(node.name, SCAN)
+        session.forget(node.name, SCAN)  # read once: after this step it would be history
         return sync_node(
             node,
             transport,
@@ -378,6 +409,7 @@ def sync_code(
             dest=code_dest(inventory.cluster, node),
             dry_run=dry_run,
             progress=progress,
+            earlier=earlier if isinstance(earlier, dict) else None,
         )
 
     with tempfile.TemporaryDirectory(prefix="cb-code-") as tmp:
