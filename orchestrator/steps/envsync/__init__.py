@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from orchestrator.executor import Outcome
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.redact import mask_url_credentials
-from orchestrator.steps.envsync.build import build_node, installer_tail
+from orchestrator.steps.envsync.build import build_node, build_stamp, installer_tail
 from orchestrator.steps.envsync.ops import BuildPlan, ops_for, probe_code
 from orchestrator.steps.envsync.probe import EnvSharedError, env_parent, probe_args, probe_node, refuse_shared
 from orchestrator.steps.envsync.report import EnvReport, NodeEnv, NodeVersions, summarize
@@ -128,7 +128,15 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
         index_args=tuple(index_args),
         index_env=tuple(sorted(index_env.items())),
         require_hashes=spec.hashes,
-        stamp={"key": "KEY", "id": "BUILD-ID"},
+        stamp=build_stamp(
+            spec,
+            key="KEY",
+            build_id="BUILD-ID",
+            python="PYTHON",
+            platform="PLATFORM",
+            installer=installer,
+            created="CREATED",
+        ),
         offline=spec.offline,
         pip_runner="base",  # shown as the common case: the node's own pip 22.3+ (see build._pip_runner)
     )

@@ -63,6 +63,24 @@ def _choose_installer(node: Node, spec: EnvSpec, found: Probe) -> tuple[str, str
     return "pip", None
 
 
+def build_stamp(
+    spec: EnvSpec, *, key: str, build_id: str, python: str, platform: str, installer: str, created: str
+) -> dict[str, object]:
+    """What a build writes into its environment's stamp (--dry-run shows the same fields, with
+    placeholders for the values only the node and the build give: KEY, BUILD-ID, PYTHON, ...)."""
+    return {
+        "key": key,
+        "id": build_id,
+        "python": python,
+        "platform": platform,
+        "installer": installer,
+        "names": sorted(spec.names),
+        "source": spec.source,
+        "offline": spec.offline,
+        "created": created,
+    }
+
+
 def plan_build(
     node: Node,
     spec: EnvSpec,
@@ -88,17 +106,15 @@ def plan_build(
         and found.stamp.get("python") == found.python_version
         and stamp_names <= spec.names  # a package left the list: start fresh, nothing stale stays
     )
-    stamp: dict[str, object] = {
-        "key": key,
-        "id": build_id,
-        "python": found.python_version,
-        "platform": found.platform_key,
-        "installer": installer[0],
-        "names": sorted(spec.names),
-        "source": spec.source,
-        "offline": spec.offline,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    stamp = build_stamp(
+        spec,
+        key=key,
+        build_id=build_id,
+        python=found.python_version,
+        platform=found.platform_key,
+        installer=installer[0],
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     return BuildPlan(
         interpreter=interpreter_for(node),
         path=path or env_path(node, spec),

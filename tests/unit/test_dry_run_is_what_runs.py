@@ -1,0 +1,924 @@
+"""`--dry-run` shows what the real run sends: firewall (and `--remove`), ntp (and `--restore`), sync.
+
+Each step runs twice against nodes whose transports record every command (the text before the
+platform's root wrapping, and whether it runs as root) and every upload, answering the read-only probes
+with realistic output parsed by the real parsers: once with ``dry_run=True``, once for real. The dry
+run sends only read-only probes; the real run sends the same probes, then exactly what the dry run
+reported, byte for byte: the firewall's commands, chrony's script (and the file its diff describes),
+the restore script, the environment build and its uploads, the code bundle. Two dry runs cannot know
+everything: the environment's contacts no node (its placeholders are filled with what the real run
+had), and the code's compares read-only (the real comparison also creates the directory and its
+cache).
+
+Pure logic (the probes' answers are canned): the same steps run on real nodes in
+tests/integration/test_firewall.py, test_timesync.py, test_env_sync*.py and test_code_sync*.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.cli.common import Settings
+from orchestrator.cli.sync import run_sync
+from orchestrator.facts.base import split_sections
+from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory, load_inventory_text
+from orchestrator.platforms import Platform, PosixShell, platform_for_node
+from orchestrator.redact import mask_url_credentials
+from orchestrator.session import Session
+from orchestrator.steps.codesync import LocalTree, prepare_tree
+from orchestrator.steps.envsync import PROBE_PLACEHOLDER
+from orchestrator.steps.envsync.ops import INSTALLED_MARK, probe_code
+from orchestrator.steps.envsync.progress import STEP_MARK
+from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
+from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
+from orchestrator.steps.firewall.rules import ClusterTag
+from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
+from orchestrator.steps.timesync import windows as timesync_windows
+from orchestrator.transports import Result, SSHOptions, Transport
+from orchestrator.transports.base import OnLine
+
+DATA = Path(__file__).parent / "data" / "firewall"
+RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
+TOKEN = re.compile(r"cb-[0-9a-f]{12}")  # a round trip's frame token (random per run)
+SECTION = re.compile(r"@@(cb-[0-9a-f]{12}) begin ([a-z_]+)@@")
+
+# -- a node that records what it is sent -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One command as the step handed it to ``Transport.run``: before the platform wraps it (root,
+    environment, directory), with whether it runs as root."""
+
+    command: str
+    become: bool = False
+    env: tuple[tuple[str, str], ...] = ()
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class Upload:
+    remote: str
+    data: bytes
+    mode: int | None
+
+
+#: what a node prints for a command: (stdout, exit code)
+Answer = Callable[[str], tuple[str, int]]
+
+
+class RecordingNode(Transport):
+    """Records every command and upload in order (``log``); answers commands with ``answer``."""
+
+    kind = "ssh"
+
+    def __init__(self, name: str, answer: Answer, platform: Platform | None = None) -> None:
+        super().__init__(name, platform or PosixShell())
+        self.answer = answer
+        self.log: list[Sent | Upload] = []
+
+    @property
+    def sent(self) -> list[Sent]:
+        return [entry for entry in self.log if isinstance(entry, Sent)]
+
+    def connect(self) -> None:
+        pass
+
+    def run(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        become: bool = False,
+        keep_lines: int | None = None,
+    ) -> Result:
+        self.log.append(Sent(command, become, tuple(sorted((env or {}).items())), cwd))
+        stdout, code = self.answer(command)
+        if on_line is not None:
+            for line in stdout.splitlines():
+                on_line("stdout", line)
+        return Result(self.node_name, command, code, stdout, "", 0.001)
+
+    def run_raw(
+        self,
+        script: str,
+        *,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        keep_lines: int | None = None,
+    ) -> Result:
+        raise AssertionError("steps send commands through Transport.run")
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        self.log.append(Upload(remote, local.read_bytes(), mode))
+
+    def get(self, remote: str, local: Path) -> None:
+        raise AssertionError("no step here downloads")
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingSession(Session):
+    """A session whose nodes are :class:`RecordingNode` s (one per inventory node)."""
+
+    def __init__(self, inventory: Inventory, answers: Mapping[str, Answer]) -> None:
+        super().__init__(
+            inventory, list(inventory.nodes), ssh=SSHOptions(), passwords=PasswordResolver(prompt=None)
+        )
+        self.fakes = {
+            node.name: RecordingNode(node.name, answers[node.name], platform_for_node(node))
+            for node in inventory.nodes
+        }
+
+    def transport(self, node: Node) -> Transport:
+        return self.fakes[node.name]
+
+
+def sections_answer(command: str, sections: Mapping[str, tuple[str, int]]) -> str:
+    """The framed output of a ``Platform.sectioned`` script: each section it asks for, framed with
+    the token found in it (a section this node has no answer for fails the test)."""
+    lines: list[str] = []
+    for token, name in SECTION.findall(command):
+        text, code = sections[name]
+        lines += [f"@@{token} begin {name}@@", *text.splitlines(), "", f"@@{token} end {name} {code}@@"]
+    return "\n".join(lines) + "\n"
+
+
+def untokened(sent: list[Sent]) -> list[Sent]:
+    """The commands with each round trip's random frame token replaced: comparable across runs."""
+    return [Sent(TOKEN.sub("cb-TOKEN", s.command), s.become, s.env, s.cwd) for s in sent]
+
+
+def after_probes(dry: RecordingNode, real: RecordingNode) -> list[Sent | Upload]:
+    """What the real run sent beyond the dry run's probes, which it must have sent first, the same."""
+    probes = untokened(dry.sent)
+    assert [e for e in dry.log if isinstance(e, Upload)] == [], "a dry run uploads nothing"
+    assert untokened([e for e in real.log[: len(probes)] if isinstance(e, Sent)]) == probes
+    return real.log[len(probes) :]
+
+
+# -- firewall -------------------------------------------------------------------------------------
+
+FIREWALL_INVENTORY = """\
+cluster:
+  name: lab
+  master: a
+  port: 29500
+  firewall: {persist: true}
+nodes:
+  - {name: a, host: 198.18.7.11, user: root}
+  - {name: b, host: 198.18.7.12, user: trainer}
+  - {name: c, host: 198.18.7.13, user: trainer}
+  - {name: w, host: 198.18.7.14, user: bob, os: windows, windows: {mode: native}}
+"""
+MASTER = "198.18.7.11"
+OWN = {"a": MASTER, "b": "198.18.7.12", "c": "198.18.7.13", "w": "198.18.7.14"}
+#: each Linux node's firewall, as recorded (tests/unit/data/firewall/README.md): an nftables drop
+#: policy, an iptables-nft REJECT, ufw; each already holding rules tagged by earlier versions or this
+#: one. The native Windows node w converges its Defender rules itself (one script, which reports).
+FIREWALLS = {"a": "nft_drop", "b": "iptables_nft_reject", "c": "ufw_active"}
+WINDOWS_REPORT = '{"added": 2, "updated": 0, "removed": 1, "unchanged": 0}'
+
+
+def windows_firewall(command: str) -> tuple[str, int]:
+    return WINDOWS_REPORT + "\n", 0
+
+
+def network_sections(node: str) -> dict[str, tuple[str, int]]:
+    """The node's route to the master (``ip route get``) and its addresses (``ip -4 -o addr``)."""
+    own = OWN[node]
+    if own == MASTER:
+        route = f"local {MASTER} dev lo table local src {MASTER} uid 0 \\    cache <local> "
+    else:
+        route = f"{MASTER} dev d0 src {own} uid 0 \\    cache "
+    return {
+        "route": (f"resolved {MASTER}\n{route}", 0),
+        "addresses": (
+            "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+            f"3: d0    inet {own}/24 scope global d0\\       valid_lft forever preferred_lft forever",
+            0,
+        ),
+    }
+
+
+def firewall_node(node: str, *, tag: str | None) -> Answer:
+    """A node whose firewall is the recording's; ``tag``: its rules of ours carry this tag (None: the
+    recorded one, the tag of earlier versions). Every other command (a change) succeeds."""
+    text = (DATA / f"{FIREWALLS[node]}.txt").read_text()
+    if tag is not None:
+        text = re.sub(re.escape("cluster-bootstrap:lab") + r"(?![\w.:-])", tag, text)
+    sections = {**split_sections(text, RECORDED_TOKEN), **network_sections(node)}
+
+    def answer(command: str) -> tuple[str, int]:
+        if SECTION.search(command):
+            return sections_answer(command, sections), 0
+        return "", 0
+
+    return answer
+
+
+def firewall_runs(
+    step: Callable[..., FirewallRun], *, tag: str | None
+) -> tuple[FirewallRun, RecordingSession, FirewallRun, RecordingSession]:
+    """``step`` run with --dry-run, then for real, each on nodes as found (nothing changes between)."""
+    inventory = load_inventory_text(FIREWALL_INVENTORY, "hosts.yaml")
+    runs = []
+    for dry_run in (True, False):
+        answers = {n: firewall_node(n, tag=tag) for n in FIREWALLS}
+        session = RecordingSession(inventory, {**answers, "w": windows_firewall})
+        runs.append((step(session, inventory, dry_run=dry_run), session))
+    (dry, dry_session), (real, real_session) = runs
+    return dry, dry_session, real, real_session
+
+
+@pytest.mark.parametrize(
+    ("step", "tag"),
+    [
+        (apply_firewall, None),
+        (apply_firewall, ClusterTag("lab").tag),
+        (remove_firewall, ClusterTag("lab").tag),
+    ],
+    ids=["apply-replacing-legacy-rules", "apply", "remove"],
+)
+def test_firewall_runs_exactly_the_commands_its_dry_run_shows(
+    step: Callable[..., FirewallRun], tag: str | None
+) -> None:
+    """Per Linux node, `firewall --dry-run` (and `--remove --dry-run`) only reads the firewall; the
+    real run reads it the same way, then runs the commands the dry run printed, each byte for byte, in
+    order, as root, in one script stopping at the first failure (``set -e``), and nothing else. A
+    Windows node is sent nothing by the dry run, then the one script it printed, elevated."""
+    dry, dry_session, real, real_session = firewall_runs(step, tag=tag)
+    assert [o.node for o in dry.outcomes] == [o.node for o in real.outcomes] == [*FIREWALLS, "w"]
+    assert dry.addresses == real.addresses
+    for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
+        assert shown.error is None and done.error is None, (shown.error, done.error)
+        assert shown.value is not None and done.value is not None
+        planned = shown.value.commands
+        assert planned, f"{shown.node}: nothing to change: the comparison would prove nothing"
+        assert all(s.become for s in dry_session.fakes[shown.node].sent)  # detection reads as root
+        extra = after_probes(dry_session.fakes[shown.node], real_session.fakes[shown.node])
+        if shown.node == "w":
+            assert not dry_session.fakes["w"].log and len(planned) == 1
+            assert extra == [Sent(planned[0], become=True)]
+        else:
+            assert extra == [Sent("set -e\n" + "\n".join(planned), become=True)], shown.node
+            assert (done.value.added, done.value.removed) == (shown.value.added, shown.value.removed)
+        # the report of the real run names what ran: the same commands
+        assert done.value.commands == planned and done.value.applied and not shown.value.applied
+
+
+# -- time sync -------------------------------------------------------------------------------------
+
+TIME_INVENTORY = """\
+cluster: {name: lab, master: a}
+nodes:
+  - {name: a, host: 198.18.7.11, user: root}
+  - {name: b, host: 198.18.7.12, user: trainer}
+  - {name: c, host: 198.18.7.13, user: trainer}
+  - {name: w, host: 198.18.7.14, user: bob, os: windows, windows: {mode: native}}
+"""
+SYNC_TIMEOUT = 5.0
+CANDIDATES = ("/etc/chrony/chrony.conf", "/etc/chrony.conf")
+DEBIAN_CONF = b"""\
+# Welcome to the chrony configuration file. See chrony.conf(5) for more
+# information about usable directives.
+
+# Include configuration files found in /etc/chrony/conf.d.
+confdir /etc/chrony/conf.d
+
+# Use Debian vendor zone.
+pool 2.debian.pool.ntp.org iburst
+
+# Use time sources from DHCP.
+sourcedir /run/chrony-dhcp
+
+# Use NTP sources found in /etc/chrony/sources.d.
+sourcedir /etc/chrony/sources.d
+
+keyfile /etc/chrony/chrony.keys
+driftfile /var/lib/chrony/chrony.drift
+ntsdumpdir /var/lib/chrony
+logdir /var/log/chrony
+maxupdateskew 100.0
+rtcsync
+makestep 1 3
+leapsectz right/UTC
+"""
+RHEL_CONF = b"""\
+# Use public servers from the pool.ntp.org project.
+# Please consider joining the pool (https://www.pool.ntp.org/join.html).
+pool 2.rocky.pool.ntp.org iburst
+
+# Use NTP servers from DHCP.
+sourcedir /run/chrony-dhcp
+
+# Record the rate at which the system clock gains/losses time.
+driftfile /var/lib/chrony/drift
+
+# Allow the system clock to be stepped in the first three updates
+# if its offset is larger than 1 second.
+makestep 1.0 3
+
+# Enable kernel synchronization of the real-time clock (RTC).
+rtcsync
+
+keyfile /etc/chrony.keys
+ntsdumpdir /var/lib/chrony
+leapsectz right/UTC
+logdir /var/log/chrony
+"""
+DROPIN = "/etc/chrony/conf.d/cluster-bootstrap.conf"
+POOL_SERVER = "162.159.200.1"
+SOURCES = "^,*,{source},3,6,377,23,0.000004120,0.000003805,0.000125000\n"
+TRACKING = (
+    "C6120B0B,{source},4,1733224412.586520624,0.000004785,0.000002193,0.000006062,-10.535,-0.001,"
+    "0.024,0.000243451,0.000030189,64.6,Normal\n"
+)
+
+
+def chrony_probe(
+    *,
+    os_id: str,
+    files: Mapping[str, bytes | None],
+    unit: str | None = None,
+    etc_chrony: bool = False,
+    shared_clock: bool = False,
+    pid: int | None = None,
+    cmdline: str = "",
+    pkg: str = "apt-get",
+    chronyd: bool = True,
+) -> str:
+    """What chrony's probe script (steps/timesync/chrony/probe.py) prints on such a node: ``files``
+    are the paths it dumps, in its order (None: absent)."""
+    lines = [f"os {os_id}"]
+    if unit:
+        lines.append("systemd yes")
+    if etc_chrony:
+        lines.append("etcchrony yes")
+    lines += [*(["chronyd /usr/sbin/chronyd"] if chronyd else []), f"pkg {pkg}", "user _chrony"]
+    if shared_clock:
+        lines.append("sharedclock yes")
+    if unit:
+        lines += [f"unit {unit}", "unitactive yes"]
+    main = next((p for p in CANDIDATES if files.get(p) is not None), None)
+    for path, data in files.items():
+        if path == DROPIN and main is not None:
+            lines.append(f"main {main}")
+        lines.append(f"nofile {path}" if data is None else f"file {path} {base64.b64encode(data).decode()}")
+    if main is not None and DROPIN not in files:
+        lines.append(f"main {main}")
+    lines.append("pidfile /run/chrony/chronyd.pid")
+    if pid is not None:  # running: chronyc's sources and tracking (a pool server is followed)
+        sources = base64.b64encode(SOURCES.format(source=POOL_SERVER).encode()).decode()
+        tracking = base64.b64encode(TRACKING.format(source=POOL_SERVER).encode()).decode()
+        lines += [f"running {pid}", f"cmdline {cmdline}", f"sources {sources}", f"tracking {tracking}"]
+    return "\n".join(lines) + "\n"
+
+
+def dumps(present: Mapping[str, bytes], *, dropin: bool) -> dict[str, bytes | None]:
+    """The probe's file list (main candidates, their backups and state files; the drop-in and its
+    backup when the main file has a confdir), with ``present`` holding the files that exist."""
+    paths = [p + suffix for p in CANDIDATES for suffix in ("", chrony.BACKUP_SUFFIX, chrony.STATE_SUFFIX)]
+    if dropin:
+        paths += [DROPIN, DROPIN + chrony.BACKUP_SUFFIX]
+    return {p: present.get(p) for p in paths}
+
+
+def ours(role: chrony.ChronyRole, *, whole: bool = False) -> bytes:
+    body = chrony.directives(role)
+    return (chrony.standalone_config(body) if whole else chrony.HEADER + body).encode()
+
+
+MASTER_ROLE = chrony.ChronyRole((), serve=True, allow=("198.18.7.12", "198.18.7.13", "198.18.7.14"))
+WORKER_ROLE = chrony.ChronyRole((MASTER,), prefer_first=True)
+#: each Linux node before `bootstrap ntp`: a: Debian, chrony.service running with the distribution's
+#: file (a drop-in is added); b: a container sharing the host's clock, chronyd installed, no file, not
+#: running (a whole file, chronyd -x started by us); c: Rocky Linux, chronyd.service with a main file
+#: without confdir (a marked block appended after a backup)
+UNCONFIGURED = {
+    "a": chrony_probe(
+        os_id="debian",
+        files=dumps({"/etc/chrony/chrony.conf": DEBIAN_CONF}, dropin=True),
+        unit="chrony.service",
+        etc_chrony=True,
+        pid=612,
+        cmdline="/usr/sbin/chronyd -F 1",
+    ),
+    "b": chrony_probe(os_id="debian", files=dumps({}, dropin=False), shared_clock=True),
+    "c": chrony_probe(
+        os_id="rocky",
+        files=dumps({"/etc/chrony.conf": RHEL_CONF}, dropin=False),
+        unit="chronyd.service",
+        pid=733,
+        cmdline="/usr/sbin/chronyd -F 2",
+        pkg="dnf",
+    ),
+}
+#: each Linux node after `bootstrap ntp`, as the probe then finds it (what `--restore` undoes)
+BLOCKED = chrony.replace_block(RHEL_CONF.decode(), chrony.directives(WORKER_ROLE)).encode()
+CONFIGURED = {
+    "a": chrony_probe(
+        os_id="debian",
+        files=dumps({"/etc/chrony/chrony.conf": DEBIAN_CONF, DROPIN: ours(MASTER_ROLE)}, dropin=True),
+        unit="chrony.service",
+        etc_chrony=True,
+        pid=618,
+        cmdline="/usr/sbin/chronyd -F 1",
+    ),
+    "b": chrony_probe(
+        os_id="debian",
+        files=dumps(
+            {
+                "/etc/chrony.conf": ours(WORKER_ROLE, whole=True),
+                "/etc/chrony.conf.cluster-bootstrap.state": b"pid=4242\n",
+            },
+            dropin=False,
+        ),
+        shared_clock=True,
+        pid=4242,
+        cmdline="/usr/sbin/chronyd -f /etc/chrony.conf -x",
+    ),
+    "c": chrony_probe(
+        os_id="rocky",
+        files=dumps(
+            {"/etc/chrony.conf": BLOCKED, "/etc/chrony.conf.cluster-bootstrap.bak": RHEL_CONF}, dropin=False
+        ),
+        unit="chronyd.service",
+        pid=741,
+        cmdline="/usr/sbin/chronyd -F 2",
+        pkg="dnf",
+    ),
+}
+
+
+def wait_output(node: str) -> str:
+    """What the wait script prints once chronyd follows its source (the master serves its own clock)."""
+    source = "127.127.1.1" if node == "a" else MASTER
+    sources = "" if node == "a" else SOURCES.format(source=source)
+    tracking = TRACKING.format(source=source)
+    return f"@@sources\n{sources}@@tracking\n{tracking}@@ntpdata\n"
+
+
+def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer:
+    """A node whose chrony probe prints ``probe[node]`` (a pair: before and after chrony is
+    installed). The wait for a source finds it; clock samples answer; any other command succeeds."""
+    sections = network_sections(node)
+    found = probe[node]
+    before, after = found if isinstance(found, tuple) else (found, found)
+    installed: list[str] = []
+
+    def answer(command: str) -> tuple[str, int]:
+        if SECTION.search(command):
+            return sections_answer(command, sections), 0
+        if command == chrony.probe_script(PosixShell()):
+            return (after if installed else before), 0
+        if command == chrony.install_command("apt-get"):
+            installed.append(command)
+            return "Setting up chrony (4.3-2+deb12u1) ...\n", 0
+        if command.startswith("end=$(($(date +%s)"):  # the wait for a source (read-only)
+            return wait_output(node), 0
+        if command == "date +%s.%N":
+            return f"{time.time():.9f}\n", 0
+        return "", 0  # a change: done
+
+    return answer
+
+
+def w32time(command: str) -> tuple[str, int]:
+    if "/stripchart" in command:
+        return "Tracking 198.18.7.11 [198.18.7.11:123].\n16:41:52, +00.0003121s\n", 0
+    return "configured\n", 0
+
+
+def time_runs(
+    run: Callable[[RecordingSession, Inventory, bool], TimeReport],
+    probe: Mapping[str, str | tuple[str, str]],
+    inventory_text: str = TIME_INVENTORY,
+) -> tuple[TimeReport, RecordingSession, TimeReport, RecordingSession]:
+    inventory = load_inventory_text(inventory_text, "hosts.yaml")
+    runs = []
+    for dry_run in (True, False):
+        answers = {n: chrony_node(n, probe) for n in ("a", "b", "c")}
+        session = RecordingSession(inventory, {**answers, "w": w32time})
+        runs.append((run(session, inventory, dry_run), session))
+    (dry, dry_session), (real, real_session) = runs
+    assert [o.node for o in dry.outcomes] == [o.node for o in real.outcomes] == ["a", "b", "c", "w"]
+    for o in [*dry.outcomes, *real.outcomes]:
+        assert o.error is None and o.value is not None and o.value.problem is None, (o.node, o.error, o.value)
+    return dry, dry_session, real, real_session
+
+
+WRITE = re.compile(r"^printf %s ([A-Za-z0-9+/=]+) \| base64 -d > (\S+)$", re.M)
+MOVE = re.compile(r"^mv -f -- (\S+) (\S+)$", re.M)
+
+
+def written(script: str) -> dict[str, str]:
+    """The files ``script`` replaces (chrony.write_file_script: base64 into a temporary file, moved
+    over the target) and their new text."""
+    staged = {shlex.split(tmp)[0]: base64.b64decode(data) for data, tmp in WRITE.findall(script)}
+    return {
+        shlex.split(target)[0]: staged[shlex.split(tmp)[0]].decode()
+        for tmp, target in MOVE.findall(script)
+        if shlex.split(tmp)[0] in staged
+    }
+
+
+HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def patched(before: Mapping[str, str], diff: str) -> dict[str, str]:
+    """Each file the unified ``diff`` names (``+++`` path), as it is once the diff is applied to its
+    text in ``before`` (absent: empty). Context and removed lines must match ``before``."""
+    lines = diff.splitlines(keepends=True)
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        assert lines[i].startswith("--- ") and lines[i + 1].startswith("+++ "), lines[i : i + 2]
+        path = lines[i + 1][4:].rstrip("\n")
+        old = before.get(path, "").splitlines(keepends=True)
+        new: list[str] = []
+        at = 0
+        i += 2
+        while i < len(lines) and (hunk := HUNK.match(lines[i])):
+            start, old_count = int(hunk.group(1)), int(hunk.group(2) or 1)
+            begin = start - 1 if old_count else start
+            new += old[at:begin]
+            at = begin
+            left, added = old_count, int(hunk.group(4) or 1)
+            i += 1
+            while left or added:
+                tag, text = lines[i][0], lines[i][1:]
+                if tag in " -":
+                    assert old[at] == text, (path, old[at], text)
+                    at, left = at + 1, left - 1
+                if tag in " +":
+                    new.append(text)
+                    added -= 1
+                i += 1
+        out[path] = "".join(new + old[at:])
+    return out
+
+
+def files_of(probe: str) -> dict[str, str]:
+    """The files a probe output shows (path -> text)."""
+    return {
+        path: base64.b64decode(data).decode() for path, data in re.findall(r"^file (\S+) (\S+)$", probe, re.M)
+    }
+
+
+def sync(session: RecordingSession, inventory: Inventory, dry_run: bool) -> TimeReport:
+    return sync_time(session, inventory, dry_run=dry_run, sync_timeout=SYNC_TIMEOUT)
+
+
+def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> TimeReport:
+    return restore_time(session, inventory, dry_run=dry_run)
+
+
+def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_says() -> None:
+    """Per Linux node, `ntp --dry-run` reads where the node finds the master and what chrony has; the
+    real run reads the same, then runs the script the dry run printed, byte for byte, as root, then
+    only reads (the wait for a source, clock samples). The file that script writes is the one the
+    printed diff makes of the node's file. A Windows node gets the w32time script printed for it."""
+    dry, dry_session, real, real_session = time_runs(sync, UNCONFIGURED)
+    inventory = load_inventory_text(TIME_INVENTORY, "hosts.yaml")
+    max_offset_s = inventory.cluster.time.max_offset_ms / 1000
+    for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
+        assert shown.value is not None and done.value is not None
+        script = shown.value.script
+        assert script, f"{shown.node}: nothing to change: the comparison would prove nothing"
+        extra = after_probes(dry_session.fakes[shown.node], real_session.fakes[shown.node])
+        if shown.node == "w":  # w32time: the script, then its status (read-only)
+            assert not dry_session.fakes["w"].log
+            assert extra == [
+                Sent(script, become=True),
+                Sent(timesync_windows.status_script(MASTER), become=True),
+            ]
+            continue
+        assert shown.value.state.startswith("would be ") and done.value.state in ("added", "changed")
+        wait = chrony.wait_script(
+            max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
+        )
+        assert extra[:2] == [Sent(script, become=True), Sent(wait, become=True)], shown.node
+        assert extra[2:] and all(s == Sent("date +%s.%N") for s in extra[2:])  # the offsets measured
+        # the diff printed is what the script writes
+        before = files_of(UNCONFIGURED[shown.node])
+        assert patched(before, shown.value.diff) == written(script), shown.node
+        assert done.value.path in written(script) and done.value.mode == shown.value.mode
+
+
+def test_ntp_restore_runs_exactly_the_script_its_dry_run_shows() -> None:
+    """`ntp --restore --dry-run` reads what chrony has; the real restore reads the same, then runs the
+    script the dry run printed, as root, and nothing else; what its diff shows is what the files
+    become (the backup put back, our files removed)."""
+    dry, dry_session, real, real_session = time_runs(restore, CONFIGURED)
+    for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
+        assert shown.value is not None and done.value is not None
+        script = shown.value.script
+        assert script, f"{shown.node}: nothing to restore: the comparison would prove nothing"
+        extra = after_probes(dry_session.fakes[shown.node], real_session.fakes[shown.node])
+        assert extra == [Sent(script, become=True)], shown.node
+        assert done.value.state == "restored" and shown.value.state.startswith("would be")
+        if shown.node == "w":
+            continue
+        before = files_of(CONFIGURED[shown.node])
+        after = patched(before, shown.value.diff)
+        moved = dict(MOVE.findall(script))
+        removed = re.findall(r"^rm -f -- (\S+)$", script, re.M)
+        assert after, shown.node
+        for path, text in after.items():
+            if text:  # put back from its backup by the script
+                assert moved[shlex.quote(path + chrony.BACKUP_SUFFIX)] == shlex.quote(path)
+                assert text == before[path + chrony.BACKUP_SUFFIX]
+            else:
+                assert shlex.quote(path) in removed, (shown.node, path)
+
+
+def test_ntp_dry_run_shows_the_install_of_chrony_that_runs_first() -> None:
+    """On a node without chrony (``time.install: true``), `ntp --dry-run` shows the install command
+    and says the node would be installed: what chrony's configuration is there depends on the files
+    its package brings, which only a node that has it can show. The real run installs with exactly
+    that command, reads the node again, and then configures it."""
+    without = chrony_probe(os_id="debian", files=dumps({}, dropin=False), shared_clock=True, chronyd=False)
+    probes: dict[str, str | tuple[str, str]] = {**UNCONFIGURED, "b": (without, UNCONFIGURED["b"])}
+    text = TIME_INVENTORY.replace("master: a}", "master: a, time: {install: true}}")
+    dry, dry_session, _, real_session = time_runs(sync, probes, text)
+    [shown] = [o.value for o in dry.outcomes if o.node == "b"]
+    assert (
+        shown is not None
+        and shown.state == "would install"
+        and shown.script == chrony.install_command("apt-get")
+    )
+    extra = after_probes(dry_session.fakes["b"], real_session.fakes["b"])
+    assert extra[:2] == [
+        Sent(shown.script, become=True),
+        Sent(chrony.probe_script(PosixShell()), become=True),
+    ]
+    configure = extra[2]
+    assert isinstance(configure, Sent) and configure.become and configure.command.startswith("set -e\n")
+    assert "/usr/sbin/chronyd -f /etc/chrony.conf -x" in configure.command
+
+
+# -- sync: the environment, then the code ----------------------------------------------------------
+
+SYNC_INVENTORY = """\
+cluster:
+  name: lab
+  master: a
+  env:
+    requirements: requirements.txt
+    index_url: {index_url}
+  code: {{source: {source}}}
+nodes:
+  - {{name: a, host: 198.18.7.11, user: root}}
+  - {{name: b, host: 198.18.7.12, user: trainer}}
+"""
+REQUIREMENTS = "numpy==2.1.3\ntorch==2.5.1\n"
+INDEX_URL = "https://ci:s3cret-token@pypi.example.org/simple"
+HOMES = {"a": "/root", "b": "/home/trainer"}
+PROJECT = {  # path -> (content, mode)
+    "train.py": (b"import torch\nprint('training')\n", 0o644),
+    "model/net.py": (b"import torch.nn as nn\n\nclass Net(nn.Module):\n    pass\n", 0o644),
+    "configs/base.yaml": (b"lr: 0.01\nbatch: 64\n", 0o644),
+    "run.sh": (b"#!/bin/sh\nexec python train.py\n", 0o755),
+    ".env": (b"WANDB_API_KEY=not-a-real-key\n", 0o600),
+}
+#: Debian 12's python3 as the environment probe (steps/envsync/probes/env_probe.py) reports it
+PYTHON = {
+    "executable": "/usr/bin/python3",
+    "version": "3.11.2",
+    "implementation": "cpython",
+    "abi": "cp311",
+    "sysconfig_platform": "linux-x86_64",
+    "machine": "x86_64",
+    "os": "posix",
+    "venv_module": True,
+    "pip": "23.0.1",
+    "pip_wheel": "/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl",
+    "libc": "glibc 2.36",
+    "platforms": ["manylinux_2_36_x86_64", "manylinux2014_x86_64", "linux_x86_64"],
+}
+
+
+def expand(node: str, path: str) -> str:
+    return HOMES[node] + path[1:] if path.startswith("~") else path
+
+
+def json_argument(command: str) -> dict[str, Any]:
+    """The JSON object a ``python -c SCRIPT JSON`` command passes its script ({} for others)."""
+    try:
+        word = shlex.split(command)[-1] if command.startswith("python3 -c ") else ""
+    except ValueError:
+        return {}
+    return dict(json.loads(word)) if word.startswith("{") else {}
+
+
+def sync_node(node: str, tree: LocalTree) -> Answer:
+    """A node without the environment (no venv yet) whose code directory lacks files: a (the master)
+    has an older copy of the project (a file changed, one missing, one the project no longer has), b
+    has none. The environment probe, the markers' read, the build's listing and the code script
+    answer as on a node; anything else (a change) succeeds."""
+    token: dict[str, str] = {}
+    files = {rel: [e.sha256, e.size, e.mode, e.link] for rel, e in tree.files.items()}
+    if node == "a":
+        files["configs/base.yaml"][0] = "0" * 64  # edited since
+        del files["run.sh"]
+        files["old_train.py"] = ["1" * 64, 120, 0o644, None]  # gone from the project
+
+    def answer(command: str) -> tuple[str, int]:
+        args = json_argument(command)
+        if "stamp" in args:  # the environment probe
+            path = expand(node, args["path"])
+            token["token"] = args["marker"]["token"]
+            doc = {
+                "home": HOMES[node],
+                "python": PYTHON,
+                "uv": None,
+                "venv": {"path": path, "state": "missing", "target": None, "stamp": None, "packages": None},
+                "wheelhouse": None,
+                "marker": {"path": expand(node, args["marker"]["dir"])},
+            }
+            return json.dumps(doc) + "\n", 0
+        if args.get("op") == "read":  # the sync's markers: only this node's own in its directory
+            return json.dumps({d: {"seen": {node: token["token"]}} for d in args["dirs"]}) + "\n", 0
+        if args.get("op") == "scan":
+            dest = expand(node, args["dest"])
+            there = node == "a"
+            scanned = {"dest": dest, "exists": there, "marked": there, "refused": None, "errors": []}
+            return json.dumps({**scanned, "files": files if there else {}}) + "\n", 0
+        if args.get("op") == "apply":
+            return json.dumps({"dest": expand(node, args["dest"]), "errors": []}) + "\n", 0
+        if INSTALLED_MARK in command:
+            installed = {"numpy": "2.1.3", "torch": "2.5.1", "filelock": "3.16.1", "sympy": "1.13.1"}
+            listing = json.dumps({"packages": installed, "python": PYTHON["version"]})
+            pip = "Successfully installed numpy-2.1.3 torch-2.5.1"
+            return f"{STEP_MARK}resolving packages\n{pip}\n{INSTALLED_MARK}{listing}\n", 0
+        return "", 0
+
+    return answer
+
+
+def sync_runs(
+    tmp_path: Path,
+) -> tuple[dict[str, Any], RecordingSession, dict[str, Any], RecordingSession, LocalTree]:
+    project = tmp_path / "project"
+    for rel, (data, mode) in PROJECT.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_bytes(data)
+        (project / rel).chmod(mode)
+    (tmp_path / "requirements.txt").write_text(REQUIREMENTS)
+    (tmp_path / "hosts.yaml").write_text(SYNC_INVENTORY.format(source=project, index_url=INDEX_URL))
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    tree = prepare_tree(inventory)
+    runs = []
+    for dry_run in (True, False):
+        session = RecordingSession(inventory, {n.name: sync_node(n.name, tree) for n in inventory.nodes})
+        settings = Settings(json_mode=True, dry_run=dry_run)
+        settings.ui.collected = []
+        code = run_sync(settings, inventory, list(inventory.nodes), session=session)
+        [doc] = settings.ui.collected
+        assert code == 0 and doc["exit_code"] == 0, doc
+        runs.append((doc, session))
+    (dry, dry_session), (real, real_session) = runs
+    return dry, dry_session, real, real_session, tree
+
+
+STAMP = re.compile(r"^printf %s '(\{.*\})' > \"\$new\"/", re.M)
+UPLOAD = "# upload (owner-only): "
+SETTINGS = b"(the index settings: compared through what the dry run shows of them)"
+
+
+def filled(text: str, values: Mapping[str, str]) -> str:
+    """``text`` with each placeholder of the dry run replaced by the value the real run had."""
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+def is_op(entry: Sent | Upload, op: str) -> bool:
+    return isinstance(entry, Sent) and json_argument(entry.command).get("op") == op
+
+
+def test_sync_builds_each_environment_exactly_as_its_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sync --dry-run` contacts no node for the environment: it prints, per node, the commands and
+    uploads of a build, with placeholders for what only the node and the build give (the marker
+    token, the build id, the stamp's key, Python and platform; the probe's text is printed once).
+    On a node that has no environment yet, the real sync sends exactly that, in that order, each
+    command byte for byte once those are filled in, plus the read of the shared-directory markers
+    the dry run names; the uploads land where it says, owner-only, holding the requirements file
+    and the index settings it shows (logins masked)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dry, _, real, real_session, _ = sync_runs(tmp_path)
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    spec = resolve_spec(inventory, "linux")
+    shell = PosixShell()
+    assert [n["name"] for n in dry["env"]["nodes"]] == [n["name"] for n in real["env"]["nodes"]] == ["a", "b"]
+    for shown, done in zip(dry["env"]["nodes"], real["env"]["nodes"], strict=True):
+        node = shown["name"]
+        assert shown["action"] == "planned" and done["action"] == "installed", done
+        log = real_session.fakes[node].log
+        env_log = log[: next(i for i, e in enumerate(log) if is_op(e, "scan"))]  # then the code
+        [markers] = [e for e in env_log if is_op(e, "read")]  # read-only, named by the dry run
+        assert env_log.index(markers) == 1 and any("markers" in c for c in shown["commands"])
+        env_log.remove(markers)
+        # the values only the node and this build give, which the dry run shows as placeholders
+        probe, build = env_log[0], env_log[-1]
+        assert isinstance(probe, Sent) and isinstance(build, Sent)
+        stamp = json.loads(STAMP.findall(build.command)[0])
+        assert (stamp["python"], stamp["platform"]) == ("3.11.2", "linux-x86_64-cpython-cp311")
+        assert stamp["key"] == stamp_key(spec, python_version="3.11.2", platform=stamp["platform"])
+        token = json_argument(probe.command)["marker"]["token"]
+        values = {
+            shell.quote(PROBE_PLACEHOLDER): shell.quote(probe_code()),
+            '"TOKEN"': json.dumps(token),
+            "BUILD-ID": stamp["id"],
+            '"KEY"': json.dumps(stamp["key"]),
+            '"PYTHON"': json.dumps(stamp["python"]),
+            '"PLATFORM"': json.dumps(stamp["platform"]),
+            '"CREATED"': json.dumps(stamp["created"]),
+        }
+        # what the dry run shows, in order: shell text, and uploads (source -> where, owner-only)
+        expected: list[str | Upload] = []
+        settings: list[str] = []  # the index settings it shows (logins masked)
+        for line in shown["commands"]:
+            if line.startswith(UPLOAD):
+                source, _, remote = line.removeprefix(UPLOAD).partition(" -> ")
+                data = SETTINGS if source == "index settings" else Path(source).read_bytes()
+                expected.append(Upload(shell.transfer_path(filled(remote, values)), data, 0o600))
+            elif line.startswith("#   "):
+                settings.append(line.removeprefix("#   "))
+            elif not line.startswith("#"):
+                expected.append(filled(line, values))
+        # what the node got: each command as its shell receives it, each upload
+        got: list[str | Upload] = []
+        for entry in env_log:
+            if isinstance(entry, Sent):
+                got.append(shell.wrap(entry.command, env=dict(entry.env), cwd=entry.cwd, become=entry.become))
+            elif entry.remote.endswith(".index.env"):
+                # the index settings: what the dry run shows of them, with the login the inventory has
+                assert mask_url_credentials(entry.data.decode()).splitlines() == settings
+                assert entry.data == f"PIP_INDEX_URL={INDEX_URL}\n".encode()
+                got.append(Upload(entry.remote, SETTINGS, entry.mode))
+            else:
+                got.append(entry)
+        assert got == expected, node
+
+
+def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sync --dry-run` compares each node's code directory (read-only: nothing created, no cache
+    written) and shows the files it would add, change and delete, and the bytes it would send. The
+    real sync compares the same way, then uploads one bundle (owner-only, inside that directory)
+    holding exactly those files, their bytes, modes and deletions, and applies it: nothing else."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    dry, dry_session, real, real_session, tree = sync_runs(tmp_path)
+    assert (
+        [n["name"] for n in dry["code"]["nodes"]] == [n["name"] for n in real["code"]["nodes"]] == ["a", "b"]
+    )
+    for shown, done in zip(dry["code"]["nodes"], real["code"]["nodes"], strict=True):
+        node = shown["name"]
+        assert shown["dry_run"] and not shown["unchanged"], f"{node}: nothing would move"
+        summary = ("dest", "added", "changed", "deleted", "bytes_sent")
+        assert {k: done[k] for k in summary} == {k: shown[k] for k in summary}
+        # the dry run's one command: the comparison, read-only; the real run's is the same, writing
+        [scan] = dry_session.fakes[node].log
+        assert isinstance(scan, Sent) and is_op(scan, "scan")
+        args = json_argument(scan.command)
+        assert (args["create"], args["write_cache"]) == (False, False)
+        log = real_session.fakes[node].log
+        start = next(i for i, e in enumerate(log) if is_op(e, "scan"))
+        first, bundle, applied = log[start:]
+        assert isinstance(first, Sent) and isinstance(bundle, Upload) and isinstance(applied, Sent)
+        assert shlex.split(first.command)[:-1] == shlex.split(scan.command)[:-1]  # the same script
+        assert json_argument(first.command) == {**args, "create": True, "write_cache": True}
+        # the bundle: a JSON header, then the bytes of the files to send, in its order
+        header_line, _, payload = bundle.data.partition(b"\n")
+        header = json.loads(header_line)
+        assert header["delete"] == shown["deleted"]
+        sent = [entry[0] for entry in header["files"]]
+        assert sent == sorted(shown["added"] + shown["changed"])
+        assert [entry[1:] for entry in header["files"]] == [
+            [tree.files[rel].size, tree.files[rel].mode, None, tree.files[rel].sha256] for rel in sent
+        ]
+        assert payload == b"".join(PROJECT[rel][0] for rel in sent)
+        assert len(payload) == shown["bytes_sent"]
+        name = bundle.remote.rpartition("/")[2]
+        assert bundle.remote == f"{shown['dest']}/{name}" and bundle.mode == 0o600
+        assert json_argument(applied.command) == {"op": "apply", "dest": shown["dest"], "bundle": name}
+        assert not applied.become and not first.become
