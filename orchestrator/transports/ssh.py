@@ -48,6 +48,7 @@ from orchestrator.transports.known_hosts import (
     revoked_error,
 )
 from orchestrator.transports.options import SSHOptions
+from orchestrator.transports.sockets import limit_unacknowledged, no_delay
 
 __all__ = ["SSHTransport", "fingerprint"]
 
@@ -55,19 +56,6 @@ __all__ = ["SSHTransport", "fingerprint"]
 def _auth_failed(exc: BaseException) -> bool:
     """The server refused every credential offered (or none could be offered)."""
     return isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc)
-
-
-def _limit_unacknowledged(sock: object, seconds: float) -> None:
-    # paramiko's keepalives expect no answer: a node that vanished (power cut, cable, `ip link set
-    # down`) would leave a command waiting for minutes (70-100 s with 15 s keepalives: issue 17).
-    # TCP_USER_TIMEOUT makes the kernel drop the connection when sent data (keepalives, heartbeats)
-    # stays unacknowledged this long.
-    option = getattr(socket, "TCP_USER_TIMEOUT", None)
-    if option is not None and isinstance(sock, socket.socket):
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, option, int(seconds * 1000))
-        except OSError:
-            pass
 
 
 class SSHTransport(Transport):
@@ -234,7 +222,8 @@ class SSHTransport(Transport):
             assert transport is not None
             log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
-            _limit_unacknowledged(transport.sock, 3 * self.options.keepalive)
+            limit_unacknowledged(transport.sock, 3 * self.options.keepalive)
+            no_delay(transport.sock)
 
     def _refuse_revoked(self) -> None:
         """A last check on every hop once connected: revoked keys never reach paramiko's trusted keys

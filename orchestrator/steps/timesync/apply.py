@@ -280,11 +280,6 @@ def settled(value: NodeTime, probe: Probe, role: ChronyRole, max_offset_ms: floa
     return True
 
 
-#: a clock sample already taken is reused when its error (half its round trip) is at most the offset
-#: limit divided by this (100 ms: 20 ms)
-REUSE_PRECISION = 5
-
-
 def _measure(
     session: Session, nodes: list[Node], master: Node, values: dict[str, NodeTime], max_offset_ms: float
 ) -> None:
@@ -292,16 +287,10 @@ def _measure(
     targets = [n for n in nodes if n.name in values]
     if master not in targets:
         targets = [master, *targets]
-    # a sample this session already took stands for nodes the step did not change (sync_time forgets
-    # the others'), the master's too (offsets are differences of samples against our one clock), when
-    # it is precise enough to judge the limit by: else the node is sampled again, best of a few
-    sharp = max_offset_ms / 1000 / REUSE_PRECISION
-
+    # a sample this session already took (the main pipeline's first round trip) stands for the nodes
+    # the step did not change (sync_time forgets the others'), the master's too: offsets are
+    # differences of samples against our one clock, each with its error shown and allowed for
     def sample_of(node: Node, transport: Transport) -> ClockSample:
-        known = session.remember(node.name, CLOCK, lambda: sample_clock(transport))
-        if known.rtt / 2 <= sharp:
-            return known
-        session.forget(node.name, CLOCK)
         return session.remember(node.name, CLOCK, lambda: sample_clock(transport))
 
     clocks = session.map(sample_of, step="clock", nodes=targets)
