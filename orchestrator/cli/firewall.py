@@ -92,7 +92,8 @@ def run_firewall(
         for o in outcomes:
             if o.value is None:
                 continue
-            ui.print_text(f"# {o.node} ({o.value.kind}): would run as root")
+            what = "as one script that stops at the first failure (set -e)" if o.value.commands else ""
+            ui.print_text(f"# {o.node} ({o.value.kind}): would run as root {what}".rstrip())
             for command in o.value.commands or ["# nothing: " + o.value.status]:
                 ui.print_text(command)
             ui.print_text("")

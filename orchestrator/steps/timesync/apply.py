@@ -287,6 +287,7 @@ def _measure(
     targets = [n for n in nodes if n.name in values]
     if master not in targets:
         targets = [master, *targets]
+
     # a sample this session already took (the main pipeline's first round trip) stands for the nodes
     # the step did not change (sync_time forgets the others'), the master's too: offsets are
     # differences of samples against our one clock, each with its error shown and allowed for
