@@ -40,6 +40,9 @@ class BootstrapError(Exception):
         self.message = message
         self.node = node
         self.hint = None if hint is None else mask_url_credentials(hint)
+        # told to the user already: an error met again by a later phase (a login the node refused,
+        # kept by its transport) is not printed again; tables and --json still list it everywhere
+        self.shown = False
 
     def __str__(self) -> str:
         prefix = f"node {self.node!r}: " if self.node else ""

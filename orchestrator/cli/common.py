@@ -267,8 +267,10 @@ def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     for outcome in outcomes:
         if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
             unknown.append(outcome.error)
-        elif outcome.error is not None:
+        elif outcome.error is not None and not getattr(outcome.error, "shown", False):
             ui.error(str(outcome.error))
+            if isinstance(outcome.error, BootstrapError):
+                outcome.error.shown = True
     if not unknown:
         return
     files = sorted({e.known_hosts for e in unknown})

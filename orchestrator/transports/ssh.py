@@ -102,6 +102,9 @@ class SSHTransport(Transport):
         self._no_sftp = False  # the server refused the sftp subsystem: files go through the shell
         self._trusts: dict[str, KnownHosts] = {}  # known_hosts as read for each hop (lookup name)
         self._closed = False  # sticky: a closed (cancelled) transport never reconnects
+        # sticky too: credentials the node refused are never sent again by this transport (one typo
+        # would otherwise count as a failed login per phase: pam_faillock locks after 3, fail2ban bans)
+        self._refused: AuthenticationError | None = None
         config = Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else Config()
         self.conn = Connection(host, user=user, port=port, config=config)
         # Our own dict, never fabric's config object: fabric logs changes made to that one (a
@@ -190,6 +193,8 @@ class SSHTransport(Transport):
                 raise self._cancelled()
             if self.conn.is_connected:
                 return
+            if self._refused is not None:
+                raise self._refused
             self._client_fresh()
             self._secure(self.conn)
             try:
@@ -206,14 +211,19 @@ class SSHTransport(Transport):
                     self._client_fresh()
                     self._secure(self.conn)
                     self._open(password=password)
-            except ConnectError:
+            except ConnectError as exc:
                 self._abort()
+                if isinstance(exc, AuthenticationError):
+                    self._refused = exc
                 raise
             except Exception as exc:
                 self._abort()
                 if self._closed:
                     raise self._cancelled() from None
-                raise self._explain(exc) from None
+                error = self._explain(exc)
+                if isinstance(error, AuthenticationError):
+                    self._refused = error
+                raise error from None
             if self._closed:  # cancelled while the handshake ran
                 self._abort()
                 raise self._cancelled()
