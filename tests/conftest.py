@@ -2,9 +2,11 @@
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests import netns
 from tests.cluster import NamespaceCluster, TestHost, cluster_support_problems
 
 _MARKERS = {
@@ -51,6 +54,29 @@ def require_cluster_support() -> None:
 
 
 CHRONY_DIRS = ("/etc/chrony", "/run/chrony", "/var/lib/chrony")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_node_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """root's ``~/cluster-bootstrap`` (every node's default workdir: the namespace hosts share this
+    machine's disk) is a directory of this pytest process, seen by it and by everything it starts
+    (namespace hosts and the CLI included) and by nothing else. Tests read it at its usual path.
+
+    Concurrent pytest processes (pytest-xdist workers, another checkout's run) then never meet in
+    it: their code directories, environments and run directories stay apart, as they would on
+    separate machines (two launches of same-named clusters in the same second pick the same run id).
+    What it cannot separate: processes, one PID space for every namespace host (see ``alone``).
+    Returns the directory (None when not root: no namespace host can be started then either)."""
+    if os.geteuid() != 0:
+        return None
+    source = tmp_path_factory.mktemp("root-cluster-bootstrap")
+    source.chmod(0o755)
+    try:
+        netns.private_bind(os.path.join(pwd.getpwuid(0).pw_dir, "cluster-bootstrap"), str(source))
+    except OSError as exc:  # no CAP_SYS_ADMIN: only a lone serial run is safe
+        warnings.warn(f"~root/cluster-bootstrap is shared with other processes: {exc}", stacklevel=1)
+        return None
+    return source
 
 
 @pytest.fixture(scope="session")

@@ -36,3 +36,43 @@ def inside(ns: str) -> Iterator[None]:
     finally:
         os.close(target)
         os.close(original)
+
+
+CLONE_NEWNS = 0x00020000
+MS_BIND = 0x1000
+MS_SLAVE = 0x80000
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    src = None if source is None else os.fsencode(source)
+    if _libc.mount(src, os.fsencode(target), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source or ''} {target}: {os.strerror(err)}")
+
+
+def _mount_point_of(path: str) -> str:
+    """The mount point (as /proc/self/mountinfo lists it) that ``path`` lies on."""
+    best = "/"
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4].encode().decode("unicode_escape")  # "\040" for a space
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
+                best = point
+    return best
+
+
+def private_bind(directory: str, source: str) -> None:
+    """From now on the calling thread, and every process and thread it starts, sees ``source`` at
+    ``directory``; nothing changes for the rest of the machine.
+
+    A mount namespace of its own (unshare(CLONE_NEWNS) moves only the calling thread of a process
+    with threads: call it from the thread that runs the tests) in which the mount that ``directory``
+    lies on is made a slave, so the bind mount never propagates back. Every other mount keeps its
+    propagation: network namespaces added (``ip netns add``, under the shared /run/netns) stay
+    visible to the whole machine, as without this."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWNS): {os.strerror(err)}")
+    os.makedirs(directory, exist_ok=True)
+    _mount(None, _mount_point_of(os.path.abspath(directory)), MS_SLAVE)
+    _mount(source, directory, MS_BIND)

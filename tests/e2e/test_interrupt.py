@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -103,6 +104,12 @@ def _local_run_pids(run_id: str) -> set[int]:
     return found
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
     """`connection: local` (README command 1's inventory): the launcher's group is killed at once,
     before torchrun can pass anything on to its workers, which live in sessions of their own."""
@@ -114,6 +121,7 @@ def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
         name="loc",
         master="here",
         backend="gloo",
+        port=_free_port(),  # this machine's own network: test_cli_local.py trains on 29500 meanwhile
         train={"script": str(script)},
     )
     run_id = f"intl-{os.getpid()}-{time.monotonic_ns()}"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import load_inventory
 from tests.conftest import BOOTSTRAP
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,13 +71,31 @@ def test_run_streams_locally(tmp_path: Path) -> None:
     assert "exit 3" in run.stderr
 
 
+def _load_error(path: Path) -> InventoryError:
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    return info.value
+
+
 @pytest.mark.parametrize("path", BAD_INVENTORIES, ids=lambda p: p.name)
-def test_bad_inventory_exits_2_with_located_one_line_errors(path: Path) -> None:
+def test_bad_inventory_gives_located_one_line_errors(path: Path) -> None:
+    """Every bad inventory, in-process: the CLI prints each line of the message as one ``error: ``
+    line and exits with the error's code (the test below runs the CLI on one of them)."""
+    error = _load_error(path)
+    assert error.exit_code == 2
+    lines = str(error).splitlines()
+    assert lines, "no message"
+    for line in lines:
+        assert line.startswith(f"{path}:"), line  # file and line named on every error
+
+
+def test_bad_inventory_exits_2_with_located_one_line_errors() -> None:
+    path = REPO / "tests" / "unit" / "data" / "inventory" / "bad_many.yaml"  # several errors
     run = bootstrap("--inventory", str(path), "check")
     assert run.returncode == 2, run.stderr
     assert run.stdout == ""
     lines = run.stderr.splitlines()
-    assert lines, "no message"
+    assert len(lines) == len(str(_load_error(path)).splitlines()) > 1, run.stderr  # one line each
     assert "Traceback" not in run.stderr
     for line in lines:
         assert line.startswith(f"error: {path}:"), line  # file and line named on every error

@@ -81,7 +81,7 @@ def test_facts_alone_checks_nothing(
 
 
 def test_check_table_for_humans(bootstrap: Bootstrap, trusted_home: Path, inventory: Path) -> None:
-    run = bootstrap("-i", str(inventory))  # no command: the main pipeline
+    run = bootstrap("-i", str(inventory), "check")
     assert run.returncode == 0, run
     for name in ("node1 (master)", "node2", "node3"):
         assert name in run.stdout

@@ -19,7 +19,8 @@ from tests.conftest import CliRun, write_inventory
 Bootstrap = Callable[..., CliRun]
 #: Python under /root is not readable by other users: Debian's own (no torch: versions fail, unasked)
 PYTHON = "/usr/bin/python3"
-NO_SUDO, SUDO_OK = "cbtnosudo", "cbtsudook"
+#: names no other test file uses: files run side by side (tests/run.sh), users are this machine's
+NO_SUDO, SUDO_OK = "cbtpfnosudo", "cbtpfsudook"
 
 
 @pytest.fixture

@@ -208,7 +208,10 @@ def test_detached_run_survives_our_connection_and_reports_status(
     result = box["r"]
     assert result.exit_code == 3 and result.ended
     with netns.inside(cluster.controller_ns):
-        done = status_node(node, t, "r-status")
+        # the launcher writes the exit code last, then exits: on a busy machine a moment later
+        done = await_(
+            lambda: (s := status_node(node, t, "r-status")).state != "running" and s, 10, "the launcher's end"
+        )
     assert (done.state, done.exit_code, done.last_line) == ("exited", 3, "last")
     t.close()
 
