@@ -64,7 +64,7 @@ class PlayedProbes:
         )
         with self.lock:
             self.procs[proc.pid] = proc
-            if argv[3:5] == ["cbt-reach", "listen"]:  # -I -c SOURCE cbt-reach listen|connect ...
+            if argv[4:6] == ["cbt-reach", "listen"]:  # -I -S -c SOURCE cbt-reach listen|connect ...
                 self.listeners.append(proc.pid)
         answer = Answer()
 

@@ -144,7 +144,7 @@ def test_the_probe_stays_python36_and_is_run_isolated() -> None:
     ast.parse(source, feature_version=(3, 6))  # no walrus, no f"{x=}", no positional-only params
     assert "from __future__ import annotations" not in source  # Python 3.7+
     words = probe_command(PosixShell(), "/usr/bin/python3", ["connect", "-", "2", "1.2.3.4:5"])
-    assert words.startswith("/usr/bin/python3 -I -c ")
+    assert words.startswith("/usr/bin/python3 -I -S -c ")
     assert words.endswith(" cbt-reach connect - 2 1.2.3.4:5")
 
 

@@ -91,6 +91,16 @@ def _gloo_works(torch, dist):
     return True, None
 
 
+def _hostname():
+    # os.uname() where there is one: importing socket costs a few ms on every node and check
+    uname = getattr(os, "uname", None)
+    if uname is not None:
+        return uname().nodename
+    import socket
+
+    return socket.gethostname()
+
+
 def _find_torch():
     # importlib.util.find_spec("torch") without importing importlib.util (a few ms on every node):
     # ask the import system's finders in turn, as find_spec does for a top-level name
@@ -114,7 +124,6 @@ def main():
         return
     import hashlib
     import json
-    import socket
 
     root = os.path.dirname(spec.origin)
     # The answer holds per-machine results (GPUs seen, gloo working), so the key names the machine
@@ -127,7 +136,7 @@ def main():
             root,
             _stamp(os.path.join(root, "version.py")),
             _driver(),
-            socket.gethostname(),
+            _hostname(),
             _boot_id(),
             os.environ.get("CUDA_VISIBLE_DEVICES"),
         ]

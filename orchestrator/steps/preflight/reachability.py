@@ -153,8 +153,9 @@ def probe_source() -> str:
 
 def probe_command(platform: Platform, python: str, args: Sequence[str]) -> str:
     # -I: a stray socket.py or selectors.py in the login directory, or PYTHONPATH, must not shadow
-    # the standard library the probe relies on
-    return platform.join([python, "-I", "-c", probe_source(), PROBE_TAG, *args])
+    # the standard library the probe relies on; -S: nor does it need site-packages, whose .pth files
+    # cost a few ms of CPU per process (two per node on every check: benchmarks/fanout.py)
+    return platform.join([python, "-I", "-S", "-c", probe_source(), PROBE_TAG, *args])
 
 
 def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
