@@ -187,16 +187,19 @@ def run_sync(
         code = ExitCode.NODES_FAILED
     if settings.json_mode:
         fail_lines(ui, [*env_outcomes, *code_outcomes])
-        ui.print_json(
-            {
-                "command": "sync",
-                "dry_run": settings.dry_run,
-                "from_master": from_master,  # the environment is the master's (no cluster.env)
-                "env": _env_json(env_outcomes, report) if do_env else None,
-                "code": _code_json(code_outcomes) if do_code else None,
-                "exit_code": int(code),
-            }
-        )
+        doc: dict[str, Any] = {
+            "command": "sync",
+            "dry_run": settings.dry_run,
+            "from_master": from_master,  # the environment is the master's (no cluster.env)
+            "env": _env_json(env_outcomes, report) if do_env else None,
+            "code": _code_json(code_outcomes) if do_code else None,
+            "exit_code": int(code),
+        }
+        if settings.dry_run and do_env and any(o.value is not None for o in env_outcomes):
+            # the commands name it by placeholder: its text, once, as the human dry run prints it
+            name, text = probe_script()
+            doc["env_probe"] = {"name": name, "text": text}
+        ui.print_json(doc)
         return code
     if do_env:
         if master_note:

@@ -843,6 +843,7 @@ def test_sync_builds_each_environment_exactly_as_its_dry_run_shows(
         assert (stamp["python"], stamp["platform"]) == ("3.11.2", "linux-x86_64-cpython-cp311")
         assert stamp["key"] == stamp_key(spec, python_version="3.11.2", platform=stamp["platform"])
         token = json_argument(probe.command)["marker"]["token"]
+        assert dry["env_probe"]["text"] == probe_code()  # what the placeholder stands for, in --json too
         values = {
             shell.quote(PROBE_PLACEHOLDER): shell.quote(probe_code()),
             '"TOKEN"': json.dumps(token),

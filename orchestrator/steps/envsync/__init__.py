@@ -95,7 +95,7 @@ def sync_node(
 
 
 #: stands for the probe's text in --dry-run commands (the script is printed once, before them)
-PROBE_PLACEHOLDER = "<env_probe.py, printed once above>"
+PROBE_PLACEHOLDER = "<env_probe.py, printed once above (--json: env_probe)>"
 
 
 def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: bool = False) -> list[str]:
