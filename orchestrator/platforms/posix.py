@@ -96,7 +96,9 @@ class PosixShell(Platform):
             "exec 3<&0\n"
             # the job's token, in the environment of everything the job starts, wherever that runs
             # (not in ours: the watcher would find itself)
-            "tok=$$.$(cat /proc/sys/kernel/random/uuid 2>/dev/null || date +%s)\n"
+            # `read` is a builtin: no subshell and no `cat` for every command the transports send
+            "{ read -r tok < /proc/sys/kernel/random/uuid; } 2>/dev/null || tok=$(date +%s)\n"
+            "tok=$$.$tok\n"
             "if command -v setsid >/dev/null 2>&1; then\n"
             f'  CB_WATCH="$tok" setsid {job}\n'
             "  job=$! target=-$!\n"  # the job's process group
