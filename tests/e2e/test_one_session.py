@@ -25,24 +25,30 @@ def _logins(cluster: NamespaceCluster) -> dict[str, int]:
     return counts
 
 
-def test_the_whole_pipeline_logs_in_to_each_node_once(
-    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
-) -> None:
+def _inventory(cluster: NamespaceCluster, tmp_path: Path, name: str, **extra: object) -> Path:
+    """Every host as root with this Python, code synced from a one-file project, firewall and time
+    managed (the defaults)."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "notes.txt").write_text("synced by the pipeline\n")
-    nodes = [
+    nodes: list[dict[str, object]] = [
         {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
     ]
-    inventory = write_inventory(
+    return write_inventory(
         tmp_path / "hosts.yaml",
         nodes,
-        name="one",
+        name=name,
         master="node1",
         backend="gloo",
         code={"source": str(project)},
-        train={"args": ["--epochs", "1", "--max-steps", "5"]},
+        **extra,
     )
+
+
+def test_the_whole_pipeline_logs_in_to_each_node_once(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    inventory = _inventory(cluster, tmp_path, "one", train={"args": ["--epochs", "1", "--max-steps", "5"]})
     before = _logins(cluster)
     run = bootstrap("-i", str(inventory), "--json", cwd=tmp_path, timeout=400)
     after = _logins(cluster)
@@ -71,20 +77,7 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
     (steps/setup_read.py) with a clock sample, and chronyd already followed the master: the sync,
     firewall and time steps send no command of their own, and nothing at all runs as root after that
     first command."""
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "train.py").write_text("print('synced')\n")
-    nodes = [
-        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
-    ]
-    inventory = write_inventory(
-        tmp_path / "hosts.yaml",
-        nodes,
-        name="again",
-        master="node1",
-        backend="gloo",
-        code={"source": str(project)},
-    )
+    inventory = _inventory(cluster, tmp_path, "again")
     first = bootstrap("-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
     assert first.returncode == 0, first
     again = bootstrap("-v", "-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
