@@ -649,3 +649,31 @@ def test_a_master_serving_its_own_clock_settles_on_a_normal_leap_status() -> Non
 def test_the_probe_reads_chronyd_tracking_too() -> None:
     out = "running 4242\ntracking " + base64.b64encode(_TRACKING_NORMAL.encode()).decode()
     assert c.parse_tracking(c.parse_probe(out).tracking_csv)["leap"] == "Normal"
+
+
+def test_a_reconfigured_master_has_every_worker_awaited_again() -> None:
+    """Workers whose chrony was left as it was need no wait while they follow the master within the
+    limit; once the serving master itself changed (restarted, other servers), each of them is awaited
+    again: what they followed when probed is history."""
+    from orchestrator.steps.timesync import to_await
+
+    following = "^,*,10.0.0.1,10,6,377,1,0.000020,0,0.00003\n"
+    probes = {
+        "m": _running(tracking=_TRACKING_NORMAL),
+        "w1": _running(following),
+        "w2": _running("^,?,10.0.0.1,0,6,0,-,0,0,0\n"),
+    }
+    roles = {
+        "m": c.ChronyRole((), serve=True, allow=("10.0.0.2", "10.0.0.3")),
+        "w1": c.ChronyRole(("10.0.0.1",), prefer_first=True),
+        "w2": c.ChronyRole(("10.0.0.1",), prefer_first=True),
+    }
+
+    def values(master_state: str) -> dict[str, NodeTime]:
+        return {"m": NodeTime("m", state=master_state), "w1": NodeTime("w1", state="unchanged"),
+                "w2": NodeTime("w2", state="unchanged")}  # fmt: skip
+
+    assert to_await(values("unchanged"), probes, roles, "m", True, 100) == {"w2"}
+    assert to_await(values("changed"), probes, roles, "m", True, 100) == {"m", "w1", "w2"}
+    # nodes that follow servers of their own do not depend on the master
+    assert to_await(values("changed"), probes, roles, "m", False, 100) == {"m", "w2"}

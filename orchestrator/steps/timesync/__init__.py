@@ -38,7 +38,7 @@ from orchestrator.steps.timesync.apply import (
     _restore_windows,
     settled,
 )
-from orchestrator.steps.timesync.chrony.config import time_source
+from orchestrator.steps.timesync.chrony.config import ChronyRole, time_source
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.master import _Addresses, _addresses, roles, windows_clients
 from orchestrator.steps.timesync.report import NodeTime, TimeReport
@@ -145,11 +145,11 @@ def sync_time(
                     errors[o.node] = o
         if not dry_run:
             configured = [n for n in linux if n.name in values]
-            # nothing changed and chronyd already follows its source within the limit: no wait
             waiting = [
                 n
                 for n in configured
-                if not settled(values[n.name], probes[n.name], node_roles[n.name], settings.max_offset_ms)
+                if n.name
+                in to_await(values, probes, node_roles, master.name, settings.serving, settings.max_offset_ms)
             ]
             session.map(
                 lambda n, t: _await(
@@ -204,6 +204,31 @@ def sync_time(
         else:
             outcomes.append(Outcome(node.name, values.get(node.name), None, 0.0))
     return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run)
+
+
+def to_await(
+    values: dict[str, NodeTime],
+    probes: dict[str, Probe],
+    roles: dict[str, ChronyRole],
+    master: str,
+    serving: bool,
+    max_offset_ms: float,
+) -> set[str]:
+    """The configured nodes whose synchronisation must be awaited (pure: unit-tested): not those where
+    nothing changed and chronyd already followed its source within the limit when probed
+    (:func:`~orchestrator.steps.timesync.apply.settled`); but every worker of a serving master that was
+    just reconfigured (restarted, or following other servers)."""
+    served = values.get(master) if serving else None
+    source_changed = served is not None and served.state != "unchanged"
+    return {
+        name
+        for name, value in values.items()
+        if name in probes
+        and (
+            (source_changed and name != master)
+            or not settled(value, probes[name], roles[name], max_offset_ms)
+        )
+    }
 
 
 def restore_time(
