@@ -81,6 +81,11 @@ class Session:
                 if (node is None or slot[0] == node) and (not keys or slot[1] in keys):
                     del self._memo[slot]
 
+    def keys(self, node: str) -> list[str]:
+        """The keys remembered for ``node``."""
+        with self._lock:
+            return [key for name, key in self._memo if name == node]
+
     def recall(self, node: str, key: str) -> object | None:
         """What is remembered for ``node`` under ``key`` (None: nothing), computing nothing."""
         with self._lock:

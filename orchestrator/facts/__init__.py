@@ -5,4 +5,17 @@ from __future__ import annotations
 from orchestrator.facts.base import Fact, FactParseError, FactSet, gather, split_sections
 from orchestrator.facts.linux import linux_facts, public_value
 
-__all__ = ["Fact", "FactParseError", "FactSet", "gather", "linux_facts", "public_value", "split_sections"]
+#: how the session memo's keys of a node's facts start (steps/node_facts.py: facts_key): a step that
+#: changed a node's environment forgets those, not what other steps read there
+SESSION_KEY_PREFIX = "facts "
+
+__all__ = [
+    "SESSION_KEY_PREFIX",
+    "Fact",
+    "FactParseError",
+    "FactSet",
+    "gather",
+    "linux_facts",
+    "public_value",
+    "split_sections",
+]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from orchestrator.facts import Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts import SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import RunsWindows, gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
@@ -156,7 +156,7 @@ def inspect(
 def facts_key(extra: Sequence[Fact[Any]], python: str | None) -> str:
     """The session memo's key for one set of facts (the inventory, hence each fact's arguments, is
     fixed for a session)."""
-    return "facts " + (python or "-") + " " + ",".join(f.name for f in extra)
+    return SESSION_KEY_PREFIX + (python or "-") + " " + ",".join(f.name for f in extra)
 
 
 def inspect_once(

@@ -30,6 +30,7 @@ import pytest
 
 from orchestrator.cli.common import Settings
 from orchestrator.cli.sync import run_sync
+from orchestrator.facts import SESSION_KEY_PREFIX
 from orchestrator.facts.base import split_sections
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory, load_inventory_text
 from orchestrator.platforms import Platform, PosixShell, platform_for_node
@@ -772,8 +773,9 @@ def sync_node(node: str, tree: LocalTree) -> Answer:
 
 
 def sync_runs(
-    tmp_path: Path,
+    tmp_path: Path, seed: Mapping[str, object] | None = None
 ) -> tuple[dict[str, Any], RecordingSession, dict[str, Any], RecordingSession, LocalTree]:
+    """Sync run dry and for real (``seed``: remembered per node in each session first)."""
     project = tmp_path / "project"
     for rel, (data, mode) in PROJECT.items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -786,6 +788,9 @@ def sync_runs(
     runs = []
     for dry_run in (True, False):
         session = RecordingSession(inventory, {n.name: sync_node(n.name, tree) for n in inventory.nodes})
+        for node in inventory.nodes:
+            for key, value in (seed or {}).items():
+                session.seed(node.name, key, value)
         settings = Settings(json_mode=True, dry_run=dry_run)
         settings.ui.collected = []
         code = run_sync(settings, inventory, list(inventory.nodes), session=session)
@@ -923,3 +928,16 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         assert bundle.remote == f"{shown['dest']}/{name}" and bundle.mode == 0o600
         assert json_argument(applied.command) == {"op": "apply", "dest": shown["dest"], "bundle": name}
         assert not applied.become and not first.become
+
+
+def test_an_environment_sync_forgets_the_nodes_facts_not_what_other_steps_read(tmp_path: Path) -> None:
+    """A node whose environment was built is asked for its facts (Python, torch) again by the phases
+    after; its firewall reading and its clock sample, which the build did not change, are kept."""
+    facts = SESSION_KEY_PREFIX + "/usr/bin/python3 route"
+    seed = {facts: "before the build", "firewall.detection": "read before", "clock": "sampled before"}
+    _, dry_session, _, real_session, _ = sync_runs(tmp_path, seed=seed)
+    for node in ("a", "b"):
+        assert set(dry_session.keys(node)) >= set(seed)  # a dry run changes nothing
+        assert facts not in real_session.keys(node)
+        assert real_session.recall(node, "firewall.detection") == "read before"
+        assert real_session.recall(node, "clock") == "sampled before"

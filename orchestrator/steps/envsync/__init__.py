@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from orchestrator.executor import Outcome
+from orchestrator.facts import SESSION_KEY_PREFIX
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync.build import build_node, build_stamp, installer_tail
@@ -245,7 +246,8 @@ def sync_env(
         )
         if tokens:
             env.round_trips += 1  # the markers were read
-        session.forget(node.name)  # its Python and torch changed: later phases ask for facts again
+        # its Python and torch changed: later phases ask for its facts again (not for its firewall)
+        session.forget(node.name, *[k for k in session.keys(node.name) if k.startswith(SESSION_KEY_PREFIX)])
         return env
 
     built: dict[str, Outcome[NodeEnv]] = {}
