@@ -124,7 +124,10 @@ def test_detached_run_is_followed_through_a_cut_connection(
             for x in copies[host.name].splitlines()[-3:]
         ]
         assert [x for x in tail.stdout.splitlines() if x.startswith(f"[{host.name}")] == last, tail.stdout
-        assert f"[{host.name}:{rank}] n={LINES - 1}" in last
+        # the rank's own last line; torchrun's agent may still log after it (its store, on the master,
+        # gone first: "DistNetworkError: Failed to recv"), and then that is what --tail 3 shows
+        ranks = [x for x in copies[host.name].splitlines() if x.startswith("[default0]:")]
+        assert ranks[-1] == f"[default0]:n={LINES - 1}", copies[host.name]
         assert (tmp_path / "runs" / run_id / f"{host.name}.log").read_text() == copies[host.name]
     as_json = bootstrap("-i", str(inv), "logs", "--run", run_id, "--tail", "3", "--json", cwd=tmp_path)
     doc = json.loads(as_json.stdout)
