@@ -51,8 +51,8 @@ CODE = "code_scan"
 def read_setup(
     session: Session, inventory: Inventory, nodes: list[Node], *, code: Sequence[str] = ()
 ) -> dict[str, RootAccess | BootstrapError]:
-    """One round trip per Linux node of ``nodes``: each node's ``root_access`` verdict (what
-    :func:`~orchestrator.steps.preflight.privilege.root_access` returns), with the firewall and time
+    """One round trip per Linux node of ``nodes``: each node's ``root_access`` verdict (or why there is
+    none; for :func:`~orchestrator.steps.preflight.privilege.refused_root`), with the firewall and time
     steps' first reads handed to them through ``session`` (see the module docstring); on the nodes
     named in ``code`` also the code sync's scan, read-only (it creates nothing)."""
     linux = [n for n in nodes if n.os == "linux"]

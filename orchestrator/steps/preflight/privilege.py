@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import BootstrapError
-from orchestrator.facts.linux import BecomeRoot, RootAccess
+from orchestrator.facts.linux import RootAccess
 from orchestrator.steps.preflight.checks import PreflightFacts
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
@@ -68,29 +68,6 @@ def check_root_access(f: PreflightFacts, needed_by: Sequence[str]) -> Verdict | 
         fix,
         **data,
     )
-
-
-def root_access(session: Any, nodes: Sequence[Any]) -> dict[str, RootAccess | BootstrapError]:
-    """Each Linux node's ``root_access`` fact, on ``session`` (one short command per node): what the
-    main pipeline asks before its firewall and time steps run as root, so that a missing sudoers line
-    stops it before it changes anything on any node."""
-    from orchestrator.facts import gather
-
-    linux = [n for n in nodes if n.os != "windows"]
-    found: dict[str, RootAccess | BootstrapError] = {}
-    for o in session.map(lambda node, t: gather(t, [BecomeRoot()]), step="sudo", nodes=linux):
-        if o.error is not None:
-            found[o.node] = o.error
-            continue
-        access = o.value.get("root_access") if o.value is not None else None
-        if isinstance(access, RootAccess):
-            found[o.node] = access
-        else:
-            why = o.value.errors.get("root_access", "no answer") if o.value is not None else "no answer"
-            found[o.node] = BootstrapError(
-                f"could not tell whether commands can become root: {why}", node=o.node
-            )
-    return found
 
 
 def refused_root(found: dict[str, RootAccess | BootstrapError], needed_by: Sequence[str]) -> list[str]:
