@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.cluster import NamespaceCluster
 from tests.conftest import CliRun, write_inventory
+from tests.integration.test_runs import await_
 
 Bootstrap = Callable[..., CliRun]
 
@@ -58,6 +59,9 @@ def test_the_commands_printed_after_a_detached_launch_work_as_pasted(
         assert argv[argv.index("--known-hosts") + 1] == str(known), argv
         assert argv[argv.index("--ssh-config") + 1] == str(config), argv
         assert argv[argv.index("--run") + 1] == run_id
+    # the ranks print `up` once torch is imported: stopping before that would leave nothing to follow
+    log = Path(f"/root/cluster-bootstrap/runs/{run_id}/{cluster.hosts[0].name}/node.log")
+    await_(lambda: log.exists() and any(line.rstrip().endswith(b"up") for line in log.read_bytes().splitlines()), 120, "node1's rank up")
     try:
         status = bootstrap(*hints["status"][1:], "--json", cwd=tmp_path)
         assert status.returncode == 0, status
