@@ -61,7 +61,11 @@ def test_the_commands_printed_after_a_detached_launch_work_as_pasted(
         assert argv[argv.index("--run") + 1] == run_id
     # the ranks print `up` once torch is imported: stopping before that would leave nothing to follow
     log = Path(f"/root/cluster-bootstrap/runs/{run_id}/{cluster.hosts[0].name}/node.log")
-    await_(lambda: log.exists() and any(line.rstrip().endswith(b"up") for line in log.read_bytes().splitlines()), 120, "node1's rank up")
+
+    def rank_up() -> bool:
+        return log.exists() and any(line.rstrip().endswith(b"up") for line in log.read_bytes().splitlines())
+
+    await_(rank_up, 120, "node1's rank up")
     try:
         status = bootstrap(*hints["status"][1:], "--json", cwd=tmp_path)
         assert status.returncode == 0, status
