@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
+import shlex
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -340,3 +344,45 @@ def test_probe_on_loopback_with_a_missing_interpreter() -> None:
 def test_master_must_be_a_node() -> None:
     with pytest.raises(ValueError, match="master"):
         check_reachability(local_nodes([sys.executable]), "elsewhere", 29500)
+
+
+def test_probe_on_loopback_without_poll_as_on_windows(tmp_path: Path) -> None:
+    """Windows' select module has no poll(): the probe then waits with select(), where a refused
+    connection shows among the exceptional sockets. Its interpreter here: this one, poll removed."""
+    no_poll = tmp_path / "python-without-poll"
+    inner = (
+        "import select, sys; del select.poll; source = sys.argv[4]; sys.argv = ['-c'] + sys.argv[5:]; "
+        "exec(compile(source, '<probe>', 'exec'), {'__name__': '__main__'})"
+    )
+    no_poll.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(inner)} "$@"\n')
+    no_poll.chmod(0o755)
+    port = free_port()
+    verdicts = check_reachability(local_nodes([str(no_poll)] * 3), "n1", port)
+    assert {v.level for v in verdicts.values()} == {"ok"}, [v.reason for v in verdicts.values()]
+    assert len(verdicts["n1"].data["pairs"]) == 3 + 4
+
+    with socket.socket() as closed:  # a port nothing listens on: refused, named
+        closed.bind(("127.0.0.1", 0))
+        dead = closed.getsockname()[1]
+    out = subprocess.run(
+        [
+            str(no_poll),
+            "-I",
+            "-S",
+            "-c",
+            probe_source(),
+            "cbt-reach",
+            "connect",
+            "-",
+            "3",
+            "t",
+            f"127.0.0.1:{dead}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert re.search(rf"^result 0 refused [\d.]+ 127\.0\.0\.1:{dead} ECONNREFUSED$", out.stdout, re.M), (
+        out.stdout
+    )

@@ -5,7 +5,7 @@
 import os
 import sys
 
-PROBE_VERSION = 3
+PROBE_VERSION = 4
 
 
 def _stamp(path):
@@ -101,6 +101,18 @@ def _hostname():
     return socket.gethostname()
 
 
+def _digest(text):
+    # sha256 without hashlib (OpenSSL's loading costs a few ms on every node)
+    try:
+        from _sha2 import sha256  # Python 3.12+
+    except ImportError:
+        try:
+            from _sha256 import sha256
+        except ImportError:
+            from hashlib import sha256
+    return sha256(text.encode()).hexdigest()[:20]
+
+
 def _find_torch():
     # importlib.util.find_spec("torch") without importing importlib.util (a few ms on every node):
     # ask the import system's finders in turn, as find_spec does for a top-level name
@@ -122,14 +134,11 @@ def main():
     if spec is None or not spec.origin:
         print('{"installed": false}')
         return
-    import hashlib
-    import json
-
     root = os.path.dirname(spec.origin)
     # The answer holds per-machine results (GPUs seen, gloo working), so the key names the machine
     # and its boot too: a home directory shared over NFS must not lend one node's answer to another,
     # and a reboot (driver reload) asks again.
-    key_src = json.dumps(
+    key_src = repr(
         [
             PROBE_VERSION,
             sys.executable,
@@ -141,18 +150,21 @@ def main():
             os.environ.get("CUDA_VISIBLE_DEVICES"),
         ]
     )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
+    key = _digest(key_src)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     cache_dir = os.path.join(base, "cluster-bootstrap")
     cache = os.path.join(cache_dir, "torch-facts-%s.json" % key)
+    # The cache holds the very line to print (written whole, then renamed into place): the json
+    # module's import alone costs a node more than the rest of this answer.
     try:
         with open(cache) as fh:
-            cached = json.load(fh)
-        cached["cached"] = True
-        print(json.dumps(cached))
-        return
+            cached = fh.read().strip()
+        if cached.startswith("{") and cached.endswith("}") and "\n" not in cached:
+            print(cached)
+            return
     except (OSError, ValueError):
         pass
+    import json
     try:
         info = _probe()
     except Exception as exc:  # torch present but unusable: say why, never crash the gathering
@@ -168,7 +180,7 @@ def main():
         os.makedirs(cache_dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache_dir)
         with os.fdopen(fd, "w") as fh:
-            json.dump(info, fh)
+            fh.write(json.dumps(dict(info, cached=True)) + "\n")
         os.replace(tmp, cache)
     except OSError:
         pass  # read-only home: just slower next time
