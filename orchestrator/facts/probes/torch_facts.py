@@ -165,6 +165,7 @@ def main():
     except (OSError, ValueError):
         pass
     import json
+
     try:
         info = _probe()
     except Exception as exc:  # torch present but unusable: say why, never crash the gathering
