@@ -100,7 +100,7 @@ def bench(
     rounds: int,
     timeout: float,
     templates_dir: Path | None,
-) -> None:
+) -> ExitCode:
     """Measure every rank's training speed (samples/s) on its own device, with the launch's environment.
 
     A fixed forward/backward workload (a small MLP, or --callable) runs on every rank at once, timed
@@ -123,7 +123,7 @@ def bench(
         steps=steps,
         rounds=rounds,
     )
-    ctx.exit(int(run_bench_command(settings, inventory, options, templates_dir=templates_dir)))
+    return run_bench_command(settings, inventory, options, templates_dir=templates_dir)
 
 
 def run_bench_command(

@@ -16,10 +16,10 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    error_dict,
     fail_lines,
     interrupted,
     load_selection,
+    node_docs,
     node_status,
     phase_session,
 )
@@ -488,17 +488,13 @@ def _shared_headline(outcomes: list[Outcome[NodeEnv]]) -> str | None:
 
 def _env_json(outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> dict[str, Any]:
     return {
-        "nodes": [
-            {
-                "name": o.node,
-                "ok": o.ok,
-                "duration": round(o.duration, 4),
-                "error": error_dict(o.error),
+        "nodes": node_docs(
+            outcomes,
+            lambda o: {
                 "kept_previous": getattr(o.error, "kept", None),
                 **(o.value.public_dict() if o.value else {}),
-            }
-            for o in outcomes
-        ],
+            },
+        ),
         "environments": [
             {"nodes": g.nodes, "os": g.os, "python": g.python, "packages": g.packages} for g in report.groups
         ],
@@ -508,18 +504,7 @@ def _env_json(outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> dict[str, 
 
 
 def _code_json(outcomes: list[Outcome[Any]]) -> dict[str, Any]:
-    return {
-        "nodes": [
-            {
-                "name": o.node,
-                "ok": o.ok,
-                "duration": round(o.duration, 4),
-                "error": error_dict(o.error),
-                **(o.value.public_dict() if o.value is not None and hasattr(o.value, "public_dict") else {}),
-            }
-            for o in outcomes
-        ]
-    }
+    return {"nodes": node_docs(outcomes)}
 
 
 def _code_human(settings: Settings, outcomes: list[Outcome[Any]]) -> None:
