@@ -19,12 +19,6 @@ from tests.conftest import CliRun, write_inventory
 from tests.e2e.windows_host import start_windows_host
 from tests.winrm_server.host import HostedServer
 
-# Not beside other tests (tests/run.sh runs these after the rest): the node's log is compared whole,
-# and would also name any other test's run on this machine (every namespace host, and the WSL
-# "distribution", sees all of this machine's processes: "N process(es) of run X still running on this
-# node").
-pytestmark = pytest.mark.alone
-
 Bootstrap = Callable[..., CliRun]
 SECRET = "Wq9!distinctive-WSL-train-PASSWORD"
 ENV = {"CBT_WIN_PASSWORD": SECRET}
@@ -84,12 +78,11 @@ def test_a_wsl_node_trains_beside_linux_nodes(
     assert re.search(r"^\[default0\]:\[rank 2/3\]", controller_log, re.M), controller_log
     # the node's own log, written inside the "distribution" (node3's namespace, this filesystem)
     node_log = Path(f"/root/cluster-bootstrap/runs/{run_dir.name}/node3/node.log")
-    # before the run's log exists, the launch may say what else still runs on the node: here the Linux
-    # nodes' validation ending (every namespace host sees this machine's one PID space); the controller
-    # keeps that notice in its copy, the run's own log starts with the run
-    notices = re.compile(
-        r"^bootstrap: \d+ process\(es\) of run validate-\S+ still running on this node .*\n", re.M
-    )
+    # before the run's log exists, the launch may say what else still runs on the node: the Linux
+    # nodes' validation ending, other tests' runs (every namespace host, and the WSL "distribution",
+    # sees this machine's one PID space); the controller keeps such notices in its copy, the run's own
+    # log starts with the run
+    notices = re.compile(r"^bootstrap: \d+ process\(es\) of run \S+ still running on this node .*\n", re.M)
     assert node_log.read_text() == notices.sub("", controller_log)
 
 
