@@ -29,8 +29,8 @@ venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 # The tests wait on sshd, chrony, torch and subprocesses more than they compute: more workers than
 # cores (pytest-xdist), each test file on one worker, in collection order (tests/e2e, the longest,
 # first). tests/conftest.py keeps workers apart (its own namespace clusters, its own
-# ~root/cluster-bootstrap). Tests marked `alone` (they would see other tests' runs: one PID space) come
-# after, by themselves. BOOTSTRAP_TEST_WORKERS=0: one serial run of everything, as before (e.g. with a
+# ~root/cluster-bootstrap). Tests marked `alone` (a speed comparison, which other tests' load would
+# decide) come after, by themselves. BOOTSTRAP_TEST_WORKERS=0: one serial run of everything, as before (e.g. with a
 # -m of your own).
 workers=${BOOTSTRAP_TEST_WORKERS:-4}
 pytest=("$venv/bin/python" -m pytest -p no:cacheprovider)
