@@ -8,15 +8,20 @@ trains, saves, and the next run resumes from what the nodes hold.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
-import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+from tests.conftest import require_cluster_support
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -24,10 +29,23 @@ SAMPLES, BATCH = 1024, 64  # per epoch: 512 samples per rank = 8 steps
 STEPS_PER_EPOCH = SAMPLES // 2 // BATCH
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: master ports, one per run: the runs are in a network namespace of the test's own (``loopback``),
+#: where nothing else listens (a port picked free on this machine's loopback could be taken by
+#: another test between the pick and torchrun's bind, and the other node would wait on a stranger)
+_PORTS = itertools.count(29500)
+
+
+@pytest.fixture
+def loopback() -> Iterator[list[str]]:
+    """The command prefix that runs a process in a fresh network namespace with only ``lo`` (up)."""
+    require_cluster_support()  # root and `ip netns`
+    name = f"cbt-resume-{os.getpid()}-{time.monotonic_ns()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        yield ["ip", "netns", "exec", name]
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=False)
 
 
 def _torchrun(node_rank: int, port: int, args: list[str]) -> list[str]:
@@ -44,10 +62,11 @@ def _torchrun(node_rank: int, port: int, args: list[str]) -> list[str]:
 
 
 def _train(
-    checkpoints: list[Path], epochs: int, *, torchrun: bool = True
+    prefix: list[str], checkpoints: list[Path], epochs: int, *, torchrun: bool = True
 ) -> list[subprocess.CompletedProcess[str]]:
-    """One run of the example on both nodes; node R saves to and resumes from checkpoints[R]."""
-    port = _free_port()
+    """One run of the example on both nodes (run with ``prefix``: the ``loopback`` fixture); node R
+    saves to and resumes from checkpoints[R]."""
+    port = next(_PORTS)
     nodes = []
     for node_rank, checkpoint in enumerate(checkpoints):
         args = [
@@ -67,7 +86,9 @@ def _train(
             env.update({k: str(v) for k, v in rank_env.items()})
             env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GROUP_RANK=str(node_rank))
         nodes.append(
-            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                [*prefix, *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
         )
     runs = []
     for node in nodes:
@@ -95,10 +116,10 @@ def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
     )
 
 
-def test_resume_needs_no_shared_storage(tmp_path: Path) -> None:
+def test_resume_needs_no_shared_storage(loopback: list[str], tmp_path: Path) -> None:
     disks = [tmp_path / "node0" / "ckpt" / "last.pt", tmp_path / "node1" / "ckpt" / "last.pt"]
 
-    first = _train(disks, epochs=1)
+    first = _train(loopback, disks, epochs=1)
     for rank, run in enumerate(first):
         assert run.returncode == 0, run.stdout
         text = "\n".join(_lines(run, rank))
@@ -114,7 +135,7 @@ def test_resume_needs_no_shared_storage(tmp_path: Path) -> None:
     # rank 0's node lost its copy (a reinstalled machine, or an elastic restart gave rank 0 to a
     # new node): the only copy is on rank 1's disk, and both ranks resume from it at epoch 2
     disks[0].unlink()
-    second = _train(disks, epochs=2)
+    second = _train(loopback, disks, epochs=2)
     for rank, run in enumerate(second):
         assert run.returncode == 0, run.stdout
         lines = _lines(run, rank)
@@ -132,11 +153,11 @@ def test_resume_needs_no_shared_storage(tmp_path: Path) -> None:
     assert sorted(p.name for p in disks[0].parent.iterdir()) == ["last.pt"]  # no temporary files left
 
 
-def test_an_unreadable_checkpoint_stops_every_rank_naming_it(tmp_path: Path) -> None:
+def test_an_unreadable_checkpoint_stops_every_rank_naming_it(loopback: list[str], tmp_path: Path) -> None:
     disks = [tmp_path / "node0" / "last.pt", tmp_path / "node1" / "last.pt"]
     disks[1].parent.mkdir(parents=True)
     disks[1].write_bytes(b"not a checkpoint")
-    runs = _train(disks, epochs=1, torchrun=False)
+    runs = _train(loopback, disks, epochs=1, torchrun=False)
     for run in runs:  # both stop at once (neither waits for the other until a timeout), neither trains
         assert run.returncode != 0, run.stdout
         assert "RuntimeError: rank 1 cannot read its node's checkpoint (its log names the file and why)" in (

@@ -11,7 +11,6 @@ Run as ``python -m tests.unit.test_shares_ddp worker OUT`` it is one rank of tha
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -120,12 +119,6 @@ def test_the_ranks_average_of_scaled_gradients_is_the_global_batch_gradient() ->
 # -- real DDP, gloo, 3 processes --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _train_single() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One process, the whole global batch: (gradient of the first step, final parameters)."""
     x, y = _data()
@@ -173,23 +166,43 @@ def worker(out: str) -> None:
 
 
 def test_real_ddp_with_uneven_shares_equals_one_process(tmp_path: Path) -> None:
-    port = _free_port()
+    from torch.distributed import TCPStore
+
+    # The store is this process's, on a port the kernel picked and that stays held, as torchrun's
+    # agent hosts it for its ranks (TORCHELASTIC_USE_AGENT_STORE): a port picked free and handed to
+    # rank 0 to bind could be taken meanwhile by another test's listener on this machine, and ranks 1
+    # and 2 would then wait on a stranger.
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs = []
-    for rank in range(3):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "3",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
-        argv = [sys.executable, "-m", "tests.unit.test_shares_ddp", "worker", str(tmp_path / f"r{rank}.pt")]
-        procs.append(
-            subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        )
-    outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    try:
+        for rank in range(3):
+            env = {
+                **os.environ,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "3",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "OMP_NUM_THREADS": "1",
+            }
+            argv = [
+                sys.executable,
+                "-m",
+                "tests.unit.test_shares_ddp",
+                "worker",
+                str(tmp_path / f"r{rank}.pt"),
+            ]
+            procs.append(
+                subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            )
+        outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        del store
     assert [p.returncode for p in procs] == [0, 0, 0], outputs
     first, final = _train_single()
     for rank in range(3):
