@@ -39,26 +39,26 @@ Bootstrap = Callable[..., CliRun]
 pytestmark = pytest.mark.alone
 
 
-@pytest.mark.timeout(1800)  # 4 launches on a shared machine
+@pytest.mark.timeout(1800)
 def test_measured_shares_train_faster_with_the_same_loss(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     reference = reference_losses(tmp_path)
     with throttled(cluster.hosts[2]):
-        # 3. training with equal and with measured shares, side by side: two rounds, alternating, so
-        # that a burst of other work on this machine does not decide the comparison
+        # training with equal and with measured shares, one after the other, alone on this machine
+        # (tests/run.sh): on a quiet machine measured shares make about 1.6x the steps/s of equal
+        # ones here, the assertion below asks for 1.25x
         runs: dict[str, list[list[dict[str, Any]]]] = {"equal": [], "measured": []}
-        for _round in range(2):
-            for mode in ("equal", "measured"):
-                inv = bench_inventory(
-                    cluster, tmp_path / f"{mode}.yaml", args=[*TRAIN, "--max-steps", str(STEPS)], shares=mode
-                )
-                launched = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=600)
-                assert launched.returncode == 0, str(launched)
-                said = rf"^\[node1:0\] \[rank 0/3\] shares {mode} \(from .*\): \[(\d+), (\d+), (\d+)\] of"
-                shown = re.search(said, launched.stdout, re.M)
-                assert shown, launched.stdout
-                runs[mode].append(metrics(launched))
+        for mode in ("equal", "measured"):
+            inv = bench_inventory(
+                cluster, tmp_path / f"{mode}.yaml", args=[*TRAIN, "--max-steps", str(STEPS)], shares=mode
+            )
+            launched = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=600)
+            assert launched.returncode == 0, str(launched)
+            said = rf"^\[node1:0\] \[rank 0/3\] shares {mode} \(from .*\): \[(\d+), (\d+), (\d+)\] of"
+            shown = re.search(said, launched.stdout, re.M)
+            assert shown, launched.stdout
+            runs[mode].append(metrics(launched))
     steps_per_s = {
         mode: [1 / max(summary(r, n)["step_time"] for n in ("node1", "node2", "node3")) for r in rounds]
         for mode, rounds in runs.items()
