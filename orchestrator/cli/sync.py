@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.pipeline import wants_code_sync
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.envsync import (
@@ -152,6 +153,21 @@ def run_sync(
                 "(`bootstrap sync --from-master` installs the master's torch on every node)"
             )
         do_env = False
+    if only is None and not wants_code_sync(inventory):
+        # as the pipeline does: the default source is the current directory, which may be a home;
+        # pushing it takes a cluster.code section, or asking for it by name
+        ui.note(
+            "no cluster.code in the inventory: code sync skipped (`bootstrap sync --only code` pushes "
+            "the current directory to <workdir>/code on every node; docs/sync.md)"
+        )
+        do_code = False
+    if not do_env and not do_code:
+        if settings.json_mode:
+            ui.print_json(
+                {"command": "sync", "dry_run": settings.dry_run, "from_master": False, "env": None,
+                 "code": None, "exit_code": int(ExitCode.OK)}
+            )  # fmt: skip
+        return ExitCode.OK
     if do_code:
         from orchestrator.steps.codesync import code_source
 

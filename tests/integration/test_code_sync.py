@@ -352,3 +352,31 @@ def test_cli_sync_only_code(
     assert all(n["unchanged"] for n in json.loads(again.stdout)["code"]["nodes"])
     human = bootstrap("-i", str(inv), "sync", "--only", "code")
     assert "unchanged (7 files)" in human.stdout + human.stderr, human
+
+
+def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> None:
+    """`bootstrap sync` run from a directory (a home, say) with an inventory that has no
+    cluster.code: nothing of that directory goes anywhere (as in the main pipeline); the note says how
+    to push it. `sync --only code` asks for it by name and pushes it."""
+    from tests.conftest import BOOTSTRAP
+
+    cwd = tmp_path / "home"
+    cwd.mkdir()
+    (cwd / "private.txt").write_text("not for the cluster\n")
+    workdir = tmp_path / "wd"
+    inv = tmp_path / "local.yaml"
+    inv.write_text(json.dumps({"nodes": [{"name": "here", "connection": "local", "workdir": str(workdir)}]}))
+    env = {**os.environ, "NO_COLOR": "1"}
+    plain = subprocess.run(
+        [BOOTSTRAP, "-i", str(inv), "sync"], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert "no cluster.code in the inventory: code sync skipped" in plain.stderr
+    assert "bootstrap sync --only code" in plain.stderr
+    assert not (workdir / "code").exists()
+    asked = subprocess.run(
+        [BOOTSTRAP, "-i", str(inv), "sync", "--only", "code"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    assert (workdir / "code" / "private.txt").read_text() == "not for the cluster\n"
