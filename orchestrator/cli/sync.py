@@ -161,13 +161,6 @@ def run_sync(
             "the current directory to <workdir>/code on every node; docs/sync.md)"
         )
         do_code = False
-    if not do_env and not do_code:
-        if settings.json_mode:
-            ui.print_json(
-                {"command": "sync", "dry_run": settings.dry_run, "from_master": False, "env": None,
-                 "code": None, "exit_code": int(ExitCode.OK)}
-            )  # fmt: skip
-        return ExitCode.OK
     if do_code:
         from orchestrator.steps.codesync import code_source
 
@@ -186,15 +179,16 @@ def run_sync(
     code_outcomes: list[Outcome[Any]] = []
     master_note: str | None = None
     try:
-        with phase_session(settings, inventory, nodes, session) as on:
-            if do_env and from_master:
-                env_outcomes, master_note = _run_from_master(
-                    settings, on, inventory, nodes, force=force, freeze=freeze
-                )
-            elif do_env:
-                env_outcomes = _run_env(settings, on, inventory, nodes, force=force)
-            if do_code:
-                code_outcomes = _run_code(settings, on, inventory, nodes)
+        if do_env or do_code:  # else nothing to sync: no node is contacted
+            with phase_session(settings, inventory, nodes, session) as on:
+                if do_env and from_master:
+                    env_outcomes, master_note = _run_from_master(
+                        settings, on, inventory, nodes, force=force, freeze=freeze
+                    )
+                elif do_env:
+                    env_outcomes = _run_env(settings, on, inventory, nodes, force=force)
+                if do_code:
+                    code_outcomes = _run_code(settings, on, inventory, nodes)
     except KeyboardInterrupt:
         interrupted(ui)
     report = summarize_outcomes(env_outcomes)

@@ -374,6 +374,18 @@ def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> Non
     assert "no cluster.code in the inventory: code sync skipped" in plain.stderr
     assert "bootstrap sync --only code" in plain.stderr
     assert not (workdir / "code").exists()
+    as_json = subprocess.run(
+        [BOOTSTRAP, "-i", str(inv), "--json", "sync"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    assert (doc["command"], doc["env"], doc["code"], doc["exit_code"]) == ("sync", None, None, 0), doc
+    assert not (workdir / "code").exists()
     asked = subprocess.run(
         [BOOTSTRAP, "-i", str(inv), "sync", "--only", "code"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120,
