@@ -134,7 +134,9 @@ def run_pipeline(
 
         chosen = {n.name for n in selected}
         code = [n.name for n in selected] if wants_code_sync(inventory) else []
-        access = read_setup(session, inventory, list(session.nodes), code=code)
+        # the preflight's facts ride along on the nodes it checks, unless the pipeline ends before it
+        to_check = [] if options.until in ("sync", "firewall", "ntp") else [n.name for n in selected]
+        access = read_setup(session, inventory, list(session.nodes), code=code, checked=to_check)
         refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
         if refused:
             for line in refused:

@@ -6,12 +6,16 @@ same command carries what those steps read before they decide anything:
 
 - as the login user: a clock sample (first, dated by its arrival: steps/preflight/rounds.py), the
   ``root_access`` fact, and for the time step the node's route to the master (the master: also its
-  own addresses);
+  own addresses); on the nodes the pipeline checks, every fact the preflight reads (``check``'s own
+  list: the route and addresses among them), so a node's facts are gathered once per pipeline: the
+  preflight's round trip then carries only its clock sample, workdir marker and listener (a step that
+  changes the node's Python or torch, the environment sync, makes the session forget them);
 - the code sync's scan of the node's code directory, read-only (it creates nothing and writes no
   cache: steps/codesync/sync.py), when the pipeline syncs code;
 - then as root, in the same command (``sudo -n`` for other users, which fails at once where the
-  verdict above says it will): the firewall detection (steps/firewall/linux_detection.py) and the
-  chrony probe (steps/timesync/chrony/probe.py), framed with a second token.
+  verdict above says it will): the firewall detection (steps/firewall/linux_detection.py; without
+  its route, addresses and interfaces where the facts above have them) and the chrony probe
+  (steps/timesync/chrony/probe.py), framed with a second token.
 
 Each answer is handed to its step through the session, under the key that step reads it by
 (``Session.seed``; :data:`~orchestrator.steps.firewall.DETECTION`,
@@ -26,12 +30,14 @@ standalone command does.
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError
-from orchestrator.facts.base import FactSet, split_sections
-from orchestrator.facts.linux import BecomeRoot, RootAccess
+from orchestrator.facts.base import Fact, FactSet, split_sections
+from orchestrator.facts.linux import BecomeRoot, RootAccess, linux_facts
 from orchestrator.platforms import PosixShell
 
 if TYPE_CHECKING:
@@ -49,12 +55,18 @@ CODE = "code_scan"
 
 
 def read_setup(
-    session: Session, inventory: Inventory, nodes: list[Node], *, code: Sequence[str] = ()
+    session: Session,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    code: Sequence[str] = (),
+    checked: Sequence[str] = (),
 ) -> dict[str, RootAccess | BootstrapError]:
     """One round trip per Linux node of ``nodes``: each node's ``root_access`` verdict (or why there is
     none; for :func:`~orchestrator.steps.preflight.privilege.refused_root`), with the firewall and time
     steps' first reads handed to them through ``session`` (see the module docstring); on the nodes
-    named in ``code`` also the code sync's scan, read-only (it creates nothing)."""
+    named in ``code`` also the code sync's scan, read-only (it creates nothing); on those named in
+    ``checked`` the preflight's facts, remembered for it."""
     linux = [n for n in nodes if n.os == "linux"]
     tree = None
     if code:
@@ -67,10 +79,14 @@ def read_setup(
     scanned = set(code) if tree is not None else set()
 
     def one(node: Node, transport: Transport) -> RootAccess:
-        return _read(session, inventory, node, transport, tree if node.name in scanned else None)
+        start = time.monotonic()
+        transport.connect()
+        connected = time.monotonic() - start
+        facts = (node.name in checked, connected)
+        return _read(session, inventory, node, transport, tree if node.name in scanned else None, facts)
 
     found: dict[str, RootAccess | BootstrapError] = {}
-    for o in session.map(one, step="read setup", nodes=linux):
+    for o in session.map(one, step="read setup", nodes=linux, connect=False):
         if o.error is not None:
             found[o.node] = o.error
         elif o.value is not None:
@@ -79,13 +95,19 @@ def read_setup(
 
 
 def _read(
-    session: Session, inventory: Inventory, node: Node, transport: Transport, tree: LocalTree | None
+    session: Session,
+    inventory: Inventory,
+    node: Node,
+    transport: Transport,
+    tree: LocalTree | None,
+    checked: tuple[bool, float],
 ) -> RootAccess:
     from orchestrator.steps.codesync.sync import SCAN, code_dest, parse_probe_output, probe_command, scan_args
     from orchestrator.steps.firewall import DETECTION
     from orchestrator.steps.firewall.linux_detection import detect, detection_sections
     from orchestrator.steps.firewall.rules import ClusterTag
-    from orchestrator.steps.preflight import CLOCK
+    from orchestrator.steps.node_facts import InspectedNode, facts_key, training_python
+    from orchestrator.steps.preflight import CLOCK, preflight_facts
     from orchestrator.steps.preflight.rounds import NodeRound
     from orchestrator.steps.timesync.apply import PROBE
     from orchestrator.steps.timesync.chrony import parse_probe, probe_script
@@ -97,9 +119,14 @@ def _read(
     cluster, master = inventory.cluster, inventory.master_node
     ids = ClusterTag(cluster.name)
     route = route_facts(node, master.host, master.name) if cluster.time.manage else []
+    wanted: list[Fact[Any]] = [BecomeRoot(), *route]
+    check_python, check_extra = training_python(node, inventory), preflight_facts(node, master)
+    if checked[0]:  # the preflight's facts (root access, route and addresses among them), asked once
+        wanted = [*linux_facts(check_python), *check_extra]
+    network = {"route", "addresses", "interfaces"}.issubset(f.name for f in wanted)
     root: list[tuple[str, str]] = []
     if cluster.firewall.manage:
-        root += detection_sections(platform, master_host=master.host, ids=ids)
+        root += detection_sections(platform, master_host=master.host, ids=ids, network=not network)
     if cluster.time.manage:
         root.append(("chrony", probe_script(platform)))
     inner = "cb-" + secrets.token_hex(6)
@@ -109,7 +136,7 @@ def _read(
         before.append(
             (CODE, probe_command(node, platform, scan_args(tree, dest, windows=False, dry_run=True)))
         )
-    done = NodeRound(node.name, transport, [BecomeRoot(), *route], before=before).run()
+    done = NodeRound(node.name, transport, wanted, before=before).run()
     facts = done.gathered()  # raises what the transport raised: the node is unreachable
     access = facts.get("root_access")
     if not isinstance(access, RootAccess):
@@ -131,7 +158,26 @@ def _read(
     text = (done.section(AS_ROOT) or ("", 1))[0]
     sections = split_sections(text, inner)
     if cluster.firewall.manage and f"@@{inner} end range" in text:
-        session.seed(node.name, DETECTION, detect(text, inner, ids))
+        detection = detect(text, inner, ids)
+        if network:  # the firewall step's view of the node's network: the facts' (the same commands)
+            detection = replace(
+                detection,
+                route=facts.get("route"),
+                addresses=facts.get("addresses") or (),
+                interfaces=facts.get("interfaces") or (),
+            )
+        session.seed(node.name, DETECTION, detection)
+    if checked[0]:
+        session.seed(
+            node.name,
+            facts_key(check_extra, check_python),
+            InspectedNode(
+                via=transport.describe(),
+                facts=facts,
+                connect_seconds=checked[1],
+                recorded_host_keys=list(transport.recorded_host_keys),
+            ),
+        )
     probe: Any = sections.get("chrony")
     if cluster.time.manage and probe is not None and probe[1] == 0:
         try:

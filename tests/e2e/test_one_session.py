@@ -25,14 +25,16 @@ def _logins(cluster: NamespaceCluster) -> dict[str, int]:
     return counts
 
 
-def _inventory(cluster: NamespaceCluster, tmp_path: Path, name: str, **extra: object) -> Path:
-    """Every host as root with this Python, code synced from a one-file project, firewall and time
-    managed (the defaults)."""
+def _inventory(
+    cluster: NamespaceCluster, tmp_path: Path, name: str, python: str = sys.executable, **extra: object
+) -> Path:
+    """Every host as root with this Python (or ``python``), code synced from a one-file project,
+    firewall and time managed (the defaults)."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "notes.txt").write_text("synced by the pipeline\n")
     nodes: list[dict[str, object]] = [
-        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+        {"name": h.name, "host": h.addr, "user": "root", "python": python} for h in cluster.hosts
     ]
     return write_inventory(
         tmp_path / "hosts.yaml",
@@ -76,12 +78,35 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
     detection and the chrony probe travelled in the pipeline's first round trip with the root check
     (steps/setup_read.py) with a clock sample, and chronyd already followed the master: the sync,
     firewall and time steps send no command of their own, and nothing at all runs as root after that
-    first command."""
-    inventory = _inventory(cluster, tmp_path, "again")
+    first command. The preflight's facts came in that first command too, once: each node's torch
+    probe ran once per pipeline, in the command that scanned its code (the nodes' Python here is a
+    wrapper that notes the torch probe and the code scan with the session id of the command that ran
+    them: one SSH command, one session)."""
+    probes = tmp_path / "probes.log"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'sid=$(cut -d" " -f6 /proc/$$/stat)\n'
+        'case "$*" in\n'
+        f'  *"describing its torch install"*) echo "$(uname -n) torch $sid" >> {probes} ;;\n'
+        f'  *\'"op": "scan"\'*) echo "$(uname -n) scan $sid" >> {probes} ;;\n'
+        "esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    inventory = _inventory(cluster, tmp_path, "again", python=str(wrapper))
     first = bootstrap("-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
     assert first.returncode == 0, first
+    probes.write_text("")
     again = bootstrap("-v", "-i", str(inventory), "--until", "check", cwd=tmp_path, timeout=400)
     assert again.returncode == 0, again
+    noted: dict[str, list[tuple[str, str]]] = {h.name: [] for h in cluster.hosts}
+    for line in probes.read_text().splitlines():
+        node, kind, sid = line.split()
+        noted[node].append((kind, sid))
+    for name, seen in noted.items():
+        assert sorted(kind for kind, _ in seen) == ["scan", "torch"], (name, seen)
+        assert len({sid for _, sid in seen}) == 1, (name, seen)  # one command read both
     sent: dict[str, list[str]] = {h.name: [] for h in cluster.hosts}
     for line in again.stderr.splitlines():  # -v logs every command: "INFO ...: node2: run <its first line>"
         found = re.search(r"orchestrator\.transports: (node\d+): run (.*)$", line)

@@ -32,18 +32,25 @@ from orchestrator.steps.firewall.rules import ClusterTag, PortRange
 __all__ = ["Detection", "detect", "detection_sections", "parse_port_range"]
 
 
-def detection_sections(platform: Platform, *, master_host: str, ids: ClusterTag) -> list[tuple[str, str]]:
+def detection_sections(
+    platform: Platform, *, master_host: str, ids: ClusterTag, network: bool = True
+) -> list[tuple[str, str]]:
     """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
     needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
-    Our firewalld policy and persisted nft file are looked for under their current and legacy names."""
+    Our firewalld policy and persisted nft file are looked for under their current and legacy names.
+    ``network=False``: without the route, addresses and interfaces (a caller that has them already:
+    the main pipeline's first round trip reads them as the node's facts)."""
     q = platform.quote
     persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
     legacy_include = f'include "{legacy_file}"'
     policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
-    return [
+    own = [
         ("route", MasterRoute(master_host).command(platform)),
         ("addresses", Addresses().command(platform)),
         ("interfaces", Interfaces().command(platform)),
+    ]
+    return [
+        *(own if network else []),
         ("range", "cat /proc/sys/net/ipv4/ip_local_port_range"),
         (
             "ufw",
