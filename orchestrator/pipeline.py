@@ -113,105 +113,112 @@ def run_pipeline(
     """The whole job on ``session`` (which spans every node of the inventory: the firewall learns
     every peer's address, validation and training span the cluster); ``selected`` (``--nodes``) are
     the nodes synced, configured and checked."""
-    report = PipelineReport()
-    cluster = inventory.cluster
+    from orchestrator.steps.preflight.early import end_early_rounds
 
-    def stop(why: str, code: ExitCode) -> PipelineReport:
-        report.stopped = why
-        report.exit_code = code
-        phases.say("error", why)
-        return report
+    try:
+        report = PipelineReport()
+        cluster = inventory.cluster
 
-    single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
-    as_root = [] if single or options.until == "sync" else _root_steps(inventory)
-    if as_root:
-        # the firewall and time steps run as root and never type a password: a node that cannot
-        # become root stops the pipeline here, before anything (sync included) changed anywhere. The
-        # same round trip reads what those steps read first (steps/setup_read.py): on every Linux node,
-        # since the firewall and time steps read the unselected ones too (their peers' addresses)
-        from orchestrator.steps.preflight.privilege import refused_root
-        from orchestrator.steps.setup_read import read_setup
-
-        chosen = {n.name for n in selected}
-        code = [n.name for n in selected] if wants_code_sync(inventory) else []
-        # the preflight's facts ride along on the nodes it checks, unless the pipeline ends before it
-        to_check = [] if options.until in ("sync", "firewall", "ntp") else [n.name for n in selected]
-        access = read_setup(session, inventory, list(session.nodes), code=code, checked=to_check)
-        refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
-        if refused:
-            for line in refused:
-                phases.say("error", line)
-            report.skipped.update({name: "a node cannot become root" for name in PHASES})
-            return stop(
-                f"not going on: the {' and '.join(as_root)} step(s) need root on every node (see above); "
-                "nothing was changed",
-                ExitCode.NODES_FAILED,
-            )
-
-    env, code_sync = cluster.env.declared, wants_code_sync(inventory)
-    from_master = options.sync_from_master and not env  # cluster.env wins: it declares the environment
-    if options.sync_from_master and env:
-        phases.say("warn", "--sync-from-master ignored: cluster.env declares the environment (synced below)")
-    if env or code_sync or from_master:
-        env = env or from_master
-        only = None if env and code_sync else "env" if env else "code"
-        report.codes["sync"] = phases.sync(session, selected, only=only, from_master=from_master)
-        if report.codes["sync"] != ExitCode.OK:
-            return stop(
-                "not going on: sync failed (see above); "
-                f"`bootstrap sync{' --from-master' if from_master else ''}` repeats just that step",
-                report.codes["sync"],
-            )
-    else:
-        report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
-
-    if _done(options, "sync", report):
-        return report
-    if single or not cluster.firewall.manage:
-        report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
-    else:
-        report.codes["firewall"] = phases.firewall(session, selected)
-        if report.codes["firewall"] != ExitCode.OK:
-            phases.say(
-                "warn",
-                "the firewall step failed on some nodes (see above): the preflight's reachability "
-                "check shows whether the nodes can still reach each other",
-            )
-    if _done(options, "firewall", report):
-        return report
-    if single or not cluster.time.manage:
-        report.skipped["ntp"] = "one node" if single else "cluster.time.manage is false"
-    else:
-        report.codes["ntp"] = phases.ntp(session, selected)
-        if report.codes["ntp"] != ExitCode.OK:
-            phases.say(
-                "warn",
-                "time sync failed on some nodes (see above): the preflight's clock check shows "
-                "whether it matters for this run",
-            )
-
-    if _done(options, "ntp", report):
-        return report
-    checked = report.codes["check"] = phases.check(session, selected)
-    report.exit_code = checked
-    if _done(options, "check", report):
-        return report
-    if checked == ExitCode.NODES_FAILED and options.force:
-        phases.say("warn", "--force: launching although a check failed")
-    elif checked != ExitCode.OK:
-        report.skipped.update(validate="a check failed", launch="a check failed")
-        return stop("not launching: fix what failed above (or pass --force to launch anyway)", checked)
-
-    if options.skip_validate:
-        report.skipped["validate"] = "--skip-validate"
-    else:
-        validated = report.codes["validate"] = phases.validate(session)
-        if validated != ExitCode.OK:
-            report.skipped["launch"] = "validation failed"
-            return stop(
-                "not launching: validation failed (see above; --skip-validate launches anyway)", validated
-            )
-        if _done(options, "validate", report):
+        def stop(why: str, code: ExitCode) -> PipelineReport:
+            report.stopped = why
+            report.exit_code = code
+            phases.say("error", why)
             return report
-    report.exit_code = report.codes["launch"] = phases.launch(session)
-    return report
+
+        single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
+        as_root = [] if single or options.until == "sync" else _root_steps(inventory)
+        if as_root:
+            # the firewall and time steps run as root and never type a password: a node that cannot
+            # become root stops the pipeline here, before anything (sync included) changed anywhere. The
+            # same round trip reads what those steps read first (steps/setup_read.py): on every Linux node,
+            # since the firewall and time steps read the unselected ones too (their peers' addresses)
+            from orchestrator.steps.preflight.privilege import refused_root
+            from orchestrator.steps.setup_read import read_setup
+
+            chosen = {n.name for n in selected}
+            code = [n.name for n in selected] if wants_code_sync(inventory) else []
+            # the preflight's facts ride along on the nodes it checks, unless the pipeline ends before it
+            to_check = [] if options.until in ("sync", "firewall", "ntp") else [n.name for n in selected]
+            access = read_setup(session, inventory, list(session.nodes), code=code, checked=to_check)
+            refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
+            if refused:
+                for line in refused:
+                    phases.say("error", line)
+                report.skipped.update({name: "a node cannot become root" for name in PHASES})
+                return stop(
+                    f"not going on: the {' and '.join(as_root)} step(s) need root on every node (see above); "
+                    "nothing was changed",
+                    ExitCode.NODES_FAILED,
+                )
+
+        env, code_sync = cluster.env.declared, wants_code_sync(inventory)
+        from_master = options.sync_from_master and not env  # cluster.env wins: it declares the environment
+        if options.sync_from_master and env:
+            phases.say(
+                "warn", "--sync-from-master ignored: cluster.env declares the environment (synced below)"
+            )
+        if env or code_sync or from_master:
+            env = env or from_master
+            only = None if env and code_sync else "env" if env else "code"
+            report.codes["sync"] = phases.sync(session, selected, only=only, from_master=from_master)
+            if report.codes["sync"] != ExitCode.OK:
+                return stop(
+                    "not going on: sync failed (see above); "
+                    f"`bootstrap sync{' --from-master' if from_master else ''}` repeats just that step",
+                    report.codes["sync"],
+                )
+        else:
+            report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
+
+        if _done(options, "sync", report):
+            return report
+        if single or not cluster.firewall.manage:
+            report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
+        else:
+            report.codes["firewall"] = phases.firewall(session, selected)
+            if report.codes["firewall"] != ExitCode.OK:
+                phases.say(
+                    "warn",
+                    "the firewall step failed on some nodes (see above): the preflight's reachability "
+                    "check shows whether the nodes can still reach each other",
+                )
+        if _done(options, "firewall", report):
+            return report
+        if single or not cluster.time.manage:
+            report.skipped["ntp"] = "one node" if single else "cluster.time.manage is false"
+        else:
+            report.codes["ntp"] = phases.ntp(session, selected)
+            if report.codes["ntp"] != ExitCode.OK:
+                phases.say(
+                    "warn",
+                    "time sync failed on some nodes (see above): the preflight's clock check shows "
+                    "whether it matters for this run",
+                )
+
+        if _done(options, "ntp", report):
+            return report
+        checked = report.codes["check"] = phases.check(session, selected)
+        report.exit_code = checked
+        if _done(options, "check", report):
+            return report
+        if checked == ExitCode.NODES_FAILED and options.force:
+            phases.say("warn", "--force: launching although a check failed")
+        elif checked != ExitCode.OK:
+            report.skipped.update(validate="a check failed", launch="a check failed")
+            return stop("not launching: fix what failed above (or pass --force to launch anyway)", checked)
+
+        if options.skip_validate:
+            report.skipped["validate"] = "--skip-validate"
+        else:
+            validated = report.codes["validate"] = phases.validate(session)
+            if validated != ExitCode.OK:
+                report.skipped["launch"] = "validation failed"
+                return stop(
+                    "not launching: validation failed (see above; --skip-validate launches anyway)", validated
+                )
+            if _done(options, "validate", report):
+                return report
+        report.exit_code = report.codes["launch"] = phases.launch(session)
+        return report
+    finally:  # the preflight's listeners that the first command started and no preflight adopted
+        end_early_rounds(session)

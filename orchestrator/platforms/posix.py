@@ -99,13 +99,12 @@ class PosixShell(Platform):
             # `read` is a builtin: no subshell and no `cat` for every command the transports send
             "{ read -r tok < /proc/sys/kernel/random/uuid; } 2>/dev/null || tok=$(date +%s)\n"
             "tok=$$.$tok\n"
-            "if command -v setsid >/dev/null 2>&1; then\n"
-            f'  CB_WATCH="$tok" setsid {job}\n'
-            "  job=$! target=-$!\n"  # the job's process group
-            "else\n"
-            f'  CB_WATCH="$tok" {job}\n'
-            "  job=$! target=$!\n"  # no setsid (rare): the job's first process only
-            "fi\n"
+            # the job's process group; without setsid (rare) the job's first process only. The
+            # script appears once: a command line holds at most 128 KiB (Linux's MAX_ARG_STRLEN)
+            "s= g=\n"
+            "command -v setsid >/dev/null 2>&1 && s=setsid g=-\n"
+            f'CB_WATCH="$tok" $s {job}\n'
+            "job=$! target=$g$!\n"
             '_cb_tok() { grep -lzxF "CB_WATCH=$tok" /proc/[0-9]*/environ 2>/dev/null'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"; }\n'
             # After a normal end (USR1 from below) only the group's leftovers are stopped (the script

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
     from orchestrator.steps.codesync import LocalTree
+    from orchestrator.steps.preflight.reachability import MeshPlan
     from orchestrator.transports import Transport
 
 __all__ = ["read_setup"]
@@ -67,6 +68,8 @@ def read_setup(
     steps' first reads handed to them through ``session`` (see the module docstring); on the nodes
     named in ``code`` also the code sync's scan, read-only (it creates nothing); on those named in
     ``checked`` the preflight's facts, remembered for it."""
+    from orchestrator.steps.preflight.early import mesh_plan
+
     linux = [n for n in nodes if n.os == "linux"]
     tree = None
     if code:
@@ -77,13 +80,17 @@ def read_setup(
         except BootstrapError:  # the sync step says what is wrong with the project, in its place
             tree = None
     scanned = set(code) if tree is not None else set()
+    # the preflight's mesh: each checked node's listener starts at the end of this round trip
+    # (steps/preflight/early.py), as it would at the end of the preflight's own
+    plan = mesh_plan(inventory, tuple(checked)) if len(checked) > 1 else None
 
     def one(node: Node, transport: Transport) -> RootAccess:
         start = time.monotonic()
         transport.connect()
         connected = time.monotonic() - start
         facts = (node.name in checked, connected)
-        return _read(session, inventory, node, transport, tree if node.name in scanned else None, facts)
+        mesh = plan if node.name in checked else None
+        return _read(session, inventory, node, transport, tree if node.name in scanned else None, facts, mesh)
 
     found: dict[str, RootAccess | BootstrapError] = {}
     for o in session.map(one, step="read setup", nodes=linux, connect=False):
@@ -101,13 +108,15 @@ def _read(
     transport: Transport,
     tree: LocalTree | None,
     checked: tuple[bool, float],
+    plan: MeshPlan | None,
 ) -> RootAccess:
     from orchestrator.steps.codesync.sync import SCAN, code_dest, parse_probe_output, probe_command, scan_args
     from orchestrator.steps.firewall import DETECTION
     from orchestrator.steps.firewall.linux_detection import detect, detection_sections
     from orchestrator.steps.firewall.rules import ClusterTag
-    from orchestrator.steps.node_facts import InspectedNode, facts_key, training_python
+    from orchestrator.steps.node_facts import InspectedNode, facts_key, interpreter_for, training_python
     from orchestrator.steps.preflight import CLOCK, preflight_facts
+    from orchestrator.steps.preflight.early import EARLY, EarlyRound
     from orchestrator.steps.preflight.rounds import NodeRound
     from orchestrator.steps.timesync.apply import PROBE
     from orchestrator.steps.timesync.chrony import parse_probe, probe_script
@@ -136,7 +145,19 @@ def _read(
         before.append(
             (CODE, probe_command(node, platform, scan_args(tree, dest, windows=False, dry_run=True)))
         )
-    done = NodeRound(node.name, transport, wanted, before=before).run()
+    if plan is not None:  # the preflight's marker, listener and markers seen (early.py)
+        from orchestrator.runs.layout import workdir_for
+        from orchestrator.steps.preflight.rounds import MARK, MARKS, list_command, mark_command
+        from orchestrator.steps.preflight.shared_fs import MARKER_DIR, new_token
+
+        token, workdir = new_token(), workdir_for(node)
+        listener = plan.listener(node.name, transport, interpreter_for(node))
+        before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
+        after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+        done = NodeRound(node.name, transport, wanted, listener, before=before, after=after).start()
+        session.seed(node.name, EARLY, EarlyRound(plan, token, done))
+    else:
+        done = NodeRound(node.name, transport, wanted, before=before).run()
     facts = done.gathered()  # raises what the transport raised: the node is unreachable
     access = facts.get("root_access")
     if not isinstance(access, RootAccess):

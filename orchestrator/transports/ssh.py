@@ -31,6 +31,7 @@ from fabric import Config, Connection
 import orchestrator.transports.piped as piped
 from orchestrator.errors import (
     AuthenticationError,
+    BootstrapError,
     CancelledError,
     ConnectError,
     HostKeyChangedError,
@@ -56,6 +57,10 @@ __all__ = ["SSHTransport", "fingerprint"]
 def _auth_failed(exc: BaseException) -> bool:
     """The server refused every credential offered (or none could be offered)."""
     return isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc)
+
+
+#: the longest command line a Linux node's login shell can be handed (MAX_ARG_STRLEN: 32 pages of 4 KiB)
+MAX_LINE = 131072
 
 
 class SSHTransport(Transport):
@@ -349,8 +354,15 @@ class SSHTransport(Transport):
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
+        line = self.platform.login_command(self.plan(script))
+        if len(line.encode()) >= MAX_LINE:  # the login shell could not start it: say why, here
+            raise BootstrapError(
+                f"a command of {len(line.encode()):,} bytes is longer than one command line holds on "
+                f"a Linux node ({MAX_LINE:,} bytes): a bug, please report it with `bootstrap -vv`",
+                node=self.node_name,
+            )
         # stdin stays open: closing it is how a timeout or a cancel stops the remote command
-        chan = self._exec(self.platform.login_command(self.plan(script)), window=self.COMMAND_WINDOW)
+        chan = self._exec(line, window=self.COMMAND_WINDOW)
         return self._collect(chan, script, Deadline(timeout), on_line, keep_lines, heartbeat=True)
 
     def _exec(self, line: str, *, window: int | None = None) -> paramiko.Channel:

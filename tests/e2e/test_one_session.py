@@ -78,7 +78,8 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
     detection and the chrony probe travelled in the pipeline's first round trip with the root check
     (steps/setup_read.py) with a clock sample, and chronyd already followed the master: the sync,
     firewall and time steps send no command of their own, and nothing at all runs as root after that
-    first command. The preflight's facts came in that first command too, once: each node's torch
+    first command. The preflight's facts came in that first command too, once, and it went on as
+    the preflight's round trip (its workdir marker and reachability listener): each node's torch
     probe ran once per pipeline, in the command that scanned its code (the nodes' Python here is a
     wrapper that notes the torch probe and the code scan with the session id of the command that ran
     them: one SSH command, one session)."""
@@ -113,8 +114,9 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
         if found:
             sent[found[1]].append(found[2])
     for name, commands in sent.items():
-        # the first round trip, the check's, and its reachability connector: nothing else
-        assert len(commands) == 3, (name, commands)
+        # the first round trip (which goes on as the check's: its marker and reachability listener,
+        # steps/preflight/early.py) and the check's reachability connector: nothing else
+        assert len(commands) == 2, (name, commands)
         assert not [c for c in commands if c.endswith("(as root)")], (name, commands)
     assert re.search(r"│ node1 +│ unchanged \(1 file\)", again.stdout), again.stdout  # the code table
     for host in cluster.hosts:  # the time table: every node unchanged, following its source
@@ -124,3 +126,32 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
             if line.startswith(f"│ {host.name} ") and "chrony" in line
         )
         assert "unchanged" in row and ("local clock" in row or cluster.hosts[0].addr in row), row
+
+
+#: the pids of the reachability listeners running in the calling host's network namespace (the
+#: bracket keeps pgrep from matching this script's own command line)
+LISTENERS = (
+    'me=$(readlink /proc/self/ns/net); for p in $(pgrep -f "cbt-reac[h] listen"); do'
+    ' [ "$(readlink /proc/$p/ns/net 2>/dev/null)" = "$me" ] && echo "$p"; done; true'
+)
+
+
+def test_a_pipeline_that_stops_before_the_check_leaves_no_listener_behind(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """The first command starts each node's reachability listener for the preflight
+    (steps/preflight/early.py). A pipeline that stops before the preflight (here: the code cannot be
+    synced, its destination lies under a file) ends them: nothing of the preflight keeps running on
+    any node."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    inventory = _inventory(cluster, tmp_path, "stops")
+    doc = json.loads(inventory.read_text())
+    doc["cluster"]["code"]["dest"] = str(blocker / "code")
+    inventory.write_text(json.dumps(doc))
+    run = bootstrap("-i", str(inventory), cwd=tmp_path, timeout=400)
+    assert run.returncode != 0, run
+    assert "not going on: sync failed" in run.stderr, run.stderr
+    for host in cluster.hosts:
+        left = cluster.host_run(host, ["sh", "-c", LISTENERS], capture_output=True, text=True)
+        assert left.stdout.strip() == "", (host.name, left.stdout)

@@ -166,3 +166,23 @@ def test_directories_an_upload_creates_follow_the_umask_not_the_files_mode(tmp_p
     assert done.returncode == 0, done.stderr
     assert target.stat().st_mode & 0o777 == 0o600
     assert (tmp_path / "new").stat().st_mode & 0o777 == 0o755  # as sftp mkdir under umask 022
+
+
+def test_a_script_of_60_kb_runs_through_the_wrappers_of_one_command_line() -> None:
+    """The main pipeline's first command is about 50 KB of shell. What the SSH transport sends
+    (``login_command`` of ``stop_on_hangup``) is one argument of the login shell, which Linux caps at
+    128 KiB (MAX_ARG_STRLEN): the wrappers carry the script once, and it runs."""
+    shell = PosixShell()
+    script = "\n".join(f": 'line {i}: \"quoted\" $text'" for i in range(2200)) + "\necho ran to the end"
+    assert len(script) > 60_000
+    line = shell.login_command(shell.stop_on_hangup(script, heartbeat=5))
+    assert len(line.encode()) < 131072
+    proc = subprocess.Popen(["bash", "-c", line], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        out = proc.stdout.read()  # the channel's stdin stays open while the command runs, as over SSH
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    assert out.strip() == "ran to the end" and proc.returncode == 0, (out, proc.returncode)

@@ -41,16 +41,14 @@ from orchestrator.steps.preflight.checks import (
     is_native_windows,
     version_table,
 )
+from orchestrator.steps.preflight.early import adopt, end_rounds, mesh_plan, take
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
 from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
     LISTEN_HOLD,
-    RUN_SLACK,
-    START_TIMEOUT,
     MeshPlan,
     ReachNode,
     check_reachability,
-    in_threads,
     probe_command,
 )
 from orchestrator.steps.preflight.rounds import (
@@ -255,17 +253,26 @@ def gather_node_facts(
 
 def _first_round(
     session: Session, inventory: Inventory, plan: MeshPlan | None, tokens: dict[str, str]
-) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound]]:
+) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound], set[str]]:
     """Every node's facts (remembered ones are not asked again); on Linux nodes in the same round trip
     as a clock sample and, when the mesh is probed, the node's workdir marker (``tokens``), its
-    listener and the markers it sees after that (``rounds``, still running)."""
+    listener and the markers it sees after that (``rounds``, still running). A round trip the main
+    pipeline's first command began for this mesh (early.py) is adopted instead (the third value
+    names those nodes): their facts only when the session forgot them."""
     master = inventory.master_node
     rounds: dict[str, NodeRound] = {}
+    adopted: set[str] = set()
 
     def first(node: Node, transport: Transport) -> InspectedNode:
         extra = preflight_facts(node, master)
         python = training_python(node, inventory)
         platform = transport.platform
+        early = take(session, node.name, plan) if plan is not None else None
+        if early is not None:
+            rounds[node.name] = early.round
+            tokens[node.name] = early.token
+            adopted.add(node.name)
+            return inspect_once(session, node, transport, extra, python=python)
         if node.os == "windows" or not isinstance(platform, PosixShell):
             # WSL and native Windows: facts from both sides (facts/windows.py), a listener of its own
             return inspect_once(session, node, transport, extra, python=python)
@@ -290,7 +297,7 @@ def _first_round(
             ).start()
         return found
 
-    return session.map(first, step="check", connect=False), rounds
+    return session.map(first, step="check", connect=False), rounds, adopted
 
 
 def _workdir_check(
@@ -328,39 +335,19 @@ def _workdir_check(
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
 
 
-def _end_rounds(rounds: dict[str, NodeRound]) -> None:
-    """Every round over: their listeners ended by themselves or were stopped by the reachability
-    check; those nobody connected to (the master never answered) are stopped here."""
-    left = [r.listener for r in rounds.values() if r.listener is not None and not r.ended.is_set()]
-    deadline = time.monotonic() + START_TIMEOUT
-    for listener in left:  # a listener is stopped by its pid, which "ready" tells
-        listener.reported.wait(max(0.0, deadline - time.monotonic()))
-    in_threads([listener.stop for listener in left if not listener.ended.is_set()], RUN_SLACK)
-    deadline = time.monotonic() + RUN_SLACK
-    for node_round in rounds.values():
-        node_round.ended.wait(max(0.0, deadline - time.monotonic()))
-
-
 def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
     master = inventory.master_node
     single = len(inventory.nodes) == 1
     cluster = inventory.cluster
     selected = [n.name for n in session.nodes]
-    # who listens for whom is fixed before anyone answers: listeners start inside the first round trip
-    plan = (
-        MeshPlan(
-            (master.name,) if single else tuple(selected),
-            master.name,
-            cluster.port,
-            hold=FACTS_TIMEOUT + LISTEN_HOLD,
-        )
-        if master.name in selected
-        else None
-    )
+    # who listens for whom is fixed before anyone answers: listeners start inside the first round
+    # trip, or started in the main pipeline's first command already (early.py)
+    meshed = (master.name,) if single else tuple(selected)
+    plan = adopt(session, meshed, master.name, cluster.port) or mesh_plan(inventory, meshed)
     # the shared-workdir check's markers ride along when the listeners (its barrier) do
     tokens = {n.name: new_token() for n in session.nodes} if plan is not None and not single else {}
-    inspected, rounds = _first_round(session, inventory, plan, tokens)
+    inspected, rounds, adopted = _first_round(session, inventory, plan, tokens)
     facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     names = {node.name for node, _ in reachable}
@@ -390,6 +377,8 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
 
     samples: dict[str, ClockSample] = {}
     for name, node_round in rounds.items():
+        if name in adopted and session.recall(name, CLOCK) is None:
+            continue  # sampled before the time step changed that clock: the connector samples it again
         if name in names and (sample := node_round.clock()) is not None:
             samples[name] = sample
     if plan is not None and master.name in names:
@@ -435,7 +424,7 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
                 f"not checked: the master {master.name} is not selected or did not answer",
                 "include the master in --nodes and make it reachable",
             )
-    _end_rounds(rounds)
+    end_rounds(rounds)
 
     unsampled = [node for node, _ in reachable if node.name not in samples]
     if unsampled and master.name in names:

@@ -1,0 +1,130 @@
+"""The preflight's round trip begun by the main pipeline's first command (steps/setup_read.py).
+
+`bootstrap check` sends each Linux node one round trip: its facts, a clock sample, its workdir marker,
+then its reachability listener, which runs until every peer's connector reached it (rounds.py). In the
+main pipeline the first command on each node reads the setup phases' state and, since a node's facts
+are gathered once, the preflight's facts; it goes on the same way: marker, listener, markers seen.
+The listener waits through the sync, firewall and time phases (it listens on every address of the
+node, so a firewall opened after it started lets the connectors in all the same), and the preflight
+*adopts* it: its own round trip is then only the connectors'. One command per node fewer.
+
+The preflight adopts a node's early round when it belongs to the mesh it plans (same nodes, master
+and port), its listener still runs and has time left (:data:`MAX_AGE`). Otherwise (the pipeline took
+long: an environment sync that installs torch), the early round is ended and the preflight starts its
+own. A phase that changed the node's Python (the environment sync) made the session forget its facts:
+the preflight then gathers them again, in a round trip of their own. A time step that changed the
+node's clock made the session forget its clock sample: the early round's sample is not used then (the
+connectors sample every clock again). Early rounds nobody adopted (the pipeline stopped before the
+preflight) are ended by :func:`end_early_rounds`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from orchestrator.steps.preflight.reachability import (
+    LISTEN_HOLD,
+    RUN_SLACK,
+    START_TIMEOUT,
+    MeshPlan,
+    in_threads,
+)
+from orchestrator.steps.preflight.rounds import FACTS_TIMEOUT, NodeRound
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+    from orchestrator.session import Session
+
+__all__ = ["EARLY", "MAX_AGE", "EarlyRound", "adopt", "end_early_rounds", "end_rounds", "mesh_plan", "take"]
+
+#: ``Session.remember`` key of a node's :class:`EarlyRound`
+EARLY = "preflight.early_round"
+#: the oldest early round the preflight adopts (seconds since it was sent): its listener waits
+#: ``FACTS_TIMEOUT + LISTEN_HOLD`` in all, and the mesh needs up to ``LISTEN_HOLD`` of that
+MAX_AGE = FACTS_TIMEOUT
+
+
+@dataclass(frozen=True)
+class EarlyRound:
+    """A node's preflight round trip, sent before the preflight: its plan, marker token and round."""
+
+    plan: MeshPlan
+    token: str
+    round: NodeRound
+
+
+def mesh_plan(inventory: Inventory, names: tuple[str, ...]) -> MeshPlan | None:
+    """The reachability mesh over ``names`` (None without the master: nobody to measure against)."""
+    master = inventory.master_node
+    if master.name not in names:
+        return None
+    return MeshPlan(names, master.name, inventory.cluster.port, hold=FACTS_TIMEOUT + LISTEN_HOLD)
+
+
+def _usable(early: EarlyRound) -> bool:
+    listener = early.round.listener
+    started = early.round.started_at
+    return (
+        listener is not None
+        and not early.round.ended.is_set()
+        and started is not None
+        and time.time() - started < MAX_AGE
+    )
+
+
+def adopt(session: Session, names: tuple[str, ...], master: str, port: int) -> MeshPlan | None:
+    """The plan of the early rounds of this session's nodes when they belong to the mesh over
+    ``names`` (None: there are none, or they were planned for another mesh: those are ended)."""
+    found = {
+        node.name: early
+        for node in session.nodes
+        if isinstance(early := session.recall(node.name, EARLY), EarlyRound)
+    }
+    plans = {id(e.plan): e.plan for e in found.values()}
+    if len(plans) == 1:
+        plan = next(iter(plans.values()))
+        if (plan.names, plan.master, plan.port) == (names, master, port):
+            return plan
+    if found:
+        end_early_rounds(session)
+    return None
+
+
+def take(session: Session, name: str, plan: MeshPlan) -> EarlyRound | None:
+    """Node ``name``'s early round for ``plan`` when the preflight can use it (the session forgets
+    it either way); an early round that is too old or ended is ended here."""
+    early = session.recall(name, EARLY)
+    session.forget(name, EARLY)
+    if not isinstance(early, EarlyRound) or early.plan is not plan:
+        return None
+    if _usable(early):
+        return early
+    end_rounds({name: early.round})
+    return None
+
+
+def end_rounds(rounds: dict[str, NodeRound]) -> None:
+    """Every round over: their listeners ended by themselves or were stopped by the reachability
+    check; those nobody connected to (the master never answered) are stopped here."""
+    left = [r.listener for r in rounds.values() if r.listener is not None and not r.ended.is_set()]
+    deadline = time.monotonic() + START_TIMEOUT
+    for listener in left:  # a listener is stopped by its pid, which "ready" tells
+        listener.reported.wait(max(0.0, deadline - time.monotonic()))
+    in_threads([listener.stop for listener in left if not listener.ended.is_set()], RUN_SLACK)
+    deadline = time.monotonic() + RUN_SLACK
+    for node_round in rounds.values():
+        node_round.ended.wait(max(0.0, deadline - time.monotonic()))
+
+
+def end_early_rounds(session: Session) -> None:
+    """End the early rounds of the session's nodes that no preflight adopted."""
+    left: dict[str, NodeRound] = {}
+    for node in session.nodes:
+        early = session.recall(node.name, EARLY)
+        session.forget(node.name, EARLY)
+        if isinstance(early, EarlyRound):
+            left[node.name] = early.round
+    if left:
+        end_rounds(left)
