@@ -7,15 +7,18 @@ same command carries what those steps read before they decide anything:
 - as the login user: a clock sample (first, dated by its arrival: steps/preflight/rounds.py), the
   ``root_access`` fact, and for the time step the node's route to the master (the master: also its
   own addresses); on the nodes the pipeline checks, every fact the preflight reads (``check``'s own
-  list: the route and addresses among them), so a node's facts are gathered once per pipeline: the
-  preflight's round trip then carries only its clock sample, workdir marker and listener (a step that
-  changes the node's Python or torch, the environment sync, makes the session forget them);
+  list: the route and addresses among them), so a node's facts are gathered once per pipeline (a
+  step that changes the node's Python or torch, the environment sync, makes the session forget them);
 - the code sync's scan of the node's code directory, read-only (it creates nothing and writes no
   cache: steps/codesync/sync.py), when the pipeline syncs code;
 - then as root, in the same command (``sudo -n`` for other users, which fails at once where the
   verdict above says it will): the firewall detection (steps/firewall/linux_detection.py; without
   its route, addresses and interfaces where the facts above have them) and the chrony probe
-  (steps/timesync/chrony/probe.py), framed with a second token.
+  (steps/timesync/chrony/probe.py), framed with a second token;
+- last, on the nodes the pipeline checks, what the preflight's round trip carries after the facts:
+  the workdir marker, then the reachability listener, which keeps the command running until the
+  preflight's connectors reached it (steps/preflight/early.py). The preflight then sends only its
+  connectors.
 
 Each answer is handed to its step through the session, under the key that step reads it by
 (``Session.seed``; :data:`~orchestrator.steps.firewall.DETECTION`,

@@ -2,7 +2,8 @@
 
 Per Linux node, one round trip (rounds.py): a clock sample, the facts (`inspect`'s and the
 preflight's, unless this session gathered them already: ``Session.remember``), whether commands can
-become root, the node's workdir marker, its reachability listener, then the markers it sees. Windows
+become root, the node's workdir marker, its reachability listener, then the markers it sees. In the
+main pipeline that round trip is the first command's, begun before the setup phases (early.py). Windows
 nodes: their facts (facts/windows.py), then a listener of their own. Then the connectors of the
 reachability mesh, which sample the clocks once more (reachability.py), and the pure decisions
 (checks.py, shared_fs.py).
