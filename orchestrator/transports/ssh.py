@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import select
 import shlex
 import socket
@@ -538,10 +539,14 @@ class SSHTransport(Transport):
                 label=str(local),
             )
             return
+        # written beside it under a name of its own, then renamed over it: a reader never sees half a
+        # file, and nodes that share the directory (an NFS home) each put a whole one there
+        where = PurePosixPath(path)
+        part = str(where.with_name(f".{where.name}.{secrets.token_hex(4)}.part"))
         try:
-            self._makedirs(sftp, str(PurePosixPath(path).parent))
+            self._makedirs(sftp, str(where.parent))
             sent = 0
-            with local.open("rb") as source, sftp.open(path, "wb") as target:
+            with local.open("rb") as source, sftp.open(part, "wb") as target:
                 if mode is not None:
                     # before the first byte: opened "wb", the file is empty now, so its content is
                     # never readable under the server's default mode (0644 with umask 022)
@@ -550,12 +555,17 @@ class SSHTransport(Transport):
                 while block := source.read(32768):
                     target.write(block)
                     sent += len(block)
-            size = sftp.stat(path).st_size
+            size = sftp.stat(part).st_size
             if size != sent:
                 raise OSError(f"{path} holds {size} bytes after sending {sent}")
+            sftp.posix_rename(part, path)
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None
+            try:
+                sftp.remove(part)
+            except (EOFError, OSError, paramiko.SSHException):
+                pass  # never written, or the connection is gone: the error above says what matters
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 
     def get(self, remote: str, local: Path) -> None:

@@ -232,3 +232,53 @@ def test_a_missing_file_is_named_and_nothing_is_written(transport: Transport, wo
     assert not (workdir / "here" / "x.bin").exists() and not (workdir / "here" / "x.bin.part").exists()
     with pytest.raises(TransferError, match="nope-local"):
         transport.put(workdir / "nope-local", str(workdir / "y.bin"))
+
+
+def test_nodes_sharing_a_directory_put_the_same_file_at_once_and_it_is_whole(
+    request: pytest.FixtureRequest, tmp_path: Path, workdir: Path
+) -> None:
+    """Nodes whose workdir is one shared directory (an NFS home) get the same files at the same
+    moment (a launch's training script, every node in parallel). Over SFTP each upload is written
+    under a name of its own and renamed over the target: none fails, and a reader of the target (a
+    rank starting from it) never finds half a file, while the uploads run or after them."""
+    cluster = request.getfixturevalue("cluster")
+    ssh = tmp_path / "ssh"
+    ssh.mkdir()
+    (ssh / "known_hosts").write_text(cluster.known_hosts_text())
+    (ssh / "config").write_text("")
+    known, config = ssh / "known_hosts", ssh / "config"
+    transports = [root_transport(cluster, host, known, config) for host in cluster.hosts[:3]]
+    with netns.inside(cluster.controller_ns):
+        for t in transports:
+            t.connect()
+    payload = tmp_path / "train.bin"
+    payload.write_bytes(os.urandom(24 * 1024))  # a training script's size
+    target = workdir / "shared" / "train.bin"
+    try:
+        errors: list[BaseException] = []
+
+        def put(t: Transport) -> None:
+            try:
+                t.put(payload, str(target), mode=0o644)
+            except BaseException as exc:  # handed to the assertion below
+                errors.append(exc)
+
+        whole, seen = payload.read_bytes(), set()
+        for _ in range(25):
+            threads = [threading.Thread(target=put, args=(t,)) for t in transports]
+            for thread in threads:
+                thread.start()
+            while any(thread.is_alive() for thread in threads):
+                try:
+                    seen.add(len(target.read_bytes()))
+                except FileNotFoundError:  # the first round, before any upload arrived
+                    pass
+            for thread in threads:
+                thread.join(120)
+            assert errors == []
+            assert target.read_bytes() == whole
+        assert seen <= {len(whole)}, sorted(seen)  # never empty, never part of it
+        assert sorted(p.name for p in target.parent.iterdir()) == ["train.bin"]  # no part file left
+    finally:
+        for t in transports:
+            t.close()
