@@ -15,21 +15,20 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import select
 import shlex
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import paramiko
 from fabric import Config, Connection
 
 import orchestrator.transports.piped as piped
+import orchestrator.transports.sftp as sftp_files
 from orchestrator.errors import (
     AuthenticationError,
     BootstrapError,
@@ -505,23 +504,6 @@ class SSHTransport(Transport):
                     self.notes.append(note)
             return self._sftp
 
-    def _makedirs(self, sftp: paramiko.SFTPClient, directory: str) -> None:
-        if directory in ("", ".", "/"):
-            return
-        try:
-            if stat.S_ISDIR(sftp.stat(directory).st_mode or 0):
-                return
-        except FileNotFoundError:
-            pass
-        self._makedirs(sftp, str(PurePosixPath(directory).parent))
-        try:
-            sftp.mkdir(directory)
-        except OSError:
-            # SFTP reports EEXIST as a bare "Failure": another node sharing this file system (an
-            # NFS home) may have made it since our stat; only a directory that is still missing fails
-            if not stat.S_ISDIR(sftp.stat(directory).st_mode or 0):
-                raise
-
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         sftp = self._sftp_client()
         path = self.platform.transfer_path(remote)
@@ -539,33 +521,11 @@ class SSHTransport(Transport):
                 label=str(local),
             )
             return
-        # written beside it under a name of its own, then renamed over it: a reader never sees half a
-        # file, and nodes that share the directory (an NFS home) each put a whole one there
-        where = PurePosixPath(path)
-        part = str(where.with_name(f".{where.name}.{secrets.token_hex(4)}.part"))
         try:
-            self._makedirs(sftp, str(where.parent))
-            sent = 0
-            with local.open("rb") as source, sftp.open(part, "wb") as target:
-                if mode is not None:
-                    # before the first byte: opened "wb", the file is empty now, so its content is
-                    # never readable under the server's default mode (0644 with umask 022)
-                    target.chmod(mode)
-                target.set_pipelined(True)
-                while block := source.read(32768):
-                    target.write(block)
-                    sent += len(block)
-            size = sftp.stat(part).st_size
-            if size != sent:
-                raise OSError(f"{path} holds {size} bytes after sending {sent}")
-            sftp.posix_rename(part, path)
+            sftp_files.upload(sftp, local, path, mode=mode)
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None
-            try:
-                sftp.remove(part)
-            except (EOFError, OSError, paramiko.SSHException):
-                pass  # never written, or the connection is gone: the error above says what matters
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 
     def get(self, remote: str, local: Path) -> None:
@@ -576,20 +536,12 @@ class SSHTransport(Transport):
                 self._piped, self.platform, path, local, node=self.node_name, cancelled=lambda: self._closed
             )
             return
-        part = local.with_name(local.name + ".part")  # renamed once whole: never a half file at local
         try:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            with part.open("wb") as fh:
-                size = sftp.getfo(self.platform.transfer_path(remote), fh)
-            if part.stat().st_size != size:
-                raise OSError(f"{part} holds {part.stat().st_size} bytes, the node sent {size}")
-            os.replace(part, local)
+            sftp_files.download(sftp, self.platform.transfer_path(remote), local)
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
-        finally:
-            part.unlink(missing_ok=True)
 
     # -- files through the shell (no sftp subsystem) ----------------------------------------------
 

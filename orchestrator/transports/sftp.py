@@ -1,0 +1,81 @@
+"""Files over SFTP (paramiko's client), for the SSH transport: whole files or none, on either side.
+
+An upload is written beside its target under a name of its own, then renamed over it: a reader never
+sees half a file, and nodes that share the directory (an NFS home) each put a whole one there. A
+download is written to ``<local>.part`` and renamed once whole. Errors are raised as they come
+(``OSError``, ``EOFError``, ``paramiko.SSHException``); the transport names the node and the file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from pathlib import Path, PurePosixPath
+
+import paramiko
+
+__all__ = ["download", "makedirs", "upload"]
+
+_ERRORS = (EOFError, OSError, paramiko.SSHException)
+
+
+def makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
+    """Make ``directory`` and every missing parent, over SFTP."""
+    if directory in ("", ".", "/"):
+        return
+    try:
+        if stat.S_ISDIR(sftp.stat(directory).st_mode or 0):
+            return
+    except FileNotFoundError:
+        pass
+    makedirs(sftp, str(PurePosixPath(directory).parent))
+    try:
+        sftp.mkdir(directory)
+    except OSError:
+        # SFTP reports EEXIST as a bare "Failure": another node sharing this file system (an
+        # NFS home) may have made it since our stat; only a directory that is still missing fails
+        if not stat.S_ISDIR(sftp.stat(directory).st_mode or 0):
+            raise
+
+
+def upload(sftp: paramiko.SFTPClient, local: Path, path: str, *, mode: int | None) -> None:
+    """``local`` to the node's ``path`` (its directories made), with ``mode`` from the first byte."""
+    where = PurePosixPath(path)
+    part = str(where.with_name(f".{where.name}.{secrets.token_hex(4)}.part"))
+    try:
+        makedirs(sftp, str(where.parent))
+        sent = 0
+        with local.open("rb") as source, sftp.open(part, "wb") as target:
+            if mode is not None:
+                # before the first byte: opened "wb", the file is empty now, so its content is
+                # never readable under the server's default mode (0644 with umask 022)
+                target.chmod(mode)
+            target.set_pipelined(True)
+            while block := source.read(32768):
+                target.write(block)
+                sent += len(block)
+        size = sftp.stat(part).st_size
+        if size != sent:
+            raise OSError(f"{path} holds {size} bytes after sending {sent}")
+        sftp.posix_rename(part, path)
+    except _ERRORS:
+        try:
+            sftp.remove(part)
+        except _ERRORS:
+            pass  # never written, or the connection is gone: the error being raised says what matters
+        raise
+
+
+def download(sftp: paramiko.SFTPClient, path: str, local: Path) -> None:
+    """The node's ``path`` to ``local`` (its directories made)."""
+    part = local.with_name(local.name + ".part")  # renamed once whole: never a half file at local
+    try:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        with part.open("wb") as fh:
+            size = sftp.getfo(path, fh)
+        if part.stat().st_size != size:
+            raise OSError(f"{part} holds {part.stat().st_size} bytes, the node sent {size}")
+        os.replace(part, local)
+    finally:
+        part.unlink(missing_ok=True)
