@@ -90,10 +90,11 @@ def read_setup(
     def one(node: Node, transport: Transport) -> RootAccess:
         start = time.monotonic()
         transport.connect()
-        connected = time.monotonic() - start
-        facts = (node.name in checked, connected)
+        # on a checked node: how long connecting took (the preflight's facts report it)
+        connected = time.monotonic() - start if node.name in checked else None
         mesh = plan if node.name in checked else None
-        return _read(session, inventory, node, transport, tree if node.name in scanned else None, facts, mesh)
+        scan = tree if node.name in scanned else None
+        return _read(session, inventory, node, transport, scan, connected, mesh)
 
     found: dict[str, RootAccess | BootstrapError] = {}
     for o in session.map(one, step="read setup", nodes=linux, connect=False):
@@ -110,7 +111,7 @@ def _read(
     node: Node,
     transport: Transport,
     tree: LocalTree | None,
-    checked: tuple[bool, float],
+    connected: float | None,
     plan: MeshPlan | None,
 ) -> RootAccess:
     from orchestrator.steps.codesync.sync import SCAN, code_dest, parse_probe_output, probe_command, scan_args
@@ -133,7 +134,7 @@ def _read(
     route = route_facts(node, master.host, master.name) if cluster.time.manage else []
     wanted: list[Fact[Any]] = [BecomeRoot(), *route]
     check_python, check_extra = training_python(node, inventory), preflight_facts(node, master)
-    if checked[0]:  # the preflight's facts (root access, route and addresses among them), asked once
+    if connected is not None:  # the preflight's facts (root access, route, addresses among them), once
         wanted = [*linux_facts(check_python), *check_extra]
     network = {"route", "addresses", "interfaces"}.issubset(f.name for f in wanted)
     root: list[tuple[str, str]] = []
@@ -191,14 +192,14 @@ def _read(
                 interfaces=facts.get("interfaces") or (),
             )
         session.seed(node.name, DETECTION, detection)
-    if checked[0]:
+    if connected is not None:
         session.seed(
             node.name,
             facts_key(check_extra, check_python),
             InspectedNode(
                 via=transport.describe(),
                 facts=facts,
-                connect_seconds=checked[1],
+                connect_seconds=connected,
                 recorded_host_keys=list(transport.recorded_host_keys),
             ),
         )
