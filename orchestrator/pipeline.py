@@ -172,31 +172,33 @@ def run_pipeline(
 
         if _done(options, "sync", report):
             return report
-        if single or not cluster.firewall.manage:
-            report.skipped["firewall"] = "one node" if single else "cluster.firewall.manage is false"
-        else:
-            report.codes["firewall"] = phases.firewall(session, selected)
-            if report.codes["firewall"] != ExitCode.OK:
-                phases.say(
-                    "warn",
-                    "the firewall step failed on some nodes (see above): the preflight's reachability "
-                    "check shows whether the nodes can still reach each other",
-                )
-        if _done(options, "firewall", report):
-            return report
-        if single or not cluster.time.manage:
-            report.skipped["ntp"] = "one node" if single else "cluster.time.manage is false"
-        else:
-            report.codes["ntp"] = phases.ntp(session, selected)
-            if report.codes["ntp"] != ExitCode.OK:
-                phases.say(
-                    "warn",
-                    "time sync failed on some nodes (see above): the preflight's clock check shows "
-                    "whether it matters for this run",
-                )
-
-        if _done(options, "ntp", report):
-            return report
+        # the firewall and time steps only warn when they fail: the preflight measures what they were for
+        for name, setting, managed, step, failed in (
+            (
+                "firewall",
+                "cluster.firewall.manage",
+                cluster.firewall.manage,
+                phases.firewall,
+                "the firewall step failed on some nodes (see above): the preflight's reachability "
+                "check shows whether the nodes can still reach each other",
+            ),
+            (
+                "ntp",
+                "cluster.time.manage",
+                cluster.time.manage,
+                phases.ntp,
+                "time sync failed on some nodes (see above): the preflight's clock check shows "
+                "whether it matters for this run",
+            ),
+        ):
+            if single or not managed:
+                report.skipped[name] = "one node" if single else f"{setting} is false"
+            else:
+                report.codes[name] = step(session, selected)
+                if report.codes[name] != ExitCode.OK:
+                    phases.say("warn", failed)
+            if _done(options, name, report):
+                return report
         checked = report.codes["check"] = phases.check(session, selected)
         report.exit_code = checked
         if _done(options, "check", report):
