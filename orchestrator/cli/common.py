@@ -31,7 +31,6 @@ from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 from orchestrator.steps.node_facts import training_python
 from orchestrator.transports import Result, SSHOptions, Transport
-from orchestrator.transports.known_hosts import compare_command
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -278,7 +277,9 @@ def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     width = max(len(e.node or "") for e in unknown)
     for e in unknown:
         ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
-    # the command for the key type each node actually offered
+    # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
+    from orchestrator.transports.known_hosts import compare_command
+
     commands = {e.key_type: compare_command(e.key_type) for e in unknown}
     how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
     ui.info(
