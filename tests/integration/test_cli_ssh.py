@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
-import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -362,14 +363,20 @@ def test_ctrl_c_stops_the_commands_on_every_node(
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
+        # lines from a thread: select() on the pipe misses a line that arrived in the same read as
+        # the one before it (it waits in the reader's buffer, and the nodes print nothing more)
+        lines: queue.Queue[str] = queue.Queue()
+        stdout = proc.stdout
+        threading.Thread(target=lambda: [lines.put(line) for line in stdout], daemon=True).start()
         started: set[str] = set()
         deadline = time.monotonic() + 30
         while len(started) < 3 and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1)
-            if ready:
-                line = proc.stdout.readline()
-                if line.rstrip().endswith("started"):
-                    started.add(line.split("]")[0])
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line.rstrip().endswith("started"):
+                started.add(line.split("]")[0])
         assert len(started) == 3, "not every node started"
         for host in cluster.hosts:  # really running on every node
             assert marker in cluster.ns_run(host.ns, ["pgrep", "-af", marker]).stdout
