@@ -28,8 +28,10 @@ def _logins(cluster: NamespaceCluster) -> dict[str, int]:
 def _inventory(
     cluster: NamespaceCluster, tmp_path: Path, name: str, python: str = sys.executable, **extra: object
 ) -> Path:
-    """Every host as root with this Python (or ``python``), code synced from a one-file project,
-    firewall and time managed (the defaults)."""
+    """Every host as root with this Python (or ``python``), code synced from a one-file project into
+    a directory of this test's own (the default one, under the workdir this pytest process shares
+    with its earlier tests, may hold a training script an earlier launch put there, which the sync
+    refuses to delete), firewall and time managed (the defaults)."""
     project = tmp_path / "project"
     project.mkdir()
     (project / "notes.txt").write_text("synced by the pipeline\n")
@@ -42,7 +44,7 @@ def _inventory(
         name=name,
         master="node1",
         backend="gloo",
-        code={"source": str(project)},
+        code={"source": str(project), "dest": str(tmp_path / "code")},
         **extra,
     )
 
