@@ -42,7 +42,9 @@ def makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
 def upload(sftp: paramiko.SFTPClient, local: Path, path: str, *, mode: int | None) -> None:
     """``local`` to the node's ``path`` (its directories made), with ``mode`` from the first byte."""
     where = PurePosixPath(path)
-    part = str(where.with_name(f".{where.name}.{secrets.token_hex(4)}.part"))
+    # the target's name first: a name the code sync reserves for itself (its upload bundle) stays
+    # reserved, so another node scanning a shared code directory meanwhile leaves it alone
+    part = str(where.with_name(f"{where.name}.{secrets.token_hex(4)}.part"))
     try:
         makedirs(sftp, str(where.parent))
         sent = 0
