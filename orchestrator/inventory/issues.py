@@ -132,6 +132,7 @@ CLUSTER_EXPECTED: dict[str, str] = {
     "env.path": "a directory path on the nodes (default <workdir>/venv)",
     "env.offline": "true or false",
     "env.installer": _one_of(Installer),
+    "env.compile_bytecode": "true or false",
     "code": "a mapping with " + ", ".join(CodeSettings.model_fields),
     "code.source": "a directory on this machine (default: the current directory)",
     "code.dest": "a directory on the nodes (default <workdir>/code)",

@@ -141,7 +141,9 @@ def test_a_newcomer_reaches_training_from_bare_hosts(
     assert "`bootstrap sync --from-master` repeats just that step" in refused.stderr
     assert not (shared / "venv").exists()
 
-    # {node} in workdir: a directory per node; the pipeline again, piped (progress lines every 10 s)
+    # {node} in workdir: a directory per node; the pipeline again, piped: progress lines every
+    # BOOTSTRAP_PROGRESS_INTERVAL seconds (docs/sync.md; 10 by default, longer than the install
+    # takes here)
     inv = _write(
         tmp_path,
         [{"name": h.name, "host": h.addr} for h in hardened.hosts],
@@ -149,12 +151,12 @@ def test_a_newcomer_reaches_training_from_bare_hosts(
         python,
         wheels,
     )
-    trained = run("-i", str(inv), "--sync-from-master", timeout=900)
+    trained = run("-i", str(inv), "--sync-from-master", env={"BOOTSTRAP_PROGRESS_INTERVAL": "2"}, timeout=900)
     assert trained.returncode == 0, trained
     out, err = trained.stdout, trained.stderr
     progress = re.findall(r"^\[(node\d)\] (.+) \((\d+) s\)$", err, re.M)
     assert {node for node, _, _ in progress} == set(NAMES), err
-    assert all(int(seconds) >= 10 for _, _, seconds in progress), progress
+    assert all(int(seconds) >= 2 for _, _, seconds in progress), progress
     assert "3/3 nodes synced (0 unchanged), identical" in err, err
     assert "ready to train" in err
     for node, rank in (("node1", 0), ("node2", 1), ("node3", 2)):

@@ -13,8 +13,9 @@ import pytest
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.inventory import Inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
+from orchestrator.platforms.powershell import PowerShell
 from orchestrator.steps.envsync import venv_python
-from orchestrator.steps.envsync.ops import BuildPlan, PosixEnvOps, probe_code
+from orchestrator.steps.envsync.ops import BuildPlan, PosixEnvOps, PowerShellEnvOps, probe_code
 from orchestrator.steps.envsync.report import NodeVersions, summarize
 from orchestrator.steps.envsync.spec import (
     drift,
@@ -258,6 +259,9 @@ def test_build_scripts_are_valid_sh_with_every_value_quoted(changes: dict[str, o
         assert ("-m venv --without-pip" in script) == (plan.pip_runner != "venv")
     if plan.installer == "uv":
         assert '/usr/local/bin/uv pip install --python "$new/bin/python"' in script
+        assert "--compile-bytecode" not in script
+    else:  # as uv: nothing byte-compiled while installing (Python compiles what it imports)
+        assert " --no-compile " in script
     if plan.remove_wheels:
         assert "rm -f -- old-1.0-py3-none-any.whl" in script
 
@@ -383,6 +387,7 @@ def test_windows_build_script_parses_and_switches_a_junction(changes: dict[str, 
     assert "'C:\\Users\\o''brien\\cluster-bootstrap\\venv.versions\\20260101-000000-abcdef'" in script
     assert "Remove-Item" in names and "Get-ChildItem" in names
     assert ("--without-pip" in script) == (plan.pip_runner != "venv" or plan.installer == "uv")
+    assert ("--no-compile" in script) == (plan.installer != "uv")
     if plan.remove_wheels:
         assert "old-1.0-py3-none-any.whl" in script
     assert ops.venv_python("C:\\cb\\venv") == "C:\\cb\\venv\\Scripts\\python.exe"
@@ -406,3 +411,11 @@ def test_probe_and_build_list_packages_with_the_same_code() -> None:
     from orchestrator.steps.envsync.ops import LIST_CODE
 
     assert _probe_module().LIST_CODE == LIST_CODE  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_compile_bytecode_asks_both_installers_to_compile(installer: str) -> None:
+    plan = _plan(installer=installer, uv="/usr/local/bin/uv", compile_bytecode=True)
+    for script in (PosixEnvOps(PosixShell()).build(plan), PowerShellEnvOps(PowerShell()).build(plan)):
+        assert "--no-compile" not in script
+        assert ("--compile-bytecode" in script) == (installer == "uv")

@@ -129,6 +129,7 @@ def plan_commands(node: Node, transport: Transport, spec: EnvSpec, *, force: boo
         index_args=tuple(index_args),
         index_env=tuple(sorted(index_env.items())),
         require_hashes=spec.hashes,
+        compile_bytecode=spec.compile_bytecode,
         stamp=build_stamp(
             spec,
             key="KEY",

@@ -127,6 +127,7 @@ def plan_build(
         index_args=tuple(index_args),
         index_env=tuple(sorted((index_env or {}).items())),
         require_hashes=spec.hashes,
+        compile_bytecode=spec.compile_bytecode,
         stamp=stamp,
         offline=spec.offline,
         remove_wheels=remove_wheels,

@@ -181,6 +181,7 @@ def spec_from_master(inventory: Inventory, master: MasterEnv, os_name: str) -> E
         offline=env.offline,
         installer=env.installer,
         path_setting=env.path,
+        compile_bytecode=env.compile_bytecode,
         base_dir=str(Path(inventory.source).parent),
         warnings=tuple(warnings),
     )

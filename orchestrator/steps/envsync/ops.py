@@ -92,6 +92,8 @@ class BuildPlan:
     index_args: tuple[str, ...]
     require_hashes: bool
     stamp: dict[str, object]
+    #: byte-compile while installing; else pip gets --no-compile (uv compiles nothing unless asked)
+    compile_bytecode: bool = False
     offline: bool = False  # installs from the node's wheelhouse, which the controller fills
     # how pip reaches the venv (made --without-pip: ensurepip costs seconds per venv): "base" (the
     # node's own pip, --python), "wheel" (pip_wheel, run from the wheel), "venv" (ensurepip after all)
@@ -102,6 +104,14 @@ class BuildPlan:
     remove_wheels: tuple[str, ...] = ()  # offline: wheels in the node's wheelhouse no longer wanted
     #: the installer's index variables (spec.index_environment): uploaded in ``index_env_file``
     index_env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def compile_args(self) -> list[str]:
+        """Both installers compile the same: only when asked (byte-compiling every module of a torch
+        environment takes longer than unpacking it; Python compiles what it imports, once)."""
+        if self.installer == "uv":
+            return ["--compile-bytecode"] if self.compile_bytecode else []
+        return [] if self.compile_bytecode else ["--no-compile"]
 
     @property
     def versions_dir(self) -> str:
@@ -172,6 +182,7 @@ class PosixEnvOps(EnvOps):
         opts = [q(a) for a in plan.index_args]
         if plan.require_hashes:
             opts.append("--require-hashes")
+        opts += plan.compile_args
         if plan.installer == "uv":
             assert plan.uv is not None
             return " ".join([q(plan.uv), "pip", "install", '--python "$new/bin/python"', *opts, '-r "$req"'])
@@ -308,6 +319,7 @@ class PowerShellEnvOps(EnvOps):
         new_python = self.venv_python(new)
         requirements = plan.requirements_file.replace("/", "\\")
         args = list(plan.index_args) + (["--require-hashes"] if plan.require_hashes else [])
+        args += plan.compile_args
         if plan.installer == "uv":
             assert plan.uv is not None
             install = p.native([plan.uv, "pip", "install", "--python", new_python, *args, "-r", requirements])

@@ -69,6 +69,7 @@ class EnvSpec:
     offline: bool
     installer: str  # auto | uv | pip
     path_setting: str | None
+    compile_bytecode: bool = False  # byte-compile while installing (env.compile_bytecode)
     base_dir: str = "."  # the inventory file's directory: relative controller paths start there
     warnings: tuple[str, ...] = ()
 
@@ -94,6 +95,8 @@ class EnvSpec:
             "offline": self.offline,
             "installer": self.installer,
         }
+        if self.compile_bytecode:  # only when set: environments built before the setting keep their key
+            material["compile_bytecode"] = True
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
@@ -214,6 +217,7 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
         offline=env.offline,
         installer=env.installer,
         path_setting=env.path,
+        compile_bytecode=env.compile_bytecode,
         base_dir=str(Path(inventory.source).parent),
         warnings=tuple(warnings),
     )
