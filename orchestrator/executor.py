@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
@@ -167,11 +168,17 @@ class Executor:
         futures: list[Future[Outcome[T]]] = [
             pool.submit(self._one, name(item), step, lambda item=item: fn(item)) for item in items
         ]
+        # Each future reports itself into a queue; the main thread (where Ctrl-C lands) waits on that
+        # queue only. concurrent.futures.wait() takes every future's lock one by one: a Ctrl-C between
+        # two of those takes left a lock held forever, so the worker finishing that future hung, and
+        # with it the interpreter's exit, which joins the pool's threads ("interrupted" never came).
+        finished: queue.SimpleQueue[Future[Outcome[T]]] = queue.SimpleQueue()
+        for future in futures:
+            future.add_done_callback(finished.put)
         try:
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                if fail_fast and not self.cancelled and any(_failed(f.result()) for f in done):
+            for _ in futures:
+                done = finished.get()
+                if fail_fast and not self.cancelled and _failed(done.result()):
                     self.trigger_cancel()
             return GroupResult(f.result() for f in futures)
         except KeyboardInterrupt:

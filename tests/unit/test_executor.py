@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -60,3 +62,34 @@ def test_fail_fast_cancels_the_others() -> None:
     executor = Executor(cancel=cancelled.set)
     outcomes = executor.map([0, 1, 2], work, name=str, step="t", fail_fast=True)
     assert not outcomes[0].ok and outcomes[1].ok and executor.cancelled
+
+
+_INTERRUPTED_FANOUT = """
+import os, random, signal, sys, threading
+from orchestrator.executor import Executor
+
+random.seed(int(sys.argv[1]))
+stop = threading.Event()
+
+def work(i):
+    stop.wait(random.random() * 0.02)  # nodes finishing all the time; after the cancel at once
+    return i
+
+threading.Timer(random.uniform(0.3, 0.8), os.kill, (os.getpid(), signal.SIGINT)).start()
+try:
+    Executor(max_workers=64, cancel=stop.set).map(list(range(20000)), work, name=str, step="t")
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ctrl_c_at_any_moment_of_a_fan_out_lets_the_process_end(seed: int) -> None:
+    """Ctrl-C lands in the main thread wherever it is while nodes finish. With
+    concurrent.futures.wait() it could land while that held some futures' locks: the workers
+    finishing those futures hung, and the interpreter's exit (which joins them) with them."""
+    child = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_FANOUT, str(seed)], capture_output=True, text=True, timeout=30
+    )
+    assert child.stdout == "interrupted\n", child.stderr
+    assert child.returncode == 0, child.stderr
