@@ -129,7 +129,8 @@ def throttled(host: TestHost) -> Iterator[Path]:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def bench_inventory(cluster: NamespaceCluster, path: Path, **train: object) -> Path:
+def bench_inventory(cluster: NamespaceCluster, path: Path, *, hosts: int = 3, **train: object) -> Path:
+    """An inventory of the cluster's first ``hosts`` hosts, ``train`` its cluster.train."""
     # one thread per rank: the three "hosts" share this machine's cores, and OpenMP threads waiting
     # for each other on oversubscribed cores measure the machine's load, not the hosts
     train.setdefault("env", {"OMP_NUM_THREADS": "1"})
@@ -143,7 +144,7 @@ def bench_inventory(cluster: NamespaceCluster, path: Path, **train: object) -> P
             "python": sys.executable,
             "workdir": str(path.parent / f"wd-{h.name}"),
         }
-        for h in cluster.hosts
+        for h in cluster.hosts[:hosts]
     ]
     return write_inventory(path, nodes, name="bench", master="node1", backend="gloo", port=PORT, train=train)
 
