@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -163,29 +165,36 @@ class Executor:
         """
         if not items:
             return GroupResult()
+        # Each future reports itself into a queue, and so does Ctrl-C (or SIGTERM) while the nodes
+        # work: the main thread takes both from the queue and raises the interrupt there, between two
+        # items. Raised wherever the main thread happened to be, it could land inside the lock
+        # handling of concurrent.futures.wait() or of the pool's own semaphore: a lock left held
+        # hung the workers finishing their futures, and the interpreter's exit, which joins them.
+        finished: queue.SimpleQueue[Future[Outcome[T]] | int] = queue.SimpleQueue()
         workers = max(1, min(self.max_workers, len(items)))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"bootstrap-{step}")
-        futures: list[Future[Outcome[T]]] = [
-            pool.submit(self._one, name(item), step, lambda item=item: fn(item)) for item in items
-        ]
-        # Each future reports itself into a queue; the main thread (where Ctrl-C lands) waits on that
-        # queue only. concurrent.futures.wait() takes every future's lock one by one: a Ctrl-C between
-        # two of those takes left a lock held forever, so the worker finishing that future hung, and
-        # with it the interpreter's exit, which joins the pool's threads ("interrupted" never came).
-        finished: queue.SimpleQueue[Future[Outcome[T]]] = queue.SimpleQueue()
-        for future in futures:
-            future.add_done_callback(finished.put)
-        try:
-            for _ in futures:
-                done = finished.get()
-                if fail_fast and not self.cancelled and _failed(done.result()):
-                    self.trigger_cancel()
-            return GroupResult(f.result() for f in futures)
-        except KeyboardInterrupt:
-            self.trigger_cancel()
-            raise
-        finally:
-            pool.shutdown(wait=not self.cancelled, cancel_futures=True)
+        with _signals_into(finished) as handlers:
+            try:
+                futures: list[Future[Outcome[T]]] = []
+                for item in items:
+                    future = pool.submit(self._one, name(item), step, lambda item=item: fn(item))
+                    future.add_done_callback(finished.put)
+                    futures.append(future)
+                remaining = len(futures)
+                while remaining:
+                    done = finished.get()
+                    if isinstance(done, int):  # a signal: its handler (the CLI's) raises here
+                        handlers[done](done, None)
+                        continue
+                    remaining -= 1
+                    if fail_fast and not self.cancelled and _failed(done.result()):
+                        self.trigger_cancel()
+                return GroupResult(f.result() for f in futures)
+            except KeyboardInterrupt:
+                self.trigger_cancel()
+                raise
+            finally:
+                pool.shutdown(wait=not self.cancelled, cancel_futures=True)
 
     def trigger_cancel(self) -> None:
         if self._cancelled.is_set():
@@ -193,6 +202,29 @@ class Executor:
         self._cancelled.set()
         if self.cancel is not None:
             self.cancel()
+
+
+SignalHandler = Callable[[int, Any], Any]
+
+
+@contextlib.contextmanager
+def _signals_into(into: queue.SimpleQueue[Any]) -> Iterator[dict[int, SignalHandler]]:
+    """While the block runs, SIGINT and SIGTERM only put their number into ``into`` (a SimpleQueue's
+    put is safe in a signal handler); yields the handlers they had, which the block calls itself.
+    Signals without a Python handler (default, ignored) are left alone, as is every signal when this
+    is not the main thread (only that one can set handlers)."""
+    previous: dict[int, SignalHandler] = {}
+    if threading.current_thread() is threading.main_thread():
+        for number in (int(signal.SIGINT), int(signal.SIGTERM)):
+            handler = signal.getsignal(number)
+            if callable(handler):
+                previous[number] = handler
+                signal.signal(number, lambda signum, _frame: into.put(signum))
+    try:
+        yield previous
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _failed(outcome: Outcome[Any]) -> bool:
