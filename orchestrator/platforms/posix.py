@@ -144,6 +144,13 @@ class PosixShell(Platform):
         word = self.path_word(path)
         return f"mkdir -p -- {word}" + (f" && chmod 700 -- {word}" if private else "")
 
+    def mkdir_marked(self, path: str, marker: str) -> str:
+        """Create ``path`` (and its parents) when it is not there, with an empty file ``marker`` in
+        it: a directory this command created is known later as bootstrap's own."""
+        word = self.path_word(path)
+        marker_word = self.path_word(f"{path.rstrip('/')}/{marker}")
+        return f"if [ ! -d {word} ]; then mkdir -p -- {word} && : > {marker_word}; fi"
+
     def login_command(self, script: str) -> str:
         """One line any login shell passes to ``/bin/sh`` unchanged: the script travels base64-encoded.
 

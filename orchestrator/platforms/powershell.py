@@ -247,6 +247,17 @@ class PowerShell(Platform):
             "}"
         )
 
+    def mkdir_marked(self, path: str, marker: str) -> str:
+        """Create ``path`` (and its parents) when it is not there, with an empty file ``marker`` in
+        it: a directory this command created is known later as bootstrap's own."""
+        full = self.full_path(path)
+        marker_path = self.full_path(f"{path.rstrip('/')}/{marker}")
+        return (
+            f"if (-not [System.IO.Directory]::Exists({full})) {{ "
+            f"[void][System.IO.Directory]::CreateDirectory({full}); "
+            f"[System.IO.File]::WriteAllText({marker_path}, '') }}"
+        )
+
     def say_if_exists(self, path: str, word: str) -> str:
         """A statement that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         test = f"Test-Path -LiteralPath {self.path_word(path)}"

@@ -31,7 +31,7 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.runs.layout import STOPPED, STREAMING_ENV, run_dir_for, run_marker
+from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.windows import WindowsRuns
@@ -166,9 +166,15 @@ class NodeRunResult:
 RAN_BEFORE = "@@ran-before"
 
 
-def prepare_script(platform: PosixShell | PowerShell, run_dir: str, code_dir: str) -> str:
+def prepare_script(
+    platform: PosixShell | PowerShell, run_dir: str, code_dir: str, *, code_root: str | None = None
+) -> str:
     """What prepares a node for a run, on every platform: refuse a run id that ran there before,
     create the run directory, and the directory the training script goes to.
+
+    ``code_root``: the code directory a training script is uploaded into; when launch creates it,
+    it is marked as bootstrap's (``CODE_MARKER``), so a later code sync into it may replace what
+    launch put there (an unmarked directory with files is a stranger's, which sync refuses).
 
     The run directory is always private (owner-only: ``chmod 700`` on POSIX, an access list of one
     entry for the connecting user on Windows): the launch script written into it may hold
@@ -178,6 +184,7 @@ def prepare_script(platform: PosixShell | PowerShell, run_dir: str, code_dir: st
         (
             platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
             platform.mkdir(run_dir, private=True),
+            *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
             platform.mkdir(code_dir),
         )
     )
@@ -245,6 +252,7 @@ def prepare_plan(
     absolute = bool(_WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
+    code_root = None if source is None else spec.code_dir  # a script uploaded: into the code directory
     rendered = renderer.render(spec, platform, template=template, secrets=secrets)
     notice_of = _leftover_notice(notice)
 
@@ -255,7 +263,7 @@ def prepare_plan(
     if native:
         assert isinstance(platform, PowerShell)
         parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-        prepare = prepare_script(platform, run_dir, parent)
+        prepare = prepare_script(platform, run_dir, parent, code_root=code_root)
         launch = Put(f"{run_dir}/launch.ps1", data=platform.script_file(rendered), what="launch script")
     else:
         assert isinstance(platform, PosixShell)
@@ -263,7 +271,7 @@ def prepare_plan(
         prepare = (
             PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name))
             + "\n"
-            + prepare_script(platform, run_dir, code_dir)
+            + prepare_script(platform, run_dir, code_dir, code_root=code_root)
         )
         launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")
     actions: list[Put | Run] = [

@@ -7,6 +7,7 @@ inside the controller's network namespace (worker threads inherit it from the th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,10 +20,13 @@ import pytest
 
 from orchestrator.errors import InventoryError
 from orchestrator.executor import Outcome
-from orchestrator.inventory import Inventory, PasswordResolver, load_inventory
+from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
+from orchestrator.plans import apply
+from orchestrator.render import Renderer, plan_launch
 from orchestrator.session import Session
 from orchestrator.steps.codesync import CodeDestRefused, CodeSyncResult, sync_code
-from orchestrator.transports import SSHOptions
+from orchestrator.steps.launch import prepare_plan
+from orchestrator.transports import SSHOptions, Transport
 from tests import netns
 from tests.cluster import NamespaceCluster
 
@@ -392,3 +396,41 @@ def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> Non
     )  # fmt: skip
     assert asked.returncode == 0, asked.stderr
     assert (workdir / "code" / "private.txt").read_text() == "not for the cluster\n"
+
+
+def test_a_code_directory_launch_created_is_synced_into(
+    cluster: NamespaceCluster, ctl_home: Path, tmp_path: Path
+) -> None:
+    """`launch` with no cluster.code uploads its training script into <workdir>/code, creating the
+    directory. A later code sync there (the project has no such script) replaces launch's file;
+    it used to refuse the directory as a stranger's ("was not created by bootstrap sync")."""
+    h = Harness(cluster, ctl_home, tmp_path, _project(tmp_path, git=False))
+    script = tmp_path / "first_try.py"
+    script.write_text("print('a script launch uploaded')\n")
+    inventory = h.inventory()
+    specs = {
+        s.node.name: s
+        for s in plan_launch(
+            inventory, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={}, pythons={}
+        )
+    }
+    options = SSHOptions(known_hosts=h.known_hosts, ssh_config=h.ssh_config)
+
+    def prepare(node: Node, transport: Transport) -> None:  # launch's plan up to its launcher
+        spec = dataclasses.replace(specs[node.name], script="first_try.py")
+        apply(
+            prepare_plan(node, transport.platform, spec, renderer=Renderer(), script_file=script), transport
+        )
+
+    with (
+        netns.inside(cluster.controller_ns),
+        Session(inventory, inventory.nodes, ssh=options, passwords=PasswordResolver(None)) as session,
+    ):
+        assert all(o.ok for o in session.map(prepare, step="prepare")), "launch's uploads failed"
+    for host in cluster.hosts:
+        assert (h.dest(host.name) / "first_try.py").exists()
+    results = h.ok()
+    for host in cluster.hosts:
+        assert results[host.name].deleted == ["first_try.py"], results[host.name]
+        assert not (h.dest(host.name) / "first_try.py").exists()
+        assert (h.dest(host.name) / "train.py").read_text() == "import pkg.model\n"

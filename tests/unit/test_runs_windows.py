@@ -840,6 +840,13 @@ def test_a_native_foreground_plan_ends_with_the_follower_outside_the_job() -> No
         f"{run_dir}/launch.ps1",
         "~/cluster-bootstrap/code/examples/train_ddp.py",
     ]
+    # the code directory the script goes to, created by launch, is marked as bootstrap's (a later
+    # code sync may replace what launch put there)
+    prepare = plan.actions[0]
+    assert isinstance(prepare, Run)
+    pwsh.assert_parses(ps.wrap(prepare.script))
+    assert prepare.script.count("[System.IO.Directory]::Exists(") == 1, prepare.script
+    assert "($HOME + '\\cluster-bootstrap\\code\\.bootstrap-code.json')), '')" in prepare.script
 
 
 def test_the_followed_lines_are_split_at_newlines_only() -> None:

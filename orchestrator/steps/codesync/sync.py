@@ -334,7 +334,8 @@ def sync_node(
     if changes.deleted and scan.get("exists") and not scan.get("marked"):
         sample = ", ".join(changes.deleted[:3]) + (", ..." if len(changes.deleted) > 3 else "")
         raise CodeDestRefused(
-            f"{where} already holds {_files(len(changes.deleted))} that are not in the project ({sample}) "
+            f"{where} already holds {_files(len(changes.deleted))} that "
+            f"{'is' if len(changes.deleted) == 1 else 'are'} not in the project ({sample}) "
             "and was not created by bootstrap sync: syncing would delete them",
             node=node.name,
             hint="move them away or empty the directory, or set cluster.code.dest to another directory",
