@@ -4,6 +4,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -27,6 +28,12 @@ _support_problems: list[str] | None = None
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in _MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {help_text}")
+    # A shell starts a background job (`cmd &` in a script, nohup) with SIGINT ignored, and every
+    # process started from here would inherit that: the tests that press Ctrl-C on the CLI would see
+    # it ignored (Python installs no KeyboardInterrupt handler then) and time out. The tests run as
+    # from a terminal: a handled signal is reset to the default in every program started from here.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
