@@ -37,7 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests under tests/integration and tests/e2e carry that marker automatically."""
+    """Tests under tests/integration and tests/e2e carry that marker automatically; files that
+    mostly wait are spread among the others (:func:`_spread_waiting_files`)."""
     tests_dir = Path(__file__).parent
     for item in items:
         try:
@@ -46,6 +47,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if rel.parts and rel.parts[0] in _MARKERS:
             item.add_marker(rel.parts[0])
+    _spread_waiting_files(items, tests_dir)
+
+
+#: files whose tests spend most of their time waiting (chronyd selecting a source, deadlines that
+#: must pass, a WinRM server's receive rounds), not computing: measured alone, their wall time is
+#: 2 to 10 times the CPU time they use
+WAITING_FILES = (
+    "integration/test_timesync.py",
+    "integration/test_launch_windows.py",
+    "integration/test_winrm_transport.py",
+    "integration/test_cli_ssh.py",
+    "integration/test_winrm_server.py",
+    "integration/test_transport_contract.py",
+    "integration/test_winrm_windows_defaults.py",
+    "integration/test_runs.py",
+    "integration/test_runs_windows.py",
+    "e2e/test_interrupt.py",
+)
+
+
+def _spread_waiting_files(items: list[pytest.Item], tests_dir: Path) -> None:
+    """tests/run.sh hands whole files to the workers in collection order (pytest-xdist, --dist
+    loadfile), and the run is CPU-bound. A file that mostly waits costs the run nothing while other
+    workers compute beside it, but at the end, with nothing left to compute, its waits were the run's
+    tail (test_timesync.py came last and ran alone for its last minute). Each waiting file now comes
+    after two others from the start, so every wait has computing beside it."""
+    by_file: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.path, []).append(item)
+    waiting_names = {tests_dir / name for name in WAITING_FILES}
+    waiting = [f for f in by_file if f in waiting_names]
+    waiting.sort(key=lambda f: WAITING_FILES.index(str(f.relative_to(tests_dir))))
+    others = [f for f in by_file if f not in waiting_names]
+    order: list[Path] = []
+    while waiting or others:
+        order.extend(others[:2])
+        del others[:2]
+        if waiting:
+            order.append(waiting.pop(0))
+    items[:] = [item for path in order for item in by_file[path]]
 
 
 def require_cluster_support() -> None:
@@ -72,7 +113,8 @@ def private_node_workdir(tmp_path_factory: pytest.TempPathFactory) -> Path | Non
     Concurrent pytest processes (pytest-xdist workers, another checkout's run) then never meet in
     it: their code directories, environments and run directories stay apart, as they would on
     separate machines (two launches of same-named clusters in the same second pick the same run id).
-    What it cannot separate: processes, one PID space for every namespace host (see ``alone``).
+    What it cannot separate: processes, one PID space for every namespace host, and the CPU (see
+    tests/e2e/bench_support.py: favoured).
     Returns the directory (None when not root: no namespace host can be started then either)."""
     if os.geteuid() != 0:
         return None

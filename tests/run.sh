@@ -26,31 +26,22 @@ venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 "$venv/bin/ruff" format --check orchestrator tests benchmarks
 "$venv/bin/mypy"
 
-# The tests wait on sshd, chrony, torch and subprocesses more than they compute: more workers than
-# cores (pytest-xdist), each test file on one worker, in collection order (tests/e2e, the longest,
-# first). tests/conftest.py keeps workers apart (its own namespace clusters, its own
-# ~root/cluster-bootstrap). Tests marked `alone` (a speed comparison, which other tests' load would
-# decide) come after, by themselves. BOOTSTRAP_TEST_WORKERS=0: one serial run of everything, as before (e.g. with a
-# -m of your own).
+# The run is CPU-bound (docs/testing.md): pytest-xdist workers, each test file on one worker, in
+# collection order (tests/e2e, the longest, first; files that mostly wait spread among them:
+# tests/conftest.py). tests/conftest.py keeps workers apart (their own namespace clusters, their own
+# ~root/cluster-bootstrap). BOOTSTRAP_TEST_WORKERS=0: one serial run of everything.
 workers=${BOOTSTRAP_TEST_WORKERS:-4}
-pytest=("$venv/bin/python" -m pytest -p no:cacheprovider)
+pytest=("$venv/bin/python" -m pytest -p no:cacheprovider --durations=15)
 set +e
 if [ "$workers" = 0 ]; then
-    "${pytest[@]}" --durations=15 "$@"
-    rc=$?
-    alone_rc=5
+    "${pytest[@]}" "$@"
 else
-    "${pytest[@]}" --durations=15 -n "$workers" --dist loadfile --no-loadscope-reorder -m "not alone" "$@"
-    rc=$?
-    "${pytest[@]}" --durations=5 -m alone "$@"
-    alone_rc=$?
+    "${pytest[@]}" -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
+rc=$?
 set -e
-if [ "$rc" -eq 5 ] && [ "$alone_rc" -eq 5 ]; then
+if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: that is a failure here" >&2
     exit 1
 fi
-[ "$rc" -eq 5 ] && rc=0
-[ "$alone_rc" -eq 5 ] && alone_rc=0
-[ "$rc" -ne 0 ] && exit "$rc"
-exit "$alone_rc"
+exit "$rc"

@@ -80,15 +80,38 @@ def sshd_pid(host: TestHost) -> int:
 
 
 @contextmanager
-def throttled(host: TestHost) -> Iterator[Path]:
-    """Every process the host's sshd starts from now on gets QUOTA/PERIOD of a CPU."""
+def throttled(host: TestHost, *, favoured: bool = False) -> Iterator[Path]:
+    """Every process the host's sshd starts from now on gets QUOTA/PERIOD of a CPU. ``favoured``: beside
+    hosts under :func:`favoured`, with a quarter of their weight (so the quota, not the rest of this
+    machine's work, decides how slow the host is)."""
+    weight_v2, shares_v1 = (FAVOURED_V2 // 4, FAVOURED_V1 // 4) if favoured else (WEIGHT_V2, SHARES_V1)
+    with _cpu_group(host, "slow", weight_v2, shares_v1, quota=True) as group:
+        yield group
+
+
+#: cpu.weight (v2) and cpu.shares (v1) of a favoured host: 100 and 256 times the defaults (v1's maximum)
+FAVOURED_V2, FAVOURED_V1 = 10000, 262144
+
+
+@contextmanager
+def favoured(host: TestHost) -> Iterator[Path]:
+    """Every process the host's sshd starts from now on outweighs the rest of this machine's work (other
+    tests' processes, each of which weighs the default): a speed comparison between runs on these
+    hosts measures the hosts, not what else happened to run meanwhile."""
+    with _cpu_group(host, "fast", FAVOURED_V2, FAVOURED_V1, quota=False) as group:
+        yield group
+
+
+@contextmanager
+def _cpu_group(host: TestHost, kind: str, weight_v2: int, shares_v1: int, *, quota: bool) -> Iterator[Path]:
+    """A cpu cgroup of ours holding the host's sshd listener (its sessions are born in it)."""
     found = cpu_cgroup_root()
     if found is None:
         if os.environ.get("CI", "").strip().lower() == "true":
-            pytest.fail("no cgroup hierarchy with the cpu controller: cannot make a host slow")
-        pytest.skip("no cgroup hierarchy with the cpu controller here: cannot make a host slow")
+            pytest.fail("no cgroup hierarchy with the cpu controller: cannot weigh a host's CPU")
+        pytest.skip("no cgroup hierarchy with the cpu controller here: cannot weigh a host's CPU")
     root, version = found
-    group = root / f"cbt-slow-{os.getpid()}-{host.name}"
+    group = root / f"cbt-{kind}-{os.getpid()}-{host.name}"
     enabled_cpu = False
     group.mkdir()
     try:
@@ -96,14 +119,16 @@ def throttled(host: TestHost) -> Iterator[Path]:
             control = root / "cgroup.subtree_control"
             if "cpu" not in control.read_text().split():
                 control.write_text("+cpu")
-                ENABLED_MARK.touch()  # tests throttle side by side: whoever leaves last turns it off
+                ENABLED_MARK.touch()  # tests weigh hosts side by side: whoever leaves last turns it off
             enabled_cpu = ENABLED_MARK.exists()
-            (group / "cpu.max").write_text(f"{QUOTA} {PERIOD}")
-            (group / "cpu.weight").write_text(str(WEIGHT_V2))
+            if quota:
+                (group / "cpu.max").write_text(f"{QUOTA} {PERIOD}")
+            (group / "cpu.weight").write_text(str(weight_v2))
         else:
-            (group / "cpu.cfs_period_us").write_text(str(PERIOD))
-            (group / "cpu.cfs_quota_us").write_text(str(QUOTA))
-            (group / "cpu.shares").write_text(str(SHARES_V1))
+            if quota:
+                (group / "cpu.cfs_period_us").write_text(str(PERIOD))
+                (group / "cpu.cfs_quota_us").write_text(str(QUOTA))
+            (group / "cpu.shares").write_text(str(shares_v1))
         (group / "cgroup.procs").write_text(str(sshd_pid(host)))
         yield group
     finally:
@@ -119,9 +144,9 @@ def throttled(host: TestHost) -> Iterator[Path]:
                 except OSError:  # exited meanwhile
                     pass
         group.rmdir()
-        # another test may throttle a host of its own meanwhile (tests run side by side): the last
-        # one out turns the controller off
-        if enabled_cpu and not any(root.glob("cbt-slow-*")):
+        # another test may weigh a host of its own meanwhile (tests run side by side): the last one
+        # out turns the controller off
+        if enabled_cpu and not any(root.glob("cbt-slow-*")) and not any(root.glob("cbt-fast-*")):
             (root / "cgroup.subtree_control").write_text("-cpu")
             ENABLED_MARK.unlink(missing_ok=True)
 

@@ -261,25 +261,6 @@ def _run_on_terminal(
     return code, shown, {name: after[name] - before[name] for name in after}
 
 
-def test_until_check_asks_node2_password_once(
-    cluster: NamespaceCluster, trusted_home: Path, login: Login, tmp_path: Path
-) -> None:
-    node2 = cluster.host("node2")
-    inv = _inventory(cluster, login, tmp_path / "hosts.yaml")
-    accepted = f"Accepted password for {login.user} "
-    before = _count(node2, accepted)
-    code, shown, logins = _run_on_terminal(
-        cluster, trusted_home, tmp_path, login, login.password, "-i", str(inv), "--until", "check"
-    )
-    assert code == 0, shown
-    assert login.password not in shown
-    # the firewall and time steps ran (as root through USER's sudo on node2), then the preflight
-    assert "ready to train" in shown and "NOT ready" not in shown, shown
-    # one connection per node for the whole run; node2's was the password login
-    assert _count(node2, accepted) - before == 1, cluster.sshd_log(node2)
-    assert logins == {"node1": 1, "node2": 1, "node3": 1}, (logins, shown)
-
-
 def test_whole_pipeline_asks_node2_password_once(
     cluster: NamespaceCluster, trusted_home: Path, login: Login, tmp_path: Path
 ) -> None:
@@ -294,6 +275,8 @@ def test_whole_pipeline_asks_node2_password_once(
     )
     assert code == 0, shown
     assert login.password not in shown
+    # the firewall and time steps ran (as root through USER's sudo on node2), then the preflight
+    assert "ready to train" in shown and "NOT ready" not in shown, shown
     # validation and training ran on every node, node2 included (as USER, over its one login)
     assert "3 of 3 rank(s) joined" in shown and "all_reduce result correct" in shown, shown
     assert re.search(r"^\[node2:\d+\] \[rank \d+/3\] epoch 1/1 stopped by --max-steps", shown, re.M), shown
@@ -328,28 +311,22 @@ def _auth_errors(shown: str, login: Login) -> list[str]:
     ]
 
 
-def test_a_wrong_password_fails_node2_without_asking_again(
+def test_a_wrong_password_fails_node2_once_without_asking_again(
     cluster: NamespaceCluster, trusted_home: Path, login: Login, tmp_path: Path
 ) -> None:
     """One prompt (the wrong answer is not asked for again, and nothing waits for a second one), an
     error naming node2 and its login, the other nodes checked, exit 3 (docs/cli.md: a node could not
-    be authenticated, "wrong user or password")."""
-    code, shown, logins, failed = _wrong_password_run(cluster, trusted_home, login, tmp_path)
-    assert code == 3, shown
-    errors = _auth_errors(shown, login)
-    assert errors and all(f"on {cluster.host('node2').addr}:22 failed" in line for line in errors), shown
-    assert failed >= 1 and logins == {"node1": 1, "node2": 0, "node3": 1}, (failed, logins, shown)
-    assert "2/3 nodes reachable" in shown and "NOT ready to train" in shown, shown
+    be authenticated, "wrong user or password").
 
-
-def test_a_wrong_password_is_tried_once_and_reported_once(
-    cluster: NamespaceCluster, trusted_home: Path, login: Login, tmp_path: Path
-) -> None:
-    """What a user expects: the password typed once is sent once (the transport keeps the refusal:
+    And what a user expects: the password typed once is sent once (the transport keeps the refusal:
     later phases meet it without asking the node again), and said once. Each failed login counts
     against the account where pam_faillock locks it (deny=3 by default) and against the controller's
     address where fail2ban watches sshd (maxretry=5 by default)."""
-    code, shown, _, failed = _wrong_password_run(cluster, trusted_home, login, tmp_path)
+    code, shown, logins, failed = _wrong_password_run(cluster, trusted_home, login, tmp_path)
     assert code == 3, shown
+    errors = _auth_errors(shown, login)
+    assert len(errors) == 1, shown
+    assert f"on {cluster.host('node2').addr}:22 failed" in errors[0], shown
     assert failed == 1, (failed, shown)
-    assert len(_auth_errors(shown, login)) == 1, shown
+    assert logins == {"node1": 1, "node2": 0, "node3": 1}, (logins, shown)
+    assert "2/3 nodes reachable" in shown and "NOT ready to train" in shown, shown
