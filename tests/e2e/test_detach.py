@@ -21,9 +21,10 @@ Bootstrap = Callable[..., CliRun]
 LINES = 200
 
 
-def _inventory(cluster: NamespaceCluster, path: Path, script: Path) -> Path:
+def _inventory(cluster: NamespaceCluster, path: Path, script: Path, *, hosts: int = 3) -> Path:
     nodes = [
-        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable}
+        for h in cluster.hosts[:hosts]
     ]
     return write_inventory(
         path, nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
@@ -138,36 +139,6 @@ def test_detached_run_is_followed_through_a_cut_connection(
         assert (node["start"], node["end"], node["bytes"], node["lines"]) == (size - last3, size, last3, 3)
 
 
-def test_stop_run_ends_a_detached_run_everywhere(
-    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
-) -> None:
-    script = tmp_path / "sleeper.py"
-    script.write_text(
-        "import subprocess, time\n"
-        "subprocess.Popen(['sleep', '600'])\n"
-        "print('up', flush=True)\n"
-        "time.sleep(600)\n"
-    )
-    inv = _inventory(cluster, tmp_path / "h.yaml", script)
-    run_id = f"stop-{os.getpid()}-{time.monotonic_ns()}"
-    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", run_id, cwd=tmp_path, timeout=300)
-    assert started.returncode == 0, started
-    await_(
-        lambda: all(len(namespace_run_pids(cluster, h, run_id)) >= 4 for h in cluster.hosts),
-        120,
-        "the run's processes on every node (launcher, torchrun, worker, its child)",
-    )
-    stopped = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path, timeout=120)
-    assert stopped.returncode == 0, stopped
-    for host in cluster.hosts:
-        assert re.search(rf"{host.name}\s+\S*\s*stopped \d+ process", stopped.stdout), stopped.stdout
-        assert not namespace_run_pids(cluster, host, run_id), host.name
-    again = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path)
-    assert again.returncode == 0 and "nothing was running: nothing changed" in again.stderr, again
-    states = _status(bootstrap, inv, run_id, tmp_path)
-    assert all(s["state"] == "stopped" for s in states.values()), states
-
-
 def test_a_refused_run_id_never_stops_the_run_that_holds_it(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
@@ -219,7 +190,7 @@ def test_status_says_running_while_any_process_of_the_run_lives_and_keeps_its_co
         "print('x' * 500, flush=True)\n"
         "time.sleep(600)\n"
     )
-    inv = _inventory(cluster, tmp_path / "h.yaml", script)
+    inv = _inventory(cluster, tmp_path / "h.yaml", script, hosts=1)  # what status says of one node
     run_id = f"alive-{os.getpid()}-{time.monotonic_ns()}"
     started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", run_id, cwd=tmp_path, timeout=300)
     assert started.returncode == 0, started
@@ -250,28 +221,32 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_a_new_launch_names_the_runs_still_running_beside_it(
+def test_a_new_launch_names_a_detached_run_which_stop_then_ends_everywhere(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    """Issue 17: a new launch on nodes that still ran another run's processes did not mention them."""
+    """A new launch on nodes that still run another run's processes names that run (issue 17: it did
+    not mention them). `stop --run` then ends it on every node (launcher, torchrun, worker and the
+    worker's own child); a second stop changes nothing and says so; status says stopped."""
     sleeper = tmp_path / "sleeper.py"
-    sleeper.write_text("import time\nprint('up', flush=True)\ntime.sleep(600)\n")
+    sleeper.write_text(
+        "import subprocess, time\n"
+        "subprocess.Popen(['sleep', '600'])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(600)\n"
+    )
     quick = tmp_path / "quick.py"
     quick.write_text("print('quick done', flush=True)\n")
+    inv_a = _inventory(cluster, tmp_path / "a.yaml", sleeper)
     old = f"old-{os.getpid()}-{time.monotonic_ns()}"
-    started = bootstrap(
-        "-i",
-        str(_inventory(cluster, tmp_path / "a.yaml", sleeper)),
-        "launch",
-        "--detach",
-        "--run-id",
-        old,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    started = bootstrap("-i", str(inv_a), "launch", "--detach", "--run-id", old, cwd=tmp_path, timeout=300)
     assert started.returncode == 0, started
+    stopped = None
     try:
-        await_(lambda: all(namespace_run_pids(cluster, h, old) for h in cluster.hosts), 120, "the old run")
+        await_(
+            lambda: all(len(namespace_run_pids(cluster, h, old)) >= 4 for h in cluster.hosts),
+            120,
+            "the run's processes on every node (launcher, torchrun, worker, its child)",
+        )
         nodes = [
             {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
         ]
@@ -287,6 +262,16 @@ def test_a_new_launch_names_the_runs_still_running_beside_it(
                 re.M,
             ), new.stdout + new.stderr
         assert not re.search(rf"of run new-{re.escape(old)} ", new.stdout + new.stderr)  # not itself
+
+        stopped = bootstrap("-i", str(inv_a), "stop", "--run", old, cwd=tmp_path, timeout=120)
+        assert stopped.returncode == 0, stopped
+        for host in cluster.hosts:
+            assert re.search(rf"{host.name}\s+\S*\s*stopped \d+ process", stopped.stdout), stopped.stdout
+            assert not namespace_run_pids(cluster, host, old), host.name
     finally:
-        inv_a = tmp_path / "a.yaml"
-        assert bootstrap("-i", str(inv_a), "stop", "--run", old, cwd=tmp_path, timeout=120).returncode == 0
+        if stopped is None:
+            bootstrap("-i", str(inv_a), "stop", "--run", old, cwd=tmp_path, timeout=120)
+    again = bootstrap("-i", str(inv_a), "stop", "--run", old, cwd=tmp_path)
+    assert again.returncode == 0 and "nothing was running: nothing changed" in again.stderr, again
+    states = _status(bootstrap, inv_a, old, tmp_path)
+    assert all(s["state"] == "stopped" for s in states.values()), states

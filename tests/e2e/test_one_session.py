@@ -25,6 +25,10 @@ def _logins(cluster: NamespaceCluster) -> dict[str, int]:
     return counts
 
 
+#: the training: each rank says who it is (the logins are the subject here, not torch's training)
+RANK_SCRIPT = "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n"
+
+
 def _inventory(
     cluster: NamespaceCluster, tmp_path: Path, name: str, python: str = sys.executable, **extra: object
 ) -> Path:
@@ -35,6 +39,7 @@ def _inventory(
     project = tmp_path / "project"
     project.mkdir()
     (project / "notes.txt").write_text("synced by the pipeline\n")
+    (project / "rank.py").write_text(RANK_SCRIPT)
     nodes: list[dict[str, object]] = [
         {"name": h.name, "host": h.addr, "user": "root", "python": python} for h in cluster.hosts
     ]
@@ -52,7 +57,7 @@ def _inventory(
 def test_the_whole_pipeline_logs_in_to_each_node_once(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    inventory = _inventory(cluster, tmp_path, "one", train={"args": ["--epochs", "1", "--max-steps", "5"]})
+    inventory = _inventory(cluster, tmp_path, "one", train={"script": "rank.py"})  # synced with the code
     before = _logins(cluster)
     run = bootstrap("-i", str(inventory), "--json", cwd=tmp_path, timeout=400)
     after = _logins(cluster)
@@ -67,6 +72,13 @@ def test_the_whole_pipeline_logs_in_to_each_node_once(
         "validate": 0,
         "launch": 0,
     }, doc["phases"]
+    ranks = sorted(
+        line
+        for node in (tmp_path / "runs").glob("one-*/node*.log")
+        for line in node.read_text().splitlines()
+        if " of 3" in line
+    )
+    assert [line.rsplit(":", 1)[-1] for line in ranks] == ["rank 0 of 3", "rank 1 of 3", "rank 2 of 3"], ranks
     assert {name: after[name] - before[name] for name in after} == {h.name: 1 for h in cluster.hosts}, (
         before,
         after,
@@ -120,7 +132,7 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
         # steps/preflight/early.py) and the check's reachability connector: nothing else
         assert len(commands) == 2, (name, commands)
         assert not [c for c in commands if c.endswith("(as root)")], (name, commands)
-    assert re.search(r"│ node1 +│ unchanged \(1 file\)", again.stdout), again.stdout  # the code table
+    assert re.search(r"│ node1 +│ unchanged \(2 files\)", again.stdout), again.stdout  # the code table
     for host in cluster.hosts:  # the time table: every node unchanged, following its source
         row = next(
             line

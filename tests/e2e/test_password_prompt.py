@@ -265,9 +265,13 @@ def test_whole_pipeline_asks_node2_password_once(
     cluster: NamespaceCluster, trusted_home: Path, login: Login, tmp_path: Path
 ) -> None:
     node2 = cluster.host("node2")
-    inv = _inventory(
-        cluster, login, tmp_path / "hosts.yaml", train={"args": ["--epochs", "1", "--max-steps", "5"]}
+    # the training: each rank says who runs it (uploaded from here into each node's code directory)
+    (tmp_path / "rank.py").write_text(
+        "import getpass, os\n"
+        "rank, world = os.environ['RANK'], os.environ['WORLD_SIZE']\n"
+        "print('rank', rank, 'of', world, 'as', getpass.getuser(), flush=True)\n"
     )
+    inv = _inventory(cluster, login, tmp_path / "hosts.yaml", train={"script": "rank.py"})
     accepted = f"Accepted password for {login.user} "
     before = _count(node2, accepted)
     code, shown, logins = _run_on_terminal(
@@ -279,7 +283,7 @@ def test_whole_pipeline_asks_node2_password_once(
     assert "ready to train" in shown and "NOT ready" not in shown, shown
     # validation and training ran on every node, node2 included (as USER, over its one login)
     assert "3 of 3 rank(s) joined" in shown and "all_reduce result correct" in shown, shown
-    assert re.search(r"^\[node2:\d+\] \[rank \d+/3\] epoch 1/1 stopped by --max-steps", shown, re.M), shown
+    assert re.search(rf"^\[node2:1\] rank 1 of 3 as {login.user}\r?$", shown, re.M), shown
     assert re.search(r"^│ node2 +│ ok +│", shown, re.M), shown  # the run's summary row
     assert _count(node2, accepted) - before == 1, cluster.sshd_log(node2)
     assert logins == {"node1": 1, "node2": 1, "node3": 1}, (logins, shown)
