@@ -11,15 +11,17 @@ import re
 from pathlib import Path
 
 from tests.cluster import NamespaceCluster
-from tests.e2e.bench_support import TRAIN, bench_inventory, run_bench, throttled
+from tests.e2e.bench_support import TRAIN, bench_inventory, favoured, run_bench, throttled
 
 
 def test_the_probe_ranks_the_slow_host_slowest_and_gives_it_the_smallest_share(
     trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
-    with throttled(cluster.hosts[2]):
+    node1, node2, node3 = cluster.hosts
+    # node1 and node2 outweigh the other tests' work here, node3 is capped (bench_support)
+    with favoured(node1), favoured(node2), throttled(node3, favoured=True):
         inv = bench_inventory(cluster, tmp_path / "h.yaml", args=TRAIN)
-        run = run_bench(cluster, trusted_home, "-i", str(inv), "bench", "--repeats", "5", cwd=tmp_path)
+        run = run_bench(cluster, trusted_home, "-i", str(inv), "bench", "--repeats", "3", cwd=tmp_path)
     assert run.returncode == 0, str(run)
     print(run.stdout)  # the table, for the report (pytest -s)
     assert "slowest: rank 2 on node3" in run.stderr, run.stderr
