@@ -210,7 +210,8 @@ SignalHandler = Callable[[int, Any], Any]
 @contextlib.contextmanager
 def _signals_into(into: queue.SimpleQueue[Any]) -> Iterator[dict[int, SignalHandler]]:
     """While the block runs, SIGINT and SIGTERM only put their number into ``into`` (a SimpleQueue's
-    put is safe in a signal handler); yields the handlers they had, which the block calls itself.
+    put is safe in a signal handler); yields the handlers they had, which the block calls itself
+    (one still queued when the block ends normally is handled as it leaves).
     Signals without a Python handler (default, ignored) are left alone, as is every signal when this
     is not the main thread (only that one can set handlers)."""
     previous: dict[int, SignalHandler] = {}
@@ -225,6 +226,14 @@ def _signals_into(into: queue.SimpleQueue[Any]) -> Iterator[dict[int, SignalHand
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+    # one that came after the block took its last item: delivered now, not lost
+    while True:
+        try:
+            item = into.get_nowait()
+        except queue.Empty:
+            break
+        if isinstance(item, int) and item in previous:
+            previous[item](item, None)
 
 
 def _failed(outcome: Outcome[Any]) -> bool:

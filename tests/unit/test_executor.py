@@ -94,3 +94,23 @@ def test_ctrl_c_at_any_moment_of_a_fan_out_lets_the_process_end(seed: int) -> No
     )
     assert child.stdout == "interrupted\n", child.stderr
     assert child.returncode == 0, child.stderr
+
+
+_LATE_SIGNAL = """
+import os, queue, signal
+from orchestrator.executor import _signals_into
+
+try:
+    with _signals_into(queue.SimpleQueue()):
+        os.kill(os.getpid(), signal.SIGINT)  # after the last node was taken: nothing reads the queue
+    print("lost", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_ctrl_c_after_the_last_node_finished_is_not_lost() -> None:
+    """A Ctrl-C that comes while a fan-out has taken its last result (its handler only queued it)
+    is raised as the fan-out ends: the next phase does not start."""
+    child = subprocess.run([sys.executable, "-c", _LATE_SIGNAL], capture_output=True, text=True, timeout=30)
+    assert child.stdout == "interrupted\n", (child.stdout, child.stderr)
