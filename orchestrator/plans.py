@@ -117,6 +117,19 @@ def sent_text(transport: Transport, action: Run) -> str:
     return transport.plan(wrapped)
 
 
+def _put(transport: Transport, action: Put) -> None:
+    """Send one upload. Generated content goes through a private temporary directory that lives only
+    while the file is sent: a launch's plan streams for as long as the training runs, and a
+    controller killed meanwhile must not leave its files behind in the temporary directory."""
+    if action.source is not None:
+        transport.put(action.source, action.target, mode=action.mode)
+        return
+    with tempfile.TemporaryDirectory(prefix="cb-plan-") as tmp:
+        local = Path(tmp) / "upload"
+        local.write_bytes(action.content())
+        transport.put(local, action.target, mode=action.mode)
+
+
 def apply(
     plan: NodePlan,
     transport: Transport,
@@ -129,26 +142,21 @@ def apply(
     ``output`` receives the lines of streamed runs; ``before(run)`` is called just before each run
     that streams (launch marks the node as started there: from then on the run may have processes)."""
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="cb-plan-") as tmp:
-        for index, action in enumerate(plan.actions):
-            if isinstance(action, Put):
-                local = action.source
-                if local is None:
-                    local = Path(tmp) / f"put-{index}"
-                    local.write_bytes(action.content())
-                transport.put(local, action.target, mode=action.mode)
-                continue
-            if action.stream and before is not None:
-                before(action)
-            result = transport.run(
-                action.script,
-                env=action.env or None,
-                become=action.become,
-                timeout=action.timeout,
-                on_line=output if action.stream else None,
-                keep_lines=action.keep_lines,
-            )
-            results.append(result)
-            if action.check is not None:
-                action.check(result)
+    for action in plan.actions:
+        if isinstance(action, Put):
+            _put(transport, action)
+            continue
+        if action.stream and before is not None:
+            before(action)
+        result = transport.run(
+            action.script,
+            env=action.env or None,
+            become=action.become,
+            timeout=action.timeout,
+            on_line=output if action.stream else None,
+            keep_lines=action.keep_lines,
+        )
+        results.append(result)
+        if action.check is not None:
+            action.check(result)
     return results

@@ -941,3 +941,36 @@ def test_an_environment_sync_forgets_the_nodes_facts_not_what_other_steps_read(t
         assert facts not in real_session.keys(node)
         assert real_session.recall(node, "firewall.detection") == "read before"
         assert real_session.recall(node, "clock") == "sampled before"
+
+
+def test_a_streaming_run_holds_no_generated_file_in_the_temporary_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch's plan uploads rendered files, then streams the training for hours. A controller
+    killed meanwhile (kill -9, a closed laptop) runs no cleanup: nothing the plan generated may still
+    sit in the temporary directory while the training streams. The upload itself is what the plan
+    says."""
+    import tempfile
+
+    from orchestrator.plans import NodePlan, Put, Run, apply
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    node = RecordingNode("n1", lambda command: ("step 1\n", 0))
+    seen_during_run: list[list[str]] = []
+    plan = NodePlan(
+        "n1",
+        [
+            Put("/w/run/launch.sh", data=b"#!/bin/sh\necho hi\n", mode=0o700, what="launch script"),
+            Run("sh /w/run/launch.sh", stream=True, what="training"),
+        ],
+    )
+    lines: list[str] = []
+    apply(
+        plan,
+        node,
+        output=lambda stream, line: lines.append(line),
+        before=lambda run: seen_during_run.append(sorted(p.name for p in tmp_path.iterdir())),
+    )
+    assert seen_during_run == [[]]
+    assert node.log[0] == Upload("/w/run/launch.sh", b"#!/bin/sh\necho hi\n", 0o700)
+    assert lines == ["step 1"]
