@@ -5,6 +5,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import warnings
@@ -183,6 +184,14 @@ class CliRun:
     def __str__(self) -> str:  # shown by pytest when an assertion on a run fails
         command = " ".join(self.argv)
         return f"$ {command}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a training master on this machine's own network (where
+    other tests' trainings run meanwhile: the default 29500 is README command 1's)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: object) -> Path:

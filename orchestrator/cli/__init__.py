@@ -4,6 +4,27 @@
 own module and are registered by ``main.py``; what they share is in ``common.py``.
 """
 
-from orchestrator.cli.main import cli, main
+import gc
 
-__all__ = ["cli", "main"]
+
+def main() -> None:
+    """The ``bootstrap`` console script.
+
+    Importing the CLI creates a few hundred thousand objects that live as long as the process (click
+    commands, pydantic models, dataclasses, compiled patterns); the cyclic garbage collector would
+    walk them again and again while they are made, about a sixth of the CPU a short command such as
+    ``bootstrap status`` costs. So the collector waits until the imports are done, and what they made
+    is then set aside for good (``gc.freeze``): later collections only look at what the command
+    itself creates."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        from orchestrator.cli.main import main as run
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+    run()
+
+
+__all__ = ["main"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.cluster import NamespaceCluster
-from tests.conftest import BOOTSTRAP, write_inventory
+from tests.conftest import BOOTSTRAP, free_port, write_inventory
 from tests.integration.test_runs import MARKER_ENV, await_, namespace_run_pids
 
 # A worker with a child of its own (the whole tree must go, not just the launcher) that ignores
@@ -103,12 +102,6 @@ def _local_run_pids(run_id: str) -> set[int]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
     """`connection: local` (README command 1's inventory): the launcher's group is killed at once,
     before torchrun can pass anything on to its workers, which live in sessions of their own."""
@@ -120,7 +113,7 @@ def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
         name="loc",
         master="here",
         backend="gloo",
-        port=_free_port(),  # this machine's own network: test_cli_local.py trains on 29500 meanwhile
+        port=free_port(),  # this machine's own network: test_cli_local.py trains on 29500 meanwhile
         train={"script": str(script)},
     )
     run_id = f"intl-{os.getpid()}-{time.monotonic_ns()}"

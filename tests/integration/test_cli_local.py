@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory
-from tests.conftest import BOOTSTRAP
+from tests.conftest import BOOTSTRAP, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_INVENTORIES = sorted((REPO / "tests" / "unit" / "data" / "inventory").glob("*bad_*.yaml"))
@@ -217,6 +217,7 @@ def _quick_inventory(tmp_path: Path) -> Path:
                     "name": "quick",
                     "master": "here",
                     "backend": "gloo",
+                    "port": free_port(),  # README command 1 trains on 29500
                     "train": {"script": str(script)},
                 },
                 "nodes": [{"name": "here", "connection": "local", "python": sys.executable, "nproc": 1}],

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from orchestrator.plans import Put
 from orchestrator.platforms import PosixShell
 from orchestrator.render import Renderer, plan_launch
 from orchestrator.steps.launch import prepare_plan
-from tests.conftest import BOOTSTRAP
+from tests.conftest import BOOTSTRAP, free_port
 
 INVENTORY = """\
 cluster:
@@ -78,16 +77,10 @@ def test_a_spec_without_shares_uploads_neither() -> None:
     assert "CB_SHARES" not in Renderer().render(spec, PosixShell())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_local_launch_trains_each_rank_on_its_fixed_share(tmp_path: Path) -> None:
     (tmp_path / "h.yaml").write_text(
         "cluster:\n  name: one\n  master: here\n  backend: gloo\n"
-        f"  port: {_free_port()}\n"
+        f"  port: {free_port()}\n"
         "  train:\n    shares: [48, 16]\n"
         '    args: ["--epochs", "1", "--max-steps", "6", "--log-every", "3", "--samples", "2000",\n'
         '           "--global-batch", "64"]\n'
