@@ -164,8 +164,10 @@ def main():
             return
     except (OSError, ValueError):
         pass
+    import gc
     import json
 
+    gc.disable()  # what torch's import makes lives as long as this process: no collections meanwhile
     try:
         info = _probe()
     except Exception as exc:  # torch present but unusable: say why, never crash the gathering
