@@ -36,7 +36,10 @@ READ = 1 << 20
 #: a "line" this long without a newline is written out anyway: a rank printing progress with "\r"
 #: forever must not grow this process without bound
 MAX_PARTIAL = 1 << 20
-IDLE = 0.01  # seconds between looks at the rank files when nothing arrived (the latency when idle)
+#: seconds between looks at the rank files when nothing arrived: IDLE after a line, doubling up to
+#: IDLE_MAX while the ranks stay quiet (a training prints now and then; the node's CPU is its own)
+IDLE = 0.01
+IDLE_MAX = 0.1
 
 
 def write_all(fd, data):
@@ -198,21 +201,26 @@ def mux(directory, argv):
         return 127
     streams = Streams(proc)
     files = {}
+    idle = IDLE
     while True:
         got = streams.read(0) if streams.open else b""
         scan(directory, files)
         got += drain(files, final=False)
         if got:
             write_all(1, got)
+            idle = IDLE
             continue
         if proc.poll() is not None and not streams.open:
             break
         if streams.open:
-            more = streams.read(IDLE)
+            more = streams.read(idle)
             if more:
                 write_all(1, more)
+                idle = IDLE
+                continue
         else:
-            time.sleep(IDLE)
+            time.sleep(idle)
+        idle = min(idle * 2, IDLE_MAX)
     # torchrun has ended, so have its workers: every rank file is complete now
     scan(directory, files)
     write_all(1, drain(files, final=True))
