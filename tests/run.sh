@@ -22,9 +22,17 @@ venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 # torch: the CPU build (an unpinned torch pulls a multi-GB CUDA build)
 "$venv/bin/pip" install -q -e '.[test]' 'torch==2.13.0'
 
+# While mypy checks on one core, one collection on the other writes the bytecode of the package and
+# of the test modules as pytest rewrites their asserts. Without it every pytest-xdist worker rewrote
+# every test module again at its start (about 5 s of CPU each) wherever PYTHONDONTWRITEBYTECODE is
+# set, as in many CI images (a worker reads such bytecode; it only never writes it).
+env -u PYTHONDONTWRITEBYTECODE "$venv/bin/python" -m pytest -p no:cacheprovider --collect-only -q \
+    >/dev/null 2>&1 &
+warm=$!
 "$venv/bin/ruff" check orchestrator tests benchmarks
 "$venv/bin/ruff" format --check orchestrator tests benchmarks
 "$venv/bin/mypy"
+wait "$warm" || true  # a collection error is the test run's to report, below
 
 # The run is CPU-bound (docs/testing.md): pytest-xdist workers, each test file on one worker, in
 # collection order (tests/e2e, the longest, first; files that mostly wait spread among them:
