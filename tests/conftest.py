@@ -51,42 +51,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _spread_waiting_files(items, tests_dir)
 
 
+#: the longest files (over a minute each in a full run): started first, so that none of them is the
+#: run's tail
+FIRST_FILES = ("e2e/test_bench.py", "e2e/test_newcomer.py")
+
 #: files whose tests spend most of their time waiting (chronyd selecting a source, deadlines that
-#: must pass, a WinRM server's receive rounds), not computing: measured alone, their wall time is
-#: 2 to 10 times the CPU time they use
+#: must pass, a WinRM server's receive rounds, a host throttled to a quarter CPU), not computing:
+#: measured alone, their wall time is 2 to 12 times the CPU time they use. Longest first.
 WAITING_FILES = (
     "integration/test_timesync.py",
     "integration/test_launch_windows.py",
-    "integration/test_winrm_transport.py",
-    "integration/test_cli_ssh.py",
+    "e2e/test_faults.py",
+    "e2e/test_bench_probe.py",
     "integration/test_winrm_server.py",
-    "integration/test_transport_contract.py",
+    "integration/test_winrm_transport.py",
     "integration/test_winrm_windows_defaults.py",
-    "integration/test_runs.py",
-    "integration/test_runs_windows.py",
+    "integration/test_transport_contract.py",
     "e2e/test_interrupt.py",
+    "integration/test_runs_windows.py",
+    "integration/test_ssh_transport.py",
+    "integration/test_winrm_conformance.py",
+    "integration/test_preflight_reachability.py",
 )
 
 
 def _spread_waiting_files(items: list[pytest.Item], tests_dir: Path) -> None:
     """tests/run.sh hands whole files to the workers in collection order (pytest-xdist, --dist
-    loadfile), and the run is CPU-bound. A file that mostly waits costs the run nothing while other
-    workers compute beside it, but at the end, with nothing left to compute, its waits were the run's
-    tail (test_timesync.py came last and ran alone for its last minute). Each waiting file now comes
-    after two others from the start, so every wait has computing beside it."""
+    loadfile), and the run is CPU-bound. A file that mostly waits costs the run nothing while the
+    other workers compute beside it; several waiting at once leave a core idle (a full run once had
+    test_bench's throttled host, test_timesync, test_launch_windows and test_faults together, and
+    used 1.2 of the 2 cores for 40 s), and at the end, with nothing left to compute, a wait is the
+    run's tail. So: the longest files first, then three computing files to each waiting one, the
+    waiting ones from the start (the first four files, one per worker, all compute)."""
     by_file: dict[Path, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.path, []).append(item)
-    waiting_names = {tests_dir / name for name in WAITING_FILES}
-    waiting = [f for f in by_file if f in waiting_names]
-    waiting.sort(key=lambda f: WAITING_FILES.index(str(f.relative_to(tests_dir))))
-    others = [f for f in by_file if f not in waiting_names]
-    order: list[Path] = []
+    first = [f for name in FIRST_FILES if (f := tests_dir / name) in by_file]
+    waiting = [f for name in WAITING_FILES if (f := tests_dir / name) in by_file]
+    others = [f for f in by_file if f not in first and f not in waiting]
+    order: list[Path] = first + others[: 4 - len(first)]
+    del others[: 4 - len(first)]
     while waiting or others:
-        order.extend(others[:2])
-        del others[:2]
         if waiting:
             order.append(waiting.pop(0))
+        order.extend(others[:3])
+        del others[:3]
     items[:] = [item for path in order for item in by_file[path]]
 
 

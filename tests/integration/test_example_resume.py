@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from tests.conftest import require_cluster_support
 
@@ -102,6 +101,8 @@ def _lines(run: subprocess.CompletedProcess[str], rank: int) -> list[str]:
 
 
 def _load(path: Path) -> dict[str, Any]:
+    import torch  # here, not at the top: collecting the tests must not cost every worker its import
+
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     return state
 
@@ -111,6 +112,8 @@ def _optimizer_steps(state: dict[str, Any]) -> int:
 
 
 def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    import torch
+
     return a["model"].keys() == b["model"].keys() and all(
         torch.equal(a["model"][k], b["model"][k]) for k in a["model"]
     )

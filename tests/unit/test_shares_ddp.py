@@ -14,10 +14,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from torch import nn
 
 from orchestrator.bench.cb_shares import ShareBatchSampler, SharesError, StepTimer, split_batch
 
@@ -26,8 +25,14 @@ SHARES = [5, 2, 1]  # a global batch of 8
 SAMPLES = 23  # 2 full global batches and a last one of 7: split 4, 2, 1
 SEED, LR = 3, 0.1
 
+if TYPE_CHECKING:  # imported where used: collecting the tests must not cost every worker torch's import
+    import torch
+    from torch import nn
+
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     g = torch.Generator().manual_seed(11)
     x = torch.randn(SAMPLES, 6, generator=g, dtype=torch.float64)
     y = torch.randn(SAMPLES, 2, generator=g, dtype=torch.float64)
@@ -35,6 +40,9 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _model() -> nn.Module:
+    import torch
+    from torch import nn
+
     torch.manual_seed(5)
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 2)).double()
 
@@ -86,6 +94,9 @@ def test_loss_scales_follow_each_step_and_equal_shares_scale_by_one() -> None:
 
 
 def test_the_ranks_average_of_scaled_gradients_is_the_global_batch_gradient() -> None:
+    import torch
+    from torch import nn
+
     x, y = _data()
     model = _model()
     loss_fn = nn.MSELoss()
@@ -121,6 +132,9 @@ def test_the_ranks_average_of_scaled_gradients_is_the_global_batch_gradient() ->
 
 def _train_single() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One process, the whole global batch: (gradient of the first step, final parameters)."""
+    import torch
+    from torch import nn
+
     x, y = _data()
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
@@ -137,7 +151,9 @@ def _train_single() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def worker(out: str) -> None:
+    import torch
     import torch.distributed as dist
+    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     rank = int(os.environ["RANK"])
@@ -166,6 +182,7 @@ def worker(out: str) -> None:
 
 
 def test_real_ddp_with_uneven_shares_equals_one_process(tmp_path: Path) -> None:
+    import torch
     from torch.distributed import TCPStore
 
     # The store is this process's, on a port the kernel picked and that stays held, as torchrun's
