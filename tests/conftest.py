@@ -81,21 +81,24 @@ def _spread_waiting_files(items: list[pytest.Item], tests_dir: Path) -> None:
     other workers compute beside it; several waiting at once leave a core idle (a full run once had
     test_bench's throttled host, test_timesync, test_launch_windows and test_faults together, and
     used 1.2 of the 2 cores for 40 s), and at the end, with nothing left to compute, a wait is the
-    run's tail. So: the longest files first, then three computing files to each waiting one, the
-    waiting ones from the start (the first four files, one per worker, all compute)."""
+    run's tail. So: the longest files first with the longest wait beside them, the second longest
+    wait next, then three computing files to each waiting one."""
     by_file: dict[Path, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.path, []).append(item)
     first = [f for name in FIRST_FILES if (f := tests_dir / name) in by_file]
     waiting = [f for name in WAITING_FILES if (f := tests_dir / name) in by_file]
     others = [f for f in by_file if f not in first and f not in waiting]
-    order: list[Path] = first + others[: 4 - len(first)]
-    del others[: 4 - len(first)]
+    # each worker takes two files at the start (pytest-xdist): the first four, then the next four as
+    # their second ones; the two longest waits are the 4th (beside the three longest files) and the
+    # 5th (the second file of test_bench's worker: it starts after the first wait has ended)
+    order: list[Path] = first + others[: 3 - len(first)] + waiting[:2]
+    del others[: 3 - len(first)], waiting[:2]
     while waiting or others:
-        if waiting:
-            order.append(waiting.pop(0))
         order.extend(others[:3])
         del others[:3]
+        if waiting:
+            order.append(waiting.pop(0))
     items[:] = [item for path in order for item in by_file[path]]
 
 
