@@ -38,7 +38,7 @@ from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.platforms.wsl import WslShell
 from orchestrator.transports.winrm import WinRMTransport
-from tests.integration.test_winrm_transport import Emulator
+from tests.integration.test_winrm_transport import Emulator, uploaded_scripts
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer
 from tests.winrm_server.server import CMD_LINE_LIMIT
 
@@ -471,7 +471,8 @@ def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
         # the product's fallback: upload the script into the distribution, run it, delete it
         assert len(server.commands) == 3 and length not in [len(line) for line in server.commands]
         assert "uploaded to a temporary file" in planned
-        assert not list(Path("/tmp").glob("bootstrap-*.sh"))
+        scripts = uploaded_scripts(server.commands)
+        assert scripts and not [p for p in scripts if p.exists()]
 
 
 # -- winrm.transport: certificate --------------------------------------------------------------------
