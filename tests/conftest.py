@@ -91,7 +91,8 @@ def _spread_waiting_files(items: list[pytest.Item], tests_dir: Path) -> None:
     others = [f for f in by_file if f not in first and f not in waiting]
     # each worker takes two files at the start (pytest-xdist): the first four, then the next four as
     # their second ones; the two longest waits are the 4th (beside the three longest files) and the
-    # 5th (the second file of test_bench's worker: it starts after the first wait has ended)
+    # 5th (the second file of test_bench's worker: it starts when test_bench ends, about when the
+    # first wait does; the waits stretch with the load, so this is a plan, not a guarantee)
     order: list[Path] = first + others[: 3 - len(first)] + waiting[:2]
     del others[: 3 - len(first)], waiting[:2]
     while waiting or others:
