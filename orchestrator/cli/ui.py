@@ -181,7 +181,10 @@ class Board:
     def on_event(self, event: NodeEvent) -> None:
         with self._lock:
             if event.kind == "start":
+                # a node's step may be several fan-outs (sync: check, then build): each phase's
+                # first piped line comes an interval after that phase started
                 self._started[event.node] = time.monotonic()
+                self._printed.pop(event.node, None)
                 self._status[event.node] = "running"
                 self._activity[event.node] = event.step
                 self._detail[event.node] = ""

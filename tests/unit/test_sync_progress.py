@@ -103,6 +103,25 @@ def test_piped_progress_lines_come_every_interval_only_while_a_node_works(piped:
     assert board.due(clock.now) == ["node2"]
 
 
+def test_a_nodes_second_phase_waits_a_whole_interval_for_its_first_line(piped: Any) -> None:
+    """sync's env step is two fan-outs (check, then build): the build's first line comes an interval
+    after the build started, never "(0 s)" because the check's last line was long ago."""
+    ui, _err, clock = piped
+    board = Board(ui, ["node1"], "env", interval=2)
+    board.on_event(NodeEvent("node1", "start", "env check"))
+    clock.now += 3
+    assert board.due(clock.now) == ["node1"]
+    assert board.line("node1", clock.now) == "[node1] env check (3 s)"
+    board.on_event(NodeEvent("node1", "done", "env check"))
+    clock.now += 5
+    board.on_event(NodeEvent("node1", "start", "env build"))
+    clock.now += 0.5
+    assert board.due(clock.now) == []
+    clock.now += 1.5
+    assert board.due(clock.now) == ["node1"]
+    assert board.line("node1", clock.now) == "[node1] env build (2 s)"
+
+
 def test_a_finished_node_ignores_late_progress(piped: Any) -> None:
     ui, err, _clock = piped
     board = Board(ui, ["node1"], "code", interval=10)
