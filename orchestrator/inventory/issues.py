@@ -139,6 +139,15 @@ CLUSTER_EXPECTED: dict[str, str] = {
     "code.excludes": "a list of gitignore-style patterns",
     "code.gitignore": "true or false",
 }
+# cluster.env.linux / cluster.env.windows take the cluster-wide env fields of the same names
+CLUSTER_EXPECTED.update(
+    {
+        f"env.{os_name}.{field}": CLUSTER_EXPECTED[f"env.{field}"]
+        for os_name in ("linux", "windows")
+        for field in ENV_OVERRIDE_FIELDS
+        if f"env.{field}" in CLUSTER_EXPECTED
+    }
+)
 # Values never echoed in messages (a user may put a password where a variable name belongs).
 _SECRET_FIELDS = frozenset({"password_env"})
 

@@ -45,10 +45,22 @@ def _read_fields(
             continue
         values[name] = plain(value)
         sources[name] = Source(line, name, scope)
-        if name in ("winrm", "windows") and isinstance(value, Mapping):
-            for sub in value:
-                sources[f"{name}.{sub}"] = Source(key_line(value, sub), f"{name}.{sub}", scope)
+        if name in ("winrm", "windows"):
+            _sub_sources(sources, value, name, scope, depth=1)
     return values, sources
+
+
+def _sub_sources(
+    sources: dict[str, Source], value: Any, prefix: str, scope: str | None = None, *, depth: int
+) -> None:
+    """The line of every key under ``prefix`` down to ``depth`` levels (``env.linux.index_url``), so
+    that a wrong sub-field is reported on its own line, not on its mapping's."""
+    if depth < 1 or not isinstance(value, Mapping):
+        return
+    for sub, inner in value.items():
+        path = f"{prefix}.{sub}"
+        sources[path] = Source(key_line(value, sub), path, scope)
+        _sub_sources(sources, inner, path, scope, depth=depth - 1)
 
 
 def _merge(
@@ -86,6 +98,7 @@ def read_native(data: Mapping[Any, Any], source: str) -> Inventory:
         for key, value in block.items():
             cluster_values[str(key)] = plain(value)
             cluster_sources[str(key)] = Source(key_line(block, key), str(key))
+            _sub_sources(cluster_sources, value, str(key), depth=2)  # env.linux.index_url
     elif block is not None:
         log.add(
             f"expected a mapping (name, master, port, backend), got {describe(plain(block))}",

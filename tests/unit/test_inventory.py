@@ -276,6 +276,27 @@ def test_winrm_sub_field_typo() -> None:
     assert "w.yaml:6:" in text and "one of: https, http" in text
 
 
+def test_cluster_sub_fields_are_reported_on_their_own_lines() -> None:
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(
+            "cluster:\n"
+            "  env:\n"
+            "    python: /usr/bin/python3\n"
+            "    requirements: 5\n"
+            "    linux:\n"
+            "      index_url: [1]\n"
+            "  firewall:\n"
+            "    manage: maybe\n"
+            "nodes:\n  - host: a\n",
+            "c.yaml",
+        )
+    text = str(info.value)
+    assert "c.yaml:3: field 'env.python': expected a Python version" in text
+    assert "c.yaml:4: field 'env.requirements': expected a requirements/lock file path" in text
+    assert "c.yaml:6: field 'env.linux.index_url': expected a package index URL, got a list" in text
+    assert "c.yaml:8: field 'firewall.manage': expected true or false, got 'maybe'" in text
+
+
 def test_boolean_is_not_an_integer() -> None:
     with pytest.raises(InventoryError, match="expected an integer >= 0, got true"):
         load_inventory_text("nodes:\n  - host: a\n    gpus: true\n", "b.yaml")
