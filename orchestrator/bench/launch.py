@@ -5,9 +5,10 @@ once ``steps.launch.plan`` made the specs: equal or fixed shares are written as 
 runs the probe first (:mod:`.probe`) on the same plan, under a run id of its own (a run directory
 belongs to one run). Every spec then carries the file's text (``LaunchSpec.shares_json``, uploaded by
 ``steps.launch.prepare_plan`` beside the rank capture) and the ranks' environment names the files
-(``CB_SHARES_HELPER``, ``CB_SHARES_FILE``; a ``train.env`` value of the same name wins). `render`,
-the dry runs and `validate` plan without it. This module sits above ``steps``: it uses the launch
-machinery, which never imports it.
+(``CB_SHARES_HELPER``, ``CB_SHARES_FILE``; a ``train.env`` value of the same name wins). `render`
+and the dry runs, which connect to nothing, show the same through :func:`planned_shares` (a
+``measured`` file there is marked as not measured yet); `validate` and `bench` run without it. This
+module sits above ``steps``: it uses the launch machinery, which never imports it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from orchestrator.bench.shares import SharesDoc, SharesError, doc_for_setting, shares_env
+from orchestrator.bench.shares import SharesDoc, SharesError, doc_for_setting, rank_layout, shares_env
 from orchestrator.errors import CommandFailedError, UsageError
 
 if TYPE_CHECKING:
@@ -40,6 +41,28 @@ def with_shares(specs: list[LaunchSpec], doc: SharesDoc) -> list[LaunchSpec]:
         env = {**shares_env(run_dir_for(spec.node, spec.run_id)), **spec.env}  # the user's values win
         out.append(dataclasses.replace(spec, env=env, shares_json=text))
     return out
+
+
+def planned_shares(inventory: Inventory, specs: list[LaunchSpec]) -> tuple[list[LaunchSpec], str | None]:
+    """The specs as a launch ships them, measuring nothing (`render`, `launch --dry-run`): equal or
+    fixed shares as they are; ``measured`` with a file that says it is not measured yet, and a note
+    for the user (the probe runs when the launch does)."""
+    setting = inventory.cluster.train.shares
+    nodes = [(s.node.name, s.nproc) for s in specs]
+    try:
+        doc = doc_for_setting(setting, nodes)
+    except SharesError:
+        return specs, None  # the inventory's checks refuse such a setting first
+    if doc is not None:
+        return with_shares(specs, doc), None
+    world = sum(n for _name, n in nodes)
+    unmeasured = SharesDoc("measured", [1.0] * world, ranks=rank_layout(nodes))
+    note = (
+        "train.shares: measured: the launch first runs the throughput probe on every rank "
+        "(`bootstrap bench` shows it); cb_shares.json then holds the measured shares (shown here "
+        "without them: measured_at null)"
+    )
+    return with_shares(specs, unmeasured), note
 
 
 def decide_shares(

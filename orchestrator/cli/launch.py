@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.table import Table
@@ -37,6 +37,9 @@ from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
 from orchestrator.transports import Result
 
+if TYPE_CHECKING:
+    from orchestrator.render import LaunchSpec
+
 T = TypeVar("T")
 
 
@@ -58,6 +61,7 @@ def render(
     on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
     secret-looking variables; files written with --out are complete and run by hand on each node.
     """
+    from orchestrator.bench.launch import planned_shares
     from orchestrator.render import Renderer, render_all, templates_dir_for
     from orchestrator.runs.ids import new_run_id
     from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
@@ -84,6 +88,9 @@ def render(
         backend = launch_plan.backend
         ui.note(f"backend: {launch_plan.backend_reason}")
         specs = launch_plan.specs
+    specs, shares_note = planned_shares(inventory, specs)  # the variables and files a launch adds
+    if shares_note and not settings.json_mode:
+        ui.note(shares_note)
     # WSL-mode Windows nodes render the Linux torchrun script (it runs inside the distribution)
     platforms = {n.name: platform_for_node(n) for n in all_nodes}
     shown = {n.name for n in selected}
@@ -103,6 +110,7 @@ def render(
             # the POSIX scripts start every rank through it, from their own directory
             path = write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)
             ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+        _write_shares(ui, out_dir, specs)
     scripts = render_all(renderer, specs, platforms, mask=True)
     if settings.json_mode:
         ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
@@ -112,6 +120,24 @@ def render(
             ui.print_text(f"# ---- {name} ----")
             ui.print_text(text)
     return ExitCode.OK
+
+
+def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
+    """render --out: the shares helper and file the scripts name (CB_SHARES_HELPER, CB_SHARES_FILE,
+    in the run directory on each node, where a launch puts them)."""
+    from orchestrator.bench.shares import SHARES_FILE, SHARES_HELPER, shares_helper_file
+    from orchestrator.runs.layout import run_dir_for
+
+    shared = [s for s in specs if s.shares_json]
+    if not shared:
+        return
+    helper = write_inside(out_dir, SHARES_HELPER, shares_helper_file().read_bytes(), mode=0o600)
+    doc = write_inside(out_dir, SHARES_FILE, shared[0].shares_json.encode(), mode=0o600)
+    where = [f"{s.node.name}: {run_dir_for(s.node, s.run_id)}" for s in shared]
+    ui.info(
+        f"wrote {helper} and {doc} (copy both to the run directory on each node, where the scripts' "
+        f"CB_SHARES_HELPER and CB_SHARES_FILE name them: {', '.join(where)})"
+    )
 
 
 @click.command()
@@ -287,9 +313,13 @@ def _launch_dry_run(
     """Per node: what would be uploaded where, the launch script (secrets masked) and the exact text
     its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
     finds them on the nodes, as `render` without --offline shows)."""
+    from orchestrator.bench.launch import planned_shares
     from orchestrator.cli.validate import dry_run_nodes, print_dry_run
 
     backend, specs = offline_specs(settings.ui, inventory, run_id)
+    specs, shares_note = planned_shares(inventory, specs)  # what attach_shares gives a launch
+    if shares_note and not settings.json_mode:
+        settings.ui.note(shares_note)
     # detached: the start script, which starts launch.sh in a session of its own and returns
     planned = dry_run_nodes(settings, inventory, specs, renderer, detach=detach)
     how = "detached (outliving the connection)" if detach else "in the foreground"

@@ -292,7 +292,8 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
     assert (doc["command"], doc["dry_run"], doc["run_id"]) == ("launch", True, "dr-1")
     first, second = doc["nodes"]
     assert first["name"] == "pc1" and first["uploads"][0].endswith("dr-1/pc1/launch.ps1")
-    assert len(first["uploads"]) == 1  # train.py is not here: launch uploads nothing for it either
+    # the shares (equal) the ranks read; train.py is not here: launch uploads nothing for it either
+    assert [u.rsplit("/", 1)[1] for u in first["uploads"]] == ["launch.ps1", "cb_shares.py", "cb_shares.json"]
     (command,) = first["commands"]  # the text the node's shell gets: launch.ps1 run with its log
     assert "launch.ps1" in command and "-Log" in command
     assert "RANK" in first["script"] and "hf-dry-run-secret-771" not in run.stdout + run.stderr

@@ -39,5 +39,11 @@ def test_render_uses_each_nodes_route_to_the_master(
     out = tmp_path / "scripts"
     run = bootstrap("-i", str(inv), "render", "--out", str(out), "--nodes", "node2")
     assert run.returncode == 0, run
-    assert sorted(p.name for p in out.iterdir()) == ["node2.sh", "rank_capture.py"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "cb_shares.json",
+        "cb_shares.py",
+        "node2.sh",
+        "rank_capture.py",
+    ]
+    assert "copy both to the run directory on each node" in run.stderr  # where the script names them
     assert (out / "node2.sh").stat().st_mode & 0o777 == 0o700

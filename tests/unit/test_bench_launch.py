@@ -168,3 +168,58 @@ def test_attach_shares_fills_every_spec_and_leaves_a_plan_with_unreachable_nodes
         "~/cluster-bootstrap/runs/r1/a/cb_shares.json",
         "/srv/cb/runs/r1/b/cb_shares.json",
     ]
+
+
+def test_the_dry_runs_plan_the_shares_a_launch_ships() -> None:
+    """`launch --dry-run` and `render` connect to nothing, yet show the very files and variables
+    attach_shares gives a launch; measured shares are shown as not measured yet, with a note."""
+    from orchestrator.bench.launch import attach_shares, planned_shares
+    from orchestrator.executor import Outcome
+    from orchestrator.steps.launch import LaunchPlan
+
+    for setting in ("[30, 10, 24]", "equal"):
+        inventory = load_inventory_text(INVENTORY.format(env="").replace("[30, 10, 24]", setting), "lab.yaml")
+        specs = plan_launch(
+            inventory, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={}, pythons={}
+        )
+        up = LaunchPlan(list(specs), "gloo", "", [Outcome(s.node.name, None, None, 0.1) for s in specs], [])
+        attach_shares(None, inventory, up, "r1")  # type: ignore[arg-type]
+        planned, note = planned_shares(inventory, list(specs))
+        assert planned == up.specs and note is None, setting
+        assert all(json.loads(s.shares_json)["mode"] in ("fixed", "equal") for s in planned), setting
+    measured = load_inventory_text(INVENTORY.format(env="").replace("[30, 10, 24]", "measured"), "lab.yaml")
+    specs = plan_launch(
+        measured, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={}, pythons={}
+    )
+    planned, note = planned_shares(measured, list(specs))
+    shown = json.loads(planned[0].shares_json)
+    assert shown["mode"] == "measured" and shown["measured_at"] is None and shown["world_size"] == 3
+    assert note is not None and "runs the throughput probe on every rank" in note
+    assert planned[1].env["CB_SHARES_FILE"] == "/srv/cb/runs/r1/b/cb_shares.json"
+
+
+def test_launch_dry_run_and_render_out_show_and_write_the_shares(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(INVENTORY.format(env=""))
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    cli = [sys.executable, "-m", "orchestrator", "-i", "lab.yaml"]
+    dry = subprocess.run(
+        [*cli, "--json", "launch", "--dry-run", "--run-id", "r1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    for node, run_dir in zip(
+        json.loads(dry.stdout)["nodes"], ["~/cluster-bootstrap/runs/r1/a", "/srv/cb/runs/r1/b"], strict=True
+    ):
+        assert f"{run_dir}/cb_shares.json" in node["uploads"] and f"{run_dir}/cb_shares.py" in node["uploads"]
+        assert f"export CB_SHARES_FILE={run_dir}/cb_shares.json" in node["script"].replace("'", "")
+    rendered = subprocess.run(
+        [*cli, "render", "--offline", "--run-id", "r1", "--out", "scripts"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    out = tmp_path / "scripts"
+    assert json.loads((out / "cb_shares.json").read_text())["shares"] == [30, 10, 24]
+    assert (out / "cb_shares.py").read_bytes() == shares_helper_file().read_bytes()
+    assert "copy both to the run directory on each node" in rendered.stderr
+    assert "a: ~/cluster-bootstrap/runs/r1/a, b: /srv/cb/runs/r1/b" in rendered.stderr
+    assert "CB_SHARES_FILE=/srv/cb/runs/r1/b/cb_shares.json" in (out / "b.sh").read_text().replace("'", "")

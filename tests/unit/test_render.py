@@ -206,7 +206,7 @@ def test_a_missing_template_directory_stops_only_what_renders(tmp_path: Path) ->
         templates_dir_for(inventory)
     assert missing.value.exit_code == 2
     message = str(missing.value)
-    assert "hosts.yaml:2: field 'train.templates'" in message
+    assert "hosts.yaml:3: field 'train.templates'" in message
     assert f"{tmp_path / 'nowhere'} does not exist" in message
     assert templates_dir_for(inventory, tmp_path) == tmp_path  # --templates DIR does not need it
     (tmp_path / "nowhere").mkdir()  # checked when used, not when loaded

@@ -119,7 +119,7 @@ def test_a_wrong_from_env_names_the_field_and_never_echoes_the_value(value: str)
     with pytest.raises(InventoryError) as wrong:
         load_inventory_text(text, "x.yaml")
     message = str(wrong.value)
-    assert "x.yaml:2: field 'train.env'" in message and "HF_TOKEN: write {from_env: VARIABLE}" in message
+    assert "x.yaml:3: field 'train.env'" in message and "HF_TOKEN: write {from_env: VARIABLE}" in message
     assert "LEAKED" not in message
 
 
@@ -257,7 +257,16 @@ def test_each_node_gets_the_real_values_and_what_launch_dry_run_shows(
     dry = _cli("-i", "sec.yaml", "--json", "launch", "--dry-run", "--run-id", "sec-1", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     shown = {node["name"]: node for node in json.loads(dry.stdout)["nodes"]}
-    _, specs = _specs()  # run id sec-1, the master's address from the inventory, as the dry run
+    inventory, specs = _specs()  # run id sec-1, the master's address from the inventory, as the dry run
+    from orchestrator.bench.launch import attach_shares
+    from orchestrator.executor import Outcome
+    from orchestrator.steps.launch import LaunchPlan
+
+    launching = LaunchPlan(
+        list(specs), "gloo", "", [Outcome(s.node.name, None, None, 0.1) for s in specs], []
+    )
+    attach_shares(None, inventory, launching, "sec-1")  # type: ignore[arg-type]  # as a launch: equal shares
+    specs = launching.specs
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path))  # the ssh config read is the dry run's (none)
     sh = PosixShell()
@@ -273,7 +282,7 @@ def test_each_node_gets_the_real_values_and_what_launch_dry_run_shows(
         transport, sent, files = _wire_cut(spec.node)
         run_node(spec.node, transport, spec, renderer=Renderer(environ={"CBT_WANDB": FROM_ENV}))
         planned = shown[spec.node.name]
-        assert list(files) == planned["uploads"]  # launch.sh, then train.py
+        assert list(files) == planned["uploads"]  # launch.sh, rank capture, the shares, train.py
         script, mode = files[planned["uploads"][0]]
         assert mode == 0o700  # it holds the secrets
         assert f"export WANDB_API_KEY={FROM_ENV}\n" in script and f"export DB_PASSWORD={LITERAL}\n" in script
@@ -393,7 +402,7 @@ def test_a_missing_templates_directory_stops_only_the_commands_that_render(tmp_p
     for command in (["render", "--offline"], ["validate", "--dry-run"], ["launch", "--dry-run"]):
         run = _cli("-i", str(inventory), *command, cwd=tmp_path)
         assert run.returncode == 2, (command, run.stderr)
-        assert f"sec.yaml:5: field 'train.templates': {tmp_path / 'tpl'} does not exist" in run.stderr
+        assert f"sec.yaml:6: field 'train.templates': {tmp_path / 'tpl'} does not exist" in run.stderr
     assert not (tmp_path / "runs").exists()
 
 
