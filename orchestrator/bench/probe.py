@@ -231,7 +231,7 @@ def run_probe(
     take long to get there); the controller stops everything after twice ``timeout`` + four times
     the repeats' target time + 120 s, whatever happens.
     """
-    from orchestrator.runs.ranks import split_rank
+    from orchestrator.runs.ranks import split_worker_rank
     from orchestrator.steps.launch import plan, run_node
 
     renderer = renderer or Renderer()
@@ -264,9 +264,7 @@ def run_probe(
     lock = threading.Lock()
 
     def line(node: str, text: str) -> None:
-        local, rest = split_rank(text)
-        if rest.startswith("[default"):  # native Windows: launch.ps1 prefixes the worker's own prefix
-            _, rest = split_rank(rest)
+        local, rest = split_worker_rank(text)  # native Windows: tagged twice
         rank = None if local is None else specs[node].first_rank + local
         if rest.startswith(_MARK):
             try:

@@ -23,6 +23,18 @@ def split_rank(line: str) -> tuple[int | None, str]:
     return int(match.group(1)), match.group(2)
 
 
+def split_worker_rank(line: str) -> tuple[int | None, str]:
+    """A line of one of our own rank workers (validation, the throughput probe), which tag their lines
+    ``[defaultN]:`` themselves: on native Windows launch.ps1 tags them again
+    (``[default1]:[default1]:CBV ...``); either way (1, "CBV ...")."""
+    local, rest = split_rank(line)
+    if rest.startswith("[default"):
+        inner, inner_rest = split_rank(rest)
+        if inner is not None:
+            return inner if local is None else local, inner_rest
+    return local, rest
+
+
 def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:
     """Per node, how the ``[defaultN]:`` tags of its lines become global ranks: ``(first, count)``,
     the rank of N = 0 and how many N there are. Static rendezvous: ranks follow inventory order (as

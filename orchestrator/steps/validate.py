@@ -21,7 +21,7 @@ from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
-from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.ranks import split_worker_rank
 from orchestrator.steps.launch import plan, run_node
 from orchestrator.transports.base import Result
 
@@ -218,7 +218,7 @@ def validate(
     lock = threading.Lock()
 
     def line(node: str, text: str) -> None:
-        local, rest = split_rank(text)
+        local, rest = split_worker_rank(text)  # native Windows: tagged twice
         rank = None if local is None else specs[node].first_rank + local
         if rest.startswith(_MARK):
             try:
@@ -305,7 +305,7 @@ def _last_words(failure: CommandFailedError, count: int = 3) -> list[str]:
         return []
     words: list[str] = []
     for text in reversed(result.tail(50)):
-        _, text = split_rank(text)
+        _, text = split_worker_rank(text)
         text = text.strip()
         if text and not text.startswith(_MARK) and text not in words:
             words.append(text)

@@ -319,3 +319,44 @@ def test_windows_ranks_run_the_worker_uploaded_into_the_run_directory(workdir: s
     assert ntpath.normpath(opened) == ntpath.normpath(worker_at.replace("/", "\\"))
     # the transfer lands where python looks: both name the same file in the profile or on the drive
     assert platform.transfer_path(opened) == platform.transfer_path(worker_at)
+
+
+def test_native_windows_worker_lines_tagged_twice_reach_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch.ps1 tags each rank's lines ``[defaultN]:``, and so does the validation worker itself:
+    on native Windows every record arrives tagged twice and must still count (the bench probe too)."""
+    from types import SimpleNamespace
+
+    inventory = load_inventory_text(LAB["windows"], "lab.yaml")
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.255.0.1", run_id=RUN_ID, interfaces={}, cpus={}, pythons={}
+    )
+
+    def ranks_speak(node: Node, transport: Any, spec: LaunchSpec, *, on_line: Any, **_: Any) -> None:
+        for local in range(spec.nproc):
+            tag, rank = f"[default{local}]:", spec.first_rank + local
+            for record in (
+                {"kind": "start", "rank": rank, "torch": "2.13.0+cpu"},
+                {"kind": "joined", "rank": rank, "seconds": 0.4},
+                {"kind": "correct", "rank": rank, "ok": True},
+            ):
+                on_line(node.name, tag + tag + "CBV " + json.dumps(record))
+            on_line(node.name, tag + tag + "UserWarning: a rank's own words")
+
+    monkeypatch.setattr("orchestrator.steps.validate.run_node", ranks_speak)
+    said: list[tuple[str, int | None, str]] = []
+    session = _Session(
+        list(inventory.nodes), {n.name: SimpleNamespace(platform=PowerShell()) for n in inventory.nodes}
+    )
+    result = validate(
+        session,  # type: ignore[arg-type]
+        inventory,
+        RUN_ID,
+        launch_plan=LaunchPlan(list(specs), "gloo", "", [], []),
+        on_line=lambda node, rank, text: said.append((node, rank, text)),
+    )
+    assert result.report.ok and sorted(result.report.joined) == [0, 1, 2], result.report
+    assert said == [
+        ("w1", 0, "UserWarning: a rank's own words"),
+        ("w2", 1, "UserWarning: a rank's own words"),
+        ("w2", 2, "UserWarning: a rank's own words"),
+    ]
