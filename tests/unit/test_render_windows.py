@@ -320,7 +320,8 @@ def test_render_writes_a_ps1_for_native_nodes_and_sh_for_wsl_nodes(tmp_path: Pat
     native.write_text(NATIVE)
     run = _cli("-i", str(native), "render", "--offline", "--run-id", "r1", "--out", "out", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["win1.ps1", "win2.ps1"]
+    written = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert written == ["cb_shares.json", "cb_shares.py", "win1.ps1", "win2.ps1"]  # the shares: as a launch
     data = (tmp_path / "out" / "win2.ps1").read_bytes()
     assert data.startswith(b"\xef\xbb\xbf")  # Windows PowerShell 5.1 reads a BOM-less file as ANSI
     tree = pwsh.assert_parses(data[3:].decode("utf-8"))
