@@ -55,6 +55,7 @@ class PipelineOptions:
     skip_validate: bool = False
     until: str | None = None  # the last phase to run (e.g. "check": set the cluster up, train nothing)
     sync_from_master: bool = False  # no cluster.env: the master's torch and companions on every node
+    dry_run: bool = False  # nothing changes; a phase that could not read its nodes sets the exit code
 
 
 @dataclass
@@ -103,6 +104,10 @@ def wants_code_sync(inventory: Inventory) -> bool:
     return "code" in inventory.cluster.model_fields_set
 
 
+#: which exit code wins when phases end differently (docs/cli.md: 3 takes precedence over 1)
+_PRECEDENCE = (ExitCode.CONNECTION, ExitCode.USAGE, ExitCode.NODES_FAILED)
+
+
 def run_pipeline(
     session: Session,
     inventory: Inventory,
@@ -112,7 +117,31 @@ def run_pipeline(
 ) -> PipelineReport:
     """The whole job on ``session`` (which spans every node of the inventory: the firewall learns
     every peer's address, validation and training span the cluster); ``selected`` (``--nodes``) are
-    the nodes synced, configured and checked."""
+    the nodes synced, configured and checked.
+
+    A real run goes on past a failed firewall or time step (the preflight measures what they were
+    for); a dry run's preflight measures nothing, so there the worst phase's code is the exit code
+    (nodes that could not be read: 3)."""
+    report = _run_phases(session, inventory, selected, options, phases)
+    if options.dry_run:
+        codes = set(report.codes.values())
+        worst = next((c for c in _PRECEDENCE if c in codes), ExitCode.OK)
+        if worst != ExitCode.OK and worst != report.exit_code:
+            failed = [name for name, code in report.codes.items() if code != ExitCode.OK]
+            phases.say(
+                "error", f"--dry-run: the {' and '.join(failed)} phase(s) failed on some nodes (see above)"
+            )
+            report.exit_code = worst
+    return report
+
+
+def _run_phases(
+    session: Session,
+    inventory: Inventory,
+    selected: list[Node],
+    options: PipelineOptions,
+    phases: Phases,
+) -> PipelineReport:
     from orchestrator.steps.preflight.early import end_early_rounds
 
     try:

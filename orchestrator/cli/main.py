@@ -102,7 +102,11 @@ def cli(
     # and the facts the preflight gathers are handed to validate and launch
     everyone = list(inventory.nodes)
     options = PipelineOptions(
-        force=force, skip_validate=skip_validate, until=until, sync_from_master=sync_from_master
+        force=force,
+        skip_validate=skip_validate,
+        until=until,
+        sync_from_master=sync_from_master,
+        dry_run=settings.dry_run,
     )
     phases = CliPhases(ctx, settings, inventory, detach=detach)
     with open_session(settings, inventory, everyone) as session:
