@@ -15,7 +15,12 @@ from orchestrator.errors import ExitCode
 from orchestrator.inventory import load_inventory_text
 from orchestrator.pipeline import PipelineOptions, run_pipeline
 
-INVENTORY = "cluster: {name: lab, master: a}\nnodes:\n  - {name: a, host: 192.0.2.1}\n  - {name: b, host: 192.0.2.2}\n"
+INVENTORY = """\
+cluster: {name: lab, master: a}
+nodes:
+  - {name: a, host: 192.0.2.1}
+  - {name: b, host: 192.0.2.2}
+"""
 
 
 class Phases:
