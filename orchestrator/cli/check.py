@@ -274,10 +274,15 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
 @click.pass_context
 def show_inventory(ctx: click.Context) -> None:
     """Validate the inventory and show the nodes it defines (no connection is made)."""
+    from orchestrator.steps.preflight.checks import native_mix_error
+
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    mix = native_mix_error(inventory)  # loads, but check, validate and launch refuse it (exit 2)
     if settings.json_mode:
-        settings.ui.print_json(inventory.public_dict())
+        settings.ui.print_json(
+            {**inventory.public_dict(), "cannot_train": str(mix) if mix is not None else None}
+        )
         return
     table = Table(
         title=Text(f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
@@ -290,7 +295,7 @@ def show_inventory(ctx: click.Context) -> None:
             node.connection,
             node.address,
             node.user or "-",
-            node.os,
+            node.os if node.os != "windows" else f"windows ({_windows_mode(node)})",
             node.gpus,
             node.nproc,
             workdir_for(node),  # {node} replaced: where its runs, code and venv go
@@ -300,3 +305,12 @@ def show_inventory(ctx: click.Context) -> None:
     settings.ui.print_table(table)
     c = inventory.cluster
     settings.ui.print_text(f"master {c.master}, rendezvous port {c.port}, backend {c.backend}")
+    if mix is not None:
+        settings.ui.warn(f"this inventory cannot train as it is: {mix}")
+
+
+def _windows_mode(node: Node) -> str:
+    """``wsl:Ubuntu-22.04``, ``wsl`` (the user's default distribution) or ``native``."""
+    if node.windows.mode == "native":
+        return "native"
+    return f"wsl:{node.windows.distro}" if node.windows.distro else "wsl"

@@ -187,6 +187,11 @@ def run_launch(
     refuse_native_mix(inventory)
     if settings.nodes:
         ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
+    from orchestrator.steps.launch import missing_script_warning
+
+    missing = missing_script_warning(inventory)
+    if missing:
+        ui.warn(missing)
     nodes = list(inventory.nodes)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
     if settings.dry_run:

@@ -31,7 +31,7 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, run_dir_for, run_marker
+from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, in_workdir, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.windows import WindowsRuns
@@ -104,6 +104,28 @@ IGNORED_ENV = {
     "TORCH_DISTRIBUTED_BACKEND": "the backend is init_process_group(backend=...): "
     "read CLUSTER_BOOTSTRAP_BACKEND there, as the example does",
 }
+
+
+def missing_script_warning(inventory: Inventory) -> str | None:
+    """A relative ``train.script`` that is not in the current directory is not uploaded (prepare_plan):
+    said before a launch, since every node would fail on it, unless ``cluster.code`` syncs a project
+    (which holds it) or the script is absolute (on the nodes already)."""
+    script = inventory.cluster.train.script
+    if (
+        script.startswith("/")
+        or _WINDOWS_ABSOLUTE.match(script)
+        or "code" in inventory.cluster.model_fields_set
+    ):
+        return None
+    if local_script(script) is not None:
+        return None
+    dirs = {inventory.cluster.train.code_dir or in_workdir(n, "code") for n in inventory.nodes}
+    where = f"{dirs.pop()}/{script}" if len(dirs) == 1 else f"<workdir>/code/{script}"
+    return (
+        f"train.script {script!r} is not in {Path.cwd()}: it is not uploaded, so every node needs it "
+        f"already ({where}); run bootstrap from your project's directory, or add cluster.code to the "
+        "inventory to sync the project"
+    )
 
 
 def ignored_env_warnings(inventory: Inventory) -> list[str]:

@@ -9,6 +9,7 @@ two quoting layers (PowerShell literal, then the C runtime's command-line splitt
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -343,3 +344,23 @@ def test_render_refuses_elastic_for_native_nodes_with_a_usage_error(tmp_path: Pa
     run = _cli("-i", str(inventory), "render", "--offline", cwd=tmp_path)
     assert run.returncode == 2, run  # usage / inventory
     assert "node 'win1': elastic training needs torchrun" in run.stderr and "mode: wsl" in run.stderr
+
+
+def test_inventory_shows_each_windows_mode_and_warns_of_a_mix_that_cannot_train(tmp_path: Path) -> None:
+    (tmp_path / "mix.yaml").write_text(
+        "cluster: {name: mix, master: l}\nnodes:\n  - {name: l, host: 192.0.2.1}\n"
+        "  - {name: w, host: 192.0.2.2, os: windows, windows: {mode: native}}\n"
+        "  - {name: w2, host: 192.0.2.3, os: windows, windows: {distro: Ubuntu-22.04}}\n"
+    )
+    shown = _cli("-i", "mix.yaml", "inventory", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr  # it loads; check, validate and launch refuse it
+    assert "windows (native)" in shown.stdout and "windows (wsl:Ubuntu-22.04)" in shown.stdout
+    assert "warning: this inventory cannot train as it is:" in shown.stderr
+    assert "native Windows node w (windows.mode: native) cannot train with l (Linux)" in shown.stderr
+    doc = json.loads(_cli("-i", "mix.yaml", "--json", "inventory", cwd=tmp_path).stdout)
+    assert "pytorch/gloo#386" in doc["cannot_train"]
+    (tmp_path / "wsl.yaml").write_text(
+        (tmp_path / "mix.yaml").read_text().replace("mode: native", "mode: wsl")
+    )
+    fine = _cli("-i", "wsl.yaml", "--json", "inventory", cwd=tmp_path)
+    assert json.loads(fine.stdout)["cannot_train"] is None and not fine.stderr

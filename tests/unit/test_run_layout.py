@@ -125,3 +125,21 @@ def test_the_next_command_carries_the_files_that_reach_the_nodes() -> None:
         "lab-1",
     ]  # no --nodes: a run spans the whole inventory
     assert again(Settings(), "stop", "r1") == "bootstrap stop --run r1"
+
+
+def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: Path) -> None:
+    """A relative train.script is uploaded from the current directory; run from elsewhere, nothing is
+    uploaded and every node would fail on it: launch (and its dry run) say so first."""
+    (tmp_path / "hosts.yaml").write_text(
+        "cluster: {name: lab, master: a, train: {script: train.py}}\n"
+        "nodes:\n  - {name: a, host: 10.255.0.1}\n"
+    )
+    dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert f"train.script 'train.py' is not in {tmp_path}: it is not uploaded" in dry.stderr
+    assert "(~/cluster-bootstrap/code/train.py)" in dry.stderr and "add cluster.code" in dry.stderr
+    assert not [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("train.py")]
+    (tmp_path / "train.py").write_text("print('hi')\n")  # here: uploaded, nothing to say
+    dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
+    assert "train.script" not in dry.stderr
+    assert [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("/code/train.py")]
