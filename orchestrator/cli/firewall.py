@@ -92,8 +92,15 @@ def run_firewall(
         for o in outcomes:
             if o.value is None:
                 continue
-            what = "as one script that stops at the first failure (set -e)" if o.value.commands else ""
-            ui.print_text(f"# {o.node} ({o.value.kind}): would run as root {what}".rstrip())
+            windows = o.node in {n.name for n in probed if n.os == "windows"}
+            stops = (
+                "PowerShell script that stops at the first error"
+                if windows
+                else "script that stops at the first failure (set -e)"
+            )
+            what = f"as one {stops}" if o.value.commands else ""
+            who = "an administrator" if windows else "root"
+            ui.print_text(f"# {o.node} ({o.value.kind}): would run as {who} {what}".rstrip())
             for command in o.value.commands or ["# nothing: " + o.value.status]:
                 ui.print_text(command)
             ui.print_text("")
