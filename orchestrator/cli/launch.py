@@ -320,7 +320,10 @@ def _launch_dry_run(
     finds them on the nodes, as `render` without --offline shows)."""
     from orchestrator.bench.launch import planned_shares
     from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+    from orchestrator.render import missing_secrets
 
+    for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
+        settings.ui.warn(f"{issue} (a real launch stops here, exit 2)")
     backend, specs = offline_specs(settings.ui, inventory, run_id)
     specs, shares_note = planned_shares(inventory, specs)  # what attach_shares gives a launch
     if shares_note and not settings.json_mode:

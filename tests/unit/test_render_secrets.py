@@ -421,3 +421,16 @@ def test_validate_uses_the_inventorys_templates_and_needs_the_variable(tmp_path:
     missing = _cli("-i", str(inventory), "validate", cwd=tmp_path)
     assert missing.returncode == 2, missing  # before connecting to anything
     assert "field 'train.env.WANDB_API_KEY': environment variable CBT_WANDB is not set" in missing.stderr
+
+
+def test_a_dry_run_warns_of_a_secret_the_real_launch_would_stop_on(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(
+        "cluster: {name: s, train: {env: {HF_TOKEN: {from_env: CBT_UNSET_FOR_THIS_TEST}}}}\n"
+        "nodes: [{name: a, host: 10.255.0.1}]\n"
+    )
+    dry = _cli("-i", "s.yaml", "launch", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr  # the dry run shows the plan, masked
+    assert "field 'train.env.HF_TOKEN': environment variable CBT_UNSET_FOR_THIS_TEST is not set" in dry.stderr
+    assert "(a real launch stops here, exit 2)" in dry.stderr
+    real = _cli("-i", "s.yaml", "launch", cwd=tmp_path)
+    assert real.returncode == 2 and "CBT_UNSET_FOR_THIS_TEST is not set" in real.stderr
