@@ -6,6 +6,7 @@ with nodes made to fail in one phase and pass the next (tests/e2e cover the phas
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -91,3 +92,24 @@ def test_a_real_run_goes_on_past_the_firewall_and_the_check_decides() -> None:
 def test_a_clean_dry_run_exits_0() -> None:
     phases = Phases()
     assert _run(phases, dry_run=True).exit_code == ExitCode.OK and not phases.said
+
+
+def test_the_whole_pipelines_dry_run_shows_each_phase_under_its_header(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    from tests.conftest import BOOTSTRAP
+
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    argv = [
+        BOOTSTRAP,
+        "-i",
+        str(Path(__file__).resolve().parents[2] / "inventory" / "local.yaml"),
+        "--dry-run",
+    ]
+    run = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    headers = [line for line in run.stdout.splitlines() if line.startswith("# ======== ")]
+    # one machine: no firewall, no time sync
+    assert headers == [f"# ======== {p} (dry run) ========" for p in ("check", "validate", "launch")]
+    assert not (tmp_path / "runs").exists()
