@@ -275,7 +275,7 @@ def _run_from_master(
             [],
             f"nothing to sync: {inventory.master_node.name} is the master, whose Python is the reference",
         )
-    oses: set[str] = {n.os for n in targets}
+    oses: set[str] = {n.python_os for n in targets}
     specs = {os_name: spec_from_master(inventory, env, os_name) for os_name in sorted(oses)}
     if not settings.json_mode:
         ui.note(f"the master's environment: {torch_line}")

@@ -238,6 +238,13 @@ class Node(BaseModel):
         return value
 
     @property
+    def python_os(self) -> str:
+        """The OS its training Python runs on, which decides its environment (venv layout, wheels):
+        ``linux`` for Linux nodes and for Windows nodes in ``wsl`` mode (the Linux build of torch
+        inside the distribution), ``windows`` for native Windows nodes."""
+        return "windows" if self.os == "windows" and self.windows.mode == "native" else "linux"
+
+    @property
     def address(self) -> str:
         """``host:port`` (``[v6]:port`` for IPv6 literals), or just ``host`` when the port is not fixed."""
         if self.port is None:

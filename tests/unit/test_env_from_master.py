@@ -141,11 +141,16 @@ def test_freeze_writes_one_file_per_os_among_the_nodes(tmp_path: Path) -> None:
     inv = _inventory(
         tmp_path,
         nodes="  - {name: ws1, host: 10.0.0.1}\n"
-        "  - {name: win, host: 10.0.0.3, os: windows, password_env: P}\n",
+        "  - {name: win, host: 10.0.0.3, os: windows, password_env: P, windows: {mode: native}}\n"
+        "  - {name: wsl, host: 10.0.0.4, os: windows, password_env: P}\n",
     )
     files = write_freeze(tmp_path / "req.txt", inv, list(inv.nodes), LINUX_CPU)
     assert [f.name for f in files] == ["req.txt", "req.windows.txt"]
     assert "triton==3.5.0" in files[0].read_text() and "triton" not in files[1].read_text()
+    # the WSL node installs what the Linux nodes install (the Linux build, inside its distribution)
+    ws1, _win, wsl = inv.nodes
+    linux_only = write_freeze(tmp_path / "wsl.txt", inv, [ws1, wsl], LINUX_CPU)
+    assert [f.name for f in linux_only] == ["wsl.txt"] and "triton==3.5.0" in linux_only[0].read_text()
 
 
 def test_the_record_makes_training_use_the_venv_only_where_it_still_applies(

@@ -14,7 +14,7 @@ from orchestrator.errors import InventoryError, UsageError
 from orchestrator.inventory import Inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.envsync import venv_python
+from orchestrator.steps.envsync import resolve_specs, venv_python
 from orchestrator.steps.envsync.ops import BuildPlan, PosixEnvOps, PowerShellEnvOps, probe_code
 from orchestrator.steps.envsync.report import NodeVersions, summarize
 from orchestrator.steps.envsync.spec import (
@@ -183,14 +183,21 @@ def test_env_path_defaults_to_the_workdir_launch_uses(tmp_path: Path) -> None:
         "    packages: [a==1]\n",
         tmp_path,
         nodes="  - {name: a, host: h1}\n  - {name: b, host: h2, workdir: /srv/cb/}\n"
-        "  - {name: w, host: h3, os: windows, password_env: P}\n",
+        "  - {name: w, host: h3, os: windows, password_env: P, windows: {mode: native}}\n"
+        "  - {name: wsl, host: h4, os: windows, password_env: P}\n",
     )
-    a, b, w = inv.nodes
+    a, b, w, wsl = inv.nodes
     assert env_path(a, path_setting=None) == "~/cluster-bootstrap/venv"
     assert env_path(b, path_setting=None) == "/srv/cb/venv"
     assert env_path(a, path_setting="/nfs/envs/{node}/venv") == "/nfs/envs/a/venv"
     assert venv_python(a, inv) == "~/cluster-bootstrap/venv/bin/python"
     assert venv_python(w, inv) == "~/cluster-bootstrap/venv\\Scripts\\python.exe"
+    # a WSL-mode Windows node trains with the Linux build inside its distribution: a Linux venv
+    assert venv_python(wsl, inv) == "~/cluster-bootstrap/venv/bin/python"
+    from orchestrator.steps.node_facts import training_python
+
+    assert training_python(wsl, inv) == "~/cluster-bootstrap/venv/bin/python"  # what its launch runs
+    assert resolve_specs(inv, [a, wsl]).keys() == {"linux"} and resolve_specs(inv, [w]).keys() == {"windows"}
 
 
 # ----- the node side -----------------------------------------------------------------------------------

@@ -64,14 +64,14 @@ __all__ = [
 
 def resolve_specs(inventory: Inventory, nodes: list[Node]) -> dict[str, EnvSpec]:
     """One spec per OS among ``nodes`` (UsageError, exit 2, when the inventory's env is unusable)."""
-    return {os_name: resolve_spec(inventory, os_name) for os_name in sorted({n.os for n in nodes})}
+    return {os_name: resolve_spec(inventory, os_name) for os_name in sorted({n.python_os for n in nodes})}
 
 
 def venv_python(node: Node, inventory: Inventory) -> str:
     """The interpreter inside the node's synced venv (for launch): ``<env.path>/bin/python`` on Linux
     (``<env.path>\\Scripts\\python.exe`` on Windows); ``~`` means the login user's home."""
     path = env_path(node, path_setting=inventory.cluster.env.path)
-    if node.os == "windows":
+    if node.python_os == "windows":
         return path.rstrip("/\\") + "\\Scripts\\python.exe"
     return path.rstrip("/") + "/bin/python"
 
@@ -196,15 +196,15 @@ def sync_env(
             transport = session.transport(node)
             value = NodeEnv(
                 node=node.name,
-                os=node.os,
+                os=node.python_os,
                 action="planned",
-                path=env_path(node, specs[node.os]),
-                python_path=_ops_venv_python(transport, env_path(node, specs[node.os])),
+                path=env_path(node, specs[node.python_os]),
+                python_path=_ops_venv_python(transport, env_path(node, specs[node.python_os])),
                 python="",
                 installer=None,
                 env_id=None,
                 round_trips=0,
-                commands=plan_commands(node, transport, specs[node.os], force=force),
+                commands=plan_commands(node, transport, specs[node.python_os], force=force),
             )
             outcomes.append(Outcome(node.name, value, None, 0.0))
         return outcomes
@@ -222,7 +222,7 @@ def sync_env(
         lambda node, transport: probe_node(
             node,
             transport,
-            chosen_specs[node.os],
+            chosen_specs[node.python_os],
             force=force,
             token=tokens.get(node.name),
             progress=reporter(node),
@@ -239,7 +239,7 @@ def sync_env(
         env = build_node(
             node,
             transport,
-            chosen_specs[node.os],
+            chosen_specs[node.python_os],
             ready,
             force=force,
             on_line=on_line,

@@ -349,7 +349,7 @@ def build_node(
         notes.append(f"cloned from {found.stamp.get('id')}")
     return NodeEnv(
         node=node.name,
-        os=node.os,
+        os=node.python_os,
         action=action,
         path=path,
         python_path=venv_interpreter,

@@ -256,7 +256,7 @@ def read_reference(inventory: Inventory, transport: Transport) -> Reference:
 def freeze_texts(path: Path, inventory: Inventory, nodes: list[Node], master: MasterEnv) -> dict[Path, str]:
     """``--freeze FILE``: the lock for each OS among ``nodes`` (FILE for the master's OS, or for the
     only OS; ``FILE`` with ``.windows``/``.linux`` before its suffix for another), file -> text."""
-    oses: list[str] = sorted({n.os for n in nodes}) or [master.os]
+    oses: list[str] = sorted({n.python_os for n in nodes}) or [master.os]
     out: dict[Path, str] = {}
     for os_name in oses:
         target = path

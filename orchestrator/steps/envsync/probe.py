@@ -199,7 +199,7 @@ def probe_node(
     if _unchanged(spec, found, key, force):
         probed.env = NodeEnv(
             node=node.name,
-            os=node.os,
+            os=node.python_os,
             action="unchanged",
             path=path,
             python_path=ops.venv_python(path),
