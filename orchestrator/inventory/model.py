@@ -66,8 +66,15 @@ _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"}
 NodeName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 ]
-HostName = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\s,/]+$")]
+# A host is a word on command lines (ssh, getent): name, IPv4, IPv6 (zone), an ssh_config alias;
+# never an option (leading "-"), a quote, a shell character or a control character.
+HostName = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[\w.:%\[\]][\w.:%\[\]-]*$")
+]
 Text = Annotated[str, StringConstraints(min_length=1)]
+# One line of text (a user, a path): no control character, which would end a line in what is shown
+# (dry runs, tables) or truncate what is sent (NUL).
+Line = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 def _printable(value: str) -> str:
@@ -171,15 +178,15 @@ class Node(BaseModel):
     port: PortNumber | None = None
     os: OsName = "linux"
     connection: ConnectionName = "ssh"
-    user: Text | None = None
-    key_file: Text | None = None
+    user: Line | None = None
+    key_file: Line | None = None
     password_env: str | None = None
     password_prompt: bool = False
     gpus: int = Field(default=0, ge=0)
     nproc: int = Field(default=1, ge=1)
-    interface: Text | None = None
-    python: Text | None = None
-    workdir: Text | None = None
+    interface: Line | None = None
+    python: Line | None = None
+    workdir: Line | None = None
     tags: tuple[Text, ...] = ()
     winrm: WinRMSettings = Field(default_factory=WinRMSettings)
     allow_insecure: bool = False
@@ -358,12 +365,12 @@ class TrainSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    script: Text = "examples/train_ddp.py"  # relative to the code directory on the nodes
+    script: Line = "examples/train_ddp.py"  # relative to the code directory on the nodes
     args: tuple[str, ...] = ()
     # stored as sorted pairs: a frozen (hashable) model cannot hold a dict; ``env_dict`` gives it back.
     # A value is a literal, or FromEnv: taken from this machine's environment at launch (a secret)
     env: tuple[tuple[str, str | FromEnv], ...] = ()
-    code_dir: str | None = None  # on the nodes; default: <workdir>/code
+    code_dir: Line | None = None  # on the nodes; default: <workdir>/code
     elastic: bool = False  # c10d rendezvous, --nnodes MIN:MAX, restarts; else static rendezvous
     min_nodes: Annotated[int, Field(ge=1)] | None = None  # elastic: fewest nodes to start with
     max_restarts: Annotated[int, Field(ge=0)] = 0
@@ -398,6 +405,22 @@ class TrainSettings(BaseModel):
                     raise ValueError(f"item {index + 1} ({item!r}) is not an integer >= 1")
             return tuple(value)
         raise ValueError(f"{value!r} is not equal, measured or a list of integers")
+
+    @field_validator("script")
+    @classmethod
+    def _script_inside_the_code_directory(cls, value: str) -> str:
+        """A relative script is uploaded from here into the code directory: a '..' would read a file
+        outside the project and write it outside that directory. An absolute one (on the nodes
+        already) is the user's to name."""
+        if value.startswith("/") or re.match(r"[A-Za-z]:[\\/]|[\\/]{2}", value):
+            return value
+        if ".." in re.split(r"[\\/]", value):
+            raise ValueError(
+                f"{value!r} leaves the code directory ('..'): a relative script is a file of the "
+                "project, uploaded into it; give its path inside the project, or an absolute path on "
+                "the nodes"
+            )
+        return value
 
     @field_validator("args", mode="before")
     @classmethod

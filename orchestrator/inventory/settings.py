@@ -120,7 +120,7 @@ class TimeSettings(BaseModel):
             value = [value]
         if isinstance(value, (list, tuple)):
             for item in value:
-                if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9.:_-]+", item):
+                if not isinstance(item, str) or not re.fullmatch(r"[A-Za-z0-9.:_][A-Za-z0-9.:_-]*", item):
                     raise ValueError(f"{item!r} is not a host name or address")
             return tuple(value)
         return value

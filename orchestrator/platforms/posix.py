@@ -43,6 +43,8 @@ class PosixShell(Platform):
             return '"$HOME"'
         if path.startswith("~/"):
             return '"$HOME"/' + self.quote(path[2:])
+        if path.startswith("-"):  # a relative path, never an option of cd, mkdir, python...
+            return self.quote("./" + path)
         return self.quote(path)
 
     def wrap(

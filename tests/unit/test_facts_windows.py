@@ -365,7 +365,8 @@ def test_adapter_script_parses_and_reads_both_cmdlets() -> None:
     from orchestrator.steps.preflight import preflight_facts
 
     node = Node(name="win", host="10.0.0.5", os="windows", windows=NATIVE_MODE)
-    facts = preflight_facts(node, Node(name="m", host="o'head"))
+    # a quote the inventory refuses in a host: constructed unchecked, the script still quotes it
+    facts = preflight_facts(node, Node.model_construct(name="m", host="o'head"))
     assert [f.name for f in facts] == ["route", "adapters"]
     pwsh.assert_parses(ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in facts], "cb-1")))
 

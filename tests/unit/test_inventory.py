@@ -644,3 +644,55 @@ def test_one_line_and_exit_2_from_the_cli(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr + proc.stdout
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and str(path) in lines[0] and "billion laughs" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("host: '--service=x'", "host"),  # an option of ssh or getent
+        ("host: '-oProxyCommand=touch /tmp/p'", "host"),
+        ('host: "a\\0b"', "host"),  # NUL: the name checked is not the name dialled
+        ('host: "a\'b"', "host"),
+        ("host: 'a$(id)'", "host"),
+        ('user: "x\\ntouch /tmp/p #"', "user"),  # a line of its own in dry-run headers
+        ('workdir: "/srv/a\\rb"', "workdir"),
+        ('python: "/usr/bin/python3\\0x"', "python"),
+    ],
+)
+def test_words_that_reach_command_lines_refuse_options_and_control_characters(line: str, field: str) -> None:
+    text = "nodes:\n  - name: a\n    " + (line if line.startswith("host") else "host: a\n    " + line) + "\n"
+    with pytest.raises(InventoryError) as info:
+        load_inventory_text(text, "w.yaml")
+    assert f"field '{field}'" in str(info.value)
+
+
+def test_hosts_keep_names_addresses_and_ipv6_zones() -> None:
+    inv = load_inventory_text(
+        "nodes:\n  - {name: a, host: gpu-1.lab.example}\n  - {name: b, host: 192.168.1.10}\n"
+        "  - {name: c, host: 'fe80::1%eth0'}\n  - {name: d, host: my_ssh_alias}\n",
+        "h.yaml",
+    )
+    assert [n.host for n in inv.nodes] == [
+        "gpu-1.lab.example",
+        "192.168.1.10",
+        "fe80::1%eth0",
+        "my_ssh_alias",
+    ]
+
+
+def test_a_relative_training_script_stays_in_the_project() -> None:
+    for script in ("../../.ssh/authorized_keys", "src/../../x.py", "..\\\\evil.py"):
+        with pytest.raises(InventoryError, match=r"field 'train.script'.*leaves the code directory"):
+            load_inventory_text(
+                f"cluster: {{train: {{script: '{script}'}}}}\nnodes: [{{host: a}}]\n", "s.yaml"
+            )
+    for script in ("train.py", "src/train.py", "/opt/project/train.py", "my..script.py"):
+        inv = load_inventory_text(
+            f"cluster: {{train: {{script: '{script}'}}}}\nnodes: [{{host: a}}]\n", "s.yaml"
+        )
+        assert inv.cluster.train.script == script
+
+
+def test_an_ntp_server_is_never_an_option() -> None:
+    with pytest.raises(InventoryError, match=r"field 'time.servers'.*'-x.org' is not a host name"):
+        load_inventory_text("cluster: {time: {servers: [-x.org]}}\nnodes: [{host: a}, {host: b}]\n", "t.yaml")

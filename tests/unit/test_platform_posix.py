@@ -186,3 +186,18 @@ def test_a_script_of_60_kb_runs_through_the_wrappers_of_one_command_line() -> No
         proc.stdin.close()
         proc.wait(timeout=30)
     assert out.strip() == "ran to the end" and proc.returncode == 0, (out, proc.returncode)
+
+
+def test_a_relative_path_that_starts_with_a_dash_is_never_an_option(tmp_path: Path) -> None:
+    """`train.code_dir: -P` or `run --cwd -P`: dash's `cd -P` without an operand goes home."""
+    sh = PosixShell()
+    assert sh.path_word("-P") == "./-P"
+    out = subprocess.run(
+        ["sh", "-c", f"mkdir ./-P && cd {sh.path_word('-P')} && pwd"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == str(tmp_path / "-P")
+    assert "cd ./-P" in sh.wrap("pwd", cwd="-P")
