@@ -32,6 +32,7 @@ from orchestrator.errors import InventoryError, InventoryIssue, UsageError
 from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_args
 from orchestrator.platforms import Platform, PowerShell, check_env_name
 from orchestrator.platforms.powershell import argv_to_command_line
+from orchestrator.redact import mask_url_credentials
 from orchestrator.resources import templates_dir
 from orchestrator.runs.layout import in_workdir
 
@@ -253,7 +254,7 @@ class Renderer:
             refuse_on_native_windows(spec)
         jinja_env = self.environment(platform)
         env, env_required = self._environment(spec, mode)
-        args = masked_args(spec.args) if mode == "mask" else spec.args
+        args = tuple(mask_url_credentials(a) for a in masked_args(spec.args)) if mode == "mask" else spec.args
         try:
             jinja_template = jinja_env.get_template(name)
             return jinja_template.render(
@@ -294,7 +295,9 @@ class Renderer:
         for name, value in spec.env.items():
             variable = spec.env_from.get(name)
             if variable is None:
-                pairs.append((name, MASK if mode == "mask" and is_secret_name(name) else value))
+                if mode == "mask":  # a login inside a URL too (HTTPS_PROXY=http://u:pw@proxy:3128)
+                    value = MASK if is_secret_name(name) else mask_url_credentials(value)
+                pairs.append((name, value))
             elif mode == "mask":
                 pairs.append((name, MASK))
             elif mode == "reference":

@@ -434,3 +434,16 @@ def test_a_dry_run_warns_of_a_secret_the_real_launch_would_stop_on(tmp_path: Pat
     assert "(a real launch stops here, exit 2)" in dry.stderr
     real = _cli("-i", "s.yaml", "launch", cwd=tmp_path)
     assert real.returncode == 2 and "CBT_UNSET_FOR_THIS_TEST is not set" in real.stderr
+
+
+def test_a_login_inside_a_url_is_masked_where_scripts_are_shown_and_sent_as_it_is() -> None:
+    text = (
+        "cluster:\n  train:\n    args: [--data, 'https://bob:pw-in-arg-881@data.lab/x']\n"
+        "    env: {HTTPS_PROXY: 'http://u:pw-in-env-882@proxy:3128'}\nnodes: [{name: a, host: h}]\n"
+    )
+    _, (spec,) = _specs(text)
+    shown = Renderer().render(spec, PosixShell(), mask=True)
+    assert "export HTTPS_PROXY='http://***@proxy:3128'" in shown and "'https://***@data.lab/x'" in shown
+    assert "pw-in-" not in shown
+    sent = Renderer().render(spec, PosixShell())  # what a launch runs: the real values
+    assert "http://u:pw-in-env-882@proxy:3128" in sent and "https://bob:pw-in-arg-881@data.lab/x" in sent
