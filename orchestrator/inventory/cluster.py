@@ -115,14 +115,19 @@ class Inventory:
         """
         wanted: set[str] = set()
         issues: list[InventoryIssue] = []
+        given = 0
         for raw in patterns:
             for pattern in (p.strip() for p in raw.split(",")):
                 if not pattern:
                     continue
+                given += 1
                 matched = self._match(pattern)
                 if not matched:
                     issues.append(InventoryIssue(self._no_match(pattern), file=self.source))
                 wanted.update(matched)
+        if patterns and not given:  # `--nodes "$EMPTY"`: selecting nothing must not look like success
+            message = f"--nodes {' '.join(repr(p) for p in patterns)} names no node (names, globs, tag:NAME)"
+            issues.append(InventoryIssue(message, file=self.source))
         if issues:
             raise InventoryError(issues)
         return [n for n in self.nodes if n.name in wanted]

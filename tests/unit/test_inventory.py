@@ -370,6 +370,15 @@ def test_select_unknown_patterns_all_reported(inv: Inventory) -> None:
     assert len(info.value.issues) == 2
 
 
+def test_an_empty_selection_is_an_error_not_nothing_to_do(inv: Inventory) -> None:
+    """`--nodes "$NODES"` with the variable empty: a script must not read "stopped" from no nodes."""
+    for patterns in ([""], [" , "], ["", ","]):
+        with pytest.raises(InventoryError, match="names no node"):
+            inv.select(patterns)
+    assert inv.select([]) == []  # no --nodes at all: the caller means every node
+    assert [n.name for n in inv.select(["gpu-1,"])] == ["gpu-1"]
+
+
 def test_public_dict_is_json_safe(inv: Inventory) -> None:
     data = inv.public_dict()
     text = json.dumps(data)
