@@ -152,8 +152,12 @@ def templates_dir_for(inventory: Inventory, cli_value: Path | None = None) -> Pa
     if not train.templates:
         return None
     path = Path(train.templates)
-    if not path.is_dir():
+    try:
+        found = path.is_dir()
         what = "is not a directory" if path.exists() else "does not exist"
+    except (OSError, ValueError) as exc:  # a name too long for this file system
+        found, what = False, f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    if not found:
         raise InventoryError(
             [
                 InventoryIssue(

@@ -165,7 +165,11 @@ def run_sync(
         from orchestrator.steps.codesync import code_source
 
         source = code_source(inventory.cluster)
-        if not source.is_dir():  # before any node is contacted (and before the environment work)
+        try:
+            is_dir = source.is_dir()
+        except (OSError, ValueError):  # a name too long for this file system
+            is_dir = False
+        if not is_dir:  # before any node is contacted (and before the environment work)
             raise UsageError(
                 f"code.source {source} is not a directory",
                 hint="set cluster.code.source to your project directory (relative to the current one)",

@@ -169,8 +169,11 @@ def local_script(script: str) -> Path | None:
     """The training script to upload: the controller's file (relative to the current directory), or
     the shipped example when the inventory keeps the default and no such file is here."""
     here = Path(script)
-    if here.is_file():
-        return here
+    try:
+        if here.is_file():
+            return here
+    except (OSError, ValueError):  # a name too long for this file system: not a file here
+        return None
     if script == "examples/train_ddp.py":
         return packaged_example()
     return None

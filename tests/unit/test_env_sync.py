@@ -4,6 +4,7 @@ the per-OS commands and the comparison of installed versions."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -426,3 +427,50 @@ def test_compile_bytecode_asks_both_installers_to_compile(installer: str) -> Non
     for script in (PosixEnvOps(PosixShell()).build(plan), PowerShellEnvOps(PowerShell()).build(plan)):
         assert "--no-compile" not in script
         assert ("--compile-bytecode" in script) == (installer == "uv")
+
+
+def test_a_requirements_path_that_is_no_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")  # opening it to read would wait for a writer forever
+    for path in ("/dev/zero", str(tmp_path / "fifo")):
+        inv = inventory(f"    requirements: {path}\n", tmp_path)
+        with pytest.raises(UsageError, match=r"env.requirements: cannot read .*: not a regular file"):
+            resolve_spec(inv, "linux")
+    (tmp_path / "huge.txt").write_bytes(b"#" * (17 << 20))
+    with pytest.raises(UsageError, match="larger than 16 MiB"):
+        resolve_spec(inventory("    requirements: huge.txt\n", tmp_path), "linux")
+
+
+def test_names_too_long_for_the_file_system_are_errors_not_tracebacks(tmp_path: Path) -> None:
+    long = "x" * 300
+    (tmp_path / "l.yaml").write_text(
+        f"cluster:\n  train: {{script: {long}.py, templates: {long}}}\n  code: {{source: {long}}}\n"
+        "nodes: [{name: a, host: 192.0.2.1}]\n"
+    )
+    from tests.conftest import BOOTSTRAP
+
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    for command in (
+        ["launch", "--dry-run"],
+        ["render", "--offline"],
+        ["sync", "--only", "code", "--dry-run"],
+    ):
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", "l.yaml", *command],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert run.returncode == 2 and "Traceback" not in run.stderr, (command, run.stderr)
+    (tmp_path / "s.yaml").write_text(
+        f"cluster: {{train: {{script: {long}.py}}}}\nnodes: [{{name: a, host: 192.0.2.1}}]\n"
+    )
+    run = subprocess.run(
+        [BOOTSTRAP, "-i", "s.yaml", "launch", "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0 and "is not in" in run.stderr and "Traceback" not in run.stderr, run.stderr

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,10 +188,11 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
         own = override is not None and override.requirements is not None
         field_name = f"env.{os_name}.requirements" if own else "env.requirements"
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
+            text = _read_requirements(path)
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(
-                f"{inventory.source}: {field_name}: cannot read {path}: {exc.strerror or exc}",
+                f"{inventory.source}: {field_name}: cannot read {path}: {why}",
                 hint="paths are relative to the inventory file",
             ) from None
         source = str(path)
@@ -297,6 +300,23 @@ def env_file_text(env: dict[str, str]) -> str:
     """``NAME=VALUE`` lines: how the variables of :func:`index_environment` reach a node, in an
     owner-only file the build script reads and deletes (values never hold a line break)."""
     return "".join(f"{name}={value}\n" for name, value in sorted(env.items()))
+
+
+#: a lock of thousands of hashed pins is a few hundred kB; anything this large is not one
+MAX_REQUIREMENTS_BYTES = 16 << 20
+
+
+def _read_requirements(path: Path) -> str:
+    """A requirements file's text: a regular file (not a FIFO or a device such as /dev/zero) of at
+    most MAX_REQUIREMENTS_BYTES, UTF-8."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = handle.read(MAX_REQUIREMENTS_BYTES + 1)
+    if len(data) > MAX_REQUIREMENTS_BYTES:
+        raise ValueError(f"larger than {MAX_REQUIREMENTS_BYTES >> 20} MiB: not a requirements file")
+    return data.decode("utf-8")
 
 
 def env_path(node: Node, spec: EnvSpec | None = None, path_setting: str | None = None) -> str:
