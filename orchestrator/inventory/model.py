@@ -72,6 +72,8 @@ HostName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[\w.:%\[\]][\w.:%\[\]-]*$")
 ]
 Text = Annotated[str, StringConstraints(min_length=1)]
+#: ranks (and GPUs) on one node: far above any machine (a 16-GPU server, a 256-core CPU box)
+MAX_RANKS_PER_NODE = 1024
 # One line of text (a user, a path): no control character, which would end a line in what is shown
 # (dry runs, tables) or truncate what is sent (NUL).
 Line = Annotated[str, StringConstraints(min_length=1, pattern=r"^[^\x00-\x1f\x7f]+$")]
@@ -182,8 +184,9 @@ class Node(BaseModel):
     key_file: Line | None = None
     password_env: str | None = None
     password_prompt: bool = False
-    gpus: int = Field(default=0, ge=0)
-    nproc: int = Field(default=1, ge=1)
+    # bounded: every rank of a node is a line of its launch script and a process on it
+    gpus: int = Field(default=0, ge=0, le=MAX_RANKS_PER_NODE)
+    nproc: int = Field(default=1, ge=1, le=MAX_RANKS_PER_NODE)
     interface: Line | None = None
     python: Line | None = None
     workdir: Line | None = None
