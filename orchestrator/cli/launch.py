@@ -195,9 +195,10 @@ def run_launch(
     nodes = list(inventory.nodes)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
     if settings.dry_run:
-        _launch_dry_run(
-            settings, inventory, run_id or f"{inventory.cluster.name}-<time>", renderer, detach=detach
-        )
+        from orchestrator.runs.ids import check_run_id
+
+        shown_id = check_run_id(run_id) if run_id else f"{inventory.cluster.name}-<time>"  # as launch would
+        _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     from orchestrator.runs.ids import claim_run_id, pick_run_id

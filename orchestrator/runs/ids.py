@@ -80,6 +80,10 @@ def check_run_id(run_id: str) -> str:
         raise UsageError(
             f"invalid run id {run_id!r}: use letters, digits, '.', '_' and '-' (as `launch --run-id` does)"
         )
+    if run_id == "latest":  # `--run latest` names the newest run: a run of that name could never be named
+        raise UsageError(
+            "the run id 'latest' is reserved: `--run latest` means the newest run; choose another"
+        )
     return run_id
 
 

@@ -69,3 +69,12 @@ def test_a_chosen_id_is_refused_when_a_run_of_it_was_launched_here(tmp_path: Pat
     for reserve in (True, False):
         with pytest.raises(UsageError, match="invalid run id"):
             ids.new_run_id("lab", chosen="../etc", root=tmp_path, reserve=reserve)
+
+
+def test_latest_is_no_run_id_since_run_latest_names_the_newest_run(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="'latest' is reserved"):
+        ids.check_run_id("latest")
+    with pytest.raises(UsageError, match="'latest' is reserved"):
+        ids.claim_run_id("latest", tmp_path)
+    assert not (tmp_path / "latest").exists()
+    assert ids.check_run_id("latest-1") == "latest-1"
