@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.errors import InventoryError, InventoryIssue, UsageError
 from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_args
@@ -355,7 +356,9 @@ def _platform_environment(loader: jinja2.BaseLoader, platform: Platform) -> jinj
     def shell_text(fn: Callable[..., str]) -> Callable[..., ShellText]:
         return lambda *args: ShellText(fn(*args))
 
-    env = jinja2.Environment(
+    # sandboxed: a template directory comes with an inventory (train.templates), and rendering runs
+    # here, on the controller: a template reads its context, never Python's internals (os, files)
+    env = ImmutableSandboxedEnvironment(
         loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell text, quoted by the platform (finalize), never HTML

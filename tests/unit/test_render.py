@@ -175,6 +175,23 @@ def _inventory_with_templates(tmp_path: Path, templates: str) -> Path:
     return path
 
 
+def test_a_template_that_came_with_an_inventory_cannot_reach_python(tmp_path: Path) -> None:
+    """Rendering runs on the controller: a template reads its context, not os.popen."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "torchrun.sh.j2").write_text(
+        "echo {{ node.name | q }}\n# {{ cycler.__init__.__globals__.os.popen('touch pwned').read() }}\n"
+    )
+    inventory = load_inventory(_inventory_with_templates(tmp_path, "t"))
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r", interfaces={}, cpus={}, pythons={}
+    )
+    with pytest.raises(
+        UsageError, match=r"template torchrun.sh.j2: access to attribute '__init__' .* is unsafe"
+    ):
+        Renderer(templates_dir_for(inventory)).render(specs[0], PosixShell())
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
 def test_user_templates_from_the_inventory_relative_to_its_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
