@@ -3,8 +3,10 @@ cache, where the code goes, and the node script's own refusals (run locally with
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.inventory import load_inventory
 from orchestrator.steps.codesync import FileEntry, IgnoreRules, build_tree, code_dest, diff
@@ -333,3 +337,51 @@ def test_windows_probe_command_parses_as_powershell() -> None:
     command = PowerShell().join(["C:\\Python311\\python.exe", "-c", PROBE, args])
     tree = pwsh.assert_parses(command)
     assert not pwsh.errors(tree)
+
+
+def _reference(pattern: str, text: str) -> bool:
+    """Glob by definition, slowly: ``*`` and ``?`` never match ``/``; ``**`` between slashes (or at
+    either end) spans directories; every other run of stars is one star."""
+
+    @functools.cache
+    def match(p: int, t: int) -> bool:
+        if p == len(pattern):
+            return t == len(text)
+        if pattern[p] == "*":
+            q = p
+            while q < len(pattern) and pattern[q] == "*":
+                q += 1
+            if q - p >= 2 and (p == 0 or pattern[p - 1] == "/") and (q == len(pattern) or pattern[q] == "/"):
+                if q == len(pattern):
+                    return True
+                # "**/": zero or more whole directories
+                return match(q + 1, t) or any(
+                    text[k] == "/" and match(q + 1, k + 1) for k in range(t, len(text))
+                )
+            return any(match(q, k) for k in range(t, len(text) + 1) if "/" not in text[t:k])
+        if t == len(text):
+            return False
+        if pattern[p] == "?":
+            return text[t] != "/" and match(p + 1, t + 1)
+        return pattern[p] == text[t] and match(p + 1, t + 1)
+
+    return match(0, 0)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.text("ab/*?", min_size=1, max_size=9), st.text("ab/", max_size=9))
+def test_globs_match_what_a_glob_means(pattern: str, text: str) -> None:
+    from orchestrator.steps.codesync.ignore import _glob
+
+    assert (re.fullmatch(_glob(pattern), text, re.DOTALL) is not None) == _reference(pattern, text)
+
+
+@pytest.mark.timeout(30)
+def test_many_stars_against_a_long_name_answer_at_once() -> None:
+    """`*a*a*a*a*a*a*a*a*a*a*a*b` in a .gitignore against a 200-character name of a's: a backtracking
+    regex tries every way to place eleven stars (minutes per name); each star keeps its first place."""
+    rule = parse_pattern("*a*a*a*a*a*a*a*a*a*a*a*b")
+    assert rule is not None
+    rules = IgnoreRules([rule])
+    name = "a" * 200
+    assert not rules.excluded(name) and rules.excluded(name + "b")

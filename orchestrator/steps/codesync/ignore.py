@@ -99,8 +99,14 @@ def _class(pattern: str, start: int) -> tuple[str, int] | None:
 
 
 def _glob(pattern: str) -> str:
-    """Regex text for a glob in which ``*``/``?`` stop at ``/`` and ``**`` spans directories."""
-    out: list[str] = []
+    """Regex text for a glob in which ``*``/``?`` stop at ``/`` and ``**`` spans directories.
+
+    A star followed by more pattern matches the next piece at its first place and keeps it (an
+    atomic lookahead: ``(?=(?P<sN>[^/]*?PIECE))(?P=sN)``, as fnmatch.translate does): a glob star has
+    no better choice than the first one (whatever a later place could match, the first can too), and
+    a backtracking ``[^/]*a[^/]*a...b`` took minutes on one long file name. The star of the last
+    piece stays greedy, since that piece must end the name."""
+    tokens: list[tuple[str, str]] = []  # ("star", ""), ("any", regex: ** parts), ("lit", regex)
     i = 0
     n = len(pattern)
     while i < n:
@@ -114,30 +120,49 @@ def _glob(pattern: str) -> str:
             at_end = j == n or pattern[j] == "/"
             if stars >= 2 and at_start and at_end:
                 if j == n:  # "x/**" (or a lone "**"): everything below
-                    out.append(".*")
+                    tokens.append(("any", ".*"))
                 else:  # "**/" : zero or more directories
-                    out.append("(?:[^/]*/)*")
+                    tokens.append(("any", "(?:[^/]*/)*"))
                     j += 1
             else:  # other runs of stars are ordinary stars
-                out.append("[^/]*")
+                tokens.append(("star", ""))
             i = j
         elif c == "?":
-            out.append("[^/]")
+            tokens.append(("lit", "[^/]"))
             i += 1
         elif c == "[":
             compiled = _class(pattern, i)
             if compiled is None:
-                out.append(re.escape(c))
+                tokens.append(("lit", re.escape(c)))
                 i += 1
             else:
-                out.append(compiled[0])
+                tokens.append(("lit", compiled[0]))
                 i = compiled[1]
         elif c == "\\" and i + 1 < n:
-            out.append(re.escape(pattern[i + 1]))
+            tokens.append(("lit", re.escape(pattern[i + 1])))
             i += 2
         else:
-            out.append(re.escape(c))
+            tokens.append(("lit", re.escape(c)))
             i += 1
+    out: list[str] = []
+    groups = 0
+    k = 0
+    while k < len(tokens):
+        kind, text = tokens[k]
+        k += 1
+        if kind != "star":
+            out.append(text)
+            continue
+        piece = []
+        while k < len(tokens) and tokens[k][0] == "lit":
+            piece.append(tokens[k][1])
+            k += 1
+        if not piece or k == len(tokens):  # nothing after it, or the last piece: greedy
+            out.append("[^/]*" + "".join(piece))
+            continue
+        name = f"s{groups}"
+        groups += 1
+        out.append(f"(?=(?P<{name}>[^/]*?{''.join(piece)}))(?P={name})")
     return "".join(out)
 
 
