@@ -267,7 +267,7 @@ def run_launch(
             f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
             f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
         )
-    show_sweep(settings, run_id, report.swept)
+    show_sweep(settings, run_id, report.swept, ended=not stopped)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         ui.print_json(
@@ -335,14 +335,20 @@ def _launch_dry_run(
     print_dry_run(settings, "launch", run_id, backend, planned, how=how)
 
 
-def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]]) -> None:
-    """What the sweep after a cut-short run found: nodes it could not check, processes it stopped."""
+def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:
+    """What the sweep after a cut-short run found: nodes it could not check, processes it stopped.
+    ``ended``: the run ended by itself, and what is found are processes its ranks left behind."""
     stop = again(settings, "stop", run_id)
     for o in swept:
         if o.error is not None:
             settings.ui.warn(
                 f"{o.node}: not checked for processes of the run left running ({o.error}): "
                 f"run `{stop}` when it is reachable"
+            )
+        elif o.value is not None and o.value.state == "stopped" and ended:
+            settings.ui.warn(
+                f"{o.node}: the run ended, but processes its ranks started were still running (not "
+                f"waited for by the training script): {o.value.describe()}"
             )
         elif o.value is not None and o.value.state == "stopped":
             settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")

@@ -161,8 +161,9 @@ class PosixRuns(RunOps):
             "  exit 0\n"
             "fi\n"
             'n=$(printf "%s\\n" "$p" | wc -l)\n'
-            # said before the signal: status and a foreground launch tell "stopped" from "failed"
-            'date +%s > "$d/stopped" 2>/dev/null\n'
+            # said before the signal: status and a foreground launch tell "stopped" from "failed"; not
+            # for a run that ended with its code (what its ranks left behind is stopped, it ended)
+            '[ -f "$d/node.log.rc" ] || date +%s > "$d/stopped" 2>/dev/null\n'
             "kill -TERM $p 2>/dev/null\n"
             f"_cb_now; end=$((_cb_up + {hundredths}))\n"
             "while :; do\n"

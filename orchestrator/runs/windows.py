@@ -224,8 +224,9 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "}\n"
             # said before anything is stopped: status and a foreground launch tell "stopped" from "failed"
             "$cbNow = [long][Math]::Floor(([DateTime]::UtcNow.Ticks - 621355968000000000) / 10000000)\n"
-            "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'stopped'),"
-            ' [string]$cbNow + "`n")\n'
+            "if (-not [System.IO.File]::Exists($cbRc)) {"
+            " [System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'stopped'),"
+            ' [string]$cbNow + "`n") }\n'
             "[Console]::Out.WriteLine('@@stop terminated ' + (Stop-CbRun))"
         )
 

@@ -96,4 +96,24 @@ def train(
         # sweep would only wait for its connect timeout
         report.lost = {o.node for o in outcomes if isinstance(o.error, ConnectError)} & started
         report.swept = sweep(session, report.run_id, started - report.lost)
+    else:
+        report.swept = leftovers(session, report.run_id, outcomes, started)
     return report
+
+
+def leftovers(
+    session: Session, run_id: str, outcomes: list[Outcome[NodeRunResult]], started: set[str]
+) -> list[Outcome[Any]]:
+    """After a run that ended by itself: what its ranks started and did not wait for (a server, a
+    process in a session of its own) still carries the run's marker and would hold GPUs and ports
+    without anyone knowing: stopped as `bootstrap stop` does, on the session's own connections (no
+    new login). The run keeps its exit code (the stop writes ``stopped`` only before one exists)."""
+    from orchestrator.runs.control import stop_node
+
+    ended = {o.node for o in outcomes if not isinstance(o.error, ConnectError)} & started
+    nodes = [n for n in session.nodes if n.name in ended]
+    if not nodes:
+        return []
+    return session.map(
+        lambda node, t: stop_node(node, t, run_id, grace=SWEEP_GRACE), step="leftovers", nodes=nodes
+    )

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -305,3 +306,32 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
     assert "# ---- pc2 (winrm" in text.stdout and "then runs, detached" in text.stdout
     assert "Win32_Process" in text.stdout
     assert "nothing was uploaded or started" in text.stderr
+
+
+def test_processes_a_finished_run_left_behind_are_stopped_and_named(tmp_path: Path) -> None:
+    """A rank starts a helper and exits 0 without waiting for it (its own session, or not): the run
+    ends, and the helpers would hold ports and GPUs unseen (`status` said running forever)."""
+    inv = _quick_inventory(tmp_path)
+    tag = f"cb-left-{os.getpid()}-{time.time_ns()}"
+    (tmp_path / "quick.py").write_text(
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{tag}-own'],"
+        " start_new_session=True)\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', '{tag}-same'])\n"
+        "print('leaving', flush=True)\n"
+    )
+    home = {"HOME": str(tmp_path)}
+    run = bootstrap("-i", str(inv), "launch", "--run-id", "left", cwd=tmp_path, env=home)
+    try:
+        assert run.returncode == 0, run.stderr
+        assert (
+            "here: the run ended, but processes its ranks started were still running (not waited for "
+            "by the training script): stopped 2 process(es)" in run.stderr
+        ), run.stderr
+        left = subprocess.run(["pgrep", "-f", tag], capture_output=True, text=True)
+        assert left.stdout == "", left.stdout
+        status = bootstrap("-i", str(inv), "--json", "status", "--run", "left", cwd=tmp_path, env=home)
+        (node,) = json.loads(status.stdout)["nodes"]
+        assert node["state"] == "exited" and node["exit_code"] == 0, node  # it ended with its code
+    finally:
+        subprocess.run(["pkill", "-f", tag], check=False)
