@@ -14,7 +14,8 @@ What a producer prints on stdout, given the log, an OFFSET, FOLLOW and LINES:
   with ``@@`` gets one more ``@`` (so no log line looks like a marker). Each batch is followed by
   ``@@. OFFSET``, the byte offset just past it. A last line without its newline is held back until
   the launcher has ended (then it is sent, with a newline added). A line longer than a producer's
-  block may be sent in pieces. Sizes are taken before reading: a line being written is never cut.
+  block (2 MiB: longer than any line the rank capture writes, whose lines are at most 1 MiB and a
+  label) may be sent in pieces. Sizes are taken before reading: a line being written is never cut.
 - With FOLLOW the producer polls until the launcher has ended (its exit-code file exists, or its
   recorded process is gone) and everything is read; without, it stops at the current end.
 - ``@@end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and
@@ -51,7 +52,7 @@ path, rc_path, pid_path = sys.argv[1:4]
 offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
 lines = int(sys.argv[7])
 out = sys.stdout.buffer
-BLOCK = 1 << 20
+BLOCK = 2 << 20
 BACK = 1 << 16
 
 def ended():
@@ -322,7 +323,7 @@ def powershell_tail(
         "  if ([System.IO.File]::Exists($cbRc)) { return $true }\n"
         "  return [System.IO.File]::Exists($cbPidFile) -and $null -eq (Get-CbLeader)\n"
         "}\n"
-        "$cbBlock = 1048576\n"
+        "$cbBlock = 2097152\n"
         "$cbBuf = New-Object -TypeName byte[] -ArgumentList $cbBlock\n"
         "$cbFile = $null\n"
         # up to Want bytes from At into $cbBuf (a read may return fewer): how many it got

@@ -122,9 +122,9 @@ def missing_script_warning(inventory: Inventory) -> str | None:
     dirs = {inventory.cluster.train.code_dir or in_workdir(n, "code") for n in inventory.nodes}
     where = f"{dirs.pop()}/{script}" if len(dirs) == 1 else f"<workdir>/code/{script}"
     return (
-        f"train.script {script!r} is not in {Path.cwd()}: it is not uploaded, so every node needs it "
-        f"already ({where}); run bootstrap from your project's directory, or add cluster.code to the "
-        "inventory to sync the project"
+        f"train.script {script!r} is not in {Path.cwd()}: it is not uploaded, so every node runs what "
+        f"is there already ({where}; an earlier launch's copy included); run bootstrap from your "
+        "project's directory, or add cluster.code to the inventory to sync the project"
     )
 
 

@@ -98,12 +98,14 @@ class RankFile:
         end = data.rfind(b"\n") + 1
         self.partial = data[end:]
         complete = data[:end]
-        if len(self.partial) > MAX_PARTIAL:
-            complete, self.partial = complete + self.partial + b"\n", b""
+        pieces = b""
+        while len(self.partial) > MAX_PARTIAL:  # cut into lines of MAX_PARTIAL, each with its label
+            pieces += self.prefix + self.partial[:MAX_PARTIAL] + b"\n"
+            self.partial = self.partial[MAX_PARTIAL:]
         if not complete:
-            return b""
+            return pieces
         # one C-level replace prefixes every line of the block
-        return self.prefix + complete[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n"
+        return self.prefix + complete[:-1].replace(b"\n", b"\n" + self.prefix) + b"\n" + pieces
 
     def finish(self):
         """Everything left, the last line newline-terminated; the file is closed."""
