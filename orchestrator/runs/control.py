@@ -277,7 +277,13 @@ def parse_status(stdout: str) -> NodeStatus:
     elif values.get("stopped") is not None:
         state = "stopped"  # by `stop --run` (or a controller's stop): whatever code it ended with
         stopped = _num(values.get("stopped"))
-        end = ended if ended is not None else stopped
+        # no exit code: it ran until the stop, and after it while it handled TERM (its last output)
+        modified = _num(values.get("modified"))
+        end = (
+            ended
+            if ended is not None
+            else max((t for t in (stopped, modified) if t is not None), default=None)
+        )
         runtime = max(0.0, end - started) if end is not None and started is not None else None
     elif rc is not None:
         state = "exited"

@@ -707,6 +707,9 @@ def test_stop_says_stopped_before_it_stops_anything_and_status_reports_it(run_di
     assert "Out-Cb ('stopped=' + (Read-CbText $cbStopped).Trim())" in status
     parsed = parse_status("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=140\n")
     assert (parsed.state, parsed.runtime) == ("stopped", 50)
+    # a rank that handled TERM for 10 s, printing: it ran until its last output
+    later = parse_status("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=160\n")
+    assert (later.state, later.runtime) == ("stopped", 60)
 
 
 def test_the_runner_gives_any_job_the_launchers_contract() -> None:
