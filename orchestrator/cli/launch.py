@@ -310,6 +310,8 @@ def run_launch(
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {log.directory}/ (and {logs_where(nodes, run_id)})")
+    if stopped:  # what a stopped rank printed while it handled the stop may miss node.log
+        ui.note("every line each rank wrote, also while it was being stopped: ranks/ beside node.log")
     return code
 
 
