@@ -137,7 +137,10 @@ def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: P
     dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert f"train.script 'train.py' is not in {tmp_path}: it is not uploaded" in dry.stderr
-    assert "(~/cluster-bootstrap/code/train.py; an earlier launch's copy included)" in dry.stderr and "add cluster.code" in dry.stderr
+    assert (
+        "(~/cluster-bootstrap/code/train.py; an earlier launch's copy included)" in dry.stderr
+        and "add cluster.code" in dry.stderr
+    )
     assert not [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("train.py")]
     (tmp_path / "train.py").write_text("print('hi')\n")  # here: uploaded, nothing to say
     dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
