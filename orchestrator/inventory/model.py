@@ -72,6 +72,8 @@ HostName = Annotated[
     str, StringConstraints(min_length=1, max_length=253, pattern=r"^[\w.:%\[\]][\w.:%\[\]-]*$")
 ]
 Text = Annotated[str, StringConstraints(min_length=1)]
+#: an absolute Windows path: a drive (C:\\ or C:/) or a UNC share (\\\\server)
+WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2})")
 #: ranks (and GPUs) on one node: far above any machine (a 16-GPU server, a 256-core CPU box)
 MAX_RANKS_PER_NODE = 1024
 # One line of text (a user, a path): no control character, which would end a line in what is shown
@@ -415,7 +417,7 @@ class TrainSettings(BaseModel):
         """A relative script is uploaded from here into the code directory: a '..' would read a file
         outside the project and write it outside that directory. An absolute one (on the nodes
         already) is the user's to name."""
-        if value.startswith("/") or re.match(r"[A-Za-z]:[\\/]|[\\/]{2}", value):
+        if value.startswith("/") or WINDOWS_ABSOLUTE.match(value):
             return value
         if ".." in re.split(r"[\\/]", value):
             raise ValueError(

@@ -27,6 +27,7 @@ from orchestrator.errors import (
     RunStoppedError,
     UsageError,
 )
+from orchestrator.inventory.model import WINDOWS_ABSOLUTE
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
@@ -113,7 +114,7 @@ def missing_script_warning(inventory: Inventory) -> str | None:
     script = inventory.cluster.train.script
     if (
         script.startswith("/")
-        or _WINDOWS_ABSOLUTE.match(script)
+        or WINDOWS_ABSOLUTE.match(script)
         or "code" in inventory.cluster.model_fields_set
     ):
         return None
@@ -274,7 +275,7 @@ def prepare_plan(
     native = isinstance(platform, PowerShell)
     if not native and not isinstance(platform, PosixShell):
         raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
-    absolute = bool(_WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
+    absolute = bool(WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     code_root = None if source is None else spec.code_dir  # a script uploaded: into the code directory
@@ -383,9 +384,6 @@ def prepare_node(
     apply(planned, transport)
     run_dir = run_dir_for(node, spec.run_id)
     return platform, run_dir, f"{run_dir}/node.log"
-
-
-_WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2})")
 
 
 def prepare_windows_node(
