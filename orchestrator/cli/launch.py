@@ -221,7 +221,7 @@ def run_launch(
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
         from orchestrator.runs.layout import write_record
-        from orchestrator.runs.ranks import rank_labels
+        from orchestrator.runs.ranks import rank_labels, split_rank
 
         write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
         if detach:
@@ -305,8 +305,10 @@ def run_launch(
         ui.error(str(o.error))
         result = getattr(o.error, "result", None)
         if isinstance(result, Result):
-            for line in failure_tail(result):
-                ui.info(f"  {o.node} | {line}")
+            first = labels.get(o.node, (0, 0))[0]
+            for line in failure_tail(result):  # labelled as the stream labels them: [node:rank]
+                local, text = split_rank(line)
+                ui.info(f"  [{o.node}{'' if local is None else f':{first + local}'}] {text}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {log.directory}/ (and {logs_where(nodes, run_id)})")

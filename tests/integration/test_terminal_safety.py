@@ -179,7 +179,7 @@ def test_training_output_failure_summary_logs_and_status_are_neutralised(tmp_pat
     assert not NOT_SGR.search(launch.stdout) and b"\r" not in launch.stdout, launch
     assert_neutralised(launch.stdout)
     # the fail-fast summary's last lines (stderr): shown neutralised
-    assert b"local | [default0]:clip ^[]52;c;SGVsbG8=^G title ^[]0;owned^G clear ^[[2J^[[H c1 <U+009B>2J" in (
+    assert b"[local:0] clip ^[]52;c;SGVsbG8=^G title ^[]0;owned^G clear ^[[2J^[[H c1 <U+009B>2J" in (
         launch.stderr
     ), launch
     assert_neutralised(launch.stderr)
