@@ -101,7 +101,7 @@ def _root_steps(inventory: Inventory) -> list[str]:
 def wants_code_sync(inventory: Inventory) -> bool:
     """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
     default source is the current directory, which must be a deliberate choice (it may be a home)."""
-    return "code" in inventory.cluster.model_fields_set
+    return inventory.cluster.code_declared
 
 
 #: which exit code wins when phases end differently (docs/cli.md: 3 takes precedence over 1)

@@ -79,6 +79,12 @@ class Cluster(BaseModel):
             )
         return code
 
+    @property
+    def code_declared(self) -> bool:
+        """True when the inventory has a ``code:`` section: the project is synced (its default
+        source, the current directory, must be a deliberate choice: it may be a home)."""
+        return "code" in self.model_fields_set
+
 
 @dataclass
 class Inventory:

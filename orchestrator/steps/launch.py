@@ -112,11 +112,7 @@ def missing_script_warning(inventory: Inventory) -> str | None:
     said before a launch, since every node would fail on it, unless ``cluster.code`` syncs a project
     (which holds it) or the script is absolute (on the nodes already)."""
     script = inventory.cluster.train.script
-    if (
-        script.startswith("/")
-        or WINDOWS_ABSOLUTE.match(script)
-        or "code" in inventory.cluster.model_fields_set
-    ):
+    if script.startswith("/") or WINDOWS_ABSOLUTE.match(script) or inventory.cluster.code_declared:
         return None
     if local_script(script) is not None:
         return None
