@@ -54,7 +54,11 @@ class Login:
 @pytest.fixture(scope="module")
 def shared_python() -> Iterator[str]:
     """A Python with torch that every user can run: /usr/bin/python3 in a venv whose site-packages
-    point (a .pth line) at the test venv's, under a world-readable directory."""
+    point (a .pth line) at a copy of the test venv's, all under a world-readable directory.
+
+    A copy, not the test venv itself: the clone may live where only root can enter (a 0700
+    ``mktemp -d``, or /root). Hard links make it cheap on the clone's file system; another file
+    system gets real copies."""
     base = Path(tempfile.mkdtemp(prefix="cbt-pwprompt-py-"))
     try:
         base.chmod(0o755)
@@ -70,8 +74,14 @@ def shared_python() -> Iterator[str]:
             capture_output=True,
             text=True,
         ).stdout.strip()
+        copy = base / "site-packages"
+        try:
+            shutil.copytree(ours, copy, symlinks=True, copy_function=os.link)
+        except (OSError, shutil.Error):  # EXDEV: another file system
+            shutil.rmtree(copy, ignore_errors=True)
+            shutil.copytree(ours, copy, symlinks=True)
         (site,) = venv.glob("lib/python3*/site-packages")
-        (site / "cbt-test-venv.pth").write_text(ours + "\n")
+        (site / "cbt-test-venv.pth").write_text(f"{copy}\n")
         python = venv / "bin" / "python"
         probe = subprocess.run(
             ["runuser", "-u", "nobody", "--", str(python), "-c", "import torch.distributed"],
