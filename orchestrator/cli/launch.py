@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,7 +30,7 @@ from orchestrator.errors import (
     ExitCode,
     RunStoppedError,
 )
-from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.executor import Executor, NodeEvent, Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 from orchestrator.platforms import PowerShell, platform_for_node
@@ -38,6 +40,7 @@ from orchestrator.session import Session
 from orchestrator.transports import Result
 
 if TYPE_CHECKING:
+    from orchestrator.cli.ui import UI
     from orchestrator.render import LaunchSpec
 
 T = TypeVar("T")
@@ -250,6 +253,7 @@ def run_launch(
         }
 
         started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
+        session.executor.on_event = _announce_first_failure(ui, session.executor)
         try:
             report = train(session, launch_plan.specs, renderer, outputs, started)
         except KeyboardInterrupt:
@@ -260,6 +264,7 @@ def run_launch(
                 ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
             interrupted(ui)
         finally:
+            session.executor.on_event = None
             log.close()
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):
@@ -356,3 +361,17 @@ def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, en
             )
         elif o.value is not None and o.value.state == "stopped":
             settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
+
+
+def _announce_first_failure(ui: UI, executor: Executor) -> Callable[[NodeEvent], None]:
+    """The node that ends a foreground run, named the moment it fails (a lost connection, a rank's
+    exit), before the other nodes are stopped and swept: the summary only comes after that. Not
+    the nodes a Ctrl-C or the fail fast itself stopped (the executor was cancelled by then)."""
+    said = threading.Event()
+
+    def on_event(event: NodeEvent) -> None:
+        if event.kind == "failed" and not executor.cancelled and not said.is_set():
+            said.set()
+            ui.warn(f"{event.node}: {event.detail}; stopping the run on the other nodes")
+
+    return on_event

@@ -76,10 +76,11 @@ class Platform(ABC):
         exported, inside ``cwd``, optionally as root."""
 
     @abstractmethod
-    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
+    def stop_on_hangup(self, script: str, *, silence: float | None = None) -> str:
         """``script`` made to stop (its whole process tree) when the transport's stdin closes, or,
-        with ``heartbeat`` (seconds between the bytes the transport writes to that stdin while the
-        command runs), when three heartbeats are missed: a controller cut off by the network."""
+        with ``silence``, when no byte came on that stdin for that many seconds (the transport
+        writes a heartbeat byte far more often while the command runs): a controller cut off by
+        the network."""
 
     @abstractmethod
     def login_command(self, script: str) -> str:

@@ -63,17 +63,17 @@ class PosixShell(Platform):
         inner = f"/bin/sh -c {self.quote(script)}"
         return f'if [ "$(id -u)" = 0 ]; then {inner}; else sudo -n -- {inner}; fi'
 
-    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
+    def stop_on_hangup(self, script: str, *, silence: float | None = None) -> str:
         """``script`` run as its own process group, stopped with everything it started when our
-        stdin reaches EOF or, with ``heartbeat``, when no byte arrived on it for 3 heartbeats.
+        stdin reaches EOF or, with ``silence``, when no byte arrived on it for that many seconds.
 
         A remote command outlives its SSH channel (no pty, no SIGHUP), so a timeout or a Ctrl-C on
         the controller would leave it running. The transport keeps the channel's stdin open and
         closes it to cancel (or closes the channel when the command is done); a controller killed
         outright closes it too (its TCP connection ends). A node cut off from the network hears
-        nothing at all: with ``heartbeat`` the transport writes a byte every ``heartbeat`` seconds
-        and the watcher gives up after three missed ones (issue 17: a partitioned node's training
-        ran on unseen). The watcher then TERMs the job's process group and every process carrying
+        nothing at all: the transport writes a heartbeat byte every few seconds and the watcher
+        gives up after ``silence`` seconds without one (a partitioned node's training ran on
+        unseen). The watcher then TERMs the job's process group and every process carrying
         the job's token (CB_WATCH, inherited by every descendant: torchrun's workers live in
         sessions of their own), and KILLs what is left 5 s later (ranks that ignore TERM).
         ``setsid`` makes the group (dash refuses ``set -m`` without a terminal); the job's stdin is
@@ -83,12 +83,11 @@ class PosixShell(Platform):
         # Background jobs of a non-interactive sh get /dev/null as stdin (POSIX): the channel's
         # stdin is kept on fd 3 for the watcher.
         job = f"/bin/sh -c {self.quote(script)} </dev/null 3<&- &"
-        if heartbeat is None:
+        if silence is None:
             listen = "cat <&3 >/dev/null"
         else:
             # one read at a time, each bounded: a heartbeat (or any byte) goes on, EOF or silence ends
-            silence = max(1, round(3 * heartbeat))
-            read_one = f"timeout {silence} dd bs=64 count=1 <&3 2>/dev/null | wc -c"
+            read_one = f"timeout {max(1, round(silence))} dd bs=64 count=1 <&3 2>/dev/null | wc -c"
             listen = (
                 "if command -v timeout >/dev/null 2>&1; then"
                 f' while [ "$({read_one})" -gt 0 ]; do :; done;'

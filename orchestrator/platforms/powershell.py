@@ -419,8 +419,8 @@ class PowerShell(Platform):
 
     # -- stopping --------------------------------------------------------------------------------------
 
-    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
-        """``script`` unchanged: Windows stops the whole tree itself (``heartbeat``: not used; WinRM
+    def stop_on_hangup(self, script: str, *, silence: float | None = None) -> str:
+        """``script`` unchanged: Windows stops the whole tree itself (``silence``: not used; WinRM
         gives up on a silent host through its operation timeout).
 
         WinRS starts every process of a shell inside one job object; when the transport cancels (the

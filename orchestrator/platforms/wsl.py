@@ -99,8 +99,8 @@ class WslShell(PosixShell):
             return f":\n{script}"  # a command cannot mark itself
         return script
 
-    def stop_on_hangup(self, script: str, *, heartbeat: float | None = None) -> str:
-        stopped = super().stop_on_hangup(script, heartbeat=heartbeat)
+    def stop_on_hangup(self, script: str, *, silence: float | None = None) -> str:
+        stopped = super().stop_on_hangup(script, silence=silence)
         return f"{ROOT_MARKER}\n{stopped}" if script.startswith(ROOT_MARKER) else stopped
 
     # -- the Windows command line ----------------------------------------------------------------------

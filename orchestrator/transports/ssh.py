@@ -77,10 +77,12 @@ class SSHTransport(Transport):
     #: 2 ms round trip. Files go over SFTP, on their own channel with the default window.
     COMMAND_WINDOW = 64 * 1024
 
-    #: seconds between the bytes written to a running command's stdin: the node stops the command
-    #: after three missed ones (PosixShell.stop_on_hangup), so a controller cut off by the network
-    #: leaves nothing running unseen for more than 15 s
-    HEARTBEAT = 5.0
+    #: seconds between the bytes written to a running command's stdin (the node's sign of life)
+    HEARTBEAT = 2.0
+    #: seconds without a heartbeat after which the node stops the command (a controller cut off by
+    #: the network leaves nothing running unseen for longer, plus the stop's 5 s KILL grace); far
+    #: above HEARTBEAT, so a loaded controller or a short network stall never stops a training
+    NODE_SILENCE = 15.0
 
     #: raw bytes per base64 line when files go through the shell (no SFTP): 64 KiB lines, far from
     #: any limit of the node's tools, and the most the controller holds of a file at once
@@ -237,7 +239,7 @@ class SSHTransport(Transport):
             assert transport is not None
             log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
-            limit_unacknowledged(transport.sock, 3 * self.options.keepalive)
+            limit_unacknowledged(transport.sock, self.options.unacknowledged)
             no_delay(transport.sock)
 
     def _refuse_revoked(self) -> None:
@@ -344,7 +346,7 @@ class SSHTransport(Transport):
     # -- commands -----------------------------------------------------------------------------
 
     def plan(self, script: str) -> str:
-        return self.platform.stop_on_hangup(script, heartbeat=self.HEARTBEAT)
+        return self.platform.stop_on_hangup(script, silence=self.NODE_SILENCE)
 
     def run_raw(
         self,

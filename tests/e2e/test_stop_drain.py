@@ -54,12 +54,20 @@ class Spawned:
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
         self.out: list[str] = []
         self.err: list[str] = []
+        #: when each line of stderr arrived (time.monotonic()), beside self.err
+        self.err_times: list[float] = []
         self.readers = [
-            threading.Thread(target=lambda s=stream, k=sink: k.extend(iter(s.readline, "")), daemon=True)
+            threading.Thread(target=self._read, args=(stream, sink), daemon=True)
             for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))
         ]
         for reader in self.readers:
             reader.start()
+
+    def _read(self, stream, sink: list[str]) -> None:
+        for line in iter(stream.readline, ""):
+            if sink is self.err:
+                self.err_times.append(time.monotonic())
+            sink.append(line)
 
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout=timeout)

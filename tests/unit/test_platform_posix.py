@@ -175,7 +175,7 @@ def test_a_script_of_60_kb_runs_through_the_wrappers_of_one_command_line() -> No
     shell = PosixShell()
     script = "\n".join(f": 'line {i}: \"quoted\" $text'" for i in range(2200)) + "\necho ran to the end"
     assert len(script) > 60_000
-    line = shell.login_command(shell.stop_on_hangup(script, heartbeat=5))
+    line = shell.login_command(shell.stop_on_hangup(script, silence=15))
     assert len(line.encode()) < 131072
     proc = subprocess.Popen(["bash", "-c", line], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
