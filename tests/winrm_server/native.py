@@ -26,6 +26,13 @@ Python constants. Played:
   ``watchdog.log``.
 - `bootstrap stop` (the stop script) and `launch --detach`'s start.
 
+Where the node decides an outcome, the decision is the script's own, run by
+:mod:`tests.winrm_server.interpret`: how the watchdog and the launcher are created (``Invoke-CimMethod
+Win32_Process Create``: outside every job; ``Start-Process``: the creator's child, in its job),
+``watchdog.ps1`` as a whole (its rules and waits), `stop`'s script as a whole (which processes its
+``Get-CbRoots`` and ``Get-CbLive`` take for the run's). The model stands in only for the machine:
+files, played processes, clocks, and Stop-CbRun's terminating of the selected trees.
+
 What this proves is the controller's side against a node that behaves as the scripts say, and that
 the scripts say what the model reads; that Windows runs them so is for a real host
 (docs/windows.md, "What the tests prove").
