@@ -45,27 +45,29 @@ class Command:
         return parameter.lower() in self.parameters
 
 
+def commands_of(node: Node) -> Command:
+    """The command at ``node`` (a ``command`` node)."""
+    name_node = node.child_by_field_name("command_name")
+    name = (name_node.text or b"").decode() if name_node is not None else ""
+    params: list[str] = []
+    args: list[str] = []
+    elements = node.child_by_field_name("command_elements")
+    if elements is not None:
+        for el in elements.children:
+            text = (el.text or b"").decode()
+            if el.type == "command_parameter":
+                params.append(text.lower())
+            elif el.type != "command_argument_sep":
+                args.append(text)
+    return Command(name, params, args)
+
+
 def commands(tree: Tree) -> list[Command]:
-    found = []
-    for node in walk(tree.root_node):
-        if node.type != "command":
-            continue
-        name_node = node.child_by_field_name("command_name")
-        if name_node is None:
-            continue
-        name = (name_node.text or b"").decode()
-        params: list[str] = []
-        args: list[str] = []
-        elements = node.child_by_field_name("command_elements")
-        if elements is not None:
-            for el in elements.children:
-                text = (el.text or b"").decode()
-                if el.type == "command_parameter":
-                    params.append(text.lower())
-                elif el.type != "command_argument_sep":
-                    args.append(text)
-        found.append(Command(name, params, args))
-    return found
+    return [
+        commands_of(node)
+        for node in walk(tree.root_node)
+        if node.type == "command" and node.child_by_field_name("command_name") is not None
+    ]
 
 
 def assert_parses(script: str) -> Tree:

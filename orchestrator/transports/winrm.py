@@ -64,6 +64,7 @@ from orchestrator.transports.winrm_diagnose import (
     listener_fix,
     lost,
     offered_schemes,
+    sealing_refused,
 )
 from orchestrator.transports.winrm_shell import (
     MAX_ENVELOPE,
@@ -193,9 +194,13 @@ class WinRMTransport(Transport):
             # of PowerShell scripts) writes its own messages in UTF-8, not UTF-16LE
             shell_id = protocol.open_shell(codepage=65001, noprofile=True, env_vars=dict(WSL_SHELL_ENV))
         except Exception as exc:
+            # the NTLM login (pywinrm's empty message) succeeded when the encryption context exists
+            logged_in = protocol.transport.encryption is not None
             protocol.transport.close_session()
             if self._closed:
                 raise self._cancelled() from None
+            if isinstance(exc, InvalidCredentialsError) and logged_in:
+                raise sealing_refused(self.endpoint) from None
             if isinstance(exc, InvalidCredentialsError):
                 offered = offered_schemes(self.settings, self.endpoint, connect_timeout=self.connect_timeout)
                 raise auth_rejected(self.endpoint, offered=offered) from None

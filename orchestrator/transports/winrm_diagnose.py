@@ -347,6 +347,20 @@ def auth_rejected(ep: Endpoint, *, offered: list[str] | None) -> ConnectError:
     )
 
 
+def sealing_refused(ep: Endpoint) -> ConnectError:
+    """HTTP 401 to an encrypted (NTLM-sealed) message after the login itself was accepted: the
+    password is right, the encryption is what the host (or a proxy in between) refuses."""
+    return ConnectError(
+        f"WinRM on {ep.where} accepted the {ep.auth} login but refused its encrypted messages "
+        "(HTTP 401 to every sealed message): the user name and password are not the problem, WinRM's "
+        "message encryption over HTTP is",
+        node=ep.node,
+        hint="set winrm.scheme: https (port 5986: TLS encrypts, no message encryption needed); an HTTP "
+        "proxy or load balancer between the controller and the host can break NTLM message encryption, "
+        "as can a host policy restricting NTLM (Network security: Restrict NTLM)",
+    )
+
+
 def http_failure(code: int, body: str, ep: Endpoint) -> ConnectError:
     if code == 404:
         return UnreachableError(

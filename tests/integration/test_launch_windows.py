@@ -40,7 +40,7 @@ from orchestrator.platforms.powershell import PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.runs.control import stop_node
 from orchestrator.runs.ranks import split_rank
-from orchestrator.runs.start import run_outside_job
+from orchestrator.runs.start import run_outside_job, start_node
 from orchestrator.runs.windows_follow import ROUND_SECONDS, STALE_SECONDS, WATCH_POLL_MS
 from orchestrator.session import Session
 from orchestrator.steps.launch import prepare_plan, run_node
@@ -378,6 +378,37 @@ def test_stop_run_ends_a_foreground_native_run_as_stopped(
     assert isinstance(outcome[0], RunStoppedError), outcome
     node.await_gone(RUN_DIR, 10)  # the watchdog saw nothing left to watch and went too
     transport.close()
+
+
+def test_stop_takes_the_runs_processes_by_identity_never_a_reused_pid(
+    server: WinRMServer, node: NativeNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`launch --detach`, then `stop`: the played node runs the stop script's own Get-CbRoots and
+    Get-CbLive, so the processes stopped are the ones the script selects. A process id recorded in
+    ``ranks`` that Windows has since given to another program (same id, another creation time) is
+    not the run's: that program keeps running."""
+    plan_ranks(monkeypatch, {0: {"lines": ["step 1"], "hang": True}, 1: {"lines": ["step 1"], "hang": True}})
+    spec = _spec()
+    transport = transport_to(server)
+    try:
+        apply(prepare_plan(spec.node, transport.platform, spec, renderer=Renderer()), transport)
+        started = start_node(spec.node, transport, spec.run_id)
+        run = node.run(RUN_DIR)
+        assert run.launcher is not None and started.pid == run.launcher.pid
+        assert run.launcher.job is None  # created by Win32_Process Create, as the start script says
+        deadline = time.monotonic() + 30
+        while len(run.ranks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # an old rank's identity whose id now belongs to someone else's program
+        stranger = server.processes.create("notepad.exe", parent=None, job=None)
+        server.files.append(f"{RUN_DIR}\\ranks", f"{stranger.pid} {stranger.ticks - 10_000_000}\n".encode())
+        stopped = stop_node(spec.node, transport, spec.run_id)
+    finally:
+        transport.close()
+    assert (stopped.state, stopped.terminated) == ("stopped", 3)  # the launcher and its two ranks
+    assert stranger.alive
+    node.await_gone(RUN_DIR, 10)
+    assert f"{RUN_DIR}\\stopped" in server.files
 
 
 def test_a_failing_node_stops_the_native_run_and_leaves_no_process(

@@ -42,6 +42,7 @@ from orchestrator.platforms.powershell import NOT_ELEVATED_MESSAGE, PowerShell
 from orchestrator.transports.winrm import WinRMTransport
 from tests import pwsh
 from tests.winrm_server import Answer, PwshCall, WinRMServer
+from tests.winrm_server.interpret import Interpreter, ScriptExit, statements_after
 
 HOME = "C:\\Users\\bob"
 TEMP = HOME + "\\AppData\\Local\\Temp\\"
@@ -112,12 +113,35 @@ class Emulator:
             if line:
                 data += base64.b64decode(line, validate=True)
         self.files[part] = bytes(data)
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != expected:
-            del self.files[part]
-            return Answer(stderr=f"sha256 mismatch: received {actual}, sent {expected}", exit_code=3)
-        self.files[target] = self.files.pop(part)
-        return Answer(stdout=f"sha256 {actual}\npath {target}\n")
+        return self._after_the_hash(call, target, part, expected, hashlib.sha256(data).hexdigest())
+
+    def _after_the_hash(self, call: PwshCall, target: str, part: str, expected: str, actual: str) -> Answer:
+        """What the script does once the hash is known (its comparison, its branch, the rename) is run
+        from the script itself: a put that renames corrupted bytes into place does so here too."""
+        out: list[str] = []
+        err: list[str] = []
+
+        def writer(lines: list[str]) -> Any:
+            return type("Writer", (), {"WriteLine": staticmethod(lambda value: lines.append(str(value)))})()
+
+        def remove(positional: list[Any], named: dict[str, Any]) -> None:
+            self.files.pop(str(named["literalpath"]), None)
+
+        def move(positional: list[Any], named: dict[str, Any]) -> None:
+            self.files[str(named["destination"])] = self.files.pop(str(named["literalpath"]))
+
+        interpreter = Interpreter(
+            {"$target": target, "$part": part, "$expected": expected, "$actual": actual},
+            {"Remove-Item": remove, "Move-Item": move},
+            {"[Console]::Out": writer(out), "[Console]::Error": writer(err)},
+        )
+        statements = statements_after(call.tree, "$actual")
+        code = 0
+        try:
+            interpreter.run(statements)
+        except ScriptExit as done:
+            code = done.code
+        return Answer(stdout="".join(line + "\n" for line in out), stderr="\n".join(err), exit_code=code)
 
     def get(self, call: PwshCall, values: dict[str, tuple[str, list[str]]]) -> Answer:
         source = self._target(values)

@@ -39,6 +39,7 @@ from orchestrator.platforms.powershell import PowerShell
 from orchestrator.platforms.wsl import WslShell
 from orchestrator.transports.winrm import WinRMTransport
 from tests.integration.test_winrm_transport import Emulator, uploaded_scripts
+from tests.integration.test_winrm_transport import _transport as with_password
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer
 from tests.winrm_server.server import CMD_LINE_LIMIT
 
@@ -311,6 +312,34 @@ def test_ntlm_over_http_passes_a_default_host_because_every_message_is_sealed(se
     finally:
         transport.close()
     assert server.refusals == [] and server.encrypted_requests == len(server.requests) > 0
+
+
+def test_a_host_that_refuses_sealed_messages_is_told_apart_from_a_wrong_password(server: WinRMServer) -> None:
+    """The NTLM login succeeds, then every sealed message gets 401: the message names the
+    encryption and HTTPS, never the password; a wrong password on the same host still names it."""
+    server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="ok\n"))
+    server.refuse_sealing = True
+    transport = _transport(server)
+    try:
+        with pytest.raises(ConnectError) as caught:
+            transport.run("Write-Output ok")
+    finally:
+        transport.close()
+    assert (
+        server.refusals
+        and server.refusals[0] == "401 an NTLM-sealed message refused after a successful login"
+    )
+    text = str(caught.value)
+    assert "node 'win1'" in text and "encrypted messages" in text and "winrm.scheme: https" in text
+    assert "password" not in text.replace("password are not the problem", "")
+    assert not isinstance(caught.value, AuthenticationError)
+    wrong = with_password(server, password="wrong")
+    try:
+        with pytest.raises(AuthenticationError) as rejected:
+            wrong.run("Write-Output ok")
+    finally:
+        wrong.close()
+    assert "password" in str(rejected.value)
 
 
 # -- MaxEnvelopeSizekb -----------------------------------------------------------------------------------

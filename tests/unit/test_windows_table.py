@@ -4,6 +4,11 @@ A row backs its claim with test references written as `tests/path.py::test_name`
 test without its ``[...]``), or says **real Windows only** or **documented, not recorded**. Test
 names are collected by parsing the files with ``ast``: a renamed or deleted test fails here, not
 silently in the documentation.
+
+A row whose evidence is the played node or the test server (its second column says so: see
+:data:`PLAYED`) must name an integration or end-to-end test: a unit test of script text proves what
+the script says, not what a node does with it. A row backed only by the script's text says
+**script text only** and names the unit tests that read it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ SECTION = "## What the tests prove"
 #: a reference to a file under tests/, with an optional ::test_name
 REFERENCE = re.compile(r"`(tests/[A-Za-z0-9_./-]+?)(?:::([A-Za-z_][A-Za-z0-9_]*)(?:\[[^\]`]*\])?)?`")
 VERDICTS = ("real Windows only", "documented, not recorded")
+#: words of a row's second column that claim a stand-in node showed the behaviour
+PLAYED = ("played node", "the server plays", "the server runs", "the server emulates", "the server enforces")
+SCRIPT_TEXT_ONLY = "script text only"
+#: tests that run against a server or a cluster (not a unit test of text)
+RUNNING = ("tests/integration/", "tests/e2e/")
 #: what issue 18 found missing from the table: each must keep a row
 REQUIRED_TOPICS = (
     "Defender",
@@ -41,6 +51,16 @@ REQUIRED_TOPICS = (
     "MaxMemoryPerShellMB",
     "outside the WinRS shell's job",
     "composed, not recorded",
+    # issue 32
+    "run -b",
+    "train.script",
+    "NVSMI",
+    "65001",
+    "/resync",
+    "-Profile Any",
+    "bench",
+    "@@started-before",
+    "MaxMemoryPerShellMB",
 )
 
 
@@ -76,6 +96,12 @@ def problems(rows: list[str], root: Path = REPO) -> list[str]:
         references = REFERENCE.findall(row)
         if not references and not any(verdict in row for verdict in VERDICTS):
             found.append(f"{label}...: names no test and says neither of {VERDICTS}")
+        backing = cells[1] if len(cells) == 3 else row
+        running = [file for file, _ in references if file.startswith(RUNNING)]
+        if any(word in backing for word in PLAYED) and not running:
+            found.append(f"{label}...: says a stand-in node showed it but names no integration or e2e test")
+        if SCRIPT_TEXT_ONLY in backing and not any(file.startswith("tests/unit/") for file, _ in references):
+            found.append(f"{label}...: says {SCRIPT_TEXT_ONLY!r} but names no unit test")
         for file, name in references:
             path = root / file
             if not path.is_file():
@@ -112,13 +138,20 @@ def test_the_checker_notices_a_missing_test_a_missing_file_and_an_unbacked_row()
         "| d | believed, not shown | x |",
         "| e | real Windows only | everything |",
         "| f | `tests/unit/test_windows_table.py::problems[param-1]` | x | extra |",
+        "| g | `tests/unit/test_windows_table.py::table_rows` (the played node follows the script) | x |",
+        "| h | script text only | x |",
+        "| i | `tests/integration/test_launch_windows.py::test_stop_takes_the_runs_processes_by_identity_never_a_reused_pid`"  # noqa: E501
+        " (played node) | x |",
     ]
     found = problems(rows)
-    assert len(found) == 4, found
+    assert len(found) == 7, found
     assert "has no test test_that_was_renamed" in found[0]
     assert "no_such_file.py does not exist" in found[1]
     assert "names no test" in found[2]
     assert "4 columns" in found[3]
+    assert "g | `tests/unit" in found[4] and "names no integration or e2e test" in found[4]
+    assert "h | script" in found[5] and "names no test" in found[5]
+    assert "h | script" in found[6] and "'script text only' but names no unit test" in found[6]
 
 
 def test_parametrized_names_are_checked_without_their_brackets() -> None:

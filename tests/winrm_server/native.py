@@ -26,6 +26,13 @@ Python constants. Played:
   ``watchdog.log``.
 - `bootstrap stop` (the stop script) and `launch --detach`'s start.
 
+Where the node decides an outcome, the decision is the script's own, run by
+:mod:`tests.winrm_server.interpret`: how the watchdog and the launcher are created (``Invoke-CimMethod
+Win32_Process Create``: outside every job; ``Start-Process``: the creator's child, in its job),
+``watchdog.ps1`` as a whole (its rules and waits), `stop`'s script as a whole (which processes its
+``Get-CbRoots`` and ``Get-CbLive`` take for the run's). The model stands in only for the machine:
+files, played processes, clocks, and Stop-CbRun's terminating of the selected trees.
+
 What this proves is the controller's side against a node that behaves as the scripts say, and that
 the scripts say what the model reads; that Windows runs them so is for a real host
 (docs/windows.md, "What the tests prove").
@@ -49,6 +56,7 @@ from typing import Any
 
 from tests import pwsh
 from tests.winrm_server import cmdline
+from tests.winrm_server.interpret import Interpreter, PwshError, ScriptExit, Unsupported
 from tests.winrm_server.processes import QUOTA_MESSAGE, ProcessTable, QuotaExceeded, WinProcess
 from tests.winrm_server.server import Answer, FakeFiles, PwshCall, WinRMServer
 
@@ -114,6 +122,83 @@ def number(pattern: str, text: str) -> float:
     return float(match.group(1))
 
 
+def creations(root: Any) -> list[tuple[str, str]]:
+    """The processes a script creates, in order: (how, what). How: ``wmi`` (``Invoke-CimMethod
+    -ClassName Win32_Process -MethodName Create``: outside every job) or ``child`` (``Start-Process``,
+    ``[System.Diagnostics.Process]::Start``: a child of the script's process, in its job). What:
+    ``watchdog`` or ``launcher``, from the script the command line names (``$cbScript``: the
+    launcher), followed through the variables it is built from."""
+    values: dict[str, str] = {}
+    for node in pwsh.walk(root):
+        if node.type == "assignment_expression":
+            values[(node.children[0].text or b"").decode().strip().lower()] = (
+                node.children[-1].text or b""
+            ).decode()
+
+    def expanded(source: str, depth: int = 0) -> str:
+        if depth > 4:
+            return source
+        words = set(re.findall(r"\$[A-Za-z_][A-Za-z0-9_]*", source))
+        return source + "".join(expanded(values[w.lower()], depth + 1) for w in words if w.lower() in values)
+
+    found: list[tuple[str, str]] = []
+    for node in pwsh.walk(root):
+        source = (node.text or b"").decode()
+        how = ""
+        if node.type == "command":
+            command = pwsh.commands_of(node)
+            if command.name == "Invoke-CimMethod":
+                words = [a.strip("'\"").lower() for a in command.arguments]
+                if "win32_process" in words and "create" in words:
+                    how = "wmi"
+            elif command.name.lower() in ("start-process", "saps", "start"):
+                how = "child"
+        elif node.type == "invocation_expression" and source.lower().startswith(
+            "[system.diagnostics.process]::start("
+        ):
+            how = "child"
+        if not how:
+            continue
+        everything = expanded(source).lower()
+        what = "watchdog" if "watchdog.ps1" in everything else "launcher" if "$cbscript" in everything else ""
+        if what:
+            found.append((how, what))
+    return found
+
+
+class _Stopwatch:
+    """[System.Diagnostics.Stopwatch], on the monotonic clock."""
+
+    def __init__(self) -> None:
+        self.began = time.monotonic()
+
+    def Restart(self) -> None:
+        self.began = time.monotonic()
+
+    @property
+    def Elapsed(self) -> Any:
+        seconds = time.monotonic() - self.began
+        return type("TimeSpan", (), {"TotalSeconds": seconds, "TotalMilliseconds": seconds * 1000})()
+
+
+class _Process:
+    """A played process as [System.Diagnostics.Process] shows it."""
+
+    def __init__(self, proc: WinProcess) -> None:
+        self.proc = proc
+        self.Id = proc.pid
+        ticks = proc.ticks
+        self.StartTime = type("DateTime", (), {"ToFileTimeUtc": staticmethod(lambda: ticks)})()
+
+    @property
+    def HasExited(self) -> bool:
+        return not self.proc.alive
+
+
+class Killed(Exception):
+    """The played process running the script was terminated: it does nothing more."""
+
+
 @dataclass
 class Run:
     """What the node holds of one run directory."""
@@ -157,7 +242,7 @@ class NativeNode:
             return "launch-in-shell"
         if "Stop-CbRun" in names and "'@@stop terminated '" in call.script:
             return "stop"
-        if "Invoke-CimMethod" in names and "@@started" in call.script:
+        if "'@@started '" in call.script and creations(call.tree.root_node):
             return "start"
         if "Test-Path" in names and "Write-Output" in names:
             return "say-if-exists"
@@ -213,6 +298,113 @@ class NativeNode:
         if path_of(test.arguments[0]) in self.files:
             return Answer(stdout=unquote(say.arguments[0]) + "\n")
         return None
+
+    # -- running the product's own decisions --------------------------------------------------------
+
+    def interpreter(self, me: WinProcess | None, out: list[str] | None = None) -> Interpreter:
+        """An interpreter of a run script executed by the played process ``me``: the script's own
+        functions decide (Get-CbLive, Get-CbRoots: which processes are the run's), the model stands
+        in for the machine (files, processes, clocks; Read-CbText reads a file; Stop-CbRun stops the
+        trees of the roots the script's Get-CbRoots selects). ``out``: [Console]::Out's lines."""
+        table, files = self.table, self.files
+        lines = out if out is not None else []
+
+        def alive() -> None:
+            if me is not None and not me.alive:
+                raise Killed()
+
+        def write_all(path: str, text: str, *rest: Any) -> None:
+            with table.lock:
+                alive()
+                files[str(path)] = str(text).encode("utf-8")
+
+        def get_process(pid: int) -> _Process:
+            found = table.find(int(pid))
+            if found is None:
+                raise PwshError(f"Cannot find a process with the process identifier {pid}.")
+            return _Process(found)
+
+        def sleep(positional: list[Any], named: dict[str, Any]) -> None:
+            alive()
+            time.sleep(float(named.get("milliseconds", 0)) / 1000 or float(named.get("seconds", 0)))
+            alive()
+
+        def new_object(positional: list[Any], named: dict[str, Any]) -> Any:
+            type_name = str(named.get("typename", positional[0] if positional else "")).lower()
+            if type_name.startswith("system.collections.generic.list["):
+                return []
+            if type_name == "system.text.utf8encoding":
+                return object()
+            raise Unsupported(f"New-Object {type_name}")
+
+        interpreter: Interpreter
+
+        def stop_run(positional: list[Any], named: dict[str, Any]) -> str:
+            alive()
+            roots = interpreter.invoke("Get-CbRoots", [], {})
+            stopped = 0
+            for root in roots if isinstance(roots, list) else [roots]:
+                if isinstance(root, _Process):
+                    stopped += len(table.terminate_tree(root.proc))
+            return f"{stopped} 0"
+
+        writer = type("Writer", (), {"WriteLine": staticmethod(lambda value: lines.append(str(value)))})
+        resolver = type(
+            "Path",
+            (),
+            {"GetUnresolvedProviderPathFromPSPath": staticmethod(lambda word: self._resolve(str(word)))},
+        )
+        context = type("Context", (), {"SessionState": type("State", (), {"Path": resolver()})()})()
+        now = type(
+            "Now",
+            (),
+            {
+                "ToString": staticmethod(lambda *a: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+                "Ticks": int(time.time() * 10_000_000) + 621355968000000000,
+            },
+        )()
+        interpreter = Interpreter(
+            {"$home": HOME, "$executioncontext": context, "$erroractionpreference": "Stop"},
+            {
+                "Set-StrictMode": lambda p, n: None,
+                "Read-CbText": lambda p, n: self.read(str(p[0])),
+                "Join-Path": lambda p, n: f"{n['path']}\\{n['childpath']}",
+                "New-Object": new_object,
+                "Start-Sleep": sleep,
+                "Stop-CbRun": stop_run,
+            },
+            {
+                "[System.IO.File]::Exists": lambda path: str(path) in files,
+                "[System.IO.Directory]::Exists": lambda path: any(
+                    k.lower().startswith(str(path).lower() + "\\") for k in list(files)
+                ),
+                "[System.IO.File]::GetLastWriteTimeUtc": lambda path: files.mtime(str(path)) or 0.0,
+                "[System.IO.File]::WriteAllText": write_all,
+                "[DateTime]::MinValue": -1.0,
+                "[DateTime]::UtcNow": now,
+                "[Math]::Floor": lambda x: float(int(x // 1)),
+                "[System.Diagnostics.Stopwatch]::StartNew": _Stopwatch,
+                "[System.Diagnostics.Process]::GetProcessById": get_process,
+                "[Console]::Out": writer(),
+                "[Console]::Error": writer(),
+            },
+        )
+        return interpreter
+
+    def _resolve(self, word: str) -> str:
+        return word if re.match(r"^([A-Za-z]:\\|\\\\)", word) else f"{HOME}\\{word}"
+
+    def run_script(self, script: str, me: WinProcess | None) -> tuple[int, list[str]]:
+        """The whole script, interpreted (see :meth:`interpreter`): its exit code and output lines."""
+        tree = pwsh.assert_parses(script)
+        out: list[str] = []
+        interpreter = self.interpreter(me, out)
+        interpreter.define(tree)
+        try:
+            interpreter.block(tree.root_node)
+        except ScriptExit as done:
+            return done.code, out
+        return 0, out
 
     # -- the launcher (launch.ps1) --------------------------------------------------------------------
 
@@ -397,14 +589,23 @@ class NativeNode:
         return self.table.create("powershell.exe", command_line, parent=None, job=None)
 
     def _start(self, call: PwshCall) -> Answer:
-        """`launch --detach`'s start: the launcher created outside the job; its pid reported."""
+        """`launch --detach`'s start: the launcher created as the script creates it; its pid reported."""
         run = self.run(full_path_of(assigned(call.tree)["$cbdir"]))
-        proc = self.create_outside_job("powershell.exe -File launch.ps1 -Log node.log")
+        (how,) = [how for how, what in creations(call.tree.root_node) if what == "launcher"]
+        assert call.process is not None
+        proc = self.create(how, call.process, "powershell.exe -File launch.ps1 -Log node.log")
         self.start_launcher(run, proc)
         pid = self.path(run.run_dir, "pid")
         while not self.read(pid) and proc.alive:
             time.sleep(0.02)
         return Answer(stdout=f"@@started {self.read(pid).strip()}\n")
+
+    def create(self, how: str, creator: WinProcess, command_line: str) -> WinProcess:
+        """A process the script creates: by WMI outside every job, or as the creator's child, in its
+        job (QuotaExceeded when that job is full)."""
+        if how == "wmi":
+            return self.create_outside_job(command_line)
+        return self.table.create("powershell.exe", command_line, parent=creator)
 
     # -- the old way: launch.ps1 inside the WinRS shell's job -----------------------------------------
 
@@ -480,12 +681,25 @@ class NativeNode:
         if not alive_write(follower_file, (me.identity + "\n").encode()) or not beat():
             return
         if start:
-            run.watchdog = self.create_outside_job("powershell.exe -File watchdog.ps1")
-            threading.Thread(
-                target=self._guard(self._watchdog), args=(run, run.watchdog), daemon=True
-            ).start()
+            # what the -Start block creates, how and in which order: as the script says
+            (block,) = [
+                n
+                for n in pwsh.walk(tree.root_node)
+                if n.type == "if_statement" and (n.text or b"").startswith(b"if ($Start)")
+            ]
+            made = creations(block)
+            assert [what for _, what in made] == ["watchdog", "launcher"], made
             script_name = full_path_of(values["$cbscript"]).rsplit("\\", 1)[-1]
-            launcher = self.create_outside_job(f"powershell.exe -File {script_name} -Log node.log")
+            try:
+                run.watchdog = self.create(made[0][0], me, "powershell.exe -File watchdog.ps1")
+                threading.Thread(
+                    target=self._guard(self._watchdog), args=(run, run.watchdog), daemon=True
+                ).start()
+                launcher = self.create(made[1][0], me, f"powershell.exe -File {script_name} -Log node.log")
+            except QuotaExceeded as exc:
+                answer.console_stderr = f"{exc}\n"
+                answer.exit_code = 1
+                return
             if script_name == "run.ps1":
                 self.start_runner(run, launcher)
             else:
@@ -550,78 +764,21 @@ class NativeNode:
     # -- the watchdog ---------------------------------------------------------------------------------
 
     def _watchdog(self, run: Run, me: WinProcess) -> None:
-        table, files, run_dir = self.table, self.files, run.run_dir
-        script = self.read(self.path(run_dir, "watchdog.ps1"))
-        tree = pwsh.assert_parses(script)
-        values = assigned(tree)
-        beat_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbbeat"])[-1]))
-        follower_file = self.path(run_dir, unquote(re.findall(r"'[^']*'", values["$cbfollower"])[-1]))
-        stale = number(r"\} elseif \(\$cbAge -gt ([0-9.]+)\) \{", script)
-        poll = number(r"if \(-not \$cbWhy\) \{ Start-Sleep -Milliseconds ([0-9]+) \}", script) / 1000
-        rc, pid_file = self.path(run_dir, "node.log.rc"), self.path(run_dir, "pid")
-        why = ""
-        seen: float | None = None
-        quiet = time.monotonic()  # since the heartbeat's write time last changed
-        while not why:
-            if not me.alive:
-                return
-            if self.read(rc):
-                table.exited(me, 0)
-                return
-            if self.read(pid_file) and not self.roots(run_dir):
-                table.exited(me, 0)
-                return
-            line = self.read(follower_file)
-            beat_at = files.mtime(beat_file)
-            if beat_at != seen:
-                seen, quiet = beat_at, time.monotonic()
-            age = time.monotonic() - quiet
-            if line.strip() and table.by_identity(line) is None and self.read(follower_file) == line:
-                why = "its follower (the controller's command in the WinRS shell) was stopped"
-            elif age > stale:
-                why = f"no heartbeat from the controller's follower for {int(age)} s"
-            else:
-                time.sleep(poll)
-        with table.lock:
-            if not me.alive:
-                return
-            files[self.path(run_dir, "watchdog.log")] = f"stopping the run: {why}\n".encode()
-        began = time.monotonic()
-        while not self.read(pid_file) and not self.read(rc) and time.monotonic() - began < 60:
-            time.sleep(0.2)
-        if me.alive:
-            self.stop_run(run_dir)
-            table.exited(me, 0)
+        """watchdog.ps1 as written, interpreted: its rules, its waits, its Stop-CbRun (the model's,
+        on the roots the script's Get-CbRoots selects)."""
+        try:
+            self.run_script(self.read(self.path(run.run_dir, "watchdog.ps1")), me)
+        except Killed:
+            return
+        self.table.exited(me, 0)
 
     # -- stopping -------------------------------------------------------------------------------------
 
-    def roots(self, run_dir: str) -> list[WinProcess]:
-        """Get-CbRoots: the launcher and every rank still running, by the identities recorded."""
-        lines = (
-            self.read(self.path(run_dir, "pid")).splitlines()
-            + self.read(self.path(run_dir, "ranks")).splitlines()
-        )
-        return [p for p in (self.table.by_identity(line) for line in lines) if p is not None]
-
-    def stop_run(self, run_dir: str) -> int:
-        """Stop-CbRun: roots (launcher first) and their descendants terminated; how many."""
-        stopped = 0
-        for root in self.roots(run_dir):
-            stopped += len(self.table.terminate_tree(root))
-        return stopped
-
     def _stop(self, call: PwshCall) -> Answer:
-        run_dir = full_path_of(assigned(call.tree)["$cbdir"])
-        if not self.roots(run_dir):
-            if self.read(self.path(run_dir, "node.log.rc")):
-                return Answer(
-                    stdout=f"@@stop exited {self.read(self.path(run_dir, 'node.log.rc')).strip()}\n"
-                )
-            if self.read(self.path(run_dir, "pid")):
-                return Answer(stdout="@@stop gone\n")
-            return Answer(stdout="@@stop not-started\n")
-        self.files[self.path(run_dir, "stopped")] = f"{int(time.time())}\n".encode()
-        return Answer(stdout=f"@@stop terminated {self.stop_run(run_dir)} 0\n")
+        """`bootstrap stop`'s script, interpreted: which processes are the run's is what its
+        Get-CbRoots and Get-CbLive select; Stop-CbRun ends their trees."""
+        code, out = self.run_script(call.script, None)
+        return Answer(stdout="".join(line + "\n" for line in out), exit_code=code)
 
     # -- what a test asks ----------------------------------------------------------------------------
 

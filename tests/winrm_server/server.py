@@ -498,6 +498,9 @@ class WinRMServer:
         self.progress_record = progress_record
         self.wsl = wsl if wsl is not None else WslConfig()
         self.allow_unencrypted = allow_unencrypted
+        #: refuse NTLM-sealed messages (401) after a successful NTLM handshake: a host or a proxy in
+        #: between that does not take WinRM's message encryption (the password was right)
+        self.refuse_sealing = False
         self.max_envelope_kb = max_envelope_kb
         self.refusals: list[str] = []  # "401 ..." / "413 ...": requests refused by the settings above
         self.largest_request = 0  # bytes of the largest request body received (as sent: sealed or not)
@@ -1212,6 +1215,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
             return
         if encrypted:
             if self.ntlm_context is None:
+                self._challenge()
+                return
+            if server.refuse_sealing:
+                server.refuse("401 an NTLM-sealed message refused after a successful login")
                 self._challenge()
                 return
             try:
