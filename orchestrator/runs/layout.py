@@ -29,11 +29,12 @@ Here, relative to the directory `launch` ran in::
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from orchestrator.safefiles import private_dirs, write_inside
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -113,13 +114,11 @@ def logs_where(nodes: Sequence[Node], run_id: str) -> str:
 def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
     """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
     `fetch` find the latest run without being told."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(directory)
     doc = {
         "run_id": run_id,
         "detached": detached,
         "started": time.time(),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
     }
-    tmp = directory / (RECORD + ".part")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, directory / RECORD)
+    write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
