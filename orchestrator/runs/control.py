@@ -168,6 +168,9 @@ def follow_node(
             continue
         if result.exit_code is None:
             raise CancelledError("stopped following", node=node.name)
+        refused = refused_dir(result, node.name)
+        if refused is not None:
+            raise refused
         if batches.missing:
             raise no_such_run(node, run_id)
         end = batches.end()

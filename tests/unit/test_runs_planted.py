@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,3 +75,17 @@ def test_the_exit_code_is_not_written_through_a_planted_link(tmp_path: Path) -> 
     _sh(ops.logged("echo hello", str(run_dir / "node.log")))
     assert victim.read_text() == "root's own\n"
     assert (run_dir / "node.log").read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("python", [None, sys.executable], ids=["sh", "python"])
+def test_logs_read_nothing_from_a_run_directory_others_can_write(tmp_path: Path, python: str | None) -> None:
+    run_dir = tmp_path / "runs" / "x" / "n1"
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(0o777)
+    (run_dir / "node.log").write_text("planted line\n")
+    script = ops.tail(
+        str(run_dir), "x/n1", str(run_dir / "node.log"), 0, follow=False, python=python, interval=None
+    )
+    done = _sh(script)
+    assert done.returncode == UNSAFE_DIR_EXIT, done
+    assert "planted line" not in done.stdout
