@@ -5,7 +5,8 @@ is the node's name, so nodes that share a filesystem, such as NFS homes, get a d
 
     <workdir>/code/                      the code directory (default of train.code_dir, code.dest)
     <workdir>/venv/                      the environment (default of env.path)
-    <workdir>/runs/<run-id>/<node>/      the run directory, owner-only (steps.launch.prepare_script)
+    <workdir>/runs/<run-id>/<node>/      the run directory: created new, owner-only, on a path no other
+                                         user can change (steps.launch.prepare_script)
         launch.sh | launch.ps1           the launcher: the node's rendered launch script
         rank_capture.py                  POSIX: what the launcher starts each rank through
         pid                              the launcher's identity (POSIX "PID SESSION STARTTIME",
@@ -24,6 +25,9 @@ Here, relative to the directory `launch` ran in::
     runs/<run-id>/run.json               the record: which nodes and ranks the run has
     runs/<run-id>/<node>.log             the copy of each node's output (orchestrator/logs.py)
     runs/<run-id>/<node>/                what `fetch` copied
+
+Everything bootstrap creates here is this user's alone: directories 0700, files 0600
+(safefiles.private_dirs, safefiles.replacing, safefiles.write_inside).
 """
 
 from __future__ import annotations
