@@ -58,6 +58,12 @@ class UsageError(BootstrapError):
     exit_code = ExitCode.USAGE
 
 
+class UnsafeDirectoryError(UsageError):
+    """A node's run directory (or a directory above it) that another user could have planted or can
+    change: refused before anything there is written, read or signalled. Exit 2, like bad input: the
+    workdir is what has to change."""
+
+
 class InventoryIssue:
     """One problem found in an inventory file, with where it is."""
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from orchestrator.safefiles import NOFOLLOW
+from orchestrator.safefiles import NOFOLLOW, private_dirs
 
 try:
     import fcntl
@@ -92,7 +92,7 @@ class RunLog:
     def _open(self, node: str) -> int | None:
         if not self.staged:
             # node output can hold anything (tokens printed by a script): owner-only, like ~/.ssh
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            private_dirs(self.directory)
             fd = os.open(self.path(node), os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)
             if fcntl is not None:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # "being written": a `logs` does not replace it
@@ -108,7 +108,7 @@ class RunLog:
 
     def _open_part(self, node: str) -> int | None:
         """The node's part file, empty and locked by us; None when another `logs` holds it."""
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(self.directory)
         part = self.part_path(node)
         while True:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_APPEND | NOFOLLOW, 0o600)

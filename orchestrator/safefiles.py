@@ -8,7 +8,10 @@ place where a name becomes a file.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 # O_NOFOLLOW exists on every POSIX system; on Windows (no symlink attack through os.open there) it is 0
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -44,3 +47,39 @@ def write_inside(directory: Path, name: str, data: bytes, mode: int = 0o600) -> 
     os.close(fd)
     os.replace(tmp, path)
     return path
+
+
+def private_dirs(directory: Path) -> Path:
+    """Create ``directory`` and every missing parent owner-only (0700): what is copied or logged
+    into them (a fetched launch script, a node's output) is readable by this user alone, whatever the
+    umask. Directories that exist already are left as they are."""
+    missing: list[Path] = []
+    current = directory
+    while not current.exists() and not current.is_symlink() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+    return directory
+
+
+@contextmanager
+def replacing(path: Path, mode: int = 0o600) -> Iterator[BinaryIO]:
+    """A new file to write ``path``'s content into, renamed over ``path`` when the block ends without
+    an error (removed otherwise): ``<name>.part`` beside it, created exclusively and never through a
+    link (``O_EXCL | O_NOFOLLOW``; an old one, or a link planted under that name, is removed first,
+    never followed), with ``mode`` from its first byte."""
+    part = path.with_name(check_component(path.name) + ".part")
+    part.unlink(missing_ok=True)
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.platforms.base import Platform, check_env_name
+from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, check_env_name
 from orchestrator.platforms.posix import PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.platforms.wsl import WslShell
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory.model import Node
 
 __all__ = [
+    "UNSAFE_DIR_EXIT",
     "Platform",
     "PosixShell",
     "PowerShell",

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 from orchestrator.platforms.transfer import GET_CHUNK
 
+#: exit code of a script that refused a directory another user could have planted or can change
+#: (``new_private_dir``, ``check_own_dir``): its one stderr line says which, whose, and what to do.
+#: 77 is sysexits' EX_NOPERM.
+UNSAFE_DIR_EXIT = 77
+
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 

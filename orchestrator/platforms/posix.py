@@ -8,13 +8,63 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
-from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
+from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
 
 #: what sudo prints when ``-n`` refuses because it would have to ask for a password
 SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
+
+#: Shell functions that decide whether a directory path can be trusted against the node's other users
+#: (issue 27): ``_cb_walk PATH`` checks every existing component from ``/`` (and, for a symbolic
+#: link, the link itself and then every component of what it names): each must belong to root or to
+#: the connecting user, and a directory others can write to must have the sticky bit (``/tmp``: in
+#: it, others cannot rename or remove what is ours). It leaves ``_cb_p``, the physical path of the
+#: deepest existing component, and ``_cb_rest``, the components still missing. A refusal is one line
+#: on stderr and exit UNSAFE_DIR_EXIT.
+_DIR_FUNCTIONS = (
+    "_cb_me=$(id -u) _cb_links=0\n"
+    "_cb_fix='choose a workdir whose every directory only you or root can write to, e.g. under your"
+    " home (a directory all can write to, such as /tmp, only with the sticky bit)'\n"
+    f'_cb_refuse() {{ printf \'refusing %s: %s\\n\' "$1" "$2" >&2; exit {UNSAFE_DIR_EXIT}; }}\n'
+    "_cb_who() { stat -c 'owner %U (uid %u), mode %04a' -- \"$1\" 2>/dev/null || echo 'owner unknown'; }\n"
+    "_cb_ok() {\n"
+    '  set -- "$1" $(stat -c \'%u %a\' -- "$1" 2>/dev/null)\n'
+    '  [ -n "$3" ] || _cb_refuse "$1" "cannot read its owner and mode (stat -c)"\n'
+    '  if [ "$2" != 0 ] && [ "$2" != "$_cb_me" ]; then\n'
+    '    _cb_refuse "$1" "it belongs to another user ($(_cb_who "$1")), who could replace what bootstrap'
+    ' writes or reads below it; $_cb_fix"\n'
+    "  fi\n"
+    '  if [ ! -L "$1" ] && [ $((0$3 & 022)) -ne 0 ] && [ $((0$3 & 01000)) -eq 0 ]; then\n'
+    '    _cb_refuse "$1" "other users can write to it ($(_cb_who "$1")) and it has no sticky bit, so they'
+    ' could replace what bootstrap writes or reads below it; $_cb_fix, or chmod go-w it"\n'
+    "  fi\n"
+    "}\n"
+    "_cb_walk() {\n"
+    "  case $1 in /*) _cb_r=$1 ;; *) _cb_r=$PWD/$1 ;; esac\n"
+    "  _cb_p=/ _cb_rest=\n"
+    "  _cb_ok /\n"
+    '  while [ -n "$_cb_r" ]; do\n'
+    "    _cb_c=${_cb_r%%/*}\n"
+    "    case $_cb_r in */*) _cb_r=${_cb_r#*/} ;; *) _cb_r= ;; esac\n"
+    "    case $_cb_c in '' | .) continue ;; esac\n"
+    "    _cb_n=${_cb_p%/}/$_cb_c\n"
+    '    if [ ! -e "$_cb_n" ] && [ ! -L "$_cb_n" ]; then _cb_rest=$_cb_c${_cb_r:+/$_cb_r}; return 0; fi\n'
+    '    _cb_ok "$_cb_n"\n'
+    '    if [ -L "$_cb_n" ]; then\n'
+    '      [ "$_cb_links" -lt 16 ] || _cb_refuse "$_cb_n" "too many symbolic links"\n'
+    '      _cb_t=$(readlink -- "$_cb_n") || _cb_refuse "$_cb_n" "cannot read the symbolic link"\n'
+    "      case $_cb_t in /*) ;; *) _cb_t=${_cb_p%/}/$_cb_t ;; esac\n"
+    # in a subshell: the walk of the link's target keeps its own variables
+    '      (_cb_l=$_cb_n _cb_links=$((_cb_links + 1)); _cb_walk "$_cb_t"\n'
+    '        [ -z "$_cb_rest" ] || _cb_refuse "$_cb_l" "a symbolic link to a path that does not exist")'
+    f" || exit {UNSAFE_DIR_EXIT}\n"
+    "    fi\n"
+    '    _cb_p=$(cd -P -- "$_cb_n" 2>/dev/null && pwd -P) || _cb_refuse "$_cb_n" "not a directory"\n'
+    "  done\n"
+    "}\n"
+)
 
 
 class PosixShell(Platform):
@@ -144,6 +194,64 @@ class PosixShell(Platform):
         moment before their own mode is set."""
         word = self.path_word(path)
         return f"mkdir -p -- {word}" + (f" && chmod 700 -- {word}" if private else "")
+
+    def new_private_dir(self, path: str) -> str:
+        """Create ``path``, which must not exist, owner-only (0700), with its missing parents, or
+        refuse (one line on stderr, exit UNSAFE_DIR_EXIT) when another user could have planted it or
+        could change it: every existing component of the path must belong to root or to us, and may
+        be writable by others only with the sticky bit (``_DIR_FUNCTIONS``). Parents are created
+        without group or other write (whatever the umask); ``path`` itself with ``mkdir -m 700``,
+        which fails on anything already there, so a directory raced in beside us is refused too. A
+        parent made meanwhile by another node sharing the file system is taken when it passes the
+        same checks."""
+        word = self.path_word(path)
+        return (
+            _DIR_FUNCTIONS + f"_cb_walk {word}\n" + 'if [ -z "$_cb_rest" ]; then\n'
+            f'  _cb_refuse {word} "the run directory exists already ($(_cb_who "$_cb_p")): a run\'s directory'
+            " is created new by bootstrap; choose another --run-id (and remove this directory if it is"
+            " an earlier launch's that failed)\"\n"
+            "fi\n"
+            "_cb_um=$(umask); umask \"$(printf '%o' $((0$_cb_um | 022)))\"\n"
+            'while [ -n "$_cb_rest" ]; do\n'
+            "  _cb_c=${_cb_rest%%/*}\n"
+            "  case $_cb_rest in */*) _cb_rest=${_cb_rest#*/} ;; *) _cb_rest= ;; esac\n"
+            "  case $_cb_c in '' | .) continue ;;"
+            f" ..) _cb_refuse {word} \"'..' after a directory that does not exist\" ;; esac\n"
+            "  _cb_n=${_cb_p%/}/$_cb_c\n"
+            '  if [ -z "$_cb_rest" ]; then\n'
+            '    if ! _cb_e=$(mkdir -m 700 -- "$_cb_n" 2>&1); then\n'
+            '      [ -e "$_cb_n" ] || [ -L "$_cb_n" ] || { printf \'%s\\n\' "$_cb_e" >&2; exit 1; }\n'
+            '      _cb_refuse "$_cb_n" "it appeared while bootstrap was creating it ($(_cb_who "$_cb_n"));'
+            ' another user may be attacking this node; $_cb_fix"\n'
+            "    fi\n"
+            '  elif ! _cb_e=$(mkdir -- "$_cb_n" 2>&1); then\n'
+            '    [ -d "$_cb_n" ] || { printf \'%s\\n\' "$_cb_e" >&2; exit 1; }\n'
+            '    _cb_ok "$_cb_n"\n'
+            '    [ ! -L "$_cb_n" ] || _cb_refuse "$_cb_n" "it appeared as a symbolic link while bootstrap'
+            ' was creating it"\n'
+            "  fi\n"
+            "  _cb_p=$_cb_n\n"
+            "done\n"
+            'umask "$_cb_um"'
+        )
+
+    def check_own_dir(self, path: str) -> str:
+        """Refuse (one line on stderr, exit UNSAFE_DIR_EXIT) to read or act on anything in ``path``
+        unless it is a directory of the connecting user that no one else can write to, on a path
+        that passes ``new_private_dir``'s checks: the files in it (a pid file naming what to signal)
+        are then ours. A ``path`` that does not exist passes: there is nothing in it to trust."""
+        word = self.path_word(path)
+        return (
+            _DIR_FUNCTIONS + f"if [ -e {word} ] || [ -L {word} ]; then\n"
+            f"  _cb_walk {word}\n"
+            "  set -- $(stat -c '%u %a' -- \"$_cb_p\" 2>/dev/null)\n"
+            '  if [ "$1" != "$_cb_me" ] || [ $((0${2:-777} & 022)) -ne 0 ]; then\n'
+            f'    _cb_refuse {word} "the run directory is not yours alone ($(_cb_who "$_cb_p")): its pid and'
+            " exit-code files are not trusted, so nothing it names is read or signalled; find out who"
+            ' made it"\n'
+            "  fi\n"
+            "fi"
+        )
 
     def mkdir_marked(self, path: str, marker: str) -> str:
         """Create ``path`` (and its parents) when it is not there, with an empty file ``marker`` in

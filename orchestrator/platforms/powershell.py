@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
-from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
+from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
 #: program name); longer PowerShell scripts are uploaded and run with ``file_command``
@@ -246,6 +246,66 @@ class PowerShell(Platform):
             "  $cbDir.SetAccessControl($cbAcl)\n"
             "}"
         )
+
+    def _refuse_unless_own(self, path_var: str, *, empty: bool = False) -> str:
+        """Statements that end the script (one line on stderr, exit UNSAFE_DIR_EXIT) unless the
+        directory at ``path_var`` is not a link (reparse point), belongs to the connecting user and
+        its access list allows no one else (``empty``: and holds nothing yet)."""
+        sid = "[System.Security.Principal.SecurityIdentifier]"
+        return (
+            "$cbMe = [System.Security.Principal.WindowsIdentity]::GetCurrent().User\n"
+            f"$cbItem = Get-Item -LiteralPath {path_var} -Force\n"
+            f"$cbHeld = Get-Acl -LiteralPath {path_var}\n"
+            f"$cbOwner = $cbHeld.GetOwner({sid})\n"
+            f"$cbOthers = @($cbHeld.GetAccessRules($true, $true, {sid}) | Where-Object"
+            " { $_.AccessControlType -eq 'Allow' -and $_.IdentityReference -ne $cbMe }"
+            " | ForEach-Object { $_.IdentityReference.Value })\n"
+            "$cbWhy = ''\n"
+            "if ($cbItem.Attributes -band [System.IO.FileAttributes]::ReparsePoint) {"
+            " $cbWhy = 'it is a link (reparse point)' }\n"
+            "elseif ($cbOwner -ne $cbMe) { $cbWhy = 'it belongs to ' + $cbHeld.Owner + ' (' + $cbOwner.Value"
+            " + '), not to you' }\n"
+            "elseif ($cbOthers.Count -gt 0) {"
+            " $cbWhy = 'its access list also allows ' + ($cbOthers -join ', ') }\n"
+            + (
+                "elseif (@(Get-ChildItem -LiteralPath " + path_var + " -Force).Count -gt 0) {"
+                " $cbWhy = 'something was put in it while bootstrap was creating it' }\n"
+                if empty
+                else ""
+            )
+            + "if ($cbWhy) {\n"
+            f"  [Console]::Error.WriteLine('refusing ' + {path_var} + ': ' + $cbWhy + ': its files"
+            " (launch.ps1, pid) are not trusted, so nothing there is run, read or stopped; use a run"
+            " directory only you can reach (check who made this one)')\n"
+            f"  exit {UNSAFE_DIR_EXIT}\n"
+            "}"
+        )
+
+    def new_private_dir(self, path: str) -> str:
+        """Create ``path``, which must not exist, owner-only (``mkdir`` with ``private``), then check
+        what was set (owner, access list, empty) rather than trust it: a directory raced in by
+        another user between the test and the creation is refused. Refusals: one line on stderr, exit
+        UNSAFE_DIR_EXIT."""
+        return (
+            f"$cbNew = {self.full_path(path)}\n"
+            "if (Test-Path -LiteralPath $cbNew) {\n"
+            "  [Console]::Error.WriteLine('refusing ' + $cbNew + ': the run directory exists already (owner '"
+            " + (Get-Acl -LiteralPath $cbNew).Owner + \"): a run's directory is created new by bootstrap;"
+            " choose another --run-id (and remove this directory if it is an earlier launch's that"
+            ' failed)")\n'
+            f"  exit {UNSAFE_DIR_EXIT}\n"
+            "}\n" + self.mkdir(path, private=True) + "\n" + self._refuse_unless_own("$cbNew", empty=True)
+        )
+
+    def check_own_dir(self, path: str) -> str:
+        """End the script (one line on stderr, exit UNSAFE_DIR_EXIT) before anything in ``path`` is
+        read or acted on, unless it is the connecting user's own and no one else's (owner and access
+        list checked); a ``path`` that does not exist passes."""
+        return f"$cbOwn = {self.full_path(path)}\n" + self.check_own_dir_in("$cbOwn")
+
+    def check_own_dir_in(self, variable: str) -> str:
+        """``check_own_dir`` for the full path a script holds in ``variable`` already."""
+        return f"if (Test-Path -LiteralPath {variable}) {{\n" + self._refuse_unless_own(variable) + "\n}"
 
     def mkdir_marked(self, path: str, marker: str) -> str:
         """Create ``path`` (and its parents) when it is not there, with an empty file ``marker`` in

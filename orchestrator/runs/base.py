@@ -6,8 +6,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
-from orchestrator.platforms import Platform
+from orchestrator.errors import UnsafeDirectoryError
+from orchestrator.platforms import UNSAFE_DIR_EXIT, Platform
+
+if TYPE_CHECKING:
+    from orchestrator.transports import Result
 
 
 class RunOps(ABC):
@@ -75,3 +80,14 @@ def safe_parts(path: str) -> list[str] | None:
     if not parts or ".." in parts:
         return None
     return parts
+
+
+def refused_dir(result: Result, node: str) -> UnsafeDirectoryError | None:
+    """The error of a script that refused a run directory another user could have planted or can
+    change (``new_private_dir``, ``check_own_dir``: exit UNSAFE_DIR_EXIT); None for any other end.
+    Its message is the script's one line: the path, its owner and mode, what to do."""
+    if result.exit_code != UNSAFE_DIR_EXIT:
+        return None
+    said = [line for line in result.stderr.splitlines() if line.startswith("refusing ")]
+    text = said[-1] if said else "refusing the run directory: " + " | ".join(result.tail(3))
+    return UnsafeDirectoryError(text, node=node)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import Platform, PosixShell, PowerShell
-from orchestrator.runs.base import RunOps, safe_parts
+from orchestrator.runs.base import RunOps, refused_dir, safe_parts
 from orchestrator.runs.layout import in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
@@ -168,6 +168,9 @@ def follow_node(
             continue
         if result.exit_code is None:
             raise CancelledError("stopped following", node=node.name)
+        refused = refused_dir(result, node.name)
+        if refused is not None:
+            raise refused
         if batches.missing:
             raise no_such_run(node, run_id)
         end = batches.end()
@@ -230,6 +233,9 @@ class NodeStatus:
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
     """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
     result = transport.run(status_script(transport.platform, node, run_id), timeout=60)
+    refused = refused_dir(result, node.name)
+    if refused is not None:
+        raise refused
     if not result.ok:
         raise CommandFailedError(
             f"status failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
@@ -342,6 +348,9 @@ class StopResult:
 def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5.0) -> StopResult:
     """TERM every process of the run on the node, KILL what is left after ``grace`` seconds."""
     result = transport.run(stop_script(transport.platform, node, run_id, grace), timeout=grace + 30)
+    refused = refused_dir(result, node.name)
+    if refused is not None:
+        raise refused  # nothing was signalled
     line = next((x for x in result.stdout.splitlines() if x.startswith("@@stop ")), None)
     if line is None:
         raise CommandFailedError(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.runs.layout import RECORD, RUNS_ROOT
+from orchestrator.safefiles import private_dirs
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # .fullmatch only
 
@@ -48,7 +49,7 @@ def pick_run_id(prefix: str, root: Path = RUNS_ROOT, *, reserve: bool = True) ->
     safe = re.sub(r"[^A-Za-z0-9._-]+", "-", prefix).strip("-._") or "run"
     base = f"{safe}-{time.strftime('%Y%m%d-%H%M%S')}"
     if reserve:
-        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dirs(root)
     for n in range(1, 1000):
         candidate = check_run_id(base if n == 1 else f"{base}-{n}")
         if not reserve:

@@ -5,7 +5,8 @@ is the node's name, so nodes that share a filesystem, such as NFS homes, get a d
 
     <workdir>/code/                      the code directory (default of train.code_dir, code.dest)
     <workdir>/venv/                      the environment (default of env.path)
-    <workdir>/runs/<run-id>/<node>/      the run directory, owner-only (steps.launch.prepare_script)
+    <workdir>/runs/<run-id>/<node>/      the run directory: created new, owner-only, on a path no other
+                                         user can change (steps.launch.prepare_script)
         launch.sh | launch.ps1           the launcher: the node's rendered launch script
         rank_capture.py                  POSIX: what the launcher starts each rank through
         pid                              the launcher's identity (POSIX "PID SESSION STARTTIME",
@@ -24,16 +25,20 @@ Here, relative to the directory `launch` ran in::
     runs/<run-id>/run.json               the record: which nodes and ranks the run has
     runs/<run-id>/<node>.log             the copy of each node's output (orchestrator/logs.py)
     runs/<run-id>/<node>/                what `fetch` copied
+
+Everything bootstrap creates here is this user's alone: directories 0700, files 0600
+(safefiles.private_dirs, safefiles.replacing, safefiles.write_inside).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from orchestrator.safefiles import private_dirs, write_inside
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -113,13 +118,11 @@ def logs_where(nodes: Sequence[Node], run_id: str) -> str:
 def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
     """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
     `fetch` find the latest run without being told."""
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private_dirs(directory)
     doc = {
         "run_id": run_id,
         "detached": detached,
         "started": time.time(),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
     }
-    tmp = directory / (RECORD + ".part")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, directory / RECORD)
+    write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())

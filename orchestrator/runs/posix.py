@@ -37,13 +37,17 @@ class PosixRuns(RunOps):
     def run_identity(self, run_dir: str, marker: str) -> str:
         """Lines that make the current shell the run's known launcher: the marker exported for every
         descendant, ``<run_dir>/pid`` = "PID SESSION STARTTIME" (STARTTIME: field 22 of
-        /proc/PID/stat, clock ticks since boot: with the pid it names one process for good)."""
+        /proc/PID/stat, clock ticks since boot: with the pid it names one process for good).
+        Nothing is written unless the run directory is ours alone (``check_own_dir``), and
+        ``pid.part`` only as a new file (noclobber): never through a link planted in its place."""
         return (
-            f"export {RUN_MARKER_ENV}={self.platform.quote(marker)}\n"
+            self.platform.check_own_dir(run_dir)
+            + "\n"
+            + f"export {RUN_MARKER_ENV}={self.platform.quote(marker)}\n"
             f"_cb_d={self.platform.path_word(run_dir)}\n"
             '_cb_self() { set -- $1; printf \'%s %s %s\\n\' "$$" "${4:--}" "${20:--}"; }\n'
             '{ IFS= read -r _cb_l < "/proc/$$/stat"; } 2>/dev/null || _cb_l=") ?"\n'
-            '_cb_self "${_cb_l##*) }" > "$_cb_d/pid.part" && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
+            '(set -C; _cb_self "${_cb_l##*) }" > "$_cb_d/pid.part") && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
         )
 
     def logged(self, command: str, log: str) -> str:
@@ -64,7 +68,8 @@ class PosixRuns(RunOps):
         tee = f"(trap '' TERM INT HUP; exec tee -a {self.platform.path_word(log)})"
         return (
             f"{WAIT_FOR_COMMAND}\n"
-            f"{{ {WAIT_FOR_COMMAND}{command} 2>&1; echo $? > {part}; }} | {tee}\n"
+            # noclobber: the exit code goes into a new file, never through a link planted as .part
+            f"{{ {WAIT_FOR_COMMAND}{command} 2>&1; _cb_rc=$?; set -C; echo $_cb_rc > {part}; }} | {tee}\n"
             f'mv -f {part} {rc}\nexit "$(cat {rc})"'
         )
 
@@ -110,6 +115,9 @@ class PosixRuns(RunOps):
             "  } | sort -u\n"
             "}\n"
             '_cb_in() { set -- $1; [ "$1" != Z ] && [ "$4" = "$_cb_sess" ]; }\n'
+            # the pid file is believed only in a directory no other user could have planted or written
+            + self.platform.check_own_dir(run_dir)
+            + "\n"
             "_cb_sess=\n"
             'if _cb_leader && [ "$_cb_sid" = "$_cb_pid" ]; then _cb_sess=$_cb_pid; fi\n'
         )
@@ -124,11 +132,11 @@ class PosixRuns(RunOps):
             WAIT_FOR_COMMAND  # a stop ends the script, and only then this shell writes its exit code
             + self.run_identity(run_dir, marker)
             + f"\n/bin/sh {word(f'{run_dir}/{self.launcher}')} >> {word(node_log)} 2>&1 </dev/null"
-            + f"\necho $? > {word(node_log + '.rc.part')}"
+            + f"\n_cb_rc=$?; set -C; echo $_cb_rc > {word(node_log + '.rc.part')}"
             + f" && mv -f {word(node_log + '.rc.part')} {word(node_log + '.rc')}"
         )
         return (
-            f"d={self.platform.path_word(run_dir)}\n"
+            f"d={self.platform.path_word(run_dir)}\n" + self.platform.check_own_dir(run_dir) + "\n"
             'if [ -e "$d/pid" ]; then echo "@@started-before $(cat "$d/pid")"; exit 3; fi\n'
             "command -v setsid >/dev/null 2>&1 || { echo 'setsid not found (util-linux)' >&2; exit 4; }\n"
             # outside the command's reach on purpose: a session of its own, without the token the
@@ -163,7 +171,8 @@ class PosixRuns(RunOps):
             'n=$(printf "%s\\n" "$p" | wc -l)\n'
             # said before the signal: status and a foreground launch tell "stopped" from "failed"; not
             # for a run that ended with its code (what its ranks left behind is stopped, it ended)
-            '[ -f "$d/node.log.rc" ] || date +%s > "$d/stopped" 2>/dev/null\n'
+            '[ -f "$d/node.log.rc" ] || { (set -C; date +%s > "$d/stopped.$$")'
+            ' && mv -f "$d/stopped.$$" "$d/stopped"; } 2>/dev/null\n'
             "kill -TERM $p 2>/dev/null\n"
             f"_cb_now; end=$((_cb_up + {hundredths}))\n"
             "while :; do\n"

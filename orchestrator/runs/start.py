@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.platforms import PowerShell
+from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import StopResult, start_script, stop_node
 from orchestrator.runs.layout import STREAMING_ENV, node_log, run_dir_for
 from orchestrator.runs.tail import Batches
@@ -55,6 +56,9 @@ def start_node(node: Node, transport: Transport, run_id: str) -> Started:
         env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
         timeout=60,
     )
+    refused = refused_dir(result, node.name)
+    if refused is not None:
+        raise refused
     for line in result.stdout.splitlines():
         if line.startswith("@@started "):
             return Started(int(line.split()[1]), run_dir, node_log(run_dir))

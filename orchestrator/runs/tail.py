@@ -236,6 +236,9 @@ def posix_tail_python(
     count = -1 if lines is None else max(0, int(lines))
     return (
         f"d={sh.path_word(run_dir)}\n"
+        # the pid file the reader asks is believed only in a directory that is ours alone
+        + sh.check_own_dir(run_dir)
+        + "\n"
         'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
         f"exec {sh.quote(python)} -c {sh.quote(FOLLOW_PROGRAM)} {sh.path_word(log)}"
         f' {sh.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g} {count}'

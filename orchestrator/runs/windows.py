@@ -95,6 +95,8 @@ class WindowsRuns(ForegroundScripts, RunOps):
     def functions(self, run_dir: str) -> str:
         """Variables and functions shared by start, stop, status and the tail (``$cbDir``: the run
         directory as a full path)."""
+        # pid and ranks are believed only in a directory that is ours alone (owner and access list)
+        trusted = self.platform.check_own_dir_in("$cbDir")
         return (
             f"$cbDir = {self.platform.full_path(run_dir)}\n"
             # files the launcher may be writing: opened with FileShare ReadWrite and Delete; one that
@@ -135,7 +137,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "    if ($null -ne $cbProc) { $cbLive.Add($cbProc) }\n"
             "  }\n"
             "  return $cbLive\n"
-            "}\n"
+            "}\n" + trusted + "\n"
         )
 
     def start(self, run_dir: str, node_log: str, marker: str) -> str:

@@ -32,6 +32,7 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
+from orchestrator.runs.base import refused_dir
 from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, in_workdir, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
@@ -198,14 +199,17 @@ def prepare_script(
     it is marked as bootstrap's (``CODE_MARKER``), so a later code sync into it may replace what
     launch put there (an unmarked directory with files is a stranger's, which sync refuses).
 
-    The run directory is always private (owner-only: ``chmod 700`` on POSIX, an access list of one
-    entry for the connecting user on Windows): the launch script written into it may hold
-    ``train.env`` secrets. One function for both launch paths, so no path can forget it.
+    The run directory is always new and private (created owner-only: ``mkdir -m 700`` on POSIX, an
+    access list of one entry for the connecting user on Windows): the launch script written into it
+    may hold ``train.env`` secrets, and its pid file tells `stop` what to signal. One that exists, or
+    a path another user could change, is refused (``new_private_dir``: exit UNSAFE_DIR_EXIT, one
+    line). One function for both launch paths, so no path can forget it.
     """
     return "\n".join(
         (
+            platform.check_own_dir(run_dir),
             platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
-            platform.mkdir(run_dir, private=True),
+            platform.new_private_dir(run_dir),
             *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
             platform.mkdir(code_dir),
         )
@@ -215,6 +219,9 @@ def prepare_script(
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str) -> None:
     """A run id names one run: a second launch under it would append to the first's log and take
     its exit code file for its own. Refused before anything is uploaded."""
+    refused = refused_dir(prepare, node.name)
+    if refused is not None:
+        raise refused
     if RAN_BEFORE in prepare.stdout.splitlines():
         raise UsageError(
             f"run {spec.run_id} already ran on this node ({run_dir}/node.log exists)",

@@ -10,6 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from orchestrator import safefiles
 from orchestrator.errors import CancelledError, TransferError
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
@@ -135,8 +136,9 @@ class LocalTransport(Transport):
     def get(self, remote: str, local: Path) -> None:
         self.connect()
         try:
-            local.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(os.path.expanduser(remote), local)
+            safefiles.private_dirs(local.parent)
+            with open(os.path.expanduser(remote), "rb") as source, safefiles.replacing(local) as out:
+                shutil.copyfileobj(source, out)
         except OSError as exc:
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator import safefiles
 from orchestrator.errors import CancelledError, TransferError
 from orchestrator.platforms import Platform
 from orchestrator.platforms.transfer import GET_CHUNK
@@ -161,8 +162,11 @@ class Download:
 
     def __enter__(self) -> Download:
         try:
-            self.local.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.part.open("wb")
+            # owner-only, never written through a link planted as the .part (safefiles.replacing)
+            safefiles.private_dirs(self.local.parent)
+            self.part.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | safefiles.NOFOLLOW
+            self._file = os.fdopen(os.open(self.part, flags, 0o600), "wb")
         except OSError as exc:
             raise TransferError(f"cannot write {self.part}: {exc.strerror}", node=self.node) from None
         return self

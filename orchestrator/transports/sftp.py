@@ -2,8 +2,9 @@
 
 An upload is written beside its target under a name of its own, then renamed over it: a reader never
 sees half a file, and nodes that share the directory (an NFS home) each put a whole one there. A
-download is written to ``<local>.part`` and renamed once whole. Errors are raised as they come
-(``OSError``, ``EOFError``, ``paramiko.SSHException``); the transport names the node and the file.
+download is written to ``<local>.part`` (owner-only, never through a link) and renamed once whole.
+Errors are raised as they come (``OSError``, ``EOFError``, ``paramiko.SSHException``); the
+transport names the node and the file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import stat
 from pathlib import Path, PurePosixPath
 
 import paramiko
+
+from orchestrator import safefiles
 
 __all__ = ["download", "makedirs", "upload"]
 
@@ -70,14 +73,12 @@ def upload(sftp: paramiko.SFTPClient, local: Path, path: str, *, mode: int | Non
 
 
 def download(sftp: paramiko.SFTPClient, path: str, local: Path) -> None:
-    """The node's ``path`` to ``local`` (its directories made)."""
-    part = local.with_name(local.name + ".part")  # renamed once whole: never a half file at local
-    try:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        with part.open("wb") as fh:
-            size = sftp.getfo(path, fh)
-        if part.stat().st_size != size:
-            raise OSError(f"{part} holds {part.stat().st_size} bytes, the node sent {size}")
-        os.replace(part, local)
-    finally:
-        part.unlink(missing_ok=True)
+    """The node's ``path`` to ``local``: its missing directories made owner-only, the file 0600,
+    written to ``local.part`` (never through a link) and renamed once whole (safefiles.replacing)."""
+    safefiles.private_dirs(local.parent)
+    with safefiles.replacing(local) as fh:
+        size = sftp.getfo(path, fh)
+        fh.flush()
+        held = os.fstat(fh.fileno()).st_size
+        if held != size:
+            raise OSError(f"{local}.part holds {held} bytes, the node sent {size}")

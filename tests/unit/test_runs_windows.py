@@ -875,3 +875,53 @@ def test_the_followed_lines_are_split_at_newlines_only() -> None:
     followed.block("stdout", "x\ny\n@@. 4\n")
     followed.block("stderr", "ERROR: boom\n")
     assert blocks.got == [("stdout", "x\ny\n"), ("stderr", "ERROR: boom\n")]
+
+
+def _first(script: str, text: str) -> int:
+    at = script.find(text)
+    assert at >= 0, text
+    return at
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS)
+def test_a_run_directory_is_checked_before_its_pid_file_is_believed(run_dir: str) -> None:
+    """status, stop and the detached start end (exit 77, one line) unless the run directory is the
+    connecting user's alone: owner and access list read back (Get-Acl), a reparse point refused;
+    only then is Get-CbLeader or Get-CbRoots called, which read pid and ranks."""
+    scripts = {
+        "status": runs.status(run_dir, "", f"{run_dir}/node.log"),
+        "stop": runs.stop(run_dir),
+        "start": runs.start(run_dir, f"{run_dir}/node.log", ""),
+    }
+    for name, script in scripts.items():
+        tree = pwsh.assert_parses(ps.wrap(script))
+        assert (
+            assignments(tree)["$cbOwner"]
+            == "$cbHeld.GetOwner([System.Security.Principal.SecurityIdentifier])"
+        )
+        check = _first(script, "Get-Acl -LiteralPath $cbDir")
+        refuse = _first(script, "exit 77")
+        uses = [script.find(f"({use})") for use in ("Get-CbLeader", "Get-CbRoots")]
+        uses += [script.find("Read-CbText $cbPidFile")]
+        first_use = min(u for u in uses if u >= 0)
+        assert check < refuse < first_use, name
+        for condition in (
+            "$cbOwner -ne $cbMe",
+            "$cbOthers.Count -gt 0",
+            "[System.IO.FileAttributes]::ReparsePoint",
+        ):
+            assert condition in script, (name, condition)
+
+
+def test_launch_refuses_a_windows_run_directory_that_exists_and_checks_what_it_created() -> None:
+    script = ps.new_private_dir("~/cluster-bootstrap/runs/r1/win1")
+    tree = pwsh.assert_parses(script)
+    exists = _first(script, "if (Test-Path -LiteralPath $cbNew)")
+    first_exit = _first(script, "exit 77")
+    create = _first(script, "CreateDirectory(")
+    acl_set = _first(script, "$cbDir.SetAccessControl($cbAcl)")
+    read_back = _first(script, "Get-Acl -LiteralPath $cbNew\n")
+    assert exists < first_exit < create < acl_set < read_back < script.rindex("exit 77")
+    # nothing was put in it between its creation and its access list
+    assert "Get-ChildItem -LiteralPath $cbNew -Force" in script
+    assert assignments(tree)["$cbMe"] == "[System.Security.Principal.WindowsIdentity]::GetCurrent().User"

@@ -292,7 +292,9 @@ class NativeNode:
     def _say_if_exists(self, call: PwshCall) -> Answer | None:
         """``if (Test-Path -LiteralPath PATH) { Write-Output 'WORD'; exit 0 }`` (PowerShell.say_if_exists):
         the word when the file is there; else the rest of the script (directories are not played)."""
-        (test,) = [c for c in call.commands if c.name == "Test-Path"]
+        # the one on a path written out (new_private_dir and check_own_dir test a variable's path:
+        # directories are not played, so those checks pass here)
+        (test,) = [c for c in call.commands if c.name == "Test-Path" and not c.arguments[0].startswith("$")]
         (say,) = [c for c in call.commands if c.name == "Write-Output"]
         assert test.parameters == ["-literalpath"], test
         if path_of(test.arguments[0]) in self.files:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.logs import state_dir
+from orchestrator.safefiles import private_dirs, write_inside
 from orchestrator.steps.envsync.spec import (
     EnvSpec,
     env_path,
@@ -349,10 +350,8 @@ def remember(inventory: Inventory, synced: dict[str, dict[str, Any]]) -> Path:
     for name, info in synced.items():
         nodes[name] = {**_identity(by_name[name], inventory), **info}
     data = {"inventory": os.path.abspath(str(inventory.source)), "nodes": nodes}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    private_dirs(path.parent)
+    write_inside(path.parent, path.name, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
     return path
 
 

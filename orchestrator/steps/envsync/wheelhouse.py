@@ -24,6 +24,7 @@ from pathlib import Path
 from orchestrator.errors import CommandFailedError
 from orchestrator.logs import state_dir
 from orchestrator.redact import mask_url_credentials
+from orchestrator.safefiles import private_dirs
 from orchestrator.steps.envsync.spec import EnvSpec, index_environment, index_flags
 
 _COMPLETE = ".complete"
@@ -126,7 +127,7 @@ def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
         marker = directory / _COMPLETE
         if marker.is_file():
             return Wheelhouse(directory, json.loads(marker.read_text()), downloaded=False)
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dirs(directory)  # pip writes the wheels with its own modes: this user's alone
         with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="cb-req-", delete=False) as fh:
             fh.write(spec.requirements_text)
             requirements = Path(fh.name)

@@ -1,0 +1,91 @@
+"""What another user may plant in a POSIX run directory is neither written through nor believed: the
+run scripts (runs/posix.py) run here with /bin/sh. The same attacks by a real second user on a node
+are tests/e2e/test_hostile_local_user.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.platforms import UNSAFE_DIR_EXIT, PosixShell
+from orchestrator.runs.posix import PosixRuns
+
+ops = PosixRuns(PosixShell())
+
+
+def _sh(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """A process that belongs to no run."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _pid_line(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat.rsplit(") ", 1)[1].split()
+    return f"{pid} {fields[3]} {fields[19]}\n"  # PID SESSION STARTTIME, as run_identity writes it
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_stop_signals_nothing_a_pid_file_names_in_a_directory_others_can_write(
+    tmp_path: Path, bystander: subprocess.Popen[bytes], mode: int
+) -> None:
+    run_dir = tmp_path / "runs" / "x" / "n1"
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(mode)
+    (run_dir / "pid").write_text(_pid_line(bystander.pid))
+    done = _sh(ops.stop(str(run_dir), "x/n1", grace=0.5))
+    assert done.returncode == UNSAFE_DIR_EXIT, done
+    assert "@@stop" not in done.stdout
+    assert done.stderr.startswith(f"refusing {run_dir}: ")
+    assert bystander.poll() is None  # still running
+    status = _sh(ops.status(str(run_dir), "x/n1", f"{run_dir}/node.log"))
+    assert status.returncode == UNSAFE_DIR_EXIT and "alive=" not in status.stdout
+
+
+def test_the_launcher_identity_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    run_dir = tmp_path / "n1"
+    run_dir.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    os.symlink(victim, run_dir / "pid.part")
+    done = _sh(ops.run_identity(str(run_dir), "x/n1") + "\necho after")
+    assert "after" in done.stdout
+    assert victim.read_text() == "root's own\n"
+    assert not (run_dir / "pid").exists()
+
+
+def test_the_exit_code_is_not_written_through_a_planted_link(tmp_path: Path) -> None:
+    run_dir = tmp_path / "n1"
+    run_dir.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    os.symlink(victim, run_dir / "node.log.rc.part")
+    _sh(ops.logged("echo hello", str(run_dir / "node.log")))
+    assert victim.read_text() == "root's own\n"
+    assert (run_dir / "node.log").read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("python", [None, sys.executable], ids=["sh", "python"])
+def test_logs_read_nothing_from_a_run_directory_others_can_write(tmp_path: Path, python: str | None) -> None:
+    run_dir = tmp_path / "runs" / "x" / "n1"
+    run_dir.mkdir(parents=True)
+    run_dir.chmod(0o777)
+    (run_dir / "node.log").write_text("planted line\n")
+    script = ops.tail(
+        str(run_dir), "x/n1", str(run_dir / "node.log"), 0, follow=False, python=python, interval=None
+    )
+    done = _sh(script)
+    assert done.returncode == UNSAFE_DIR_EXIT, done
+    assert "planted line" not in done.stdout
