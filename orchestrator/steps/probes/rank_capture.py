@@ -20,6 +20,9 @@ shared until a line is complete:
                         signal (one process group), stops its workers, and everything they wrote up
                         to then is still delivered.
 
+A line goes out within IDLE_MAX (0.1 s) of being written, GATHER (2 ms) later than that at most
+while ranks print fast: a pass carries every complete line found, in one write.
+
 Standard library only, any Python 3 the node trains with. The rank files are kept in DIR.
 """
 
