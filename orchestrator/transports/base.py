@@ -281,6 +281,9 @@ class Transport(ABC):
     kind: str
     #: set by ``close()``; sticky
     _closed: bool = False
+    #: the address a direct connection reached (the socket's peer), once connected; None for a local
+    #: node, a connection through a proxy (its peer is the proxy) and transports that do not know it
+    peer_address: str | None = None
 
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name
