@@ -74,7 +74,7 @@ class RunLog:
         self.write_block(node, line + "\n")
 
     def write_block(self, node: str, text: str) -> None:
-        """Append ``text`` (complete lines, each ending with a newline) to the node's file: written
+        """Append ``text`` (complete lines, or a piece of a very long one) to the node's file: written
         through at once (no buffer here: a block is a read's worth of lines, one system call)."""
         data = text.encode("utf-8", errors="replace")
         with self._lock:

@@ -50,6 +50,13 @@ class Session:
                 self._transports[node.name] = existing
             return existing
 
+    def peer_address(self, node: str) -> str | None:
+        """The address ``node``'s connection reached, when it is connected directly (no proxy), else
+        None (computes and connects nothing)."""
+        with self._lock:
+            existing = self._transports.get(node)
+        return existing.peer_address if existing is not None else None
+
     def opened(self) -> set[str]:
         """The names of the nodes whose transport exists (contacted, or about to be)."""
         with self._lock:

@@ -7,6 +7,11 @@ erases (``ESC [ 2 J``, ``ESC [ H``), a lone ``\\r`` or ``\\b`` overwrites what w
 control character visibly instead, in the caret notation of ``cat -v`` and ``less``: ESC as ``^[``,
 CR as ``^M``, BEL as ``^G``, DEL as ``^?``, and a C1 control (``\\x9b`` is an 8-bit CSI for many
 terminals) as ``<U+009B>``. Once its ESC is shown as ``^[``, the rest of a sequence is plain text.
+Invisible format characters are shown the same way (``<U+202E>``): the bidirectional controls
+(U+202A-U+202E, U+2066-U+2069, U+200E/U+200F, U+061C) reorder what follows them on the line, so a node
+could make ``[w2] ok`` read as something else ("Trojan Source", CVE-2021-42574); the zero-width ones
+(U+200B-U+200D, U+2060, U+FEFF) hide text or make two different strings look equal; U+2028/U+2029 end
+a line in some terminals and viewers, which could fake a line without our prefix.
 
 Kept as they are: tab, newline, every other character (UTF-8 text stays intact), and, when
 ``keep_colour``, colour: SGR sequences (``ESC [ params m``), which cannot move the cursor, erase or
@@ -29,13 +34,24 @@ import re
 
 #: SGR ("select graphic rendition"): colours and text attributes, nothing else
 _SGR = r"\x1b\[[0-9;:]*m"
-#: every C0 control but tab (\x09) and newline (\x0a), DEL, every C1 control (U+0080-U+009F)
-_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
+#: invisible format characters that reorder, hide or break lines (module docstring)
+_FORMAT_CODES = (
+    0x061C,
+    *range(0x200B, 0x2010),
+    *range(0x2028, 0x202F),
+    0x2060,
+    *range(0x2066, 0x206A),
+    0xFEFF,
+)
+_FORMAT = "".join(chr(c) for c in _FORMAT_CODES)
+#: every C0 control but tab (\x09) and newline (\x0a), DEL, every C1 control (U+0080-U+009F), and the
+#: format characters above
+_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f" + _FORMAT
 _ANY_CONTROL = re.compile(f"[{_CONTROLS}]")
 #: ASCII controls deleted: a length change tells that the text has one (ASCII text only)
 _DROP_ASCII_CONTROLS = str.maketrans(dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F]))
 #: what is shown visibly: an ESC that does not start an SGR, and any other control character
-_UNSAFE_KEEPING_SGR = re.compile(r"\x1b(?!\[[0-9;:]*m)|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]")
+_UNSAFE_KEEPING_SGR = re.compile(r"\x1b(?!\[[0-9;:]*m)|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f" + _FORMAT + "]")
 #: the same, SGR sequences matched too (to be removed)
 _UNSAFE_WITH_SGR = re.compile(rf"{_SGR}|[{_CONTROLS}]")
 
@@ -43,6 +59,7 @@ _UNSAFE_WITH_SGR = re.compile(rf"{_SGR}|[{_CONTROLS}]")
 _SHOWN: dict[str, str] = {chr(c): "^" + chr(c ^ 0x40) for c in range(0x20)}
 _SHOWN["\x7f"] = "^?"
 _SHOWN.update({chr(c): f"<U+{c:04X}>" for c in range(0x80, 0xA0)})
+_SHOWN.update({chr(c): f"<U+{c:04X}>" for c in _FORMAT_CODES})
 
 _RESET = "\x1b[0m"
 

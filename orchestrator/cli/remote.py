@@ -39,6 +39,10 @@ from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
 from orchestrator.transports import Result, Transport
 
+#: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
+#: each: transports/base.py MAX_TAIL_CHARS); the controller's log file keeps everything
+KEEP_LINES = 1000
+
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @common_options
@@ -48,11 +52,19 @@ from orchestrator.transports import Result, Transport
 @click.option(
     "-e", "--env", "env_pairs", multiple=True, metavar="NAME=VALUE", help="Environment variable (repeatable)."
 )
+@click.option(
+    "--keep-lines",
+    type=click.IntRange(min=1, max=1_000_000),
+    default=KEEP_LINES,
+    show_default=True,
+    help="Lines of each node's output kept in memory for the summary and --json (the log keeps all).",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
     ctx: click.Context,
     timeout: float | None,
+    keep_lines: int,
     become: bool,
     cwd: str | None,
     env_pairs: tuple[str, ...],
@@ -61,7 +73,8 @@ def run(
     """Run a shell command on every node; output streams live as `[node] line`.
 
     Like `ssh host CMD`, the words are joined and read by the node's shell: quote what should not
-    expand locally, e.g. bootstrap run -- 'echo $HOSTNAME'.
+    expand locally, e.g. bootstrap run -- 'echo $HOSTNAME'. Output is streamed and logged whole;
+    only its last --keep-lines lines per node stay in memory (the summary and --json show those).
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
@@ -82,7 +95,9 @@ def run(
 
     def one(node: Node, transport: Transport) -> Result:
         output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
-        result = transport.run(text, env=env, cwd=cwd, timeout=timeout, on_line=output, become=become)
+        result = transport.run(
+            text, env=env, cwd=cwd, timeout=timeout, on_line=output, become=become, keep_lines=keep_lines
+        )
         platform = transport.platform
         if (
             become

@@ -108,6 +108,8 @@ def print_time_report(settings: Settings, report: TimeReport, command: str) -> E
 
 
 def _problems(settings: Settings, report: TimeReport) -> None:
+    for warning in report.warnings:
+        settings.ui.warn(warning)
     fail_lines(settings.ui, report.outcomes)
     for o in report.outcomes:
         if o.value is not None and o.value.problem:

@@ -366,6 +366,15 @@ class RankedOutput(BlockHandler):
             return
         self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
 
+    def piece(self, stream: str, text: str) -> None:
+        """A part of a very long line: logged as it came, otherwise a line like any other."""
+        if self.log is not None:
+            self.log.write_block(self.node, text)
+        if self.on_block is not None:
+            self.on_block(self.node, text + "\n")
+        if self.printer is not None:
+            self.printer.write_lines(self._head, text + "\n", self._ranks if "[default" in text else None)
+
     def _ranks(self, out: str) -> str:
         for tag, rank_head in self._tags:
             out = out.replace(tag, rank_head)
@@ -394,3 +403,11 @@ class PrefixedOutput(BlockHandler):
             return
         head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
         self.printer.write_lines(head, text)
+
+    def piece(self, stream: str, text: str) -> None:
+        """A part of a very long line: shown as a line with its label, logged as it came."""
+        if self.log is not None:
+            self.log.write_block(self.node, text)
+        if self.printer is not None:
+            head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
+            self.printer.write_lines(head, text + "\n")

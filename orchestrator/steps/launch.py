@@ -38,6 +38,7 @@ from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import ROUND_SECONDS
+from orchestrator.steps.addresses import reached_nodes
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -67,7 +68,7 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     master = inventory.master_node
     inspected, facts = gather_node_facts(session, inventory)
     single = len(inventory.nodes) == 1
-    verdicts = check_interfaces(facts, master.name, single=single)
+    verdicts = check_interfaces(facts, master.name, single=single, reached=reached_nodes(session, [master]))
     warnings = [f"node {n!r}: {v.reason} ({v.fix})" for n, v in verdicts.items() if v.level == "fail"]
     interfaces = {n: (v.data.get("gloo_socket_ifname"), v.data.get("source")) for n, v in verdicts.items()}
     pythons = {n.name: training_python(n, inventory) for n in inventory.nodes}

@@ -25,12 +25,21 @@ Stream = Literal["stdout", "stderr"]
 OnLine = Callable[[Stream, str], None]
 
 
+#: the longest line handed on whole, in characters: a longer one (output without a newline for that
+#: long, a progress bar redrawn with ``\r``) is handed on in pieces of this size, each shown as a line.
+#: Above the rank capture's own 1 MiB cut on the nodes (runs/tail.py), so a launch never sees it.
+MAX_LINE_CHARS = 2 << 20
+#: at most this many characters of a command's output are kept for its Result when ``keep`` is set
+MAX_TAIL_CHARS = 1 << 20
+
+
 class BlockHandler:
     """An ``on_line`` handler that also takes many complete lines in one call.
 
     Transports hand ``block`` every complete line one read brought in (text ending with a newline,
     ``\r\n`` turned into ``\n``), so a fast stream (a training log at 100k lines/s) costs Python work
     per read, not per line. Calling the handler with one line still works (``block`` of that line).
+    A line longer than :data:`MAX_LINE_CHARS` arrives through ``piece``, in parts without a newline.
     """
 
     def __call__(self, stream: Stream, line: str) -> None:
@@ -38,6 +47,11 @@ class BlockHandler:
 
     def block(self, stream: Stream, text: str) -> None:
         raise NotImplementedError
+
+    def piece(self, stream: Stream, text: str) -> None:
+        """A part of a line longer than :data:`MAX_LINE_CHARS` (no newline; the line goes on): shown
+        as a line of its own. Handlers that keep the exact text (a log) override this."""
+        self.block(stream, text + "\n")
 
 
 @dataclass
@@ -73,69 +87,170 @@ class Result:
 
 @dataclass
 class LineSplitter:
-    """Turns a byte stream into text lines as they complete.
+    """Turns a byte stream into text lines as they complete, in time linear in the input.
 
     Decodes UTF-8 incrementally (a multi-byte character split across reads stays whole) and replaces
-    invalid bytes rather than failing: a training log with one bad byte must keep streaming.
+    invalid bytes rather than failing: a training log with one bad byte must keep streaming. Lines end
+    at ``\n`` only (``\r\n`` too, its ``\r`` dropped); a line longer than ``max_line`` characters is
+    handed on in pieces of that size (``BlockHandler.piece``, or ``on_line`` per piece), so memory for
+    a line in the making is bounded too. ``keep``: the Result keeps only the last ``keep`` lines (at
+    most :data:`MAX_TAIL_CHARS` characters); None keeps everything.
     """
 
     stream: Stream
     on_line: OnLine | None
-    keep: int | None = None  # keep only the last N lines (long runs); None keeps everything
+    keep: int | None = None
+    max_line: int = MAX_LINE_CHARS
     _decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
-    _partial: str = ""
-    _chunks: list[str] = field(default_factory=list)
-    _tail: deque[str] = field(default_factory=deque)
+    _partial: list[str] = field(default_factory=list)  # the line in the making, in reads
+    _partial_chars: int = 0
+    _chunks: list[str] = field(default_factory=list)  # keep None: everything
+    _tail: deque[tuple[str, int]] = field(default_factory=deque)  # keep: (text, lines in it)
+    _tail_lines: int = 0
+    _tail_chars: int = 0
     _block: Callable[[Stream, str], None] | None = field(default=None, init=False, repr=False)
+    _piece: Callable[[Stream, str], None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._tail = deque(maxlen=self.keep)
         if isinstance(self.on_line, BlockHandler):
-            self._block = self.on_line.block
+            self._block, self._piece = self.on_line.block, self.on_line.piece
 
     def feed(self, data: bytes) -> None:
         text = self._decoder.decode(data)
-        if not text:
-            return
-        self._remember(text)
-        if self.on_line is None:
-            return
-        buf = self._partial + text
-        if self._block is not None:
-            cut = buf.rfind("\n") + 1
-            self._partial = buf[cut:]
-            if cut:
-                self._block(self.stream, buf[:cut].replace("\r\n", "\n") if "\r" in buf else buf[:cut])
-            return
-        *complete, self._partial = buf.split("\n")
-        for line in complete:
-            self.on_line(self.stream, line.removesuffix("\r"))
+        if text:
+            self._take(text)
 
     def close(self) -> None:
         text = self._decoder.decode(b"", final=True)
         if text:
-            self._remember(text)
-        if self.on_line is not None:
-            rest = self._partial + text
-            self._partial = ""
-            if rest and self._block is not None:
+            self._take(text)
+        rest = "".join(self._partial)
+        self._partial, self._partial_chars = [], 0
+        if rest:  # the command ended: its last line without a newline is final
+            if self.keep is not None:
+                self._keep_tail(rest, 1)
+            if self._block is not None:
                 self._block(self.stream, rest.replace("\r\n", "\n").removesuffix("\r") + "\n")
-            elif rest:
+            elif self.on_line is not None:
                 self.on_line(self.stream, rest.removesuffix("\r"))
 
-    def _remember(self, text: str) -> None:
+    def _take(self, text: str) -> None:
         if self.keep is None:
             self._chunks.append(text)
+            if self.on_line is None:
+                return  # nobody reads lines: the text is all
+        # Only the new text is searched, and the line in the making is joined once, when it ends:
+        # each character is looked at a bounded number of times, however the reads cut the lines.
+        cut = text.rfind("\n") + 1
+        if not cut:
+            self._partial.append(text)
+            self._partial_chars += len(text)
+            if self._partial_chars > self.max_line:
+                self._cut()
             return
-        self._tail.extend(text.splitlines(keepends=True))  # the deque drops what is older than keep
+        done = "".join(self._partial) + text[:cut] if self._partial else text[:cut]
+        rest = text[cut:]
+        self._partial, self._partial_chars = ([rest], len(rest)) if rest else ([], 0)
+        first = done.find("\n") + 1
+        if first - 1 > self.max_line:  # the line in the making ended long: its pieces, then its end
+            self._long(done[:first])
+            done = done[first:]
+        if len(done) - 1 > self.max_line:  # a read longer than a line may be: look at each line
+            self._scan(done)
+        elif done:
+            self._lines(done)
+        if self._partial_chars > self.max_line:
+            self._cut()
+
+    def _scan(self, done: str) -> None:
+        """Complete lines, any of which may be longer than ``max_line``."""
+        start = begin = 0
+        while start < len(done):
+            end = done.index("\n", start) + 1
+            if end - 1 - start > self.max_line:
+                if begin < start:
+                    self._lines(done[begin:start])
+                self._long(done[start:end])
+                begin = end
+            start = end
+        if begin < len(done):
+            self._lines(done[begin:])
+
+    def _lines(self, done: str) -> None:
+        """Complete lines (``done`` ends with a newline)."""
+        if self.keep is not None:
+            self._keep_tail(done, done.count("\n"))
+        if self._block is not None:
+            self._block(self.stream, done.replace("\r\n", "\n") if "\r" in done else done)
+        elif self.on_line is not None:
+            for line in done.split("\n")[:-1]:
+                self.on_line(self.stream, line.removesuffix("\r"))
+
+    def _long(self, line: str) -> None:
+        """One line (with its newline) over ``max_line`` characters: its pieces, then its end."""
+        while len(line) - 1 > self.max_line:
+            self._hand_piece(line[: self.max_line])
+            line = line[self.max_line :]
+        self._lines(line)
+
+    def _cut(self) -> None:
+        """The line in the making is over ``max_line``: hand on its whole pieces, keeping 1 to
+        ``max_line`` characters (a line is cut at the same places however the reads fell, and a
+        last ``\r``, which may start a ``\r\n``, is never handed on alone)."""
+        text = "".join(self._partial)
+        handed = (len(text) - 1) // self.max_line * self.max_line
+        for start in range(0, handed, self.max_line):
+            self._hand_piece(text[start : start + self.max_line])
+        rest = text[handed:]
+        self._partial, self._partial_chars = [rest], len(rest)
+
+    def _hand_piece(self, piece: str) -> None:
+        if self.keep is not None:
+            self._keep_tail(piece, 1)
+        if self._piece is not None:
+            self._piece(self.stream, piece)
+        elif self.on_line is not None:
+            self.on_line(self.stream, piece)
+
+    def _keep_tail(self, text: str, lines: int) -> None:
+        """Keep what the last ``keep`` lines (and :data:`MAX_TAIL_CHARS`) need, drop older text."""
+        self._tail.append((text, lines))
+        self._tail_lines += lines
+        self._tail_chars += len(text)
+        keep = max(self.keep or 0, 1)
+        while len(self._tail) > 1:
+            oldest, count = self._tail[0]
+            if self._tail_lines - count < keep and self._tail_chars - len(oldest) < MAX_TAIL_CHARS:
+                break
+            self._tail.popleft()
+            self._tail_lines -= count
+            self._tail_chars -= len(oldest)
 
     @property
     def text(self) -> str:
+        """What the Result keeps: everything, or (``keep``) the last ``keep`` lines (a piece of a long
+        line counts as a line, as it is shown), at most :data:`MAX_TAIL_CHARS` characters of them."""
         if self.keep is None:
             return "".join(self._chunks)
-        return "".join(self._tail)
+        need = self.keep
+        parts: list[str] = []
+        if self._partial and need > 0:
+            parts.append("".join(self._partial))
+            need -= 1
+        for text, lines in reversed(self._tail):
+            if need <= 0:
+                break
+            if lines > need:  # a block of lines: its last ``need``
+                start = len(text) - 1
+                for _ in range(need):
+                    start = text.rfind("\n", 0, start)
+                text = text[start + 1 :]
+                lines = need
+            parts.append(text)
+            need -= lines
+        return "".join(reversed(parts))[-MAX_TAIL_CHARS:]
 
 
 class Deadline:
@@ -166,6 +281,9 @@ class Transport(ABC):
     kind: str
     #: set by ``close()``; sticky
     _closed: bool = False
+    #: the address a direct connection reached (the socket's peer), once connected; None for a local
+    #: node, a connection through a proxy (its peer is the proxy) and transports that do not know it
+    peer_address: str | None = None
 
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name

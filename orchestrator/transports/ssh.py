@@ -54,6 +54,16 @@ from orchestrator.transports.sockets import limit_unacknowledged, no_delay
 __all__ = ["SSHTransport", "fingerprint"]
 
 
+def _direct_peer(sock: object) -> str | None:
+    """The address a plain TCP socket is connected to (a ProxyCommand's pipe has none)."""
+    if not isinstance(sock, socket.socket):
+        return None
+    try:
+        return str(sock.getpeername()[0])
+    except (OSError, IndexError):
+        return None
+
+
 def _auth_failed(exc: BaseException) -> bool:
     """The server refused every credential offered (or none could be offered)."""
     return isinstance(exc, paramiko.AuthenticationException) or "No authentication methods" in str(exc)
@@ -239,6 +249,7 @@ class SSHTransport(Transport):
             assert transport is not None
             log.info("%s: connected: %s", self.node_name, self.describe())
             transport.set_keepalive(self.options.keepalive)
+            self.peer_address = _direct_peer(transport.sock) if self.conn.gateway is None else None
             limit_unacknowledged(transport.sock, self.options.unacknowledged)
             no_delay(transport.sock)
 

@@ -333,6 +333,56 @@ def test_a_worker_resolving_the_master_elsewhere_is_refused_and_the_others_follo
     assert _snapshot(cluster) == seeded
 
 
+#: an address a worker adds and prefers as the source of its route to the master (TEST-NET-2)
+FORGED = "198.51.100.7"
+
+
+def test_a_workers_own_address_opens_no_firewall_and_no_chrony_allow(
+    chrony_cluster: NamespaceCluster, home: Path, seeded: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """node2 adds 198.51.100.7 and makes it the source of its route to the master (what a compromised
+    or misconfigured node can do): the firewall rules and the master's chrony ``allow`` lines name
+    node2's inventory address, and a warning names node2. Earlier versions took the route's source:
+    the master opened the rendezvous port, the ephemeral range and UDP 123 to 198.51.100.7, and chrony
+    allowed it. Dry runs: nothing is changed on any node."""
+    cluster = chrony_cluster
+    node1, node2, node3 = cluster.hosts
+    inventory = str(_inventory(cluster, tmp_path / "hosts.yaml"))
+    route = json.loads(cluster.host_run(node2, ["ip", "-j", "-4", "route", "get", node1.addr]).stdout)
+    dev = route[0]["dev"]
+    forge = [
+        ["ip", "addr", "add", f"{FORGED}/32", "dev", dev],
+        ["ip", "route", "replace", f"{node1.addr}/32", "dev", dev, "src", FORGED],
+    ]
+    for argv in forge:
+        assert cluster.host_run(node2, argv).returncode == 0, argv
+    try:
+        said = cluster.host_run(node2, ["ip", "-4", "route", "get", node1.addr]).stdout
+        assert f"src {FORGED}" in said, said
+        warning = f"node 'node2' says its address toward the master is {FORGED}, but it is {node2.addr}"
+
+        fw = _cli(cluster, home, "-i", inventory, "--json", "firewall", "--dry-run")
+        assert fw.returncode == 0, fw
+        doc = fw.json()
+        assert doc["addresses"] == {h.name: h.addr for h in cluster.hosts}, doc["addresses"]
+        master = {n["name"]: n for n in doc["nodes"]}["node1"]
+        assert master["sources"] == sorted([node2.addr, node3.addr]), master
+        assert not any(FORGED in json.dumps(n) for n in doc["nodes"]), doc["nodes"]  # no rule, no source
+        assert any(warning in w for w in doc["warnings"]) and warning in fw.stderr, fw
+
+        ntp = _cli(cluster, home, "-i", inventory, "--json", "ntp", "--dry-run", "--no-clock-control")
+        assert ntp.returncode == 0, ntp
+        entries = {n["name"]: n for n in ntp.json()["nodes"]}
+        assert f"allow {node2.addr}" in entries["node1"]["diff"], entries["node1"]
+        assert f"allow {node3.addr}" in entries["node1"]["diff"], entries["node1"]
+        assert not any(FORGED in json.dumps(n) for n in entries.values()), entries["node1"]["diff"]
+        assert any(warning in w for w in ntp.json()["warnings"]), ntp
+    finally:
+        cluster.host_run(node2, ["ip", "route", "del", f"{node1.addr}/32"])
+        cluster.host_run(node2, ["ip", "addr", "del", f"{FORGED}/32", "dev", dev])
+    assert _snapshot(cluster) == seeded
+
+
 # -- behind a drop-policy host firewall: the firewall step opens what ntp needs ------------------------
 
 # Debian's /etc/nftables.conf shape with the usual hardening: drop what is not allowed (ssh allowed)

@@ -571,5 +571,6 @@ def test_an_unreachable_or_unresolvable_master_fails_with_the_windows_fix() -> N
 
 def test_a_node_resolving_the_master_elsewhere_fails() -> None:
     verdict = _native_preflight(ROUTE_LAN)["verdicts"]["win-b"]  # 192.168.1.100, the master is .101
-    assert verdict.level == "fail" and "would dial the wrong machine" in verdict.reason
+    assert verdict.level == "fail" and "resolves the master 192.168.1.101 to 192.168.1.100" in verdict.reason
+    assert "but the master is 192.168.1.101, its host in the inventory" in verdict.reason
     assert "drivers\\etc\\hosts" in (verdict.fix or "")

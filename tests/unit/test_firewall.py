@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from orchestrator.facts.network import InterfaceAddress
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
+from orchestrator.steps.addresses import Reached, reached_at
 from orchestrator.steps.firewall import cluster_addresses, plan_node
 from orchestrator.steps.firewall.firewalld import firewalld_commands, parse_firewalld, rich_rule
 from orchestrator.steps.firewall.linux import (
@@ -476,10 +478,43 @@ def test_hostile_cluster_name_cannot_escape_the_nft_script(tmp_path: Path) -> No
         assert safe.fullmatch(line), line  # the name became a harmless comment, nothing more
 
 
-def test_cluster_addresses_follow_the_route_and_inventory_literals(tmp_path: Path) -> None:
+def _reached(inv: Inventory) -> dict[str, Reached]:
+    return {n.name: r for n in inv.nodes if (r := reached_at(n, None, resolve=lambda _h: [])) is not None}
+
+
+def test_cluster_addresses_are_the_inventorys_and_agree_with_the_route(tmp_path: Path) -> None:
     inv = inventory(tmp_path)
-    found = cluster_addresses(inv, {"b": recorded("none")})
-    assert found == addresses()  # b from its route's source; the others from their IPv4 hosts
+    found, warnings = cluster_addresses(inv, {"b": recorded("none")}, _reached(inv))
+    assert found == addresses() and warnings == {}  # b's route's source is its inventory IP: no warning
+
+
+def test_a_workers_own_address_opens_no_firewall(tmp_path: Path) -> None:
+    """b says its route to the master leaves from 198.51.100.7 (an address it added, or a lie): the
+    master's rules, UDP 123 included, name b's inventory IP only, and the warning names b."""
+    inv = inventory(tmp_path)
+    lying = recorded("none")
+    lying.route = replace(lying.route, source="198.51.100.7")
+    lying.addresses = (*lying.addresses, InterfaceAddress("eth0", "198.51.100.7", 32))
+    found, warnings = cluster_addresses(inv, {"b": lying}, _reached(inv))
+    assert found == addresses()
+    assert (
+        list(warnings) == ["b"]
+        and "node 'b' says its address toward the master is 198.51.100.7" in warnings["b"]
+    )
+    on_master = replace(recorded("nft_drop"), addresses=(InterfaceAddress("eth0", MASTER, 24),))
+    master = plan_node(inv.node("a"), inv, on_master, found)
+    assert master.sources == [ME, PEER_C, PEER_D] and "198.51.100.7" not in " ".join(master.commands)
+    assert f"ip saddr {ME} udp dport 123 accept" in " ".join(master.commands)
+
+
+def test_a_node_the_controller_cannot_place_gets_no_rule_whatever_it_says(tmp_path: Path) -> None:
+    text = tmp_path / "hosts.yaml"
+    inventory(tmp_path)
+    text.write_text(text.read_text().replace(f"host: {ME}", "host: b.unknown"))
+    inv = load_inventory(text)
+    found, warnings = cluster_addresses(inv, {"b": recorded("none")}, _reached(inv))
+    assert "b" not in found and "'b.unknown' does not resolve here" in warnings["b"]
+    assert f"the node itself says {ME}, which is not taken from it" in warnings["b"]
 
 
 def test_nft_persistence_file_and_include_line_are_added_and_removed() -> None:

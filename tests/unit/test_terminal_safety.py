@@ -22,8 +22,11 @@ from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, LinePrinter, NeutralConsole, PrefixedOutput, RankedOutput
 from orchestrator.logs import RunLog
 
-#: what a terminal acts on: any C0 control but tab and newline, DEL, any C1 control
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: what a terminal acts on: any C0 control but tab and newline, DEL, any C1 control, and the invisible
+#: format characters that reorder text (bidi), hide it (zero-width) or end a line (U+2028/U+2029)
+CONTROL = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]"
+)
 #: an ESC that does not start a colour (SGR) sequence
 NOT_SGR = re.compile(r"\x1b(?!\[[0-9;:]*m)")
 
@@ -39,6 +42,15 @@ HOSTILE = [
     ("ab\x08\x08XY", "ab^H^HXY"),  # backspaces overwrite too
     ("\x9b2J\x9d0;t\x9c", "<U+009B>2J<U+009D>0;t<U+009C>"),  # 8-bit C1 CSI, OSC, ST
     ("\x0eshift\x0f\x7f\x00", "^Nshift^O^?^@"),  # SO/SI (character sets), DEL, NUL
+    # bidi overrides and isolates: "[w1] ok \u202eliaf" would read "[w1] ok fail" (Trojan Source)
+    ("ok \u202eliaf\u202c", "ok <U+202E>liaf<U+202C>"),
+    ("\u2066\u2067\u2068x\u2069", "<U+2066><U+2067><U+2068>x<U+2069>"),
+    ("\u202a\u202b\u202d", "<U+202A><U+202B><U+202D>"),
+    ("\u200e\u200f\u061c", "<U+200E><U+200F><U+061C>"),  # direction marks
+    # zero-width: hidden text, or two different words that look equal
+    ("ad\u200bmin\u200c\u200d\u2060\ufeff", "ad<U+200B>min<U+200C><U+200D><U+2060><U+FEFF>"),
+    # line and paragraph separators end a line in some terminals: a line without its node's label
+    ("loss 0.1\u2028[other-node:3] fake\u2029", "loss 0.1<U+2028>[other-node:3] fake<U+2029>"),
 ]
 
 

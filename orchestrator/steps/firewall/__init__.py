@@ -13,14 +13,15 @@ teardown calls :func:`remove_firewall`.
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
 from orchestrator.platforms import PosixShell
+from orchestrator.steps.addresses import Reached, cluster_address, reached_nodes
 from orchestrator.steps.firewall.firewalld import firewalld_commands
 from orchestrator.steps.firewall.linux import (
     Target,
@@ -127,18 +128,16 @@ class FirewallRun:
 # -- peers ----------------------------------------------------------------------------------------------
 
 
-def _ipv4_literal(host: str) -> str | None:
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
-    return str(ip) if is_usable_peer(str(ip)) else None
+def cluster_addresses(
+    inventory: Inventory, detections: dict[str, Detection], reached: Mapping[str, Reached]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(node -> the address its peers' rules name, node -> a warning about it).
 
-
-def cluster_addresses(inventory: Inventory, detections: dict[str, Detection]) -> dict[str, str]:
-    """The address each node's ranks use toward the cluster: the source of its route to the master,
-    judged exactly as the preflight's interface check does (inventory ``interface`` overrides, the
-    master's own address as its peers dial it), else its inventory host when that is an IPv4 address."""
+    The address is the one the controller knows the node by (``reached``: its inventory IP, where the
+    controller's connection reached it, or its name resolved here; see orchestrator/steps/addresses.py).
+    What the node reports (its route's source toward the master, judged as the preflight's interface
+    check does) is a check: a mismatch is a warning naming the node, never a rule for the address it
+    reported. A local node is this machine: its own report is the controller's."""
     from orchestrator.steps.preflight import check_interfaces
     from orchestrator.steps.preflight.checks import PreflightFacts
 
@@ -158,16 +157,21 @@ def cluster_addresses(inventory: Inventory, detections: dict[str, Detection]) ->
         for node in inventory.nodes
         if (d := detections.get(node.name)) is not None
     ]
-    found: dict[str, str] = {}
     single = len(inventory.nodes) == 1
-    for name, verdict in check_interfaces(facts, inventory.cluster.master, single=single).items():
-        source = verdict.data.get("source")
-        if isinstance(source, str) and is_usable_peer(source):
-            found[name] = source
+    verdicts = check_interfaces(facts, inventory.cluster.master, single=single, reached=reached)
+    found: dict[str, str] = {}
+    warnings: dict[str, str] = {}
     for node in inventory.nodes:
-        if node.name not in found and (literal := _ipv4_literal(node.host)) is not None:
-            found[node.name] = literal
-    return found
+        verdict = verdicts.get(node.name)
+        reported = verdict.data.get("source") if verdict is not None else None
+        address, warning = cluster_address(
+            node, reached.get(node.name), reported if isinstance(reported, str) else None
+        )
+        if address is not None and is_usable_peer(address):
+            found[node.name] = address
+        if warning is not None and not single:
+            warnings[node.name] = warning
+    return found, warnings
 
 
 def _peers_of(node: Node, addresses: dict[str, str], detection: Detection) -> dict[str, str]:
@@ -477,8 +481,12 @@ def _firewall_step(
         nodes=probe,
     )
     detections = {o.node: o.value for o in detected if o.value is not None}
-    if addresses is None:
-        addresses = cluster_addresses(inventory, detections) if not remove else {}
+    said: dict[str, str] = {}  # node -> a warning about its address, said already
+    if addresses is None and not remove:
+        addresses, said = cluster_addresses(inventory, detections, reached_nodes(session, inventory.nodes))
+        warnings.extend(said.values())
+    elif addresses is None:
+        addresses = {}
     else:  # given by the caller (the preflight's interface sources): checked like our own
         for name, address in addresses.items():
             if not is_usable_peer(address):
@@ -490,11 +498,11 @@ def _firewall_step(
             known = f" (using {addresses[o.node]} from the inventory)" if o.node in addresses else ""
             warnings.append(f"{o.node} (not selected) could not be inspected{known}: {o.error.message}")
     if not remove:
-        missing = [n.name for n in inventory.nodes if n.name not in addresses]
+        missing = [n.name for n in inventory.nodes if n.name not in addresses and n.name not in said]
         if missing and len(inventory.nodes) > 1:
             warnings.append(
                 f"no cluster address known for {', '.join(missing)}: its peers get no rule for it; "
-                "make it reachable (or give its IP address as host:) and rerun"
+                "give its IP address as host: (or make its name resolve on this machine) and rerun"
             )
     plans = {
         name: plan_node(inventory.node(name), inventory, d, addresses, remove=remove)

@@ -12,7 +12,7 @@ reachability mesh, which sample the clocks once more (reachability.py), and the 
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,13 @@ from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Int
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.platforms import PosixShell
 from orchestrator.runs.layout import workdir_for
+from orchestrator.steps.addresses import (
+    MasterIdentity,
+    Reached,
+    master_identity,
+    reached_nodes,
+    reached_of,
+)
 from orchestrator.steps.node_facts import (
     InspectedNode,
     facts_plan,
@@ -175,23 +182,38 @@ def _node_facts(node: Node, inspected: InspectedNode) -> PreflightFacts:
     )
 
 
-def check_interfaces(facts: list[PreflightFacts], master: str, *, single: bool) -> dict[str, Verdict]:
-    """Interface verdicts for every node, the master first: the others are judged against the address
-    their peers dial, which on the master may differ from what its own name resolves to there (its
-    own /etc/hosts can say 127.0.1.1 while the peers use DNS)."""
-    dialed = Counter(
-        f.route.address for f in facts if f.node.name != master and f.route and f.route.address
-    ).most_common(1)
-    consensus = dialed[0][0] if dialed else None
-    verdicts: dict[str, Verdict] = {}
-    master_address = consensus
+def check_interfaces(
+    facts: list[PreflightFacts], master: str, *, single: bool, reached: Mapping[str, Reached] | None = None
+) -> dict[str, Verdict]:
+    """Interface verdicts for every node, the master first. The master's address (what every rank is
+    told to dial) is the master's own (:func:`~orchestrator.steps.addresses.master_identity`: its
+    inventory IP, what its name resolves to on itself, where the controller reached it (``reached``),
+    or its only address), never what the workers resolve: a worker resolving the master's name
+    elsewhere fails its own check, and only its own."""
+    reached = reached or {}
+    identity: MasterIdentity | None = None
     for f in facts:
         if f.node.name == master:
-            verdicts[master] = check_interface(f, single_node=single, peers_see_master_at=consensus)
-            master_address = verdicts[master].data.get("master_address") or consensus
+            identity = master_identity(
+                f.node.host, f.route, tuple(f.addresses), reached=reached_of(reached, master)
+            )
+    if identity is None:  # the master did not answer: its inventory IP, or where the controller found it
+        known = reached_of(reached, master)
+        how = reached[master].how if known else "the master did not answer"
+        identity = MasterIdentity(known, frozenset({known} if known else ()), f"{known}, {how}")
+    verdicts: dict[str, Verdict] = {}
+    master_address = identity.address
+    for f in facts:
+        if f.node.name == master:
+            verdicts[master] = check_interface(
+                f, single_node=single, peers_see_master_at=identity.address, master_is=identity.why
+            )
+            master_address = verdicts[master].data.get("master_address") or identity.address
     for f in facts:
         if f.node.name != master:
-            verdicts[f.node.name] = check_interface(f, single_node=single, peers_see_master_at=master_address)
+            verdicts[f.node.name] = check_interface(
+                f, single_node=single, peers_see_master_at=master_address, master_is=identity.why
+            )
     return verdicts
 
 
@@ -359,7 +381,8 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     backend, why, backend_verdicts = choose_backend(cluster, facts)
     for name, verdict in backend_verdicts.items():
         verdicts[name]["backend"] = verdict
-    for name, verdict in check_interfaces(facts, master.name, single=single).items():
+    reached = reached_nodes(session, [master])  # where the controller found it: the master's address
+    for name, verdict in check_interfaces(facts, master.name, single=single, reached=reached).items():
         verdicts[name]["interface"] = verdict
     # the main pipeline runs these as root on clusters of 2+ nodes (orchestrator/pipeline.py)
     needed_by = [

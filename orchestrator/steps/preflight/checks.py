@@ -257,13 +257,18 @@ def _route_command(f: PreflightFacts, address: str) -> str:
 
 
 def check_interface(
-    f: PreflightFacts, *, single_node: bool = False, peers_see_master_at: str | None = None
+    f: PreflightFacts,
+    *,
+    single_node: bool = False,
+    peers_see_master_at: str | None = None,
+    master_is: str = "",
 ) -> Verdict:
     """The interface and source address that route to the master: GLOO_SOCKET_IFNAME later.
 
-    ``peers_see_master_at``: the address the other nodes resolved the master to. On the master
-    itself that is what counts: its own name may resolve to 127.0.1.1 there (the Debian trap) while
-    peers reach it through DNS.
+    ``peers_see_master_at``: the master's address, every rank's rendezvous (established from the
+    master's side: ``master_is`` says how, for messages). On the master itself that is what counts:
+    its own name may resolve to 127.0.1.1 there (the Debian trap) while peers reach it through DNS.
+    A node resolving the master's name to another address fails, naming what it resolved.
 
     Native Windows nodes give the same facts (facts/windows.py): the interface is the adapter's
     friendly name, which is what gloo matches there; ``down`` lists adapters that are not up, which
@@ -312,11 +317,13 @@ def check_interface(
             "an interface)",
             **data,
         )
-    if peers_see_master_at and not route.local and route.address != peers_see_master_at:
+    holds_it = route.local and peers_see_master_at in own  # the master itself
+    if peers_see_master_at and route.address != peers_see_master_at and not holds_it:
         return fail(
             "interface",
-            f"this node resolves the master {route.target} to {route.address}, the other nodes to "
-            f"{peers_see_master_at}: its ranks would dial the wrong machine",
+            f"this node resolves the master {route.target} to {route.address}, but the master is "
+            f"{master_is or peers_see_master_at}: its route, and so its interface for the ranks, would be "
+            "chosen toward another machine",
             f"fix {route.target} in this node's {_hosts_file(f)} or DNS, or use the master's IP as its host:",
             **data,
         )

@@ -203,7 +203,8 @@ def sync_time(
             outcomes.append(errors[node.name])
         else:
             outcomes.append(Outcome(node.name, values.get(node.name), None, 0.0))
-    return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run)
+    warnings = addresses.warnings if addresses is not None else []
+    return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run, warnings)
 
 
 def to_await(

@@ -3,16 +3,23 @@
 The master's address comes from the inventory (its ``host`` as an IP address) or from what the master
 reports about itself, never from what the workers resolve its name to: a worker that resolves the name
 elsewhere would have its chrony follow another machine, so it is not configured and its row says why.
-The master allows exactly the workers' own addresses toward it (what the firewall step opens UDP 123 for).
+The master allows exactly the workers' addresses as the controller knows them (orchestrator/steps/
+addresses.py; what the firewall step opens UDP 123 for): a worker's own report is a check.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.facts.network import Addresses, InterfaceAddress, MasterRoute, Route
+from orchestrator.facts.network import Addresses, MasterRoute, Route
+from orchestrator.steps.addresses import (
+    MasterIdentity,
+    cluster_address,
+    ip_key,
+    master_identity,
+    reached_nodes,
+)
 from orchestrator.steps.timesync.chrony.config import ChronyRole, peer_address
 
 if TYPE_CHECKING:
@@ -34,10 +41,11 @@ class _Addresses:
     """
 
     master: str | None  # None: not established (``why`` says why)
-    workers: dict[str, str]  # worker -> its address toward the master (the master allows exactly those)
+    workers: dict[str, str]  # worker -> its address as the controller knows it (the master allows those)
     servers: dict[str, str] = field(default_factory=dict)  # worker -> the master address it follows
     problems: dict[str, str] = field(default_factory=dict)  # worker -> why it cannot follow the master
     why: str = ""  # how the master's address was established, or why it could not be
+    warnings: list[str] = field(default_factory=list)  # a worker's own report that disagrees
 
 
 def _usable(text: str | None) -> str | None:
@@ -45,44 +53,6 @@ def _usable(text: str | None) -> str | None:
         return peer_address(text)
     except ValueError:
         return None
-
-
-@dataclass(frozen=True)
-class MasterIdentity:
-    """The master as its workers must find it (:func:`master_identity`)."""
-
-    address: str | None  # the address workers are told to follow (None: unknown)
-    addresses: frozenset[str]  # every address that is the master's (a worker may resolve to any)
-    why: str  # how ``address`` was found, or why it could not be
-
-
-def master_identity(
-    host: str, own_route: Route | None, own: tuple[InterfaceAddress, ...] | None, *, error: str = ""
-) -> MasterIdentity:
-    """The master's address from the inventory (``host`` as an IP address) or from what the master
-    reports about itself (``own_route``: its own name resolved on it; ``own``: its interface
-    addresses), never from what the workers resolve (pure: unit-tested)."""
-    literal = _usable(host)
-    mine = frozenset(a for a in (_usable(i.address) for i in own or ()) if a is not None)
-    if literal is not None:
-        return MasterIdentity(literal, mine | {literal}, f"{literal}, its host in the inventory")
-    if own is None:
-        why = f"the master could not be asked for its addresses ({error or 'no answer'})"
-        return MasterIdentity(None, mine, why)
-    resolved = _usable(own_route.address) if own_route else None
-    if resolved is not None and resolved in mine:
-        return MasterIdentity(resolved, mine, f"{resolved}, what {host!r} resolves to on the master itself")
-    if len(mine) == 1:
-        [only] = mine
-        return MasterIdentity(only, mine, f"{only}, the master's only address")
-    said = own_route.address if own_route and own_route.address else "nothing"
-    listed = ", ".join(sorted(mine, key=_ip_key)) or "none"
-    return MasterIdentity(
-        None,
-        mine,
-        f"on the master itself {host!r} resolves to {said}, not one of its addresses ({listed}): write "
-        "the master's IP address as its host in the inventory, or map its name to it on the master",
-    )
 
 
 def follow_master(
@@ -98,7 +68,7 @@ def follow_master(
     checked = _usable(resolved)
     if checked is not None and checked in master.addresses:
         return checked, None
-    expected = ", ".join(sorted(master.addresses, key=_ip_key))
+    expected = ", ".join(sorted(master.addresses, key=ip_key))
     return None, (
         f"resolves the master's host {host!r} to {resolved}, but the master is {master.why}: its chrony "
         f"would follow {resolved}, not the master; fix {host!r} in /etc/hosts or DNS on {node} "
@@ -122,8 +92,8 @@ def route_facts(node: Node, master_host: str, master_name: str) -> list[Any]:
 
 def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
     """The master's address (from the inventory or the master itself), where each worker resolves the
-    master to (``ip route get``, like the preflight) and its own address toward it (the master allows
-    exactly those)."""
+    master to (``ip route get``, like the preflight, a check), and each worker's address as the
+    controller knows it (the master allows exactly those; a worker's own route source is a check)."""
     from orchestrator.facts import FactSet, gather
 
     master = inventory.master_node
@@ -135,6 +105,7 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
         )
 
     outcomes = {o.node: o for o in session.map(facts, step="route", nodes=nodes)}
+    reached = reached_nodes(session, nodes)
     mine = outcomes.get(master.name)
     found = mine.value if mine is not None else None
     if master.os != "linux":
@@ -148,6 +119,7 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
             found.get("route") if found is not None else None,
             own if isinstance(own, tuple) else None,
             error=mine.error.message if mine is not None and mine.error is not None else "",
+            reached=reached[master.name].address if master.name in reached else None,
         )
     out = _Addresses(identity.address, {}, why=identity.why)
     for node in nodes:
@@ -161,10 +133,12 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
                 out.problems[node.name] = problem
             elif server is not None:
                 out.servers[node.name] = server
-        source = _usable(route.source) if route is not None and node.name not in out.problems else None
-        address = source or _usable(node.host)  # unreachable now: still allowed, as the inventory says
+        reported = route.source if route is not None and node.name not in out.problems else None
+        address, warning = cluster_address(node, reached.get(node.name), reported)
         if address is not None:
             out.workers[node.name] = address
+        if warning is not None:
+            out.warnings.append(warning)
     return out
 
 
@@ -203,7 +177,7 @@ def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
     """Each Linux node's chrony role (pure: unit-tested)."""
     settings = inventory.cluster.time
     master = inventory.cluster.master
-    allow = tuple(sorted(set(addresses.workers.values()), key=_ip_key))
+    allow = tuple(sorted(set(addresses.workers.values()), key=ip_key))
     out: dict[str, ChronyRole] = {}
     for node in inventory.nodes:
         if node.name == master:
@@ -216,12 +190,3 @@ def roles(inventory: Inventory, addresses: _Addresses) -> dict[str, ChronyRole]:
         else:
             out[node.name] = ChronyRole(tuple(settings.servers))
     return out
-
-
-def _ip_key(address: str) -> tuple[int, int, str]:
-    """Addresses in numeric order (IPv4 before IPv6), anything else last."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return (99, 0, address)
-    return (ip.version, int(ip), "")

@@ -44,6 +44,7 @@ class TimeReport:
     max_offset_ms: float
     master: str
     dry_run: bool = False
+    warnings: list[str] = field(default_factory=list)  # e.g. a worker whose own address disagrees
 
     @property
     def failed(self) -> bool:
@@ -54,6 +55,7 @@ class TimeReport:
             "master": self.master,
             "max_offset_ms": self.max_offset_ms,
             "dry_run": self.dry_run,
+            "warnings": self.warnings,
             "nodes": [
                 {
                     "name": o.node,
