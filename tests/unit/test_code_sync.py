@@ -154,11 +154,16 @@ def test_diff_by_hash_mode_and_kind() -> None:
         "ln": _e("e", link="target"),  # same bytes, but a link there and a file here
         "gone": _e("f"),
         "out/metrics.json": _e("g"),
+        "ckpt/last.pt": _e("h"),  # the node made it: never in the record of what we shipped
+        "notes.txt": _e("i"),  # we shipped it, then the node rewrote it: the node's now
     }
-    changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"))
+    shipped = {"gone": remote["gone"].sha256, "notes.txt": _e("old").sha256, "out/metrics.json": "g"}
+    changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"), shipped=shipped)
     assert changes.added == ["new"]
     assert changes.changed == ["chmod", "edited", "ln", "private"]
     assert changes.deleted == ["gone"]
+    assert changes.deleted_shas == [("gone", remote["gone"].sha256)]
+    assert diff(local, remote).deleted == []  # no record (an old or foreign directory): nothing goes
     assert changes.bytes == 7 + 5 + 2 + 1 + 3
     assert changes.to_send == ["chmod", "edited", "ln", "new", "private"]
 
@@ -275,7 +280,10 @@ def test_probe_refuses_home_and_its_parents(tmp_path: Path) -> None:
 
 
 def _bundle(dest: Path, name: str, delete: list[str], files: list[tuple[str, bytes]]) -> None:
-    header = {"delete": delete, "files": [[rel, len(data), 0o644, None, "0" * 64] for rel, data in files]}
+    header = {
+        "delete": [[rel, "0" * 64] for rel in delete],
+        "files": [[rel, len(data), 0o644, None, "0" * 64] for rel, data in files],
+    }
     dest.mkdir(parents=True, exist_ok=True)
     (dest / name).write_bytes(json.dumps(header).encode() + b"\n" + b"".join(d for _, d in files))
 
@@ -310,6 +318,11 @@ def test_node_and_controller_agree_on_the_tree_digest(tmp_path: Path) -> None:
     (src / "run.sh").chmod(0o755)
     (src / "link").symlink_to("sub")
     tree = build_tree(src)
+    unknown = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
+    assert "same" not in unknown and unknown["shipped"] is None  # no record: nothing known to be ours
+    record = {"version": 1, "files": {rel: e.sha256 for rel, e in tree.files.items()}}
+    (src / ".bootstrap-code-shipped.json").write_text(json.dumps(record))
+    (src / "made_by_training.pt").write_bytes(b"weights")  # not ours: does not make the tree differ
     same = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
     assert same["same"] is True and same["files"] == {}
     (src / "run.sh").chmod(0o644)
