@@ -462,14 +462,20 @@ def _size(n: int) -> str:
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.option(
+    "--code",
+    "from_code",
+    is_flag=True,
+    help="look for relative paths only in the code directory (shared by every run: what is there now)",
+)
 @click.argument("paths", nargs=-1, required=True)
 @click.pass_context
-def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
+def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: bool) -> int:
     """Copy files or directories a run wrote on the nodes into runs/<run-id>/<node>/ here.
 
-    A relative PATH is looked for in the node's run directory, then in its code directory (where
-    the training script runs: checkpoints, profiler traces); an absolute one is taken as is.
-    Directories are copied with everything below them.
+    A relative PATH is looked for in the run's outputs ($CB_RUN_DIR: <workdir>/runs/<run-id>/<node>/out),
+    then the run directory, then the code directory (where the training script runs; --code: only
+    there); an absolute one is taken as is. Directories are copied with everything below them.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
@@ -481,7 +487,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
             settings,
             inventory,
             nodes,
-            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir),
+            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir, from_code=from_code),
         )
         return ExitCode.OK
     session = open_session(settings, inventory, nodes)
@@ -490,7 +496,13 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
             session.executor.on_event = on_event
             outcomes = session.map(
                 lambda node, t: fetch_node(
-                    node, t, run_id, paths, code_dir=code_dir, dest=RUNS_ROOT / run_id / node.name
+                    node,
+                    t,
+                    run_id,
+                    paths,
+                    code_dir=code_dir,
+                    dest=RUNS_ROOT / run_id / node.name,
+                    from_code=from_code,
                 ),
                 step="fetch",
             )
@@ -524,5 +536,10 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
     ui.print_table(table)
     fail_lines(ui, outcomes)
     for node, path in missing:
-        ui.error(f"node {node!r}: {path} not found in the run directory or the code directory")
+        where = (
+            "the code directory"
+            if from_code
+            else "the run's outputs, its run directory or the code directory"
+        )
+        ui.error(f"node {node!r}: {path} not found in {where}")
     return code

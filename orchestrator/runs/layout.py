@@ -14,6 +14,8 @@ is the node's name, so nodes that share a filesystem, such as NFS homes, get a d
         node.log                         everything the launcher printed, append-only
         node.log.rc                      its exit code, renamed into place once node.log is complete
         stopped                          `stop` writes it (the node's clock) before it signals anything
+        out/                             the run's outputs: $CB_RUN_DIR of the training script
+                                         (checkpoints, metrics; `fetch` looks here first)
 
 The run directory is per node even inside one workdir: two nodes sharing a home would otherwise run
 the last-written script. Every process of a POSIX run carries the run marker in its environment
@@ -49,6 +51,9 @@ CODE_MARKER = ".bootstrap-code.json"
 NODE_PLACEHOLDER = "{node}"
 
 NODE_LOG = "node.log"
+#: in a node's run directory: the training script's own outputs, exported to it as CB_RUN_DIR (with
+#: the run id as CB_RUN_ID) by the launch script
+RUN_OUTPUTS = "out"
 EXIT_CODE = NODE_LOG + ".rc"
 PID_FILE = "pid"
 STOPPED = "stopped"

@@ -32,7 +32,15 @@ from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
-from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, in_workdir, run_dir_for, run_marker
+from orchestrator.runs.layout import (
+    CODE_MARKER,
+    RUN_OUTPUTS,
+    STOPPED,
+    STREAMING_ENV,
+    in_workdir,
+    run_dir_for,
+    run_marker,
+)
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.windows import WindowsRuns
@@ -206,6 +214,7 @@ def prepare_script(
         (
             platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
             platform.mkdir(run_dir, private=True),
+            platform.mkdir(f"{run_dir}/{RUN_OUTPUTS}"),  # $CB_RUN_DIR: the run's own outputs
             *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
             platform.mkdir(code_dir),
         )
