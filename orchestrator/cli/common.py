@@ -7,7 +7,7 @@ import getpass
 import logging
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -432,3 +432,65 @@ def offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[
         pythons=pythons,
     )
     return backend, list(specs)
+
+
+# -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
+
+
+def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
+    from orchestrator.errors import UsageError
+    from orchestrator.platforms import check_env_name
+
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+        try:
+            env[check_env_name(name)] = value
+        except ValueError as exc:
+            raise UsageError(f"--env {pair!r}: {exc}") from None
+    return env
+
+
+def train_env_option(help_text: str) -> Callable[[F], F]:
+    """``-e/--env NAME=VALUE`` (repeatable): added to train.env for this run."""
+    return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
+
+
+def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str]) -> Inventory:
+    """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
+    values are added to train.env."""
+    return inventory.for_run(args, parse_env_pairs(env_pairs))
+
+
+class TrainArgsCommand(click.Command):
+    """A command taking the training script's arguments after ``--``: an unknown option says so."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            hint = (
+                f"{exc.format_message()} Arguments for the training script go after `--`: "
+                f"`bootstrap {ctx.info_name} -- {exc.option_name} ...`"
+            )
+            raise click.UsageError(hint, ctx) from None
+
+
+def train_args_line(train: dict[str, Any] | None) -> str:
+    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got, for `launch` and
+    `status`; "" when the record has nothing to say (no arguments, nothing set for this run)."""
+    if not train:
+        return ""
+    import shlex
+
+    parts = []
+    args = [str(a) for a in train.get("args") or []]
+    if args or train.get("args_from") == "command line":
+        parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")
+    env = train.get("env") or {}
+    if env:
+        parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
+    return "; ".join(parts)

@@ -327,11 +327,16 @@ def status(ctx: click.Context, run_arg: str) -> int:
     by_name = {n.name: n for n in nodes}
     outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
     code = exit_code_for(outcomes)
+    from orchestrator.cli.common import train_args_line
+    from orchestrator.runs.layout import read_record
+
+    train = (read_record(RUNS_ROOT / run_id) or {}).get("train")  # a run launched from here
     if settings.json_mode:
         ui.print_json(
             {
                 "command": "status",
                 "run_id": run_id,
+                "train": train,
                 "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
@@ -360,6 +365,9 @@ def status(ctx: click.Context, run_arg: str) -> int:
             Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
         )
     ui.print_table(table)
+    args_line = train_args_line(train if isinstance(train, dict) else None)
+    if args_line:
+        ui.info(args_line)
     fail_lines(ui, outcomes)
     return code
 

@@ -5,8 +5,9 @@ with the node selection that ``--nodes`` patterns use.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,26 @@ class Inventory:
     source: str
     format: InventoryFormat
     notes: list[str] = field(default_factory=list)
+    #: what the command line changed for this run (``bootstrap ... -- ARGS``, ``-e NAME=VALUE``):
+    #: {"args": [...]} and/or {"env": {...}}; empty when nothing (see :meth:`for_run`)
+    run_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def for_run(self, args: Sequence[str] | None, env: Mapping[str, str]) -> Inventory:
+        """This inventory for one run: ``args`` (when given, even empty) replace ``train.args``;
+        ``env`` is added to ``train.env`` (a name already there takes the new value). The inventory
+        file is not changed: the next run without them has the inventory's values again."""
+        train = self.cluster.train
+        update: dict[str, Any] = {}
+        overrides: dict[str, Any] = {}
+        if args is not None:
+            update["args"] = overrides["args"] = tuple(args)
+        if env:
+            update["env"] = tuple(sorted({**train.env_dict, **env}.items(), key=lambda pair: pair[0]))
+            overrides["env"] = dict(env)
+        if not update:
+            return self
+        cluster = self.cluster.model_copy(update={"train": train.model_copy(update=update)})
+        return dataclasses.replace(self, cluster=cluster, run_overrides=overrides)
 
     def node(self, name: str) -> Node:
         """The node called ``name``; :class:`InventoryError` (with the closest name) when there is none."""

@@ -33,12 +33,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Node
+    from orchestrator.inventory import Inventory, Node
     from orchestrator.render import LaunchSpec
 
 #: a node's workdir when the inventory gives none (``~``: the connecting user's home on the node)
@@ -115,16 +115,50 @@ def logs_where(nodes: Sequence[Node], run_id: str) -> str:
 # -- the controller's record of runs ---------------------------------------------------------------
 
 
-def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
+def write_record(
+    directory: Path,
+    run_id: str,
+    specs: Sequence[LaunchSpec],
+    *,
+    detached: bool,
+    train: Mapping[str, Any] | None = None,
+) -> None:
     """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
-    `fetch` find the latest run without being told."""
+    `fetch` find the latest run without being told; ``train``: the script's arguments and what the
+    command line changed (:func:`train_record`), which `status` shows."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     doc = {
         "run_id": run_id,
         "detached": detached,
         "started": time.time(),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
+        **({"train": dict(train)} if train is not None else {}),
     }
     tmp = directory / (RECORD + ".part")
     tmp.write_text(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, directory / RECORD)
+
+
+def train_record(inventory: Inventory) -> dict[str, Any]:
+    """What a run record keeps of the training: the script, its arguments, where they came from, and
+    the train.env values the command line set (secret-looking ones masked, as --json does)."""
+    from orchestrator.inventory.model import MASK, is_secret_name, masked_args
+
+    train = inventory.cluster.train
+    overrides = inventory.run_overrides
+    env = overrides.get("env") or {}
+    return {
+        "script": train.script,
+        "args": list(masked_args(train.args)),
+        "args_from": "command line" if "args" in overrides else "inventory",
+        "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
+    }
+
+
+def read_record(directory: Path) -> dict[str, Any] | None:
+    """A run's record here (``runs/<run-id>/run.json``), None when there is none or it is unreadable."""
+    try:
+        doc = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -1,0 +1,90 @@
+"""A run's own arguments and environment: `launch ... -- ARGS`, `bootstrap ... -- ARGS`, `-e NAME=VALUE`.
+
+They replace train.args (and add to train.env) for that run only; the rendered script quotes them as
+every inventory value; the run record keeps them and `status` shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from orchestrator.inventory import load_inventory
+from orchestrator.inventory.model import MASK
+from orchestrator.runs.layout import read_record, train_record
+
+INVENTORY = """\
+cluster:
+  name: lab
+  train: {script: train.py, args: [--epochs, "3"], env: {KEEP: "1", LR_SCHED: step}}
+nodes:
+  - {name: a, host: 192.0.2.1}
+  - {name: b, host: 192.0.2.2}
+"""
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "-i", "lab.yaml", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_launch_args_after_the_double_dash_replace_the_inventorys_quoted(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    dry = _cli(
+        tmp_path, "--json", "launch", "--dry-run", "--run-id", "r1", "-e", "LR_SCHED=cos", "-e", "NEW=a b",
+        "--", "--lr", "0.1; touch pwned", "--name=$HOME",
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    for node in json.loads(dry.stdout)["nodes"]:
+        script = node["script"]
+        assert "python3 train.py --lr '0.1; touch pwned' '--name=$HOME'\n" in script, script
+        assert "--epochs" not in script  # replaced, not appended
+        assert "export KEEP=1\n" in script and "export LR_SCHED=cos\n" in script  # added to, overriding
+        assert "export NEW='a b'\n" in script
+        assert "export CB_RUN_ID=r1\n" in script and 'export CB_RUN_DIR="$cb_dir/out"\n' in script
+    plain = _cli(tmp_path, "--json", "launch", "--dry-run", "--run-id", "r1")
+    assert "python3 train.py --epochs 3\n" in json.loads(plain.stdout)["nodes"][0]["script"]
+
+
+def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double_dash(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    run = _cli(tmp_path, "launch", "--dry-run", "--lr", "0.1")
+    assert run.returncode == 2
+    assert "No such option '--lr'" in run.stderr and "`bootstrap launch -- --lr ...`" in run.stderr
+    bad = _cli(tmp_path, "launch", "--dry-run", "-e", "1X=2")
+    assert bad.returncode == 2 and "--env '1X=2': invalid environment variable name" in bad.stderr, bad.stderr
+
+
+def test_the_run_record_keeps_what_the_command_line_changed(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    inventory = load_inventory(tmp_path / "lab.yaml")
+    run = inventory.for_run(["--lr", "0.1", "--api-key", "s3cret"], {"NEW": "1", "HF_TOKEN": "hf_x"})
+    assert run.cluster.train.args == ("--lr", "0.1", "--api-key", "s3cret")
+    assert run.cluster.train.env_dict == {"KEEP": "1", "LR_SCHED": "step", "NEW": "1", "HF_TOKEN": "hf_x"}
+    assert inventory.cluster.train.args == ("--epochs", "3")  # the inventory itself is unchanged
+    assert inventory.for_run(None, {}) is inventory
+    record = train_record(run)
+    assert record == {
+        "script": "train.py",
+        "args": ["--lr", "0.1", "--api-key", MASK],
+        "args_from": "command line",
+        "env": {"NEW": "1", "HF_TOKEN": MASK},
+    }
+    assert train_record(inventory)["args_from"] == "inventory"
+
+
+def test_status_shows_the_runs_arguments(tmp_path: Path) -> None:
+    """`status` prints the arguments the run got (from its record here), whatever the nodes say."""
+    from orchestrator.cli.common import train_args_line
+
+    record = {"script": "t.py", "args": ["--lr", "0.1"], "args_from": "command line", "env": {"A": "x y"}}
+    assert train_args_line(record) == "args: --lr 0.1 (command line); env: A='x y'"
+    assert train_args_line({"args": [], "args_from": "inventory", "env": {}}) == ""
+    assert read_record(tmp_path) is None
