@@ -275,9 +275,11 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
 def show_inventory(ctx: click.Context) -> None:
     """Validate the inventory and show the nodes it defines (no connection is made)."""
     from orchestrator.steps.preflight.checks import native_mix_error
+    from orchestrator.steps.script_check import check_env_files
 
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    check_env_files(inventory)  # the files it names, read as sync reads them: the same verdict
     mix = native_mix_error(inventory)  # loads, but check, validate and launch refuse it (exit 2)
     if settings.json_mode:
         settings.ui.print_json(

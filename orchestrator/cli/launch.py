@@ -178,6 +178,9 @@ def launch(
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env)
+    from orchestrator.steps.script_check import check_script_compiles
+
+    check_script_compiles(inventory)  # a syntax error: exit 2 before anything connects
     code = run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
     return code
 

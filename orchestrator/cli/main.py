@@ -115,6 +115,10 @@ def cli(
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
     refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
+    from orchestrator.steps.script_check import check_env_files, check_script_compiles
+
+    check_script_compiles(inventory)  # a syntax error: exit 2 now, not after the whole pipeline
+    check_env_files(inventory)  # env.requirements missing: as sync would say, before connecting
     if not settings.dry_run:
         from orchestrator.render import require_secrets, templates_dir_for
 

@@ -88,3 +88,36 @@ def test_status_shows_the_runs_arguments(tmp_path: Path) -> None:
     assert train_args_line(record) == "args: --lr 0.1 (command line); env: A='x y'"
     assert train_args_line({"args": [], "args_from": "inventory", "env": {}}) == ""
     assert read_record(tmp_path) is None
+
+
+def test_a_syntax_error_in_the_script_stops_before_anything_connects(tmp_path: Path) -> None:
+    """The nodes (TEST-NET addresses) are never contacted: one line names the file and line, exit 2."""
+    import time
+
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    (tmp_path / "train.py").write_text("import os\n\ndef main(:\n    pass\n")
+    for command in (["launch"], ["launch", "--dry-run"], []):
+        begin = time.monotonic()
+        run = _cli(tmp_path, *command)
+        assert run.returncode == 2, (command, run.stderr)
+        assert time.monotonic() - begin < 10  # an unreachable node would cost its connect timeout
+        [line] = run.stderr.strip().splitlines()
+        assert line.startswith("error: train.py, line 3: invalid syntax: "), line
+        assert "the training script does not compile" in line
+
+
+def test_inventory_and_the_pipeline_agree_on_a_requirements_file_left_behind(tmp_path: Path) -> None:
+    """An inventory copied elsewhere without its requirements file: `inventory` says what the
+    pipeline says (the field, the resolved path), both exit 2 before connecting."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    copy = INVENTORY.replace("  name: lab\n", "  name: lab\n  env: {requirements: reqs.txt}\n")
+    (tmp_path / "lab.yaml").write_text(copy)
+    missing = tmp_path / "reqs.txt"
+    shown = _cli(tmp_path, "inventory")
+    run = _cli(tmp_path)
+    for result in (shown, run):
+        assert result.returncode == 2, result.stderr
+        assert f"env.requirements: cannot read {missing}: No such file or directory" in result.stderr
+        assert f"relative to the inventory file's directory ({tmp_path})" in result.stderr
+    missing.write_text("torch==2.13.0\n")
+    assert _cli(tmp_path, "inventory").returncode == 0
