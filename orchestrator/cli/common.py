@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import re
 import shlex
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -357,11 +358,9 @@ def print_plans(
         settings.ui.print_text("")
 
 
-def again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run: the same inventory and the files that say
-    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
-    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
-    words = ["bootstrap"]
+def _reach_words(settings: Settings) -> list[str]:
+    """The options that say which inventory and how to reach its nodes, as the user gave them."""
+    words = []
     for option, value in (
         ("-i", settings.inventory),
         ("--known-hosts", settings.known_hosts),
@@ -369,7 +368,25 @@ def again(settings: Settings, command: str, run_id: str) -> str:
     ):
         if value is not None:
             words += [option, shlex.quote(str(value))]
-    return " ".join([*words, command, "--run", shlex.quote(run_id)])
+    return words
+
+
+def again(settings: Settings, command: str, run_id: str) -> str:
+    """The command line a user types next for this run: the same inventory and the files that say
+    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
+    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
+    return " ".join(["bootstrap", *_reach_words(settings), command, "--run", shlex.quote(run_id)])
+
+
+def with_user_options(settings: Settings, text: str) -> str:
+    """``text`` (a fix hint) with every `` `bootstrap CMD` `` it suggests given the options this
+    command had (``-i``, ``--known-hosts``, ``--ssh-config``): pasted, it acts on the same cluster,
+    not on the embedded local inventory. A suggestion naming its own ``-i`` is left as it is."""
+    words = _reach_words(settings)
+    if not words:
+        return text
+    prefix = "`bootstrap " + " ".join(words) + " "
+    return re.sub(r"`bootstrap (?!-i )", lambda _m: prefix, text)
 
 
 class CommandExit(Exception):
@@ -381,11 +398,14 @@ class CommandExit(Exception):
         self.code = code
 
 
-def interrupted(ui: UI) -> NoReturn:
-    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled."""
+def interrupted(
+    ui: UI, detail: str = "connections closed, commands still running on the nodes were stopped"
+) -> NoReturn:
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled;
+    ``detail``: what that did (a command that only reads, as `logs -f`, stopped nothing)."""
     terminated = isinstance(sys.exc_info()[1], Terminated)
     what = "terminated (SIGTERM)" if terminated else "interrupted"
-    ui.error(f"{what}: connections closed, commands still running on the nodes were stopped")
+    ui.error(f"{what}: {detail}")
     raise CommandExit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
 
 

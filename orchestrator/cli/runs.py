@@ -208,8 +208,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
                 run_log.settle(outputs, {n: "replace" if n in read else "longer" for n in outputs}),
             )
         run_log.close()
-        ui.note(f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
-        interrupted(ui)
+        interrupted(ui, f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
     finally:
         run_log.close()  # drops the parts not committed: the copies stay as they were
     code = exit_code_for(outcomes)
