@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
 #: a node's workdir when the inventory gives none (``~``: the connecting user's home on the node)
 DEFAULT_WORKDIR = "~/cluster-bootstrap"
-#: in a code directory: code sync's scan cache, whose presence says the directory is bootstrap's (sync
-#: may delete what the project does not have there); `launch` writes an empty one into a code directory
-#: it creates (steps/probes/code_tree.py CACHE, steps/codesync/ignore.py RESERVED_PREFIX)
+#: in a code directory: code sync's scan cache, whose presence says the directory is bootstrap's (what
+#: sync may delete there is only what its record of shipped files lists); `launch` writes an empty one
+#: into a code directory it creates (steps/probes/code_tree.py CACHE, codesync/ignore.py RESERVED_PREFIX)
 CODE_MARKER = ".bootstrap-code.json"
 #: replaced by the node's name in ``workdir`` and ``env.path``
 NODE_PLACEHOLDER = "{node}"

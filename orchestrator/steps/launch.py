@@ -203,8 +203,8 @@ def prepare_script(
     create the run directory, and the directory the training script goes to.
 
     ``code_root``: the code directory a training script is uploaded into; when launch creates it,
-    it is marked as bootstrap's (``CODE_MARKER``), so a later code sync into it may replace what
-    launch put there (an unmarked directory with files is a stranger's, which sync refuses).
+    it is marked as bootstrap's (``CODE_MARKER``). The run's outputs directory (``$CB_RUN_DIR``) is
+    made with the run directory.
 
     The run directory is always private (owner-only: ``chmod 700`` on POSIX, an access list of one
     entry for the connecting user on Windows): the launch script written into it may hold

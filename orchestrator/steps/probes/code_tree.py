@@ -58,7 +58,7 @@ def resolve(dest):
 
 
 def refusal(path):
-    """Why dest must not be synced into (sync deletes what the project does not have), or None."""
+    """Why dest must not be synced into (sync writes the project's files there), or None."""
     real = os.path.realpath(path)
     home = os.path.realpath(os.path.expanduser("~"))
     if os.path.dirname(real) == real:
