@@ -398,3 +398,75 @@ def test_many_stars_against_a_long_name_answer_at_once() -> None:
     rules = IgnoreRules([rule])
     name = "a" * 200
     assert not rules.excluded(name) and rules.excluded(name + "b")
+
+
+def test_apply_deletes_only_files_still_holding_the_shipped_bytes_and_records_what_it_shipped(
+    tmp_path: Path,
+) -> None:
+    """The node script, given deletions with the bytes they were shipped with: a file the node changed
+    since (a checkpoint rewritten under a shipped name) stays; the record of what was shipped is
+    replaced by the bundle's, plus what could not be deleted (still ours: tried again next time)."""
+    import hashlib
+
+    home = tmp_path / "home"
+    dest = home / "code"
+    dest.mkdir(parents=True)
+    (dest / "old.py").write_text("shipped\n")
+    (dest / "notes.txt").write_text("rewritten on the node\n")
+    shipped_sha = hashlib.sha256(b"shipped\n").hexdigest()
+    header = {
+        "delete": [["old.py", shipped_sha], ["notes.txt", hashlib.sha256(b"as shipped\n").hexdigest()]],
+        "files": [["new.py", 4, 0o644, None, hashlib.sha256(b"new\n").hexdigest()]],
+        "shipped": {"new.py": hashlib.sha256(b"new\n").hexdigest()},
+    }
+    (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"new\n")
+    out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
+    assert (out["written"], out["deleted"], out["errors"]) == (1, 1, [])
+    assert not (dest / "old.py").exists() and (dest / "notes.txt").read_text() == "rewritten on the node\n"
+    record = json.loads((dest / ".bootstrap-code-shipped.json").read_text())
+    assert record == {"version": 1, "files": header["shipped"]}
+    assert not list(dest.glob(".bootstrap-code-shipped.json.tmp-*"))
+
+
+def test_a_second_node_sharing_the_directory_leaves_the_writing_to_the_first(tmp_path: Path) -> None:
+    """Two nodes of one sync, one directory (their markers both there): the later one in the order
+    writes nothing and says who does; a marker of another sync (another token) does not count."""
+    home = tmp_path / "home"
+    dest = home / "code"
+    for node, token in (("n1", "t1"), ("n2", "t2"), ("n3", "old")):
+        scanned = _probe(
+            {
+                "op": "scan",
+                "dest": "~/code",
+                "rules": [],
+                "create": True,
+                "marker": {"name": node, "token": token},
+            },
+            home,
+        )
+        assert scanned["marker_error"] is None
+    header = {"delete": [], "files": [["a.py", 2, 0o644, None, "0" * 64]], "shipped": {"a.py": "0" * 64}}
+    shared = {"tokens": {"n1": "t1", "n2": "t2", "n3": "t3"}, "order": ["n1", "n2", "n3"]}
+    for node in ("n2", "n1"):
+        (dest / f".bootstrap-code-upload-{node}").write_bytes(json.dumps(header).encode() + b"\nx\n")
+    second = _probe(
+        {
+            "op": "apply",
+            "dest": "~/code",
+            "bundle": ".bootstrap-code-upload-n2",
+            "shared": {**shared, "name": "n2"},
+        },
+        home,
+    )
+    assert (second["leader"], second["shared_with"], second["written"]) == ("n1", ["n1"], 0)
+    assert not (dest / "a.py").exists() and not (dest / ".bootstrap-code-upload-n2").exists()
+    first = _probe(
+        {
+            "op": "apply",
+            "dest": "~/code",
+            "bundle": ".bootstrap-code-upload-n1",
+            "shared": {**shared, "name": "n1"},
+        },
+        home,
+    )
+    assert "leader" not in first and first["shared_with"] == ["n2"] and (dest / "a.py").read_text() == "x\n"
