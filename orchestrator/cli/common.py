@@ -514,3 +514,23 @@ def train_args_line(train: dict[str, Any] | None) -> str:
     if env:
         parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
     return "; ".join(parts)
+
+
+def master_option(fn: F) -> F:
+    """``--master NODE``: the run's master when the inventory's is not among ``--nodes``."""
+    return click.option(
+        "--master",
+        "master",
+        metavar="NODE",
+        help="The master for this run (rank 0, the rendezvous): needed when --nodes leaves out the "
+        "inventory's master.",
+    )(fn)
+
+
+def run_nodes(settings: Settings, inventory: Inventory, master: str | None) -> Inventory:
+    """The inventory a run uses: with ``--nodes``, only those nodes (the job is sized to them) and
+    ``--master`` when given (:meth:`Inventory.only`); else the whole inventory."""
+    if not settings.nodes and master is None:
+        return inventory
+    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
+    return inventory.only(nodes, master=master)

@@ -18,12 +18,14 @@ from orchestrator.cli.common import (
     for_run,
     interrupted,
     load_selection,
+    master_option,
     node_docs,
     offline_specs,
     open_session,
     phase_session,
     refuse_native_mix,
     result_dict,
+    run_nodes,
     templates_option,
     train_args_line,
     train_env_option,
@@ -155,6 +157,7 @@ def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
     "connection), print the run id and exit; follow with `logs --run RUN --follow`.",
 )
 @train_env_option("Add NAME=VALUE to train.env for this run (repeatable).")
+@master_option
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.pass_context
 def launch(
@@ -163,6 +166,7 @@ def launch(
     templates_dir: Path | None,
     detach: bool,
     train_env: tuple[str, ...],
+    master: str | None,
     train_args: tuple[str, ...],
 ) -> int:
     """Start training on every node and stream every rank's output as `[node:rank] line`.
@@ -178,6 +182,8 @@ def launch(
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env)
+    refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
     from orchestrator.steps.script_check import check_script_compiles
 
     check_script_compiles(inventory)  # a syntax error: exit 2 before anything connects
@@ -205,8 +211,6 @@ def run_launch(
 
     ui = settings.ui
     refuse_native_mix(inventory)
-    if settings.nodes:
-        ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
     from orchestrator.steps.launch import missing_script_warning
 
     missing = missing_script_warning(inventory)

@@ -15,8 +15,10 @@ from orchestrator.cli.common import (
     for_run,
     interrupted,
     load_selection,
+    master_option,
     open_session,
     refuse_native_mix,
+    run_nodes,
     train_env_option,
 )
 from orchestrator.errors import (
@@ -86,6 +88,7 @@ class _Group(click.Group):
     help="Main pipeline: stop after this phase (e.g. `--until check`: set the cluster up, train nothing).",
 )
 @train_env_option("Main pipeline: add NAME=VALUE to train.env for this run (repeatable).")
+@master_option
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -95,6 +98,7 @@ def cli(
     until: str | None,
     sync_from_master: bool,
     train_env: tuple[str, ...],
+    master: str | None,
 ) -> int:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
@@ -115,6 +119,8 @@ def cli(
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
     refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
+    inventory = run_nodes(settings, inventory, master)  # --nodes: the nodes this run uses, all phases
+    nodes = list(inventory.nodes)
     from orchestrator.steps.script_check import check_env_files, check_script_compiles
 
     check_script_compiles(inventory)  # a syntax error: exit 2 now, not after the whole pipeline

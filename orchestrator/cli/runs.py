@@ -110,6 +110,29 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
 # -- logs ----------------------------------------------------------------------------------------------
 
 
+def _run_nodes(
+    settings: Settings, inventory: Inventory, nodes: list[Node], run_id: str
+) -> tuple[list[Node], dict[str, tuple[int, int]]]:
+    """The nodes a run launched from here used (its record: ``launch --nodes`` may have left some
+    out) unless ``--nodes`` names them, and each node's rank labels as that run gave them."""
+    from orchestrator.runs.layout import read_record
+
+    labels = rank_labels(inventory)
+    record = read_record(RUNS_ROOT / run_id) or {}
+    recorded = record.get("nodes")
+    if not isinstance(recorded, dict) or not recorded:
+        return nodes, labels
+    if not settings.nodes:
+        nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
+    if not inventory.cluster.train.elastic:  # elastic: each line carries its global rank itself
+        for name, doc in recorded.items():
+            try:
+                labels[str(name)] = (int(doc["first_rank"]), int(doc["nproc"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return nodes, labels
+
+
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
@@ -144,6 +167,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings,
@@ -154,7 +178,6 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             ),
         )
         return ExitCode.OK
-    labels = rank_labels(inventory)
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
@@ -311,6 +334,7 @@ def status(ctx: click.Context, run_arg: str) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
@@ -402,6 +426,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
@@ -488,6 +513,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
         _print_scripts(

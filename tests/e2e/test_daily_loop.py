@@ -102,3 +102,42 @@ def test_rerun_keeps_what_training_wrote_takes_arguments_and_fetches_the_runs_ou
         fetched = (tmp_path / "runs" / run1 / host.name / "last.txt").read_text()
         assert fetched == f"{run1} {host.name} --lr 0.1\n"
     assert (shared / "runs" / run2 / "node1" / "out" / "last.txt").read_text().startswith(f"{run2} node1 ")
+
+
+def test_one_node_down_the_other_two_train_with_nodes(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """A node of three is cut off: `launch --nodes` the other two sizes the job to them (--nnodes 2,
+    world size 2) and trains; `status` of that run asks only its two nodes."""
+    import subprocess
+
+    script = tmp_path / "size.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "print('world', dist.get_world_size(), 'rank', dist.get_rank(), flush=True)\n"
+        "dist.barrier()\ndist.destroy_process_group()\n"
+    )
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "hosts.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        train={"script": str(script)},
+    )
+    down = cluster.hosts[2]
+    alive = ",".join(h.name for h in cluster.hosts[:2])
+    subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        run = _ok(bootstrap("-i", str(inv), "launch", "--nodes", alive, cwd=tmp_path, timeout=300))
+        shown = sorted(re.findall(r"^\[(node\d):\d+\] world (\d+) rank (\d+)$", run.stdout, re.M))
+        assert shown == [("node1", "2", "0"), ("node2", "2", "1")], run
+        (run_id,) = _runs(tmp_path)
+        status = _ok(bootstrap("-i", str(inv), "--json", "status", "--run", run_id, cwd=tmp_path))
+        assert [n["name"] for n in json.loads(status.stdout)["nodes"]] == ["node1", "node2"]
+    finally:
+        subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "up"], check=True)
+        cluster._probe_from_controller([down.addr], timeout=30)  # later tests use it again

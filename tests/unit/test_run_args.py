@@ -121,3 +121,73 @@ def test_inventory_and_the_pipeline_agree_on_a_requirements_file_left_behind(tmp
         assert f"relative to the inventory file's directory ({tmp_path})" in result.stderr
     missing.write_text("torch==2.13.0\n")
     assert _cli(tmp_path, "inventory").returncode == 0
+
+
+THREE = """\
+cluster:
+  name: lab
+  master: a
+  train: {script: train.py}
+nodes:
+  - {name: a, host: 192.0.2.1}
+  - {name: b, host: 192.0.2.2}
+  - {name: c, host: 192.0.2.3}
+"""
+
+
+def _planned(stdout: str) -> dict[str, list[str]]:
+    """node -> the torchrun lines that size and place it, from `launch --dry-run --json`."""
+    keys = ("--nnodes", "--node-rank", "--master-addr")
+    return {
+        n["name"]: [line.strip(" \\") for line in n["script"].splitlines() if line.strip().startswith(keys)]
+        for n in json.loads(stdout)["nodes"]
+    }
+
+
+def test_nodes_size_the_job_and_the_master_must_be_among_them(tmp_path: Path) -> None:
+    """`--nodes` means the nodes the run uses, for launch and validate too: --nnodes, ranks and the
+    world size follow them; without the master, --master names another one (it becomes node rank 0,
+    which hosts the static rendezvous at the master's address)."""
+    (tmp_path / "lab.yaml").write_text(THREE)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    two = _cli(tmp_path, "--json", "launch", "--dry-run", "--nodes", "a,b")
+    assert two.returncode == 0, two.stderr
+    assert _planned(two.stdout) == {
+        "a": ["--nnodes 2", "--node-rank 0", "--master-addr 192.0.2.1"],
+        "b": ["--nnodes 2", "--node-rank 1", "--master-addr 192.0.2.1"],
+    }
+    assert "runs every node of the inventory" not in two.stderr
+    headless = _cli(tmp_path, "launch", "--dry-run", "--nodes", "b,c")
+    assert headless.returncode == 2
+    assert "the master a is not among the nodes this run uses (b, c)" in headless.stderr
+    assert "--master NODE" in headless.stderr
+    moved = _cli(tmp_path, "--json", "launch", "--dry-run", "--nodes", "b,c", "--master", "c")
+    assert _planned(moved.stdout) == {
+        "c": ["--nnodes 2", "--node-rank 0", "--master-addr 192.0.2.3"],
+        "b": ["--nnodes 2", "--node-rank 1", "--master-addr 192.0.2.3"],
+    }
+    validate = _cli(tmp_path, "--json", "validate", "--dry-run", "--nodes", "a,c")
+    assert validate.returncode == 0, validate.stderr
+    assert [n["name"] for n in json.loads(validate.stdout)["nodes"]] == ["a", "c"]
+
+
+def test_nodes_refuse_what_cannot_be_sized_down(tmp_path: Path) -> None:
+    inventory_text = THREE.replace(
+        "train: {script: train.py}", "train: {script: train.py, shares: [1, 2, 3]}"
+    )
+    (tmp_path / "lab.yaml").write_text(inventory_text)
+    inventory = load_inventory(tmp_path / "lab.yaml")
+    import pytest
+
+    from orchestrator.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"train\.shares lists fixed shares"):
+        inventory.only(inventory.select(["a,b"]))
+    assert inventory.only(list(inventory.nodes)) is inventory
+    elastic = THREE.replace(
+        "train: {script: train.py}", "train: {script: train.py, elastic: true, min_nodes: 3}"
+    )
+    (tmp_path / "lab.yaml").write_text(elastic)
+    inventory = load_inventory(tmp_path / "lab.yaml")
+    with pytest.raises(UsageError, match=r"train\.min_nodes is 3, but this run uses 2 node"):
+        inventory.only(inventory.select(["a,b"]))
