@@ -30,6 +30,13 @@ says which epoch its copy holds; the newest copy on any node wins: the rank that
 broadcasts model, optimizer and GradScaler state and the epoch to every rank, so a node that has no
 copy (a new or reinstalled machine, or rank 0 moved by an elastic restart) resumes with the others.
 A copy that exists but cannot be read stops every rank with the node named, instead of hanging.
+
+Under `bootstrap launch`, every run has a directory of its own on each node, ``$CB_RUN_DIR``
+(``<workdir>/runs/<run-id>/<node>/out``; the run id is ``$CB_RUN_ID``): the checkpoint goes to
+``$CB_RUN_DIR/checkpoints/last.pt`` unless ``--checkpoint`` says otherwise, and `bootstrap fetch
+checkpoints/last.pt` brings it back. ``--resume`` starts from the last checkpoint of the newest
+earlier run that has one on each node (``--resume RUN_ID``: of that run), and saves into this run's
+own directory: the earlier run's files stay as they were.
 On shared storage (NFS) the same path works too: the nodes replace the one file atomically.
 The broadcast pickles the whole state through the process group: right for this example; for a
 model of several GB, save shards with torch.distributed.checkpoint instead.
@@ -89,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="checkpoint on each node's own disk: saved there after each epoch by every node; "
         "resume from the newest copy found on any node (no shared storage needed)",
     )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        metavar="RUN_ID",
+        help="start from the checkpoint an earlier run saved in its $CB_RUN_DIR on each node: the newest "
+        "run that has one, or RUN_ID (the checkpoint of this run is saved in this run's directory)",
+    )
     p.add_argument("--max-steps", type=int, default=0, help="stop after N steps in this run (0: no limit)")
     p.add_argument("--log-every", type=int, default=50, help="log every N steps (0: only per epoch)")
     p.add_argument(
@@ -125,6 +140,33 @@ def load_shares_helper() -> Any:
             "cb_shares.py not found: launch with `bootstrap launch` (it ships it and sets "
             "CB_SHARES_HELPER), or copy orchestrator/bench/cb_shares.py beside this script"
         ) from None
+
+
+def run_checkpoint(run_dir: str) -> str:
+    """Where a run's checkpoint lives in its $CB_RUN_DIR."""
+    return os.path.join(run_dir, "checkpoints", "last.pt")
+
+
+def resume_path(wanted: str, run_dir: str | None) -> str:
+    """The checkpoint ``--resume`` names on this node: RUN_ID's, or ("latest") the newest earlier run's
+    (by the file's time) among this node's runs; a path that does not exist when there is none (the
+    node then has no copy, and the others' is used: :func:`newest_checkpoint`)."""
+    if not run_dir:
+        raise RuntimeError(
+            "--resume needs $CB_RUN_DIR (set by `bootstrap launch`); started by hand, give --checkpoint PATH"
+        )
+    here = os.path.abspath(run_dir)
+    node = os.path.basename(os.path.dirname(here))  # <workdir>/runs/<run-id>/<node>/out
+    runs = os.path.dirname(os.path.dirname(os.path.dirname(here)))
+    if wanted != "latest":
+        return run_checkpoint(os.path.join(runs, wanted, node, os.path.basename(here)))
+    found = []
+    for run_id in os.listdir(runs) if os.path.isdir(runs) else []:
+        other = os.path.join(runs, run_id, node, os.path.basename(here))
+        path = run_checkpoint(other)
+        if os.path.abspath(other) != here and os.path.isfile(path):
+            found.append((os.path.getmtime(path), path))
+    return max(found)[1] if found else run_checkpoint(os.path.join(runs, "(none)", node))
 
 
 def make_dataset(seed: int, samples: int) -> TensorDataset:
@@ -211,6 +253,10 @@ def newest_checkpoint(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    run_dir = os.environ.get("CB_RUN_DIR")
+    if args.checkpoint is None and run_dir:
+        args.checkpoint = run_checkpoint(run_dir)  # this run's own directory on this node
+    resume_from = resume_path(args.resume, run_dir) if args.resume else args.checkpoint
     missing = [name for name in REQUIRED_ENV if name not in os.environ]
     if missing:
         print(
@@ -276,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
 
         start_epoch, last_loss = 0, float("nan")
-        state, source = newest_checkpoint(args.checkpoint, rank, local_rank, world, device, log)
+        state, source = newest_checkpoint(resume_from, rank, local_rank, world, device, log)
         if state is not None:  # the same state on every rank: they all start at the same epoch
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])  # moves its tensors to the parameters' device

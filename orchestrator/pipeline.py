@@ -115,9 +115,10 @@ def run_pipeline(
     options: PipelineOptions,
     phases: Phases,
 ) -> PipelineReport:
-    """The whole job on ``session`` (which spans every node of the inventory: the firewall learns
-    every peer's address, validation and training span the cluster); ``selected`` (``--nodes``) are
-    the nodes synced, configured and checked.
+    """The whole job on ``session`` (which spans every node of ``inventory``: the firewall learns
+    every peer's address, validation and training span them; the CLI has narrowed the inventory to
+    ``--nodes`` first, the nodes the run uses); ``selected`` are the nodes synced, configured and
+    checked.
 
     A real run goes on past a failed firewall or time step (the preflight measures what they were
     for); a dry run's preflight measures nothing, so there the worst phase's code is the exit code

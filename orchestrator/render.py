@@ -87,7 +87,7 @@ def plan_launch(
     cpus: Mapping[str, int],
     pythons: Mapping[str, str],
 ) -> list[LaunchSpec]:
-    """One spec per inventory node (a training job spans the whole cluster, whatever --nodes says).
+    """One spec per node of ``inventory`` (``--nodes`` narrows the inventory itself: Inventory.only).
 
     ``interfaces``: node -> (interface, source address) from the route to the master; ``cpus``:
     node -> CPU count (OMP_NUM_THREADS); ``pythons``: node -> interpreter.

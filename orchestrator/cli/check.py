@@ -20,8 +20,8 @@ from orchestrator.cli.common import (
     phase_session,
     print_plans,
     refuse_native_mix,
+    with_user_options,
 )
-from orchestrator.cli.ui import UI
 from orchestrator.errors import (
     ExitCode,
 )
@@ -116,7 +116,7 @@ def run_check(
         ui.print_table(_checks_table(nodes, report))
         if len({tuple(v.values()) for v in report.versions.values()}) > 1:
             ui.print_table(_versions_table(report.versions))
-        _check_details(ui, nodes, report)
+        _check_details(settings, nodes, report)
     fail_lines(ui, outcomes)
     reachable = sum(o.ok for o in outcomes)
     failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
@@ -187,8 +187,10 @@ def _versions_table(versions: dict[str, dict[str, str | None]]) -> Table:
     return table
 
 
-def _check_details(ui: UI, nodes: list[Node], report: Any) -> None:
-    """Every verdict on one line under the table; problems first, with their fix."""
+def _check_details(settings: Settings, nodes: list[Node], report: Any) -> None:
+    """Every verdict on one line under the table; problems first, with their fix (the commands it
+    suggests given this command's own -i, --known-hosts, --ssh-config)."""
+    ui = settings.ui
     ui.info(f"backend: {report.backend_reason}")
     for level in ("fail", "warn", "ok") if ui.verbose else ("fail", "warn"):
         for node in nodes:
@@ -196,9 +198,11 @@ def _check_details(ui: UI, nodes: list[Node], report: Any) -> None:
                 if verdict.level != level:
                     continue
                 label, style = _LEVEL_STYLE[level]
-                line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {verdict.reason}")
+                reason = with_user_options(settings, verdict.reason)
+                line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {reason}")
                 if verdict.fix:
-                    line += Text(f" -> {verdict.fix}", style="dim" if level == "ok" else "")
+                    fix = with_user_options(settings, verdict.fix)
+                    line += Text(f" -> {fix}", style="dim" if level == "ok" else "")
                 ui.err.print(line) if level != "ok" else ui.err.print(line, style="dim")
 
 
@@ -275,9 +279,11 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
 def show_inventory(ctx: click.Context) -> None:
     """Validate the inventory and show the nodes it defines (no connection is made)."""
     from orchestrator.steps.preflight.checks import native_mix_error
+    from orchestrator.steps.script_check import check_env_files
 
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    check_env_files(inventory)  # the files it names, read as sync reads them: the same verdict
     mix = native_mix_error(inventory)  # loads, but check, validate and launch refuse it (exit 2)
     if settings.json_mode:
         settings.ui.print_json(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import getpass
 import logging
+import re
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -357,11 +358,9 @@ def print_plans(
         settings.ui.print_text("")
 
 
-def again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run: the same inventory and the files that say
-    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
-    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
-    words = ["bootstrap"]
+def _reach_words(settings: Settings) -> list[str]:
+    """The options that say which inventory and how to reach its nodes, as the user gave them."""
+    words = []
     for option, value in (
         ("-i", settings.inventory),
         ("--known-hosts", settings.known_hosts),
@@ -369,7 +368,25 @@ def again(settings: Settings, command: str, run_id: str) -> str:
     ):
         if value is not None:
             words += [option, shlex.quote(str(value))]
-    return " ".join([*words, command, "--run", shlex.quote(run_id)])
+    return words
+
+
+def again(settings: Settings, command: str, run_id: str) -> str:
+    """The command line a user types next for this run: the same inventory and the files that say
+    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
+    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
+    return " ".join(["bootstrap", *_reach_words(settings), command, "--run", shlex.quote(run_id)])
+
+
+def with_user_options(settings: Settings, text: str) -> str:
+    """``text`` (a fix hint) with every `` `bootstrap CMD` `` it suggests given the options this
+    command had (``-i``, ``--known-hosts``, ``--ssh-config``): pasted, it acts on the same cluster,
+    not on the embedded local inventory. A suggestion naming its own ``-i`` is left as it is."""
+    words = _reach_words(settings)
+    if not words:
+        return text
+    prefix = "`bootstrap " + " ".join(words) + " "
+    return re.sub(r"`bootstrap (?!-i )", lambda _m: prefix, text)
 
 
 class CommandExit(Exception):
@@ -381,11 +398,14 @@ class CommandExit(Exception):
         self.code = code
 
 
-def interrupted(ui: UI) -> NoReturn:
-    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled."""
+def interrupted(
+    ui: UI, detail: str = "connections closed, commands still running on the nodes were stopped"
+) -> NoReturn:
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled;
+    ``detail``: what that did (a command that only reads, as `logs -f`, stopped nothing)."""
     terminated = isinstance(sys.exc_info()[1], Terminated)
     what = "terminated (SIGTERM)" if terminated else "interrupted"
-    ui.error(f"{what}: connections closed, commands still running on the nodes were stopped")
+    ui.error(f"{what}: {detail}")
     raise CommandExit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
 
 
@@ -432,3 +452,85 @@ def offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[
         pythons=pythons,
     )
     return backend, list(specs)
+
+
+# -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
+
+
+def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
+    from orchestrator.errors import UsageError
+    from orchestrator.platforms import check_env_name
+
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+        try:
+            env[check_env_name(name)] = value
+        except ValueError as exc:
+            raise UsageError(f"--env {pair!r}: {exc}") from None
+    return env
+
+
+def train_env_option(help_text: str) -> Callable[[F], F]:
+    """``-e/--env NAME=VALUE`` (repeatable): added to train.env for this run."""
+    return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
+
+
+def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str]) -> Inventory:
+    """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
+    values are added to train.env."""
+    return inventory.for_run(args, parse_env_pairs(env_pairs))
+
+
+class TrainArgsCommand(click.Command):
+    """A command taking the training script's arguments after ``--``: an unknown option says so."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            hint = (
+                f"{exc.format_message()} Arguments for the training script go after `--`: "
+                f"`bootstrap {ctx.info_name} -- {exc.option_name} ...`"
+            )
+            raise click.UsageError(hint, ctx) from None
+
+
+def train_args_line(train: dict[str, Any] | None) -> str:
+    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got, for `launch` and
+    `status`; "" when the record has nothing to say (no arguments, nothing set for this run)."""
+    if not train:
+        return ""
+    import shlex
+
+    parts = []
+    args = [str(a) for a in train.get("args") or []]
+    if args or train.get("args_from") == "command line":
+        parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")
+    env = train.get("env") or {}
+    if env:
+        parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
+    return "; ".join(parts)
+
+
+def master_option(fn: F) -> F:
+    """``--master NODE``: the run's master when the inventory's is not among ``--nodes``."""
+    return click.option(
+        "--master",
+        "master",
+        metavar="NODE",
+        help="The master for this run (rank 0, the rendezvous): needed when --nodes leaves out the "
+        "inventory's master.",
+    )(fn)
+
+
+def run_nodes(settings: Settings, inventory: Inventory, master: str | None) -> Inventory:
+    """The inventory a run uses: with ``--nodes``, only those nodes (the job is sized to them) and
+    ``--master`` when given (:meth:`Inventory.only`); else the whole inventory."""
+    if not settings.nodes and master is None:
+        return inventory
+    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
+    return inventory.only(nodes, master=master)

@@ -13,18 +13,24 @@ from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
+    TrainArgsCommand,
     again,
     common_options,
     fail_lines,
+    for_run,
     interrupted,
     load_selection,
+    master_option,
     node_docs,
     offline_specs,
     open_session,
     phase_session,
     refuse_native_mix,
     result_dict,
+    run_nodes,
     templates_option,
+    train_args_line,
+    train_env_option,
 )
 from orchestrator.errors import (
     ExitCode,
@@ -143,7 +149,7 @@ def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
     )
 
 
-@click.command()
+@click.command(cls=TrainArgsCommand)
 @common_options
 @click.option("--run-id", help="Run name (default: <cluster>-<time>); also the elastic rendezvous id.")
 @templates_option()
@@ -153,17 +159,37 @@ def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
     help="Start every node's launcher in the background (it survives this command and the "
     "connection), print the run id and exit; follow with `logs --run RUN --follow`.",
 )
+@train_env_option("Add NAME=VALUE to train.env for this run (repeatable).")
+@master_option
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.pass_context
-def launch(ctx: click.Context, run_id: str | None, templates_dir: Path | None, detach: bool) -> int:
+def launch(
+    ctx: click.Context,
+    run_id: str | None,
+    templates_dir: Path | None,
+    detach: bool,
+    train_env: tuple[str, ...],
+    master: str | None,
+    train_args: tuple[str, ...],
+) -> int:
     """Start training on every node and stream every rank's output as `[node:rank] line`.
 
     Renders each node's torchrun script (see `render`), uploads it with the training script, runs all
     nodes at once. When one node fails, the others are stopped; the summary names it first with its
     exit code and last lines. Output is kept in runs/<run-id>/<node>.log here and beside the script
     on each node. Exit code 0 only when every node succeeded.
+
+    `launch -- ARGS`: ARGS replace train.args for this run (the inventory is not changed);
+    `-e NAME=VALUE` adds to train.env.
     """
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
+    inventory = for_run(inventory, train_args or None, train_env)
+    refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
+    from orchestrator.steps.script_check import check_script_compiles
+
+    check_script_compiles(inventory)  # a syntax error: exit 2 before anything connects
     code = run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
     return code
 
@@ -188,8 +214,6 @@ def run_launch(
 
     ui = settings.ui
     refuse_native_mix(inventory)
-    if settings.nodes:
-        ui.note("launch runs every node of the inventory: a training job spans the whole cluster")
     from orchestrator.steps.launch import missing_script_warning
 
     missing = missing_script_warning(inventory)
@@ -223,10 +247,15 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import write_record
+        from orchestrator.runs.layout import train_record, write_record
         from orchestrator.runs.ranks import rank_labels, split_rank
 
-        write_record(Path("runs") / run_id, run_id, launch_plan.specs, detached=detach)
+        write_record(
+            Path("runs") / run_id, run_id, launch_plan.specs, detached=detach, train=train_record(inventory)
+        )
+        args_line = train_args_line(train_record(inventory))
+        if args_line:
+            ui.info(args_line)
         if detach:
             from orchestrator.cli.runs import show_detached
             from orchestrator.steps.launch import start_detached

@@ -12,10 +12,14 @@ from orchestrator.cli.common import (
     CommandExit,
     Settings,
     common_options,
+    for_run,
     interrupted,
     load_selection,
+    master_option,
     open_session,
     refuse_native_mix,
+    run_nodes,
+    train_env_option,
 )
 from orchestrator.errors import (
     BootstrapError,
@@ -23,10 +27,28 @@ from orchestrator.errors import (
     Terminated,
 )
 
+#: ``ctx.meta`` key: the words after ``--`` of the main pipeline (``bootstrap -i x -- --lr 0.1``)
+RUN_ARGS = "cluster_bootstrap.run_args"
+
 
 class _Group(click.Group):
     """The one exit path: every command returns its exit code (or raises); only here does a code,
     an error or an interrupt become the process's exit status."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """The words after ``--`` belong to the training script when no command comes before them
+        (the main pipeline); after a command (``launch -- ...``, ``run -- ...``) they are its own."""
+        if "--" not in args:
+            return super().parse_args(ctx, args)
+        cut = args.index("--")
+        rest = super().parse_args(ctx, args[:cut])
+        # the command's name, when one came before "--" (click keeps it apart from its arguments)
+        command = getattr(ctx, "_protected_args", None)
+        if not command:
+            ctx.meta[RUN_ARGS] = tuple(args[cut + 1 :])
+            return rest
+        ctx.args = [*ctx.args, *args[cut:]]
+        return ctx.args
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -65,6 +87,8 @@ class _Group(click.Group):
     type=click.Choice(["sync", "firewall", "ntp", "check", "validate"]),
     help="Main pipeline: stop after this phase (e.g. `--until check`: set the cluster up, train nothing).",
 )
+@train_env_option("Main pipeline: add NAME=VALUE to train.env for this run (repeatable).")
+@master_option
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -73,6 +97,8 @@ def cli(
     detach: bool,
     until: str | None,
     sync_from_master: bool,
+    train_env: tuple[str, ...],
+    master: str | None,
 ) -> int:
     """Turn the machines of an inventory into one PyTorch training cluster.
 
@@ -81,13 +107,24 @@ def cli(
     of 2+ nodes, the preflight (`check`), then, when every check passes (or with --force), every
     rank joins and all_reduce is checked (`validate`, unless --skip-validate), then training on
     every node (`launch`) with every rank's output streamed here.
+
+    `bootstrap [OPTIONS] -- ARGS`: ARGS replace train.args for this run (the inventory is not
+    changed); `-e NAME=VALUE` adds to train.env.
     """
     if ctx.invoked_subcommand is not None:
         return ExitCode.OK
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    run_args = ctx.meta.get(RUN_ARGS)
+    inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
     refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
+    inventory = run_nodes(settings, inventory, master)  # --nodes: the nodes this run uses, all phases
+    nodes = list(inventory.nodes)
+    from orchestrator.steps.script_check import check_env_files, check_script_compiles
+
+    check_script_compiles(inventory)  # a syntax error: exit 2 now, not after the whole pipeline
+    check_env_files(inventory)  # env.requirements missing: as sync would say, before connecting
     if not settings.dry_run:
         from orchestrator.render import require_secrets, templates_dir_for
 

@@ -20,6 +20,7 @@ from orchestrator.cli.common import (
     node_docs,
     node_status,
     open_session,
+    parse_env_pairs,
     print_plans,
     result_dict,
 )
@@ -29,12 +30,11 @@ from orchestrator.errors import (
     ExitCode,
     SecretMissingError,
     SudoPasswordRequiredError,
-    UsageError,
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Node, PasswordResolver
 from orchestrator.logs import RunLog, state_dir
-from orchestrator.platforms import PosixShell, check_env_name
+from orchestrator.platforms import PosixShell
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
 from orchestrator.transports import Result, Transport
@@ -79,7 +79,7 @@ def run(
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
-    env = _parse_env(env_pairs)
+    env = parse_env_pairs(env_pairs)
     text = " ".join(command)
     if settings.dry_run:
         print_plans(
@@ -158,19 +158,6 @@ def run(
     if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
         ui.note(f"output kept in {run_log.directory}")
     return code
-
-
-def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
-        try:
-            env[check_env_name(name)] = value
-        except ValueError as exc:
-            raise UsageError(f"--env {pair!r}: {exc}") from None
-    return env
 
 
 @click.command()

@@ -110,6 +110,29 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
 # -- logs ----------------------------------------------------------------------------------------------
 
 
+def _run_nodes(
+    settings: Settings, inventory: Inventory, nodes: list[Node], run_id: str
+) -> tuple[list[Node], dict[str, tuple[int, int]]]:
+    """The nodes a run launched from here used (its record: ``launch --nodes`` may have left some
+    out) unless ``--nodes`` names them, and each node's rank labels as that run gave them."""
+    from orchestrator.runs.layout import read_record
+
+    labels = rank_labels(inventory)
+    record = read_record(RUNS_ROOT / run_id) or {}
+    recorded = record.get("nodes")
+    if not isinstance(recorded, dict) or not recorded:
+        return nodes, labels
+    if not settings.nodes:
+        nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
+    if not inventory.cluster.train.elastic:  # elastic: each line carries its global rank itself
+        for name, doc in recorded.items():
+            try:
+                labels[str(name)] = (int(doc["first_rank"]), int(doc["nproc"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    return nodes, labels
+
+
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
@@ -144,6 +167,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings,
@@ -154,7 +178,6 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             ),
         )
         return ExitCode.OK
-    labels = rank_labels(inventory)
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
@@ -208,8 +231,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
                 run_log.settle(outputs, {n: "replace" if n in read else "longer" for n in outputs}),
             )
         run_log.close()
-        ui.note(f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
-        interrupted(ui)
+        interrupted(ui, f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
     finally:
         run_log.close()  # drops the parts not committed: the copies stay as they were
     code = exit_code_for(outcomes)
@@ -312,6 +334,7 @@ def status(ctx: click.Context, run_arg: str) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
@@ -327,11 +350,16 @@ def status(ctx: click.Context, run_arg: str) -> int:
     by_name = {n.name: n for n in nodes}
     outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
     code = exit_code_for(outcomes)
+    from orchestrator.cli.common import train_args_line
+    from orchestrator.runs.layout import read_record
+
+    train = (read_record(RUNS_ROOT / run_id) or {}).get("train")  # a run launched from here
     if settings.json_mode:
         ui.print_json(
             {
                 "command": "status",
                 "run_id": run_id,
+                "train": train,
                 "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
@@ -360,6 +388,9 @@ def status(ctx: click.Context, run_arg: str) -> int:
             Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
         )
     ui.print_table(table)
+    args_line = train_args_line(train if isinstance(train, dict) else None)
+    if args_line:
+        ui.info(args_line)
     fail_lines(ui, outcomes)
     return code
 
@@ -395,6 +426,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
@@ -462,26 +494,33 @@ def _size(n: int) -> str:
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.option(
+    "--code",
+    "from_code",
+    is_flag=True,
+    help="look for relative paths only in the code directory (shared by every run: what is there now)",
+)
 @click.argument("paths", nargs=-1, required=True)
 @click.pass_context
-def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
+def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: bool) -> int:
     """Copy files or directories a run wrote on the nodes into runs/<run-id>/<node>/ here.
 
-    A relative PATH is looked for in the node's run directory, then in its code directory (where
-    the training script runs: checkpoints, profiler traces); an absolute one is taken as is.
-    Directories are copied with everything below them.
+    A relative PATH is looked for in the run's outputs ($CB_RUN_DIR: <workdir>/runs/<run-id>/<node>/out),
+    then the run directory, then the code directory (where the training script runs; --code: only
+    there); an absolute one is taken as is. Directories are copied with everything below them.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
         _print_scripts(
             settings,
             inventory,
             nodes,
-            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir),
+            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir, from_code=from_code),
         )
         return ExitCode.OK
     session = open_session(settings, inventory, nodes)
@@ -490,7 +529,13 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
             session.executor.on_event = on_event
             outcomes = session.map(
                 lambda node, t: fetch_node(
-                    node, t, run_id, paths, code_dir=code_dir, dest=RUNS_ROOT / run_id / node.name
+                    node,
+                    t,
+                    run_id,
+                    paths,
+                    code_dir=code_dir,
+                    dest=RUNS_ROOT / run_id / node.name,
+                    from_code=from_code,
                 ),
                 step="fetch",
             )
@@ -524,5 +569,10 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...]) -> int:
     ui.print_table(table)
     fail_lines(ui, outcomes)
     for node, path in missing:
-        ui.error(f"node {node!r}: {path} not found in the run directory or the code directory")
+        where = (
+            "the code directory"
+            if from_code
+            else "the run's outputs, its run directory or the code directory"
+        )
+        ui.error(f"node {node!r}: {path} not found in {where}")
     return code

@@ -534,4 +534,24 @@ def _code_human(settings: Settings, outcomes: list[Outcome[Any]]) -> None:
             label = Text(str(summary), style="green" if getattr(o.value, "unchanged", False) else "cyan")
         table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.print_table(table)
+    for line in shared_lines(outcomes):
+        ui.note(line)
     fail_lines(ui, [o for o in outcomes if o.error is not None])
+
+
+def shared_lines(outcomes: list[Outcome[Any]]) -> list[str]:
+    """One line per code directory several nodes share: which nodes, and the one that wrote it."""
+    lines = []
+    for o in outcomes:
+        value = o.value
+        if (
+            value is None
+            or getattr(value, "synced_by", None) is not None
+            or not getattr(value, "shared_with", None)
+        ):
+            continue
+        nodes = ", ".join([o.node, *value.shared_with])
+        lines.append(
+            f"{value.dest} is one directory on {nodes} (a shared file system): synced once, from {o.node}"
+        )
+    return lines

@@ -15,8 +15,11 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
+    master_option,
     node_docs,
     phase_session,
+    refuse_native_mix,
+    run_nodes,
     templates_option,
 )
 from orchestrator.errors import ExitCode
@@ -45,8 +48,11 @@ if TYPE_CHECKING:
     help="all_reduce sizes to time (bytes; K, M, G = powers of 1024).",
 )
 @templates_option("whose ranks.sh.j2 replaces the shipped one")
+@master_option
 @click.pass_context
-def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None) -> int:
+def validate(
+    ctx: click.Context, timeout: float, sizes: str, templates_dir: Path | None, master: str | None
+) -> int:
     """Check that every rank can join and all_reduce correctly, and how fast.
 
     Runs a shipped script on every rank with the environment training gets (interface, backend,
@@ -63,6 +69,8 @@ def validate(ctx: click.Context, timeout: float, sizes: str, templates_dir: Path
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
+    refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    inventory = run_nodes(settings, inventory, master)  # --nodes: the ranks of those nodes only
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
     return code
 
@@ -87,8 +95,6 @@ def run_validate(
     refuse_native_mix(inventory)  # native Windows beside Linux/WSL nodes: exit 2, nothing started
     ui = settings.ui
     nodes = list(inventory.nodes)
-    if settings.nodes:
-        ui.note("validate runs every node of the inventory: a training job spans the whole cluster")
     from orchestrator.runs.ids import new_run_id
 
     renderer = Renderer(templates_dir_for(inventory, templates_dir))

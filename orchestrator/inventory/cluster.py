@@ -5,8 +5,9 @@ with the node selection that ``--nodes`` patterns use.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,66 @@ class Inventory:
     source: str
     format: InventoryFormat
     notes: list[str] = field(default_factory=list)
+    #: what the command line changed for this run (``bootstrap ... -- ARGS``, ``-e NAME=VALUE``):
+    #: {"args": [...]} and/or {"env": {...}}; empty when nothing (see :meth:`for_run`)
+    run_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def for_run(self, args: Sequence[str] | None, env: Mapping[str, str]) -> Inventory:
+        """This inventory for one run: ``args`` (when given, even empty) replace ``train.args``;
+        ``env`` is added to ``train.env`` (a name already there takes the new value). The inventory
+        file is not changed: the next run without them has the inventory's values again."""
+        train = self.cluster.train
+        update: dict[str, Any] = {}
+        overrides: dict[str, Any] = {}
+        if args is not None:
+            update["args"] = overrides["args"] = tuple(args)
+        if env:
+            update["env"] = tuple(sorted({**train.env_dict, **env}.items(), key=lambda pair: pair[0]))
+            overrides["env"] = dict(env)
+        if not update:
+            return self
+        cluster = self.cluster.model_copy(update={"train": train.model_copy(update=update)})
+        return dataclasses.replace(self, cluster=cluster, run_overrides=overrides)
+
+    def only(self, nodes: Sequence[Node], *, master: str | None = None) -> Inventory:
+        """This inventory with only ``nodes`` (``--nodes``: the nodes a run uses): the job is sized
+        to them (``--nnodes``, world size, ranks). The master must be among them, or ``master``
+        names another one of them; the master comes first, the others keep inventory order (ranks
+        follow this order, and node rank 0 hosts torchrun's static rendezvous at the master's
+        address). A UsageError (exit 2) otherwise; also when an elastic job's ``train.min_nodes`` is
+        more than the nodes left, or ``train.shares`` lists fixed shares for other nodes."""
+        from orchestrator.errors import UsageError
+
+        chosen = master or self.cluster.master
+        if master is not None:
+            self.node(master)  # an unknown name: the closest one suggested
+        names = {n.name for n in nodes}
+        if chosen not in names:
+            raise UsageError(
+                f"the master {chosen} is not among the nodes this run uses "
+                f"({', '.join(n.name for n in self.nodes if n.name in names)})",
+                hint="add it to --nodes, or name one of them with --master NODE",
+            )
+        kept = [n for n in self.nodes if n.name == chosen] + [
+            n for n in self.nodes if n.name in names and n.name != chosen
+        ]
+        train = self.cluster.train
+        if train.elastic and train.min_nodes is not None and train.min_nodes > len(kept):
+            raise UsageError(
+                f"{self.source}: train.min_nodes is {train.min_nodes}, but this run uses {len(kept)} "
+                "node(s): the rendezvous would wait for nodes that never come",
+                hint="lower train.min_nodes, or give --nodes more nodes",
+            )
+        if kept == self.nodes and chosen == self.cluster.master:
+            return self
+        if isinstance(train.shares, tuple):
+            raise UsageError(
+                f"{self.source}: train.shares lists fixed shares for the inventory's nodes in their "
+                "order; this run uses other nodes (--nodes/--master)",
+                hint="use shares: equal or measured for such runs, or a copy of the inventory",
+            )
+        cluster = self.cluster.model_copy(update={"master": chosen})
+        return dataclasses.replace(self, cluster=cluster, nodes=kept)
 
     def node(self, name: str) -> Node:
         """The node called ``name``; :class:`InventoryError` (with the closest name) when there is none."""

@@ -222,7 +222,7 @@ class EnvSettings(BaseModel):
         )
 
 
-#: dest values that would make code sync (which deletes what the project no longer has) wipe a home
+#: dest values that would make code sync (which writes the project's files over what is there) use a home
 _UNSAFE_CODE_DESTS = frozenset({"", "/", "~", ".", "$HOME", "%USERPROFILE%"})
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.runs.base import RunOps, refused_dir, safe_parts
-from orchestrator.runs.layout import in_workdir, node_log, run_dir_for, run_marker
+from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.tail import Batches, FollowResult
@@ -85,20 +85,37 @@ def stop_script(platform: Platform, node: Node, run_id: str, grace: float = 5.0)
 
 
 def fetch_candidates(
-    ops: RunOps, node: Node, run_id: str, paths: Sequence[str], code_dir: str | None
+    ops: RunOps,
+    node: Node,
+    run_id: str,
+    paths: Sequence[str],
+    code_dir: str | None,
+    *,
+    from_code: bool = False,
 ) -> list[list[str]]:
-    """Where each PATH is looked for on the node: as it is when absolute, else in the run directory,
-    then in the code directory."""
+    """Where each PATH is looked for on the node: as it is when absolute, else in the run's outputs
+    (``$CB_RUN_DIR``), the run directory, then the code directory; ``from_code``: only there."""
     run_dir = run_dir_for(node, run_id)
     code = (code_dir or in_workdir(node, "code")).rstrip("/")
-    return [[p] if ops.is_absolute(p) else [f"{run_dir}/{p}", f"{code}/{p}"] for p in paths]
+    if from_code:
+        return [[p] if ops.is_absolute(p) else [f"{code}/{p}"] for p in paths]
+    return [
+        [p] if ops.is_absolute(p) else [f"{run_dir}/{RUN_OUTPUTS}/{p}", f"{run_dir}/{p}", f"{code}/{p}"]
+        for p in paths
+    ]
 
 
 def fetch_script(
-    platform: Platform, node: Node, run_id: str, paths: Sequence[str], code_dir: str | None
+    platform: Platform,
+    node: Node,
+    run_id: str,
+    paths: Sequence[str],
+    code_dir: str | None,
+    *,
+    from_code: bool = False,
 ) -> str:
     ops = run_ops(platform, node)
-    return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir))
+    return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir, from_code=from_code))
 
 
 # -- logs ------------------------------------------------------------------------------------------
@@ -395,15 +412,24 @@ class Fetched:
 
 
 def fetch_node(
-    node: Node, transport: Transport, run_id: str, paths: Sequence[str], *, code_dir: str | None, dest: Path
+    node: Node,
+    transport: Transport,
+    run_id: str,
+    paths: Sequence[str],
+    *,
+    code_dir: str | None,
+    dest: Path,
+    from_code: bool = False,
 ) -> list[Fetched]:
     """Copy what the run wrote on the node into ``dest`` (``runs/<run-id>/<node>/``).
 
-    A relative PATH is looked for in the node's run directory, then in its code directory; an
-    absolute one is taken as is. Directories are copied with everything below them.
+    A relative PATH is looked for in the run's outputs (``$CB_RUN_DIR``), its run directory, then
+    the code directory (``from_code``: only there); an absolute one is taken as is. Directories are
+    copied with everything below them.
     """
     ops = run_ops(transport.platform, node)
-    listing = transport.run(fetch_script(transport.platform, node, run_id, paths, code_dir), timeout=120)
+    script = fetch_script(transport.platform, node, run_id, paths, code_dir, from_code=from_code)
+    listing = transport.run(script, timeout=120)
     if not listing.ok:
         raise CommandFailedError(
             f"cannot list {', '.join(paths)} (exit {listing.exit_code}): {' | '.join(listing.tail(3))}",

@@ -15,6 +15,8 @@ is the node's name, so nodes that share a filesystem, such as NFS homes, get a d
         node.log                         everything the launcher printed, append-only
         node.log.rc                      its exit code, renamed into place once node.log is complete
         stopped                          `stop` writes it (the node's clock) before it signals anything
+        out/                             the run's outputs: $CB_RUN_DIR of the training script
+                                         (checkpoints, metrics; `fetch` looks here first)
 
 The run directory is per node even inside one workdir: two nodes sharing a home would otherwise run
 the last-written script. Every process of a POSIX run carries the run marker in its environment
@@ -34,26 +36,29 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.safefiles import private_dirs, write_inside
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Node
+    from orchestrator.inventory import Inventory, Node
     from orchestrator.render import LaunchSpec
 
 #: a node's workdir when the inventory gives none (``~``: the connecting user's home on the node)
 DEFAULT_WORKDIR = "~/cluster-bootstrap"
-#: in a code directory: code sync's scan cache, whose presence says the directory is bootstrap's (sync
-#: may delete what the project does not have there); `launch` writes an empty one into a code directory
-#: it creates (steps/probes/code_tree.py CACHE, steps/codesync/ignore.py RESERVED_PREFIX)
+#: in a code directory: code sync's scan cache, whose presence says the directory is bootstrap's (what
+#: sync may delete there is only what its record of shipped files lists); `launch` writes an empty one
+#: into a code directory it creates (steps/probes/code_tree.py CACHE, codesync/ignore.py RESERVED_PREFIX)
 CODE_MARKER = ".bootstrap-code.json"
 #: replaced by the node's name in ``workdir`` and ``env.path``
 NODE_PLACEHOLDER = "{node}"
 
 NODE_LOG = "node.log"
+#: in a node's run directory: the training script's own outputs, exported to it as CB_RUN_DIR (with
+#: the run id as CB_RUN_ID) by the launch script
+RUN_OUTPUTS = "out"
 EXIT_CODE = NODE_LOG + ".rc"
 PID_FILE = "pid"
 STOPPED = "stopped"
@@ -115,14 +120,48 @@ def logs_where(nodes: Sequence[Node], run_id: str) -> str:
 # -- the controller's record of runs ---------------------------------------------------------------
 
 
-def write_record(directory: Path, run_id: str, specs: Sequence[LaunchSpec], *, detached: bool) -> None:
+def write_record(
+    directory: Path,
+    run_id: str,
+    specs: Sequence[LaunchSpec],
+    *,
+    detached: bool,
+    train: Mapping[str, Any] | None = None,
+) -> None:
     """``runs/<run-id>/run.json``: which nodes and ranks a run has, so `logs`, `status`, `stop` and
-    `fetch` find the latest run without being told."""
+    `fetch` find the latest run without being told; ``train``: the script's arguments and what the
+    command line changed (:func:`train_record`), which `status` shows."""
     private_dirs(directory)
     doc = {
         "run_id": run_id,
         "detached": detached,
         "started": time.time(),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
+        **({"train": dict(train)} if train is not None else {}),
     }
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def train_record(inventory: Inventory) -> dict[str, Any]:
+    """What a run record keeps of the training: the script, its arguments, where they came from, and
+    the train.env values the command line set (secret-looking ones masked, as --json does)."""
+    from orchestrator.inventory.model import MASK, is_secret_name, masked_args
+
+    train = inventory.cluster.train
+    overrides = inventory.run_overrides
+    env = overrides.get("env") or {}
+    return {
+        "script": train.script,
+        "args": list(masked_args(train.args)),
+        "args_from": "command line" if "args" in overrides else "inventory",
+        "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
+    }
+
+
+def read_record(directory: Path) -> dict[str, Any] | None:
+    """A run's record here (``runs/<run-id>/run.json``), None when there is none or it is unreadable."""
+    try:
+        doc = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -33,7 +33,15 @@ from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file, packaged_example
 from orchestrator.runs.base import refused_dir
-from orchestrator.runs.layout import CODE_MARKER, STOPPED, STREAMING_ENV, in_workdir, run_dir_for, run_marker
+from orchestrator.runs.layout import (
+    CODE_MARKER,
+    RUN_OUTPUTS,
+    STOPPED,
+    STREAMING_ENV,
+    in_workdir,
+    run_dir_for,
+    run_marker,
+)
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed, follow_windows, start_all
 from orchestrator.runs.windows import WindowsRuns
@@ -197,8 +205,8 @@ def prepare_script(
     create the run directory, and the directory the training script goes to.
 
     ``code_root``: the code directory a training script is uploaded into; when launch creates it,
-    it is marked as bootstrap's (``CODE_MARKER``), so a later code sync into it may replace what
-    launch put there (an unmarked directory with files is a stranger's, which sync refuses).
+    it is marked as bootstrap's (``CODE_MARKER``). The run's outputs directory (``$CB_RUN_DIR``) is
+    made with the run directory.
 
     The run directory is always new and private (created owner-only: ``mkdir -m 700`` on POSIX, an
     access list of one entry for the connecting user on Windows): the launch script written into it
@@ -211,6 +219,7 @@ def prepare_script(
             platform.check_own_dir(run_dir),
             platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
             platform.new_private_dir(run_dir),
+            platform.mkdir(f"{run_dir}/{RUN_OUTPUTS}"),  # $CB_RUN_DIR: the run's own outputs
             *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
             platform.mkdir(code_dir),
         )

@@ -70,6 +70,17 @@ def test_the_commands_printed_after_a_detached_launch_work_as_pasted(
         status = bootstrap(*hints["status"][1:], "--json", cwd=tmp_path)
         assert status.returncode == 0, status
         assert {n["state"] for n in json.loads(status.stdout)["nodes"]} == {"running"}
+        _follow_then_ctrl_c(cluster, ctl_home, hints["follow"], tmp_path)
+        status = bootstrap(*hints["status"][1:], "--json", cwd=tmp_path)  # it did go on
+        assert {n["state"] for n in json.loads(status.stdout)["nodes"]} == {"running"}, status
+        # check's fix hints carry the same options: the nodes share /root/cluster-bootstrap here
+        check = bootstrap("-i", str(inv), *reach, "check", cwd=tmp_path, timeout=120)
+        (line,) = [x for x in check.stderr.splitlines() if x.startswith("node1 ") and " workdir: " in x]
+        suggested = re.search(r"`(bootstrap [^`]*sync --from-master)`", line)
+        assert suggested is not None, check.stderr
+        argv = shlex.split(suggested[1])
+        assert argv[argv.index("-i") + 1] == str(inv) and argv[argv.index("--known-hosts") + 1] == str(known)
+        assert argv[argv.index("--ssh-config") + 1] == str(config), argv
     finally:
         stop = bootstrap(*hints["stop"][1:], cwd=tmp_path, timeout=120)
     assert stop.returncode == 0, stop
@@ -77,3 +88,30 @@ def test_the_commands_printed_after_a_detached_launch_work_as_pasted(
     # and the follow hint reads the (now ended) run's logs
     follow = bootstrap(*hints["follow"][1:], cwd=tmp_path, timeout=120)
     assert "[node1] up" in follow.stdout or "[node1:0] up" in follow.stdout, follow
+
+
+def _follow_then_ctrl_c(cluster: NamespaceCluster, home: Path, follow: list[str], cwd: Path) -> None:
+    """`logs -f` (the printed hint), Ctrl-C once a line arrived: it says only that the run goes on."""
+    import signal
+    import subprocess
+
+    from tests.conftest import BOOTSTRAP
+
+    env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, *follow[1:]], env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and not line.rstrip().endswith(" up"):  # following: a rank's line arrived
+            line = proc.stdout.readline()
+        assert line, "logs -f ended before a rank's line"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted: the run goes on; stop it with: bootstrap " in err and " stop --run " in err, err
+    assert "were stopped" not in err, err

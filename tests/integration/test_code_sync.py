@@ -192,7 +192,7 @@ def test_executable_bit_change_is_synced(harness: Harness) -> None:
         assert (harness.dest(host.name) / "train.py").stat().st_mode & 0o777 == 0o755
 
 
-def test_deleted_file_is_deleted_on_nodes_but_ignored_node_files_stay(harness: Harness) -> None:
+def test_deleted_file_is_deleted_on_nodes_but_node_files_stay(harness: Harness) -> None:
     harness.ok()
     for host in harness.cluster.hosts:  # what training leaves in the code directory on a node
         dest = harness.dest(host.name)
@@ -201,17 +201,99 @@ def test_deleted_file_is_deleted_on_nodes_but_ignored_node_files_stay(harness: H
         (dest / "outputs").mkdir()
         (dest / "outputs" / "metrics.json").write_text("{}")
         (dest / "epoch3.ckpt").write_text("weights")
-        (dest / "stray.py").write_text("not in the project")  # not ignored: goes
+        (dest / "stray.py").write_text("not in the project")  # not ignored, but the node's: stays
+        (dest / "run.sh").write_text("#!/bin/sh\necho edited on the node\n")  # ours, then the node's
     (harness.source / "pkg" / "model.py").unlink()
     (harness.source / WEIRD).unlink()
+    (harness.source / "run.sh").unlink()
     results = harness.ok()
     for host in harness.cluster.hosts:
         dest = harness.dest(host.name)
-        assert sorted(results[host.name].deleted) == sorted(["pkg/model.py", "stray.py", WEIRD])
-        assert not (dest / "pkg" / "model.py").exists() and not (dest / "stray.py").exists()
+        assert sorted(results[host.name].deleted) == sorted(["pkg/model.py", WEIRD])
+        assert not (dest / "pkg" / "model.py").exists()
         assert not (dest / "we ird").exists()  # emptied by the deletion, removed
         assert (dest / "pkg" / "__pycache__" / "model.cpython-311.pyc").read_bytes() == b"node bytecode"
         assert (dest / "outputs" / "metrics.json").exists() and (dest / "epoch3.ckpt").exists()
+        assert (dest / "stray.py").read_text() == "not in the project"
+        assert (dest / "run.sh").read_text() == "#!/bin/sh\necho edited on the node\n"
+    assert all(r.unchanged for r in harness.ok().values())  # the node's files do not make it differ
+
+
+def test_training_outputs_in_the_code_directory_survive_every_sync_byte_for_byte(harness: Harness) -> None:
+    """A run writes checkpoints, outputs, wandb files and a file beside the script into the code
+    directory; the next syncs (unchanged project, then an edit and a removal) keep every byte."""
+    harness.ok()
+    written: dict[str, bytes] = {
+        "ckpt/epoch1.pt": os.urandom(4096),
+        "ckpt/last.pt": os.urandom(4096),
+        "outputs/metrics.json": b'{"loss": 0.25}\n',
+        "wandb/run-1/files/config.yaml": b"lr: 0.1\n",
+        "results.csv": b"epoch,loss\n1,0.25\n",  # beside the script, not ignored by anything
+    }
+    for host in harness.cluster.hosts:
+        for rel, data in written.items():
+            path = harness.dest(host.name) / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    assert all(r.unchanged for r in harness.ok().values())
+    (harness.source / "train.py").write_text("import pkg.model  # edited\n")
+    (harness.source / "pkg" / "model.py").unlink()
+    results = harness.ok()
+    for host in harness.cluster.hosts:
+        dest = harness.dest(host.name)
+        assert results[host.name].changed == ["train.py"] and results[host.name].deleted == ["pkg/model.py"]
+        assert not (dest / "pkg" / "model.py").exists()
+        assert {rel: (dest / rel).read_bytes() for rel in written} == written
+
+
+def test_a_directory_of_an_older_version_deletes_nothing_it_does_not_know(harness: Harness) -> None:
+    """A code directory synced before the record of shipped files existed (only the scan cache marks
+    it): no file there is known to be ours, so the first sync deletes nothing; from then on, what
+    that sync shipped and the project drops is deleted."""
+    harness.ok()
+    for host in harness.cluster.hosts:
+        dest = harness.dest(host.name)
+        (dest / ".bootstrap-code-shipped.json").unlink()  # as an older version left it
+        (dest / "ckpt").mkdir()
+        (dest / "ckpt" / "last.pt").write_bytes(b"weights")
+        (dest / "old_train.py").write_text("shipped by an older version, maybe\n")
+    first = harness.ok()
+    for host in harness.cluster.hosts:
+        dest = harness.dest(host.name)
+        assert first[host.name].deleted == []
+        assert (dest / "old_train.py").exists() and (dest / "ckpt" / "last.pt").read_bytes() == b"weights"
+    (harness.source / "train.py").unlink()
+    second = harness.ok()
+    for host in harness.cluster.hosts:
+        dest = harness.dest(host.name)
+        assert second[host.name].deleted == ["train.py"] and not (dest / "train.py").exists()
+        assert (dest / "old_train.py").exists() and (dest / "ckpt" / "last.pt").read_bytes() == b"weights"
+
+
+def test_one_code_directory_shared_by_every_node_is_synced_once(
+    cluster: NamespaceCluster, ctl_home: Path, tmp_path: Path
+) -> None:
+    """Every node's code destination is one directory (NFS homes; here one file system): found
+    before anything is written, written from one node, the others say which one."""
+    h = Harness(cluster, ctl_home, tmp_path, _project(tmp_path, git=False))
+    shared = tmp_path / "nfs" / "code"
+    h.code["dest"] = str(shared)
+    names = [host.name for host in cluster.hosts]
+    for _ in range(3):  # a race shows up as "File exists" on some node, now and then
+        results = h.ok()
+        writers = [n for n in names if results[n].synced_by is None and not results[n].unchanged]
+        assert len(writers) <= 1, {n: r.summary() for n, r in results.items()}
+        for name in names:
+            if results[name].synced_by is not None:
+                assert results[name].synced_by == names[0] and results[name].summary() == (
+                    f"synced from {names[0]} (the same directory)"
+                )
+        (h.source / "train.py").write_text(f"import pkg.model  # {_}\n")
+    first = h.ok()
+    assert first[names[0]].changed == ["train.py"] and first[names[0]].shared_with == names[1:]
+    assert all(first[n].synced_by == names[0] for n in names[1:])
+    assert (shared / "train.py").read_text() == "import pkg.model  # 2\n"
+    assert {p for p in _tree(shared) if not p.startswith(".bootstrap-code")} == EXPECTED
 
 
 def test_dry_run_reports_and_changes_nothing(harness: Harness) -> None:
@@ -268,7 +350,7 @@ def test_symlinks_on_the_node_are_never_followed(
         assert not (dest / "pkg").is_symlink() and (dest / "pkg" / "model.py").read_text() == "WIDTH = 3\n"
 
 
-def test_refuses_a_foreign_directory_and_deletes_nothing(
+def test_a_foreign_directory_keeps_its_files(
     cluster: NamespaceCluster, ctl_home: Path, tmp_path: Path
 ) -> None:
     h = Harness(cluster, ctl_home, tmp_path, _project(tmp_path, git=False))
@@ -276,13 +358,13 @@ def test_refuses_a_foreign_directory_and_deletes_nothing(
         dest = h.dest(host.name)
         dest.mkdir(parents=True)
         (dest / "thesis.tex").write_text("years of work\n")
-    outcomes = h.sync()
+    results = h.ok()
+    (h.source / "run.sh").unlink()
+    again = h.ok()
     for host in cluster.hosts:
-        error = outcomes[host.name].error
-        assert isinstance(error, CodeDestRefused), error
-        assert "was not created by bootstrap sync" in str(error) and "thesis.tex" in str(error)
+        assert results[host.name].deleted == [] and again[host.name].deleted == ["run.sh"]
         assert (h.dest(host.name) / "thesis.tex").read_text() == "years of work\n"
-        assert not (h.dest(host.name) / "train.py").exists()
+        assert (h.dest(host.name) / "train.py").exists()
 
 
 def test_refuses_home_and_root_destinations(
@@ -402,8 +484,8 @@ def test_a_code_directory_launch_created_is_synced_into(
     cluster: NamespaceCluster, ctl_home: Path, tmp_path: Path
 ) -> None:
     """`launch` with no cluster.code uploads its training script into <workdir>/code, creating the
-    directory. A later code sync there (the project has no such script) replaces launch's file;
-    it used to refuse the directory as a stranger's ("was not created by bootstrap sync")."""
+    directory. A later code sync there (the project has no such script) syncs into it and keeps
+    launch's file: only what a sync shipped is ever deleted."""
     h = Harness(cluster, ctl_home, tmp_path, _project(tmp_path, git=False))
     script = tmp_path / "first_try.py"
     script.write_text("print('a script launch uploaded')\n")
@@ -430,7 +512,7 @@ def test_a_code_directory_launch_created_is_synced_into(
     for host in cluster.hosts:
         assert (h.dest(host.name) / "first_try.py").exists()
     results = h.ok()
-    for host in cluster.hosts:
-        assert results[host.name].deleted == ["first_try.py"], results[host.name]
-        assert not (h.dest(host.name) / "first_try.py").exists()
+    for host in cluster.hosts:  # not shipped by a sync: kept (it may be all the user has of it)
+        assert results[host.name].deleted == [], results[host.name]
+        assert (h.dest(host.name) / "first_try.py").exists()
         assert (h.dest(host.name) / "train.py").read_text() == "import pkg.model\n"

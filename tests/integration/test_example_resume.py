@@ -61,22 +61,33 @@ def _torchrun(node_rank: int, port: int, args: list[str]) -> list[str]:
 
 
 def _train(
-    prefix: list[str], checkpoints: list[Path], epochs: int, *, torchrun: bool = True
+    prefix: list[str],
+    checkpoints: list[Path | None],
+    epochs: int,
+    *,
+    torchrun: bool = True,
+    run_dirs: list[Path] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> list[subprocess.CompletedProcess[str]]:
     """One run of the example on both nodes (run with ``prefix``: the ``loopback`` fixture); node R
-    saves to and resumes from checkpoints[R]."""
+    saves to and resumes from checkpoints[R] (None: no --checkpoint); ``run_dirs``: each node's
+    $CB_RUN_DIR, as `bootstrap launch` sets it."""
     port = next(_PORTS)
     nodes = []
     for node_rank, checkpoint in enumerate(checkpoints):
         args = [
             "--epochs", str(epochs),
-            "--checkpoint", str(checkpoint),
+            *(["--checkpoint", str(checkpoint)] if checkpoint is not None else []),
+            *extra,
             "--samples", str(SAMPLES),
             "--batch-size", str(BATCH),
             "--log-every", "0",
             "--timeout", "60",
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("CB_RUN_DIR", None)
+        if run_dirs is not None:
+            env.update(CB_RUN_DIR=str(run_dirs[node_rank]), CB_RUN_ID=run_dirs[node_rank].parent.parent.name)
         if torchrun:
             command = _torchrun(node_rank, port, args)
         else:  # what bootstrap's native Windows launch does: the rank's environment, no torchrun
@@ -171,3 +182,36 @@ def test_an_unreadable_checkpoint_stops_every_rank_naming_it(loopback: list[str]
         runs[1].stdout
     )
     assert disks[1].read_bytes() == b"not a checkpoint" and not disks[0].exists()
+
+
+def test_each_run_checkpoints_in_its_run_dir_and_resume_starts_from_the_last_one(
+    loopback: list[str], tmp_path: Path
+) -> None:
+    """Under `bootstrap launch` ($CB_RUN_DIR = <workdir>/runs/<run-id>/<node>/out on each node) the
+    example saves into its own run's directory; `--resume` starts the next run from the last
+    checkpoint of the newest earlier run on each node, and the earlier run's files stay as they were."""
+
+    def run_dirs(run_id: str) -> list[Path]:
+        return [tmp_path / f"node{r}" / "runs" / run_id / f"node{r}" / "out" for r in range(2)]
+
+    first = _train(loopback, [None, None], epochs=1, run_dirs=run_dirs("r1"))
+    assert all(run.returncode == 0 for run in first), [run.stdout for run in first]
+    saved = [d / "checkpoints" / "last.pt" for d in run_dirs("r1")]
+    assert [_load(p)["epoch"] for p in saved] == [0, 0]
+    before = [p.read_bytes() for p in saved]
+    fresh = _train(loopback, [None, None], epochs=1, run_dirs=run_dirs("r2"))  # not asked: from scratch
+    assert all(run.returncode == 0 and "resumed" not in run.stdout for run in fresh), fresh[0].stdout
+    resumed = _train(loopback, [None, None], epochs=2, run_dirs=run_dirs("r3"), extra=("--resume",))
+    for rank, run in enumerate(resumed):
+        assert run.returncode == 0, run.stdout
+        lines = _lines(run, rank)
+        assert "resumed from the checkpoint of rank 0: 1 of 2 epochs already done" in lines, run.stdout
+        assert [line.split(" complete")[0] for line in lines if " complete:" in line] == ["epoch 2/2"]
+    (sent,) = [line for line in _lines(resumed[0], 0) if line.startswith("sending checkpoint")]
+    newest = run_dirs("r2")[0] / "checkpoints" / "last.pt"  # r2 is newer than r1
+    assert sent.startswith(f"sending checkpoint {newest} (epoch 1, "), resumed[0].stdout
+    assert [_load(d / "checkpoints" / "last.pt")["epoch"] for d in run_dirs("r3")] == [1, 1]
+    assert [p.read_bytes() for p in saved] == before  # the earlier run's checkpoint is untouched
+    named = _train(loopback, [None, None], epochs=2, run_dirs=run_dirs("r4"), extra=("--resume", "r1"))
+    (sent,) = [line for line in _lines(named[0], 0) if line.startswith("sending checkpoint")]
+    assert sent.startswith(f"sending checkpoint {saved[0]} (epoch 1, "), named[0].stdout

@@ -523,6 +523,37 @@ def test_fetch_copies_files_and_directories_from_run_and_code_dirs(
     assert by_path["nope"].source is None
 
 
+def test_fetch_takes_a_runs_own_outputs_first_and_the_code_directory_when_asked(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path
+) -> None:
+    """The run's checkpoint in its $CB_RUN_DIR (<run dir>/out) is the one fetched, not the code
+    directory's file of the same name (what the newest run left there); `--code` asks for that one."""
+    node = _node(tmp_path)
+    out = Path(run_dir_for(node, "r-old")) / "out"
+    code = tmp_path / "code"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.pt").write_bytes(b"this run's")
+    (code / "checkpoints").mkdir(parents=True)
+    (code / "checkpoints" / "last.pt").write_bytes(b"a later run's")
+    with netns.inside(cluster.controller_ns):
+        run = fetch_node(
+            node, node1, "r-old", ["checkpoints/last.pt"], code_dir=str(code), dest=tmp_path / "a"
+        )
+        from_code = fetch_node(
+            node,
+            node1,
+            "r-old",
+            ["checkpoints/last.pt"],
+            code_dir=str(code),
+            dest=tmp_path / "b",
+            from_code=True,
+        )
+    assert run[0].source == str(out / "checkpoints" / "last.pt")
+    assert (tmp_path / "a" / "checkpoints" / "last.pt").read_bytes() == b"this run's"
+    assert from_code[0].source == str(code / "checkpoints" / "last.pt")
+    assert (tmp_path / "b" / "checkpoints" / "last.pt").read_bytes() == b"a later run's"
+
+
 # -- the CLI's `logs` and `status` on a run started here ---------------------------------------------
 
 

@@ -154,11 +154,16 @@ def test_diff_by_hash_mode_and_kind() -> None:
         "ln": _e("e", link="target"),  # same bytes, but a link there and a file here
         "gone": _e("f"),
         "out/metrics.json": _e("g"),
+        "ckpt/last.pt": _e("h"),  # the node made it: never in the record of what we shipped
+        "notes.txt": _e("i"),  # we shipped it, then the node rewrote it: the node's now
     }
-    changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"))
+    shipped = {"gone": remote["gone"].sha256, "notes.txt": _e("old").sha256, "out/metrics.json": "g"}
+    changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"), shipped=shipped)
     assert changes.added == ["new"]
     assert changes.changed == ["chmod", "edited", "ln", "private"]
     assert changes.deleted == ["gone"]
+    assert changes.deleted_shas == [("gone", remote["gone"].sha256)]
+    assert diff(local, remote).deleted == []  # no record (an old or foreign directory): nothing goes
     assert changes.bytes == 7 + 5 + 2 + 1 + 3
     assert changes.to_send == ["chmod", "edited", "ln", "new", "private"]
 
@@ -275,7 +280,10 @@ def test_probe_refuses_home_and_its_parents(tmp_path: Path) -> None:
 
 
 def _bundle(dest: Path, name: str, delete: list[str], files: list[tuple[str, bytes]]) -> None:
-    header = {"delete": delete, "files": [[rel, len(data), 0o644, None, "0" * 64] for rel, data in files]}
+    header = {
+        "delete": [[rel, "0" * 64] for rel in delete],
+        "files": [[rel, len(data), 0o644, None, "0" * 64] for rel, data in files],
+    }
     dest.mkdir(parents=True, exist_ok=True)
     (dest / name).write_bytes(json.dumps(header).encode() + b"\n" + b"".join(d for _, d in files))
 
@@ -310,6 +318,11 @@ def test_node_and_controller_agree_on_the_tree_digest(tmp_path: Path) -> None:
     (src / "run.sh").chmod(0o755)
     (src / "link").symlink_to("sub")
     tree = build_tree(src)
+    unknown = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
+    assert "same" not in unknown and unknown["shipped"] is None  # no record: nothing known to be ours
+    record = {"version": 1, "files": {rel: e.sha256 for rel, e in tree.files.items()}}
+    (src / ".bootstrap-code-shipped.json").write_text(json.dumps(record))
+    (src / "made_by_training.pt").write_bytes(b"weights")  # not ours: does not make the tree differ
     same = _probe({"op": "scan", "dest": str(src), "rules": [], "expect": tree.digest}, tmp_path)
     assert same["same"] is True and same["files"] == {}
     (src / "run.sh").chmod(0o644)
@@ -385,3 +398,75 @@ def test_many_stars_against_a_long_name_answer_at_once() -> None:
     rules = IgnoreRules([rule])
     name = "a" * 200
     assert not rules.excluded(name) and rules.excluded(name + "b")
+
+
+def test_apply_deletes_only_files_still_holding_the_shipped_bytes_and_records_what_it_shipped(
+    tmp_path: Path,
+) -> None:
+    """The node script, given deletions with the bytes they were shipped with: a file the node changed
+    since (a checkpoint rewritten under a shipped name) stays; the record of what was shipped is
+    replaced by the bundle's, plus what could not be deleted (still ours: tried again next time)."""
+    import hashlib
+
+    home = tmp_path / "home"
+    dest = home / "code"
+    dest.mkdir(parents=True)
+    (dest / "old.py").write_text("shipped\n")
+    (dest / "notes.txt").write_text("rewritten on the node\n")
+    shipped_sha = hashlib.sha256(b"shipped\n").hexdigest()
+    header = {
+        "delete": [["old.py", shipped_sha], ["notes.txt", hashlib.sha256(b"as shipped\n").hexdigest()]],
+        "files": [["new.py", 4, 0o644, None, hashlib.sha256(b"new\n").hexdigest()]],
+        "shipped": {"new.py": hashlib.sha256(b"new\n").hexdigest()},
+    }
+    (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"new\n")
+    out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
+    assert (out["written"], out["deleted"], out["errors"]) == (1, 1, [])
+    assert not (dest / "old.py").exists() and (dest / "notes.txt").read_text() == "rewritten on the node\n"
+    record = json.loads((dest / ".bootstrap-code-shipped.json").read_text())
+    assert record == {"version": 1, "files": header["shipped"]}
+    assert not list(dest.glob(".bootstrap-code-shipped.json.tmp-*"))
+
+
+def test_a_second_node_sharing_the_directory_leaves_the_writing_to_the_first(tmp_path: Path) -> None:
+    """Two nodes of one sync, one directory (their markers both there): the later one in the order
+    writes nothing and says who does; a marker of another sync (another token) does not count."""
+    home = tmp_path / "home"
+    dest = home / "code"
+    for node, token in (("n1", "t1"), ("n2", "t2"), ("n3", "old")):
+        scanned = _probe(
+            {
+                "op": "scan",
+                "dest": "~/code",
+                "rules": [],
+                "create": True,
+                "marker": {"name": node, "token": token},
+            },
+            home,
+        )
+        assert scanned["marker_error"] is None
+    header = {"delete": [], "files": [["a.py", 2, 0o644, None, "0" * 64]], "shipped": {"a.py": "0" * 64}}
+    shared = {"tokens": {"n1": "t1", "n2": "t2", "n3": "t3"}, "order": ["n1", "n2", "n3"]}
+    for node in ("n2", "n1"):
+        (dest / f".bootstrap-code-upload-{node}").write_bytes(json.dumps(header).encode() + b"\nx\n")
+    second = _probe(
+        {
+            "op": "apply",
+            "dest": "~/code",
+            "bundle": ".bootstrap-code-upload-n2",
+            "shared": {**shared, "name": "n2"},
+        },
+        home,
+    )
+    assert (second["leader"], second["shared_with"], second["written"]) == ("n1", ["n1"], 0)
+    assert not (dest / "a.py").exists() and not (dest / ".bootstrap-code-upload-n2").exists()
+    first = _probe(
+        {
+            "op": "apply",
+            "dest": "~/code",
+            "bundle": ".bootstrap-code-upload-n1",
+            "shared": {**shared, "name": "n1"},
+        },
+        home,
+    )
+    assert "leader" not in first and first["shared_with"] == ["n2"] and (dest / "a.py").read_text() == "x\n"

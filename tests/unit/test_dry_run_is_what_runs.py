@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
@@ -759,7 +760,9 @@ def sync_node(node: str, tree: LocalTree) -> Answer:
             dest = expand(node, args["dest"])
             there = node == "a"
             scanned = {"dest": dest, "exists": there, "marked": there, "refused": None, "errors": []}
-            return json.dumps({**scanned, "files": files if there else {}}) + "\n", 0
+            # a's record: an earlier sync shipped what it holds (old_train.py too, so it goes)
+            shipped = {rel: entry[0] for rel, entry in files.items()} if there else None
+            return json.dumps({**scanned, "files": files if there else {}, "shipped": shipped}) + "\n", 0
         if args.get("op") == "apply":
             return json.dumps({"dest": expand(node, args["dest"]), "errors": []}) + "\n", 0
         if INSTALLED_MARK in command:
@@ -912,11 +915,14 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         first, bundle, applied = log[start:]
         assert isinstance(first, Sent) and isinstance(bundle, Upload) and isinstance(applied, Sent)
         assert shlex.split(first.command)[:-1] == shlex.split(scan.command)[:-1]  # the same script
-        assert json_argument(first.command) == {**args, "create": True, "write_cache": True}
+        marker = json_argument(first.command)["marker"]  # this sync's, for shared directories
+        assert marker["name"] == node and len(marker["token"]) == 16
+        assert json_argument(first.command) == {**args, "create": True, "write_cache": True, "marker": marker}
         # the bundle: a JSON header, then the bytes of the files to send, in its order
         header_line, _, payload = bundle.data.partition(b"\n")
         header = json.loads(header_line)
-        assert header["delete"] == shown["deleted"]
+        assert [rel for rel, _ in header["delete"]] == shown["deleted"]
+        assert header["shipped"] == {rel: e.sha256 for rel, e in tree.files.items()}
         sent = [entry[0] for entry in header["files"]]
         assert sent == sorted(shown["added"] + shown["changed"])
         assert [entry[1:] for entry in header["files"]] == [
@@ -926,7 +932,12 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         assert len(payload) == shown["bytes_sent"]
         name = bundle.remote.rpartition("/")[2]
         assert bundle.remote == f"{shown['dest']}/{name}" and bundle.mode == 0o600
-        assert json_argument(applied.command) == {"op": "apply", "dest": shown["dest"], "bundle": name}
+        assert json_argument(applied.command) == {
+            "op": "apply",
+            "dest": shown["dest"],
+            "bundle": name,
+            "shared": {"name": node, "tokens": {"a": ANY, "b": ANY}, "order": ["a", "b"]},
+        }
         assert not applied.become and not first.become
 
 

@@ -226,7 +226,11 @@ def test_native_script_parses_and_starts_each_rank_with_torchruns_environment() 
         assert "[System.Diagnostics.Process]::Start($cbInfo)" in texts
         assert "$cbProc.StandardOutput.ReadLineAsync()" in texts  # lines stream as they come
         values = _assignments(tree)
-        env = {k[len("$env:") :]: _unquote(v) for k, v in values.items() if k.startswith("$env:")}
+        literal = {k: v for k, v in values.items() if k != "$env:CB_RUN_DIR"}
+        env = {k[len("$env:") :]: _unquote(v) for k, v in literal.items() if k.startswith("$env:")}
+        # the run's own outputs: out\ beside launch.ps1 (the run directory), wherever that is
+        assert values["$env:CB_RUN_DIR"] == "Join-Path -Path $PSScriptRoot -ChildPath 'out'"
+        assert env["CB_RUN_ID"] == "winlab-20261202"
         assert env["USE_LIBUV"] == "0"
         assert env["GLOO_SOCKET_IFNAME"] == ifname  # the adapter's friendly name, exactly
         assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"

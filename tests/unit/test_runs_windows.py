@@ -509,7 +509,12 @@ def test_fetch_candidates_on_a_windows_node() -> None:
     ops = run_ops(ps, SimpleNamespace(name="n"))  # type: ignore[arg-type]
     node = SimpleNamespace(name="win1", workdir="C:/train")
     found = fetch_candidates(ops, node, "r1", ["ckpt", "C:\\x.txt"], None)  # type: ignore[arg-type]
-    assert found == [["C:/train/runs/r1/win1/ckpt", "C:/train/code/ckpt"], ["C:\\x.txt"]]
+    assert found == [
+        ["C:/train/runs/r1/win1/out/ckpt", "C:/train/runs/r1/win1/ckpt", "C:/train/code/ckpt"],
+        ["C:\\x.txt"],
+    ]
+    code_only = fetch_candidates(ops, node, "r1", ["ckpt"], None, from_code=True)  # type: ignore[arg-type]
+    assert code_only == [["C:/train/code/ckpt"]]
 
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)

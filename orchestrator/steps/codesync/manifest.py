@@ -116,6 +116,8 @@ class Changes:
     changed: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     bytes: int = 0  # content bytes to send
+    #: each deleted path with the SHA-256 it holds (and was shipped with): the node checks it again
+    deleted_shas: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def to_send(self) -> list[str]:
@@ -129,9 +131,15 @@ def diff(
     local: Mapping[str, FileEntry],
     remote: Mapping[str, FileEntry],
     protected: Callable[[str], bool] = lambda rel: False,
+    shipped: Mapping[str, str] | None = None,
 ) -> Changes:
-    """What makes ``remote`` equal to ``local``: added/changed by content hash and mode, and
-    deletions of remote files the project no longer has (unless ``protected``: ignored paths)."""
+    """What makes ``remote`` hold ``local``: added/changed by content hash and mode; deleted: the
+    node's files the project no longer has that an earlier sync put there (``shipped``: path ->
+    SHA-256 it had, the node's record of what we sent) and that still hold exactly those bytes.
+    A file the node made (checkpoints, outputs) or changed is never deleted; ``protected`` (ignored
+    paths) never either. The one exception is a file or link where the project needs a directory
+    (``pkg`` when the project has ``pkg/a.py``): like a file at one of the project's paths, it gives
+    way to the project."""
     changes = Changes()
     for rel in sorted(local):
         entry = local[rel]
@@ -143,8 +151,20 @@ def diff(
         else:
             continue
         changes.bytes += 0 if entry.link is not None else entry.size
-    changes.deleted = sorted(rel for rel in remote if rel not in local and not protected(rel))
+    ours = shipped or {}
+    parents = {rel[:cut] for rel in local for cut in range(len(rel)) if rel[cut] == "/"}
+    changes.deleted_shas = sorted(
+        (rel, entry.sha256)
+        for rel, entry in remote.items()
+        if rel not in local and not protected(rel) and (ours.get(rel) == entry.sha256 or rel in parents)
+    )
+    changes.deleted = [rel for rel, _ in changes.deleted_shas]
     return changes
+
+
+def shipped_record(files: Mapping[str, FileEntry]) -> dict[str, str]:
+    """What a node records after a sync as "put there by us": every project path -> its SHA-256."""
+    return {rel: entry.sha256 for rel, entry in files.items()}
 
 
 def tree_digest(files: Mapping[str, FileEntry]) -> str:

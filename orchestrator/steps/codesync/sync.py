@@ -1,11 +1,22 @@
 """Push the project to every node: three round trips per node, content hashes decide what moves.
 
-Per node: (1) a probe (``orchestrator/steps/probes/code_tree.py``, the node's Python) walks the
-destination and prints every file's SHA-256 (cached on the node, so an unchanged tree reads nothing);
-(2) when something differs, one bundle (a JSON header line, then the changed files' bytes) travels
-through the transport's ``put`` (one SFTP upload, whatever the number of files: one put per small file
-costs a round trip each); (3) the probe applies it: deletions, then each file written beside its
-target (created owner-only) and renamed over it (atomic per file), never through a symbolic link.
+Per node: (1) a probe (``orchestrator/steps/probes/code_tree.py``, the node's Python) walks the destination
+and prints every file's SHA-256 (cached on the node, so an unchanged tree reads nothing) and its record of the
+files earlier syncs shipped there; (2) when something differs, one bundle (a JSON header line, then the
+changed files' bytes) travels through the transport's ``put`` (one SFTP upload, whatever the number of files:
+one put per small file costs a round trip each); (3) the probe applies it: deletions, then each file written
+beside its target (created owner-only) and renamed over it (atomic per file), never through a symbolic link,
+then the new record of what was shipped (renamed into place).
+
+Deletions: only files an earlier sync shipped (the node's record, ``.bootstrap-code-shipped.json``)
+that the project no longer has and that still hold the shipped bytes. What training writes into the
+code directory (checkpoints, outputs, a file beside the script) is never deleted, ignored or not; a
+directory without a record (a first sync, an older version's, a foreign one) loses nothing.
+
+Shared destinations (NFS homes: several nodes, one directory): each scan that finds work leaves the
+node's marker (this sync's token) in the destination; after every scan (a barrier), each node about
+to write reads the markers and only the first of the nodes sharing it writes; the others report
+``synced_by``.
 
 Modes: every file carries the exact permission bits it must have on the node
 (:func:`~orchestrator.steps.codesync.manifest.node_mode`: group and others never get more than they
@@ -18,6 +29,7 @@ compared nor applied there. Nodes needing the same change share one bundle built
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
+from orchestrator.executor import Outcome
 from orchestrator.platforms import Platform, PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.runs.layout import in_workdir
@@ -42,12 +55,12 @@ from orchestrator.steps.codesync.manifest import (
     build_tree,
     default_cache_file,
     diff,
+    shipped_record,
     tree_digest,
 )
 from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
-    from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
     from orchestrator.inventory.cluster import Cluster
     from orchestrator.session import Session
@@ -79,14 +92,20 @@ class CodeSyncResult:
     deleted: list[str] = field(default_factory=list)
     bytes_sent: int = 0  # content bytes of added and changed files
     dry_run: bool = False
+    #: the other nodes of this sync whose destination is this same directory (a shared file system)
+    shared_with: list[str] = field(default_factory=list)
+    #: set when another node sharing the directory wrote it (this one wrote nothing)
+    synced_by: str | None = None
 
     @property
     def unchanged(self) -> bool:
         """Nothing moved: the node already had exactly the project."""
-        return not (self.added or self.changed or self.deleted)
+        return not (self.added or self.changed or self.deleted) and self.synced_by is None
 
     def summary(self) -> str:
         """One line for the summary table: "unchanged (1000 files)", "2 added, 1 deleted, 3.1 kB"."""
+        if self.synced_by is not None:
+            return f"synced from {self.synced_by} (the same directory)"
         if self.unchanged:
             return f"unchanged ({_files(self.files)})"
         verb = "would be " if self.dry_run else ""
@@ -107,6 +126,8 @@ class CodeSyncResult:
             "deleted": self.deleted,
             "bytes_sent": self.bytes_sent,
             "dry_run": self.dry_run,
+            "shared_with": self.shared_with,
+            "synced_by": self.synced_by,
         }
 
 
@@ -162,24 +183,28 @@ class _Bundles:
         self._lock = threading.Lock()
         self._built: dict[str, Path] = {}
 
-    def get(self, changes: Changes) -> Path:
+    def get(self, changes: Changes, record: dict[str, str]) -> Path:
+        """The bundle for ``changes``, ending with ``record``: what the node records as shipped."""
         send = changes.to_send
+        # a deletion names the bytes we shipped: the node deletes the file only while it holds them
+        deleted = [[rel, record_sha] for rel, record_sha in changes.deleted_shas]
         key = hashlib.sha256(
-            json.dumps([send, changes.deleted]).encode("utf-8", "surrogateescape")
+            json.dumps([send, deleted, sorted(record.items())]).encode("utf-8", "surrogateescape")
         ).hexdigest()
         with self._lock:
             path = self._built.get(key)
             if path is None:
                 path = self.directory / f"{key[:24]}.bundle"
-                self._write(path, send, changes.deleted)
+                self._write(path, send, deleted, record)
                 self._built[key] = path
             return path
 
-    def _write(self, path: Path, send: list[str], deleted: list[str]) -> None:
+    def _write(self, path: Path, send: list[str], deleted: list[list[str]], record: dict[str, str]) -> None:
         files = self.tree.files
         header = {
             "delete": deleted,
             "files": [_header_entry(rel, files[rel]) for rel in send],
+            "shipped": record,
         }
         with path.open("wb") as out:
             out.write(json.dumps(header).encode("ascii") + b"\n")
@@ -250,11 +275,19 @@ def _run_probe(node: Node, transport: Transport, args: dict[str, Any], timeout: 
 
 def _nothing_to_send(scan: dict[str, Any] | None, local: dict[str, FileEntry], tree: LocalTree) -> bool:
     """Whether a scan taken earlier (read-only: the main pipeline's first round trip) shows the node's
-    existing directory already holding exactly the project."""
+    existing directory already holding exactly the project, with the record of it written."""
     if not scan or scan.get("refused") or scan.get("errors") or not scan.get("exists"):
         return False
-    remote = local if scan.get("same") else _remote_files(scan.get("files") or {})
-    return not diff(local, remote, protected=tree.rules.excluded)
+    if scan.get("same"):
+        return True
+    remote = _remote_files(scan.get("files") or {})
+    shipped = _shipped(scan)
+    return not diff(local, remote, tree.rules.excluded, shipped) and shipped == shipped_record(local)
+
+
+def _shipped(scan: dict[str, Any]) -> dict[str, str] | None:
+    raw = scan.get("shipped")
+    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else None
 
 
 def _remote_files(raw: dict[str, Any]) -> dict[str, FileEntry]:
@@ -279,20 +312,33 @@ def _check_overlap(node: Node, transport: Transport, tree: LocalTree, dest: str)
         )
 
 
-def sync_node(
+@dataclass
+class _Pending:
+    """A node whose scan found work: the changes to send and the result to report once applied."""
+
+    node: Node
+    transport: Transport
+    where: str
+    changes: Changes
+    record: dict[str, str]  # what the node records as shipped afterwards
+    result: CodeSyncResult
+
+
+def scan_node(
     node: Node,
     transport: Transport,
     tree: LocalTree,
-    bundles: _Bundles,
     *,
     dest: str,
     dry_run: bool = False,
     progress: Callable[[str], None] = lambda text: None,
     earlier: dict[str, Any] | None = None,
-) -> CodeSyncResult:
-    """Make ``dest`` on one node hold exactly the project (``tree``); see the module docstring.
-    ``earlier``: a read-only scan this session already took (:data:`SCAN`): when it shows nothing to
-    send, the node is not asked again."""
+    marker: dict[str, str] | None = None,
+) -> CodeSyncResult | _Pending:
+    """Round trip 1: compare ``dest`` on one node with the project. A result when there is nothing
+    to write (or ``dry_run``), else what :func:`apply_node` must send. ``earlier``: a read-only scan
+    this session already took (:data:`SCAN`): when it shows nothing to send, the node is not asked
+    again. ``marker``: this node's name and this sync's token, left in ``dest`` (shared destinations)."""
     # native Windows has no POSIX modes: compare without them there (its probe reports none)
     windows = isinstance(transport.platform, PowerShell)
     if not windows and not isinstance(transport.platform, PosixShell):
@@ -303,25 +349,31 @@ def sync_node(
     if _nothing_to_send(earlier, local, tree):
         scan: dict[str, Any] = earlier or {}
     else:
-        scan = _run_probe(
-            node, transport, scan_args(tree, dest, windows=windows, dry_run=dry_run), SCAN_TIMEOUT
-        )
+        args = scan_args(tree, dest, windows=windows, dry_run=dry_run)
+        if marker is not None and not dry_run:
+            args["marker"] = marker
+        scan = _run_probe(node, transport, args, SCAN_TIMEOUT)
     where = str(scan.get("dest") or dest)
     if scan.get("refused"):
         raise CodeDestRefused(
-            f"refusing to sync code into {scan['refused']}: sync deletes files the project does not have",
+            f"refusing to sync code into {scan['refused']}: sync writes the project's files there",
             node=node.name,
             hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code",
         )
     problems = [str(e) for e in scan.get("errors") or []]
-    if problems:  # an unreadable directory would look empty: its files resent, its extras kept
+    if problems:  # an unreadable directory would look empty: its files resent
         raise CommandFailedError(
             f"cannot read {where} on the node: {'; '.join(problems[:3])}",
             node=node.name,
             hint="fix the permissions there (the node's user must own its code directory)",
         )
-    remote = local if scan.get("same") else _remote_files(scan.get("files") or {})
-    changes = diff(local, remote, protected=tree.rules.excluded)
+    record = shipped_record(local)
+    if scan.get("same"):
+        changes, recorded = Changes(), True
+    else:
+        shipped = _shipped(scan)
+        changes = diff(local, _remote_files(scan.get("files") or {}), tree.rules.excluded, shipped)
+        recorded = shipped == record
     result = CodeSyncResult(
         dest=where,
         files=len(tree.files),
@@ -331,24 +383,45 @@ def sync_node(
         bytes_sent=changes.bytes,
         dry_run=dry_run,
     )
-    if changes.deleted and scan.get("exists") and not scan.get("marked"):
-        sample = ", ".join(changes.deleted[:3]) + (", ..." if len(changes.deleted) > 3 else "")
-        raise CodeDestRefused(
-            f"{where} already holds {_files(len(changes.deleted))} that "
-            f"{'is' if len(changes.deleted) == 1 else 'are'} not in the project ({sample}) "
-            "and was not created by bootstrap sync: syncing would delete them",
-            node=node.name,
-            hint="move them away or empty the directory, or set cluster.code.dest to another directory",
-        )
-    if dry_run or not changes:
+    if dry_run or (not changes and recorded):
         progress(result.summary())
         return result
-    bundle = bundles.get(changes)
-    progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
+    return _Pending(node, transport, where, changes, record, result)
+
+
+def apply_node(
+    pending: _Pending,
+    bundles: _Bundles,
+    *,
+    shared: dict[str, Any] | None = None,
+    progress: Callable[[str], None] = lambda text: None,
+) -> CodeSyncResult:
+    """Rounds 2 and 3: upload the bundle, and apply it (deletions, files, then the record of what
+    was shipped). ``shared``: this sync's markers (node -> token) and node order: a node finding
+    another one's marker in its destination leaves the writing to the first of them."""
+    node, transport, where, changes, result = (
+        pending.node,
+        pending.transport,
+        pending.where,
+        pending.changes,
+        pending.result,
+    )
+    bundle = bundles.get(changes, pending.record)
+    if changes:
+        progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
     name = f"{RESERVED_PREFIX}-upload-{secrets.token_hex(6)}"
     # owner-only: the bundle carries the bytes of files that are private here (.env at 0600)
     transport.put(bundle, f"{where.rstrip('/')}/{name}", mode=0o600)
-    applied = _run_probe(node, transport, {"op": "apply", "dest": where, "bundle": name}, APPLY_TIMEOUT)
+    args: dict[str, Any] = {"op": "apply", "dest": where, "bundle": name}
+    if shared is not None:
+        args["shared"] = {**shared, "name": node.name}
+    applied = _run_probe(node, transport, args, APPLY_TIMEOUT)
+    result.shared_with = sorted(str(n) for n in applied.get("shared_with") or [])
+    if applied.get("leader"):
+        result.synced_by = str(applied["leader"])
+        result.added, result.changed, result.deleted, result.bytes_sent = [], [], [], 0
+        progress(result.summary())
+        return result
     errors = [str(e) for e in applied.get("errors") or []]
     if errors:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
@@ -360,6 +433,25 @@ def sync_node(
         )
     progress(result.summary())
     return result
+
+
+def sync_node(
+    node: Node,
+    transport: Transport,
+    tree: LocalTree,
+    bundles: _Bundles,
+    *,
+    dest: str,
+    dry_run: bool = False,
+    progress: Callable[[str], None] = lambda text: None,
+    earlier: dict[str, Any] | None = None,
+) -> CodeSyncResult:
+    """Make ``dest`` on one node hold the project (``tree``), alone: :func:`scan_node`, then
+    :func:`apply_node` when something must be written."""
+    scanned = scan_node(node, transport, tree, dest=dest, dry_run=dry_run, progress=progress, earlier=earlier)
+    if isinstance(scanned, CodeSyncResult):
+        return scanned
+    return apply_node(scanned, bundles, progress=progress)
 
 
 def prepare_tree(inventory: Inventory, *, cache_file: Path | None = None) -> LocalTree:
@@ -384,9 +476,10 @@ def sync_code(
 ) -> list[Outcome[CodeSyncResult]]:
     """Push the project (``cluster.code``) to ``nodes`` in parallel; one outcome per node, in order.
 
-    Only files whose content hash or mode differs travel; files the project no longer has
-    are deleted on the node (ignored files never: a node's ``__pycache__`` or training outputs stay).
+    Only files whose content hash or mode differs travel; files the project no longer has are deleted
+    on the node when an earlier sync shipped them (never what the node wrote: checkpoints, outputs).
     An unchanged node costs one round trip and reads no file on either side (both keep hash caches).
+    Nodes whose destination is one directory write it once, from the first of them.
     ``dry_run``: compare only (the node's cache is not written) and report what would move.
     ``on_progress(node, text)``: called from worker threads as each node moves on.
 
@@ -394,25 +487,60 @@ def sync_code(
     per-node failures (unreachable, refused destination, write errors) are in the outcomes.
     """
     tree = prepare_tree(inventory)
+    tokens = {n.name: secrets.token_hex(8) for n in nodes} if len(nodes) > 1 else {}
 
-    def one(node: Node, transport: Transport) -> CodeSyncResult:
+    def progress_of(node: Node) -> Callable[[str], None]:
         def progress(text: str) -> None:
             if on_progress is not None:
                 on_progress(node.name, text)
 
+        return progress
+
+    def scan(node: Node, transport: Transport) -> CodeSyncResult | _Pending:
         earlier = session.recall(node.name, SCAN)
         session.forget(node.name, SCAN)  # read once: after this step it would be history
-        return sync_node(
+        return scan_node(
             node,
             transport,
             tree,
-            bundles,
             dest=code_dest(inventory.cluster, node),
             dry_run=dry_run,
-            progress=progress,
+            progress=progress_of(node),
             earlier=earlier if isinstance(earlier, dict) else None,
+            marker={"name": node.name, "token": tokens[node.name]} if tokens else None,
         )
 
+    scanned = session.map(scan, step="code sync", nodes=nodes)
+    pending = {o.node: o.value for o in scanned if isinstance(o.value, _Pending)}
+    # Every scan has left its marker (the end of a fan-out is a barrier): a node applying now finds
+    # the markers of every other node writing into the same directory, and only the first one writes.
+    writers = [n for n in nodes if n.name in pending]
+    shared = (
+        {
+            "tokens": {n.name: tokens[n.name] for n in writers},
+            "order": [n.name for n in writers],
+        }
+        if len(writers) > 1
+        else None
+    )
     with tempfile.TemporaryDirectory(prefix="cb-code-") as tmp:
         bundles = _Bundles(tree, Path(tmp))
-        return session.map(one, step="code sync", nodes=nodes)
+        applied = {
+            o.node: o
+            for o in session.map(
+                lambda node, transport: apply_node(
+                    pending[node.name], bundles, shared=shared, progress=progress_of(node)
+                ),
+                step="code sync",
+                nodes=writers,
+            )
+        }
+    merged: list[Outcome[CodeSyncResult]] = []
+    for first in scanned:
+        second = applied.get(first.node)
+        if second is not None:
+            merged.append(dataclasses.replace(second, duration=first.duration + second.duration))
+        else:
+            value = first.value if isinstance(first.value, CodeSyncResult) else None
+            merged.append(Outcome(first.node, value, first.error, first.duration, first.finished))
+    return merged

@@ -183,8 +183,8 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
         packages = ()
     if requirements_path:
         path = Path(requirements_path).expanduser()
-        if not path.is_absolute():
-            path = Path(inventory.source).parent / path
+        if not path.is_absolute():  # the inventory file's directory, shown resolved in messages
+            path = Path(inventory.source).parent.absolute() / path
         own = override is not None and override.requirements is not None
         field_name = f"env.{os_name}.requirements" if own else "env.requirements"
         try:
@@ -193,7 +193,9 @@ def resolve_spec(inventory: Inventory, os_name: str) -> EnvSpec:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(
                 f"{inventory.source}: {field_name}: cannot read {path}: {why}",
-                hint="paths are relative to the inventory file",
+                hint=f"a relative path is relative to the inventory file's directory "
+                f"({Path(inventory.source).parent.absolute()}): copy {requirements_path} there too, "
+                "or give an absolute path",
             ) from None
         source = str(path)
     elif packages:

@@ -1,17 +1,26 @@
 # Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap sync` (code).
 # argv[1] is a JSON object:
 #   {"op": "scan", "dest": D, "rules": [[base, negate, dir_only, regex], ...], "write_cache": bool,
-#    "expect": DIGEST, "create": bool}
-#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, mode, link]}},
-#       mode: the file's permission bits (null for a link, and on Windows, which has none),
-#       leaving out what the rules exclude (the controller's ignore rules: such files are never deleted);
-#       when the listing's digest is "expect" (the project's), "same": true and no listing
-#   {"op": "apply", "dest": D, "bundle": NAME}
-#       applies the bundle file NAME (inside dest; deleted afterwards): a JSON header line
-#       {"delete": [rel...], "files": [[rel, size, mode, link, sha256], ...]} followed by the
-#       contents of the files, in order; prints {"written", "deleted", "errors"}. Each file gets
-#       exactly the header's mode (the controller decided it: manifest.node_mode); while it is
-#       written it is owner-only (0600).
+#    "expect": DIGEST, "create": bool, "marker": {"name": NODE, "token": T} (optional)}
+#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, mode, link]},
+#       "shipped": {rel: sha256} or null}: mode is the file's permission bits (null for a link, and on
+#       Windows, which has none), leaving out what the rules exclude (the controller's ignore rules);
+#       "shipped" is the record of what earlier syncs put there (SHIPPED; null: none, an old or foreign
+#       directory). When the shipped files' digest is "expect" (the project's), "same": true and no
+#       listing (files the node made itself, checkpoints and outputs, do not count). "marker": unless
+#       "same", this node's name and this sync's token are left in MARKS, so that nodes sharing dest
+#       find out before writing.
+#   {"op": "apply", "dest": D, "bundle": NAME, "shared": {"name", "tokens": {node: token}, "order"}}
+#       first, when "shared" is given: other nodes of this sync whose marker is in MARKS share dest;
+#       only the first of them in "order" applies, the others delete the bundle and print
+#       {"shared_with": [...], "leader": NODE}. Then applies the bundle file NAME (inside dest;
+#       deleted afterwards): a JSON header line {"delete": [[rel, sha256]...], "files": [[rel, size,
+#       mode, link, sha256], ...], "shipped": {rel: sha256}} followed by the contents of the files, in
+#       order; prints {"written", "deleted", "errors", "shared_with"}. A file is deleted only while it
+#       still holds the bytes we shipped (sha256). Each file gets exactly the header's mode (the
+#       controller decided it: manifest.node_mode); while it is written it is owner-only (0600).
+#       Last, "shipped" (plus what could not be deleted) becomes the record SHIPPED, replaced
+#       atomically: it is what a later sync may delete, nothing else.
 # Paths are handled as bytes (UTF-8 with surrogateescape), so names survive any locale. Nothing is ever
 # written or deleted through a symbolic link: every directory between dest and a file must be a real
 # directory, files are replaced by rename (which replaces a link, never its target).
@@ -26,6 +35,8 @@ import sys
 PROBE_VERSION = 1
 RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
 CACHE = b".bootstrap-code.json"
+SHIPPED = b".bootstrap-code-shipped.json"  # what syncs put here: the only files a sync may delete
+MARKS = b".bootstrap-code-nodes"  # one file per node syncing here: shared destinations are found
 CHUNK = 1 << 20
 #: Windows has no POSIX modes: reported as null there, and the controller compares accordingly
 POSIX = os.name == "posix"
@@ -47,7 +58,7 @@ def resolve(dest):
 
 
 def refusal(path):
-    """Why dest must not be synced into (sync deletes what the project does not have), or None."""
+    """Why dest must not be synced into (sync writes the project's files there), or None."""
     real = os.path.realpath(path)
     home = os.path.realpath(os.path.expanduser("~"))
     if os.path.dirname(real) == real:
@@ -88,18 +99,79 @@ def load_cache(root):
     return {}
 
 
-def save_cache(root, entries):
-    path = os.path.join(root, CACHE)
+def save_json(root, name, doc):
+    """Write ``doc`` to root/name atomically (a temporary file renamed over it); False: it failed."""
+    path = os.path.join(root, name)
     tmp = path + b".tmp-" + enc(os.urandom(6).hex())
     try:
         with open(tmp, "wb") as fh:
-            fh.write(json.dumps({"version": PROBE_VERSION, "entries": entries}).encode("ascii"))
+            fh.write(json.dumps(doc).encode("ascii"))
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
+        return True
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        return False
+
+
+def save_cache(root, entries):
+    save_json(root, CACHE, {"version": PROBE_VERSION, "entries": entries})
+
+
+def load_shipped(root):
+    """The record of what syncs put here ({rel: sha256}), None when there is none (or it is unreadable:
+    then nothing here is known to be ours, and nothing is deleted)."""
+    path = os.path.join(root, SHIPPED)
+    if os.path.islink(path):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) and data.get("version") == PROBE_VERSION else None
+    if not isinstance(files, dict):
+        return None
+    return dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
+
+
+def write_marker(root, marker):
+    """Leave this node's marker (its name, this sync's token) in root/MARKS; an error text or None."""
+    marks = os.path.join(root, MARKS)
+    try:
+        if not os.path.isdir(marks):
+            os.makedirs(marks, exist_ok=True)
+        name = enc(marker["name"])
+        tmp = os.path.join(marks, b"." + name + b"." + enc(str(os.getpid())))
+        with open(tmp, "wb") as fh:
+            fh.write(enc(marker["token"]))
+        os.replace(tmp, os.path.join(marks, name))
+    except OSError as exc:
+        return "%s: %s" % (dec(marks), exc.strerror)
+    return None
+
+
+def read_markers(root):
+    """{node: token} of the markers in root/MARKS."""
+    marks = os.path.join(root, MARKS)
+    seen = {}
+    try:
+        names = os.listdir(marks)
+    except OSError:
+        return seen
+    for name in names:
+        if name.startswith(b"."):
+            continue
+        try:
+            with open(os.path.join(marks, name), "rb") as fh:
+                seen[dec(name)] = dec(fh.read(200).strip())
+        except OSError:
+            pass
+    return seen
 
 
 def compile_rules(raw):
@@ -135,6 +207,8 @@ def scan(args):
     if out["refused"] or not os.path.isdir(root):
         return out
     out["exists"] = True
+    shipped = load_shipped(root)
+    out["shipped"] = shipped
     cache_path = os.path.join(root, CACHE)
     out["marked"] = os.path.isfile(cache_path) and not os.path.islink(cache_path)
     cache = load_cache(root) if out["marked"] else {}
@@ -183,9 +257,15 @@ def scan(args):
                 files[rel] = [sha, st.st_size, stat.S_IMODE(st.st_mode) if POSIX else None, None]
     if out["marked"] and args.get("write_cache") and (dirty or len(fresh) != len(cache)):
         save_cache(root, fresh)
-    if args.get("expect") and tree_digest(files) == args["expect"]:
-        out["same"] = True  # what the controller has: no need to send the listing back
+    ours = dict((rel, entry) for rel, entry in files.items() if shipped is not None and rel in shipped)
+    if shipped is not None and args.get("expect") and tree_digest(ours) == args["expect"]:
+        # what we shipped is exactly the project: no need to send the listing back
+        out["same"] = True
         out["files"] = {}
+        out["shipped"] = None  # nothing to decide with it: not sent back either
+    elif args.get("marker") and args.get("create"):
+        # something may be written: leave this node's marker (a node with nothing to write needs none)
+        out["marker_error"] = write_marker(root, args["marker"])
     return out
 
 
@@ -260,6 +340,28 @@ class Stream(object):
             self.left = 0
 
 
+def current_sha(path):
+    """SHA-256 of a file's bytes (of the link text for a symbolic link), None for anything else."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return hashlib.sha256(os.readlink(path)).hexdigest()
+    if stat.S_ISREG(st.st_mode):
+        return file_sha(path)
+    return None
+
+
+def leader_of(root, shared):
+    """(first node of this sync sharing root, the others sharing it) from the markers in root."""
+    me = shared["name"]
+    tokens = shared.get("tokens") or {}
+    seen = read_markers(root)
+    others = sorted(n for n, t in seen.items() if n != me and n in tokens and tokens[n] == t)
+    order = list(shared.get("order") or [])
+    rank = dict((n, i) for i, n in enumerate(order))
+    first = min([me, *others], key=lambda n: (rank.get(n, len(order)), n))
+    return first, others
+
+
 def apply(args):
     root_text = resolve(args["dest"])
     reason = refusal(root_text)
@@ -267,20 +369,33 @@ def apply(args):
         return {"written": 0, "deleted": 0, "errors": ["refused: " + reason]}
     root = enc(root_text)
     bundle = os.path.join(root, enc(args["bundle"]))
+    shared_with = []
+    if args.get("shared"):
+        first, shared_with = leader_of(root, args["shared"])
+        if first != args["shared"]["name"]:
+            try:
+                os.unlink(bundle)
+            except OSError:
+                pass
+            return {"written": 0, "deleted": 0, "errors": [], "shared_with": shared_with, "leader": first}
     written = deleted = 0
     errors = []
     known = set()
     cache = load_cache(root)
+    kept = {}  # shipped files that could not be deleted: still ours, tried again next time
+    plan = None
     try:
         with open(bundle, "rb") as fh:
             plan = json.loads(fh.readline().decode("ascii"))
             parents = set()
-            for rel in plan["delete"]:
+            for rel, sha in plan["delete"]:
                 try:
                     parts = parts_of(rel)
                     path = os.path.join(real_dirs(root, parts, False, known), parts[-1])
                     if stat.S_ISDIR(os.lstat(path).st_mode):
                         continue  # only files and links are deleted; emptied directories below
+                    if current_sha(path) != sha:
+                        continue  # changed on the node since the scan: the node's now, kept
                     os.unlink(path)
                     deleted += 1
                     cache.pop(rel, None)
@@ -290,6 +405,7 @@ def apply(args):
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
                         errors.append("%s: %s" % (rel, exc.strerror))
+                        kept[rel] = sha
             # directories the deletions emptied, deepest first, never dest itself
             for directory in sorted(parents, key=len, reverse=True):
                 while directory != root and directory.startswith(root + b"/"):
@@ -344,7 +460,12 @@ def apply(args):
         except OSError:
             pass
     save_cache(root, cache)
-    return {"written": written, "deleted": deleted, "errors": errors}
+    if plan is not None and isinstance(plan.get("shipped"), dict):
+        record = dict(plan["shipped"])
+        record.update(kept)
+        if not save_json(root, SHIPPED, {"version": PROBE_VERSION, "files": record}):
+            errors.append("cannot write %s" % dec(os.path.join(root, SHIPPED)))
+    return {"written": written, "deleted": deleted, "errors": errors, "shared_with": shared_with}
 
 
 def main():

@@ -13,6 +13,11 @@ cd "$HOME"/cluster-bootstrap/code
 export PYTHONUNBUFFERED=1
 # the backend the cluster chose, for training scripts that read it (the shipped example does)
 export CLUSTER_BOOTSTRAP_BACKEND=nccl
+# this run: its id, and its own directory on this node for checkpoints and outputs (out/ beside this
+# script; code sync never touches it, and `bootstrap fetch --run ID` looks there first)
+export CB_RUN_ID=mixed-20261202
+export CB_RUN_DIR="$cb_dir/out"
+mkdir -p -- "$CB_RUN_DIR"
 export GLOO_SOCKET_IFNAME=eth0
 export NCCL_SOCKET_IFNAME==eth0
 export OMP_NUM_THREADS=16

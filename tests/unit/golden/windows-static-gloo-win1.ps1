@@ -54,6 +54,11 @@ try {
   Set-Location -LiteralPath ($HOME + '\cluster-bootstrap\code')
   # the backend the cluster chose, for training scripts that read it (the shipped example does)
   $env:CLUSTER_BOOTSTRAP_BACKEND = 'gloo'
+  # this run: its id, and its own directory on this node for checkpoints and outputs (out\ beside
+  # this script; code sync never touches it, and `bootstrap fetch --run ID` looks there first)
+  $env:CB_RUN_ID = 'winlab-20261202'
+  $env:CB_RUN_DIR = Join-Path -Path $PSScriptRoot -ChildPath 'out'
+  $null = New-Item -ItemType Directory -Force -Path $env:CB_RUN_DIR
   $env:GLOO_SOCKET_IFNAME = 'Ethernet'
   $env:OMP_NUM_THREADS = '8'
   $env:MY_FLAG = 'a b'

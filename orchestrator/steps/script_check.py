@@ -1,0 +1,68 @@
+"""Checks of the training inputs on this machine, before anything connects: a Python syntax error in
+the training script (found in a second, not after the whole pipeline and torchrun started) and the
+files the inventory names relative to itself (env.requirements), resolved exactly as sync does."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.errors import UsageError
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Inventory
+
+
+def script_file(inventory: Inventory) -> Path | None:
+    """The training script as it is here: in the synced project (``cluster.code``), else the file
+    launch uploads; None when it is on the nodes only (absolute) or not here."""
+    from orchestrator.inventory.model import WINDOWS_ABSOLUTE
+    from orchestrator.steps.codesync import code_source
+    from orchestrator.steps.launch import local_script
+
+    script = inventory.cluster.train.script
+    if script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
+        return None
+    if inventory.cluster.code_declared:
+        path = code_source(inventory.cluster) / script
+        try:
+            return path if path.is_file() else None
+        except (OSError, ValueError):
+            return None
+    return local_script(script)
+
+
+def check_script_compiles(inventory: Inventory) -> None:
+    """A UsageError (exit 2), one line naming the file and line, when the training script is Python
+    that does not compile here. Compiled only, never run; a script that is not ``.py`` is skipped."""
+    path = script_file(inventory)
+    if path is None or path.suffix != ".py":
+        return
+    try:
+        source = path.read_bytes()
+    except OSError:
+        return  # unreadable here: launch says so when it uploads it
+    try:
+        compile(source, str(path), "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        where = f"{exc.filename or path}, line {exc.lineno}" if exc.lineno else str(exc.filename or path)
+        version = ".".join(str(v) for v in sys.version_info[:2])
+        raise UsageError(
+            f"{where}: {exc.msg}: the training script does not compile (checked with Python {version} "
+            "here); nothing was started"
+        ) from None
+    except ValueError as exc:  # null bytes (before 3.12)
+        raise UsageError(
+            f"{path}: {exc}: the training script does not compile; nothing was started"
+        ) from None
+
+
+def check_env_files(inventory: Inventory) -> None:
+    """The requirements files ``cluster.env`` names, read as sync reads them (relative to the
+    inventory file): a UsageError naming the field and the resolved path when one is missing."""
+    if not inventory.cluster.env.declared:
+        return
+    from orchestrator.steps.envsync import resolve_specs
+
+    resolve_specs(inventory, list(inventory.nodes))

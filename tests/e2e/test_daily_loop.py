@@ -1,0 +1,143 @@
+"""The runs after the first: re-run, arguments per run, what training wrote, fetch (docs/daily.md).
+
+One small cluster (the namespace hosts), a training script of the user's own in a project synced as
+code, every node's workdir one directory (as NFS homes are: the namespace hosts share a file system).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import CliRun, write_inventory
+from tests.e2e.test_train import Bootstrap
+
+TRAIN = """\
+import os, socket, sys
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, host, run = dist.get_rank(), socket.gethostname(), os.environ["CB_RUN_ID"]
+print("[rank %d] args: %s" % (rank, " ".join(sys.argv[1:])), flush=True)
+if int(os.environ["LOCAL_RANK"]) == 0:  # what training leaves in the code directory, per node and run
+    for rel in ("ckpt/%s-%s.pt", "outputs/%s-%s.json", "wandb/run-%s/%s.txt", "results-%s-%s.csv"):
+        path = rel % ((host, run) if not rel.startswith("wandb") else (run, host))
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "wb") as fh:
+            fh.write(os.urandom(2048))
+    with open(os.path.join(os.environ["CB_RUN_DIR"], "last.txt"), "w") as fh:
+        fh.write("%s %s %s\\n" % (run, host, " ".join(sys.argv[1:])))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _runs(cwd: Path) -> list[str]:
+    """Run ids launched from ``cwd``, oldest first."""
+    records = [json.loads(p.read_text()) for p in (cwd / "runs").glob("*/run.json")]
+    return [r["run_id"] for r in sorted(records, key=lambda r: r["started"]) if "train" in r]
+
+
+def _written(code: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(code).as_posix(): p.read_bytes()
+        for p in code.rglob("*")
+        if p.is_file() and re.match(r"(ckpt|outputs|wandb)/|results-", p.relative_to(code).as_posix())
+    }
+
+
+def _ok(run: CliRun) -> CliRun:
+    assert run.returncode == 0, run
+    return run
+
+
+def test_rerun_keeps_what_training_wrote_takes_arguments_and_fetches_the_runs_outputs(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(TRAIN)
+    (project / "helper.py").write_text("HELP = 1\n")
+    shared = tmp_path / "nfs-home" / "cluster-bootstrap"  # every node's workdir: one directory
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable, "workdir": str(shared)}
+        for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "hosts.yaml", nodes, name="ns", master="node1", backend="gloo",
+        train={"script": "train.py", "args": ["--lr", "0.5"]},
+        code={"source": str(project)},
+        firewall={"manage": False}, time={"manage": False},
+    )  # fmt: skip
+    code = shared / "code"
+    names = ", ".join(h.name for h in cluster.hosts)
+
+    first = _ok(bootstrap("-i", str(inv), "--skip-validate", "--", "--lr", "0.1", cwd=tmp_path, timeout=300))
+    for rank in range(len(cluster.hosts)):  # each rank's own line shows the run's arguments
+        assert re.search(rf"^\[node\d:{rank}\] \[rank {rank}\] args: --lr 0\.1$", first.stdout, re.M), first
+    assert f"{code} is one directory on {names} (a shared file system): synced once, from node1" in (
+        first.stderr
+    ), first.stderr
+    assert "args: --lr 0.1 (command line)" in first.stderr
+    written = _written(code)
+    assert len(written) == 4 * len(cluster.hosts), sorted(written)
+
+    (project / "helper.py").unlink()  # a file we shipped, gone from the project: goes on the nodes
+    second = _ok(bootstrap("-i", str(inv), "--skip-validate", cwd=tmp_path, timeout=300))
+    for rank in range(len(cluster.hosts)):  # the inventory's arguments are back
+        assert re.search(rf"^\[node\d:{rank}\] \[rank {rank}\] args: --lr 0\.5$", second.stdout, re.M), second
+    assert not (code / "helper.py").exists() and (code / "train.py").exists()
+    after = _written(code)
+    assert {rel: after[rel] for rel in written} == written  # every byte the first run wrote
+    assert len(after) == 2 * len(written)  # and the second run's own
+
+    run1, run2 = _runs(tmp_path)
+    status = _ok(bootstrap("-i", str(inv), "status", "--run", run1, cwd=tmp_path))
+    assert "args: --lr 0.1 (command line)" in status.stderr, status
+    _ok(bootstrap("-i", str(inv), "fetch", "--run", run1, "last.txt", cwd=tmp_path))
+    for host in cluster.hosts:  # the run's own outputs ($CB_RUN_DIR), not a later run's
+        fetched = (tmp_path / "runs" / run1 / host.name / "last.txt").read_text()
+        assert fetched == f"{run1} {host.name} --lr 0.1\n"
+    assert (shared / "runs" / run2 / "node1" / "out" / "last.txt").read_text().startswith(f"{run2} node1 ")
+
+
+def test_one_node_down_the_other_two_train_with_nodes(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """A node of three is cut off: `launch --nodes` the other two sizes the job to them (--nnodes 2,
+    world size 2) and trains; `status` of that run asks only its two nodes."""
+    import subprocess
+
+    script = tmp_path / "size.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "print('world', dist.get_world_size(), 'rank', dist.get_rank(), flush=True)\n"
+        "dist.barrier()\ndist.destroy_process_group()\n"
+    )
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "hosts.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        train={"script": str(script)},
+    )
+    down = cluster.hosts[2]
+    alive = ",".join(h.name for h in cluster.hosts[:2])
+    subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        run = _ok(bootstrap("-i", str(inv), "launch", "--nodes", alive, cwd=tmp_path, timeout=300))
+        shown = sorted(re.findall(r"^\[(node\d):\d+\] world (\d+) rank (\d+)$", run.stdout, re.M))
+        assert shown == [("node1", "2", "0"), ("node2", "2", "1")], run
+        (run_id,) = _runs(tmp_path)
+        status = _ok(bootstrap("-i", str(inv), "--json", "status", "--run", run_id, cwd=tmp_path))
+        assert [n["name"] for n in json.loads(status.stdout)["nodes"]] == ["node1", "node2"]
+    finally:
+        subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "up"], check=True)
+        cluster._probe_from_controller([down.addr], timeout=30)  # later tests use it again
