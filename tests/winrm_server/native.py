@@ -374,6 +374,10 @@ class NativeNode:
                 "New-Object": new_object,
                 "Start-Sleep": sleep,
                 "Stop-CbRun": stop_run,
+                # Test-Path only guards the run directory's owner and access-list check
+                # (PowerShell.check_own_dir_in), which the played node cannot model (no access
+                # lists): that check is script text only (tests/unit/test_runs_windows.py)
+                "Test-Path": lambda p, n: False,
             },
             {
                 "[System.IO.File]::Exists": lambda path: str(path) in files,
