@@ -282,7 +282,8 @@ def run_launch(
         }
 
         started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
-        session.executor.on_event = _announce_first_failure(ui, session.executor)
+        if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
+            session.executor.on_event = _announce_first_failure(ui, session.executor)
         try:
             report = train(session, launch_plan.specs, renderer, outputs, started)
         except KeyboardInterrupt:
@@ -401,6 +402,6 @@ def _announce_first_failure(ui: UI, executor: Executor) -> Callable[[NodeEvent],
     def on_event(event: NodeEvent) -> None:
         if event.kind == "failed" and not executor.cancelled and not said.is_set():
             said.set()
-            ui.warn(f"{event.node}: {event.detail}; stopping the run on the other nodes")
+            ui.warn(f"{event.detail}; stopping the run on the other nodes")  # the detail names the node
 
     return on_event

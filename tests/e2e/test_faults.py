@@ -83,7 +83,7 @@ def test_a_node_cut_off_mid_run_is_named_and_nothing_keeps_training(
         named = next(
             t - begin
             for t, line in zip(launch.err_times, launch.err, strict=True)
-            if line.startswith(f"warning: {cut.name}: ") and "lost" in line
+            if line.startswith(f"warning: node '{cut.name}': ") and "lost" in line
         )
         assert named <= NAMED, f"named {named:.1f} s after the cut:\n{stderr}"
         # then the other node's stubborn ranks get the sweep's grace before KILL
