@@ -18,6 +18,7 @@ import pytest
 
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost, cluster_support_problems
+from tests.slurm import SlurmCluster, slurm_support_problems
 
 _MARKERS = {
     "integration": "needs the namespace SSH cluster (root, ip netns, sshd)",
@@ -157,6 +158,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NamespaceClust
     try:
         ns_cluster.start()
         yield ns_cluster
+    finally:
+        ns_cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """A real Slurm (tests/slurm.py) on a cluster of its own: ``node1`` runs slurmctld and is the
+    login host (its SSH sessions have ``SLURM_CONF``), ``node2``..``node4`` are compute nodes with 2
+    CPUs each in partition ``debug``. One per test module: a test leaves the queue empty."""
+    require_cluster_support()
+    problems = slurm_support_problems()
+    if problems:
+        reason = "Slurm unavailable: " + "; ".join(problems)
+        if os.environ.get("CI", "").strip().lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    ns_cluster = NamespaceCluster(4, workdir=tmp_path_factory.mktemp("slurm-cluster"))
+    try:
+        ns_cluster.start()
+        with SlurmCluster(ns_cluster, ns_cluster.hosts[0], ns_cluster.hosts[1:]) as slurm_cluster:
+            yield slurm_cluster
     finally:
         ns_cluster.stop()
 
