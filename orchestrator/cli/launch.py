@@ -60,9 +60,22 @@ T = TypeVar("T")
 @templates_option()
 @click.option("--offline", is_flag=True, help="Connect to nothing: interfaces only from the inventory.")
 @click.option("--run-id", help="Rendezvous id / run name (default: <cluster>-<time>).")
+@click.option(
+    "--for",
+    "target",
+    type=click.Choice(["nodes", "slurm"]),
+    default="nodes",
+    show_default=True,
+    help="slurm: the sbatch script and the node part of cluster.slurm (docs/slurm.md).",
+)
 @click.pass_context
 def render(
-    ctx: click.Context, out_dir: Path | None, templates_dir: Path | None, offline: bool, run_id: str | None
+    ctx: click.Context,
+    out_dir: Path | None,
+    templates_dir: Path | None,
+    offline: bool,
+    run_id: str | None,
+    target: str,
 ) -> int:
     """Show each node's exact launch script (torchrun with its rendezvous, interface and environment).
 
@@ -80,6 +93,8 @@ def render(
     ui = settings.ui
     run_id = new_run_id(inventory.cluster.name, chosen=run_id, reserve=False)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    if target == "slurm":
+        return _render_slurm(settings, inventory, renderer, run_id, out_dir)
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
     if offline or settings.dry_run:
         backend, specs = offline_specs(ui, inventory, run_id)
@@ -126,6 +141,42 @@ def render(
         return ExitCode.OK
     if out_dir is None:
         for name, text in scripts.items():
+            ui.print_text(f"# ---- {name} ----")
+            ui.print_text(text)
+    return ExitCode.OK
+
+
+def _render_slurm(
+    settings: Settings, inventory: Inventory, renderer: Any, run_id: str, out_dir: Path | None
+) -> int:
+    """render --for slurm: the batch script and the node part (connects to nothing: Slurm allocates
+    the nodes when the job starts); --out writes them with the rank capture, to submit by hand."""
+    from orchestrator.slurm.job import BATCH_FILE, NODE_FILE, render_job
+    from orchestrator.steps.launch import RANK_CAPTURE, rank_capture_file
+
+    ui = settings.ui
+    if out_dir is not None:
+        files = render_job(renderer, inventory, run_id, secrets="reference")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in ((BATCH_FILE, files.batch), (NODE_FILE, files.node)):
+            ui.info(f"wrote {write_inside(out_dir, name, text.encode(), mode=0o700)}")
+        ui.info(f"wrote {write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)}")
+        ui.info(
+            f"submit: copy them to {files.job_dir}/ (shared file system), "
+            f"then sbatch {files.job_dir}/{BATCH_FILE}"
+        )
+    shown = render_job(renderer, inventory, run_id, secrets="mask")
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "render",
+                "for": "slurm",
+                "run_id": run_id,
+                "scripts": {BATCH_FILE: shown.batch, NODE_FILE: shown.node},
+            }
+        )
+    elif out_dir is None:
+        for name, text in ((BATCH_FILE, shown.batch), (NODE_FILE, shown.node)):
             ui.print_text(f"# ---- {name} ----")
             ui.print_text(text)
     return ExitCode.OK

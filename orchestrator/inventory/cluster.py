@@ -26,6 +26,7 @@ from orchestrator.inventory.model import (
     _no_bool,
 )
 from orchestrator.inventory.settings import CodeSettings, EnvSettings, FirewallSettings, TimeSettings
+from orchestrator.inventory.slurm import SlurmSettings
 
 __all__ = ["Cluster", "Inventory"]
 
@@ -44,6 +45,7 @@ class Cluster(BaseModel):
     time: TimeSettings = TimeSettings()
     env: EnvSettings = EnvSettings()
     code: CodeSettings = CodeSettings()
+    slurm: SlurmSettings | None = None  # training runs as Slurm jobs (docs/slurm.md)
 
     @field_validator("port", mode="before")
     @classmethod

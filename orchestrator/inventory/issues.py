@@ -191,7 +191,7 @@ def _error_field(loc: tuple[int | str, ...]) -> tuple[str, str]:
     """(top-level field, dotted path for winrm sub-fields) from a pydantic ``loc``."""
     top = str(loc[0]) if loc else ""
     if (
-        top in ("winrm", "windows", "firewall", "time", "code", "train")
+        top in ("winrm", "windows", "firewall", "time", "code", "train", "slurm")
         and len(loc) > 1
         and isinstance(loc[1], str)
     ):

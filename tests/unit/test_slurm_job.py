@@ -1,0 +1,61 @@
+"""cluster.slurm in the inventory and the rendered job files (orchestrator/slurm/job.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import load_inventory_text
+from orchestrator.render import Renderer
+from orchestrator.slurm.job import render_job
+
+BASE = """\
+cluster:
+  name: hpc
+  slurm:
+    dir: /shared/cb
+    nodes: 2
+    gpus: 4
+{extra}
+  train:
+    script: train.py
+    args: ["--name", "x'; touch /tmp/owned #"]
+nodes:
+  - name: login
+    host: login.example
+"""
+
+
+def test_ranks_per_node_default_to_the_gpus_and_the_backend_to_nccl() -> None:
+    inventory = load_inventory_text(BASE.format(extra=""), "hpc.yaml")
+    files = render_job(Renderer(), inventory, "r1")
+    assert "#SBATCH --gpus-per-node=4" in files.batch
+    assert "--nproc-per-node 4" in files.node
+    assert "CLUSTER_BOOTSTRAP_BACKEND=nccl" in files.node
+    # the user's argument is one quoted word of the script (sh -n: it parses; the word is whole)
+    assert "'x'\"'\"'; touch /tmp/owned #'" in files.node
+    subprocess.run(["sh", "-n"], input=files.node, text=True, check=True)
+    subprocess.run(["sh", "-n"], input=files.batch, text=True, check=True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "says"),
+    [
+        ("    time: 10 minutes", "time", "not a Slurm time limit"),
+        ("    partition: 'debug; rm'", "partition", "pattern"),
+        ("    sbatch: ['exclusive']", "sbatch", "sbatch option"),
+    ],
+)
+def test_bad_request_fields_are_refused_by_name(extra: str, field: str, says: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        load_inventory_text(BASE.format(extra=extra), "hpc.yaml")
+    text = str(caught.value)
+    assert f"slurm.{field}" in text and says in text, text
+
+
+def test_a_relative_or_spaced_directory_is_refused() -> None:
+    for bad in ("shared/cb", "/shared/my runs"):
+        with pytest.raises(InventoryError, match=r"slurm\.dir"):
+            load_inventory_text(BASE.format(extra="").replace("/shared/cb", bad), "hpc.yaml")
