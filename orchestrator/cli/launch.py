@@ -236,6 +236,10 @@ def launch(
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env)
+    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out
+        from orchestrator.cli.slurm import launch_on_slurm
+
+        return launch_on_slurm(settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
     inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
     from orchestrator.steps.script_check import check_script_compiles

@@ -167,6 +167,10 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
+        from orchestrator.cli.slurm import logs_on_slurm
+
+        return logs_on_slurm(settings, inventory, run_id, follow=follow)
     nodes, labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
@@ -334,6 +338,10 @@ def status(ctx: click.Context, run_arg: str) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
+        from orchestrator.cli.slurm import status_on_slurm
+
+        return status_on_slurm(settings, inventory, run_id)
     nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(
@@ -426,6 +434,10 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
+        from orchestrator.cli.slurm import stop_on_slurm
+
+        return stop_on_slurm(settings, inventory, run_id)
     nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
         _print_scripts(

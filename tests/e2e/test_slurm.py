@@ -99,3 +99,41 @@ def test_rendered_batch_script_trains_when_submitted_by_hand(
             seen[rank] = node
         assert (job_dir / node / "ranks").is_dir()
     assert sorted(seen) == list(range(6))
+
+
+def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "count.py"
+    # each rank numbers its lines: any loss, duplicate or reordering shows in the sequence
+    script.write_text(
+        "import os, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "r = dist.get_rank()\n"
+        "for i in range(200):\n"
+        "    print(f'line {i} of rank {r}')\n"
+        "dist.barrier()\n"
+        "print(f'rank {r} done in', os.environ['CB_RUN_DIR'])\n"
+    )
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    inv.write_text(inv.read_text().replace("examples/train_ddp.py", "count.py"))
+    run = bootstrap("-i", str(inv), "launch", "--run-id", "fg", cwd=tmp_path)
+    assert run.returncode == 0, run
+    assert re.search(r"Slurm job \d+ submitted", run.stderr), run
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        mine = re.findall(rf"^\[{node}:{rank}\] line (\d+) of rank {rank}$", run.stdout, re.M)
+        assert mine == [str(i) for i in range(200)], run.stdout[-2000:]
+        assert re.search(
+            rf"^\[{node}:{rank}\] rank {rank} done in {shared}/runs/fg/{node}/out$", run.stdout, re.M
+        )
+        kept = (tmp_path / "runs" / "fg" / f"{node}.log").read_text()
+        assert f"line 199 of rank {rank}\n" in kept
+    for node in ("node2", "node3", "node4"):
+        ranks = sorted(p.name for p in (shared / "runs" / "fg" / node / "ranks").iterdir())
+        assert len(ranks) == 2, ranks
+
+    status = bootstrap("-i", str(inv), "status", "--run", "fg", cwd=tmp_path)
+    assert status.returncode == 0, status
+    job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
+    assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
+    assert slurm.squeue() == [] or all(" COMPLETED " in line for line in slurm.squeue())

@@ -1,0 +1,190 @@
+"""What `launch`, `logs`, `status` and `stop` print for a run on Slurm (orchestrator/slurm/ decides and
+acts): the job's state while it waits, every rank's lines as `[node:rank]`, the failed node first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.cli.common import Settings, again, interrupted, open_session
+from orchestrator.errors import ExitCode
+from orchestrator.inventory import Inventory
+from orchestrator.logs import RunLog
+
+if TYPE_CHECKING:
+    from orchestrator.slurm.run import JobEnd, SlurmRun
+    from orchestrator.transports import Transport
+    from orchestrator.transports.base import BlockHandler
+
+
+def _outputs(settings: Settings, log: RunLog) -> Any:
+    """The handlers of the allocated nodes: the controller's log and the terminal as `[node:rank]`."""
+    from orchestrator.cli.ui import RankedOutput
+
+    def outputs_for(nodes: list[str], nproc: int) -> dict[str, BlockHandler]:
+        printer = None if settings.json_mode else settings.ui.line_printer(nodes)
+        return {
+            name: RankedOutput(name, log, printer, first_rank=i * nproc, nproc=nproc)
+            for i, name in enumerate(nodes)
+        }
+
+    return outputs_for
+
+
+def launch_on_slurm(
+    settings: Settings,
+    inventory: Inventory,
+    *,
+    run_id: str | None,
+    templates_dir: Path | None,
+    detach: bool,
+) -> ExitCode:
+    """`launch` on an inventory with cluster.slurm: submit, then follow (or, --detach, only submit)."""
+    from orchestrator.render import Renderer, require_secrets, templates_dir_for
+    from orchestrator.runs.ids import claim_run_id, pick_run_id
+    from orchestrator.runs.layout import train_record, write_record
+    from orchestrator.slurm.job import slurm_settings
+    from orchestrator.slurm.run import follow_run, login_node, stop_run, submit_run
+
+    ui = settings.ui
+    slurm = slurm_settings(inventory)
+    login = login_node(inventory)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    require_secrets(inventory)
+    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    directory = Path("runs") / run_id
+    write_record(directory, run_id, [], detached=detach, train=train_record(inventory))
+    with open_session(settings, inventory, [login]) as session:
+        transport = session.transport(login)
+        run = submit_run(transport, inventory, run_id, renderer)
+        ranks = f"{slurm.nodes} node(s) x {slurm.ranks_per_node} rank(s)"
+        ui.info(f"run {run_id}: Slurm job {run.job_id} submitted through {login.name} ({ranks})")
+        if detach:
+            if settings.json_mode:
+                ui.print_json({"command": "launch", "run_id": run_id, "job_id": run.job_id, "detached": True})
+            else:
+                ui.info(f"follow it: {again(settings, 'logs', run_id)} --follow")
+            return ExitCode.OK
+        log = RunLog(directory)
+        try:
+            end = follow_run(transport, inventory, run, outputs_for=_outputs(settings, log), say=ui.note)
+        except KeyboardInterrupt:
+            log.close()
+            try:
+                state = stop_run(transport, inventory, run)
+                detail = f"Slurm job {run.job_id} cancelled ({state})"
+            except KeyboardInterrupt:
+                detail = f"Slurm job {run.job_id} may still run: `{again(settings, 'stop', run_id)}`"
+            interrupted(ui, detail)
+        finally:
+            log.close()
+    return _summary(settings, run, end, log.directory)
+
+
+def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> ExitCode:
+    from orchestrator.runs.ranks import split_rank
+    from orchestrator.steps.launch import failure_headline, failure_tail
+
+    ui = settings.ui
+    code = ExitCode.OK if end.ok else ExitCode.NODES_FAILED
+    if settings.json_mode:
+        ui.print_json(
+            {
+                "command": "launch",
+                "run_id": run.run_id,
+                "job_id": end.job_id,
+                "state": end.state,
+                "nodes": {n.node: {"exit_code": n.exit_code} for n in end.nodes},
+                "failed_first": end.failed_first,
+                "log_dir": str(log_dir),
+                "exit_code": int(code),
+            }
+        )
+        return code
+    index = {n.node: i for i, n in enumerate(end.nodes)}
+    failed = next((n for n in end.nodes if n.node == end.failed_first), None)
+    if failed is not None:
+        result = failed.result()
+        ui.error(f"{failed.node}: {failure_headline(result)}")
+        first = index[failed.node] * end.nproc
+        for line in failure_tail(result):
+            local, text = split_rank(line)
+            ui.info(f"  [{failed.node}{'' if local is None else f':{first + local}'}] {text}")
+        others = [n.node for n in end.nodes if n.node != failed.node]
+        if end.cancelled and others:
+            ui.note(
+                f"job {end.job_id} cancelled because {failed.node} failed first: {', '.join(others)} stopped"
+            )
+    elif not end.ok:
+        ui.error(
+            f"job {end.job_id} ended {end.state}" + (" (its time limit)" if end.state == "TIMEOUT" else "")
+        )
+    else:
+        ui.info(f"job {end.job_id} {end.state}: every node exited 0")
+    ui.note(f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")
+    return code
+
+
+def _transport(settings: Settings, inventory: Inventory) -> tuple[Any, Transport]:
+    from orchestrator.slurm.run import login_node
+
+    login = login_node(inventory)
+    session = open_session(settings, inventory, [login])
+    return session, session.transport(login)
+
+
+def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, follow: bool) -> ExitCode:
+    """`logs --run ID [--follow]` of a Slurm run: every node's log from its start, as `[node:rank]`."""
+    from orchestrator.slurm.run import find_run, follow_run
+
+    ui = settings.ui
+    log = RunLog(Path("runs") / run_id, staged=True)
+    session, transport = _transport(settings, inventory)
+    with session:
+        run = find_run(transport, inventory, run_id)
+        try:
+            end = follow_run(
+                transport, inventory, run, outputs_for=_outputs(settings, log), say=ui.note, fail_fast=False
+            )
+        except KeyboardInterrupt:
+            log.close()
+            interrupted(ui, "stopped following (the job goes on)")
+        for node in end.nodes:
+            log.commit(node.node)
+        log.close()
+    if not follow:
+        return ExitCode.OK
+    return ExitCode.OK if end.ok else ExitCode.NODES_FAILED
+
+
+def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
+    """`status --run ID`: the job's id, state, nodes, runtime, and each node's last line."""
+    from orchestrator.slurm.run import find_run, status_run
+
+    ui = settings.ui
+    session, transport = _transport(settings, inventory)
+    with session:
+        status = status_run(transport, inventory, find_run(transport, inventory, run_id))
+    if settings.json_mode:
+        ui.print_json({"command": "status", **status.__dict__})
+        return ExitCode.OK
+    why = f" ({status.reason})" if status.state == "PENDING" and status.reason else ""
+    ui.print_text(f"run {status.run_id}: Slurm job {status.job_id} {status.state}{why}")
+    if status.runtime:
+        ui.print_text(f"runtime {status.runtime} on {', '.join(status.nodes) or 'no node yet'}")
+    for node, line in status.last_lines.items():
+        ui.print_text(f"  {node}: {line}")
+    return ExitCode.OK
+
+
+def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
+    """`stop --run ID`: scancel the job and await its end."""
+    from orchestrator.slurm.run import find_run, stop_run
+
+    ui = settings.ui
+    session, transport = _transport(settings, inventory)
+    with session:
+        run = find_run(transport, inventory, run_id)
+        state = stop_run(transport, inventory, run)
+    ui.info(f"run {run_id}: Slurm job {run.job_id} cancelled ({state})")
+    return ExitCode.OK

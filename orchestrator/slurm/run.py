@@ -1,0 +1,357 @@
+"""A training run as a Slurm job: prepared and submitted through the login host, followed, stopped.
+
+What runs where (docs/slurm.md): the controller reaches only the login host (SSH, like any node).
+The job's files go to ``<slurm.dir>/runs/<run-id>/`` on the shared file system; every allocated node
+writes its ranks' lines there, in ``<node>/node.log``, through the rank capture an SSH launch uses,
+and its exit code in ``node.log.rc``. The controller reads each node.log through the login host with
+the tail protocol of `logs --follow` (runs/tail.py): every line once, in order, across reconnects.
+
+A node's log is complete once its ``node.log.rc`` exists: node.sh writes its code, the batch script
+writes ``none`` for a node whose task was ended first, and so does :func:`mark_ended` once the job
+has ended (a cancelled job's batch script is killed before it can).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
+from orchestrator.inventory import Inventory, Node
+from orchestrator.inventory.slurm import SlurmSettings
+from orchestrator.plans import NodePlan, Put, Run, apply
+from orchestrator.platforms import PosixShell
+from orchestrator.render import Renderer
+from orchestrator.runs.base import refused_dir
+from orchestrator.runs.control import follow_node
+from orchestrator.runs.layout import node_log, run_dir_for
+from orchestrator.slurm import queue
+from orchestrator.slurm.job import BATCH_FILE, NODE_FILE, code_dir, job_dir, render_job, slurm_settings
+from orchestrator.steps.launch import RANK_CAPTURE, local_script, rank_capture_file
+from orchestrator.transports import Result, Transport
+from orchestrator.transports.base import BlockHandler, Stream
+
+#: the job id, in the job directory (`status`, `stop`, `logs` find the job by the run id)
+JOB_FILE = "job"
+#: the allocated nodes, one per line in Slurm's order, written by the batch script when it starts
+NODES_FILE = "nodes"
+POLL = 0.5
+TAIL = 20
+
+
+def login_node(inventory: Inventory) -> Node:
+    """The node that is Slurm's login host: ``cluster.slurm.login``, else the master."""
+    slurm = slurm_settings(inventory)
+    return inventory.node(slurm.login or inventory.cluster.master)
+
+
+def compute_node(slurm: SlurmSettings, name: str) -> Node:
+    """An allocated node as the run layout sees it: its run directory is ``<job dir>/<name>``."""
+    return Node(name=name, host=name, workdir=slurm.dir, python=slurm.python)
+
+
+@dataclass(frozen=True)
+class SlurmRun:
+    run_id: str
+    job_id: str
+    job_dir: str
+
+
+def _platform(transport: Transport, login: Node) -> PosixShell:
+    platform = transport.platform
+    if not isinstance(platform, PosixShell):
+        raise UsageError("the Slurm login host must be a Linux node", node=login.name)
+    return platform
+
+
+def prepare_plan(inventory: Inventory, platform: PosixShell, run_id: str, renderer: Renderer) -> NodePlan:
+    """On the login host, as data: a new private job directory on the shared file system (a run id
+    that exists there is refused), the batch script, the node part, the rank capture, and the
+    training script into the code directory (a relative one: this project's)."""
+    slurm = slurm_settings(inventory)
+    files = render_job(renderer, inventory, run_id)
+    directory = job_dir(slurm, run_id)
+    train = inventory.cluster.train
+    code = code_dir(inventory)
+    source = None if train.script.startswith("/") else local_script(train.script)
+    target = f"{code}/{train.script}"
+    parent = target.rsplit("/", 1)[0]
+    login = login_node(inventory).name
+
+    def check(result: Result) -> None:
+        refused = refused_dir(result, login)
+        if refused is not None:
+            raise refused
+        if not result.ok:
+            raise CommandFailedError(f"cannot create {directory}: {' | '.join(result.tail(3))}", node=login)
+
+    prepare = "\n".join((platform.new_private_dir(directory), platform.mkdir(parent)))
+    actions: list[Put | Run] = [
+        Run(prepare, timeout=60, what="create the job directory on the shared file system", check=check),
+        Put(f"{directory}/{BATCH_FILE}", data=files.batch.encode(), mode=0o700, what="batch script"),
+        Put(f"{directory}/{NODE_FILE}", data=files.node.encode(), mode=0o700, what="node part"),
+        Put(f"{directory}/{RANK_CAPTURE}", source=rank_capture_file(), mode=0o600, what="rank capture"),
+    ]
+    if source is not None:
+        actions.append(Put(target, source=source, what="training script"))
+    return NodePlan(login, actions)
+
+
+def submit_run(transport: Transport, inventory: Inventory, run_id: str, renderer: Renderer) -> SlurmRun:
+    """Prepare the job directory, ``sbatch --parsable`` the batch script, keep the job id beside it."""
+    login = login_node(inventory)
+    platform = _platform(transport, login)
+    apply(prepare_plan(inventory, platform, run_id, renderer), transport)
+    directory = job_dir(slurm_settings(inventory), run_id)
+    job = queue.submit(transport, login.name, f"{directory}/{BATCH_FILE}")
+    transport.run(f"echo {platform.quote(job)} > {platform.path_word(f'{directory}/{JOB_FILE}')}", timeout=30)
+    return SlurmRun(run_id, job, directory)
+
+
+def find_run(transport: Transport, inventory: Inventory, run_id: str) -> SlurmRun:
+    """The job of a run submitted before (`status`, `stop`, `logs`), from its job directory."""
+    login = login_node(inventory)
+    platform = _platform(transport, login)
+    directory = job_dir(slurm_settings(inventory), run_id)
+    path = platform.path_word(f"{directory}/{JOB_FILE}")
+    result = transport.run(platform.check_own_dir(directory) + f"\ncat {path} 2>/dev/null", timeout=30)
+    refused = refused_dir(result, login.name)
+    if refused is not None:
+        raise refused
+    job = result.stdout.strip()
+    if not job.isdigit():
+        raise UsageError(
+            f"no Slurm run {run_id} in {directory}",
+            node=login.name,
+            hint="`bootstrap runs` lists the runs started from this directory",
+        )
+    return SlurmRun(run_id, job, directory)
+
+
+def allocated_nodes(
+    transport: Transport, login: Node, run: SlurmRun, job: queue.JobState | None
+) -> list[str]:
+    """The job's nodes: from the queue while Slurm knows the job, else the list the job wrote."""
+    if job is not None and job.nodelist and job.nodelist != "(null)":
+        return queue.hostnames(transport, login.name, job.nodelist)
+    platform = _platform(transport, login)
+    result = transport.run(f"cat {platform.path_word(f'{run.job_dir}/{NODES_FILE}')} 2>/dev/null", timeout=30)
+    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+
+def mark_ended(transport: Transport, login: Node, run: SlurmRun, nodes: list[str]) -> None:
+    """After the job has ended: ``none`` as the exit code of every node that has none, so that its
+    node.log is known complete (its task was killed before it could write one)."""
+    platform = _platform(transport, login)
+    lines = []
+    for name in nodes:
+        rc = platform.path_word(f"{run.job_dir}/{name}/node.log.rc")
+        lines.append(
+            f"[ -e {rc} ] || [ ! -d {platform.path_word(f'{run.job_dir}/{name}')} ] || echo none > {rc}"
+        )
+    if lines:
+        transport.run("\n".join(lines), timeout=30)
+
+
+class _Kept(BlockHandler):
+    """Passes blocks on and keeps the node's last lines (the failure summary's tail)."""
+
+    def __init__(self, inner: BlockHandler) -> None:
+        self.inner = inner
+        self.lines: deque[str] = deque(maxlen=200)
+
+    def block(self, stream: Stream, text: str) -> None:
+        self.lines.extend(text[:-1].split("\n") if text.endswith("\n") else text.split("\n"))
+        self.inner.block(stream, text)
+
+
+@dataclass
+class NodeEnd:
+    """How one allocated node's part ended."""
+
+    node: str
+    exit_code: int | None  # None: its task was ended (cancelled, the job's time limit) or unknown
+    lines: list[str]
+    error: BootstrapError | None = None
+
+    def result(self) -> Result:
+        """As a launcher's Result, for the launch's failure headline and tail (steps/launch.py)."""
+        return Result(self.node, "node.sh", self.exit_code, "\n".join(self.lines), "", 0.0)
+
+
+@dataclass
+class JobEnd:
+    job_id: str
+    state: str  # Slurm's last state of the job (COMPLETED, FAILED, CANCELLED, TIMEOUT, ...)
+    nodes: list[NodeEnd] = field(default_factory=list)
+    failed_first: str | None = None  # the node whose non-zero exit ended the job
+    cancelled: bool = False  # this command cancelled it (fail fast)
+    nproc: int = 1  # ranks per node: node i has global ranks i * nproc ...
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "COMPLETED" and all(n.exit_code == 0 for n in self.nodes)
+
+
+#: the handlers of the allocated nodes (in Slurm's order), each given its first global rank and its
+#: ranks per node: called once, when the nodes are known
+OutputsFor = Callable[[list[str], int], dict[str, BlockHandler]]
+
+
+def follow_run(
+    transport: Transport,
+    inventory: Inventory,
+    run: SlurmRun,
+    *,
+    outputs_for: OutputsFor,
+    say: Callable[[str], None],
+    fail_fast: bool = True,
+    login_python: str | None = None,
+) -> JobEnd:
+    """Wait for the allocation (saying the state and reason while it changes), then stream every
+    node's lines to its handler from ``outputs_for(nodes, nproc)`` until the job has ended and every log is
+    read. ``fail_fast``: the first node that exits non-zero ends the job (``scancel``), as srun's
+    --kill-on-bad-exit does inside it. A pending reason that cannot change by waiting
+    (queue.HOPELESS) cancels the job and raises SlurmError naming it. KeyboardInterrupt: the caller
+    cancels (:func:`stop_run`)."""
+    login = login_node(inventory)
+    slurm = slurm_settings(inventory)
+    said: tuple[str, str] | None = None
+    while True:
+        job = queue.state(transport, login.name, run.job_id)
+        if job is None:
+            break  # gone already: read what the nodes wrote
+        if (job.state, job.reason) != said:
+            said = (job.state, job.reason)
+            why = f" ({job.reason})" if job.state == "PENDING" and job.reason not in ("", "None") else ""
+            say(f"job {run.job_id}: {job.state}{why}")
+        if job.hopeless:
+            queue.cancel(transport, login.name, run.job_id)
+            raise queue.SlurmError(
+                f"job {run.job_id} cannot start: pending with reason {job.reason}; cancelled",
+                node=login.name,
+                hint="the request does not fit the partition as it is now (`sinfo -p PARTITION` on the "
+                "login host): ask for fewer nodes, another partition, or a shorter time",
+            )
+        if job.state != "PENDING" and job.state != "CONFIGURING":
+            break
+        time.sleep(POLL)
+    nodes = allocated_nodes(transport, login, run, job)
+    if not nodes:
+        raise CommandFailedError(
+            f"job {run.job_id} ended ({job.state if job else 'gone'}) before any node started",
+            node=login.name,
+            hint=f"Slurm's output of the batch script: {run.job_dir}/slurm-{run.job_id}.out",
+        )
+    say(f"job {run.job_id}: running on {', '.join(nodes)}")
+    # the readers may come before the node's task made its directory: the same private directory now
+    platform = _platform(transport, login)
+    made = "\n".join(platform.mkdir(f"{run.job_dir}/{name}", private=True) for name in nodes)
+    transport.run(made, timeout=30)
+    outputs = outputs_for(nodes, slurm.ranks_per_node)
+    handlers = {name: _Kept(outputs[name]) for name in nodes}
+    ends: dict[str, NodeEnd] = {}
+    lock = threading.Lock()
+
+    def follow(name: str) -> None:
+        try:
+            found = follow_node(
+                compute_node(slurm, name),
+                transport,
+                run.run_id,
+                follow=True,
+                output=handlers[name],
+                python=login_python,
+                interval=0.05,
+            )
+            end = NodeEnd(name, found.exit_code, list(handlers[name].lines))
+        except BootstrapError as exc:
+            end = NodeEnd(name, None, list(handlers[name].lines), exc)
+        with lock:
+            ends[name] = end
+
+    threads = [
+        threading.Thread(target=follow, args=(n,), name=f"slurm-follow-{n}", daemon=True) for n in nodes
+    ]
+    for thread in threads:
+        thread.start()
+    failed_first: str | None = None
+    cancelled = False
+    last_state = job.state if job is not None else "COMPLETED"
+    next_poll = 0.0
+    marked = False
+    while any(t.is_alive() for t in threads):
+        with lock:
+            bad = [e for e in ends.values() if e.exit_code not in (0, None)]
+        if bad and failed_first is None:
+            failed_first = bad[0].node
+            if fail_fast:
+                say(f"{failed_first} failed (exit {bad[0].exit_code}); cancelling job {run.job_id}")
+                queue.cancel(transport, login.name, run.job_id)
+                cancelled = True
+        if time.monotonic() >= next_poll and not marked:
+            next_poll = time.monotonic() + 1.0
+            job = queue.state(transport, login.name, run.job_id)
+            if job is not None:
+                last_state = job.state
+            if job is None or job.ended:
+                mark_ended(transport, login, run, nodes)  # every follower ends at its log's end
+                marked = True
+        for thread in threads:
+            thread.join(0.1)
+    if not marked:
+        job = queue.state(transport, login.name, run.job_id)
+        if job is not None:
+            last_state = job.state
+    if failed_first is None:
+        bad = [ends[n] for n in nodes if ends[n].exit_code not in (0, None)]
+        failed_first = bad[0].node if bad else None
+    return JobEnd(
+        run.job_id, last_state, [ends[n] for n in nodes], failed_first, cancelled, slurm.ranks_per_node
+    )
+
+
+def stop_run(transport: Transport, inventory: Inventory, run: SlurmRun, *, wait: float = 30.0) -> str:
+    """``scancel`` the job, await its end (Slurm signals every process of it on every node), then
+    mark every node's log complete. Returns the job's last state."""
+    login = login_node(inventory)
+    queue.cancel(transport, login.name, run.job_id)
+    deadline = time.monotonic() + wait
+    job = queue.state(transport, login.name, run.job_id)
+    while job is not None and not job.ended and time.monotonic() < deadline:
+        time.sleep(POLL)
+        job = queue.state(transport, login.name, run.job_id)
+    nodes = allocated_nodes(transport, login, run, job)
+    if job is None or job.ended:
+        mark_ended(transport, login, run, nodes)
+    return job.state if job is not None else "gone"
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    job_id: str
+    state: str
+    reason: str
+    nodes: list[str]
+    runtime: str
+    last_lines: dict[str, str]
+
+
+def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> RunStatus:
+    """The job's state, nodes and runtime as Slurm says, and every node's last log line."""
+    login = login_node(inventory)
+    platform = _platform(transport, login)
+    job = queue.state(transport, login.name, run.job_id)
+    nodes = allocated_nodes(transport, login, run, job)
+    last: dict[str, str] = {}
+    for name in nodes:
+        log = node_log(run_dir_for(compute_node(slurm_settings(inventory), name), run.run_id))
+        result = transport.run(f"tail -n 1 {platform.path_word(log)} 2>/dev/null", timeout=30)
+        last[name] = result.stdout.rstrip("\n")
+    if job is None:
+        return RunStatus(run.run_id, run.job_id, "ENDED", "", nodes, "", last)
+    return RunStatus(run.run_id, run.job_id, job.state, job.reason, nodes, job.runtime, last)
