@@ -121,6 +121,13 @@ class SlurmCluster:
             raise ClusterError(f"squeue failed: {res.stderr.strip()}")
         return [line for line in res.stdout.splitlines() if line.strip()]
 
+    def squeue_all(self) -> list[str]:
+        """``JOBID STATE`` of every job Slurm still knows, ended ones included (MinJobAge)."""
+        res = self.run(["squeue", "-h", "-t", "all", "-o", "%i %T"])
+        if res.returncode != 0:
+            raise ClusterError(f"squeue failed: {res.stderr.strip()}")
+        return [line for line in res.stdout.splitlines() if line.strip()]
+
     def wait_queue_empty(self, timeout: float = 30) -> list[str]:
         """Await an empty queue; return what is left at the deadline (empty list: emptied)."""
         deadline = time.monotonic() + timeout

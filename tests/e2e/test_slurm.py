@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,11 +40,14 @@ def home(slurm: SlurmCluster, tmp_path: Path) -> Path:
     return tmp_path / "home"
 
 
+def env_of(home: Path) -> dict[str, str]:
+    return {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
 @pytest.fixture
 def bootstrap(slurm: SlurmCluster, home: Path) -> Bootstrap:
     def run(*args: str, cwd: Path, timeout: float = 240) -> CliRun:
-        env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        argv = slurm.cluster.controller_argv([BOOTSTRAP, *args], env=env)
+        argv = slurm.cluster.controller_argv([BOOTSTRAP, *args], env=env_of(home))
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         return CliRun([BOOTSTRAP, *args], proc.returncode, proc.stdout, proc.stderr)
 
@@ -137,3 +141,54 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
     assert slurm.squeue() == [] or all(" COMPLETED " in line for line in slurm.squeue())
+
+
+def _running(pattern: str) -> list[str]:
+    """Processes of this machine (every namespace host shares its PID space) whose command line holds
+    ``pattern``: what a run left behind."""
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+
+
+def test_a_failing_rank_cancels_the_job_and_is_named_with_its_last_lines(
+    slurm: SlurmCluster, home: Path, shared: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "cbt_slurm_fail.py"
+    failed_at = tmp_path / "failed_at"
+    script.write_text(
+        "import sys, time, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 3:\n"
+        "    print('rank 3 gives up', flush=True)\n"
+        f"    open({str(failed_at)!r}, 'w').write(str(time.time()))\n"
+        "    sys.exit(3)\n"
+        "time.sleep(300)\n"
+    )
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    inv.write_text(inv.read_text().replace("examples/train_ddp.py", script.name))
+    proc = subprocess.Popen(
+        slurm.cluster.controller_argv(
+            [BOOTSTRAP, "-i", str(inv), "launch", "--run-id", "ff"], env=env_of(home)
+        ),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ended_at = None  # when Slurm first shows the job ended (the test watches the queue meanwhile)
+    while proc.poll() is None:
+        states = [line.split()[1] for line in slurm.squeue_all()]
+        if ended_at is None and failed_at.exists() and states and not {"RUNNING", "PENDING"} & set(states):
+            ended_at = time.time()
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    run = CliRun(["launch"], proc.returncode, out, err)
+    if ended_at is None:
+        ended_at = time.time()
+    assert run.returncode == 1, run
+    assert ended_at - float(failed_at.read_text()) < 10, run
+    # the node and the rank, with the rank's own code and its last line
+    assert re.search(r"node3: rank 3 exited with code 3", run.stderr), run
+    assert re.search(r"^\s+\[node3:3\] rank 3 gives up$", run.stderr, re.M), run
+    assert slurm.wait_queue_empty(30) == [] or all("CANCELLED" in q or "FAILED" in q for q in slurm.squeue())
+    assert _running(script.name) == []
