@@ -172,8 +172,13 @@ def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Ex
     ui.print_text(f"run {status.run_id}: Slurm job {status.job_id} {status.state}{why}")
     if status.runtime:
         ui.print_text(f"runtime {status.runtime} on {', '.join(status.nodes) or 'no node yet'}")
-    for node, line in status.last_lines.items():
-        ui.print_text(f"  {node}: {line}")
+    from orchestrator.runs.ranks import split_rank
+    from orchestrator.slurm.job import slurm_settings
+
+    nproc = slurm_settings(inventory).ranks_per_node
+    for index, (node, line) in enumerate(status.last_lines.items()):
+        local, text = split_rank(line)  # as the stream labels it: [node:rank]
+        ui.print_text(f"  [{node}{'' if local is None else f':{index * nproc + local}'}] {text}")
     return ExitCode.OK
 
 

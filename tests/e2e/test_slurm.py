@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -192,3 +193,85 @@ def test_a_failing_rank_cancels_the_job_and_is_named_with_its_last_lines(
     assert re.search(r"^\s+\[node3:3\] rank 3 gives up$", run.stderr, re.M), run
     assert slurm.wait_queue_empty(30) == [] or all("CANCELLED" in q or "FAILED" in q for q in slurm.squeue())
     assert _running(script.name) == []
+
+
+TICKING = (
+    "import sys, time, torch.distributed as dist\n"
+    "dist.init_process_group('gloo')\n"
+    "r = dist.get_rank()\n"
+    "for i in range(100):\n"
+    "    print(f'line {i} of rank {r}', flush=True)\n"
+    "if len(sys.argv) > 1:\n"
+    "    time.sleep(300)\n"
+)
+
+
+def _ticking(slurm: SlurmCluster, tmp_path: Path, shared: Path, name: str, *, forever: bool) -> Path:
+    script = tmp_path / name
+    script.write_text(TICKING)
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared, args=["forever"] if forever else [])
+    inv.write_text(inv.read_text().replace("examples/train_ddp.py", script.name))
+    return inv
+
+
+def _await_lines(shared: Path, run_id: str, timeout: float = 120) -> None:
+    """Until every node's log has its ranks' last line: the job runs, the ranks sleep."""
+    deadline = time.monotonic() + timeout
+    logs = [shared / "runs" / run_id / n / "node.log" for n in ("node2", "node3", "node4")]
+    while time.monotonic() < deadline:
+        if all(p.exists() and p.read_text().count("line 99 of rank") == 2 for p in logs):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no lines in {logs}")
+
+
+def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, home: Path, shared: Path, tmp_path: Path) -> None:
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_ctrlc.py", forever=True)
+    argv = slurm.cluster.controller_argv(
+        [BOOTSTRAP, "-i", str(inv), "launch", "--run-id", "cc"], env=env_of(home)
+    )
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _await_lines(shared, "cc")
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert re.search(r"interrupted: Slurm job \d+ cancelled \(CANCELLED\)", err), err
+    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert _running("cbt_slurm_ctrlc.py") == []
+
+
+def test_detach_then_logs_follow_shows_every_line_once(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_detach.py", forever=False)
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", "dt", cwd=tmp_path)
+    assert started.returncode == 0, started
+    assert "logs --run dt --follow" in started.stderr, started
+    followed = bootstrap("-i", str(inv), "logs", "--run", "dt", "--follow", cwd=tmp_path)
+    assert followed.returncode == 0, followed
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        mine = re.findall(rf"^\[{node}:{rank}\] line (\d+) of rank {rank}$", followed.stdout, re.M)
+        assert mine == [str(i) for i in range(100)], followed.stdout[-2000:]
+
+
+def test_stop_cancels_a_detached_run(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_stop.py", forever=True)
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", "st", cwd=tmp_path)
+    assert started.returncode == 0, started
+    _await_lines(shared, "st")
+    status = bootstrap("-i", str(inv), "status", "--run", "st", cwd=tmp_path)
+    assert re.search(r"run st: Slurm job \d+ RUNNING", status.stdout), status
+    assert "[node3:3] line 99 of rank 3" in status.stdout, status
+    stopped = bootstrap("-i", str(inv), "stop", "--run", "st", cwd=tmp_path)
+    assert stopped.returncode == 0, stopped
+    assert re.search(r"Slurm job \d+ cancelled \(CANCELLED\)", stopped.stderr), stopped
+    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert _running("cbt_slurm_stop.py") == []
+    # the logs of a stopped run end: every node's log is known complete
+    followed = bootstrap("-i", str(inv), "logs", "--run", "st", "--follow", cwd=tmp_path, timeout=60)
+    assert "[node4:5] line 99 of rank 5" in followed.stdout, followed
