@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
+from orchestrator.records import check_nonce
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
@@ -162,6 +163,20 @@ class PosixShell(Platform):
         """
         encoded = base64.b64encode(script.encode()).decode()
         return f"/bin/sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
+
+    def record_functions(self, nonce: str) -> str:
+        """``_cb_rec KIND FIELD...`` prints one record, each field an argument; ``_cb_recin KIND
+        FIELD...`` takes one more field, its stdin (binary-safe: NUL bytes and trailing newlines
+        kept, which neither arguments nor command substitution can carry). coreutils or busybox
+        ``base64`` wraps its output: the newlines are removed."""
+        return (
+            f"_cb_n={self.quote(check_nonce(nonce))}\n"
+            "_cb_f() { printf ' :'; printf '%s' \"$1\" | base64 | tr -d '\\n'; }\n"
+            '_cb_rec() { printf \'@@%s %s\' "$_cb_n" "$1"; shift;'
+            ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; echo; }\n'
+            '_cb_recin() { printf \'@@%s %s\' "$_cb_n" "$1"; shift;'
+            " for _cb_a in \"$@\"; do _cb_f \"$_cb_a\"; done; printf ' :'; base64 | tr -d '\\n'; echo; }"
+        )
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         parts = []

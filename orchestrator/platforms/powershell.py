@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import Platform, ScriptFile, check_env_name
+from orchestrator.records import check_nonce
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
 #: program name); longer PowerShell scripts are uploaded and run with ``file_command``
@@ -338,6 +339,24 @@ class PowerShell(Platform):
             "exit $global:LASTEXITCODE"
         )
         return "\n".join(lines)
+
+    def record_functions(self, nonce: str) -> str:
+        """``Out-CbRecord KIND @(FIELD, ...)`` prints one record; each field is taken as a string
+        and travels as its UTF-8 bytes (``$null``: an empty field)."""
+        return (
+            f"$cbNonce = {self.quote(check_nonce(nonce))}\n"
+            "function Out-CbRecord([string]$Kind, [object[]]$Fields) {\n"
+            "  $cbLine = New-Object -TypeName System.Text.StringBuilder\n"
+            "  $null = $cbLine.Append('@@').Append($cbNonce).Append(' ').Append($Kind)\n"
+            "  if ($null -ne $Fields) {\n"
+            "    foreach ($cbField in $Fields) {\n"
+            "      $cbBytes = [System.Text.Encoding]::UTF8.GetBytes([string]$cbField)\n"
+            "      $null = $cbLine.Append(' :').Append([System.Convert]::ToBase64String($cbBytes))\n"
+            "    }\n"
+            "  }\n"
+            "  [Console]::Out.Write($cbLine.Append([char]10).ToString())\n"
+            "}"
+        )
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section in its own script block (its variables stay there; ``return`` ends it).
