@@ -123,3 +123,9 @@ def plain(output: str, nonce: str) -> str:
     return "\n".join(
         line for line in output.split("\n") if not line.startswith("@@") or decode_line(line, nonce) is None
     )
+
+
+def unnonced(texts: list[str]) -> list[str]:
+    """``texts`` with every nonce replaced by one placeholder: scripts comparable across runs (a
+    dry run and the real one each choose their own)."""
+    return [NONCE.sub("cb-NONCE", text) for text in texts]
