@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import pwsh
+from tests.noderecords import said
 from tests.winrm_server import cmdline
 from tests.winrm_server.processes import QUOTA_MESSAGE, ProcessTable, QuotaExceeded, WinProcess
 from tests.winrm_server.server import Answer, FakeFiles, PwshCall, WinRMServer
@@ -155,9 +156,9 @@ class NativeNode:
             return "round"
         if any(n.endswith("launch.ps1')") for n in names):
             return "launch-in-shell"
-        if "Stop-CbRun" in names and "'@@stop terminated '" in call.script:
+        if "Stop-CbRun" in names and "Out-CbRecord 'stop' @('terminated'" in call.script:
             return "stop"
-        if "Invoke-CimMethod" in names and "@@started" in call.script:
+        if "Invoke-CimMethod" in names and "Out-CbRecord 'started'" in call.script:
             return "start"
         if "Test-Path" in names and "Write-Output" in names:
             return "say-if-exists"
@@ -404,7 +405,7 @@ class NativeNode:
         pid = self.path(run.run_dir, "pid")
         while not self.read(pid) and proc.alive:
             time.sleep(0.02)
-        return Answer(stdout=f"@@started {self.read(pid).strip()}\n")
+        return Answer(stdout=said(call.script, ("started", self.read(pid).strip())))
 
     # -- the old way: launch.ps1 inside the WinRS shell's job -----------------------------------------
 
@@ -614,14 +615,13 @@ class NativeNode:
         run_dir = full_path_of(assigned(call.tree)["$cbdir"])
         if not self.roots(run_dir):
             if self.read(self.path(run_dir, "node.log.rc")):
-                return Answer(
-                    stdout=f"@@stop exited {self.read(self.path(run_dir, 'node.log.rc')).strip()}\n"
-                )
+                code = self.read(self.path(run_dir, "node.log.rc")).strip()
+                return Answer(stdout=said(call.script, ("stop", "exited", code)))
             if self.read(self.path(run_dir, "pid")):
-                return Answer(stdout="@@stop gone\n")
-            return Answer(stdout="@@stop not-started\n")
+                return Answer(stdout=said(call.script, ("stop", "gone")))
+            return Answer(stdout=said(call.script, ("stop", "not-started")))
         self.files[self.path(run_dir, "stopped")] = f"{int(time.time())}\n".encode()
-        return Answer(stdout=f"@@stop terminated {self.stop_run(run_dir)} 0\n")
+        return Answer(stdout=said(call.script, ("stop", "terminated", str(self.stop_run(run_dir)), "0")))
 
     # -- what a test asks ----------------------------------------------------------------------------
 
