@@ -6,11 +6,11 @@ command's output. It never decides anything. ``gather`` runs many facts in one r
 
 from __future__ import annotations
 
-import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from orchestrator import records
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Result, Transport
 
@@ -47,7 +47,7 @@ class FactSet:
 
 def gather(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120.0) -> FactSet:
     """Run every fact's command on the node in one script and parse each section."""
-    token = "cb-" + secrets.token_hex(6)  # unguessable frame markers: no output can fake them
+    token = records.new_nonce()  # the records' nonce: no output of the node can fake them
     platform = transport.platform
     script = platform.sectioned([(f.name, f.command(platform)) for f in facts], token)
     result = transport.run(script, timeout=timeout)
@@ -76,18 +76,17 @@ def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]],
 
 
 class SectionStream:
-    """The framed output of ``Platform.sectioned`` read line by line while the script still runs: the
-    sections are known the moment their end marker arrives, and what follows the last one (a command
-    that keeps running, such as the preflight's listener) is handed back to the caller.
+    """The records of ``Platform.sectioned`` read line by line while the script still runs: the
+    sections are known the moment their ``section`` record arrives, and what follows the last one (a
+    command that keeps running, such as the preflight's listener) is handed back to the caller.
 
-    Keeps the arrival time of each section's first output line (``time.time()``): a section that
-    prints the node's clock is dated by it."""
+    Keeps the arrival time of each section's ``exit`` record (``time.time()``), sent the moment its
+    command ended: a section that prints the node's clock is dated by it."""
 
     def __init__(self, token: str, names: list[str]) -> None:
-        self._begin, self._end = f"@@{token} begin ", f"@@{token} end "
+        self._token = token
         self._waiting = set(names)
-        self._current: str | None = None
-        self._lines: list[str] = []
+        self._codes: dict[str, int] = {}
         self.sections: dict[str, tuple[str, int]] = {}
         self.first_line_at: dict[str, float] = {}
 
@@ -97,41 +96,36 @@ class SectionStream:
         return not self._waiting
 
     def feed(self, line: str, at: float) -> str | None:
-        """Take one stdout line received at ``at``; returns it when it belongs to no section and
-        every section ended (the caller's), else None."""
+        """Take one stdout line received at ``at``; returns it when every section ended (the
+        caller's), else None (records, and what a section's command printed around them)."""
         if self.complete:
             return line
-        if line.startswith(self._begin) and line.endswith("@@"):
-            self._current, self._lines = line[len(self._begin) : -2], []
-        elif line.startswith(self._end) and line.endswith("@@") and self._current is not None:
-            name, _, code = line[len(self._end) : -2].rpartition(" ")
-            if self._lines and self._lines[-1] == "":  # the newline we added before the marker
-                self._lines.pop()
-            self.sections[name] = ("\n".join(self._lines), int(code))
-            self._waiting.discard(name)
-            self._current = None
-        elif self._current is not None:
-            self.first_line_at.setdefault(self._current, at)
-            self._lines.append(line)
+        found = records.decode_line(line, self._token) if line.startswith("@@") else None
+        if found is not None:
+            _take(found, self._codes, self.sections)
+            if found.kind == "exit":
+                self.first_line_at.setdefault(found.text(0), at)
+            elif found.kind == "section":
+                self._waiting.discard(found.text(0))
         return None
 
 
+def _take(found: records.Record, codes: dict[str, int], sections: dict[str, tuple[str, int]]) -> None:
+    """One record of a sectioned script: an exit code, or a section's output (after its code)."""
+    name = found.text(0)
+    if found.kind == "exit":
+        code = found.text(1).strip()
+        codes[name] = int(code) if code.lstrip("-").isdigit() else 1
+    elif found.kind == "section":
+        text = found.text(1).replace("\r\n", "\n")  # Windows tools' lines, as Linux ones
+        sections[name] = (text[:-1] if text.endswith("\n") else text, codes.get(name, 1))
+
+
 def split_sections(stdout: str, token: str) -> dict[str, tuple[str, int]]:
-    """Parse the framed output of ``Platform.sectioned`` into ``{name: (output, exit_code)}``."""
+    """The records of a ``Platform.sectioned`` script as ``{name: (output, exit_code)}`` (the output
+    without its last newline)."""
+    codes: dict[str, int] = {}
     sections: dict[str, tuple[str, int]] = {}
-    begin, end = f"@@{token} begin ", f"@@{token} end "
-    current: str | None = None
-    lines: list[str] = []
-    for line in stdout.splitlines():
-        if line.startswith(begin) and line.endswith("@@"):
-            current, lines = line[len(begin) : -2], []
-        elif line.startswith(end) and line.endswith("@@") and current is not None:
-            name, _, code = line[len(end) : -2].rpartition(" ")
-            # the end marker is preceded by a newline we added: drop that one empty line
-            if lines and lines[-1] == "":
-                lines.pop()
-            sections[name] = ("\n".join(lines), int(code))
-            current = None
-        elif current is not None:
-            lines.append(line)
+    for found in records.decode(stdout, token):
+        _take(found, codes, sections)
     return sections

@@ -179,14 +179,21 @@ class PosixShell(Platform):
         )
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
-        parts = []
+        """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
+        each fact reports failures itself), then two records (``token`` the nonce): ``exit NAME CODE``
+        the moment it ended, ``section NAME OUTPUT`` (its whole stdout, binary-safe) after it."""
+        parts = [
+            self.record_functions(token),
+            "_cb_body() { _cb_b=$(base64 | tr -d '\\n'); printf '@@%s section' \"$_cb_n\"; _cb_f \"$1\";"
+            " printf ' :%s\\n' \"$_cb_b\"; }",
+        ]
         for name, command in sections:
-            begin = self.quote(f"@@{token} begin {name}@@")
-            # stderr of fact commands is noise (missing tools); each fact reports failures itself.
+            word = self.quote(name)
+            # the output is encoded once the command is done (nothing is written before): the exit
+            # record, on the outer stdout (fd 4), comes first and whole
             parts.append(
-                f"printf '%s\\n' {begin}\n"
-                f"( {command}\n) 2>/dev/null </dev/null\n"
-                f"printf '\\n@@{token} end {name} %s@@\\n' \"$?\""
+                f'{{ {{ ( {command}\n) 2>/dev/null </dev/null; _cb_rec exit {word} "$?" >&4; }}'
+                f" | _cb_body {word}; }} 4>&1"
             )
         return "\n".join(parts)
 

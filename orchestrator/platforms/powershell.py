@@ -361,29 +361,28 @@ class PowerShell(Platform):
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section in its own script block (its variables stay there; ``return`` ends it).
 
-        Framing as :meth:`PosixShell.sectioned`: a begin line, the section's stdout, an empty line, an
-        end line with its exit code, which is ``$LASTEXITCODE`` after the block (a section sets it to
-        report a code: ``exit`` would end the whole script), or 1 when the block threw (its message
-        then ends the section's output). Objects a block outputs are printed as text.
+        Answers as :meth:`PosixShell.sectioned`: the records (``token`` the nonce) ``exit NAME CODE``
+        then ``section NAME OUTPUT``. The code is ``$LASTEXITCODE`` after the block (a section sets
+        it to report a code: ``exit`` would end the whole script), or 1 when the block threw (its
+        message then ends the section's output). Objects a block outputs are taken as text lines.
         """
-        parts = []
+        parts = [self.record_functions(token)]
         for name, command in sections:
-            begin = self.quote(f"@@{token} begin {name}@@")
-            end = self.quote(f"@@{token} end {name} ")
+            word = self.quote(name)
             parts.append(
-                f"[Console]::Out.WriteLine({begin})\n"
+                "$cbSectionLines = New-Object -TypeName System.Collections.Generic.List[string]\n"
                 "$global:LASTEXITCODE = 0\n"
                 "try {\n"
                 "  & {\n"
                 f"{command}\n"
-                "  } | Out-String -Stream -Width 4096 | ForEach-Object { [Console]::Out.WriteLine($_) }\n"
+                "  } | Out-String -Stream -Width 4096 | ForEach-Object { $cbSectionLines.Add($_) }\n"
                 "  $cbCode = $global:LASTEXITCODE\n"
                 "} catch {\n"
-                "  [Console]::Out.WriteLine('error: ' + $_.Exception.Message)\n"
+                "  $cbSectionLines.Add('error: ' + $_.Exception.Message)\n"
                 "  $cbCode = 1\n"
                 "}\n"
-                "[Console]::Out.WriteLine()\n"
-                f"[Console]::Out.WriteLine({end} + $cbCode + '@@')"
+                f"Out-CbRecord 'exit' @({word}, [string]$cbCode)\n"
+                f"Out-CbRecord 'section' @({word}, ($cbSectionLines -join [string][char]10))"
             )
         return "\n".join(parts)
 
