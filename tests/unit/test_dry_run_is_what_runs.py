@@ -47,11 +47,11 @@ from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_t
 from orchestrator.steps.timesync import windows as timesync_windows
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
+from tests.noderecords import answer_sections, framed, sections_asked
 
 DATA = Path(__file__).parent / "data" / "firewall"
 RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
 TOKEN = re.compile(r"cb-[0-9a-f]{12}")  # a round trip's frame token (random per run)
-SECTION = re.compile(r"@@(cb-[0-9a-f]{12}) begin ([a-z_]+)@@")
 
 # -- a node that records what it is sent -----------------------------------------------------------
 
@@ -150,13 +150,9 @@ class RecordingSession(Session):
 
 
 def sections_answer(command: str, sections: Mapping[str, tuple[str, int]]) -> str:
-    """The framed output of a ``Platform.sectioned`` script: each section it asks for, framed with
-    the token found in it (a section this node has no answer for fails the test)."""
-    lines: list[str] = []
-    for token, name in SECTION.findall(command):
-        text, code = sections[name]
-        lines += [f"@@{token} begin {name}@@", *text.splitlines(), "", f"@@{token} end {name} {code}@@"]
-    return "\n".join(lines) + "\n"
+    """The records of a ``Platform.sectioned`` script: each section it asks for, with the nonce found
+    in it (a section this node has no answer for fails the test)."""
+    return answer_sections(command, dict(sections))
 
 
 def untokened(sent: list[Sent]) -> list[Sent]:
@@ -222,10 +218,10 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
     text = (DATA / f"{FIREWALLS[node]}.txt").read_text()
     if tag is not None:
         text = re.sub(re.escape("cluster-bootstrap:lab") + r"(?![\w.:-])", tag, text)
-    sections = {**split_sections(text, RECORDED_TOKEN), **network_sections(node)}
+    sections = {**split_sections(framed(text, RECORDED_TOKEN), RECORDED_TOKEN), **network_sections(node)}
 
     def answer(command: str) -> tuple[str, int]:
-        if SECTION.search(command):
+        if sections_asked(command):
             return sections_answer(command, sections), 0
         return "", 0
 
@@ -483,7 +479,7 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if SECTION.search(command):
+        if sections_asked(command):
             return sections_answer(command, sections), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0

@@ -74,7 +74,7 @@ def test_facts_clock_and_listener_share_one_command_per_node() -> None:
         assert rounds[name].listener is not None and rounds[name].listener.done == "complete"
         commands = transports[name].commands
         assert len(commands) == 2, commands  # no separate clock samples, no listener of its own, no kill
-        assert "begin clock@@" in commands[0] and " cbt-reach listen " in commands[0]
+        assert "_cb_body clock;" in commands[0] and " cbt-reach listen " in commands[0]
         assert " cbt-reach connect " in commands[1]
 
 
@@ -119,13 +119,13 @@ def test_the_dry_run_shows_the_round_trip_and_the_connector() -> None:
     node = inventory.nodes[1]
     first, connector = check_plan(node, LocalTransport("n2", PosixShell()), inventory)
     order = [
-        "begin clock@@",
-        "begin torch@@",
-        "begin route@@",
-        "begin root_access@@",
-        "begin workdir_mark@@",
+        "_cb_body clock;",
+        "_cb_body torch;",
+        "_cb_body route;",
+        "_cb_body root_access;",
+        "_cb_body workdir_mark;",
         " cbt-reach listen ",
-        "begin workdir_marks@@",
+        "_cb_body workdir_marks;",
     ]
     positions = [first.index(marker) for marker in order]
     assert positions == sorted(positions), positions
