@@ -174,6 +174,8 @@ class ProbeReport:
             "never_joined": self.missing,
             "unreachable": [{"rank": r, "error": e} for r, e in sorted(self.unreachable.items())],
             "timed_out": self.timed_out,
+            # node -> records it sent in another node's ranks' name (ignored); only when there were any
+            **({"forged_records": dict(self.forged)} if self.forged else {}),
         }
 
 

@@ -145,6 +145,8 @@ class ValidateReport:
             "correct": self.correct,
             "timed_out": self.timed_out,
             "all_reduce": [dataclasses.asdict(r) for r in self.results],
+            # node -> records it sent in another node's ranks' name (ignored); only when there were any
+            **({"forged_records": dict(self.forged)} if self.forged else {}),
         }
 
 

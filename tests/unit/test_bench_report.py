@@ -301,3 +301,5 @@ def test_a_node_cannot_measure_another_nodes_rank() -> None:
     assert report.ranks[0].samples_per_s == 1000.0 and report.ranks[1].device == "CPU x1"
     assert report.ok and report.forged == {"c": 3}
     assert report.shares().shares == [85, 76, 74, 21]
+    assert report.public_dict()["forged_records"] == {"c": 3}
+    assert "forged_records" not in _probe().public_dict()

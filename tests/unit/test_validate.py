@@ -101,3 +101,5 @@ def test_a_node_cannot_blame_another_nodes_rank() -> None:
     # its own rank's records count
     report.feed({"kind": "unreachable", "rank": 3, "master": "m:29500", "error": "refused"}, "node3", 3)
     assert report.unreachable == {3: "m:29500: refused"}
+    assert report.public_dict()["forged_records"] == {"node3": 3}
+    assert "forged_records" not in _report().public_dict()
