@@ -3,6 +3,7 @@ fakes of a node answer with the nonce found in the script they were sent."""
 
 from __future__ import annotations
 
+import base64
 import re
 
 from orchestrator import records
@@ -32,11 +33,10 @@ def status_said(text: str, nonce: str = NONCE) -> str:
 
 def sections_said(nonce: str, sections: dict[str, tuple[str, int]]) -> str:
     """What a ``Platform.sectioned`` script prints: per section its ``exit`` and ``section`` records."""
-    out = []
-    for name, (text, code) in sections.items():
-        out.append(records.record(nonce, "exit", name, str(code)))
-        out.append(records.record(nonce, "section", name, text + "\n" if text else ""))
-    return "".join(out)
+    return "".join(
+        records.record(nonce, "section", name, (text + "\n" if text else "") + f"\0{code}")
+        for name, (text, code) in sections.items()
+    )
 
 
 def framed(recording: str, token: str) -> str:
@@ -63,7 +63,7 @@ def framed(recording: str, token: str) -> str:
 #: how sectioned scripts name their nonce and sections (POSIX sh, PowerShell)
 _ASKED = re.compile(
     r"_cb_n='?(cb-[0-9a-f]{12})'?|\$cbNonce = '(cb-[0-9a-f]{12})'"
-    r"|_cb_body '?([A-Za-z0-9_.-]+)'?|Out-CbRecord 'section' @\('([A-Za-z0-9_.-]+)'"
+    r"|\n_cb_sec ([A-Za-z0-9+/=]+)|Out-CbRecord 'section' @\('([A-Za-z0-9_.-]+)'"
 )
 
 
@@ -74,10 +74,23 @@ def sections_asked(script: str) -> list[tuple[str, str]]:
         if found.group(1) or found.group(2):
             nonce = found.group(1) or found.group(2)
         else:
-            asked.append((nonce, found.group(3) or found.group(4)))
+            name = found.group(4) or base64.b64decode(found.group(3)).decode()
+            asked.append((nonce, name))
     return asked
 
 
 def answer_sections(script: str, sections: dict[str, tuple[str, int]]) -> str:
     """The answer of a node that has ``sections`` (name: (output, code)) to a sectioned script."""
     return "".join(sections_said(nonce, {name: sections[name]}) for nonce, name in sections_asked(script))
+
+
+def asks(script: str, name: str) -> bool:
+    """Whether a sectioned script asks for section ``name``."""
+    return any(asked == name for _, asked in sections_asked(script))
+
+
+def ask_at(script: str, name: str) -> int:
+    """Where in ``script`` section ``name`` is asked for (its record's line)."""
+    if f"'{name}'" in script and "Out-CbRecord 'section'" in script:
+        return script.index(f"Out-CbRecord 'section' @('{name}'")
+    return script.index(f"\n_cb_sec {base64.b64encode(name.encode()).decode()}")

@@ -77,16 +77,15 @@ def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]],
 
 class SectionStream:
     """The records of ``Platform.sectioned`` read line by line while the script still runs: the
-    sections are known the moment their ``section`` record arrives, and what follows the last one (a
-    command that keeps running, such as the preflight's listener) is handed back to the caller.
+    sections are known the moment their record arrives, and what follows the last one (a command
+    that keeps running, such as the preflight's listener) is handed back to the caller.
 
-    Keeps the arrival time of each section's ``exit`` record (``time.time()``), sent the moment its
+    Keeps the arrival time of each section's record (``time.time()``), written the moment its
     command ended: a section that prints the node's clock is dated by it."""
 
     def __init__(self, token: str, names: list[str]) -> None:
         self._token = token
         self._waiting = set(names)
-        self._codes: dict[str, int] = {}
         self.sections: dict[str, tuple[str, int]] = {}
         self.first_line_at: dict[str, float] = {}
 
@@ -101,31 +100,31 @@ class SectionStream:
         if self.complete:
             return line
         found = records.decode_line(line, self._token) if line.startswith("@@") else None
-        if found is not None:
-            _take(found, self._codes, self.sections)
-            if found.kind == "exit":
-                self.first_line_at.setdefault(found.text(0), at)
-            elif found.kind == "section":
-                self._waiting.discard(found.text(0))
+        if found is not None and found.kind == "section":
+            name = _take(found, self.sections)
+            self.first_line_at.setdefault(name, at)
+            self._waiting.discard(name)
         return None
 
 
-def _take(found: records.Record, codes: dict[str, int], sections: dict[str, tuple[str, int]]) -> None:
-    """One record of a sectioned script: an exit code, or a section's output (after its code)."""
+def _take(found: records.Record, sections: dict[str, tuple[str, int]]) -> str:
+    """A ``section NAME OUTPUT NUL CODE`` record into ``sections``; returns NAME."""
     name = found.text(0)
-    if found.kind == "exit":
-        code = found.text(1).strip()
-        codes[name] = int(code) if code.lstrip("-").isdigit() else 1
-    elif found.kind == "section":
-        text = found.text(1).replace("\r\n", "\n")  # Windows tools' lines, as Linux ones
-        sections[name] = (text[:-1] if text.endswith("\n") else text, codes.get(name, 1))
+    output, _, code = (found.fields[1] if len(found.fields) > 1 else b"").rpartition(b"\0")
+    text = output.decode("utf-8", "replace").replace("\r\n", "\n")  # Windows tools' lines, as Linux ones
+    number = code.decode("ascii", "replace").strip()
+    sections[name] = (
+        text[:-1] if text.endswith("\n") else text,
+        int(number) if number.lstrip("-").isdigit() else 1,
+    )
+    return name
 
 
 def split_sections(stdout: str, token: str) -> dict[str, tuple[str, int]]:
     """The records of a ``Platform.sectioned`` script as ``{name: (output, exit_code)}`` (the output
     without its last newline)."""
-    codes: dict[str, int] = {}
     sections: dict[str, tuple[str, int]] = {}
     for found in records.decode(stdout, token):
-        _take(found, codes, sections)
+        if found.kind == "section":
+            _take(found, sections)
     return sections

@@ -167,33 +167,33 @@ class PosixShell(Platform):
     def record_functions(self, nonce: str) -> str:
         """``_cb_rec KIND FIELD...`` prints one record, each field an argument; ``_cb_recin KIND
         FIELD...`` takes one more field, its stdin (binary-safe: NUL bytes and trailing newlines
-        kept, which neither arguments nor command substitution can carry). coreutils or busybox
-        ``base64`` wraps its output: the newlines are removed."""
+        kept, which neither arguments nor command substitution can carry). ``base64`` wraps its
+        output unless told not to (``-w 0``, coreutils): busybox's newlines are removed by ``tr``."""
         return (
             f"_cb_n={self.quote(check_nonce(nonce))}\n"
-            "_cb_f() { printf ' :'; printf '%s' \"$1\" | base64 | tr -d '\\n'; }\n"
+            "if base64 -w 0 </dev/null >/dev/null 2>&1; then _cb_64() { base64 -w 0; }\n"
+            "else _cb_64() { base64 | tr -d '\\n'; }; fi\n"
+            "_cb_f() { printf ' :'; printf '%s' \"$1\" | _cb_64; }\n"
             '_cb_rec() { printf \'@@%s %s\' "$_cb_n" "$1"; shift;'
             ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; echo; }\n'
             '_cb_recin() { printf \'@@%s %s\' "$_cb_n" "$1"; shift;'
-            " for _cb_a in \"$@\"; do _cb_f \"$_cb_a\"; done; printf ' :'; base64 | tr -d '\\n'; echo; }"
+            ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; printf \' :\'; _cb_64; echo; }'
         )
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
-        each fact reports failures itself), then two records (``token`` the nonce): ``exit NAME CODE``
-        the moment it ended, ``section NAME OUTPUT`` (its whole stdout, binary-safe) after it."""
+        each fact reports failures itself), then one record (``token`` the nonce) ``section NAME
+        DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code (records.section_data).
+        The record is written in one piece once the command is done."""
         parts = [
             self.record_functions(token),
-            "_cb_body() { _cb_b=$(base64 | tr -d '\\n'); printf '@@%s section' \"$_cb_n\"; _cb_f \"$1\";"
-            " printf ' :%s\\n' \"$_cb_b\"; }",
+            '_cb_sec() { printf \'@@%s section :%s :%s\\n\' "$_cb_n" "$1" "$_cb_b"; }',
         ]
         for name, command in sections:
-            word = self.quote(name)
-            # the output is encoded once the command is done (nothing is written before): the exit
-            # record, on the outer stdout (fd 4), comes first and whole
+            label = base64.b64encode(name.encode()).decode()
             parts.append(
-                f'{{ {{ ( {command}\n) 2>/dev/null </dev/null; _cb_rec exit {word} "$?" >&4; }}'
-                f" | _cb_body {word}; }} 4>&1"
+                f"_cb_b=$( {{ ( {command}\n) 2>/dev/null </dev/null; printf '\\000%s' \"$?\"; }} | _cb_64)\n"
+                f"_cb_sec {label}"
             )
         return "\n".join(parts)
 

@@ -361,14 +361,13 @@ class PowerShell(Platform):
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section in its own script block (its variables stay there; ``return`` ends it).
 
-        Answers as :meth:`PosixShell.sectioned`: the records (``token`` the nonce) ``exit NAME CODE``
-        then ``section NAME OUTPUT``. The code is ``$LASTEXITCODE`` after the block (a section sets
-        it to report a code: ``exit`` would end the whole script), or 1 when the block threw (its
-        message then ends the section's output). Objects a block outputs are taken as text lines.
+        Answers as :meth:`PosixShell.sectioned`: one record (``token`` the nonce) ``section NAME
+        DATA``, DATA its output lines, a NUL, its exit code: ``$LASTEXITCODE`` after the block (a
+        section sets it to report a code: ``exit`` would end the whole script), or 1 when the block
+        threw (its message then ends the section's output). Objects a block outputs are text lines.
         """
         parts = [self.record_functions(token)]
         for name, command in sections:
-            word = self.quote(name)
             parts.append(
                 "$cbSectionLines = New-Object -TypeName System.Collections.Generic.List[string]\n"
                 "$global:LASTEXITCODE = 0\n"
@@ -381,8 +380,8 @@ class PowerShell(Platform):
                 "  $cbSectionLines.Add('error: ' + $_.Exception.Message)\n"
                 "  $cbCode = 1\n"
                 "}\n"
-                f"Out-CbRecord 'exit' @({word}, [string]$cbCode)\n"
-                f"Out-CbRecord 'section' @({word}, ($cbSectionLines -join [string][char]10))"
+                f"Out-CbRecord 'section' @({self.quote(name)},"
+                ' (($cbSectionLines -join "`n") + [char]0 + [string]$cbCode))'
             )
         return "\n".join(parts)
 

@@ -25,7 +25,7 @@ from orchestrator.steps.launch import plan as launch_plan
 from orchestrator.steps.preflight import run_preflight
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
-from tests.noderecords import sections_asked, sections_said
+from tests.noderecords import asks, sections_asked, sections_said
 
 INVENTORY = """\
 cluster: {name: lab, master: n1}
@@ -203,7 +203,7 @@ class FakeSession(Session):
 
 def facts_asked(session: FakeSession) -> dict[str, int]:
     """How many commands asked each node for its facts (the torch probe is one of them)."""
-    return {name: sum("_cb_body torch;" in c for c in fake.commands) for name, fake in session.fakes.items()}
+    return {name: sum(asks(c, "torch") for c in fake.commands) for name, fake in session.fakes.items()}
 
 
 def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
@@ -223,8 +223,8 @@ def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
         # and last
         commands = session.fakes[name].commands
         assert len(commands) == 2, commands
-        assert "_cb_body workdir_mark;" in commands[0] and "_cb_body workdir_marks;" in commands[0]
-        assert "_cb_body clock;" in commands[0] and probe_args(commands[0]).startswith("cbt-reach listen ")
+        assert asks(commands[0], "workdir_mark") and asks(commands[0], "workdir_marks")
+        assert asks(commands[0], "clock") and probe_args(commands[0]).startswith("cbt-reach listen ")
         assert probe_args(commands[1]).startswith("cbt-reach connect ")
 
     planned = launch_plan(session, inventory, "run-1")
@@ -254,7 +254,7 @@ def test_a_changed_node_is_asked_again_the_others_are_not() -> None:
     assert facts_asked(session) == {"n1": 1, "n2": 2, "n3": 1}
     # remembered facts leave the clock sample and the listener in the check's one command
     (first,) = [c for c in session.fakes["n1"].commands if probe_args(c).startswith("cbt-reach listen ")]
-    assert "_cb_body clock;" in first and "_cb_body torch;" not in first
+    assert asks(first, "clock") and not asks(first, "torch")
 
 
 def test_a_failed_gathering_is_not_remembered() -> None:

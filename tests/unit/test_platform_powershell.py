@@ -373,13 +373,10 @@ def test_sections_parse_and_frame_like_posix() -> None:
     script = ps.sectioned(sections, NONCE)
     tree = pwsh.assert_parses(script)
     said = [c.arguments for c in pwsh.commands(tree) if c.name == "Out-CbRecord"]
+    # one record per section: its lines joined by "\n", a NUL, its exit code
     assert said == [
-        x
+        ["'section'", f"@('{name}', (($cbSectionLines -join \"`n\") + [char]0 + [string]$cbCode))"]
         for name, _ in sections
-        for x in (
-            ["'exit'", f"@('{name}', [string]$cbCode)"],
-            ["'section'", f"@('{name}', ($cbSectionLines -join [string][char]10))"],
-        )
     ]
     assert any(c.name == "Out-String" and c.has("-Stream") for c in pwsh.commands(tree))
     assert sections_asked(script) == [(NONCE, name) for name, _ in sections]
