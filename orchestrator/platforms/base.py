@@ -92,9 +92,9 @@ class Platform(ABC):
 
     @abstractmethod
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
-        """One script running every ``(name, command)`` in turn, each answering in records (nonce
-        ``token``, orchestrator/records.py) ``exit NAME CODE`` then ``section NAME OUTPUT``, so one
-        round trip gathers many facts (facts/base.py reads them)."""
+        """One script running every ``(name, command)`` in turn, each answering with one record (nonce
+        ``token``, orchestrator/records.py) ``section NAME DATA`` once it ended, DATA its output, a NUL
+        and its exit code, so one round trip gathers many facts (facts/base.py reads them)."""
 
     @abstractmethod
     def transfer_path(self, path: str) -> str:

@@ -183,7 +183,7 @@ class PosixShell(Platform):
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
         each fact reports failures itself), then one record (``token`` the nonce) ``section NAME
-        DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code (records.section_data).
+        DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code.
         The record is written in one piece once the command is done."""
         parts = [
             self.record_functions(token),
