@@ -2,7 +2,8 @@
 the node prints around the records, the decoder returns exactly the fields each producer encoded.
 
 Producers: the Python encoder (as node-side helpers run it: its source alone), the POSIX sh
-functions run by the real /bin/sh (fields as arguments, and binary through stdin), and the
+functions run by the real /bin/sh (fields as arguments, binary through stdin, and the fact sections
+of ``Platform.sectioned`` with any output and exit code), and the
 PowerShell function, which cannot run here: its text is parsed and checked statement by statement,
 and every record call of the Windows run scripts with it."""
 
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import records
+from orchestrator.facts.base import split_sections
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.runs.windows import WindowsRuns
 from tests import pwsh
@@ -175,6 +177,7 @@ def test_every_windows_record_has_a_literal_kind_and_a_field_array() -> None:
         runs.stop("C:/r/n", "m", 5.0, NONCE),
         runs.status("C:/r/n", "m", "C:/r/n/node.log", NONCE),
         runs.list_files([["C:/r/n/a"], ["D:/b"]], NONCE),
+        PS.sectioned([("one", "'x'"), ("two", "throw 'boom'")], NONCE),
     ]
     for script in scripts:
         tree = pwsh.assert_parses(PS.wrap(script))
@@ -192,3 +195,22 @@ def test_a_nonce_must_have_its_shape() -> None:
         with pytest.raises(ValueError):
             SH.record_functions(bad)
     assert records.NONCE.fullmatch(records.new_nonce())
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(outputs=st.lists(st.tuples(hostile_bytes, st.integers(0, 255)), min_size=1, max_size=3))
+def test_fact_sections_carry_any_output_and_their_exit_codes(outputs: list[tuple[bytes, int]]) -> None:
+    # the real sectioned script: each command prints its bytes (octal escapes) and exits with its code
+    sections = [
+        (f"s{i}", "printf '" + "".join(f"\\{b:03o}" for b in data) + f"'; exit {code}")
+        for i, (data, code) in enumerate(outputs)
+    ]
+    done = subprocess.run(["/bin/sh", "-c", SH.sectioned(sections, NONCE)], capture_output=True, check=True)
+
+    def shown(data: bytes) -> str:  # what a fact parser gets: text, CRLF as LF, without the last LF
+        text = data.decode("utf-8", "replace").replace("\r\n", "\n")
+        return text[:-1] if text.endswith("\n") else text
+
+    assert split_sections(done.stdout.decode("utf-8", "replace"), NONCE) == {
+        f"s{i}": (shown(data), code) for i, (data, code) in enumerate(outputs)
+    }
