@@ -41,7 +41,7 @@ def launch_on_slurm(
 ) -> ExitCode:
     """`launch` on an inventory with cluster.slurm: submit, then follow (or, --detach, only submit)."""
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.runs.ids import claim_run_id, pick_run_id
+    from orchestrator.runs.ids import new_run_id
     from orchestrator.runs.layout import train_record, write_record
     from orchestrator.slurm.job import slurm_settings
     from orchestrator.slurm.run import follow_run, login_node, stop_run, submit_run
@@ -51,7 +51,7 @@ def launch_on_slurm(
     login = login_node(inventory)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
     require_secrets(inventory)
-    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
     directory = Path("runs") / run_id
     write_record(directory, run_id, [], detached=detach, train=train_record(inventory))
     with open_session(settings, inventory, [login]) as session:

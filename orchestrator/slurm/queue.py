@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator import records
 from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import Transport
@@ -76,13 +77,48 @@ def _command(platform: PosixShell, argv: Sequence[str]) -> str:
     return " ".join(platform.quote(a) for a in argv)
 
 
-def _slurm_line(result_stderr: str, result_stdout: str) -> str:
-    """Slurm's message without its ``sbatch: error:`` prefix (the first such line)."""
-    for line in (result_stderr + "\n" + result_stdout).splitlines():
-        text = re.sub(r"^\w+: error: ", "", line.strip())
-        if text:
-            return text
-    return "no message"
+@dataclass(frozen=True)
+class Answer:
+    """A Slurm command's exit code and its output (stdout and stderr together), as one record."""
+
+    exit_code: int | None
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def lines(self) -> list[str]:
+        return [line.strip() for line in self.text.split("\n") if line.strip()]
+
+    def message(self) -> str:
+        """Slurm's own line without its ``sbatch: error:`` prefix (the first such line)."""
+        for line in self.lines:
+            text = re.sub(r"^\w+: error: ", "", line)
+            if text:
+                return text
+        return f"exit {self.exit_code}, no message"
+
+
+def ask(transport: Transport, login: str, command: str, *, timeout: float = 60) -> Answer:
+    """Run ``command`` (shell text whose values the platform quoted) on the login host; its output
+    comes back in one framed record (orchestrator/records.py), whatever bytes it holds."""
+    platform = _posix(transport, login)
+    nonce = records.new_nonce()
+    script = (
+        platform.record_functions(nonce)
+        + f'\n_cb_o=$( {{ {command}\n}} 2>&1 </dev/null )\n_cb_x=$?\n_cb_rec answer "$_cb_x" "$_cb_o"'
+    )
+    result = transport.run(script, timeout=timeout)
+    found = records.find(result.stdout, nonce, "answer")
+    if found is None:
+        raise CommandFailedError(
+            f"no answer from the login host (exit {result.exit_code}): {' | '.join(result.tail(3))}",
+            node=login,
+        )
+    code = found.text(0)
+    return Answer(int(code) if code.isdigit() else None, found.text(1))
 
 
 def submit(transport: Transport, login: str, batch_file: str) -> str:
@@ -90,20 +126,20 @@ def submit(transport: Transport, login: str, batch_file: str) -> str:
     unknown partition or account, a request larger than the partition) raise with Slurm's line."""
     platform = _posix(transport, login)
     directory = batch_file.rsplit("/", 1)[0] or "/"
-    script = (
-        "if ! command -v sbatch >/dev/null 2>&1; then echo 'sbatch: error: no sbatch' >&2; exit 127; fi\n"
+    command = (
+        "if ! command -v sbatch >/dev/null 2>&1; then exit 127; fi\n"
         f"cd {platform.path_word(directory)} && " + _command(platform, ["sbatch", "--parsable", batch_file])
     )
-    result = transport.run(script, timeout=120)
-    if result.exit_code == 127:
+    answer = ask(transport, login, command, timeout=120)
+    if answer.exit_code == 127:
         raise UsageError(
             "no sbatch on the login host: Slurm's commands are not installed or not on its PATH",
             node=login,
             hint="cluster.slurm.login must name a node where `sbatch` works in an SSH session",
         )
-    job = result.stdout.strip().split(";", 1)[0]
-    if not result.ok or not job.isdigit():
-        raise SlurmError(f"sbatch refused the job: {_slurm_line(result.stderr, result.stdout)}", node=login)
+    job = answer.lines[-1].split(";", 1)[0] if answer.lines else ""
+    if not answer.ok or not job.isdigit():
+        raise SlurmError(f"sbatch refused the job: {answer.message()}", node=login)
     return job
 
 
@@ -111,13 +147,13 @@ def state(transport: Transport, login: str, job_id: str) -> JobState | None:
     """The job as squeue sees it (ended jobs too, while Slurm keeps them); None once it is gone."""
     platform = _posix(transport, login)
     argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", _FIELDS]
-    result = transport.run(_command(platform, argv), timeout=60)
-    if not result.ok:
-        if "Invalid job id" in result.stderr:
+    answer = ask(transport, login, _command(platform, argv))
+    if not answer.ok:
+        if "Invalid job id" in answer.text:
             return None
-        raise SlurmError(f"squeue failed: {_slurm_line(result.stderr, result.stdout)}", node=login)
-    for line in result.stdout.splitlines():
-        fields = line.strip().split("|")
+        raise SlurmError(f"squeue failed: {answer.message()}", node=login)
+    for line in answer.lines:
+        fields = line.split("|")
         if len(fields) == 6 and fields[0] == job_id:
             return JobState(*fields)
     return None
@@ -126,18 +162,18 @@ def state(transport: Transport, login: str, job_id: str) -> JobState | None:
 def hostnames(transport: Transport, login: str, nodelist: str) -> list[str]:
     """``node[2-4]`` as Slurm expands it, in the job's order (SLURM_NODEID 0, 1, ...)."""
     platform = _posix(transport, login)
-    result = transport.run(_command(platform, ["scontrol", "show", "hostnames", nodelist]), timeout=60)
-    if not result.ok:
-        raise SlurmError(f"scontrol failed: {_slurm_line(result.stderr, result.stdout)}", node=login)
-    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    answer = ask(transport, login, _command(platform, ["scontrol", "show", "hostnames", nodelist]))
+    if not answer.ok:
+        raise SlurmError(f"scontrol failed: {answer.message()}", node=login)
+    return answer.lines
 
 
 def cancel(transport: Transport, login: str, job_id: str) -> None:
     """``scancel JOB``: Slurm signals every process of the job on every node."""
     platform = _posix(transport, login)
-    result = transport.run(_command(platform, ["scancel", job_id]), timeout=60)
-    if not result.ok:
-        raise SlurmError(f"scancel failed: {_slurm_line(result.stderr, result.stdout)}", node=login)
+    answer = ask(transport, login, _command(platform, ["scancel", job_id]))
+    if not answer.ok:
+        raise SlurmError(f"scancel failed: {answer.message()}", node=login)
 
 
 def _posix(transport: Transport, login: str) -> PosixShell:
@@ -147,4 +183,14 @@ def _posix(transport: Transport, login: str) -> PosixShell:
     return platform
 
 
-__all__ = ["BootstrapError", "JobState", "SlurmError", "cancel", "hostnames", "state", "submit"]
+__all__ = [
+    "Answer",
+    "BootstrapError",
+    "JobState",
+    "SlurmError",
+    "ask",
+    "cancel",
+    "hostnames",
+    "state",
+    "submit",
+]

@@ -117,11 +117,13 @@ def find_run(transport: Transport, inventory: Inventory, run_id: str) -> SlurmRu
     platform = _platform(transport, login)
     directory = job_dir(slurm_settings(inventory), run_id)
     path = platform.path_word(f"{directory}/{JOB_FILE}")
-    result = transport.run(platform.check_own_dir(directory) + f"\ncat {path} 2>/dev/null", timeout=30)
-    refused = refused_dir(result, login.name)
+    # the job id is believed only from a directory that is ours alone (check_own_dir refuses others)
+    checked = transport.run(platform.check_own_dir(directory), timeout=30)
+    refused = refused_dir(checked, login.name)
     if refused is not None:
         raise refused
-    job = result.stdout.strip()
+    answer = queue.ask(transport, login.name, f"cat {path}")
+    job = answer.lines[0] if answer.ok and answer.lines else ""
     if not job.isdigit():
         raise UsageError(
             f"no Slurm run {run_id} in {directory}",
@@ -138,8 +140,8 @@ def allocated_nodes(
     if job is not None and job.nodelist and job.nodelist != "(null)":
         return queue.hostnames(transport, login.name, job.nodelist)
     platform = _platform(transport, login)
-    result = transport.run(f"cat {platform.path_word(f'{run.job_dir}/{NODES_FILE}')} 2>/dev/null", timeout=30)
-    return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+    answer = queue.ask(transport, login.name, f"cat {platform.path_word(f'{run.job_dir}/{NODES_FILE}')}")
+    return answer.lines if answer.ok else []
 
 
 def mark_ended(transport: Transport, login: Node, run: SlurmRun, nodes: list[str]) -> None:
@@ -350,8 +352,8 @@ def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> Run
     last: dict[str, str] = {}
     for name in nodes:
         log = node_log(run_dir_for(compute_node(slurm_settings(inventory), name), run.run_id))
-        result = transport.run(f"tail -n 1 {platform.path_word(log)} 2>/dev/null", timeout=30)
-        last[name] = result.stdout.rstrip("\n")
+        answer = queue.ask(transport, login.name, f"tail -n 1 {platform.path_word(log)}")
+        last[name] = answer.text if answer.ok else ""
     if job is None:
         return RunStatus(run.run_id, run.job_id, "ENDED", "", nodes, "", last)
     return RunStatus(run.run_id, run.job_id, job.state, job.reason, nodes, job.runtime, last)
