@@ -31,9 +31,8 @@ ENDED = frozenset(
     }
 )
 #: pending reasons that say the request can never be met as it is: waiting would be forever
-HOPELESS = frozenset(
+TOO_LARGE = frozenset(
     {
-        "ReqNodeNotAvail",
         "PartitionNodeLimit",
         "PartitionTimeLimit",
         "PartitionConfig",
@@ -46,6 +45,9 @@ HOPELESS = frozenset(
         "QOSMaxWallDurationPerJobLimit",
     }
 )
+#: the nodes the job needs are down, drained or reserved: an administrator's matter, not the request's
+#: (squeue writes this reason as its description, "Nodes required for job are DOWN, DRAINED ...")
+NODES_UNAVAILABLE = "ReqNodeNotAvail"
 _FIELDS = "%i|%T|%r|%N|%M|%l"
 
 
@@ -69,8 +71,18 @@ class JobState:
         return self.state in ENDED
 
     @property
+    def reason_code(self) -> str:
+        """Slurm's name of the pending reason (``ReqNodeNotAvail``, not its description)."""
+        if self.reason.startswith(("ReqNodeNotAvail", "Nodes required for job are DOWN")):
+            return NODES_UNAVAILABLE
+        return self.reason.split(",")[0]
+
+    @property
     def hopeless(self) -> bool:
-        return self.state == "PENDING" and self.reason.split(",")[0] in HOPELESS
+        """Pending for a reason that waiting alone does not change."""
+        return self.state == "PENDING" and (
+            self.reason_code in TOO_LARGE or self.reason_code == NODES_UNAVAILABLE
+        )
 
 
 def _command(platform: PosixShell, argv: Sequence[str]) -> str:
@@ -139,7 +151,16 @@ def submit(transport: Transport, login: str, batch_file: str) -> str:
         )
     job = answer.lines[-1].split(";", 1)[0] if answer.lines else ""
     if not answer.ok or not job.isdigit():
-        raise SlurmError(f"sbatch refused the job: {answer.message()}", node=login)
+        text = answer.message()
+        field = next((f for f in ("partition", "account", "time", "node") if f in text.lower()), None)
+        what = {"node": "nodes", "time": "time"}.get(field or "", field)
+        raise UsageError(
+            f"sbatch refused the job: {text}",
+            node=login,
+            hint=f"check cluster.slurm.{what}; `sinfo -s` on the login host lists the partitions"
+            if what
+            else "the batch script's #SBATCH lines come from cluster.slurm (render --for slurm shows them)",
+        )
     return job
 
 

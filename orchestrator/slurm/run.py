@@ -232,11 +232,24 @@ def follow_run(
             say(f"job {run.job_id}: {job.state}{why}")
         if job.hopeless:
             queue.cancel(transport, login.name, run.job_id)
-            raise queue.SlurmError(
-                f"job {run.job_id} cannot start: pending with reason {job.reason}; cancelled",
+            if job.reason_code == queue.NODES_UNAVAILABLE:
+                said_why = (
+                    job.reason
+                    if job.reason.startswith(job.reason_code)
+                    else f"{job.reason_code} ({job.reason})"
+                )
+                raise queue.SlurmError(
+                    f"job {run.job_id} cannot start: {said_why}; cancelled",
+                    node=login.name,
+                    hint="nodes of the partition are down, drained or reserved (`sinfo -R` on the login host "
+                    "says why); launch --detach waits in the queue instead",
+                )
+            raise UsageError(
+                f"job {run.job_id} cannot start: pending with reason {job.reason_code}; cancelled",
                 node=login.name,
-                hint="the request does not fit the partition as it is now (`sinfo -p PARTITION` on the "
-                "login host): ask for fewer nodes, another partition, or a shorter time",
+                hint="the request is larger than the partition allows (`sinfo -s`, `scontrol show partition` "
+                "on the login host): ask for fewer nodes (cluster.slurm.nodes), a shorter time, or another "
+                "partition",
             )
         if job.state != "PENDING" and job.state != "CONFIGURING":
             break

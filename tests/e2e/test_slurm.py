@@ -275,3 +275,51 @@ def test_stop_cancels_a_detached_run(
     # the logs of a stopped run end: every node's log is known complete
     followed = bootstrap("-i", str(inv), "logs", "--run", "st", "--follow", cwd=tmp_path, timeout=60)
     assert "[node4:5] line 99 of rank 5" in followed.stdout, followed
+
+
+def _launch_with(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path, **request: object
+) -> CliRun:
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    doc = json.loads(inv.read_text())
+    doc["cluster"]["slurm"].update(request)
+    inv.write_text(json.dumps(doc))
+    return bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
+
+
+def test_an_unknown_partition_is_slurms_own_line_and_names_the_field(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    run = _launch_with(slurm, bootstrap, shared, tmp_path, partition="gpu-nope")
+    assert run.returncode == 2, run
+    assert "sbatch refused the job: invalid partition specified: gpu-nope" in run.stderr, run
+    assert "cluster.slurm.partition" in run.stderr, run
+
+
+def test_a_request_larger_than_the_partition_is_cancelled_not_left_pending(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    run = _launch_with(slurm, bootstrap, shared, tmp_path, nodes=4)
+    assert run.returncode == 2, run
+    assert re.search(
+        r"job \d+ cannot start: pending with reason Partition(NodeLimit|Config); cancelled", run.stderr
+    ), run
+    assert "cluster.slurm.nodes" in run.stderr, run
+    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+
+
+def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    drain = ["scontrol", "update", "nodename=node3", "state=drain", "reason=cbt-maintenance"]
+    assert slurm.run(drain).returncode == 0
+    try:
+        run = _launch_with(slurm, bootstrap, shared, tmp_path)
+    finally:
+        slurm.run(["scontrol", "update", "nodename=node3", "state=resume"])
+    assert run.returncode == 1, run
+    assert re.search(
+        r"job \d+ cannot start: ReqNodeNotAvail[^;]*(node3|DRAINED)[^;]*; cancelled", run.stderr
+    ), run
+    assert "sinfo -R" in run.stderr, run
+    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
