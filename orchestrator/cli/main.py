@@ -118,6 +118,10 @@ def cli(
     run_args = ctx.meta.get(RUN_ARGS)
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
+    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: sync, then a job
+        from orchestrator.cli.slurm import pipeline_on_slurm
+
+        return pipeline_on_slurm(settings, inventory, detach=detach, until=until)
     refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
     inventory = run_nodes(settings, inventory, master)  # --nodes: the nodes this run uses, all phases
     nodes = list(inventory.nodes)

@@ -43,8 +43,8 @@ def launch_on_slurm(
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.runs.ids import new_run_id
     from orchestrator.runs.layout import train_record, write_record
-    from orchestrator.slurm.job import slurm_settings
-    from orchestrator.slurm.run import follow_run, login_node, stop_run, submit_run
+    from orchestrator.slurm.job import login_node, slurm_settings
+    from orchestrator.slurm.run import follow_run, stop_run, submit_run
 
     ui = settings.ui
     slurm = slurm_settings(inventory)
@@ -126,7 +126,7 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
 
 
 def _transport(settings: Settings, inventory: Inventory) -> tuple[Any, Transport]:
-    from orchestrator.slurm.run import login_node
+    from orchestrator.slurm.job import login_node
 
     login = login_node(inventory)
     session = open_session(settings, inventory, [login])
@@ -193,3 +193,34 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
         state = stop_run(transport, inventory, run)
     ui.info(f"run {run_id}: Slurm job {run.job_id} cancelled ({state})")
     return ExitCode.OK
+
+
+def pipeline_on_slurm(
+    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None
+) -> ExitCode:
+    """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
+    through the login host; firewall and time sync skipped (the cluster's admins own them); then the
+    job (`launch`)."""
+    from orchestrator.cli.sync import run_sync
+    from orchestrator.pipeline import wants_code_sync
+    from orchestrator.slurm.job import login_node, on_shared_dir, slurm_settings
+
+    ui = settings.ui
+    shared = on_shared_dir(inventory)
+    login = login_node(shared)
+    env, code = inventory.cluster.env.declared, wants_code_sync(inventory)
+    if env or code:
+        where = slurm_settings(inventory).dir
+        ui.note(
+            f"sync: the {'environment and code' if env and code else 'environment' if env else 'code'} "
+            f"to {where} through {login.name}, once for every node (shared file system)"
+        )
+        synced = run_sync(settings, shared, [login], only=None if env and code else "env" if env else "code")
+        if synced != ExitCode.OK:
+            ui.error("not going on: sync failed (see above); `bootstrap sync` repeats just that step")
+            return synced
+    ui.note("firewall: skipped on Slurm (the cluster's admins own the compute nodes' network)")
+    ui.note("ntp: skipped on Slurm (the cluster's admins keep the compute nodes' clocks)")
+    if until in ("sync", "firewall", "ntp"):
+        return ExitCode.OK
+    return launch_on_slurm(settings, inventory, run_id=None, templates_dir=None, detach=detach)

@@ -38,7 +38,7 @@ class SlurmSettings(BaseModel):
     account: SlurmName | None = None
     time: str | None = None  # the job's time limit (--time)
     sbatch: tuple[Line, ...] = ()  # extra #SBATCH lines, e.g. "--exclusive", "--mem=0"
-    python: Line = "python3"  # the training interpreter on the compute nodes
+    python: Line | None = None  # the compute nodes' interpreter (default: cluster.env's, else python3)
 
     @field_validator("nodes", "gpus", "nproc", mode="before")
     @classmethod

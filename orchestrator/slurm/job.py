@@ -6,10 +6,11 @@ user template directory first), from the inventory's ``cluster.slurm`` and ``clu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from orchestrator.errors import UsageError
-from orchestrator.inventory import Inventory
+from orchestrator.inventory import Inventory, Node
 from orchestrator.inventory.model import MASK, FromEnv
 from orchestrator.inventory.slurm import SlurmSettings
 from orchestrator.platforms import PosixShell
@@ -33,6 +34,36 @@ def slurm_settings(inventory: Inventory) -> SlurmSettings:
             hint="add cluster.slurm (login, dir, nodes, ...: docs/slurm.md) to run on Slurm",
         )
     return slurm
+
+
+def login_node(inventory: Inventory) -> Node:
+    """The node that is Slurm's login host: ``cluster.slurm.login``, else the master."""
+    slurm = slurm_settings(inventory)
+    return inventory.node(slurm.login or inventory.cluster.master)
+
+
+def on_shared_dir(inventory: Inventory) -> Inventory:
+    """The inventory as the login host works for the job: its workdir is ``cluster.slurm.dir``, so the
+    environment and the code `sync` makes there (``<dir>/env...``, ``<dir>/code``) are on the shared
+    file system every compute node runs from."""
+    slurm = slurm_settings(inventory)
+    login = login_node(inventory).name
+    nodes = [n.model_copy(update={"workdir": slurm.dir}) if n.name == login else n for n in inventory.nodes]
+    return dataclasses.replace(inventory, nodes=nodes)
+
+
+def job_python(inventory: Inventory) -> str:
+    """The compute nodes' interpreter: ``cluster.slurm.python``, else the environment `sync` built in
+    the shared directory (cluster.env), else ``python3``."""
+    from orchestrator.steps.envsync import venv_python
+
+    slurm = slurm_settings(inventory)
+    if slurm.python:
+        return slurm.python
+    if inventory.cluster.env.declared:
+        shared = on_shared_dir(inventory)
+        return venv_python(login_node(shared), shared)
+    return "python3"
 
 
 def job_dir(slurm: SlurmSettings, run_id: str) -> str:
@@ -111,7 +142,7 @@ def render_job(
         node = env.get_template(NODE_TEMPLATE).render(
             **common,
             code_dir=code_dir(inventory),
-            python=slurm.python,
+            python=job_python(inventory),
             script=train.script,
             args=train.args,
             master_port=inventory.cluster.port,

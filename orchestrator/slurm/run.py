@@ -29,7 +29,15 @@ from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import follow_node
 from orchestrator.runs.layout import node_log, run_dir_for
 from orchestrator.slurm import queue
-from orchestrator.slurm.job import BATCH_FILE, NODE_FILE, code_dir, job_dir, render_job, slurm_settings
+from orchestrator.slurm.job import (
+    BATCH_FILE,
+    NODE_FILE,
+    code_dir,
+    job_dir,
+    login_node,
+    render_job,
+    slurm_settings,
+)
 from orchestrator.steps.launch import RANK_CAPTURE, local_script, rank_capture_file
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import BlockHandler, Stream
@@ -42,15 +50,9 @@ POLL = 0.5
 TAIL = 20
 
 
-def login_node(inventory: Inventory) -> Node:
-    """The node that is Slurm's login host: ``cluster.slurm.login``, else the master."""
-    slurm = slurm_settings(inventory)
-    return inventory.node(slurm.login or inventory.cluster.master)
-
-
 def compute_node(slurm: SlurmSettings, name: str) -> Node:
     """An allocated node as the run layout sees it: its run directory is ``<job dir>/<name>``."""
-    return Node(name=name, host=name, workdir=slurm.dir, python=slurm.python)
+    return Node(name=name, host=name, workdir=slurm.dir)
 
 
 @dataclass(frozen=True)

@@ -323,3 +323,29 @@ def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
     ), run
     assert "sinfo -R" in run.stderr, run
     assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+
+
+def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nodes(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "examples").mkdir(parents=True)
+    shutil.copyfile(EXAMPLE, project / "examples" / "train_ddp.py")
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared, args=["--epochs", "1", "--max-steps", "10"])
+    doc = json.loads(inv.read_text())
+    doc["cluster"]["code"] = {"source": str(project)}
+    inv.write_text(json.dumps(doc))
+    run = bootstrap("-i", str(inv), cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run
+    assert (shared / "code" / "examples" / "train_ddp.py").read_bytes() == EXAMPLE.read_bytes()
+    assert "firewall: skipped on Slurm" in run.stderr and "ntp: skipped on Slurm" in run.stderr, run
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        assert re.search(rf"^\[{node}:{rank}\] \[rank {rank}/6\]", run.stdout, re.M), run.stdout[-3000:]
+    assert re.search(r"^\[node2:0\] done: ", run.stdout, re.M), run.stdout[-3000:]
+    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir()]
+    for node in ("node2", "node3", "node4"):
+        assert len(list((shared / "runs" / run_id / node / "ranks").iterdir())) == 2
+        assert (tmp_path / "runs" / run_id / f"{node}.log").read_text()
+    status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
+    job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
+    assert re.search(rf"run {run_id}: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
