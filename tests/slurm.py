@@ -137,6 +137,17 @@ class SlurmCluster:
                 return left
             time.sleep(0.2)
 
+    def wait_no_job_active(self, timeout: float = 30) -> list[str]:
+        """Await the end of every job (none pending, running or completing: its processes are gone on
+        every node); return the jobs still active at the deadline (empty list: none)."""
+        deadline = time.monotonic() + timeout
+        active = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+        while True:
+            left = [line for line in self.squeue_all() if line.split()[1] in active]
+            if not left or time.monotonic() > deadline:
+                return left
+            time.sleep(0.2)
+
     def log(self, name: str) -> str:
         try:
             return (self.dir / f"{name}.log").read_text(errors="replace")

@@ -196,11 +196,11 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
 
 
 def pipeline_on_slurm(
-    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None
+    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool
 ) -> ExitCode:
     """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
-    through the login host; firewall and time sync skipped (the cluster's admins own them); then the
-    job (`launch`)."""
+    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`
+    inside an allocation (stops here when a check fails, unless ``force``); then the job (`launch`)."""
     from orchestrator.cli.sync import run_sync
     from orchestrator.pipeline import wants_code_sync
     from orchestrator.slurm.job import login_node, on_shared_dir, slurm_settings
@@ -223,4 +223,12 @@ def pipeline_on_slurm(
     ui.note("ntp: skipped on Slurm (the cluster's admins keep the compute nodes' clocks)")
     if until in ("sync", "firewall", "ntp"):
         return ExitCode.OK
+    from orchestrator.cli.check import check_on_slurm
+
+    checked = check_on_slurm(settings, inventory, say_skipped=False)
+    if checked != ExitCode.OK and not force:
+        ui.error("not launching: a check failed on an allocated node (see above); --force launches anyway")
+        return checked
+    if until == "check":
+        return checked
     return launch_on_slurm(settings, inventory, run_id=None, templates_dir=None, detach=detach)

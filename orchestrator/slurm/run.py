@@ -200,6 +200,75 @@ class JobEnd:
         return self.state == "COMPLETED" and all(n.exit_code == 0 for n in self.nodes)
 
 
+def await_allocation(
+    transport: Transport, inventory: Inventory, job_id: str, say: Callable[[str], None]
+) -> queue.JobState | None:
+    """Until the job runs (or has ended, or is gone: None), saying its state and pending reason as
+    they change. A pending reason that waiting alone does not change (queue.TOO_LARGE, nodes
+    unavailable) cancels the job and raises, naming it."""
+    login = login_node(inventory)
+    said: tuple[str, str] | None = None
+    while True:
+        job = queue.state(transport, login.name, job_id)
+        if job is None:
+            return None  # gone already: read what the nodes wrote
+        if (job.state, job.reason) != said:
+            said = (job.state, job.reason)
+            why = f" ({job.reason})" if job.state == "PENDING" and job.reason not in ("", "None") else ""
+            say(f"job {job_id}: {job.state}{why}")
+        if job.hopeless:
+            queue.cancel(transport, login.name, job_id)
+            if job.reason_code == queue.NODES_UNAVAILABLE:
+                said_why = (
+                    job.reason
+                    if job.reason.startswith(job.reason_code)
+                    else f"{job.reason_code} ({job.reason})"
+                )
+                raise queue.SlurmError(
+                    f"job {job_id} cannot start: {said_why}; cancelled",
+                    node=login.name,
+                    hint="nodes of the partition are down, drained or reserved (`sinfo -R` on the login host "
+                    "says why); launch --detach waits in the queue instead",
+                )
+            raise UsageError(
+                f"job {job_id} cannot start: pending with reason {job.reason_code}; cancelled",
+                node=login.name,
+                hint="the request is larger than the partition allows (`sinfo -s`, `scontrol show partition` "
+                "on the login host): ask for fewer nodes (cluster.slurm.nodes), a shorter time, or another "
+                "partition",
+            )
+        if job.state not in ("PENDING", "CONFIGURING"):
+            return job
+        time.sleep(POLL)
+
+
+def allocate(transport: Transport, inventory: Inventory, say: Callable[[str], None]) -> tuple[str, list[str]]:
+    """A job holding the request's nodes for `check` (its steps run the probes: relay.py); returns the
+    job id and its nodes in Slurm's order. The caller cancels it."""
+    login = login_node(inventory)
+    slurm = slurm_settings(inventory)
+    platform = _platform(transport, login)
+    argv = ["sbatch", "--parsable", "--job-name=cb-check", f"--nodes={slurm.nodes}", "--ntasks-per-node=1"]
+    argv += [f"--gpus-per-node={slurm.gpus}"] if slurm.gpus else []
+    argv += [f"--partition={slurm.partition}"] if slurm.partition else []
+    argv += [f"--account={slurm.account}"] if slurm.account else []
+    argv += [f"--time={slurm.time}"] if slurm.time else []
+    argv += [*slurm.sbatch, "--output=/dev/null", "--wrap=exec sleep 86400"]
+    answer = queue.ask(transport, login.name, " ".join(platform.quote(a) for a in argv), timeout=120)
+    job = answer.lines[-1].split(";", 1)[0] if answer.lines else ""
+    if not answer.ok or not job.isdigit():
+        raise UsageError(f"sbatch refused the check's allocation: {answer.message()}", node=login.name)
+    say(f"check: job {job} holds the nodes while their facts are read")
+    try:
+        state = await_allocation(transport, inventory, job, say)
+        if state is None or state.ended:
+            raise CommandFailedError(f"job {job} ended before the check ran", node=login.name)
+        return job, queue.hostnames(transport, login.name, state.nodelist)
+    except BaseException:
+        queue.cancel(transport, login.name, job)
+        raise
+
+
 #: the handlers of the allocated nodes (in Slurm's order), each given its first global rank and its
 #: ranks per node: called once, when the nodes are known
 OutputsFor = Callable[[list[str], int], dict[str, BlockHandler]]
@@ -219,43 +288,11 @@ def follow_run(
     node's lines to its handler from ``outputs_for(nodes, nproc)`` until the job has ended and every log is
     read. ``fail_fast``: the first node that exits non-zero ends the job (``scancel``), as srun's
     --kill-on-bad-exit does inside it. A pending reason that cannot change by waiting
-    (queue.HOPELESS) cancels the job and raises SlurmError naming it. KeyboardInterrupt: the caller
+    cancels the job and raises (:func:`await_allocation`). KeyboardInterrupt: the caller
     cancels (:func:`stop_run`)."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
-    said: tuple[str, str] | None = None
-    while True:
-        job = queue.state(transport, login.name, run.job_id)
-        if job is None:
-            break  # gone already: read what the nodes wrote
-        if (job.state, job.reason) != said:
-            said = (job.state, job.reason)
-            why = f" ({job.reason})" if job.state == "PENDING" and job.reason not in ("", "None") else ""
-            say(f"job {run.job_id}: {job.state}{why}")
-        if job.hopeless:
-            queue.cancel(transport, login.name, run.job_id)
-            if job.reason_code == queue.NODES_UNAVAILABLE:
-                said_why = (
-                    job.reason
-                    if job.reason.startswith(job.reason_code)
-                    else f"{job.reason_code} ({job.reason})"
-                )
-                raise queue.SlurmError(
-                    f"job {run.job_id} cannot start: {said_why}; cancelled",
-                    node=login.name,
-                    hint="nodes of the partition are down, drained or reserved (`sinfo -R` on the login host "
-                    "says why); launch --detach waits in the queue instead",
-                )
-            raise UsageError(
-                f"job {run.job_id} cannot start: pending with reason {job.reason_code}; cancelled",
-                node=login.name,
-                hint="the request is larger than the partition allows (`sinfo -s`, `scontrol show partition` "
-                "on the login host): ask for fewer nodes (cluster.slurm.nodes), a shorter time, or another "
-                "partition",
-            )
-        if job.state != "PENDING" and job.state != "CONFIGURING":
-            break
-        time.sleep(POLL)
+    job = await_allocation(transport, inventory, run.job_id, say)
     nodes = allocated_nodes(transport, login, run, job)
     if not nodes:
         raise CommandFailedError(

@@ -141,7 +141,7 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     assert status.returncode == 0, status
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
-    assert slurm.squeue() == [] or all(" COMPLETED " in line for line in slurm.squeue())
+    assert slurm.wait_no_job_active() == []
 
 
 def _running(pattern: str) -> list[str]:
@@ -191,7 +191,7 @@ def test_a_failing_rank_cancels_the_job_and_is_named_with_its_last_lines(
     # the node and the rank, with the rank's own code and its last line
     assert re.search(r"node3: rank 3 exited with code 3", run.stderr), run
     assert re.search(r"^\s+\[node3:3\] rank 3 gives up$", run.stderr, re.M), run
-    assert slurm.wait_queue_empty(30) == [] or all("CANCELLED" in q or "FAILED" in q for q in slurm.squeue())
+    assert slurm.wait_no_job_active() == []
     assert _running(script.name) == []
 
 
@@ -239,7 +239,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, home: Path, shared: Path, t
         proc.kill()
     assert proc.returncode == 130, err
     assert re.search(r"interrupted: Slurm job \d+ cancelled \(CANCELLED\)", err), err
-    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert slurm.wait_no_job_active() == []
     assert _running("cbt_slurm_ctrlc.py") == []
 
 
@@ -270,7 +270,7 @@ def test_stop_cancels_a_detached_run(
     stopped = bootstrap("-i", str(inv), "stop", "--run", "st", cwd=tmp_path)
     assert stopped.returncode == 0, stopped
     assert re.search(r"Slurm job \d+ cancelled \(CANCELLED\)", stopped.stderr), stopped
-    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert slurm.wait_no_job_active() == []
     assert _running("cbt_slurm_stop.py") == []
     # the logs of a stopped run end: every node's log is known complete
     followed = bootstrap("-i", str(inv), "logs", "--run", "st", "--follow", cwd=tmp_path, timeout=60)
@@ -305,7 +305,7 @@ def test_a_request_larger_than_the_partition_is_cancelled_not_left_pending(
         r"job \d+ cannot start: pending with reason Partition(NodeLimit|Config); cancelled", run.stderr
     ), run
     assert "cluster.slurm.nodes" in run.stderr, run
-    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert slurm.wait_no_job_active() == []
 
 
 def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
@@ -322,7 +322,7 @@ def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
         r"job \d+ cannot start: ReqNodeNotAvail[^;]*(node3|DRAINED)[^;]*; cancelled", run.stderr
     ), run
     assert "sinfo -R" in run.stderr, run
-    assert [q for q in slurm.squeue_all() if "CANCELLED" not in q] == []
+    assert slurm.wait_no_job_active() == []
 
 
 def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nodes(
@@ -339,6 +339,9 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     assert run.returncode == 0, run
     assert (shared / "code" / "examples" / "train_ddp.py").read_bytes() == EXAMPLE.read_bytes()
     assert "firewall: skipped on Slurm" in run.stderr and "ntp: skipped on Slurm" in run.stderr, run
+    # the preflight ran on the allocated nodes before the training job was submitted
+    assert re.search(r"check: job \d+ on node2, node3, node4", run.stderr), run
+    assert "ready to train" in run.stderr, run
     for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
         assert re.search(rf"^\[{node}:{rank}\] \[rank {rank}/6\]", run.stdout, re.M), run.stdout[-3000:]
     assert re.search(r"^\[node2:0\] done: ", run.stdout, re.M), run.stdout[-3000:]
@@ -349,3 +352,41 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run {run_id}: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
+
+
+def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # node3 finds another torch first (its own PYTHONPATH): what a node with a stale install shows
+    fake = shared / "oldtorch" / "torch"
+    (fake / "distributed").mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "__version__ = '2.1.0'\n"
+        "class version:\n    cuda = None\n"
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: False)\n"
+        "    device_count = staticmethod(lambda: 0)\n"
+    )
+    (fake / "distributed" / "__init__.py").write_text("def is_available():\n    return False\n")
+    python = shared / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$(hostname)" = node3 ]; then export PYTHONPATH={shared / "oldtorch"}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    doc = json.loads(inv.read_text())
+    doc["cluster"]["slurm"]["python"] = str(python)
+    inv.write_text(json.dumps(doc))
+    run = bootstrap("-i", str(inv), "check", cwd=tmp_path, timeout=180)
+    assert run.returncode == 1, run
+    assert "firewall: not checked on Slurm" in run.stderr, run
+    assert re.search(r"check: job \d+ on node2, node3, node4", run.stderr), run
+    # the existing preflight, run on each allocated node: the node named with both versions
+    assert re.search(
+        r"^node3 FAIL versions: torch 2\.1\.0 here, 2\.13\.0\S* on the master", run.stderr, re.M
+    ), run
+    assert not re.search(r"^node[24] FAIL", run.stderr, re.M), run
+    assert re.search(r"^│ node3 +│ FAIL", run.stdout, re.M), run
+    assert slurm.wait_no_job_active() == []

@@ -1,0 +1,107 @@
+"""The compute nodes of an allocation as nodes of a session: `check` inside the job.
+
+Each allocated node gets a transport that runs its scripts as a job step on that node (``srun
+--jobid J --overlap -w NODE``) through the login host's one connection, so the existing facts and
+probes (the preflight, orchestrator/steps/preflight) run there unchanged and name each node as on a
+cluster reached over SSH. Files go through the login host: the nodes' directories are on the shared
+file system.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from orchestrator.inventory import Inventory, Node
+from orchestrator.inventory.settings import EnvSettings, FirewallSettings, TimeSettings
+from orchestrator.platforms import PosixShell
+from orchestrator.session import Session
+from orchestrator.slurm.job import job_python, slurm_settings
+from orchestrator.transports import Result, Transport
+from orchestrator.transports.base import OnLine
+
+
+class SrunTransport(Transport):
+    """Scripts for ``node`` run as a step of job ``job_id``, through ``login``'s connection."""
+
+    kind = "srun"
+
+    def __init__(self, node: str, login: Transport, job_id: str) -> None:
+        super().__init__(node, PosixShell())
+        self.login = login
+        self.job_id = job_id
+
+    def connect(self) -> None:
+        self.login.connect()
+
+    def relay(self, script: str) -> str:
+        """The login host's command for ``script``: a one-task step on this node, sharing the job's
+        resources with the other steps (--overlap: the probes of every node run at once)."""
+        assert isinstance(self.platform, PosixShell)
+        step = ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1"]
+        step += [f"--nodelist={self.node_name}", "--quiet", "--"]
+        return " ".join(self.platform.quote(a) for a in step) + " " + self.platform.login_command(script)
+
+    def plan(self, script: str) -> str:
+        return self.relay(script)
+
+    def run_raw(
+        self,
+        script: str,
+        *,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        keep_lines: int | None = None,
+    ) -> Result:
+        result = self.login.run_raw(
+            self.login.platform.wrap(self.relay(script)),
+            timeout=timeout,
+            on_line=on_line,
+            keep_lines=keep_lines,
+        )
+        return dataclasses.replace(result, node=self.node_name)
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
+        self.login.put(local, remote, mode=mode)
+
+    def get(self, remote: str, local: Path) -> None:
+        self.login.get(remote, local)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def describe(self) -> str:
+        return f"srun in job {self.job_id} via {self.login.node_name}"
+
+
+def allocation_inventory(inventory: Inventory, nodes: list[str]) -> Inventory:
+    """The allocated nodes as an inventory the preflight checks: the first node is the master (the
+    rendezvous host of the job), each has a directory of its own under ``<dir>/check/`` (the
+    shared-workdir check then passes: on Slurm the shared disk is by design), firewall and time sync
+    unmanaged (the cluster's admins own them), the job's interpreter."""
+    slurm = slurm_settings(inventory)
+    python = job_python(inventory)
+    members = [Node(name=n, host=n, workdir=f"{slurm.dir}/check/{n}", python=python) for n in nodes]
+    cluster = inventory.cluster.model_copy(
+        update={
+            "master": nodes[0],
+            "firewall": FirewallSettings(manage=False),
+            "time": TimeSettings(manage=False),
+            "env": EnvSettings(),  # the interpreter is the job's (job_python), found already
+            "slurm": None,
+        }
+    )
+    return dataclasses.replace(inventory, cluster=cluster, nodes=members)
+
+
+class AllocationSession(Session):
+    """A session whose nodes are the allocation's: every transport relays through the login host."""
+
+    def __init__(self, inventory: Inventory, nodes: list[Node], base: Session, login: Transport, job_id: str):
+        super().__init__(inventory, nodes, ssh=base.ssh, passwords=base.passwords, max_workers=64)
+        self._relays = {n.name: SrunTransport(n.name, login, job_id) for n in nodes}
+
+    def transport(self, node: Node) -> Transport:
+        with self._lock:
+            self._transports.setdefault(node.name, self._relays[node.name])
+        return super().transport(node)
