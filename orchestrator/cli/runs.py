@@ -552,6 +552,11 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
+    from orchestrator.slurm.job import job_dir, not_on_slurm_yet
+
+    if inventory.cluster.slurm is not None:
+        where = f"{job_dir(inventory.cluster.slurm, run_id)}/<node>/out/"
+        not_on_slurm_yet(inventory, "fetch", f"the run's outputs are in {where} on the shared file system")
     nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:

@@ -69,6 +69,9 @@ def validate(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
+    from orchestrator.slurm.job import not_on_slurm_yet
+
+    not_on_slurm_yet(inventory, "validate", "`check` runs the preflight inside an allocation (docs/slurm.md)")
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
     inventory = run_nodes(settings, inventory, master)  # --nodes: the ranks of those nodes only
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)

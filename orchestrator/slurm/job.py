@@ -152,3 +152,14 @@ def render_job(
     except Exception as exc:  # a user's template (train.templates): name it
         raise UsageError(f"Slurm template: {exc}") from None
     return JobFiles(directory, batch, node)
+
+
+def not_on_slurm_yet(inventory: Inventory, command: str, instead: str) -> None:
+    """A UsageError (exit 2) for a command that does not work on a Slurm inventory yet, saying what
+    to do instead, rather than acting on the login host as if it were the cluster."""
+    if inventory.cluster.slurm is None:
+        return
+    raise UsageError(
+        f"`{command}` does not work on a Slurm inventory yet (cluster.slurm in {inventory.source})",
+        hint=instead,
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +61,19 @@ def test_a_relative_or_spaced_directory_is_refused() -> None:
     for bad in ("shared/cb", "/shared/my runs"):
         with pytest.raises(InventoryError, match=r"slurm\.dir"):
             load_inventory_text(BASE.format(extra="").replace("/shared/cb", bad), "hpc.yaml")
+
+
+@pytest.mark.parametrize(
+    ("command", "says"), [(["validate"], "`check` runs"), (["fetch", "--run", "r1", "x"], "/out/")]
+)
+def test_commands_not_there_yet_on_slurm_refuse_instead_of_using_the_login_host(
+    tmp_path: Path, command: list[str], says: str
+) -> None:
+    inv = tmp_path / "hpc.yaml"
+    inv.write_text(BASE.format(extra=""))
+    bootstrap = Path(sys.executable).parent / "bootstrap"
+    run = subprocess.run(
+        [str(bootstrap), "-i", str(inv), *command], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert run.returncode == 2, run.stderr
+    assert "does not work on a Slurm inventory yet" in run.stderr and says in run.stderr, run.stderr
