@@ -20,12 +20,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 N = TypeVar("N")
 
-EventKind = Literal["start", "done", "failed"]
+EventKind = Literal["start", "done", "failed", "waiting"]
 
 
 @dataclass
 class NodeEvent:
-    """Progress of one node through one step, for progress displays."""
+    """Progress of one node through one step, for progress displays (``waiting``: its connection
+    is slow to answer; ``detail`` says for how long it may wait)."""
 
     node: str
     kind: EventKind

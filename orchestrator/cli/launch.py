@@ -31,6 +31,7 @@ from orchestrator.cli.common import (
     templates_option,
     train_args_line,
     train_env_option,
+    train_without,
 )
 from orchestrator.errors import (
     ExitCode,
@@ -232,6 +233,7 @@ def run_launch(
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
     run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    own_session = session is None
     with phase_session(settings, inventory, nodes, session) as session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
@@ -242,6 +244,9 @@ def run_launch(
         if unreachable:
             fail_lines(ui, unreachable)
             ui.error("not launching: every node must be reachable")
+            hint = train_without(settings, inventory, session.unreachable(), "launch")
+            if hint and own_session:  # the main pipeline says it once, at its end
+                ui.info(hint)
             return exit_code_for(launch_plan.inspected)
         for warning in launch_plan.warnings:
             ui.warn(warning)

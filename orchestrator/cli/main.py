@@ -20,6 +20,7 @@ from orchestrator.cli.common import (
     refuse_native_mix,
     run_nodes,
     train_env_option,
+    train_without,
 )
 from orchestrator.errors import (
     BootstrapError,
@@ -149,6 +150,10 @@ def cli(
     with open_session(settings, inventory, everyone) as session:
         report = run_pipeline(session, inventory, nodes, options, phases)
     code = report.exit_code
+    if code != ExitCode.OK:
+        hint = train_without(settings, inventory, session.unreachable())
+        if hint:
+            ui.info(hint)
     if ui.collected is not None:
         docs = ui.collected
         ui.collected = None
