@@ -26,6 +26,7 @@ from orchestrator.errors import (
     BootstrapError,
     ExitCode,
     Terminated,
+    UsageError,
 )
 
 #: ``ctx.meta`` key: the words after ``--`` of the main pipeline (``bootstrap -i x -- --lr 0.1``)
@@ -76,6 +77,12 @@ class _Group(click.Group):
 @click.option(
     "--skip-validate", is_flag=True, help="Main pipeline: launch without the all_reduce validation first."
 )
+@click.option(
+    "--validate",
+    "always_validate",
+    is_flag=True,
+    help="Main pipeline: validate even when nothing it checks changed since it last passed on these nodes.",
+)
 @click.option("--detach", is_flag=True, help="Main pipeline: train detached (see `launch --detach`).")
 @click.option(
     "--sync-from-master",
@@ -95,6 +102,7 @@ def cli(
     ctx: click.Context,
     force: bool,
     skip_validate: bool,
+    always_validate: bool,
     detach: bool,
     until: str | None,
     sync_from_master: bool,
@@ -115,6 +123,8 @@ def cli(
     if ctx.invoked_subcommand is not None:
         return ExitCode.OK
     settings = Settings.from_context(ctx)
+    if always_validate and skip_validate:
+        raise UsageError("--validate and --skip-validate contradict each other: give one of them")
     inventory, nodes = load_selection(settings)
     run_args = ctx.meta.get(RUN_ARGS)
     inventory = for_run(inventory, run_args or None, train_env)
@@ -146,7 +156,7 @@ def cli(
         sync_from_master=sync_from_master,
         dry_run=settings.dry_run,
     )
-    phases = CliPhases(ctx, settings, inventory, detach=detach)
+    phases = CliPhases(ctx, settings, inventory, detach=detach, always_validate=always_validate)
     with open_session(settings, inventory, everyone) as session:
         report = run_pipeline(session, inventory, nodes, options, phases)
     code = report.exit_code

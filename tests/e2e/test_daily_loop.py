@@ -211,3 +211,34 @@ def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_
     finally:
         subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "up"], check=True)
         cluster._probe_from_controller([down.addr], timeout=30)  # later tests use it again
+
+
+def test_validate_is_skipped_when_nothing_it_checks_changed_and_runs_on_another_node_set(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('trained', flush=True)\n"
+    )
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable,
+         "workdir": str(tmp_path / "wd" / h.name)}
+        for h in cluster.hosts
+    ]  # fmt: skip
+    inv = write_inventory(
+        tmp_path / "hosts.yaml", nodes, name="ns", master="node1", backend="gloo",
+        train={"script": str(script)}, firewall={"manage": False}, time={"manage": False},
+    )  # fmt: skip
+    skipped = re.compile(
+        r"^validate: skipped: nothing it checks changed since it passed on these (\d) node\(s\)", re.M
+    )
+
+    first = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
+    assert "3 of 3 rank(s) joined" in first.stderr and not skipped.search(first.stderr), first
+    second = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
+    assert skipped.findall(second.stderr) == ["3"] and "rank(s) joined" not in second.stderr, second
+    assert second.stdout.count("trained") == 3
+    other = _ok(bootstrap("-i", str(inv), "--nodes", "node1,node2", cwd=tmp_path, timeout=300))
+    assert "2 of 2 rank(s) joined" in other.stderr and not skipped.search(other.stderr), other
+    forced = _ok(bootstrap("-i", str(inv), "--validate", cwd=tmp_path, timeout=300))
+    assert "3 of 3 rank(s) joined" in forced.stderr and not skipped.search(forced.stderr), forced
