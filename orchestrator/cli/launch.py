@@ -229,10 +229,10 @@ def run_launch(
         _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
-    from orchestrator.runs.ids import claim_run_id, pick_run_id
+    from orchestrator.runs.ids import new_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
-    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
     own_session = session is None
     with phase_session(settings, inventory, nodes, session) as session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:
@@ -252,7 +252,7 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import train_record, write_record
+        from orchestrator.runs.layout import finish_record, train_record, write_record
         from orchestrator.runs.ranks import rank_labels, split_rank
 
         write_record(
@@ -301,6 +301,7 @@ def run_launch(
         finally:
             session.executor.on_event = None
             log.close()
+            finish_record(Path("runs") / run_id)  # not reached when the controller is killed outright
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):
         settings.ui.note(
