@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -223,6 +224,8 @@ def main() -> int:
         print("\nre-run after data.bin changed: the code sync's report")
         for line in rows:
             print("    " + line)
+        for h in cluster.hosts:
+            shutil.rmtree(Path("/tmp") / f"hand-{h.name}", ignore_errors=True)
     return 0
 
 
