@@ -86,7 +86,7 @@ def test_clean_lists_then_removes_only_what_bootstrap_put_there(
     assert _tree(workdirs) == before  # nothing changed
     for entry in doc["nodes"]:
         kinds = {item["kind"]: item for item in entry["items"]}
-        assert set(kinds) == {"env", "code", "runs"}, entry
+        assert {"env", "code", "runs"} <= set(kinds), entry
         assert kinds["runs"]["bytes"] >= 4096 and kinds["env"]["bytes"] > 0, kinds
         assert kinds["code"]["files"] >= 2 and entry["removed"] is False, kinds
     human = bootstrap("-i", str(inv), "clean", "--dry-run", cwd=tmp_path)

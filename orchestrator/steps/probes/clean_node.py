@@ -7,7 +7,9 @@
 #   code  the files of D that code sync's record SHIPPED lists and that still hold the bytes shipped,
 #         the record, the scan cache CACHE and this node's marker in MARKS
 #   runs  W/runs/<id>/<node>/ holding a launcher (launch.sh, launch.ps1, node.log or pid): the run
-#         directory, with the run's outputs (out/)
+#         directory, with the run's outputs (out/); validate's runs (validate-<id>) alike
+#   cache the torch probe's answers (torch-facts-*.json in ~/.cache/cluster-bootstrap/) and this
+#         node's marker in W/ENV_MARKS (the preflight's shared-directory check)
 # then the directories those leave empty (never one holding anything else). Prints one JSON line:
 # {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
 # A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>) stops
@@ -25,7 +27,7 @@ SHIPPED = ".bootstrap-code-shipped.json"
 CACHE = ".bootstrap-code.json"
 MARKS = ".bootstrap-code-nodes"
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
-LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid")
+LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
 
 
 def resolve(path):
@@ -178,6 +180,8 @@ def running(workdir, node):
 
 
 def remove(path, is_dir):
+    if not os.path.lexists(path):
+        return  # listed twice (the environment's marker directory may be the workdir's), or gone
     if is_dir:
         shutil.rmtree(path)
     else:
@@ -203,6 +207,17 @@ def main():
         groups.append(("code", dest, paths + marks, mark_dirs + dirs))
     paths, dirs = run_paths(workdir, node)
     groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs))
+    cache = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
+    )
+    paths = []
+    if os.path.isdir(cache) and not os.path.islink(cache):
+        for name in sorted(os.listdir(cache)):
+            full = os.path.join(cache, name)
+            if name.startswith("torch-facts-") and name.endswith(".json") and os.path.isfile(full):
+                paths.append((full, False))
+    marks, mark_dirs = marker_paths(os.path.join(workdir, ENV_MARKS), node)
+    groups.append(("cache", cache, paths + marks, [*mark_dirs, cache]))
     for kind, where, paths, _ in groups:
         if not paths:
             continue
