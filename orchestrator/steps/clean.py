@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.runs.layout import workdir_for
@@ -57,11 +58,14 @@ class NodeClean:
 
 
 def script() -> str:
-    return resources.files("orchestrator.steps.probes").joinpath("clean_node.py").read_text()
+    """The node-side script, with the record encoder it writes its answer with."""
+    text = resources.files("orchestrator.steps.probes").joinpath("clean_node.py").read_text()
+    return "import base64\n" + records.PYTHON_ENCODER + "\n" + text
 
 
-def clean_args(node: Node, inventory: Inventory, *, remove: bool) -> dict[str, Any]:
+def clean_args(node: Node, inventory: Inventory, *, remove: bool, nonce: str) -> dict[str, Any]:
     return {
+        "nonce": nonce,
         "node": node.name,
         "workdir": workdir_for(node),
         "env": env_path(node, path_setting=inventory.cluster.env.path),
@@ -76,13 +80,15 @@ def clean_node(node: Node, transport: Transport, inventory: Inventory, *, remove
         raise UsageError(
             "clean is not supported on native Windows nodes yet", node=node.name, hint="nothing was removed"
         )
-    argv = [interpreter_for(node), "-c", script(), json.dumps(clean_args(node, inventory, remove=remove))]
+    nonce = records.new_nonce()
+    args = clean_args(node, inventory, remove=remove, nonce=nonce)
+    argv = [interpreter_for(node), "-c", script(), json.dumps(args)]
     result = transport.run(transport.platform.join(argv), timeout=600)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if not result.ok or not lines:
+    answer = records.find(result.stdout, nonce, "clean")
+    if not result.ok or answer is None:
         tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
         raise CommandFailedError(f"clean failed: {tail}", node=node.name, result=result)
-    data = json.loads(lines[-1])
+    data = json.loads(answer.text(0))
     return NodeClean(
         node=node.name,
         items=[CleanItem(**item) for item in data.get("items") or []],

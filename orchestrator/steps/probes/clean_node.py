@@ -1,5 +1,6 @@
 # Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap clean`.
-# argv[1] is a JSON object {"node": NAME, "workdir": W, "env": P, "code": D, "remove": bool}.
+# argv[1] is a JSON object {"nonce": N, "node": NAME, "workdir": W, "env": P, "code": D, "remove": bool};
+# the controller puts orchestrator/records.py's encoder (``record``) before this text.
 # Finds what bootstrap put on this node, each by its own marker, never by a name alone:
 #   env   P (a symlink to P.versions/<id>), the builds in P.versions carrying the stamp STAMP, their
 #         upload leftovers (<id>.requirements.txt, <id>.index.env, <id>.job), the wheels bootstrap
@@ -10,7 +11,8 @@
 #         directory, with the run's outputs (out/); validate's runs (validate-<id>) alike
 #   cache the torch probe's answers (torch-facts-*.json in ~/.cache/cluster-bootstrap/) and this
 #         node's marker in W/ENV_MARKS (the preflight's shared-directory check)
-# then the directories those leave empty (never one holding anything else). Prints one JSON line:
+# then the directories those leave empty (never one holding anything else). Prints one record "clean"
+# (nonce N) whose field is the JSON object
 # {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
 # A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>) stops
 # everything: nothing is removed, "running" names it.
@@ -240,7 +242,7 @@ def main():
                 except OSError:
                     pass
         result["removed"] = True
-    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.write(record(args["nonce"], "clean", json.dumps(result)))  # noqa: F821 (prepended)
 
 
 if __name__ == "__main__":
