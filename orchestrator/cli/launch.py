@@ -228,10 +228,10 @@ def run_launch(
         _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
-    from orchestrator.runs.ids import claim_run_id, pick_run_id
+    from orchestrator.runs.ids import new_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
-    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
     with phase_session(settings, inventory, nodes, session) as session:
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
