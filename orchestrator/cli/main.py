@@ -185,6 +185,7 @@ def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
     from orchestrator.cli.bench import bench
     from orchestrator.cli.check import check, facts, show_inventory
+    from orchestrator.cli.dashboard import dashboard
     from orchestrator.cli.firewall import firewall
     from orchestrator.cli.launch import launch, render
     from orchestrator.cli.remote import keys, run
@@ -212,6 +213,7 @@ def _register() -> None:
         stop,
         fetch,
         teardown,
+        dashboard,
     ):
         cli.add_command(command)
 
