@@ -44,6 +44,9 @@ MASK = "***"
 # no tag: its metrics count for no rank)
 _METRIC = re.compile(r"^(?:\[default(\d+)\]:)?[^\n]*?CB_METRIC (\{[^\n]*\})[ \t\r]*$", re.M)
 _RANK_IN = re.compile(r"\brank (\d+)\b")
+# torchrun's agent, the moment it sees a worker die (before it stops the others and exits, seconds
+# later): ``... api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 741) of binary: ...``
+_WORKER_FAILED = re.compile(r"^[^\n]*\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", re.M)
 
 
 @dataclass
@@ -164,6 +167,19 @@ class LiveRun:
             self._lines_in[node] = self._lines_in.get(node, 0) + text.count("\n")
             if metrics:
                 self._metrics.extend(metrics)
+        if "failed (exitcode: " in text:
+            self._worker_failed(node, text)
+
+    def _worker_failed(self, node: str, text: str) -> None:
+        """torchrun said a worker died: the failure, with that rank's last lines, at once (the node's
+        own end, which names it too, comes after its other ranks were stopped)."""
+        for match in _WORKER_FAILED.finditer(text):
+            local = int(match.group(2))
+            code = int(match.group(1))
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            rank = self.labels.get(node, (0, 0))[0] + local
+            self.failure(node, f"rank {rank} {how}")
+            return
 
     def _parse_metrics(self, node: str, text: str) -> list[tuple[str, int | None, dict[str, Any]]]:
         out = []
@@ -197,6 +213,8 @@ class LiveRun:
         else of every rank of the node."""
         self.flush_pending()  # the lines that arrived before the failure belong in it
         with self._lock:
+            if any(e["kind"] == "failure" and e["node"] == node for e in self.events):
+                return  # said already (torchrun named the rank before the node's end)
             shown = [self.mask(line) for line in lines] or self._culprit_lines(node, message)
             self._event("failure", node, message, shown)
 
