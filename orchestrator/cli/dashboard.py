@@ -4,7 +4,6 @@ a page served from this machine, fed by the streams the command reads anyway (do
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -84,21 +83,39 @@ def secret_values(inventory: Inventory, environ: dict[str, str] | None = None) -
 
 
 def facts_summary(inspected: InspectedNode) -> dict[str, str]:
-    """The facts the page shows per node, each as a short text."""
+    """The facts the page shows per node, each as a short text (OS, CPUs, memory, GPUs, torch,
+    interface to the master, how it was reached)."""
     from orchestrator.facts.linux import public_value
 
-    out: dict[str, str] = {"via": inspected.via}
-    for name in ("os", "windows", "cpus", "memory", "gpus", "torch", "clock", "route"):
-        value = inspected.facts.values.get(name)
-        if value is None:
-            continue
+    values: dict[str, Any] = {}
+    for name, value in inspected.facts.values.items():
         try:
-            shown = public_value(value)
+            values[name] = public_value(value)
         except TypeError:
-            shown = str(value)
-        text = shown if isinstance(shown, str) else json.dumps(shown, separators=(",", ":"), default=str)
-        out[name] = text if len(text) <= 160 else text[:157] + "..."
-    return out
+            values[name] = str(value)
+    out: dict[str, str] = {"via": inspected.via}
+    system = values.get("os") or values.get("windows")
+    if isinstance(system, dict):
+        out["os"] = str(system.get("pretty_name") or system.get("caption") or system.get("id") or "")
+    cpus = values.get("cpus")
+    if cpus is not None:
+        out["cpus"] = str(cpus.get("count", cpus) if isinstance(cpus, dict) else cpus)
+    memory = values.get("memory")
+    if isinstance(memory, dict) and isinstance(memory.get("total_bytes"), int):
+        out["memory"] = f"{memory['total_bytes'] / 2**30:.1f} GiB"
+    gpus = values.get("gpus")
+    if isinstance(gpus, dict):
+        found = gpus.get("gpus") or []
+        out["gpus"] = (
+            ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in found) or "none"
+        )
+    torch = values.get("torch")
+    if isinstance(torch, dict):
+        out["torch"] = str(torch.get("version") or ("not installed" if not torch.get("installed") else ""))
+    route = values.get("route")
+    if isinstance(route, dict) and route.get("interface"):
+        out["interface"] = f"{route['interface']} ({route.get('source') or '?'})"
+    return {k: v for k, v in out.items() if v}
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
@@ -50,6 +51,7 @@ from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
+    from orchestrator.dashboard.model import LiveRun
     from orchestrator.inventory import Inventory, Node
     from orchestrator.platforms import Platform
 
@@ -146,6 +148,7 @@ def _run_nodes(
     help="Only the last N lines of each node's log (0: only new ones); default: the whole log. "
     "Prints only: runs/<run-id>/<node>.log here is left as it is.",
 )
+@dashboard_options
 @click.pass_context
 def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> int:
     """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
@@ -165,7 +168,6 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    ui = settings.ui
     run_id = resolve_run(run_arg)
     nodes, labels = _run_nodes(settings, inventory, nodes, run_id)
     if settings.dry_run:
@@ -178,6 +180,25 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             ),
         )
         return ExitCode.OK
+    with live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "logs") as live:
+        if live is not None:
+            live.set_run(run_id, labels)
+        return _logs(settings, inventory, nodes, labels, run_id, follow=follow, tail=tail, live=live)
+
+
+def _logs(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    labels: dict[str, tuple[int, int]],
+    run_id: str,
+    *,
+    follow: bool,
+    tail: int | None,
+    live: LiveRun | None,
+) -> int:
+    """`logs` once its run is known (and its dashboard serving, when asked for)."""
+    ui = settings.ui
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
@@ -191,6 +212,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             None if settings.json_mode else printer,
             first_rank=labels[node.name][0],
             nproc=labels[node.name][1],
+            on_block=None if live is None else live.block,  # the page reads the same blocks
         )
         for node in nodes
     }
@@ -212,12 +234,16 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             lines=tail,
         )
         read[node.name] = result
+        if live is not None and result.exit_code not in (0, None):
+            live.node_state(node.name, "train", "failed", f"training exited {result.exit_code}")
+            live.failure(node.name, f"training exited with code {result.exit_code}")
         return result
 
     session = open_session(settings, inventory, nodes)
     copies: dict[str, str] = {}
     try:
         with session:
+            observe(live, session.executor)
             outcomes = session.map(one, step="logs")
         if tail is None:
             copies = run_log.settle(outputs, {o.node: "replace" if o.ok else "keep" for o in outcomes})

@@ -145,7 +145,8 @@ class LiveRun:
         if kind == "start":
             self.node_state(node, step, "running")
         elif kind == "done":
-            self.node_state(node, step, "ok")
+            if self.nodes.get(node, {}).get("state") not in ("failed", "stopped", "lost"):
+                self.node_state(node, step, "ok")  # (a read that ended well of a run that failed: failed)
         elif cancelled:
             self.node_state(node, step, "stopped", detail)
             self.stopped(node, detail or f"{step} stopped")
