@@ -36,6 +36,8 @@ EVENTS = 100
 #: bytes of one node's output waiting for the next flush; older blocks are dropped (only the last
 #: ``TAIL`` lines of a flush are shown: a node printing 100 MB/s costs this much memory, not more)
 PENDING_BYTES = 256 * 1024
+#: seconds a failure event takes in its culprit's lines arriving after it
+FOLLOW_SECONDS = 5.0
 #: characters of a line shown (a 1 MB line is cut, the log here keeps it whole)
 LINE_CHARS = 2000
 MASK = "***"
@@ -119,7 +121,9 @@ class LiveRun:
         self._changed_ranks: set[int] = set()
         self._new_lines: dict[str, list[str]] = {}  # "rank" or "node" (its launcher's lines): lines
         self._new_points: dict[str, list[list[Any]]] = {}
-        self._new_events: list[dict[str, Any]] = []
+        self._new_events: list[dict[str, Any]] = []  # (an event sent again replaces its earlier copy)
+        self._event_ids = 0
+        self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
         if labels is not None:
             self.set_run(run_id, labels)
 
@@ -214,10 +218,23 @@ class LiveRun:
         else of every rank of the node."""
         self.flush_pending()  # the lines that arrived before the failure belong in it
         with self._lock:
-            if any(e["kind"] == "failure" and e["node"] == node for e in self.events):
-                return  # said already (torchrun named the rank before the node's end)
+            said = next((e for e in self.events if e["kind"] == "failure" and e["node"] == node), None)
+            if said is not None:  # torchrun named the rank before the node's end: that event, completed
+                self._refresh(said)
+                return
             shown = [self.mask(line) for line in lines] or self._culprit_lines(node, message)
-            self._event("failure", node, message, shown)
+            event = self._event("failure", node, message, shown)
+            if not lines:
+                # the culprit's own last lines may reach us after torchrun's word on it (two streams
+                # on the node): the event follows them for a while
+                self._following[event["id"]] = (event, time.monotonic() + FOLLOW_SECONDS)
+
+    def _refresh(self, event: dict[str, Any]) -> None:
+        lines = self._culprit_lines(event["node"], event["message"])
+        if lines != event["lines"]:
+            event["lines"] = lines
+            if event not in self._new_events:
+                self._new_events.append(event)
 
     def stopped(self, node: str, message: str) -> None:
         with self._lock:
@@ -235,8 +252,10 @@ class LiveRun:
             self._changed_nodes.update(self.nodes)  # the delta carries the new state
             self._event("end", "", message or f"run {state}", [])
 
-    def _event(self, kind: str, node: str, message: str, lines: list[str]) -> None:
+    def _event(self, kind: str, node: str, message: str, lines: list[str]) -> dict[str, Any]:
+        self._event_ids += 1
         event = {
+            "id": self._event_ids,
             "kind": kind,
             "node": node,
             "message": self.mask(message),
@@ -245,6 +264,7 @@ class LiveRun:
         }
         self.events.append(event)
         self._new_events.append(event)
+        return event
 
     def _culprit_lines(self, node: str, message: str) -> list[str]:
         named = _RANK_IN.search(message)
@@ -330,6 +350,11 @@ class LiveRun:
         """What changed since the previous delta (``{}`` when nothing did), numbered ``seq``."""
         with self._lock:
             self._absorb()
+            now = time.monotonic()
+            for key, (event, until) in list(self._following.items()):
+                self._refresh(event)
+                if now > until:
+                    del self._following[key]
             if not (self._new_lines or self._changed_ranks or self._changed_nodes or self._new_events):
                 return {}
             self.seq += 1

@@ -142,3 +142,20 @@ def test_listen_addresses() -> None:
     for bad in ("example.com", "1.2.3.4:http", "1.2.3.4:70000"):
         with pytest.raises(UsageError):
             parse_listen(bad)
+
+
+def test_a_failure_event_takes_in_the_culprits_lines_that_arrive_after_torchruns_word() -> None:
+    """torchrun's line about a dead worker and the worker's own last lines travel separately on the
+    node: the event shows the worker's last words even when they come second."""
+    live = _run()
+    live.block("n2", "[default1]:step 7\n")
+    live.block(
+        "n2", "E1205 12:00:00 api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 741) of binary: py\n"
+    )
+    (event,) = live.delta()["events"]
+    assert event["message"] == "rank 3 exited with code 3" and event["lines"] == ["step 7"]
+    live.block("n2", "[default1]:last words\n")
+    (again,) = live.delta()["events"]
+    assert again["id"] == event["id"] and again["lines"] == ["step 7", "last words"]
+    live.node_event("n2", "train", "failed", "node n2: rank 3 exited with code 3")
+    assert [e["kind"] for e in live.snapshot()["events"]] == ["failure"]  # one failure, not two

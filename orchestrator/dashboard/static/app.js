@@ -52,7 +52,11 @@ function applyDelta(delta) {
   for (const [key, lines] of Object.entries(delta.lines)) {
     store.lines[key] = (store.lines[key] || []).concat(lines).slice(-TAIL);
   }
-  if (delta.events.length) store.events = store.events.concat(delta.events).slice(-100);
+  for (const ev of delta.events) {  // an event sent again (its lines completed) replaces its copy
+    const at = store.events.findIndex((e) => e.id === ev.id);
+    if (at >= 0) store.events[at] = ev; else store.events.push(ev);
+  }
+  if (store.events.length > 100) store.events.splice(0, store.events.length - 100);
   store.slowest = delta.slowest;
   render();
 }
