@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from orchestrator.bench.shares import SharesDoc, rank_layout
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
+from orchestrator.runs.ranks import owned_rank
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -63,6 +67,7 @@ class ProbeReport:
     unreachable: dict[int, str] = field(default_factory=dict)
     node_gpus: dict[str, list[str]] = field(default_factory=dict)  # from the facts
     timed_out: bool = False
+    forged: dict[str, int] = field(default_factory=dict)  # node -> records it sent for ranks not its own
 
     @property
     def ok(self) -> bool:
@@ -81,12 +86,23 @@ class ProbeReport:
         measured = [r for r in self.ranks.values() if r.samples_per_s]
         return min(measured, key=lambda r: (r.samples_per_s or 0.0, r.rank)) if measured else None
 
-    def feed(self, record: dict[str, Any]) -> None:
-        rank = record.get("rank")
+    def feed(self, record: dict[str, Any], node: str, rank: int | None) -> None:
+        """Take one worker record that ``node`` sent on a line tagged as global ``rank``; a record
+        for a rank that is not the line's, or not ``node``'s, is ignored and counted in ``forged``."""
         kind = record.get("kind")
-        if not isinstance(rank, int):
+        entry = self.ranks.get(rank) if rank is not None else None
+        if owned_rank(record, node, rank, entry.node if entry is not None else None) is None:
+            self.forged[node] = self.forged.get(node, 0) + 1
+            if self.forged[node] == 1:
+                log.warning(
+                    "%s: ignoring a probe record for rank %r, which this node does not run"
+                    " (its line was tagged %s)",
+                    node,
+                    record.get("rank"),
+                    "with no rank" if rank is None else f"as rank {rank}",
+                )
             return
-        entry = self.ranks.get(rank)
+        assert rank is not None
         if kind == "missing":
             self.missing = sorted(int(r) for r in record.get("ranks", []))
         elif kind == "unreachable":
@@ -158,6 +174,8 @@ class ProbeReport:
             "never_joined": self.missing,
             "unreachable": [{"rank": r, "error": e} for r, e in sorted(self.unreachable.items())],
             "timed_out": self.timed_out,
+            # node -> records it sent in another node's ranks' name (ignored); only when there were any
+            **({"forged_records": dict(self.forged)} if self.forged else {}),
         }
 
 
@@ -273,7 +291,7 @@ def run_probe(
                 record = None
             if isinstance(record, dict):
                 with lock:
-                    report.feed(record)
+                    report.feed(record, node, rank)
                 return
         if on_line is not None:
             on_line(node, rank, rest)

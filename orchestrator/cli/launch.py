@@ -238,10 +238,10 @@ def run_launch(
             "--dashboard watches a run in the foreground: with --detach, watch it with "
             "`bootstrap logs --run RUN --follow --dashboard`"
         )
-    from orchestrator.runs.ids import claim_run_id, pick_run_id
+    from orchestrator.runs.ids import new_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
-    run_id = claim_run_id(run_id) if run_id else pick_run_id(inventory.cluster.name)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
     with (
         phase_session(settings, inventory, nodes, session) as session,
         live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "launch") as live,
@@ -262,7 +262,7 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import train_record, write_record
+        from orchestrator.runs.layout import finish_record, train_record, write_record
         from orchestrator.runs.ranks import rank_labels, split_rank
 
         write_record(
@@ -315,6 +315,7 @@ def run_launch(
             session.executor.on_event = None
             unobserve()
             log.close()
+            finish_record(Path("runs") / run_id)  # not reached when the controller is killed outright
         if live is not None:
             _tell_dashboard(live, report)
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped

@@ -6,11 +6,11 @@ command's output. It never decides anything. ``gather`` runs many facts in one r
 
 from __future__ import annotations
 
-import secrets
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from orchestrator import records
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Result, Transport
 
@@ -47,7 +47,7 @@ class FactSet:
 
 def gather(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120.0) -> FactSet:
     """Run every fact's command on the node in one script and parse each section."""
-    token = "cb-" + secrets.token_hex(6)  # unguessable frame markers: no output can fake them
+    token = records.new_nonce()  # the records' nonce: no output of the node can fake them
     platform = transport.platform
     script = platform.sectioned([(f.name, f.command(platform)) for f in facts], token)
     result = transport.run(script, timeout=timeout)
@@ -76,18 +76,16 @@ def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]],
 
 
 class SectionStream:
-    """The framed output of ``Platform.sectioned`` read line by line while the script still runs: the
-    sections are known the moment their end marker arrives, and what follows the last one (a command
+    """The records of ``Platform.sectioned`` read line by line while the script still runs: the
+    sections are known the moment their record arrives, and what follows the last one (a command
     that keeps running, such as the preflight's listener) is handed back to the caller.
 
-    Keeps the arrival time of each section's first output line (``time.time()``): a section that
-    prints the node's clock is dated by it."""
+    Keeps the arrival time of each section's record (``time.time()``), written the moment its
+    command ended: a section that prints the node's clock is dated by it."""
 
     def __init__(self, token: str, names: list[str]) -> None:
-        self._begin, self._end = f"@@{token} begin ", f"@@{token} end "
+        self._token = token
         self._waiting = set(names)
-        self._current: str | None = None
-        self._lines: list[str] = []
         self.sections: dict[str, tuple[str, int]] = {}
         self.first_line_at: dict[str, float] = {}
 
@@ -97,41 +95,36 @@ class SectionStream:
         return not self._waiting
 
     def feed(self, line: str, at: float) -> str | None:
-        """Take one stdout line received at ``at``; returns it when it belongs to no section and
-        every section ended (the caller's), else None."""
+        """Take one stdout line received at ``at``; returns it when every section ended (the
+        caller's), else None (records, and what a section's command printed around them)."""
         if self.complete:
             return line
-        if line.startswith(self._begin) and line.endswith("@@"):
-            self._current, self._lines = line[len(self._begin) : -2], []
-        elif line.startswith(self._end) and line.endswith("@@") and self._current is not None:
-            name, _, code = line[len(self._end) : -2].rpartition(" ")
-            if self._lines and self._lines[-1] == "":  # the newline we added before the marker
-                self._lines.pop()
-            self.sections[name] = ("\n".join(self._lines), int(code))
+        found = records.decode_line(line, self._token) if line.startswith("@@") else None
+        if found is not None and found.kind == "section":
+            name = _take(found, self.sections)
+            self.first_line_at.setdefault(name, at)
             self._waiting.discard(name)
-            self._current = None
-        elif self._current is not None:
-            self.first_line_at.setdefault(self._current, at)
-            self._lines.append(line)
         return None
 
 
+def _take(found: records.Record, sections: dict[str, tuple[str, int]]) -> str:
+    """A ``section NAME OUTPUT NUL CODE`` record into ``sections``; returns NAME."""
+    name = found.text(0)
+    output, _, code = (found.fields[1] if len(found.fields) > 1 else b"").rpartition(b"\0")
+    text = output.decode("utf-8", "replace").replace("\r\n", "\n")  # Windows tools' lines, as Linux ones
+    number = code.decode("ascii", "replace").strip()
+    sections[name] = (
+        text[:-1] if text.endswith("\n") else text,
+        int(number) if number.lstrip("-").isdigit() else 1,
+    )
+    return name
+
+
 def split_sections(stdout: str, token: str) -> dict[str, tuple[str, int]]:
-    """Parse the framed output of ``Platform.sectioned`` into ``{name: (output, exit_code)}``."""
+    """The records of a ``Platform.sectioned`` script as ``{name: (output, exit_code)}`` (the output
+    without its last newline)."""
     sections: dict[str, tuple[str, int]] = {}
-    begin, end = f"@@{token} begin ", f"@@{token} end "
-    current: str | None = None
-    lines: list[str] = []
-    for line in stdout.splitlines():
-        if line.startswith(begin) and line.endswith("@@"):
-            current, lines = line[len(begin) : -2], []
-        elif line.startswith(end) and line.endswith("@@") and current is not None:
-            name, _, code = line[len(end) : -2].rpartition(" ")
-            # the end marker is preceded by a newline we added: drop that one empty line
-            if lines and lines[-1] == "":
-                lines.pop()
-            sections[name] = ("\n".join(lines), int(code))
-            current = None
-        elif current is not None:
-            lines.append(line)
+    for found in records.decode(stdout, token):
+        if found.kind == "section":
+            _take(found, sections)
     return sections

@@ -13,7 +13,6 @@ mirrored networking lets peers reach the ephemeral ports gloo listens on inside 
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,6 +23,7 @@ from orchestrator.facts.windows_base import key_values, powershell_of
 from orchestrator.facts.wsl import Wsl, WslInfo
 from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import NOT_FOUND_EXIT, PowerShell
+from orchestrator.records import new_nonce
 from orchestrator.transports.base import Result
 
 #: the Store stub ``python.exe`` (App Execution Alias without Python installed) and cmd.exe exit with
@@ -329,7 +329,7 @@ def gather_windows_side(transport: RunsWindows, facts: list[Fact[Any]], *, timeo
     travel exactly like every other command for that node (the ``wsl.exe ... -e /bin/sh -c`` line),
     and when WSL is broken the Windows side still answers and says why."""
     ps = PowerShell()
-    token = "cb-" + secrets.token_hex(6)
+    token = new_nonce()
     script = ps.sectioned([(f.name, f.command(ps)) for f in facts], token)
     result = transport.run_windows(script, timeout=timeout)
     return collect(facts, result, token)

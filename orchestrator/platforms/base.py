@@ -87,14 +87,26 @@ class Platform(ABC):
         writes a heartbeat byte far more often while the command runs): a controller cut off by
         the network."""
 
+    @staticmethod
+    def sudo_refused(stderr: str) -> bool:
+        """``stderr`` says sudo wanted a password (which bootstrap never types). Only POSIX shells
+        elevate with sudo; elsewhere elevation fails in its own way."""
+        return False
+
     @abstractmethod
     def login_command(self, script: str) -> str:
         """The one line a remote login shell executes to run ``script`` unchanged."""
 
     @abstractmethod
+    def record_functions(self, nonce: str) -> str:
+        """Definitions that let the rest of a script print framed records (orchestrator/records.py)
+        carrying ``nonce``: the node-side encoder in this shell's dialect."""
+
+    @abstractmethod
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
-        """One script running every ``(name, command)`` in turn, each section's stdout framed by
-        markers carrying ``token`` and its exit code, so one round trip gathers many facts."""
+        """One script running every ``(name, command)`` in turn, each answering with one record (nonce
+        ``token``, orchestrator/records.py) ``section NAME DATA`` once it ended, DATA its output, a NUL
+        and its exit code, so one round trip gathers many facts (facts/base.py reads them)."""
 
     @abstractmethod
     def transfer_path(self, path: str) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
+from orchestrator.records import check_nonce
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
@@ -270,15 +271,36 @@ class PosixShell(Platform):
         encoded = base64.b64encode(script.encode()).decode()
         return f"/bin/sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
 
+    def record_functions(self, nonce: str) -> str:
+        """``_cb_rec KIND FIELD...`` prints one record, each field an argument; ``_cb_recin KIND
+        FIELD...`` takes one more field, its stdin (binary-safe: NUL bytes and trailing newlines
+        kept, which neither arguments nor command substitution can carry). ``base64`` wraps its
+        output unless told not to (``-w 0``, coreutils): busybox's newlines are removed by ``tr``."""
+        return (
+            f"_cb_nonce={self.quote(check_nonce(nonce))}\n"
+            "if base64 -w 0 </dev/null >/dev/null 2>&1; then _cb_64() { base64 -w 0; }\n"
+            "else _cb_64() { base64 | tr -d '\\n'; }; fi\n"
+            "_cb_f() { printf ' :'; printf '%s' \"$1\" | _cb_64; }\n"
+            '_cb_rec() { printf \'@@%s %s\' "$_cb_nonce" "$1"; shift;'
+            ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; echo; }\n'
+            '_cb_recin() { printf \'@@%s %s\' "$_cb_nonce" "$1"; shift;'
+            ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; printf \' :\'; _cb_64; echo; }'
+        )
+
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
-        parts = []
+        """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
+        each fact reports failures itself), then one record (``token`` the nonce) ``section NAME
+        DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code.
+        The record is written in one piece once the command is done."""
+        parts = [
+            self.record_functions(token),
+            '_cb_sec() { printf \'@@%s section :%s :%s\\n\' "$_cb_nonce" "$1" "$_cb_b"; }',
+        ]
         for name, command in sections:
-            begin = self.quote(f"@@{token} begin {name}@@")
-            # stderr of fact commands is noise (missing tools); each fact reports failures itself.
+            label = base64.b64encode(name.encode()).decode()
             parts.append(
-                f"printf '%s\\n' {begin}\n"
-                f"( {command}\n) 2>/dev/null </dev/null\n"
-                f"printf '\\n@@{token} end {name} %s@@\\n' \"$?\""
+                f"_cb_b=$( {{ ( {command}\n) 2>/dev/null </dev/null; printf '\\000%s' \"$?\"; }} | _cb_64)\n"
+                f"_cb_sec {label}"
             )
         return "\n".join(parts)
 

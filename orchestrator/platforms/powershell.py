@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
+from orchestrator.records import check_nonce
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
 #: program name); longer PowerShell scripts are uploaded and run with ``file_command``
@@ -399,32 +400,48 @@ class PowerShell(Platform):
         )
         return "\n".join(lines)
 
+    def record_functions(self, nonce: str) -> str:
+        """``Out-CbRecord KIND @(FIELD, ...)`` prints one record; each field is taken as a string
+        and travels as its UTF-8 bytes (``$null``: an empty field)."""
+        return (
+            f"$cbNonce = {self.quote(check_nonce(nonce))}\n"
+            "function Out-CbRecord([string]$Kind, [object[]]$Fields) {\n"
+            "  $cbLine = New-Object -TypeName System.Text.StringBuilder\n"
+            "  $null = $cbLine.Append('@@').Append($cbNonce).Append(' ').Append($Kind)\n"
+            "  if ($null -ne $Fields) {\n"
+            "    foreach ($cbField in $Fields) {\n"
+            "      $cbBytes = [System.Text.Encoding]::UTF8.GetBytes([string]$cbField)\n"
+            "      $null = $cbLine.Append(' :').Append([System.Convert]::ToBase64String($cbBytes))\n"
+            "    }\n"
+            "  }\n"
+            "  [Console]::Out.Write($cbLine.Append([char]10).ToString())\n"
+            "}"
+        )
+
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section in its own script block (its variables stay there; ``return`` ends it).
 
-        Framing as :meth:`PosixShell.sectioned`: a begin line, the section's stdout, an empty line, an
-        end line with its exit code, which is ``$LASTEXITCODE`` after the block (a section sets it to
-        report a code: ``exit`` would end the whole script), or 1 when the block threw (its message
-        then ends the section's output). Objects a block outputs are printed as text.
+        Answers as :meth:`PosixShell.sectioned`: one record (``token`` the nonce) ``section NAME
+        DATA``, DATA its output lines, a NUL, its exit code: ``$LASTEXITCODE`` after the block (a
+        section sets it to report a code: ``exit`` would end the whole script), or 1 when the block
+        threw (its message then ends the section's output). Objects a block outputs are text lines.
         """
-        parts = []
+        parts = [self.record_functions(token)]
         for name, command in sections:
-            begin = self.quote(f"@@{token} begin {name}@@")
-            end = self.quote(f"@@{token} end {name} ")
             parts.append(
-                f"[Console]::Out.WriteLine({begin})\n"
+                "$cbSectionLines = New-Object -TypeName System.Collections.Generic.List[string]\n"
                 "$global:LASTEXITCODE = 0\n"
                 "try {\n"
                 "  & {\n"
                 f"{command}\n"
-                "  } | Out-String -Stream -Width 4096 | ForEach-Object { [Console]::Out.WriteLine($_) }\n"
+                "  } | Out-String -Stream -Width 4096 | ForEach-Object { $cbSectionLines.Add($_) }\n"
                 "  $cbCode = $global:LASTEXITCODE\n"
                 "} catch {\n"
-                "  [Console]::Out.WriteLine('error: ' + $_.Exception.Message)\n"
+                "  $cbSectionLines.Add('error: ' + $_.Exception.Message)\n"
                 "  $cbCode = 1\n"
                 "}\n"
-                "[Console]::Out.WriteLine()\n"
-                f"[Console]::Out.WriteLine({end} + $cbCode + '@@')"
+                f"Out-CbRecord 'section' @({self.quote(name)},"
+                ' (($cbSectionLines -join "`n") + [char]0 + [string]$cbCode))'
             )
         return "\n".join(parts)
 

@@ -27,21 +27,22 @@ class RunOps(ABC):
     platform: Platform
 
     @abstractmethod
-    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+    def start(self, run_dir: str, node_log: str, marker: str, nonce: str) -> str:
         """Start the launcher detached (it outlives our connection), wait until it has written its
-        pid file; prints ``@@started PID ...`` (``@@started-before ...``, exit 3: it ran before)."""
+        pid file; prints the record (orchestrator/records.py, ``nonce``) ``started "PID ..."``
+        (``started-before "PID ..."``, exit 3: it ran before)."""
 
     @abstractmethod
-    def stop(self, run_dir: str, marker: str, grace: float) -> str:
-        """Stop every process of the run; prints one line ``@@stop stopped TERMED KILLED LEFT``,
-        ``@@stop terminated COUNT LEFT`` (no grace period: native Windows) or ``@@stop
+    def stop(self, run_dir: str, marker: str, grace: float, nonce: str) -> str:
+        """Stop every process of the run; prints one record ``stop stopped TERMED KILLED LEFT``,
+        ``stop terminated COUNT LEFT`` (no grace period: native Windows) or ``stop
         exited CODE|gone|not-started|no-run``."""
 
     @abstractmethod
-    def status(self, run_dir: str, marker: str, node_log: str) -> str:
-        """``key=value`` lines: now, started, alive, rc, ended, stopped, size, modified, last, and one
-        ``gpu=INDEX, UTIL, USED, TOTAL`` per GPU where nvidia-smi exists (``state=no-run``: no run
-        directory)."""
+    def status(self, run_dir: str, marker: str, node_log: str, nonce: str) -> str:
+        """One record per value, its kind the value's name and one field: now, started, alive, rc,
+        ended, stopped, size, modified, last, and one ``gpu "INDEX, UTIL, USED, TOTAL"`` per GPU where
+        nvidia-smi exists (``state no-run``: no run directory)."""
 
     @abstractmethod
     def tail(
@@ -60,10 +61,10 @@ class RunOps(ABC):
         ``lines``-th last complete line instead (``offset`` ignored): ``@@start OFFSET`` first."""
 
     @abstractmethod
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
-        """For each entry the first of its candidate paths that exists: ``@@file I SIZE PATH``,
-        ``@@dir I PATH`` then ``SIZE RELPATH`` (``/``-separated) per file below it, or
-        ``@@missing I``."""
+    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
+        """For each entry the first of its candidate paths that exists, as one record: ``file I SIZE
+        PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL`` per file below it,
+        ``/``-separated), or ``missing I``."""
 
     @abstractmethod
     def is_absolute(self, path: str) -> bool:

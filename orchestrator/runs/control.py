@@ -16,8 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import records
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import Platform, PosixShell, PowerShell
+from orchestrator.records import new_nonce
 from orchestrator.runs.base import RunOps, refused_dir, safe_parts
 from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
@@ -45,9 +47,15 @@ def run_ops(platform: Platform, node: Node) -> RunOps:
 # -- the scripts, per node (what --dry-run shows) ------------------------------------------------------
 
 
-def start_script(platform: Platform, node: Node, run_id: str) -> str:
+# Each script answers in records (orchestrator/records.py) carrying ``nonce``: the caller that reads
+# the answer chooses it; a script only shown (--dry-run) gets a fresh one.
+
+
+def start_script(platform: Platform, node: Node, run_id: str, nonce: str | None = None) -> str:
     run_dir = run_dir_for(node, run_id)
-    return run_ops(platform, node).start(run_dir, node_log(run_dir), run_marker(run_id, node.name))
+    return run_ops(platform, node).start(
+        run_dir, node_log(run_dir), run_marker(run_id, node.name), nonce or new_nonce()
+    )
 
 
 def tail_script(
@@ -75,13 +83,19 @@ def tail_script(
     )
 
 
-def status_script(platform: Platform, node: Node, run_id: str) -> str:
+def status_script(platform: Platform, node: Node, run_id: str, nonce: str | None = None) -> str:
     run_dir = run_dir_for(node, run_id)
-    return run_ops(platform, node).status(run_dir, run_marker(run_id, node.name), node_log(run_dir))
+    return run_ops(platform, node).status(
+        run_dir, run_marker(run_id, node.name), node_log(run_dir), nonce or new_nonce()
+    )
 
 
-def stop_script(platform: Platform, node: Node, run_id: str, grace: float = 5.0) -> str:
-    return run_ops(platform, node).stop(run_dir_for(node, run_id), run_marker(run_id, node.name), grace)
+def stop_script(
+    platform: Platform, node: Node, run_id: str, grace: float = 5.0, nonce: str | None = None
+) -> str:
+    return run_ops(platform, node).stop(
+        run_dir_for(node, run_id), run_marker(run_id, node.name), grace, nonce or new_nonce()
+    )
 
 
 def fetch_candidates(
@@ -111,11 +125,14 @@ def fetch_script(
     run_id: str,
     paths: Sequence[str],
     code_dir: str | None,
+    nonce: str | None = None,
     *,
     from_code: bool = False,
 ) -> str:
     ops = run_ops(platform, node)
-    return ops.list_files(fetch_candidates(ops, node, run_id, paths, code_dir, from_code=from_code))
+    return ops.list_files(
+        fetch_candidates(ops, node, run_id, paths, code_dir, from_code=from_code), nonce or new_nonce()
+    )
 
 
 # -- logs ------------------------------------------------------------------------------------------
@@ -234,12 +251,14 @@ def _reconnect(transport: Transport, node: Node, deadline: float) -> None:
 
 @dataclass
 class NodeStatus:
-    state: str  # running / exited / stopped / not started / no run
+    state: str  # running / exited / stopped / not started / no run / controller lost
     exit_code: int | None = None
     runtime: float | None = None
     last_line: str = ""
     log_bytes: int = 0
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    #: "controller lost": what the node alone would have said (stopped / exited), a race's outcome
+    node_state: str | None = None
 
     def public_dict(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -249,7 +268,8 @@ class NodeStatus:
 
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
     """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
-    result = transport.run(status_script(transport.platform, node, run_id), timeout=60)
+    nonce = new_nonce()
+    result = transport.run(status_script(transport.platform, node, run_id, nonce), timeout=60)
     refused = refused_dir(result, node.name)
     if refused is not None:
         raise refused
@@ -257,7 +277,7 @@ def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
         raise CommandFailedError(
             f"status failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
         )
-    return parse_status(result.stdout)
+    return parse_status(result.stdout, nonce)
 
 
 def no_such_run(node: Node, run_id: str) -> CommandFailedError:
@@ -269,13 +289,12 @@ def no_such_run(node: Node, run_id: str) -> CommandFailedError:
     )
 
 
-def parse_status(stdout: str) -> NodeStatus:
+def parse_status(stdout: str, nonce: str) -> NodeStatus:
+    """The status script's records (``nonce``) as a NodeStatus; nothing else it printed counts."""
     values: dict[str, str] = {}
     gpus: list[dict[str, Any]] = []
-    for line in stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
+    for found in records.decode(stdout, nonce):
+        key, value = found.kind, found.text(0)
         if key == "gpu":
             cells = [c.strip() for c in value.split(",")]
             if len(cells) == 4:
@@ -364,16 +383,17 @@ class StopResult:
 
 def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5.0) -> StopResult:
     """TERM every process of the run on the node, KILL what is left after ``grace`` seconds."""
-    result = transport.run(stop_script(transport.platform, node, run_id, grace), timeout=grace + 30)
+    nonce = new_nonce()
+    result = transport.run(stop_script(transport.platform, node, run_id, grace, nonce), timeout=grace + 30)
     refused = refused_dir(result, node.name)
     if refused is not None:
         raise refused  # nothing was signalled
-    line = next((x for x in result.stdout.splitlines() if x.startswith("@@stop ")), None)
-    if line is None:
+    said = records.find(result.stdout, nonce, "stop")
+    if said is None:
         raise CommandFailedError(
             f"stop failed (exit {result.exit_code}): {' | '.join(result.tail(3))}", node=node.name
         )
-    words = line.split()[1:]
+    words = [w.strip() for w in said.texts]
     kind = words[0] if words else ""
     if kind == "stopped":
         termed, killed, left = (int(w) for w in words[1:4])
@@ -428,7 +448,8 @@ def fetch_node(
     copied with everything below them.
     """
     ops = run_ops(transport.platform, node)
-    script = fetch_script(transport.platform, node, run_id, paths, code_dir, from_code=from_code)
+    nonce = new_nonce()
+    script = fetch_script(transport.platform, node, run_id, paths, code_dir, nonce, from_code=from_code)
     listing = transport.run(script, timeout=120)
     if not listing.ok:
         raise CommandFailedError(
@@ -436,36 +457,41 @@ def fetch_node(
             node=node.name,
         )
     fetched: list[Fetched] = []
-    current: Fetched | None = None
-    base = ""
-    for line in listing.stdout.splitlines():
-        if line.startswith("@@"):
-            words = line.split(" ", 3)
-            index = int(words[1])
-            asked = paths[index]
-            parts = ops.local_parts(asked) or [f"path{index}"]
-            local_root = dest.joinpath(*parts)
-            if words[0] == "@@missing":
-                current = None
-                fetched.append(Fetched(asked, None))
-            elif words[0] == "@@dir":
-                base = line.split(" ", 2)[2]
-                current = Fetched(asked, base, local=str(local_root))
-                fetched.append(current)
-            elif words[0] == "@@file":
-                size_text, source = line.split(" ", 3)[2:4]
-                current = None
-                transport.get(source, local_root)
-                fetched.append(Fetched(asked, source, 1, int(size_text), str(local_root)))
+    for found in records.decode(listing.stdout, nonce):
+        index_text = found.text(0)
+        if found.kind not in ("missing", "dir", "file") or not index_text.isdigit():
             continue
-        if current is None:
+        index = int(index_text)
+        if index >= len(paths):
+            log.warning("%s: skipping a listing for path #%d (only %d asked)", node.name, index, len(paths))
             continue
-        size_text, _, rel = line.partition(" ")
+        asked = paths[index]
+        parts = ops.local_parts(asked) or [f"path{index}"]
+        local_root = dest.joinpath(*parts)
+        if found.kind == "missing":
+            fetched.append(Fetched(asked, None))
+        elif found.kind == "file":
+            size_text, source = found.text(1).strip(), found.text(2)
+            transport.get(source, local_root)
+            size = int(size_text) if size_text.isdigit() else 0
+            fetched.append(Fetched(asked, source, 1, size, str(local_root)))
+        else:
+            base = found.text(1)
+            current = Fetched(asked, base, local=str(local_root))
+            fetched.append(current)
+            _fetch_listing(node, transport, base, found.fields[2] if len(found.fields) > 2 else b"", current)
+    return fetched
+
+
+def _fetch_listing(node: Node, transport: Transport, base: str, listing: bytes, into: Fetched) -> None:
+    """Copy the files of a directory listing (``SIZE NUL RELPATH NUL`` per file) below ``into.local``."""
+    cells = listing.split(b"\0")
+    for size_bytes, rel_bytes in zip(cells[0:-1:2], cells[1::2], strict=False):
+        size_text, rel = size_bytes.decode("ascii", "replace").strip(), rel_bytes.decode("utf-8", "replace")
         rel_parts = safe_parts(rel)
         if rel_parts is None or not size_text.isdigit():
             log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
             continue
-        transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(current.local).joinpath(*rel_parts))
-        current.files += 1
-        current.bytes += int(size_text)
-    return fetched
+        transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(into.local).joinpath(*rel_parts))
+        into.files += 1
+        into.bytes += int(size_text)

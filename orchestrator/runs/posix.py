@@ -73,13 +73,14 @@ class PosixRuns(RunOps):
             f'mv -f {part} {rc}\nexit "$(cat {rc})"'
         )
 
-    def other_runs(self, own: str) -> str:
-        """One line ``@@leftover COUNT MARKER`` per run (other than ``own``, a RUN_MARKER_ENV value)
+    def other_runs(self, own: str, nonce: str) -> str:
+        """One record ``leftover COUNT MARKER`` per run (other than ``own``, a RUN_MARKER_ENV value)
         that still has processes on the node: what a new launch should know is running beside it."""
         return (
+            self.platform.record_functions(nonce) + "\n"
             f"grep -azo '^{RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
             f" | tr '\\0' '\\n' | sed 's/^[^=]*=//' | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
-            ' | while read -r n m; do echo "@@leftover $n $m"; done'
+            ' | while read -r n m; do _cb_rec leftover "$n" "$m"; done'
         )
 
     # -- the run's scripts -------------------------------------------------------------------------
@@ -122,11 +123,11 @@ class PosixRuns(RunOps):
             'if _cb_leader && [ "$_cb_sid" = "$_cb_pid" ]; then _cb_sess=$_cb_pid; fi\n'
         )
 
-    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+    def start(self, run_dir: str, node_log: str, marker: str, nonce: str) -> str:
         """Start the launcher in a session of its own that outlives our connection (setsid; stdin
         /dev/null, output appended to ``node_log``; ``node_log``.rc gets its exit code), then wait
-        until it has written its pid file and print that file. Refuses a run directory that already
-        has one."""
+        until it has written its pid file and print that file (record ``started``). Refuses a run
+        directory that already has one (record ``started-before``, exit 3)."""
         word = self.platform.path_word
         inner = (
             WAIT_FOR_COMMAND  # a stop ends the script, and only then this shell writes its exit code
@@ -136,8 +137,9 @@ class PosixRuns(RunOps):
             + f" && mv -f {word(node_log + '.rc.part')} {word(node_log + '.rc')}"
         )
         return (
+            self.platform.record_functions(nonce) + "\n"
             f"d={self.platform.path_word(run_dir)}\n" + self.platform.check_own_dir(run_dir) + "\n"
-            'if [ -e "$d/pid" ]; then echo "@@started-before $(cat "$d/pid")"; exit 3; fi\n'
+            'if [ -e "$d/pid" ]; then _cb_rec started-before "$(cat "$d/pid")"; exit 3; fi\n'
             "command -v setsid >/dev/null 2>&1 || { echo 'setsid not found (util-linux)' >&2; exit 4; }\n"
             # outside the command's reach on purpose: a session of its own, without the token the
             # command's watcher stops everything by (stop_on_hangup)
@@ -148,24 +150,26 @@ class PosixRuns(RunOps):
             "  i=$((i + 1)); [ $i -gt 200 ] && { echo 'the launcher did not start' >&2; exit 5; }\n"
             "  sleep 0.05\n"
             "done\n"
-            'echo "@@started $(cat "$d/pid")"'
+            '_cb_rec started "$(cat "$d/pid")"'
         )
 
-    def stop(self, run_dir: str, marker: str, grace: float = 5.0) -> str:
-        """TERM every process of the run, KILL what is left after ``grace`` seconds. Prints one line:
-        ``@@stop stopped TERMED KILLED LEFT`` or ``@@stop exited CODE|gone|not-started|no-run``."""
+    def stop(self, run_dir: str, marker: str, grace: float, nonce: str) -> str:
+        """TERM every process of the run, KILL what is left after ``grace`` seconds. Prints one record:
+        ``stop stopped TERMED KILLED LEFT`` or ``stop exited CODE|gone|not-started|no-run``."""
         hundredths = max(1, int(grace * 100))
         return (
-            self.functions(run_dir, marker)
+            self.platform.record_functions(nonce)
+            + "\n"
+            + self.functions(run_dir, marker)
             # deadlines on the uptime clock (hundredths of a second): a loaded node must not
             # stretch the grace period by the time each scan takes
             + "_cb_now() { read -r _cb_up _cb_x < /proc/uptime; _cb_up=${_cb_up%.*}${_cb_up#*.}; }\n"
             "p=$(_cb_members)\n"
             'if [ -z "$p" ]; then\n'
-            '  if [ -f "$d/node.log.rc" ]; then echo "@@stop exited $(cat "$d/node.log.rc")"\n'
-            '  elif [ -f "$d/pid" ]; then echo "@@stop gone"\n'
-            '  elif [ -d "$d" ]; then echo "@@stop not-started"\n'
-            '  else echo "@@stop no-run"; fi\n'
+            '  if [ -f "$d/node.log.rc" ]; then _cb_rec stop exited "$(cat "$d/node.log.rc")"\n'
+            '  elif [ -f "$d/pid" ]; then _cb_rec stop gone\n'
+            '  elif [ -d "$d" ]; then _cb_rec stop not-started\n'
+            "  else _cb_rec stop no-run; fi\n"
             "  exit 0\n"
             "fi\n"
             'n=$(printf "%s\\n" "$p" | wc -l)\n'
@@ -188,27 +192,30 @@ class PosixRuns(RunOps):
             '    _cb_now; [ "$_cb_up" -ge "$end" ] && break; sleep 0.1\n'
             "  done\n"
             "fi\n"
-            'echo "@@stop stopped $n $k $(_cb_members | wc -l)"'
+            '_cb_rec stop stopped "$n" "$k" "$(_cb_members | wc -l)"'
         )
 
-    def status(self, run_dir: str, marker: str, node_log: str) -> str:
-        """``key=value`` lines: node clock, launcher alive, start/end times (file mtimes on the node's
-        clock), exit code, log size, last-modified time and last line, one ``gpu=`` line per GPU
-        where nvidia-smi exists."""
+    def status(self, run_dir: str, marker: str, node_log: str, nonce: str) -> str:
+        """One record per value (its kind the value's name, one field): node clock, launcher alive,
+        start/end times (file mtimes on the node's clock), exit code, log size, last-modified time
+        and last line, one ``gpu`` record per GPU where nvidia-smi exists."""
         return (
-            self.functions(run_dir, marker) + f"f={self.platform.path_word(node_log)}\n"
-            'echo "now=$(date +%s)"\n'
-            'if [ ! -d "$d" ]; then echo "state=no-run"; exit 0; fi\n'
-            'if [ -f "$d/pid" ]; then echo "started=$(stat -c %Y "$d/pid")"; fi\n'
+            self.platform.record_functions(nonce)
+            + "\n"
+            + self.functions(run_dir, marker)
+            + f"f={self.platform.path_word(node_log)}\n"
+            '_cb_rec now "$(date +%s)"\n'
+            'if [ ! -d "$d" ]; then _cb_rec state no-run; exit 0; fi\n'
+            'if [ -f "$d/pid" ]; then _cb_rec started "$(stat -c %Y "$d/pid")"; fi\n'
             # alive: the launcher, or any process of the run at all (its record may say otherwise:
             # a launcher killed while ranks that ignore TERM live on)
-            'if _cb_leader || [ -n "$(_cb_members)" ]; then echo "alive=1"; else echo "alive=0"; fi\n'
-            'if [ -f "$f.rc" ]; then echo "rc=$(cat "$f.rc")"; echo "ended=$(stat -c %Y "$f.rc")"; fi\n'
-            'if [ -f "$d/stopped" ]; then echo "stopped=$(cat "$d/stopped")"; fi\n'
+            'if _cb_leader || [ -n "$(_cb_members)" ]; then _cb_rec alive 1; else _cb_rec alive 0; fi\n'
+            'if [ -f "$f.rc" ]; then _cb_rec rc "$(cat "$f.rc")"; _cb_rec ended "$(stat -c %Y "$f.rc")"; fi\n'
+            'if [ -f "$d/stopped" ]; then _cb_rec stopped "$(cat "$d/stopped")"; fi\n'
             'if [ -f "$f" ]; then\n'
-            '  echo "size=$(wc -c < "$f")"\n'
+            '  _cb_rec size "$(wc -c < "$f")"\n'
             # the time of the last output: how long a stopped (killed) run ran, at least
-            '  echo "modified=$(stat -c %Y "$f")"\n'
+            '  _cb_rec modified "$(stat -c %Y "$f")"\n'
             # the last line a rank printed (torchrun's own exit-barrier noise after a good run is not
             # what a user asks about), else the log's last line
             # nor torch's harmless "[c10d] The hostname of the client socket cannot be retrieved" (a
@@ -217,11 +224,12 @@ class PosixRuns(RunOps):
             " | grep -v 'hostname of the client socket cannot be retrieved')\n"
             "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"
             '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
-            '  echo "last=$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
+            '  _cb_rec last "$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
             "fi\n"
             "if command -v nvidia-smi >/dev/null 2>&1; then\n"
             "  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total"
-            " --format=csv,noheader,nounits 2>/dev/null | sed 's/^/gpu=/'\n"
+            " --format=csv,noheader,nounits 2>/dev/null"
+            ' | while IFS= read -r _cb_g; do _cb_rec gpu "$_cb_g"; done\n'
             "fi"
         )
 
@@ -261,18 +269,20 @@ class PosixRuns(RunOps):
     def is_absolute(self, path: str) -> bool:
         return path.startswith(("/", "~"))
 
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
-        """For each entry: the first of its candidate paths that exists, as ``@@file I SIZE PATH``,
-        ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it, or ``@@missing I``."""
-        parts = []
+    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
+        """For each entry: the first of its candidate paths that exists, as the record ``file I SIZE
+        PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL`` per file below it; names
+        hold no NUL) or ``missing I``."""
+        parts = [self.platform.record_functions(nonce)]
         for index, paths in enumerate(candidates):
             words = " ".join(self.platform.path_word(p) for p in paths)
             parts.append(
                 f'found=; for c in {words}; do [ -e "$c" ] && {{ found=$c; break; }}; done\n'
-                f'if [ -z "$found" ]; then echo "@@missing {index}"\n'
-                f'elif [ -d "$found" ]; then echo "@@dir {index} $found"\n'
+                f'if [ -z "$found" ]; then _cb_rec missing {index}\n'
+                'elif [ -d "$found" ]; then\n'
                 '  (cd "$found" && find . -type f -exec sh -c '
-                '\'for f; do printf "%s %s\\n" "$(wc -c < "$f")" "$f"; done\' sh {} +)\n'
-                f'else echo "@@file {index} $(wc -c < "$found") $found"; fi'
+                '\'for f; do printf "%s\\0%s\\0" "$(wc -c < "$f")" "$f"; done\' sh {} +)'
+                f' | _cb_recin dir {index} "$found"\n'
+                f'else _cb_rec file {index} "$(wc -c < "$found")" "$found"; fi'
             )
         return "\n".join(parts)

@@ -35,6 +35,19 @@ def split_worker_rank(line: str) -> tuple[int | None, str]:
     return local, rest
 
 
+def owned_rank(record: dict[str, object], node: str, rank: int | None, owner: str | None) -> int | None:
+    """The rank of a worker's ``record`` when ``node`` may speak for it, else None (a forgery).
+
+    ``node`` is the sending connection's node, ``rank`` the global rank its line's ``[defaultN]:`` tag
+    gives (the node's first rank + N), ``owner`` the node that rank belongs to: the record's own
+    ``"rank"`` counts only when it is that rank and the sender owns it. A node can then never speak
+    for another node's ranks (blame them, slow them down, name their devices)."""
+    said = record.get("rank")
+    if not isinstance(said, int) or isinstance(said, bool) or rank is None or said != rank or owner != node:
+        return None
+    return said
+
+
 def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:
     """Per node, how the ``[defaultN]:`` tags of its lines become global ranks: ``(first, count)``,
     the rank of N = 0 and how many N there are. Static rendezvous: ranks follow inventory order (as

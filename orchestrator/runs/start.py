@@ -18,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.platforms import PowerShell
+from orchestrator.records import new_nonce
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import StopResult, start_script, stop_node
 from orchestrator.runs.layout import STREAMING_ENV, node_log, run_dir_for
@@ -51,18 +53,20 @@ def start_node(node: Node, transport: Transport, run_id: str) -> Started:
     own on POSIX nodes, a process outside the WinRM shell's job on native Windows nodes (it survives
     us)."""
     run_dir = run_dir_for(node, run_id)
+    nonce = new_nonce()
     result = transport.run(
-        start_script(transport.platform, node, run_id),
+        start_script(transport.platform, node, run_id, nonce),
         env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
         timeout=60,
     )
     refused = refused_dir(result, node.name)
     if refused is not None:
         raise refused
-    for line in result.stdout.splitlines():
-        if line.startswith("@@started "):
-            return Started(int(line.split()[1]), run_dir, node_log(run_dir))
-        if line.startswith("@@started-before "):
+    for said in records.decode(result.stdout, nonce):
+        pid = said.text(0).split()
+        if said.kind == "started" and pid and pid[0].isdigit():
+            return Started(int(pid[0]), run_dir, node_log(run_dir))
+        if said.kind == "started-before":
             raise CommandFailedError(
                 f"run {run_id} was already started on this node ({run_dir}/pid exists)",
                 node=node.name,
@@ -244,11 +248,15 @@ def run_outside_job(
         raise UsageError(f"run_outside_job is for native Windows nodes, not {platform.name}", node=node.name)
     ops = WindowsRuns(platform)
     log_path = node_log(job_dir)
+    nonce = new_nonce()
     prepared = transport.run(
-        platform.say_if_exists(log_path, "@@ran-before") + "\n" + platform.mkdir(job_dir, private=True),
+        platform.say_if_exists(log_path, records.record(nonce, "ran-before").rstrip("\n"))
+        + "\n"
+        + platform.mkdir(job_dir, private=True),
         timeout=60,
     )
-    if "@@ran-before" in prepared.stdout.splitlines() or not prepared.ok:
+    ran_before = records.find(prepared.stdout, nonce, "ran-before") is not None
+    if ran_before or not prepared.ok:
         raise CommandFailedError(
             f"cannot use {job_dir} for a job: "
             + ("it holds a job's log already" if prepared.ok else " | ".join(prepared.tail(3))),

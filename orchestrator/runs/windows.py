@@ -27,6 +27,7 @@ import re
 from collections.abc import Sequence
 
 from orchestrator.platforms import PowerShell
+from orchestrator.records import new_nonce
 from orchestrator.runs import tail
 from orchestrator.runs.base import RunOps, safe_parts
 from orchestrator.runs.windows_follow import ForegroundScripts
@@ -140,10 +141,10 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "}\n" + trusted + "\n"
         )
 
-    def start(self, run_dir: str, node_log: str, marker: str) -> str:
+    def start(self, run_dir: str, node_log: str, marker: str, nonce: str) -> str:
         """Start launch.ps1 with ``-Log node_log`` outside this WinRM shell, so it survives it,
-        wait until it has written its pid file and print ``@@started PID TICKS`` (``@@started-before
-        ...``, exit 3: the run directory has a pid file already).
+        wait until it has written its pid file and print the record ``started "PID TICKS"``
+        (``started-before ...``, exit 3: the run directory has a pid file already).
 
         Why ``Win32_Process`` Create (Invoke-CimMethod) and not a scheduled task: WinRS puts every
         process of a shell in the shell's job object, which Windows ends when the shell is deleted;
@@ -154,20 +155,41 @@ class WindowsRuns(ForegroundScripts, RunOps):
         logon. The new process gets no console of ours and none of our environment: launch.ps1 sets
         everything its ranks need itself (PYTHONUNBUFFERED included).
         """
-        return self.functions(run_dir) + self.start_launcher(run_dir, node_log)
+        del marker
+        return (
+            self.platform.record_functions(nonce)
+            + "\n"
+            + self.functions(run_dir)
+            + self.start_launcher(run_dir, node_log, records=True)
+        )
 
     def start_launcher(
-        self, run_dir: str, node_log: str, *, tick: str = "", launcher: str | None = None
+        self,
+        run_dir: str,
+        node_log: str,
+        *,
+        tick: str = "",
+        launcher: str | None = None,
+        records: bool = False,
     ) -> str:
         """The body of :meth:`start` (after ``functions``); ``tick``: a statement run on every look
         for the pid file (the follower's heartbeat); ``launcher``: another script than launch.ps1 in
-        the run directory, with its contract (``-Log``, ``pid``, the log's ``.rc``): windows_follow.RUNNER."""
+        the run directory, with its contract (``-Log``, ``pid``, the log's ``.rc``): windows_follow.RUNNER.
+        ``records``: says ``started`` and ``started-before`` as records (``Out-CbRecord`` defined),
+        else as the tail protocol's marker lines (the follower's output is that protocol)."""
+
+        def say(kind: str) -> str:
+            pid = "(Read-CbText $cbPidFile).Trim()"
+            if records:
+                return f"Out-CbRecord '{kind}' @({pid})"
+            return f"[Console]::Out.WriteLine('@@{kind} ' + {pid})"
+
         return (
             f"$cbScript = {self.platform.full_path(f'{run_dir}/{launcher or self.launcher}')}\n"
             f"$cbLogPath = {self.platform.full_path(node_log)}\n"
             "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
             "if ([System.IO.File]::Exists($cbPidFile)) {\n"
-            "  [Console]::Out.WriteLine('@@started-before ' + (Read-CbText $cbPidFile).Trim())\n"
+            f"  {say('started-before')}\n"
             "  exit 3\n"
             "}\n"
             # the command line Windows splits (C runtime rules): Windows paths hold no double quote,
@@ -192,15 +214,14 @@ class WindowsRuns(ForegroundScripts, RunOps):
             " + (Read-CbText $cbLogPath).Trim())\n"
             "    exit 5\n"
             "  }\n" + (f"  {tick}\n" if tick else "") + "  Start-Sleep -Milliseconds 50\n"
-            "}\n"
-            "[Console]::Out.WriteLine('@@started ' + (Read-CbText $cbPidFile).Trim())"
+            "}\n" + say("started")
         )
 
-    def stop(self, run_dir: str, marker: str = "", grace: float = 5.0) -> str:
+    def stop(self, run_dir: str, marker: str = "", grace: float = 5.0, nonce: str | None = None) -> str:
         """Stop every process of the run: the launcher and the ranks named in the run directory's
-        ``pid`` and ``ranks`` files (pid and creation time), and all their descendants. Prints one line
-        like PosixRuns.stop: ``@@stop terminated COUNT LEFT`` or ``@@stop exited CODE|gone|
-        not-started|no-run``.
+        ``pid`` and ``ranks`` files (pid and creation time), and all their descendants. Prints one record
+        like PosixRuns.stop: ``stop terminated COUNT LEFT`` or ``stop exited CODE|gone|
+        not-started|no-run`` (``nonce`` None: a fresh one, for a stop whose answer is not read).
 
         Windows has no SIGTERM for a process without a window: every process is terminated at once
         (Stop-Process -Force, TerminateProcess), launcher first so it cannot react to its ranks ending;
@@ -210,18 +231,20 @@ class WindowsRuns(ForegroundScripts, RunOps):
         (PosixRuns needs it: Windows cannot read another process's environment)."""
         del marker, grace
         return (
-            self.functions(run_dir)
+            self.platform.record_functions(nonce or new_nonce())
+            + "\n"
+            + self.functions(run_dir)
             + self.stop_functions()
             + "$cbRc = Join-Path -Path $cbDir -ChildPath 'node.log.rc'\n"
             "$cbRoots = @(Get-CbRoots)\n"
             "if ($cbRoots.Count -eq 0) {\n"
             "  if ([System.IO.File]::Exists($cbRc)) {"
-            " [Console]::Out.WriteLine('@@stop exited ' + (Read-CbText $cbRc).Trim()) }\n"
+            " Out-CbRecord 'stop' @('exited', (Read-CbText $cbRc).Trim()) }\n"
             "  elseif ([System.IO.File]::Exists((Join-Path -Path $cbDir -ChildPath 'pid'))) {"
-            " [Console]::Out.WriteLine('@@stop gone') }\n"
+            " Out-CbRecord 'stop' @('gone') }\n"
             "  elseif ([System.IO.Directory]::Exists($cbDir)) {"
-            " [Console]::Out.WriteLine('@@stop not-started') }\n"
-            "  else { [Console]::Out.WriteLine('@@stop no-run') }\n"
+            " Out-CbRecord 'stop' @('not-started') }\n"
+            "  else { Out-CbRecord 'stop' @('no-run') }\n"
             "  exit 0\n"
             "}\n"
             # said before anything is stopped: status and a foreground launch tell "stopped" from "failed"
@@ -229,15 +252,16 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "if (-not [System.IO.File]::Exists($cbRc)) {"
             " [System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath 'stopped'),"
             ' [string]$cbNow + "`n") }\n'
-            "[Console]::Out.WriteLine('@@stop terminated ' + (Stop-CbRun))"
+            "$cbCounts = @(([string](Stop-CbRun)).Split(' '))\n"
+            "Out-CbRecord 'stop' @('terminated', $cbCounts[0], $cbCounts[1])"
         )
 
     def stop_functions(self) -> str:
         """``Stop-CbRun``, with the ``Find-CbTree`` it uses: used by `stop` and the watchdog."""
         return self.platform.FIND_TREE + STOP_RUN
 
-    def status(self, run_dir: str, marker: str, node_log: str) -> str:
-        """``key=value`` lines as PosixRuns.status prints them: node clock, launcher alive,
+    def status(self, run_dir: str, marker: str, node_log: str, nonce: str) -> str:
+        """The records PosixRuns.status prints: node clock, launcher alive,
         start/end times (file times on the node's clock), exit code, when `stop` stopped it, log size,
         last-modified time
         (the log's last write) and last line (the last
@@ -246,26 +270,29 @@ class WindowsRuns(ForegroundScripts, RunOps):
         del marker
         query = "--query-gpu=index,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits"
         return (
-            self.functions(run_dir) + f"$cbLogPath = {self.platform.full_path(node_log)}\n"
+            self.platform.record_functions(nonce)
+            + "\n"
+            + self.functions(run_dir)
+            + f"$cbLogPath = {self.platform.full_path(node_log)}\n"
             "function Get-CbUnix([DateTime]$When) {\n"
             "  return [long][Math]::Floor(($When.ToUniversalTime().Ticks - 621355968000000000) / 10000000)\n"
             "}\n"
-            "function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }\n"
-            "Out-Cb ('now=' + (Get-CbUnix ([DateTime]::UtcNow)))\n"
-            "if (-not [System.IO.Directory]::Exists($cbDir)) { Out-Cb 'state=no-run'; exit 0 }\n"
+            "Out-CbRecord 'now' @((Get-CbUnix ([DateTime]::UtcNow)))\n"
+            "if (-not [System.IO.Directory]::Exists($cbDir)) { Out-CbRecord 'state' @('no-run'); exit 0 }\n"
             "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
             "if ([System.IO.File]::Exists($cbPidFile)) {\n"
-            "  Out-Cb ('started=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))\n"
+            "  Out-CbRecord 'started' @((Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))\n"
             "}\n"
-            "if ($null -ne (Get-CbLeader)) { Out-Cb 'alive=1' } else { Out-Cb 'alive=0' }\n"
+            "$cbAlive = if ($null -ne (Get-CbLeader)) { '1' } else { '0' }\n"
+            "Out-CbRecord 'alive' @($cbAlive)\n"
             "$cbRc = $cbLogPath + '.rc'\n"
             "if ([System.IO.File]::Exists($cbRc)) {\n"
-            "  Out-Cb ('rc=' + (Read-CbText $cbRc).Trim())\n"
-            "  Out-Cb ('ended=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbRc))))\n"
+            "  Out-CbRecord 'rc' @((Read-CbText $cbRc).Trim())\n"
+            "  Out-CbRecord 'ended' @((Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbRc))))\n"
             "}\n"
             "$cbStopped = Join-Path -Path $cbDir -ChildPath 'stopped'\n"
             "if ([System.IO.File]::Exists($cbStopped)) {"
-            " Out-Cb ('stopped=' + (Read-CbText $cbStopped).Trim()) }\n"
+            " Out-CbRecord 'stopped' @((Read-CbText $cbStopped).Trim()) }\n"
             "if ([System.IO.File]::Exists($cbLogPath)) {\n"
             "  $cbShare = [System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete\n"
             "  $cbStream = New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
@@ -282,8 +309,8 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "      $cbGot += $cbN\n"
             "    }\n"
             "  } finally { $cbStream.Dispose() }\n"
-            "  Out-Cb ('size=' + $cbSize)\n"
-            "  Out-Cb ('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))\n"
+            "  Out-CbRecord 'size' @($cbSize)\n"
+            "  Out-CbRecord 'modified' @((Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))\n"
             '  $cbLines = @(([System.Text.Encoding]::UTF8.GetString($cbBytes, 0, $cbGot)) -split "`n")\n'
             # from the middle of the file: its first line is cut
             "  if ($cbFrom -gt 0 -and $cbLines.Count -gt 1) {\n"
@@ -295,8 +322,8 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "    $cbRanked = @($cbLines | Where-Object { $_ -match '^\\[default[0-9]*\\]:' })\n"
             "    $cbLast = if ($cbRanked.Count -gt 0) { $cbRanked[-1] } else { $cbLines[-1] }\n"
             "    if ($cbLast.Length -gt 400) { $cbLast = $cbLast.Substring(0, 400) }\n"
-            "    Out-Cb ('last=' + $cbLast)\n"
-            "  } else { Out-Cb 'last=' }\n"
+            "    Out-CbRecord 'last' @($cbLast)\n"
+            "  } else { Out-CbRecord 'last' @('') }\n"
             "}\n"
             # nvidia-smi: on PATH (System32 with current drivers) or where older drivers put it
             "$cbSmi = Get-Command -CommandType Application -Name 'nvidia-smi' -ErrorAction SilentlyContinue"
@@ -315,7 +342,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
             # a wedged driver can hang nvidia-smi: status answers without GPU lines then
             "  if ($cbText.Wait(10000)) {\n"
             '    foreach ($cbGpu in ($cbText.Result -split "`n")) {\n'
-            "      if ($cbGpu.Trim()) { Out-Cb ('gpu=' + $cbGpu.Trim()) }\n"
+            "      if ($cbGpu.Trim()) { Out-CbRecord 'gpu' @($cbGpu.Trim()) }\n"
             "    }\n"
             "  } else { try { $cbSmiProc.Kill() } catch { $null = $_ } }\n"
             "}"
@@ -350,11 +377,11 @@ class WindowsRuns(ForegroundScripts, RunOps):
     def local_parts(self, path: str) -> list[str] | None:
         return safe_parts(re.sub(r"^[A-Za-z]:", "", path.replace("\\", "/")).lstrip("/"))
 
-    def list_files(self, candidates: Sequence[Sequence[str]]) -> str:
+    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
         """As PosixRuns.list_files: for each entry the first of its candidate paths that exists, as
-        ``@@file I SIZE PATH``, ``@@dir I PATH`` followed by ``SIZE RELPATH`` per file below it
-        (``/``-separated), or ``@@missing I``; PATH is the full Windows path."""
-        lines = ["function Out-Cb([string]$Text) { [Console]::Out.WriteLine($Text) }"]
+        the record ``file I SIZE PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL``
+        per file below it, ``/``-separated) or ``missing I``; PATH is the full Windows path."""
+        lines = [self.platform.record_functions(nonce)]
         for index, paths in enumerate(candidates):
             words = ", ".join(self.platform.full_path(p) for p in paths)
             lines.append(
@@ -362,17 +389,19 @@ class WindowsRuns(ForegroundScripts, RunOps):
                 f"foreach ($cbC in @({words})) {{\n"
                 "  if (Test-Path -LiteralPath $cbC) { $cbFound = $cbC; break }\n"
                 "}\n"
-                f"if ($null -eq $cbFound) {{ Out-Cb '@@missing {index}' }}\n"
+                f"if ($null -eq $cbFound) {{ Out-CbRecord 'missing' @('{index}') }}\n"
                 "elseif ([System.IO.Directory]::Exists($cbFound)) {\n"
-                f"  Out-Cb ('@@dir {index} ' + $cbFound)\n"
                 "  $cbRoot = $cbFound.TrimEnd('\\') + '\\'\n"
+                "  $cbList = New-Object -TypeName System.Text.StringBuilder\n"
                 "  foreach ($cbF in @(Get-ChildItem -LiteralPath $cbFound -Recurse -File -Force)) {\n"
                 "    $cbRel = $cbF.FullName.Substring($cbRoot.Length).Replace('\\', '/')\n"
-                "    Out-Cb ([string]$cbF.Length + ' ' + $cbRel)\n"
+                "    $null = $cbList.Append([string]$cbF.Length).Append([char]0)\n"
+                "    $null = $cbList.Append($cbRel).Append([char]0)\n"
                 "  }\n"
+                f"  Out-CbRecord 'dir' @('{index}', $cbFound, $cbList.ToString())\n"
                 "} else {\n"
                 "  $cbSize = (Get-Item -LiteralPath $cbFound -Force).Length\n"
-                f"  Out-Cb ('@@file {index} ' + $cbSize + ' ' + $cbFound)\n"
+                f"  Out-CbRecord 'file' @('{index}', [string]$cbSize, $cbFound)\n"
                 "}"
             )
         return "\n".join(lines)

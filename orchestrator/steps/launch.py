@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from orchestrator import records
 from orchestrator.errors import (
     BootstrapError,
     CancelledError,
@@ -194,12 +195,18 @@ class NodeRunResult:
     node_log: str
 
 
-#: what the preparing script prints when the run directory already holds a run's log
-RAN_BEFORE = "@@ran-before"
+#: the record (orchestrator/records.py) the preparing script prints when the run directory already
+#: holds a run's log
+RAN_BEFORE = "ran-before"
 
 
 def prepare_script(
-    platform: PosixShell | PowerShell, run_dir: str, code_dir: str, *, code_root: str | None = None
+    platform: PosixShell | PowerShell,
+    run_dir: str,
+    code_dir: str,
+    *,
+    code_root: str | None = None,
+    nonce: str | None = None,
 ) -> str:
     """What prepares a node for a run, on every platform: refuse a run id that ran there before,
     create the run directory, and the directory the training script goes to.
@@ -213,11 +220,13 @@ def prepare_script(
     may hold ``train.env`` secrets, and its pid file tells `stop` what to signal. One that exists, or
     a path another user could change, is refused (``new_private_dir``: exit UNSAFE_DIR_EXIT, one
     line). One function for both launch paths, so no path can forget it.
+    ``nonce``: the one of the record it prints (a fresh one when the answer is not read).
     """
+    said = records.record(nonce or records.new_nonce(), RAN_BEFORE).rstrip("\n")
     return "\n".join(
         (
             platform.check_own_dir(run_dir),
-            platform.say_if_exists(f"{run_dir}/node.log", RAN_BEFORE),
+            platform.say_if_exists(f"{run_dir}/node.log", said),
             platform.new_private_dir(run_dir),
             platform.mkdir(f"{run_dir}/{RUN_OUTPUTS}"),  # $CB_RUN_DIR: the run's own outputs
             *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
@@ -226,13 +235,13 @@ def prepare_script(
     )
 
 
-def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str) -> None:
+def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str, nonce: str) -> None:
     """A run id names one run: a second launch under it would append to the first's log and take
     its exit code file for its own. Refused before anything is uploaded."""
     refused = refused_dir(prepare, node.name)
     if refused is not None:
         raise refused
-    if RAN_BEFORE in prepare.stdout.splitlines():
+    if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(
             f"run {spec.run_id} already ran on this node ({run_dir}/node.log exists)",
             node=node.name,
@@ -251,11 +260,11 @@ def rank_capture_file() -> Path:
     return package_file(f"steps/probes/{RANK_CAPTURE}")
 
 
-def _leftover_notice(notice: Callable[[str], None] | None) -> Callable[[str], None]:
+def _leftover_notice(notice: Callable[[str], None] | None, nonce: str) -> Callable[[str], None]:
     def parse(stdout: str) -> None:
-        for line in stdout.splitlines():
-            if notice is not None and line.startswith("@@leftover "):
-                _, count, marker = line.split(" ", 2)
+        for said in records.decode(stdout, nonce):
+            if notice is not None and said.kind == "leftover":
+                count, marker = said.text(0), said.text(1)
                 other = marker.rsplit("/", 1)[0]
                 notice(
                     f"bootstrap: {count} process(es) of run {other} still running on this node "
@@ -293,24 +302,25 @@ def prepare_plan(
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     code_root = None if source is None else spec.code_dir  # a script uploaded: into the code directory
     rendered = renderer.render(spec, platform, template=template, secrets=secrets)
-    notice_of = _leftover_notice(notice)
+    nonce = records.new_nonce()
+    notice_of = _leftover_notice(notice, nonce)
 
     def check(prepare: Result) -> None:
-        _check_prepared(prepare, node, spec, run_dir)
+        _check_prepared(prepare, node, spec, run_dir, nonce)
         notice_of(prepare.stdout)
 
     if native:
         assert isinstance(platform, PowerShell)
         parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-        prepare = prepare_script(platform, run_dir, parent, code_root=code_root)
+        prepare = prepare_script(platform, run_dir, parent, code_root=code_root, nonce=nonce)
         launch = Put(f"{run_dir}/launch.ps1", data=platform.script_file(rendered), what="launch script")
     else:
         assert isinstance(platform, PosixShell)
         code_dir = spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
         prepare = (
-            PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name))
+            PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name), nonce)
             + "\n"
-            + prepare_script(platform, run_dir, code_dir, code_root=code_root)
+            + prepare_script(platform, run_dir, code_dir, code_root=code_root, nonce=nonce)
         )
         launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")
     actions: list[Put | Run] = [
@@ -549,13 +559,15 @@ def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> b
     platform = transport.platform
     if not isinstance(platform, (PosixShell, PowerShell)):
         return False
+    nonce = records.new_nonce()
+    stopped = records.record(nonce, "stopped").rstrip("\n")
     try:
         said = transport.run(
-            platform.say_if_exists(f"{run_dir_for(node, spec.run_id)}/{STOPPED}", "@@stopped"), timeout=30
+            platform.say_if_exists(f"{run_dir_for(node, spec.run_id)}/{STOPPED}", stopped), timeout=30
         )
     except BootstrapError:
         return False  # the node is gone too: report what its launcher said
-    return "@@stopped" in said.stdout.splitlines()
+    return records.find(said.stdout, nonce, "stopped") is not None
 
 
 _ROOT_CAUSE_FIELDS = re.compile(r"^\s*(host|rank|exitcode)\s*:")

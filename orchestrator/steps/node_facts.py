@@ -16,6 +16,7 @@ from orchestrator.facts import SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import RunsWindows, gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
+from orchestrator.records import new_nonce
 from orchestrator.steps.envsync import venv_python
 from orchestrator.transports import Transport
 
@@ -89,19 +90,20 @@ def _is_windows(node: Node, transport: Transport) -> bool:
 def facts_plan(
     node: Node, transport: Transport, extra: Sequence[Fact[Any]] = (), *, python: str | None = None
 ) -> str:
-    """The exact script `facts`/`check` run on the node (for --dry-run); markers carry a random
-    token per run where this shows TOKEN."""
+    """The exact script `facts`/`check` run on the node (for --dry-run); its records' nonce is
+    chosen anew for each run, as here."""
     platform = transport.platform
+    nonce = new_nonce()
     if _is_windows(node, transport):
         windows, own, _ = _windows_plan(node, platform, extra, python)
-        script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], "TOKEN"))
+        script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], nonce))
         if isinstance(platform, WslShell):
             ps = platform.windows
-            windows_side = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows], "TOKEN"))
+            windows_side = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows], nonce))
             return f"{windows_side}\n# then, inside the WSL distribution:\n{script}"
         return script
     facts = [*linux_facts(python or interpreter_for(node)), *extra]
-    return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], "TOKEN"))
+    return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], nonce))
 
 
 def _gather_windows(

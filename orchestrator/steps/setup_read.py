@@ -32,7 +32,6 @@ standalone command does.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -42,6 +41,7 @@ from orchestrator.errors import BootstrapError
 from orchestrator.facts.base import Fact, FactSet, split_sections
 from orchestrator.facts.linux import BecomeRoot, RootAccess, linux_facts
 from orchestrator.platforms import PosixShell
+from orchestrator.records import new_nonce
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -142,7 +142,7 @@ def _read(
         root += detection_sections(platform, master_host=master.host, ids=ids, network=not network)
     if cluster.time.manage:
         root.append(("chrony", probe_script(platform)))
-    inner = "cb-" + secrets.token_hex(6)
+    inner = new_nonce()
     before = [(AS_ROOT, platform.wrap(platform.sectioned(root, inner), become=True))] if root else []
     if tree is not None:  # as the login user, creating nothing: the sync step scans for real if needed
         dest = code_dest(cluster, node)
@@ -182,7 +182,7 @@ def _read(
         )
     text = (done.section(AS_ROOT) or ("", 1))[0]
     sections = split_sections(text, inner)
-    if cluster.firewall.manage and f"@@{inner} end range" in text:
+    if cluster.firewall.manage and "range" in sections:
         detection = detect(text, inner, ids)
         if network:  # the firewall step's view of the node's network: the facts' (the same commands)
             detection = replace(

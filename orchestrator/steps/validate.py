@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,9 +22,11 @@ from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
-from orchestrator.runs.ranks import split_worker_rank
+from orchestrator.runs.ranks import owned_rank, split_worker_rank
 from orchestrator.steps.launch import plan, run_node
 from orchestrator.transports.base import Result
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -58,6 +61,7 @@ class ValidateReport:
     results: list[SizeResult] = field(default_factory=list)
     timed_out: bool = False
     torch: dict[int, str] = field(default_factory=dict)
+    forged: dict[str, int] = field(default_factory=dict)  # node -> records it sent for ranks not its own
 
     @property
     def ok(self) -> bool:
@@ -88,11 +92,22 @@ class ValidateReport:
             parts.append(f"{node} ({label} {', '.join(str(r) for r in rs)})")
         return ", ".join(parts)
 
-    def feed(self, record: dict[str, Any]) -> None:
+    def feed(self, record: dict[str, Any], node: str, rank: int | None) -> None:
+        """Take one worker record that ``node`` sent on a line tagged as global ``rank``; a record
+        for a rank that is not the line's, or not ``node``'s, is ignored and counted in ``forged``."""
         kind = record.get("kind")
-        rank = record.get("rank")
-        if not isinstance(rank, int):
+        if owned_rank(record, node, rank, self.ranks.get(rank) if rank is not None else None) is None:
+            self.forged[node] = self.forged.get(node, 0) + 1
+            if self.forged[node] == 1:
+                log.warning(
+                    "%s: ignoring a validation record for rank %r, which this node does not run"
+                    " (its line was tagged %s)",
+                    node,
+                    record.get("rank"),
+                    "with no rank" if rank is None else f"as rank {rank}",
+                )
             return
+        assert rank is not None
         if kind == "start":
             self.started.add(rank)
             if isinstance(record.get("torch"), str):
@@ -130,6 +145,8 @@ class ValidateReport:
             "correct": self.correct,
             "timed_out": self.timed_out,
             "all_reduce": [dataclasses.asdict(r) for r in self.results],
+            # node -> records it sent in another node's ranks' name (ignored); only when there were any
+            **({"forged_records": dict(self.forged)} if self.forged else {}),
         }
 
 
@@ -227,7 +244,7 @@ def validate(
                 record = None
             if isinstance(record, dict):
                 with lock:
-                    report.feed(record)
+                    report.feed(record, node, rank)
                 return
         if on_line is not None:
             on_line(node, rank, rest)

@@ -16,9 +16,9 @@ tests start it with :func:`start_windows_host`.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
+from tests.noderecords import sections_asked, sections_said
 from tests.winrm_server import Answer, PwshCall
 from tests.winrm_server.host import HostedServer, start_in_host
 
@@ -41,18 +41,13 @@ WINDOWS_SIDE: dict[str, tuple[str, int]] = {
     "windows_python": ("", 127),
 }
 
-_SECTION = re.compile(r"@@(cb-[0-9a-f]+) begin (\w+)@@")
-
 
 def windows_side(call: PwshCall) -> Answer | None:
     """The answer to a sectioned facts script (see PowerShell.sectioned for the framing)."""
-    sections = _SECTION.findall(call.script)
+    sections = sections_asked(call.script)
     if not sections:
         return None
-    out = []
-    for token, name in sections:
-        text, code = WINDOWS_SIDE.get(name, ("", 1))
-        out.append(f"@@{token} begin {name}@@\n{text}\n@@{token} end {name} {code}@@\n")
+    out = [sections_said(token, {name: WINDOWS_SIDE.get(name, ("", 1))}) for token, name in sections]
     return Answer(stdout="".join(out))
 
 

@@ -32,6 +32,7 @@ from orchestrator.runs.start import Started, start_node
 from orchestrator.steps.launch import prepare_plan
 from orchestrator.transports.winrm import WinRMTransport
 from tests.integration.test_winrm_transport import HOME, Emulator, assignments
+from tests.noderecords import nonce_of, said, status_said
 from tests.winrm_server import Answer, PwshCall, WinRMServer
 
 INVENTORY = """\
@@ -145,7 +146,8 @@ def test_start_uploads_launch_ps1_and_reads_the_launchers_identity(
     server: WinRMServer, transport: WinRMTransport
 ) -> None:
     node = Node(server)
-    node.answers["start"] = lambda call: Answer(stdout="@@started 4242 134093952000000000\n")
+    identity = "4242 134093952000000000"
+    node.answers["start"] = lambda call: Answer(stdout=said(call.script, ("started", identity)))
     spec = _spec()
     started = _start(spec, transport)
     assert started.pid == 4242
@@ -158,7 +160,7 @@ def test_start_uploads_launch_ps1_and_reads_the_launchers_identity(
     assert "($HOME + '\\cluster-bootstrap\\runs\\" + RUN_ID + "\\win1\\launch.ps1')" in call.script
 
     node.answers["start"] = lambda call: Answer(
-        stdout="@@started-before 4242 134093952000000000\n", exit_code=3
+        stdout=said(call.script, ("started-before", identity)), exit_code=3
     )
     with pytest.raises(CommandFailedError, match="already started") as caught:
         _start(spec, transport)
@@ -184,9 +186,10 @@ def test_a_launcher_that_does_not_start_is_an_error_naming_the_node(
 def test_status_of_a_running_native_node(server: WinRMServer, transport: WinRMTransport) -> None:
     node = Node(server)
     node.answers["status"] = lambda call: Answer(
-        stdout=(
+        stdout=status_said(
             "now=1767268900\nstarted=1767268780\nalive=1\nsize=4096\n"
-            "last=[default1]:[rank 1/2] epoch 2 step 40 loss 0.31 \u2713\ngpu=0, 93, 10240, 24576\n"
+            "last=[default1]:[rank 1/2] epoch 2 step 40 loss 0.31 \u2713\ngpu=0, 93, 10240, 24576\n",
+            nonce_of(call.script),
         )
     )
     status = status_node(_spec().node, transport, RUN_ID)
@@ -198,20 +201,25 @@ def test_status_of_a_running_native_node(server: WinRMServer, transport: WinRMTr
 def test_status_of_an_exited_and_of_a_missing_run(server: WinRMServer, transport: WinRMTransport) -> None:
     node = Node(server)
     node.answers["status"] = lambda call: Answer(
-        stdout="now=1767269000\nstarted=1767268780\nalive=0\nrc=3\nended=1767268900\nsize=10\nlast=boom\n"
+        stdout=status_said(
+            "now=1767269000\nstarted=1767268780\nalive=0\nrc=3\nended=1767268900\nsize=10\nlast=boom\n",
+            nonce_of(call.script),
+        )
     )
     status = status_node(_spec().node, transport, RUN_ID)
     assert (status.state, status.exit_code, status.runtime, status.last_line) == ("exited", 3, 120, "boom")
-    node.answers["status"] = lambda call: Answer(stdout="now=1767269000\nstate=no-run\n")
+    node.answers["status"] = lambda call: Answer(
+        stdout=status_said("now=1767269000\nstate=no-run\n", nonce_of(call.script))
+    )
     assert status_node(_spec().node, transport, RUN_ID).state == "no run"
 
 
 def test_stop_on_a_native_node(server: WinRMServer, transport: WinRMTransport) -> None:
     node = Node(server)
-    node.answers["stop"] = lambda call: Answer(stdout="@@stop terminated 4 0\n")
+    node.answers["stop"] = lambda call: Answer(stdout=said(call.script, ("stop", "terminated", "4", "0")))
     result = stop_node(_spec().node, transport, RUN_ID)
     assert (result.state, result.terminated, result.forced) == ("stopped", 4, True)
-    node.answers["stop"] = lambda call: Answer(stdout="@@stop exited 0\n")
+    node.answers["stop"] = lambda call: Answer(stdout=said(call.script, ("stop", "exited", "0")))
     assert stop_node(_spec().node, transport, RUN_ID).describe() == "nothing to stop: exited with code 0"
 
 
@@ -353,8 +361,14 @@ def test_fetch_copies_what_the_listing_names(
     node = Node(server)
     server.files[f"{RUN_DIR}\\metrics.json"] = b'{"loss": 0.3}'
     server.files["D:\\ckpt dir\\epoch 1\\model.pt"] = b"\x00weights"
-    listing = f"@@file 0 13 {RUN_DIR}\\metrics.json\n@@dir 1 D:\\ckpt dir\n8 epoch 1/model.pt\n@@missing 2\n"
-    node.answers["list"] = lambda call: Answer(stdout=listing)
+    node.answers["list"] = lambda call: Answer(
+        stdout=said(
+            call.script,
+            ("file", "0", "13", f"{RUN_DIR}\\metrics.json"),
+            ("dir", "1", "D:\\ckpt dir", "8\0epoch 1/model.pt\0"),
+            ("missing", "2"),
+        )
+    )
     fetched = fetch_node(
         _spec().node,
         transport,

@@ -24,6 +24,13 @@ from orchestrator.bench.scaling import (
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory_text
 
+
+def _honest(report: ProbeReport, record: dict[str, Any]) -> None:
+    """``record`` as the node that runs its rank sends it, on a line tagged with that rank."""
+    rank = record["rank"]
+    report.feed(record, report.ranks[rank].node, rank)
+
+
 INVENTORY = """\
 cluster:
   name: lab
@@ -40,15 +47,16 @@ def _probe() -> ProbeReport:
     ranks = {r: RankSpeed(r, n, lr) for r, (n, lr) in enumerate([("a", 0), ("b", 0), ("b", 1), ("c", 0)])}
     report = ProbeReport(world_size=4, ranks=ranks, batch_size=64, repeats=3, workload="mlp", measured_at="T")
     for rank, rate in enumerate([1000.0, 900.0, 880.0, 250.0]):
-        report.feed({"kind": "start", "rank": rank, "device": f"CPU x{rank}", "host": "h"})
-        report.feed(
+        _honest(report, {"kind": "start", "rank": rank, "device": f"CPU x{rank}", "host": "h"})
+        _honest(
+            report,
             {
                 "kind": "result",
                 "rank": rank,
                 "rates": [rate * 0.98, rate, rate * 1.01],
                 "samples_per_s": rate,
                 "spread": 0.03,
-            }
+            },
         )
     return report
 
@@ -63,14 +71,14 @@ def test_probe_records_give_speeds_the_slowest_rank_and_its_shares() -> None:
     assert doc.global_batch == 256 and doc.shares == [85, 76, 74, 21]
     assert [(r["node"], r["local_rank"]) for r in doc.ranks] == [("a", 0), ("b", 0), ("b", 1), ("c", 0)]
     assert doc.probe is not None and doc.probe["ranks"][3]["samples_per_s"] == 250.0
-    report.feed({"kind": "missing", "rank": 0, "ranks": [2]})
+    _honest(report, {"kind": "missing", "rank": 0, "ranks": [2]})
     assert not report.ok
 
 
 def test_a_rank_whose_workload_failed_is_not_measured() -> None:
     report = _probe()
     report.ranks[1].samples_per_s = None
-    report.feed({"kind": "error", "rank": 1, "error": "ImportError: no module mymodels"})
+    _honest(report, {"kind": "error", "rank": 1, "error": "ImportError: no module mymodels"})
     assert not report.ok and report.ranks[1].error == "ImportError: no module mymodels"
 
 
@@ -282,3 +290,16 @@ def test_with_several_rounds_the_tables_show_the_median_run_and_the_page_every_r
     )
     assert faint == [1200.0, 1500.0, 2400.0]
     assert not scaling.ok  # the failed round is reported
+
+
+def test_a_node_cannot_measure_another_nodes_rank() -> None:
+    # c (rank 3) claims rank 0 is slow and that rank 1's device is its own text
+    report = _probe()
+    report.feed({"kind": "result", "rank": 0, "samples_per_s": 0.001, "rates": [0.001]}, "c", 3)
+    report.feed({"kind": "start", "rank": 1, "device": "FORGED", "host": "h"}, "c", 1)
+    report.feed({"kind": "missing", "rank": 0, "ranks": [1]}, "c", None)
+    assert report.ranks[0].samples_per_s == 1000.0 and report.ranks[1].device == "CPU x1"
+    assert report.ok and report.forged == {"c": 3}
+    assert report.shares().shares == [85, 76, 74, 21]
+    assert report.public_dict()["forged_records"] == {"c": 3}
+    assert "forged_records" not in _probe().public_dict()

@@ -48,11 +48,11 @@ from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_t
 from orchestrator.steps.timesync import windows as timesync_windows
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
+from tests.noderecords import answer_sections, framed, said, sections_asked
 
 DATA = Path(__file__).parent / "data" / "firewall"
 RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
 TOKEN = re.compile(r"cb-[0-9a-f]{12}")  # a round trip's frame token (random per run)
-SECTION = re.compile(r"@@(cb-[0-9a-f]{12}) begin ([a-z_]+)@@")
 
 # -- a node that records what it is sent -----------------------------------------------------------
 
@@ -151,13 +151,9 @@ class RecordingSession(Session):
 
 
 def sections_answer(command: str, sections: Mapping[str, tuple[str, int]]) -> str:
-    """The framed output of a ``Platform.sectioned`` script: each section it asks for, framed with
-    the token found in it (a section this node has no answer for fails the test)."""
-    lines: list[str] = []
-    for token, name in SECTION.findall(command):
-        text, code = sections[name]
-        lines += [f"@@{token} begin {name}@@", *text.splitlines(), "", f"@@{token} end {name} {code}@@"]
-    return "\n".join(lines) + "\n"
+    """The records of a ``Platform.sectioned`` script: each section it asks for, with the nonce found
+    in it (a section this node has no answer for fails the test)."""
+    return answer_sections(command, dict(sections))
 
 
 def untokened(sent: list[Sent]) -> list[Sent]:
@@ -223,10 +219,10 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
     text = (DATA / f"{FIREWALLS[node]}.txt").read_text()
     if tag is not None:
         text = re.sub(re.escape("cluster-bootstrap:lab") + r"(?![\w.:-])", tag, text)
-    sections = {**split_sections(text, RECORDED_TOKEN), **network_sections(node)}
+    sections = {**split_sections(framed(text, RECORDED_TOKEN), RECORDED_TOKEN), **network_sections(node)}
 
     def answer(command: str) -> tuple[str, int]:
-        if SECTION.search(command):
+        if sections_asked(command):
             return sections_answer(command, sections), 0
         return "", 0
 
@@ -467,12 +463,12 @@ CONFIGURED = {
 }
 
 
-def wait_output(node: str) -> str:
+def wait_output(node: str, command: str) -> str:
     """What the wait script prints once chronyd follows its source (the master serves its own clock)."""
     source = "127.127.1.1" if node == "a" else MASTER
     sources = "" if node == "a" else SOURCES.format(source=source)
     tracking = TRACKING.format(source=source)
-    return f"@@sources\n{sources}@@tracking\n{tracking}@@ntpdata\n"
+    return said(command, ("sources", sources), ("tracking", tracking), ("ntpdata", ""))
 
 
 def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer:
@@ -484,15 +480,15 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if SECTION.search(command):
+        if sections_asked(command):
             return sections_answer(command, sections), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0
         if command == chrony.install_command("apt-get"):
             installed.append(command)
             return "Setting up chrony (4.3-2+deb12u1) ...\n", 0
-        if command.startswith("end=$(($(date +%s)"):  # the wait for a source (read-only)
-            return wait_output(node), 0
+        if "\nend=$(($(date +%s)" in command:  # the wait for a source (read-only)
+            return wait_output(node, command), 0
         if command == "date +%s.%N":
             return f"{time.time():.9f}\n", 0
         return "", 0  # a change: done
@@ -614,7 +610,8 @@ def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_
         wait = chrony.wait_script(
             max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
         )
-        assert extra[:2] == [Sent(script, become=True), Sent(wait, become=True)], shown.node
+        sent = [s for s in extra[:2] if isinstance(s, Sent)]  # the wait's nonce is its own
+        assert untokened(sent) == untokened([Sent(script, become=True), Sent(wait, become=True)]), shown.node
         assert extra[2:] and all(s == Sent("date +%s.%N") for s in extra[2:])  # the offsets measured
         # the diff printed is what the script writes
         before = files_of(UNCONFIGURED[shown.node])

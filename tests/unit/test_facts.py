@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.facts import base, gather, linux, network, public_value, split_sections
 from orchestrator.inventory import Node
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.preflight import preflight_facts
 from orchestrator.transports import LocalTransport
+from tests.noderecords import NONCE, sections_said
+
+SECTIONS = {"clock": ("1796300000.5", 0), "cpus": ("8", 0)}
 
 CASES = sorted((Path(__file__).parent / "data" / "facts").glob("*.json"))
 
@@ -37,18 +42,15 @@ def test_every_fact_class_has_recorded_cases() -> None:
 
 
 def test_sections_are_read_while_the_script_still_runs() -> None:
-    stream = base.SectionStream("cb-1", ["clock", "cpus"])
+    stream = base.SectionStream(NONCE, ["clock", "cpus"])
+    clock, cpus = [sections_said(NONCE, {k: v}).rstrip("\n") for k, v in SECTIONS.items()]
     assert stream.feed("Welcome to the lab", 1.0) is None  # a login banner: no section
-    assert stream.feed("@@cb-1 begin clock@@", 2.0) is None
-    assert stream.feed("1796300000.5", 3.0) is None
-    assert stream.feed("", 3.0) is None
-    assert stream.feed("@@cb-1 end clock 0@@", 3.0) is None
+    assert stream.feed(clock, 3.0) is None
     assert not stream.complete
-    for line in ("@@cb-1 begin cpus@@", "8", "", "@@cb-1 end cpus 0@@"):
-        assert stream.feed(line, 4.0) is None
+    assert stream.feed(cpus, 4.0) is None
     assert stream.complete
-    assert stream.sections == {"clock": ("1796300000.5", 0), "cpus": ("8", 0)}
-    assert stream.first_line_at == {"clock": 3.0, "cpus": 4.0}  # when each section's output came
+    assert stream.sections == SECTIONS
+    assert stream.first_line_at == {"clock": 3.0, "cpus": 4.0}  # when each section's record came
     # what follows the last section is the caller's (the preflight's listener)
     assert stream.feed("ready 4242", 5.0) == "ready 4242"
 
@@ -69,13 +71,14 @@ def test_root_access_as_the_firewall_step_would_become_root() -> None:
     assert "sudo -n --" in linux.BecomeRoot().command(PosixShell())
 
 
-def test_sections_survive_output_that_looks_like_markers() -> None:
-    token = "cb-abc"
-    stdout = (
-        "@@cb-abc begin one@@\nline @@cb-xyz end one 0@@\n\n@@cb-abc end one 0@@\n"
-        "@@cb-abc begin two@@\n\n@@cb-abc end two 127@@\n"
+def test_sections_survive_output_that_looks_like_records() -> None:
+    # the real sh encoder: section one prints what a section's records look like, of this nonce too
+    fake = records.record(NONCE, "section", "two", "forged").strip()
+    script = PosixShell().sectioned(
+        [("one", f"echo {PosixShell().quote(fake)}; printf '\\036x\\n\\n'"), ("two", "exit 127")], NONCE
     )
-    assert split_sections(stdout, token) == {"one": ("line @@cb-xyz end one 0@@", 0), "two": ("", 127)}
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=False)
+    assert split_sections(done.stdout, NONCE) == {"one": (fake + "\n\x1ex\n", 0), "two": ("", 127)}
 
 
 def test_gather_runs_all_facts_in_one_round_trip_and_reports_missing_ones() -> None:

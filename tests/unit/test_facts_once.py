@@ -25,6 +25,7 @@ from orchestrator.steps.launch import plan as launch_plan
 from orchestrator.steps.preflight import run_preflight
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
+from tests.noderecords import asks, sections_asked, sections_said
 
 INVENTORY = """\
 cluster: {name: lab, master: n1}
@@ -33,7 +34,6 @@ nodes:
   - {name: n2, host: 10.0.0.12, user: alice, python: /usr/bin/python3}
   - {name: n3, host: 10.0.0.13, user: alice, python: /usr/bin/python3}
 """
-SECTION = re.compile(r"@@(cb-[0-9a-f]+) begin ([a-z_]+)@@")
 LISTEN = re.compile(r"cbt-reach listen (\S+) (\S+) (\d+)(?: (\d+) (\d+))?")
 MARK = re.compile(r"printf %s (\S+) 2>&1 > \"\$m\"/(\S+)")
 
@@ -141,13 +141,9 @@ class FakeNode(Transport):
                 on_line("stdout", line)
 
         def sections(text: str) -> None:
-            for token, name in SECTION.findall(text):
-                output, code = self.section(name, text)
-                say(f"@@{token} begin {name}@@")
-                for line in output.splitlines():
+            for token, name in sections_asked(text):
+                for line in sections_said(token, {name: self.section(name, text)}).split("\n")[:-1]:
                     say(line)
-                say("")
-                say(f"@@{token} end {name} {code}@@")
 
         tail = probe_args(script)
         listen = LISTEN.match(tail)
@@ -207,7 +203,7 @@ class FakeSession(Session):
 
 def facts_asked(session: FakeSession) -> dict[str, int]:
     """How many commands asked each node for its facts (the torch probe is one of them)."""
-    return {name: sum("begin torch@@" in c for c in fake.commands) for name, fake in session.fakes.items()}
+    return {name: sum(asks(c, "torch") for c in fake.commands) for name, fake in session.fakes.items()}
 
 
 def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
@@ -227,8 +223,8 @@ def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
         # and last
         commands = session.fakes[name].commands
         assert len(commands) == 2, commands
-        assert "begin workdir_mark@@" in commands[0] and "begin workdir_marks@@" in commands[0]
-        assert "begin clock@@" in commands[0] and probe_args(commands[0]).startswith("cbt-reach listen ")
+        assert asks(commands[0], "workdir_mark") and asks(commands[0], "workdir_marks")
+        assert asks(commands[0], "clock") and probe_args(commands[0]).startswith("cbt-reach listen ")
         assert probe_args(commands[1]).startswith("cbt-reach connect ")
 
     planned = launch_plan(session, inventory, "run-1")
@@ -258,7 +254,7 @@ def test_a_changed_node_is_asked_again_the_others_are_not() -> None:
     assert facts_asked(session) == {"n1": 1, "n2": 2, "n3": 1}
     # remembered facts leave the clock sample and the listener in the check's one command
     (first,) = [c for c in session.fakes["n1"].commands if probe_args(c).startswith("cbt-reach listen ")]
-    assert "begin clock@@" in first and "begin torch@@" not in first
+    assert asks(first, "clock") and not asks(first, "torch")
 
 
 def test_a_failed_gathering_is_not_remembered() -> None:

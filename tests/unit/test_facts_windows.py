@@ -33,6 +33,7 @@ from orchestrator.platforms import PowerShell, WslShell
 from orchestrator.steps.node_facts import facts_plan, inspect
 from orchestrator.transports.base import Result
 from tests import pwsh
+from tests.noderecords import NONCE, sections_asked, sections_said
 from tests.unit.test_platform_powershell import split_command_line
 
 DATA = Path(__file__).parent / "data" / "facts" / "windows"
@@ -58,7 +59,7 @@ def test_every_windows_fact_class_has_composed_cases() -> None:
 def test_every_command_parses_as_powershell(mode: str) -> None:
     for fact in windows_facts("C:\\Python311\\python.exe", mode=mode):
         pwsh.assert_parses(fact.command(ps))
-    script = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows_facts(None)], "cb-1"))
+    script = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows_facts(None)], NONCE))
     tree = pwsh.assert_parses(script)
     cim = [c for c in pwsh.commands(tree) if c.name == "Get-CimInstance"]
     assert any(c.has("-ClassName") and c.arguments == ["Win32_OperatingSystem"] for c in cim)
@@ -217,13 +218,9 @@ class FakeWinRM:
     def run_windows(self, script: str, *, timeout: float | None = None) -> Result:
         self.windows_scripts.append(script)
         pwsh.assert_parses(script)
-        token = re.search(r"@@(cb-[0-9a-f]+) begin", script)
-        assert token
-        out = []
-        for name, text in self.composed.items():
-            tok = token.group(1)
-            out.append(f"@@{tok} begin {name}@@\r\n{text}\r\n\r\n@@{tok} end {name} 0@@\r\n")
-        return Result("win", script, 0, "".join(out), "", 0.1)
+        ((token, _), *_) = sections_asked(script)
+        out = sections_said(token, {name: (text, 0) for name, text in self.composed.items()})
+        return Result("win", script, 0, out.replace("\n", "\r\n"), "", 0.1)
 
     def run(self, command: str, *, timeout: float | None = None, **_: Any) -> Result:
         line = self.platform.login_command(self.platform.wrap(command))
@@ -368,7 +365,7 @@ def test_adapter_script_parses_and_reads_both_cmdlets() -> None:
     # a quote the inventory refuses in a host: constructed unchecked, the script still quotes it
     facts = preflight_facts(node, Node.model_construct(name="m", host="o'head"))
     assert [f.name for f in facts] == ["route", "adapters"]
-    pwsh.assert_parses(ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in facts], "cb-1")))
+    pwsh.assert_parses(ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in facts], NONCE)))
 
 
 def test_route_outputs_parse_into_the_linux_route_model() -> None:
@@ -437,11 +434,10 @@ class FakeNativeWinRM:
         self.scripts.append(script)
         pwsh.assert_parses(ps.wrap(script))
         out = []
-        for token, name in re.findall(r"@@(cb-[0-9a-f]+) begin (\w+)@@", script):
+        for token, name in sections_asked(script):
             code = 0 if name in self.composed else 1
-            text = self.composed.get(name, "")
-            out.append(f"@@{token} begin {name}@@\r\n{text}\r\n@@{token} end {name} {code}@@\r\n")
-        return Result("win", script, 0, "".join(out), "", 0.1)
+            out.append(sections_said(token, {name: (self.composed.get(name, ""), code)}))
+        return Result("win", script, 0, "".join(out).replace("\n", "\r\n"), "", 0.1)
 
 
 NATIVE_INVENTORY = """\

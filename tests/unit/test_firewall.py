@@ -52,6 +52,13 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
     time_rules,
 )
+from tests.noderecords import framed
+
+
+def _detect(recording: str, token: str, ids: ClusterTag) -> Detection:
+    """``detect`` of a recording (tests/unit/data/firewall: readable framing) as the node sends it."""
+    return detect(framed(recording, token), token, ids)
+
 
 DATA = Path(__file__).parent / "data" / "firewall"
 TOKEN = "cb-0123456789ab"
@@ -70,7 +77,7 @@ def recorded(name: str, *, legacy: bool = False) -> Detection:
     text = (DATA / f"{name}.txt").read_text()
     if not legacy:
         text = re.sub(re.escape(LEGACY) + r"(?![\w.:-])", TAG, text)
-    return detect(text, TOKEN, IDS)
+    return _detect(text, TOKEN, IDS)
 
 
 def inventory(tmp_path: Path, firewall: str = "", name: str = "lab", time: str = "") -> Inventory:
@@ -322,7 +329,7 @@ def test_legacy_iptables_is_read_from_its_own_section() -> None:
         f'-A INPUT -s 10.0.0.2/32 -p tcp -m tcp --dport 29500 -m comment --comment "{TAG}" -j ACCEPT\n'
         f"-A INPUT -j DROP\n\n@@{TOKEN} end iptables_legacy 0@@\n"
     )
-    d = detect(text, TOKEN, IDS)
+    d = _detect(text, TOKEN, IDS)
     [target] = d.targets
     assert (target.binary, target.filtering) == ("iptables-legacy", True)
     assert [p.rule for p in target.present] == [Rule("10.0.0.2", PortRange(29500, 29500))]
@@ -387,7 +394,7 @@ def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
 
 def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_path: Path) -> None:
     inv = inventory(tmp_path, firewall="  firewall: {persist: true}\n")
-    d = detect(
+    d = _detect(
         f"@@{TOKEN} begin range@@\n32768 60999\n@@{TOKEN} end range 0@@\n"
         f"@@{TOKEN} begin firewalld@@\n{FIREWALLD_RUNNING}\n@@{TOKEN} end firewalld 0@@\n",
         TOKEN,
@@ -424,7 +431,7 @@ def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_a
     text = (
         f"@@{TOKEN} begin firewalld@@\nrunning\n{current_block}{legacy_block}\n@@{TOKEN} end firewalld 0@@\n"
     )
-    d = detect(text, TOKEN, IDS)
+    d = _detect(text, TOKEN, IDS)
     assert [(t.policy, t.legacy, t.filtering) for t in d.targets] == [
         (POLICY, False, True),
         ("cb-lab", True, False),
@@ -436,7 +443,7 @@ def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_a
     assert not any(a[1].startswith("--policy=cb-lab") and "add-rich-rule" in a[-1] for a in argv)
     # a policy of the legacy name that another cluster made (its description is not our legacy tag)
     foreign = text.replace(f"@@description\n{LEGACY}\n", "@@description\ncluster-bootstrap:lab2\n")
-    assert [t.policy for t in detect(foreign, TOKEN, IDS).targets] == [POLICY]
+    assert [t.policy for t in _detect(foreign, TOKEN, IDS).targets] == [POLICY]
 
 
 # -- inventory settings, quoting, persistence ---------------------------------------------------------

@@ -27,6 +27,7 @@ from orchestrator.platforms.powershell import (
 )
 from orchestrator.runs.windows import WindowsRuns
 from tests import pwsh
+from tests.noderecords import NONCE, sections_asked, sections_said
 
 QUOTES = "'\u2018\u2019\u201a\u201b"
 # Anything a script may carry: no NUL, no lone surrogates; quotes of every kind, $, backtick, newlines
@@ -369,19 +370,19 @@ def test_a_plain_directory_keeps_what_it_inherits() -> None:
 
 def test_sections_parse_and_frame_like_posix() -> None:
     sections = [("one", "'hello'"), ("two", ps.native(["nvidia-smi", "-L"])), ("three", "throw 'boom'")]
-    script = ps.sectioned(sections, "cb-abc")
+    script = ps.sectioned(sections, NONCE)
     tree = pwsh.assert_parses(script)
-    literals = {single_quoted_value(s) for s in string_literals(tree)}
-    for name, _ in sections:
-        assert f"@@cb-abc begin {name}@@" in literals
-        assert f"@@cb-abc end {name} " in literals
+    said = [c.arguments for c in pwsh.commands(tree) if c.name == "Out-CbRecord"]
+    # one record per section: its lines joined by "\n", a NUL, its exit code
+    assert said == [
+        ["'section'", f"@('{name}', (($cbSectionLines -join \"`n\") + [char]0 + [string]$cbCode))"]
+        for name, _ in sections
+    ]
     assert any(c.name == "Out-String" and c.has("-Stream") for c in pwsh.commands(tree))
-    # what those WriteLine calls print on Windows (CRLF line ends), read by the shared parser
-    stdout = (
-        "@@cb-abc begin one@@\r\nhello\r\n\r\n@@cb-abc end one 0@@\r\n"
-        "@@cb-abc begin three@@\r\nerror: boom\r\n\r\n@@cb-abc end three 1@@\r\n"
-    )
-    assert split_sections(stdout, "cb-abc") == {"one": ("hello", 0), "three": ("error: boom", 1)}
+    assert sections_asked(script) == [(NONCE, name) for name, _ in sections]
+    # what those records carry (a throwing section: its message, code 1), read by the shared parser
+    stdout = sections_said(NONCE, {"one": ("hello", 0), "three": ("error: boom", 1)}).replace("\n", "\r\n")
+    assert split_sections(stdout, NONCE) == {"one": ("hello", 0), "three": ("error: boom", 1)}
 
 
 @settings(max_examples=100, deadline=None)

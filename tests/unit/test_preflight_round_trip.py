@@ -23,6 +23,7 @@ from orchestrator.steps.preflight.reachability import (
 )
 from orchestrator.steps.preflight.rounds import NodeRound
 from orchestrator.transports import LocalTransport, Result
+from tests.noderecords import ask_at, asks
 from tests.unit.test_reachability import free_port
 
 
@@ -74,7 +75,7 @@ def test_facts_clock_and_listener_share_one_command_per_node() -> None:
         assert rounds[name].listener is not None and rounds[name].listener.done == "complete"
         commands = transports[name].commands
         assert len(commands) == 2, commands  # no separate clock samples, no listener of its own, no kill
-        assert "begin clock@@" in commands[0] and " cbt-reach listen " in commands[0]
+        assert asks(commands[0], "clock") and " cbt-reach listen " in commands[0]
         assert " cbt-reach connect " in commands[1]
 
 
@@ -118,16 +119,8 @@ def test_the_dry_run_shows_the_round_trip_and_the_connector() -> None:
     )
     node = inventory.nodes[1]
     first, connector = check_plan(node, LocalTransport("n2", PosixShell()), inventory)
-    order = [
-        "begin clock@@",
-        "begin torch@@",
-        "begin route@@",
-        "begin root_access@@",
-        "begin workdir_mark@@",
-        " cbt-reach listen ",
-        "begin workdir_marks@@",
-    ]
-    positions = [first.index(marker) for marker in order]
+    order = ["clock", "torch", "route", "root_access", "workdir_mark", " cbt-reach listen ", "workdir_marks"]
+    positions = [first.index(m) if m.startswith(" ") else ask_at(first, m) for m in order]
     assert positions == sorted(positions), positions
     assert " cbt-reach connect ADDRESS 2 " in connector and connector.endswith(
         " 10.0.0.11:PORT 10.0.0.11:29500"

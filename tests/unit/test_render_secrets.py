@@ -18,6 +18,7 @@ from orchestrator.errors import InventoryError, UsageError
 from orchestrator.inventory import PasswordResolver, load_inventory_text
 from orchestrator.inventory.model import MASK, FromEnv, Node, masked_args
 from orchestrator.platforms import PosixShell, platform_for_node
+from orchestrator.records import unnonced
 from orchestrator.render import Renderer, plan_launch, render_all, require_secrets
 from orchestrator.steps.launch import run_node
 from orchestrator.transports import Result, Transport, open_transport
@@ -292,7 +293,8 @@ def test_each_node_gets_the_real_values_and_what_launch_dry_run_shows(
         assert script == planned["script"]
         assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
         # the whole plan: every command the node's shell got, in order, is what the dry run showed
-        assert sent == [*planned["prepare"], *planned["commands"]]
+        # (each run's record nonce is its own: orchestrator/records.py)
+        assert unnonced(sent) == unnonced([*planned["prepare"], *planned["commands"]])
         _no_secret_in(json.dumps(planned))
 
 

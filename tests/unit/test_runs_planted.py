@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.platforms import UNSAFE_DIR_EXIT, PosixShell
 from orchestrator.runs.posix import PosixRuns
+from tests.noderecords import NONCE
 
 ops = PosixRuns(PosixShell())
 
@@ -45,13 +47,14 @@ def test_stop_signals_nothing_a_pid_file_names_in_a_directory_others_can_write(
     run_dir.mkdir(parents=True)
     run_dir.chmod(mode)
     (run_dir / "pid").write_text(_pid_line(bystander.pid))
-    done = _sh(ops.stop(str(run_dir), "x/n1", grace=0.5))
+    done = _sh(ops.stop(str(run_dir), "x/n1", 0.5, NONCE))
     assert done.returncode == UNSAFE_DIR_EXIT, done
-    assert "@@stop" not in done.stdout
+    assert list(records.decode(done.stdout, NONCE)) == []
     assert done.stderr.startswith(f"refusing {run_dir}: ")
     assert bystander.poll() is None  # still running
-    status = _sh(ops.status(str(run_dir), "x/n1", f"{run_dir}/node.log"))
-    assert status.returncode == UNSAFE_DIR_EXIT and "alive=" not in status.stdout
+    status = _sh(ops.status(str(run_dir), "x/n1", f"{run_dir}/node.log", NONCE))
+    assert status.returncode == UNSAFE_DIR_EXIT
+    assert list(records.decode(status.stdout, NONCE)) == []
 
 
 def test_the_launcher_identity_is_not_written_through_a_planted_link(tmp_path: Path) -> None:

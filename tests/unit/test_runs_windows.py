@@ -18,6 +18,7 @@ import pytest
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell, PowerShell, WslShell
+from orchestrator.records import unnonced
 from orchestrator.render import Renderer, plan_launch
 from orchestrator.runs.control import (
     StopResult,
@@ -40,6 +41,7 @@ from orchestrator.runs.start import start_node
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import Result
 from tests import pwsh
+from tests.noderecords import NONCE, said, status_said
 from tests.unit.test_platform_powershell import assignments, find, single_quoted_value, string_literals
 
 ps = PowerShell()
@@ -98,7 +100,7 @@ def full_path_args(tree: Any) -> list[str]:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_start_creates_the_launcher_outside_the_shell_and_waits_for_its_pid_file(run_dir: str) -> None:
-    script = runs.start(run_dir, f"{run_dir}/node.log", "ignored")
+    script = runs.start(run_dir, f"{run_dir}/node.log", "ignored", NONCE)
     tree = pwsh.assert_parses(ps.wrap(script))
     # every path reaches the node exactly (quotes doubled, slashes turned)
     paths = full_path_args(tree)
@@ -114,16 +116,14 @@ def test_start_creates_the_launcher_outside_the_shell_and_waits_for_its_pid_file
     assert "-File \"' + $cbScript + '\" -Log \"' + $cbLogPath + '\"'" in line
     assert "-NoProfile -NonInteractive -ExecutionPolicy Bypass" in line
     # refuses a run that has a pid file already, before starting anything
-    assert script.index("@@started-before") < script.index("Invoke-CimMethod")
+    assert script.index("Out-CbRecord 'started-before'") < script.index("Invoke-CimMethod")
     assert "exit 3" in script
     # waits for the launcher's own pid file (pid + creation time), gives up when the process is gone
     assert script.index("Invoke-CimMethod") < script.index(
         "while (-not [System.IO.File]::Exists($cbPidFile))"
     )
     assert "Get-Process -Id $cbChild" in script
-    assert script.rstrip().endswith(
-        "[Console]::Out.WriteLine('@@started ' + (Read-CbText $cbPidFile).Trim())"
-    )
+    assert script.rstrip().endswith("Out-CbRecord 'started' @((Read-CbText $cbPidFile).Trim())")
 
 
 def test_the_launch_script_records_its_identity_and_each_ranks() -> None:
@@ -184,15 +184,9 @@ def test_stop_finds_the_run_by_identity_never_by_name(run_dir: str) -> None:
     # until every stopped process is gone (10 s at most)
     assert script.index("$cbBatch.Add($cbRoot.Id)") < script.index("@(Find-CbTree $cbKnown)")
     assert "$cbClock.Elapsed.TotalSeconds -lt 10" in script
-    literals = literal_paths(tree)
-    for line in (
-        "@@stop gone",
-        "@@stop not-started",
-        "@@stop no-run",
-        "@@stop exited ",
-        "@@stop terminated ",
-    ):
-        assert line in literals
+    said = [c.arguments[1] for c in find(tree, "Out-CbRecord") if c.arguments[0] == "'stop'"]
+    for first in ("gone", "not-started", "no-run", "exited", "terminated"):
+        assert any(a.startswith(f"@('{first}'") for a in said), first
 
 
 def test_kill_tree_walks_the_same_tree() -> None:
@@ -204,11 +198,14 @@ def test_kill_tree_walks_the_same_tree() -> None:
 class FakeTransport:
     """Answers every run with ``stdout``; keeps the scripts."""
 
-    def __init__(self, platform: Any, stdout: str, exit_code: int = 0) -> None:
+    def __init__(self, platform: Any, stdout: str | tuple[str, ...], exit_code: int = 0) -> None:
         self.platform = platform
-        self.stdout = stdout
+        self.stdout = stdout  # a record (kind, fields...) answers with the script's own nonce
         self.exit_code = exit_code
         self.scripts: list[str] = []
+
+    def answer(self, command: str) -> str:
+        return self.stdout if isinstance(self.stdout, str) else said(command, self.stdout)
 
     def run(self, command: str, **_: Any) -> Result:
         self.scripts.append(command)
@@ -216,7 +213,7 @@ class FakeTransport:
             node="win1",
             command=command,
             exit_code=self.exit_code,
-            stdout=self.stdout,
+            stdout=self.answer(command),
             stderr="",
             duration=0.1,
         )
@@ -226,12 +223,12 @@ NODE = SimpleNamespace(name="win1", workdir="C:/train", os="windows")
 
 
 def test_stop_reports_windows_terminations_plainly() -> None:
-    result = stop_node(NODE, FakeTransport(ps, "@@stop terminated 5 0\r\n"), "r1")  # type: ignore[arg-type]
+    result = stop_node(NODE, FakeTransport(ps, ("stop", "terminated", "5", "0")), "r1")  # type: ignore[arg-type]
     assert result == StopResult("stopped", 5, 0, forced=True)
     assert result.describe() == "terminated 5 process(es)"
     with pytest.raises(CommandFailedError, match="2 process"):
-        stop_node(NODE, FakeTransport(ps, "@@stop terminated 5 2\n"), "r1")  # type: ignore[arg-type]
-    exited = stop_node(NODE, FakeTransport(ps, "@@stop exited 3\n"), "r1")  # type: ignore[arg-type]
+        stop_node(NODE, FakeTransport(ps, ("stop", "terminated", "5", "2")), "r1")  # type: ignore[arg-type]
+    exited = stop_node(NODE, FakeTransport(ps, ("stop", "exited", "3")), "r1")  # type: ignore[arg-type]
     assert exited.state == "exited" and exited.exit_code == 3
 
 
@@ -240,12 +237,13 @@ def test_stop_reports_windows_terminations_plainly() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_status_prints_what_parse_status_reads(run_dir: str) -> None:
-    script = runs.status(run_dir, "ignored", f"{run_dir}/node.log")
+    script = runs.status(run_dir, "ignored", f"{run_dir}/node.log", NONCE)
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
-    for key in ("now=", "started=", "rc=", "ended=", "size=", "last=", "gpu="):
-        assert any(lit.startswith(key) for lit in literal_paths(tree)), key
-    assert "state=no-run" in literal_paths(tree) and "alive=1" in literal_paths(tree)
+    said = {c.arguments[0]: c.arguments[1] for c in find(tree, "Out-CbRecord")}
+    for key in ("now", "started", "rc", "ended", "size", "last", "gpu", "alive"):
+        assert f"'{key}'" in said, key
+    assert said["'state'"] == "@('no-run')" and "$cbAlive = if ($null -ne (Get-CbLeader)) { '1' }" in script
     # the last line a rank printed, else the last line; 400 characters at most
     assert "'^\\[default[0-9]*\\]:'" in script and "Substring(0, 400)" in script
     # nvidia-smi: its query exactly, killed after 10 s (a wedged driver must not hang status)
@@ -263,7 +261,7 @@ def test_a_windows_status_answer_parses() -> None:
         "now=1767268900\r\nstarted=1767268800\r\nalive=1\r\nsize=2048\r\n"
         "last=[default1]:[rank 1/2] step 7 loss 0.42\r\ngpu=0, 87, 5120, 24576\r\n"
     )
-    status = parse_status(stdout.replace("\r\n", "\n"))
+    status = parse_status(status_said(stdout.replace("\r\n", "\n")), NONCE)
     assert status.state == "running" and status.runtime == 100
     assert status.last_line == "[rank 1/2] step 7 loss 0.42" and status.log_bytes == 2048
     assert status.gpus == [{"index": "0", "util_percent": 87, "mem_used_mib": 5120, "mem_total_mib": 24576}]
@@ -271,15 +269,13 @@ def test_a_windows_status_answer_parses() -> None:
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str) -> None:
-    tree = pwsh.assert_parses(ps.wrap(runs.status(run_dir, "ignored", f"{run_dir}/node.log")))
-    (modified,) = [c for c in find(tree, "Out-Cb") if "'modified='" in c.arguments[0]]
-    # the log's last write (UTC), in Unix seconds through the same function as now= and started=
-    assert modified.arguments == [
-        "('modified=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))"
-    ]
-    started = [c for c in find(tree, "Out-Cb") if "'started='" in c.arguments[0]]
-    assert [c.arguments for c in started] == [
-        ["('started=' + (Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))"]
+    tree = pwsh.assert_parses(ps.wrap(runs.status(run_dir, "ignored", f"{run_dir}/node.log", NONCE)))
+    (modified,) = [c for c in find(tree, "Out-CbRecord") if c.arguments[0] == "'modified'"]
+    # the log's last write (UTC), in Unix seconds through the same function as now and started
+    assert modified.arguments[1] == "@((Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbLogPath))))"
+    started = [c for c in find(tree, "Out-CbRecord") if c.arguments[0] == "'started'"]
+    assert [c.arguments[1] for c in started] == [
+        "@((Get-CbUnix ([System.IO.File]::GetLastWriteTimeUtc($cbPidFile))))"
     ]
     functions = [n for n in pwsh.walk(tree.root_node) if n.type == "function_statement"]
     assert any((n.text or b"").startswith(b"function Get-CbUnix([DateTime]$When)") for n in functions)
@@ -291,7 +287,7 @@ def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str)
     node = next(
         n
         for n in pwsh.walk(tree.root_node)
-        if n.type == "command" and (n.text or b"").startswith(b"Out-Cb ('modified='")
+        if n.type == "command" and (n.text or b"").startswith(b"Out-CbRecord 'modified'")
     )
     conditions = []
     while node.parent is not None:
@@ -303,14 +299,16 @@ def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str)
 
 def test_a_stopped_windows_run_shows_how_long_it_ran_until_its_last_output() -> None:
     stdout = "now=1767269900\r\nstarted=1767268800\r\nalive=0\r\nsize=2048\r\nmodified=1767268842\r\n"
-    status = parse_status(stdout.replace("\r\n", "\n"))
+    status = parse_status(status_said(stdout.replace("\r\n", "\n")), NONCE)
     assert status.state == "stopped" and status.exit_code is None
     assert status.runtime == 42  # started -> last output; not until now (it was killed some time)
     assert status.public_dict()["runtime"] == 42
     # no log at all (killed before its first output): nothing to measure
-    assert parse_status("now=1767269900\nstarted=1767268800\nalive=0\n").runtime is None
+    assert parse_status(status_said("now=1767269900\nstarted=1767268800\nalive=0\n"), NONCE).runtime is None
     # an exited run keeps its end time, whatever the log's
-    exited = parse_status(stdout.replace("alive=0", "alive=0\nrc=0\nended=1767268850").replace("\r\n", "\n"))
+    exited = parse_status(
+        status_said(stdout.replace("alive=0", "alive=0\nrc=0\nended=1767268850").replace("\r\n", "\n")), NONCE
+    )
     assert (exited.state, exited.runtime) == ("exited", 50)
 
 
@@ -415,11 +413,15 @@ def test_tail_offsets_must_be_integers() -> None:
 
 def test_list_files_prints_the_posix_listing() -> None:
     candidates = [["C:/Users/Jo O'Brien/runs/r1/win1/out dir", "C:/code/out dir"], ["D:/ckpt/model.pt"]]
-    script = runs.list_files(candidates)
+    script = runs.list_files(candidates, NONCE)
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(p) for group in candidates for p in group]
-    literals = literal_paths(tree)
-    assert {"@@missing 0", "@@missing 1", "@@dir 0 ", "@@dir 1 ", "@@file 0 ", "@@file 1 "} <= set(literals)
+    said = [" ".join(c.arguments) for c in find(tree, "Out-CbRecord")]
+    for index in (0, 1):
+        assert f"'missing' @('{index}')" in said
+        assert f"'dir' @('{index}', $cbFound, $cbList.ToString())" in said
+        assert f"'file' @('{index}', [string]$cbSize, $cbFound)" in said
+    assert "Append([char]0)" in script  # SIZE NUL RELPATH NUL: names cannot break the listing
     listing = [c for c in find(tree, "Get-ChildItem")]
     assert listing and all(c.has("-LiteralPath") and c.has("-Recurse") and c.has("-File") for c in listing)
     assert ".Replace('\\', '/')" in script  # relative paths with / as fetch_node splits them
@@ -446,7 +448,7 @@ class Answering(FakeTransport):
     def run(self, command: str, **kwargs: Any) -> Result:
         handler = kwargs.get("on_line")
         if handler is not None:
-            handler.block("stdout", self.stdout)
+            handler.block("stdout", self.answer(command))
         return super().run(command, **kwargs)
 
 
@@ -455,24 +457,25 @@ def test_what_dry_run_prints_is_what_each_operation_sends(platform: Any) -> None
     """`logs/status/stop/fetch --dry-run` and `launch --detach --dry-run` print runs.control's
     ``*_script`` texts: the operations send exactly those (shared workdirs: ``{node}`` replaced)."""
     node = SimpleNamespace(name="n1", workdir="/srv/{node}/cb")
-    sent = Answering(platform, "@@started 42 42 7\n")
+    sent = Answering(platform, ("started", "42 42 7"))
     start_node(node, sent, "r1")  # type: ignore[arg-type]
-    assert sent.scripts == [start_script(platform, node, "r1")]  # type: ignore[arg-type]
+    # each run chooses its own record nonce (orchestrator/records.py): compared without it
+    assert unnonced(sent.scripts) == unnonced([start_script(platform, node, "r1")])  # type: ignore[arg-type]
     assert "/srv/n1/cb/runs/r1/n1" in sent.scripts[0].replace("\\", "/")
-    sent = Answering(platform, "state=no-run\n")
+    sent = Answering(platform, ("state", "no-run"))
     status_node(node, sent, "r1")  # type: ignore[arg-type]
-    assert sent.scripts == [status_script(platform, node, "r1")]  # type: ignore[arg-type]
-    sent = Answering(platform, "@@stop no-run\n")
+    assert unnonced(sent.scripts) == unnonced([status_script(platform, node, "r1")])  # type: ignore[arg-type]
+    sent = Answering(platform, ("stop", "no-run"))
     stop_node(node, sent, "r1", grace=3)  # type: ignore[arg-type]
-    assert sent.scripts == [stop_script(platform, node, "r1", 3)]  # type: ignore[arg-type]
+    assert unnonced(sent.scripts) == unnonced([stop_script(platform, node, "r1", 3)])  # type: ignore[arg-type]
     sent = Answering(platform, "@@end 0 0\n")
     follow_node(node, sent, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
     assert sent.scripts == [
         tail_script(platform, node, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
     ]
-    sent = Answering(platform, "@@missing 0\n")
+    sent = Answering(platform, ("missing", "0"))
     fetch_node(node, sent, "r1", ["ckpt"], code_dir=None, dest=Path("unused"))  # type: ignore[arg-type]
-    assert sent.scripts == [fetch_script(platform, node, "r1", ["ckpt"], None)]  # type: ignore[arg-type]
+    assert unnonced(sent.scripts) == unnonced([fetch_script(platform, node, "r1", ["ckpt"], None)])  # type: ignore[arg-type]
 
 
 def test_the_start_runs_with_unbuffered_python() -> None:
@@ -484,7 +487,7 @@ def test_the_start_runs_with_unbuffered_python() -> None:
             seen.update(kwargs)
             return super().run(command, **kwargs)
 
-    start_node(SimpleNamespace(name="n1", workdir=None), Keeping(ps, "@@started 1 2\n"), "r1")  # type: ignore[arg-type]
+    start_node(SimpleNamespace(name="n1", workdir=None), Keeping(ps, ("started", "1 2")), "r1")  # type: ignore[arg-type]
     assert seen["env"] == STREAMING_ENV == {"PYTHONUNBUFFERED": "1"}
 
 
@@ -702,18 +705,22 @@ def test_the_watchdog_stops_the_run_when_its_follower_is_killed_or_silent(run_di
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_stop_says_stopped_before_it_stops_anything_and_status_reports_it(run_dir: str) -> None:
-    script = runs.stop(run_dir, "ignored")
+    script = runs.stop(run_dir, "ignored", nonce=NONCE)
     tree = pwsh.assert_parses(ps.wrap(script))
     (said,) = [w for w in write_all_texts(tree) if "'stopped'" in w[0]]
     assert said[1] == '[string]$cbNow + "`n"'  # Unix seconds on the node's clock, as on POSIX
     assert script.index("-ChildPath 'stopped'") < script.index("(Stop-CbRun)")
-    status = runs.status(run_dir, "ignored", f"{run_dir}/node.log")
+    status = runs.status(run_dir, "ignored", f"{run_dir}/node.log", NONCE)
     pwsh.assert_parses(ps.wrap(status))
-    assert "Out-Cb ('stopped=' + (Read-CbText $cbStopped).Trim())" in status
-    parsed = parse_status("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=140\n")
+    assert "Out-CbRecord 'stopped' @((Read-CbText $cbStopped).Trim())" in status
+    parsed = parse_status(
+        status_said("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=140\n"), NONCE
+    )
     assert (parsed.state, parsed.runtime) == ("stopped", 50)
     # a rank that handled TERM for 10 s, printing: it ran until its last output
-    later = parse_status("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=160\n")
+    later = parse_status(
+        status_said("now=200\nstarted=100\nalive=0\nstopped=150\nsize=10\nmodified=160\n"), NONCE
+    )
     assert (later.state, later.runtime) == ("stopped", 60)
 
 
@@ -894,9 +901,9 @@ def test_a_run_directory_is_checked_before_its_pid_file_is_believed(run_dir: str
     connecting user's alone: owner and access list read back (Get-Acl), a reparse point refused;
     only then is Get-CbLeader or Get-CbRoots called, which read pid and ranks."""
     scripts = {
-        "status": runs.status(run_dir, "", f"{run_dir}/node.log"),
-        "stop": runs.stop(run_dir),
-        "start": runs.start(run_dir, f"{run_dir}/node.log", ""),
+        "status": runs.status(run_dir, "", f"{run_dir}/node.log", NONCE),
+        "stop": runs.stop(run_dir, nonce=NONCE),
+        "start": runs.start(run_dir, f"{run_dir}/node.log", "", NONCE),
     }
     for name, script in scripts.items():
         tree = pwsh.assert_parses(ps.wrap(script))

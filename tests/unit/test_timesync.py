@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.cli.timesync import source_cell
 from orchestrator.errors import InventoryError
 from orchestrator.facts.network import InterfaceAddress, Route
@@ -27,6 +28,7 @@ from orchestrator.steps.timesync.apply import _await, no_reply_problem
 from orchestrator.steps.timesync.master import _Addresses, follow_master, master_identity, roles
 from orchestrator.transports.base import Result
 from tests import pwsh
+from tests.noderecords import NONCE
 from tests.winrm_server.cmdline import split as split_command_line
 
 SH = PosixShell()
@@ -351,9 +353,9 @@ def test_wait_script_awaits_a_selected_source_within_the_limit(
     )
     chronyc.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    result = _sh(c.wait_script(max_offset_s=max_s, timeout=1, has_sources=has_sources), env)
+    result = _sh(c.wait_script(max_offset_s=max_s, timeout=1, has_sources=has_sources, nonce=NONCE), env)
     assert result.returncode == rc, result
-    sources, tracking = c.split_wait_output(result.stdout)
+    sources, tracking, _ = c.split_wait_output(result.stdout, NONCE)
     assert (
         c.parse_sources(sources)[0].address == "10.0.0.1" and c.parse_tracking(tracking)["leap"] == "Normal"
     )
@@ -488,7 +490,8 @@ def _blocked_chronyc(tmp_path: Path, *, sent: int, reach: str = "0") -> dict[str
 def test_ntpdata_is_read_by_label() -> None:
     assert c.parse_ntpdata(NTPDATA_BLOCKED) == {"198.18.81.11": c.Traffic("198.18.81.11", 4, 0)}
     two = NTPDATA_BLOCKED + "\n" + NTPDATA_BLOCKED.replace("81.11", "81.12").replace(": 4\n", ": 9\n")
-    assert c.parse_ntpdata("@@tracking\nx\n@@ntpdata\n" + two)["198.18.81.12"].sent == 9
+    said = records.record(NONCE, "tracking", "x\n") + records.record(NONCE, "ntpdata", two)
+    assert c.parse_ntpdata(c.split_wait_output(said, NONCE)[2])["198.18.81.12"].sent == 9
     assert c.parse_ntpdata("506 Cannot talk to daemon\n") == {}
 
 
@@ -497,10 +500,10 @@ def test_wait_ends_as_soon_as_no_source_answers(tmp_path: Path) -> None:
     (exit 4), long before its 30 s deadline."""
     env = _blocked_chronyc(tmp_path, sent=0)
     started = time.monotonic()
-    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
+    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True, nonce=NONCE), env)
     took = time.monotonic() - started
     assert result.returncode == c.NO_REPLY_EXIT, f"{result} after {took:.1f} s"
-    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].received == 0
+    assert c.parse_ntpdata(c.split_wait_output(result.stdout, NONCE)[2])["10.0.0.1"].received == 0
 
 
 def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_path: Path) -> None:
@@ -508,12 +511,15 @@ def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_pat
     not decide: chronyd is asked for a burst (again and again: a burst under way, such as chronyd's
     initial one, ignores the request), and only requests sent during the wait count."""
     env = _blocked_chronyc(tmp_path, sent=40)
-    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True), env)
+    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True, nonce=NONCE), env)
     assert result.returncode == c.NO_REPLY_EXIT, result
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls and set(calls) == {f"burst {c.UNANSWERED_REQUESTS}/{c.UNANSWERED_REQUESTS}"}, calls
     # 41 when the wait started; then until 4 more requests were seen
-    assert c.parse_ntpdata(result.stdout)["10.0.0.1"].sent >= 41 + c.UNANSWERED_REQUESTS
+    assert (
+        c.parse_ntpdata(c.split_wait_output(result.stdout, NONCE)[2])["10.0.0.1"].sent
+        >= 41 + c.UNANSWERED_REQUESTS
+    )
 
 
 def test_a_source_that_answered_is_waited_for_until_the_deadline(tmp_path: Path) -> None:

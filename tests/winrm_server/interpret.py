@@ -111,6 +111,10 @@ def cast(type_name: str, value: Any) -> Any:
             return truth(value)
         if lower == "double":
             return float(value)
+        if lower == "char":
+            return chr(value) if isinstance(value, int) else str(value)[:1]
+        if lower == "object[]":
+            return [] if value is None else (list(value) if isinstance(value, list) else [value])
     except (TypeError, ValueError) as exc:
         raise PwshError(f"Cannot convert value {value!r} to type {type_name}") from exc
     raise Unsupported(f"cast to [{type_name}]")
@@ -395,6 +399,8 @@ class Interpreter:
             for v in values:
                 flat.extend(v if isinstance(v, list) else [v])
             return flat
+        if kind == "array_literal_expression":  # a, b, c
+            return [self.value(item) for item in named]
         if kind == "hash_literal_expression":
             table: dict[str, Any] = {}
             for entry in pwsh.walk(node):

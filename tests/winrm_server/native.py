@@ -40,6 +40,7 @@ the scripts say what the model reads; that Windows runs them so is for a real ho
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import queue
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import pwsh
+from tests.noderecords import said
 from tests.winrm_server import cmdline
 from tests.winrm_server.interpret import Interpreter, PwshError, ScriptExit, Unsupported
 from tests.winrm_server.processes import QUOTA_MESSAGE, ProcessTable, QuotaExceeded, WinProcess
@@ -166,6 +168,51 @@ def creations(root: Any) -> list[tuple[str, str]]:
     return found
 
 
+class StringBuilder:
+    """[System.Text.StringBuilder]: Append returns the builder, as .NET's does."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def Append(self, value: Any) -> StringBuilder:
+        self.parts.append(str(value))
+        return self
+
+    def ToString(self) -> str:
+        return "".join(self.parts)
+
+
+class _Utf8:
+    """[System.Text.Encoding]::UTF8."""
+
+    def GetBytes(self, value: Any) -> bytes:
+        return str(value).encode("utf-8")
+
+
+def console_writer(lines: list[str]) -> Any:
+    """[Console]::Out: WriteLine adds a line; Write adds text, complete lines to ``lines``."""
+    pending: list[str] = []
+
+    def write(value: Any) -> None:
+        pending.append(str(value))
+        *done, rest = "".join(pending).split("\n")
+        lines.extend(done)
+        pending[:] = [rest] if rest else []
+
+    return type(
+        "Writer",
+        (),
+        {"WriteLine": staticmethod(lambda value: lines.append(str(value))), "Write": staticmethod(write)},
+    )()
+
+
+#: the .NET members Out-CbRecord (PowerShell.record_functions) uses: the product's encoder runs
+ENCODER_STATICS: dict[str, Any] = {
+    "[System.Text.Encoding]::UTF8": _Utf8(),
+    "[System.Convert]::ToBase64String": lambda data: base64.b64encode(bytes(data)).decode(),
+}
+
+
 class _Stopwatch:
     """[System.Diagnostics.Stopwatch], on the monotonic clock."""
 
@@ -240,9 +287,9 @@ class NativeNode:
             return "round"
         if any(n.endswith("launch.ps1')") for n in names):
             return "launch-in-shell"
-        if "Stop-CbRun" in names and "'@@stop terminated '" in call.script:
+        if "Stop-CbRun" in names and "Out-CbRecord 'stop' @('terminated'" in call.script:
             return "stop"
-        if "'@@started '" in call.script and creations(call.tree.root_node):
+        if "Out-CbRecord 'started'" in call.script and creations(call.tree.root_node):
             return "start"
         if "Test-Path" in names and "Write-Output" in names:
             return "say-if-exists"
@@ -337,6 +384,8 @@ class NativeNode:
                 return []
             if type_name == "system.text.utf8encoding":
                 return object()
+            if type_name == "system.text.stringbuilder":
+                return StringBuilder()
             raise Unsupported(f"New-Object {type_name}")
 
         interpreter: Interpreter
@@ -350,7 +399,7 @@ class NativeNode:
                     stopped += len(table.terminate_tree(root.proc))
             return f"{stopped} 0"
 
-        writer = type("Writer", (), {"WriteLine": staticmethod(lambda value: lines.append(str(value)))})
+        writer = console_writer(lines)
         resolver = type(
             "Path",
             (),
@@ -391,8 +440,9 @@ class NativeNode:
                 "[Math]::Floor": lambda x: float(int(x // 1)),
                 "[System.Diagnostics.Stopwatch]::StartNew": _Stopwatch,
                 "[System.Diagnostics.Process]::GetProcessById": get_process,
-                "[Console]::Out": writer(),
-                "[Console]::Error": writer(),
+                "[Console]::Out": writer,
+                "[Console]::Error": writer,
+                **ENCODER_STATICS,
             },
         )
         return interpreter
@@ -604,7 +654,7 @@ class NativeNode:
         pid = self.path(run.run_dir, "pid")
         while not self.read(pid) and proc.alive:
             time.sleep(0.02)
-        return Answer(stdout=f"@@started {self.read(pid).strip()}\n")
+        return Answer(stdout=said(call.script, ("started", self.read(pid).strip())))
 
     def create(self, how: str, creator: WinProcess, command_line: str) -> WinProcess:
         """A process the script creates: by WMI outside every job, or as the creator's child, in its
@@ -782,7 +832,8 @@ class NativeNode:
 
     def _stop(self, call: PwshCall) -> Answer:
         """`bootstrap stop`'s script, interpreted: which processes are the run's is what its
-        Get-CbRoots and Get-CbLive select; Stop-CbRun ends their trees."""
+        Get-CbRoots and Get-CbLive select; Stop-CbRun ends their trees; its answers are the records
+        its own Out-CbRecord prints."""
         code, out = self.run_script(call.script, None)
         return Answer(stdout="".join(line + "\n" for line in out), exit_code=code)
 

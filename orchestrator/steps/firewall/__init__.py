@@ -13,14 +13,15 @@ teardown calls :func:`remove_firewall`.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.executor import Outcome
+from orchestrator.facts.base import split_sections
 from orchestrator.platforms import PosixShell
+from orchestrator.records import new_nonce
 from orchestrator.steps.addresses import Reached, cluster_address, reached_nodes
 from orchestrator.steps.firewall.firewalld import firewalld_commands
 from orchestrator.steps.firewall.linux import (
@@ -415,11 +416,11 @@ def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detec
     platform = transport.platform
     ids = ClusterTag(inventory.cluster.name)
     sections = detection_sections(platform, master_host=inventory.master_node.host, ids=ids)
-    token = "cb-" + secrets.token_hex(6)
+    token = new_nonce()
     result = run_as_root(
         node, transport, platform.sectioned(sections, token), "reading the firewall", DETECT_TIMEOUT
     )
-    if f"@@{token} end range" not in result.stdout:
+    if "range" not in split_sections(result.stdout, token):
         raise CommandFailedError(
             f"the firewall detection did not run (exit code {result.exit_code}): "
             + (" | ".join(result.tail(3)) or "no output"),

@@ -19,7 +19,6 @@ then carries the clock, the marker and the listener.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Sequence
@@ -34,6 +33,7 @@ from orchestrator.facts.base import (
     split_sections,
 )
 from orchestrator.facts.linux import WallClock
+from orchestrator.records import new_nonce
 from orchestrator.steps.preflight.checks import ClockSample
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class NodeRound:
         self._clock = WallClock()
         platform = transport.platform
         first = [(f.name, f.command(platform)) for f in [self._clock, *facts]] + list(before)
-        self._token = "cb-" + secrets.token_hex(6)  # unguessable frame markers: no output can fake them
+        self._token = new_nonce()  # the records' nonce: no output of the node can fake them
         self.script = platform.sectioned(first, self._token)
         if listener is not None:
             self.script += "\n" + listener.command

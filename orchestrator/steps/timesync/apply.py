@@ -15,6 +15,7 @@ import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.platforms.windows_admin import not_elevated_error
+from orchestrator.records import new_nonce
 from orchestrator.steps.preflight import CLOCK, sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.root import run_as_root
@@ -217,18 +218,19 @@ def _await(
 ) -> None:
     """Wait until chronyd on the node follows its source within the threshold, or until none of its
     sources can answer (fails at once, saying why); record what it says."""
+    nonce = new_nonce()
     script = chrony.wait_script(
-        max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources)
+        max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources), nonce=nonce
     )
     result = _as_root(transport, node, script, "reading chronyc", timeout=timeout + 30)
-    sources_csv, tracking_csv = chrony.split_wait_output(result.stdout)
+    sources_csv, tracking_csv, ntpdata = chrony.split_wait_output(result.stdout, nonce)
     sources = chrony.parse_sources(sources_csv)
     tracking = chrony.parse_tracking(tracking_csv)
     selected = _follows(value, role, sources)
     if selected is None and role.sources and result.exit_code in (3, chrony.NO_REPLY_EXIT):
         value.state = "failed"  # configured (its actions say how), but it follows nothing
     if result.exit_code == chrony.NO_REPLY_EXIT:
-        traffic = chrony.parse_ntpdata(result.stdout)
+        traffic = chrony.parse_ntpdata(ntpdata)
         master = role.sources[0] if role.prefer_first else None  # a worker of a serving master
         value.problem = no_reply_problem(node.name, role, traffic, master=master, own_address=own_address)
     elif result.exit_code == 3:

@@ -7,6 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from orchestrator import records
+from orchestrator.platforms import PosixShell
+from orchestrator.records import new_nonce
+
 __all__ = [
     "NO_REPLY_EXIT",
     "NTP_PORT",
@@ -67,7 +71,7 @@ BEGIN {
 _SENT_AWK = '/^Remote address/ { a = $4 } /^Total TX/ { printf "%s=%s ", a, $4 }'
 
 
-def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> str:
+def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool, nonce: str | None = None) -> str:
     """Await on the node: a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a
     master serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with sources,
     stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply: a firewall
@@ -75,8 +79,9 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> st
     chronyd is kept sampling (``chronyc burst``, which does nothing while a burst, such as ``iburst``'s,
     is under way): after its initial burst, or sources left unanswered before the wait (an earlier run; a
     firewall opened since), its own next poll may be minutes away. Prints the final ``chronyc -c
-    sources``, ``tracking`` and ``ntpdata`` either way; exit 3 when the deadline passed,
-    :data:`NO_REPLY_EXIT` when no source answered."""
+    sources``, ``tracking`` and ``ntpdata`` either way, as the records (orchestrator/records.py,
+    ``nonce``: a fresh one when the answer is not read) ``sources``, ``tracking``, ``ntpdata``; exit 3
+    when the deadline passed, :data:`NO_REPLY_EXIT` when no source answered."""
     if has_sources:
         cond = (
             "chronyc -n -c sources 2>/dev/null | awk -F, -v max="
@@ -95,6 +100,7 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> st
         cond = "chronyc -c tracking 2>/dev/null | awk -F, '$NF == \"Normal\" { ok = 1 } END { exit !ok }'"
         start = check = ""
     return (
+        PosixShell().record_functions(nonce or new_nonce()) + "\n"
         f"end=$(($(date +%s) + {int(timeout)}))\n"
         "rc=0\n"
         f"{start}"
@@ -103,9 +109,9 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool) -> st
         '  if [ "$(date +%s)" -ge "$end" ]; then rc=3; break; fi\n'
         "  sleep 0.2\n"
         "done\n"
-        "echo '@@sources'; chronyc -n -c sources 2>&1\n"
-        "echo '@@tracking'; chronyc -c tracking 2>&1\n"
-        "echo '@@ntpdata'; chronyc -n ntpdata 2>&1\n"
+        "chronyc -n -c sources 2>&1 | _cb_recin sources\n"
+        "chronyc -c tracking 2>&1 | _cb_recin tracking\n"
+        "chronyc -n ntpdata 2>&1 | _cb_recin ntpdata\n"
         'exit "$rc"'
     )
 
@@ -156,10 +162,11 @@ def parse_tracking(csv: str) -> dict[str, str]:
     return {}
 
 
-def split_wait_output(stdout: str) -> tuple[str, str]:
-    """(``chronyc -c sources``, ``chronyc -c tracking``) from :func:`wait_script`'s output."""
-    sources, _, tracking = stdout.partition("@@tracking")
-    return sources.partition("@@sources")[2].strip(), tracking.partition("@@ntpdata")[0].strip()
+def split_wait_output(stdout: str, nonce: str) -> tuple[str, str, str]:
+    """(``chronyc -c sources``, ``chronyc -c tracking``, ``chronyc -n ntpdata``) from the records of
+    :func:`wait_script` (``nonce``); an empty text for what did not come."""
+    said = {r.kind: r.text(0) for r in records.decode(stdout, nonce)}
+    return said.get("sources", "").strip(), said.get("tracking", "").strip(), said.get("ntpdata", "")
 
 
 @dataclass(frozen=True)
@@ -172,9 +179,9 @@ class Traffic:
 
 
 def parse_ntpdata(stdout: str) -> dict[str, Traffic]:
-    """``chronyc -n ntpdata`` (the ``@@ntpdata`` section of :func:`wait_script`'s output, or all of
-    it), by source address. Read by label: the CSV form's columns differ between chrony versions."""
-    text = stdout.partition("@@ntpdata")[2] if "@@ntpdata" in stdout else stdout
+    """``chronyc -n ntpdata`` (the ``ntpdata`` record of :func:`wait_script`), by source address. Read
+    by label: the CSV form's columns differ between chrony versions."""
+    text = stdout
     found: dict[str, Traffic] = {}
     address: str | None = None
     counts: dict[str, int] = {}

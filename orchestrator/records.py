@@ -1,0 +1,131 @@
+"""Framed records: the one way a node's scripts send structured answers back to the controller.
+
+A record is one line ``@@<nonce> <kind> :<field> :<field> ...`` ending in ``\\n`` (a ``\\r`` before
+it is allowed: Windows consoles). ``nonce`` is chosen by the controller for each command
+(:func:`new_nonce`), ``kind`` is ``[a-z][a-z-]*``, and every field is base64 of its bytes after a
+``:`` (so an empty field is ``:``). No byte of user data (a file name, a log line, an environment
+value) can end a record, start one, or look like one: it only ever travels base64-encoded, and a
+whole line must match the grammar with the nonce of this command. Everything else a script prints
+is plain output, which the decoder never splits on anything but ``\\n``.
+
+The encoders, all writing the same wire format:
+- Python: :func:`record` here (its source, :data:`PYTHON_ENCODER`, is what node-side Python helpers
+  embed: it needs only ``base64``);
+- POSIX sh: ``PosixShell.record_functions`` (``_cb_rec KIND FIELD...``, ``_cb_recin KIND FIELD...``
+  whose last field is its stdin, binary-safe);
+- PowerShell: ``PowerShell.record_functions`` (``Out-CbRecord KIND @(FIELD, ...)``, UTF-8 bytes).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import inspect
+import re
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+#: a command's nonce: the shape of every frame token the controller uses (tests replace it by pattern)
+NONCE = re.compile(r"cb-[0-9a-f]{12}")
+_KIND = re.compile(r"[a-z][a-z-]*")
+_LINE = re.compile(r"@@(cb-[0-9a-f]{12}) ([a-z][a-z-]*)((?: :[A-Za-z0-9+/]*={0,2})*)\r?")
+
+
+def new_nonce() -> str:
+    """A fresh unguessable nonce for one command."""
+    return "cb-" + secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One decoded record: its kind and its fields' bytes."""
+
+    kind: str
+    fields: tuple[bytes, ...]
+
+    def text(self, index: int, default: str = "") -> str:
+        """Field ``index`` as text (UTF-8; undecodable bytes replaced), ``default`` when absent."""
+        if index >= len(self.fields):
+            return default
+        return self.fields[index].decode("utf-8", "replace")
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.text(i) for i in range(len(self.fields))]
+
+
+def record(nonce: "str", kind: "str", *fields: "bytes | str") -> "str":  # noqa: UP037
+    """One record line, newline included. ``str`` fields travel as their UTF-8 bytes."""
+    # the annotations are strings and only base64 is used: node-side Python (3.8 and later) runs this
+    # very source (PYTHON_ENCODER)
+    parts = ["@@" + nonce, kind]
+    for value in fields:
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        parts.append(":" + base64.b64encode(data).decode("ascii"))
+    return " ".join(parts) + "\n"
+
+
+#: the Python encoder's source, for scripts that run on the node (``import base64`` before it)
+PYTHON_ENCODER = inspect.getsource(record)
+
+
+def check_nonce(nonce: str) -> str:
+    """``nonce`` when it has a nonce's shape (it is written into scripts), else ValueError."""
+    if not NONCE.fullmatch(nonce):
+        raise ValueError(f"not a record nonce: {nonce!r}")
+    return nonce
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` when it is a valid record kind (scripts write kinds as literals), else ValueError."""
+    if not _KIND.fullmatch(kind):
+        raise ValueError(f"not a record kind: {kind!r}")
+    return kind
+
+
+def decode_line(line: str, nonce: str) -> Record | None:
+    """The record ``line`` (without its ``\\n``) holds for ``nonce``, or None: it is plain output."""
+    found = _LINE.fullmatch(line)
+    if found is None or found.group(1) != nonce:
+        return None
+    fields = []
+    for text in found.group(3).split(" :")[1:]:
+        try:
+            fields.append(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            return None
+    return Record(found.group(2), tuple(fields))
+
+
+def decode(output: str, nonce: str) -> list[Record]:
+    """Every record of ``nonce`` in ``output``, in order (everything else is plain output)."""
+    return list(_records(output, nonce))
+
+
+def _records(output: str, nonce: str) -> Iterator[Record]:
+    if "@@" + nonce not in output:
+        return
+    for line in output.split("\n"):  # only "\n": never str.splitlines, which splits on \x1c, \u2028, ...
+        if line.startswith("@@"):
+            found = decode_line(line, nonce)
+            if found is not None:
+                yield found
+
+
+def find(output: str, nonce: str, kind: str) -> Record | None:
+    """The first record of ``kind`` in ``output``, None when there is none."""
+    return next((r for r in _records(output, nonce) if r.kind == kind), None)
+
+
+def plain(output: str, nonce: str) -> str:
+    """``output`` without its records: what the node printed besides them."""
+    return "\n".join(
+        line for line in output.split("\n") if not line.startswith("@@") or decode_line(line, nonce) is None
+    )
+
+
+def unnonced(texts: list[str]) -> list[str]:
+    """``texts`` with every nonce replaced by one placeholder: scripts comparable across runs (a
+    dry run and the real one each choose their own)."""
+    return [NONCE.sub("cb-NONCE", text) for text in texts]

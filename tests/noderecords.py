@@ -1,0 +1,96 @@
+"""Node answers in framed records (orchestrator/records.py), as the scripts under test print them:
+fakes of a node answer with the nonce found in the script they were sent."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+from orchestrator import records
+
+#: a nonce for answers parsed directly (not in reply to a script)
+NONCE = "cb-00112233aabb"
+
+
+def nonce_of(script: str) -> str:
+    """The record nonce a script was given (the first one in it)."""
+    found = records.NONCE.search(script)
+    assert found is not None, "the script prints no records"
+    return found.group(0)
+
+
+def said(script: str, *answers: tuple[str, ...]) -> str:
+    """What a node prints in reply to ``script``: one record per ``(kind, field, ...)``."""
+    nonce = nonce_of(script)
+    return "".join(records.record(nonce, kind, *fields) for kind, *fields in answers)
+
+
+def status_said(text: str, nonce: str = NONCE) -> str:
+    """``key=value`` lines (one per status value) as the status script's records."""
+    lines = [line.partition("=") for line in text.split("\n") if line]
+    return "".join(records.record(nonce, key, value) for key, _, value in lines)
+
+
+def sections_said(nonce: str, sections: dict[str, tuple[str, int]]) -> str:
+    """What a ``Platform.sectioned`` script prints: per section its ``exit`` and ``section`` records."""
+    return "".join(
+        records.record(nonce, "section", name, (text + "\n" if text else "") + f"\0{code}")
+        for name, (text, code) in sections.items()
+    )
+
+
+def framed(recording: str, token: str) -> str:
+    """A recording in the readable framing of tests/unit/data (``@@TOKEN begin NAME@@``, the
+    section's lines, ``@@TOKEN end NAME CODE@@``) as the records the node sends."""
+    sections: dict[str, tuple[str, int]] = {}
+    begin, end = f"@@{token} begin ", f"@@{token} end "
+    current: str | None = None
+    lines: list[str] = []
+    for line in recording.split("\n"):
+        if line.startswith(begin) and line.endswith("@@"):
+            current, lines = line[len(begin) : -2], []
+        elif line.startswith(end) and line.endswith("@@") and current is not None:
+            name, _, code = line[len(end) : -2].rpartition(" ")
+            if lines and lines[-1] == "":
+                lines.pop()
+            sections[name] = ("\n".join(lines), int(code))
+            current = None
+        elif current is not None:
+            lines.append(line)
+    return sections_said(token, sections)
+
+
+#: how sectioned scripts name their nonce and sections (POSIX sh, PowerShell)
+_ASKED = re.compile(
+    r"_cb_n='?(cb-[0-9a-f]{12})'?|\$cbNonce = '(cb-[0-9a-f]{12})'"
+    r"|\n_cb_sec ([A-Za-z0-9+/=]+)|Out-CbRecord 'section' @\('([A-Za-z0-9_.-]+)'"
+)
+
+
+def sections_asked(script: str) -> list[tuple[str, str]]:
+    """(nonce, name) of every section a sectioned script (or several, one after another) asks for."""
+    asked, nonce = [], ""
+    for found in _ASKED.finditer(script):
+        if found.group(1) or found.group(2):
+            nonce = found.group(1) or found.group(2)
+        else:
+            name = found.group(4) or base64.b64decode(found.group(3)).decode()
+            asked.append((nonce, name))
+    return asked
+
+
+def answer_sections(script: str, sections: dict[str, tuple[str, int]]) -> str:
+    """The answer of a node that has ``sections`` (name: (output, code)) to a sectioned script."""
+    return "".join(sections_said(nonce, {name: sections[name]}) for nonce, name in sections_asked(script))
+
+
+def asks(script: str, name: str) -> bool:
+    """Whether a sectioned script asks for section ``name``."""
+    return any(asked == name for _, asked in sections_asked(script))
+
+
+def ask_at(script: str, name: str) -> int:
+    """Where in ``script`` section ``name`` is asked for (its record's line)."""
+    if f"'{name}'" in script and "Out-CbRecord 'section'" in script:
+        return script.index(f"Out-CbRecord 'section' @('{name}'")
+    return script.index(f"\n_cb_sec {base64.b64encode(name.encode()).decode()}")
