@@ -196,8 +196,10 @@ def _logs(
     follow: bool,
     tail: int | None,
     live: LiveRun | None,
+    quiet: bool = False,
 ) -> int:
-    """`logs` once its run is known (and its dashboard serving, when asked for)."""
+    """`logs` once its run is known (and its dashboard serving, when asked for). ``quiet``: the lines
+    go to ``live`` only (`status --watch`), not to the terminal."""
     ui = settings.ui
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
@@ -209,7 +211,7 @@ def _logs(
         node.name: RankedOutput(
             node.name,
             run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
-            None if settings.json_mode else printer,
+            None if settings.json_mode or quiet else printer,
             first_rank=labels[node.name][0],
             nproc=labels[node.name][1],
             on_block=None if live is None else live.block,  # the page reads the same blocks
@@ -348,8 +350,14 @@ def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outco
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="A live table in place (nodes, and each rank's step, loss and samples/s from the lines it "
+    "prints from now on), until every launcher has ended or Ctrl-C.",
+)
 @click.pass_context
-def status(ctx: click.Context, run_arg: str) -> int:
+def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
@@ -366,6 +374,8 @@ def status(ctx: click.Context, run_arg: str) -> int:
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
         )
         return ExitCode.OK
+    if watch:
+        return _watch(settings, inventory, nodes, _labels, run_id)
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "status") as on_event, session:
@@ -446,6 +456,66 @@ def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
     return dataclasses.replace(
         outcome, value=dataclasses.replace(value, state="controller lost", node_state=said)
     )
+
+
+def _watch(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    labels: dict[str, tuple[int, int]],
+    run_id: str,
+) -> int:
+    """`status --watch`: the run's new lines (as `logs --follow --tail 0` reads them) into the
+    dashboard's model, shown as a table in place (rich Live) on stderr."""
+    from rich.live import Live
+
+    from orchestrator.cli.dashboard import secret_values
+    from orchestrator.dashboard.model import LiveRun
+
+    live = LiveRun(
+        [n.name for n in nodes],
+        run_id=run_id,
+        labels=labels,
+        secrets=secret_values(inventory),
+        command="status",
+    )
+    with Live(
+        watch_table(live),
+        console=settings.ui.err,
+        refresh_per_second=2,
+        get_renderable=lambda: watch_table(live),
+    ):
+        code = _logs(settings, inventory, nodes, labels, run_id, follow=True, tail=0, live=live, quiet=True)
+    settings.ui.print_table(watch_table(live))  # the last state stays on the screen
+    return code
+
+
+def watch_table(live: LiveRun) -> Table:
+    """The live view: per node its state and lines read, per rank step, loss and samples/s (the
+    slowest rank marked), the newest event. Node text neutralised."""
+    live.flush_pending()
+    table = Table(title=Text(f"run {live.run_id}"), title_justify="left")
+    for column in ("node", "state", "lines", "rank", "step", "loss", "samples/s"):
+        table.add_column(column, no_wrap=True)
+    slowest = live.slowest()
+    for name, doc in live.nodes.items():
+        ranks = sorted((r for r in live.ranks.values() if r.node == name), key=lambda r: r.rank)
+        head = (Text(name), Text(str(doc.get("state", ""))), str(doc.get("lines", 0)))
+        if not ranks:
+            table.add_row(*head, "-", "-", "-", "-")
+        for i, rank in enumerate(ranks):
+            speed = "-" if rank.samples_per_s is None else f"{rank.samples_per_s:.1f}"
+            table.add_row(
+                *(head if i == 0 else ("", "", "")),
+                str(rank.rank),
+                "-" if rank.step is None else str(rank.step),
+                "-" if rank.loss is None else f"{rank.loss:.4f}",
+                Text(speed + " slowest", style="bold red") if rank.rank == slowest else speed,
+            )
+    if live.events:
+        event = live.events[-1]
+        table.caption = Text(neutralise(f"{event['kind']}: {event['node']} {event['message']}"))
+    return table
 
 
 #: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)

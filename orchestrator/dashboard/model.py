@@ -381,6 +381,11 @@ class LiveRun:
         rank = fields.get("rank")
         return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
+    def slowest(self) -> int | None:
+        """The rank with the lowest samples/s (None: fewer than two ranks report one)."""
+        with self._lock:
+            return self._slowest()
+
     def _slowest(self) -> int | None:
         """The rank with the lowest samples/s, when at least two ranks report one."""
         speeds = [(s.samples_per_s, s.rank) for s in self.ranks.values() if s.samples_per_s is not None]

@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from selenium import webdriver
@@ -21,7 +22,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from tests.cluster import NamespaceCluster
-from tests.conftest import BOOTSTRAP, write_inventory
+from tests.conftest import BOOTSTRAP, CliRun, write_inventory
 from tests.e2e.test_stop_drain import Spawned
 from tests.integration.test_runs import await_
 from tests.netns import inside
@@ -166,3 +167,29 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             with inside(cluster.controller_ns):
                 driver.quit()
         launch.kill()
+
+
+def test_status_watch_shows_each_ranks_steps_in_place(
+    bootstrap: Callable[..., CliRun], cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    args = ["--epochs", "1", "--max-steps", "80", "--log-every", "2", "--batch-size", "16"]
+    inv = write_inventory(
+        tmp_path / "h.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        train={"script": str(EXAMPLE), "args": args},
+    )
+    started = bootstrap("-i", str(inv), "launch", "--detach", cwd=tmp_path, timeout=120)
+    assert started.returncode == 0, started
+    watched = bootstrap("-i", str(inv), "status", "--watch", cwd=tmp_path, timeout=300)
+    assert watched.returncode == 0, watched
+    # the last table stays: every rank with the last step it reported (80 steps, one metric every 2)
+    table = " ".join(watched.stdout.replace("\u2502", " ").split())
+    for node, rank in (("node1", 0), ("node2", 1), ("node3", 2)):
+        assert re.search(rf"{node} ok \d+ {rank} (\d+) \d+\.\d{{4}} ", table), table
+    assert re.search(r" 80 ", table), table

@@ -159,3 +159,19 @@ def test_a_failure_event_takes_in_the_culprits_lines_that_arrive_after_torchruns
     assert again["id"] == event["id"] and again["lines"] == ["step 7", "last words"]
     live.node_event("n2", "train", "failed", "node n2: rank 3 exited with code 3")
     assert [e["kind"] for e in live.snapshot()["events"]] == ["failure"]  # one failure, not two
+
+
+def test_status_watch_table_shows_each_ranks_figures_and_marks_the_slowest() -> None:
+    from rich.console import Console
+
+    from orchestrator.cli.runs import watch_table
+
+    live = _run()
+    live.block("n1", f"[default0]:{metric(4, 1.25, 80.0)}\n[default1]:{metric(4, 1.5, 20.0)}\n")
+    live.block("n2", "\x1b]0;title\x07[default0]:no metric yet\n")
+    live.node_event("n2", "logs", "failed", "rank 2 exited with code 1")
+    console = Console(width=120, record=True, color_system=None)
+    console.print(watch_table(live))
+    text = " ".join(console.export_text().replace("\u2502", " ").split())
+    assert "n1 waiting 2 0 4 1.2500 80.0 1 4 1.5000 20.0 slowest n2 failed 1 2 - - - 3 - - -" in text, text
+    assert "failure: n2 rank 2 exited with code 1" in text and "\x1b" not in text
