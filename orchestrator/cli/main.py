@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     train_env_option,
     train_without,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.errors import (
     BootstrapError,
     ExitCode,
@@ -97,6 +98,7 @@ class _Group(click.Group):
 )
 @train_env_option("Main pipeline: add NAME=VALUE to train.env for this run (repeatable).")
 @master_option
+@dashboard_options
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -157,7 +159,11 @@ def cli(
         dry_run=settings.dry_run,
     )
     phases = CliPhases(ctx, settings, inventory, detach=detach, always_validate=always_validate)
-    with open_session(settings, inventory, everyone) as session:
+    with (
+        open_session(settings, inventory, everyone) as session,
+        live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
+    ):
+        observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
         report = run_pipeline(session, inventory, nodes, options, phases)
     code = report.exit_code
     if code != ExitCode.OK:
@@ -200,6 +206,8 @@ def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
     from orchestrator.cli.bench import bench
     from orchestrator.cli.check import check, facts, show_inventory
+    from orchestrator.cli.clean import clean
+    from orchestrator.cli.dashboard import dashboard
     from orchestrator.cli.firewall import firewall
     from orchestrator.cli.launch import launch, render
     from orchestrator.cli.remote import keys, run
@@ -227,6 +235,8 @@ def _register() -> None:
         stop,
         fetch,
         teardown,
+        clean,
+        dashboard,
     ):
         cli.add_command(command)
 
