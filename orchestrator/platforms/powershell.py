@@ -19,7 +19,8 @@ What this module owns, and why each choice:
   program writes to stderr under ``$ErrorActionPreference = 'Stop'``). Its exit code lands in
   ``$LASTEXITCODE`` as for ``& prog``.
 - **Scripts** travel as ``-EncodedCommand`` (base64 of UTF-16LE: no quoting layer at all); a script
-  whose command line would pass cmd.exe's 8191 characters is uploaded by the transport and run with
+  whose command line would pass cmd.exe's 8191 characters once WinRS wraps it (the transport keeps a
+  margin: transports/winrm_shell.py) is uploaded by the transport and run with
   :meth:`PowerShell.file_command` (UTF-8 *with* BOM: 5.1 reads a BOM-less .ps1 in the ANSI code page).
 """
 
@@ -34,7 +35,9 @@ from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, c
 from orchestrator.records import check_nonce
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
-#: program name); longer PowerShell scripts are uploaded and run with ``file_command``
+#: program name, counted after ``%NAME%`` expansion); the WinRM transport keeps room under it for
+#: WinRS's own ``cmd.exe /c`` (transports/winrm_shell.py); longer PowerShell scripts are uploaded and run
+#: with ``file_command``
 MAX_COMMAND_LINE = 8191
 
 #: exit code when the working directory cannot be entered (what PosixShell and ``env -C`` use)

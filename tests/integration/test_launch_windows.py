@@ -485,8 +485,9 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MaxProcessesPerShell 3 (the default is 25): a launch of 4 ranks runs, since only the follower
-    is in the shell's job; launch.ps1 run inside the shell, as `launch` did before issue 18, has its
-    third rank refused by the quota."""
+    (cmd.exe and powershell.exe: WinRS runs every command through cmd.exe) is in the shell's job;
+    launch.ps1 run inside the shell, as `launch` did before issue 18, has its second rank refused by
+    the quota."""
     # each rank lives 3 s after its line: all four are alive at once, so the quota counts them all
     # (ranks that ended before the next one started would never reach it: a race, not a quota)
     plan_ranks(monkeypatch, {rank: {"lines": [f"rank {rank} ran"], "every": 3} for rank in range(4)})
@@ -510,7 +511,9 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
                 transport.close()
             assert inside.exit_code == 1
             assert QUOTA_MESSAGE in inside.stderr
-            assert len(server.processes.refused) == 1  # powershell.exe and two ranks were its 3
+            # WinRS's cmd.exe, its powershell.exe and rank 0 were the job's 3: rank 1 was refused
+            assert server.processes.refused == [f"{server.processes.refused[0].split(':')[0]}: python.exe"]
+            assert len(node.run(f"{HOME}\\cluster-bootstrap\\runs\\{spec.run_id}\\win1").ranks) == 1
             assert node.errors == []
 
 
