@@ -59,7 +59,18 @@ def _run(cluster: NamespaceCluster, argv: list[str], env: dict[str, str], cwd: P
 
 
 def _inventory(path: Path, hosts: list, project: Path | None, **train: object) -> Path:
-    nodes = [{"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in hosts]
+    # every namespace host shares this machine's file system: a workdir of its own per node, as
+    # nodes with their own disks have (one shared one is synced once, from one node: not measured)
+    nodes = [
+        {
+            "name": h.name,
+            "host": h.addr,
+            "user": "root",
+            "python": sys.executable,
+            "workdir": "~/cb-bench-{node}",
+        }
+        for h in hosts
+    ]
     cluster: dict[str, object] = {"name": path.stem, "master": hosts[0].name, "backend": "gloo"}
     if project is not None:
         cluster["code"] = {"source": str(project)}

@@ -247,7 +247,7 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import train_record, write_record
+        from orchestrator.runs.layout import finish_record, train_record, write_record
         from orchestrator.runs.ranks import rank_labels, split_rank
 
         write_record(
@@ -296,6 +296,7 @@ def run_launch(
         finally:
             session.executor.on_event = None
             log.close()
+            finish_record(Path("runs") / run_id)  # not reached when the controller is killed outright
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):
         settings.ui.note(

@@ -349,11 +349,17 @@ def status(ctx: click.Context, run_arg: str) -> int:
         interrupted(ui)
     by_name = {n.name: n for n in nodes}
     outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
-    code = exit_code_for(outcomes)
     from orchestrator.cli.common import train_args_line
-    from orchestrator.runs.layout import read_record
+    from orchestrator.runs.layout import controller_lost, read_record
 
-    train = (read_record(RUNS_ROOT / run_id) or {}).get("train")  # a run launched from here
+    record = read_record(RUNS_ROOT / run_id)
+    lost = controller_lost(
+        record, [o.value.state if o.ok and o.value is not None else "unknown" for o in outcomes]
+    )
+    if lost:
+        outcomes = GroupResult(_as_lost(o) for o in outcomes)
+    code = exit_code_for(outcomes)
+    train = (record or {}).get("train")  # a run launched from here
     if settings.json_mode:
         ui.print_json(
             {
@@ -380,6 +386,8 @@ def status(ctx: click.Context, run_arg: str) -> int:
         label = value.state if value.exit_code is None or stopped else f"{value.state} ({value.exit_code})"
         failed = o.error is not None or (not stopped and value.exit_code not in (None, 0))  # "no run" too
         style = "red" if failed else styles.get(value.state, "dim")
+        if value.state == "controller lost":
+            label, style = "controller lost", "red"
         table.add_row(
             Text(o.node),
             Text(label, style=style),
@@ -391,8 +399,27 @@ def status(ctx: click.Context, run_arg: str) -> int:
     args_line = train_args_line(train if isinstance(train, dict) else None)
     if args_line:
         ui.info(args_line)
+    if lost:
+        ui.warn(
+            f"run {run_id}: its controller ended without ending the run (killed, or its machine or "
+            "connection lost): each node's watchdog stopped what was left; "
+            f"`{again(settings, 'logs', run_id)}` shows what every rank printed last"
+        )
     fail_lines(ui, outcomes)
     return code
+
+
+def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
+    """A node's status told as the run's: its controller was lost (runs.layout.controller_lost);
+    ``node_state`` keeps what the node alone said."""
+    value = outcome.value
+    assert value is not None
+    said = (
+        value.state if value.exit_code is None or value.state == "stopped" else f"exited ({value.exit_code})"
+    )
+    return dataclasses.replace(
+        outcome, value=dataclasses.replace(value, state="controller lost", node_state=said)
+    )
 
 
 #: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)

@@ -251,12 +251,14 @@ def _reconnect(transport: Transport, node: Node, deadline: float) -> None:
 
 @dataclass
 class NodeStatus:
-    state: str  # running / exited / stopped / not started / no run
+    state: str  # running / exited / stopped / not started / no run / controller lost
     exit_code: int | None = None
     runtime: float | None = None
     last_line: str = ""
     log_bytes: int = 0
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    #: "controller lost": what the node alone would have said (stopped / exited), a race's outcome
+    node_state: str | None = None
 
     def public_dict(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -136,10 +136,34 @@ def write_record(
         "run_id": run_id,
         "detached": detached,
         "started": time.time(),
+        # a foreground run's controller says when it let go of the run (finish_record): a record
+        # whose "ended" stays null belongs to a controller that vanished mid-run (controller_lost)
+        **({} if detached else {"ended": None}),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
         **({"train": dict(train)} if train is not None else {}),
     }
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def finish_record(directory: Path) -> None:
+    """A foreground run's controller lets go of the run (it ended, failed, or was interrupted and
+    swept): its record's ``ended`` is set. A controller killed outright never gets here."""
+    doc = read_record(directory)
+    if doc is None or "ended" not in doc:
+        return
+    doc["ended"] = time.time()
+    write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def controller_lost(record: Mapping[str, Any] | None, states: Sequence[str]) -> bool:
+    """One story for a run whose foreground controller vanished (SIGKILL, its machine lost): its
+    record was never finished and nothing of it runs any more. Each node's own word then depends
+    only on a race (the node's watchdog killed the ranks: "stopped"; the ranks failed first when
+    their peers went: "exited (1)"), so the run is told as lost on every node instead. ``states``:
+    every node's NodeStatus.state (a node that could not be read: leave the run's story alone)."""
+    if not record or record.get("detached") or "ended" not in record or record["ended"] is not None:
+        return False
+    return bool(states) and all(state in ("stopped", "exited") for state in states)
 
 
 def train_record(inventory: Inventory) -> dict[str, Any]:

@@ -14,6 +14,7 @@ started, and escalates to SIGKILL, leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,6 +111,23 @@ def test_a_killed_controller_leaves_nothing_running(
     begin = time.monotonic()
     await_(lambda: not _left(cluster, run_id), WINDOW, f"no process of {run_id} on any node")
     print(f"kill -9: every node clean after {time.monotonic() - begin:.1f} s")
+    # one run, one story (issue 33 item 3): not `stopped` on one node and `exited (1)` on another,
+    # whichever of the watchdog and the ranks' own failure came first there
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1"}
+    argv = [BOOTSTRAP, "-i", str(tmp_path / "h.yaml"), "status", "--run", run_id]
+    done = subprocess.run(
+        cluster.controller_argv([*argv, "--json"], env=env), capture_output=True, text=True, cwd=tmp_path
+    )
+    states = {n["name"]: (n["state"], n["node_state"]) for n in json.loads(done.stdout)["nodes"]}
+    assert {name: state for name, (state, _) in states.items()} == {
+        "node1": "controller lost",
+        "node2": "controller lost",
+    }, states
+    shown = subprocess.run(
+        cluster.controller_argv(argv, env=env), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert shown.stdout.count("controller lost") == 2, shown.stdout
+    assert "its controller ended without ending the run" in shown.stderr, shown.stderr
 
 
 def test_sigterm_to_the_controller_is_a_ctrl_c(

@@ -4,8 +4,9 @@ the node prints around the records, the decoder returns exactly the fields each 
 Producers: the Python encoder (as node-side helpers run it: its source alone), the POSIX sh
 functions run by the real /bin/sh (fields as arguments, binary through stdin, and the fact sections
 of ``Platform.sectioned`` with any output and exit code), and the
-PowerShell function, which cannot run here: its text is parsed and checked statement by statement,
-and every record call of the Windows run scripts with it."""
+PowerShell function: no PowerShell runs here, so its statements run in the played Windows node's
+interpreter (tests/winrm_server/interpret.py, .NET's StringBuilder, UTF8 and Base64 as stand-ins),
+its text is checked statement by statement, and every record call of the Windows run scripts."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from orchestrator.facts.base import split_sections
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.runs.windows import WindowsRuns
 from tests import pwsh
+from tests.winrm_server.interpret import Interpreter
+from tests.winrm_server.native import ENCODER_STATICS, StringBuilder, console_writer
 
 SH = PosixShell()
 PS = PowerShell()
@@ -147,6 +150,30 @@ def test_the_decoder_never_splits_on_what_splitlines_splits() -> None:
 
 
 # -- PowerShell: the encoder's text, and every call of it in the Windows run scripts ---------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fields=st.lists(st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cs",)))), max_size=3),
+    kind=st.from_regex(r"[a-z][a-z-]{0,10}", fullmatch=True),
+)
+def test_the_powershell_encoder_run_round_trips_any_text(fields: list[str | None], kind: str) -> None:
+    """The encoder's own statements run (the played node's interpreter, with .NET's StringBuilder,
+    UTF8 and Base64 as stand-ins): whatever a field holds, the controller decodes it back."""
+    names = [f"$f{i}" for i in range(len(fields))]
+    script = PS.record_functions(NONCE) + f"\nOut-CbRecord '{kind}' @({', '.join(names) or '$null'})\n"
+    tree = pwsh.assert_parses(script)
+    lines: list[str] = []
+    interpreter = Interpreter(
+        dict(zip(names, fields, strict=True)),
+        {"New-Object": lambda positional, named: StringBuilder()},
+        {**ENCODER_STATICS, "[Console]::Out": console_writer(lines)},
+    )
+    interpreter.define(tree)
+    interpreter.block(tree.root_node)
+    # $null fields travel as empty ones; `@($null)` is one $null field
+    expected = tuple((f or "").encode() for f in fields) if fields else (b"",)
+    assert records.decode("".join(line + "\n" for line in lines), NONCE) == [records.Record(kind, expected)]
 
 
 def test_the_powershell_encoder_writes_the_same_format() -> None:

@@ -13,7 +13,15 @@ from pathlib import Path
 from orchestrator.cli.common import Settings, again
 from orchestrator.inventory import load_inventory_text
 from orchestrator.render import plan_launch
-from orchestrator.runs.layout import logs_where, run_dir_for, workdir_for
+from orchestrator.runs.layout import (
+    controller_lost,
+    finish_record,
+    logs_where,
+    read_record,
+    run_dir_for,
+    workdir_for,
+    write_record,
+)
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.envsync.spec import env_path
 from orchestrator.steps.preflight import preflight_facts
@@ -146,3 +154,28 @@ def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: P
     dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
     assert "train.script" not in dry.stderr
     assert [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("/code/train.py")]
+
+
+def test_a_foreground_record_left_unfinished_tells_one_story_for_a_lost_controller(tmp_path: Path) -> None:
+    """Issue 33 item 3: after a killed controller, one node said `stopped` and another `exited (1)`
+    (whichever of the watchdog and the rank's own failure came first); the record decides."""
+    inv = load_inventory_text(
+        "cluster: {name: c, master: a, train: {script: t.py}}\n"
+        "nodes:\n  - {name: a, host: 10.0.0.1, nproc: 1}\n  - {name: b, host: 10.0.0.2, nproc: 1}\n",
+        "hosts.yaml",
+    )
+    specs = plan_launch(
+        inv, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={}, pythons={}
+    )
+    fg, bg = tmp_path / "fg", tmp_path / "bg"
+    write_record(fg, "r1", specs, detached=False)
+    write_record(bg, "r1", specs, detached=True)
+    unfinished = read_record(fg)
+    assert controller_lost(unfinished, ["stopped", "exited"])
+    assert not controller_lost(unfinished, ["running", "exited"])  # the controller may still be there
+    assert not controller_lost(unfinished, ["stopped", "unknown"])  # a node not read: no story told
+    assert not controller_lost(read_record(bg), ["stopped", "exited"])  # detached: no controller to lose
+    assert not controller_lost({"run_id": "r1", "detached": False}, ["stopped", "exited"])  # older record
+    finish_record(fg)
+    assert not controller_lost(read_record(fg), ["stopped", "exited"])
+    assert oct((fg / "run.json").stat().st_mode & 0o777) == "0o600"

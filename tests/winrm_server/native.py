@@ -168,13 +168,13 @@ def creations(root: Any) -> list[tuple[str, str]]:
     return found
 
 
-class _StringBuilder:
+class StringBuilder:
     """[System.Text.StringBuilder]: Append returns the builder, as .NET's does."""
 
     def __init__(self) -> None:
         self.parts: list[str] = []
 
-    def Append(self, value: Any) -> _StringBuilder:
+    def Append(self, value: Any) -> StringBuilder:
         self.parts.append(str(value))
         return self
 
@@ -187,6 +187,30 @@ class _Utf8:
 
     def GetBytes(self, value: Any) -> bytes:
         return str(value).encode("utf-8")
+
+
+def console_writer(lines: list[str]) -> Any:
+    """[Console]::Out: WriteLine adds a line; Write adds text, complete lines to ``lines``."""
+    pending: list[str] = []
+
+    def write(value: Any) -> None:
+        pending.append(str(value))
+        *done, rest = "".join(pending).split("\n")
+        lines.extend(done)
+        pending[:] = [rest] if rest else []
+
+    return type(
+        "Writer",
+        (),
+        {"WriteLine": staticmethod(lambda value: lines.append(str(value))), "Write": staticmethod(write)},
+    )()
+
+
+#: the .NET members Out-CbRecord (PowerShell.record_functions) uses: the product's encoder runs
+ENCODER_STATICS: dict[str, Any] = {
+    "[System.Text.Encoding]::UTF8": _Utf8(),
+    "[System.Convert]::ToBase64String": lambda data: base64.b64encode(bytes(data)).decode(),
+}
 
 
 class _Stopwatch:
@@ -361,7 +385,7 @@ class NativeNode:
             if type_name == "system.text.utf8encoding":
                 return object()
             if type_name == "system.text.stringbuilder":
-                return _StringBuilder()
+                return StringBuilder()
             raise Unsupported(f"New-Object {type_name}")
 
         interpreter: Interpreter
@@ -375,23 +399,7 @@ class NativeNode:
                     stopped += len(table.terminate_tree(root.proc))
             return f"{stopped} 0"
 
-        pending: list[str] = []
-
-        def write(value: Any) -> None:
-            """[Console]::Out.Write: complete lines go to ``lines``."""
-            pending.append(str(value))
-            *done, rest = "".join(pending).split("\n")
-            lines.extend(done)
-            pending[:] = [rest] if rest else []
-
-        writer = type(
-            "Writer",
-            (),
-            {
-                "WriteLine": staticmethod(lambda value: lines.append(str(value))),
-                "Write": staticmethod(write),
-            },
-        )
+        writer = console_writer(lines)
         resolver = type(
             "Path",
             (),
@@ -432,11 +440,9 @@ class NativeNode:
                 "[Math]::Floor": lambda x: float(int(x // 1)),
                 "[System.Diagnostics.Stopwatch]::StartNew": _Stopwatch,
                 "[System.Diagnostics.Process]::GetProcessById": get_process,
-                "[Console]::Out": writer(),
-                # Out-CbRecord (PowerShell.record_functions): the product's own encoder runs
-                "[System.Text.Encoding]::UTF8": _Utf8(),
-                "[System.Convert]::ToBase64String": lambda data: base64.b64encode(bytes(data)).decode(),
-                "[Console]::Error": writer(),
+                "[Console]::Out": writer,
+                "[Console]::Error": writer,
+                **ENCODER_STATICS,
             },
         )
         return interpreter
