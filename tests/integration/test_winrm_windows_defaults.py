@@ -12,8 +12,9 @@ the test would pass only if the PRODUCT handles it (not the server):
 - ``MaxEnvelopeSizekb``: every request the product sends fits the smallest Windows value (150 KiB); a
   host set lower answers HTTP 413, and the product names the setting to raise;
 - the SHA-256 check of transfers, with the SERVER corrupting the bytes in either direction;
-- cmd.exe's 8191-character limit, taken from the server's own constant: a command line exactly at it
-  and just under it runs inline, one character over goes through the product's upload fallback;
+- cmd.exe's 8191-character limit, as the server's cmd.exe counts it (with WinRS's ``cmd.exe /c ``): a
+  command line exactly at the product's limit (which keeps a margin under it) and just under it runs
+  inline, one character over goes through the product's upload fallback (native: ``-File``);
 - certificate authentication: a TLS client certificate of the host's CA, mapped to an account.
 
 Native (PowerShell) transfers are played by ``tests.integration.test_winrm_transport.Emulator``
@@ -38,10 +39,11 @@ from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.platforms.wsl import WslShell
 from orchestrator.transports.winrm import WinRMTransport
+from orchestrator.transports.winrm_shell import line_limit
 from tests.integration.test_winrm_transport import Emulator, uploaded_scripts
 from tests.integration.test_winrm_transport import _transport as with_password
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer
-from tests.winrm_server.server import CMD_LINE_LIMIT
+from tests.winrm_server.server import CMD_LINE_LIMIT, WINRS_WRAPPING
 
 DISTRO = "Ubuntu-22.04"
 
@@ -475,13 +477,28 @@ def _script_of_line_length(length: int) -> tuple[str, str]:
     raise AssertionError(f"no script makes a {length}-character line")
 
 
+def _fits_the_servers_cmd_exe(line: str) -> bool:
+    """What the server's cmd.exe measures: WinRS's ``cmd.exe /c `` and the line (no variables in ours)."""
+    return "%" not in line and len(WINRS_WRAPPING + line) <= CMD_LINE_LIMIT
+
+
+def test_the_products_limit_keeps_a_margin_under_the_servers_cmd_exe() -> None:
+    """The product's own limit stays at least 128 characters under the longest line the server's
+    cmd.exe runs (8191 with WinRS's ``cmd.exe /c ``): room for a longer wrapping than the one played."""
+    room = CMD_LINE_LIMIT - len(WINRS_WRAPPING)
+    for platform in (PowerShell(), WslShell("D")):
+        assert room - line_limit(platform) >= 128, platform.name
+
+
 @pytest.mark.parametrize(
     "over", [0, -1, -3, 1], ids=["exactly-the-limit", "one-under", "three-under", "one-over"]
 )
 def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
     server: WinRMServer, over: int
 ) -> None:
-    length = CMD_LINE_LIMIT + over  # the server's own constant, not the product's
+    """A WSL node: a command line exactly at the product's limit and just under it is sent as it is
+    and the server's cmd.exe runs it; one character over goes through the upload fallback."""
+    length = line_limit(WslShell("D")) + over
     distro, script = _script_of_line_length(length)
     server.wsl.distros = [Distro(distro, default=True)]
     transport = _transport(server, WslShell(distro))
@@ -492,7 +509,7 @@ def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
         transport.close()
     assert result.ok and result.stdout == script[len("echo ") :] + "\n", result.stderr
     assert "too long" not in result.stderr
-    assert all(len(line) <= CMD_LINE_LIMIT for line in server.commands)
+    assert all(_fits_the_servers_cmd_exe(line) for line in server.commands)
     if over <= 0:
         assert [len(line) for line in server.commands] == [length]  # sent as it is
         assert "uploaded to a temporary file" not in planned
@@ -502,6 +519,60 @@ def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
         assert "uploaded to a temporary file" in planned
         scripts = uploaded_scripts(server.commands)
         assert scripts and not [p for p in scripts if p.exists()]
+
+
+def _native_scripts_around_the_limit(platform: PowerShell) -> tuple[str, str]:
+    """(just under, just over): the longest script whose ``-EncodedCommand`` line is within the
+    product's limit, and the same with one more character (its base64 grows 4 at a time)."""
+    limit = line_limit(platform)
+
+    def script(pad: int) -> str:
+        return f"Write-Output '{'y' * pad}'"
+
+    def length(pad: int) -> int:
+        return len(platform.login_command(platform.stop_on_hangup(script(pad))))
+
+    low, high = 0, limit
+    while low < high:  # the largest pad whose line fits
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if length(mid) <= limit else (low, mid - 1)
+    assert length(low) <= limit < length(low + 1)
+    return script(low), script(low + 1)
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["just-under", "just-over"])
+def test_a_native_script_just_under_the_limit_runs_inline_and_one_just_over_from_a_file(
+    server: WinRMServer, over: bool
+) -> None:
+    """A native node: the longest script the product sends as ``-EncodedCommand`` runs (the server's
+    cmd.exe counts WinRS's ``cmd.exe /c `` too); one character more is uploaded as a .ps1 and run with
+    ``-File`` (``file_command``), then deleted."""
+    platform = PowerShell()
+    under, longer = _native_scripts_around_the_limit(platform)
+    script = longer if over else under
+    ran: list[PwshCall] = []
+
+    def other(call: PwshCall) -> Answer:
+        ran.append(call)
+        return Answer(stdout="from a file\n" if call.file else "inline\n")
+
+    server.on_powershell = Emulator(server.files, other)
+    transport = _transport(server, platform)
+    try:
+        result = transport.run_raw(script)
+    finally:
+        transport.close()
+    assert result.ok and "too long" not in result.stderr, result.stderr
+    assert all(_fits_the_servers_cmd_exe(line) for line in server.commands)
+    (call,) = ran
+    assert call.script.lstrip("\ufeff") == script
+    if not over:
+        assert result.stdout == "inline\n" and call.file is None
+        assert [len(line) for line in server.commands] == [len(platform.login_command(script))]
+    else:
+        assert result.stdout == "from a file\n" and call.file is not None and call.file.endswith(".ps1")
+        assert call.command_line.split()[-2:] == ["-File", call.file]
+        assert list(server.files) == []  # deleted after the run
 
 
 # -- winrm.transport: certificate --------------------------------------------------------------------
