@@ -35,6 +35,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Node, PasswordResolver
 from orchestrator.logs import RunLog, state_dir
 from orchestrator.platforms import PosixShell
+from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
 from orchestrator.transports import Result, Transport
@@ -112,6 +113,8 @@ def run(
                 "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
                 result=result,
             )
+        if not result.ok and (setting := platform.shell_quota(result.stderr + result.stdout)) is not None:
+            raise shell_quota_error(node.name, setting, result)
         if result.timed_out:
             raise CommandTimeoutError(
                 f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result

@@ -61,6 +61,15 @@ _NEEDS_QUOTES = re.compile(r'[\s"]')
 _CMD_UNSAFE = re.compile(r'[%!"\r\n\x00]')
 _CMD_SPECIAL = re.compile(r"[\s&|<>^()]")
 
+#: what Windows says when a process of a WinRS shell's job meets one of the shell's quotas, for each
+#: setting: the job's process limit refuses a new process with ERROR_NOT_ENOUGH_QUOTA (1816), its memory
+#: limit refuses an allocation with ERROR_COMMITMENT_LIMIT (1455; what users of shells over
+#: MaxMemoryPerShellMB report: ansible issue 39327), and the remote operation is then ended
+SHELL_QUOTA_TEXTS = {
+    "MaxProcessesPerShell": "Not enough quota is available to process this command",
+    "MaxMemoryPerShellMB": "The paging file is too small for this operation to complete",
+}
+
 NOT_ELEVATED_MESSAGE = (
     "this step needs an elevated (administrator) session and this one is not: connect as a member of the "
     "local Administrators group (WinRM sessions of administrators are elevated; for a local account "
@@ -496,6 +505,14 @@ class PowerShell(Platform):
 
     def remove_file(self, remote: str) -> str:
         return transfer.remove_script(self, self.transfer_path(remote))
+
+    def shell_quota(self, output: str) -> str | None:
+        """The WinRS quota (``MaxProcessesPerShell``, ``MaxMemoryPerShellMB``) whose Windows message
+        ``output`` holds: every process a WinRS command starts is in the shell's job, which has both."""
+        for setting, text in SHELL_QUOTA_TEXTS.items():
+            if text in output:
+                return setting
+        return None
 
     # -- stopping --------------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -32,7 +34,7 @@ from tests.conftest import require_cluster_support
 from tests.netns import inside
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer, start_in_host
 from tests.winrm_server.cmdline import quote
-from tests.winrm_server.processes import QUOTA_MESSAGE
+from tests.winrm_server.processes import MEMORY_MESSAGE, QUOTA_MESSAGE, WinProcess, resident_mb
 from tests.winrm_server.server import CMD_LINE_LIMIT, WINRS_WRAPPING
 
 #: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
@@ -375,6 +377,49 @@ def test_every_command_through_cmd_exe_is_two_processes_of_the_shells_job() -> N
                 assert server.processes.refused == [f"{shell}: powershell.exe"]
             assert server.processes.live() == []  # both end with the command
     assert seen == [[("cmd.exe", "-"), ("powershell.exe", "cmd.exe")], [("powershell.exe", "-")]]
+
+
+def test_a_shell_over_max_memory_per_shell_mb_has_its_command_ended() -> None:
+    """MaxMemoryPerShellMB 64: a program the command starts (a real Python process, in the shell's job)
+    that takes 200 MB ends with the whole command (its cmd.exe and powershell.exe), the allocation's
+    Windows error on stderr, exit code 1; the same program created by WMI, outside every job, runs on."""
+    hog = "import time\nblock = b'x' * (200 << 20)\ntime.sleep(30)\n"
+    made: list[WinProcess] = []
+
+    def handler(call: PwshCall) -> Answer:
+        outside = "outside" in call.script
+        child = server.processes.create(
+            "python.exe",
+            "python.exe hog.py",
+            parent=None if outside else call.process,
+            argv=[sys.executable, "-c", hog],
+            stdout=subprocess.DEVNULL,
+        )
+        made.append(child)
+        if not outside:
+            child.ended.wait(30)
+        return Answer(stdout="started\n")
+
+    server = WinRMServer(allow_unencrypted=True, on_powershell=handler, max_memory_per_shell_mb=64)
+    with server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        command = proto.run_command(shell, _ps_command("Write-Output 'outside'"))
+        assert proto.get_command_output(shell, command)[2] == 0
+        (outside,) = made
+        assert outside.linux is not None
+        deadline = time.monotonic() + 30
+        while resident_mb([outside.linux.pid]) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_mb([outside.linux.pid]) >= 200
+        command = proto.run_command(shell, _ps_command("Write-Output 'inside'"))
+        out, err, code = proto.get_command_output(shell, command)
+        assert (code, out) == (1, b"") and err == (MEMORY_MESSAGE + "\r\n").encode(), err
+        inside = made[1]
+        assert inside.terminated and server.processes.in_job(shell) == []
+        assert [entry.split(":")[0] for entry in server.processes.over_memory] == [shell]
+        assert outside.alive and not outside.terminated
+        proto.close_shell(shell)
 
 
 def test_max_shells_per_user_quota_fault() -> None:

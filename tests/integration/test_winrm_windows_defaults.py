@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -304,6 +305,56 @@ def test_the_cli_shows_the_https_advice_with_exit_3(tmp_path: Path) -> None:
         assert srv.commands == []
     assert run.returncode == 3, run.stderr
     assert "win1" in run.stderr and 'AllowUnencrypted="true"' in run.stderr and "HTTPS" in run.stderr
+
+
+def test_a_command_over_max_memory_per_shell_mb_says_which_setting_and_what_to_do(tmp_path: Path) -> None:
+    """`bootstrap run` on a native node whose command starts a program (a real Python process here, in
+    the shell's job) that takes 200 MB with MaxMemoryPerShellMB 64: the server ends the command as
+    Windows ends a remote operation over its memory quota, and the CLI names the setting, how to raise
+    it and the way around it, exit code 1."""
+    from tests.conftest import BOOTSTRAP, write_inventory
+
+    hog = "import time\nblock = b'x' * (200 << 20)\ntime.sleep(30)\n"
+
+    def handler(call: PwshCall) -> Answer:
+        if "hog.py" not in call.script:
+            return Answer()
+        child = srv.processes.create(
+            "python.exe",
+            "python.exe hog.py",
+            parent=call.process,
+            argv=[sys.executable, "-c", hog],
+            stdout=subprocess.DEVNULL,
+        )
+        child.ended.wait(30)
+        return Answer(exit_code=child.exit_code or 0)
+
+    srv = WinRMServer(auth="ntlm", username="bob", password="pw", max_memory_per_shell_mb=64)
+    srv.on_powershell = handler
+    with srv:
+        node = {"name": "win1", "host": srv.host, "port": srv.port, "os": "windows", "user": "bob"}
+        node.update(password_env="CBT_WIN_PASS", windows={"mode": "native"})
+        node["winrm"] = {"transport": "ntlm", "scheme": "http"}
+        inventory = write_inventory(tmp_path / "hosts.yaml", [node])
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "python.exe", "hog.py"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(tmp_path),
+                "NO_COLOR": "1",
+                "CBT_WIN_PASS": "pw",
+            },
+            stdin=subprocess.DEVNULL,
+        )
+        assert len(srv.processes.over_memory) == 1
+    assert run.returncode == 1, run.stderr
+    text = " ".join(run.stderr.split())
+    assert "win1" in text and "MaxMemoryPerShellMB quota" in text, run.stderr
+    assert "winrm set winrm/config/winrs '@{MaxMemoryPerShellMB=\"8192\"}'" in text, run.stderr
+    assert "bootstrap launch" in text
 
 
 def test_ntlm_over_http_passes_a_default_host_because_every_message_is_sealed(server: WinRMServer) -> None:

@@ -1036,6 +1036,8 @@ class WinRMServer:
                 return value
             return re.sub(r"(?<!\r)\n", "\r\n", value).encode(encoding, "replace")
 
+        if cmd.killed:
+            return  # its processes were ended (terminated, a quota): they write nothing more
         cmd.emit("stdout", text(answer.stdout))
         for piece in answer.chunks or ():
             if cmd.killed:
