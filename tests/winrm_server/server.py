@@ -13,13 +13,15 @@ A command line received by WinRS is dispatched like this:
 - anything else: ``/bin/sh -c LINE`` for real, in its own process group.
 
 Stopping a command (Signal terminate, or Delete of its shell) is what Windows' job object does: every
-process of the command ends. PowerShell commands are played processes of :attr:`WinRMServer.processes`
-(:mod:`tests.winrm_server.processes`): each is in its shell's job, with the job's
-``MaxProcessesPerShell`` (``max_processes_per_shell=``) enforced for what is created inside it; a
-handler creates the processes the script would (``Win32_Process`` Create: outside every job).
-A ``wsl.exe`` command is different: only wsl.exe is a Windows process, so only it ends; the Linux
-processes it started keep running, their stdin still open and their output read by no one (see
-:meth:`Command.end_wsl_exe`). What stops them is the client closing the command's stdin first
+process of the command ends. PowerShell commands (and WinRS's cmd.exe of every command) are played
+processes of :attr:`WinRMServer.processes` (:mod:`tests.winrm_server.processes`): each is in its shell's
+job, with the job's ``MaxProcessesPerShell`` (``max_processes_per_shell=``) enforced for what is created
+inside it and ``MaxMemoryPerShellMB`` (``max_memory_per_shell_mb=``) for the memory of the real
+processes standing for them; a handler creates the processes the script would (``Win32_Process``
+Create: outside every job).
+A ``wsl.exe`` command is different: only wsl.exe (and its cmd.exe) are Windows processes, so only
+they end; the Linux processes it started keep running, their stdin still open and their output read
+by no one (see :meth:`Command.end_wsl_exe`). What stops them is the client closing the command's stdin first
 (WinRS Send with ``End="true"``), which reaches the Linux process as EOF.
 
 A default Windows host (``AllowUnencrypted=false``, ``MaxEnvelopeSizekb=500``) is what the server
