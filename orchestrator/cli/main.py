@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     run_nodes,
     train_env_option,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.errors import (
     BootstrapError,
     ExitCode,
@@ -89,6 +90,7 @@ class _Group(click.Group):
 )
 @train_env_option("Main pipeline: add NAME=VALUE to train.env for this run (repeatable).")
 @master_option
+@dashboard_options
 @click.pass_context
 def cli(
     ctx: click.Context,
@@ -146,7 +148,11 @@ def cli(
         dry_run=settings.dry_run,
     )
     phases = CliPhases(ctx, settings, inventory, detach=detach)
-    with open_session(settings, inventory, everyone) as session:
+    with (
+        open_session(settings, inventory, everyone) as session,
+        live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
+    ):
+        observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
         report = run_pipeline(session, inventory, nodes, options, phases)
     code = report.exit_code
     if ui.collected is not None:
@@ -185,6 +191,8 @@ def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
     from orchestrator.cli.bench import bench
     from orchestrator.cli.check import check, facts, show_inventory
+    from orchestrator.cli.clean import clean
+    from orchestrator.cli.dashboard import dashboard
     from orchestrator.cli.firewall import firewall
     from orchestrator.cli.launch import launch, render
     from orchestrator.cli.remote import keys, run
@@ -212,6 +220,8 @@ def _register() -> None:
         stop,
         fetch,
         teardown,
+        clean,
+        dashboard,
     ):
         cli.add_command(command)
 

@@ -26,18 +26,16 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
-    CommandTimeoutError,
     ExitCode,
     SecretMissingError,
-    SudoPasswordRequiredError,
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Node, PasswordResolver
 from orchestrator.logs import RunLog, state_dir
 from orchestrator.platforms import PosixShell
-from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
+from orchestrator.steps.remote import run_command
 from orchestrator.transports import Result, Transport
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
@@ -96,30 +94,17 @@ def run(
 
     def one(node: Node, transport: Transport) -> Result:
         output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
-        result = transport.run(
-            text, env=env, cwd=cwd, timeout=timeout, on_line=output, become=become, keep_lines=keep_lines
+        return run_command(
+            node,
+            transport,
+            text,
+            env=env,
+            cwd=cwd,
+            timeout=timeout,
+            become=become,
+            keep_lines=keep_lines,
+            on_line=output,
         )
-        platform = transport.platform
-        if (
-            become
-            and not result.ok
-            and isinstance(platform, PosixShell)
-            and platform.sudo_refused(result.stderr)
-        ):
-            raise SudoPasswordRequiredError(
-                "sudo needs a password here, and bootstrap never types one",
-                node=node.name,
-                hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
-                "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
-                result=result,
-            )
-        if not result.ok and (setting := platform.shell_quota(result.stderr + result.stdout)) is not None:
-            raise shell_quota_error(node.name, setting, result)
-        if result.timed_out:
-            raise CommandTimeoutError(
-                f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
-            )
-        return result
 
     try:
         with open_session(settings, inventory, nodes) as session:

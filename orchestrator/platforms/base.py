@@ -93,6 +93,12 @@ class Platform(ABC):
         writes a heartbeat byte far more often while the command runs): a controller cut off by
         the network."""
 
+    @staticmethod
+    def sudo_refused(stderr: str) -> bool:
+        """``stderr`` says sudo wanted a password (which bootstrap never types). Only POSIX shells
+        elevate with sudo; elsewhere elevation fails in its own way."""
+        return False
+
     @abstractmethod
     def login_command(self, script: str) -> str:
         """The one line a remote login shell executes to run ``script`` unchanged."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import SudoPasswordRequiredError
-from orchestrator.platforms import PosixShell
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -30,6 +29,6 @@ def run_as_root(node: Node, transport: Transport, script: str, what: str, timeou
     :class:`SudoPasswordRequiredError` naming the node, ``what`` was being done and the fix."""
     result = transport.run(script, become=True, timeout=timeout)
     platform = transport.platform
-    if not result.ok and isinstance(platform, PosixShell) and platform.sudo_refused(result.stderr):
+    if not result.ok and platform.sudo_refused(result.stderr):
         raise sudo_error(node, result, what)
     return result

@@ -59,7 +59,7 @@ REQUIRED_TOPICS = (
     "/resync",
     "-Profile Any",
     "bench",
-    "`started-before` record",  # the codec's record, once an `@@started-before` marker
+    "`started-before` record",
     "MaxMemoryPerShellMB",
 )
 

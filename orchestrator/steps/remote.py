@@ -1,0 +1,51 @@
+"""`bootstrap run`'s step: one shell command on a node, its output streamed line by line.
+
+The command is the user's own text, read by the node's shell as `ssh host CMD` would; what the step
+adds is what a user would otherwise meet as a bare failure: sudo asking for a password it will
+never get (``become``), a WinRS shell quota met on a native Windows node (which setting, how to raise
+it), and a timeout told as one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.errors import CommandTimeoutError, SudoPasswordRequiredError
+from orchestrator.inventory import Node
+from orchestrator.platforms.windows_admin import shell_quota_error
+from orchestrator.transports import Result, Transport
+from orchestrator.transports.base import OnLine
+
+
+def run_command(
+    node: Node,
+    transport: Transport,
+    text: str,
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    timeout: float | None,
+    become: bool,
+    keep_lines: int,
+    on_line: OnLine,
+) -> Result:
+    """Run ``text`` on the node; a non-zero exit is the result's to tell (not an error here)."""
+    result = transport.run(
+        text, env=dict(env), cwd=cwd, timeout=timeout, on_line=on_line, become=become, keep_lines=keep_lines
+    )
+    if become and not result.ok and transport.platform.sudo_refused(result.stderr):
+        raise SudoPasswordRequiredError(
+            "sudo needs a password here, and bootstrap never types one",
+            node=node.name,
+            hint="allow passwordless sudo for this user (a line `USER ALL=(ALL) NOPASSWD: ALL` "
+            "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
+            result=result,
+        )
+    setting = None if result.ok else transport.platform.shell_quota(result.stderr + result.stdout)
+    if setting is not None:
+        raise shell_quota_error(node.name, setting, result)
+    if result.timed_out:
+        raise CommandTimeoutError(
+            f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
+        )
+    return result
