@@ -316,7 +316,9 @@ def run_logs(
     rate: float,
     tmp: Path,
     python: str | None = sys.executable,
+    on_block: Callable[[str, str], None] | None = None,
 ) -> Row:
+    """``on_block``: also given every block of output, as RankedOutput gives it (benchmarks/dashboard.py)."""
     transports = _transports(cluster, known)
     tallies = {h.name: Tally(lines) for h in cluster.hosts}
     run_id = f"bench-{time.monotonic_ns()}"
@@ -327,7 +329,7 @@ def run_logs(
     for rank, host in enumerate(cluster.hosts):
         sink.by_head[printer_ui.head(host.name, rank).rstrip()] = tallies[host.name]
     outputs = {  # what `logs` does with every node's output
-        h.name: RankedOutput(h.name, log, printer_ui, first_rank=rank, nproc=1)
+        h.name: RankedOutput(h.name, log, printer_ui, first_rank=rank, nproc=1, on_block=on_block)
         for rank, h in enumerate(cluster.hosts)
     }
     for t in transports:

@@ -20,12 +20,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 N = TypeVar("N")
 
-EventKind = Literal["start", "done", "failed"]
+EventKind = Literal["start", "done", "failed", "waiting"]
 
 
 @dataclass
 class NodeEvent:
-    """Progress of one node through one step, for progress displays."""
+    """Progress of one node through one step, for progress displays (``waiting``: its connection
+    is slow to answer; ``detail`` says for how long it may wait)."""
 
     node: str
     kind: EventKind
@@ -118,6 +119,9 @@ class Executor:
     ) -> None:
         self.max_workers = max_workers
         self.on_event = on_event
+        #: further event callbacks that live across steps (a dashboard), unlike ``on_event``, which
+        #: each step's progress display sets and clears
+        self.observers: list[Callable[[NodeEvent], None]] = []
         self.cancel = cancel
         self._cancelled = threading.Event()
 
@@ -128,6 +132,8 @@ class Executor:
     def _emit(self, event: NodeEvent) -> None:
         if self.on_event is not None:
             self.on_event(event)
+        for observer in self.observers:
+            observer(event)
 
     def _one(self, name: str, step: str, fn: Callable[[], T]) -> Outcome[T]:
         start = time.monotonic()

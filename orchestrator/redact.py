@@ -31,6 +31,14 @@ def mask_url_credentials(text: str) -> str:
     return _USERINFO_RE.sub(lambda m: f"{m.group('scheme')}{MASKED_USERINFO}@", text)
 
 
+def strip_url_credentials(text: str) -> str:
+    """``text`` with the user and password of every URL in it removed (``https://host/simple``):
+    where only the host matters (can a node reach it?) and the login must not travel."""
+    if "@" not in text:
+        return text
+    return _USERINFO_RE.sub(lambda m: m.group("scheme"), text)
+
+
 def has_url_credentials(text: str) -> bool:
     """Does ``text`` hold a URL with a user or password in it?"""
     return mask_url_credentials(text) != text

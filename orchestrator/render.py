@@ -87,12 +87,13 @@ def plan_launch(
     cpus: Mapping[str, int],
     pythons: Mapping[str, str],
 ) -> list[LaunchSpec]:
-    """One spec per node of ``inventory`` (``--nodes`` narrows the inventory itself: Inventory.only).
+    """One spec per node of ``inventory`` (``--nodes`` narrows the inventory itself: Inventory.only),
+    in node-rank order (:attr:`Inventory.rank_order`: the master is node rank 0).
 
     ``interfaces``: node -> (interface, source address) from the route to the master; ``cpus``:
     node -> CPU count (OMP_NUM_THREADS); ``pythons``: node -> interpreter.
     """
-    nodes = list(inventory.nodes)
+    nodes = inventory.rank_order
     train = inventory.cluster.train
     world = sum(n.nproc for n in nodes)
     specs = []

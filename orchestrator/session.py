@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
-from orchestrator.errors import CancelledError
+from orchestrator.errors import CancelledError, UnreachableError
 from orchestrator.executor import Executor, GroupResult, NodeEvent
 from orchestrator.transports import SSHOptions, Transport, open_transport
 
@@ -15,6 +16,10 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node, PasswordResolver
 
 T = TypeVar("T")
+
+#: seconds a node's first connection may take before the wait is announced: an SSH handshake on a
+#: LAN takes a fraction of that; a node that is down makes us wait the whole connect timeout
+ANNOUNCE_AFTER = 1.0
 
 
 class Session:
@@ -27,11 +32,19 @@ class Session:
         passwords: PasswordResolver,
         on_event: Callable[[NodeEvent], None] | None = None,
         max_workers: int = 64,
+        on_wait: Callable[[str, str], None] | None = None,
     ) -> None:
+        """``on_wait(node, text)``: told when a node's first connection is slow to answer (the CLI
+        prints ``text``); the executor's ``on_event`` then gets a ``waiting`` event too."""
         self.inventory = inventory
         self.nodes = nodes
         self.ssh = ssh
         self.passwords = passwords
+        self.on_wait = on_wait
+        # nodes that answered once (a later failure to reconnect is a lost connection, retried), and
+        # the first error of those that never did: never dialled again in this session
+        self._answered: set[str] = set()
+        self._unreachable: dict[str, UnreachableError] = {}
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -47,8 +60,53 @@ class Session:
             existing = self._transports.get(node.name)
             if existing is None:
                 existing = open_transport(node, ssh=self.ssh, passwords=self.passwords)
+                timeout = existing.connect_timeout
+                existing.dial_watch = lambda: self._dial(node.name, node.host, timeout)
                 self._transports[node.name] = existing
             return existing
+
+    @contextlib.contextmanager
+    def _dial(self, node: str, host: str, timeout: float | None) -> Iterator[None]:
+        """Around one connection attempt to ``node``: a node that never answered in this session
+        fails at once with its first error (one dead node costs one connect timeout per run, not
+        one per phase); a first attempt still waiting after ``ANNOUNCE_AFTER`` is announced."""
+        with self._lock:
+            first = self._unreachable.get(node)
+            answered = node in self._answered
+        if first is not None:
+            raise copy.copy(first)  # shown once: the copy keeps the original's `shown`
+        timer = None
+        if not answered and timeout is not None and timeout > ANNOUNCE_AFTER:
+            timer = threading.Timer(ANNOUNCE_AFTER, self._waiting, args=(node, host, timeout))
+            timer.daemon = True
+            timer.start()
+        try:
+            yield
+        except UnreachableError as exc:
+            with self._lock:
+                if not answered and not self._closed:
+                    self._unreachable.setdefault(node, exc)
+            raise
+        else:
+            with self._lock:
+                self._answered.add(node)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _waiting(self, node: str, host: str, timeout: float) -> None:
+        text = f"waiting for {node} ({host}, up to {timeout:g} s): no answer yet"
+        if self.on_wait is not None:
+            self.on_wait(node, text)
+        on_event = self.executor.on_event
+        if on_event is not None:
+            on_event(NodeEvent(node, "waiting", "connect", text))
+
+    def unreachable(self) -> list[str]:
+        """The nodes found unreachable in this session (never answered), in inventory order."""
+        with self._lock:
+            dead = set(self._unreachable)
+        return [n.name for n in self.inventory.nodes if n.name in dead]
 
     def peer_address(self, node: str) -> str | None:
         """The address ``node``'s connection reached, when it is connected directly (no proxy), else
@@ -134,13 +192,16 @@ class Session:
     def reopened(self) -> Session:
         """A new session over the same nodes and credentials (no new prompt): for work after this
         one was cancelled, such as making sure a stopped run left nothing behind."""
-        return Session(
+        fresh = Session(
             self.inventory,
             self.nodes,
             ssh=self.ssh,
             passwords=self.passwords,
             max_workers=self.executor.max_workers,
+            on_wait=self.on_wait,
         )
+        fresh._answered, fresh._unreachable = self._answered, self._unreachable  # found in this run
+        return fresh
 
     def close(self) -> None:
         """Close every connection (also from another thread: unblocks running commands)."""

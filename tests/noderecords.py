@@ -62,7 +62,7 @@ def framed(recording: str, token: str) -> str:
 
 #: how sectioned scripts name their nonce and sections (POSIX sh, PowerShell)
 _ASKED = re.compile(
-    r"_cb_n='?(cb-[0-9a-f]{12})'?|\$cbNonce = '(cb-[0-9a-f]{12})'"
+    r"_cb_nonce='?(cb-[0-9a-f]{12})'?|\$cbNonce = '(cb-[0-9a-f]{12})'"
     r"|\n_cb_sec ([A-Za-z0-9+/=]+)|Out-CbRecord 'section' @\('([A-Za-z0-9_.-]+)'"
 )
 

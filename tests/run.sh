@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(openssh-server openssh-client chrony nftables iproute2 sudo util-linux procps python3-venv libfaketime iptables ufw firewalld
+packages=(openssh-server openssh-client chrony nftables iproute2 sudo util-linux procps python3-venv libfaketime iptables ufw firewalld chromium chromium-driver
     slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do

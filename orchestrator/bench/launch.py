@@ -50,7 +50,7 @@ def planned_shares(inventory: Inventory, specs: list[LaunchSpec]) -> tuple[list[
     setting = inventory.cluster.train.shares
     nodes = [(s.node.name, s.nproc) for s in specs]
     try:
-        doc = doc_for_setting(setting, nodes)
+        doc = doc_for_setting(setting, nodes, inventory.names)
     except SharesError:
         return specs, None  # the inventory's checks refuse such a setting first
     if doc is not None:
@@ -79,7 +79,7 @@ def decide_shares(
     setting = inventory.cluster.train.shares
     nodes = [(s.node.name, s.nproc) for s in launch_plan.specs]
     try:
-        doc = doc_for_setting(setting, nodes)
+        doc = doc_for_setting(setting, nodes, inventory.names)
     except SharesError as exc:
         raise UsageError(f"train.shares: {exc}", hint=f"inventory {inventory.source}") from None
     if doc is not None:

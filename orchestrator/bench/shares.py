@@ -154,7 +154,7 @@ def shares_env(run_dir: str) -> dict[str, str]:
 
 
 def rank_layout(nodes: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
-    """``[(node name, nproc)]`` in inventory order -> one entry per global rank."""
+    """``[(node name, nproc)]`` in rank order -> one entry per global rank."""
     out: list[dict[str, Any]] = []
     for name, nproc in nodes:
         for local in range(nproc):
@@ -162,9 +162,15 @@ def rank_layout(nodes: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
     return out
 
 
-def doc_for_setting(setting: str | Sequence[int], nodes: Sequence[tuple[str, int]]) -> SharesDoc | None:
+def doc_for_setting(
+    setting: str | Sequence[int], nodes: Sequence[tuple[str, int]], listed: Sequence[str] | None = None
+) -> SharesDoc | None:
     """The shares a ``cluster.train.shares`` setting gives without measuring anything: equal, or the
-    fixed list; None for ``measured`` (the probe decides)."""
+    fixed list; None for ``measured`` (the probe decides).
+
+    ``nodes``: ``(name, nproc)`` in rank order; ``listed``: the node names in the order a fixed list
+    gives them (inventory order), when that differs from rank order (a master that is not the first
+    node): each node keeps its own values."""
     nprocs = [n for _name, n in nodes]
     if setting == "measured":
         return None
@@ -173,7 +179,13 @@ def doc_for_setting(setting: str | Sequence[int], nodes: Sequence[tuple[str, int
     elif isinstance(setting, str):
         raise SharesError(f"unknown shares setting {setting!r}: equal, measured, or a list of integers")
     else:
-        doc = SharesDoc.fixed(fixed_weights(list(setting), nprocs))
+        nproc_of = dict(nodes)
+        order = [name for name in (listed or [name for name, _n in nodes]) if name in nproc_of]
+        weights = fixed_weights(list(setting), [nproc_of[name] for name in order])
+        per_node: dict[str, list[int]] = {}
+        for name in order:
+            per_node[name], weights = weights[: nproc_of[name]], weights[nproc_of[name] :]
+        doc = SharesDoc.fixed([w for name, _n in nodes for w in per_node[name]])
     doc.ranks = rank_layout(nodes)
     return doc
 

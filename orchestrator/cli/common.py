@@ -239,6 +239,7 @@ def open_session(
         passwords=_passwords(settings, nodes),
         on_event=on_event,
         max_workers=settings.forks,
+        on_wait=lambda _node, text: settings.ui.info(text),
     )
 
 
@@ -376,6 +377,24 @@ def again(settings: Settings, command: str, run_id: str) -> str:
     how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
     refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
     return " ".join(["bootstrap", *_reach_words(settings), command, "--run", shlex.quote(run_id)])
+
+
+def train_without(settings: Settings, inventory: Inventory, dead: Sequence[str], command: str = "") -> str:
+    """What to type to train on the nodes that answered while ``dead`` do not: this command with the
+    options that say how to reach the cluster, ``--nodes`` the others (sized to them), ``--master``
+    one of them when the master is among ``dead``. "" when no node is left."""
+    left = [n.name for n in inventory.nodes if n.name not in dead]
+    if not dead or not left:
+        return ""
+    words = ["bootstrap", *_reach_words(settings), *([command] if command else [])]
+    words += ["--nodes", shlex.quote(",".join(left))]
+    if inventory.cluster.master not in left:
+        words += ["--master", shlex.quote(left[0])]
+    extra = " with this run's -e and -- arguments" if inventory.run_overrides else ""
+    return (
+        f"to train without {', '.join(dead)} until {'they are' if len(dead) > 1 else 'it is'} back: "
+        f"`{' '.join(words)}`{extra}"
+    )
 
 
 def with_user_options(settings: Settings, text: str) -> str:

@@ -31,10 +31,13 @@ from orchestrator.cli.common import (
     templates_option,
     train_args_line,
     train_env_option,
+    train_without,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
 from orchestrator.errors import (
     ExitCode,
     RunStoppedError,
+    UsageError,
 )
 from orchestrator.executor import Executor, NodeEvent, Outcome, exit_code_for
 from orchestrator.inventory import Inventory
@@ -47,7 +50,9 @@ from orchestrator.transports import Result
 
 if TYPE_CHECKING:
     from orchestrator.cli.ui import UI
+    from orchestrator.dashboard.model import LiveRun
     from orchestrator.render import LaunchSpec
+    from orchestrator.steps.train import TrainReport
 
 T = TypeVar("T")
 
@@ -212,6 +217,7 @@ def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
 )
 @train_env_option("Add NAME=VALUE to train.env for this run (repeatable).")
 @master_option
+@dashboard_options
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 @click.pass_context
 def launch(
@@ -283,20 +289,34 @@ def run_launch(
         _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
     require_secrets(inventory)  # train.env from_env: exit 2 before connecting
+    if detach and ctx.meta.get("dashboard.options", {}).get("dashboard"):
+        raise UsageError(
+            "--dashboard watches a run in the foreground: with --detach, watch it with "
+            "`bootstrap logs --run RUN --follow --dashboard`"
+        )
     from orchestrator.runs.ids import new_run_id
 
     # a run id names one run: a new one unless the user named it (then refused when it exists)
     run_id = new_run_id(inventory.cluster.name, chosen=run_id)
-    with phase_session(settings, inventory, nodes, session) as session:
+    own_session = session is None
+    with (
+        phase_session(settings, inventory, nodes, session) as session,
+        live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "launch") as live,
+    ):
+        unobserve = observe(live, session.executor)  # every phase's node states, on the page
         with ui.progress([n.name for n in nodes], "plan") as on_event:
             session.executor.on_event = on_event
             launch_plan = plan(session, inventory, run_id)
             attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
         session.executor.on_event = None
+        show_facts(live, launch_plan.inspected)
         unreachable = [o for o in launch_plan.inspected if not o.ok]
         if unreachable:
             fail_lines(ui, unreachable)
             ui.error("not launching: every node must be reachable")
+            hint = train_without(settings, inventory, session.unreachable(), "launch")
+            if hint and own_session:  # the main pipeline says it once, at its end
+                ui.info(hint)
             return exit_code_for(launch_plan.inspected)
         for warning in launch_plan.warnings:
             ui.warn(warning)
@@ -325,6 +345,8 @@ def run_launch(
 
         # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
         labels = rank_labels(inventory)
+        if live is not None:
+            live.set_run(run_id, labels)
         outputs = {
             node.name: RankedOutput(
                 node.name,
@@ -332,6 +354,7 @@ def run_launch(
                 None if settings.json_mode else printer,
                 first_rank=labels[node.name][0],
                 nproc=labels[node.name][1],
+                on_block=None if live is None else live.block,  # the page reads the same blocks
             )
             for node in nodes
         }
@@ -350,8 +373,11 @@ def run_launch(
             interrupted(ui)
         finally:
             session.executor.on_event = None
+            unobserve()
             log.close()
             finish_record(Path("runs") / run_id)  # not reached when the controller is killed outright
+        if live is not None:
+            _tell_dashboard(live, report)
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):
         settings.ui.note(
@@ -447,6 +473,15 @@ def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, en
             )
         elif o.value is not None and o.value.state == "stopped":
             settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
+
+
+def _tell_dashboard(live: LiveRun, report: TrainReport) -> None:
+    """How the run ended, on the page: lost nodes, then the end (before the page goes away)."""
+    for name in sorted(report.lost):
+        live.lost(name, "unreachable: it stops its part of the run by itself within 15 s")
+        live.node_state(name, "train", "lost")
+    state = "failed" if report.failed else "stopped" if report.stopped else "ok"
+    live.ended(state, f"run {report.run_id} {'ended' if state == 'ok' else state}")
 
 
 def _announce_first_failure(ui: UI, executor: Executor) -> Callable[[NodeEvent], None]:

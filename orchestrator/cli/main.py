@@ -20,11 +20,14 @@ from orchestrator.cli.common import (
     refuse_native_mix,
     run_nodes,
     train_env_option,
+    train_without,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.errors import (
     BootstrapError,
     ExitCode,
     Terminated,
+    UsageError,
 )
 
 #: ``ctx.meta`` key: the words after ``--`` of the main pipeline (``bootstrap -i x -- --lr 0.1``)
@@ -75,6 +78,12 @@ class _Group(click.Group):
 @click.option(
     "--skip-validate", is_flag=True, help="Main pipeline: launch without the all_reduce validation first."
 )
+@click.option(
+    "--validate",
+    "always_validate",
+    is_flag=True,
+    help="Main pipeline: validate even when nothing it checks changed since it last passed on these nodes.",
+)
 @click.option("--detach", is_flag=True, help="Main pipeline: train detached (see `launch --detach`).")
 @click.option(
     "--sync-from-master",
@@ -89,11 +98,13 @@ class _Group(click.Group):
 )
 @train_env_option("Main pipeline: add NAME=VALUE to train.env for this run (repeatable).")
 @master_option
+@dashboard_options
 @click.pass_context
 def cli(
     ctx: click.Context,
     force: bool,
     skip_validate: bool,
+    always_validate: bool,
     detach: bool,
     until: str | None,
     sync_from_master: bool,
@@ -114,6 +125,8 @@ def cli(
     if ctx.invoked_subcommand is not None:
         return ExitCode.OK
     settings = Settings.from_context(ctx)
+    if always_validate and skip_validate:
+        raise UsageError("--validate and --skip-validate contradict each other: give one of them")
     inventory, nodes = load_selection(settings)
     run_args = ctx.meta.get(RUN_ARGS)
     inventory = for_run(inventory, run_args or None, train_env)
@@ -149,10 +162,18 @@ def cli(
         sync_from_master=sync_from_master,
         dry_run=settings.dry_run,
     )
-    phases = CliPhases(ctx, settings, inventory, detach=detach)
-    with open_session(settings, inventory, everyone) as session:
+    phases = CliPhases(ctx, settings, inventory, detach=detach, always_validate=always_validate)
+    with (
+        open_session(settings, inventory, everyone) as session,
+        live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
+    ):
+        observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
         report = run_pipeline(session, inventory, nodes, options, phases)
     code = report.exit_code
+    if code != ExitCode.OK:
+        hint = train_without(settings, inventory, session.unreachable())
+        if hint:
+            ui.info(hint)
     if ui.collected is not None:
         docs = ui.collected
         ui.collected = None
@@ -189,6 +210,8 @@ def _register() -> None:
     """Every subcommand, each defined in its area's module (none of which imports this one)."""
     from orchestrator.cli.bench import bench
     from orchestrator.cli.check import check, facts, show_inventory
+    from orchestrator.cli.clean import clean
+    from orchestrator.cli.dashboard import dashboard
     from orchestrator.cli.firewall import firewall
     from orchestrator.cli.launch import launch, render
     from orchestrator.cli.remote import keys, run
@@ -216,6 +239,8 @@ def _register() -> None:
         stop,
         fetch,
         teardown,
+        clean,
+        dashboard,
     ):
         cli.add_command(command)
 

@@ -22,6 +22,7 @@ class CliPhases:
     inventory: Inventory
     detach: bool = False
     templates_dir: Path | None = None
+    always_validate: bool = False  # --validate: even when nothing it checks changed
 
     def sync(
         self, session: Session, nodes: list[Node], *, only: str | None, from_master: bool = False
@@ -55,7 +56,9 @@ class CliPhases:
         from orchestrator.cli.validate import run_validate
 
         self._header("validate")
-        return run_validate(self.settings, self.inventory, session=session)
+        return run_validate(
+            self.settings, self.inventory, session=session, unless_unchanged=not self.always_validate
+        )
 
     def launch(self, session: Session) -> ExitCode:
         from orchestrator.cli.launch import run_launch

@@ -25,6 +25,7 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
@@ -50,6 +51,7 @@ from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
+    from orchestrator.dashboard.model import LiveRun
     from orchestrator.inventory import Inventory, Node
     from orchestrator.platforms import Platform
 
@@ -146,6 +148,7 @@ def _run_nodes(
     help="Only the last N lines of each node's log (0: only new ones); default: the whole log. "
     "Prints only: runs/<run-id>/<node>.log here is left as it is.",
 )
+@dashboard_options
 @click.pass_context
 def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> int:
     """Print every node's log of a run as `[node:rank] line`, keeping runs/<run-id>/<node>.log here.
@@ -165,7 +168,6 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    ui = settings.ui
     run_id = resolve_run(run_arg)
     if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
         from orchestrator.cli.slurm import logs_on_slurm
@@ -182,6 +184,27 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             ),
         )
         return ExitCode.OK
+    with live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "logs") as live:
+        if live is not None:
+            live.set_run(run_id, labels)
+        return _logs(settings, inventory, nodes, labels, run_id, follow=follow, tail=tail, live=live)
+
+
+def _logs(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    labels: dict[str, tuple[int, int]],
+    run_id: str,
+    *,
+    follow: bool,
+    tail: int | None,
+    live: LiveRun | None,
+    quiet: bool = False,
+) -> int:
+    """`logs` once its run is known (and its dashboard serving, when asked for). ``quiet``: the lines
+    go to ``live`` only (`status --watch`), not to the terminal."""
+    ui = settings.ui
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
@@ -192,9 +215,10 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
         node.name: RankedOutput(
             node.name,
             run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
-            None if settings.json_mode else printer,
+            None if settings.json_mode or quiet else printer,
             first_rank=labels[node.name][0],
             nproc=labels[node.name][1],
+            on_block=None if live is None else live.block,  # the page reads the same blocks
         )
         for node in nodes
     }
@@ -216,12 +240,16 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
             lines=tail,
         )
         read[node.name] = result
+        if live is not None and result.exit_code not in (0, None):
+            live.node_state(node.name, "train", "failed", f"training exited {result.exit_code}")
+            live.failure(node.name, f"training exited with code {result.exit_code}")
         return result
 
     session = open_session(settings, inventory, nodes)
     copies: dict[str, str] = {}
     try:
         with session:
+            observe(live, session.executor)
             outcomes = session.map(one, step="logs")
         if tail is None:
             copies = run_log.settle(outputs, {o.node: "replace" if o.ok else "keep" for o in outcomes})
@@ -326,8 +354,14 @@ def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outco
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
+@click.option(
+    "--watch",
+    is_flag=True,
+    help="A live table in place (nodes, and each rank's step, loss and samples/s from the lines it "
+    "prints from now on), until every launcher has ended or Ctrl-C.",
+)
 @click.pass_context
-def status(ctx: click.Context, run_arg: str) -> int:
+def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
@@ -348,6 +382,8 @@ def status(ctx: click.Context, run_arg: str) -> int:
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
         )
         return ExitCode.OK
+    if watch:
+        return _watch(settings, inventory, nodes, _labels, run_id)
     session = open_session(settings, inventory, nodes)
     try:
         with ui.progress([n.name for n in nodes], "status") as on_event, session:
@@ -428,6 +464,66 @@ def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
     return dataclasses.replace(
         outcome, value=dataclasses.replace(value, state="controller lost", node_state=said)
     )
+
+
+def _watch(
+    settings: Settings,
+    inventory: Inventory,
+    nodes: list[Node],
+    labels: dict[str, tuple[int, int]],
+    run_id: str,
+) -> int:
+    """`status --watch`: the run's new lines (as `logs --follow --tail 0` reads them) into the
+    dashboard's model, shown as a table in place (rich Live) on stderr."""
+    from rich.live import Live
+
+    from orchestrator.cli.dashboard import secret_values
+    from orchestrator.dashboard.model import LiveRun
+
+    live = LiveRun(
+        [n.name for n in nodes],
+        run_id=run_id,
+        labels=labels,
+        secrets=secret_values(inventory),
+        command="status",
+    )
+    with Live(
+        watch_table(live),
+        console=settings.ui.err,
+        refresh_per_second=2,
+        get_renderable=lambda: watch_table(live),
+    ):
+        code = _logs(settings, inventory, nodes, labels, run_id, follow=True, tail=0, live=live, quiet=True)
+    settings.ui.print_table(watch_table(live))  # the last state stays on the screen
+    return code
+
+
+def watch_table(live: LiveRun) -> Table:
+    """The live view: per node its state and lines read, per rank step, loss and samples/s (the
+    slowest rank marked), the newest event. Node text neutralised."""
+    live.flush_pending()
+    table = Table(title=Text(f"run {live.run_id}"), title_justify="left")
+    for column in ("node", "state", "lines", "rank", "step", "loss", "samples/s"):
+        table.add_column(column, no_wrap=True)
+    slowest = live.slowest()
+    for name, doc in live.nodes.items():
+        ranks = sorted((r for r in live.ranks.values() if r.node == name), key=lambda r: r.rank)
+        head = (Text(name), Text(str(doc.get("state", ""))), str(doc.get("lines", 0)))
+        if not ranks:
+            table.add_row(*head, "-", "-", "-", "-")
+        for i, rank in enumerate(ranks):
+            speed = "-" if rank.samples_per_s is None else f"{rank.samples_per_s:.1f}"
+            table.add_row(
+                *(head if i == 0 else ("", "", "")),
+                str(rank.rank),
+                "-" if rank.step is None else str(rank.step),
+                "-" if rank.loss is None else f"{rank.loss:.4f}",
+                Text(speed + " slowest", style="bold red") if rank.rank == slowest else speed,
+            )
+    if live.events:
+        event = live.events[-1]
+        table.caption = Text(neutralise(f"{event['kind']}: {event['node']} {event['message']}"))
+    return table
 
 
 #: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)

@@ -247,7 +247,14 @@ def _run_env(
         session.executor.on_event = board.on_event
         try:
             return sync_env(
-                session, inventory, nodes, force=force, on_line=on_line, on_progress=board.update, specs=specs
+                session,
+                inventory,
+                nodes,
+                force=force,
+                on_line=on_line,
+                on_progress=board.update,
+                specs=specs,
+                on_notice=None if settings.json_mode else ui.note,
             )
         finally:
             session.executor.on_event = None

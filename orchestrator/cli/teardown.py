@@ -17,7 +17,8 @@ def teardown(ctx: click.Context, keep_time: bool, keep_firewall: bool) -> int:
     """Remove what bootstrap set up on the nodes: exactly the firewall rules tagged with this
     cluster's name (`firewall --remove`), and the time configuration restored byte for byte, with
     the chronyd it started stopped (`ntp --restore`). Environments, code and run logs stay (they are
-    files under each node's workdir). --dry-run shows what would be removed.
+    files under each node's workdir: `bootstrap clean` removes them). --dry-run shows what would be
+    removed.
     """
     from orchestrator.cli.firewall import run_firewall
     from orchestrator.cli.timesync import run_ntp

@@ -158,6 +158,9 @@ def progress_interval() -> float:
     return max(value, 0.1)
 
 
+_STATE_STYLES = {"running": "cyan", "no answer": "yellow", "ok": "green", "failed": "red"}
+
+
 class Board:
     """Each node's state in one step, shared by the executor's threads, the nodes' workers (what they
     are doing) and the display: a live table on terminals, periodic lines when piped."""
@@ -188,6 +191,11 @@ class Board:
                 self._status[event.node] = "running"
                 self._activity[event.node] = event.step
                 self._detail[event.node] = ""
+                return
+            if event.kind == "waiting":  # the session printed the line: the board shows the state
+                if self._status.get(event.node) == "running":
+                    self._status[event.node] = "no answer"
+                    self._activity[event.node] = neutralise(event.detail)
                 return
             took = time.monotonic() - self._started.get(event.node, time.monotonic())
             status = "ok" if event.kind == "done" else "failed"
@@ -222,7 +230,7 @@ class Board:
         out = []
         with self._lock:
             for node in self.nodes:
-                if self._status[node] != "running":
+                if self._status[node] not in ("running", "no answer"):
                     continue
                 last = self._printed.get(node, self._started.get(node, now))
                 if now - last >= self.interval:
@@ -249,7 +257,7 @@ class Board:
         with self._lock:
             for name in self.nodes:
                 status = self._status[name]
-                style = {"running": "cyan", "ok": "green", "failed": "red"}.get(status, "dim")
+                style = _STATE_STYLES.get(status, "dim")
                 if status in ("ok", "failed"):
                     shown = self._took.get(name, 0.0)
                 else:

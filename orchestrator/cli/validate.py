@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -86,10 +87,14 @@ def run_validate(
     sizes: tuple[int, ...] | None = None,
     templates_dir: Path | None = None,
     session: Session | None = None,
+    unless_unchanged: bool = False,
 ) -> ExitCode:
     """The validate phase (also a step of the main pipeline); returns its exit code.
 
     ``templates_dir``: ``--templates``; else the inventory's ``cluster.train.templates``.
+    ``unless_unchanged`` (the main pipeline without ``--validate``): one line instead of the run
+    when nothing validation depends on changed since it last succeeded on these nodes
+    (steps/validate_stamp.py); a success writes the stamp either way.
     """
     from orchestrator.render import Renderer, require_secrets, templates_dir_for
     from orchestrator.steps.preflight.checks import refuse_native_mix
@@ -114,10 +119,26 @@ def run_validate(
         if settings.verbose and not settings.json_mode:
             printer.write_rank(node, rank, text)
 
+    from orchestrator.steps.launch import plan
+    from orchestrator.steps.validate_stamp import last_stamp, save_stamp, stamp_key
+
     with phase_session(settings, inventory, nodes, session) as on:
         try:
             with ui.progress([n.name for n in nodes], "validate") as on_event:
                 on.executor.on_event = on_event
+                launch_plan = plan(on, inventory, run_id)  # facts the preflight read: no round trip
+                key = stamp_key(inventory, launch_plan) if all(o.ok for o in launch_plan.inspected) else None
+                last = last_stamp(inventory) if unless_unchanged and key is not None else None
+                if last is not None and last.key == key:
+                    on.executor.on_event = None
+                    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.when))
+                    ui.info(
+                        f"validate: skipped: nothing it checks changed since it passed on these "
+                        f"{len(nodes)} node(s) at {when} (addresses, interpreters, torch, interfaces, "
+                        "backend, firewall settings); --validate runs it anyway"
+                    )
+                    log.close()
+                    return ExitCode.OK
                 result = validate(
                     on,
                     inventory,
@@ -126,6 +147,7 @@ def run_validate(
                     sizes=sizes or DEFAULT_SIZES,
                     renderer=renderer,
                     on_line=on_line,
+                    launch_plan=launch_plan,
                 )
         except KeyboardInterrupt:
             log.close()
@@ -139,6 +161,8 @@ def run_validate(
     report = result.report
     problems = failure_summary(result)
     code = ExitCode.OK if report.ok and not problems else ExitCode.NODES_FAILED
+    if code == ExitCode.OK and key is not None:
+        save_stamp(inventory, key)
     if settings.json_mode:
         ui.print_json(
             {

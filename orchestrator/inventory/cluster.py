@@ -175,6 +175,13 @@ class Inventory:
     def master_node(self) -> Node:
         return self.node(self.cluster.master)
 
+    @property
+    def rank_order(self) -> list[Node]:
+        """The nodes in node-rank order: the master first (node rank 0 hosts torchrun's static
+        rendezvous, which every node dials at the master's address), the others in inventory order."""
+        master = self.cluster.master
+        return [n for n in self.nodes if n.name == master] + [n for n in self.nodes if n.name != master]
+
     def select(self, patterns: Sequence[str]) -> list[Node]:
         """Nodes matching any pattern, in inventory order, each once.
 

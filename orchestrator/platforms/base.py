@@ -56,6 +56,12 @@ class Platform(ABC):
         the Windows host's PowerShell (firewall, time, ``.wslconfig``)."""
         return self
 
+    def shell_quota(self, output: str) -> str | None:
+        """The quota of the node's remote shell that a failed command's ``output`` shows it ran into
+        (the setting's name, for the error's hint); None when it shows none. Only WinRS shells have
+        such quotas."""
+        return None
+
     @abstractmethod
     def quote(self, value: str) -> str:
         """One argument, quoted so the shell passes it through unchanged."""

@@ -19,7 +19,8 @@ What this module owns, and why each choice:
   program writes to stderr under ``$ErrorActionPreference = 'Stop'``). Its exit code lands in
   ``$LASTEXITCODE`` as for ``& prog``.
 - **Scripts** travel as ``-EncodedCommand`` (base64 of UTF-16LE: no quoting layer at all); a script
-  whose command line would pass cmd.exe's 8191 characters is uploaded by the transport and run with
+  whose command line would pass cmd.exe's 8191 characters once WinRS wraps it (the transport keeps a
+  margin: transports/winrm_shell.py) is uploaded by the transport and run with
   :meth:`PowerShell.file_command` (UTF-8 *with* BOM: 5.1 reads a BOM-less .ps1 in the ANSI code page).
 """
 
@@ -34,7 +35,9 @@ from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, c
 from orchestrator.records import check_nonce
 
 #: cmd.exe's command-line limit: WinRS runs commands through it (8191 characters, including the
-#: program name); longer PowerShell scripts are uploaded and run with ``file_command``
+#: program name, counted after ``%NAME%`` expansion); the WinRM transport keeps room under it for
+#: WinRS's own ``cmd.exe /c`` (transports/winrm_shell.py); longer PowerShell scripts are uploaded and run
+#: with ``file_command``
 MAX_COMMAND_LINE = 8191
 
 #: exit code when the working directory cannot be entered (what PosixShell and ``env -C`` use)
@@ -57,6 +60,15 @@ _NEEDS_QUOTES = re.compile(r'[\s"]')
 #: have to put inside them (a quote ends cmd's quoted region): never sent through cmd
 _CMD_UNSAFE = re.compile(r'[%!"\r\n\x00]')
 _CMD_SPECIAL = re.compile(r"[\s&|<>^()]")
+
+#: what Windows says when a process of a WinRS shell's job meets one of the shell's quotas, for each
+#: setting: the job's process limit refuses a new process with ERROR_NOT_ENOUGH_QUOTA (1816), its memory
+#: limit refuses an allocation with ERROR_COMMITMENT_LIMIT (1455; what users of shells over
+#: MaxMemoryPerShellMB report: ansible issue 39327), and the remote operation is then ended
+SHELL_QUOTA_TEXTS = {
+    "MaxProcessesPerShell": "Not enough quota is available to process this command",
+    "MaxMemoryPerShellMB": "The paging file is too small for this operation to complete",
+}
 
 NOT_ELEVATED_MESSAGE = (
     "this step needs an elevated (administrator) session and this one is not: connect as a member of the "
@@ -493,6 +505,14 @@ class PowerShell(Platform):
 
     def remove_file(self, remote: str) -> str:
         return transfer.remove_script(self, self.transfer_path(remote))
+
+    def shell_quota(self, output: str) -> str | None:
+        """The WinRS quota (``MaxProcessesPerShell``, ``MaxMemoryPerShellMB``) whose Windows message
+        ``output`` holds: every process a WinRS command starts is in the shell's job, which has both."""
+        for setting, text in SHELL_QUOTA_TEXTS.items():
+            if text in output:
+                return setting
+        return None
 
     # -- stopping --------------------------------------------------------------------------------------
 

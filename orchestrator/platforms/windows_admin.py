@@ -22,7 +22,11 @@ QUOTA_SCOPES = {
     "MaxConcurrentUsers": "winrm/config/winrs",
     "MaxConcurrentOperationsPerUser": "winrm/config/service",
     "MaxConcurrentOperations": "winrm/config/service",
+    "MaxProcessesPerShell": "winrm/config/winrs",
+    "MaxMemoryPerShellMB": "winrm/config/winrs",
 }
+#: what to raise a WinRS shell quota to when a command meets it (Windows' defaults: 25 and 1024)
+SHELL_QUOTA_RAISED = {"MaxProcessesPerShell": 100, "MaxMemoryPerShellMB": 8192}
 
 
 def listener_fix(scheme: str, port: int) -> str:
@@ -128,5 +132,22 @@ def not_elevated_error(node: str, user: str | None, what: str, result: Result) -
         f"elevated (exit code {result.exit_code}); nothing was changed",
         node=node,
         hint=elevation_fix(user) + "; then rerun",
+        result=result,
+    )
+
+
+def shell_quota_error(node: str, setting: str, result: Result) -> CommandFailedError:
+    """The product's error for a command that ran into its WinRS shell's quota ``setting`` (a key of
+    :data:`SHELL_QUOTA_RAISED`, as ``Platform.shell_quota`` names it): which setting, why it counts
+    everything the command started, and the two ways out."""
+    what = "memory" if setting == "MaxMemoryPerShellMB" else "processes"
+    return CommandFailedError(
+        f"the command ran into the WinRM shell's {setting} quota (exit code {result.exit_code}): "
+        f"Windows counts the {what} of every process a WinRM command starts, children included, "
+        "against its shell, and ends or refuses what goes over",
+        node=node,
+        hint="start heavy work as `bootstrap launch` and `sync` do, outside the shell, rather than with "
+        "`bootstrap run`; or raise the quota on that machine, as administrator: "
+        f"{raise_quota(setting, SHELL_QUOTA_RAISED[setting])}; then rerun",
         result=result,
     )

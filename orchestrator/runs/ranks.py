@@ -50,15 +50,15 @@ def owned_rank(record: dict[str, object], node: str, rank: int | None, owner: st
 
 def rank_labels(inventory: Inventory) -> dict[str, tuple[int, int]]:
     """Per node, how the ``[defaultN]:`` tags of its lines become global ranks: ``(first, count)``,
-    the rank of N = 0 and how many N there are. Static rendezvous: ranks follow inventory order (as
-    plan_launch) and N is the local rank. Elastic: each rendezvous assigns the ranks, so the launch
-    script's rank capture tags lines with the global rank itself (RANK, CB_RANK_LABEL=global, see
-    probes/rank_capture.py): N is the global rank, first 0."""
+    the rank of N = 0 and how many N there are. Static rendezvous: ranks follow the node-rank order
+    (Inventory.rank_order, as plan_launch) and N is the local rank. Elastic: each rendezvous assigns
+    the ranks, so the launch script's rank capture tags lines with the global rank itself (RANK,
+    CB_RANK_LABEL=global, see probes/rank_capture.py): N is the global rank, first 0."""
     if inventory.cluster.train.elastic:
         world = sum(node.nproc for node in inventory.nodes)
         return {node.name: (0, world) for node in inventory.nodes}
     labels, first = {}, 0
-    for node in inventory.nodes:
+    for node in inventory.rank_order:
         labels[node.name] = (first, node.nproc)
         first += node.nproc
     return labels

@@ -2,7 +2,8 @@
 
 The command is the user's own text, read by the node's shell as `ssh host CMD` would; what the step
 adds is what a user would otherwise meet as a bare failure: sudo asking for a password it will
-never get (``become``), and a timeout told as one.
+never get (``become``), a WinRS shell quota met on a native Windows node (which setting, how to raise
+it), and a timeout told as one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 
 from orchestrator.errors import CommandTimeoutError, SudoPasswordRequiredError
 from orchestrator.inventory import Node
+from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
 
@@ -39,6 +41,9 @@ def run_command(
             "in /etc/sudoers.d/cluster-bootstrap, edited with visudo) or connect as root",
             result=result,
         )
+    setting = None if result.ok else transport.platform.shell_quota(result.stderr + result.stdout)
+    if setting is not None:
+        raise shell_quota_error(node.name, setting, result)
     if result.timed_out:
         raise CommandTimeoutError(
             f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result

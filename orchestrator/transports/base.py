@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -284,6 +285,11 @@ class Transport(ABC):
     #: the address a direct connection reached (the socket's peer), once connected; None for a local
     #: node, a connection through a proxy (its peer is the proxy) and transports that do not know it
     peer_address: str | None = None
+    #: seconds a new connection may take before it fails (None: the transport never dials)
+    connect_timeout: float | None = None
+    #: set by the owner of this transport (the session): wraps every new connection attempt, which
+    #: it may refuse at once (a node already found unreachable) or announce while it waits
+    dial_watch: Callable[[], AbstractContextManager[None]] | None = None
 
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name
@@ -296,7 +302,12 @@ class Transport(ABC):
 
     @abstractmethod
     def connect(self) -> None:
-        """Open the connection (idempotent). Raises ``ConnectError`` subclasses."""
+        """Open the connection (idempotent). Raises ``ConnectError`` subclasses. A transport that
+        dials runs each new attempt inside :meth:`dialling`."""
+
+    def dialling(self) -> AbstractContextManager[None]:
+        """Around one new connection attempt: the owner's :attr:`dial_watch`, else nothing."""
+        return self.dial_watch() if self.dial_watch is not None else nullcontext()
 
     def plan(self, script: str) -> str:
         """What ``run_raw`` would hand the node's shell for ``script`` (shown by --dry-run)."""

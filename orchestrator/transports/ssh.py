@@ -75,6 +75,7 @@ MAX_LINE = 131072
 
 class SSHTransport(Transport):
     kind = "ssh"
+    connect_timeout: float  # always set: these transports dial
 
     #: after the exit status arrives, how long to wait for the output stream to end (sshd reports
     #: the exit before it has drained the pipe; a background child may hold it open forever)
@@ -212,35 +213,8 @@ class SSHTransport(Transport):
                 return
             if self._refused is not None:
                 raise self._refused
-            self._client_fresh()
-            self._secure(self.conn)
-            try:
-                try:
-                    # keys and the agent first: a password (env var or prompt) only when they fail
-                    self._open(password=None)
-                except paramiko.SSHException as exc:
-                    if not _auth_failed(exc):
-                        raise
-                    password = self._password()  # may raise SecretMissingError
-                    if password is None:
-                        raise
-                    self._abort()
-                    self._client_fresh()
-                    self._secure(self.conn)
-                    self._open(password=password)
-            except ConnectError as exc:
-                self._abort()
-                if isinstance(exc, AuthenticationError):
-                    self._refused = exc
-                raise
-            except Exception as exc:
-                self._abort()
-                if self._closed:
-                    raise self._cancelled() from None
-                error = self._explain(exc)
-                if isinstance(error, AuthenticationError):
-                    self._refused = error
-                raise error from None
+            with self.dialling():
+                self._dial()
             if self._closed:  # cancelled while the handshake ran
                 self._abort()
                 raise self._cancelled()
@@ -252,6 +226,38 @@ class SSHTransport(Transport):
             self.peer_address = _direct_peer(transport.sock) if self.conn.gateway is None else None
             limit_unacknowledged(transport.sock, self.options.unacknowledged)
             no_delay(transport.sock)
+
+    def _dial(self) -> None:
+        """One new connection attempt (under ``_lock``): keys and the agent, then a password."""
+        self._client_fresh()
+        self._secure(self.conn)
+        try:
+            try:
+                # keys and the agent first: a password (env var or prompt) only when they fail
+                self._open(password=None)
+            except paramiko.SSHException as exc:
+                if not _auth_failed(exc):
+                    raise
+                password = self._password()  # may raise SecretMissingError
+                if password is None:
+                    raise
+                self._abort()
+                self._client_fresh()
+                self._secure(self.conn)
+                self._open(password=password)
+        except ConnectError as exc:
+            self._abort()
+            if isinstance(exc, AuthenticationError):
+                self._refused = exc
+            raise
+        except Exception as exc:
+            self._abort()
+            if self._closed:
+                raise self._cancelled() from None
+            error = self._explain(exc)
+            if isinstance(error, AuthenticationError):
+                self._refused = error
+            raise error from None
 
     def _refuse_revoked(self) -> None:
         """A last check on every hop once connected: revoked keys never reach paramiko's trusted keys

@@ -100,6 +100,7 @@ __all__ = [  # the names other modules (and tests) import from here
 
 class WinRMTransport(Transport):
     kind = "winrm"
+    connect_timeout: float  # always set: these transports dial
 
     #: OperationTimeout of each Receive: the longest a timeout or a cancellation waits to be noticed
     POLL_SECONDS = 2
@@ -215,7 +216,8 @@ class WinRMTransport(Transport):
                 return
         for warning in self.warnings:
             log.warning("node %r: %s", self.node_name, warning)
-        lane = self._open_lane()
+        with self.dialling():
+            lane = self._open_lane()
         with self._lock:
             if self._closed:
                 self._discard(lane)

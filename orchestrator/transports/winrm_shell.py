@@ -19,9 +19,18 @@ if TYPE_CHECKING:
     from orchestrator.platforms import Platform
     from orchestrator.transports.winrm_diagnose import Endpoint
 
-#: cmd.exe's limit on one command line, which WinRS runs every command through (a platform may
-#: state a lower one as ``MAX_COMMAND_LINE``)
-DEFAULT_MAX_COMMAND_LINE = 8191
+#: cmd.exe's limit on one command line (Microsoft's "Command prompt (Cmd.exe) command-line string
+#: limitation"), which WinRS runs every command through; counted after ``%NAME%`` expansion
+CMD_EXE_LIMIT = 8191
+#: what WinRS puts before our line when it starts cmd.exe, at its longest plausible form (the quoted full
+#: path): whether that counts against cmd.exe's limit is documented nowhere, so it is assumed to
+WINRS_WRAPPING = len('"C:\\Windows\\System32\\cmd.exe" /c ')
+#: room kept beyond that for what no recording shows (a longer system root, a wrapping we do not know).
+#: Our lines hold no ``%`` (base64; ``cmd_command_line`` refuses it), so expansion cannot lengthen them
+COMMAND_LINE_MARGIN = 128
+#: the longest command line sent (8030): longer scripts are uploaded and run from the file (a platform
+#: may state a lower limit as ``MAX_COMMAND_LINE``)
+DEFAULT_MAX_COMMAND_LINE = CMD_EXE_LIMIT - WINRS_WRAPPING - COMMAND_LINE_MARGIN
 #: smallest MaxEnvelopeSizekb a Windows host may have (150 KiB before Windows 8 / 2012; 500 since)
 MAX_ENVELOPE = 150 * 1024
 #: room for the SOAP header and the Send element around the payload (measured ~1.5 KiB)
@@ -44,7 +53,8 @@ def line_limit(platform: Platform) -> int:
 
 
 def fits_command_line(platform: Platform, line: str) -> bool:
-    """Whether cmd.exe (which WinRS starts every command through) accepts ``line`` as it is."""
+    """Whether ``line`` goes as it is: within :func:`line_limit`, which keeps room under cmd.exe's
+    8191 characters for WinRS's own wrapping (the product's lines contain no ``%`` to expand)."""
     return len(line) <= line_limit(platform)
 
 

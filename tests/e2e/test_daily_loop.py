@@ -141,3 +141,104 @@ def test_one_node_down_the_other_two_train_with_nodes(
     finally:
         subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "up"], check=True)
         cluster._probe_from_controller([down.addr], timeout=30)  # later tests use it again
+
+
+def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_hint(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    """One of three nodes is down before the run: a line names it within 11 s (announced as the
+    wait starts, not after it), the run ends after one connect timeout (not one per phase), and the
+    command it suggests (`--nodes` the other two) trains with the job sized to them."""
+    import shlex
+    import subprocess
+    import time
+
+    from tests.conftest import BOOTSTRAP
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "size.py").write_text(
+        "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "print('world', dist.get_world_size(), 'rank', dist.get_rank(), flush=True)\n"
+        "dist.barrier()\ndist.destroy_process_group()\n"
+    )
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable,
+         "workdir": str(tmp_path / "wd" / h.name)}
+        for h in cluster.hosts
+    ]  # fmt: skip
+    inv = write_inventory(
+        tmp_path / "hosts.yaml", nodes, name="ns", master="node1", backend="gloo",
+        train={"script": "size.py"}, code={"source": str(project)},
+    )  # fmt: skip
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": "/usr/bin:/bin"}
+    down = cluster.hosts[2]
+    subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "down"], check=True)
+    try:
+        begin = time.monotonic()
+        proc = subprocess.Popen(
+            cluster.controller_argv([BOOTSTRAP, "-i", str(inv)], env=env),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        named = None
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if named is None and down.name in line:
+                named = time.monotonic() - begin
+        stdout = proc.stdout.read() if proc.stdout else ""
+        took = time.monotonic() - begin
+        stderr = "".join(lines)
+        assert proc.wait() == 3, stdout + stderr
+        assert named is not None and named < 11, (named, stderr)
+        assert f"waiting for {down.name} ({down.addr}, up to 10 s)" in stderr
+        assert stderr.count("timed out after 10s") == 1, stderr
+        assert took < 20, (took, stderr)  # one timeout, not one per phase
+        hints = re.findall(r"^to train without node3 until it is back: `(bootstrap [^`]*)`$", stderr, re.M)
+        assert hints == [f"bootstrap -i {inv} --nodes node1,node2"], stderr
+        words = shlex.split(hints[0])
+        proc2 = subprocess.run(
+            cluster.controller_argv([BOOTSTRAP, *words[1:]], env=env),
+            capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        )  # fmt: skip
+        assert proc2.returncode == 0, proc2.stdout + proc2.stderr
+        shown = sorted(re.findall(r"^\[(node\d):\d+\] world (\d+) rank (\d+)$", proc2.stdout, re.M))
+        assert shown == [("node1", "2", "0"), ("node2", "2", "1")], proc2.stdout
+        (run_id,) = _runs(tmp_path)
+        script = (tmp_path / "wd" / "node1" / "runs" / run_id / "node1" / "launch.sh").read_text()
+        assert "--nnodes 2 " in script
+    finally:
+        subprocess.run(["ip", "-n", down.ns, "link", "set", "eth0", "up"], check=True)
+        cluster._probe_from_controller([down.addr], timeout=30)  # later tests use it again
+
+
+def test_validate_is_skipped_when_nothing_it_checks_changed_and_runs_on_another_node_set(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    script = tmp_path / "one.py"
+    script.write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\nprint('trained', flush=True)\n"
+    )
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable,
+         "workdir": str(tmp_path / "wd" / h.name)}
+        for h in cluster.hosts
+    ]  # fmt: skip
+    inv = write_inventory(
+        tmp_path / "hosts.yaml", nodes, name="ns", master="node1", backend="gloo",
+        train={"script": str(script)}, firewall={"manage": False}, time={"manage": False},
+    )  # fmt: skip
+    skipped = re.compile(
+        r"^validate: skipped: nothing it checks changed since it passed on these (\d) node\(s\)", re.M
+    )
+
+    first = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
+    assert "3 of 3 rank(s) joined" in first.stderr and not skipped.search(first.stderr), first
+    second = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
+    assert skipped.findall(second.stderr) == ["3"] and "rank(s) joined" not in second.stderr, second
+    assert second.stdout.count("trained") == 3
+    other = _ok(bootstrap("-i", str(inv), "--nodes", "node1,node2", cwd=tmp_path, timeout=300))
+    assert "2 of 2 rank(s) joined" in other.stderr and not skipped.search(other.stderr), other
+    forced = _ok(bootstrap("-i", str(inv), "--validate", cwd=tmp_path, timeout=300))
+    assert "3 of 3 rank(s) joined" in forced.stderr and not skipped.search(forced.stderr), forced

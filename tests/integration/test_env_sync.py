@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -160,6 +161,25 @@ def test_a_failed_install_keeps_the_previous_environment(
         builds = list((venv.parent / "venv.versions").iterdir())
         assert [b.name for b in builds] == [Path(os.readlink(venv)).name], builds  # the failed one is gone
     assert os.readlink(_venv(tmp_path, "node1")) == active
+
+
+def test_a_node_that_reaches_no_index_is_refused_before_anything_is_installed(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """The namespace hosts have no route out: PyPI (the index when none is named) is out of reach.
+    One probe says so, before any directory is made; the error names the two ways out."""
+    inv = _inventory(cluster, tmp_path, {"packages": ["tinya==1.0"]})
+    run = bootstrap("-i", str(inv), "sync", "--only", "env", timeout=600)
+    assert run.returncode == 1, run
+    for host in cluster.hosts:
+        assert re.search(
+            rf"^error: node '{host.name}': cannot reach the package index \(https://pypi\.org/simple/: .+\): "
+            r"nothing was installed\b.*env\.offline: true.*env\.index_url",
+            run.stderr,
+            re.M,
+        ), run.stderr
+        assert not (_venv(tmp_path, host.name).parent / "venv.versions").exists()
+    assert "Retrying" not in run.stderr and "No matching distribution" not in run.stderr
 
 
 def test_a_node_with_another_python_is_reported(

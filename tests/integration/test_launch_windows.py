@@ -52,7 +52,7 @@ from tests.integration.test_winrm_transport import HOME, assignments
 from tests.unit.test_platform_powershell import invocations
 from tests.winrm_server import PwshCall, WinRMServer
 from tests.winrm_server.native import NativeNode, native_node, written_files
-from tests.winrm_server.processes import QUOTA_MESSAGE
+from tests.winrm_server.processes import MEMORY_MESSAGE, QUOTA_MESSAGE
 
 INVENTORY = """\
 cluster:
@@ -68,11 +68,13 @@ RUN_ID = "winlab-20261202-120000"
 RUN_DIR = f"{HOME}\\cluster-bootstrap\\runs\\{RUN_ID}\\win1"
 
 #: the training script each rank runs (a real Python process): what it prints and how it ends comes
-#: from CB_RANK_PLAN (JSON, by global rank) in its environment; "gate": a file it waits for before
+#: from CB_RANK_PLAN (JSON, by global rank) in its environment; "allocate_mb": memory it holds from
+#: the start; "gate": a file it waits for before
 #: its second line (the controller creates it when the first has arrived: streaming, not at exit)
 TRAIN = r"""
 import json, os, sys, time
 plan = json.loads(os.environ["CB_RANK_PLAN"])[os.environ["RANK"]]
+block = b"x" * (plan.get("allocate_mb", 0) << 20)  # memory the rank holds while it runs
 for i, line in enumerate(plan.get("lines", [])):
     if i == 1 and plan.get("gate"):
         while not os.path.exists(plan["gate"]):
@@ -485,8 +487,9 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """MaxProcessesPerShell 3 (the default is 25): a launch of 4 ranks runs, since only the follower
-    is in the shell's job; launch.ps1 run inside the shell, as `launch` did before issue 18, has its
-    third rank refused by the quota."""
+    (cmd.exe and powershell.exe: WinRS runs every command through cmd.exe) is in the shell's job;
+    launch.ps1 run inside the shell, as `launch` did before issue 18, has its second rank refused by
+    the quota."""
     # each rank lives 3 s after its line: all four are alive at once, so the quota counts them all
     # (ranks that ended before the next one started would never reach it: a race, not a quota)
     plan_ranks(monkeypatch, {rank: {"lines": [f"rank {rank} ran"], "every": 3} for rank in range(4)})
@@ -510,7 +513,37 @@ def test_more_ranks_than_max_processes_per_shell_start_outside_the_job(
                 transport.close()
             assert inside.exit_code == 1
             assert QUOTA_MESSAGE in inside.stderr
-            assert len(server.processes.refused) == 1  # powershell.exe and two ranks were its 3
+            # WinRS's cmd.exe, its powershell.exe and rank 0 were the job's 3: rank 1 was refused
+            assert server.processes.refused == [f"{server.processes.refused[0].split(':')[0]}: python.exe"]
+            assert len(node.run(f"{HOME}\\cluster-bootstrap\\runs\\{spec.run_id}\\win1").ranks) == 1
+            assert node.errors == []
+
+
+def test_ranks_over_max_memory_per_shell_mb_run_outside_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MaxMemoryPerShellMB 64: two ranks holding 100 MB each run to the end, since they are outside the
+    shell's job; launch.ps1 run inside the shell, as `launch` did before issue 18, is ended by the
+    quota with Windows' message."""
+    plans = {rank: {"allocate_mb": 100, "lines": [f"rank {rank} ran"], "every": 1} for rank in range(2)}
+    plan_ranks(monkeypatch, plans)
+    with WinRMServer(auth="ntlm", username="bob", password="pw", max_memory_per_shell_mb=64) as server:
+        with native_node(server) as node:
+            lines = Lines()
+            assert _run(server, lines, _spec(nproc=2)) is None
+            assert sorted(lines.got) == [f"[default{r}]:rank {r} ran" for r in range(2)]
+            assert server.processes.over_memory == []
+            spec = _spec(nproc=2, run_id="winlab-20261202-130000")
+            transport = transport_to(server)
+            try:
+                platform = transport.platform
+                assert isinstance(platform, PowerShell)
+                apply(prepare_plan(spec.node, platform, spec, renderer=Renderer()), transport)
+                run_dir = f"~/cluster-bootstrap/runs/{spec.run_id}/win1"
+                log = platform.path_word(f"{run_dir}/node.log")
+                inside = transport.run(f"{platform.run_script(f'{run_dir}/launch.ps1')} -Log {log}")
+            finally:
+                transport.close()
+            assert inside.exit_code == 1 and MEMORY_MESSAGE in inside.stderr, inside.stderr
+            assert len(server.processes.over_memory) == 1
             assert node.errors == []
 
 

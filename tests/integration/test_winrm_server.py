@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -32,7 +34,8 @@ from tests.conftest import require_cluster_support
 from tests.netns import inside
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer, start_in_host
 from tests.winrm_server.cmdline import quote
-from tests.winrm_server.server import CMD_LINE_LIMIT
+from tests.winrm_server.processes import MEMORY_MESSAGE, QUOTA_MESSAGE, WinProcess, resident_mb
+from tests.winrm_server.server import CMD_LINE_LIMIT, WINRS_WRAPPING
 
 #: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
 pytestmark = pytest.mark.harness
@@ -295,32 +298,128 @@ def test_not_soap_is_a_bad_request() -> None:
         assert ET.fromstring(resp.content).tag == "{http://www.w3.org/2003/05/soap-envelope}Envelope"
 
 
+#: the longest line the server's cmd.exe runs: its limit, counted on ``cmd.exe /c LINE`` as WinRS hands
+#: the line over
+CMD_LINE_ROOM = CMD_LINE_LIMIT - len(WINRS_WRAPPING)
+
+
 @pytest.mark.parametrize("under", [0, 1, 3])
 def test_cmd_exe_runs_lines_at_and_under_its_documented_limit(under: int) -> None:
-    """8191 characters (the server's own CMD_LINE_LIMIT: Microsoft's documented cmd.exe limit) and a
-    few under it run."""
-    assert CMD_LINE_LIMIT == 8191
+    """8191 characters (the server's own CMD_LINE_LIMIT: Microsoft's documented cmd.exe limit), counted
+    with WinRS's ``cmd.exe /c ``: a line of 8180 characters and a few under run."""
+    assert CMD_LINE_LIMIT == 8191 and WINRS_WRAPPING == "cmd.exe /c " and CMD_LINE_ROOM == 8180
     with WinRMServer(allow_unencrypted=True) as server:
-        word = "x" * (CMD_LINE_LIMIT - under - len("echo "))
+        word = "x" * (CMD_LINE_ROOM - under - len("echo "))
         r = _session(server).run_cmd("echo " + word)
         assert (r.status_code, r.std_out, r.std_err) == (0, word.encode() + b"\n", b"")
-        assert [len(line) for line in server.commands] == [CMD_LINE_LIMIT - under]
+        assert [len(line) for line in server.commands] == [CMD_LINE_ROOM - under]
 
 
 def test_cmd_exe_refuses_a_line_one_over_its_limit_as_windows_does() -> None:
     with WinRMServer(allow_unencrypted=True) as server:
         sess = _session(server)
-        over = "echo " + "x" * (CMD_LINE_LIMIT + 1 - len("echo "))
+        over = "echo " + "x" * (CMD_LINE_ROOM + 1 - len("echo "))
         r = sess.run_cmd(over)
         # cmd.exe's own message, exit code 1; the WinRS Command itself succeeded
         assert (r.status_code, r.std_out, r.std_err) == (1, b"", b"The command line is too long.\r\n")
         # the line is Command plus space-joined Arguments; pywinrm's run_ps hits the same wall
-        r = sess.run_cmd("echo", ["x" * (CMD_LINE_LIMIT - len("echo "))])
+        r = sess.run_cmd("echo", ["x" * (CMD_LINE_ROOM - len("echo "))])
         assert r.status_code == 0
         assert (
             sess.run_ps("Write-Output '" + "y" * 3100 + "'").std_err == b"The command line is too long.\r\n"
         )
         assert server.calls == []
+
+
+def test_cmd_exe_measures_its_limit_after_expanding_variables() -> None:
+    """A line that fits as sent but not once cmd.exe has expanded ``%LOCALAPPDATA%`` (14 characters
+    becoming 25) is refused; the same line with a variable cmd.exe does not know stays as written."""
+    with WinRMServer(allow_unencrypted=True) as server:
+        sess = _session(server)
+        for name, refused in (("%LOCALAPPDATA%", True), ("%NO_SUCH_NAME%", False)):
+            line = f"echo {name}"
+            line += "x" * (CMD_LINE_ROOM - len(line))
+            r = sess.run_cmd(line)
+            assert (r.status_code, r.std_err == b"The command line is too long.\r\n") == (
+                (1, True) if refused else (0, False)
+            ), name
+        assert [len(line) for line in server.commands] == [CMD_LINE_ROOM, CMD_LINE_ROOM]
+
+
+def test_every_command_through_cmd_exe_is_two_processes_of_the_shells_job() -> None:
+    """WinRS runs ``cmd.exe /c LINE``: MaxProcessesPerShell counts that cmd.exe and the powershell.exe
+    it starts. With a quota of 1 a PowerShell command is refused (cmd.exe took the place); with 2 it
+    runs as cmd.exe's child; with WINRS_SKIP_CMD_SHELL (no cmd.exe) 1 is enough."""
+    seen: list[list[tuple[str, str]]] = []
+
+    def handler(call: PwshCall) -> Answer:
+        assert call.process is not None and call.process.job is not None
+        members = server.processes.in_job(call.process.job)
+        by_pid = {p.pid: p.image for p in members}
+        seen.append([(p.image, by_pid.get(p.parent, "-")) for p in members])
+        return Answer(stdout="ran\n")
+
+    full_path = "C:\\Windows\\System32\\WindowsPowerShell\\v1.0\\powershell.exe"
+    script = _ps_command("Write-Output 'ran'")
+    for quota, skip, ran in ((1, False, False), (2, False, True), (1, True, True)):
+        server = WinRMServer(allow_unencrypted=True, on_powershell=handler, max_processes_per_shell=quota)
+        with server:
+            proto = _protocol(server)
+            shell = proto.open_shell()
+            line = script.replace("powershell.exe", full_path, 1) if skip else script
+            command = proto.run_command(shell, line, skip_cmd_shell=skip)
+            out, err, code = proto.get_command_output(shell, command)
+            proto.close_shell(shell)
+            if ran:
+                assert (code, out) == (0, b"ran\r\n"), err
+            else:
+                assert code == 1816 and QUOTA_MESSAGE.encode() in err and server.calls == []
+                assert server.processes.refused == [f"{shell}: powershell.exe"]
+            assert server.processes.live() == []  # both end with the command
+    assert seen == [[("cmd.exe", "-"), ("powershell.exe", "cmd.exe")], [("powershell.exe", "-")]]
+
+
+def test_a_shell_over_max_memory_per_shell_mb_has_its_command_ended() -> None:
+    """MaxMemoryPerShellMB 64: a program the command starts (a real Python process, in the shell's job)
+    that takes 200 MB ends with the whole command (its cmd.exe and powershell.exe), the allocation's
+    Windows error on stderr, exit code 1; the same program created by WMI, outside every job, runs on."""
+    hog = "import time\nblock = b'x' * (200 << 20)\ntime.sleep(30)\n"
+    made: list[WinProcess] = []
+
+    def handler(call: PwshCall) -> Answer:
+        outside = "outside" in call.script
+        child = server.processes.create(
+            "python.exe",
+            "python.exe hog.py",
+            parent=None if outside else call.process,
+            argv=[sys.executable, "-c", hog],
+            stdout=subprocess.DEVNULL,
+        )
+        made.append(child)
+        if not outside:
+            child.ended.wait(30)
+        return Answer(stdout="started\n")
+
+    server = WinRMServer(allow_unencrypted=True, on_powershell=handler, max_memory_per_shell_mb=64)
+    with server:
+        proto = _protocol(server)
+        shell = proto.open_shell()
+        command = proto.run_command(shell, _ps_command("Write-Output 'outside'"))
+        assert proto.get_command_output(shell, command)[2] == 0
+        (outside,) = made
+        assert outside.linux is not None
+        deadline = time.monotonic() + 30
+        while resident_mb([outside.linux.pid]) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert resident_mb([outside.linux.pid]) >= 200
+        command = proto.run_command(shell, _ps_command("Write-Output 'inside'"))
+        out, err, code = proto.get_command_output(shell, command)
+        assert (code, out) == (1, b"") and err == (MEMORY_MESSAGE + "\r\n").encode(), err
+        inside = made[1]
+        assert inside.terminated and server.processes.in_job(shell) == []
+        assert [entry.split(":")[0] for entry in server.processes.over_memory] == [shell]
+        assert outside.alive and not outside.terminated
+        proto.close_shell(shell)
 
 
 def test_max_shells_per_user_quota_fault() -> None:

@@ -12,8 +12,9 @@ the test would pass only if the PRODUCT handles it (not the server):
 - ``MaxEnvelopeSizekb``: every request the product sends fits the smallest Windows value (150 KiB); a
   host set lower answers HTTP 413, and the product names the setting to raise;
 - the SHA-256 check of transfers, with the SERVER corrupting the bytes in either direction;
-- cmd.exe's 8191-character limit, taken from the server's own constant: a command line exactly at it
-  and just under it runs inline, one character over goes through the product's upload fallback;
+- cmd.exe's 8191-character limit, as the server's cmd.exe counts it (with WinRS's ``cmd.exe /c ``): a
+  command line exactly at the product's limit (which keeps a margin under it) and just under it runs
+  inline, one character over goes through the product's upload fallback (native: ``-File``);
 - certificate authentication: a TLS client certificate of the host's CA, mapped to an account.
 
 Native (PowerShell) transfers are played by ``tests.integration.test_winrm_transport.Emulator``
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +40,11 @@ from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.platforms.wsl import WslShell
 from orchestrator.transports.winrm import WinRMTransport
+from orchestrator.transports.winrm_shell import line_limit
 from tests.integration.test_winrm_transport import Emulator, uploaded_scripts
 from tests.integration.test_winrm_transport import _transport as with_password
 from tests.winrm_server import Answer, Distro, PwshCall, WinRMServer
-from tests.winrm_server.server import CMD_LINE_LIMIT
+from tests.winrm_server.server import CMD_LINE_LIMIT, WINRS_WRAPPING
 
 DISTRO = "Ubuntu-22.04"
 
@@ -304,6 +307,56 @@ def test_the_cli_shows_the_https_advice_with_exit_3(tmp_path: Path) -> None:
     assert "win1" in run.stderr and 'AllowUnencrypted="true"' in run.stderr and "HTTPS" in run.stderr
 
 
+def test_a_command_over_max_memory_per_shell_mb_says_which_setting_and_what_to_do(tmp_path: Path) -> None:
+    """`bootstrap run` on a native node whose command starts a program (a real Python process here, in
+    the shell's job) that takes 200 MB with MaxMemoryPerShellMB 64: the server ends the command as
+    Windows ends a remote operation over its memory quota, and the CLI names the setting, how to raise
+    it and the way around it, exit code 1."""
+    from tests.conftest import BOOTSTRAP, write_inventory
+
+    hog = "import time\nblock = b'x' * (200 << 20)\ntime.sleep(30)\n"
+
+    def handler(call: PwshCall) -> Answer:
+        if "hog.py" not in call.script:
+            return Answer()
+        child = srv.processes.create(
+            "python.exe",
+            "python.exe hog.py",
+            parent=call.process,
+            argv=[sys.executable, "-c", hog],
+            stdout=subprocess.DEVNULL,
+        )
+        child.ended.wait(30)
+        return Answer(exit_code=child.exit_code or 0)
+
+    srv = WinRMServer(auth="ntlm", username="bob", password="pw", max_memory_per_shell_mb=64)
+    srv.on_powershell = handler
+    with srv:
+        node = {"name": "win1", "host": srv.host, "port": srv.port, "os": "windows", "user": "bob"}
+        node.update(password_env="CBT_WIN_PASS", windows={"mode": "native"})
+        node["winrm"] = {"transport": "ntlm", "scheme": "http"}
+        inventory = write_inventory(tmp_path / "hosts.yaml", [node])
+        run = subprocess.run(
+            [BOOTSTRAP, "-i", str(inventory), "run", "--", "python.exe", "hog.py"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": str(tmp_path),
+                "NO_COLOR": "1",
+                "CBT_WIN_PASS": "pw",
+            },
+            stdin=subprocess.DEVNULL,
+        )
+        assert len(srv.processes.over_memory) == 1
+    assert run.returncode == 1, run.stderr
+    text = " ".join(run.stderr.split())
+    assert "win1" in text and "MaxMemoryPerShellMB quota" in text, run.stderr
+    assert "winrm set winrm/config/winrs '@{MaxMemoryPerShellMB=\"8192\"}'" in text, run.stderr
+    assert "bootstrap launch" in text
+
+
 def test_ntlm_over_http_passes_a_default_host_because_every_message_is_sealed(server: WinRMServer) -> None:
     server.on_powershell = Emulator(server.files, lambda call: Answer(stdout="ok\n"))
     transport = _transport(server)
@@ -475,13 +528,28 @@ def _script_of_line_length(length: int) -> tuple[str, str]:
     raise AssertionError(f"no script makes a {length}-character line")
 
 
+def _fits_the_servers_cmd_exe(line: str) -> bool:
+    """What the server's cmd.exe measures: WinRS's ``cmd.exe /c `` and the line (no variables in ours)."""
+    return "%" not in line and len(WINRS_WRAPPING + line) <= CMD_LINE_LIMIT
+
+
+def test_the_products_limit_keeps_a_margin_under_the_servers_cmd_exe() -> None:
+    """The product's own limit stays at least 128 characters under the longest line the server's
+    cmd.exe runs (8191 with WinRS's ``cmd.exe /c ``): room for a longer wrapping than the one played."""
+    room = CMD_LINE_LIMIT - len(WINRS_WRAPPING)
+    for platform in (PowerShell(), WslShell("D")):
+        assert room - line_limit(platform) >= 128, platform.name
+
+
 @pytest.mark.parametrize(
     "over", [0, -1, -3, 1], ids=["exactly-the-limit", "one-under", "three-under", "one-over"]
 )
 def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
     server: WinRMServer, over: int
 ) -> None:
-    length = CMD_LINE_LIMIT + over  # the server's own constant, not the product's
+    """A WSL node: a command line exactly at the product's limit and just under it is sent as it is
+    and the server's cmd.exe runs it; one character over goes through the upload fallback."""
+    length = line_limit(WslShell("D")) + over
     distro, script = _script_of_line_length(length)
     server.wsl.distros = [Distro(distro, default=True)]
     transport = _transport(server, WslShell(distro))
@@ -492,7 +560,7 @@ def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
         transport.close()
     assert result.ok and result.stdout == script[len("echo ") :] + "\n", result.stderr
     assert "too long" not in result.stderr
-    assert all(len(line) <= CMD_LINE_LIMIT for line in server.commands)
+    assert all(_fits_the_servers_cmd_exe(line) for line in server.commands)
     if over <= 0:
         assert [len(line) for line in server.commands] == [length]  # sent as it is
         assert "uploaded to a temporary file" not in planned
@@ -502,6 +570,60 @@ def test_command_lines_at_the_limit_run_inline_and_one_over_is_uploaded(
         assert "uploaded to a temporary file" in planned
         scripts = uploaded_scripts(server.commands)
         assert scripts and not [p for p in scripts if p.exists()]
+
+
+def _native_scripts_around_the_limit(platform: PowerShell) -> tuple[str, str]:
+    """(just under, just over): the longest script whose ``-EncodedCommand`` line is within the
+    product's limit, and the same with one more character (its base64 grows 4 at a time)."""
+    limit = line_limit(platform)
+
+    def script(pad: int) -> str:
+        return f"Write-Output '{'y' * pad}'"
+
+    def length(pad: int) -> int:
+        return len(platform.login_command(platform.stop_on_hangup(script(pad))))
+
+    low, high = 0, limit
+    while low < high:  # the largest pad whose line fits
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if length(mid) <= limit else (low, mid - 1)
+    assert length(low) <= limit < length(low + 1)
+    return script(low), script(low + 1)
+
+
+@pytest.mark.parametrize("over", [False, True], ids=["just-under", "just-over"])
+def test_a_native_script_just_under_the_limit_runs_inline_and_one_just_over_from_a_file(
+    server: WinRMServer, over: bool
+) -> None:
+    """A native node: the longest script the product sends as ``-EncodedCommand`` runs (the server's
+    cmd.exe counts WinRS's ``cmd.exe /c `` too); one character more is uploaded as a .ps1 and run with
+    ``-File`` (``file_command``), then deleted."""
+    platform = PowerShell()
+    under, longer = _native_scripts_around_the_limit(platform)
+    script = longer if over else under
+    ran: list[PwshCall] = []
+
+    def other(call: PwshCall) -> Answer:
+        ran.append(call)
+        return Answer(stdout="from a file\n" if call.file else "inline\n")
+
+    server.on_powershell = Emulator(server.files, other)
+    transport = _transport(server, platform)
+    try:
+        result = transport.run_raw(script)
+    finally:
+        transport.close()
+    assert result.ok and "too long" not in result.stderr, result.stderr
+    assert all(_fits_the_servers_cmd_exe(line) for line in server.commands)
+    (call,) = ran
+    assert call.script.lstrip("\ufeff") == script
+    if not over:
+        assert result.stdout == "inline\n" and call.file is None
+        assert [len(line) for line in server.commands] == [len(platform.login_command(script))]
+    else:
+        assert result.stdout == "from a file\n" and call.file is not None and call.file.endswith(".ps1")
+        assert call.command_line.split()[-2:] == ["-File", call.file]
+        assert list(server.files) == []  # deleted after the run
 
 
 # -- winrm.transport: certificate --------------------------------------------------------------------

@@ -466,3 +466,19 @@ def test_transfer_scripts_take_home_relative_paths_and_long_scripts_go_to_a_ps1(
     ]
     argv = ps.local_argv("Write-Output 1")
     assert argv[0] == "powershell.exe" and base64.b64decode(argv[-1]).decode("utf-16-le") == "Write-Output 1"
+
+
+def test_the_shell_quota_a_failed_command_met_is_named_from_windows_own_message() -> None:
+    """A WinRS shell's job refuses a process with ERROR_NOT_ENOUGH_QUOTA's text and an allocation with
+    ERROR_COMMITMENT_LIMIT's: each names its setting; anything else (a Python MemoryError, an ssh
+    node) names none."""
+    ps = PowerShell()
+    memory = "The paging file is too small for this operation to complete.\r\n"
+    processes = (
+        'Exception calling "Start" with "1" argument(s): '
+        '"Not enough quota is available to process this command."'
+    )
+    assert ps.shell_quota("some output\n" + memory) == "MaxMemoryPerShellMB"
+    assert ps.shell_quota(processes) == "MaxProcessesPerShell"
+    assert ps.shell_quota("MemoryError") is None
+    assert platform_for("linux").shell_quota(memory) is None

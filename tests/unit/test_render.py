@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -264,3 +265,40 @@ def test_failure_tail_keeps_the_workers_error_above_torchruns_traceback() -> Non
     assert tail[2:] == ["host      : node2", "rank      : 1 (local_rank: 0)", "exitcode  : 3 (pid: 4242)"]
     plain = Result("node2", "launch", 1, "\n".join(f"line {i}" for i in range(30)), "", 1.0)
     assert failure_tail(plain) == [f"line {i}" for i in range(10, 30)]
+
+
+MASTER_LAST = """\
+cluster:
+  master: c
+  train: {script: train.py, shares: [12, 7, 30]}
+nodes:
+  - {name: a, host: 10.0.0.1}
+  - {name: b, host: 10.0.0.2, nproc: 2}
+  - {name: c, host: 10.0.0.3}
+"""
+
+
+def test_the_master_is_node_rank_0_wherever_the_inventory_lists_it() -> None:
+    """Static rendezvous: node rank 0 hosts the store that every node dials at the master's
+    address; any other node as rank 0 and the rendezvous never forms."""
+    from orchestrator.bench.launch import planned_shares
+    from orchestrator.runs.ranks import rank_labels
+
+    inventory = load_inventory_text(MASTER_LAST, "h.yaml")
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.3", run_id="r", interfaces={}, cpus={}, pythons={}
+    )
+    assert [(s.node.name, s.node_rank, s.first_rank) for s in specs] == [
+        ("c", 0, 0),
+        ("a", 1, 1),
+        ("b", 2, 2),
+    ]
+    script = Renderer().render(specs[0], PosixShell())
+    assert "--node-rank 0" in script and "--master-addr 10.0.0.3" in script
+    # the [defaultN] tags of each node's lines map to the same global ranks
+    assert rank_labels(inventory) == {"c": (0, 1), "a": (1, 1), "b": (2, 2)}
+    # fixed shares are listed per node in inventory order: each node keeps its own
+    shipped, _ = planned_shares(inventory, specs)
+    doc = json.loads(shipped[0].shares_json)
+    assert doc["shares"] == [30, 12, 4, 3]
+    assert [r["node"] for r in doc["ranks"]] == ["c", "a", "b", "b"]

@@ -59,7 +59,7 @@ REQUIRED_TOPICS = (
     "/resync",
     "-Profile Any",
     "bench",
-    "@@started-before",
+    "`started-before` record",
     "MaxMemoryPerShellMB",
 )
 

@@ -3,6 +3,7 @@
     python -m tests.winrm_server --listen ADDR:PORT --auth basic|ntlm --user U --password-env VAR
         [--tls-dir DIR] [--answers FILE.json] [--record FILE.jsonl] [--max-shells N] [--wsl FILE.json]
         [--allow-unencrypted] [--max-envelope-kb N] [--max-processes-per-shell N]
+        [--max-memory-per-shell-mb N]
 
 Prints ``LISTENING <endpoint>`` on stdout once it accepts connections (start_in_host waits for that line),
 then serves until SIGTERM/SIGINT, killing whatever its shells still run when it stops.
@@ -13,7 +14,8 @@ then serves until SIGTERM/SIGINT, killing whatever its shells still run when it 
 ``--allow-unencrypted``: accept Basic and unsealed messages over HTTP (Windows' AllowUnencrypted=true;
 the default refuses them, as a default Windows host does). ``--max-envelope-kb``: MaxEnvelopeSizekb
 (default 500, Windows' default). ``--max-processes-per-shell``: MaxProcessesPerShell of each shell's
-job (default 25, Windows' default; 0: no limit), for the played processes (tests/winrm_server/processes.py).
+job (default 25, Windows' default; 0: no limit), for the played processes (tests/winrm_server/processes.py);
+``--max-memory-per-shell-mb``: MaxMemoryPerShellMB likewise (default 1024; 0: no limit).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-unencrypted", action="store_true")
     parser.add_argument("--max-envelope-kb", type=int, default=500)
     parser.add_argument("--max-processes-per-shell", type=int, default=25)
+    parser.add_argument("--max-memory-per-shell-mb", type=int, default=1024)
     args = parser.parse_args(argv)
     password = os.environ.get(args.password_env)
     if password is None:
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_unencrypted=args.allow_unencrypted,
         max_envelope_kb=args.max_envelope_kb,
         max_processes_per_shell=args.max_processes_per_shell,
+        max_memory_per_shell_mb=args.max_memory_per_shell_mb,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -38,10 +38,15 @@ def windows_env(user: str, computer: str) -> dict[str, str]:
     }
 
 
+def expand(line: str, env: dict[str, str]) -> str:
+    """``line`` after cmd.exe's ``%NAME%`` expansion (names case-insensitive; unknown ones stay)."""
+    upper = {k.upper(): v for k, v in env.items()}
+    return _VAR.sub(lambda m: upper.get(m.group(1).upper(), m.group(0)), line)
+
+
 def preprocess(line: str, env: dict[str, str]) -> str:
     """The line as the program receives it after cmd.exe; CmdSyntaxError for unquoted operators."""
-    upper = {k.upper(): v for k, v in env.items()}
-    expanded = _VAR.sub(lambda m: upper.get(m.group(1).upper(), m.group(0)), line)
+    expanded = expand(line, env)
     out: list[str] = []
     quoted = False
     i = 0

@@ -13,6 +13,20 @@ What the model takes from Windows (documented, not recorded here):
   ERROR_NOT_ENOUGH_QUOTA (1816, "Not enough quota is available to process this command.") as
   ``Process.Start`` reports it. That text and code come from the job object's documented behaviour,
   not from a recording of a WinRS shell over its quota.
+- WinRS runs every command as ``cmd.exe /c LINE`` (unless WINRS_SKIP_CMD_SHELL is TRUE): that cmd.exe is
+  a process of the job too, so a PowerShell command is two processes of the quota (the server creates
+  both: tests/winrm_server/server.py).
+- ``MaxMemoryPerShellMB`` (1024 by default) limits the memory of the job's processes together: "the
+  maximum total amount of memory [...] that can be allocated by any active remote shell and all its
+  child processes [...] the remote operation is terminated when a new allocation exceeds the specified
+  quota" (the Windows Remote Shell group policy's text). Users report the allocation failing with
+  ``The paging file is too small for this operation to complete.`` (ERROR_COMMITMENT_LIMIT; ansible
+  issue 39327). Played here: the resident memory of the real Linux processes standing for the job's
+  processes (and of everything they start), polled every :data:`MEMORY_POLL` seconds; over the limit,
+  :attr:`ProcessTable.on_memory_exceeded` is called (the server writes that text and terminates the
+  shell's commands). Documented and reported, not recorded here. Kinder than Windows: played
+  processes without a Linux process (powershell.exe, cmd.exe) weigh nothing, and an allocation is
+  noticed after it happened, not refused.
 - ``Win32_Process`` Create (the WMI service) creates a process in no job of ours: a WinRS shell's
   quota does not count it and deleting the shell does not end it.
 - A process is known by its id and creation time (a FILETIME): ids are reused, the pair is not.
@@ -30,12 +44,20 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 #: what Process.Start throws when the job's active process limit is reached (ERROR_NOT_ENOUGH_QUOTA)
 QUOTA_MESSAGE = "Not enough quota is available to process this command"
 ERROR_NOT_ENOUGH_QUOTA = 1816
+#: what an allocation over the job's memory limit fails with (ERROR_COMMITMENT_LIMIT, 1455), as users
+#: of WinRS shells over MaxMemoryPerShellMB report it
+MEMORY_MESSAGE = "The paging file is too small for this operation to complete."
+#: seconds between two looks at the memory of the jobs' real processes
+MEMORY_POLL = 0.05
+_PAGE = os.sysconf("SC_PAGE_SIZE")
 #: FILETIME of the Unix epoch (100 ns ticks since 1601-01-01)
 _EPOCH_TICKS = 116444736000000000
 
@@ -70,8 +92,14 @@ class WinProcess:
 class ProcessTable:
     """Every played Windows process of one test server."""
 
-    def __init__(self, max_processes_per_shell: int = 25) -> None:
+    def __init__(self, max_processes_per_shell: int = 25, max_memory_per_shell_mb: int = 1024) -> None:
         self.max_processes_per_shell = max_processes_per_shell
+        self.max_memory_per_shell_mb = max_memory_per_shell_mb
+        #: called with (job, MB in use) when a job's processes pass MaxMemoryPerShellMB
+        self.on_memory_exceeded: Callable[[str, int], None] | None = None
+        #: "JOB: MB" of every job found over its memory limit
+        self.over_memory: list[str] = []
+        self._watching = False
         self.lock = threading.RLock()
         self._all: list[WinProcess] = []
         self._pids = itertools.count(4104, 4)  # Windows hands out multiples of 4
@@ -112,7 +140,38 @@ class ProcessTable:
             self._all.append(proc)
         if proc.linux is not None:
             threading.Thread(target=self._reap, args=(proc,), daemon=True).start()
+            if in_job is not None and self.max_memory_per_shell_mb:
+                self._watch_memory()
         return proc
+
+    # -- MaxMemoryPerShellMB ---------------------------------------------------------------------------
+
+    def _watch_memory(self) -> None:
+        with self.lock:
+            if self._watching:
+                return
+            self._watching = True
+        threading.Thread(target=self._memory_loop, name="winrm-job-memory", daemon=True).start()
+
+    def _memory_loop(self) -> None:
+        while True:
+            with self.lock:
+                jobs: dict[str, list[int]] = {}
+                for p in self._all:
+                    if p.alive and p.job is not None and p.linux is not None:
+                        jobs.setdefault(p.job, []).append(p.linux.pid)
+                if not jobs:
+                    self._watching = False
+                    return
+            for job, sessions in jobs.items():
+                used = resident_mb(sessions)
+                if used > self.max_memory_per_shell_mb:
+                    with self.lock:
+                        self.over_memory.append(f"{job}: {used}")
+                    if self.on_memory_exceeded is not None:
+                        self.on_memory_exceeded(job, used)
+                    self.terminate_job(job)  # whatever the callback left: the operation ends
+            time.sleep(MEMORY_POLL)
 
     def _reap(self, proc: WinProcess) -> None:
         assert proc.linux is not None
@@ -200,3 +259,21 @@ class ProcessTable:
         """Clean-up of this machine when the server stops: every real process standing for one."""
         for p in self.live():
             self.terminate(p)
+
+
+def resident_mb(sessions: list[int]) -> int:
+    """Resident memory, in MiB, of every Linux process in the given sessions (a played process' real
+    process is a session leader: what it starts, a DataLoader worker say, is in its session)."""
+    wanted = set(sessions)
+    pages = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[3]) in wanted:  # session id
+            pages += int(fields[21])  # rss, in pages
+    return pages * _PAGE // (1024 * 1024)

@@ -2,8 +2,10 @@
 
 A command line received by WinRS is dispatched like this:
 
-- longer than 8191 characters and run through cmd.exe (``WINRS_SKIP_CMD_SHELL`` not TRUE): what cmd.exe
-  does, ``The command line is too long.`` on stderr, exit code 1 (the WinRS Command itself succeeds);
+- run through cmd.exe (``WINRS_SKIP_CMD_SHELL`` not TRUE): a played ``cmd.exe`` process in the shell's
+  job (``MaxProcessesPerShell`` counts it) is the parent of what the line runs; when ``cmd.exe /c `` plus
+  the line after ``%NAME%`` expansion is longer than 8191 characters, what cmd.exe does: ``The command
+  line is too long.`` on stderr, exit code 1 (the WinRS Command itself succeeds);
   longer than 32767: the CreateProcess fault (``The filename or extension is too long.``);
 - ``powershell[.exe]`` / ``pwsh[.exe]``: decoded (-EncodedCommand, -Command, -File from :attr:`files`),
   parsed with tests/pwsh.py, recorded in :attr:`calls`, answered by the handler;
@@ -11,13 +13,15 @@ A command line received by WinRS is dispatched like this:
 - anything else: ``/bin/sh -c LINE`` for real, in its own process group.
 
 Stopping a command (Signal terminate, or Delete of its shell) is what Windows' job object does: every
-process of the command ends. PowerShell commands are played processes of :attr:`WinRMServer.processes`
-(:mod:`tests.winrm_server.processes`): each is in its shell's job, with the job's
-``MaxProcessesPerShell`` (``max_processes_per_shell=``) enforced for what is created inside it; a
-handler creates the processes the script would (``Win32_Process`` Create: outside every job).
-A ``wsl.exe`` command is different: only wsl.exe is a Windows process, so only it ends; the Linux
-processes it started keep running, their stdin still open and their output read by no one (see
-:meth:`Command.end_wsl_exe`). What stops them is the client closing the command's stdin first
+process of the command ends. PowerShell commands (and WinRS's cmd.exe of every command) are played
+processes of :attr:`WinRMServer.processes` (:mod:`tests.winrm_server.processes`): each is in its shell's
+job, with the job's ``MaxProcessesPerShell`` (``max_processes_per_shell=``) enforced for what is created
+inside it and ``MaxMemoryPerShellMB`` (``max_memory_per_shell_mb=``) for the memory of the real
+processes standing for them; a handler creates the processes the script would (``Win32_Process``
+Create: outside every job).
+A ``wsl.exe`` command is different: only wsl.exe (and its cmd.exe) are Windows processes, so only
+they end; the Linux processes it started keep running, their stdin still open and their output read
+by no one (see :meth:`Command.end_wsl_exe`). What stops them is the client closing the command's stdin first
 (WinRS Send with ``End="true"``), which reaches the Linux process as EOF.
 
 A default Windows host (``AllowUnencrypted=false``, ``MaxEnvelopeSizekb=500``) is what the server
@@ -52,13 +56,17 @@ from tests import pwsh
 from tests.winrm_server import auth as _auth
 from tests.winrm_server import cmdexe, cmdline, soap
 from tests.winrm_server import powershell as ps
-from tests.winrm_server.processes import ProcessTable, QuotaExceeded, WinProcess
+from tests.winrm_server.processes import MEMORY_MESSAGE, ProcessTable, QuotaExceeded, WinProcess
 from tests.winrm_server.tls import TlsFiles, issue_client_certificate, make_tls_files
 
 #: cmd.exe: "the maximum length of the string that you can use at the command prompt is 8191
 #: characters" (Microsoft's "Command prompt (Cmd.exe) command-line string limitation"). The server's
 #: own value, on purpose not the product's constant: the tests check the product against this one.
 CMD_LINE_LIMIT = 8191
+#: how WinRS hands a command to cmd.exe unless WINRS_SKIP_CMD_SHELL is TRUE (the shortest form: that it
+#: is measured with cmd.exe's 8191 characters is documented, not recorded; a longer real prefix, such
+#: as the full path of cmd.exe, would only lower the limit further)
+WINRS_WRAPPING = "cmd.exe /c "
 CREATE_PROCESS_LIMIT = 32767  # CreateProcessW lpCommandLine
 #: the Authorization header of WinRM's certificate authentication (WS-Management's HTTPS mutual profile)
 CERTIFICATE_AUTH = "http://schemas.dmtf.org/wbem/wsman/1/wsman/secprofile/https/mutual"
@@ -229,6 +237,7 @@ class Command:
         self.interrupted = False
         self.wait_for_stdin = False
         self.process: WinProcess | None = None  # a played powershell.exe (WinRMServer.processes)
+        self.cmd_exe: WinProcess | None = None  # WinRS's cmd.exe /c (None: WINRS_SKIP_CMD_SHELL)
 
     def _tamper(self, stream: str, data: bytes) -> bytes:
         start = self.counts[stream]
@@ -252,8 +261,10 @@ class Command:
             if self.exit_code is None:
                 self.exit_code = exit_code
             self.cond.notify_all()
-        if self.process is not None and self.server is not None:
-            self.server.processes.exited(self.process, exit_code)
+        if self.server is not None:
+            for process in (self.process, self.cmd_exe):  # cmd.exe /c ends with its command
+                if process is not None:
+                    self.server.processes.exited(process, exit_code)
 
     def start_deferred(self) -> None:
         with self.cond:
@@ -345,8 +356,10 @@ class Command:
             return
         self.killed = True
         self._killpg(signal.SIGKILL)
-        if self.process is not None and self.server is not None:
-            self.server.processes.terminate_tree(self.process)
+        if self.server is not None:
+            for process in (self.cmd_exe, self.process):
+                if process is not None:
+                    self.server.processes.terminate_tree(process)
         with self.cond:
             self.deferred = None
         self.finish(1)
@@ -477,6 +490,7 @@ class WinRMServer:
         allow_unencrypted: bool = False,
         max_envelope_kb: int = DEFAULT_MAX_ENVELOPE_KB,
         max_processes_per_shell: int = 25,
+        max_memory_per_shell_mb: int = 1024,
     ) -> None:
         from tests.winrm_server.wsl import WslConfig  # late: wsl imports this module's types
 
@@ -529,9 +543,23 @@ class WinRMServer:
         self._connections: set[socket.socket] = set()
         self._orphans: list[Command] = []  # wsl.exe commands ended while their Linux side ran
         self.instance = uuid.uuid4().hex[:12]
-        #: the played Windows processes, with each shell's job and its MaxProcessesPerShell
-        self.processes = ProcessTable(max_processes_per_shell)
+        #: the played Windows processes, with each shell's job, its MaxProcessesPerShell and
+        #: MaxMemoryPerShellMB
+        self.processes = ProcessTable(max_processes_per_shell, max_memory_per_shell_mb)
+        self.processes.on_memory_exceeded = self._memory_exceeded
         self.cut_off = False  # cut_off_clients(): every connection closed as it comes
+
+    def _memory_exceeded(self, job: str, used_mb: int) -> None:
+        """The shell's processes passed MaxMemoryPerShellMB: the allocation fails with Windows' text
+        and the remote operation is terminated (tests/winrm_server/processes.py)."""
+        with self._lock:
+            shell = self._shells.get(job)
+        if shell is None:
+            return
+        for cmd in list(shell.commands.values()):
+            if cmd.exit_code is None:
+                cmd.emit("stderr", (MEMORY_MESSAGE + "\r\n").encode(shell.encoding(), "replace"))
+                cmd.kill()
 
     def client_certificate(self, user: str | None = None) -> Path:
         """A PEM (certificate and key) the server maps to ``user`` (default: its user) for
@@ -838,10 +866,23 @@ class WinRMServer:
         self.record({"kind": "command", "command_line": line})
         cmd = Command(shell, line, self)
         shell.commands[cmd.id] = cmd
-        if not skip_cmd and len(line) > CMD_LINE_LIMIT:
-            cmd.emit("stderr", b"The command line is too long.\r\n")
-            cmd.finish(1)
-            return soap.command_response(req, cmd.id)
+        if not skip_cmd:
+            # WinRS's cmd.exe: in the shell's job like every process of the command (MaxProcessesPerShell
+            # counts it), and the first to meet cmd.exe's limit, on the line as it wraps and expands it
+            encoding = shell.encoding()
+            try:
+                cmd.cmd_exe = self.processes.create(
+                    "cmd.exe", WINRS_WRAPPING + line, parent=None, job=shell.id
+                )
+            except QuotaExceeded as exc:
+                cmd.emit("stderr", (str(exc) + "\r\n").encode(encoding, "replace"))
+                cmd.finish(ps.QUOTA_EXIT)
+                return soap.command_response(req, cmd.id)
+            env = {**cmdexe.windows_env(shell.owner, self.computer_name), **shell.env}
+            if len(WINRS_WRAPPING + cmdexe.expand(line, env)) > CMD_LINE_LIMIT:
+                cmd.emit("stderr", b"The command line is too long.\r\n")
+                cmd.finish(1)
+                return soap.command_response(req, cmd.id)
         tokens = cmdline.split_tokens(line)
         program = _program(tokens)
         if program in ("cmd", "cmd.exe") and len(tokens) > 1 and tokens[1].value.lower() in ("/c", "/k"):
@@ -876,8 +917,9 @@ class WinRMServer:
     def _start_powershell(self, cmd: Command, argv: list[str]) -> None:
         encoding = cmd.shell.encoding()
         try:
+            # cmd.exe's child (in its job), or WinRS's own when WINRS_SKIP_CMD_SHELL leaves cmd.exe out
             cmd.process = self.processes.create(
-                "powershell.exe", cmd.command_line, parent=None, job=cmd.shell.id
+                "powershell.exe", cmd.command_line, parent=cmd.cmd_exe, job=cmd.shell.id
             )
         except QuotaExceeded as exc:
             cmd.emit("stderr", (str(exc) + "\r\n").encode(encoding, "replace"))
@@ -996,6 +1038,8 @@ class WinRMServer:
                 return value
             return re.sub(r"(?<!\r)\n", "\r\n", value).encode(encoding, "replace")
 
+        if cmd.killed:
+            return  # its processes were ended (terminated, a quota): they write nothing more
         cmd.emit("stdout", text(answer.stdout))
         for piece in answer.chunks or ():
             if cmd.killed:

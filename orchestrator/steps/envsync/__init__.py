@@ -92,7 +92,7 @@ def sync_node(
     probed = probe_node(node, transport, spec, force=force)
     if probed.env is not None:
         return probed.env
-    return build_node(node, transport, spec, probed, force=force, on_line=on_line)
+    return build_node(node, transport, probed.spec or spec, probed, force=force, on_line=on_line)
 
 
 #: stands for the probe's text in --dry-run commands (the script is printed once, before them)
@@ -170,6 +170,7 @@ def sync_env(
     on_line: Callable[[str, str], None] | None = None,
     on_progress: ProgressFn | None = None,
     specs: dict[str, EnvSpec] | None = None,
+    on_notice: Callable[[str], None] | None = None,
 ) -> list[Outcome[NodeEnv]]:
     """Sync every node's environment in parallel (the pipeline's entry point).
 
@@ -184,6 +185,11 @@ def sync_env(
     are built. Between the two, every probe has left this sync's marker beside its environment: a node
     finding another's (a shared directory) is refused before it installs anything (:func:`refuse_shared`).
     ``on_progress(node, activity, detail)`` is called from worker threads as each node moves on.
+
+    The probe also asks each node that has something to install whether it reaches the package index
+    its installer will use. One that does not fails before installing (exit 1, naming env.offline and
+    env.index_url), unless its spec has ``offline_fallback`` (``--from-master``): then it installs from
+    wheels this machine downloads and pushes, and ``on_notice`` gets one line naming those nodes.
     """
     chosen = list(session.nodes if nodes is None else nodes)
     if specs is None:
@@ -231,6 +237,9 @@ def sync_env(
         nodes=chosen,
     )
     waiting = {o.node: o.value for o in probed if o.value is not None and o.value.env is None}
+    fallback = {name: ready.offline_reason for name, ready in waiting.items() if ready.offline_reason}
+    if fallback and on_notice is not None:
+        on_notice(offline_notice(fallback))
 
     def build(node: Node, transport: Transport) -> NodeEnv:
         ready = waiting[node.name]
@@ -239,7 +248,7 @@ def sync_env(
         env = build_node(
             node,
             transport,
-            chosen_specs[node.python_os],
+            ready.spec or chosen_specs[node.python_os],
             ready,
             force=force,
             on_line=on_line,
@@ -247,6 +256,7 @@ def sync_env(
         )
         if tokens:
             env.round_trips += 1  # the markers were read
+        env.offline_reason = ready.offline_reason
         # its Python and torch changed: later phases ask for its facts again (not for its firewall)
         session.forget(node.name, *[k for k in session.keys(node.name) if k.startswith(SESSION_KEY_PREFIX)])
         return env
@@ -269,6 +279,17 @@ def sync_env(
         else:
             merged.append(Outcome(first.node, None, first.error, first.duration, first.finished))
     return merged
+
+
+def offline_notice(reasons: dict[str, str]) -> str:
+    """The one line saying which nodes install from pushed wheels, and why (the first reason: nodes
+    of one network usually share it)."""
+    names = ", ".join(reasons)
+    why = next(iter(reasons.values()))
+    return (
+        f"{names} cannot reach the package index ({why}): this machine downloads the wheels and "
+        "pushes them (offline mode, as with env.offline: true)"
+    )
 
 
 def new_marker_token() -> str:

@@ -185,6 +185,8 @@ def spec_from_master(inventory: Inventory, master: MasterEnv, os_name: str) -> E
         compile_bytecode=env.compile_bytecode,
         base_dir=str(Path(inventory.source).parent),
         warnings=tuple(warnings),
+        # the user named no package source: a node without an index gets the master's set from here
+        offline_fallback=not env.offline,
     )
 
 

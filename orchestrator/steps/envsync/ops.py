@@ -208,6 +208,9 @@ class PosixEnvOps(EnvOps):
             f"req={word(plan.requirements_file)}",
             'cur=""',
             '[ -L "$link" ] && cur=$(readlink "$link")',
+            # what a failed install leaves: said by the node too (its line shows with -v)
+            'kept="no environment was installed (a first install)"',
+            '[ -n "$cur" ] && kept="the previous environment is still active"',
             # a failed build leaves nothing behind, and the active environment untouched
             'fail() { echo "cluster-bootstrap: $1" >&2; rm -rf "$new" "$req"; exit 1; }',
             'rm -rf "$new"',
@@ -235,10 +238,7 @@ class PosixEnvOps(EnvOps):
                 '|| fail "python -m venv failed (Debian/Ubuntu: install the python3-venv package)"'
             )
         lines.append(step("resolving packages"))
-        lines.append(
-            f'{self.install_command(plan)} || fail "{plan.installer} install failed: '
-            'the previous environment is still active"'
-        )
+        lines.append(f'{self.install_command(plan)} || fail "{plan.installer} install failed: $kept"')
         lines += [
             step("switching to the new environment"),
             f'printf %s {p.quote(stamp)} > "$new"/{p.quote(STAMP_NAME)} || fail "cannot write the stamp"',
@@ -348,6 +348,8 @@ class PowerShellEnvOps(EnvOps):
             "$cbCur = $null",
             "$cbItem = Get-Item -LiteralPath $cbLink -Force -ErrorAction SilentlyContinue",
             "if ($null -ne $cbItem -and $cbItem.LinkType -eq 'Junction') { $cbCur = @($cbItem.Target)[0] }",
+            "$cbKept = 'no environment was installed (a first install)'",
+            "if ($null -ne $cbCur) { $cbKept = 'the previous environment is still active' }",
             # a failed build leaves nothing behind, and the active environment untouched
             "function cbFail($why) {",
             "  if (Test-Path -LiteralPath $cbNew) { Remove-Item -LiteralPath $cbNew -Recurse -Force }",
@@ -362,7 +364,9 @@ class PowerShellEnvOps(EnvOps):
             self._check("python -m venv failed"),
             self.step("resolving packages"),
             install,
-            self._check(f"{plan.installer} install failed: the previous environment is still active"),
+            "if ($global:LASTEXITCODE -ne 0) { cbFail ("
+            + q(f"{plan.installer} install failed: ")
+            + " + $cbKept) }",
             self.step("switching to the new environment"),
             f"[System.IO.File]::WriteAllText($cbNew + {q(chr(92) + STAMP_NAME)}, {q(stamp)})",
             # the switch: the junction is replaced (only the link: Directory.Delete leaves its target)

@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.steps.envsync.wheelhouse as wheelhouse_mod
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync.ops import EnvOps, ops_for
 from orchestrator.steps.envsync.report import NodeEnv
 from orchestrator.steps.envsync.spec import (
+    FORMAT,
     STAMP_NAME,
     EnvSpec,
     drift,
     env_path,
+    index_locations,
     python_matches,
     stamp_key,
 )
@@ -68,6 +71,16 @@ class Probe:
         return dict(packages) if isinstance(packages, dict) else None
 
     @property
+    def index_problem(self) -> str | None:
+        """Why this node cannot reach its package index (``URL: reason``), or None: it can, or the
+        probe did not ask (offline, no_index, a current stamp)."""
+        failed = (self.data.get("index") or {}).get("failed") or []
+        if not failed:
+            return None
+        first = failed[0]
+        return f"{mask_url_credentials(str(first.get('url')))}: {first.get('error')}"
+
+    @property
     def stamp(self) -> dict[str, Any]:
         stamp = self.venv.get("stamp")
         return stamp if isinstance(stamp, dict) else {}
@@ -83,14 +96,38 @@ class Probe:
         )
 
 
-def probe_args(spec: EnvSpec, path: str, marker: dict[str, str] | None = None) -> dict[str, object]:
+#: seconds a node is given to answer whether it reaches its package index (the probe's other work
+#: runs meanwhile: a node that reaches it answers in a fraction of that)
+INDEX_TIMEOUT = 4.0
+
+
+def probe_args(
+    spec: EnvSpec, path: str, marker: dict[str, str] | None = None, *, force: bool = False
+) -> dict[str, object]:
     args: dict[str, object] = {"path": path, "stamp": STAMP_NAME, "wheelhouse": None}
-    if spec.offline:
+    if spec.offline or spec.offline_fallback:
+        # offline_fallback: listed when a earlier sync left one, so only missing wheels travel
         args["wheelhouse"] = path.rstrip("/\\") + ".wheels"
         args["create_wheelhouse"] = False
     if marker is not None:
         args["marker"] = marker
+    urls, node_default = index_locations(spec)
+    if urls or node_default:
+        check: dict[str, object] = {"urls": urls, "node_default": node_default, "timeout": INDEX_TIMEOUT}
+        if not force:  # a current stamp: nothing to install, no index needed (the probe compares)
+            check["unless"] = {"format": FORMAT, "specs": [s.digest for s in accepted_specs(spec)]}
+        args["index"] = check
     return args
+
+
+def accepted_specs(spec: EnvSpec) -> list[EnvSpec]:
+    """The specs whose builds count as current: ``spec``, and with ``offline_fallback`` the same set
+    installed from pushed wheels (a node that reached no index the last time)."""
+    return [spec, offline_variant(spec)] if spec.offline_fallback else [spec]
+
+
+def offline_variant(spec: EnvSpec) -> EnvSpec:
+    return replace(spec, offline=True, offline_fallback=False)
 
 
 def _marker(node: Node, path: str, token: str) -> dict[str, str]:
@@ -108,11 +145,17 @@ def env_parent(path: str) -> str:
 
 
 def probe(
-    node: Node, transport: Transport, spec: EnvSpec, ops: EnvOps, marker: dict[str, str] | None = None
+    node: Node,
+    transport: Transport,
+    spec: EnvSpec,
+    ops: EnvOps,
+    marker: dict[str, str] | None = None,
+    *,
+    force: bool = False,
 ) -> Probe:
     """The one round trip: parse the node's report or raise a clear error."""
     interpreter = interpreter_for(node)
-    args = probe_args(spec, env_path(node, spec), marker)
+    args = probe_args(spec, env_path(node, spec), marker, force=force)
     result = transport.run(ops.probe(interpreter, args), timeout=120)
     if result.exit_code == NOT_FOUND:
         raise CommandFailedError(
@@ -128,9 +171,9 @@ def probe(
     return Probe(json.loads(lines[-1]))
 
 
-def _unchanged(spec: EnvSpec, found: Probe, key: str, force: bool) -> bool:
+def _unchanged(spec: EnvSpec, found: Probe, keys: list[str], force: bool) -> bool:
     installed = found.installed
-    if force or installed is None or found.stamp.get("key") != key:
+    if force or installed is None or found.stamp.get("key") not in keys:
         return False
     return not drift(spec, installed).wrong
 
@@ -171,6 +214,10 @@ class Probed:
     path: str
     env: NodeEnv | None = None  # set when nothing is to be built
     marker_error: str | None = None
+    #: what the build installs from: the sync's spec, or its offline variant for a node that reaches
+    #: no index (``offline_reason`` says why)
+    spec: EnvSpec | None = None
+    offline_reason: str | None = None
 
 
 def probe_node(
@@ -191,12 +238,30 @@ def probe_node(
     path = env_path(node, spec)
     progress("checking the environment", "")
     marker = _marker(node, path, token) if token is not None else None
-    found = probe(node, transport, spec, ops, marker)
+    found = probe(node, transport, spec, ops, marker, force=force)
     _check_node(node, spec, found)
-    key = stamp_key(spec, python_version=found.python_version, platform=found.platform_key)
+    keys = [
+        stamp_key(s, python_version=found.python_version, platform=found.platform_key)
+        for s in accepted_specs(spec)
+    ]
+    key = keys[0]
     marker_error = (found.data.get("marker") or {}).get("error") if marker is not None else None
-    probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error)
-    if _unchanged(spec, found, key, force):
+    probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error, spec=spec)
+    unreachable = found.index_problem
+    if _unchanged(spec, found, keys, force):
+        unreachable = None  # installs nothing: no index needed
+    elif unreachable is not None and spec.offline_fallback:
+        probed.spec = offline_variant(spec)
+        probed.key = stamp_key(probed.spec, python_version=found.python_version, platform=found.platform_key)
+        probed.offline_reason = unreachable
+    elif unreachable is not None:
+        raise CommandFailedError(
+            f"cannot reach the package index ({unreachable}): nothing was installed",
+            node=node.name,
+            hint="set env.offline: true to have this machine download the wheels and push them, or "
+            "env.index_url to an index the nodes reach (docs/sync.md)",
+        )
+    if _unchanged(spec, found, keys, force):
         probed.env = NodeEnv(
             node=node.name,
             os=node.python_os,

@@ -33,6 +33,8 @@ class NodeEnv:
     round_trips: int = 1
     notes: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)  # dry run only
+    #: installed from wheels this machine pushed because the node reached no index (why), or None
+    offline_reason: str | None = None
 
     def public_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +49,7 @@ class NodeEnv:
             "wheels_pushed": self.wheels_pushed,
             "round_trips": self.round_trips,
             "notes": self.notes,
+            "offline_fallback": self.offline_reason,
             **({"commands": self.commands} if self.commands else {}),
         }
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import UsageError
-from orchestrator.redact import mask_url_credentials
+from orchestrator.redact import mask_url_credentials, strip_url_credentials
 from orchestrator.runs.layout import in_workdir, node_path
 
 if TYPE_CHECKING:
@@ -74,6 +74,9 @@ class EnvSpec:
     compile_bytecode: bool = False  # byte-compile while installing (env.compile_bytecode)
     base_dir: str = "."  # the inventory file's directory: relative controller paths start there
     warnings: tuple[str, ...] = ()
+    #: a node that reaches no index installs from wheels this machine pushes (``--from-master``: the
+    #: user asked for no package source of their own); else such a node fails before installing
+    offline_fallback: bool = False
 
     @property
     def names(self) -> frozenset[str]:
@@ -106,6 +109,34 @@ def stamp_key(spec: EnvSpec, *, python_version: str, platform: str) -> str:
     """The key an environment built from ``spec`` for this interpreter/platform carries."""
     material = {"format": FORMAT, "spec": spec.digest, "python": python_version, "platform": platform}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+#: pip's index when nothing names another one
+PYPI_SIMPLE = "https://pypi.org/simple/"
+_INDEX_OPTIONS = {"-i": "index", "--index-url": "index", "--extra-index-url": "extra"}
+
+
+def index_locations(spec: EnvSpec) -> tuple[list[str], bool]:
+    """(the index URLs a node's installer will fetch from, without their logins; whether the node's
+    own pip configuration picks the main index): what a node must reach before it installs. Empty in
+    offline mode and with ``no_index`` (the node reads only its wheelhouse or find-links)."""
+    if spec.offline or spec.no_index:
+        return [], False
+    main: str | None = spec.index_url
+    extras = list(spec.extra_index_urls)
+    for line in logical_lines(spec.requirements_text):
+        words = line.split()
+        if words[0].startswith("--") and "=" in words[0]:  # --index-url=URL
+            words = [*words[0].split("=", 1), *words[1:]]
+        kind = _INDEX_OPTIONS.get(words[0]) if len(words) > 1 else None
+        if kind == "index":
+            main = words[1]
+        elif kind == "extra":
+            extras.append(words[1])
+        elif words[0] == "--no-index":
+            return [], False
+    urls = ([main] if main else []) + extras
+    return [strip_url_credentials(u) for u in dict.fromkeys(urls)], main is None
 
 
 def logical_lines(text: str) -> list[str]:

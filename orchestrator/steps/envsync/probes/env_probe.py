@@ -4,7 +4,7 @@
 # versions installed in it) and, when asked, a listing of the node's wheelhouse with SHA-256 hashes.
 # Argument: a JSON object {"path": venv path ("~" allowed), "stamp": file name, "wheelhouse": dir|null,
 # "create_wheelhouse": bool, "marker": {"dir", "name", "token", "marker_dir"} (optional: written, see
-# write_marker)}.
+# write_marker), "index": {"urls", "node_default", "timeout", "unless"} (optional: see index_check)}.
 import hashlib
 import importlib.util
 import json
@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 
 # the same listing the build prints (orchestrator/steps/envsync/ops.py LIST_CODE): PEP 503 names
 LIST_CODE = (
@@ -267,9 +269,136 @@ def write_marker(marker):
     return {"path": path}
 
 
+def stamp_key(spec_digest, fmt):
+    """The key a build for this interpreter carries (orchestrator/steps/envsync/spec.py stamp_key)."""
+    platform_key = "%s-%s-cp%d%d" % (
+        sysconfig.get_platform(),
+        platform.python_implementation().lower(),
+        sys.version_info[0],
+        sys.version_info[1],
+    )
+    material = {
+        "format": fmt,
+        "spec": spec_digest,
+        "python": "%d.%d.%d" % sys.version_info[:3],
+        "platform": platform_key,
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def pip_config_index():
+    """The index pip uses here when the sync names none: PIP_INDEX_URL, else index-url of the pip
+    configuration files (later files win, [install] over [global]), else PyPI; None with no-index."""
+    if os.environ.get("PIP_INDEX_URL"):
+        return os.environ["PIP_INDEX_URL"]
+    try:
+        import configparser
+    except ImportError:
+        return "https://pypi.org/simple/"
+    home = os.path.expanduser("~")
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    dirs = [d for d in (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep) if d]
+    files = [os.path.join(d, "pip", "pip.conf") for d in reversed(dirs)] + ["/etc/pip.conf"]
+    files += [os.path.join(home, ".pip", "pip.conf"), os.path.join(xdg, "pip", "pip.conf")]
+    files += [os.path.join(sys.prefix, "pip.conf")]
+    if os.environ.get("PIP_CONFIG_FILE"):
+        files.append(os.environ["PIP_CONFIG_FILE"])
+    url, no_index = "https://pypi.org/simple/", False
+    for name in files:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(name)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for section in ("global", "install"):
+            if parser.has_option(section, "index-url"):
+                url = parser.get(section, "index-url").strip() or url
+            if parser.has_option(section, "no-index"):
+                no_index = parser.get(section, "no-index").strip().lower() in ("1", "true", "yes", "on")
+    return None if no_index else url
+
+
+def reach(url, timeout):
+    """None when ``url`` answers (any HTTP status: the index is there), else why not."""
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in ("http", "https"):
+        return None  # a local directory (file://): the installer reports what is wrong with it
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # it answered (401, 404, 405...): reachable
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if type(reason).__name__.startswith("SSL"):
+            return None  # it answered; a certificate problem is the installer's to report
+        return str(getattr(reason, "strerror", None) or reason)
+    except Exception as exc:  # a timeout, a reset connection, a bad URL
+        return str(exc) or type(exc).__name__
+    return None
+
+
+class IndexCheck:
+    """Can this node reach the index the installer will use? Each URL is tried in its own thread
+    (a name lookup cannot be given a timeout: a missing DNS server would block the whole probe), and
+    :meth:`result` waits until the deadline at most."""
+
+    def __init__(self, spec):
+        self.timeout = float(spec.get("timeout") or 4)
+        self.deadline = time.monotonic() + self.timeout
+        urls = list(spec.get("urls") or [])
+        if spec.get("node_default"):
+            own = pip_config_index()
+            if own:
+                urls.insert(0, own)
+        self.urls = list(dict.fromkeys(urls))
+        self.failed = {}
+        self.threads = []
+        for url in self.urls:
+            thread = threading.Thread(target=self._try, args=(url,), daemon=True)
+            thread.start()
+            self.threads.append((url, thread))
+
+    def _try(self, url):
+        why = reach(url, self.timeout)
+        if why is not None:
+            self.failed[url] = why
+
+    def result(self):
+        failed = []
+        for url, thread in self.threads:
+            thread.join(max(0.0, self.deadline - time.monotonic()))
+            if thread.is_alive():
+                failed.append({"url": url, "error": "no answer within %g s" % self.timeout})
+            elif url in self.failed:
+                failed.append({"url": url, "error": self.failed[url]})
+        return {"urls": self.urls, "failed": failed}
+
+
+def index_check(args, path):
+    """Started before the rest of the probe, so that its wait overlaps the probe's own work. Skipped
+    when the environment's stamp says it is current (``unless``: the keys it may carry): an
+    unchanged node installs nothing and needs no index."""
+    spec = args.get("index")
+    if not spec:
+        return None
+    unless = spec.get("unless")
+    if unless:
+        stamp = read_stamp(path, args["stamp"]) or {}
+        keys = [stamp_key(digest, unless.get("format")) for digest in unless.get("specs") or []]
+        if stamp.get("key") in keys:
+            return None
+    return IndexCheck(spec)
+
+
 def main():
     args = json.loads(sys.argv[1])
     path = os.path.abspath(os.path.expanduser(args["path"]))
+    check = index_check(args, path)
     result = {
         "home": os.path.expanduser("~"),
         "python": python_info(),
@@ -282,6 +411,8 @@ def main():
     if args.get("wheelhouse"):
         directory = os.path.abspath(os.path.expanduser(args["wheelhouse"]))
         result["wheelhouse"] = wheelhouse_listing(directory, args.get("create_wheelhouse"))
+    if check is not None:
+        result["index"] = check.result()
     sys.stdout.write(json.dumps(result) + "\n")
 
 

@@ -1,0 +1,201 @@
+"""`bootstrap dashboard` and the ``--dashboard`` option of `bootstrap`, `launch` and `logs --follow`:
+a page served from this machine, fed by the streams the command reads anyway (docs/dashboard.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from orchestrator.cli.common import Settings
+from orchestrator.errors import ExitCode
+
+if TYPE_CHECKING:
+    from orchestrator.dashboard.model import LiveRun
+    from orchestrator.dashboard.server import Listen
+    from orchestrator.executor import Executor, NodeEvent, Outcome
+    from orchestrator.inventory import Inventory
+    from orchestrator.steps.node_facts import InspectedNode
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_WANTED = "dashboard.listen"  # ctx.meta: the Listen asked for (None: no dashboard)
+_LIVE = "dashboard.live"  # ctx.meta: the LiveRun being served (the pipeline's, reused by its launch)
+_LISTEN_HELP = (
+    "Where the dashboard listens: ADDR[:PORT] (default 127.0.0.1:8787; port 0: any free one). Any "
+    "address but loopback needs the token printed at start in the URL."
+)
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta.setdefault("dashboard.options", {})[param.name] = value
+    return value
+
+
+def dashboard_options(fn: F) -> F:
+    """``--dashboard`` and ``--listen ADDR``, kept in ``ctx.meta`` (read by :func:`live_dashboard`)."""
+    fn = click.option(
+        "--listen", "listen", metavar="ADDR[:PORT]", expose_value=False, callback=_remember, help=_LISTEN_HELP
+    )(fn)
+    return click.option(
+        "--dashboard",
+        "dashboard",
+        is_flag=True,
+        default=False,
+        expose_value=False,
+        callback=_remember,
+        help="Serve a live page of the run from here (see --listen; docs/dashboard.md).",
+    )(fn)
+
+
+def _wanted(ctx: click.Context) -> Listen | None:
+    from orchestrator.dashboard.server import Listen, parse_listen
+
+    options = ctx.meta.get("dashboard.options", {})
+    listen = options.get("listen")
+    if not options.get("dashboard"):
+        if listen:
+            from orchestrator.errors import UsageError
+
+            raise UsageError("--listen is for the dashboard: add --dashboard")
+        return None
+    return parse_listen(listen) if listen else Listen()
+
+
+def secret_values(inventory: Inventory, environ: dict[str, str] | None = None) -> list[str]:
+    """Values the page masks: train.env secrets (``from_env``, secret-looking names) as set here."""
+    from orchestrator.inventory.model import FromEnv, is_secret_name
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name, value in inventory.cluster.train.env:
+        if isinstance(value, FromEnv):
+            if env.get(value.from_env):
+                out.append(env[value.from_env])
+        elif is_secret_name(name) and value:
+            out.append(value)
+    return out
+
+
+def facts_summary(inspected: InspectedNode) -> dict[str, str]:
+    """The facts the page shows per node, each as a short text (OS, CPUs, memory, GPUs, torch,
+    interface to the master, how it was reached)."""
+    from orchestrator.facts.linux import public_value
+
+    values: dict[str, Any] = {}
+    for name, value in inspected.facts.values.items():
+        try:
+            values[name] = public_value(value)
+        except TypeError:
+            values[name] = str(value)
+    out: dict[str, str] = {"via": inspected.via}
+    system = values.get("os") or values.get("windows")
+    if isinstance(system, dict):
+        out["os"] = str(system.get("pretty_name") or system.get("caption") or system.get("id") or "")
+    cpus = values.get("cpus")
+    if cpus is not None:
+        out["cpus"] = str(cpus.get("count", cpus) if isinstance(cpus, dict) else cpus)
+    memory = values.get("memory")
+    if isinstance(memory, dict) and isinstance(memory.get("total_bytes"), int):
+        out["memory"] = f"{memory['total_bytes'] / 2**30:.1f} GiB"
+    gpus = values.get("gpus")
+    if isinstance(gpus, dict):
+        found = gpus.get("gpus") or []
+        out["gpus"] = (
+            ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in found) or "none"
+        )
+    torch = values.get("torch")
+    if isinstance(torch, dict):
+        out["torch"] = str(torch.get("version") or ("not installed" if not torch.get("installed") else ""))
+    route = values.get("route")
+    if isinstance(route, dict) and route.get("interface"):
+        out["interface"] = f"{route['interface']} ({route.get('source') or '?'})"
+    return {k: v for k, v in out.items() if v}
+
+
+@contextlib.contextmanager
+def live_dashboard(
+    ctx: click.Context, settings: Settings, inventory: Inventory, nodes: Sequence[str], command: str
+) -> Iterator[LiveRun | None]:
+    """The dashboard the command line asked for, serving while the body runs (None when not asked).
+    Nested (the main pipeline's launch phase): the one already serving."""
+    existing = ctx.meta.get(_LIVE)
+    if existing is not None:
+        yield existing
+        return
+    listen = _wanted(ctx)
+    if listen is None:
+        yield None
+        return
+    from orchestrator.dashboard.model import LiveRun
+    from orchestrator.dashboard.server import DashboardServer
+
+    live = LiveRun(list(nodes), secrets=secret_values(inventory), command=command)
+    server = DashboardServer(live, listen)
+    server.start()
+    settings.ui.info(f"dashboard: {server.url}")  # the token (when there is one) is printed this once
+    ctx.meta[_LIVE] = live
+    try:
+        yield live
+    finally:
+        ctx.meta.pop(_LIVE, None)
+        if live.state == "running":
+            live.ended("stopped", "the command ended")
+        server.stop()
+
+
+def observe(live: LiveRun | None, executor: Executor) -> Callable[[], None]:
+    """Feed ``executor``'s node events to ``live``; returns what undoes it."""
+    if live is None or id(executor) in live.observed:
+        return lambda: None
+    live.observed.add(id(executor))
+
+    def on_event(event: NodeEvent) -> None:
+        live.node_event(event.node, event.step, event.kind, event.detail, cancelled=executor.cancelled)
+
+    executor.observers.append(on_event)
+
+    def undo() -> None:
+        live.observed.discard(id(executor))
+        if on_event in executor.observers:
+            executor.observers.remove(on_event)
+
+    return undo
+
+
+def show_facts(live: LiveRun | None, inspected: Sequence[Outcome[InspectedNode]]) -> None:
+    if live is None:
+        return
+    for outcome in inspected:
+        if outcome.value is not None:
+            live.facts(outcome.node, facts_summary(outcome.value))
+
+
+@click.command()
+@click.option("--listen", "listen", metavar="ADDR[:PORT]", help=_LISTEN_HELP)
+@click.pass_context
+def dashboard(ctx: click.Context, listen: str | None) -> int:
+    """Serve the dashboard of past runs here (runs/: records, logs, bench pages) until Ctrl-C.
+
+    A run is watched live with `launch --dashboard`, `logs --run RUN --follow --dashboard` or
+    `bootstrap --dashboard`: those pages show it as it goes, and the past runs too.
+    """
+    from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
+
+    settings = Settings.from_context(ctx)
+    server = DashboardServer(None, parse_listen(listen) if listen else Listen(), runs_root=Path("runs"))
+    server.start()
+    settings.ui.info(f"dashboard: {server.url}")
+    settings.ui.note("past runs under ./runs; Ctrl-C stops it")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return ExitCode.OK

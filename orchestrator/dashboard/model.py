@@ -1,0 +1,412 @@
+"""What the dashboard shows, kept on the controller: one ``LiveRun`` per command, fed by the streams the
+command already reads (a launch's or `logs --follow`'s blocks of node output, the executor's node
+events) and read by the page as a snapshot followed by deltas.
+
+Cost per block of output (the stream's hot path): a list append and two substring tests; metric lines
+(``CB_METRIC {...}``) are parsed as they come, since every one of them is a chart point. Everything
+else (splitting lines by rank, masking, the last lines per rank) happens in :meth:`LiveRun.delta`,
+called a few times a second by the one server thread whatever the number of viewers, on at most the
+last ``TAIL`` lines each node sent since the previous flush. Memory is bounded: per node at most
+``PENDING_BYTES`` waiting, per rank ``TAIL`` lines and ``POINTS`` chart points, ``EVENTS`` events.
+
+Every string here is node text or derived from it: the page renders all of it as text (textContent),
+and :meth:`LiveRun.mask` removes secrets (the run's secret values, credentials inside URLs) first.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.redact import mask_url_credentials
+from orchestrator.runs.ranks import split_rank
+
+#: last lines kept per rank (and shown per failure)
+TAIL = 200
+#: chart points kept per rank: beyond it, every other old point is dropped (the chart keeps its shape)
+POINTS = 600
+#: events kept (failures, stops, lost nodes, phase ends)
+EVENTS = 100
+#: bytes of one node's output waiting for the next flush; older blocks are dropped (only the last
+#: ``TAIL`` lines of a flush are shown: a node printing 100 MB/s costs this much memory, not more)
+PENDING_BYTES = 256 * 1024
+#: seconds a failure event takes in its culprit's lines arriving after it
+FOLLOW_SECONDS = 5.0
+#: characters of a line shown (a 1 MB line is cut, the log here keeps it whole)
+LINE_CHARS = 2000
+MASK = "***"
+
+# the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
+# no tag: its metrics count for no rank)
+_METRIC = re.compile(r"^(?:\[default(\d+)\]:)?[^\n]*?CB_METRIC (\{[^\n]*\})[ \t\r]*$", re.M)
+_RANK_IN = re.compile(r"\brank (\d+)\b")
+# torchrun's agent, the moment it sees a worker die (before it stops the others and exits, seconds
+# later): ``... api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 741) of binary: ...``
+_WORKER_FAILED = re.compile(r"^[^\n]*\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", re.M)
+
+
+@dataclass
+class RankState:
+    rank: int
+    node: str
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    updated: float | None = None  # time.time() of its last metric
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL))
+    points: list[tuple[float, int | None, float | None, float | None]] = field(default_factory=list)
+
+    def doc(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "step": self.step,
+            "loss": self.loss,
+            "samples_per_s": self.samples_per_s,
+            "updated": self.updated,
+        }
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if number == number and abs(number) != float("inf") else None  # NaN, inf: JSON has none
+
+
+class LiveRun:
+    """The state of one run as the page shows it; every input method may be called from any thread.
+
+    ``labels``: per node, ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels`
+    gives them (a line tagged ``[defaultN]:`` is rank ``first + N``). ``secrets``: values masked
+    wherever they appear in node text."""
+
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        *,
+        run_id: str = "",
+        labels: Mapping[str, tuple[int, int]] | None = None,
+        secrets: Iterable[str] = (),
+        command: str = "launch",
+    ) -> None:
+        self.run_id = run_id
+        self.command = command
+        self.labels: dict[str, tuple[int, int]] = {}
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[str]] = {n: [] for n in nodes}
+        self._pending_bytes: dict[str, int] = dict.fromkeys(nodes, 0)
+        self._metrics: list[tuple[str, int | None, dict[str, Any]]] = []
+        self._lines_in: dict[str, int] = dict.fromkeys(nodes, 0)
+        self.nodes: dict[str, dict[str, Any]] = {
+            n: {"node": n, "phase": "", "state": "waiting", "detail": "", "facts": {}, "lines": 0}
+            for n in nodes
+        }
+        self.ranks: dict[int, RankState] = {}
+        self.observed: set[int] = set()  # the executors whose events reach it (orchestrator.cli.dashboard)
+        self.launcher_lines: dict[str, deque[str]] = {n: deque(maxlen=TAIL) for n in nodes}
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS)
+        self.state = "running"
+        self.started = time.time()
+        self.seq = 0  # the number of the last delta
+        # what changed since the last delta
+        self._changed_nodes: set[str] = set()
+        self._changed_ranks: set[int] = set()
+        self._new_lines: dict[str, list[str]] = {}  # "rank" or "node" (its launcher's lines): lines
+        self._new_points: dict[str, list[list[Any]]] = {}
+        self._new_events: list[dict[str, Any]] = []  # (an event sent again replaces its earlier copy)
+        self._event_ids = 0
+        self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
+        if labels is not None:
+            self.set_run(run_id, labels)
+
+    # -- input (any thread) ---------------------------------------------------------------------
+
+    def set_run(self, run_id: str, labels: Mapping[str, tuple[int, int]]) -> None:
+        """The run is known (the main pipeline's phases come before it): its id, and per node
+        ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels` gives them."""
+        with self._lock:
+            self.run_id = run_id
+            self.labels = dict(labels)
+            for node, (first, count) in self.labels.items():
+                for local in range(count):
+                    self.ranks.setdefault(first + local, RankState(first + local, node))
+                self._changed_nodes.add(node)
+            self._changed_ranks.update(self.ranks)
+
+    def node_event(
+        self, node: str, step: str, kind: str, detail: str = "", *, cancelled: bool = False
+    ) -> None:
+        """An executor event (orchestrator.executor.NodeEvent): ``node`` started, finished or failed
+        ``step``. A failure after the run was cancelled is a stop (the fail fast, Ctrl-C), not a cause."""
+        if kind == "start":
+            self.node_state(node, step, "running")
+        elif kind == "done":
+            if self.nodes.get(node, {}).get("state") not in ("failed", "stopped", "lost"):
+                self.node_state(node, step, "ok")  # (a read that ended well of a run that failed: failed)
+        elif cancelled:
+            self.node_state(node, step, "stopped", detail)
+            self.stopped(node, detail or f"{step} stopped")
+        else:
+            self.node_state(node, step, "failed", detail)
+            self.failure(node, detail or f"{step} failed")
+
+    def block(self, node: str, text: str) -> None:
+        """Complete lines a node sent (its rank capture's ``[defaultN]:`` tags still on): the
+        ``on_block`` of :class:`orchestrator.cli.ui.RankedOutput`."""
+        metrics = self._parse_metrics(node, text) if "CB_METRIC" in text else None
+        with self._lock:
+            pending = self._pending.setdefault(node, [])
+            pending.append(text)
+            size = self._pending_bytes.get(node, 0) + len(text)
+            while size > PENDING_BYTES and len(pending) > 1:
+                size -= len(pending.pop(0))
+            self._pending_bytes[node] = size
+            self._lines_in[node] = self._lines_in.get(node, 0) + text.count("\n")
+            if metrics:
+                self._metrics.extend(metrics)
+        if "failed (exitcode: " in text:
+            self._worker_failed(node, text)
+
+    def _worker_failed(self, node: str, text: str) -> None:
+        """torchrun said a worker died: the failure, with that rank's last lines, at once (the node's
+        own end, which names it too, comes after its other ranks were stopped)."""
+        for match in _WORKER_FAILED.finditer(text):
+            local = int(match.group(2))
+            code = int(match.group(1))
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+            rank = self.labels.get(node, (0, 0))[0] + local
+            self.failure(node, f"rank {rank} {how}")
+            return
+
+    def _parse_metrics(self, node: str, text: str) -> list[tuple[str, int | None, dict[str, Any]]]:
+        out = []
+        for match in _METRIC.finditer(text):
+            try:
+                fields = json.loads(match.group(2))
+            except ValueError:
+                continue
+            if isinstance(fields, dict):
+                local = match.group(1)
+                out.append((node, None if local is None else int(local), fields))
+        return out
+
+    def node_state(self, node: str, phase: str, state: str, detail: str = "") -> None:
+        """``node`` is ``state`` (waiting, running, ok, failed, stopped, lost) in ``phase``."""
+        with self._lock:
+            doc = self.nodes.setdefault(node, {"node": node, "facts": {}, "lines": 0})
+            doc.update(phase=phase, state=state, detail=self.mask(detail.splitlines()[0] if detail else ""))
+            self._changed_nodes.add(node)
+
+    def facts(self, node: str, facts: Mapping[str, Any]) -> None:
+        """What the preflight found on ``node`` (OS, CPUs, memory, GPUs, torch, interface, clock)."""
+        with self._lock:
+            doc = self.nodes.setdefault(node, {"node": node, "phase": "", "state": "waiting", "lines": 0})
+            doc["facts"] = {str(k): self.mask(str(v)) for k, v in facts.items() if v not in (None, "")}
+            self._changed_nodes.add(node)
+
+    def failure(self, node: str, message: str, lines: Sequence[str] = ()) -> None:
+        """``node`` failed (``message`` names what): an event with the culprit's last lines. Without
+        ``lines``: the last lines of the rank ``message`` names (torchrun's "rank 3 exited ..."),
+        else of every rank of the node."""
+        self.flush_pending()  # the lines that arrived before the failure belong in it
+        with self._lock:
+            said = next((e for e in self.events if e["kind"] == "failure" and e["node"] == node), None)
+            if said is not None:  # torchrun named the rank before the node's end: that event, completed
+                self._refresh(said)
+                return
+            shown = [self.mask(line) for line in lines] or self._culprit_lines(node, message)
+            event = self._event("failure", node, message, shown)
+            if not lines:
+                # the culprit's own last lines may reach us after torchrun's word on it (two streams
+                # on the node): the event follows them for a while
+                self._following[event["id"]] = (event, time.monotonic() + FOLLOW_SECONDS)
+
+    def _refresh(self, event: dict[str, Any]) -> None:
+        lines = self._culprit_lines(event["node"], event["message"])
+        if lines != event["lines"]:
+            event["lines"] = lines
+            if event not in self._new_events:
+                self._new_events.append(event)
+
+    def stopped(self, node: str, message: str) -> None:
+        with self._lock:
+            self._event("stop", node, message, [])
+
+    def lost(self, node: str, message: str) -> None:
+        with self._lock:
+            self._event("lost", node, message, [])
+
+    def ended(self, state: str, message: str = "") -> None:
+        """The run is over: ``state`` is "ok", "failed" or "stopped"."""
+        self.flush_pending()
+        with self._lock:
+            self.state = state
+            self._changed_nodes.update(self.nodes)  # the delta carries the new state
+            self._event("end", "", message or f"run {state}", [])
+
+    def _event(self, kind: str, node: str, message: str, lines: list[str]) -> dict[str, Any]:
+        self._event_ids += 1
+        event = {
+            "id": self._event_ids,
+            "kind": kind,
+            "node": node,
+            "message": self.mask(message),
+            "lines": lines,
+            "time": time.time(),
+        }
+        self.events.append(event)
+        self._new_events.append(event)
+        return event
+
+    def _culprit_lines(self, node: str, message: str) -> list[str]:
+        named = _RANK_IN.search(message)
+        if named is not None and int(named.group(1)) in self.ranks:
+            return list(self.ranks[int(named.group(1))].lines)[-20:]
+        first, count = self.labels.get(node, (0, 0))
+        out: list[str] = []
+        for rank in range(first, first + count):
+            if rank in self.ranks and self.ranks[rank].node == node:
+                out += [f"[{rank}] {line}" for line in list(self.ranks[rank].lines)[-10:]]
+        return out + list(self.launcher_lines.get(node, ()))[-10:]
+
+    # -- masking --------------------------------------------------------------------------------
+
+    def mask(self, text: str) -> str:
+        """Node text as shown: cut to ``LINE_CHARS``, secrets and URL credentials masked."""
+        if len(text) > LINE_CHARS:
+            text = text[:LINE_CHARS] + f" … ({len(text) - LINE_CHARS} more characters)"
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return mask_url_credentials(text)
+
+    # -- output (the server's thread) -----------------------------------------------------------
+
+    def _absorb(self) -> None:
+        """Move what arrived since the last call into the state, remembering what changed (for the
+        next delta). Under the lock."""
+        pending, self._pending = self._pending, {n: [] for n in self._pending}
+        self._pending_bytes = dict.fromkeys(self._pending_bytes, 0)
+        metrics, self._metrics = self._metrics, []
+        for node, blocks in pending.items():
+            if not blocks:
+                continue
+            text = "".join(blocks)
+            tail = text.rsplit("\n", TAIL + 1)[-TAIL - 1 :]  # the last TAIL lines, no full split
+            first = self.labels.get(node, (0, 0))[0]
+            for raw in tail:
+                if not raw:
+                    continue
+                local, line = split_rank(raw)
+                shown = self.mask(line)
+                if local is None:
+                    self.launcher_lines.setdefault(node, deque(maxlen=TAIL)).append(shown)
+                    key = node
+                else:
+                    rank = first + local
+                    self.ranks.setdefault(rank, RankState(rank, node)).lines.append(shown)
+                    key = str(rank)
+                new = self._new_lines.setdefault(key, [])
+                new.append(shown)
+                if len(new) > TAIL:
+                    del new[: len(new) - TAIL]
+            self.nodes.setdefault(node, {"node": node, "facts": {}})["lines"] = self._lines_in.get(node, 0)
+            self._changed_nodes.add(node)
+        now = time.time()
+        for node, local, fields in metrics:
+            metric_rank = self._metric_rank(node, local, fields)
+            if metric_rank is None:
+                continue
+            rank = metric_rank
+            state = self.ranks.setdefault(rank, RankState(rank, node))
+            step = fields.get("step")
+            state.step = step if isinstance(step, int) and not isinstance(step, bool) else state.step
+            if "loss" in fields:
+                state.loss = _number(fields.get("loss"))
+            if "samples_per_s" in fields:
+                state.samples_per_s = _number(fields.get("samples_per_s"))
+            state.updated = now
+            point = (now, state.step, state.loss, state.samples_per_s)
+            state.points.append(point)
+            if len(state.points) > POINTS:
+                state.points[: POINTS // 2] = state.points[: POINTS // 2 : 2]
+            self._new_points.setdefault(str(rank), []).append(list(point))
+            self._changed_ranks.add(rank)
+
+    def flush_pending(self) -> None:
+        """Take in what arrived so far (a failure's event then holds the lines before it)."""
+        with self._lock:
+            self._absorb()
+
+    def delta(self) -> dict[str, Any]:
+        """What changed since the previous delta (``{}`` when nothing did), numbered ``seq``."""
+        with self._lock:
+            self._absorb()
+            now = time.monotonic()
+            for key, (event, until) in list(self._following.items()):
+                self._refresh(event)
+                if now > until:
+                    del self._following[key]
+            if not (self._new_lines or self._changed_ranks or self._changed_nodes or self._new_events):
+                return {}
+            self.seq += 1
+            delta = {
+                "seq": self.seq,
+                "run_id": self.run_id,
+                "state": self.state,
+                "nodes": [self.nodes[n] for n in sorted(self._changed_nodes) if n in self.nodes],
+                "ranks": [self.ranks[r].doc() for r in sorted(self._changed_ranks)],
+                "points": self._new_points,
+                "lines": self._new_lines,
+                "events": self._new_events,
+                "slowest": self._slowest(),
+            }
+            self._changed_nodes, self._changed_ranks = set(), set()
+            self._new_lines, self._new_points, self._new_events = {}, {}, []
+            return delta
+
+    def _metric_rank(self, node: str, local: int | None, fields: Mapping[str, Any]) -> int | None:
+        """The global rank of a metric line: the rank capture's tag (authoritative: a script's own
+        "rank" field may be its local rank), else the record's own ``rank``."""
+        if local is not None:
+            return self.labels.get(node, (0, 0))[0] + local
+        rank = fields.get("rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+    def slowest(self) -> int | None:
+        """The rank with the lowest samples/s (None: fewer than two ranks report one)."""
+        with self._lock:
+            return self._slowest()
+
+    def _slowest(self) -> int | None:
+        """The rank with the lowest samples/s, when at least two ranks report one."""
+        speeds = [(s.samples_per_s, s.rank) for s in self.ranks.values() if s.samples_per_s is not None]
+        return min(speeds)[1] if len(speeds) >= 2 else None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything a new viewer needs; the deltas after ``seq`` follow it."""
+        with self._lock:
+            return {
+                "run_id": self.run_id,
+                "command": self.command,
+                "state": self.state,
+                "started": self.started,
+                "seq": self.seq,
+                "nodes": [self.nodes[n] for n in self.nodes],
+                "ranks": [self.ranks[r].doc() for r in sorted(self.ranks)],
+                "points": {str(r): [list(p) for p in s.points] for r, s in self.ranks.items()},
+                "lines": {
+                    **{str(r): list(s.lines) for r, s in self.ranks.items()},
+                    **{n: list(lines) for n, lines in self.launcher_lines.items()},
+                },
+                "events": list(self.events),
+                "slowest": self._slowest(),
+            }

@@ -1,0 +1,249 @@
+# Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap clean`.
+# argv[1] is a JSON object {"nonce": N, "node": NAME, "workdir": W, "env": P, "code": D, "remove": bool};
+# the controller puts orchestrator/records.py's encoder (``record``) before this text.
+# Finds what bootstrap put on this node, each by its own marker, never by a name alone:
+#   env   P (a symlink to P.versions/<id>), the builds in P.versions carrying the stamp STAMP, their
+#         upload leftovers (<id>.requirements.txt, <id>.index.env, <id>.job), the wheels bootstrap
+#         pushed (P.wheels/*.whl and its hash cache), this node's marker in <parent>/ENV_MARKS
+#   code  the files of D that code sync's record SHIPPED lists and that still hold the bytes shipped,
+#         the record, the scan cache CACHE and this node's marker in MARKS
+#   runs  W/runs/<id>/<node>/ holding a launcher (launch.sh, launch.ps1, node.log or pid): the run
+#         directory, with the run's outputs (out/); validate's runs (validate-<id>) alike
+#   cache the torch probe's answers (torch-facts-*.json in ~/.cache/cluster-bootstrap/) and this
+#         node's marker in W/ENV_MARKS (the preflight's shared-directory check)
+# then the directories those leave empty (never one holding anything else). Prints one record "clean"
+# (nonce N) whose field is the JSON object
+# {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
+# A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>) stops
+# everything: nothing is removed, "running" names it.
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+
+STAMP = ".cluster-bootstrap-env.json"
+ENV_MARKS = ".cluster-bootstrap-nodes"
+SHIPPED = ".bootstrap-code-shipped.json"
+CACHE = ".bootstrap-code.json"
+MARKS = ".bootstrap-code-nodes"
+RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
+LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
+
+
+def resolve(path):
+    path = os.path.expanduser(path)
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.expanduser("~"), path)
+    return os.path.normpath(path)
+
+
+class Sizes:
+    """Bytes and files under paths, each inode counted once (a cloned build shares its files with
+    the previous one through hard links)."""
+
+    def __init__(self):
+        self.seen = set()
+
+    def measure(self, path):
+        total, count = 0, 0
+        for top in [path]:
+            try:
+                st = os.lstat(top)
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                return self._file(st)
+            for root, dirs, files in os.walk(top):
+                for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                    try:
+                        size, n = self._file(os.lstat(os.path.join(root, name)))
+                    except OSError:
+                        continue
+                    total += size
+                    count += n
+        return total, count
+
+    def _file(self, st):
+        key = (st.st_dev, st.st_ino)
+        if key in self.seen:
+            return 0, 1
+        self.seen.add(key)
+        return st.st_size, 1
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def env_paths(path):
+    """What bootstrap built for the environment at ``path``: [(path, is_dir)]."""
+    out = []
+    versions = path + ".versions"
+    builds = set()
+    if os.path.isdir(versions) and not os.path.islink(versions):
+        for name in sorted(os.listdir(versions)):
+            full = os.path.join(versions, name)
+            if os.path.isdir(full) and not os.path.islink(full) and os.path.isfile(os.path.join(full, STAMP)):
+                builds.add(name)
+                out.append((full, True))
+        for name in sorted(os.listdir(versions)):
+            full = os.path.join(versions, name)
+            for suffix in (".requirements.txt", ".index.env", ".job"):
+                if name.endswith(suffix) and len(name) > len(suffix) and (full, True) not in out:
+                    out.append((full, os.path.isdir(full) and not os.path.islink(full)))
+    if os.path.islink(path):
+        target = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+        if os.path.dirname(target) == versions:
+            out.insert(0, (path, False))
+    wheels = path + ".wheels"
+    if os.path.isdir(wheels) and not os.path.islink(wheels):
+        for name in sorted(os.listdir(wheels)):
+            full = os.path.join(wheels, name)
+            if (name.endswith(".whl") or name == ".sha256-cache.json") and os.path.isfile(full):
+                out.append((full, False))
+    return out, [versions, wheels]
+
+
+def code_paths(dest):
+    """The files code sync shipped to ``dest`` that still hold the bytes it shipped, and its own."""
+    out = []
+    try:
+        with open(os.path.join(dest, SHIPPED)) as fh:
+            shipped = json.load(fh).get("files") or {}
+    except (OSError, ValueError, AttributeError):
+        shipped = None
+    if shipped is None and not os.path.isfile(os.path.join(dest, CACHE)):
+        return [], []  # not a directory code sync made: nothing in it is ours
+    dirs = set()
+    for rel, digest in sorted((shipped or {}).items()):
+        full = os.path.normpath(os.path.join(dest, rel))
+        if not full.startswith(dest + os.sep) or os.path.islink(full) or not os.path.isfile(full):
+            continue
+        if sha256(full) != digest:
+            continue  # changed on the node since it was shipped: someone's edit
+        out.append((full, False))
+        parent = os.path.dirname(full)
+        while parent != dest and parent.startswith(dest + os.sep):
+            dirs.add(parent)
+            parent = os.path.dirname(parent)
+    for own in (SHIPPED, CACHE):
+        if os.path.isfile(os.path.join(dest, own)):
+            out.append((os.path.join(dest, own), False))
+    return out, [*sorted(dirs, key=len, reverse=True), dest]
+
+
+def run_paths(workdir, node):
+    out = []
+    runs = os.path.join(workdir, "runs")
+    if not os.path.isdir(runs) or os.path.islink(runs):
+        return out, []
+    parents = []
+    for run_id in sorted(os.listdir(runs)):
+        mine = os.path.join(runs, run_id, node)
+        if not os.path.isdir(mine) or os.path.islink(mine):
+            continue
+        if any(os.path.lexists(os.path.join(mine, name)) for name in LAUNCHERS):
+            out.append((mine, True))
+            parents.append(os.path.join(runs, run_id))
+    return out, [*parents, runs]
+
+
+def marker_paths(directory, node):
+    marks = os.path.join(directory, node)
+    return ([(marks, False)] if os.path.isfile(marks) else []), [directory]
+
+
+def running(workdir, node):
+    """Run ids of this workdir whose processes are alive here (those this user can read)."""
+    found = set()
+    suffix = "/" + node
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(RUN_ENV.encode() + b"="):
+                marker = entry.split(b"=", 1)[1].decode("utf-8", "replace")
+                if marker.endswith(suffix):
+                    run_id = marker[: -len(suffix)]
+                    if os.path.isdir(os.path.join(workdir, "runs", run_id, node)):
+                        found.add(run_id)
+    return sorted(found)
+
+
+def remove(path, is_dir):
+    if not os.path.lexists(path):
+        return  # listed twice (the environment's marker directory may be the workdir's), or gone
+    if is_dir:
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def main():
+    args = json.loads(sys.argv[1])
+    node = args["node"]
+    workdir = resolve(args["workdir"])
+    result = {"items": [], "running": running(workdir, node), "removed": False, "errors": []}
+    sizes = Sizes()
+    groups = []
+    if args.get("env"):
+        env = resolve(args["env"])
+        paths, dirs = env_paths(env)
+        marks, mark_dirs = marker_paths(os.path.join(os.path.dirname(env), ENV_MARKS), node)
+        groups.append(("env", env, paths + (marks if paths else []), dirs + (mark_dirs if paths else [])))
+    if args.get("code"):
+        dest = resolve(args["code"])
+        paths, dirs = code_paths(dest)
+        marks, mark_dirs = marker_paths(os.path.join(dest, MARKS), node)
+        groups.append(("code", dest, paths + marks, mark_dirs + dirs))
+    paths, dirs = run_paths(workdir, node)
+    groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs))
+    cache = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
+    )
+    paths = []
+    if os.path.isdir(cache) and not os.path.islink(cache):
+        for name in sorted(os.listdir(cache)):
+            full = os.path.join(cache, name)
+            if name.startswith("torch-facts-") and name.endswith(".json") and os.path.isfile(full):
+                paths.append((full, False))
+    marks, mark_dirs = marker_paths(os.path.join(workdir, ENV_MARKS), node)
+    groups.append(("cache", cache, paths + marks, [*mark_dirs, cache]))
+    for kind, where, paths, _ in groups:
+        if not paths:
+            continue
+        total, count = 0, 0
+        for path, _is_dir in paths:
+            size, n = sizes.measure(path)
+            total += size
+            count += n
+        result["items"].append({"kind": kind, "path": where, "bytes": total, "files": count})
+    if args.get("remove") and not result["running"]:
+        for _kind, _, paths, dirs in groups:
+            for path, is_dir in paths:
+                try:
+                    remove(path, is_dir)
+                except OSError as exc:
+                    result["errors"].append("%s: %s" % (path, exc.strerror or exc))
+            for directory in [*dirs, workdir]:
+                try:
+                    os.rmdir(directory)  # only when empty: anything else in it stays
+                except OSError:
+                    pass
+        result["removed"] = True
+    sys.stdout.write(record(args["nonce"], "clean", json.dumps(result)))  # noqa: F821 (prepended)
+
+
+if __name__ == "__main__":
+    main()
