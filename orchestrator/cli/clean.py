@@ -26,19 +26,27 @@ from orchestrator.steps.envsync.progress import human_size
 @click.command()
 @common_options
 @click.option("--yes", "-y", is_flag=True, help="Remove without asking.")
+@click.option(
+    "--outputs",
+    is_flag=True,
+    help="Also remove each run's outputs ($CB_RUN_DIR: checkpoints and what training wrote there).",
+)
 @click.pass_context
-def clean(ctx: click.Context, yes: bool) -> int:
+def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
     """Remove what bootstrap put on the nodes: the environment (env.path and its builds, pushed
     wheels), the code files sync shipped (those still holding the shipped bytes) and the run
-    directories (with their outputs). Each is found by bootstrap's own marker; anything else in the
-    workdir stays. Refused on a node while a run is running there. --dry-run lists per node what
-    would go and its size; otherwise the list is shown and confirmed (--yes: not asked).
+    directories (a run's outputs, $CB_RUN_DIR, stay unless --outputs). Each is found by bootstrap's
+    own marker; anything else in the workdir stays. Refused on a node while a run is running there.
+    --dry-run lists per node what would go and its size; otherwise the list is shown and confirmed
+    (--yes: not asked).
     """
     settings = Settings.from_context(ctx)
     ui = settings.ui
     inventory, nodes = load_selection(settings)
     with open_session(settings, inventory, nodes) as session:
-        found = session.map(lambda n, t: clean_node(n, t, inventory, remove=False), step="clean (read)")
+        found = session.map(
+            lambda n, t: clean_node(n, t, inventory, remove=False, outputs=outputs), step="clean (read)"
+        )
         busy = [o for o in found if o.value is not None and o.value.running]
         failed = [o for o in found if o.error is not None]
         if settings.dry_run or busy or failed or not any(o.value and o.value.items for o in found):
@@ -65,7 +73,9 @@ def clean(ctx: click.Context, yes: bool) -> int:
             if not click.confirm(f"remove these ({total}) from {len(found)} node(s)?", err=True):
                 ui.note("nothing was removed")
                 return ExitCode.OK
-        done = session.map(lambda n, t: clean_node(n, t, inventory, remove=True), step="clean")
+        done = session.map(
+            lambda n, t: clean_node(n, t, inventory, remove=True, outputs=outputs), step="clean"
+        )
     code = exit_code_for(done)
     if any(o.value is not None and (o.value.errors or o.value.running) for o in done) and code == ExitCode.OK:
         code = ExitCode.NODES_FAILED

@@ -63,7 +63,9 @@ def script() -> str:
     return "import base64\n" + records.PYTHON_ENCODER + "\n" + text
 
 
-def clean_args(node: Node, inventory: Inventory, *, remove: bool, nonce: str) -> dict[str, Any]:
+def clean_args(
+    node: Node, inventory: Inventory, *, remove: bool, nonce: str, outputs: bool = False
+) -> dict[str, Any]:
     return {
         "nonce": nonce,
         "node": node.name,
@@ -71,17 +73,20 @@ def clean_args(node: Node, inventory: Inventory, *, remove: bool, nonce: str) ->
         "env": env_path(node, path_setting=inventory.cluster.env.path),
         "code": code_dest(inventory.cluster, node),
         "remove": remove,
+        "outputs": outputs,  # each run's $CB_RUN_DIR (checkpoints): kept unless asked
     }
 
 
-def clean_node(node: Node, transport: Transport, inventory: Inventory, *, remove: bool) -> NodeClean:
+def clean_node(
+    node: Node, transport: Transport, inventory: Inventory, *, remove: bool, outputs: bool = False
+) -> NodeClean:
     """List (and with ``remove`` delete) what bootstrap put on ``node``; one round trip."""
     if node.python_os == "windows":
         raise UsageError(
             "clean is not supported on native Windows nodes yet", node=node.name, hint="nothing was removed"
         )
     nonce = records.new_nonce()
-    args = clean_args(node, inventory, remove=remove, nonce=nonce)
+    args = clean_args(node, inventory, remove=remove, nonce=nonce, outputs=outputs)
     argv = [interpreter_for(node), "-c", script(), json.dumps(args)]
     result = transport.run(transport.platform.join(argv), timeout=600)
     answer = records.find(result.stdout, nonce, "clean")

@@ -117,4 +117,15 @@ def test_clean_lists_then_removes_only_what_bootstrap_put_there(
     assert all(n["removed"] for n in json.loads(removed.stdout)["nodes"])
     for host in hosts:
         left = _tree(workdirs / host.name)
+        # what training wrote into each run's $CB_RUN_DIR stays without --outputs
+        outputs = {k: v for k, v in left.items() if k.startswith("runs/")}
+        assert outputs and all(
+            k.endswith((f"/{host.name}/out/ckpt.pt", f"/{host.name}/node.log")) for k in outputs
+        )
+        assert any(k.endswith("/out/ckpt.pt") for k in outputs), left
+        assert {k: v for k, v in left.items() if k not in outputs} == {"notes.txt": 5, "code/scratch.py": 5}
+    removed = bootstrap("-i", str(inv), "clean", "--yes", "--outputs", cwd=tmp_path)
+    assert removed.returncode == 0, removed
+    for host in hosts:
+        left = _tree(workdirs / host.name)
         assert left == {"notes.txt": 5, "code/scratch.py": 5}, left

@@ -30,6 +30,7 @@ CACHE = ".bootstrap-code.json"
 MARKS = ".bootstrap-code-nodes"
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
 LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
+OUTPUTS = "out"  # runs/<id>/<node>/out: $CB_RUN_DIR (orchestrator.runs.layout.RUN_OUTPUTS)
 
 
 def resolve(path):
@@ -138,7 +139,10 @@ def code_paths(dest):
     return out, [*sorted(dirs, key=len, reverse=True), dest]
 
 
-def run_paths(workdir, node):
+def run_paths(workdir, node, outputs):
+    """Run directories of ``node``. A run's outputs (``out``: $CB_RUN_DIR, checkpoints and what
+    training wrote) stay unless ``outputs``, with the run's ``node.log`` (what made them, and the mark
+    a later ``--outputs`` finds the run by): the rest of that run directory goes."""
     out = []
     runs = os.path.join(workdir, "runs")
     if not os.path.isdir(runs) or os.path.islink(runs):
@@ -149,7 +153,14 @@ def run_paths(workdir, node):
         if not os.path.isdir(mine) or os.path.islink(mine):
             continue
         if any(os.path.lexists(os.path.join(mine, name)) for name in LAUNCHERS):
-            out.append((mine, True))
+            kept = os.path.join(mine, OUTPUTS)
+            if not outputs and os.path.isdir(kept) and not os.path.islink(kept) and os.listdir(kept):
+                for name in sorted(os.listdir(mine)):
+                    if name not in (OUTPUTS, "node.log"):
+                        full = os.path.join(mine, name)
+                        out.append((full, os.path.isdir(full) and not os.path.islink(full)))
+            else:
+                out.append((mine, True))
             parents.append(os.path.join(runs, run_id))
     return out, [*parents, runs]
 
@@ -207,7 +218,7 @@ def main():
         paths, dirs = code_paths(dest)
         marks, mark_dirs = marker_paths(os.path.join(dest, MARKS), node)
         groups.append(("code", dest, paths + marks, mark_dirs + dirs))
-    paths, dirs = run_paths(workdir, node)
+    paths, dirs = run_paths(workdir, node, bool(args.get("outputs")))
     groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs))
     cache = os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
