@@ -22,9 +22,23 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 from tests.cluster import ClusterError, NamespaceCluster, TestHost
 
+#: a second partition over the same nodes that only this account may use: without accounting
+#: (slurmdbd) Slurm checks an account against a partition's AllowAccounts, and refuses any other
+#: with its own "Invalid account or account/partition combination specified"
+ACCOUNT_PARTITION = "proj"
+ACCOUNT = "proj42"
+#: Slurm's client commands: a login host's PATH without them is one without Slurm
+CLIENT_COMMANDS = frozenset(
+    (
+        *("sacct", "sacctmgr", "salloc", "sattach", "sbatch", "sbcast", "scancel", "scontrol", "scrontab"),
+        *("sdiag", "sinfo", "sprio", "squeue", "sreport", "srun", "sshare", "sstat", "strigger", "sview"),
+    )
+)
 DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/sbatch")
 START_TIMEOUT = 30.0
 
@@ -148,6 +162,23 @@ class SlurmCluster:
                 return left
             time.sleep(0.2)
 
+    @contextlib.contextmanager
+    def login_path_without_slurm(self) -> Iterator[None]:
+        """The login host's SSH sessions get a PATH holding every command of /usr/bin and /bin but
+        Slurm's (a login host where Slurm is not installed); restored on exit."""
+        bin_dir = self.dir / "bin-without-slurm"
+        bin_dir.mkdir(exist_ok=True)
+        for directory in (Path("/usr/bin"), Path("/bin")):
+            for entry in directory.iterdir():
+                link = bin_dir / entry.name
+                if entry.name not in CLIENT_COMMANDS and not link.exists():
+                    link.symlink_to(entry)
+        self.cluster.set_session_env(self.controller, {"SLURM_CONF": str(self.conf), "PATH": str(bin_dir)})
+        try:
+            yield
+        finally:
+            self.cluster.set_session_env(self.controller, {"SLURM_CONF": str(self.conf)})
+
     def log(self, name: str) -> str:
         try:
             return (self.dir / f"{name}.log").read_text(errors="replace")
@@ -213,6 +244,7 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=5
 {nodes}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName={ACCOUNT_PARTITION} Nodes={names} AllowAccounts={ACCOUNT} MaxTime=INFINITE State=UP
 {self.extra_conf}"""
         )
 

@@ -37,6 +37,12 @@ TOO_LARGE = frozenset(
         "PartitionTimeLimit",
         "PartitionConfig",
         "BadConstraints",
+    }
+)
+#: pending reasons that say the account (or its QOS, its limits) cannot run this job: a matter of
+#: cluster.slurm.account, which waiting does not change either
+ACCOUNT_REFUSED = frozenset(
+    {
         "InvalidAccount",
         "InvalidQOS",
         "AssocMaxNodesPerJobLimit",
@@ -48,6 +54,12 @@ TOO_LARGE = frozenset(
 #: the nodes the job needs are down, drained or reserved: an administrator's matter, not the request's
 #: (squeue writes this reason as its description, "Nodes required for job are DOWN, DRAINED ...")
 NODES_UNAVAILABLE = "ReqNodeNotAvail"
+#: squeue shows a reason's description instead of its name when slurmctld wrote one: the names of
+#: the descriptions it writes for reasons that waiting does not change
+_DESCRIBED = (
+    ("Nodes required for job are DOWN", NODES_UNAVAILABLE),
+    ("Job's account not known", "InvalidAccount"),  # a partition's AllowAccounts, no association
+)
 _FIELDS = "%i|%T|%r|%N|%M|%l"
 
 
@@ -73,15 +85,45 @@ class JobState:
     @property
     def reason_code(self) -> str:
         """Slurm's name of the pending reason (``ReqNodeNotAvail``, not its description)."""
-        if self.reason.startswith(("ReqNodeNotAvail", "Nodes required for job are DOWN")):
-            return NODES_UNAVAILABLE
+        for prefix, code in _DESCRIBED:
+            if self.reason.startswith(prefix):
+                return code
         return self.reason.split(",")[0]
 
     @property
     def hopeless(self) -> bool:
         """Pending for a reason that waiting alone does not change."""
+        code = self.reason_code
         return self.state == "PENDING" and (
-            self.reason_code in TOO_LARGE or self.reason_code == NODES_UNAVAILABLE
+            code in TOO_LARGE or code in ACCOUNT_REFUSED or code == NODES_UNAVAILABLE
+        )
+
+    def cannot_start(self, login: str) -> BootstrapError:
+        """The error for a job :attr:`hopeless` pending (after it was cancelled): the reason as Slurm
+        says it and what to change. Nodes down or drained: exit 1 (the cluster's state, not the
+        request); the request or the account: exit 2."""
+        code = self.reason_code
+        said = self.reason if self.reason.startswith(code) else f"{code} ({self.reason})"
+        if code == NODES_UNAVAILABLE:
+            return SlurmError(
+                f"job {self.job_id} cannot start: {said}; cancelled",
+                node=login,
+                hint="nodes of the partition are down, drained or reserved (`sinfo -R` on the login host "
+                "says why); launch --detach waits in the queue instead",
+            )
+        if code in ACCOUNT_REFUSED:
+            hint = (
+                "the account may not run this job in this partition: check cluster.slurm.account and "
+                "cluster.slurm.partition (`sacctmgr show assoc user=$USER` on the login host lists yours)"
+            )
+        else:
+            hint = (
+                "the request is larger than the partition allows (`sinfo -s`, `scontrol show partition` "
+                "on the login host): ask for fewer nodes (cluster.slurm.nodes), a shorter time, or "
+                "another partition"
+            )
+        return UsageError(
+            f"job {self.job_id} cannot start: pending with reason {said}; cancelled", node=login, hint=hint
         )
 
 
@@ -136,32 +178,45 @@ def ask(transport: Transport, login: str, command: str, *, timeout: float = 60) 
 def submit(transport: Transport, login: str, batch_file: str) -> str:
     """``sbatch --parsable FILE`` from the file's directory; the job id. Refusals (no sbatch, an
     unknown partition or account, a request larger than the partition) raise with Slurm's line."""
-    platform = _posix(transport, login)
     directory = batch_file.rsplit("/", 1)[0] or "/"
-    command = (
-        "if ! command -v sbatch >/dev/null 2>&1; then exit 127; fi\n"
-        f"cd {platform.path_word(directory)} && " + _command(platform, ["sbatch", "--parsable", batch_file])
-    )
-    answer = ask(transport, login, command, timeout=120)
+    return sbatch(transport, login, ["--parsable", batch_file], cwd=directory)
+
+
+def sbatch(transport: Transport, login: str, args: Sequence[str], *, cwd: str | None = None) -> str:
+    """``sbatch ARGS`` (``--parsable`` among them) on the login host, from ``cwd``; the job id.
+
+    No sbatch on the login host's PATH: a UsageError saying so (exit 2), not the shell's "not found".
+    A refusal: a UsageError with Slurm's own first line and the ``cluster.slurm`` field it names."""
+    platform = _posix(transport, login)
+    command = "if ! command -v sbatch >/dev/null 2>&1; then exit 127; fi\n"
+    if cwd is not None:
+        command += f"cd {platform.path_word(cwd)} && "
+    answer = ask(transport, login, command + _command(platform, ["sbatch", *args]), timeout=120)
     if answer.exit_code == 127:
         raise UsageError(
             "no sbatch on the login host: Slurm's commands are not installed or not on its PATH",
             node=login,
-            hint="cluster.slurm.login must name a node where `sbatch` works in an SSH session",
+            hint="cluster.slurm.login must name a node where `sbatch` works in an SSH session "
+            "(`ssh LOGIN command -v sbatch`: a non-interactive session's PATH)",
         )
     job = answer.lines[-1].split(";", 1)[0] if answer.lines else ""
     if not answer.ok or not job.isdigit():
         text = answer.message()
-        field = next((f for f in ("partition", "account", "time", "node") if f in text.lower()), None)
-        what = {"node": "nodes", "time": "time"}.get(field or "", field)
-        raise UsageError(
-            f"sbatch refused the job: {text}",
-            node=login,
-            hint=f"check cluster.slurm.{what}; `sinfo -s` on the login host lists the partitions"
-            if what
-            else "the batch script's #SBATCH lines come from cluster.slurm (render --for slurm shows them)",
-        )
+        raise UsageError(f"sbatch refused the job: {text}", node=login, hint=refusal_hint(text))
     return job
+
+
+def refusal_hint(message: str) -> str:
+    """What to change for sbatch's refusal ``message``: the cluster.slurm field it names. The account
+    comes first: Slurm's "Invalid account or account/partition combination" names both."""
+    lowered = message.lower()
+    field = next((f for f in ("account", "partition", "time", "node") if f in lowered), None)
+    what = {"node": "nodes"}.get(field or "", field)
+    if what is None:
+        return "the batch script's #SBATCH lines come from cluster.slurm (render --for slurm shows them)"
+    return f"check cluster.slurm.{what}; `sinfo -s` on the login host lists the partitions" + (
+        ", `sacctmgr show assoc user=$USER` your accounts" if what == "account" else ""
+    )
 
 
 def state(transport: Transport, login: str, job_id: str) -> JobState | None:
@@ -212,6 +267,7 @@ __all__ = [
     "ask",
     "cancel",
     "hostnames",
+    "sbatch",
     "state",
     "submit",
 ]

@@ -204,8 +204,8 @@ def await_allocation(
     transport: Transport, inventory: Inventory, job_id: str, say: Callable[[str], None]
 ) -> queue.JobState | None:
     """Until the job runs (or has ended, or is gone: None), saying its state and pending reason as
-    they change. A pending reason that waiting alone does not change (queue.TOO_LARGE, nodes
-    unavailable) cancels the job and raises, naming it."""
+    they change. A pending reason that waiting alone does not change (JobState.hopeless) cancels
+    the job and raises, naming it."""
     login = login_node(inventory)
     said: tuple[str, str] | None = None
     while True:
@@ -218,25 +218,7 @@ def await_allocation(
             say(f"job {job_id}: {job.state}{why}")
         if job.hopeless:
             queue.cancel(transport, login.name, job_id)
-            if job.reason_code == queue.NODES_UNAVAILABLE:
-                said_why = (
-                    job.reason
-                    if job.reason.startswith(job.reason_code)
-                    else f"{job.reason_code} ({job.reason})"
-                )
-                raise queue.SlurmError(
-                    f"job {job_id} cannot start: {said_why}; cancelled",
-                    node=login.name,
-                    hint="nodes of the partition are down, drained or reserved (`sinfo -R` on the login host "
-                    "says why); launch --detach waits in the queue instead",
-                )
-            raise UsageError(
-                f"job {job_id} cannot start: pending with reason {job.reason_code}; cancelled",
-                node=login.name,
-                hint="the request is larger than the partition allows (`sinfo -s`, `scontrol show partition` "
-                "on the login host): ask for fewer nodes (cluster.slurm.nodes), a shorter time, or another "
-                "partition",
-            )
+            raise job.cannot_start(login.name)
         if job.state not in ("PENDING", "CONFIGURING"):
             return job
         time.sleep(POLL)
@@ -247,17 +229,14 @@ def allocate(transport: Transport, inventory: Inventory, say: Callable[[str], No
     job id and its nodes in Slurm's order. The caller cancels it."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
-    platform = _platform(transport, login)
+    _platform(transport, login)
     argv = ["sbatch", "--parsable", "--job-name=cb-check", f"--nodes={slurm.nodes}", "--ntasks-per-node=1"]
     argv += [f"--gpus-per-node={slurm.gpus}"] if slurm.gpus else []
     argv += [f"--partition={slurm.partition}"] if slurm.partition else []
     argv += [f"--account={slurm.account}"] if slurm.account else []
     argv += [f"--time={slurm.time}"] if slurm.time else []
     argv += [*slurm.sbatch, "--output=/dev/null", "--wrap=exec sleep 86400"]
-    answer = queue.ask(transport, login.name, " ".join(platform.quote(a) for a in argv), timeout=120)
-    job = answer.lines[-1].split(";", 1)[0] if answer.lines else ""
-    if not answer.ok or not job.isdigit():
-        raise UsageError(f"sbatch refused the check's allocation: {answer.message()}", node=login.name)
+    job = queue.sbatch(transport, login.name, argv[1:])
     say(f"check: job {job} holds the nodes while their facts are read")
     try:
         state = await_allocation(transport, inventory, job, say)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BOOTSTRAP, CliRun
-from tests.slurm import SlurmCluster
+from tests.slurm import ACCOUNT_PARTITION, SlurmCluster
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
 Bootstrap = Callable[..., CliRun]
@@ -294,6 +294,36 @@ def test_an_unknown_partition_is_slurms_own_line_and_names_the_field(
     assert run.returncode == 2, run
     assert "sbatch refused the job: invalid partition specified: gpu-nope" in run.stderr, run
     assert "cluster.slurm.partition" in run.stderr, run
+
+
+def test_an_account_the_partition_does_not_allow_is_cancelled_naming_the_account(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # without accounting Slurm takes the job and keeps it pending with a description of the reason
+    # (with slurmdbd, sbatch refuses it: "Invalid account or account/partition combination")
+    run = _launch_with(slurm, bootstrap, shared, tmp_path, partition=ACCOUNT_PARTITION, account="nope")
+    assert run.returncode == 2, run
+    assert re.search(
+        r"job \d+ cannot start: pending with reason InvalidAccount \(Job's account not known[^\n]*\); "
+        "cancelled",
+        run.stderr,
+    ), run
+    assert "check cluster.slurm.account" in run.stderr, run
+    assert slurm.wait_no_job_active() == []
+
+
+@pytest.mark.parametrize("command", ["launch", "check"])
+def test_a_login_host_without_sbatch_says_so_in_one_line(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path, command: str
+) -> None:
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    known = slurm.squeue_all()  # jobs of earlier tests Slurm still shows (MinJobAge)
+    with slurm.login_path_without_slurm():
+        run = bootstrap("-i", str(inv), command, cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run
+    assert "no sbatch on the login host: Slurm's commands are not installed or not on its PATH" in run.stderr
+    assert "not found" not in run.stderr, run
+    assert [job for job in slurm.squeue_all() if job not in known] == []
 
 
 def test_a_request_larger_than_the_partition_is_cancelled_not_left_pending(
