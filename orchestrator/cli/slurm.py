@@ -83,6 +83,7 @@ def launch_on_slurm(
 
 def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> ExitCode:
     from orchestrator.runs.ranks import split_rank
+    from orchestrator.slurm.job import STOP_GRACE
     from orchestrator.steps.launch import failure_headline, failure_tail
 
     ui = settings.ui
@@ -96,6 +97,7 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
                 "state": end.state,
                 "nodes": {n.node: {"exit_code": n.exit_code} for n in end.nodes},
                 "failed_first": end.failed_first,
+                "time_limit_reached": bool(end.time_limit),
                 "log_dir": str(log_dir),
                 "exit_code": int(code),
             }
@@ -115,10 +117,17 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
             ui.note(
                 f"job {end.job_id} cancelled because {failed.node} failed first: {', '.join(others)} stopped"
             )
-    elif not end.ok:
+    elif end.time_limit:
         ui.error(
-            f"job {end.job_id} ended {end.state}" + (" (its time limit)" if end.state == "TIMEOUT" else "")
+            f"job {end.job_id} reached its time limit ({end.time_limit}): Slurm stopped every rank "
+            f"before it (--signal=TERM@{STOP_GRACE}); what they wrote until then is above and in the logs"
         )
+        ui.note(
+            "a longer cluster.slurm.time, or a training script that resumes from its checkpoints "
+            "in $CB_RUN_DIR"
+        )
+    elif not end.ok:
+        ui.error(f"job {end.job_id} ended {end.state}")
     else:
         ui.info(f"job {end.job_id} {end.state}: every node exited 0")
     ui.note(f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")

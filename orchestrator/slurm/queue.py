@@ -127,6 +127,19 @@ class JobState:
         )
 
 
+def seconds(duration: str) -> int | None:
+    """A duration as squeue writes it (``M:SS``, ``H:MM:SS``, ``D-HH:MM:SS``) in seconds; None for
+    ``UNLIMITED``, ``NOT_SET`` and anything else."""
+    days, _, clock = duration.rpartition("-")
+    parts = clock.split(":")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3 or (days and not days.isdigit()):
+        return None
+    total = 0
+    for part in parts:
+        total = total * 60 + int(part)
+    return total + int(days or 0) * 86400
+
+
 def _command(platform: PosixShell, argv: Sequence[str]) -> str:
     return " ".join(platform.quote(a) for a in argv)
 
@@ -268,6 +281,7 @@ __all__ = [
     "cancel",
     "hostnames",
     "sbatch",
+    "seconds",
     "state",
     "submit",
 ]

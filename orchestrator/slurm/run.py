@@ -32,6 +32,7 @@ from orchestrator.slurm import queue
 from orchestrator.slurm.job import (
     BATCH_FILE,
     NODE_FILE,
+    STOP_GRACE,
     code_dir,
     job_dir,
     login_node,
@@ -194,10 +195,31 @@ class JobEnd:
     failed_first: str | None = None  # the node whose non-zero exit ended the job
     cancelled: bool = False  # this command cancelled it (fail fast)
     nproc: int = 1  # ranks per node: node i has global ranks i * nproc ...
+    time_limit: str = ""  # the job's time limit, as squeue says it, when reaching it ended the job
 
     @property
     def ok(self) -> bool:
         return self.state == "COMPLETED" and all(n.exit_code == 0 for n in self.nodes)
+
+
+#: how long before the time limit Slurm may send --signal's signal: STOP_GRACE, and up to 60 s
+#: earlier ("the resolution of event handling by Slurm", sbatch(1))
+_SIGNAL_EARLY = 60
+
+
+def reached_time_limit(job: queue.JobState | None, nodes: list[NodeEnd], *, cancelled: bool) -> bool:
+    """Whether the job's time limit ended it: Slurm's TIMEOUT, or the stop --signal sends before the
+    limit (the nodes stopped by a signal, none failed, nobody cancelled the job) when the job's
+    runtime was that close to its limit."""
+    if job is None:
+        return False
+    if job.state == "TIMEOUT":
+        return True
+    if cancelled or job.state == "CANCELLED" or any(n.exit_code not in (0, None) for n in nodes):
+        return False
+    limit, ran = queue.seconds(job.time_limit), queue.seconds(job.runtime)
+    stopped = any(n.exit_code is None for n in nodes)
+    return stopped and limit is not None and ran is not None and limit - ran <= STOP_GRACE + _SIGNAL_EARLY
 
 
 def await_allocation(
@@ -314,6 +336,7 @@ def follow_run(
     failed_first: str | None = None
     cancelled = False
     last_state = job.state if job is not None else "COMPLETED"
+    last_job = job
     next_poll = 0.0
     marked = False
     while any(t.is_alive() for t in threads):
@@ -329,7 +352,7 @@ def follow_run(
             next_poll = time.monotonic() + 1.0
             job = queue.state(transport, login.name, run.job_id)
             if job is not None:
-                last_state = job.state
+                last_state, last_job = job.state, job
             if job is None or job.ended:
                 mark_ended(transport, login, run, nodes)  # every follower ends at its log's end
                 marked = True
@@ -338,12 +361,20 @@ def follow_run(
     if not marked:
         job = queue.state(transport, login.name, run.job_id)
         if job is not None:
-            last_state = job.state
+            last_state, last_job = job.state, job
     if failed_first is None:
         bad = [ends[n] for n in nodes if ends[n].exit_code not in (0, None)]
         failed_first = bad[0].node if bad else None
+    node_ends = [ends[n] for n in nodes]
+    timed_out = reached_time_limit(last_job, node_ends, cancelled=cancelled)
     return JobEnd(
-        run.job_id, last_state, [ends[n] for n in nodes], failed_first, cancelled, slurm.ranks_per_node
+        run.job_id,
+        last_state,
+        node_ends,
+        failed_first,
+        cancelled,
+        slurm.ranks_per_node,
+        time_limit=(last_job.time_limit if last_job is not None else "") if timed_out else "",
     )
 
 

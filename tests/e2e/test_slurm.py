@@ -355,6 +355,29 @@ def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
     assert slurm.wait_no_job_active() == []
 
 
+def test_the_time_limit_is_a_clean_stop_named_as_the_time_limit(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # one minute, the shortest limit Slurm has: --signal=TERM@60 stops the ranks as soon as slurmctld
+    # looks (every 30 s), the limit itself is never reached
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_limit.py", forever=True)
+    doc = json.loads(inv.read_text())
+    doc["cluster"]["slurm"]["time"] = "1"
+    inv.write_text(json.dumps(doc))
+    run = bootstrap("-i", str(inv), "launch", "--run-id", "tl", cwd=tmp_path, timeout=180)
+    assert run.returncode == 1, run
+    assert re.search(
+        r"job \d+ reached its time limit \(1:00\): Slurm stopped every rank before it", run.stderr
+    ), run
+    assert "exited with code" not in run.stderr, run  # stopped, not failed: no node is blamed
+    # every line the ranks wrote before the stop arrived
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        assert f"[{node}:{rank}] line 99 of rank {rank}" in run.stdout, run.stdout[-2000:]
+        assert (shared / "runs" / "tl" / node / "node.log.rc").read_text().strip() == "none"
+    assert slurm.wait_no_job_active() == []
+    assert _running("cbt_slurm_limit.py") == []
+
+
 def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nodes(
     slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
 ) -> None:
