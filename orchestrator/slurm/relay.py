@@ -78,7 +78,8 @@ def allocation_inventory(inventory: Inventory, nodes: list[str]) -> Inventory:
     """The allocated nodes as an inventory the preflight checks: the first node is the master (the
     rendezvous host of the job), each has a directory of its own under ``<dir>/check/`` (the
     shared-workdir check then passes: on Slurm the shared disk is by design), firewall and time sync
-    unmanaged (the cluster's admins own them), the job's interpreter."""
+    unmanaged (the cluster's admins own them), the job's interpreter. ``cluster.slurm`` stays: the
+    preflight's fixes then name what sets a compute node's interpreter."""
     slurm = slurm_settings(inventory)
     python = job_python(inventory)
     members = [Node(name=n, host=n, workdir=f"{slurm.dir}/check/{n}", python=python) for n in nodes]
@@ -88,7 +89,6 @@ def allocation_inventory(inventory: Inventory, nodes: list[str]) -> Inventory:
             "firewall": FirewallSettings(manage=False),
             "time": TimeSettings(manage=False),
             "env": EnvSettings(),  # the interpreter is the job's (job_python), found already
-            "slurm": None,
         }
     )
     return dataclasses.replace(inventory, cluster=cluster, nodes=members)

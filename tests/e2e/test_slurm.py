@@ -441,5 +441,8 @@ def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
         r"^node3 FAIL versions: torch 2\.1\.0 here, 2\.13\.0\S* on the master", run.stderr, re.M
     ), run
     assert not re.search(r"^node[24] FAIL", run.stderr, re.M), run
+    # the fix is Slurm's (one interpreter on the shared file system), not a sync per node
+    assert "set cluster.slurm.python to one with torch==2.13.0" in run.stderr, run
+    assert "--from-master" not in run.stderr, run
     assert re.search(r"^│ node3 +│ FAIL", run.stdout, re.M), run
     assert slurm.wait_no_job_active() == []

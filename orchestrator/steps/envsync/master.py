@@ -360,10 +360,24 @@ def remember(inventory: Inventory, synced: dict[str, dict[str, Any]]) -> Path:
 # -- what `check` tells a node without the master's torch (steps/preflight/checks.py) ---------------
 
 
-def torch_missing_fix(master_torch: str | None, declared: bool | None = None) -> str:
+def slurm_env_fix(master_torch: str | None) -> str:
+    """On Slurm every compute node runs one interpreter from the shared file system: how to give
+    them the first node's torch (a sync per node, --from-master, does not apply there)."""
+    pin = f"=={master_torch}" if master_torch else ""
+    return (
+        "on Slurm every compute node runs one interpreter from the shared file system: set "
+        f"cluster.slurm.python to one with torch{pin}, or pin torch{pin} in cluster.env and run "
+        "`bootstrap sync` (it builds the environment once in cluster.slurm.dir); a node that finds "
+        "another torch (its own PYTHONPATH, a module its shell loads) differs"
+    )
+
+
+def torch_missing_fix(master_torch: str | None, declared: bool | None = None, *, slurm: bool = False) -> str:
     """The fix for a node whose training interpreter has no torch: the sync that installs it (never a
     pip into a sync-managed venv: it has no pip). ``declared``: whether the inventory declares
-    cluster.env (None: unknown here, both ways are named)."""
+    cluster.env (None: unknown here, both ways are named). ``slurm``: the nodes are an allocation's."""
+    if slurm:
+        return slurm_env_fix(master_torch)
     want = f" {master_torch}" if master_torch else ""
     pin = f"=={master_torch}" if master_torch else ""
     from_master = (
@@ -376,8 +390,10 @@ def torch_missing_fix(master_torch: str | None, declared: bool | None = None) ->
     return declared_fix if declared else from_master
 
 
-def versions_differ_fix(mine: dict[str, str | None], master: dict[str, str | None]) -> str:
-    """The fix for a node whose torch or Python is not the master's."""
+def versions_differ_fix(
+    mine: dict[str, str | None], master: dict[str, str | None], *, slurm: bool = False
+) -> str:
+    """The fix for a node whose torch or Python is not the master's (``slurm``: an allocation's)."""
     torch_differs = (mine.get("torch") or "").partition("+")[0] != (master.get("torch") or "").partition("+")[
         0
     ]
@@ -386,7 +402,9 @@ def versions_differ_fix(mine: dict[str, str | None], master: dict[str, str | Non
     if python_differs:
         minor = ".".join((master.get("python") or "").split(".")[:2])
         parts.append(f"install Python {minor} (the master's) on this node and set python: to it")
-    if torch_differs:
+    if torch_differs and slurm:
+        parts.append(slurm_env_fix(master.get("torch")))
+    elif torch_differs:
         parts.append(
             "`bootstrap sync --from-master` gives every node the master's torch "
             f"{master.get('torch')} (with cluster.env: pin torch=={master.get('torch')} there and run "

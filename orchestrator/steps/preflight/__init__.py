@@ -376,7 +376,7 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     names = {node.name for node, _ in reachable}
 
     verdicts: dict[str, dict[str, Verdict]] = {name: {} for name in names}
-    for name, verdict in check_versions(facts, master.name).items():
+    for name, verdict in check_versions(facts, master.name, slurm=cluster.slurm is not None).items():
         verdicts[name]["versions"] = verdict
     backend, why, backend_verdicts = choose_backend(cluster, facts)
     for name, verdict in backend_verdicts.items():

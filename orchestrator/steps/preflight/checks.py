@@ -66,8 +66,11 @@ def _versions_of(f: PreflightFacts) -> dict[str, str | None]:
     }
 
 
-def check_versions(facts: Sequence[PreflightFacts], master: str) -> dict[str, Verdict]:
-    """Identical torch (and CUDA build) and Python on every rank; gloo really usable on each."""
+def check_versions(
+    facts: Sequence[PreflightFacts], master: str, *, slurm: bool = False
+) -> dict[str, Verdict]:
+    """Identical torch (and CUDA build) and Python on every rank; gloo really usable on each.
+    ``slurm``: the nodes are a Slurm allocation's (the fixes name what sets their interpreter)."""
     table = {f.node.name: _versions_of(f) for f in facts}
     reference = table.get(master) or next(iter(table.values()), {})
     verdicts: dict[str, Verdict] = {}
@@ -104,7 +107,7 @@ def check_versions(facts: Sequence[PreflightFacts], master: str) -> dict[str, Ve
             verdicts[f.node.name] = fail(
                 "versions",
                 f"torch is not installed for {f.python.path}",
-                _master_env.torch_missing_fix(reference.get("torch")),
+                _master_env.torch_missing_fix(reference.get("torch"), slurm=slurm),
                 **data,
             )
             continue
@@ -140,7 +143,7 @@ def check_versions(facts: Sequence[PreflightFacts], master: str) -> dict[str, Ve
             verdicts[f.node.name] = fail(
                 "versions",
                 "; ".join(differences),
-                _master_env.versions_differ_fix(mine, reference),
+                _master_env.versions_differ_fix(mine, reference, slurm=slurm),
                 **data,
             )
             continue
