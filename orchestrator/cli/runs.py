@@ -7,7 +7,7 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -648,11 +648,26 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
-    from orchestrator.slurm.job import job_dir, not_on_slurm_yet
-
+    outcomes: Sequence[Outcome[Any]]
     if inventory.cluster.slurm is not None:
-        where = f"{job_dir(inventory.cluster.slurm, run_id)}/<node>/out/"
-        not_on_slurm_yet(inventory, "fetch", f"the run's outputs are in {where} on the shared file system")
+        # a Slurm run: its nodes' directories are on the shared file system, read through the login host
+        from orchestrator.slurm.job import login_node, not_on_slurm_yet
+
+        if settings.dry_run:
+            not_on_slurm_yet(inventory, "fetch --dry-run", "fetch reads only, through the login host")
+        from orchestrator.slurm.run import fetch_run
+
+        login = login_node(inventory)
+        with open_session(settings, inventory, [login]) as session:
+            outcomes = fetch_run(
+                session.transport(login),
+                inventory,
+                run_id,
+                paths,
+                dest_root=RUNS_ROOT / run_id,
+                from_code=from_code,
+            )
+        return _fetched(settings, run_id, outcomes, from_code)
     nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
@@ -681,6 +696,12 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
             )
     except KeyboardInterrupt:
         interrupted(ui)
+    return _fetched(settings, run_id, outcomes, from_code)
+
+
+def _fetched(settings: Settings, run_id: str, outcomes: Sequence[Outcome[Any]], from_code: bool) -> int:
+    """fetch's table (or --json) and exit code: 1 when a path was found on no node's side."""
+    ui = settings.ui
     missing = [(o.node, f.path) for o in outcomes if o.value for f in o.value if f.source is None]
     code = exit_code_for(outcomes)
     if code == ExitCode.OK and missing:
@@ -707,7 +728,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
             else:
                 table.add_row(Text(o.node), Text(f.path), str(f.files), _size(f.bytes), Text(f.local))
     ui.print_table(table)
-    fail_lines(ui, outcomes)
+    fail_lines(ui, list(outcomes))
     for node, path in missing:
         where = (
             "the code directory"

@@ -16,17 +16,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
+from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node
 from orchestrator.inventory.slurm import SlurmSettings
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import PosixShell
 from orchestrator.render import Renderer
 from orchestrator.runs.base import refused_dir
-from orchestrator.runs.control import follow_node
+from orchestrator.runs.control import Fetched, fetch_node, follow_node
 from orchestrator.runs.layout import node_log, run_dir_for
 from orchestrator.slurm import queue
 from orchestrator.slurm.job import (
@@ -419,3 +421,45 @@ def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> Run
     if job is None:
         return RunStatus(run.run_id, run.job_id, "ENDED", "", nodes, "", last)
     return RunStatus(run.run_id, run.job_id, job.state, job.reason, nodes, job.runtime, last)
+
+
+def fetch_run(
+    transport: Transport,
+    inventory: Inventory,
+    run_id: str,
+    paths: Sequence[str],
+    *,
+    dest_root: Path,
+    from_code: bool = False,
+) -> list[Outcome[list[Fetched]]]:
+    """`fetch` of a Slurm run: each allocated node's outputs (``$CB_RUN_DIR``: ``<job dir>/<node>/out``),
+    run directory or the code directory, read from the shared file system through the login host
+    into ``dest_root/<node>/``; one outcome per node, in Slurm's order."""
+    login = login_node(inventory)
+    slurm = slurm_settings(inventory)
+    run = find_run(transport, inventory, run_id)
+    nodes = allocated_nodes(transport, login, run, None)  # the list the job wrote when it started
+    if not nodes:
+        raise UsageError(
+            f"run {run_id} (Slurm job {run.job_id}) has not started on any node: nothing to fetch",
+            node=login.name,
+            hint=f"`bootstrap status --run {run_id}` shows the job's state",
+        )
+    code = code_dir(inventory)
+    outcomes: list[Outcome[list[Fetched]]] = []
+    for name in nodes:
+        began = time.monotonic()
+        try:
+            got = fetch_node(
+                compute_node(slurm, name),
+                transport,
+                run_id,
+                paths,
+                code_dir=code,
+                dest=dest_root / name,
+                from_code=from_code,
+            )
+            outcomes.append(Outcome(name, got, None, time.monotonic() - began, time.monotonic()))
+        except BootstrapError as exc:
+            outcomes.append(Outcome(name, None, exc, time.monotonic() - began, time.monotonic()))
+    return outcomes

@@ -118,6 +118,8 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
         "for i in range(200):\n"
         "    print(f'line {i} of rank {r}')\n"
         "dist.barrier()\n"
+        "if os.environ['LOCAL_RANK'] == '0':\n"
+        "    open(os.path.join(os.environ['CB_RUN_DIR'], 'out.txt'), 'w').write(f'from rank {r}')\n"
         "print(f'rank {r} done in', os.environ['CB_RUN_DIR'])\n"
     )
     inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
@@ -142,6 +144,14 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
     assert slurm.wait_no_job_active() == []
+    # fetch: each node's outputs ($CB_RUN_DIR) from the shared file system, through the login host
+    fetched = bootstrap("-i", str(inv), "fetch", "--run", "fg", "out.txt", cwd=tmp_path)
+    assert fetched.returncode == 0, fetched
+    for node, rank in (("node2", 0), ("node3", 2), ("node4", 4)):
+        assert (tmp_path / "runs" / "fg" / node / "out.txt").read_text() == f"from rank {rank}", fetched
+    missing = bootstrap("-i", str(inv), "fetch", "--run", "fg", "nothing.txt", cwd=tmp_path)
+    assert missing.returncode == 1, missing
+    assert "node 'node3': nothing.txt not found" in missing.stderr, missing
 
 
 def _running(pattern: str) -> list[str]:

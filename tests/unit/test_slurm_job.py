@@ -63,9 +63,7 @@ def test_a_relative_or_spaced_directory_is_refused() -> None:
             load_inventory_text(BASE.format(extra="").replace("/shared/cb", bad), "hpc.yaml")
 
 
-@pytest.mark.parametrize(
-    ("command", "says"), [(["validate"], "`check` runs"), (["fetch", "--run", "r1", "x"], "/out/")]
-)
+@pytest.mark.parametrize(("command", "says"), [(["validate"], "`check` runs")])
 def test_commands_not_there_yet_on_slurm_refuse_instead_of_using_the_login_host(
     tmp_path: Path, command: list[str], says: str
 ) -> None:
