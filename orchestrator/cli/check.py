@@ -328,10 +328,8 @@ def check_on_slurm(settings: Settings, inventory: Inventory, *, say_skipped: boo
     """`check` on Slurm: a job holds the request's nodes; the preflight's facts and probes run on
     each as a job step (orchestrator/slurm/relay.py) and are judged and shown as on any cluster;
     then the job is cancelled. Firewall and time sync are the cluster admins': not checked."""
-    from orchestrator.slurm import queue
     from orchestrator.slurm.job import login_node
-    from orchestrator.slurm.relay import AllocationSession, allocation_inventory
-    from orchestrator.slurm.run import allocate
+    from orchestrator.slurm.relay import on_allocation
 
     ui = settings.ui
     login = login_node(inventory)
@@ -339,13 +337,5 @@ def check_on_slurm(settings: Settings, inventory: Inventory, *, say_skipped: boo
         ui.note("firewall: not checked on Slurm (the cluster's admins own the compute nodes' network)")
         ui.note("time: not checked on Slurm (the cluster's admins keep the compute nodes' clocks)")
     with open_session(settings, inventory, [login]) as session:
-        transport = session.transport(login)
-        job, nodes = allocate(transport, inventory, ui.note)
-        try:
-            ui.note(f"check: job {job} on {', '.join(nodes)}")
-            checked = allocation_inventory(inventory, nodes)
-            members = list(checked.nodes)
-            with AllocationSession(checked, members, session, transport, job) as on:
-                return run_check(settings, checked, members, session=on)
-        finally:
-            queue.cancel(transport, login.name, job)
+        with on_allocation(session, inventory, ui.note, "check") as (allocated, on):
+            return run_check(settings, allocated, list(allocated.nodes), session=on)

@@ -9,7 +9,9 @@ file system.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from orchestrator.inventory import Inventory, Node
@@ -77,12 +79,23 @@ class SrunTransport(Transport):
 def allocation_inventory(inventory: Inventory, nodes: list[str]) -> Inventory:
     """The allocated nodes as an inventory the preflight checks: the first node is the master (the
     rendezvous host of the job), each has a directory of its own under ``<dir>/check/`` (the
-    shared-workdir check then passes: on Slurm the shared disk is by design), firewall and time sync
+    shared-workdir check then passes: on Slurm the shared disk is by design), the request's GPUs and
+    ranks per node (what `validate` starts there), firewall and time sync
     unmanaged (the cluster's admins own them), the job's interpreter. ``cluster.slurm`` stays: the
     preflight's fixes then name what sets a compute node's interpreter."""
     slurm = slurm_settings(inventory)
     python = job_python(inventory)
-    members = [Node(name=n, host=n, workdir=f"{slurm.dir}/check/{n}", python=python) for n in nodes]
+    members = [
+        Node(
+            name=n,
+            host=n,
+            workdir=f"{slurm.dir}/check/{n}",
+            python=python,
+            gpus=slurm.gpus or 0,
+            nproc=slurm.ranks_per_node,
+        )
+        for n in nodes
+    ]
     cluster = inventory.cluster.model_copy(
         update={
             "master": nodes[0],
@@ -105,3 +118,26 @@ class AllocationSession(Session):
         with self._lock:
             self._transports.setdefault(node.name, self._relays[node.name])
         return super().transport(node)
+
+
+@contextlib.contextmanager
+def on_allocation(
+    session: Session, inventory: Inventory, say: Callable[[str], None], what: str
+) -> Iterator[tuple[Inventory, Session]]:
+    """A job holding the request's nodes (:func:`allocate`), as an inventory of those nodes and a
+    session whose scripts run on them as job steps; the job is cancelled on the way out. ``what``
+    (check, validate) names the job in what is said."""
+    from orchestrator.slurm import queue
+    from orchestrator.slurm.job import login_node
+    from orchestrator.slurm.run import allocate
+
+    login = login_node(inventory)
+    transport = session.transport(login)
+    job, nodes = allocate(transport, inventory, say, what=what)
+    try:
+        say(f"{what}: job {job} on {', '.join(nodes)}")
+        allocated = allocation_inventory(inventory, nodes)
+        with AllocationSession(allocated, list(allocated.nodes), session, transport, job) as on:
+            yield allocated, on
+    finally:
+        queue.cancel(transport, login.name, job)

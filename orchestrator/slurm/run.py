@@ -248,20 +248,23 @@ def await_allocation(
         time.sleep(POLL)
 
 
-def allocate(transport: Transport, inventory: Inventory, say: Callable[[str], None]) -> tuple[str, list[str]]:
-    """A job holding the request's nodes for `check` (its steps run the probes: relay.py); returns the
-    job id and its nodes in Slurm's order. The caller cancels it."""
+def allocate(
+    transport: Transport, inventory: Inventory, say: Callable[[str], None], *, what: str = "check"
+) -> tuple[str, list[str]]:
+    """A job (named ``cb-<what>``) holding the request's nodes for `check` or `validate` (its steps run
+    the probes and ranks: relay.py); returns the job id and its nodes in Slurm's order. The caller
+    cancels it."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
     _platform(transport, login)
-    argv = ["sbatch", "--parsable", "--job-name=cb-check", f"--nodes={slurm.nodes}", "--ntasks-per-node=1"]
+    argv = ["sbatch", "--parsable", f"--job-name=cb-{what}", f"--nodes={slurm.nodes}", "--ntasks-per-node=1"]
     argv += [f"--gpus-per-node={slurm.gpus}"] if slurm.gpus else []
     argv += [f"--partition={slurm.partition}"] if slurm.partition else []
     argv += [f"--account={slurm.account}"] if slurm.account else []
     argv += [f"--time={slurm.time}"] if slurm.time else []
     argv += [*slurm.sbatch, "--output=/dev/null", "--wrap=exec sleep 86400"]
     job = queue.sbatch(transport, login.name, argv[1:])
-    say(f"check: job {job} holds the nodes while their facts are read")
+    say(f"{what}: job {job} holds the nodes while it runs there")
     try:
         state = await_allocation(transport, inventory, job, say)
         if state is None or state.ended:
