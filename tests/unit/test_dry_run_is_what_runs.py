@@ -38,11 +38,11 @@ from orchestrator.platforms import Platform, PosixShell, platform_for_node
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.codesync import LocalTree, prepare_tree
+from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync import PROBE_PLACEHOLDER
 from orchestrator.steps.envsync.ops import INSTALLED_MARK, probe_code
 from orchestrator.steps.envsync.progress import STEP_MARK
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
-from orchestrator.steps.contract import Report
 from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
