@@ -663,12 +663,13 @@ def test_ntp_dry_run_shows_the_install_of_chrony_that_runs_first() -> None:
         and shown.state == "would install"
         and shown.script == chrony.install_command("apt-get")
     )
-    extra = after_probes(dry_session.fakes["b"], real_session.fakes["b"])
-    assert extra[:2] == [
-        Sent(shown.script, become=True),
-        Sent(chrony.probe_script(PosixShell()), become=True),
-    ]
-    configure = extra[2]
+    # the dry run read chrony's state (as root), then the route to the master; the real run reads the
+    # state, installs with the command shown, reads the route and chrony's state again, configures
+    probe, route = untokened(dry_session.fakes["b"].sent)
+    real = untokened(real_session.fakes["b"].sent)
+    assert probe.become and chrony.probe_script(PosixShell()) in probe.command and not route.become
+    assert real[:4] == [probe, Sent(shown.script, become=True), route, probe]
+    configure = real[4]
     assert isinstance(configure, Sent) and configure.become and configure.command.startswith("set -e\n")
     assert "/usr/sbin/chronyd -f /etc/chrony.conf -x" in configure.command
 
