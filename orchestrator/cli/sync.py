@@ -30,11 +30,10 @@ from orchestrator.pipeline import wants_code_sync
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.envsync import (
+    EnvInstallError,
     EnvSharedError,
     EnvSpec,
     NodeEnv,
-    installer_tail,
-    probe_script,
     resolve_specs,
     summarize_outcomes,
     sync_env,
@@ -209,10 +208,6 @@ def run_sync(
             "code": _code_json(code_outcomes) if do_code else None,
             "exit_code": int(code),
         }
-        if settings.dry_run and do_env and any(o.value is not None for o in env_outcomes):
-            # the commands name it by placeholder: its text, once, as the human dry run prints it
-            name, text = probe_script()
-            doc["env_probe"] = {"name": name, "text": text}
         ui.print_json(doc)
         return code
     if do_env:
@@ -408,21 +403,12 @@ def _changes_text(env: NodeEnv) -> str:
 def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> None:
     ui = settings.ui
     if settings.dry_run:
-        if any(o.value is not None for o in outcomes):
-            name, text = probe_script()
-            ui.print_text(
-                f"# {name}: every node's first command runs it with its Python (one JSON line back)"
-            )
-            for line in text.rstrip("\n").splitlines():
-                ui.print_text(f"#   {line}" if line else "#")
-            ui.print_text("")
         for o in outcomes:
-            if o.value is None:
-                continue
-            ui.print_text(f"# {o.node}: environment at {o.value.path} (python: {o.value.python_path})")
-            for command in o.value.commands:
-                ui.print_text(command)
-            ui.print_text("")
+            if o.value is not None:
+                for line in _plan_lines(o.value):
+                    ui.print_text(line)
+                ui.print_text("")
+        fail_lines(ui, outcomes)
         return
     table = Table(title=Text("environment"), title_justify="left")
     for column in ("node", "result", "installer", "python", "env", "changes", "time"):
@@ -461,9 +447,8 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
         ui.print_table(groups)
     fail_lines(ui, outcomes)
     for o in outcomes:
-        result = getattr(o.error, "result", None)
-        if result is not None and hasattr(result, "tail") and type(o.error).__name__ == "EnvInstallError":
-            for line in installer_tail(result.tail(TAIL * 4))[-TAIL:]:  # may repeat an index URL
+        if isinstance(o.error, EnvInstallError):
+            for line in o.error.lines:  # may repeat an index URL
                 ui.info(f"  {o.node} | {mask_url_credentials(line)}")
     if report.mismatch:
         ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
@@ -489,6 +474,26 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     if done:
         envs = [o.value for o in outcomes if o.value is not None]
         ui.note(f"launch with {_where(envs)} (the stable path; each build is switched in atomically)")
+
+
+def _plan_lines(env: NodeEnv) -> list[str]:
+    """A dry run's view of one node: unchanged, or its plan (uploads, then each command as the node's
+    shell receives it)."""
+    head = f"# {env.node}: environment at {env.path} (python: {env.python_path})"
+    if env.plan is None:
+        return [f"{head}: {env.action}, build {env.env_id or '-'}: nothing to send"]
+    lines = [f"{head}: build {env.env_id} with {env.installer}, Python {env.python}"]
+    for action in env.plan["actions"]:
+        if "put" in action:
+            private = " (owner-only)" if action["mode"] == "0600" else ""
+            lines.append(
+                f"# upload{private}: {action['what']} -> {action['put']} "
+                f"({action['bytes']} bytes, sha256 {action['sha256']})"
+            )
+        else:
+            lines.append(f"# {action['what']}{' (as root)' if action['as_root'] else ''}:")
+            lines.append(action["sent"])
+    return lines
 
 
 def _shared_headline(outcomes: list[Outcome[NodeEnv]]) -> str | None:
