@@ -38,6 +38,25 @@ class NodeEnv:
     #: installed from wheels this machine pushed because the node reached no index (why), or None
     offline_reason: str | None = None
 
+    def changes_text(self) -> str:
+        """The versions the sync changed, in a few words (``-``: unchanged)."""
+        if self.action == "unchanged":
+            return "-"
+        if not self.changes:
+            return "no version changed"
+        parts = []
+        for name, (old, new) in self.changes.items():
+            if old is None:
+                parts.append(f"+{name} {new}")
+            elif new is None:
+                parts.append(f"-{name} {old}")
+            else:
+                parts.append(f"{name} {old} -> {new}")
+        shown = parts[:4]
+        if len(parts) > 4:
+            shown.append(f"+{len(parts) - 4} more")
+        return ", ".join(shown)
+
     def public_dict(self) -> dict[str, Any]:
         return {
             "action": self.action,
