@@ -8,6 +8,7 @@ options and renders the report.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.table import Table
@@ -166,13 +167,18 @@ def _freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: P
 
 
 def _plan_lines(env: NodeEnv) -> list[str]:
-    """A dry run's view of one node: unchanged, or its plan (uploads, then each command as the node's
-    shell receives it)."""
+    """A dry run's view of one node's environment: unchanged, or its build's plan."""
     head = f"# {env.node}: environment at {env.path} (python: {env.python_path})"
     if env.plan is None:
         return [f"{head}: {env.action}, build {env.env_id or '-'}: nothing to send"]
-    lines = [f"{head}: build {env.env_id} with {env.installer}, Python {env.python}"]
-    for action in env.plan["actions"]:
+    return [f"{head}: build {env.env_id} with {env.installer}, Python {env.python}", *_actions(env.plan)]
+
+
+def _actions(plan: dict[str, Any]) -> list[str]:
+    """A plan (``NodePlan.public_dict``) as a dry run prints it: each upload, each command as the
+    node's shell receives it."""
+    lines = []
+    for action in plan["actions"]:
         if "put" in action:
             private = " (owner-only)" if action["mode"] == "0600" else ""
             lines.append(
@@ -257,6 +263,11 @@ def _code_human(settings: Settings, report: SyncReport) -> None:
             label = Text(o.value.summary(), style="green" if o.value.unchanged else "cyan")
         table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.print_table(table)
+    for o in report.code:
+        if settings.dry_run and o.value is not None and o.value.plan is not None:
+            ui.print_text(f"# {o.node}: code at {o.value.dest}")
+            for line in _actions(o.value.plan):
+                ui.print_text(line)
     for line in report.shared_code_lines():
         ui.note(line)
     fail_lines(ui, [o for o in report.code if o.error is not None])

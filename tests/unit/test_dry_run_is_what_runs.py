@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import re
 import shlex
@@ -821,14 +822,19 @@ def is_op(entry: Sent | Upload, op: str) -> bool:
 
 @pytest.fixture
 def same_choices(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The values a plan chooses fresh (its build id, its stamp's time, its records' nonce), the same
-    in the dry run and the real one: all that may differ between two runs on an unchanged node."""
+    """The values a plan chooses fresh (a build's id, its stamp's time, its records' nonce; the code
+    bundle's name, this sync's markers), the same in the dry run and the real one: all that may
+    differ between two runs on an unchanged node."""
     from orchestrator import records
+    from orchestrator.steps.codesync import sync as codesync
     from orchestrator.steps.envsync import build
 
     monkeypatch.setattr(build, "new_build_id", lambda: "20261205-170000-c0ffee")
     monkeypatch.setattr(build, "created_now", lambda: "2026-12-05T17:00:00+0000")
     monkeypatch.setattr(records, "new_nonce", lambda: "cb-0123456789ab")
+    monkeypatch.setattr(codesync, "upload_name", lambda: ".bootstrap-code-upload-0123456789ab")
+    tokens = itertools.cycle(["a" * 16, "b" * 16])  # each run asks for one per node, in order
+    monkeypatch.setattr(codesync, "new_token", lambda: next(tokens))
 
 
 def received(plan: Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -1022,12 +1028,13 @@ def test_a_build_line_that_looks_like_a_record_fakes_neither_progress_nor_the_li
 
 
 def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
 ) -> None:
     """`sync --dry-run` compares each node's code directory (read-only: nothing created, no cache
-    written) and shows the files it would add, change and delete, and the bytes it would send. The
-    real sync compares the same way, then uploads one bundle (owner-only, inside that directory)
-    holding exactly those files, their bytes, modes and deletions, and applies it: nothing else."""
+    written) and shows the files it would add, change and delete, the bytes it would send, and its
+    plan: the bundle (size, hash, owner-only, inside that directory) and the command applying it.
+    The real sync compares the same way, then sends exactly that plan, byte for byte: the bundle
+    holding exactly those files, their bytes, modes and deletions, and the command; nothing else."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     dry, dry_session, real, real_session, tree = sync_runs(tmp_path)
     assert (
@@ -1048,6 +1055,11 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         start = next(i for i, e in enumerate(log) if is_op(e, "scan"))
         first, bundle, applied = log[start:]
         assert isinstance(first, Sent) and isinstance(bundle, Upload) and isinstance(applied, Sent)
+        # the same choices: the same plan (the bundle is built in each run's own temporary directory)
+        assert [{**a, "from": None} for a in shown["plan"]["actions"]] == [
+            {**a, "from": None} for a in done["plan"]["actions"]
+        ]
+        assert got([bundle, applied], real_session.fakes[node]) == received(shown["plan"])
         assert shlex.split(first.command)[:-1] == shlex.split(scan.command)[:-1]  # the same script
         marker = json_argument(first.command)["marker"]  # this sync's, for shared directories
         assert marker["name"] == node and len(marker["token"]) == 16
