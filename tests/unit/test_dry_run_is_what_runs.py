@@ -943,6 +943,62 @@ def test_an_offline_sync_pushes_exactly_the_wheels_its_dry_run_shows(
         assert "rm -f -- old-1.0-py3-none-any.whl" in build.command and numpy not in build.command
 
 
+WINDOWS_INVENTORY = """\
+cluster:
+  name: lab
+  master: w
+  env:
+    requirements: requirements.txt
+nodes:
+  - {name: w, host: 198.18.7.14, user: bob, os: windows, windows: {mode: native}}
+"""
+WINDOWS_VENV = "C:\\Users\\bob\\cluster-bootstrap\\venv"
+
+
+def test_a_windows_build_runs_outside_the_shells_job_exactly_as_its_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
+) -> None:
+    """On a native Windows node the plan's build runs outside the WinRS shell's job (its quotas would
+    end pip installing torch): the dry run shows that action (its job directory, its script); the real
+    run sends the directories' command and the requirements as shown, then hands exactly that script
+    and job directory to runs.start.run_outside_job, and reads the installed versions from its records."""
+    from orchestrator.runs import start
+    from orchestrator.steps.envsync import sync_env
+
+    (tmp_path / "requirements.txt").write_text(REQUIREMENTS)
+    (tmp_path / "hosts.yaml").write_text(WINDOWS_INVENTORY)
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    python = {**PYTHON, "executable": "C:\\Python311\\python.exe", "sysconfig_platform": "win-amd64"}
+    probe = {
+        "home": "C:\\Users\\bob",
+        "python": {**python, "os": "nt", "platforms": ["win_amd64"]},
+        "uv": None,
+        "venv": {"path": WINDOWS_VENV, "state": "missing", "target": None, "stamp": None, "packages": None},
+        "wheelhouse": None,
+    }
+    jobs: list[tuple[str, str]] = []
+
+    def outside(node: Node, transport: Transport, job_dir: str, script: str, **kwargs: Any) -> Result:
+        jobs.append((job_dir, script))
+        return Result(node.name, script, 0, build_output(script), "", 0.1)
+
+    monkeypatch.setattr(start, "run_outside_job", outside)
+    runs = []
+    for dry_run in (True, False):
+        session = RecordingSession(inventory, {"w": lambda command: (json.dumps(probe) + "\n", 0)})
+        [outcome] = sync_env(session, inventory, dry_run=dry_run)
+        assert outcome.value is not None, outcome.error
+        runs.append((outcome.value, session.fakes["w"]))
+    (shown, dry_node), (done, real_node) = runs
+    assert shown.plan is not None and shown.plan == done.plan and done.packages == INSTALLED
+    [build] = [a for a in shown.plan["actions"] if "outside_job" in a]
+    assert shown.plan["actions"][-1] == build
+    assert jobs == [(build["outside_job"], build["run"])]  # the real run's build: the one shown
+    assert build["outside_job"] == f"{WINDOWS_VENV}.versions/{shown.env_id}.job"
+    _, *applied = real_node.log
+    assert len(dry_node.log) == 1 and got(applied, real_node) == received(shown.plan)[:-1]
+
+
 def test_sync_dry_run_prints_no_placeholder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
