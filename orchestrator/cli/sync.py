@@ -175,19 +175,19 @@ def _plan_lines(env: NodeEnv) -> list[str]:
 
 
 def _actions(plan: dict[str, Any]) -> list[str]:
-    """A plan (``NodePlan.public_dict``) as a dry run prints it: each upload, each command as the
-    node's shell receives it."""
-    lines = []
+    """A plan (``NodePlan.public_dict``) as dry runs print plans (cli/report.py): each upload, each
+    command as the node's shell receives it."""
+    lines, name = [], plan["node"]
     for action in plan["actions"]:
         if "put" in action:
-            private = " (owner-only)" if action["mode"] == "0600" else ""
+            private = ", owner-only" if action["mode"] == "0600" else ""
             lines.append(
-                f"# upload{private}: {action['what']} -> {action['put']} "
-                f"({action['bytes']} bytes, sha256 {action['sha256']})"
+                f"# ---- {name}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
+                f"{private}, sha256 {action['sha256']})"
             )
         else:
-            lines.append(f"# {action['what']}{' (as root)' if action['as_root'] else ''}:")
-            lines.append(action["sent"])
+            who = "as root" if action["as_root"] else "as the login user"
+            lines += [f"# ---- {name}: would run {who} ({action['what']}):", action["sent"]]
     return lines
 
 
