@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -27,10 +27,11 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
-from orchestrator.render import LaunchSpec
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.node_facts import training_python
+
+if TYPE_CHECKING:
+    from orchestrator.steps.launch import LaunchPlan
 from orchestrator.transports import Result, SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -418,11 +419,15 @@ class CommandExit(Exception):
 
 
 def interrupted(
-    ui: UI, detail: str = "connections closed, commands still running on the nodes were stopped"
+    ui: UI,
+    detail: str = "connections closed, commands still running on the nodes were stopped",
+    *,
+    stop: BaseException | None = None,
 ) -> NoReturn:
-    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled;
-    ``detail``: what that did (a command that only reads, as `logs -f`, stopped nothing)."""
-    terminated = isinstance(sys.exc_info()[1], Terminated)
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled, or with
+    the one a step caught (``stop``); ``detail``: what that did (a command that only reads, as
+    `logs -f`, stopped nothing)."""
+    terminated = isinstance(stop or sys.exc_info()[1], Terminated)
     what = "terminated (SIGTERM)" if terminated else "interrupted"
     ui.error(f"{what}: {detail}")
     raise CommandExit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
@@ -446,31 +451,14 @@ def refuse_native_mix(inventory: Inventory) -> None:
     refuse_native_mix(inventory)
 
 
-def offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[LaunchSpec]]:
-    """Every node's launch plan from the inventory alone (render --offline, --dry-run): interfaces
-    only as the inventory names them; backend auto taken as gloo."""
-    from orchestrator.render import plan_launch
+def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
+    """``steps.launch.offline_plan`` (render --offline, --dry-run), saying how an auto backend was taken."""
+    from orchestrator.steps.launch import offline_plan
 
-    all_nodes = list(inventory.nodes)
-    backend: str = inventory.cluster.backend
-    if backend == "auto":
-        backend = "gloo"
-        ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
-    pythons = {n.name: training_python(n, inventory) for n in all_nodes}
-    for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
-        if n.os == "windows" and n.windows.mode == "native" and not n.python:
-            pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
-    master_addr = "127.0.0.1" if len(all_nodes) == 1 else inventory.master_node.host
-    specs = plan_launch(
-        inventory,
-        backend=backend,
-        master_addr=master_addr,
-        run_id=run_id,
-        interfaces={},
-        cpus={},
-        pythons=pythons,
-    )
-    return backend, list(specs)
+    launch_plan = offline_plan(inventory, run_id)
+    if inventory.cluster.backend == "auto":
+        ui.note(launch_plan.backend_reason)
+    return launch_plan
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------

@@ -29,7 +29,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
-    from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.render import Renderer
     from orchestrator.session import Session
 
 
@@ -206,84 +206,6 @@ def run_validate(
 # -- --dry-run: what would be sent to each node, connecting to nothing ----------------------------------
 
 
-def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
-    """The launch specs as validation runs them (``steps.validate.validation_specs``; imported when
-    used, so the CLI starts without loading the steps)."""
-    from orchestrator.steps import validate as steps
-
-    return steps.validation_specs(specs, timeout, sizes)
-
-
-def dry_run_nodes(
-    settings: Settings,
-    inventory: Inventory,
-    specs: list[LaunchSpec],
-    renderer: Renderer,
-    *,
-    template: str | None = None,
-    script_file: Path | None = None,
-    detach: bool = False,
-) -> list[dict[str, Any]]:
-    """Per node, connecting to nothing: the node's plan (``steps.launch.node_plan``, the very object
-    ``run_node`` applies), shown with its launch script's secrets masked: ``{"name", "via", "run_dir",
-    "uploads", "script", "prepare", "commands", "plan"}``; ``prepare`` and ``commands`` are the exact
-    texts the node's shell receives (``transport.plan``) before and for the launcher.
-
-    ``template``: another template than the platform's launch template, for POSIX shells (native
-    Windows keeps its own, as validation does). ``script_file``: a file of ours uploaded for
-    ``spec.script`` (validation's worker). ``detach``: the launcher is `launch --detach`'s
-    start script.
-    """
-    from orchestrator.inventory import PasswordResolver
-    from orchestrator.plans import Put, Run, sent_text
-    from orchestrator.platforms import PowerShell
-    from orchestrator.runs.control import start_script
-    from orchestrator.runs.layout import STREAMING_ENV, run_dir_for
-    from orchestrator.session import Session
-    from orchestrator.steps.launch import node_plan
-
-    by_name = {s.node.name: s for s in specs}
-    nodes = [n for n in inventory.nodes if n.name in by_name]
-    session = Session(
-        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
-    )
-    planned = []
-    with session:
-        for node in nodes:
-            spec = by_name[node.name]
-            transport = session.transport(node)  # created, never connected
-            platform = transport.platform
-            native = isinstance(platform, PowerShell)
-            plan = node_plan(
-                node,
-                platform,
-                spec,
-                renderer=renderer,
-                template=None if native else template,
-                script_file=script_file,
-                secrets="mask",
-            )
-            run_dir = run_dir_for(node, spec.run_id)
-            if detach:
-                start = start_script(platform, node, spec.run_id)
-                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
-            runs = [a for a in plan.actions if isinstance(a, Run)]
-            launch_put = next(a for a in plan.actions if isinstance(a, Put))
-            planned.append(
-                {
-                    "name": node.name,
-                    "via": transport.describe(),
-                    "run_dir": run_dir,
-                    "uploads": plan.uploads,
-                    "script": launch_put.content().decode("utf-8-sig"),
-                    "prepare": [sent_text(transport, r) for r in runs[:-1]],
-                    "commands": [sent_text(transport, runs[-1])],
-                    "plan": plan.public_dict(transport),
-                }
-            )
-    return planned
-
-
 def print_dry_run(
     settings: Settings,
     command: str,
@@ -321,17 +243,18 @@ def _validate_dry_run(
     timeout: float,
     sizes: tuple[int, ...],
 ) -> None:
-    from orchestrator.cli.common import offline_specs
+    from orchestrator.cli.common import offline_plan
     from orchestrator.resources import package_file
-    from orchestrator.steps.validate import TEMPLATE, WORKER
+    from orchestrator.steps.launch import dry_run_nodes
+    from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
 
-    backend, specs = offline_specs(settings.ui, inventory, run_id)
+    launch_plan = offline_plan(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
-        settings,
         inventory,
-        validation_specs(specs, timeout, sizes),
+        validation_specs(launch_plan.specs, timeout, sizes),
         renderer,
+        ssh=settings.ssh_options(),
         template=TEMPLATE,
         script_file=package_file("steps/probes/" + WORKER),
     )
-    print_dry_run(settings, "validate", run_id, backend, planned)
+    print_dry_run(settings, "validate", run_id, launch_plan.backend, planned)
