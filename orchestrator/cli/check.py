@@ -45,6 +45,7 @@ def check(ctx: click.Context) -> int:
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    refuse_native_mix(inventory)  # exit 2 before connecting (the main pipeline refuses it once too)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: checked inside an allocation
         return check_on_slurm(settings, inventory)
     return run_check(settings, inventory, nodes)
@@ -55,7 +56,6 @@ def run_check(
 ) -> ExitCode:
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
-    refuse_native_mix(inventory)
     from orchestrator.steps.preflight import check_plan, run_preflight
 
     if settings.dry_run:

@@ -244,6 +244,10 @@ def launch(
 
         return launch_on_slurm(settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    if not settings.dry_run:
+        from orchestrator.render import require_secrets
+
+        require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
     from orchestrator.steps.script_check import check_script_compiles
 
@@ -266,12 +270,11 @@ def run_launch(
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.bench.launch import attach_shares
     from orchestrator.cli.ui import RankedOutput
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
+    from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.steps.launch import plan
     from orchestrator.steps.train import train_run
 
     ui = settings.ui
-    refuse_native_mix(inventory)
     from orchestrator.steps.launch import missing_script_warning
 
     missing = missing_script_warning(inventory)
@@ -285,7 +288,6 @@ def run_launch(
         shown_id = check_run_id(run_id) if run_id else f"{inventory.cluster.name}-<time>"  # as launch would
         _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
-    require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     if detach and ctx.meta.get("dashboard.options", {}).get("dashboard"):
         raise UsageError(
             "--dashboard watches a run in the foreground: with --detach, watch it with "

@@ -74,6 +74,10 @@ def validate(
 
     not_on_slurm_yet(inventory, "validate", "`check` runs the preflight inside an allocation (docs/slurm.md)")
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    if not settings.dry_run:
+        from orchestrator.render import require_secrets
+
+        require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
     inventory = run_nodes(settings, inventory, master)  # --nodes: the ranks of those nodes only
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
     return code
@@ -96,11 +100,9 @@ def run_validate(
     when nothing validation depends on changed since it last succeeded on these nodes
     (steps/validate_stamp.py); a success writes the stamp either way.
     """
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.steps.preflight.checks import refuse_native_mix
+    from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.steps.validate import DEFAULT_SIZES, failure_summary, human_bytes, validate
 
-    refuse_native_mix(inventory)  # native Windows beside Linux/WSL nodes: exit 2, nothing started
     ui = settings.ui
     nodes = list(inventory.nodes)
     from orchestrator.runs.ids import new_run_id
@@ -110,7 +112,6 @@ def run_validate(
     if settings.dry_run:
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
-    require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
     log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 CLI = Path(__file__).resolve().parents[2] / "orchestrator" / "cli"
 
@@ -51,3 +52,26 @@ def test_no_cli_module_talks_to_a_node_itself() -> None:
         path.name: calls for path in sorted(CLI.glob("*.py")) if (calls := _node_calls(path.read_text()))
     }
     assert offenders == {}, f"move these into a step (orchestrator/steps/): {offenders}"
+
+
+def test_the_pipeline_refuses_an_inventory_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """What makes a whole inventory unusable (native Windows beside Linux nodes) is decided once per
+    run, before anything connects: not again by each phase the pipeline runs."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+    from orchestrator.steps.preflight import checks
+
+    calls: list[str] = []
+    real = checks.refuse_native_mix
+
+    def counted(inventory: Any) -> None:
+        calls.append(inventory.cluster.name)
+        real(inventory)
+
+    monkeypatch.setattr(checks, "refuse_native_mix", counted)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["--dry-run"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "launch (dry run)" in result.output  # every phase ran (printed its plan)
+    assert len(calls) == 1
