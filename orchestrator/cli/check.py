@@ -73,14 +73,9 @@ def run_check(
         ):
             on.executor.on_event = on_event
             report = run_preflight(on, inventory)
-            # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
-            reached = {n.name: list(on.transport(n).notes) for n in nodes if n.name in on.opened()}
     except KeyboardInterrupt:
         interrupted(ui)
-    outcomes = report.inspected
-    code = exit_code_for(outcomes)
-    if code == ExitCode.OK and report.failed:
-        code = ExitCode.NODES_FAILED
+    outcomes, reached, code = report.inspected, report.notes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
         ui.print_json(

@@ -336,15 +336,10 @@ def print_plans(
     nodes: list[Node],
     plan: Callable[[Node, Transport], list[str]],
 ) -> None:
-    """Print what would run on each node without connecting anywhere."""
-    session = Session(
-        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
-    )
-    planned = []
-    for node in nodes:
-        transport = session.transport(node)
-        commands = [transport.plan(script) for script in plan(node, transport)]
-        planned.append({"name": node.name, "via": transport.describe(), "commands": commands})
+    """Print what would run on each node without connecting anywhere (``steps.dry_run``)."""
+    from orchestrator.steps.dry_run import planned_scripts
+
+    planned = planned_scripts(inventory, nodes, settings.ssh_options(), plan)
     if settings.json_mode:
         settings.ui.print_json({"dry_run": True, "nodes": planned})
         return

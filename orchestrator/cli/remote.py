@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import os
 import sys
 from typing import Any
 
@@ -27,15 +26,13 @@ from orchestrator.cli.common import (
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
-    SecretMissingError,
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Node, PasswordResolver
 from orchestrator.logs import RunLog, state_dir
-from orchestrator.platforms import PosixShell
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
-from orchestrator.steps.remote import run_command
+from orchestrator.steps.remote import command_script, run_command
 from orchestrator.transports import Result, Transport
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
@@ -85,7 +82,7 @@ def run(
             settings,
             inventory,
             nodes,
-            lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
+            lambda node, t: [command_script(t.platform, text, env=env, cwd=cwd, become=become)],
         )
         return ExitCode.OK
     runs = state_dir() / "runs"
@@ -162,58 +159,39 @@ def keys(ctx: click.Context, key_path: str) -> int:
     fingerprint; compare them with the nodes' and rerun with --accept-new-host-keys, before any
     password is sent. Passwords come from each node's password_env, or one prompt shared by all nodes.
     """
-    from orchestrator.steps.keys import KeyInstall, ensure_controller_key, install_key
+    from orchestrator.steps.keys import (
+        KeyInstall,
+        KeysPasswords,
+        authorize_script,
+        ensure_controller_key,
+        install_key,
+        key_nodes,
+        needs_shared_password,
+    )
 
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
-    ssh_nodes = [n for n in nodes if n.connection == "ssh"]
-    skipped = [n.name for n in nodes if n.connection != "ssh"]
+    ssh_nodes, skipped = key_nodes(nodes)
     if skipped:
         ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
     if settings.dry_run:
-        public = os.path.expanduser(key_path) + ".pub"
-        print_plans(
-            settings,
-            inventory,
-            ssh_nodes,
-            lambda node, t: [t.platform.wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))],
-        )
+        print_plans(settings, inventory, ssh_nodes, lambda node, t: [authorize_script(key_path)])
         return ExitCode.OK
     key = ensure_controller_key(key_path)
     if key.generated:
         ui.info(f"generated a new key pair: {key.private} (+ .pub)")
     interactive = sys.stdin.isatty()
-    shared: dict[str, str] = {}
-
-    def prompt(text: str) -> str:
-        return getpass.getpass(text)
-
-    resolver = PasswordResolver(prompt=prompt if interactive else None)
-    # Nodes with no password setting share one prompt, like ssh-copy-id run in a loop.
-    fallback_needed = [n for n in ssh_nodes if not n.password_env and not n.password_prompt]
-    if fallback_needed and interactive:
-        shared["password"] = getpass.getpass("SSH password for the nodes (used once, never stored): ")
-
-    class _KeysResolver(PasswordResolver):
-        def password_for(self, node: Node) -> str | None:
-            if node.password_env or node.password_prompt:
-                return resolver.password_for(node)
-            if "password" not in shared:
-                raise SecretMissingError(
-                    "`bootstrap keys` logs in with the node's password, and none is available",
-                    node=node.name,
-                    hint="set password_env: VAR on the node (and export VAR), "
-                    "or run from a terminal to be asked",
-                )
-            return shared["password"]
-
+    shared = None
+    if needs_shared_password(ssh_nodes) and interactive:
+        shared = getpass.getpass("SSH password for the nodes (used once, never stored): ")
+    own = PasswordResolver(prompt=getpass.getpass if interactive else None)
     # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
     session = Session(
         inventory,
         ssh_nodes,
         ssh=settings.ssh_options(),
-        passwords=_KeysResolver(prompt=None),
+        passwords=KeysPasswords(own, shared),
         max_workers=settings.forks,
     )
     check_options = settings.ssh_options(accept_new=False)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from orchestrator.errors import CommandTimeoutError, SudoPasswordRequiredError
 from orchestrator.inventory import Node
+from orchestrator.platforms import Platform
 from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
@@ -49,3 +50,10 @@ def run_command(
             f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
         )
     return result
+
+
+def command_script(
+    platform: Platform, text: str, *, env: Mapping[str, str], cwd: str | None, become: bool
+) -> str:
+    """``run --dry-run``: the script :func:`run_command` has the transport send."""
+    return platform.wrap(text, env=dict(env), cwd=cwd, become=become)
