@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -291,7 +291,7 @@ class WinRMTransport(Transport):
         self,
         command: str,
         *,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
         on_line: OnLine | None = None,
