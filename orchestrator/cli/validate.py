@@ -24,7 +24,6 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.errors import ExitCode
-from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
@@ -121,16 +120,15 @@ def run_validate(
             printer.write_rank(node, rank, text)
 
     from orchestrator.steps.launch import plan
-    from orchestrator.steps.validate_stamp import last_stamp, save_stamp, stamp_key
+    from orchestrator.steps.validate_stamp import save_stamp, unchanged_since
 
     with phase_session(settings, inventory, nodes, session) as on:
         try:
             with ui.progress([n.name for n in nodes], "validate") as on_event:
                 on.executor.on_event = on_event
                 launch_plan = plan(on, inventory, run_id)  # facts the preflight read: no round trip
-                key = stamp_key(inventory, launch_plan) if all(o.ok for o in launch_plan.inspected) else None
-                last = last_stamp(inventory) if unless_unchanged and key is not None else None
-                if last is not None and last.key == key:
+                key, last = unchanged_since(inventory, launch_plan, reuse=unless_unchanged)
+                if last is not None:
                     on.executor.on_event = None
                     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.when))
                     ui.info(
@@ -155,13 +153,13 @@ def run_validate(
             interrupted(ui)
         finally:
             log.close()
+    code = result.exit_code()
     unreachable = [o for o in result.plan.inspected if not o.ok]
     if unreachable:
         fail_lines(ui, unreachable)
-        return exit_code_for(result.plan.inspected)
+        return code
     report = result.report
     problems = failure_summary(result)
-    code = ExitCode.OK if report.ok and not problems else ExitCode.NODES_FAILED
     if code == ExitCode.OK and key is not None:
         save_stamp(inventory, key)
     if settings.json_mode:
