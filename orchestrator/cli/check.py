@@ -29,7 +29,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
-from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect
+from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
 
 
 @click.command()
@@ -137,7 +137,7 @@ def facts(ctx: click.Context) -> int:
     try:
         with ui.progress([n.name for n in nodes], "facts") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(inspect, step="facts", connect=False)
+            outcomes = inspect_all(session)
     except KeyboardInterrupt:
         interrupted(ui)
     code = exit_code_for(outcomes)

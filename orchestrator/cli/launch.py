@@ -41,7 +41,6 @@ from orchestrator.errors import (
 from orchestrator.executor import Executor, NodeEvent, Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
-from orchestrator.platforms import PowerShell, platform_for_node
 from orchestrator.runs.layout import logs_where
 from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
@@ -87,9 +86,9 @@ def render(
     secret-looking variables; files written with --out are complete and run by hand on each node.
     """
     from orchestrator.bench.launch import planned_shares
-    from orchestrator.render import Renderer, render_all, templates_dir_for
+    from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.runs.ids import new_run_id
-    from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
+    from orchestrator.steps.launch import RANK_CAPTURE, launch_files, launch_scripts, plan
 
     settings = Settings.from_context(ctx)
     inventory, selected = load_selection(settings)
@@ -117,27 +116,19 @@ def render(
     specs, shares_note = planned_shares(inventory, specs)  # the variables and files a launch adds
     if shares_note and not settings.json_mode:
         ui.note(shares_note)
-    # WSL-mode Windows nodes render the Linux torchrun script (it runs inside the distribution)
-    platforms = {n.name: platform_for_node(n) for n in all_nodes}
     shown = {n.name for n in selected}
     specs = [s for s in specs if s.node.name in shown]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in render_all(renderer, specs, platforms, mask=False).items():
-            platform = platforms[name]
-            if isinstance(platform, PowerShell):  # UTF-8 with BOM: Windows PowerShell 5.1 needs it
-                data, file_name = platform.script_file(text), f"{name}.ps1"
-            else:
-                data, file_name = text.encode("utf-8"), f"{name}.sh"
+        for file_name, data in launch_files(renderer, specs).items():
+            if file_name == RANK_CAPTURE:  # the POSIX scripts start every rank through it
+                path = write_inside(out_dir, file_name, data, mode=0o600)
+                ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+                continue
             # may hold the run's environment: owner only; inside out_dir whatever the name, no link followed
-            path = write_inside(out_dir, file_name, data, mode=0o700)
-            ui.info(f"wrote {path}")
-        if any(not isinstance(platforms[s.node.name], PowerShell) for s in specs):
-            # the POSIX scripts start every rank through it, from their own directory
-            path = write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)
-            ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+            ui.info(f"wrote {write_inside(out_dir, file_name, data, mode=0o700)}")
         _write_shares(ui, out_dir, specs)
-    scripts = render_all(renderer, specs, platforms, mask=True)
+    scripts = launch_scripts(renderer, specs)
     if settings.json_mode:
         ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
         return ExitCode.OK

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import getpass
 import sys
-from typing import Any
 
 import click
 from rich.table import Table
@@ -27,13 +26,11 @@ from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
 )
-from orchestrator.executor import Outcome, exit_code_for
-from orchestrator.inventory import Node, PasswordResolver
+from orchestrator.inventory import PasswordResolver
 from orchestrator.logs import RunLog, state_dir
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
-from orchestrator.steps.remote import command_script, run_command
-from orchestrator.transports import Result, Transport
+from orchestrator.steps.remote import command_script, run_everywhere
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
 #: each: transports/base.py MAX_TAIL_CHARS); the controller's log file keeps everything
@@ -89,32 +86,26 @@ def run(
     run_log = RunLog(runs / new_run_id(inventory.cluster.name, kind="run", root=runs))
     printer = ui.line_printer([n.name for n in nodes])
 
-    def one(node: Node, transport: Transport) -> Result:
-        output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
-        return run_command(
-            node,
-            transport,
-            text,
-            env=env,
-            cwd=cwd,
-            timeout=timeout,
-            become=become,
-            keep_lines=keep_lines,
-            on_line=output,
-        )
-
+    outputs = {
+        n.name: PrefixedOutput(n.name, run_log, None if settings.json_mode else printer) for n in nodes
+    }
     try:
         with open_session(settings, inventory, nodes) as session:
-            outcomes = session.map(one, step="run")
+            report = run_everywhere(
+                session,
+                text,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                become=become,
+                keep_lines=keep_lines,
+                outputs=outputs,
+            )
     except KeyboardInterrupt:
         interrupted(ui)
     finally:
         run_log.close()
-
-    def failed(o: Outcome[Any]) -> bool:
-        return o.value is not None and not o.value.ok
-
-    code = exit_code_for(outcomes, failed)
+    outcomes, failed, code = report.outcomes, report.failed, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
         ui.print_json(
@@ -164,8 +155,9 @@ def keys(ctx: click.Context, key_path: str) -> int:
         KeysPasswords,
         authorize_script,
         ensure_controller_key,
-        install_key,
+        install_all,
         key_nodes,
+        keys_exit_code,
         needs_shared_password,
     )
 
@@ -199,10 +191,10 @@ def keys(ctx: click.Context, key_path: str) -> int:
         with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
             session.executor.on_event = on_event
             with session:
-                outcomes = session.map(lambda n, t: install_key(n, t, key, check_options), step="keys")
+                outcomes = install_all(session, key, check_options)
     except KeyboardInterrupt:
         interrupted(ui)
-    code = exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)
+    code = keys_exit_code(outcomes)
     if settings.json_mode:
         fail_lines(ui, outcomes)
         ui.print_json(

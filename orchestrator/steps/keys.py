@@ -14,13 +14,15 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from orchestrator.errors import CommandFailedError, SecretMissingError
+from orchestrator.errors import CommandFailedError, ExitCode, SecretMissingError
+from orchestrator.executor import GroupResult, exit_code_for
 from orchestrator.inventory import PasswordResolver
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import SSHOptions, Transport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
+    from orchestrator.session import Session
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 
@@ -143,3 +145,13 @@ def authorize_script(key_path: str) -> str:
     """``keys --dry-run``: the script ``install_key`` sends, the public key named by its file."""
     public = os.path.expanduser(key_path) + ".pub"
     return PosixShell().wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))
+
+
+def install_all(session: Session, key: ControllerKey, ssh: SSHOptions) -> GroupResult[KeyInstall]:
+    """:func:`install_key` on every node of ``session`` (their host keys checked with ``ssh``)."""
+    return session.map(lambda n, t: install_key(n, t, key, ssh), step="keys")
+
+
+def keys_exit_code(outcomes: GroupResult[KeyInstall]) -> ExitCode:
+    """1 also when a key was installed but logging in with it alone failed."""
+    return exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)

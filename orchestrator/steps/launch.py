@@ -31,7 +31,7 @@ from orchestrator.errors import (
 from orchestrator.inventory.model import WINDOWS_ABSOLUTE
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
-from orchestrator.render import LaunchSpec, Renderer, plan_launch
+from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
 from orchestrator.resources import package_file, packaged_example
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.layout import (
@@ -421,6 +421,33 @@ def node_plan(
         command = posix_command(platform, node, spec)
         launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
     return NodePlan(node.name, [*prepared.actions, launcher])
+
+
+def launch_scripts(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, str]:
+    """`render`: each node's launch script, secrets masked, in the shell it runs in (a WSL-mode
+    Windows node renders the Linux torchrun script: it runs inside the distribution)."""
+    from orchestrator.platforms import platform_for_node
+
+    return render_all(renderer, specs, {s.node.name: platform_for_node(s.node) for s in specs}, mask=True)
+
+
+def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes]:
+    """`render --out`: file name -> bytes of each node's script to run by hand (``<node>.sh``, or
+    ``<node>.ps1`` in UTF-8 with a BOM, which Windows PowerShell 5.1 needs), secrets referenced not
+    written, and the rank capture the POSIX scripts start every rank through."""
+    from orchestrator.platforms import platform_for_node
+
+    platforms = {s.node.name: platform_for_node(s.node) for s in specs}
+    files: dict[str, bytes] = {}
+    for name, text in render_all(renderer, specs, platforms, mask=False).items():
+        platform = platforms[name]
+        if isinstance(platform, PowerShell):
+            files[f"{name}.ps1"] = platform.script_file(text)
+        else:
+            files[f"{name}.sh"] = text.encode("utf-8")
+    if any(not isinstance(p, PowerShell) for p in platforms.values()):
+        files[RANK_CAPTURE] = rank_capture_file().read_bytes()
+    return files
 
 
 def dry_run_nodes(

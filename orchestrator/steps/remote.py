@@ -9,13 +9,19 @@ it), and a timeout told as one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from orchestrator.errors import CommandTimeoutError, SudoPasswordRequiredError
+from orchestrator.errors import CommandTimeoutError, ExitCode, SudoPasswordRequiredError
+from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.inventory import Node
 from orchestrator.platforms import Platform
 from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
+
+if TYPE_CHECKING:
+    from orchestrator.session import Session
 
 
 def run_command(
@@ -57,3 +63,48 @@ def command_script(
 ) -> str:
     """``run --dry-run``: the script :func:`run_command` has the transport send."""
     return platform.wrap(text, env=dict(env), cwd=cwd, become=become)
+
+
+@dataclass
+class RunReport:
+    """`bootstrap run` on every node: each node's result (a non-zero exit is a value, not an error)."""
+
+    outcomes: GroupResult[Result]
+
+    @staticmethod
+    def failed(outcome: Outcome[Result]) -> bool:
+        """The command ran and exited non-zero."""
+        return outcome.value is not None and not outcome.value.ok
+
+    def exit_code(self) -> ExitCode:
+        return exit_code_for(self.outcomes, self.failed)
+
+
+def run_everywhere(
+    session: Session,
+    text: str,
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    timeout: float | None,
+    become: bool,
+    keep_lines: int,
+    outputs: Mapping[str, OnLine],
+) -> RunReport:
+    """:func:`run_command` on every node of ``session`` at once, each node's lines to ``outputs``."""
+    return RunReport(
+        session.map(
+            lambda node, t: run_command(
+                node,
+                t,
+                text,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                become=become,
+                keep_lines=keep_lines,
+                on_line=outputs[node.name],
+            ),
+            step="run",
+        )
+    )
