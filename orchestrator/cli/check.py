@@ -85,17 +85,7 @@ def run_check(
                 "backend": report.backend,
                 "backend_reason": report.backend_reason,
                 "versions": report.versions,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        **(o.value.public_dict() if o.value else {}),
-                        "transport_notes": reached.get(o.node, []),
-                        "checks": {
-                            name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
-                        },
-                    },
-                    ok=lambda o: o.ok and report.level(o.node) != "fail",
-                ),
+                "nodes": node_docs(outcomes, report.node_fields, ok=report.node_ok),
                 "exit_code": int(code),
             }
         )

@@ -32,7 +32,7 @@ from orchestrator.session import Session
 
 if TYPE_CHECKING:
     from orchestrator.steps.launch import LaunchPlan
-from orchestrator.transports import Result, SSHOptions, Transport
+from orchestrator.transports import SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -320,14 +320,6 @@ def node_docs(
             doc.update(o.value.public_dict())
         docs.append(doc)
     return docs
-
-
-def result_dict(outcome: Outcome[Any]) -> dict[str, Any]:
-    """A command's output for --json, also when it failed after producing some (timeout, sudo)."""
-    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
-    if isinstance(result, Result):
-        return result.public_dict()
-    return {"exit_code": None, "duration": round(outcome.duration, 4)}
 
 
 def print_plans(

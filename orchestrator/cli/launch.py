@@ -26,7 +26,6 @@ from orchestrator.cli.common import (
     open_session,
     phase_session,
     refuse_native_mix,
-    result_dict,
     run_nodes,
     templates_option,
     train_args_line,
@@ -44,6 +43,7 @@ from orchestrator.logs import RunLog
 from orchestrator.runs.layout import logs_where
 from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
+from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:
     from orchestrator.cli.ui import UI
@@ -377,7 +377,7 @@ def run_launch(
                 "command": "launch",
                 "run_id": run_id,
                 "backend": launch_plan.backend,
-                "nodes": node_docs(outcomes, result_dict),
+                "nodes": node_docs(outcomes, result_fields),
                 "log_dir": str(log.directory),
                 "exit_code": int(code),
             }

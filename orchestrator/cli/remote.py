@@ -20,7 +20,6 @@ from orchestrator.cli.common import (
     open_session,
     parse_env_pairs,
     print_plans,
-    result_dict,
 )
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
@@ -30,7 +29,7 @@ from orchestrator.inventory import PasswordResolver
 from orchestrator.logs import RunLog, state_dir
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
-from orchestrator.steps.remote import command_script, run_everywhere
+from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
 #: each: transports/base.py MAX_TAIL_CHARS); the controller's log file keeps everything
@@ -105,14 +104,14 @@ def run(
         interrupted(ui)
     finally:
         run_log.close()
-    outcomes, failed, code = report.outcomes, report.failed, report.exit_code()
+    outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
         ui.print_json(
             {
                 "command": "run",
                 "shell": text,
-                "nodes": node_docs(outcomes, result_dict, ok=lambda o: o.ok and not failed(o)),
+                "nodes": node_docs(outcomes, result_fields, ok=report.node_ok),
                 "log_dir": str(run_log.directory),
                 "exit_code": int(code),
             }

@@ -66,13 +66,7 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
                 "command": "launch",
                 "run_id": run_id,
                 "detached": True,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        "pid": o.value.pid if isinstance(o.value, Started) else None,
-                        "run_dir": o.value.run_dir if isinstance(o.value, Started) else None,
-                    },
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "stopped_again": [o.node for o in report.undone if o.ok],
                 "exit_code": int(code),
             }
@@ -222,24 +216,7 @@ def _logs(
                 "run_id": run_id,
                 "follow": follow,
                 "tail": tail,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        "exit_code": o.value.exit_code if o.value else None,
-                        "lines": o.value.lines if o.value else None,
-                        # byte offsets in the node's node.log: reading began at start (0 without
-                        # --tail) and ended at end; bytes = end - start (what was read)
-                        "start": o.value.start if o.value else None,
-                        "end": o.value.offset if o.value else None,
-                        "bytes": o.value.offset - o.value.start if o.value else None,
-                        "reconnects": o.value.reconnects if o.value else None,
-                        # runs/<run-id>/<node>.log here: "written" (what was read), "kept" (the
-                        # read failed: left as it was), "busy" (a running launch or another logs
-                        # writes it: left as it was), "none" (the read failed and there is none);
-                        # null with --tail (it writes no copy)
-                        "copy": copies.get(o.node),
-                    },
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "log_dir": str(directory) if tail is None else None,  # --tail writes no copy here
                 "exit_code": int(code),
             }
@@ -496,20 +473,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
             {
                 "command": "stop",
                 "run_id": run_id,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: (
-                        {
-                            "state": o.value.state,
-                            "terminated": o.value.terminated,
-                            "killed": o.value.killed,
-                            "exit_code": o.value.exit_code,
-                            "forced": o.value.forced,
-                        }
-                        if o.value
-                        else {}
-                    ),
-                ),
+                "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
         )
@@ -592,9 +556,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
             {
                 "command": "fetch",
                 "run_id": run_id,
-                "nodes": node_docs(
-                    outcomes, lambda o: {"paths": [vars(f) for f in o.value] if o.value else []}
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "exit_code": int(code),
             }
         )

@@ -100,7 +100,7 @@ def run_validate(
     (steps/validate_stamp.py); a success writes the stamp either way.
     """
     from orchestrator.render import Renderer, templates_dir_for
-    from orchestrator.steps.validate import DEFAULT_SIZES, failure_summary, human_bytes, validate
+    from orchestrator.steps.validate import DEFAULT_SIZES, Validation, failure_summary, human_bytes, validate
 
     ui = settings.ui
     nodes = list(inventory.nodes)
@@ -170,7 +170,7 @@ def run_validate(
                 "backend": result.plan.backend,
                 **report.public_dict(),
                 "problems": problems,
-                "nodes": node_docs(result.outcomes, lambda o: {}),
+                "nodes": node_docs(result.outcomes, Validation.node_fields),
                 "exit_code": int(code),
             }
         )

@@ -70,6 +70,22 @@ class LogsReport:
     copies: dict[str, str] = field(default_factory=dict)
     interrupted: KeyboardInterrupt | None = None
 
+    def node_fields(self, outcome: Outcome[FollowResult]) -> dict[str, Any]:
+        """A node's ``--json`` fields: byte offsets in its node.log (reading began at ``start``, 0
+        without ``--tail``, and ended at ``end``; ``bytes`` read), lines, reconnects, and ``copy``:
+        runs/<run-id>/<node>.log here "written", "kept" (the read failed), "busy" (a running launch or
+        another `logs` writes it), "none" (failed, and there is none); null with ``--tail``."""
+        read = outcome.value
+        return {
+            "exit_code": read.exit_code if read else None,
+            "lines": read.lines if read else None,
+            "start": read.start if read else None,
+            "end": read.offset if read else None,
+            "bytes": read.offset - read.start if read else None,
+            "reconnects": read.reconnects if read else None,
+            "copy": self.copies.get(outcome.node),
+        }
+
     def exit_code(self, *, follow: bool) -> ExitCode:
         """A failed read; with ``--follow``, also a node whose training did not exit 0."""
         code = exit_code_for(self.outcomes)
@@ -193,6 +209,10 @@ class FetchReport:
     def exit_code(self) -> ExitCode:
         code = exit_code_for(self.outcomes)
         return ExitCode.NODES_FAILED if code == ExitCode.OK and self.missing else code
+
+    @staticmethod
+    def node_fields(outcome: Outcome[list[Fetched]]) -> dict[str, Any]:
+        return {"paths": [dataclasses.asdict(f) for f in outcome.value] if outcome.value else []}
 
 
 def fetch_all(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandTimeoutError, ExitCode, SudoPasswordRequiredError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
@@ -76,6 +76,9 @@ class RunReport:
         """The command ran and exited non-zero."""
         return outcome.value is not None and not outcome.value.ok
 
+    def node_ok(self, outcome: Outcome[Result]) -> bool:
+        return outcome.ok and not self.failed(outcome)
+
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes, self.failed)
 
@@ -108,3 +111,12 @@ def run_everywhere(
             step="run",
         )
     )
+
+
+def result_fields(outcome: Outcome[Any]) -> dict[str, Any]:
+    """A node's ``--json`` fields for a command's output (``Result.public_dict``), also when it
+    failed after producing some (a timeout, sudo refused: the error carries the result)."""
+    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
+    if isinstance(result, Result):
+        return result.public_dict()
+    return {"exit_code": None, "duration": round(outcome.duration, 4)}

@@ -207,6 +207,11 @@ class Validation:
     outcomes: list[Outcome[NodeRunResult]]
     report: ValidateReport
 
+    @staticmethod
+    def node_fields(outcome: Outcome[NodeRunResult]) -> dict[str, Any]:
+        """A node's ``--json`` fields: none beyond the common ones (the ranks' results are the run's)."""
+        return {}
+
     def exit_code(self) -> ExitCode:
         """3 when a node could not be reached before the run, else 1 when anything failed."""
         unreachable = exit_code_for(self.plan.inspected)

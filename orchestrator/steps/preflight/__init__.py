@@ -101,6 +101,18 @@ class PreflightReport:
     def failed(self) -> bool:
         return any(v.level == "fail" for checks in self.verdicts.values() for v in checks.values())
 
+    def node_fields(self, outcome: Outcome[InspectedNode]) -> dict[str, Any]:
+        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
+        return {
+            **(outcome.value.public_dict() if outcome.value else {}),
+            "transport_notes": self.notes.get(outcome.node, []),
+            "checks": {name: v.public_dict() for name, v in self.verdicts.get(outcome.node, {}).items()},
+        }
+
+    def node_ok(self, outcome: Outcome[InspectedNode]) -> bool:
+        """Reached, and no check failed there."""
+        return outcome.ok and self.level(outcome.node) != "fail"
+
     def exit_code(self) -> ExitCode:
         """3 when a node could not be reached (the connection's code), else 1 when a check failed."""
         code = exit_code_for(self.inspected)
