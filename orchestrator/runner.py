@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
-__all__ = ["gather_reads", "read_node", "run_step"]
+__all__ = ["converge", "gather_reads", "read_node", "run_step"]
 
 
 def read_node(session: Session, node: Node, transport: Transport, reads: Sequence[Read]) -> dict[str, Any]:
@@ -129,11 +129,10 @@ def run_step(
 
         def change(node: Node, transport: Transport) -> V:
             try:
-                results = apply(plans[node.name], transport)
+                return converge(step, node, transport, plans[node.name], context)
             finally:  # what was read there is history now, also after a failed change
                 if keys[node.name]:  # (no keys would forget everything the session holds of it)
                     session.forget(node.name, *keys[node.name])
-            return step.judge(node, plans[node.name], results, context)
 
         for done in session.map(change, step=step.name, nodes=busy):
             outcomes[done.node] = done
@@ -148,6 +147,12 @@ def run_step(
         data=step.data(context),
         dry_run=dry_run,
     )
+
+
+def converge(step: Step[C, V], node: Node, transport: Transport, plan: NodePlan, context: C) -> V:
+    """Apply one node's plan over its transport and judge the results: the runner's work on a node
+    whose plan has actions."""
+    return step.judge(node, plan, apply(plan, transport), context)
 
 
 def _judged(

@@ -359,6 +359,11 @@ class Transport(ABC):
         result.command = command
         return result
 
+    @property
+    def reaches_windows_host(self) -> bool:
+        """Whether :meth:`run_windows` can run PowerShell on the Windows machine of this node."""
+        return self.platform.host_shell is self.platform
+
     def run_windows(
         self,
         command: str,

@@ -287,6 +287,10 @@ class WinRMTransport(Transport):
     ) -> Result:
         return self._run_on(self.platform, script, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
 
+    @property
+    def reaches_windows_host(self) -> bool:
+        return True  # a WSL node's host too: WinRM's shell is Windows' own
+
     def run_windows(
         self,
         command: str,

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Firewall",
+    "FirewallContext",
     "FirewallResult",
     "apply_firewall",
     "cluster_addresses",
