@@ -246,16 +246,16 @@ def _dry_run(
     settings: Settings, inventory: Inventory, renderer: Renderer, run_id: str, options: BenchOptions
 ) -> None:
     from orchestrator.bench.probe import TEMPLATE, WORKER, probe_specs
-    from orchestrator.cli.common import offline_specs
-    from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+    from orchestrator.cli.common import offline_plan
+    from orchestrator.cli.validate import print_dry_run
     from orchestrator.resources import package_file
+    from orchestrator.steps.launch import dry_run_nodes
 
-    backend, specs = offline_specs(settings.ui, inventory, run_id)
+    launch_plan = offline_plan(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
-        settings,
         inventory,
         probe_specs(
-            specs,
+            launch_plan.specs,
             batch_size=options.batch_size,
             repeats=options.repeats,
             seconds=options.seconds,
@@ -263,10 +263,11 @@ def _dry_run(
             workload=options.workload,
         ),
         renderer,
+        ssh=settings.ssh_options(),
         template=TEMPLATE,
         script_file=package_file("bench/" + WORKER),
     )
-    print_dry_run(settings, "bench", run_id, backend, planned)
+    print_dry_run(settings, "bench", run_id, launch_plan.backend, planned)
     if options.scaling:
         settings.ui.note(
             f"--scaling would then run the training script for {options.steps} steps on 1 to "

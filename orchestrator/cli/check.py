@@ -29,7 +29,7 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
-from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect
+from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
 
 
 @click.command()
@@ -45,6 +45,7 @@ def check(ctx: click.Context) -> int:
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    refuse_native_mix(inventory)  # exit 2 before connecting (the main pipeline refuses it once too)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: checked inside an allocation
         return check_on_slurm(settings, inventory)
     return run_check(settings, inventory, nodes)
@@ -55,7 +56,6 @@ def run_check(
 ) -> ExitCode:
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
-    refuse_native_mix(inventory)
     from orchestrator.steps.preflight import check_plan, run_preflight
 
     if settings.dry_run:
@@ -73,14 +73,9 @@ def run_check(
         ):
             on.executor.on_event = on_event
             report = run_preflight(on, inventory)
-            # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
-            reached = {n.name: list(on.transport(n).notes) for n in nodes if n.name in on.opened()}
     except KeyboardInterrupt:
         interrupted(ui)
-    outcomes = report.inspected
-    code = exit_code_for(outcomes)
-    if code == ExitCode.OK and report.failed:
-        code = ExitCode.NODES_FAILED
+    outcomes, reached, code = report.inspected, report.notes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
         ui.print_json(
@@ -90,17 +85,7 @@ def run_check(
                 "backend": report.backend,
                 "backend_reason": report.backend_reason,
                 "versions": report.versions,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        **(o.value.public_dict() if o.value else {}),
-                        "transport_notes": reached.get(o.node, []),
-                        "checks": {
-                            name: v.public_dict() for name, v in report.verdicts.get(o.node, {}).items()
-                        },
-                    },
-                    ok=lambda o: o.ok and report.level(o.node) != "fail",
-                ),
+                "nodes": node_docs(outcomes, report.node_fields, ok=report.node_ok),
                 "exit_code": int(code),
             }
         )
@@ -142,7 +127,7 @@ def facts(ctx: click.Context) -> int:
     try:
         with ui.progress([n.name for n in nodes], "facts") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(inspect, step="facts", connect=False)
+            outcomes = inspect_all(session)
     except KeyboardInterrupt:
         interrupted(ui)
     code = exit_code_for(outcomes)

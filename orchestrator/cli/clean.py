@@ -18,8 +18,7 @@ from orchestrator.cli.common import (
     open_session,
 )
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.executor import Outcome, exit_code_for
-from orchestrator.steps.clean import NodeClean, clean_node
+from orchestrator.steps.clean import CleanReport, clean_all
 from orchestrator.steps.envsync.progress import human_size
 
 
@@ -44,54 +43,42 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
     ui = settings.ui
     inventory, nodes = load_selection(settings)
     with open_session(settings, inventory, nodes) as session:
-        found = session.map(
-            lambda n, t: clean_node(n, t, inventory, remove=False, outputs=outputs), step="clean (read)"
-        )
-        busy = [o for o in found if o.value is not None and o.value.running]
-        failed = [o for o in found if o.error is not None]
-        if settings.dry_run or busy or failed or not any(o.value and o.value.items for o in found):
-            code = exit_code_for(found)
-            if busy and code == ExitCode.OK:
-                code = ExitCode.NODES_FAILED
-            _report(settings, found, removed=False)
-            for o in busy:
+        found = clean_all(session, inventory, remove=False, outputs=outputs)
+        if settings.dry_run or found.final():
+            _report(settings, found)
+            for o in found.busy:
                 assert o.value is not None
                 runs = ", ".join(o.value.running)
                 ui.error(
                     f"{o.node}: run {runs} is running there: nothing was removed on any node "
                     f"(`bootstrap stop --run {o.value.running[0]}` ends it)"
                 )
-            return code
+            return found.exit_code()
         if not yes:
-            _report(settings, found, removed=False)
+            _report(settings, found)
             if settings.json_mode or not sys.stdin.isatty():
                 raise UsageError(
                     "clean removes files on the nodes: confirm with --yes (nothing was removed)",
                     hint="--dry-run lists what would go",
                 )
-            total = human_size(sum(o.value.bytes for o in found if o.value is not None))
-            if not click.confirm(f"remove these ({total}) from {len(found)} node(s)?", err=True):
+            total = human_size(found.bytes)
+            if not click.confirm(f"remove these ({total}) from {len(found.outcomes)} node(s)?", err=True):
                 ui.note("nothing was removed")
                 return ExitCode.OK
-        done = session.map(
-            lambda n, t: clean_node(n, t, inventory, remove=True, outputs=outputs), step="clean"
-        )
-    code = exit_code_for(done)
-    if any(o.value is not None and (o.value.errors or o.value.running) for o in done) and code == ExitCode.OK:
-        code = ExitCode.NODES_FAILED
-    _report(settings, done, removed=True)
-    return code
+        done = clean_all(session, inventory, remove=True, outputs=outputs)
+    _report(settings, done)
+    return done.exit_code()
 
 
-def _report(settings: Settings, outcomes: list[Outcome[NodeClean]], *, removed: bool) -> None:
-    ui = settings.ui
+def _report(settings: Settings, report: CleanReport) -> None:
+    ui, outcomes, removed = settings.ui, report.outcomes, report.removed
     if settings.json_mode:
         doc: dict[str, Any] = {
             "command": "clean",
             "dry_run": settings.dry_run,
             "removed": removed,
             "nodes": node_docs(outcomes),
-            "bytes": sum(o.value.bytes for o in outcomes if o.value is not None),
+            "bytes": report.bytes,
         }
         if removed or settings.dry_run:
             ui.print_json(doc)
@@ -115,7 +102,7 @@ def _report(settings: Settings, outcomes: list[Outcome[NodeClean]], *, removed: 
     for o in outcomes:
         for error in o.value.errors if o.value is not None else []:
             ui.error(f"{o.node}: could not remove {error}")
-    total = human_size(sum(o.value.bytes for o in outcomes if o.value is not None))
+    total = human_size(report.bytes)
     if removed:
         ui.info(f"clean: {total} removed from {len(outcomes)} node(s)")
     elif settings.dry_run:

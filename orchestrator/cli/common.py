@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -27,11 +27,12 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
-from orchestrator.render import LaunchSpec
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
-from orchestrator.steps.node_facts import training_python
-from orchestrator.transports import Result, SSHOptions, Transport
+
+if TYPE_CHECKING:
+    from orchestrator.steps.launch import LaunchPlan
+from orchestrator.transports import SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -321,29 +322,16 @@ def node_docs(
     return docs
 
 
-def result_dict(outcome: Outcome[Any]) -> dict[str, Any]:
-    """A command's output for --json, also when it failed after producing some (timeout, sudo)."""
-    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
-    if isinstance(result, Result):
-        return result.public_dict()
-    return {"exit_code": None, "duration": round(outcome.duration, 4)}
-
-
 def print_plans(
     settings: Settings,
     inventory: Inventory,
     nodes: list[Node],
     plan: Callable[[Node, Transport], list[str]],
 ) -> None:
-    """Print what would run on each node without connecting anywhere."""
-    session = Session(
-        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
-    )
-    planned = []
-    for node in nodes:
-        transport = session.transport(node)
-        commands = [transport.plan(script) for script in plan(node, transport)]
-        planned.append({"name": node.name, "via": transport.describe(), "commands": commands})
+    """Print what would run on each node without connecting anywhere (``steps.dry_run``)."""
+    from orchestrator.steps.dry_run import planned_scripts
+
+    planned = planned_scripts(inventory, nodes, settings.ssh_options(), plan)
     if settings.json_mode:
         settings.ui.print_json({"dry_run": True, "nodes": planned})
         return
@@ -418,11 +406,15 @@ class CommandExit(Exception):
 
 
 def interrupted(
-    ui: UI, detail: str = "connections closed, commands still running on the nodes were stopped"
+    ui: UI,
+    detail: str = "connections closed, commands still running on the nodes were stopped",
+    *,
+    stop: BaseException | None = None,
 ) -> NoReturn:
-    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled;
-    ``detail``: what that did (a command that only reads, as `logs -f`, stopped nothing)."""
-    terminated = isinstance(sys.exc_info()[1], Terminated)
+    """Called while a KeyboardInterrupt (Ctrl-C) or Terminated (SIGTERM) is being handled, or with
+    the one a step caught (``stop``); ``detail``: what that did (a command that only reads, as
+    `logs -f`, stopped nothing)."""
+    terminated = isinstance(stop or sys.exc_info()[1], Terminated)
     what = "terminated (SIGTERM)" if terminated else "interrupted"
     ui.error(f"{what}: {detail}")
     raise CommandExit(ExitCode.TERMINATED if terminated else ExitCode.INTERRUPTED)
@@ -446,31 +438,14 @@ def refuse_native_mix(inventory: Inventory) -> None:
     refuse_native_mix(inventory)
 
 
-def offline_specs(ui: UI, inventory: Inventory, run_id: str) -> tuple[str, list[LaunchSpec]]:
-    """Every node's launch plan from the inventory alone (render --offline, --dry-run): interfaces
-    only as the inventory names them; backend auto taken as gloo."""
-    from orchestrator.render import plan_launch
+def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
+    """``steps.launch.offline_plan`` (render --offline, --dry-run), saying how an auto backend was taken."""
+    from orchestrator.steps.launch import offline_plan
 
-    all_nodes = list(inventory.nodes)
-    backend: str = inventory.cluster.backend
-    if backend == "auto":
-        backend = "gloo"
-        ui.note("offline: backend auto rendered as gloo (check decides with the nodes' facts)")
-    pythons = {n.name: training_python(n, inventory) for n in all_nodes}
-    for n in all_nodes:  # native Windows: `python` (python3 is usually the Store's stub there)
-        if n.os == "windows" and n.windows.mode == "native" and not n.python:
-            pythons[n.name] = "python" if not inventory.cluster.env.declared else pythons[n.name]
-    master_addr = "127.0.0.1" if len(all_nodes) == 1 else inventory.master_node.host
-    specs = plan_launch(
-        inventory,
-        backend=backend,
-        master_addr=master_addr,
-        run_id=run_id,
-        interfaces={},
-        cpus={},
-        pythons=pythons,
-    )
-    return backend, list(specs)
+    launch_plan = offline_plan(inventory, run_id)
+    if inventory.cluster.backend == "auto":
+        ui.note(launch_plan.backend_reason)
+    return launch_plan
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------

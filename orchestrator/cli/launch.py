@@ -22,11 +22,10 @@ from orchestrator.cli.common import (
     load_selection,
     master_option,
     node_docs,
-    offline_specs,
+    offline_plan,
     open_session,
     phase_session,
     refuse_native_mix,
-    result_dict,
     run_nodes,
     templates_option,
     train_args_line,
@@ -36,17 +35,15 @@ from orchestrator.cli.common import (
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
 from orchestrator.errors import (
     ExitCode,
-    RunStoppedError,
     UsageError,
 )
 from orchestrator.executor import Executor, NodeEvent, Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
-from orchestrator.platforms import PowerShell, platform_for_node
 from orchestrator.runs.layout import logs_where
 from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
-from orchestrator.transports import Result
+from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:
     from orchestrator.cli.ui import UI
@@ -89,9 +86,9 @@ def render(
     secret-looking variables; files written with --out are complete and run by hand on each node.
     """
     from orchestrator.bench.launch import planned_shares
-    from orchestrator.render import Renderer, render_all, templates_dir_for
+    from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.runs.ids import new_run_id
-    from orchestrator.steps.launch import RANK_CAPTURE, plan, rank_capture_file
+    from orchestrator.steps.launch import RANK_CAPTURE, launch_files, launch_scripts, plan
 
     settings = Settings.from_context(ctx)
     inventory, selected = load_selection(settings)
@@ -102,7 +99,7 @@ def render(
         return _render_slurm(settings, inventory, renderer, run_id, out_dir)
     all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
     if offline or settings.dry_run:
-        backend, specs = offline_specs(ui, inventory, run_id)
+        launch_plan = offline_plan(ui, inventory, run_id)
     else:
         session = open_session(settings, inventory, all_nodes)
         with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
@@ -114,33 +111,24 @@ def render(
             return exit_code_for(launch_plan.inspected)
         for warning in launch_plan.warnings:
             ui.warn(warning)
-        backend = launch_plan.backend
         ui.note(f"backend: {launch_plan.backend_reason}")
-        specs = launch_plan.specs
+    backend, specs = launch_plan.backend, launch_plan.specs
     specs, shares_note = planned_shares(inventory, specs)  # the variables and files a launch adds
     if shares_note and not settings.json_mode:
         ui.note(shares_note)
-    # WSL-mode Windows nodes render the Linux torchrun script (it runs inside the distribution)
-    platforms = {n.name: platform_for_node(n) for n in all_nodes}
     shown = {n.name for n in selected}
     specs = [s for s in specs if s.node.name in shown]
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in render_all(renderer, specs, platforms, mask=False).items():
-            platform = platforms[name]
-            if isinstance(platform, PowerShell):  # UTF-8 with BOM: Windows PowerShell 5.1 needs it
-                data, file_name = platform.script_file(text), f"{name}.ps1"
-            else:
-                data, file_name = text.encode("utf-8"), f"{name}.sh"
+        for file_name, data in launch_files(renderer, specs).items():
+            if file_name == RANK_CAPTURE:  # the POSIX scripts start every rank through it
+                path = write_inside(out_dir, file_name, data, mode=0o600)
+                ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+                continue
             # may hold the run's environment: owner only; inside out_dir whatever the name, no link followed
-            path = write_inside(out_dir, file_name, data, mode=0o700)
-            ui.info(f"wrote {path}")
-        if any(not isinstance(platforms[s.node.name], PowerShell) for s in specs):
-            # the POSIX scripts start every rank through it, from their own directory
-            path = write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)
-            ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
+            ui.info(f"wrote {write_inside(out_dir, file_name, data, mode=0o700)}")
         _write_shares(ui, out_dir, specs)
-    scripts = render_all(renderer, specs, platforms, mask=True)
+    scripts = launch_scripts(renderer, specs)
     if settings.json_mode:
         ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
         return ExitCode.OK
@@ -247,6 +235,10 @@ def launch(
 
         return launch_on_slurm(settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    if not settings.dry_run:
+        from orchestrator.render import require_secrets
+
+        require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
     from orchestrator.steps.script_check import check_script_compiles
 
@@ -269,12 +261,11 @@ def run_launch(
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.bench.launch import attach_shares
     from orchestrator.cli.ui import RankedOutput
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.steps.launch import failure_tail, plan, root_cause
-    from orchestrator.steps.train import sweep, train
+    from orchestrator.render import Renderer, templates_dir_for
+    from orchestrator.steps.launch import plan
+    from orchestrator.steps.train import train_run
 
     ui = settings.ui
-    refuse_native_mix(inventory)
     from orchestrator.steps.launch import missing_script_warning
 
     missing = missing_script_warning(inventory)
@@ -288,7 +279,6 @@ def run_launch(
         shown_id = check_run_id(run_id) if run_id else f"{inventory.cluster.name}-<time>"  # as launch would
         _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
         return ExitCode.OK
-    require_secrets(inventory)  # train.env from_env: exit 2 before connecting
     if detach and ctx.meta.get("dashboard.options", {}).get("dashboard"):
         raise UsageError(
             "--dashboard watches a run in the foreground: with --detach, watch it with "
@@ -322,12 +312,9 @@ def run_launch(
             ui.warn(warning)
         backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
         ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import finish_record, train_record, write_record
-        from orchestrator.runs.ranks import rank_labels, split_rank
+        from orchestrator.runs.layout import train_record
+        from orchestrator.runs.ranks import rank_labels
 
-        write_record(
-            Path("runs") / run_id, run_id, launch_plan.specs, detached=detach, train=train_record(inventory)
-        )
         args_line = train_args_line(train_record(inventory))
         if args_line:
             ui.info(args_line)
@@ -336,7 +323,9 @@ def run_launch(
             from orchestrator.steps.launch import start_detached
 
             try:
-                started_detached = start_detached(session, launch_plan.specs, renderer=renderer)
+                started_detached = start_detached(
+                    session, launch_plan.specs, renderer=renderer, train_doc=train_record(inventory)
+                )
             except KeyboardInterrupt:
                 interrupted(ui)
             return show_detached(settings, started_detached)
@@ -358,24 +347,20 @@ def run_launch(
             )
             for node in nodes
         }
-
-        started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
         if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
             session.executor.on_event = _announce_first_failure(ui, session.executor)
         try:
-            report = train(session, launch_plan.specs, renderer, outputs, started)
-        except KeyboardInterrupt:
-            log.close()
-            try:
-                show_sweep(settings, run_id, sweep(session, run_id, started))
-            except KeyboardInterrupt:
-                ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
-            interrupted(ui)
+            report = train_run(
+                session, launch_plan.specs, renderer, outputs, log, train_doc=train_record(inventory)
+            )
         finally:
             session.executor.on_event = None
             unobserve()
-            log.close()
-            finish_record(Path("runs") / run_id)  # not reached when the controller is killed outright
+        if report.interrupted is not None:
+            show_sweep(settings, run_id, report.swept)
+            if not report.swept_all:
+                ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
+            interrupted(ui, stop=report.interrupted)
         if live is not None:
             _tell_dashboard(live, report)
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
@@ -392,7 +377,7 @@ def run_launch(
                 "command": "launch",
                 "run_id": run_id,
                 "backend": launch_plan.backend,
-                "nodes": node_docs(outcomes, result_dict),
+                "nodes": node_docs(outcomes, result_fields),
                 "log_dir": str(log.directory),
                 "exit_code": int(code),
             }
@@ -403,29 +388,14 @@ def run_launch(
         table.add_column(column)
     ordered = failed + [o for o in outcomes if o not in failed]
     for o in ordered:
-        if o.error is None:
-            label = Text("ok", style="green")
-        elif o in failed:
-            result = getattr(o.error, "result", None)
-            exit_text = "failed"
-            if isinstance(result, Result) and result.exit_code is not None:
-                cause = root_cause(result)  # torchrun exits 1 whatever the rank did: show the rank's code
-                exit_text = f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
-            label = Text(exit_text, style="red bold")
-        elif isinstance(o.error, RunStoppedError):
-            label = Text("stopped by stop --run", style="yellow")
-        else:
-            label = Text("stopped", style="yellow")
-        table.add_row(Text(o.node), label, f"{o.duration:.1f}s")
+        word = report.status(o)
+        style = "green" if word == "ok" else "red bold" if o in failed else "yellow"
+        table.add_row(Text(o.node), Text(word, style=style), f"{o.duration:.1f}s")
     ui.err.print(table)
     for o in failed:
         ui.error(str(o.error))
-        result = getattr(o.error, "result", None)
-        if isinstance(result, Result):
-            first = labels.get(o.node, (0, 0))[0]
-            for line in failure_tail(result):  # labelled as the stream labels them: [node:rank]
-                local, text = split_rank(line)
-                ui.info(f"  [{o.node}{'' if local is None else f':{first + local}'}] {text}")
+        for line in report.tail(o, labels.get(o.node, (0, 0))[0]):
+            ui.info(f"  {line}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {log.directory}/ (and {logs_where(nodes, run_id)})")
@@ -441,19 +411,20 @@ def _launch_dry_run(
     its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
     finds them on the nodes, as `render` without --offline shows)."""
     from orchestrator.bench.launch import planned_shares
-    from orchestrator.cli.validate import dry_run_nodes, print_dry_run
+    from orchestrator.cli.validate import print_dry_run
     from orchestrator.render import missing_secrets
+    from orchestrator.steps.launch import dry_run_nodes
 
     for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
         settings.ui.warn(f"{issue} (a real launch stops here, exit 2)")
-    backend, specs = offline_specs(settings.ui, inventory, run_id)
-    specs, shares_note = planned_shares(inventory, specs)  # what attach_shares gives a launch
+    launch_plan = offline_plan(settings.ui, inventory, run_id)
+    specs, shares_note = planned_shares(inventory, launch_plan.specs)  # what attach_shares gives a launch
     if shares_note and not settings.json_mode:
         settings.ui.note(shares_note)
     # detached: the start script, which starts launch.sh in a session of its own and returns
-    planned = dry_run_nodes(settings, inventory, specs, renderer, detach=detach)
+    planned = dry_run_nodes(inventory, specs, renderer, ssh=settings.ssh_options(), detach=detach)
     how = "detached (outliving the connection)" if detach else "in the foreground"
-    print_dry_run(settings, "launch", run_id, backend, planned, how=how)
+    print_dry_run(settings, "launch", run_id, launch_plan.backend, planned, how=how)
 
 
 def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import getpass
-import os
 import sys
-from typing import Any
 
 import click
 from rich.table import Table
@@ -22,21 +20,16 @@ from orchestrator.cli.common import (
     open_session,
     parse_env_pairs,
     print_plans,
-    result_dict,
 )
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
-    SecretMissingError,
 )
-from orchestrator.executor import Outcome, exit_code_for
-from orchestrator.inventory import Node, PasswordResolver
+from orchestrator.inventory import PasswordResolver
 from orchestrator.logs import RunLog, state_dir
-from orchestrator.platforms import PosixShell
 from orchestrator.runs.ids import new_run_id
 from orchestrator.session import Session
-from orchestrator.steps.remote import run_command
-from orchestrator.transports import Result, Transport
+from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
 #: each: transports/base.py MAX_TAIL_CHARS); the controller's log file keeps everything
@@ -85,46 +78,40 @@ def run(
             settings,
             inventory,
             nodes,
-            lambda node, t: [t.platform.wrap(text, env=env, cwd=cwd, become=become)],
+            lambda node, t: [command_script(t.platform, text, env=env, cwd=cwd, become=become)],
         )
         return ExitCode.OK
     runs = state_dir() / "runs"
     run_log = RunLog(runs / new_run_id(inventory.cluster.name, kind="run", root=runs))
     printer = ui.line_printer([n.name for n in nodes])
 
-    def one(node: Node, transport: Transport) -> Result:
-        output = PrefixedOutput(node.name, run_log, None if settings.json_mode else printer)
-        return run_command(
-            node,
-            transport,
-            text,
-            env=env,
-            cwd=cwd,
-            timeout=timeout,
-            become=become,
-            keep_lines=keep_lines,
-            on_line=output,
-        )
-
+    outputs = {
+        n.name: PrefixedOutput(n.name, run_log, None if settings.json_mode else printer) for n in nodes
+    }
     try:
         with open_session(settings, inventory, nodes) as session:
-            outcomes = session.map(one, step="run")
+            report = run_everywhere(
+                session,
+                text,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                become=become,
+                keep_lines=keep_lines,
+                outputs=outputs,
+            )
     except KeyboardInterrupt:
         interrupted(ui)
     finally:
         run_log.close()
-
-    def failed(o: Outcome[Any]) -> bool:
-        return o.value is not None and not o.value.ok
-
-    code = exit_code_for(outcomes, failed)
+    outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
         ui.print_json(
             {
                 "command": "run",
                 "shell": text,
-                "nodes": node_docs(outcomes, result_dict, ok=lambda o: o.ok and not failed(o)),
+                "nodes": node_docs(outcomes, result_fields, ok=report.node_ok),
                 "log_dir": str(run_log.directory),
                 "exit_code": int(code),
             }
@@ -162,58 +149,40 @@ def keys(ctx: click.Context, key_path: str) -> int:
     fingerprint; compare them with the nodes' and rerun with --accept-new-host-keys, before any
     password is sent. Passwords come from each node's password_env, or one prompt shared by all nodes.
     """
-    from orchestrator.steps.keys import KeyInstall, ensure_controller_key, install_key
+    from orchestrator.steps.keys import (
+        KeyInstall,
+        KeysPasswords,
+        authorize_script,
+        ensure_controller_key,
+        install_all,
+        key_nodes,
+        keys_exit_code,
+        needs_shared_password,
+    )
 
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     ui = settings.ui
-    ssh_nodes = [n for n in nodes if n.connection == "ssh"]
-    skipped = [n.name for n in nodes if n.connection != "ssh"]
+    ssh_nodes, skipped = key_nodes(nodes)
     if skipped:
         ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
     if settings.dry_run:
-        public = os.path.expanduser(key_path) + ".pub"
-        print_plans(
-            settings,
-            inventory,
-            ssh_nodes,
-            lambda node, t: [t.platform.wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))],
-        )
+        print_plans(settings, inventory, ssh_nodes, lambda node, t: [authorize_script(key_path)])
         return ExitCode.OK
     key = ensure_controller_key(key_path)
     if key.generated:
         ui.info(f"generated a new key pair: {key.private} (+ .pub)")
     interactive = sys.stdin.isatty()
-    shared: dict[str, str] = {}
-
-    def prompt(text: str) -> str:
-        return getpass.getpass(text)
-
-    resolver = PasswordResolver(prompt=prompt if interactive else None)
-    # Nodes with no password setting share one prompt, like ssh-copy-id run in a loop.
-    fallback_needed = [n for n in ssh_nodes if not n.password_env and not n.password_prompt]
-    if fallback_needed and interactive:
-        shared["password"] = getpass.getpass("SSH password for the nodes (used once, never stored): ")
-
-    class _KeysResolver(PasswordResolver):
-        def password_for(self, node: Node) -> str | None:
-            if node.password_env or node.password_prompt:
-                return resolver.password_for(node)
-            if "password" not in shared:
-                raise SecretMissingError(
-                    "`bootstrap keys` logs in with the node's password, and none is available",
-                    node=node.name,
-                    hint="set password_env: VAR on the node (and export VAR), "
-                    "or run from a terminal to be asked",
-                )
-            return shared["password"]
-
+    shared = None
+    if needs_shared_password(ssh_nodes) and interactive:
+        shared = getpass.getpass("SSH password for the nodes (used once, never stored): ")
+    own = PasswordResolver(prompt=getpass.getpass if interactive else None)
     # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
     session = Session(
         inventory,
         ssh_nodes,
         ssh=settings.ssh_options(),
-        passwords=_KeysResolver(prompt=None),
+        passwords=KeysPasswords(own, shared),
         max_workers=settings.forks,
     )
     check_options = settings.ssh_options(accept_new=False)
@@ -221,10 +190,10 @@ def keys(ctx: click.Context, key_path: str) -> int:
         with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
             session.executor.on_event = on_event
             with session:
-                outcomes = session.map(lambda n, t: install_key(n, t, key, check_options), step="keys")
+                outcomes = install_all(session, key, check_options)
     except KeyboardInterrupt:
         interrupted(ui)
-    code = exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)
+    code = keys_exit_code(outcomes)
     if settings.json_mode:
         fail_lines(ui, outcomes)
         ui.print_json(

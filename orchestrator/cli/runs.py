@@ -6,9 +6,8 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -29,23 +28,12 @@ from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observ
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
-from orchestrator.executor import GroupResult, Outcome, exit_code_for
+from orchestrator.executor import GroupResult, exit_code_for
 from orchestrator.logs import RunLog
-from orchestrator.runs.control import (
-    NodeStatus,
-    fetch_node,
-    fetch_script,
-    follow_node,
-    no_such_run,
-    status_node,
-    status_script,
-    stop_node,
-    stop_script,
-    tail_script,
-)
+from orchestrator.runs.commands import FetchReport, fetch_all, read_logs, recorded_nodes, status_all, stop_all
+from orchestrator.runs.control import NodeStatus, fetch_script, status_script, stop_script, tail_script
 from orchestrator.runs.ids import resolve_run
 from orchestrator.runs.layout import RUNS_ROOT
-from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.start import DetachedStart, Started
 from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
@@ -78,13 +66,7 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
                 "command": "launch",
                 "run_id": run_id,
                 "detached": True,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        "pid": o.value.pid if isinstance(o.value, Started) else None,
-                        "run_dir": o.value.run_dir if isinstance(o.value, Started) else None,
-                    },
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "stopped_again": [o.node for o in report.undone if o.ok],
                 "exit_code": int(code),
             }
@@ -110,29 +92,6 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
 
 
 # -- logs ----------------------------------------------------------------------------------------------
-
-
-def _run_nodes(
-    settings: Settings, inventory: Inventory, nodes: list[Node], run_id: str
-) -> tuple[list[Node], dict[str, tuple[int, int]]]:
-    """The nodes a run launched from here used (its record: ``launch --nodes`` may have left some
-    out) unless ``--nodes`` names them, and each node's rank labels as that run gave them."""
-    from orchestrator.runs.layout import read_record
-
-    labels = rank_labels(inventory)
-    record = read_record(RUNS_ROOT / run_id) or {}
-    recorded = record.get("nodes")
-    if not isinstance(recorded, dict) or not recorded:
-        return nodes, labels
-    if not settings.nodes:
-        nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
-    if not inventory.cluster.train.elastic:  # elastic: each line carries its global rank itself
-        for name, doc in recorded.items():
-            try:
-                labels[str(name)] = (int(doc["first_rank"]), int(doc["nproc"]))
-            except (KeyError, TypeError, ValueError):
-                continue
-    return nodes, labels
 
 
 @click.command()
@@ -173,7 +132,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
         from orchestrator.cli.slurm import logs_on_slurm
 
         return logs_on_slurm(settings, inventory, run_id, follow=follow)
-    nodes, labels = _run_nodes(settings, inventory, nodes, run_id)
+    nodes, labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     if settings.dry_run:
         _print_scripts(
             settings,
@@ -226,50 +185,30 @@ def _logs(
     def on_note(node: str, message: str) -> None:
         ui.note(f"{node}: {message}")
 
-    read: dict[str, FollowResult] = {}  # nodes whose read has ended well (known before Ctrl-C too)
-
-    def one(node: Any, t: Any) -> FollowResult:
-        result = follow_node(
-            node,
-            t,
-            run_id,
-            follow=follow,
-            output=outputs[node.name],
-            on_note=on_note,
-            python=interpreter_for(node),  # the run's own: it is there
-            lines=tail,
-        )
-        read[node.name] = result
+    def on_read(node: str, result: FollowResult) -> None:
         if live is not None and result.exit_code not in (0, None):
-            live.node_state(node.name, "train", "failed", f"training exited {result.exit_code}")
-            live.failure(node.name, f"training exited with code {result.exit_code}")
-        return result
+            live.node_state(node, "train", "failed", f"training exited {result.exit_code}")
+            live.failure(node, f"training exited with code {result.exit_code}")
 
     session = open_session(settings, inventory, nodes)
-    copies: dict[str, str] = {}
-    try:
-        with session:
-            observe(live, session.executor)
-            outcomes = session.map(one, step="logs")
-        if tail is None:
-            copies = run_log.settle(outputs, {o.node: "replace" if o.ok else "keep" for o in outcomes})
-    except KeyboardInterrupt:
-        if tail is None:
-            # a read cut short is still the log from its start: it becomes the copy when it holds
-            # more than the copy here (of two prefixes of the same append-only log, the longer)
-            _say_copies(
-                ui,
-                run_log,
-                run_log.settle(outputs, {n: "replace" if n in read else "longer" for n in outputs}),
-            )
-        run_log.close()
-        interrupted(ui, f"the run goes on; stop it with: {again(settings, 'stop', run_id)}")
-    finally:
-        run_log.close()  # drops the parts not committed: the copies stay as they were
-    code = exit_code_for(outcomes)
-    ended_badly = any(isinstance(o.value, FollowResult) and o.value.exit_code != 0 for o in outcomes)
-    if follow and code == ExitCode.OK and ended_badly:
-        code = ExitCode.NODES_FAILED
+    observe(live, session.executor)
+    report = read_logs(
+        session,
+        run_id,
+        outputs,
+        run_log if tail is None else None,
+        follow=follow,
+        tail=tail,
+        on_note=on_note,
+        on_read=on_read,
+    )
+    if report.interrupted is not None:
+        _say_copies(ui, run_log, report.copies)
+        interrupted(
+            ui, f"the run goes on; stop it with: {again(settings, 'stop', run_id)}", stop=report.interrupted
+        )
+    outcomes, copies = report.outcomes, report.copies
+    code = report.exit_code(follow=follow)
     if settings.json_mode:
         ui.print_json(
             {
@@ -277,24 +216,7 @@ def _logs(
                 "run_id": run_id,
                 "follow": follow,
                 "tail": tail,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: {
-                        "exit_code": o.value.exit_code if o.value else None,
-                        "lines": o.value.lines if o.value else None,
-                        # byte offsets in the node's node.log: reading began at start (0 without
-                        # --tail) and ended at end; bytes = end - start (what was read)
-                        "start": o.value.start if o.value else None,
-                        "end": o.value.offset if o.value else None,
-                        "bytes": o.value.offset - o.value.start if o.value else None,
-                        "reconnects": o.value.reconnects if o.value else None,
-                        # runs/<run-id>/<node>.log here: "written" (what was read), "kept" (the
-                        # read failed: left as it was), "busy" (a running launch or another logs
-                        # writes it: left as it was), "none" (the read failed and there is none);
-                        # null with --tail (it writes no copy)
-                        "copy": copies.get(o.node),
-                    },
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "log_dir": str(directory) if tail is None else None,  # --tail writes no copy here
                 "exit_code": int(code),
             }
@@ -344,13 +266,6 @@ def _gpu_text(status: NodeStatus) -> str:
     )
 
 
-def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
-    """A node that has no such run failed the command (exit 1, as `logs` does), its state kept."""
-    if outcome.value is None or outcome.value.state != "no run":
-        return outcome
-    return dataclasses.replace(outcome, error=no_such_run(node, run_id))
-
-
 @click.command()
 @common_options
 @click.option("--run", "run_arg", default="latest", show_default=True, help=_RUN_HELP)
@@ -376,7 +291,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
         from orchestrator.cli.slurm import status_on_slurm
 
         return status_on_slurm(settings, inventory, run_id)
-    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
+    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
@@ -388,22 +303,13 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     try:
         with ui.progress([n.name for n in nodes], "status") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(lambda node, t: status_node(node, t, run_id), step="status")
+            report = status_all(session, run_id)
     except KeyboardInterrupt:
         interrupted(ui)
-    by_name = {n.name: n for n in nodes}
-    outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
     from orchestrator.cli.common import train_args_line
-    from orchestrator.runs.layout import controller_lost, read_record
 
-    record = read_record(RUNS_ROOT / run_id)
-    lost = controller_lost(
-        record, [o.value.state if o.ok and o.value is not None else "unknown" for o in outcomes]
-    )
-    if lost:
-        outcomes = GroupResult(_as_lost(o) for o in outcomes)
+    outcomes, lost, train = report.outcomes, report.lost, report.train
     code = exit_code_for(outcomes)
-    train = (record or {}).get("train")  # a run launched from here
     if settings.json_mode:
         ui.print_json(
             {
@@ -440,7 +346,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
             Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
         )
     ui.print_table(table)
-    args_line = train_args_line(train if isinstance(train, dict) else None)
+    args_line = train_args_line(train)
     if args_line:
         ui.info(args_line)
     if lost:
@@ -451,19 +357,6 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
         )
     fail_lines(ui, outcomes)
     return code
-
-
-def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
-    """A node's status told as the run's: its controller was lost (runs.layout.controller_lost);
-    ``node_state`` keeps what the node alone said."""
-    value = outcome.value
-    assert value is not None
-    said = (
-        value.state if value.exit_code is None or value.state == "stopped" else f"exited ({value.exit_code})"
-    )
-    return dataclasses.replace(
-        outcome, value=dataclasses.replace(value, state="controller lost", node_state=said)
-    )
 
 
 def _watch(
@@ -561,7 +454,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
         from orchestrator.cli.slurm import stop_on_slurm
 
         return stop_on_slurm(settings, inventory, run_id)
-    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
+    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     if settings.dry_run:
         _print_scripts(
             settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
@@ -571,7 +464,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     try:
         with ui.progress([n.name for n in nodes], "stop") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(lambda node, t: stop_node(node, t, run_id, grace=grace), step="stop")
+            outcomes = stop_all(session, run_id, grace=grace)
     except KeyboardInterrupt:
         interrupted(ui)
     code = exit_code_for(outcomes)
@@ -580,20 +473,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
             {
                 "command": "stop",
                 "run_id": run_id,
-                "nodes": node_docs(
-                    outcomes,
-                    lambda o: (
-                        {
-                            "state": o.value.state,
-                            "terminated": o.value.terminated,
-                            "killed": o.value.killed,
-                            "exit_code": o.value.exit_code,
-                            "forced": o.value.forced,
-                        }
-                        if o.value
-                        else {}
-                    ),
-                ),
+                "nodes": node_docs(outcomes),
                 "exit_code": int(code),
             }
         )
@@ -648,7 +528,6 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     inventory, nodes = load_selection(settings)
     ui = settings.ui
     run_id = resolve_run(run_arg)
-    outcomes: Sequence[Outcome[Any]]
     if inventory.cluster.slurm is not None:
         # a Slurm run: its nodes' directories are on the shared file system, read through the login host
         from orchestrator.slurm.job import login_node, not_on_slurm_yet
@@ -658,17 +537,17 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
         from orchestrator.slurm.run import fetch_run
 
         login = login_node(inventory)
-        with open_session(settings, inventory, [login]) as session:
-            outcomes = fetch_run(
-                session.transport(login),
+        with open_session(settings, inventory, [login]) as login_session:
+            fetched = fetch_run(
+                login_session.transport(login),
                 inventory,
                 run_id,
                 paths,
                 dest_root=RUNS_ROOT / run_id,
                 from_code=from_code,
             )
-        return _fetched(settings, run_id, outcomes, from_code)
-    nodes, _labels = _run_nodes(settings, inventory, nodes, run_id)
+        return _fetched(settings, run_id, FetchReport(GroupResult(fetched)), from_code)
+    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:
         _print_scripts(
@@ -682,38 +561,22 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     try:
         with ui.progress([n.name for n in nodes], "fetch") as on_event, session:
             session.executor.on_event = on_event
-            outcomes = session.map(
-                lambda node, t: fetch_node(
-                    node,
-                    t,
-                    run_id,
-                    paths,
-                    code_dir=code_dir,
-                    dest=RUNS_ROOT / run_id / node.name,
-                    from_code=from_code,
-                ),
-                step="fetch",
-            )
+            report = fetch_all(session, run_id, paths, code_dir=code_dir, from_code=from_code)
     except KeyboardInterrupt:
         interrupted(ui)
-    return _fetched(settings, run_id, outcomes, from_code)
+    return _fetched(settings, run_id, report, from_code)
 
 
-def _fetched(settings: Settings, run_id: str, outcomes: Sequence[Outcome[Any]], from_code: bool) -> int:
+def _fetched(settings: Settings, run_id: str, report: FetchReport, from_code: bool) -> int:
     """fetch's table (or --json) and exit code: 1 when a path was found on no node's side."""
     ui = settings.ui
-    missing = [(o.node, f.path) for o in outcomes if o.value for f in o.value if f.source is None]
-    code = exit_code_for(outcomes)
-    if code == ExitCode.OK and missing:
-        code = ExitCode.NODES_FAILED
+    outcomes, missing, code = report.outcomes, report.missing, report.exit_code()
     if settings.json_mode:
         ui.print_json(
             {
                 "command": "fetch",
                 "run_id": run_id,
-                "nodes": node_docs(
-                    outcomes, lambda o: {"paths": [vars(f) for f in o.value] if o.value else []}
-                ),
+                "nodes": node_docs(outcomes, report.node_fields),
                 "exit_code": int(code),
             }
         )

@@ -24,12 +24,11 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.errors import ExitCode
-from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
-    from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.render import Renderer
     from orchestrator.session import Session
 
 
@@ -74,6 +73,10 @@ def validate(
 
     not_on_slurm_yet(inventory, "validate", "`check` runs the preflight inside an allocation (docs/slurm.md)")
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
+    if not settings.dry_run:
+        from orchestrator.render import require_secrets
+
+        require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
     inventory = run_nodes(settings, inventory, master)  # --nodes: the ranks of those nodes only
     code = run_validate(settings, inventory, timeout=timeout, sizes=size_list, templates_dir=templates_dir)
     return code
@@ -96,11 +99,9 @@ def run_validate(
     when nothing validation depends on changed since it last succeeded on these nodes
     (steps/validate_stamp.py); a success writes the stamp either way.
     """
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.steps.preflight.checks import refuse_native_mix
-    from orchestrator.steps.validate import DEFAULT_SIZES, failure_summary, human_bytes, validate
+    from orchestrator.render import Renderer, templates_dir_for
+    from orchestrator.steps.validate import DEFAULT_SIZES, Validation, failure_summary, human_bytes, validate
 
-    refuse_native_mix(inventory)  # native Windows beside Linux/WSL nodes: exit 2, nothing started
     ui = settings.ui
     nodes = list(inventory.nodes)
     from orchestrator.runs.ids import new_run_id
@@ -110,7 +111,6 @@ def run_validate(
     if settings.dry_run:
         _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
         return ExitCode.OK
-    require_secrets(inventory)  # train.env's {from_env: NAME}: before connecting to anything
     log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
 
@@ -120,16 +120,15 @@ def run_validate(
             printer.write_rank(node, rank, text)
 
     from orchestrator.steps.launch import plan
-    from orchestrator.steps.validate_stamp import last_stamp, save_stamp, stamp_key
+    from orchestrator.steps.validate_stamp import save_stamp, unchanged_since
 
     with phase_session(settings, inventory, nodes, session) as on:
         try:
             with ui.progress([n.name for n in nodes], "validate") as on_event:
                 on.executor.on_event = on_event
                 launch_plan = plan(on, inventory, run_id)  # facts the preflight read: no round trip
-                key = stamp_key(inventory, launch_plan) if all(o.ok for o in launch_plan.inspected) else None
-                last = last_stamp(inventory) if unless_unchanged and key is not None else None
-                if last is not None and last.key == key:
+                key, last = unchanged_since(inventory, launch_plan, reuse=unless_unchanged)
+                if last is not None:
                     on.executor.on_event = None
                     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.when))
                     ui.info(
@@ -154,13 +153,13 @@ def run_validate(
             interrupted(ui)
         finally:
             log.close()
+    code = result.exit_code()
     unreachable = [o for o in result.plan.inspected if not o.ok]
     if unreachable:
         fail_lines(ui, unreachable)
-        return exit_code_for(result.plan.inspected)
+        return code
     report = result.report
     problems = failure_summary(result)
-    code = ExitCode.OK if report.ok and not problems else ExitCode.NODES_FAILED
     if code == ExitCode.OK and key is not None:
         save_stamp(inventory, key)
     if settings.json_mode:
@@ -171,7 +170,7 @@ def run_validate(
                 "backend": result.plan.backend,
                 **report.public_dict(),
                 "problems": problems,
-                "nodes": node_docs(result.outcomes, lambda o: {}),
+                "nodes": node_docs(result.outcomes, Validation.node_fields),
                 "exit_code": int(code),
             }
         )
@@ -204,84 +203,6 @@ def run_validate(
 
 
 # -- --dry-run: what would be sent to each node, connecting to nothing ----------------------------------
-
-
-def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
-    """The launch specs as validation runs them (``steps.validate.validation_specs``; imported when
-    used, so the CLI starts without loading the steps)."""
-    from orchestrator.steps import validate as steps
-
-    return steps.validation_specs(specs, timeout, sizes)
-
-
-def dry_run_nodes(
-    settings: Settings,
-    inventory: Inventory,
-    specs: list[LaunchSpec],
-    renderer: Renderer,
-    *,
-    template: str | None = None,
-    script_file: Path | None = None,
-    detach: bool = False,
-) -> list[dict[str, Any]]:
-    """Per node, connecting to nothing: the node's plan (``steps.launch.node_plan``, the very object
-    ``run_node`` applies), shown with its launch script's secrets masked: ``{"name", "via", "run_dir",
-    "uploads", "script", "prepare", "commands", "plan"}``; ``prepare`` and ``commands`` are the exact
-    texts the node's shell receives (``transport.plan``) before and for the launcher.
-
-    ``template``: another template than the platform's launch template, for POSIX shells (native
-    Windows keeps its own, as validation does). ``script_file``: a file of ours uploaded for
-    ``spec.script`` (validation's worker). ``detach``: the launcher is `launch --detach`'s
-    start script.
-    """
-    from orchestrator.inventory import PasswordResolver
-    from orchestrator.plans import Put, Run, sent_text
-    from orchestrator.platforms import PowerShell
-    from orchestrator.runs.control import start_script
-    from orchestrator.runs.layout import STREAMING_ENV, run_dir_for
-    from orchestrator.session import Session
-    from orchestrator.steps.launch import node_plan
-
-    by_name = {s.node.name: s for s in specs}
-    nodes = [n for n in inventory.nodes if n.name in by_name]
-    session = Session(
-        inventory, nodes, ssh=settings.ssh_options(), passwords=PasswordResolver(prompt=None), max_workers=1
-    )
-    planned = []
-    with session:
-        for node in nodes:
-            spec = by_name[node.name]
-            transport = session.transport(node)  # created, never connected
-            platform = transport.platform
-            native = isinstance(platform, PowerShell)
-            plan = node_plan(
-                node,
-                platform,
-                spec,
-                renderer=renderer,
-                template=None if native else template,
-                script_file=script_file,
-                secrets="mask",
-            )
-            run_dir = run_dir_for(node, spec.run_id)
-            if detach:
-                start = start_script(platform, node, spec.run_id)
-                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
-            runs = [a for a in plan.actions if isinstance(a, Run)]
-            launch_put = next(a for a in plan.actions if isinstance(a, Put))
-            planned.append(
-                {
-                    "name": node.name,
-                    "via": transport.describe(),
-                    "run_dir": run_dir,
-                    "uploads": plan.uploads,
-                    "script": launch_put.content().decode("utf-8-sig"),
-                    "prepare": [sent_text(transport, r) for r in runs[:-1]],
-                    "commands": [sent_text(transport, runs[-1])],
-                    "plan": plan.public_dict(transport),
-                }
-            )
-    return planned
 
 
 def print_dry_run(
@@ -321,17 +242,18 @@ def _validate_dry_run(
     timeout: float,
     sizes: tuple[int, ...],
 ) -> None:
-    from orchestrator.cli.common import offline_specs
+    from orchestrator.cli.common import offline_plan
     from orchestrator.resources import package_file
-    from orchestrator.steps.validate import TEMPLATE, WORKER
+    from orchestrator.steps.launch import dry_run_nodes
+    from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
 
-    backend, specs = offline_specs(settings.ui, inventory, run_id)
+    launch_plan = offline_plan(settings.ui, inventory, run_id)
     planned = dry_run_nodes(
-        settings,
         inventory,
-        validation_specs(specs, timeout, sizes),
+        validation_specs(launch_plan.specs, timeout, sizes),
         renderer,
+        ssh=settings.ssh_options(),
         template=TEMPLATE,
         script_file=package_file("steps/probes/" + WORKER),
     )
-    print_dry_run(settings, "validate", run_id, backend, planned)
+    print_dry_run(settings, "validate", run_id, launch_plan.backend, planned)

@@ -366,6 +366,9 @@ class StopResult:
     exit_code: int | None = None
     forced: bool = False  # Windows: terminated at once (TerminateProcess), no grace period
 
+    def public_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def describe(self) -> str:
         if self.state == "stopped" and self.forced:
             return f"terminated {self.terminated} process(es)"

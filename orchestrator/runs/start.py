@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
@@ -89,6 +89,12 @@ class DetachedStart:
     @property
     def failed(self) -> list[Outcome[Started]]:
         return [o for o in self.outcomes if not o.ok]
+
+    @staticmethod
+    def node_fields(outcome: Outcome[Started]) -> dict[str, Any]:
+        """A node's ``--json`` fields: its launcher's pid and run directory (None: not started)."""
+        started = outcome.value if isinstance(outcome.value, Started) else None
+        return {"pid": started.pid if started else None, "run_dir": started.run_dir if started else None}
 
 
 def start_all(

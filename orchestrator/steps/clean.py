@@ -14,7 +14,8 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
-from orchestrator.errors import CommandFailedError, UsageError
+from orchestrator.errors import CommandFailedError, ExitCode, UsageError
+from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
@@ -22,6 +23,7 @@ from orchestrator.steps.envsync.spec import env_path
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.session import Session
     from orchestrator.transports import Transport
 
 
@@ -100,4 +102,46 @@ def clean_node(
         running=list(data.get("running") or []),
         removed=bool(data.get("removed")),
         errors=list(data.get("errors") or []),
+    )
+
+
+@dataclass
+class CleanReport:
+    """What `clean` found (``removed`` False) or removed on every node."""
+
+    outcomes: GroupResult[NodeClean]
+    removed: bool
+
+    @property
+    def busy(self) -> list[Outcome[NodeClean]]:
+        """Nodes where a run is running: nothing is removed on any node."""
+        return [o for o in self.outcomes if o.value is not None and o.value.running]
+
+    @property
+    def bytes(self) -> int:
+        return sum(o.value.bytes for o in self.outcomes if o.value is not None)
+
+    def final(self) -> bool:
+        """Nothing to remove, or removal refused: a node could not be read, one runs a run, or
+        nothing of bootstrap's is there (no question to ask)."""
+        failed = any(o.error is not None for o in self.outcomes)
+        return bool(self.busy) or failed or not any(o.value and o.value.items for o in self.outcomes)
+
+    def exit_code(self) -> ExitCode:
+        """1 also when a run blocked the removal, or a node kept something it should have lost."""
+        code = exit_code_for(self.outcomes)
+        kept = any(o.value is not None and (o.value.errors or o.value.running) for o in self.outcomes)
+        return (
+            ExitCode.NODES_FAILED if code == ExitCode.OK and (self.busy or (self.removed and kept)) else code
+        )
+
+
+def clean_all(session: Session, inventory: Inventory, *, remove: bool, outputs: bool) -> CleanReport:
+    """``clean_node`` on every node of ``session``: a listing, or (``remove``) the removal."""
+    return CleanReport(
+        session.map(
+            lambda n, t: clean_node(n, t, inventory, remove=remove, outputs=outputs),
+            step="clean" if remove else "clean (read)",
+        ),
+        removed=remove,
     )

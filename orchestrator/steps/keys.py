@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from orchestrator.errors import CommandFailedError
+from orchestrator.errors import CommandFailedError, ExitCode, SecretMissingError
+from orchestrator.executor import GroupResult, exit_code_for
+from orchestrator.inventory import PasswordResolver
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import SSHOptions, Transport
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
+    from orchestrator.session import Session
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 
@@ -106,3 +109,49 @@ def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOp
     finally:
         check.close()
     return KeyInstall(status=status, verified=verified, recorded_host_keys=recorded)
+
+
+def key_nodes(nodes: list[Node]) -> tuple[list[Node], list[str]]:
+    """The nodes `keys` works on (reached over SSH) and the names of the others (skipped)."""
+    return [n for n in nodes if n.connection == "ssh"], [n.name for n in nodes if n.connection != "ssh"]
+
+
+def needs_shared_password(nodes: list[Node]) -> bool:
+    """Nodes with no password setting share one password, asked once (like ssh-copy-id in a loop)."""
+    return any(not n.password_env and not n.password_prompt for n in nodes)
+
+
+class KeysPasswords(PasswordResolver):
+    """`keys` logs in with passwords: a node's own setting (``password_env``, ``password_prompt``)
+    through ``own``, else the one ``shared`` password; none: the node fails saying what to do."""
+
+    def __init__(self, own: PasswordResolver, shared: str | None) -> None:
+        super().__init__(prompt=None)
+        self._own, self._shared = own, shared
+
+    def password_for(self, node: Node) -> str | None:
+        if node.password_env or node.password_prompt:
+            return self._own.password_for(node)
+        if self._shared is None:
+            raise SecretMissingError(
+                "`bootstrap keys` logs in with the node's password, and none is available",
+                node=node.name,
+                hint="set password_env: VAR on the node (and export VAR), or run from a terminal to be asked",
+            )
+        return self._shared
+
+
+def authorize_script(key_path: str) -> str:
+    """``keys --dry-run``: the script ``install_key`` sends, the public key named by its file."""
+    public = os.path.expanduser(key_path) + ".pub"
+    return PosixShell().wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))
+
+
+def install_all(session: Session, key: ControllerKey, ssh: SSHOptions) -> GroupResult[KeyInstall]:
+    """:func:`install_key` on every node of ``session`` (their host keys checked with ``ssh``)."""
+    return session.map(lambda n, t: install_key(n, t, key, ssh), step="keys")
+
+
+def keys_exit_code(outcomes: GroupResult[KeyInstall]) -> ExitCode:
+    """1 also when a key was installed but logging in with it alone failed."""
+    return exit_code_for(outcomes, lambda o: o.value is not None and not o.value.verified)

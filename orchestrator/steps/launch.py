@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator import records
 from orchestrator.errors import (
@@ -31,7 +31,7 @@ from orchestrator.errors import (
 from orchestrator.inventory.model import WINDOWS_ABSOLUTE
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
-from orchestrator.render import LaunchSpec, Renderer, plan_launch
+from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
 from orchestrator.resources import package_file, packaged_example
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.layout import (
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
     from orchestrator.steps.node_facts import InspectedNode
-    from orchestrator.transports import Result, Transport
+    from orchestrator.transports import Result, SSHOptions, Transport
     from orchestrator.transports.base import OnLine, Stream
 
 TAIL = 20
@@ -80,6 +80,52 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     verdicts = check_interfaces(facts, master.name, single=single, reached=reached_nodes(session, [master]))
     warnings = [f"node {n!r}: {v.reason} ({v.fix})" for n, v in verdicts.items() if v.level == "fail"]
     interfaces = {n: (v.data.get("gloo_socket_ifname"), v.data.get("source")) for n, v in verdicts.items()}
+    master_verdict = verdicts.get(master.name)
+    cpus = {
+        o.node: o.value.facts.get("cpus")
+        for o in inspected
+        if o.value is not None and isinstance(o.value.facts.get("cpus"), int)
+    }
+    backend, why, _ = choose_backend(inventory.cluster, facts)
+    return _decide(
+        inventory,
+        run_id,
+        backend=(backend, why),
+        master_addr=master_verdict.data.get("master_address") if master_verdict else None,
+        interfaces=interfaces,
+        cpus=cpus,
+        inspected=inspected,
+        warnings=warnings,
+    )
+
+
+def offline_plan(inventory: Inventory, run_id: str) -> LaunchPlan:
+    """The launch plan from the inventory alone (``render --offline``, every ``--dry-run``): the same
+    decisions as :func:`plan` with no facts: interfaces as the inventory names them, the master at
+    its inventory address, ``backend: auto`` taken as gloo (``backend_reason`` says so)."""
+    backend: str = inventory.cluster.backend
+    why = f"{backend}, as the inventory says"
+    if backend == "auto":
+        backend, why = "gloo", "offline: backend auto rendered as gloo (check decides with the nodes' facts)"
+    return _decide(inventory, run_id, backend=(backend, why), master_addr=None, interfaces={}, cpus={})
+
+
+def _decide(
+    inventory: Inventory,
+    run_id: str,
+    *,
+    backend: tuple[str, str],
+    master_addr: str | None,
+    interfaces: dict[str, tuple[str | None, str | None]],
+    cpus: dict[str, int],
+    inspected: list[Outcome[InspectedNode]] | None = None,
+    warnings: list[str] | None = None,
+) -> LaunchPlan:
+    """Every node's LaunchSpec from what is known (facts online, none offline): one decision of the
+    master address, the interpreters and native Windows' interfaces for both."""
+    master = inventory.master_node
+    single = len(inventory.nodes) == 1
+    inspected, warnings = inspected or [], warnings or []
     pythons = {n.name: training_python(n, inventory) for n in inventory.nodes}
     for node in inventory.nodes:
         if node.os == "windows" and node.windows.mode == "native":
@@ -87,27 +133,17 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
             _native_windows_plan(
                 node, inspected, interfaces, pythons if own_python else {}, warnings, single=single
             )
-    master_verdict = verdicts.get(master.name)
-    master_addr = (
-        "127.0.0.1" if single else master_verdict.data.get("master_address") if master_verdict else None
-    )
-    cpus = {
-        o.node: o.value.facts.get("cpus")
-        for o in inspected
-        if o.value is not None and isinstance(o.value.facts.get("cpus"), int)
-    }
-    backend, why, _ = choose_backend(inventory.cluster, facts)
     specs = plan_launch(
         inventory,
-        backend=backend,
-        master_addr=master_addr or master.host,
+        backend=backend[0],
+        master_addr="127.0.0.1" if single else master_addr or master.host,
         run_id=run_id,
         interfaces=interfaces,
         cpus=cpus,
         pythons=pythons,
     )
     warnings.extend(ignored_env_warnings(inventory))
-    return LaunchPlan(specs, backend, why, inspected, warnings)
+    return LaunchPlan(specs, backend[0], backend[1], inspected, warnings)
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
@@ -387,6 +423,98 @@ def node_plan(
     return NodePlan(node.name, [*prepared.actions, launcher])
 
 
+def launch_scripts(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, str]:
+    """`render`: each node's launch script, secrets masked, in the shell it runs in (a WSL-mode
+    Windows node renders the Linux torchrun script: it runs inside the distribution)."""
+    from orchestrator.platforms import platform_for_node
+
+    return render_all(renderer, specs, {s.node.name: platform_for_node(s.node) for s in specs}, mask=True)
+
+
+def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes]:
+    """`render --out`: file name -> bytes of each node's script to run by hand (``<node>.sh``, or
+    ``<node>.ps1`` in UTF-8 with a BOM, which Windows PowerShell 5.1 needs), secrets referenced not
+    written, and the rank capture the POSIX scripts start every rank through."""
+    from orchestrator.platforms import platform_for_node
+
+    platforms = {s.node.name: platform_for_node(s.node) for s in specs}
+    files: dict[str, bytes] = {}
+    for name, text in render_all(renderer, specs, platforms, mask=False).items():
+        platform = platforms[name]
+        if isinstance(platform, PowerShell):
+            files[f"{name}.ps1"] = platform.script_file(text)
+        else:
+            files[f"{name}.sh"] = text.encode("utf-8")
+    if any(not isinstance(p, PowerShell) for p in platforms.values()):
+        files[RANK_CAPTURE] = rank_capture_file().read_bytes()
+    return files
+
+
+def dry_run_nodes(
+    inventory: Inventory,
+    specs: list[LaunchSpec],
+    renderer: Renderer,
+    *,
+    ssh: SSHOptions,
+    template: str | None = None,
+    script_file: Path | None = None,
+    detach: bool = False,
+) -> list[dict[str, Any]]:
+    """Per node, connecting to nothing: the node's plan (``steps.launch.node_plan``, the very object
+    ``run_node`` applies), shown with its launch script's secrets masked: ``{"name", "via", "run_dir",
+    "uploads", "script", "prepare", "commands", "plan"}``; ``prepare`` and ``commands`` are the exact
+    texts the node's shell receives (``transport.plan``) before and for the launcher.
+
+    ``template``: another template than the platform's launch template, for POSIX shells (native
+    Windows keeps its own, as validation does). ``script_file``: a file of ours uploaded for
+    ``spec.script`` (validation's worker). ``detach``: the launcher is `launch --detach`'s
+    start script.
+    """
+    from orchestrator.inventory import PasswordResolver
+    from orchestrator.plans import sent_text
+    from orchestrator.runs.control import start_script
+    from orchestrator.session import Session
+
+    by_name = {s.node.name: s for s in specs}
+    nodes = [n for n in inventory.nodes if n.name in by_name]
+    session = Session(inventory, nodes, ssh=ssh, passwords=PasswordResolver(prompt=None), max_workers=1)
+    planned = []
+    with session:
+        for node in nodes:
+            spec = by_name[node.name]
+            transport = session.transport(node)  # created, never connected
+            platform = transport.platform
+            native = isinstance(platform, PowerShell)
+            plan = node_plan(
+                node,
+                platform,
+                spec,
+                renderer=renderer,
+                template=None if native else template,
+                script_file=script_file,
+                secrets="mask",
+            )
+            run_dir = run_dir_for(node, spec.run_id)
+            if detach:
+                start = start_script(platform, node, spec.run_id)
+                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
+            runs = [a for a in plan.actions if isinstance(a, Run)]
+            launch_put = next(a for a in plan.actions if isinstance(a, Put))
+            planned.append(
+                {
+                    "name": node.name,
+                    "via": transport.describe(),
+                    "run_dir": run_dir,
+                    "uploads": plan.uploads,
+                    "script": launch_put.content().decode("utf-8-sig"),
+                    "prepare": [sent_text(transport, r) for r in runs[:-1]],
+                    "commands": [sent_text(transport, runs[-1])],
+                    "plan": plan.public_dict(transport),
+                }
+            )
+    return planned
+
+
 def prepare_node(
     node: Node,
     transport: Transport,
@@ -431,9 +559,17 @@ def prepare_windows_node(
     return windows_command(platform, run_dir), f"{run_dir}/node.log"
 
 
-def start_detached(session: Session, specs: list[LaunchSpec], *, renderer: Renderer) -> DetachedStart:
-    """`launch --detach`: on every node ``prepare_plan`` applied (run directory, launcher, training
-    script), then the launcher started detached; all or nothing (runs.start.start_all)."""
+def start_detached(
+    session: Session, specs: list[LaunchSpec], *, renderer: Renderer, train_doc: Mapping[str, Any] | None
+) -> DetachedStart:
+    """`launch --detach`: the run's record (``runs/<run-id>/run.json``, ``train_doc`` its arguments),
+    then on every node ``prepare_plan`` applied (run directory, launcher, training script), then the
+    launcher started detached; all or nothing (runs.start.start_all)."""
+    from orchestrator.runs.layout import RUNS_ROOT, write_record
+
+    if specs:
+        run_id = specs[0].run_id
+        write_record(RUNS_ROOT / run_id, run_id, specs, detached=True, train=train_doc)
 
     def prepare(node: Node, transport: Transport, spec: LaunchSpec) -> None:
         apply(prepare_plan(node, transport.platform, spec, renderer=renderer), transport)

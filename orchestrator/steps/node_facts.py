@@ -21,6 +21,7 @@ from orchestrator.steps.envsync import venv_python
 from orchestrator.transports import Transport
 
 if TYPE_CHECKING:
+    from orchestrator.executor import GroupResult
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
 
@@ -125,6 +126,11 @@ def _gather_windows(
         facts.values, node.windows.distro, wsl_node=isinstance(platform, WslShell)
     )
     return facts
+
+
+def inspect_all(session: Session) -> GroupResult[InspectedNode]:
+    """`facts`: :func:`inspect` on every node of ``session`` (each connects when its turn comes)."""
+    return session.map(inspect, step="facts", connect=False)
 
 
 def inspect(

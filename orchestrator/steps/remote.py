@@ -9,12 +9,19 @@ it), and a timeout told as one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import CommandTimeoutError, SudoPasswordRequiredError
+from orchestrator.errors import CommandTimeoutError, ExitCode, SudoPasswordRequiredError
+from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.inventory import Node
+from orchestrator.platforms import Platform
 from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
+
+if TYPE_CHECKING:
+    from orchestrator.session import Session
 
 
 def run_command(
@@ -49,3 +56,67 @@ def run_command(
             f"timed out after {timeout:g}s; the command was stopped", node=node.name, result=result
         )
     return result
+
+
+def command_script(
+    platform: Platform, text: str, *, env: Mapping[str, str], cwd: str | None, become: bool
+) -> str:
+    """``run --dry-run``: the script :func:`run_command` has the transport send."""
+    return platform.wrap(text, env=dict(env), cwd=cwd, become=become)
+
+
+@dataclass
+class RunReport:
+    """`bootstrap run` on every node: each node's result (a non-zero exit is a value, not an error)."""
+
+    outcomes: GroupResult[Result]
+
+    @staticmethod
+    def failed(outcome: Outcome[Result]) -> bool:
+        """The command ran and exited non-zero."""
+        return outcome.value is not None and not outcome.value.ok
+
+    def node_ok(self, outcome: Outcome[Result]) -> bool:
+        return outcome.ok and not self.failed(outcome)
+
+    def exit_code(self) -> ExitCode:
+        return exit_code_for(self.outcomes, self.failed)
+
+
+def run_everywhere(
+    session: Session,
+    text: str,
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    timeout: float | None,
+    become: bool,
+    keep_lines: int,
+    outputs: Mapping[str, OnLine],
+) -> RunReport:
+    """:func:`run_command` on every node of ``session`` at once, each node's lines to ``outputs``."""
+    return RunReport(
+        session.map(
+            lambda node, t: run_command(
+                node,
+                t,
+                text,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                become=become,
+                keep_lines=keep_lines,
+                on_line=outputs[node.name],
+            ),
+            step="run",
+        )
+    )
+
+
+def result_fields(outcome: Outcome[Any]) -> dict[str, Any]:
+    """A node's ``--json`` fields for a command's output (``Result.public_dict``), also when it
+    failed after producing some (a timeout, sudo refused: the error carries the result)."""
+    result = outcome.value if outcome.value is not None else getattr(outcome.error, "result", None)
+    if isinstance(result, Result):
+        return result.public_dict()
+    return {"exit_code": None, "duration": round(outcome.duration, 4)}

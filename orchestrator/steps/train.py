@@ -12,12 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from orchestrator.errors import ConnectError
+from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
-from orchestrator.steps.launch import run_node
+from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
+from orchestrator.runs.ranks import split_rank
+from orchestrator.steps.launch import failure_tail, root_cause, run_node
+from orchestrator.transports import Result
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
+    from orchestrator.logs import RunLog
     from orchestrator.render import LaunchSpec, Renderer
     from orchestrator.session import Session
     from orchestrator.steps.launch import NodeRunResult
@@ -67,6 +71,66 @@ class TrainReport:
     stopped: list[Outcome[NodeRunResult]] = field(default_factory=list)  # stopped because of them
     lost: set[str] = field(default_factory=set)  # started, then unreachable: they stop by themselves
     swept: list[Outcome[Any]] = field(default_factory=list)  # what the sweep found and stopped
+    #: the Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated) that cut the run short, after the sweep
+    interrupted: KeyboardInterrupt | None = None
+    swept_all: bool = True  # False: a second interrupt cut the sweep short (`stop --run` then)
+
+    def status(self, outcome: Outcome[NodeRunResult]) -> str:
+        """A node's result in a few words: ``ok``, ``exit N (rank R)`` for the rank that failed
+        (torchrun exits 1 whatever the rank did: the rank's own code), ``stopped by stop --run``,
+        ``stopped`` (because another node failed)."""
+        if outcome.error is None:
+            return "ok"
+        if outcome in self.failed:
+            result = getattr(outcome.error, "result", None)
+            if isinstance(result, Result) and result.exit_code is not None:
+                cause = root_cause(result)
+                return f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
+            return "failed"
+        return "stopped by stop --run" if isinstance(outcome.error, RunStoppedError) else "stopped"
+
+    def tail(self, outcome: Outcome[NodeRunResult], first_rank: int) -> list[str]:
+        """A failed node's last lines, labelled as the stream labels them (``[node:rank] text``)."""
+        result = getattr(outcome.error, "result", None)
+        if not isinstance(result, Result):
+            return []
+        lines = []
+        for line in failure_tail(result):
+            local, text = split_rank(line)
+            lines.append(f"[{outcome.node}{'' if local is None else f':{first_rank + local}'}] {text}")
+        return lines
+
+
+def train_run(
+    session: Session,
+    specs: list[LaunchSpec],
+    renderer: Renderer,
+    outputs: Mapping[str, OnLine],
+    log: RunLog,
+    *,
+    train_doc: Mapping[str, Any] | None,
+) -> TrainReport:
+    """A foreground run from start to end: its record (``runs/<run-id>/run.json``), :func:`train`,
+    and when a Ctrl-C or SIGTERM cuts it short, the sweep of the nodes where it started (the report's
+    ``interrupted`` then says so; the caller ends the command). ``log`` is closed before the sweep
+    and at the end; the record is finished either way (unless the controller is killed outright)."""
+    run_id = specs[0].run_id if specs else ""
+    directory = RUNS_ROOT / run_id
+    write_record(directory, run_id, specs, detached=False, train=train_doc)
+    started: set[str] = set()  # nodes whose launcher was started: where the run can have processes
+    try:
+        return train(session, specs, renderer, outputs, started)
+    except KeyboardInterrupt as stop:
+        log.close()
+        report = TrainReport(run_id, [], started, interrupted=stop)
+        try:
+            report.swept = sweep(session, run_id, started)
+        except KeyboardInterrupt:
+            report.swept_all = False
+        return report
+    finally:
+        log.close()
+        finish_record(directory)
 
 
 def train(

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError
+from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, ExitCode
+from orchestrator.executor import exit_code_for
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
@@ -205,6 +206,18 @@ class Validation:
     plan: LaunchPlan
     outcomes: list[Outcome[NodeRunResult]]
     report: ValidateReport
+
+    @staticmethod
+    def node_fields(outcome: Outcome[NodeRunResult]) -> dict[str, Any]:
+        """A node's ``--json`` fields: none beyond the common ones (the ranks' results are the run's)."""
+        return {}
+
+    def exit_code(self) -> ExitCode:
+        """3 when a node could not be reached before the run, else 1 when anything failed."""
+        unreachable = exit_code_for(self.plan.inspected)
+        if unreachable != ExitCode.OK:
+            return unreachable
+        return ExitCode.OK if self.report.ok and not failure_summary(self) else ExitCode.NODES_FAILED
 
 
 def validate(

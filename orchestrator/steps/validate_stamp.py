@@ -101,3 +101,14 @@ def save_stamp(inventory: Inventory, key: str) -> None:
     doc[_node_set(inventory)] = {"key": key, "when": time.time()}
     private_dirs(path.parent)
     write_inside(path.parent, path.name, (json.dumps(doc, indent=2) + "\n").encode(), mode=0o600)
+
+
+def unchanged_since(
+    inventory: Inventory, launch_plan: LaunchPlan, *, reuse: bool
+) -> tuple[str | None, Stamp | None]:
+    """This plan's stamp key (None when a node could not be read: nothing to compare or save) and,
+    when ``reuse`` (the main pipeline without ``--validate``), the last success's stamp if nothing
+    validation depends on changed since (validation is then skipped)."""
+    key = stamp_key(inventory, launch_plan) if all(o.ok for o in launch_plan.inspected) else None
+    last = last_stamp(inventory) if reuse and key is not None else None
+    return key, last if last is not None and last.key == key else None

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.validate import validation_specs
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.inventory import load_inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all, templates_dir_for
+from orchestrator.steps.validate import validation_specs
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"  # regenerate after an intended change, then review the diff

@@ -139,7 +139,7 @@ def test_golden_linux_and_wsl(backend: str, elastic: bool) -> None:
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_golden_ranks_linux_and_wsl(backend: str) -> None:
     """ranks.sh.j2 (what `bootstrap validate` runs) for Linux nodes beside a WSL-mode Windows node."""
-    from orchestrator.cli.validate import validation_specs
+    from orchestrator.steps.validate import validation_specs
 
     inventory = load_inventory_text(MIXED.format(backend=backend, elastic="false"), "m.yaml")
     specs = plan_launch(

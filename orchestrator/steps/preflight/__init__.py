@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import CommandFailedError
-from orchestrator.executor import Outcome
+from orchestrator.errors import CommandFailedError, ExitCode
+from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
@@ -95,10 +95,28 @@ class PreflightReport:
     inspected: list[Outcome[InspectedNode]]  # connection + facts per node, inventory order
     verdicts: dict[str, dict[str, Verdict]]  # node -> check -> verdict (reachable nodes only)
     versions: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)  # node -> how it was reached
 
     @property
     def failed(self) -> bool:
         return any(v.level == "fail" for checks in self.verdicts.values() for v in checks.values())
+
+    def node_fields(self, outcome: Outcome[InspectedNode]) -> dict[str, Any]:
+        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
+        return {
+            **(outcome.value.public_dict() if outcome.value else {}),
+            "transport_notes": self.notes.get(outcome.node, []),
+            "checks": {name: v.public_dict() for name, v in self.verdicts.get(outcome.node, {}).items()},
+        }
+
+    def node_ok(self, outcome: Outcome[InspectedNode]) -> bool:
+        """Reached, and no check failed there."""
+        return outcome.ok and self.level(outcome.node) != "fail"
+
+    def exit_code(self) -> ExitCode:
+        """3 when a node could not be reached (the connection's code), else 1 when a check failed."""
+        code = exit_code_for(self.inspected)
+        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.failed else code
 
     def level(self, node: str) -> str:
         checks = self.verdicts.get(node)
@@ -480,4 +498,6 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         inspected=inspected,
         verdicts=ordered,
         versions=version_table(facts),
+        # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
+        notes={n.name: list(session.transport(n).notes) for n in session.nodes if n.name in session.opened()},
     )
