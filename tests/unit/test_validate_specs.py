@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import records
 from orchestrator.inventory import PasswordResolver, load_inventory, load_inventory_text
 from orchestrator.inventory.model import Node
 from orchestrator.platforms import PosixShell, PowerShell, platform_for_node
@@ -102,7 +103,8 @@ def _wire_cut(node: Node) -> tuple[Transport, list[str], dict[str, bytes]]:
     def run_raw(script: str, **kwargs: Any) -> Result:
         sent.append(transport.plan(script))
         if "follow.ps1" in script:  # native Windows: its follower reports the launcher's end
-            kwargs["on_line"]("stdout", "@@end 0 0")
+            round_nonce = records.NONCE.findall(script)[-1]  # the round's: `follow.ps1 ... -Nonce N`
+            kwargs["on_line"]("stdout", records.record(round_nonce, "end", "0", "0").rstrip("\n"))
         return Result(node.name, script, 0, "", "", 0.01)
 
     def put(local: Path, remote: str, *, mode: int | None = None) -> None:
@@ -189,7 +191,8 @@ def test_validate_dry_run_shows_the_scripts_and_commands_validate_sends(
         text = script.decode("utf-8-sig") if kind == "windows" else script.decode()
         assert text == planned["script"]
         assert files[planned["uploads"][1]] == WORKER_FILE.read_bytes()
-        assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
+        # the text that runs it, byte for byte but for its record nonce (native Windows: the follower's)
+        assert unnonced([sent[-1]]) == unnonced([planned["commands"][0]])
         # the whole plan: every command the node's shell got, in order, is what the dry run showed
         # (each run's record nonce is its own: orchestrator/records.py)
         assert unnonced(sent) == unnonced([*planned["prepare"], *planned["commands"]])
