@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 #: a command's nonce: the shape of every frame token the controller uses (tests replace it by pattern)
 NONCE = re.compile(r"cb-[0-9a-f]{12}")
+#: where our rank workers (validation, the throughput probe) find the nonce of their run's records
+NONCE_ENV = "CB_RECORD_NONCE"
 _KIND = re.compile(r"[a-z][a-z-]*")
 _LINE = re.compile(r"@@(cb-[0-9a-f]{12}) ([a-z][a-z-]*)((?: :[A-Za-z0-9+/]*={0,2})*)\r?")
 
