@@ -38,11 +38,12 @@ from orchestrator.platforms import Platform, PosixShell, platform_for_node
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.codesync import LocalTree, prepare_tree
+from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync import PROBE_PLACEHOLDER
 from orchestrator.steps.envsync.ops import INSTALLED_MARK, probe_code
 from orchestrator.steps.envsync.progress import STEP_MARK
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
-from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
+from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
@@ -230,8 +231,8 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
 
 
 def firewall_runs(
-    step: Callable[..., FirewallRun], *, tag: str | None
-) -> tuple[FirewallRun, RecordingSession, FirewallRun, RecordingSession]:
+    step: Callable[..., Report[FirewallResult]], *, tag: str | None
+) -> tuple[Report[FirewallResult], RecordingSession, Report[FirewallResult], RecordingSession]:
     """``step`` run with --dry-run, then for real, each on nodes as found (nothing changes between)."""
     inventory = load_inventory_text(FIREWALL_INVENTORY, "hosts.yaml")
     runs = []
@@ -253,7 +254,7 @@ def firewall_runs(
     ids=["apply-replacing-legacy-rules", "apply", "remove"],
 )
 def test_firewall_runs_exactly_the_commands_its_dry_run_shows(
-    step: Callable[..., FirewallRun], tag: str | None
+    step: Callable[..., Report[FirewallResult]], tag: str | None
 ) -> None:
     """Per Linux node, `firewall --dry-run` (and `--remove --dry-run`) only reads the firewall; the
     real run reads it the same way, then runs the commands the dry run printed, each byte for byte, in
@@ -261,7 +262,7 @@ def test_firewall_runs_exactly_the_commands_its_dry_run_shows(
     Windows node is sent nothing by the dry run, then the one script it printed, elevated."""
     dry, dry_session, real, real_session = firewall_runs(step, tag=tag)
     assert [o.node for o in dry.outcomes] == [o.node for o in real.outcomes] == [*FIREWALLS, "w"]
-    assert dry.addresses == real.addresses
+    assert dry.data["addresses"] == real.data["addresses"]
     for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
         assert shown.error is None and done.error is None, (shown.error, done.error)
         assert shown.value is not None and done.value is not None
@@ -480,8 +481,9 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):
-            return sections_answer(command, sections), 0
+        if sections_asked(command):  # the probe as one section of a round trip (the runner's reads)
+            probed = {**sections, "chrony": ((after if installed else before), 0)}
+            return sections_answer(command, probed), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0
         if command == chrony.install_command("apt-get"):

@@ -25,17 +25,17 @@ from typing import TYPE_CHECKING
 
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.runner import run_step
 from orchestrator.steps.preflight import CLOCK
 from orchestrator.steps.timesync import chrony
 from orchestrator.steps.timesync.apply import (
     PROBE,
+    RestoreTime,
     _apply,
     _apply_windows,
     _await,
     _measure,
     _probe,
-    _restore,
-    _restore_windows,
     settled,
 )
 from orchestrator.steps.timesync.chrony.config import ChronyRole, time_source
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
-__all__ = ["NodeTime", "TimeReport", "restore_time", "sync_time"]
+__all__ = ["NodeTime", "RestoreTime", "TimeReport", "restore_time", "sync_time"]
 
 
 def sync_time(
@@ -235,14 +235,9 @@ def to_await(
 def restore_time(
     session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
 ) -> TimeReport:
-    """Undo `sync_time` on ``nodes``: files back byte for byte, the chronyd/unit we started stopped.
-    For `bootstrap teardown` and `bootstrap ntp --restore`."""
-    chosen = list(session.nodes if nodes is None else nodes)
-
-    def one(node: Node, transport: Transport) -> NodeTime:
-        if node.os == "linux":
-            return _restore(node, transport, dry_run)
-        return _restore_windows(node, transport, dry_run)
-
-    outcomes = session.map(one, step="restore", nodes=chosen)
-    return TimeReport(outcomes, inventory.cluster.time.max_offset_ms, inventory.cluster.master, dry_run)
+    """Undo `sync_time` on ``nodes`` (:class:`~orchestrator.steps.timesync.apply.RestoreTime`): for
+    `bootstrap teardown` and `bootstrap ntp --restore`."""
+    report = run_step(session, RestoreTime(), nodes, dry_run=dry_run)
+    return TimeReport(
+        report.outcomes, inventory.cluster.time.max_offset_ms, inventory.cluster.master, dry_run
+    )

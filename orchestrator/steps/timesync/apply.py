@@ -9,16 +9,19 @@ they print becomes the node's :class:`NodeTime`. In which order the nodes get th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
-from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.plans import NodePlan, Run
+from orchestrator.platforms import PosixShell, posix_for_node
 from orchestrator.platforms.windows_admin import not_elevated_error
 from orchestrator.records import new_nonce
+from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.preflight import CLOCK, sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
-from orchestrator.steps.root import run_as_root
+from orchestrator.steps.root import run_as_root, sudo_error
 from orchestrator.steps.timesync.chrony.config import ChronyRole
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.report import NodeTime
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-__all__ = ["PROBE", "no_reply_problem", "settled"]
+__all__ = ["PROBE", "RestoreTime", "no_reply_problem", "probe_read", "settled"]
 
 #: ``Session.remember`` key of a node's chrony :class:`Probe` (read by the main pipeline's first round
 #: trip: steps/setup_read.py); forgotten once the step changed the node
@@ -324,18 +327,7 @@ def _measure(
 def _run_powershell(node: Node, transport: Transport, script: str, timeout: float) -> Result:
     """PowerShell on the Windows host: the node's own shell (native), or beside its WSL distribution
     (a WSL2 distribution follows the host's clock: w32time is what to configure)."""
-    run_windows = getattr(transport, "run_windows", None)
-    if isinstance(transport.platform, PowerShell):
-        return transport.run(script, become=True, timeout=timeout)
-    if run_windows is not None:
-        result: Result = run_windows(script, become=True, timeout=timeout)
-        return result
-    raise CommandFailedError(
-        f"time sync on a Windows node needs PowerShell on its host; this node runs {transport.platform.name}"
-        f" over {transport.kind}",
-        node=node.name,
-        hint="reach Windows nodes over WinRM (connection: winrm)",
-    )
+    return transport.run_windows(script, become=True, timeout=timeout)
 
 
 def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
@@ -362,51 +354,82 @@ def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTim
     return value
 
 
-# -- undoing -----------------------------------------------------------------------------------------
+# -- undoing ---------------------------------------------------------------------------------------
 
 
-def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
-    shell = _posix(node, transport)
-    probe = _probe(node, transport)
-    plan = chrony.plan_restore(shell, probe)
-    out = NodeTime(node.name, daemon=_daemon_name(probe), actions=plan.actions)
-    out.diff = "".join(c.diff() for c in plan.changes)
-    if not plan.script:
-        out.state = "nothing to restore"
+def probe_read(node: Node) -> Read:
+    """What chrony has on the node (as root), kept in the session under :data:`PROBE`."""
+
+    def parse(sections: Sections, ran: Result) -> Probe:
+        output, code = sections.get("chrony", ("", ran.exit_code or 1))
+        if code != 0:
+            raise CommandFailedError(
+                f"reading the time configuration failed (exit {code}): {' | '.join(ran.tail(3))}",
+                node=node.name,
+                result=ran,
+            )
+        return chrony.parse_probe(output)
+
+    return Read(
+        PROBE,
+        lambda platform: [("chrony", chrony.probe_script(posix_for_node(node)))],
+        parse,
+        become=True,
+        what="reading the time configuration",
+    )
+
+
+class RestoreTime(Step[None, NodeTime]):
+    """Undo `bootstrap ntp`: chrony's files back byte for byte (from the backups the first configure
+    made), the files it created deleted, what it started stopped; w32time's peers, type and service
+    state put back from what its first configure saved. Reads chrony's state on Linux nodes."""
+
+    name = "restore"
+
+    def reads(self, node: Node) -> list[Read]:
+        return [probe_read(node)] if node.os == "linux" else []
+
+    def context(self, found: ClusterFacts) -> None:
+        return None
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: None) -> NodePlan:
+        import orchestrator.steps.timesync.windows as win
+
+        if node.os != "linux":
+            run = Run(win.restore_script(), become=True, host=True, timeout=120, what="w32time")
+            return NodePlan(node.name, [run], detail=NodeTime(node.name, daemon="w32time"))
+        probe: Probe = facts[PROBE]
+        restore = chrony.plan_restore(posix_for_node(node), probe)
+        out = NodeTime(node.name, daemon=_daemon_name(probe), actions=restore.actions)
+        out.diff = "".join(c.diff() for c in restore.changes)
+        if not restore.script:
+            out.state = "nothing to restore"
+            return NodePlan(node.name, detail=out)
+        run = Run(restore.script, become=True, timeout=120, what="restoring the time configuration")
+        return NodePlan(node.name, [run], detail=out)
+
+    def judge(self, node: Node, plan: NodePlan, results: list[Result] | None, context: None) -> NodeTime:
+        out: NodeTime = plan.detail
+        if results is None:  # a dry run: what would run
+            out.script = plan.runs[0].script if plan.runs else ""
+            if plan.runs:
+                out.state = "would be restored" + (" (if configured)" if node.os != "linux" else "")
+            return out
+        if not results:
+            return out
+        ran = results[0]
+        if node.os != "linux":
+            if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
+                raise refused
+        elif not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            raise sudo_error(node, ran, "restoring the time configuration")
+        if not ran.ok:
+            what = "restoring w32time" if node.os != "linux" else "restoring the time configuration"
+            raise CommandFailedError(
+                f"{what} failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
+                node=node.name,
+                result=ran,
+            )
+        windows_nothing = node.os != "linux" and "nothing" in ran.stdout.split()
+        out.state = "nothing to restore" if windows_nothing else "restored"
         return out
-    if dry_run:
-        out.script = plan.script
-        out.state = "would be restored"
-        return out
-    result = _as_root(transport, node, plan.script, "restoring the time configuration")
-    if not result.ok:
-        raise CommandFailedError(
-            f"restoring the time configuration failed (exit {result.exit_code}): "
-            + " | ".join(result.tail(3)),
-            node=node.name,
-            result=result,
-        )
-    out.state = "restored"
-    return out
-
-
-def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
-    """w32time's peers, type and service state put back from what the first configure saved."""
-    import orchestrator.steps.timesync.windows as win
-
-    out = NodeTime(node.name, daemon="w32time")
-    script = win.restore_script()
-    if dry_run:
-        out.script, out.state = script, "would be restored (if configured)"
-        return out
-    ran = _run_powershell(node, transport, script, 120)
-    if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "restoring w32time failed: " + (" | ".join(ran.tail(3)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            result=ran,
-        )
-    out.state = "nothing to restore" if "nothing" in ran.stdout.split() else "restored"
-    return out
