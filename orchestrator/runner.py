@@ -10,7 +10,8 @@ For a step over the selected nodes:
 3. **Plans**: one :class:`~orchestrator.plans.NodePlan` per node. ``dry_run`` stops here: the report
    carries the plans, which is what ``--dry-run`` prints.
 4. **Apply**: in parallel, only on the nodes whose plan has actions (the others are not contacted
-   again); the keys of what a changed node answered are forgotten, since it changed.
+   again), in the waves the step asks for (the time master before its workers); what the step says
+   a changed node's reads were (``Step.forgets``) is forgotten there, since it changed.
 5. **Verdicts**: the step judges each node from its plan's results; a node whose read, plan, apply
    or verdict failed carries that error. One :class:`~orchestrator.steps.contract.Report` comes back.
 """
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError
+from orchestrator.errors import BootstrapError, CancelledError, ConnectError
 from orchestrator.executor import GroupResult, Outcome
 from orchestrator.facts.base import split_sections
 from orchestrator.plans import NodePlan, apply
@@ -34,18 +36,29 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Transport
 
-__all__ = ["converge", "gather_reads", "read_node", "run_step"]
+__all__ = ["NodeReads", "converge", "gather_reads", "read_node", "run_step"]
 
 
-def read_node(session: Session, node: Node, transport: Transport, reads: Sequence[Read]) -> dict[str, Any]:
+@dataclass
+class NodeReads:
+    """What was read from one node: each read's value by key, and the first read that failed (the
+    node's values from its other reads stay usable: the master's route, when its root read failed)."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    error: BootstrapError | None = None
+
+
+def read_node(session: Session, node: Node, transport: Transport, reads: Sequence[Read]) -> NodeReads:
     """The value of every read of ``node`` (by key): what the session holds, the rest read now in one
-    script (one as the login user, one as root where needed) and kept in the session."""
-    values: dict[str, Any] = {}
+    script (one as the login user, one as root where needed) and kept in the session (a ``fresh``
+    read is always asked, and not kept). A node that cannot be reached raises; a read that fails is
+    the result's ``error``."""
+    out = NodeReads()
     missing: list[Read] = []
     held = set(session.keys(node.name))
     for read in reads:
-        if read.key in held:
-            values[read.key] = session.recall(node.name, read.key)
+        if read.key in held and not read.fresh:
+            out.values[read.key] = session.recall(node.name, read.key)
         else:
             missing.append(read)
     for become in (False, True):
@@ -53,27 +66,45 @@ def read_node(session: Session, node: Node, transport: Transport, reads: Sequenc
         if not group:
             continue
         transport.connect()
-        platform = transport.platform
-        asked = [(r, r.sections(platform)) for r in group]
-        names = [name for _, sections in asked for name, _ in sections]
-        assert len(names) == len(set(names)), f"two reads of one round trip share a section name: {names}"
-        token = new_nonce()
-        script = platform.sectioned([s for _, sections in asked for s in sections], token)
-        result = transport.run(script, become=become, timeout=max(r.timeout for r in group))
-        if become and not result.ok and platform.sudo_refused(result.stderr):
-            raise sudo_error(node, result, group[0].what or "reading the node")
-        found = split_sections(result.stdout, token)
-        for read, sections in asked:
-            own = {name: found[name] for name, _ in sections if name in found}
-            value = read.parse(own, result)
+        try:
+            _read_group(session, node, transport, group, become, out.values)
+        except (ConnectError, CancelledError):
+            raise
+        except BootstrapError as exc:
+            exc.node = exc.node or node.name
+            out.error = out.error or exc
+    return out
+
+
+def _read_group(
+    session: Session,
+    node: Node,
+    transport: Transport,
+    group: list[Read],
+    become: bool,
+    values: dict[str, Any],
+) -> None:
+    platform = transport.platform
+    asked = [(r, r.sections(platform)) for r in group]
+    names = [name for _, sections in asked for name, _ in sections]
+    assert len(names) == len(set(names)), f"two reads of one round trip share a section name: {names}"
+    token = new_nonce()
+    script = platform.sectioned([s for _, sections in asked for s in sections], token)
+    result = transport.run(script, become=become, timeout=max(r.timeout for r in group))
+    if become and not result.ok and platform.sudo_refused(result.stderr):
+        raise sudo_error(node, result, group[0].what or "reading the node")
+    found = split_sections(result.stdout, token)
+    for read, sections in asked:
+        own = {name: found[name] for name, _ in sections if name in found}
+        value = read.parse(own, result)
+        if not read.fresh:
             session.seed(node.name, read.key, value)
-            values[read.key] = value
-    return values
+        values[read.key] = value
 
 
 def gather_reads(
     session: Session, reads: Mapping[str, Sequence[Read]], *, step: str
-) -> GroupResult[dict[str, Any]]:
+) -> GroupResult[NodeReads]:
     """:func:`read_node` on every node named in ``reads``, in parallel (no round trip for a node
     whose values the session holds already)."""
     nodes = [n for n in session.inventory.nodes if n.name in reads]
@@ -103,10 +134,11 @@ def run_step(
     durations: dict[str, float] = {}
     for o in read:
         durations[o.node] = o.duration
-        if o.error is not None:
-            found.failed[o.node] = o.error
-        elif o.value is not None:
-            found.values[o.node] = o.value
+        if o.value is not None:
+            found.values[o.node] = o.value.values
+        error = o.error or (o.value.error if o.value is not None else None)
+        if error is not None:
+            found.failed[o.node] = error
     context = step.context(found)
     outcomes: dict[str, Outcome[V]] = {}
     plans: dict[str, NodePlan] = {}
@@ -124,17 +156,17 @@ def run_step(
     for node in chosen:
         if node.name in plans and node not in busy:
             outcomes[node.name] = _judged(step, node, plans[node.name], None if dry_run else [], context)
-    if busy:
-        keys = {n.name: [r.key for r in reads.get(n.name, [])] for n in busy}
 
-        def change(node: Node, transport: Transport) -> V:
-            try:
-                return converge(step, node, transport, plans[node.name], context)
-            finally:  # what was read there is history now, also after a failed change
-                if keys[node.name]:  # (no keys would forget everything the session holds of it)
-                    session.forget(node.name, *keys[node.name])
+    def change(node: Node, transport: Transport) -> V:
+        try:
+            return converge(step, node, transport, plans[node.name], context)
+        finally:  # what was read there is history now, also after a failed change
+            keys = step.forgets(node)
+            if keys:  # (no keys would forget everything the session holds of it)
+                session.forget(node.name, *keys)
 
-        for done in session.map(change, step=step.name, nodes=busy):
+    for wave in step.waves(busy, context) if busy else []:  # each wave in parallel, in their order
+        for done in session.map(change, step=step.name, nodes=wave):
             outcomes[done.node] = done
     for name, duration in durations.items():
         if name in outcomes:
@@ -146,6 +178,7 @@ def run_step(
         warnings=step.warnings(context),
         data=step.data(context),
         dry_run=dry_run,
+        context=context,
     )
 
 

@@ -55,6 +55,8 @@ class Read:
     become: bool = False
     what: str = ""
     timeout: float = 60.0
+    #: asked every time, never taken from nor kept in the session (a wait, a measurement)
+    fresh: bool = False
 
 
 @dataclass
@@ -64,6 +66,7 @@ class ClusterFacts:
     the session (its socket's peer address; None: not connected, local, or through a proxy)."""
 
     values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the node's first read that failed (its other values are in ``values``): it is not planned
     failed: dict[str, BootstrapError] = field(default_factory=dict)
     peers: dict[str, str | None] = field(default_factory=dict)
 
@@ -109,6 +112,16 @@ class Step(ABC, Generic[C, V]):
         """The node's verdict from what its plan's runs returned (None: a dry run, nothing applied);
         raises a ``BootstrapError`` when the node failed."""
 
+    def waves(self, nodes: list[Node], context: C) -> list[list[Node]]:
+        """The nodes with something to apply, in the groups that must go one after the other (each
+        group in parallel); default: all at once."""
+        return [nodes]
+
+    def forgets(self, node: Node) -> list[str]:
+        """The session keys that no longer describe ``node`` once its plan was applied (default:
+        what the step read there)."""
+        return [r.key for r in self.reads(node) if not r.fresh]
+
     def warnings(self, context: C) -> list[str]:
         """What the whole run should say once (not about one node)."""
         return []
@@ -130,6 +143,9 @@ class Report(Generic[V]):
     warnings: list[str] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
     dry_run: bool = False
+    #: the step's cluster-wide decisions (``Step.context``): for the code that runs after the step
+    #: (the time sync's wait needs each node's role); not rendered
+    context: Any = None
 
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes)

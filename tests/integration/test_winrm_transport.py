@@ -821,10 +821,11 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
 def test_w32time_is_configured_measured_and_restored_on_the_windows_host(mode: str) -> None:
     """Time on a Windows node is w32time on the host (a WSL2 distribution follows the host clock):
     configured, its offset from the master read with w32tm /stripchart, restored by teardown."""
+    from orchestrator.plans import apply
     from orchestrator.platforms.wsl import WslShell
     from orchestrator.runner import converge
-    from orchestrator.steps.timesync import NodeTime, RestoreTime, _apply_windows
-    from orchestrator.steps.timesync import windows as win
+    from orchestrator.steps.timesync import NodeTime, RestoreTime
+    from orchestrator.steps.timesync.steps import w32time_plan, w32time_verdict
 
     seen: list[str] = []
 
@@ -844,8 +845,7 @@ def test_w32time_is_configured_measured_and_restored_on_the_windows_host(mode: s
         transport = _transport(srv, platform=platform)
         try:
             value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
-            value.script = win.configure_script(value.sources)
-            done = _apply_windows(win_node(mode), transport, value)
+            done = w32time_verdict(value, apply(w32time_plan(win_node(mode), value), transport))
             restore = RestoreTime()
             restored = converge(
                 restore, win_node(mode), transport, restore.plan(win_node(mode), {}, None), None
@@ -896,11 +896,12 @@ def test_firewall_and_w32time_in_a_session_that_is_not_elevated_say_what_to_do(m
     before any rule or setting is touched: on a WSL node too, where the scripts run on the Windows
     host beside the distribution."""
     from orchestrator.inventory import load_inventory_text
+    from orchestrator.plans import apply
     from orchestrator.platforms.wsl import WslShell
     from orchestrator.runner import converge
     from orchestrator.steps.firewall import Firewall, FirewallContext
-    from orchestrator.steps.timesync import NodeTime, RestoreTime, _apply_windows
-    from orchestrator.steps.timesync import windows as win
+    from orchestrator.steps.timesync import NodeTime, RestoreTime
+    from orchestrator.steps.timesync.steps import w32time_plan, w32time_verdict
 
     inv = load_inventory_text(
         "cluster: {name: lab, master: c}\n"
@@ -920,10 +921,9 @@ def test_firewall_and_w32time_in_a_session_that_is_not_elevated_say_what_to_do(m
             planned = firewall.plan(node, {}, context)
             restore = RestoreTime()
             value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
-            value.script = win.configure_script(value.sources)
             for step in (
                 lambda: converge(firewall, node, transport, planned, context),
-                lambda: _apply_windows(node, transport, value),
+                lambda: w32time_verdict(value, apply(w32time_plan(node, value), transport)),
                 lambda: converge(restore, node, transport, restore.plan(node, {}, None), None),
             ):
                 with pytest.raises(CommandFailedError) as caught:

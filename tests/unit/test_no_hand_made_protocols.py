@@ -22,8 +22,6 @@ ALLOWED = {
 }
 #: being converted to records by other branches of issue 29 (remove each once it has landed)
 PENDING = {
-    "steps/envsync/progress.py",
-    "steps/envsync/ops.py",
     "steps/firewall/linux_detection.py",
     "steps/firewall/linux.py",
     "steps/firewall/firewalld.py",

@@ -42,27 +42,6 @@ def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: 
     return run_as_root(node, transport, script, what, timeout)
 
 
-def _probe(node: Node, transport: Transport) -> Probe:
-    shell = _posix(node, transport)
-    result = _as_root(transport, node, chrony.probe_script(shell), "reading the time configuration", 60)
-    if not result.ok:
-        raise CommandFailedError(
-            f"reading the time configuration failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
-            node=node.name,
-            result=result,
-        )
-    return chrony.parse_probe(result.stdout)
-
-
-def _posix(node: Node, transport: Transport) -> PosixShell:
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
-        raise CommandFailedError(
-            f"time sync on {platform.name} nodes needs the WinRM transport", node=node.name
-        )
-    return platform
-
-
 def _daemon_name(probe: Probe) -> str:
     if probe.chronyd:
         return "chrony"
@@ -85,97 +64,6 @@ def _missing_chrony(node: Node, probe: Probe) -> BootstrapError:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
-
-
-# -- applying ----------------------------------------------------------------------------------------
-
-
-def _apply(
-    node: Node,
-    transport: Transport,
-    role: ChronyRole,
-    *,
-    is_master: bool,
-    serving: bool,
-    install: bool,
-    dry_run: bool,
-    no_clock_control: bool,
-    probe: Probe | None = None,
-) -> NodeTime:
-    """Configure chrony on the node for ``role``; ``probe``: what the node has (read here when None)."""
-    shell = _posix(node, transport)
-    probe = probe or _probe(node, transport)
-    out = NodeTime(
-        node.name, role="server" if is_master and serving else "client", sources=list(role.sources)
-    )
-    if role.serve:
-        out.sources = [*role.sources] or ["local clock"]
-    script_parts: list[str] = []
-    if not probe.chronyd:
-        command = chrony.install_command(probe.package_manager)
-        if not install or command is None:
-            raise _missing_chrony(node, probe)
-        if dry_run:
-            out.actions.append("would install chrony")
-            script_parts.append(command)
-            out.daemon = "chrony"
-            out.state = "would install"
-            out.script = "\n".join(script_parts)
-            return out
-        result = _as_root(transport, node, command, "installing chrony", timeout=600)
-        if not result.ok:
-            raise CommandFailedError(
-                f"installing chrony failed (exit {result.exit_code})",
-                node=node.name,
-                hint=" | ".join(result.tail(3)),
-                result=result,
-            )
-        out.actions.append("installed chrony")
-        probe = _probe(node, transport)
-        if not probe.chronyd:
-            raise CommandFailedError("chrony was installed but chronyd is still not found", node=node.name)
-    out.daemon = "chrony"
-    out.clock_control = not (no_clock_control or probe.shared_clock)
-    mode, change = chrony.plan_config(probe, role)
-    out.mode, out.path = mode, change.path
-    running = probe.unit_active if (probe.systemd and probe.unit) else probe.running_pid is not None
-    if change.changed:
-        script_parts.append(chrony.write_file_script(shell, change))
-        out.diff = change.diff()
-    if change.changed or not running:
-        try:
-            script_parts.append(
-                chrony.start_script(shell, probe, no_clock_control=no_clock_control, restart=running)
-            )
-        except chrony.ForeignChronyd as exc:
-            raise CommandFailedError(
-                str(exc),
-                node=node.name,
-                hint="stop it (or run it under systemd), then rerun: bootstrap must restart chronyd "
-                "with the new configuration",
-            ) from None
-    if change.changed:
-        out.state = "added" if change.before is None or (mode == "block" and change.backup) else "changed"
-    elif not running:
-        out.state = "started"
-    else:
-        out.state = "unchanged"
-    script = "set -e\n" + "\n".join(script_parts) if script_parts else ""
-    if dry_run:
-        out.script = script
-        out.state = f"would be {out.state}" if out.state != "unchanged" else "unchanged"
-        return out
-    if script:
-        result = _as_root(transport, node, script, "configuring chrony", timeout=120)
-        if not result.ok:
-            raise CommandFailedError(
-                f"configuring chrony failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
-                node=node.name,
-                hint=f"see {change.path}; `bootstrap ntp --restore` puts back the previous configuration",
-                result=result,
-            )
-        out.actions.append(f"wrote {change.path}" if change.changed else "started chronyd")
-    return out
 
 
 def no_reply_problem(
@@ -322,36 +210,6 @@ def _measure(
                 f"chrony reports {chrony_ms:+.3f} ms from {value.selected}, "
                 f"over the {max_offset_ms:g} ms limit"
             )
-
-
-def _run_powershell(node: Node, transport: Transport, script: str, timeout: float) -> Result:
-    """PowerShell on the Windows host: the node's own shell (native), or beside its WSL distribution
-    (a WSL2 distribution follows the host's clock: w32time is what to configure)."""
-    return transport.run_windows(script, become=True, timeout=timeout)
-
-
-def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
-    """w32time pointed at the sources, then its offset from the first one measured (stripchart)."""
-    import orchestrator.steps.timesync.windows as win
-
-    ran = _run_powershell(node, transport, value.script, 180)
-    if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            hint="it needs an elevated session (a member of Administrators over WinRM)",
-            result=ran,
-        )
-    value.state = "unchanged" if "unchanged" in ran.stdout.split() else "changed"
-    value.actions.append("w32tm /config /update, service restarted" if value.state == "changed" else "none")
-    status = _run_powershell(node, transport, win.status_script(value.sources[0]), 120)
-    offset = win.parse_stripchart(status.stdout) if status.ok else None
-    if offset is not None:
-        value.chrony_offset_ms = round(offset * 1000.0, 3)
-        value.selected = value.sources[0]
-    return value
 
 
 # -- undoing ---------------------------------------------------------------------------------------
