@@ -206,12 +206,14 @@ def run_validate(
 # -- --dry-run: what would be sent to each node, connecting to nothing ----------------------------------
 
 
-def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
+def validation_specs(
+    specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...], nonce: str | None = None
+) -> list[LaunchSpec]:
     """The launch specs as validation runs them (``steps.validate.validation_specs``; imported when
     used, so the CLI starts without loading the steps)."""
     from orchestrator.steps import validate as steps
 
-    return steps.validation_specs(specs, timeout, sizes)
+    return steps.validation_specs(specs, timeout, sizes, nonce)
 
 
 def dry_run_nodes(
