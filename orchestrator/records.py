@@ -14,6 +14,11 @@ The encoders, all writing the same wire format:
 - POSIX sh: ``PosixShell.record_functions`` (``_cb_rec KIND FIELD...``, ``_cb_recin KIND FIELD...``
   whose last field is its stdin, binary-safe);
 - PowerShell: ``PowerShell.record_functions`` (``Out-CbRecord KIND @(FIELD, ...)``, UTF-8 bytes).
+
+A *stream* (a node's log relayed as it is: `logs --follow`, a foreground run's follower) is plain
+lines with records between them. Its plain lines travel raw, except that one starting with ``@@``
+gets one more ``@`` (:func:`escape`; no record starts with ``@@@``), so no log line can be, end or
+hide a record, whatever nonce it names; :class:`Stream` reads it back.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 
 #: a command's nonce: the shape of every frame token the controller uses (tests replace it by pattern)
 NONCE = re.compile(r"cb-[0-9a-f]{12}")
+#: where our rank workers (validation, the throughput probe) find the nonce of their run's records
+NONCE_ENV = "CB_RECORD_NONCE"
 _KIND = re.compile(r"[a-z][a-z-]*")
 _LINE = re.compile(r"@@(cb-[0-9a-f]{12}) ([a-z][a-z-]*)((?: :[A-Za-z0-9+/]*={0,2})*)\r?")
 
@@ -129,3 +136,74 @@ def unnonced(texts: list[str]) -> list[str]:
     """``texts`` with every nonce replaced by one placeholder: scripts comparable across runs (a
     dry run and the real one each choose their own)."""
     return [NONCE.sub("cb-NONCE", text) for text in texts]
+
+
+# -- streams: plain lines relayed as they are, with records between them ------------------------------
+
+#: how a record starts, and what a stream's plain line starting with it gets one more "@" of
+MARK = "@@"
+
+
+def escape(data: "bytes") -> "bytes":  # noqa: UP037
+    """Complete lines ``data`` as a stream carries them: each line starting with "@@" gets one more "@"."""
+    # node-side Python runs this very source (PYTHON_ESCAPE): bytes in, bytes out, nothing imported
+    if b"@@" not in data:
+        return data
+    return (b"\n" + data).replace(b"\n@@", b"\n@@@")[1:]
+
+
+#: the stream escape's source, for scripts that run on the node
+PYTHON_ESCAPE = inspect.getsource(escape)
+
+
+class Stream:
+    """The controller's side of a stream: :meth:`feed` takes the command's stdout as it arrives
+    (complete lines) and returns, in order, the plain text between records (unescaped, each piece
+    whole: passed on only once the record after it arrived) and the records of ``nonce``. What came
+    after the last record waits for the next one; :meth:`restart` drops it (a dropped connection: the
+    producer sends it again) and takes the next command's nonce."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce = check_nonce(nonce)
+        self._pending: list[str] = []
+
+    def restart(self, nonce: str) -> None:
+        self.nonce = check_nonce(nonce)
+        self._pending.clear()
+
+    def feed(self, text: str) -> list[str | Record]:
+        out: list[str | Record] = []
+        pos = 0  # start of the text not yet passed on
+        line = 0
+        while True:
+            # a record is a line starting "@@" but not "@@@" (an escaped plain line)
+            if text.startswith(MARK, line):
+                at = line
+            else:
+                at = text.find("\n" + MARK, line)
+                if at < 0:
+                    break
+                at += 1
+            end = text.find("\n", at)
+            if end < 0:
+                break
+            found = None if text.startswith("@", at + 2) else decode_line(text[at:end], self.nonce)
+            line = end + 1
+            if found is None:
+                continue  # plain text (an escaped line, or not a record of this command)
+            self._flush(text[pos:at], out)
+            out.append(found)
+            pos = line
+        if pos < len(text):
+            self._pending.append(text[pos:])
+        return out
+
+    def _flush(self, text: str, out: list[str | Record]) -> None:
+        if self._pending:
+            text = "".join(self._pending) + text
+            self._pending.clear()
+        if not text:
+            return
+        if "@@@" in text:
+            text = ("\n" + text).replace("\n@@@", "\n@@")[1:]
+        out.append(text)

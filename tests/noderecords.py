@@ -94,3 +94,14 @@ def ask_at(script: str, name: str) -> int:
     if f"'{name}'" in script and "Out-CbRecord 'section'" in script:
         return script.index(f"Out-CbRecord 'section' @('{name}'")
     return script.index(f"\n_cb_sec {base64.b64encode(name.encode()).decode()}")
+
+
+def tail_batch(nonce: str, data: bytes, start: int, end: int) -> bytes:
+    """Bytes ``start:end`` of a log as a tail producer sends them (runs/tail.py): escaped as the
+    codec's stream form says, then the ``batch`` record with the offset just past them."""
+    return records.escape(data[start:end]) + records.record(nonce, "batch", str(end)).encode()
+
+
+def tail_said(nonce: str, *answers: tuple[str, ...]) -> bytes:
+    """A tail producer's control records, as bytes: one per ``(kind, field, ...)``."""
+    return "".join(records.record(nonce, kind, *fields) for kind, *fields in answers).encode()

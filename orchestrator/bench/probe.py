@@ -2,22 +2,23 @@
 
 It runs the way `bootstrap validate` runs its worker: the launch plan's specs (interface, backend,
 interpreter, environment, ``OMP_NUM_THREADS``), the worker uploaded into each node's run directory
-and started once per local rank by ``ranks.sh.j2`` (native Windows: its launch template), every line
-``[default<local rank>]:CBB <json>`` parsed here. The ranks of one node run at the same time, as in
-training, where they share the node's cores.
+and started once per local rank by ``ranks.sh.j2`` (native Windows: its launch template); its results
+are records (orchestrator/records.py) ``probe <json>`` with the nonce the controller gave it
+(:data:`records.NONCE_ENV`), read here; lines of that shape from anything else are plain output.
+The ranks of one node run at the same time, as in training, where they share the node's cores.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import records
 from orchestrator.bench.shares import SharesDoc, rank_layout
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 WORKER = "probe_worker.py"
 TEMPLATE = "ranks.sh.j2"
-_MARK = "CBB "
+#: the kind of the worker's records
+RECORD = "probe"
 
 
 @dataclass
@@ -187,11 +189,14 @@ def probe_specs(
     seconds: float,
     timeout: float,
     workload: str | None = None,
+    nonce: str | None = None,
 ) -> list[LaunchSpec]:
     """The launch specs as the probe runs them: the worker in place of the training script, run from
-    the node's run directory (as validation runs its worker; ``validation_specs`` says why)."""
+    the node's run directory (as validation runs its worker; ``validation_specs`` says why), its
+    records with ``nonce`` (a fresh one when nobody reads them, the dry run)."""
     from orchestrator.runs.layout import run_dir_for
 
+    env = {records.NONCE_ENV: records.check_nonce(nonce or records.new_nonce())}
     out = []
     for spec in specs:
         args = [
@@ -207,7 +212,11 @@ def probe_specs(
         if workload:
             args += ["--callable", workload, "--code-dir", spec.code_dir]
         run_dir = run_dir_for(spec.node, spec.run_id)
-        out.append(dataclasses.replace(spec, code_dir=run_dir, script=WORKER, args=tuple(args)))
+        out.append(
+            dataclasses.replace(
+                spec, code_dir=run_dir, script=WORKER, args=tuple(args), env={**spec.env, **env}
+            )
+        )
     return out
 
 
@@ -249,11 +258,12 @@ def run_probe(
     take long to get there); the controller stops everything after twice ``timeout`` + four times
     the repeats' target time + 120 s, whatever happens.
     """
-    from orchestrator.runs.ranks import split_worker_rank
+    from orchestrator.runs.ranks import worker_record
     from orchestrator.steps.launch import plan, run_node
 
     renderer = renderer or Renderer()
     launch_plan = launch_plan or plan(session, inventory, run_id)
+    nonce = records.new_nonce()
     specs = {
         s.node.name: s
         for s in probe_specs(
@@ -263,6 +273,7 @@ def run_probe(
             seconds=seconds,
             timeout=timeout,
             workload=workload,
+            nonce=nonce,
         )
     }
     ranks = {
@@ -282,17 +293,12 @@ def run_probe(
     lock = threading.Lock()
 
     def line(node: str, text: str) -> None:
-        local, rest = split_worker_rank(text)  # native Windows: tagged twice
+        local, record, rest = worker_record(text, nonce, RECORD)  # native Windows: tagged twice
         rank = None if local is None else specs[node].first_rank + local
-        if rest.startswith(_MARK):
-            try:
-                record = json.loads(rest[len(_MARK) :])
-            except ValueError:
-                record = None
-            if isinstance(record, dict):
-                with lock:
-                    report.feed(record, node, rank)
-                return
+        if record is not None:
+            with lock:
+                report.feed(record, node, rank)
+            return
         if on_line is not None:
             on_line(node, rank, rest)
 

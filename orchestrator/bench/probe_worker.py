@@ -2,7 +2,9 @@
 
 Started like the validation worker: once per local rank, with torchrun's environment and everything
 else the launch gives the rank (interface, OMP_NUM_THREADS, the inventory's train.env), from the
-rendered ``ranks.sh``. Every line it prints is ``[default<local rank>]:CBB <json>``.
+rendered ``ranks.sh``. Every result it prints is ``[default<local rank>]:`` and the record ``probe <json>``
+(orchestrator/records.py; ``record`` below is that module's encoder, the same source) with the nonce
+the controller put in its environment (``CB_RECORD_NONCE``).
 
 The ranks meet in the master's TCPStore (rank 0 names the ranks that never come, as validation
 does) and start each timed repeat together: every rank of a node shares the node's cores during
@@ -19,6 +21,7 @@ Standard library and torch only; runs under the node's Python.
 from __future__ import annotations
 
 import argparse
+import base64
 import datetime
 import gc
 import importlib
@@ -38,11 +41,23 @@ LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 FEATURES, HIDDEN, CLASSES = 64, 256, 10  # examples/train_ddp.py's MLP
 CALIBRATION = 5  # steps timed to choose how many make one repeat
+NONCE = os.environ.get("CB_RECORD_NONCE", "")
+
+
+def record(nonce: "str", kind: "str", *fields: "bytes | str") -> "str":  # noqa: UP037
+    """One record line, newline included. ``str`` fields travel as their UTF-8 bytes."""
+    # the annotations are strings and only base64 is used: node-side Python (3.8 and later) runs this
+    # very source (PYTHON_ENCODER)
+    parts = ["@@" + nonce, kind]
+    for value in fields:
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        parts.append(":" + base64.b64encode(data).decode("ascii"))
+    return " ".join(parts) + "\n"
 
 
 def emit(kind: str, **data: Any) -> None:
     data.update(kind=kind, rank=RANK)
-    sys.stdout.write(f"[default{LOCAL_RANK}]:CBB {json.dumps(data, sort_keys=True)}\n")
+    sys.stdout.write(f"[default{LOCAL_RANK}]:" + record(NONCE, "probe", json.dumps(data, sort_keys=True)))
     sys.stdout.flush()
 
 

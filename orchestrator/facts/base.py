@@ -99,7 +99,7 @@ class SectionStream:
         caller's), else None (records, and what a section's command printed around them)."""
         if self.complete:
             return line
-        found = records.decode_line(line, self._token) if line.startswith("@@") else None
+        found = records.decode_line(line, self._token) if line.startswith(records.MARK) else None
         if found is not None and found.kind == "section":
             name = _take(found, self.sections)
             self.first_line_at.setdefault(name, at)

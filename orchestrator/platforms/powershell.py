@@ -415,8 +415,12 @@ class PowerShell(Platform):
     def record_functions(self, nonce: str) -> str:
         """``Out-CbRecord KIND @(FIELD, ...)`` prints one record; each field is taken as a string
         and travels as its UTF-8 bytes (``$null``: an empty field)."""
+        return f"$cbNonce = {self.quote(check_nonce(nonce))}\n" + self.record_function()
+
+    def record_function(self) -> str:
+        """``Out-CbRecord`` alone, with the nonce in ``$cbNonce`` (a script whose nonce is its
+        parameter: the foreground follower's rounds)."""
         return (
-            f"$cbNonce = {self.quote(check_nonce(nonce))}\n"
             "function Out-CbRecord([string]$Kind, [object[]]$Fields) {\n"
             "  $cbLine = New-Object -TypeName System.Text.StringBuilder\n"
             "  $null = $cbLine.Append('@@').Append($cbNonce).Append(' ').Append($Kind)\n"

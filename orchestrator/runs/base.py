@@ -52,13 +52,15 @@ class RunOps(ABC):
         node_log: str,
         offset: int,
         *,
+        nonce: str,
         follow: bool,
         python: str | None,
         interval: float | None,
         lines: int | None = None,
     ) -> str:
-        """The log from ``offset`` in the tail protocol (runs/tail.py). ``lines``: from the
-        ``lines``-th last complete line instead (``offset`` ignored): ``@@start OFFSET`` first."""
+        """The log from ``offset`` in the tail protocol (runs/tail.py), its records with ``nonce``.
+        ``lines``: from the ``lines``-th last complete line instead (``offset`` ignored): the record
+        ``start OFFSET`` first."""
 
     @abstractmethod
     def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:

@@ -68,7 +68,10 @@ def tail_script(
     python: str | None = None,
     interval: float | None = None,
     lines: int | None = None,
+    nonce: str | None = None,
 ) -> str:
+    """The tail of the run's node.log from ``offset`` (runs/tail.py), its records with ``nonce``
+    (a fresh one when the answer is not read)."""
     ops = run_ops(platform, node)
     run_dir = run_dir_for(node, run_id)
     return ops.tail(
@@ -76,6 +79,7 @@ def tail_script(
         run_marker(run_id, node.name),
         node_log(run_dir),
         offset,
+        nonce=nonce or new_nonce(),
         follow=follow,
         python=python if ops.uses_python else None,
         interval=interval,
@@ -174,9 +178,9 @@ def follow_node(
             for line in text[:-1].split("\n"):
                 on_line(node.name, line)
 
-    batches = Batches(node.name, deliver)
+    batches = Batches(node.name, deliver, new_nonce())
     while True:
-        batches.restart()
+        batches.restart(new_nonce())
         script = tail_script(
             transport.platform,
             node,
@@ -186,6 +190,7 @@ def follow_node(
             python=python,
             interval=interval,
             lines=lines if batches.start is None else None,
+            nonce=batches.nonce,
         )
         try:
             result = transport.run(script, on_line=batches, keep_lines=20)

@@ -4,8 +4,11 @@ controller turns N into the global rank it shows (``[node:rank] text``)."""
 
 from __future__ import annotations
 
+import json
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import records
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -26,13 +29,28 @@ def split_rank(line: str) -> tuple[int | None, str]:
 def split_worker_rank(line: str) -> tuple[int | None, str]:
     """A line of one of our own rank workers (validation, the throughput probe), which tag their lines
     ``[defaultN]:`` themselves: on native Windows launch.ps1 tags them again
-    (``[default1]:[default1]:CBV ...``); either way (1, "CBV ...")."""
+    (``[default1]:[default1]:RECORD``); either way (1, "RECORD")."""
     local, rest = split_rank(line)
     if rest.startswith("[default"):
         inner, inner_rest = split_rank(rest)
         if inner is not None:
             return inner if local is None else local, inner_rest
     return local, rest
+
+
+def worker_record(line: str, nonce: str, kind: str) -> tuple[int | None, dict[str, Any] | None, str]:
+    """A line of one of our rank workers: its local rank, the JSON object it carries when it is a
+    ``kind`` record of ``nonce`` (else None: the line is plain output, whatever it looks like), and
+    its text after the tags."""
+    local, rest = split_worker_rank(line)
+    found = records.decode_line(rest, nonce) if rest.startswith(records.MARK) else None
+    if found is None or found.kind != kind:
+        return local, None, rest
+    try:
+        data = json.loads(found.fields[0]) if found.fields else None
+    except ValueError:
+        data = None
+    return local, data if isinstance(data, dict) else None, rest
 
 
 def owned_rank(record: dict[str, object], node: str, rank: int | None, owner: str | None) -> int | None:

@@ -133,11 +133,12 @@ class Followed(BlockHandler):
     """What the follower of a foreground run on a native Windows node prints (runs/windows_follow.py), read
     here: its stdout is the tail protocol (``Batches``), whose complete lines go on to ``output`` (the
     node's handler: ``[defaultN]:`` rank labels as in node.log); its stderr (the follower's own
-    errors) goes on as stderr. The last ``keep`` lines of both are kept for a failure's summary."""
+    errors) goes on as stderr. The last ``keep`` lines of both are kept for a failure's summary.
+    ``nonce``: the first round's (``WindowsRuns.foreground``); each next round gets its own."""
 
-    def __init__(self, node: str, output: OnLine, keep: int = 200) -> None:
+    def __init__(self, node: str, output: OnLine, nonce: str, keep: int = 200) -> None:
         self.output = output
-        self.batches = Batches(node, self._deliver)
+        self.batches = Batches(node, self._deliver, nonce)
         self.kept: deque[str] = deque(maxlen=keep)
         self.errors: deque[str] = deque(maxlen=keep)
 
@@ -191,7 +192,7 @@ def follow_windows(
     (``time.monotonic()``): no round is started past it (the result says timed out; the run goes on
     until the caller stops it).
 
-    A round that ends without ``@@more`` or ``@@end`` is a follower that failed: CommandFailedError
+    A round that ends without the record ``more`` or ``end`` is a follower that failed: CommandFailedError
     (the watchdog stops the run once its heartbeat is old)."""
     platform = transport.platform
     assert isinstance(platform, PowerShell), "native Windows nodes only"
@@ -218,10 +219,10 @@ def follow_windows(
         if deadline is not None and time.monotonic() >= deadline:
             late = Result(result.node, result.command, None, "", "", 0.0, timed_out=True)
             return ForegroundEnd(_summary(followed, late, None, duration), False, rounds)
-        batches.restart()
+        batches.restart(new_nonce())
         rounds += 1
         result = transport.run(
-            ops.follow_round(run_dir, batches.offset),
+            ops.follow_round(run_dir, batches.offset, batches.nonce),
             on_line=followed,
             keep_lines=20,
             timeout=ROUND_SECONDS + ROUND_MARGIN,
@@ -274,9 +275,9 @@ def run_outside_job(
             local.write_bytes(platform.script_file(text))
             transport.put(local, f"{job_dir}/{name}")
     deadline = None if timeout is None else time.monotonic() + timeout
-    followed = Followed(node.name, output, keep=keep)
+    followed = Followed(node.name, output, new_nonce(), keep=keep)
     first = transport.run(
-        ops.foreground(job_dir, log_path, launcher=RUNNER),
+        ops.foreground(job_dir, log_path, followed.batches.nonce, launcher=RUNNER),
         on_line=followed,
         keep_lines=20,
         timeout=FIRST_ROUND_TIMEOUT,

@@ -1,57 +1,64 @@
 """The tail protocol: a node's ``node.log`` read from a byte offset, across dropped connections,
 every line delivered exactly once. Three producers speak it on the nodes (FOLLOW_PROGRAM in the
 node's Python, ``posix_tail`` in sh with tail and awk, ``powershell_tail`` on native Windows); one
-parser reads it here (``Batches``).
+reader takes it here (``Batches``, on records.Stream).
 
-What a producer prints on stdout, given the log, an OFFSET, FOLLOW and LINES:
+The producer's stdout is a stream of the codec (orchestrator/records.py): the log's lines as they are
+(escaped by ``records.escape``) with records of the command's nonce between them. Given the log, an
+OFFSET, FOLLOW and LINES it sends:
 
-- ``@@missing``: there is no run directory; nothing else follows.
-- ``@@start OFFSET``, first, only when LINES was given (`logs --tail N`): reading starts at the
-  N-th last complete line, found on the node by reading back from the end (never the whole log),
-  at OFFSET (0 when there is no log yet). A last line without its newline counts only once the
+- the record ``missing``: there is no run directory; nothing else follows.
+- ``start OFFSET``, first, only when LINES was given (`logs --tail N`): reading starts at the N-th
+  last complete line, found on the node by reading back from the end (never the whole log), at
+  OFFSET (0 when there is no log yet). A last line without its newline counts only once the
   launcher has ended; that end is checked before the size is taken.
-- Batches: complete lines of the log from OFFSET, exactly as they are, except that a line starting
-  with ``@@`` gets one more ``@`` (so no log line looks like a marker). Each batch is followed by
-  ``@@. OFFSET``, the byte offset just past it. A last line without its newline is held back until
-  the launcher has ended (then it is sent, with a newline added). A line longer than a producer's
-  block (2 MiB: longer than any line the rank capture writes, whose lines are at most 1 MiB and a
-  label) may be sent in pieces. Sizes are taken before reading: a line being written is never cut.
+- Batches: complete lines of the log from OFFSET, each followed by the record ``batch OFFSET``, the
+  byte offset just past it. A last line without its newline is held back until the launcher has
+  ended (then it is sent, with a newline added). A line longer than a producer's block (2 MiB:
+  longer than any line the rank capture writes, whose lines are at most 1 MiB and a label) may be
+  sent in pieces. Sizes are taken before reading: a line being written is never cut.
 - With FOLLOW the producer polls until the launcher has ended (its exit-code file exists, or its
   recorded process is gone) and everything is read; without, it stops at the current end.
-- ``@@end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and
-  the offset read up to.
-- ``@@more OFFSET`` last instead, only from a producer given a ROUND (the follower of a foreground
-  run on a native Windows node, runs/windows_follow.py): ROUND seconds have passed and the launcher is
-  still running; the controller runs the next round from OFFSET. Other markers (``@@started ...``
-  of that follower's first round) are kept by the parser, not delivered.
+- ``end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and the
+  offset read up to.
+- ``more OFFSET`` last instead, only from a producer given a ROUND (the follower of a foreground run
+  on a native Windows node, runs/windows_follow.py): ROUND seconds have passed and the launcher is
+  still running; the controller runs the next round from OFFSET. Other records (``started ...`` of
+  that follower's first round) are kept by the reader, not delivered.
 
-The parser passes a batch on only once the ``@@. OFFSET`` after it arrived (it came whole) and
-remembers that offset: after a dropped connection the tail is asked again from there, and the
-piece after the last marker (possibly cut) is read again. Nothing is lost, nothing printed twice.
-With ``@@start``, a reconnect after it resumes from offsets (the last N lines are not counted again
-against a longer log); one before it (nothing delivered yet) asks for the last N lines again.
+The reader passes a batch on only once the ``batch`` record after it arrived (it came whole) and
+remembers that offset: after a dropped connection the tail is asked again from there, with a new
+nonce, and the piece after the last record (possibly cut) is read again. Nothing is lost, nothing
+printed twice. With ``start``, a reconnect after it resumes from offsets (the last N lines are not
+counted again against a longer log); one before it (nothing delivered yet) asks for the last N lines
+again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator import records
 from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.records import Record
 from orchestrator.transports.base import BlockHandler
 
 log = logging.getLogger(__name__)
 
 #: The producer in the node's Python (POSIX nodes, when the run's interpreter is known): one process
 #: reads the log, no process per poll, so lines arrive within the interval even on a busy node.
-#: argv: LOG RC_FILE PID_FILE OFFSET FOLLOW(0/1) INTERVAL LINES(-1: none)
+#: argv: LOG RC_FILE PID_FILE OFFSET FOLLOW(0/1) INTERVAL LINES(-1: none) NONCE; records.py's
+#: encoder and stream escape are put before it (``_follow_program``)
 FOLLOW_PROGRAM = r"""
-import os, sys, time
 path, rc_path, pid_path = sys.argv[1:4]
 offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
-lines = int(sys.argv[7])
+lines, nonce = int(sys.argv[7]), sys.argv[8]
 out = sys.stdout.buffer
+
+def say(kind, *fields):
+    out.write(record(nonce, kind, *fields).encode("ascii"))
 BLOCK = 2 << 20
 BACK = 1 << 16
 
@@ -105,7 +112,7 @@ if lines >= 0:
     if os.path.exists(path):
         f = open(path, "rb")
         offset = last_lines(f, lines, ended())  # ended() first: then the size is final
-    out.write(b"@@start %d\n" % offset)
+    say("start", str(offset))
     out.flush()
 while True:
     fin = ended()
@@ -128,9 +135,8 @@ while True:
         offset += cut
         if not chunk.endswith(b"\n"):
             chunk += b"\n"
-        if b"@@" in chunk:
-            chunk = (b"\n" + chunk).replace(b"\n@@", b"\n@@@")[1:]
-        out.write(chunk + b"@@. %d\n" % offset)
+        out.write(escape(chunk))
+        say("batch", str(offset))
         out.flush()
     if fin or not follow:
         break
@@ -139,9 +145,14 @@ rc = "none"
 if os.path.exists(rc_path):
     with open(rc_path) as fh:
         rc = fh.read().strip() or "none"
-out.write(b"@@end %s %d\n" % (rc.encode(), offset))
+say("end", rc, str(offset))
 out.flush()
 """
+
+
+def _follow_program() -> str:
+    """FOLLOW_PROGRAM with what it needs of the codec (records.py's own source) before it."""
+    return "import base64, os, sys, time\n" + records.PYTHON_ENCODER + records.PYTHON_ESCAPE + FOLLOW_PROGRAM
 
 
 def posix_tail(
@@ -150,12 +161,14 @@ def posix_tail(
     log: str,
     offset: int,
     *,
+    nonce: str,
     follow: bool,
     interval: float = 0.05,
     lines: int | None = None,
 ) -> str:
     """The producer in sh (tail, awk, dd: processes per poll). ``preamble``: the run's shell
-    functions (runs/posix.py: ``$d`` the run directory, ``_cb_leader``).
+    functions (runs/posix.py: ``$d`` the run directory, ``_cb_leader``); ``nonce``: its records'.
+    awk escapes the lines as ``records.escape`` does; the records are the platform's ``_cb_rec``.
 
     ``lines``: found without reading the whole log: ``dd`` seeks to a window before the end (64 KiB,
     doubled until it holds enough newlines) and awk notes the newlines in it, stopping at the size
@@ -192,31 +205,37 @@ def posix_tail(
             "  done\n"
             "fi\n"
             'case $off in ""|*[!0-9]*) echo "cannot find the last $n lines of $f" >&2; exit 1;; esac\n'
-            'echo "@@start $off"\n'
+            '_cb_rec start "$off"\n'
         )
     awk = (
         "{ e = o + length($0) + 1; if (e > size) { if (!fin) exit; e = size }"
-        ' if (substr($0, 1, 2) == "@@") printf "@"; print; o = e }'
-        # "@@. OFFSET": the batch before it arrived whole (the reader holds it until then)
-        ' END { printf "@@. %.0f\\n", o; printf "%.0f\\n", o > "/dev/stderr" }'
+        f' if (substr($0, 1, {len(records.MARK)}) == "{records.MARK}") printf "@"; print; o = e }}'
+        # the offset past the batch, for its record (the reader holds the batch until then)
+        ' END { printf "%.0f\\n", o > "/dev/stderr" }'
     )
+    missing = sh.quote(records.record(nonce, "missing").rstrip("\n"))
     return (
         preamble + f"f={sh.path_word(log)}\n"
         f"off={int(offset)}\n"
-        'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
-        "exec 4>&1\n" + start + "while :; do\n"
+        f'if [ ! -d "$d" ]; then echo {missing}; exit 0; fi\n'
+        + sh.record_functions(nonce)
+        + "\nexec 4>&1\n"
+        + start
+        + "while :; do\n"
         "  fin=0\n"
         '  if [ -f "$f.rc" ]; then fin=1; elif [ -f "$d/pid" ] && ! _cb_leader; then fin=1; fi\n'
         '  size=0; [ -f "$f" ] && size=$(wc -c < "$f")\n'
         '  if [ "$size" -gt "$off" ]; then\n'
         # awk stops at the first line ending past $size (bytes written after it was measured)
+        "    was=$off\n"
         '    off=$(tail -c +$((off + 1)) "$f" 2>/dev/null'
         f' | LC_ALL=C awk -v o="$off" -v size="$size" -v fin="$fin" {sh.quote(awk)} 2>&1 >&4)\n'
+        '    [ "$off" = "$was" ] || _cb_rec batch "$off"\n'
         "  fi\n"
         '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
         "done\n"
         'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
-        'echo "@@end ${rc:-none} $off"'
+        '_cb_rec end "${rc:-none}" "$off"'
     )
 
 
@@ -227,6 +246,7 @@ def posix_tail_python(
     log: str,
     offset: int,
     *,
+    nonce: str,
     follow: bool,
     interval: float,
     lines: int | None = None,
@@ -234,14 +254,16 @@ def posix_tail_python(
     """The producer in the node's Python (FOLLOW_PROGRAM run by ``python``, the interpreter the run
     uses): no process per poll, so lines arrive within ``interval`` even on a busy node."""
     count = -1 if lines is None else max(0, int(lines))
+    missing = sh.quote(records.record(nonce, "missing").rstrip("\n"))
     return (
         f"d={sh.path_word(run_dir)}\n"
         # the pid file the reader asks is believed only in a directory that is ours alone
         + sh.check_own_dir(run_dir)
         + "\n"
-        'if [ ! -d "$d" ]; then echo "@@missing"; exit 0; fi\n'
-        f"exec {sh.quote(python)} -c {sh.quote(FOLLOW_PROGRAM)} {sh.path_word(log)}"
+        f'if [ ! -d "$d" ]; then echo {missing}; exit 0; fi\n'
+        f"exec {sh.quote(python)} -c {sh.quote(_follow_program())} {sh.path_word(log)}"
         f' {sh.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g} {count}'
+        f" {records.check_nonce(nonce)}"
     )
 
 
@@ -251,6 +273,7 @@ def powershell_tail(
     log: str,
     offset: int,
     *,
+    nonce: str | None,
     follow: bool,
     interval: float = 0.05,
     lines: int | None = None,
@@ -259,19 +282,23 @@ def powershell_tail(
     round_seconds: float | None = None,
 ) -> str:
     """The producer in PowerShell (native Windows nodes). ``preamble``: the run's functions
-    (runs/windows.py: ``$cbDir``, ``Read-CbText``, ``Get-CbLeader``).
+    (runs/windows.py: ``$cbDir``, ``Read-CbText``, ``Get-CbLeader``); ``nonce``: its records'
+    (None: the preamble defines ``Out-CbRecord`` with its own, as the follower does).
 
     The log is opened with FileShare ReadWrite (the launcher is writing it) and its bytes are
     written to our stdout unchanged (``[Console]::OpenStandardOutput()``): offsets are bytes of the
-    UTF-8 file. The ``@@`` escape is done on the bytes read as Latin-1, one character per byte.
+    UTF-8 file. ``records.escape`` is done on the bytes read as Latin-1, one character per byte; the
+    records are the platform's ``Out-CbRecord`` (``[Console]::Out``, which flushes every write, as
+    ``Send-Cb`` does: the order holds).
     ``lines``: found by reading back from the end with the same FileStream (a block at a time,
     newlines counted with ``[Array]::LastIndexOf``).
 
     The follower of a foreground run (runs/windows_follow.py) also gives: ``offset_from``, a PowerShell
     expression for the offset (its script's ``$Offset`` parameter) instead of ``offset``; ``beat``, a
     statement run once per poll (it touches the heartbeat file); ``round_seconds``: after that long,
-    with the launcher still running, it ends with ``@@more OFFSET`` instead of ``@@end``.
+    with the launcher still running, it ends with the record ``more OFFSET`` instead of ``end``.
     """
+    mark = records.MARK
     first = f"[long]{int(offset)}" if offset_from is None else f"[long]{offset_from}"
     if round_seconds is not None and not follow:
         raise ValueError("a round only makes sense while following")
@@ -306,10 +333,12 @@ def powershell_tail(
             "      }\n"
             "    }\n"
             "  }\n"
-            "  Send-Cb ('@@start ' + $cbOffset + \"`n\")\n"
+            "  Out-CbRecord 'start' @([string]$cbOffset)\n"
         )
     return (
-        preamble + f"$cbLogPath = {ps.full_path(log)}\n"
+        preamble
+        + ("" if nonce is None else ps.record_functions(nonce) + "\n")
+        + f"$cbLogPath = {ps.full_path(log)}\n"
         f"$cbOffset = {first}\n"
         f"$cbFollow = {'$true' if follow else '$false'}\n"
         "$cbOut = [Console]::OpenStandardOutput()\n"
@@ -319,7 +348,7 @@ def powershell_tail(
         "  $cbOut.Write($cbData, 0, $cbData.Length)\n"
         "  $cbOut.Flush()\n"
         "}\n"
-        'if (-not [System.IO.Directory]::Exists($cbDir)) { Send-Cb "@@missing`n"; exit 0 }\n'
+        "if (-not [System.IO.Directory]::Exists($cbDir)) { Out-CbRecord 'missing' @(); exit 0 }\n"
         "$cbRc = $cbLogPath + '.rc'\n"
         "$cbPidFile = Join-Path -Path $cbDir -ChildPath 'pid'\n"
         "function Test-CbEnded {\n"
@@ -375,10 +404,11 @@ def powershell_tail(
         "      $cbText = $cbLatin.GetString($cbBuf, 0, $cbCut)\n"
         "      $cbOffset += $cbCut\n"
         '      if (-not $cbText.EndsWith("`n")) { $cbText += "`n" }\n'
-        "      if ($cbText.Contains('@@')) {\n"
-        '        $cbText = ("`n" + $cbText).Replace("`n@@", "`n@@@").Substring(1)\n'
+        f"      if ($cbText.Contains('{mark}')) {{\n"
+        f'        $cbText = ("`n" + $cbText).Replace("`n{mark}", "`n@{mark}").Substring(1)\n'
         "      }\n"
-        "      Send-Cb ($cbText + '@@. ' + $cbOffset + \"`n\")\n"
+        "      Send-Cb $cbText\n"
+        "      Out-CbRecord 'batch' @([string]$cbOffset)\n"
         "    }\n"
         "    if ($cbFin -or -not $cbFollow) { break }\n"
         + (
@@ -393,14 +423,13 @@ def powershell_tail(
         "}\n"
         + (
             # the launcher runs on: the controller starts the next round from here
-            "if ($cbMore) {\n  Send-Cb ('@@more ' + $cbOffset + \"`n\")\n} else {\n"
+            "if ($cbMore) {\n  Out-CbRecord 'more' @([string]$cbOffset)\n} else {\n"
             if round_seconds is not None
             else ""
         )
         + "$cbCode = (Read-CbText $cbRc).Trim()\n"
         "if (-not $cbCode) { $cbCode = 'none' }\n"
-        "Send-Cb ('@@end ' + $cbCode + ' ' + $cbOffset + \"`n\")"
-        + ("\n}" if round_seconds is not None else "")
+        "Out-CbRecord 'end' @($cbCode, [string]$cbOffset)" + ("\n}" if round_seconds is not None else "")
     )
 
 
@@ -417,85 +446,71 @@ class FollowResult:
     start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
 
 
-def marker_spans(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of every marker line in ``text`` (complete lines): lines starting with "@@" but
-    not "@@@" (a log line that starts with "@@" arrives with one more "@")."""
-    line = 0
-    while True:
-        if text.startswith("@@", line):
-            end = text.index("\n", line) + 1
-            if text[line + 2 : line + 3] != "@":
-                yield line, end
-            line = end
-            continue
-        found = text.find("\n@@", line)
-        if found < 0:
-            return
-        line = found + 1
-
-
 class Batches(BlockHandler):
-    """The controller side of the tail protocol: a batch of lines is passed on once the marker after
-    it arrived (it came whole); what came after the last marker waits for its own."""
+    """The controller side of the tail protocol, on ``records.Stream``: a batch of lines is passed on
+    once the ``batch`` record after it arrived (it came whole); what came after the last record waits
+    for its own. Before each command (a reconnect, a follower's next round) :meth:`restart` with the
+    nonce that command was given."""
 
-    def __init__(self, node: str, deliver: Callable[[str], None]) -> None:
+    def __init__(self, node: str, deliver: Callable[[str], None], nonce: str) -> None:
         self.node = node
         self.deliver = deliver
+        self.stream = records.Stream(nonce)
         self.offset = 0
-        self.start: int | None = None  # "@@start OFFSET": where the node began the last N lines
+        self.start: int | None = None  # ``start OFFSET``: where the node began the last N lines
         self.lines = 0
-        self.markers: list[str] = []
-        self.pending: list[str] = []
+        self.markers: list[Record] = []  # the other records of this command (missing, end, more, started)
 
-    def restart(self) -> None:
-        self.pending.clear()  # possibly cut by a dropped connection: read again from ``offset``
+    @property
+    def nonce(self) -> str:
+        return self.stream.nonce
+
+    def restart(self, nonce: str) -> None:
+        self.stream.restart(nonce)  # what came after the last record may be cut: read again from ``offset``
         self.markers.clear()
 
     def block(self, stream: str, text: str) -> None:
         if stream != "stdout":
             log.debug("%s: tail: %s", self.node, text.rstrip("\n"))
             return
-        pos = 0
-        for start, end in marker_spans(text):
-            self._batch(text[pos:start])
-            pos = end
-            marker = text[start : end - 1]
-            if marker.startswith("@@. "):
-                self.offset = int(marker[4:])
-            elif marker.startswith("@@start "):
-                self.offset = self.start = int(marker[8:])
+        for item in self.stream.feed(text):
+            if isinstance(item, str):
+                self.lines += item.count("\n")
+                self.deliver(item)
+            elif item.kind == "batch":
+                self.offset = _offset(item, 0)
+            elif item.kind == "start":
+                self.offset = self.start = _offset(item, 0)
             else:
-                self.markers.append(marker)
-        if pos < len(text):
-            self.pending.append(text[pos:])
+                self.markers.append(item)
 
-    def _batch(self, text: str) -> None:
-        if self.pending:
-            text = "".join(self.pending) + text
-            self.pending.clear()
-        if not text:
-            return
-        if "@@@" in text:  # lines of the log that start with "@@" arrive with one more "@"
-            text = ("\n" + text).replace("\n@@@", "\n@@")[1:]
-        self.lines += text.count("\n")
-        self.deliver(text)
+    def _find(self, kind: str) -> Record | None:
+        return next((m for m in self.markers if m.kind == kind), None)
 
     @property
     def missing(self) -> bool:
-        """``@@missing`` arrived: the node has no such run directory."""
-        return "@@missing" in self.markers
+        """``missing`` arrived: the node has no such run directory."""
+        return self._find("missing") is not None
 
-    def end(self) -> str | None:
-        """The ``@@end CODE|none OFFSET`` line, once it arrived."""
-        return next((m for m in self.markers if m.startswith("@@end ")), None)
+    def end(self) -> Record | None:
+        """The ``end CODE|none OFFSET`` record, once it arrived."""
+        return self._find("end")
 
     def more(self) -> int | None:
-        """``@@more OFFSET`` arrived (a follower's round is over, the launcher runs on): OFFSET."""
-        marker = next((m for m in self.markers if m.startswith("@@more ")), None)
-        words = (marker or "").split()
-        return int(words[1]) if len(words) == 2 and words[1].isdigit() else None
+        """``more OFFSET`` arrived (a follower's round is over, the launcher runs on): OFFSET."""
+        found = self._find("more")
+        return None if found is None else _offset(found, 0)
 
     def exit_code(self) -> int | None:
-        """The launcher's exit code that ``@@end`` gave (None: running, killed, or no end yet)."""
-        words = (self.end() or "").split()
-        return int(words[1]) if len(words) > 1 and words[1].lstrip("-").isdigit() else None
+        """The launcher's exit code that ``end`` gave (None: running, killed, or no end yet)."""
+        found = self.end()
+        code = "" if found is None else found.text(0)
+        return int(code) if code.lstrip("-").isdigit() else None
+
+
+def _offset(found: Record, index: int) -> int:
+    """Field ``index`` of a record as a byte offset (a producer's own number: anything else is a bug)."""
+    text = found.text(index)
+    if not text.isdigit():
+        raise ValueError(f"tail: record {found.kind} without a byte offset: {found.texts}")
+    return int(text)

@@ -160,7 +160,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
             self.platform.record_functions(nonce)
             + "\n"
             + self.functions(run_dir)
-            + self.start_launcher(run_dir, node_log, records=True)
+            + self.start_launcher(run_dir, node_log)
         )
 
     def start_launcher(
@@ -170,19 +170,14 @@ class WindowsRuns(ForegroundScripts, RunOps):
         *,
         tick: str = "",
         launcher: str | None = None,
-        records: bool = False,
     ) -> str:
         """The body of :meth:`start` (after ``functions``); ``tick``: a statement run on every look
         for the pid file (the follower's heartbeat); ``launcher``: another script than launch.ps1 in
         the run directory, with its contract (``-Log``, ``pid``, the log's ``.rc``): windows_follow.RUNNER.
-        ``records``: says ``started`` and ``started-before`` as records (``Out-CbRecord`` defined),
-        else as the tail protocol's marker lines (the follower's output is that protocol)."""
+        Says ``started`` and ``started-before`` as records (``Out-CbRecord`` defined before)."""
 
         def say(kind: str) -> str:
-            pid = "(Read-CbText $cbPidFile).Trim()"
-            if records:
-                return f"Out-CbRecord '{kind}' @({pid})"
-            return f"[Console]::Out.WriteLine('@@{kind} ' + {pid})"
+            return f"Out-CbRecord '{kind}' @((Read-CbText $cbPidFile).Trim())"
 
         return (
             f"$cbScript = {self.platform.full_path(f'{run_dir}/{launcher or self.launcher}')}\n"
@@ -355,6 +350,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
         node_log: str,
         offset: int,
         *,
+        nonce: str,
         follow: bool,
         python: str | None,
         interval: float | None,
@@ -366,6 +362,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
             self.functions(run_dir),
             node_log,
             offset,
+            nonce=nonce,
             follow=follow,
             interval=interval or 0.05,
             lines=lines,

@@ -8,9 +8,10 @@ differs only in who waits: the controller, through a *follower* in the WinRS she
 
 The follower (``follow.ps1`` in the run directory, one powershell.exe inside the job: it counts as
 one process there) reads node.log in the tail protocol (runs/tail.py) from an offset. It runs in
-*rounds*: each ends after :data:`ROUND_SECONDS` with ``@@more OFFSET`` while the launcher runs on,
-and the controller starts the next one from that offset (``& follow.ps1 -Offset N``, a short
-command: the first round wrote the file). The first round (:meth:`WindowsRuns.foreground`, the
+*rounds*: each ends after :data:`ROUND_SECONDS` with the record ``more OFFSET`` while the launcher
+runs on, and the controller starts the next one from that offset (``& follow.ps1 -Offset N -Nonce
+NONCE``, a short command: the first round wrote the file; each round's records carry the nonce the
+controller gave it). The first round (:meth:`WindowsRuns.foreground`, the
 last action of a foreground plan) also starts the *watchdog* and then the launcher.
 
 The controller's hangup guarantee (POSIX: ``stop_on_hangup``, a run stops when its controller's
@@ -52,9 +53,10 @@ from abc import ABC, abstractmethod
 from typing import ClassVar
 
 from orchestrator.platforms import PowerShell
+from orchestrator.records import check_nonce
 from orchestrator.runs import tail
 
-#: how long one follower command runs before it ends with ``@@more`` and the controller starts the next
+#: how long one follower command runs before it ends with ``more`` and the controller starts the next
 ROUND_SECONDS = 8.0
 #: the watchdog stops the run when the follower's heartbeat is this old (rounds are 8 s apart, and a
 #: new one needs a powershell.exe start on the node, slow on a loaded machine)
@@ -94,8 +96,8 @@ class ForegroundScripts(ABC):
     def start_launcher(
         self, run_dir: str, node_log: str, *, tick: str = "", launcher: str | None = None
     ) -> str:
-        """The launcher started outside the WinRS job, ``@@started PID TICKS`` printed once it has
-        written its pid file (after ``functions``)."""
+        """The launcher started outside the WinRS job, the record ``started "PID TICKS"`` printed
+        once it has written its pid file (after ``functions`` and ``Out-CbRecord``)."""
 
     @abstractmethod
     def stop_functions(self) -> str:
@@ -173,11 +175,12 @@ class ForegroundScripts(ABC):
             "exit $cbCode\n"
         )
 
-    def foreground(self, run_dir: str, node_log: str, *, launcher: str | None = None) -> str:
+    def foreground(self, run_dir: str, node_log: str, nonce: str, *, launcher: str | None = None) -> str:
         """The last action of a foreground plan: write ``follow.ps1`` and ``watchdog.ps1`` into the run
         directory (UTF-8 with BOM, as Windows PowerShell 5.1 needs), then run the follower's first
-        round: it starts the watchdog and the launcher (both outside the WinRS job), prints
-        ``@@started PID TICKS`` and follows node.log from byte 0 (``@@more`` or ``@@end`` last)."""
+        round (its records with ``nonce``): it starts the watchdog and the launcher (both outside the
+        WinRS job), says ``started "PID TICKS"`` and follows node.log from byte 0 (``more`` or
+        ``end`` last)."""
         write = "[System.IO.File]::WriteAllText((Join-Path -Path $cbDir -ChildPath {name}), {text}, $cbBom)\n"
         quote = self.platform.quote
         return (
@@ -188,15 +191,17 @@ class ForegroundScripts(ABC):
                 name=quote(FOLLOW_SCRIPT),
                 text=quote(self.follower_script(run_dir, node_log, launcher=launcher)),
             )
-            + self.follow_round(run_dir, 0, start=True)
+            + self.follow_round(run_dir, 0, nonce, start=True)
         )
 
-    def follow_round(self, run_dir: str, offset: int, *, start: bool = False) -> str:
-        """One round of the follower from byte ``offset`` (``start``: the first, which starts the run)."""
+    def follow_round(self, run_dir: str, offset: int, nonce: str, *, start: bool = False) -> str:
+        """One round of the follower from byte ``offset``, its records with ``nonce`` (``start``: the
+        first, which starts the run)."""
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"not a byte offset: {offset!r}")
-        return f"{self.platform.run_script(f'{run_dir}/{FOLLOW_SCRIPT}')} -Offset {offset}" + (
-            " -Start" if start else ""
+        return (
+            f"{self.platform.run_script(f'{run_dir}/{FOLLOW_SCRIPT}')} -Offset {offset}"
+            f" -Nonce {self.platform.quote(check_nonce(nonce))}" + (" -Start" if start else "")
         )
 
     def follower_script(self, run_dir: str, node_log: str, *, launcher: str | None = None) -> str:
@@ -205,12 +210,15 @@ class ForegroundScripts(ABC):
         touches ``heartbeat`` at least once a second, with ``-Start`` first starts the watchdog and
         then the launcher (both with ``Win32_Process`` Create, the watchdog first: a follower killed
         in between leaves no launcher unwatched), then reads node.log from ``-Offset`` in the tail
-        protocol until the launcher has ended (``@@end``) or :data:`ROUND_SECONDS` have passed
-        (``@@more``). A round that ends by itself (also with an error) deletes ``follower``: only a
-        killed follower leaves the file naming a process that is gone."""
+        protocol until the launcher has ended (``end``) or :data:`ROUND_SECONDS` have passed
+        (``more``), its records with ``-Nonce``. A round that ends by itself (also with an error)
+        deletes ``follower``: only a killed follower leaves the file naming a process that is gone."""
         return (
-            "param([long]$Offset = 0, [switch]$Start)\n"
+            "param([long]$Offset = 0, [string]$Nonce = '', [switch]$Start)\n"
             + self.platform.prelude()
+            + "\n"
+            + "$cbNonce = $Nonce\n"
+            + self.platform.record_function()
             + "\n"
             + self.functions(run_dir)
             + f"$cbBeat = Join-Path -Path $cbDir -ChildPath '{HEARTBEAT}'\n"
@@ -254,6 +262,7 @@ class ForegroundScripts(ABC):
                 "",
                 node_log,
                 0,
+                nonce=None,
                 follow=True,
                 interval=FOLLOW_INTERVAL,
                 offset_from="$Offset",

@@ -320,6 +320,7 @@ def prepare_plan(
     script_file: Path | None = None,
     notice: Callable[[str], None] | None = None,
     secrets: Literal["mask"] | None = None,
+    nonce: str | None = None,
 ) -> NodePlan:
     """Everything before the launcher starts, as data: refuse a run id that ran on the node before and
     create the (private) run directory, then upload the launch script, the rank capture (POSIX, the
@@ -388,6 +389,7 @@ def node_plan(
     script_file: Path | None = None,
     notice: Callable[[str], None] | None = None,
     secrets: Literal["mask"] | None = None,
+    nonce: str | None = None,
 ) -> NodePlan:
     """A node's whole part of a foreground run, as data: ``prepare_plan`` then the launcher, its output
     streamed (and kept in node.log on the node). What --dry-run prints, what ``run_node`` applies.
@@ -395,7 +397,8 @@ def node_plan(
     Native Windows: the last action writes the follower and the watchdog into the run directory and
     runs the follower's first round, which starts the watchdog and the launcher outside the WinRS
     job and follows node.log (runs/windows.py); ``run_node`` then runs the next rounds
-    (``& follow.ps1 -Offset N``) until the launcher has ended."""
+    (``& follow.ps1 -Offset N``) until the launcher has ended. ``nonce``: the first round's records'
+    (``run_node`` reads them; a fresh one when nobody does)."""
     prepared = prepare_plan(
         node,
         platform,
@@ -409,7 +412,7 @@ def node_plan(
     run_dir = run_dir_for(node, spec.run_id)
     if isinstance(platform, PowerShell):
         launcher = Run(
-            windows_command(platform, run_dir),
+            windows_command(platform, run_dir, nonce or records.new_nonce()),
             stream=True,
             keep_lines=20,
             timeout=FIRST_ROUND_TIMEOUT,
@@ -556,7 +559,7 @@ def prepare_windows_node(
     )
     apply(planned, transport)
     run_dir = run_dir_for(node, spec.run_id)
-    return windows_command(platform, run_dir), f"{run_dir}/node.log"
+    return windows_command(platform, run_dir, records.new_nonce()), f"{run_dir}/node.log"
 
 
 def start_detached(
@@ -577,11 +580,11 @@ def start_detached(
     return start_all(session, specs, prepare)
 
 
-def windows_command(platform: PowerShell, run_dir: str) -> str:
+def windows_command(platform: PowerShell, run_dir: str, nonce: str) -> str:
     """What starts a native Windows node's part of a foreground run and follows it: launch.ps1
     created outside the WinRS job (it writes its log), with the watchdog that stops it when the
     controller is gone; the first round of its follower (``WindowsRuns.foreground``)."""
-    return WindowsRuns(platform).foreground(run_dir, f"{run_dir}/node.log")
+    return WindowsRuns(platform).foreground(run_dir, f"{run_dir}/node.log", nonce)
 
 
 def posix_command(platform: PosixShell, node: Node, spec: LaunchSpec) -> str:
@@ -629,6 +632,7 @@ def run_node(
 
     said = output
     node_log = f"{run_dir_for(node, spec.run_id)}/node.log"
+    nonce = records.new_nonce()  # the follower's first round's (native Windows)
     planned = node_plan(
         node,
         transport.platform,
@@ -638,6 +642,7 @@ def run_node(
         script_file=script_file,
         # other runs still on the node, said where its lines go (a launch, not a validation)
         notice=(lambda text: said("stderr", text)) if template is None else None,
+        nonce=nonce,
     )
     launched = False
 
@@ -648,7 +653,7 @@ def run_node(
             started.add(node.name)
 
     # native Windows: the plan's last action is the follower's first round (the tail protocol)
-    followed = Followed(node.name, output) if isinstance(transport.platform, PowerShell) else None
+    followed = Followed(node.name, output, nonce) if isinstance(transport.platform, PowerShell) else None
     try:
         results = apply(planned, transport, output=followed or output, before=starting)
     except BootstrapError as exc:

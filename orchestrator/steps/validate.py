@@ -3,27 +3,29 @@
 Every rank of the real launch plan (same interfaces, backend, interpreter, environment) runs the shipped
 worker (``probes/validate_worker.py``) through ``ranks.sh.j2``: one process per local rank with
 torchrun's environment. The worker joins through the master's TCPStore, checks an all_reduce result,
-then times all_reduce for a few sizes. Its lines (``CBV <json>``) are collected here into a report;
-a join that does not complete becomes "ranks never joined: ..." with node names, not a hang.
+then times all_reduce for a few sizes. Its results are records (orchestrator/records.py) ``validate
+<json>`` with the nonce the controller gave it (:data:`records.NONCE_ENV`), collected here into a
+report; a join that does not complete becomes "ranks never joined: ..." with node names, not a hang.
+Lines of the same shape printed by anything else (the user's environment, a library) are plain output.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import records
 from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
-from orchestrator.runs.ranks import owned_rank, split_worker_rank
+from orchestrator.runs.ranks import owned_rank, split_worker_rank, worker_record
 from orchestrator.steps.launch import plan, run_node
 from orchestrator.transports.base import Result
 
@@ -38,7 +40,8 @@ if TYPE_CHECKING:
 TEMPLATE = "ranks.sh.j2"
 WORKER = "validate_worker.py"
 DEFAULT_SIZES = (4096, 262144, 4194304)  # 4 KiB (latency), 256 KiB, 4 MiB (bandwidth)
-_MARK = "CBV "
+#: the kind of the worker's records
+RECORD = "validate"
 
 
 @dataclass
@@ -63,6 +66,7 @@ class ValidateReport:
     timed_out: bool = False
     torch: dict[int, str] = field(default_factory=dict)
     forged: dict[str, int] = field(default_factory=dict)  # node -> records it sent for ranks not its own
+    nonce: str = ""  # of the workers' records
 
     @property
     def ok(self) -> bool:
@@ -183,8 +187,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.3g} GiB"
 
 
-def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...]) -> list[LaunchSpec]:
-    """The launch specs as validation runs them: the shipped worker in place of the training script.
+def validation_specs(
+    specs: list[LaunchSpec], timeout: float, sizes: tuple[int, ...], nonce: str | None = None
+) -> list[LaunchSpec]:
+    """The launch specs as validation runs them: the shipped worker in place of the training script,
+    its records with ``nonce`` (in its environment: :data:`records.NONCE_ENV`; a fresh one when
+    nobody reads them, the dry run).
 
     The worker is a relative script in the code directory, and the code directory is the node's run
     directory: ``prepare_node``/``prepare_windows_node`` upload a relative script to
@@ -193,11 +201,14 @@ def validation_specs(specs: list[LaunchSpec], timeout: float, sizes: tuple[int, 
     on Linux, WSL and native Windows, whether the workdir is absolute or starts with ``~`` (a path
     with ``~`` passed to Python as an argument would be relative: no shell expands it there).
     """
+    env = {records.NONCE_ENV: records.check_nonce(nonce or records.new_nonce())}
     out = []
     for spec in specs:
         args = ("--backend", spec.backend, "--timeout", f"{timeout:g}", "--sizes", ",".join(map(str, sizes)))
         run_dir = run_dir_for(spec.node, spec.run_id)
-        out.append(dataclasses.replace(spec, code_dir=run_dir, script=WORKER, args=args))
+        out.append(
+            dataclasses.replace(spec, code_dir=run_dir, script=WORKER, args=args, env={**spec.env, **env})
+        )
     return out
 
 
@@ -239,26 +250,22 @@ def validate(
     renderer = renderer or Renderer()
     launch_plan = launch_plan or plan(session, inventory, run_id)
     worker = package_file("steps/probes/" + WORKER)
-    specs = {spec.node.name: spec for spec in validation_specs(launch_plan.specs, timeout, sizes)}
+    nonce = records.new_nonce()
+    specs = {spec.node.name: spec for spec in validation_specs(launch_plan.specs, timeout, sizes, nonce)}
     ranks: dict[int, str] = {}
     for spec in specs.values():
         for local in range(spec.nproc):
             ranks[spec.first_rank + local] = spec.node.name
-    report = ValidateReport(world_size=len(ranks), ranks=ranks)
+    report = ValidateReport(world_size=len(ranks), ranks=ranks, nonce=nonce)
     lock = threading.Lock()
 
     def line(node: str, text: str) -> None:
-        local, rest = split_worker_rank(text)  # native Windows: tagged twice
+        local, record, rest = worker_record(text, nonce, RECORD)  # native Windows: tagged twice
         rank = None if local is None else specs[node].first_rank + local
-        if rest.startswith(_MARK):
-            try:
-                record = json.loads(rest[len(_MARK) :])
-            except ValueError:
-                record = None
-            if isinstance(record, dict):
-                with lock:
-                    report.feed(record, node, rank)
-                return
+        if record is not None:
+            with lock:
+                report.feed(record, node, rank)
+            return
         if on_line is not None:
             on_line(node, rank, rest)
 
@@ -319,7 +326,7 @@ def failure_summary(validation: Validation) -> list[str]:
                 continue  # explained above: every worker exits non-zero when a rank is missing
             # none of its workers started (no python, no torch, no code dir): that is the cause
             lines.append(str(failure))
-            lines.extend(f"  {outcome.node}: {text}" for text in _last_words(failure))
+            lines.extend(f"  {outcome.node}: {text}" for text in _last_words(failure, report.nonce))
             continue
         if isinstance(failure, BootstrapError):
             lines.append(str(failure))
@@ -328,8 +335,9 @@ def failure_summary(validation: Validation) -> list[str]:
     return lines
 
 
-def _last_words(failure: CommandFailedError, count: int = 3) -> list[str]:
-    """The last distinct lines a failed node printed (its ranks print the same error once each)."""
+def _last_words(failure: CommandFailedError, nonce: str, count: int = 3) -> list[str]:
+    """The last distinct lines a failed node printed (its ranks print the same error once each),
+    its workers' records (of ``nonce``) left out."""
     result = failure.result
     if not isinstance(result, Result):
         return []
@@ -337,7 +345,7 @@ def _last_words(failure: CommandFailedError, count: int = 3) -> list[str]:
     for text in reversed(result.tail(50)):
         _, text = split_worker_rank(text)
         text = text.strip()
-        if text and not text.startswith(_MARK) and text not in words:
+        if text and records.decode_line(text, nonce) is None and text not in words:
             words.append(text)
         if len(words) == count:
             break

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import records
 from orchestrator.errors import (
     BootstrapError,
     CancelledError,
@@ -254,7 +255,8 @@ def test_a_native_windows_node_streams_each_rank_from_outside_the_shells_job(
     assert [c.arguments[:2] for c in create] == [["Win32_Process", "Create"]] * 2
     assert [c.name for c in pwsh.commands(watchdog) if c.name == "Stop-CbRun"] == ["Stop-CbRun"]
     (invocation,) = [c for c in call.commands if c.name.endswith("follow.ps1')")]
-    assert (invocation.parameters, invocation.arguments) == (["-offset", "-start"], ["0"])
+    assert invocation.parameters == ["-offset", "-nonce", "-start"] and invocation.arguments[0] == "0"
+    assert records.NONCE.fullmatch(invocation.arguments[1].strip("'"))  # the first round's records
     # the run ended by itself: its exit code, and its watchdog went too
     assert server.files[f"{RUN_DIR}\\node.log.rc"] == b"0\n"
     node.await_gone(RUN_DIR, 10)
@@ -289,7 +291,8 @@ def test_lines_cross_rounds_each_exactly_once(
     """A run longer than a round: the controller starts the next round at the byte offset the last
     one reached; no line is lost or repeated, lines that look like protocol markers included."""
     count = int(ROUND_SECONDS * 1.5 / 0.25)
-    tricky = ["@@. 999999", "@@end 0 5", "@@more 7", "@@@three"]
+    guessed = records.record("cb-000000000000", "more", "7").rstrip("\n")  # a record with a guessed nonce
+    tricky = ["@@. 999999", "@@end 0 5", "@@more 7", guessed, "@@@three"]
     plan_ranks(
         monkeypatch,
         {

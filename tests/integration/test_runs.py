@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import records
 from orchestrator.logs import RunLog
 from orchestrator.runs.control import fetch_node, follow_node, status_node, stop_node
 from orchestrator.runs.layout import RUN_MARKER_ENV, run_dir_for, run_marker
@@ -30,6 +32,7 @@ from orchestrator.transports.ssh import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost
 from tests.conftest import BOOTSTRAP, CliRun, root_transport, write_inventory
+from tests.noderecords import nonce_of
 
 MARKER_ENV = RUN_MARKER_ENV.encode()
 Bootstrap = Callable[..., CliRun]
@@ -220,10 +223,12 @@ def test_detached_run_survives_our_connection_and_reports_status(
 def test_follow_passes_log_lines_that_look_like_protocol_markers_through_unchanged(
     cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path, python: str | None
 ) -> None:
-    # the tail protocol's own markers start with "@@": a training log that prints such lines (or a
-    # line of nothing but "@") must reach the user as printed, and must not end the tail early
+    # the tail's records start with "@@": a training log that prints such lines (the old protocol's
+    # markers, a record of the right shape with a guessed nonce, or a line of nothing but "@") must
+    # reach the user as printed, and must not end the tail early
     node = _node(tmp_path)
-    printed = ["@@end 0 5", "@@.", "@@. 3", "@@missing", "@@@triple", "@", "", "last \u00e9"]
+    guessed = records.record("cb-000000000000", "end", "0", "5").rstrip("\n")
+    printed = ["@@end 0 5", "@@.", "@@. 3", "@@missing", guessed, "@@@triple", "@", "", "last \u00e9"]
     script = "".join(f"printf '%s\\n' '{line}'\n" for line in printed)
     _start(cluster.controller_ns, node1, node, "r-at", script)
     lines: list[str] = []
@@ -277,7 +282,7 @@ def test_follow_resumes_at_the_byte_after_the_last_line_when_the_connection_drop
 
 class Watched:
     """The transport as follow_node uses it, also keeping every script sent and telling when the
-    node has said where a tail starts (``@@start OFFSET``, at the start of a line)."""
+    node has said where a tail starts (its ``start OFFSET`` record)."""
 
     def __init__(self, transport: SSHTransport) -> None:
         self.transport = transport
@@ -290,10 +295,11 @@ class Watched:
     def run(self, script: str, *, on_line: Any = None, **kwargs: Any) -> Any:
         self.scripts.append(script)
         watched = self
+        nonce = nonce_of(script)
 
         class Spy(BlockHandler):
             def block(self, stream: Stream, text: str) -> None:
-                if stream == "stdout" and (text.startswith("@@start ") or "\n@@start " in text):
+                if stream == "stdout" and records.find(text, nonce, "start") is not None:
                     watched.started.set()
                 on_line.block(stream, text)
 
@@ -439,7 +445,9 @@ def test_tail_is_not_counted_again_after_a_dropped_connection(
     assert result.start == (half - 50) * width and result.offset == total * width
     # the node was asked for the last 50 lines once; every retry resumed from a byte offset
     assert len(watched.scripts) >= 2
-    asked = ['echo "@@start $off"' in s or s.rstrip().endswith(" 50") for s in watched.scripts]
+    asked = [
+        '_cb_rec start "$off"' in s or bool(re.search(r" 50 cb-[0-9a-f]{12}$", s)) for s in watched.scripts
+    ]
     assert asked == [True] + [False] * (len(watched.scripts) - 1), watched.scripts
 
 

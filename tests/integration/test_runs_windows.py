@@ -32,7 +32,7 @@ from orchestrator.runs.start import Started, start_node
 from orchestrator.steps.launch import prepare_plan
 from orchestrator.transports.winrm import WinRMTransport
 from tests.integration.test_winrm_transport import HOME, Emulator, assignments
-from tests.noderecords import nonce_of, said, status_said
+from tests.noderecords import nonce_of, said, status_said, tail_batch, tail_said
 from tests.winrm_server import Answer, PwshCall, WinRMServer
 
 INVENTORY = """\
@@ -225,10 +225,12 @@ def test_stop_on_a_native_node(server: WinRMServer, transport: WinRMTransport) -
 
 # -- logs ----------------------------------------------------------------------------------------------
 
-# a log as launch.ps1 writes it (StreamWriter.WriteLine: CRLF), with lines that look like the markers
+# a log as launch.ps1 writes it (StreamWriter.WriteLine: CRLF), with lines that look like the old
+# protocol's markers and a record of the tail's shape with a guessed nonce
 LOG_LINES = [
     "[default0]:[rank 0/2] step 1",
     "@@. 999999",
+    "@@cb-000000000000 end :MA== :NQ==",
     "[default1]:\u00fcn\u00efcode \u2713 step 1",
     "@@end 0 5",
     "@@@already three",
@@ -239,36 +241,33 @@ LOG_LINES = [
 LOG = "".join(line + "\r\n" for line in LOG_LINES).encode("utf-8")
 
 
-def batch(data: bytes, start: int, end: int) -> bytes:
-    """Bytes ``start:end`` of the log as the node sends them: lines starting with @@ get one more @,
-    then the batch marker with the offset just past them."""
-    text = data[start:end]
-    text = (b"\n" + text).replace(b"\n@@", b"\n@@@")[1:]
-    return text + b"@@. %d\n" % end
+def offset_asked(call: PwshCall) -> int:
+    return int(assignments(call)["$cboffset"][0].removeprefix("[long]"))
 
 
 def test_follow_resumes_at_the_byte_offset_after_a_dropped_connection(
     server: WinRMServer, transport: WinRMTransport
 ) -> None:
     node = Node(server)
-    first_end = LOG.index(b"@@end")  # batch 1: the first three lines
+    first_end = LOG.index(b"@@end")  # batch 1: the first four lines
     delivered = threading.Event()
     offsets: list[int] = []
 
     def tail(call: PwshCall) -> Answer:
-        offset = int(assignments(call)["$cboffset"][0].removeprefix("[long]"))
+        offset, nonce = offset_asked(call), nonce_of(call.script)
         offsets.append(offset)
         assert assignments(call)["$cbfollow"][0] == "$true"
         if len(offsets) == 1:
 
             def cut_mid_batch() -> Iterator[bytes]:
-                # batch 1 whole, then half of batch 2 without its marker, in one piece
-                yield batch(LOG, 0, first_end) + LOG[first_end : first_end + 20]
+                # batch 1 whole, then half of batch 2 without its record, in one piece
+                yield tail_batch(nonce, LOG, 0, first_end) + LOG[first_end : first_end + 20]
                 assert delivered.wait(15), "batch 1 did not reach the controller"
                 node.cut_connections()
 
             return Answer(chunks=cut_mid_batch())
-        return Answer(chunks=iter([batch(LOG, offset, len(LOG)) + b"@@end 0 %d\n" % len(LOG)]))
+        end = tail_said(nonce, ("end", "0", str(len(LOG))))
+        return Answer(chunks=iter([tail_batch(nonce, LOG, offset, len(LOG)) + end]))
 
     node.answers["tail"] = tail
     got: list[str] = []
@@ -316,17 +315,22 @@ def test_tail_starts_where_the_node_says_and_a_reconnect_resumes_from_offsets(
     def tail(call: PwshCall) -> Answer:
         values = assignments(call)
         lines = values["$cbtail"][0] if "$cbtail" in values else None
-        offset = int(values["$cboffset"][0].removeprefix("[long]"))
+        offset, nonce = offset_asked(call), nonce_of(call.script)
         asked.append((lines, offset))
         if len(asked) == 1:
 
             def cut_mid_batch() -> Iterator[bytes]:
-                yield b"@@start %d\n" % start + batch(LOG, start, mid) + LOG[mid : mid + 5]
+                yield (
+                    tail_said(nonce, ("start", str(start)))
+                    + tail_batch(nonce, LOG, start, mid)
+                    + LOG[mid : mid + 5]
+                )
                 assert delivered.wait(15), "batch 1 did not reach the controller"
                 node.cut_connections()
 
             return Answer(chunks=cut_mid_batch())
-        return Answer(chunks=iter([batch(LOG, offset, len(LOG)) + b"@@end 0 %d\n" % len(LOG)]))
+        end = tail_said(nonce, ("end", "0", str(len(LOG))))
+        return Answer(chunks=iter([tail_batch(nonce, LOG, offset, len(LOG)) + end]))
 
     node.answers["tail"] = tail
     got: list[str] = []
@@ -347,7 +351,7 @@ def test_tail_starts_where_the_node_says_and_a_reconnect_resumes_from_offsets(
 
 def test_logs_of_a_run_that_is_not_there(server: WinRMServer, transport: WinRMTransport) -> None:
     node = Node(server)
-    node.answers["tail"] = lambda call: Answer(chunks=iter([b"@@missing\n"]))
+    node.answers["tail"] = lambda call: Answer(chunks=iter([tail_said(nonce_of(call.script), ("missing",))]))
     with pytest.raises(CommandFailedError, match=f"no run {RUN_ID} on this node"):
         follow_node(_spec().node, transport, RUN_ID, follow=False)
 

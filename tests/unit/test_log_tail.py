@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.platforms import PosixShell
+from orchestrator.records import new_nonce
 from orchestrator.runs.posix import PosixRuns
-from orchestrator.runs.tail import posix_tail_python
+from orchestrator.runs.tail import Batches, posix_tail_python
 
 sh = PosixShell()
 
@@ -33,20 +34,24 @@ def reference(data: bytes, n: int, ended: bool) -> int:
 
 
 def start_of(reader: str, run_dir: Path, n: int) -> tuple[int, bytes]:
-    log = str(run_dir / "node.log")
+    """Where the reader says the last ``n`` lines start, and the log it sent from there (as the
+    controller's reader delivers it)."""
+    log, nonce = str(run_dir / "node.log"), new_nonce()
     if reader == "python":
         script = posix_tail_python(
-            sh, sys.executable, str(run_dir), log, 0, follow=False, interval=0.02, lines=n
+            sh, sys.executable, str(run_dir), log, 0, nonce=nonce, follow=False, interval=0.02, lines=n
         )
     else:
         script = PosixRuns(sh).tail(
-            str(run_dir), "m", log, 0, follow=False, python=None, interval=None, lines=n
+            str(run_dir), "m", log, 0, nonce=nonce, follow=False, python=None, interval=None, lines=n
         )
     ran = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
-    first, _, rest = ran.stdout.partition(b"\n")
-    assert first.startswith(b"@@start "), ran.stdout[:200]
-    return int(first.split()[1]), rest
+    got: list[str] = []
+    batches = Batches("n1", got.append, nonce)
+    batches.block("stdout", ran.stdout.decode("utf-8", "surrogateescape"))
+    assert batches.start is not None and batches.end() is not None, ran.stdout[:200]
+    return batches.start, "".join(got).encode("utf-8", "surrogateescape")
 
 
 def _logs() -> list[tuple[str, bytes]]:
@@ -81,14 +86,9 @@ def test_the_tail_starts_at_the_nth_last_complete_line(
             # and the reader then sends the log from there (complete lines; all once it ended)
             end = len(data) if ended else data.rfind(b"\n") + 1
             body = data[start:end] + (b"" if data[start:end].endswith(b"\n") or start == end else b"\n")
-            sent = b"".join(
-                line[1:] if line.startswith(b"@@@") else line  # a log line starting with "@@"
-                for line in rest.splitlines(keepends=True)
-                if not line.startswith((b"@@. ", b"@@end "))
-            )
-            assert sent == body, (name, n, ended)
+            assert rest == body, (name, n, ended)
 
 
 @pytest.mark.parametrize("reader", ["python", "shell"])
 def test_no_log_yet_starts_at_zero(tmp_path: Path, reader: str) -> None:
-    assert start_of(reader, tmp_path, 5) == (0, b"@@end none 0\n")
+    assert start_of(reader, tmp_path, 5) == (0, b"")

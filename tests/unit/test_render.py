@@ -70,7 +70,7 @@ def test_golden(backend: str, elastic: bool) -> None:
 
 
 def _ranks(backend: str, elastic: bool = False, *, mask: bool = True) -> dict[str, str]:
-    specs = validation_specs(_specs(backend, elastic), 60.0, (4096, 4194304))
+    specs = validation_specs(_specs(backend, elastic), 60.0, (4096, 4194304), "cb-00112233aabb")
     renderer = Renderer()
     return {s.node.name: renderer.render(s, PosixShell(), mask=mask, template="ranks.sh.j2") for s in specs}
 

@@ -153,7 +153,7 @@ def test_golden_ranks_linux_and_wsl(backend: str) -> None:
     )
     platforms = {n.name: platform_for_node(n) for n in inventory.nodes}
     renderer = Renderer()
-    for spec in validation_specs(specs, 60.0, (4096,)):
+    for spec in validation_specs(specs, 60.0, (4096,), "cb-00112233aabb"):
         text = renderer.render(spec, platforms[spec.node.name], mask=True, template="ranks.sh.j2")
         _check_golden(f"mixed-ranks-{backend}-{spec.node.name}.sh", text)
         assert subprocess.run(["sh", "-n"], input=text, text=True).returncode == 0

@@ -87,7 +87,14 @@ def test_logs_read_nothing_from_a_run_directory_others_can_write(tmp_path: Path,
     run_dir.chmod(0o777)
     (run_dir / "node.log").write_text("planted line\n")
     script = ops.tail(
-        str(run_dir), "x/n1", str(run_dir / "node.log"), 0, follow=False, python=python, interval=None
+        str(run_dir),
+        "x/n1",
+        str(run_dir / "node.log"),
+        0,
+        nonce=records.new_nonce(),
+        follow=False,
+        python=python,
+        interval=None,
     )
     done = _sh(script)
     assert done.returncode == UNSAFE_DIR_EXIT, done

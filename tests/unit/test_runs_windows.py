@@ -9,12 +9,14 @@ directories holding spaces and quotes (plain and typographic).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell, PowerShell, WslShell
@@ -41,7 +43,7 @@ from orchestrator.runs.start import start_node
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import Result
 from tests import pwsh
-from tests.noderecords import NONCE, said, status_said
+from tests.noderecords import NONCE, nonce_of, said, status_said
 from tests.unit.test_platform_powershell import assignments, find, single_quoted_value, string_literals
 
 ps = PowerShell()
@@ -319,7 +321,14 @@ def test_a_stopped_windows_run_shows_how_long_it_ran_until_its_last_output() -> 
 @pytest.mark.parametrize("follow", [True, False])
 def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, follow: bool) -> None:
     script = runs.tail(
-        run_dir, "m", f"{run_dir}/node.log", 123456789012, follow=follow, python=None, interval=0.05
+        run_dir,
+        "m",
+        f"{run_dir}/node.log",
+        123456789012,
+        nonce=NONCE,
+        follow=follow,
+        python=None,
+        interval=0.05,
     )
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
@@ -331,11 +340,14 @@ def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, fo
     assert values["$cbOut"] == "[Console]::OpenStandardOutput()"
     assert values["$cbLatin"] == "[System.Text.Encoding]::GetEncoding(28591)"
     assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
-    # protocol: escape, batch marker with the offset, end and missing markers
+    # protocol: the codec's stream form: lines escaped, then records of the command's nonce (the
+    # batch's with the offset, end and missing)
+    assert f"$cbNonce = '{NONCE}'" in script
     assert '.Replace("`n@@", "`n@@@")' in script
-    assert "Send-Cb ($cbText + '@@. ' + $cbOffset + \"`n\")" in script
-    assert "Send-Cb ('@@end ' + $cbCode + ' ' + $cbOffset + \"`n\")" in script
-    assert 'Send-Cb "@@missing`n"' in script
+    assert "Send-Cb $cbText\n      Out-CbRecord 'batch' @([string]$cbOffset)\n" in script
+    assert "Out-CbRecord 'end' @($cbCode, [string]$cbOffset)" in script
+    assert "Out-CbRecord 'missing' @()" in script
+    assert "@@." not in script and "@@end" not in script
     # complete lines only; a last line without newline only once the launcher has ended
     assert "[Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1" in script
     # a block read from the offset; a FileStream read may return less than asked: it reads on
@@ -356,7 +368,15 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
     run_dir: str, lines: int
 ) -> None:
     script = runs.tail(
-        run_dir, "m", f"{run_dir}/node.log", 0, follow=True, python=None, interval=0.05, lines=lines
+        run_dir,
+        "m",
+        f"{run_dir}/node.log",
+        0,
+        nonce=NONCE,
+        follow=True,
+        python=None,
+        interval=0.05,
+        lines=lines,
     )
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir), resolved(f"{run_dir}/node.log")]
@@ -387,24 +407,26 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
         at("$cbFin = Test-CbEnded")
         < at("$cbFile = New-CbLogStream")
         < at("$cbSize = $cbFile.Length")
-        < at("Send-Cb ('@@start ' + $cbOffset + \"`n\")")
+        < at("Out-CbRecord 'start' @([string]$cbOffset)")
         < at("while ($true)")
     )
     (opener,) = [c for c in find(tree, "New-Object") if "$cbLogPath" in " ".join(c.arguments)]
     assert opener.arguments[0] == "System.IO.FileStream" and opener.arguments[1].endswith(", $cbShare")
     assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
-    assert script.count("@@start") == 1
+    assert script.count("Out-CbRecord 'start'") == 1
 
 
 def test_without_tail_there_is_no_start_marker() -> None:
-    script = runs.tail("C:/r", "m", "C:/r/node.log", 42, follow=False, python=None, interval=None)
-    assert "@@start" not in script and "$cbTail" not in script
+    script = runs.tail(
+        "C:/r", "m", "C:/r/node.log", 42, nonce=NONCE, follow=False, python=None, interval=None
+    )
+    assert "Out-CbRecord 'start'" not in script and "$cbTail" not in script
     tree = pwsh.assert_parses(ps.wrap(script))
     assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]42", "+= $cbCut"]
 
 
 def test_tail_offsets_must_be_integers() -> None:
-    script = runs.tail("C:/r", "m", "C:/r/node.log", 7, follow=False, python=None, interval=None)
+    script = runs.tail("C:/r", "m", "C:/r/node.log", 7, nonce=NONCE, follow=False, python=None, interval=None)
     assert "$cbOffset = [long]7\n" in script
 
 
@@ -468,11 +490,11 @@ def test_what_dry_run_prints_is_what_each_operation_sends(platform: Any) -> None
     sent = Answering(platform, ("stop", "no-run"))
     stop_node(node, sent, "r1", grace=3)  # type: ignore[arg-type]
     assert unnonced(sent.scripts) == unnonced([stop_script(platform, node, "r1", 3)])  # type: ignore[arg-type]
-    sent = Answering(platform, "@@end 0 0\n")
+    sent = Answering(platform, ("end", "0", "0"))
     follow_node(node, sent, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
-    assert sent.scripts == [
-        tail_script(platform, node, "r1", follow=False, python="/usr/bin/python3", lines=4)  # type: ignore[arg-type]
-    ]
+    assert unnonced(sent.scripts) == unnonced(
+        [tail_script(platform, node, "r1", follow=False, python="/usr/bin/python3", lines=4)]  # type: ignore[arg-type]
+    )
     sent = Answering(platform, ("missing", "0"))
     fetch_node(node, sent, "r1", ["ckpt"], code_dir=None, dest=Path("unused"))  # type: ignore[arg-type]
     assert unnonced(sent.scripts) == unnonced([fetch_script(platform, node, "r1", ["ckpt"], None)])  # type: ignore[arg-type]
@@ -573,7 +595,7 @@ def command_nodes(tree: Any, name: str) -> list[Any]:
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
 def test_a_foreground_run_writes_its_follower_and_watchdog_then_starts_the_first_round(run_dir: str) -> None:
     log = f"{run_dir}/node.log"
-    script = runs.foreground(run_dir, log)
+    script = runs.foreground(run_dir, log, NONCE)
     tree = pwsh.assert_parses(ps.wrap(script))
     assert full_path_args(tree) == [resolved(run_dir)]
     # both files, UTF-8 with a BOM (Windows PowerShell 5.1 reads a BOM-less .ps1 as ANSI), exactly
@@ -584,20 +606,28 @@ def test_a_foreground_run_writes_its_follower_and_watchdog_then_starts_the_first
     ]
     # then the first round: the file just written, from byte 0, starting the run
     (invocation,) = [c for c in pwsh.commands(tree) if c.name == ps.path_word(f"{run_dir}/follow.ps1")]
-    assert (invocation.parameters, invocation.arguments) == (["-offset", "-start"], ["0"])
-    assert script.rstrip().endswith(runs.follow_round(run_dir, 0, start=True))
+    assert (invocation.parameters, invocation.arguments) == (
+        ["-offset", "-nonce", "-start"],
+        ["0", f"'{NONCE}'"],
+    )
+    assert script.rstrip().endswith(runs.follow_round(run_dir, 0, NONCE, start=True))
 
 
 def test_later_rounds_are_short_commands_from_an_offset() -> None:
     run_dir = RUN_DIRS[1]
-    line = runs.follow_round(run_dir, 123456789)
+    line = runs.follow_round(run_dir, 123456789, NONCE)
     tree = pwsh.assert_parses(ps.wrap(line))
     (invocation,) = [c for c in pwsh.commands(tree) if c.name.endswith("follow.ps1'")]
-    assert (invocation.parameters, invocation.arguments) == (["-offset"], ["123456789"])
+    assert (invocation.parameters, invocation.arguments) == (
+        ["-offset", "-nonce"],
+        ["123456789", f"'{NONCE}'"],
+    )
     assert len(ps.login_command(ps.wrap(line))) < 8191  # no upload of a temporary script each round
     for bad in (-1, True, "5"):
         with pytest.raises(ValueError):
-            runs.follow_round(run_dir, bad)  # type: ignore[arg-type]
+            runs.follow_round(run_dir, bad, NONCE)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        runs.follow_round(run_dir, 5, "cb-x'; evil")
 
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
@@ -606,7 +636,9 @@ def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_la
 
     script = runs.follower_script(run_dir, f"{run_dir}/node.log")
     tree = pwsh.assert_parses(script)
-    assert script.startswith("param([long]$Offset = 0, [switch]$Start)\n")
+    assert script.startswith("param([long]$Offset = 0, [string]$Nonce = '', [switch]$Start)\n")
+    # its records carry the nonce each round is given
+    assert "\n$cbNonce = $Nonce\nfunction Out-CbRecord(" in script
     assert full_path_args(tree) == [
         resolved(run_dir),
         resolved(f"{run_dir}/launch.ps1"),
@@ -644,10 +676,11 @@ def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_la
     assert "-File \"' + $cbWatchScript + '\"'" in values["$cbWatchLine"]
     assert values["$cbWatchScript"] == "Join-Path -Path $cbDir -ChildPath 'watchdog.ps1'"
     assert "-File \"' + $cbScript + '\" -Log \"' + $cbLogPath + '\"'" in values["$cbLine"]
-    # the tail from the round's offset; a round ends with @@more after ROUND_SECONDS
+    # the tail from the round's offset; a round ends with the record more after ROUND_SECONDS
     assert [v for t, v in all_assignments(tree) if t == "$cbOffset"] == ["= [long]$Offset", "+= $cbCut"]
     assert f"if ($cbRound.Elapsed.TotalSeconds -ge {ROUND_SECONDS:g}) {{ $cbMore = $true; break }}" in script
-    assert "Send-Cb ('@@more ' + $cbOffset + \"`n\")" in script
+    assert "Out-CbRecord 'more' @([string]$cbOffset)" in script
+    assert script.index("Out-CbRecord 'started' @(") < script.index("while ($true)")
     # whatever happens in the round, an end of its own deletes the identity (only a kill leaves it)
     (delete,) = [
         n
@@ -658,7 +691,7 @@ def test_the_follower_records_itself_beats_and_starts_the_watchdog_before_the_la
     ]
     (guarded,) = enclosing(delete, "try_statement")[:1]
     inside = (guarded.text or b"").decode()
-    assert "Invoke-CimMethod" in inside and "while ($true)" in inside and "@@end" in inside
+    assert "Invoke-CimMethod" in inside and "while ($true)" in inside and "Out-CbRecord 'end'" in inside
 
 
 @pytest.mark.parametrize("run_dir", RUN_DIRS)
@@ -750,23 +783,32 @@ def test_the_runner_gives_any_job_the_launchers_contract() -> None:
 # -- the controller's side: rounds until the launcher ends -------------------------------------------------
 
 
+OTHER = "cb-99887766ffee"
+
+
+def rec(kind: str, *fields: str, nonce: str = NONCE) -> str:
+    return records.record(nonce, kind, *fields)
+
+
 def test_a_round_ends_with_more_and_the_parser_says_where_to_resume() -> None:
     from orchestrator.runs.tail import Batches
 
     got: list[str] = []
-    batches = Batches("win1", got.append)
-    batches.block("stdout", "@@started 4242 133\nline 1\n@@. 7\n@@more 7\n")
+    batches = Batches("win1", got.append, NONCE)
+    batches.block("stdout", rec("started", "4242 133") + "line 1\n" + rec("batch", "7") + rec("more", "7"))
     assert got == ["line 1\n"] and batches.offset == 7
     assert batches.more() == 7 and batches.end() is None and batches.exit_code() is None
-    batches.restart()
-    batches.block("stdout", "line 2\n@@. 14\n@@end 3 14\n")
-    assert batches.more() is None and batches.exit_code() == 3 and got == ["line 1\n", "line 2\n"]
+    batches.restart(OTHER)  # the next round's nonce: the last round's records are lines of text now
+    batches.block("stdout", rec("end", "0", "7") + "line 2\n" + rec("batch", "14", nonce=OTHER))
+    batches.block("stdout", rec("end", "3", "14", nonce=OTHER))
+    assert batches.more() is None and batches.exit_code() == 3
+    assert got == ["line 1\n", rec("end", "0", "7") + "line 2\n"]
 
 
 class Rounds:
     """A transport whose every run hands the next scripted answer (stdout, exit code) to on_line."""
 
-    def __init__(self, answers: list[tuple[str, int | None]]) -> None:
+    def __init__(self, answers: list[tuple[Callable[[str], str], int | None]]) -> None:
         self.platform = ps
         self.answers = answers
         self.scripts: list[str] = []
@@ -774,7 +816,8 @@ class Rounds:
 
     def run(self, command: str, **kwargs: Any) -> Result:
         self.scripts.append(command)
-        stdout, code = self.answers.pop(0)
+        answer, code = self.answers.pop(0)
+        stdout = answer(nonce_of(command))  # in the records of the round's own nonce
         if kwargs.get("on_line") is not None and stdout:
             kwargs["on_line"].block("stdout", stdout)
         return Result("win1", command, code, stdout, "", 0.5)
@@ -784,10 +827,15 @@ def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -
     from orchestrator.runs.start import Followed, follow_windows
 
     lines: list[tuple[str, str]] = []
-    followed = Followed("win1", lambda stream, line: lines.append((stream, line)))
-    first = "@@started 4242 133\n[default0]:a\n@@. 14\n@@more 14\n"
+    followed = Followed("win1", lambda stream, line: lines.append((stream, line)), NONCE)
+    first = rec("started", "4242 133") + "[default0]:a\n" + rec("batch", "14") + rec("more", "14")
     followed.block("stdout", first)
-    transport = Rounds([("[default1]:b\n@@. 28\n@@more 28\n", 0), ("@@end 3 28\n", 0)])
+    transport = Rounds(
+        [
+            (lambda n: "[default1]:b\n" + rec("batch", "28", nonce=n) + rec("more", "28", nonce=n), 0),
+            (lambda n: rec("end", "3", "28", nonce=n), 0),
+        ]
+    )
     end = follow_windows(
         NODE,  # type: ignore[arg-type]
         transport,  # type: ignore[arg-type]
@@ -795,10 +843,14 @@ def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -
         followed,
         Result("win1", "first", 0, first, "", 1.0),
     )
-    assert transport.scripts == [
-        runs.follow_round("C:/train/runs/r1/win1", 14),
-        runs.follow_round("C:/train/runs/r1/win1", 28),
-    ]
+    # each round from the offset the last one reached, with a nonce of its own
+    assert unnonced(transport.scripts) == unnonced(
+        [
+            runs.follow_round("C:/train/runs/r1/win1", 14, NONCE),
+            runs.follow_round("C:/train/runs/r1/win1", 28, NONCE),
+        ]
+    )
+    assert len({NONCE, *map(nonce_of, transport.scripts)}) == 3
     assert lines == [("stdout", "[default0]:a"), ("stdout", "[default1]:b")]
     assert (end.ended, end.rounds, end.result.exit_code) == (True, 3, 3)
     assert end.result.tail(2) == ["[default0]:a", "[default1]:b"] and end.result.duration == 2.0
@@ -807,15 +859,15 @@ def test_the_controller_runs_rounds_from_each_offset_until_the_launcher_ends() -
 def test_a_follower_that_ends_without_its_markers_is_an_error_and_a_cancel_ends_following() -> None:
     from orchestrator.runs.start import Followed, follow_windows
 
-    followed = Followed("win1", lambda stream, line: None)
+    followed = Followed("win1", lambda stream, line: None, NONCE)
     followed.block("stderr", "ERROR: the watchdog could not be started\n")
     with pytest.raises(CommandFailedError, match=r"following the run failed \(exit 4\): ERROR: the watchdog"):
         follow_windows(NODE, Rounds([]), "C:/r", followed, Result("win1", "x", 4, "", "", 1))  # type: ignore[arg-type]
-    followed = Followed("win1", lambda stream, line: None)
-    followed.block("stdout", "@@more 0\n")
+    followed = Followed("win1", lambda stream, line: None, NONCE)
+    followed.block("stdout", rec("more", "0"))
     cancelled = follow_windows(
         NODE,  # type: ignore[arg-type]
-        Rounds([("", None)]),  # type: ignore[arg-type]
+        Rounds([(lambda n: "", None)]),  # type: ignore[arg-type]
         "C:/r",
         followed,
         Result("win1", "x", 0, "", "", 1),
@@ -843,10 +895,10 @@ def test_a_native_foreground_plan_ends_with_the_follower_outside_the_job() -> No
         cpus={"win1": 4},
         pythons={"win1": "C:\\Python312\\python.exe"},
     )
-    plan = node_plan(spec.node, ps, spec, renderer=Renderer())
+    plan = node_plan(spec.node, ps, spec, renderer=Renderer(), nonce=NONCE)
     last = plan.actions[-1]
     run_dir = "~/cluster-bootstrap/runs/r1/win1"
-    assert isinstance(last, Run) and last.script == runs.foreground(run_dir, f"{run_dir}/node.log")
+    assert isinstance(last, Run) and last.script == runs.foreground(run_dir, f"{run_dir}/node.log", NONCE)
     assert last.stream and last.timeout == FIRST_ROUND_TIMEOUT and dict(last.env) == {}
     assert "outside the WinRS job" in last.what
     # the follower and the watchdog are written by that command, not uploaded: `--detach`'s dry
@@ -871,8 +923,8 @@ def test_the_followed_lines_are_split_at_newlines_only() -> None:
     from orchestrator.transports.base import BlockHandler
 
     lines: list[str] = []
-    followed = Followed("win1", lambda stream, line: lines.append(line))
-    followed.block("stdout", "[default0]:a\x0cb\u2028c\n[default1]:d\n@@. 19\n")
+    followed = Followed("win1", lambda stream, line: lines.append(line), NONCE)
+    followed.block("stdout", "[default0]:a\x0cb\u2028c\n[default1]:d\n" + rec("batch", "19"))
     assert lines == ["[default0]:a\x0cb\u2028c", "[default1]:d"] == list(followed.kept)
 
     class Blocks(BlockHandler):
@@ -883,8 +935,8 @@ def test_the_followed_lines_are_split_at_newlines_only() -> None:
             self.got.append((stream, text))
 
     blocks = Blocks()
-    followed = Followed("win1", blocks)
-    followed.block("stdout", "x\ny\n@@. 4\n")
+    followed = Followed("win1", blocks, NONCE)
+    followed.block("stdout", "x\ny\n" + rec("batch", "4"))
     followed.block("stderr", "ERROR: boom\n")
     assert blocks.got == [("stdout", "x\ny\n"), ("stderr", "ERROR: boom\n")]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import records
 from orchestrator.inventory import PasswordResolver, load_inventory, load_inventory_text
 from orchestrator.inventory.model import Node
 from orchestrator.platforms import PosixShell, PowerShell, platform_for_node
@@ -102,7 +103,8 @@ def _wire_cut(node: Node) -> tuple[Transport, list[str], dict[str, bytes]]:
     def run_raw(script: str, **kwargs: Any) -> Result:
         sent.append(transport.plan(script))
         if "follow.ps1" in script:  # native Windows: its follower reports the launcher's end
-            kwargs["on_line"]("stdout", "@@end 0 0")
+            round_nonce = records.NONCE.findall(script)[-1]  # the round's: `follow.ps1 ... -Nonce N`
+            kwargs["on_line"]("stdout", records.record(round_nonce, "end", "0", "0").rstrip("\n"))
         return Result(node.name, script, 0, "", "", 0.01)
 
     def put(local: Path, remote: str, *, mode: int | None = None) -> None:
@@ -187,9 +189,12 @@ def test_validate_dry_run_shows_the_scripts_and_commands_validate_sends(
         assert list(files) == planned["uploads"]  # the rank script, then the worker
         script = files[planned["uploads"][0]]
         text = script.decode("utf-8-sig") if kind == "windows" else script.decode()
-        assert text == planned["script"]
+        # the rank script as shown but for the nonce its workers' records carry (each run its own)
+        assert unnonced([text]) == unnonced([planned["script"]]) and text != planned["script"]
+        assert records.NONCE_ENV in text
         assert files[planned["uploads"][1]] == WORKER_FILE.read_bytes()
-        assert sent[-1] == planned["commands"][0]  # the text that runs it, byte for byte
+        # the text that runs it, byte for byte but for its record nonce (native Windows: the follower's)
+        assert unnonced([sent[-1]]) == unnonced([planned["commands"][0]])
         # the whole plan: every command the node's shell got, in order, is what the dry run showed
         # (each run's record nonce is its own: orchestrator/records.py)
         assert unnonced(sent) == unnonced([*planned["prepare"], *planned["commands"]])
@@ -341,7 +346,8 @@ def test_native_windows_worker_lines_tagged_twice_reach_the_report(monkeypatch: 
                 {"kind": "joined", "rank": rank, "seconds": 0.4},
                 {"kind": "correct", "rank": rank, "ok": True},
             ):
-                on_line(node.name, tag + tag + "CBV " + json.dumps(record))
+                said = records.record(spec.env[records.NONCE_ENV], "validate", json.dumps(record))
+                on_line(node.name, tag + tag + said.rstrip("\n"))
             on_line(node.name, tag + tag + "UserWarning: a rank's own words")
 
     monkeypatch.setattr("orchestrator.steps.validate.run_node", ranks_speak)
@@ -362,3 +368,98 @@ def test_native_windows_worker_lines_tagged_twice_reach_the_report(monkeypatch: 
         ("w2", 1, "UserWarning: a rank's own words"),
         ("w2", 2, "UserWarning: a rank's own words"),
     ]
+
+
+def _forgeries(rank: int) -> list[str]:
+    """What the user's environment (a sitecustomize, a library's banner) may print on a rank's
+    stdout to pass for the worker's results: the old bare lines, and records with a guessed nonce."""
+    guessed = "cb-0123456789ab"
+    lies = [
+        {"kind": "correct", "rank": rank, "ok": False},
+        {"kind": "missing", "rank": rank, "ranks": [rank]},
+        {
+            "kind": "result",
+            "rank": rank,
+            "samples_per_s": 1e9,
+            "rates": [1e9],
+            "bytes": 4,
+            "iters": 1,
+            "latency_s": 1.0,
+            "algbw": 1.0,
+            "busbw": 1.0,
+        },
+    ]
+    out = []
+    for lie in lies:
+        text = json.dumps(lie)
+        out += [f"CBV {text}", f"CBB {text}"]
+        out += [records.record(guessed, kind, text).rstrip("\n") for kind in ("validate", "probe")]
+    return out
+
+
+@pytest.mark.parametrize("step", ["validate", "probe"])
+def test_worker_lines_from_the_users_environment_do_not_count(
+    step: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only records with the nonce the controller gave the workers (in their environment) are
+    results: lines printed beside them that look like results (the old ``CBV``/``CBB`` lines, records
+    with a guessed nonce) are plain output, shown as the rank's text, and change nothing."""
+    from types import SimpleNamespace
+
+    from orchestrator.bench.probe import run_probe
+
+    inventory = load_inventory_text(LAB["posix"], "lab.yaml")
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.255.0.1", run_id=RUN_ID, interfaces={}, cpus={}, pythons={}
+    )
+    honest: dict[str, list[dict[str, Any]]] = {
+        "validate": [
+            {"kind": "start", "torch": "2.13.0+cpu"},
+            {"kind": "joined", "seconds": 0.4},
+            {"kind": "correct", "ok": True},
+        ],
+        "probe": [
+            {"kind": "start", "device": "cpu"},
+            {"kind": "result", "samples_per_s": 50.0, "rates": [50.0]},
+        ],
+    }
+    forged: list[str] = []
+
+    def ranks_speak(node: Node, transport: Any, spec: LaunchSpec, *, on_line: Any, **_: Any) -> None:
+        nonce = spec.env[records.NONCE_ENV]
+        for local in range(spec.nproc):
+            tag, rank = f"[default{local}]:", spec.first_rank + local
+            for lie in _forgeries(rank):
+                forged.append(lie)
+                on_line(node.name, tag + lie)
+            for record in honest[step]:
+                said = records.record(nonce, step, json.dumps({**record, "rank": rank}))
+                on_line(node.name, tag + said.rstrip("\n"))
+
+    monkeypatch.setattr("orchestrator.steps.validate.run_node", ranks_speak)
+    monkeypatch.setattr("orchestrator.steps.launch.run_node", ranks_speak)
+    shown: list[str] = []
+    session = _Session(
+        list(inventory.nodes), {n.name: SimpleNamespace(platform=PosixShell()) for n in inventory.nodes}
+    )
+    plan = LaunchPlan(list(specs), "gloo", "", [], [])
+    if step == "validate":
+        report: Any = validate(
+            session,  # type: ignore[arg-type]
+            inventory,
+            RUN_ID,
+            launch_plan=plan,
+            on_line=lambda node, rank, text: shown.append(text),
+        ).report
+        assert report.ok and report.correct is True and not report.missing and not report.results
+    else:
+        report = run_probe(
+            session,  # type: ignore[arg-type]
+            inventory,
+            RUN_ID,
+            launch_plan=plan,
+            on_line=lambda node, rank, text: shown.append(text),
+        ).report
+        assert report.ok and not report.missing and report.rates() == [50.0, 50.0, 50.0]
+    assert not report.forged  # not even counted as a node's forgery: they are no records at all
+    assert shown == forged  # each shown as the text it is

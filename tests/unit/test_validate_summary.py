@@ -1,6 +1,6 @@
 """`failure_summary`: the lines a user reads when `bootstrap validate` fails, one per failure kind.
 
-Reports are fed the records the shipped worker prints (``CBV <json>``, see probes/validate_worker.py)
+Reports are fed the ``validate <json>`` records the shipped worker prints (see probes/validate_worker.py)
 and the per-node outcomes are what ``run_node`` gives the executor: CommandFailedError when a node's
 workers exit non-zero, CancelledError when the controller closed the connection, a ConnectError when
 the node was never reached.

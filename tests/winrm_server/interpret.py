@@ -8,9 +8,9 @@ model, which hands the interpreter its stand-ins: commands by name, ``[Type]::Me
 Only the language the product's scripts use is known: statements (assignments, ``if``/``elseif``/
 ``else``, ``while``, ``foreach``, ``try``/``catch``/``finally``, ``exit``, ``return``, ``break``,
 functions with a ``param`` list), and expressions (literals, variables, ``@()``, ``@{}``, casts,
-members, indexes, ``+``, comparisons, ``-split``, ``-match``, ``-and``/``-or``/``-not``). Anything
-else raises :class:`Unsupported`: a script the model cannot read fails the test instead of being
-guessed at.
+members, indexes, ``+``, comparisons, ``-split``, ``-match``, ``-and``/``-or``/``-not``,
+``-bor``/``-band``, ``+=``/``-=``). Anything else raises :class:`Unsupported`: a script the model
+cannot read fails the test instead of being guessed at.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def member(obj: Any, name: str) -> Any:
         return len(obj)
     if isinstance(obj, (list, dict)) and lower == "count":
         return len(obj)
+    if isinstance(obj, (list, bytearray)) and lower == "length":  # an array (byte[]: a bytearray)
+        return len(obj)
     if isinstance(obj, dict):
         return obj.get(name)
     for attr in dir(obj):
@@ -89,6 +91,16 @@ def call_method(obj: Any, name: str, args: list[Any]) -> Any:
             return obj.rstrip("".join(str(a) for a in args))
         if lower == "tostring":
             return obj
+        # .NET's ordinal string methods (case-sensitive, as PowerShell calls them)
+        if lower == "contains":
+            return str(args[0]) in obj
+        if lower == "endswith":
+            return obj.endswith(str(args[0]))
+        if lower == "replace":
+            return obj.replace(str(args[0]), str(args[1]))
+        if lower == "substring":
+            start = int(args[0])
+            return obj[start:] if len(args) == 1 else obj[start : start + int(args[1])]
     if isinstance(obj, list) and lower == "add":
         obj.append(args[0])
         return None
@@ -105,6 +117,11 @@ def cast(type_name: str, value: Any) -> Any:
     try:
         if lower in ("int", "long", "int32", "int64"):
             return int(float(value)) if isinstance(value, (int, float, str)) else int(value)
+        if lower == "byte":
+            number = int(value)
+            if not 0 <= number <= 255:
+                raise ValueError(number)
+            return number
         if lower == "string":
             return "" if value is None else str(value)
         if lower == "bool":
@@ -355,6 +372,8 @@ class Interpreter:
         elif op == "+=":
             current = self.get(left)
             self.set(left, _add(current, right))
+        elif op == "-=":
+            self.set(left, self.get(left) - right)
         else:
             raise Unsupported(f"assignment {op}")
 
@@ -420,6 +439,14 @@ class Interpreter:
                 return left and truth(self.value(named[-1]))
             if op == "-or":
                 return left or truth(self.value(named[-1]))
+            raise Unsupported(op)
+        if kind == "bitwise_expression":
+            op = text(node.children[1]).lower()
+            left, right = self.value(named[0]), self.value(named[-1])
+            if op == "-bor":
+                return int(left) | int(right)
+            if op == "-band":
+                return int(left) & int(right)
             raise Unsupported(op)
         if kind == "comparison_expression":
             op = text(_first(node, "comparison_operator"))

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import records
 from tests import pwsh
 from tests.noderecords import said
 from tests.winrm_server import cmdline
@@ -697,15 +698,16 @@ class NativeNode:
         script_path = path_of(invocation.name)
         run = self.run(script_path.rsplit("\\", 1)[0])
         offset = int(invocation.arguments[0])
-        assert invocation.parameters[0] == "-offset", invocation
+        assert invocation.parameters[:2] == ["-offset", "-nonce"], invocation
+        nonce = unquote(invocation.arguments[1])
         start = "-start" in invocation.parameters
         assert call.process is not None
         answer = Answer()
-        answer.chunks = self._follower(run, call.process, offset, start, answer)
+        answer.chunks = self._follower(run, call.process, offset, nonce, start, answer)
         return answer
 
     def _follower(
-        self, run: Run, me: WinProcess, offset: int, start: bool, answer: Answer
+        self, run: Run, me: WinProcess, offset: int, nonce: str, start: bool, answer: Answer
     ) -> Iterator[bytes]:
         table, files, run_dir = self.table, self.files, run.run_dir
         script = self.read(self.path(run_dir, "follow.ps1"))
@@ -774,7 +776,7 @@ class NativeNode:
                     return
                 beat()
                 time.sleep(0.05)
-            yield f"@@started {self.read(pid_file).strip()}\r\n".encode()
+            yield records.record(nonce, "started", self.read(pid_file).strip()).encode()
         began = time.monotonic()
         more = False
         while True:
@@ -796,10 +798,9 @@ class NativeNode:
                 offset += cut
                 if not text.endswith(b"\n"):
                     text += b"\n"
-                text = (b"\n" + text).replace(b"\n@@", b"\n@@@")[1:]
                 if not me.alive:
                     return
-                yield text + b"@@. %d\n" % offset
+                yield records.escape(text) + records.record(nonce, "batch", str(offset)).encode()
             if fin:
                 break
             if time.monotonic() - began >= round_seconds:
@@ -809,10 +810,10 @@ class NativeNode:
         if not me.alive:
             return
         if more:
-            yield b"@@more %d\n" % offset
+            yield records.record(nonce, "more", str(offset)).encode()
         else:
             code = self.read(rc).strip() or "none"
-            yield f"@@end {code} {offset}\n".encode()
+            yield records.record(nonce, "end", code, str(offset)).encode()
         with table.lock:  # a round that ends by itself: its identity goes
             if me.alive:
                 files.pop(follower_file, None)

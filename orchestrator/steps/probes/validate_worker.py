@@ -1,8 +1,10 @@
 """One rank of `bootstrap validate`: join, check all_reduce, time all_reduce for a few sizes.
 
 Started once per local rank with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT) by the rendered ranks.sh. Every line it prints is ``[default<local rank>]:CBV <json>``
-(the prefix launch lines carry, so the controller parses both the same way).
+MASTER_PORT) by the rendered ranks.sh. Every result it prints is ``[default<local rank>]:`` (the prefix
+launch lines carry, so the controller parses both the same way) and the record ``validate <json>``
+(orchestrator/records.py; ``record`` below is that module's encoder, the same source) with the nonce
+the controller put in its environment (``CB_RECORD_NONCE``).
 
 Joining is done in two steps so that a hang becomes a list of names: every rank first registers its
 key in the master's TCPStore; rank 0 waits for all keys until the timeout and, if some never arrive,
@@ -10,6 +12,7 @@ reports exactly which ranks are missing. Only then is the process group created 
 """
 
 import argparse
+import base64
 import datetime
 import gc
 import json
@@ -22,11 +25,25 @@ import traceback
 RANK = int(os.environ.get("RANK", "0"))
 LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
+NONCE = os.environ.get("CB_RECORD_NONCE", "")
+
+
+def record(nonce: "str", kind: "str", *fields: "bytes | str") -> "str":
+    """One record line, newline included. ``str`` fields travel as their UTF-8 bytes."""
+    # the annotations are strings and only base64 is used: node-side Python (3.8 and later) runs this
+    # very source (PYTHON_ENCODER)
+    parts = ["@@" + nonce, kind]
+    for value in fields:
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        parts.append(":" + base64.b64encode(data).decode("ascii"))
+    return " ".join(parts) + "\n"
 
 
 def emit(kind, **data):
     data.update(kind=kind, rank=RANK)
-    sys.stdout.write("[default%d]:CBV %s\n" % (LOCAL_RANK, json.dumps(data, sort_keys=True)))
+    sys.stdout.write(
+        "[default%d]:%s" % (LOCAL_RANK, record(NONCE, "validate", json.dumps(data, sort_keys=True)))
+    )
     sys.stdout.flush()
 
 

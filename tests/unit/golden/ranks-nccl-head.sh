@@ -12,6 +12,7 @@ export NCCL_SOCKET_IFNAME==eth0
 export OMP_NUM_THREADS=8
 export MY_FLAG='a b'
 export WANDB_API_KEY='********'
+export CB_RECORD_NONCE=cb-00112233aabb
 export MASTER_ADDR=10.0.0.1
 export MASTER_PORT=29500
 export WORLD_SIZE=5
