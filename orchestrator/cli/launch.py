@@ -409,7 +409,9 @@ def run_launch(
             result = getattr(o.error, "result", None)
             exit_text = "failed"
             if isinstance(result, Result) and result.exit_code is not None:
-                cause = root_cause(result)  # torchrun exits 1 whatever the rank did: show the rank's code
+                cause = root_cause(
+                    result, global_tags=inventory.cluster.train.elastic
+                )  # torchrun exits 1 whatever the rank did: show the rank's code
                 exit_text = f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
             label = Text(exit_text, style="red bold")
         elif isinstance(o.error, RunStoppedError):
@@ -423,7 +425,9 @@ def run_launch(
         result = getattr(o.error, "result", None)
         if isinstance(result, Result):
             first = labels.get(o.node, (0, 0))[0]
-            for line in failure_tail(result):  # labelled as the stream labels them: [node:rank]
+            for line in failure_tail(
+                result, global_tags=inventory.cluster.train.elastic
+            ):  # labelled as the stream labels them: [node:rank]
                 local, text = split_rank(line)
                 ui.info(f"  [{o.node}{'' if local is None else f':{first + local}'}] {text}")
     if stopped and failed:

@@ -26,6 +26,7 @@ from typing import Any
 
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
+from orchestrator.steps.culprit import ROOT_CAUSE, culprit, torchrun_failures
 
 #: last lines kept per rank (and shown per failure)
 TAIL = 200
@@ -41,6 +42,8 @@ FOLLOW_SECONDS = 5.0
 #: characters of a line shown (a 1 MB line is cut, the log here keeps it whole)
 LINE_CHARS = 2000
 MASK = "***"
+#: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
+SUMMARY_BYTES = 64 * 1024
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
 # no tag: its metrics count for no rank)
@@ -71,6 +74,10 @@ class RankState:
             "samples_per_s": self.samples_per_s,
             "updated": self.updated,
         }
+
+
+def _how(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
 
 def _number(value: Any) -> float | None:
@@ -124,6 +131,7 @@ class LiveRun:
         self._new_events: list[dict[str, Any]] = []  # (an event sent again replaces its earlier copy)
         self._event_ids = 0
         self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
+        self._summaries: dict[str, str] = {}  # per node: torchrun's failure summary, as it arrives
         if labels is not None:
             self.set_run(run_id, labels)
 
@@ -174,16 +182,43 @@ class LiveRun:
                 self._metrics.extend(metrics)
         if "failed (exitcode: " in text:
             self._worker_failed(node, text)
+            self._summaries[node] = ""  # its summary (every failed rank) follows: see _summary
+        if node in self._summaries:
+            self._summary(node, text)
+
+    def _summary(self, node: str, text: str) -> None:
+        """torchrun's failure summary of ``node``, once whole: its word on the culprit corrected when
+        it named a co-located victim of the culprit's closed connection (steps/culprit.py)."""
+        held = self._summaries[node] + text
+        done = held.find("\n=====", held.find(ROOT_CAUSE)) if ROOT_CAUSE in held else -1
+        if done < 0:
+            self._summaries[node] = held[-SUMMARY_BYTES:]
+            return
+        del self._summaries[node]
+        self.flush_pending()  # the ranks' last lines, up to the summary
+        with self._lock:
+            failures = torchrun_failures(held)
+            found = culprit(
+                failures, lambda f: list(self.ranks[f.rank].lines) if f.rank in self.ranks else []
+            )
+            said = next((e for e in self.events if e["kind"] == "failure" and e["node"] == node), None)
+            if found is None or said is None:
+                return
+            message = f"rank {found.rank} {_how(found.exit_code)}"
+            if said["message"] != message:
+                said["message"] = self.mask(message)
+                said["lines"] = []
+                self._refresh(said)
+                if said not in self._new_events:
+                    self._new_events.append(said)
 
     def _worker_failed(self, node: str, text: str) -> None:
         """torchrun said a worker died: the failure, with that rank's last lines, at once (the node's
         own end, which names it too, comes after its other ranks were stopped)."""
         for match in _WORKER_FAILED.finditer(text):
             local = int(match.group(2))
-            code = int(match.group(1))
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rank = self.labels.get(node, (0, 0))[0] + local
-            self.failure(node, f"rank {rank} {how}")
+            self.failure(node, f"rank {rank} {_how(int(match.group(1)))}")
             return
 
     def _parse_metrics(self, node: str, text: str) -> list[tuple[str, int | None, dict[str, Any]]]:

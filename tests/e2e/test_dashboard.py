@@ -33,17 +33,16 @@ SCREENSHOT = REPO / "docs" / "dashboard.png"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 MARKUP = '<img src=x onerror="window.__pwned=1"></textarea><script>window.__pwned=2</script>'
 
-# the example as it is, plus: rank 1 prints markup first; rank 2 (node2's first rank) fails (exit 3)
-# once the test creates the trigger file, after saying its last words. Its node's other rank dies of
-# the closed connection within the same torchrun poll, and torchrun's "first failure" is decided at
-# one-second resolution, ties to the lower local rank: the culprit is local rank 0 so that torchrun
-# names it, not its victim (CI failed once with the culprit as local rank 1)
+# the example as it is, plus: rank 1 prints markup first; rank 3 (node2's second rank) fails (exit 3)
+# once the test creates the trigger file, after saying its last words. Its node's local rank 0 may die
+# of the closed connection within the same second, which torchrun then names as its first failure
+# (ties go to the lower local rank): the page must name rank 3 all the same
 WRAPPER = """\
 import os, runpy, sys, threading, time
 rank = int(os.environ["RANK"])
 if rank == 1:
     print({markup!r}, flush=True)
-if rank == 2:
+if rank == 3:
     def fail_on_trigger():
         while not os.path.exists({trigger!r}):
             time.sleep(0.05)
@@ -158,13 +157,24 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             while not shown and time.monotonic() < failed_at + 30:
                 shown = failure_shown()
             assert shown, (
-                f"no failure with rank 2's last words: {_failures(driver)}\n{''.join(launch.err)[-3000:]}"
+                f"no failure with rank 3's last words: {_failures(driver)}\n{''.join(launch.err)[-3000:]}"
             )
             shown_failure = shown[0]
             took = time.monotonic() - failed_at
             assert took <= 2.0, f"the failure reached the page after {took:.1f} s"
-            assert shown_failure[0] == "node2"  # rank 2: node2's first rank
+            assert shown_failure[0] == "node2"  # rank 3: node2's second rank
+            # named as the rank that failed, never as its co-located victim, also once torchrun's
+            # summary has arrived: the other nodes' stops reach the page after node2's end
+            await_(
+                lambda: driver.find_elements(By.CSS_SELECTOR, "#events .event[data-kind='stop']"),
+                60,
+                "the other nodes stopped, on the page",
+            )
+            node2 = [t for n, t in _failures(driver) if n == "node2"]
+            assert len(node2) == 1 and "rank 3 exited with code 3" in node2[0], node2
         assert launch.wait(120) == 1, "".join(launch.err)
+        said = "".join(launch.err)
+        assert "rank 3 exited with code 3" in said and "rank 2 exited with code 1" not in said, said[-3000:]
     finally:
         if driver is not None:
             with inside(cluster.controller_ns):

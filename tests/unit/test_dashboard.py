@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -175,3 +176,20 @@ def test_status_watch_table_shows_each_ranks_figures_and_marks_the_slowest() -> 
     text = " ".join(console.export_text().replace("\u2502", " ").split())
     assert "n1 waiting 2 0 4 1.2500 80.0 1 4 1.5000 20.0 slowest n2 failed 1 2 - - - 3 - - -" in text, text
     assert "failure: n2 rank 2 exited with code 1" in text and "\x1b" not in text
+
+
+def test_the_failure_names_the_culprit_not_the_colocated_rank_that_died_of_its_closed_connection() -> None:
+    """Recorded: node 2's local rank 1 (rank 3) exited 3, its local rank 0 (rank 2) died of the closed
+    gloo connection in the same second, and torchrun's "failed" line and root cause name rank 2."""
+    recorded = (Path(__file__).parent / "data" / "torchrun" / "culprit_local_rank_1.log").read_text()
+    cut = recorded.index("\n", recorded.index("failed (exitcode: ")) + 1
+    for blocks in ([recorded], [recorded[:cut], recorded[cut:]], recorded.splitlines(keepends=True)):
+        live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+        for block in blocks:
+            live.block("n2", block)
+        (event,) = [e for e in live.snapshot()["events"] if e["kind"] == "failure"]
+        assert event["message"] == "rank 3 exited with code 3", len(blocks)
+        assert event["lines"][-1] == "culprit last words: out of patience"
+        # the node's end (the launch names the same rank) completes that event, no second one
+        live.node_event("n2", "train", "failed", "node n2: rank 3 exited with code 3 (torchrun exited 1)")
+        assert [e["message"] for e in live.snapshot()["events"]] == ["rank 3 exited with code 3"]
