@@ -238,7 +238,7 @@ def dry_run_nodes(
     from orchestrator.plans import Put, Run, sent_text
     from orchestrator.platforms import PowerShell
     from orchestrator.runs.control import start_script
-    from orchestrator.runs.layout import STREAMING_ENV, run_dir_for
+    from orchestrator.runs.layout import launcher_env, run_dir_for
     from orchestrator.session import Session
     from orchestrator.steps.launch import node_plan
 
@@ -266,7 +266,9 @@ def dry_run_nodes(
             run_dir = run_dir_for(node, spec.run_id)
             if detach:
                 start = start_script(platform, node, spec.run_id)
-                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
+                plan.actions[-1] = Run(
+                    start, env=launcher_env(spec.sample_nonce), what="start the launcher detached"
+                )
             runs = [a for a in plan.actions if isinstance(a, Run)]
             launch_put = next(a for a in plan.actions if isinstance(a, Put))
             planned.append(

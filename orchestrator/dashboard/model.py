@@ -24,8 +24,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import records
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.samples import node_sample
 from orchestrator.steps.culprit import ROOT_CAUSE, culprit, torchrun_failures
 
 #: last lines kept per rank (and shown per failure)
@@ -76,6 +78,26 @@ class RankState:
         }
 
 
+def use_text(node: Mapping[str, Any]) -> str:
+    """A node's newest sample in a few words: ``0: 87% 20513/24576 MiB`` per GPU, else its CPU load
+    (``load 1.23 / 4 CPUs``), else ``-``."""
+
+    def num(value: Any) -> str:
+        return "?" if value is None else f"{value:.0f}"
+
+    gpus = node.get("gpus") or []
+    if gpus:
+        return "  ".join(
+            f"{g['index']}: {num(g['util_percent'])}% {num(g['mem_used_mib'])}/{num(g['mem_total_mib'])} MiB"
+            for g in gpus
+        )
+    load = node.get("load")
+    if load:
+        shown = "?" if load.get("load") is None else f"{load['load']:.2f}"
+        return f"load {shown} / {load.get('cpus') or '?'} CPUs"
+    return "-"
+
+
 def _how(code: int) -> str:
     return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
 
@@ -102,6 +124,7 @@ class LiveRun:
         labels: Mapping[str, tuple[int, int]] | None = None,
         secrets: Iterable[str] = (),
         command: str = "launch",
+        sample_nonce: str = "",
     ) -> None:
         self.run_id = run_id
         self.command = command
@@ -132,16 +155,19 @@ class LiveRun:
         self._event_ids = 0
         self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
         self._summaries: dict[str, str] = {}  # per node: torchrun's failure summary, as it arrives
+        self._sample_mark = ""  # "@@" + the run's sample nonce (set_run): its samples' records
         if labels is not None:
-            self.set_run(run_id, labels)
+            self.set_run(run_id, labels, sample_nonce)
 
     # -- input (any thread) ---------------------------------------------------------------------
 
-    def set_run(self, run_id: str, labels: Mapping[str, tuple[int, int]]) -> None:
+    def set_run(self, run_id: str, labels: Mapping[str, tuple[int, int]], sample_nonce: str = "") -> None:
         """The run is known (the main pipeline's phases come before it): its id, and per node
-        ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels` gives them."""
+        ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels` gives them;
+        ``sample_nonce``: the records of the nodes' samples in their output (LaunchSpec.sample_nonce)."""
         with self._lock:
             self.run_id = run_id
+            self._sample_mark = "@@" + sample_nonce if sample_nonce else ""
             self.labels = dict(labels)
             for node, (first, count) in self.labels.items():
                 for local in range(count):
@@ -185,6 +211,25 @@ class LiveRun:
             self._summaries[node] = ""  # its summary (every failed rank) follows: see _summary
         if node in self._summaries:
             self._summary(node, text)
+        if self._sample_mark and self._sample_mark in text:
+            self._samples(node, text)
+
+    def _samples(self, node: str, text: str) -> None:
+        """The node's newest GPU use (or CPU load), from its rank capture's sample records (which are
+        not lines the node printed)."""
+        found_all = records.decode(text, self._sample_mark[2:])
+        with self._lock:
+            self._lines_in[node] = self._lines_in.get(node, 0) - len(found_all)
+        for found in found_all:
+            sample = node_sample(found)
+            if sample is None:
+                continue
+            with self._lock:
+                doc = self.nodes.setdefault(node, {"node": node, "facts": {}, "lines": 0})
+                doc["gpus"] = sample.get("gpus", [])
+                doc["load"] = None if "gpus" in sample else {"load": sample["load"], "cpus": sample["cpus"]}
+                doc["sampled"] = time.time()
+                self._changed_nodes.add(node)
 
     def _summary(self, node: str, text: str) -> None:
         """torchrun's failure summary of ``node``, once whole: its word on the culprit corrected when

@@ -37,8 +37,8 @@ from orchestrator.runs.layout import (
     CODE_MARKER,
     RUN_OUTPUTS,
     STOPPED,
-    STREAMING_ENV,
     in_workdir,
+    launcher_env,
     run_dir_for,
     run_marker,
 )
@@ -383,7 +383,9 @@ def node_plan(
     else:
         assert isinstance(platform, PosixShell)
         command = posix_command(platform, node, spec)
-        launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
+        launcher = Run(
+            command, env=launcher_env(spec.sample_nonce), stream=True, keep_lines=200, what="the launcher"
+        )
     return NodePlan(node.name, [*prepared.actions, launcher])
 
 
