@@ -7,6 +7,9 @@ the namespaces share one clock, the latency from print to arrival. Paths measure
 
   - ``ssh``: the baseline, OpenSSH's client running the printer on each node (``ssh node script``),
     its stdout read line by line here
+  - ``ssh, 2 print() ranks``: the baseline for the ``ranks`` path, the same print() printers as it
+    (PYTHONUNBUFFERED) but each rank on its own ``ssh node script`` (two sessions per node, so no
+    line of one rank can be cut by the other's): what those ranks cost without any capture
   - ``launch``: bootstrap's foreground streaming path as `launch` uses it: the script run through
     the platform's logged() (tee into node.log) and stop-on-hangup wrappers over our SSH transport,
     each line through LineSplitter -> split_rank -> the controller log (RunLog) -> the UI's
@@ -20,8 +23,10 @@ the namespaces share one clock, the latency from print to arrival. Paths measure
     process on the node (what the CLI uses) and by the shell fallback (tail + awk per poll)
 
 Every path's per-line work on the controller includes parsing the number and timestamp (the same
-for the baseline). Targets (issue 7): >= 200k lines/s aggregate, 0 lost, p99 <= 100 ms, and
-throughput >= 0.8 x the baseline.
+for the baseline), and every line's text is compared with what was printed: a line cut, glued to
+another or carrying another rank's text counts as mangled. Targets (issue 7): >= 200k lines/s
+aggregate, 0 lost, p99 <= 100 ms, and throughput >= 0.8 x the baseline; the print() path (issue 33):
+>= 0.9 x ssh at full speed, 0 lost, 0 mangled.
 
     sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3]
 """
@@ -95,6 +100,9 @@ for i in range(n):
 """
 
 
+PAD = "x" * 40  # what follows the number and the time on every printed line
+
+
 @dataclass
 class Tally:
     """Per-node numbering check and latencies (one instance per node: no locking needed)."""
@@ -102,17 +110,25 @@ class Tally:
     expected: int
     next: int = 0
     bad: int = 0  # out of order or duplicated
+    mangled: int = 0  # not a line as printed (cut, glued to another, another's text in it)
     latencies: list[float] = field(default_factory=list)
     last_at: float = 0.0
 
     def line(self, text: str) -> None:
         now = time.time()
-        number, stamp, _ = text.split(" ", 2)
-        i = int(number)
+        try:
+            number, stamp, pad = text.split(" ", 2)
+            i, printed = int(number), float(stamp)
+        except ValueError:
+            self.mangled += 1
+            return
+        if pad != PAD:
+            self.mangled += 1
+            return
         if i != self.next:
             self.bad += 1
         self.next = i + 1
-        self.latencies.append(now - float(stamp))
+        self.latencies.append(now - printed)
         self.last_at = now
 
     @property
@@ -125,12 +141,13 @@ class TallySink:
 
     def __init__(self) -> None:
         self.by_head: dict[str, Tally] = {}
+        self.unlabelled = Tally(0)  # lines without a known [node:rank] head: all of them mangled
 
     def write(self, text: str) -> int:
         by_head = self.by_head
         for line in text.split("\n")[:-1]:
-            head, rest = line.split(" ", 1)
-            by_head[head].line(rest)
+            head, _, rest = line.partition(" ")
+            by_head.get(head, self.unlabelled).line(rest if head in by_head else "")
         return len(text)
 
     def flush(self) -> None:
@@ -143,6 +160,7 @@ class Row:
     lines_per_s: float
     lost: int
     bad: int
+    mangled: int
     p50_ms: float
     p99_ms: float
     cpu_us: float  # controller CPU (this process and the ssh clients) per line
@@ -164,6 +182,7 @@ def _summarise(path: str, tallies: list[Tally], start: float, cpu: float) -> Row
         received / (end - start) if end > start else 0.0,
         sum(t.lost for t in tallies),
         sum(t.bad for t in tallies),
+        sum(t.mangled for t in tallies),
         p50 * 1000,
         p99 * 1000,
         (_cpu() - cpu) / received * 1e6 if received else float("nan"),
@@ -217,6 +236,38 @@ def run_ssh(cluster: NamespaceCluster, known: Path, printer: Path, lines: int, r
     return _summarise("ssh (baseline)", tallies, start, cpu)
 
 
+def run_ssh_print(cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float) -> Row:
+    """The ``ranks`` path's printers without the capture: each print() rank on its own ssh session."""
+    per_rank = lines // 2
+    tallies = [Tally(per_rank) for _ in range(2 * len(cluster.hosts))]
+
+    def one(host: Any, tally: Tally) -> None:
+        argv = cluster.controller_argv(
+            [
+                "ssh",
+                "-i",
+                str(cluster.client_key),
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                f"UserKnownHostsFile={known}",
+                f"root@{host.addr}",
+                f"PYTHONUNBUFFERED=1 {sys.executable} {printer} {per_rank} {rate / 2}",
+            ]
+        )
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+            assert proc.stdout is not None
+            for text in proc.stdout:
+                tally.line(text.rstrip("\n"))
+
+    ranks = [host for host in cluster.hosts for _ in range(2)]
+    start, cpu = time.time(), _cpu()
+    _parallel([lambda h=h, t=t: one(h, t) for h, t in zip(ranks, tallies, strict=True)])
+    return _summarise("ssh, 2 print() ranks", tallies, start, cpu)
+
+
 def _transports(cluster: NamespaceCluster, known: Path) -> list[SSHTransport]:
     found = []
     with netns.inside(cluster.controller_ns):
@@ -263,7 +314,7 @@ def run_launch(
     log.close()
     for t in transports:
         t.close()
-    return _summarise("bootstrap launch", list(tallies.values()), start, cpu)
+    return _summarise("bootstrap launch", [*tallies.values(), sink.unlabelled], start, cpu)
 
 
 def run_ranks(
@@ -305,7 +356,7 @@ def run_ranks(
     log.close()
     for t in transports:
         t.close()
-    return _summarise("launch, 2 print() ranks", tallies, start, cpu)
+    return _summarise("launch, 2 print() ranks", [*tallies, sink.unlabelled], start, cpu)
 
 
 def run_logs(
@@ -363,7 +414,7 @@ def run_logs(
     for t in transports:
         t.close()
     name = "bootstrap logs --follow" if python else "logs --follow (sh+awk)"
-    return _summarise(name, list(tallies.values()), start, cpu)
+    return _summarise(name, [*tallies.values(), sink.unlabelled], start, cpu)
 
 
 def main() -> int:
@@ -378,7 +429,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="ssh,launch,ranks,logs,shell",
-        help="paths to measure (comma-separated; default: all)",
+        help="paths to measure (comma-separated; default: all; ranks brings its own baseline, sshprint)",
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -397,32 +448,38 @@ def main() -> int:
             for _ in range(args.runs):
                 paths: dict[str, Callable[[int, float], Row]] = {
                     "ssh": lambda n, r: run_ssh(cluster, known, printer, n, r),
+                    "sshprint": lambda n, r: run_ssh_print(cluster, known, print_printer, n, r),
                     "launch": lambda n, r: run_launch(cluster, known, printer, n, r, tmp),
                     "ranks": lambda n, r: run_ranks(cluster, known, print_printer, n, r, tmp),
                     "logs": lambda n, r: run_logs(cluster, known, printer, n, r, tmp),
                     "shell": lambda n, r: run_logs(cluster, known, printer, n, r, tmp, python=None),
                 }
                 for name, measure in paths.items():
-                    if name in only or name == "ssh":  # the baseline: every ratio needs it
+                    # the baselines: every ratio needs ssh, the ranks path its own printers' cost too
+                    if name in only or name == "ssh" or (name == "sshprint" and "ranks" in only):
                         row = measure(lines, rate)
                         results.setdefault((phase, row.path), []).append(row)
     print(f"\n{NODES} nodes, median of {args.runs} run(s); lines per node: {args.lines} (paced: 5 s worth)")
     for phase in phases:
         base = statistics.median(r.lines_per_s for r in results[(phase, "ssh (baseline)")])
+        prints = results.get((phase, "ssh, 2 print() ranks"))
+        print_base = statistics.median(r.lines_per_s for r in prints) if prints else float("nan")
         print(f"\n{phase}")
         print(
-            f"{'path':<26}{'lines/s':>12}{'lost':>6}{'misordered':>11}{'p50 ms':>9}{'p99 ms':>9}"
-            f"{'CPU us/line':>12}{'vs ssh':>8}"
+            f"{'path':<26}{'lines/s':>12}{'lost':>6}{'misordered':>11}{'mangled':>8}{'p50 ms':>9}"
+            f"{'p99 ms':>9}{'CPU us/line':>12}{'vs ssh':>8}{'vs ssh print()':>15}"
         )
         for (ph, path), rows in results.items():
             if ph != phase:
                 continue
             row = sorted(rows, key=lambda r: r.lines_per_s)[len(rows) // 2]
             print(
-                f"{path:<26}{row.lines_per_s:>12,.0f}{row.lost:>6}{row.bad:>11}"
+                f"{path:<26}{row.lines_per_s:>12,.0f}{row.lost:>6}{row.bad:>11}{row.mangled:>8}"
                 f"{row.p50_ms:>9.1f}{row.p99_ms:>9.1f}{row.cpu_us:>12.1f}{row.lines_per_s / base:>8.2f}"
+                f"{row.lines_per_s / print_base:>15.2f}"
             )
-    print("\ntargets: >= 200,000 lines/s, 0 lost, p99 <= 100 ms, >= 0.80 x ssh")
+    print("\ntargets: >= 200,000 lines/s, 0 lost, 0 mangled, p99 <= 100 ms, >= 0.80 x ssh")
+    print("vs ssh print(): against the ranks' own printers run over plain ssh (``ssh, 2 print() ranks``)")
     return 0
 
 

@@ -62,7 +62,9 @@ class Put:
 class Run:
     """Shell text for the node (its platform's dialect), run with ``env`` exported, as root when
     ``become``. ``stream``: its lines go to the output handler given to ``apply`` while it runs.
-    ``check(result)`` raises when the step cannot go on (see the module docstring)."""
+    ``check(result)`` raises when the step cannot go on (see the module docstring). ``host``: the text
+    is PowerShell for the Windows machine itself, also when the node is a WSL distribution on it
+    (firewall and time rules belong to Windows there; ``Transport.run_windows``)."""
 
     script: str
     env: Mapping[str, str] = field(default_factory=dict)
@@ -72,12 +74,14 @@ class Run:
     keep_lines: int | None = None
     what: str = ""
     check: Callable[[Result], None] | None = field(default=None, compare=False)
+    host: bool = False
 
     def public_dict(self, transport: Transport | None = None) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "run": self.script,
             "what": self.what,
             "as_root": self.become,
+            "on": "windows host" if self.host else "node",
             "timeout": self.timeout,
             "env": sorted(self.env),
         }
@@ -91,8 +95,12 @@ Action = Put | Run
 
 @dataclass
 class NodePlan:
+    """What a step will do on ``node``, in order (no actions: nothing to change there). ``detail``:
+    what the step decided along with it (counts, ports), for its verdict; not sent anywhere."""
+
     node: str
     actions: list[Action] = field(default_factory=list)
+    detail: Any = field(default=None, compare=False)
 
     @property
     def uploads(self) -> list[str]:
@@ -113,7 +121,8 @@ class NodePlan:
 
 def sent_text(transport: Transport, action: Run) -> str:
     """The exact text the node's shell receives for ``action`` (what ``Transport.run`` sends)."""
-    wrapped = transport.platform.wrap(action.script, env=action.env, become=action.become)
+    platform = transport.platform.host_shell if action.host else transport.platform
+    wrapped = platform.wrap(action.script, env=action.env, become=action.become)
     return transport.plan(wrapped)
 
 
@@ -148,7 +157,7 @@ def apply(
             continue
         if action.stream and before is not None:
             before(action)
-        result = transport.run(
+        result = (transport.run_windows if action.host else transport.run)(
             action.script,
             env=action.env or None,
             become=action.become,

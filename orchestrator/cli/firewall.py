@@ -15,15 +15,15 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_docs,
     node_status,
     phase_session,
 )
+from orchestrator.cli.report import report_docs, show_plans
 from orchestrator.errors import ExitCode
-from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.session import Session
-from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
+from orchestrator.steps.contract import Report
+from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
 
 
 @click.command()
@@ -67,11 +67,11 @@ def run_firewall(
             ui.progress([n.name for n in probed], "firewall") as on_event,
         ):
             on.executor.on_event = on_event
-            run: FirewallRun = step(on, inventory, selected, dry_run=settings.dry_run)
+            run: Report[FirewallResult] = step(on, inventory, selected, dry_run=settings.dry_run)
     except KeyboardInterrupt:
         interrupted(ui)
     outcomes = run.outcomes
-    code = exit_code_for(outcomes)
+    code = run.exit_code()
     for warning in run.warnings:
         ui.warn(warning)
     if settings.json_mode:
@@ -81,29 +81,15 @@ def run_firewall(
                 "command": "firewall",
                 "remove": remove,
                 "dry_run": settings.dry_run,
-                "addresses": run.addresses,
+                **run.data,
                 "warnings": run.warnings,
-                "nodes": node_docs(outcomes),
+                "nodes": report_docs(run),
                 "exit_code": int(code),
             }
         )
         return code
     if settings.dry_run:
-        for o in outcomes:
-            if o.value is None:
-                continue
-            windows = o.node in {n.name for n in probed if n.os == "windows"}
-            stops = (
-                "PowerShell script that stops at the first error"
-                if windows
-                else "script that stops at the first failure (set -e)"
-            )
-            what = f"as one {stops}" if o.value.commands else ""
-            who = "an administrator" if windows else "root"
-            ui.print_text(f"# {o.node} ({o.value.kind}): would run as {who} {what}".rstrip())
-            for command in o.value.commands or ["# nothing: " + o.value.status]:
-                ui.print_text(command)
-            ui.print_text("")
+        show_plans(ui, run)
     verb = "remove" if remove else "firewall"
     title = f"{verb}: cluster {inventory.cluster.name}" + (" (dry run)" if settings.dry_run else "")
     table = Table(title=Text(title), title_justify="left")
@@ -124,7 +110,7 @@ def run_firewall(
     for o in outcomes:
         for note in o.value.notes if o.value else []:
             ui.note(f"{o.node}: {note}")
-    if run.addresses and ui.verbose:
-        ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.addresses.items()))
+    if run.data["addresses"] and ui.verbose:
+        ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.data["addresses"].items()))
     fail_lines(ui, outcomes)
     return code

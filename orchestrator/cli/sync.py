@@ -1,7 +1,8 @@
 """`bootstrap sync`: the pinned Python environment, then the project code, on every node.
 
-Registered on import by orchestrator/cli/__init__.py. The work is in orchestrator/steps/envsync
-(environment) and orchestrator/steps/codesync (code); this module only runs them and reports.
+Registered on import by orchestrator/cli/__init__.py. The work, and every decision, is in
+orchestrator/steps/sync.py (and below it steps/envsync, steps/codesync); this module parses the
+options and renders the report.
 """
 
 from __future__ import annotations
@@ -19,38 +20,17 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_docs,
     node_status,
     phase_session,
 )
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
-from orchestrator.pipeline import wants_code_sync
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
-from orchestrator.steps.envsync import (
-    EnvSharedError,
-    EnvSpec,
-    NodeEnv,
-    installer_tail,
-    probe_script,
-    resolve_specs,
-    summarize_outcomes,
-    sync_env,
-)
-from orchestrator.steps.envsync.master import (
-    Reference,
-    freeze_texts,
-    read_reference,
-    recorded_nodes,
-    remember,
-    spec_from_master,
-    write_freeze,
-)
-from orchestrator.steps.envsync.report import EnvReport
+from orchestrator.steps import sync as step
+from orchestrator.steps.envsync import EnvInstallError, NodeEnv
+from orchestrator.steps.sync import Display, SyncOptions, SyncReport
 
-TAIL = 15
 _ACTION_STYLE = {
     "unchanged": "green",
     "installed": "cyan",
@@ -104,7 +84,7 @@ def sync(
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
     if freeze is not None and not from_master:
-        return run_freeze(settings, inventory, nodes, freeze)
+        return _freeze(settings, inventory, nodes, freeze)
     if from_master and inventory.cluster.env.declared:
         raise UsageError(
             f"{inventory.source}: cluster.env declares this cluster's environment: "
@@ -128,301 +108,99 @@ def run_sync(
     from_master: bool = False,
     freeze: Path | None = None,
 ) -> ExitCode:
-    """The sync phase (also a step of the main pipeline); its exit code. ``from_master``: without
-    cluster.env, the master's training environment (orchestrator/steps/envsync/master.py)."""
+    """The sync phase (also a step of the main pipeline, on its ``session``): its exit code."""
     ui = settings.ui
-    do_env = only in (None, "env")
-    do_code = only in (None, "code")
-    from_master = from_master and not inventory.cluster.env.declared
-    if do_env and not inventory.cluster.env.declared and not from_master:
-        if only == "env":
-            ui.error(
-                "cluster.env declares no requirements or packages: nothing to sync "
-                "(`bootstrap sync --from-master` installs the master's torch on every node; docs/sync.md)"
-            )
-            return ExitCode.USAGE
-        recorded = recorded_nodes(inventory)
-        if recorded:
-            ui.note(
-                f"no cluster.env: environment sync skipped ({', '.join(recorded)} train in the master's "
-                "environment from `bootstrap sync --from-master`: run that again to refresh it)"
-            )
-        else:
-            ui.note(
-                "no cluster.env in the inventory: environment sync skipped "
-                "(`bootstrap sync --from-master` installs the master's torch on every node)"
-            )
-        do_env = False
-    if only is None and not wants_code_sync(inventory):
-        # as the pipeline does: the default source is the current directory, which may be a home;
-        # pushing it takes a cluster.code section, or asking for it by name
-        ui.note(
-            "no cluster.code in the inventory: code sync skipped (`bootstrap sync --only code` pushes "
-            "the current directory to <workdir>/code on every node; docs/sync.md)"
-        )
-        do_code = False
-    if do_code:
-        from orchestrator.steps.codesync import code_source
-
-        source = code_source(inventory.cluster)
-        try:
-            is_dir = source.is_dir()
-        except (OSError, ValueError):  # a name too long for this file system
-            is_dir = False
-        if not is_dir:  # before any node is contacted (and before the environment work)
-            raise UsageError(
-                f"code.source {source} is not a directory",
-                hint="set cluster.code.source to your project directory (relative to the current one)",
-            )
-    if do_env and not from_master:
-        specs = resolve_specs(inventory, nodes)  # a bad env section stops here, exit 2, nothing contacted
-        for spec in specs.values():
-            for warning in spec.warnings:
-                ui.warn(warning)
-    env_outcomes: list[Outcome[NodeEnv]] = []
-    code_outcomes: list[Outcome[Any]] = []
-    master_note: str | None = None
+    options = SyncOptions(
+        only=only, force=force, from_master=from_master, freeze=freeze, dry_run=settings.dry_run
+    )
+    display = Display(note=ui.note, warn=ui.warn, board=ui.board)
+    if settings.verbose and not settings.json_mode:
+        display.on_line = ui.line_printer([n.name for n in nodes], stream=ui.err.file).write
+    choice = step.choose(inventory, nodes, options, display)
+    report = SyncReport(choice, settings.dry_run)
     try:
-        if do_env or do_code:  # else nothing to sync: no node is contacted
+        if choice.anything:  # else nothing to sync: no node is contacted
             with phase_session(settings, inventory, nodes, session) as on:
-                if do_env and from_master:
-                    env_outcomes, master_note = _run_from_master(
-                        settings, on, inventory, nodes, force=force, freeze=freeze
-                    )
-                elif do_env:
-                    env_outcomes = _run_env(settings, on, inventory, nodes, force=force)
-                if do_code:
-                    code_outcomes = _run_code(settings, on, inventory, nodes)
+                report = step.sync(on, inventory, nodes, choice, options, display)
     except KeyboardInterrupt:
         interrupted(ui)
-    report = summarize_outcomes(env_outcomes)
-    code = exit_code_for([*env_outcomes, *code_outcomes])
-    if report.mismatch and code == ExitCode.OK:
-        code = ExitCode.NODES_FAILED
     if settings.json_mode:
-        fail_lines(ui, [*env_outcomes, *code_outcomes])
-        doc: dict[str, Any] = {
-            "command": "sync",
-            "dry_run": settings.dry_run,
-            "from_master": from_master,  # the environment is the master's (no cluster.env)
-            "env": _env_json(env_outcomes, report) if do_env else None,
-            "code": _code_json(code_outcomes) if do_code else None,
-            "exit_code": int(code),
-        }
-        if settings.dry_run and do_env and any(o.value is not None for o in env_outcomes):
-            # the commands name it by placeholder: its text, once, as the human dry run prints it
-            name, text = probe_script()
-            doc["env_probe"] = {"name": name, "text": text}
-        ui.print_json(doc)
-        return code
-    if do_env:
-        if master_note:
-            ui.note(master_note)
-        if env_outcomes or not from_master:
-            _env_human(settings, env_outcomes, report)
-    if do_code:
-        _code_human(settings, code_outcomes)
-    return code
+        fail_lines(ui, [*report.env, *report.code])
+        ui.print_json(report.public_dict())
+    else:
+        if report.master_note:
+            ui.note(report.master_note)
+        if report.shows_env:
+            _env_human(settings, report)
+        if choice.code:
+            _code_human(settings, report)
+    return report.exit_code
 
 
-def _run_env(
-    settings: Settings,
-    session: Session,
-    inventory: Inventory,
-    nodes: list[Node],
-    *,
-    force: bool,
-    specs: dict[str, EnvSpec] | None = None,
-) -> list[Outcome[NodeEnv]]:
-    ui = settings.ui
-    if settings.dry_run:
-        return sync_env(session, inventory, nodes, dry_run=True, force=force, specs=specs)
-    printer = ui.line_printer([n.name for n in nodes], stream=ui.err.file) if settings.verbose else None
-
-    def on_line(node: str, line: str) -> None:
-        if printer is not None and not settings.json_mode:
-            printer.write(node, line)
-
-    with ui.board([n.name for n in nodes], "env") as board:
-        session.executor.on_event = board.on_event
-        try:
-            return sync_env(
-                session,
-                inventory,
-                nodes,
-                force=force,
-                on_line=on_line,
-                on_progress=board.update,
-                specs=specs,
-                on_notice=None if settings.json_mode else ui.note,
-            )
-        finally:
-            session.executor.on_event = None
-
-
-def _run_from_master(
-    settings: Settings,
-    session: Session,
-    inventory: Inventory,
-    nodes: list[Node],
-    *,
-    force: bool,
-    freeze: Path | None,
-) -> tuple[list[Outcome[NodeEnv]], str | None]:
-    """The master's environment on ``nodes`` (the master itself left out when its own interpreter is
-    the reference), then the record check, validate and launch read (master.py)."""
-    ui = settings.ui
-    reference = _read_reference(settings, session, inventory)
-    env = reference.env
-    targets = [
-        n for n in nodes if not (reference.master_is_reference and n.name == inventory.master_node.name)
-    ]
-    torch_line = f"torch {env.torch} and {len(env.packages) - 1} companions from {env.where}"
-    if freeze is not None and not settings.dry_run:
-        for path in write_freeze(freeze, inventory, nodes, env):
-            ui.note(f"wrote {path}: {torch_line}")
-    if not targets:
-        return (
-            [],
-            f"nothing to sync: {inventory.master_node.name} is the master, whose Python is the reference",
-        )
-    oses: set[str] = {n.python_os for n in targets}
-    specs = {os_name: spec_from_master(inventory, env, os_name) for os_name in sorted(oses)}
-    if not settings.json_mode:
-        ui.note(f"the master's environment: {torch_line}")
-    outcomes = _run_env(settings, session, inventory, targets, force=force, specs=specs)
-    if settings.dry_run:
-        return outcomes, None
-    synced = {
-        o.node: {"env_id": o.value.env_id, "torch": o.value.packages.get("torch"), "source": env.where}
-        for o in outcomes
-        if o.value is not None
-    }
-    if not synced:
-        return outcomes, None
-    record = remember(inventory, synced)
-    envs = [o.value for o in outcomes if o.value is not None]
-    return outcomes, (
-        f"training on {', '.join(synced)} now uses {_where(envs)} (recorded in {record}); to make it "
-        "part of the inventory: bootstrap sync --freeze requirements.txt, then "
-        "cluster.env.requirements: requirements.txt"
-    )
-
-
-def _where(envs: list[NodeEnv]) -> str:
-    """The interpreter launch runs: one path, or each node's (``{node}`` in workdir)."""
-    paths = {e.python_path for e in envs}
-    if len(paths) == 1:
-        return paths.pop()
-    shown = "; ".join(f"{e.node}: {e.python_path}" for e in envs[:3])
-    return f"each node's own venv ({shown}{'; ...' if len(envs) > 3 else ''})"
-
-
-def _read_reference(settings: Settings, session: Session, inventory: Inventory) -> Reference:
-    master = inventory.master_node
-    found = session.map(lambda node, t: read_reference(inventory, t), step="master", nodes=[master])[0]
-    if found.error is not None:
-        raise found.error
-    assert found.value is not None
-    return found.value
-
-
-def run_freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: Path) -> ExitCode:
+def _freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: Path) -> ExitCode:
     """``bootstrap sync --freeze FILE`` alone: read the master, write the file(s), sync nothing."""
     ui = settings.ui
     with phase_session(settings, inventory, nodes, None) as on:
-        reference = _read_reference(settings, on, inventory)
-    env = reference.env
+        report = step.freeze(on, inventory, nodes, path, dry_run=settings.dry_run)
     if settings.dry_run:  # what would be written, written nowhere
-        for target, text in freeze_texts(path, inventory, nodes, env).items():
+        for target, text in report.texts.items():
             ui.print_text(f"# would write {target}:")
             ui.print_text(text.rstrip("\n"))
         return ExitCode.OK
-    files = write_freeze(path, inventory, nodes, env)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "sync",
-                "freeze": {
-                    "files": [str(f) for f in files],
-                    "master": env.where,
-                    "torch": env.torch,
-                    "packages": env.packages,
-                },
-                "exit_code": 0,
-            }
-        )
+        ui.print_json(report.public_dict())
         return ExitCode.OK
     base = Path(str(inventory.source)).resolve().parent
-    for written in files:
+    for written in report.written:
         try:
             shown = written.resolve().relative_to(base)
         except ValueError:
             shown = written.resolve()
-        ui.info(f"wrote {written}: torch {env.torch} and {len(env.packages) - 1} companions from {env.where}")
+        ui.info(f"wrote {written}: {report.torch_line}")
         ui.note(
             f"declare it in the inventory: cluster: {{env: {{requirements: {shown}}}}} (then bootstrap sync)"
         )
     return ExitCode.OK
 
 
-def _run_code(
-    settings: Settings, session: Session, inventory: Inventory, nodes: list[Node]
-) -> list[Outcome[Any]]:
-    # The code half (orchestrator/steps/codesync, written alongside): same session, same nodes.
-    from orchestrator.steps.codesync import sync_code
+# -- rendering --------------------------------------------------------------------------------------
 
-    with settings.ui.board([n.name for n in nodes], "code") as board:
-        session.executor.on_event = board.on_event
-        try:
-            outcomes: list[Outcome[Any]] = sync_code(
-                session, inventory, nodes, dry_run=settings.dry_run, on_progress=board.update
+
+def _plan_lines(env: NodeEnv) -> list[str]:
+    """A dry run's view of one node's environment: unchanged, or its build's plan."""
+    head = f"# {env.node}: environment at {env.path} (python: {env.python_path})"
+    if env.plan is None:
+        return [f"{head}: {env.action}, build {env.env_id or '-'}: nothing to send"]
+    return [f"{head}: build {env.env_id} with {env.installer}, Python {env.python}", *_actions(env.plan)]
+
+
+def _actions(plan: dict[str, Any]) -> list[str]:
+    """A plan (``NodePlan.public_dict``) as dry runs print plans (cli/report.py): each upload, each
+    command as the node's shell receives it."""
+    lines, name = [], plan["node"]
+    for action in plan["actions"]:
+        if "put" in action:
+            private = ", owner-only" if action["mode"] == "0600" else ""
+            lines.append(
+                f"# ---- {name}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
+                f"{private}, sha256 {action['sha256']})"
             )
-        finally:
-            session.executor.on_event = None
-    return outcomes
-
-
-# -- reporting ----------------------------------------------------------------------------------------
-
-
-def _changes_text(env: NodeEnv) -> str:
-    if env.action == "unchanged":
-        return "-"
-    if not env.changes:
-        return "no version changed"
-    parts = []
-    for name, (old, new) in env.changes.items():
-        if old is None:
-            parts.append(f"+{name} {new}")
-        elif new is None:
-            parts.append(f"-{name} {old}")
         else:
-            parts.append(f"{name} {old} -> {new}")
-    shown = parts[:4]
-    if len(parts) > 4:
-        shown.append(f"+{len(parts) - 4} more")
-    return ", ".join(shown)
+            who = "as root" if action["as_root"] else "as the login user"
+            lines += [f"# ---- {name}: would run {who} ({action['what']}):", action["sent"]]
+    return lines
 
 
-def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> None:
+def _env_human(settings: Settings, report: SyncReport) -> None:
     ui = settings.ui
+    outcomes = report.env
     if settings.dry_run:
-        if any(o.value is not None for o in outcomes):
-            name, text = probe_script()
-            ui.print_text(
-                f"# {name}: every node's first command runs it with its Python (one JSON line back)"
-            )
-            for line in text.rstrip("\n").splitlines():
-                ui.print_text(f"#   {line}" if line else "#")
-            ui.print_text("")
         for o in outcomes:
-            if o.value is None:
-                continue
-            ui.print_text(f"# {o.node}: environment at {o.value.path} (python: {o.value.python_path})")
-            for command in o.value.commands:
-                ui.print_text(command)
-            ui.print_text("")
+            if o.value is not None:
+                for line in _plan_lines(o.value):
+                    ui.print_text(line)
+                ui.print_text("")
+        fail_lines(ui, outcomes)
         return
     table = Table(title=Text("environment"), title_justify="left")
     for column in ("node", "result", "installer", "python", "env", "changes", "time"):
@@ -430,7 +208,7 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
     for o in outcomes:
         env = o.value
         if env is None:
-            status = "install failed" if type(o.error).__name__ == "EnvInstallError" else "failed"
+            status = "install failed" if isinstance(o.error, EnvInstallError) else "failed"
             label = (
                 node_status(o.error) if o.error is not None and node_status(o.error) != "failed" else status
             )
@@ -442,17 +220,18 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
             Text(env.installer or "-"),
             Text(env.python),
             Text(env.env_id or "-"),
-            Text(_changes_text(env)),
+            Text(env.changes_text()),
             f"{o.duration:.2f}s",
         )
     ui.print_table(table)
-    if report.groups:
-        title = "environments" if len(report.groups) > 1 else "environment"
-        groups = Table(title=Text(f"{len(report.groups)} distinct {title}"), title_justify="left")
+    summary = report.summary
+    if summary.groups:
+        title = "environments" if len(summary.groups) > 1 else "environment"
+        groups = Table(title=Text(f"{len(summary.groups)} distinct {title}"), title_justify="left")
         for column in ("", "nodes", "versions"):
             groups.add_column(column, overflow="fold")
-        for index, group in enumerate(report.groups):
-            style = "red" if report.mismatch else "green"
+        for index, group in enumerate(summary.groups):
+            style = "red" if summary.mismatch else "green"
             groups.add_row(
                 Text(chr(ord("A") + index) if index < 26 else str(index), style=style),
                 Text(", ".join(group.nodes)),
@@ -460,105 +239,35 @@ def _env_human(settings: Settings, outcomes: list[Outcome[NodeEnv]], report: Env
             )
         ui.print_table(groups)
     fail_lines(ui, outcomes)
-    for o in outcomes:
-        result = getattr(o.error, "result", None)
-        if result is not None and hasattr(result, "tail") and type(o.error).__name__ == "EnvInstallError":
-            for line in installer_tail(result.tail(TAIL * 4))[-TAIL:]:  # may repeat an index URL
-                ui.info(f"  {o.node} | {mask_url_credentials(line)}")
-    if report.mismatch:
+    for node, line in report.installer_lines():  # may repeat an index URL
+        ui.info(f"  {node} | {mask_url_credentials(line)}")
+    if summary.mismatch:
         ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
-        for line in report.describe_mismatch():
+        for line in summary.describe_mismatch():
             ui.info(f"  {line}")
-    unchanged = sum(1 for o in outcomes if o.value is not None and o.value.action == "unchanged")
-    done = sum(1 for o in outcomes if o.value is not None)
-    failed = len(outcomes) - done
-    parts = []
-    if report.mismatch:
-        parts.append("environments DIFFER")
-    elif done > 1:
-        parts.append("identical")
-    elif done == 1 and not failed:
-        parts.append("ok")
-    if failed:
-        parts.append(f"{failed} failed")
-    shared = _shared_headline(outcomes)
-    if shared:
-        parts.append(shared)
-    counted = f" ({unchanged} unchanged)" if done else ""
-    ui.info(f"environment: {done}/{len(outcomes)} nodes synced{counted}, {', '.join(parts)}")
-    if done:
-        envs = [o.value for o in outcomes if o.value is not None]
-        ui.note(f"launch with {_where(envs)} (the stable path; each build is switched in atomically)")
+    ui.info(report.env_headline())
+    python = report.launch_python()
+    if python:
+        ui.note(f"launch with {python} (the stable path; each build is switched in atomically)")
 
 
-def _shared_headline(outcomes: list[Outcome[NodeEnv]]) -> str | None:
-    """When nodes were refused because they share a directory: that is the cause, said once."""
-    by_dir: dict[str, set[str]] = {}
-    for o in outcomes:
-        if isinstance(o.error, EnvSharedError):
-            by_dir.setdefault(o.error.directory, set()).update([o.node, *o.error.shared_with])
-    if not by_dir:
-        return None
-    groups = [f"{', '.join(sorted(names))} share {where}" for where, names in sorted(by_dir.items())]
-    return (
-        "; ".join(groups)
-        + " (one filesystem: nothing was installed; not a pip or index problem): give each node its own "
-        "directory with {node} in workdir (docs/quickstart.md)"
-    )
-
-
-def _env_json(outcomes: list[Outcome[NodeEnv]], report: EnvReport) -> dict[str, Any]:
-    return {
-        "nodes": node_docs(
-            outcomes,
-            lambda o: {
-                "kept_previous": getattr(o.error, "kept", None),
-                **(o.value.public_dict() if o.value else {}),
-            },
-        ),
-        "environments": [
-            {"nodes": g.nodes, "os": g.os, "python": g.python, "packages": g.packages} for g in report.groups
-        ],
-        "identical": not report.mismatch,
-        "differing": report.differing,
-    }
-
-
-def _code_json(outcomes: list[Outcome[Any]]) -> dict[str, Any]:
-    return {"nodes": node_docs(outcomes)}
-
-
-def _code_human(settings: Settings, outcomes: list[Outcome[Any]]) -> None:
+def _code_human(settings: Settings, report: SyncReport) -> None:
     ui = settings.ui
     table = Table(title=Text("code"), title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column, overflow="fold")
-    for o in outcomes:
+    for o in report.code:
         if o.value is None:
             label = Text(node_status(o.error) if o.error is not None else "failed", style="red")
         else:
-            summary = o.value.summary() if hasattr(o.value, "summary") else "ok"
-            label = Text(str(summary), style="green" if getattr(o.value, "unchanged", False) else "cyan")
+            label = Text(o.value.summary(), style="green" if o.value.unchanged else "cyan")
         table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.print_table(table)
-    for line in shared_lines(outcomes):
+    for o in report.code:
+        if settings.dry_run and o.value is not None and o.value.plan is not None:
+            ui.print_text(f"# {o.node}: code at {o.value.dest}")
+            for line in _actions(o.value.plan):
+                ui.print_text(line)
+    for line in report.shared_code_lines():
         ui.note(line)
-    fail_lines(ui, [o for o in outcomes if o.error is not None])
-
-
-def shared_lines(outcomes: list[Outcome[Any]]) -> list[str]:
-    """One line per code directory several nodes share: which nodes, and the one that wrote it."""
-    lines = []
-    for o in outcomes:
-        value = o.value
-        if (
-            value is None
-            or getattr(value, "synced_by", None) is not None
-            or not getattr(value, "shared_with", None)
-        ):
-            continue
-        nodes = ", ".join([o.node, *value.shared_with])
-        lines.append(
-            f"{value.dest} is one directory on {nodes} (a shared file system): synced once, from {o.node}"
-        )
-    return lines
+    fail_lines(ui, [o for o in report.code if o.error is not None])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.facts.base import Fact, FactParseError, FactSet, collect
 from orchestrator.facts.linux import GpuReport, Gpus, MemoryInfo, PythonInfo, Torch, TorchInfo
@@ -24,7 +24,7 @@ from orchestrator.facts.wsl import Wsl, WslInfo
 from orchestrator.platforms import Platform
 from orchestrator.platforms.powershell import NOT_FOUND_EXIT, PowerShell
 from orchestrator.records import new_nonce
-from orchestrator.transports.base import Result
+from orchestrator.transports.base import Transport
 
 #: the Store stub ``python.exe`` (App Execution Alias without Python installed) and cmd.exe exit with
 #: 9009 for "not installed"
@@ -314,13 +314,7 @@ def windows_facts(interpreter: str | None, *, mode: str = "native") -> list[Fact
 # -- a WSL-mode node: the Windows side and the distribution ------------------------------------------
 
 
-class RunsWindows(Protocol):
-    """A transport that can also run PowerShell on the Windows side of a WSL node (WinRMTransport)."""
-
-    def run_windows(self, command: str, *, timeout: float | None = None) -> Result: ...
-
-
-def gather_windows_side(transport: RunsWindows, facts: list[Fact[Any]], *, timeout: float = 120.0) -> FactSet:
+def gather_windows_side(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120.0) -> FactSet:
     """The Windows-side facts of a WSL node (``windows``, ``wsl``, ``windows_python``) in one
     PowerShell round trip; the distribution's own facts are a second one, through wsl.exe
     (:func:`~orchestrator.facts.base.gather` on the node's WSL platform).

@@ -21,6 +21,7 @@ __all__ = [
     "check_env_name",
     "platform_for",
     "platform_for_node",
+    "posix_for_node",
 ]
 
 
@@ -39,3 +40,12 @@ def platform_for_node(node: Node) -> Platform:
     if node.os == "windows" and node.windows.mode == "wsl":
         return WslShell(node.windows.distro, node.windows.wsl_user)
     return platform_for(node.os)
+
+
+def posix_for_node(node: Node) -> PosixShell:
+    """The POSIX shell of a Linux node (what chrony, nftables and the other Linux-only steps write
+    in); any other node is a bug of the caller's."""
+    platform = platform_for_node(node)
+    if not isinstance(platform, PosixShell) or node.os != "linux":
+        raise TypeError(f"{node.name} is not a Linux node")
+    return platform

@@ -94,9 +94,19 @@ def reached_nodes(
 ) -> dict[str, Reached]:
     """:func:`reached_at` for every node the controller can place (a node already connected in this
     session by its connection's peer address)."""
+    return reached_from(
+        {node.name: session.peer_address(node.name) for node in nodes}, nodes, resolve=resolve
+    )
+
+
+def reached_from(
+    peers: Mapping[str, str | None], nodes: Iterable[Node], *, resolve: Resolver = resolve_here
+) -> dict[str, Reached]:
+    """:func:`reached_at` for every node the controller can place, given where its connection reached
+    each node (``peers``: the connection's peer address, None or absent when unknown)."""
     found: dict[str, Reached] = {}
     for node in nodes:
-        reached = reached_at(node, session.peer_address(node.name), resolve=resolve)
+        reached = reached_at(node, peers.get(node.name), resolve=resolve)
         if reached is not None:
             found[node.name] = reached
     return found

@@ -10,11 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts import SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
-from orchestrator.facts.windows import RunsWindows, gather_windows_side, windows_facts, windows_modes
+from orchestrator.facts.windows import gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
 from orchestrator.records import new_nonce
 from orchestrator.steps.envsync import venv_python
@@ -112,8 +112,8 @@ def _gather_windows(
     platform = transport.platform
     windows, own, skipped = _windows_plan(node, platform, extra, python)
     facts = run(transport, own)
-    if windows and getattr(transport, "run_windows", None) is not None:
-        side = gather_windows_side(cast("RunsWindows", transport), windows)
+    if windows and transport.reaches_windows_host:
+        side = gather_windows_side(transport, windows)
         facts.values.update(side.values)
         facts.errors.update(side.errors)
     else:

@@ -359,6 +359,45 @@ class Transport(ABC):
         result.command = command
         return result
 
+    @property
+    def reaches_windows_host(self) -> bool:
+        """Whether :meth:`run_windows` can run PowerShell on the Windows machine of this node."""
+        return self.platform.host_shell is self.platform
+
+    def run_windows(
+        self,
+        command: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_line: OnLine | None = None,
+        keep_lines: int | None = None,
+        become: bool = False,
+    ) -> Result:
+        """Run PowerShell ``command`` on the Windows machine itself: ``run`` where the node's own shell
+        is that machine's (``platform.host_shell``), else only a transport that reaches the Windows
+        side of a WSL node can (WinRM); the others raise, naming what to do instead."""
+        if self.platform.host_shell is self.platform:
+            return self.run(
+                command,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                on_line=on_line,
+                become=become,
+                keep_lines=keep_lines,
+            )
+        from orchestrator.errors import CommandFailedError
+
+        raise CommandFailedError(
+            f"this needs PowerShell on the Windows host; this node's commands run in {self.platform.name} "
+            f"over {self.kind}, which cannot reach it",
+            node=self.node_name,
+            hint="reach the node over WinRM (connection: winrm), or run the step's --dry-run script in an "
+            "administrator PowerShell on the node",
+        )
+
     @abstractmethod
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         """Copy a local file to ``remote`` on the node.

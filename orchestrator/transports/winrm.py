@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -287,11 +287,15 @@ class WinRMTransport(Transport):
     ) -> Result:
         return self._run_on(self.platform, script, timeout=timeout, on_line=on_line, keep_lines=keep_lines)
 
+    @property
+    def reaches_windows_host(self) -> bool:
+        return True  # a WSL node's host too: WinRM's shell is Windows' own
+
     def run_windows(
         self,
         command: str,
         *,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         timeout: float | None = None,
         on_line: OnLine | None = None,

@@ -284,7 +284,12 @@ def test_dry_run_shows_the_commands_and_touches_nothing(
         assert f"# {host.name}: environment at {tmp_path}/nodes/{host.name}/venv" in run.stdout
     assert "--no-index" in run.stdout and "-m venv --without-pip" in run.stdout
     # locations reach pip through its environment (an owner-only file), never its command line
-    assert f"#   PIP_FIND_LINKS={wheels}" in run.stdout and "--find-links" not in run.stdout
+    assert f"the index settings: PIP_FIND_LINKS={wheels}" in run.stdout and "--find-links" not in run.stdout
+    # what the nodes told the probe, never a stand-in (issue 29): their Python in each build's stamp
+    placeholders = ("BUILD-ID", '"KEY"', '"TOKEN"', '"PYTHON"', '"PLATFORM"', '"CREATED"', "env_probe.py")
+    assert [p for p in placeholders if p in run.stdout] == []
+    version = ".".join(map(str, sys.version_info[:3]))  # the nodes run this machine's Python
+    assert run.stdout.count(f'"python": "{version}"') == len(cluster.hosts), run.stdout
     assert not (tmp_path / "nodes").exists()
 
 

@@ -790,7 +790,8 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
     script goes through the host's PowerShell (run_windows), not through wsl.exe."""
     from orchestrator.inventory import load_inventory_text
     from orchestrator.platforms.wsl import WslShell
-    from orchestrator.steps.firewall import apply_windows, plan_windows
+    from orchestrator.runner import converge
+    from orchestrator.steps.firewall import Firewall, FirewallContext
 
     inv = load_inventory_text(
         "cluster: {name: lab, master: c}\n"
@@ -799,7 +800,8 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
         "  - {name: w, host: 10.0.0.2, os: windows, windows: {mode: wsl}}\n",
         "hosts.yaml",
     )
-    planned = plan_windows(inv.node("w"), inv, {"w": "10.0.0.2", "c": "10.0.0.1"})
+    step, context = Firewall(inv), FirewallContext({}, {"w": "10.0.0.2", "c": "10.0.0.1"})
+    planned = step.plan(inv.node("w"), {}, context)
 
     def answer(call: PwshCall) -> Answer:
         assert any(c.name == "New-NetFirewallHyperVRule" for c in call.commands)
@@ -808,7 +810,7 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
     with WinRMServer(auth="ntlm", username="bob", password="pw", on_powershell=answer) as srv:
         transport = _transport(srv, platform=WslShell("Ubuntu"))
         try:
-            result = apply_windows(inv.node("w"), transport, planned)
+            result = converge(step, inv.node("w"), transport, planned, context)
         finally:
             transport.close()
         assert result.applied and result.added == 1
@@ -819,9 +821,11 @@ def test_wsl_node_firewall_rules_run_on_the_windows_host(tmp_path: Path) -> None
 def test_w32time_is_configured_measured_and_restored_on_the_windows_host(mode: str) -> None:
     """Time on a Windows node is w32time on the host (a WSL2 distribution follows the host clock):
     configured, its offset from the master read with w32tm /stripchart, restored by teardown."""
+    from orchestrator.plans import apply
     from orchestrator.platforms.wsl import WslShell
-    from orchestrator.steps.timesync import NodeTime, _apply_windows, _restore_windows
-    from orchestrator.steps.timesync import windows as win
+    from orchestrator.runner import converge
+    from orchestrator.steps.timesync import NodeTime, RestoreTime
+    from orchestrator.steps.timesync.steps import w32time_plan, w32time_verdict
 
     seen: list[str] = []
 
@@ -841,9 +845,11 @@ def test_w32time_is_configured_measured_and_restored_on_the_windows_host(mode: s
         transport = _transport(srv, platform=platform)
         try:
             value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
-            value.script = win.configure_script(value.sources)
-            done = _apply_windows(win_node(mode), transport, value)
-            restored = _restore_windows(win_node(mode), transport, dry_run=False)
+            done = w32time_verdict(value, apply(w32time_plan(win_node(mode), value), transport))
+            restore = RestoreTime()
+            restored = converge(
+                restore, win_node(mode), transport, restore.plan(win_node(mode), {}, None), None
+            )
         finally:
             transport.close()
         assert done.state == "changed" and done.chrony_offset_ms == 1.0 and done.selected == "10.0.0.1"
@@ -890,10 +896,12 @@ def test_firewall_and_w32time_in_a_session_that_is_not_elevated_say_what_to_do(m
     before any rule or setting is touched: on a WSL node too, where the scripts run on the Windows
     host beside the distribution."""
     from orchestrator.inventory import load_inventory_text
+    from orchestrator.plans import apply
     from orchestrator.platforms.wsl import WslShell
-    from orchestrator.steps.firewall import apply_windows, plan_windows
-    from orchestrator.steps.timesync import NodeTime, _apply_windows, _restore_windows
-    from orchestrator.steps.timesync import windows as win
+    from orchestrator.runner import converge
+    from orchestrator.steps.firewall import Firewall, FirewallContext
+    from orchestrator.steps.timesync import NodeTime, RestoreTime
+    from orchestrator.steps.timesync.steps import w32time_plan, w32time_verdict
 
     inv = load_inventory_text(
         "cluster: {name: lab, master: c}\n"
@@ -909,13 +917,14 @@ def test_firewall_and_w32time_in_a_session_that_is_not_elevated_say_what_to_do(m
         srv.on_powershell = Emulator(srv.files, _not_elevated(seen))  # long scripts arrive as files
         transport = _transport(srv, platform=PowerShell() if mode == "native" else WslShell("Ubuntu"))
         try:
-            planned = plan_windows(node, inv, {"w": "10.0.0.2", "c": "10.0.0.1"})
+            firewall, context = Firewall(inv), FirewallContext({}, {"w": "10.0.0.2", "c": "10.0.0.1"})
+            planned = firewall.plan(node, {}, context)
+            restore = RestoreTime()
             value = NodeTime("w", role="client", daemon="w32time", sources=["10.0.0.1"])
-            value.script = win.configure_script(value.sources)
             for step in (
-                lambda: apply_windows(node, transport, planned),
-                lambda: _apply_windows(node, transport, value),
-                lambda: _restore_windows(node, transport, dry_run=False),
+                lambda: converge(firewall, node, transport, planned, context),
+                lambda: w32time_verdict(value, apply(w32time_plan(node, value), transport)),
+                lambda: converge(restore, node, transport, restore.plan(node, {}, None), None),
             ):
                 with pytest.raises(CommandFailedError) as caught:
                     step()

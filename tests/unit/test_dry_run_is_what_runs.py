@@ -17,6 +17,8 @@ tests/integration/test_firewall.py, test_timesync.py, test_env_sync*.py and test
 from __future__ import annotations
 
 import base64
+import hashlib
+import itertools
 import json
 import re
 import shlex
@@ -35,14 +37,11 @@ from orchestrator.facts import SESSION_KEY_PREFIX
 from orchestrator.facts.base import split_sections
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory, load_inventory_text
 from orchestrator.platforms import Platform, PosixShell, platform_for_node
-from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.steps.codesync import LocalTree, prepare_tree
-from orchestrator.steps.envsync import PROBE_PLACEHOLDER
-from orchestrator.steps.envsync.ops import INSTALLED_MARK, probe_code
-from orchestrator.steps.envsync.progress import STEP_MARK
+from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
-from orchestrator.steps.firewall import FirewallRun, apply_firewall, remove_firewall
+from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
@@ -230,8 +229,8 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
 
 
 def firewall_runs(
-    step: Callable[..., FirewallRun], *, tag: str | None
-) -> tuple[FirewallRun, RecordingSession, FirewallRun, RecordingSession]:
+    step: Callable[..., Report[FirewallResult]], *, tag: str | None
+) -> tuple[Report[FirewallResult], RecordingSession, Report[FirewallResult], RecordingSession]:
     """``step`` run with --dry-run, then for real, each on nodes as found (nothing changes between)."""
     inventory = load_inventory_text(FIREWALL_INVENTORY, "hosts.yaml")
     runs = []
@@ -253,7 +252,7 @@ def firewall_runs(
     ids=["apply-replacing-legacy-rules", "apply", "remove"],
 )
 def test_firewall_runs_exactly_the_commands_its_dry_run_shows(
-    step: Callable[..., FirewallRun], tag: str | None
+    step: Callable[..., Report[FirewallResult]], tag: str | None
 ) -> None:
     """Per Linux node, `firewall --dry-run` (and `--remove --dry-run`) only reads the firewall; the
     real run reads it the same way, then runs the commands the dry run printed, each byte for byte, in
@@ -261,7 +260,7 @@ def test_firewall_runs_exactly_the_commands_its_dry_run_shows(
     Windows node is sent nothing by the dry run, then the one script it printed, elevated."""
     dry, dry_session, real, real_session = firewall_runs(step, tag=tag)
     assert [o.node for o in dry.outcomes] == [o.node for o in real.outcomes] == [*FIREWALLS, "w"]
-    assert dry.addresses == real.addresses
+    assert dry.data["addresses"] == real.data["addresses"]
     for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
         assert shown.error is None and done.error is None, (shown.error, done.error)
         assert shown.value is not None and done.value is not None
@@ -480,8 +479,9 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):
-            return sections_answer(command, sections), 0
+        if sections_asked(command):  # the probe as one section of a round trip (the runner's reads)
+            probed = {**sections, "chrony": ((after if installed else before), 0)}
+            return sections_answer(command, probed), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0
         if command == chrony.install_command("apt-get"):
@@ -661,12 +661,13 @@ def test_ntp_dry_run_shows_the_install_of_chrony_that_runs_first() -> None:
         and shown.state == "would install"
         and shown.script == chrony.install_command("apt-get")
     )
-    extra = after_probes(dry_session.fakes["b"], real_session.fakes["b"])
-    assert extra[:2] == [
-        Sent(shown.script, become=True),
-        Sent(chrony.probe_script(PosixShell()), become=True),
-    ]
-    configure = extra[2]
+    # the dry run read chrony's state (as root), then the route to the master; the real run reads the
+    # state, installs with the command shown, reads the route and chrony's state again, configures
+    probe, route = untokened(dry_session.fakes["b"].sent)
+    real = untokened(real_session.fakes["b"].sent)
+    assert probe.become and chrony.probe_script(PosixShell()) in probe.command and not route.become
+    assert real[:4] == [probe, Sent(shown.script, become=True), route, probe]
+    configure = real[4]
     assert isinstance(configure, Sent) and configure.become and configure.command.startswith("set -e\n")
     assert "/usr/sbin/chronyd -f /etc/chrony.conf -x" in configure.command
 
@@ -725,11 +726,23 @@ def json_argument(command: str) -> dict[str, Any]:
     return dict(json.loads(word)) if word.startswith("{") else {}
 
 
-def sync_node(node: str, tree: LocalTree) -> Answer:
+#: what a build prints: its steps and its listing as records of its nonce, pip's lines between them
+INSTALLED = {"numpy": "2.1.3", "torch": "2.5.1", "filelock": "3.16.1", "sympy": "1.13.1"}
+
+
+def build_output(command: str) -> str:
+    listing = json.dumps({"packages": INSTALLED, "python": PYTHON["version"]})
+    return said(command, ("step", "resolving packages")) + (
+        "Successfully installed numpy-2.1.3 torch-2.5.1\n" + said(command, ("installed", listing))
+    )
+
+
+def sync_node(node: str, tree: LocalTree, *, wheelhouse: Mapping[str, str] | None = None) -> Answer:
     """A node without the environment (no venv yet) whose code directory lacks files: a (the master)
     has an older copy of the project (a file changed, one missing, one the project no longer has), b
-    has none. The environment probe, the markers' read, the build's listing and the code script
-    answer as on a node; anything else (a change) succeeds."""
+    has none. ``wheelhouse``: what its wheelhouse holds (offline). The environment probe, the
+    markers' read, the build's listing and the code script answer as on a node; anything else (a
+    change) succeeds."""
     token: dict[str, str] = {}
     files = {rel: [e.sha256, e.size, e.mode, e.link] for rel, e in tree.files.items()}
     if node == "a":
@@ -741,15 +754,16 @@ def sync_node(node: str, tree: LocalTree) -> Answer:
         args = json_argument(command)
         if "stamp" in args:  # the environment probe
             path = expand(node, args["path"])
-            token["token"] = args["marker"]["token"]
             doc = {
                 "home": HOMES[node],
                 "python": PYTHON,
                 "uv": None,
                 "venv": {"path": path, "state": "missing", "target": None, "stamp": None, "packages": None},
-                "wheelhouse": None,
-                "marker": {"path": expand(node, args["marker"]["dir"])},
+                "wheelhouse": None if wheelhouse is None else {"files": dict(wheelhouse)},
             }
+            if "marker" in args:  # the real run's: it leaves this sync's marker
+                token["token"] = args["marker"]["token"]
+                doc["marker"] = {"path": expand(node, args["marker"]["dir"])}
             return json.dumps(doc) + "\n", 0
         if args.get("op") == "read":  # the sync's markers: only this node's own in its directory
             return json.dumps({d: {"seen": {node: token["token"]}} for d in args["dirs"]}) + "\n", 0
@@ -762,32 +776,36 @@ def sync_node(node: str, tree: LocalTree) -> Answer:
             return json.dumps({**scanned, "files": files if there else {}, "shipped": shipped}) + "\n", 0
         if args.get("op") == "apply":
             return json.dumps({"dest": expand(node, args["dest"]), "errors": []}) + "\n", 0
-        if INSTALLED_MARK in command:
-            installed = {"numpy": "2.1.3", "torch": "2.5.1", "filelock": "3.16.1", "sympy": "1.13.1"}
-            listing = json.dumps({"packages": installed, "python": PYTHON["version"]})
-            pip = "Successfully installed numpy-2.1.3 torch-2.5.1"
-            return f"{STEP_MARK}resolving packages\n{pip}\n{INSTALLED_MARK}{listing}\n", 0
+        if "_cb_rec step" in command:  # the build script
+            return build_output(command), 0
         return "", 0
 
     return answer
 
 
 def sync_runs(
-    tmp_path: Path, seed: Mapping[str, object] | None = None
+    tmp_path: Path,
+    seed: Mapping[str, object] | None = None,
+    *,
+    env: str = "",
+    wheelhouse: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], RecordingSession, dict[str, Any], RecordingSession, LocalTree]:
-    """Sync run dry and for real (``seed``: remembered per node in each session first)."""
+    """Sync run dry and for real (``seed``: remembered per node in each session first; ``env``: more
+    of cluster.env, ``wheelhouse``: what the nodes' wheelhouses hold)."""
     project = tmp_path / "project"
     for rel, (data, mode) in PROJECT.items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
         (project / rel).write_bytes(data)
         (project / rel).chmod(mode)
     (tmp_path / "requirements.txt").write_text(REQUIREMENTS)
-    (tmp_path / "hosts.yaml").write_text(SYNC_INVENTORY.format(source=project, index_url=INDEX_URL))
+    text = SYNC_INVENTORY.format(source=project, index_url=INDEX_URL)
+    (tmp_path / "hosts.yaml").write_text(text.replace("    index_url:", env + "    index_url:"))
     inventory = load_inventory(tmp_path / "hosts.yaml")
     tree = prepare_tree(inventory)
     runs = []
     for dry_run in (True, False):
-        session = RecordingSession(inventory, {n.name: sync_node(n.name, tree) for n in inventory.nodes})
+        answers = {n.name: sync_node(n.name, tree, wheelhouse=wheelhouse) for n in inventory.nodes}
+        session = RecordingSession(inventory, answers)
         for node in inventory.nodes:
             for key, value in (seed or {}).items():
                 session.seed(node.name, key, value)
@@ -801,97 +819,281 @@ def sync_runs(
     return dry, dry_session, real, real_session, tree
 
 
-STAMP = re.compile(r"^printf %s '(\{.*\})' > \"\$new\"/", re.M)
-UPLOAD = "# upload (owner-only): "
-SETTINGS = b"(the index settings: compared through what the dry run shows of them)"
-
-
-def filled(text: str, values: Mapping[str, str]) -> str:
-    """``text`` with each placeholder of the dry run replaced by the value the real run had."""
-    for placeholder, value in values.items():
-        text = text.replace(placeholder, value)
-    return text
-
-
 def is_op(entry: Sent | Upload, op: str) -> bool:
     return isinstance(entry, Sent) and json_argument(entry.command).get("op") == op
 
 
+@pytest.fixture
+def same_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values a plan chooses fresh (a build's id, its stamp's time, its records' nonce; the code
+    bundle's name, this sync's markers), the same in the dry run and the real one: all that may
+    differ between two runs on an unchanged node."""
+    from orchestrator import records
+    from orchestrator.steps.codesync import sync as codesync
+    from orchestrator.steps.envsync import build
+
+    monkeypatch.setattr(build, "new_build_id", lambda: "20261205-170000-c0ffee")
+    monkeypatch.setattr(build, "created_now", lambda: "2026-12-05T17:00:00+0000")
+    monkeypatch.setattr(records, "new_nonce", lambda: "cb-0123456789ab")
+    monkeypatch.setattr(codesync, "upload_name", lambda: ".bootstrap-code-upload-0123456789ab")
+    tokens = itertools.cycle(["a" * 16, "b" * 16])  # each run asks for one per node, in order
+    monkeypatch.setattr(codesync, "new_token", lambda: next(tokens))
+
+
+def received(plan: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """What ``plan`` (``NodePlan.public_dict`` as --json prints it) says the node gets, in order, in
+    the form the node's log is compared in (:func:`got`)."""
+    return [
+        ("put", a["put"], a["bytes"], a["sha256"], a["mode"])
+        if "put" in a
+        else ("run", a["sent"], a["as_root"])
+        for a in plan["actions"]
+    ]
+
+
+def got(entries: list[Sent | Upload], node: RecordingNode) -> list[tuple[Any, ...]]:
+    """The node's log: each command as its shell receives it, each upload's place, size, hash, mode."""
+    out: list[tuple[Any, ...]] = []
+    for e in entries:
+        if isinstance(e, Upload):
+            digest = hashlib.sha256(e.data).hexdigest()
+            out.append(("put", e.remote, len(e.data), digest, None if e.mode is None else f"{e.mode:04o}"))
+        else:
+            wrapped = node.platform.wrap(e.command, env=dict(e.env), cwd=e.cwd, become=e.become)
+            out.append(("run", node.plan(wrapped), e.become))
+    return out
+
+
+def env_part(node: RecordingNode) -> list[Sent | Upload]:
+    """What the environment sync sent a node (the code's scan comes next)."""
+    return node.log[: next(i for i, e in enumerate(node.log) if is_op(e, "scan"))]
+
+
+#: the stamp a build script writes
+STAMP = re.compile(r"^printf %s '(\{.*\})' > \"\$new\"/", re.M)
+
+
 def test_sync_builds_each_environment_exactly_as_its_dry_run_shows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
 ) -> None:
-    """`sync --dry-run` contacts no node for the environment: it prints, per node, the commands and
-    uploads of a build, with placeholders for what only the node and the build give (the marker
-    token, the build id, the stamp's key, Python and platform; the probe's text is printed once).
-    On a node that has no environment yet, the real sync sends exactly that, in that order, each
-    command byte for byte once those are filled in, plus the read of the shared-directory markers
-    the dry run names; the uploads land where it says, owner-only, holding the requirements file
-    and the index settings it shows (logins masked)."""
+    """`sync --dry-run` reads each node (the environment probe: no marker left, no request to the
+    index) and shows the plan of its build: every command as the node's shell receives it, every
+    upload with its size, hash and mode. The real sync probes (leaving its marker), then sends exactly
+    that plan, in order, byte for byte, and nothing else; its report shows the plan it applied."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    dry, _, real, real_session, _ = sync_runs(tmp_path)
+    dry, dry_session, real, real_session, _ = sync_runs(tmp_path)
     inventory = load_inventory(tmp_path / "hosts.yaml")
     spec = resolve_spec(inventory, "linux")
-    shell = PosixShell()
     assert [n["name"] for n in dry["env"]["nodes"]] == [n["name"] for n in real["env"]["nodes"]] == ["a", "b"]
     for shown, done in zip(dry["env"]["nodes"], real["env"]["nodes"], strict=True):
         node = shown["name"]
         assert shown["action"] == "planned" and done["action"] == "installed", done
-        log = real_session.fakes[node].log
-        env_log = log[: next(i for i, e in enumerate(log) if is_op(e, "scan"))]  # then the code
-        [markers] = [e for e in env_log if is_op(e, "read")]  # read-only, named by the dry run
-        assert env_log.index(markers) == 1 and any("markers" in c for c in shown["commands"])
-        env_log.remove(markers)
-        # the values only the node and this build give, which the dry run shows as placeholders
-        probe, build = env_log[0], env_log[-1]
-        assert isinstance(probe, Sent) and isinstance(build, Sent)
+        assert shown["plan"] == done["plan"], node  # the same choices: the same plan
+        dry_node, real_node = dry_session.fakes[node], real_session.fakes[node]
+        [dry_probe] = env_part(dry_node)  # a dry run reads, and sends nothing else
+        real_probe, *applied = env_part(real_node)
+        assert isinstance(dry_probe, Sent) and isinstance(real_probe, Sent)
+        asked, probed = json_argument(dry_probe.command), json_argument(real_probe.command)
+        assert "marker" not in asked and "index" not in asked and "marker" in probed and "index" in probed
+        assert {k: v for k, v in probed.items() if k not in ("marker", "index")} == asked
+        # the real run sent exactly the plan the dry run printed, which is the plan its report names
+        assert got(applied, real_node) == received(shown["plan"]), node
+        whats = [a["what"] for a in shown["plan"]["actions"]]
+        assert whats[0].startswith("read the markers") and whats[-1].startswith("build, stamp")
+        # every value is the real one: what the node told the probe, what the plan chose
+        build = applied[-1]
+        assert isinstance(build, Sent) and not build.become
         stamp = json.loads(STAMP.findall(build.command)[0])
-        assert (stamp["python"], stamp["platform"]) == ("3.11.2", "linux-x86_64-cpython-cp311")
-        assert stamp["key"] == stamp_key(spec, python_version="3.11.2", platform=stamp["platform"])
-        token = json_argument(probe.command)["marker"]["token"]
-        assert dry["env_probe"]["text"] == probe_code()  # what the placeholder stands for, in --json too
-        values = {
-            shell.quote(PROBE_PLACEHOLDER): shell.quote(probe_code()),
-            '"TOKEN"': json.dumps(token),
-            "BUILD-ID": stamp["id"],
-            '"KEY"': json.dumps(stamp["key"]),
-            '"PYTHON"': json.dumps(stamp["python"]),
-            '"PLATFORM"': json.dumps(stamp["platform"]),
-            '"CREATED"': json.dumps(stamp["created"]),
-        }
-        # what the dry run shows, in order: shell text, and uploads (source -> where, owner-only)
-        expected: list[str | Upload] = []
-        settings: list[str] = []  # the index settings it shows (logins masked)
-        for line in shown["commands"]:
-            if line.startswith(UPLOAD):
-                source, _, remote = line.removeprefix(UPLOAD).partition(" -> ")
-                data = SETTINGS if source == "index settings" else Path(source).read_bytes()
-                expected.append(Upload(shell.transfer_path(filled(remote, values)), data, 0o600))
-            elif line.startswith("#   "):
-                settings.append(line.removeprefix("#   "))
-            elif not line.startswith("#"):
-                expected.append(filled(line, values))
-        # what the node got: each command as its shell receives it, each upload
-        got: list[str | Upload] = []
-        for entry in env_log:
-            if isinstance(entry, Sent):
-                got.append(shell.wrap(entry.command, env=dict(entry.env), cwd=entry.cwd, become=entry.become))
-            elif entry.remote.endswith(".index.env"):
-                # the index settings: what the dry run shows of them, with the login the inventory has
-                assert mask_url_credentials(entry.data.decode()).splitlines() == settings
-                assert entry.data == f"PIP_INDEX_URL={INDEX_URL}\n".encode()
-                got.append(Upload(entry.remote, SETTINGS, entry.mode))
-            else:
-                got.append(entry)
-        assert got == expected, node
+        assert stamp["key"] == stamp_key(spec, python_version="3.11.2", platform="linux-x86_64-cpython-cp311")
+        assert (stamp["id"], stamp["python"]) == (shown["env_id"], "3.11.2") == (done["env_id"], "3.11.2")
+        uploads = [e for e in applied if isinstance(e, Upload)]
+        assert [u.data for u in uploads] == [REQUIREMENTS.encode(), f"PIP_INDEX_URL={INDEX_URL}\n".encode()]
+        assert all(u.mode == 0o600 for u in uploads)
+        assert done["packages"] == INSTALLED
+
+
+def test_an_offline_sync_pushes_exactly_the_wheels_its_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
+) -> None:
+    """Offline (env.offline), the plan pushes the wheels of this machine's wheelhouse the node lacks
+    (one it holds with the same bytes stays), then builds from the node's wheelhouse, deleting the
+    wheel no longer wanted there: the dry run shows exactly those uploads and that build, and the
+    real run sends them."""
+    from orchestrator.steps.envsync import wheelhouse as wheelhouse_mod
+
+    house = tmp_path / "house"
+    house.mkdir()
+    numpy, torch = "numpy-2.1.3-cp311-cp311-linux_x86_64.whl", "torch-2.5.1-cp311-cp311-linux_x86_64.whl"
+    for name in (numpy, torch):
+        (house / name).write_bytes(name.encode())
+    digests = {name: hashlib.sha256(name.encode()).hexdigest() for name in (numpy, torch)}
+    filled = wheelhouse_mod.Wheelhouse(house, digests, downloaded=False)
+    monkeypatch.setattr(wheelhouse_mod, "fill", lambda spec, target: filled)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    on_node = {numpy: digests[numpy], "old-1.0-py3-none-any.whl": "0" * 64}
+    dry, _, real, real_session, _ = sync_runs(tmp_path, env="    offline: true\n", wheelhouse=on_node)
+    for shown, done in zip(dry["env"]["nodes"], real["env"]["nodes"], strict=True):
+        node = real_session.fakes[shown["name"]]
+        assert shown["plan"] == done["plan"] and done["wheels_pushed"] == shown["wheels_pushed"] == 1
+        _, *applied = env_part(node)
+        assert got(applied, node) == received(shown["plan"])
+        [wheel] = [e for e in applied if isinstance(e, Upload) and e.remote.endswith(".whl")]
+        assert wheel.remote.endswith(f"/venv.wheels/{torch}") and wheel.data == torch.encode()
+        build = applied[-1]
+        assert isinstance(build, Sent) and "--no-index" in build.command
+        assert "rm -f -- old-1.0-py3-none-any.whl" in build.command and numpy not in build.command
+
+
+WINDOWS_INVENTORY = """\
+cluster:
+  name: lab
+  master: w
+  env:
+    requirements: requirements.txt
+nodes:
+  - {name: w, host: 198.18.7.14, user: bob, os: windows, windows: {mode: native}}
+"""
+WINDOWS_VENV = "C:\\Users\\bob\\cluster-bootstrap\\venv"
+
+
+def test_a_windows_build_runs_outside_the_shells_job_exactly_as_its_dry_run_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
+) -> None:
+    """On a native Windows node the plan's build runs outside the WinRS shell's job (its quotas would
+    end pip installing torch): the dry run shows that action (its job directory, its script); the real
+    run sends the directories' command and the requirements as shown, then hands exactly that script
+    and job directory to runs.start.run_outside_job, and reads the installed versions from its records."""
+    from orchestrator.runs import start
+    from orchestrator.steps.envsync import sync_env
+
+    (tmp_path / "requirements.txt").write_text(REQUIREMENTS)
+    (tmp_path / "hosts.yaml").write_text(WINDOWS_INVENTORY)
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    python = {**PYTHON, "executable": "C:\\Python311\\python.exe", "sysconfig_platform": "win-amd64"}
+    probe = {
+        "home": "C:\\Users\\bob",
+        "python": {**python, "os": "nt", "platforms": ["win_amd64"]},
+        "uv": None,
+        "venv": {"path": WINDOWS_VENV, "state": "missing", "target": None, "stamp": None, "packages": None},
+        "wheelhouse": None,
+    }
+    jobs: list[tuple[str, str]] = []
+
+    def outside(node: Node, transport: Transport, job_dir: str, script: str, **kwargs: Any) -> Result:
+        jobs.append((job_dir, script))
+        return Result(node.name, script, 0, build_output(script), "", 0.1)
+
+    monkeypatch.setattr(start, "run_outside_job", outside)
+    runs = []
+    for dry_run in (True, False):
+        session = RecordingSession(inventory, {"w": lambda command: (json.dumps(probe) + "\n", 0)})
+        [outcome] = sync_env(session, inventory, dry_run=dry_run)
+        assert outcome.value is not None, outcome.error
+        runs.append((outcome.value, session.fakes["w"]))
+    (shown, dry_node), (done, real_node) = runs
+    assert shown.plan is not None and shown.plan == done.plan and done.packages == INSTALLED
+    [build] = [a for a in shown.plan["actions"] if "outside_job" in a]
+    assert shown.plan["actions"][-1] == build
+    assert jobs == [(build["outside_job"], build["run"])]  # the real run's build: the one shown
+    assert build["outside_job"] == f"{WINDOWS_VENV}.versions/{shown.env_id}.job"
+    _, *applied = real_node.log
+    assert len(dry_node.log) == 1 and got(applied, real_node) == received(shown.plan)[:-1]
+
+
+def test_sync_dry_run_prints_no_placeholder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bootstrap sync --dry-run` on an inventory with cluster.env prints each node's real commands:
+    the stamp with the key, Python and platform of that node, the build id; no stand-in for a value
+    it would not know, no login."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sync_runs(tmp_path)  # the inventory, the project
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    tree = prepare_tree(inventory)
+    session = RecordingSession(inventory, {n.name: sync_node(n.name, tree) for n in inventory.nodes})
+    capsys.readouterr()
+    assert (
+        run_sync(Settings(dry_run=True), inventory, list(inventory.nodes), session=session, only="env") == 0
+    )
+    out = capsys.readouterr().out
+    for placeholder in (
+        "BUILD-ID",
+        '"KEY"',
+        '"TOKEN"',
+        '"PYTHON"',
+        '"PLATFORM"',
+        '"CREATED"',
+        "env_probe.py",
+    ):
+        assert placeholder not in out, placeholder
+    stamps = [json.loads(found) for found in STAMP.findall(out)]
+    spec = resolve_spec(inventory, "linux")
+    key = stamp_key(spec, python_version="3.11.2", platform="linux-x86_64-cpython-cp311")
+    assert [(s["key"], s["python"], s["platform"]) for s in stamps] == [
+        (key, "3.11.2", "linux-x86_64-cpython-cp311")
+    ] * 2
+    for node in ("a", "b"):
+        assert f"# {node}: environment at ~/cluster-bootstrap/venv" in out
+    assert (
+        "s3cret" not in out and "the index settings: PIP_INDEX_URL=https://***@pypi.example.org/simple" in out
+    )
+
+
+def test_a_build_line_that_looks_like_a_record_fakes_neither_progress_nor_the_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build prints the installer's output, which packages from the index write into: a line
+    shaped like the old markers (``@@cb-env-step``, ``@@cb-env-installed``) or like a record of
+    another nonce is shown as output, and neither the progress display nor the installed versions
+    come from it: only from the build's own records."""
+    from orchestrator import records
+    from orchestrator.steps.envsync import sync_env
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    sync_runs(tmp_path)  # the inventory, the project
+    inventory = load_inventory(tmp_path / "hosts.yaml")
+    tree = prepare_tree(inventory)
+    evil = json.dumps({"packages": {"torch": "6.6.6"}, "python": "3.11.2"})
+    forged = [
+        "@@cb-env-step installing evil",
+        "@@cb-env-installed " + evil,
+        records.record("cb-000000000000", "step", "a forged step").rstrip("\n"),
+        records.record("cb-000000000000", "installed", evil).rstrip("\n"),
+    ]
+
+    def node_answer(node: str) -> Answer:
+        usual = sync_node(node, tree)
+
+        def answer(command: str) -> tuple[str, int]:
+            if "_cb_rec step" in command:  # the build: its own records, then what a package printed
+                return build_output(command) + "\n".join(forged) + "\n", 0
+            return usual(command)
+
+        return answer
+
+    session = RecordingSession(inventory, {n.name: node_answer(n.name) for n in inventory.nodes})
+    activities: list[str] = []
+    shown: list[str] = []
+    outcomes = sync_env(
+        session,
+        inventory,
+        on_line=lambda node, line: shown.append(line),
+        on_progress=lambda node, activity, detail: activities.append(activity),
+    )
+    assert [o.value.packages if o.value else o.error for o in outcomes] == [INSTALLED, INSTALLED]
+    assert "resolving packages" in activities
+    assert not [a for a in activities if "evil" in a or "forged" in a], activities
+    assert all(shown.count(line) == 2 for line in forged)  # each node's output, as it was
 
 
 def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, same_choices: None
 ) -> None:
     """`sync --dry-run` compares each node's code directory (read-only: nothing created, no cache
-    written) and shows the files it would add, change and delete, and the bytes it would send. The
-    real sync compares the same way, then uploads one bundle (owner-only, inside that directory)
-    holding exactly those files, their bytes, modes and deletions, and applies it: nothing else."""
+    written) and shows the files it would add, change and delete, the bytes it would send, and its
+    plan: the bundle (size, hash, owner-only, inside that directory) and the command applying it.
+    The real sync compares the same way, then sends exactly that plan, byte for byte: the bundle
+    holding exactly those files, their bytes, modes and deletions, and the command; nothing else."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     dry, dry_session, real, real_session, tree = sync_runs(tmp_path)
     assert (
@@ -902,8 +1104,9 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         assert shown["dry_run"] and not shown["unchanged"], f"{node}: nothing would move"
         summary = ("dest", "added", "changed", "deleted", "bytes_sent")
         assert {k: done[k] for k in summary} == {k: shown[k] for k in summary}
-        # the dry run's one command: the comparison, read-only; the real run's is the same, writing
-        [scan] = dry_session.fakes[node].log
+        # the dry run's one command after the environment's probe: the comparison, read-only; the
+        # real run's is the same, writing
+        _, scan = env_part(dry_session.fakes[node]), dry_session.fakes[node].log[-1]
         assert isinstance(scan, Sent) and is_op(scan, "scan")
         args = json_argument(scan.command)
         assert (args["create"], args["write_cache"]) == (False, False)
@@ -911,6 +1114,11 @@ def test_sync_sends_exactly_the_code_changes_its_dry_run_shows(
         start = next(i for i, e in enumerate(log) if is_op(e, "scan"))
         first, bundle, applied = log[start:]
         assert isinstance(first, Sent) and isinstance(bundle, Upload) and isinstance(applied, Sent)
+        # the same choices: the same plan (the bundle is built in each run's own temporary directory)
+        assert [{**a, "from": None} for a in shown["plan"]["actions"]] == [
+            {**a, "from": None} for a in done["plan"]["actions"]
+        ]
+        assert got([bundle, applied], real_session.fakes[node]) == received(shown["plan"])
         assert shlex.split(first.command)[:-1] == shlex.split(scan.command)[:-1]  # the same script
         marker = json_argument(first.command)["marker"]  # this sync's, for shared directories
         assert marker["name"] == node and len(marker["token"]) == 16

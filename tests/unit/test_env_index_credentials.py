@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.inventory import load_inventory
 from orchestrator.platforms import PosixShell
@@ -176,7 +178,8 @@ def test_the_build_script_takes_locations_from_the_settings_file_and_deletes_it(
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}  # nothing from this process's pip settings
     done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    assert '"tinya": "1.0"' in done.stdout
+    listed = records.find(done.stdout, plan.nonce, "installed")  # the build's listing record
+    assert listed is not None and json.loads(listed.text(0))["packages"]["tinya"] == "1.0"
     assert not Path(plan.index_env_file).exists()
 
     missing = BuildPlan(**{**plan.__dict__, "build_id": "20260101-000001-bbbbbb"})

@@ -4,6 +4,7 @@ the per-OS commands and the comparison of installed versions."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.errors import InventoryError, UsageError
 from orchestrator.inventory import Inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
@@ -292,7 +294,8 @@ def test_a_build_script_really_builds_switches_and_rolls_back(tmp_path: Path) ->
     done = subprocess.run(["sh", "-c", ops.build(first)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert Path(path).resolve().name == first.build_id
-    assert '"tinya": "1.0"' in done.stdout
+    listed = records.find(done.stdout, first.nonce, "installed")  # the build's listing record
+    assert listed is not None and json.loads(listed.text(0))["packages"]["tinya"] == "1.0"
 
     second = BuildPlan(**{**first.__dict__, "build_id": "20260101-000001-bbbbbb", "clone": True})
     Path(second.requirements_file).write_text("tinya==1.0\nmissing-package==1.0\n")

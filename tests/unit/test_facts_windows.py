@@ -201,6 +201,7 @@ class FakeWinRM:
     ``-e`` runs for real on this machine (it is POSIX)."""
 
     kind = "winrm"
+    reaches_windows_host = True  # WinRM's shell is Windows' own, also under a WSL node
 
     def __init__(self, platform: Any, composed: dict[str, str]) -> None:
         self.platform = platform

@@ -685,10 +685,14 @@ def test_manage_false_touches_no_node(tmp_path: Path) -> None:
     class NoSession:  # any use of a connection would fail loudly
         nodes: tuple[object, ...] = ()
 
+        def peer_address(self, node: str) -> None:  # where a connection reached it: none was made
+            return None
+
         def map(self, *args: object, **kwargs: object) -> None:
             raise AssertionError("connected although firewall.manage is false")
 
     inv = inventory(tmp_path, firewall="  firewall: {manage: false}\n")
+    NoSession.inventory = inv  # type: ignore[attr-defined]
     run = apply_firewall(NoSession(), inv, list(inv.nodes))  # type: ignore[arg-type]
     assert [o.value.status for o in run.outcomes if o.value] == ["left alone"] * 4
     assert run.warnings == ["cluster.firewall.manage is false: no firewall was touched"]

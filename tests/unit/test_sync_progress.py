@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cli.ui import UI, Board
 from orchestrator.executor import NodeEvent
-from orchestrator.steps.envsync.progress import STEP_MARK, InstallProgress
+from orchestrator.steps.envsync.progress import InstallProgress
 
 
 def _after(lines: list[str]) -> tuple[str, str]:
@@ -24,7 +24,6 @@ def _after(lines: list[str]) -> tuple[str, str]:
 
 def test_pip_without_byte_counts_shows_the_package_and_the_size_it_announced() -> None:
     lines = [
-        STEP_MARK + "resolving packages",
         "Looking in links: /srv/wheels",
         "Collecting torch==2.13.0+cpu (from -r req.txt (line 4))",
         "  Downloading https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl "

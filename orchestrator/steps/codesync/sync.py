@@ -44,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.plans import NodePlan, Put, Run
+from orchestrator.plans import apply as apply_plan
 from orchestrator.platforms import Platform, PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.runs.layout import in_workdir
@@ -64,7 +66,7 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.inventory.cluster import Cluster
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 #: called with (node name, what is happening now), e.g. ("node2", "sending 3 files (12.0 kB)")
 ProgressFn = Callable[[str, str], None]
@@ -96,6 +98,9 @@ class CodeSyncResult:
     shared_with: list[str] = field(default_factory=list)
     #: set when another node sharing the directory wrote it (this one wrote nothing)
     synced_by: str | None = None
+    #: what is sent after the comparison (``NodePlan.public_dict``: the bundle, the command applying
+    #: it): planned by a dry run, applied by the real one; None when nothing was to send
+    plan: dict[str, Any] | None = None
 
     @property
     def unchanged(self) -> bool:
@@ -128,6 +133,7 @@ class CodeSyncResult:
             "dry_run": self.dry_run,
             "shared_with": self.shared_with,
             "synced_by": self.synced_by,
+            **({"plan": self.plan} if self.plan is not None else {}),
         }
 
 
@@ -251,7 +257,11 @@ def parse_probe_output(stdout: str) -> dict[str, Any] | None:
 
 
 def _run_probe(node: Node, transport: Transport, args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    result = transport.run(probe_command(node, transport.platform, args), timeout=timeout)
+    return _answer(node, transport.run(probe_command(node, transport.platform, args), timeout=timeout))
+
+
+def _answer(node: Node, result: Result) -> dict[str, Any]:
+    """The code script's answer in ``result``, or a clear error."""
     if result.exit_code == NOT_FOUND:
         raise CommandFailedError(
             f"no Python at {interpreter_for(node)!r} on the node (code sync runs a small standard-library "
@@ -336,9 +346,10 @@ def scan_node(
     marker: dict[str, str] | None = None,
 ) -> CodeSyncResult | _Pending:
     """Round trip 1: compare ``dest`` on one node with the project. A result when there is nothing
-    to write (or ``dry_run``), else what :func:`apply_node` must send. ``earlier``: a read-only scan
-    this session already took (:data:`SCAN`): when it shows nothing to send, the node is not asked
-    again. ``marker``: this node's name and this sync's token, left in ``dest`` (shared destinations)."""
+    to write, else what :func:`plan_apply` plans to send (``dry_run``: the comparison only reads).
+    ``earlier``: a read-only scan this session already took (:data:`SCAN`): when it shows nothing to
+    send, the node is not asked again. ``marker``: this node's name and this sync's token, left in
+    ``dest`` (shared destinations)."""
     # native Windows has no POSIX modes: compare without them there (its probe reports none)
     windows = isinstance(transport.platform, PowerShell)
     if not windows and not isinstance(transport.platform, PosixShell):
@@ -383,39 +394,55 @@ def scan_node(
         bytes_sent=changes.bytes,
         dry_run=dry_run,
     )
-    if dry_run or (not changes and recorded):
+    if not changes and recorded:
         progress(result.summary())
         return result
     return _Pending(node, transport, where, changes, record, result)
 
 
-def apply_node(
-    pending: _Pending,
-    bundles: _Bundles,
-    *,
-    shared: dict[str, Any] | None = None,
-    progress: Callable[[str], None] = lambda text: None,
-) -> CodeSyncResult:
-    """Rounds 2 and 3: upload the bundle, and apply it (deletions, files, then the record of what
-    was shipped). ``shared``: this sync's markers (node -> token) and node order: a node finding
+def new_token() -> str:
+    """This sync's marker token for one node (shared destinations)."""
+    return secrets.token_hex(8)
+
+
+def upload_name() -> str:
+    """The bundle's file name in the destination (reserved: never a project file)."""
+    return f"{RESERVED_PREFIX}-upload-{secrets.token_hex(6)}"
+
+
+def plan_apply(pending: _Pending, bundles: _Bundles, *, shared: dict[str, Any] | None = None) -> NodePlan:
+    """What rounds 2 and 3 send: the bundle (owner-only: it carries the bytes of files that are
+    private here, .env at 0600), then the command applying it (deletions, files, then the record of
+    what was shipped). ``shared``: this sync's markers (node -> token) and node order: a node finding
     another one's marker in its destination leaves the writing to the first of them."""
-    node, transport, where, changes, result = (
-        pending.node,
-        pending.transport,
-        pending.where,
-        pending.changes,
-        pending.result,
-    )
+    node, where, changes = pending.node, pending.where, pending.changes
     bundle = bundles.get(changes, pending.record)
-    if changes:
-        progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
-    name = f"{RESERVED_PREFIX}-upload-{secrets.token_hex(6)}"
-    # owner-only: the bundle carries the bytes of files that are private here (.env at 0600)
-    transport.put(bundle, f"{where.rstrip('/')}/{name}", mode=0o600)
+    name = upload_name()
     args: dict[str, Any] = {"op": "apply", "dest": where, "bundle": name}
     if shared is not None:
         args["shared"] = {**shared, "name": node.name}
-    applied = _run_probe(node, transport, args, APPLY_TIMEOUT)
+    sending = f"{_files(len(changes.to_send))} ({human_bytes(changes.bytes)})"
+    return NodePlan(
+        node.name,
+        [
+            Put(f"{where.rstrip('/')}/{name}", source=bundle, mode=0o600, what=f"the changes: {sending}"),
+            Run(
+                probe_command(node, pending.transport.platform, args),
+                timeout=APPLY_TIMEOUT,
+                what=f"apply them in {where}: {len(changes.deleted)} deleted, {sending} written",
+            ),
+        ],
+    )
+
+
+def apply_node(
+    pending: _Pending, plan: NodePlan, *, progress: Callable[[str], None] = lambda text: None
+) -> CodeSyncResult:
+    """Rounds 2 and 3: apply ``plan`` (:func:`plan_apply`) on the node, then judge its answer."""
+    node, where, changes, result = pending.node, pending.where, pending.changes, pending.result
+    if changes:
+        progress(f"sending {_files(len(changes.to_send))} ({human_bytes(changes.bytes)})")
+    applied = _answer(node, apply_plan(plan, pending.transport)[-1])
     result.shared_with = sorted(str(n) for n in applied.get("shared_with") or [])
     if applied.get("leader"):
         result.synced_by = str(applied["leader"])
@@ -447,11 +474,15 @@ def sync_node(
     earlier: dict[str, Any] | None = None,
 ) -> CodeSyncResult:
     """Make ``dest`` on one node hold the project (``tree``), alone: :func:`scan_node`, then
-    :func:`apply_node` when something must be written."""
+    :func:`plan_apply` and :func:`apply_node` when something must be written."""
     scanned = scan_node(node, transport, tree, dest=dest, dry_run=dry_run, progress=progress, earlier=earlier)
     if isinstance(scanned, CodeSyncResult):
         return scanned
-    return apply_node(scanned, bundles, progress=progress)
+    plan = plan_apply(scanned, bundles)
+    if dry_run:
+        scanned.result.plan = plan.public_dict(transport)
+        return scanned.result
+    return apply_node(scanned, plan, progress=progress)
 
 
 def prepare_tree(inventory: Inventory, *, cache_file: Path | None = None) -> LocalTree:
@@ -480,14 +511,15 @@ def sync_code(
     on the node when an earlier sync shipped them (never what the node wrote: checkpoints, outputs).
     An unchanged node costs one round trip and reads no file on either side (both keep hash caches).
     Nodes whose destination is one directory write it once, from the first of them.
-    ``dry_run``: compare only (the node's cache is not written) and report what would move.
+    ``dry_run``: compare only (the node's cache is not written) and report what would move, with
+    the plan (``CodeSyncResult.plan``) the real run applies: the bundle, the command applying it.
     ``on_progress(node, text)``: called from worker threads as each node moves on.
 
     Raises :class:`UsageError` before contacting any node when the source directory is unusable;
     per-node failures (unreachable, refused destination, write errors) are in the outcomes.
     """
     tree = prepare_tree(inventory)
-    tokens = {n.name: secrets.token_hex(8) for n in nodes} if len(nodes) > 1 else {}
+    tokens = {n.name: new_token() for n in nodes} if len(nodes) > 1 else {}
 
     def progress_of(node: Node) -> Callable[[str], None]:
         def progress(text: str) -> None:
@@ -525,22 +557,31 @@ def sync_code(
     )
     with tempfile.TemporaryDirectory(prefix="cb-code-") as tmp:
         bundles = _Bundles(tree, Path(tmp))
-        applied = {
-            o.node: o
-            for o in session.map(
-                lambda node, transport: apply_node(
-                    pending[node.name], bundles, shared=shared, progress=progress_of(node)
-                ),
-                step="code sync",
-                nodes=writers,
-            )
-        }
+        plans = {n.name: plan_apply(pending[n.name], bundles, shared=shared) for n in writers}
+        for name, plan in plans.items():
+            pending[name].result.plan = plan.public_dict(pending[name].transport)
+        if dry_run:
+            applied = {}
+            for waiting in pending.values():
+                progress_of(waiting.node)(waiting.result.summary())
+        else:
+            applied = {
+                o.node: o
+                for o in session.map(
+                    lambda node, transport: apply_node(
+                        pending[node.name], plans[node.name], progress=progress_of(node)
+                    ),
+                    step="code sync",
+                    nodes=writers,
+                )
+            }
     merged: list[Outcome[CodeSyncResult]] = []
     for first in scanned:
         second = applied.get(first.node)
         if second is not None:
             merged.append(dataclasses.replace(second, duration=first.duration + second.duration))
+        elif isinstance(first.value, _Pending):  # a dry run: the result with its plan
+            merged.append(Outcome(first.node, first.value.result, None, first.duration, first.finished))
         else:
-            value = first.value if isinstance(first.value, CodeSyncResult) else None
-            merged.append(Outcome(first.node, value, first.error, first.duration, first.finished))
+            merged.append(Outcome(first.node, first.value, first.error, first.duration, first.finished))
     return merged

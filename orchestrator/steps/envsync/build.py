@@ -1,31 +1,36 @@
-"""Round trips 2 and 3 of an environment sync: build a new venv beside the active one, switch to it.
+"""After the probe: a node's build, as a plan (``plans.NodePlan``) decided on the controller, then
+applied.
 
-:func:`plan_build` decides the build (:class:`~orchestrator.steps.envsync.ops.BuildPlan`: a clone of
-the active venv when only versions changed, which pip runs the install, the stamp); :func:`build_node`
-prepares its directory, pushes the requirements (and, offline, the wheels the node lacks), runs the
-build script and reads back the installed versions. A failed build leaves the previous environment
-active (:class:`EnvInstallError` says whether there was one); :func:`installer_tail` is what a user
-reads of the installer's output after a failure.
+:func:`plan_build` decides the build (:class:`~orchestrator.steps.envsync.ops.BuildPlan`: its id, a
+clone of the active venv when only versions changed, which pip runs the install, the stamp, the
+nonce of its records); :func:`plan_node` turns it into the node's plan: read the shared-directory
+markers, create the build's directory, upload the requirements, the index settings (and, offline,
+the wheels the node lacks), run the build script. ``--dry-run`` prints that plan; the real run
+applies the very same object (:func:`apply_node`), which then reads the installed versions from the
+build's ``installed`` record. A failed build leaves the previous environment active
+(:class:`EnvInstallError` says whether there was one, and holds the installer's last lines).
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.steps.envsync.wheelhouse as wheelhouse_mod
+from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
-from orchestrator.platforms.powershell import PowerShell
+from orchestrator.plans import NodePlan, Put, Run
+from orchestrator.plans import apply as apply_plan
 from orchestrator.redact import mask_url_credentials
-from orchestrator.steps.envsync.ops import INSTALLED_MARK, BuildPlan
-from orchestrator.steps.envsync.probe import Probe, Probed
-from orchestrator.steps.envsync.progress import STEP_MARK, InstallProgress, human_size
+from orchestrator.steps.envsync.ops import INSTALLED_RECORD, STEP_RECORD, BuildPlan
+from orchestrator.steps.envsync.probe import EnvSharedError, Probe, Probed, env_parent
+from orchestrator.steps.envsync.progress import InstallProgress, human_size
 from orchestrator.steps.envsync.report import NodeEnv
 from orchestrator.steps.envsync.spec import (
     EnvSpec,
@@ -37,17 +42,31 @@ from orchestrator.steps.envsync.spec import (
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 TAIL = 15
 
 
 class EnvInstallError(CommandFailedError):
-    """The installer failed on a node; ``kept`` says whether a previous environment is still active."""
+    """The installer failed on a node; ``kept`` says whether a previous environment is still active,
+    ``lines`` are the installer's last lines (what a user reads; logins not yet masked)."""
 
-    def __init__(self, message: str, *, node: str, hint: str | None, result: object, kept: bool) -> None:
+    def __init__(
+        self, message: str, *, node: str, hint: str | None, result: object, kept: bool, lines: list[str]
+    ) -> None:
         super().__init__(message, node=node, hint=hint, result=result)
         self.kept = kept
+        self.lines = lines
+
+
+def new_build_id() -> str:
+    """A build's id: when it was planned, and unique (its directory is ``<env.path>.versions/<id>``)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def created_now() -> str:
+    """The stamp's ``created``: when the build was planned."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def _choose_installer(node: Node, spec: EnvSpec, found: Probe) -> tuple[str, str | None]:
@@ -66,8 +85,7 @@ def _choose_installer(node: Node, spec: EnvSpec, found: Probe) -> tuple[str, str
 def build_stamp(
     spec: EnvSpec, *, key: str, build_id: str, python: str, platform: str, installer: str, created: str
 ) -> dict[str, object]:
-    """What a build writes into its environment's stamp (--dry-run shows the same fields, with
-    placeholders for the values only the node and the build give: KEY, BUILD-ID, PYTHON, ...)."""
+    """What a build writes into its environment's stamp (inside its build script: --dry-run shows it)."""
     return {
         "key": key,
         "id": build_id,
@@ -95,8 +113,8 @@ def plan_build(
     path: str | None = None,
     supports_clone: bool = True,
 ) -> BuildPlan:
-    """The build for a node whose stamp differs (or --force)."""
-    build_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    """The build for a node whose stamp differs (or --force): every value chosen here, once."""
+    build_id = new_build_id()
     stamp_names = set(found.stamp.get("names") or [])
     clone = (
         supports_clone
@@ -113,7 +131,7 @@ def plan_build(
         python=found.python_version,
         platform=found.platform_key,
         installer=installer[0],
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        created=created_now(),
     )
     return BuildPlan(
         interpreter=interpreter_for(node),
@@ -132,6 +150,7 @@ def plan_build(
         offline=spec.offline,
         remove_wheels=remove_wheels,
         progress_bar="raw" if _pip_reports_bytes(found) else "off",
+        nonce=records.new_nonce(),
     )
 
 
@@ -173,14 +192,6 @@ def _pip_runner(found: Probe) -> str:
     return "venv"
 
 
-def _installed_from(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(INSTALLED_MARK):
-            data: dict[str, Any] = json.loads(line[len(INSTALLED_MARK) :])
-            return data
-    return None
-
-
 Change = tuple[str | None, str | None]
 
 
@@ -193,49 +204,96 @@ def _changes(before: dict[str, str] | None, after: dict[str, str]) -> dict[str, 
     return out
 
 
-def _push_wheels(
-    node: Node,
-    transport: Transport,
-    spec: EnvSpec,
-    found: Probe,
-    plan_path: str,
-    progress: Callable[[str, str], None] = lambda activity, detail: None,
-) -> tuple[int, tuple[str, ...], list[str]]:
-    """Offline: fill the controller's wheelhouse for this node's platform, push what the node lacks."""
-    progress("downloading wheels on this machine", "")
-    house = wheelhouse_mod.fill(spec, found.target())
-    remote_listing: dict[str, str] = dict((found.data.get("wheelhouse") or {}).get("files") or {})
-    wheels_dir = plan_path.rstrip("/\\") + ".wheels"
-    pushed = 0
-    missing = [(n, d) for n, d in sorted(house.files.items()) if remote_listing.get(n) != d]
-    sizes = {n: (house.directory / n).stat().st_size for n, _ in missing}
-    total, sent = sum(sizes.values()), 0
-    for index, (name, _digest) in enumerate(missing, start=1):
-        progress(
-            f"uploading wheels ({index} of {len(missing)})",
-            f"{human_size(sent)} of {human_size(total)} sent",
-        )
-        transport.put(house.directory / name, transport.platform.transfer_path(f"{wheels_dir}/{name}"))
-        sent += sizes[name]
-        pushed += 1
-    stale = tuple(sorted(n for n in remote_listing if n not in house.files))
-    notes = [f"wheelhouse {house.directory} ({'downloaded' if house.downloaded else 'reused'})"]
-    return pushed, stale, notes
+@dataclass(frozen=True)
+class OutsideJob(Run):
+    """A ``Run`` a native Windows node runs outside its WinRS shell's job (runs/start.py
+    ``run_outside_job``: the script goes up as the job's file, then is followed): pip installing torch
+    inside the shell's job would meet its quotas (25 processes, 1 GB, children included)."""
+
+    job_dir: str = ""
+
+    def public_dict(self, transport: Transport | None = None) -> dict[str, Any]:
+        return {**super().public_dict(transport), "outside_job": self.job_dir}
 
 
-def build_node(
+@dataclass
+class EnvPlan:
+    """One node's build, decided: ``plan`` is what --dry-run prints and what :func:`apply_node` runs."""
+
+    node: Node
+    probed: Probed
+    build: BuildPlan
+    installer: str
+    plan: NodePlan
+    wheels: list[Put] = field(default_factory=list)  # offline: the wheels among the plan's uploads
+    notes: list[str] = field(default_factory=list)
+
+
+def _marker_read(node: Node, transport: Transport, probed: Probed, tokens: dict[str, str]) -> Run:
+    """Before anything is written: another node of this sync whose marker is beside this environment
+    shares the directory (NFS home, shared disk). Building would delete its builds and it ours: the
+    run's check refuses, saying so (the installer's errors would otherwise blame the requirements)."""
+    from orchestrator.steps.preflight.shared_fs import (
+        fix_text,
+        marker_answer,
+        marker_command,
+        read_args,
+        seen_markers,
+        sharing,
+    )
+
+    directory = env_parent(probed.path)
+    command = marker_command(node, transport.platform, read_args(node, [directory]))
+
+    def refuse_shared(result: Result) -> None:
+        seen = seen_markers(marker_answer(node, result)).get(directory, {})
+        others = sharing(node.name, seen, tokens)
+        if others:
+            where = str((probed.found.data.get("marker") or {}).get("path") or directory)
+            raise EnvSharedError(
+                f"{where} is the same directory on {', '.join(others)} (a shared filesystem: NFS home, "
+                "shared disk): building here would delete their environments and they this one's; "
+                "nothing was installed",
+                node=node.name,
+                hint=fix_text() + ", then run bootstrap sync again",
+                shared_with=others,
+                directory=where,
+            )
+
+    return Run(
+        command,
+        timeout=60,
+        what=f"read the markers in {directory}/.cluster-bootstrap-nodes/: another node's marker of this "
+        "sync there (a shared directory) stops this node before it installs anything",
+        check=refuse_shared,
+    )
+
+
+def _prepared(node: Node, plan: BuildPlan) -> Callable[[Result], None]:
+    def check(result: Result) -> None:
+        if not result.ok:
+            tail = " | ".join(result.tail(3))
+            raise CommandFailedError(
+                f"cannot create {plan.versions_dir}: {tail}", node=node.name, result=result
+            )
+
+    return check
+
+
+def plan_node(
     node: Node,
     transport: Transport,
     spec: EnvSpec,
     probed: Probed,
     *,
     force: bool = False,
-    on_line: Callable[[str, str], None] | None = None,
-    progress: Callable[[str, str], None] = lambda activity, detail: None,
-) -> NodeEnv:
-    """Round trips 2 and 3: a new venv beside the active one, installed, stamped, switched to."""
+    tokens: dict[str, str] | None = None,
+) -> EnvPlan:
+    """The build of a node whose probe found something to do, every value decided (its id, its
+    nonce, its stamp, the wheels to push: offline, this machine's wheelhouse is filled here). With
+    ``tokens`` (this sync's markers, several nodes) the plan first reads the markers beside the
+    environment. Raises when the node cannot build (no venv module, uv asked for and absent)."""
     found, key, ops, path = probed.found, probed.key, probed.ops, probed.path
-    venv_interpreter = ops.venv_python(path)
     if not found.data["python"].get("venv_module"):
         raise CommandFailedError(
             f"{found.python_path} cannot create virtual environments (no venv/ensurepip module)",
@@ -243,10 +301,6 @@ def build_node(
             hint="Debian/Ubuntu: apt-get install python3-venv (or python3.X-venv for that version)",
         )
     installer = _choose_installer(node, spec, found)
-    round_trips = 1
-    notes: list[str] = []
-    pushed = 0
-    stale: tuple[str, ...] = ()
     index_env: dict[str, str] = {}
     if spec.offline:
         # the node's absolute path (the probe expanded "~"): pip takes --find-links literally. Our
@@ -255,7 +309,7 @@ def build_node(
     else:
         index_args = index_flags(spec)
         index_env = index_environment(spec, installer[0])
-    plan = plan_build(
+    build = plan_build(
         node,
         spec,
         found,
@@ -267,52 +321,136 @@ def build_node(
         path=str(found.venv["path"]) if ops.absolute_paths else path,
         supports_clone=ops.supports_clone,
     )
-    progress("preparing the build", "")
-    prepared = transport.run(ops.prepare(plan), timeout=60)
-    round_trips += 1
-    if not prepared.ok:
-        tail = " | ".join(prepared.tail(3))
-        message = f"cannot create {plan.versions_dir}: {tail}"
-        raise CommandFailedError(message, node=node.name, result=prepared)
+    platform = transport.platform
+    actions: list[Run | Put] = []
+    if tokens and not probed.marker_error:  # no marker written there: the build says what is wrong
+        actions.append(_marker_read(node, transport, probed, tokens))
+    actions.append(
+        Run(ops.prepare(build), timeout=60, what="the build's directories", check=_prepared(node, build))
+    )
+    wheels: list[Put] = []
+    notes: list[str] = []
     if spec.offline:
-        pushed, stale, notes = _push_wheels(node, transport, spec, found, plan.path, progress)
-        plan = BuildPlan(**{**plan.__dict__, "remove_wheels": stale})
-    with tempfile.TemporaryDirectory(prefix="cb-env-") as tmp:
-        # owner-only, both: a requirements file may name an index with its login, the index
-        # settings hold them (the build script reads and deletes that file before installing)
-        local = Path(tmp) / "requirements.txt"
-        local.write_text(spec.requirements_text, encoding="utf-8")
-        transport.put(local, transport.platform.transfer_path(plan.requirements_file), mode=0o600)
-        if plan.index_env_file:
-            settings = Path(tmp) / "index.env"
-            settings.write_text(env_file_text(dict(plan.index_env)), encoding="utf-8")
-            transport.put(settings, transport.platform.transfer_path(plan.index_env_file), mode=0o600)
-
-    tracker = InstallProgress("creating the environment")
-    progress("creating the environment", "")
-
-    def forward(stream: str, line: str) -> None:
-        if line.startswith(INSTALLED_MARK):
-            return
-        tracker.feed(line)
-        snapshot = tracker.snapshot()
-        progress(snapshot.activity, snapshot.detail())
-        if on_line is not None and not line.startswith(STEP_MARK) and not _is_raw_progress(line):
-            on_line(node.name, mask_url_credentials(line))
-
-    if isinstance(transport.platform, PowerShell):
-        # pip installing torch inside the WinRS shell's job would meet its quotas (25 processes,
-        # 1 GB, children included): the build runs outside it, followed like a foreground run
-        from orchestrator.runs.start import run_outside_job
-
-        job_dir = f"{plan.versions_dir}/{plan.build_id}.job"
-        result = run_outside_job(
-            node, transport, job_dir, ops.build(plan), output=forward, timeout=3600, keep=400
+        house = wheelhouse_mod.fill(spec, found.target())
+        have: dict[str, str] = dict((found.data.get("wheelhouse") or {}).get("files") or {})
+        wheels = [
+            Put(
+                platform.transfer_path(f"{build.wheelhouse}/{name}"),
+                source=house.directory / name,
+                what="wheel",
+            )
+            for name, digest in sorted(house.files.items())
+            if have.get(name) != digest
+        ]
+        build = replace(build, remove_wheels=tuple(sorted(n for n in have if n not in house.files)))
+        notes.append(f"wheelhouse {house.directory} ({'downloaded' if house.downloaded else 'reused'})")
+    actions += wheels
+    # owner-only, both: a requirements file may name an index with its login, the index settings
+    # hold them (the build script reads and deletes that file before installing)
+    actions.append(
+        Put(
+            platform.transfer_path(build.requirements_file),
+            data=spec.requirements_text.encode("utf-8"),
+            mode=0o600,
+            what=f"the requirements ({spec.source})",
+        )
+    )
+    if build.index_env_file:
+        text = env_file_text(dict(build.index_env))
+        actions.append(
+            Put(
+                platform.transfer_path(build.index_env_file),
+                data=text.encode("utf-8"),
+                mode=0o600,
+                what="the index settings: " + "; ".join(mask_url_credentials(text).splitlines()),
+            )
+        )
+    what = "build, stamp and switch to the new environment, then list it"
+    if ops.absolute_paths:  # native Windows (see OutsideJob)
+        job_dir = f"{build.versions_dir}/{build.build_id}.job"
+        script: Run = OutsideJob(
+            ops.build(build), timeout=3600, stream=True, keep_lines=400, what=what, job_dir=job_dir
         )
     else:
-        result = transport.run(ops.build(plan), timeout=3600, on_line=forward, keep_lines=400)
-    round_trips += 1
-    listing = _installed_from(result.stdout)
+        script = Run(ops.build(build), timeout=3600, stream=True, keep_lines=400, what=what)
+    actions.append(script)
+    return EnvPlan(node, probed, build, installer[0], NodePlan(node.name, actions), wheels, notes)
+
+
+def apply_node(
+    planned: EnvPlan,
+    transport: Transport,
+    *,
+    on_line: Callable[[str, str], None] | None = None,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
+) -> NodeEnv:
+    """Run ``planned.plan`` on the node, in order (each action as ``plans.apply`` runs it; the build
+    followed for its progress), then judge the build from its records: the installed versions, or
+    :class:`EnvInstallError`. Raises what a check of the plan raised (shared directory, no directory)."""
+    node, build = planned.node, planned.build
+    tracker = InstallProgress("creating the environment")
+
+    def forward(stream: str, line: str) -> None:
+        said = records.decode_line(line.rstrip("\r"), build.nonce)
+        if said is not None:
+            if said.kind == STEP_RECORD:
+                tracker.set(said.text(0))
+            else:
+                return
+        else:
+            tracker.feed(line)
+        snapshot = tracker.snapshot()
+        progress(snapshot.activity, snapshot.detail())
+        if on_line is not None and said is None and not _is_raw_progress(line):
+            on_line(node.name, mask_url_credentials(line))
+
+    total = sum(
+        len(w.content()) if w.data is not None else Path(str(w.source)).stat().st_size for w in planned.wheels
+    )
+    sent = 0
+    results: list[Result] = []
+    progress("preparing the build", "")
+    for action in planned.plan.actions:
+        if isinstance(action, Put) and action in planned.wheels:
+            index = planned.wheels.index(action) + 1
+            progress(
+                f"uploading wheels ({index} of {len(planned.wheels)})",
+                f"{human_size(sent)} of {human_size(total)} sent",
+            )
+            sent += Path(str(action.source)).stat().st_size
+        elif isinstance(action, Run) and action.stream:
+            progress("creating the environment", "")
+        if isinstance(action, OutsideJob):
+            from orchestrator.runs.start import run_outside_job
+
+            results.append(
+                run_outside_job(
+                    node,
+                    transport,
+                    action.job_dir,
+                    action.script,
+                    output=forward,
+                    timeout=action.timeout,
+                    keep=action.keep_lines or 400,
+                )
+            )
+        else:
+            results += apply_plan(NodePlan(node.name, [action]), transport, output=forward)
+    return _judge(planned, results[-1], round_trips=1 + len(results))
+
+
+def _judge(planned: EnvPlan, result: Result, *, round_trips: int) -> NodeEnv:
+    """The node's environment after its build script ran (``result``)."""
+    node, build, found, path = planned.node, planned.build, planned.probed.found, planned.probed.path
+    venv_interpreter = planned.probed.ops.venv_python(path)
+    said = records.find(result.stdout, build.nonce, INSTALLED_RECORD)
+    listing: dict[str, Any] | None = None
+    if said is not None:
+        try:
+            decoded = json.loads(said.text(0))
+        except ValueError:
+            decoded = None
+        listing = decoded if isinstance(decoded, dict) else None
     if result.ok and listing is None:
         raise CommandFailedError(
             f"the new environment is active at {path}, but listing its packages failed",
@@ -327,25 +465,28 @@ def build_node(
             if had_env
             else "no environment was installed"
         )
-        last = [line.strip() for line in installer_tail(result.tail(TAIL * 4))[-TAIL:] if line.strip()]
+        tail = installer_tail(result.tail(TAIL * 4), build.nonce)[-TAIL:]
+        last = [line.strip() for line in tail if line.strip()]
         last = [line for line in last if not line.startswith("cluster-bootstrap:")]
         errors = [line for line in last if "error" in line.lower()]
         why = (errors or last or [f"exit code {result.exit_code}"])[-1]
         raise EnvInstallError(
-            f"{installer[0]} install failed ({why}); {kept}",
+            f"{planned.installer} install failed ({why}); {kept}",
             node=node.name,
             hint="fix the requirements or the index settings and run bootstrap sync again",
             result=result,
             kept=had_env,
+            lines=tail,
         )
     packages = dict(listing.get("packages") or {})
-    if plan.clone:
+    if build.clone:
         action = "updated"
     elif found.venv.get("state") == "link":
         action = "rebuilt"
     else:
         action = "installed"
-    if plan.clone:
+    notes = list(planned.notes)
+    if build.clone:
         notes.append(f"cloned from {found.stamp.get('id')}")
     return NodeEnv(
         node=node.name,
@@ -354,11 +495,11 @@ def build_node(
         path=path,
         python_path=venv_interpreter,
         python=str(listing.get("python") or found.python_version),
-        installer=installer[0],
-        env_id=plan.build_id,
+        installer=planned.installer,
+        env_id=build.build_id,
         packages=packages,
         changes=_changes(found.installed, packages),
-        wheels_pushed=pushed,
+        wheels_pushed=len(planned.wheels),
         round_trips=round_trips,
         notes=notes,
     )
@@ -369,7 +510,11 @@ def _is_raw_progress(line: str) -> bool:
     return line.startswith("Progress ") and " of " in line
 
 
-def installer_tail(lines: list[str]) -> list[str]:
-    """The build's last lines without our step marks and pip's raw progress counters (what a user
-    reads after a failure)."""
-    return [line for line in lines if not line.startswith(STEP_MARK) and not _is_raw_progress(line)]
+def installer_tail(lines: list[str], nonce: str) -> list[str]:
+    """The build's last lines without its records (``nonce``) and pip's raw progress counters (what a
+    user reads after a failure)."""
+    return [
+        line
+        for line in lines
+        if records.decode_line(line.rstrip("\r"), nonce) is None and not _is_raw_progress(line)
+    ]

@@ -23,23 +23,26 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING
 
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
-from orchestrator.steps.envsync.progress import STEP_MARK
+from orchestrator.records import PYTHON_ENCODER, new_nonce
 from orchestrator.steps.envsync.spec import STAMP_NAME
 
 if TYPE_CHECKING:
     from orchestrator.platforms import Platform
 
-#: printed before the JSON listing of installed packages at the end of a build
-INSTALLED_MARK = "@@cb-env-installed "
+#: the kinds of the records a build prints (orchestrator/records.py), with the build's nonce: what
+#: it does next (one field: a few words for the progress display), and what it installed (one field:
+#: the JSON listing). Nothing else a build prints (the installer's lines) can be taken for them.
+STEP_RECORD = "step"
+INSTALLED_RECORD = "installed"
 
-# Run by the new venv's interpreter after a build: what is installed (canonical name -> version).
-LIST_CODE = (
+# What is installed (canonical name -> version): the probe lists an unchanged venv with the same code.
+_LIST_BODY = (
     "import json, re, sys\n"
     "from importlib import metadata\n"
     "out = {}\n"
@@ -47,7 +50,16 @@ LIST_CODE = (
     "    name = d.metadata['Name']\n"
     "    if name:\n"
     "        out[re.sub(r'[-_.]+', '-', name).lower()] = d.version\n"
-    "print(json.dumps({'packages': out, 'python': '%d.%d.%d' % sys.version_info[:3]}))\n"
+)
+_LISTING = "json.dumps({'packages': out, 'python': '%d.%d.%d' % sys.version_info[:3]})"
+LIST_CODE = _LIST_BODY + f"print({_LISTING})\n"
+#: run by the new venv's interpreter after a build (argument: the build's nonce): the listing as the
+#: ``installed`` record, written by the records encoder itself (no shell between it and the output)
+LIST_RECORD_CODE = (
+    "import base64\n"
+    + PYTHON_ENCODER
+    + _LIST_BODY
+    + f"sys.stdout.write(record(sys.argv[1], {INSTALLED_RECORD!r}, {_LISTING}))\n"
 )
 
 # A cloned venv still names the old directory in its console scripts' shebangs, activate scripts and
@@ -104,6 +116,8 @@ class BuildPlan:
     remove_wheels: tuple[str, ...] = ()  # offline: wheels in the node's wheelhouse no longer wanted
     #: the installer's index variables (spec.index_environment): uploaded in ``index_env_file``
     index_env: tuple[tuple[str, str], ...] = ()
+    #: the nonce of the records the build prints (its steps, its listing)
+    nonce: str = field(default_factory=new_nonce)
 
     @property
     def compile_args(self) -> list[str]:
@@ -202,6 +216,7 @@ class PosixEnvOps(EnvOps):
         stamp = json.dumps(plan.stamp, sort_keys=True)
         lines = [
             "set -u",
+            p.record_functions(plan.nonce),
             f"link={word(plan.path)}",
             f"versions={word(plan.versions_dir)}",
             f"new={word(plan.versions_dir + '/' + plan.build_id)}",
@@ -253,12 +268,12 @@ class PosixEnvOps(EnvOps):
             names = " ".join(p.quote(n) for n in plan.remove_wheels)
             lines.append(f"(cd {word(plan.wheelhouse)} && rm -f -- {names})")
         lines.append(step("listing the environment"))
-        lines.append(f'printf %s {p.quote(INSTALLED_MARK)}; "$link/bin/python" -c {p.quote(LIST_CODE)}')
+        lines.append(f'"$link/bin/python" -c {p.quote(LIST_RECORD_CODE)} {p.quote(plan.nonce)}')
         return "\n".join(lines)
 
     def step(self, what: str) -> str:
-        """The line telling the progress display what the build does next (progress.py)."""
-        return f"echo {self.platform.quote(STEP_MARK + what)}"
+        """The record telling the progress display what the build does next (progress.py)."""
+        return f"_cb_rec {STEP_RECORD} {self.platform.quote(what)}"
 
 
 class PowerShellEnvOps(EnvOps):
@@ -306,8 +321,8 @@ class PowerShellEnvOps(EnvOps):
         ]
 
     def step(self, what: str) -> str:
-        """The line telling the progress display what the build does next (progress.py)."""
-        return f"[Console]::Out.WriteLine({self.platform.quote(STEP_MARK + what)})"
+        """The record telling the progress display what the build does next (progress.py)."""
+        return f"Out-CbRecord {STEP_RECORD} @({self.platform.quote(what)})"
 
     def _check(self, why: str) -> str:
         return f"if ($global:LASTEXITCODE -ne 0) {{ cbFail {self.platform.quote(why)} }}"
@@ -341,6 +356,7 @@ class PowerShellEnvOps(EnvOps):
         without = [] if plan.installer == "pip" and plan.pip_runner == "venv" else ["--without-pip"]
         stamp = json.dumps(plan.stamp, sort_keys=True)
         lines = [
+            p.record_functions(plan.nonce),
             f"$cbLink = {p.path_word(plan.path)}",
             f"$cbVersions = {p.path_word(plan.versions_dir)}",
             f"$cbNew = {q(new)}",
@@ -383,8 +399,7 @@ class PowerShellEnvOps(EnvOps):
             lines.append(f"Remove-Item -LiteralPath {q(wheel)} -Force -ErrorAction SilentlyContinue")
         lines += [
             self.step("listing the environment"),
-            f"[Console]::Out.Write({q(INSTALLED_MARK)})",
-            p.native([self.venv_python(plan.path), "-c", LIST_CODE]),
+            p.native([self.venv_python(plan.path), "-c", LIST_RECORD_CODE, plan.nonce]),
         ]
         return "\n".join(lines)
 

@@ -5,9 +5,9 @@
 stamp key matches and whose pinned versions are installed is done (``Probed.env``); any other node
 goes on to the build (orchestrator/steps/envsync/build.py) with what it needs in :class:`Probed`.
 
-The probe also leaves this sync's marker beside the environment; :func:`refuse_shared` reads the
-markers before a build, so that nodes sharing one directory (NFS home, shared disk) are stopped
-before they install anything.
+The probe also leaves this sync's marker beside the environment; a build's plan reads the markers
+first (build.py), so that nodes sharing one directory (NFS home, shared disk) are stopped before
+they install anything.
 """
 
 from __future__ import annotations
@@ -102,8 +102,15 @@ INDEX_TIMEOUT = 4.0
 
 
 def probe_args(
-    spec: EnvSpec, path: str, marker: dict[str, str] | None = None, *, force: bool = False
+    spec: EnvSpec,
+    path: str,
+    marker: dict[str, str] | None = None,
+    *,
+    force: bool = False,
+    check_index: bool = True,
 ) -> dict[str, object]:
+    """The probe's argument. ``marker``: leave this sync's marker (a write); ``check_index``: ask
+    whether the node reaches its package index (a request to it). A dry run asks for neither."""
     args: dict[str, object] = {"path": path, "stamp": STAMP_NAME, "wheelhouse": None}
     if spec.offline or spec.offline_fallback:
         # offline_fallback: listed when a earlier sync left one, so only missing wheels travel
@@ -112,7 +119,7 @@ def probe_args(
     if marker is not None:
         args["marker"] = marker
     urls, node_default = index_locations(spec)
-    if urls or node_default:
+    if check_index and (urls or node_default):
         check: dict[str, object] = {"urls": urls, "node_default": node_default, "timeout": INDEX_TIMEOUT}
         if not force:  # a current stamp: nothing to install, no index needed (the probe compares)
             check["unless"] = {"format": FORMAT, "specs": [s.digest for s in accepted_specs(spec)]}
@@ -152,10 +159,11 @@ def probe(
     marker: dict[str, str] | None = None,
     *,
     force: bool = False,
+    check_index: bool = True,
 ) -> Probe:
     """The one round trip: parse the node's report or raise a clear error."""
     interpreter = interpreter_for(node)
-    args = probe_args(spec, env_path(node, spec), marker, force=force)
+    args = probe_args(spec, env_path(node, spec), marker, force=force, check_index=check_index)
     result = transport.run(ops.probe(interpreter, args), timeout=120)
     if result.exit_code == NOT_FOUND:
         raise CommandFailedError(
@@ -227,10 +235,12 @@ def probe_node(
     *,
     force: bool = False,
     token: str | None = None,
+    check_index: bool = True,
     progress: Callable[[str, str], None] = lambda activity, detail: None,
 ) -> Probed:
     """Round trip 1: what the node has; an unchanged node is done here. ``token``: write this sync's
-    marker beside the environment (the build then looks for other nodes' markers there)."""
+    marker beside the environment (the build then looks for other nodes' markers there);
+    ``check_index``: ask whether the node reaches its index (off: a dry run, which assumes it does)."""
     try:
         ops = ops_for(transport.platform)
     except NotImplementedError as exc:
@@ -238,7 +248,7 @@ def probe_node(
     path = env_path(node, spec)
     progress("checking the environment", "")
     marker = _marker(node, path, token) if token is not None else None
-    found = probe(node, transport, spec, ops, marker, force=force)
+    found = probe(node, transport, spec, ops, marker, force=force, check_index=check_index)
     _check_node(node, spec, found)
     keys = [
         stamp_key(s, python_version=found.python_version, platform=found.platform_key)
@@ -274,27 +284,3 @@ def probe_node(
             packages=found.installed or {},
         )
     return probed
-
-
-def refuse_shared(node: Node, transport: Transport, probed: Probed, tokens: dict[str, str]) -> None:
-    """Before a build: another node of this sync whose marker is beside this environment shares the
-    directory (NFS home, shared disk). Building would delete its builds and it ours: refuse, saying
-    so (the installer's errors would otherwise blame the requirements or the index)."""
-    from orchestrator.steps.preflight.shared_fs import fix_text, read_markers, sharing
-
-    if probed.marker_error:
-        return  # no marker there: nothing to compare (the build reports what is wrong with the path)
-    directory = env_parent(probed.path)
-    seen = read_markers(node, transport, [directory]).get(directory, {})
-    others = sharing(node.name, seen, tokens)
-    if others:
-        where = str((probed.found.data.get("marker") or {}).get("path") or directory)
-        raise EnvSharedError(
-            f"{where} is the same directory on {', '.join(others)} (a shared filesystem: NFS home, "
-            "shared disk): building here would delete their environments and they this one's; "
-            "nothing was installed",
-            node=node.name,
-            hint=fix_text() + ", then run bootstrap sync again",
-            shared_with=others,
-            directory=where,
-        )

@@ -1,8 +1,9 @@
 """What a node's environment build is doing now, read from the installer's own lines (pure logic).
 
 pip (``--progress-bar off``, or ``raw`` from pip 24.1: ``Progress DONE of TOTAL`` lines while a file
-downloads) and uv print what they collect, download and install; the build script adds a line before
-each of its own steps (:data:`STEP_MARK`). :class:`InstallProgress` keeps the current activity
+downloads) and uv print what they collect, download and install; the build script says each of its
+own steps in a record (``step``, read with the build's nonce: :meth:`InstallProgress.set`), which no
+installer line can imitate. :class:`InstallProgress` keeps the current activity
 ("installing torch") and the bytes downloaded so far, for the per-node progress display
 (orchestrator/cli/ui.py): bytes only where the installer reports them (a wheel found in a local
 directory or the pip cache is not downloaded).
@@ -13,9 +14,6 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-
-#: printed by the build script before each of its steps ("@@cb-env-step creating the environment")
-STEP_MARK = "@@cb-env-step "
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _SIZE = r"\(([\d.]+)\s*([kKMG]i?B|B|bytes)\)"
@@ -87,7 +85,7 @@ class InstallProgress:
         self._current_total = self._current_done = 0
 
     def feed(self, line: str) -> None:
-        """One installer or build-script line."""
+        """One line the installer printed (the build's own steps come through :meth:`set`)."""
         with self._lock:
             raw = _RAW.match(line)
             if raw:
@@ -95,10 +93,6 @@ class InstallProgress:
                 self._current_done = done
                 if total:
                     self._current_total = total
-                return
-            if line.startswith(STEP_MARK):
-                self._finish_download()
-                self._activity = line[len(STEP_MARK) :].strip()
                 return
             down = _DOWNLOADING.match(line)
             if down:

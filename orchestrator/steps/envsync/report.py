@@ -21,7 +21,7 @@ class NodeEnv:
 
     node: str
     os: str
-    action: str  # unchanged | installed | updated | rebuilt | planned
+    action: str  # unchanged | installed | updated | rebuilt | planned (a dry run's build)
     path: str  # the stable path (as configured; "~" is the node user's home)
     python_path: str  # the interpreter launch should run
     python: str  # its version
@@ -32,9 +32,30 @@ class NodeEnv:
     wheels_pushed: int = 0
     round_trips: int = 1
     notes: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)  # dry run only
+    #: what a build sends (``NodePlan.public_dict`` with the text the node's shell gets): planned by
+    #: a dry run, applied by the real one; None when nothing was to change
+    plan: dict[str, Any] | None = None
     #: installed from wheels this machine pushed because the node reached no index (why), or None
     offline_reason: str | None = None
+
+    def changes_text(self) -> str:
+        """The versions the sync changed, in a few words (``-``: unchanged)."""
+        if self.action == "unchanged":
+            return "-"
+        if not self.changes:
+            return "no version changed"
+        parts = []
+        for name, (old, new) in self.changes.items():
+            if old is None:
+                parts.append(f"+{name} {new}")
+            elif new is None:
+                parts.append(f"-{name} {old}")
+            else:
+                parts.append(f"{name} {old} -> {new}")
+        shown = parts[:4]
+        if len(parts) > 4:
+            shown.append(f"+{len(parts) - 4} more")
+        return ", ".join(shown)
 
     def public_dict(self) -> dict[str, Any]:
         return {
@@ -50,7 +71,7 @@ class NodeEnv:
             "round_trips": self.round_trips,
             "notes": self.notes,
             "offline_fallback": self.offline_reason,
-            **({"commands": self.commands} if self.commands else {}),
+            **({"plan": self.plan} if self.plan is not None else {}),
         }
 
 

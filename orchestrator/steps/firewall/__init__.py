@@ -13,16 +13,16 @@ teardown calls :func:`remove_firewall`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
-from orchestrator.executor import Outcome
-from orchestrator.facts.base import split_sections
-from orchestrator.platforms import PosixShell
-from orchestrator.records import new_nonce
-from orchestrator.steps.addresses import Reached, cluster_address, reached_nodes
+from orchestrator.plans import NodePlan, Run
+from orchestrator.platforms import Platform, PosixShell, platform_for_node
+from orchestrator.runner import run_step
+from orchestrator.steps.addresses import Reached, cluster_address, reached_from
+from orchestrator.steps.contract import ClusterFacts, Read, Report, Sections, Step
 from orchestrator.steps.firewall.firewalld import firewalld_commands
 from orchestrator.steps.firewall.linux import (
     Target,
@@ -33,7 +33,7 @@ from orchestrator.steps.firewall.linux import (
     nft_persist_file,
     ufw_commands,
 )
-from orchestrator.steps.firewall.linux_detection import Detection, detect, detection_sections
+from orchestrator.steps.firewall.linux_detection import Detection, detect_sections, detection_sections
 from orchestrator.steps.firewall.rules import (
     NTP_PORT,
     Changes,
@@ -46,16 +46,17 @@ from orchestrator.steps.firewall.rules import (
     time_rules,
     wanted_rules,
 )
-from orchestrator.steps.root import run_as_root
+from orchestrator.steps.root import sudo_error
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result
 
 __all__ = [
+    "Firewall",
+    "FirewallContext",
     "FirewallResult",
-    "FirewallRun",
     "apply_firewall",
     "cluster_addresses",
     "plan_node",
@@ -115,15 +116,6 @@ class FirewallResult:
             "applied": self.applied,
             "notes": self.notes,
         }
-
-
-@dataclass
-class FirewallRun:
-    """Outcomes for the selected nodes (inventory order), the cluster addresses used, warnings."""
-
-    outcomes: list[Outcome[FirewallResult]]
-    addresses: dict[str, str]
-    warnings: list[str] = field(default_factory=list)
 
 
 # -- peers ----------------------------------------------------------------------------------------------
@@ -209,7 +201,7 @@ def plan_node(
     addresses: dict[str, str],
     *,
     remove: bool = False,
-    platform: PosixShell | None = None,
+    platform: Platform | None = None,
 ) -> FirewallResult:
     """The commands that bring ``node`` from what ``detection`` found to what the cluster needs."""
     platform = platform or PosixShell()
@@ -363,25 +355,149 @@ def plan_windows(
     )
 
 
-def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
-    """Run the converging script in an elevated PowerShell session and read its report."""
-    from orchestrator.platforms.powershell import PowerShell
+# -- the step ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FirewallContext:
+    """The cluster-wide decisions: every node's cluster address (the peer set) and what to say once."""
+
+    detections: dict[str, Detection]
+    addresses: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+class Firewall(Step[FirewallContext, FirewallResult]):
+    """Open exactly the training ports (and the master's NTP for its workers) to the cluster's peers
+    on the selected nodes, or, with ``remove``, delete every rule of this cluster's tag (current or
+    legacy, see :class:`~orchestrator.steps.firewall.rules.ClusterTag`) and nothing else.
+
+    Reads: each Linux node's firewall (:func:`detection_sections`, as root), on every node of the
+    inventory, since the rules name every peer's address. Windows nodes read nothing: their script
+    converges on the node (Defender, or Hyper-V rules for WSL ranks) and reports what it changed."""
+
+    name = "firewall"
+
+    def __init__(self, inventory: Inventory, *, remove: bool = False) -> None:
+        self.inventory = inventory
+        self.remove = remove
+        self.ids = ClusterTag(inventory.cluster.name)
+        self.managed = inventory.cluster.firewall.manage or remove
+        self.selected: set[str] = set()
+
+    def scope(self, selected: Sequence[Node]) -> list[Node]:
+        self.selected = {n.name for n in selected}
+        if not self.managed:
+            return []
+        probed = selected if self.remove else self.inventory.nodes
+        return [n for n in probed if n.os == "linux"]
+
+    def reads(self, node: Node) -> list[Read]:
+        master, ids = self.inventory.master_node.host, self.ids
+
+        def parse(sections: Sections, ran: Result) -> Detection:
+            if "range" not in sections:
+                raise CommandFailedError(
+                    f"the firewall detection did not run (exit code {ran.exit_code}): "
+                    + (" | ".join(ran.tail(3)) or "no output"),
+                    node=node.name,
+                    hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
+                    result=ran,
+                )
+            return detect_sections(sections, ids)
+
+        return [
+            Read(
+                DETECTION,
+                lambda platform: detection_sections(platform, master_host=master, ids=ids),
+                parse,
+                become=True,
+                what="reading the firewall",
+                timeout=DETECT_TIMEOUT,
+            )
+        ]
+
+    def context(self, found: ClusterFacts) -> FirewallContext:
+        inventory = self.inventory
+        detections = {name: values[DETECTION] for name, values in found.values.items() if DETECTION in values}
+        if not self.managed:
+            return FirewallContext({}, {}, ["cluster.firewall.manage is false: no firewall was touched"])
+        warnings: list[str] = []
+        said: dict[str, str] = {}  # node -> a warning about its address, said already
+        addresses: dict[str, str] = {}
+        if not self.remove:
+            reached = reached_from(found.peers, inventory.nodes)
+            addresses, said = cluster_addresses(inventory, detections, reached)
+            warnings.extend(said.values())
+        for name, error in found.failed.items():
+            if name not in self.selected:
+                known = f" (using {addresses[name]} from the inventory)" if name in addresses else ""
+                warnings.append(f"{name} (not selected) could not be inspected{known}: {error.message}")
+        if not self.remove:
+            missing = [n.name for n in inventory.nodes if n.name not in addresses and n.name not in said]
+            if missing and len(inventory.nodes) > 1:
+                warnings.append(
+                    f"no cluster address known for {', '.join(missing)}: its peers get no rule for it; "
+                    "give its IP address as host: (or make its name resolve on this machine) and rerun"
+                )
+        return FirewallContext(detections, addresses, warnings)
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: FirewallContext) -> NodePlan:
+        if not self.managed:
+            unmanaged = FirewallResult(
+                kind="unmanaged", places=[], notes=["cluster.firewall.manage is false"]
+            )
+            return NodePlan(node.name, detail=unmanaged)
+        if node.os == "windows":
+            result = plan_windows(node, self.inventory, context.addresses, remove=self.remove)
+            script = result.commands[0]  # it converges and reports: it runs every time
+            run = Run(script, become=True, host=True, timeout=APPLY_TIMEOUT, what="Windows firewall rules")
+            return NodePlan(node.name, [run], detail=result)
+        platform = platform_for_node(node)
+        result = plan_node(
+            node, self.inventory, facts[DETECTION], context.addresses, remove=self.remove, platform=platform
+        )
+        if not result.commands:
+            return NodePlan(node.name, detail=result)
+        script = "set -e\n" + "\n".join(result.commands)
+        return NodePlan(
+            node.name, [Run(script, become=True, timeout=APPLY_TIMEOUT, what="firewall rules")], detail=result
+        )
+
+    def judge(
+        self, node: Node, plan: NodePlan, results: list[Result] | None, context: FirewallContext
+    ) -> FirewallResult:
+        result: FirewallResult = plan.detail
+        if not results:  # a dry run, or nothing to change
+            return result
+        ran = results[0]
+        if node.os == "windows":
+            return _windows_verdict(node, ran, result)
+        if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            raise sudo_error(node, ran, "changing the firewall")
+        if not ran.ok:
+            raise CommandFailedError(
+                "a firewall command failed: " + (" | ".join(ran.tail(4)) or f"exit code {ran.exit_code}"),
+                node=node.name,
+                hint="the commands before it took effect (nftables changes are one transaction: none did); "
+                "rerun `bootstrap firewall` (it converges) or `bootstrap firewall --remove`",
+                result=ran,
+            )
+        result.applied = True
+        return result
+
+    def warnings(self, context: FirewallContext) -> list[str]:
+        return context.warnings
+
+    def data(self, context: FirewallContext) -> dict[str, Any]:
+        return {"addresses": context.addresses}
+
+
+def _windows_verdict(node: Node, ran: Result, result: FirewallResult) -> FirewallResult:
+    """What the converging script reported (it ran elevated, or says it could not)."""
     from orchestrator.platforms.windows_admin import not_elevated_error
     from orchestrator.steps.firewall.windows import parse_report
 
-    run_windows = getattr(transport, "run_windows", None)
-    if isinstance(transport.platform, PowerShell):
-        ran = transport.run(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
-    elif run_windows is not None:  # a WSL node: the rules belong to the Windows host under it
-        ran = run_windows(result.commands[0], become=True, timeout=APPLY_TIMEOUT)
-    else:
-        raise CommandFailedError(
-            f"the {result.kind} rules need PowerShell on the Windows host; this node's commands run in "
-            f"{transport.platform.name} over {transport.kind}",
-            node=node.name,
-            hint="run `bootstrap firewall --dry-run` and paste the script into an administrator "
-            "PowerShell on the node, or reach the node over WinRM",
-        )
     if (refused := not_elevated_error(node.name, node.user, "setting the firewall rules", ran)) is not None:
         raise refused
     if not ran.ok:
@@ -403,159 +519,17 @@ def apply_windows(node: Node, transport: Transport, result: FirewallResult) -> F
     return result
 
 
-# -- running ------------------------------------------------------------------------------------------
-
-
-def detect_node(node: Node, transport: Transport, inventory: Inventory) -> Detection:
-    """One round trip as root: which firewall decides, our rules, the route to the master."""
-    if not isinstance(transport.platform, PosixShell):
-        raise CommandFailedError(
-            f"the Linux firewall detection needs a POSIX shell, this node speaks {transport.platform.name}",
-            node=node.name,
-        )
-    platform = transport.platform
-    ids = ClusterTag(inventory.cluster.name)
-    sections = detection_sections(platform, master_host=inventory.master_node.host, ids=ids)
-    token = new_nonce()
-    result = run_as_root(
-        node, transport, platform.sectioned(sections, token), "reading the firewall", DETECT_TIMEOUT
-    )
-    if "range" not in split_sections(result.stdout, token):
-        raise CommandFailedError(
-            f"the firewall detection did not run (exit code {result.exit_code}): "
-            + (" | ".join(result.tail(3)) or "no output"),
-            node=node.name,
-            hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
-            result=result,
-        )
-    return detect(result.stdout, token, ids)
-
-
-def apply_node(node: Node, transport: Transport, result: FirewallResult) -> FirewallResult:
-    """Run the planned commands as root, stopping at the first failure."""
-    if not result.commands:
-        return result
-    script = "set -e\n" + "\n".join(result.commands)
-    ran = run_as_root(node, transport, script, "changing the firewall", APPLY_TIMEOUT)
-    if not ran.ok:
-        raise CommandFailedError(
-            "a firewall command failed: " + (" | ".join(ran.tail(4)) or f"exit code {ran.exit_code}"),
-            node=node.name,
-            hint="the commands before it took effect (nftables changes are one transaction: none did); "
-            "rerun `bootstrap firewall` (it converges) or `bootstrap firewall --remove`",
-            result=ran,
-        )
-    result.applied = True
-    return result
-
-
-def _firewall_step(
-    session: Session,
-    inventory: Inventory,
-    nodes: list[Node] | None,
-    *,
-    dry_run: bool,
-    remove: bool,
-    addresses: dict[str, str] | None,
-) -> FirewallRun:
-    selected = list(session.nodes if nodes is None else nodes)
-    settings = inventory.cluster.firewall
-    warnings: list[str] = []
-    if not settings.manage and not remove:
-        outcomes: list[Outcome[FirewallResult]] = [
-            Outcome(
-                n.name,
-                FirewallResult(kind="unmanaged", places=[], notes=["cluster.firewall.manage is false"]),
-                None,
-                0.0,
-            )
-            for n in selected
-        ]
-        return FirewallRun(outcomes, {}, ["cluster.firewall.manage is false: no firewall was touched"])
-    # the peer set needs every node's address: detect on all of them unless addresses were given;
-    # Windows nodes are not probed (their script converges on the node itself)
-    probe = selected if remove or addresses is not None else list(inventory.nodes)
-    probe = [n for n in probe if n.os == "linux"]
-    detected = session.map(
-        lambda n, t: session.remember(n.name, DETECTION, lambda: detect_node(n, t, inventory)),
-        step="read firewall",
-        nodes=probe,
-    )
-    detections = {o.node: o.value for o in detected if o.value is not None}
-    said: dict[str, str] = {}  # node -> a warning about its address, said already
-    if addresses is None and not remove:
-        addresses, said = cluster_addresses(inventory, detections, reached_nodes(session, inventory.nodes))
-        warnings.extend(said.values())
-    elif addresses is None:
-        addresses = {}
-    else:  # given by the caller (the preflight's interface sources): checked like our own
-        for name, address in addresses.items():
-            if not is_usable_peer(address):
-                warnings.append(f"{name}: {address!r} is not a usable IPv4 address: no rule names it")
-        addresses = {name: a for name, a in addresses.items() if is_usable_peer(a)}
-    chosen = {n.name for n in selected}
-    for o in detected:
-        if o.node not in chosen and o.error is not None:
-            known = f" (using {addresses[o.node]} from the inventory)" if o.node in addresses else ""
-            warnings.append(f"{o.node} (not selected) could not be inspected{known}: {o.error.message}")
-    if not remove:
-        missing = [n.name for n in inventory.nodes if n.name not in addresses and n.name not in said]
-        if missing and len(inventory.nodes) > 1:
-            warnings.append(
-                f"no cluster address known for {', '.join(missing)}: its peers get no rule for it; "
-                "give its IP address as host: (or make its name resolve on this machine) and rerun"
-            )
-    plans = {
-        name: plan_node(inventory.node(name), inventory, d, addresses, remove=remove)
-        for name, d in detections.items()
-        if name in chosen
-    }
-    for node in selected:
-        if node.os == "windows":
-            plans[node.name] = plan_windows(node, inventory, addresses, remove=remove)
-    applied = {name: Outcome(name, plan, None, 0.0) for name, plan in plans.items()}
-    if not dry_run:  # only nodes with something to run are contacted again
-        ran = session.map(
-            lambda n, t: (apply_windows if n.os == "windows" else apply_node)(n, t, plans[n.name]),
-            step="change firewall",
-            nodes=[n for n in selected if n.name in plans and plans[n.name].commands],
-        )
-        applied.update({o.node: o for o in ran})
-        for name in (c.node for c in ran):  # what was read there is history now (even a failed change)
-            session.forget(name, DETECTION)
-    by_name = {o.node: o for o in detected}
-    final: list[Outcome[FirewallResult]] = []
-    for node in selected:
-        first = by_name.get(node.name) or Outcome(node.name, None, None, 0.0)
-        if first.error is not None or node.name not in applied:
-            final.append(Outcome(node.name, None, first.error, first.duration))
-        else:
-            second = applied[node.name]
-            final.append(Outcome(node.name, second.value, second.error, first.duration + second.duration))
-    return FirewallRun(final, addresses, warnings)
-
-
 def apply_firewall(
-    session: Session,
-    inventory: Inventory,
-    nodes: list[Node] | None = None,
-    *,
-    dry_run: bool = False,
-    addresses: dict[str, str] | None = None,
-) -> FirewallRun:
+    session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
+) -> Report[FirewallResult]:
     """Open the training ports on ``nodes`` (default: the session's) for the cluster's peers only.
-
-    ``addresses`` (node -> address toward the cluster, e.g. the preflight's interface ``source``)
-    skips detecting the nodes that are not selected. With ``dry_run`` only the read-only detection
-    runs; each result's ``commands`` are what would run as root.
-    """
-    return _firewall_step(session, inventory, nodes, dry_run=dry_run, remove=False, addresses=addresses)
+    With ``dry_run`` only the read-only detection runs; the report's plans are what would run."""
+    return run_step(session, Firewall(inventory), nodes, dry_run=dry_run)
 
 
 def remove_firewall(
     session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
-) -> FirewallRun:
-    """Delete every rule tagged with this cluster's exact tag, current or legacy (see
-    :class:`~orchestrator.steps.firewall.rules.ClusterTag`), on ``nodes`` (and our persisted files),
-    nothing else: what `bootstrap firewall --remove` and teardown do."""
-    return _firewall_step(session, inventory, nodes, dry_run=dry_run, remove=True, addresses=None)
+) -> Report[FirewallResult]:
+    """Delete every rule tagged with this cluster's tag on ``nodes`` (and our persisted files), nothing
+    else: what `bootstrap firewall --remove` and teardown do."""
+    return run_step(session, Firewall(inventory, remove=True), nodes, dry_run=dry_run)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.facts.base import split_sections
@@ -126,7 +127,11 @@ def parse_port_range(text: str) -> PortRange | None:
 
 def detect(stdout: str, token: str, ids: ClusterTag) -> Detection:
     """Decide from the framed output of :func:`detection_sections` (pure: tested on recorded output)."""
-    sections = split_sections(stdout, token)
+    return detect_sections(split_sections(stdout, token), ids)
+
+
+def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) -> Detection:
+    """Decide from the answers of :func:`detection_sections` (name -> output, exit code)."""
 
     def out(name: str) -> tuple[str, int]:
         return sections.get(name, ("", 127))

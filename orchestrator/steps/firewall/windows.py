@@ -18,7 +18,7 @@ report ``{"added", "updated", "removed", "unchanged"}``.
   ``cluster-bootstrap-<name>-tcp-<ports>``) are removed by every run: a rerun writes them anew.
   The ephemeral range is the Linux one inside WSL (``ip_local_port_range``).
 
-Scripts are generated with the PowerShell platform's quoting. ``apply_windows`` (the step's package)
+Scripts are generated with the PowerShell platform's quoting. The firewall step (the package's ``Firewall``)
 runs them over WinRM on the Windows host, native and WSL nodes alike, as ``become`` scripts: they need
 an elevated session (WinRM sessions of administrators are), check it first, and a session that is
 not elevated stops before any rule changes with the product's error and fix

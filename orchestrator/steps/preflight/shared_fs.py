@@ -29,8 +29,9 @@ from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.platforms import Platform
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 #: the directory (inside each checked directory) holding one marker file per node
 MARKER_DIR = ".cluster-bootstrap-nodes"
@@ -77,9 +78,17 @@ def new_token() -> str:
     return secrets.token_hex(8)
 
 
+def marker_command(node: Node, platform: Platform, args: dict[str, object]) -> str:
+    """The command running the marker script with ``args`` under the node's Python."""
+    return platform.join([interpreter_for(node), "-c", MARKER_CODE, json.dumps(args)])
+
+
 def _run(node: Node, transport: Transport, args: dict[str, object]) -> dict[str, dict[str, object]]:
-    command = transport.platform.join([interpreter_for(node), "-c", MARKER_CODE, json.dumps(args)])
-    result = transport.run(command, timeout=60)
+    return marker_answer(node, transport.run(marker_command(node, transport.platform, args), timeout=60))
+
+
+def marker_answer(node: Node, result: Result) -> dict[str, dict[str, object]]:
+    """What the marker script answered (``result``), or CommandFailedError."""
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if not result.ok or not lines:
         tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
@@ -95,9 +104,17 @@ def write_markers(node: Node, transport: Transport, dirs: Sequence[str], token: 
     return {d: str(v["error"]) for d, v in data.items() if v.get("error")}
 
 
+def read_args(node: Node, dirs: Sequence[str]) -> dict[str, object]:
+    return {"op": "read", "dirs": list(dirs), "name": node.name, "token": ""}
+
+
 def read_markers(node: Node, transport: Transport, dirs: Sequence[str]) -> dict[str, dict[str, str]]:
     """dir -> {node name: token} as this node sees the markers there."""
-    data = _run(node, transport, {"op": "read", "dirs": list(dirs), "name": node.name, "token": ""})
+    return seen_markers(_run(node, transport, read_args(node, dirs)))
+
+
+def seen_markers(data: dict[str, dict[str, object]]) -> dict[str, dict[str, str]]:
+    """dir -> {node name: token} from the marker script's answer to a read."""
     out: dict[str, dict[str, str]] = {}
     for d, v in data.items():
         seen = v.get("seen")

@@ -9,16 +9,19 @@ they print becomes the node's :class:`NodeTime`. In which order the nodes get th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
-from orchestrator.platforms import PosixShell, PowerShell
+from orchestrator.plans import NodePlan, Run
+from orchestrator.platforms import PosixShell, posix_for_node
 from orchestrator.platforms.windows_admin import not_elevated_error
 from orchestrator.records import new_nonce
+from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.preflight import CLOCK, sample_clock
 from orchestrator.steps.preflight.checks import ClockSample
-from orchestrator.steps.root import run_as_root
+from orchestrator.steps.root import run_as_root, sudo_error
 from orchestrator.steps.timesync.chrony.config import ChronyRole
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.report import NodeTime
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-__all__ = ["PROBE", "no_reply_problem", "settled"]
+__all__ = ["PROBE", "RestoreTime", "no_reply_problem", "probe_read", "settled"]
 
 #: ``Session.remember`` key of a node's chrony :class:`Probe` (read by the main pipeline's first round
 #: trip: steps/setup_read.py); forgotten once the step changed the node
@@ -37,27 +40,6 @@ PROBE = "timesync.probe"
 
 def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
     return run_as_root(node, transport, script, what, timeout)
-
-
-def _probe(node: Node, transport: Transport) -> Probe:
-    shell = _posix(node, transport)
-    result = _as_root(transport, node, chrony.probe_script(shell), "reading the time configuration", 60)
-    if not result.ok:
-        raise CommandFailedError(
-            f"reading the time configuration failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
-            node=node.name,
-            result=result,
-        )
-    return chrony.parse_probe(result.stdout)
-
-
-def _posix(node: Node, transport: Transport) -> PosixShell:
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
-        raise CommandFailedError(
-            f"time sync on {platform.name} nodes needs the WinRM transport", node=node.name
-        )
-    return platform
 
 
 def _daemon_name(probe: Probe) -> str:
@@ -82,97 +64,6 @@ def _missing_chrony(node: Node, probe: Probe) -> BootstrapError:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
-
-
-# -- applying ----------------------------------------------------------------------------------------
-
-
-def _apply(
-    node: Node,
-    transport: Transport,
-    role: ChronyRole,
-    *,
-    is_master: bool,
-    serving: bool,
-    install: bool,
-    dry_run: bool,
-    no_clock_control: bool,
-    probe: Probe | None = None,
-) -> NodeTime:
-    """Configure chrony on the node for ``role``; ``probe``: what the node has (read here when None)."""
-    shell = _posix(node, transport)
-    probe = probe or _probe(node, transport)
-    out = NodeTime(
-        node.name, role="server" if is_master and serving else "client", sources=list(role.sources)
-    )
-    if role.serve:
-        out.sources = [*role.sources] or ["local clock"]
-    script_parts: list[str] = []
-    if not probe.chronyd:
-        command = chrony.install_command(probe.package_manager)
-        if not install or command is None:
-            raise _missing_chrony(node, probe)
-        if dry_run:
-            out.actions.append("would install chrony")
-            script_parts.append(command)
-            out.daemon = "chrony"
-            out.state = "would install"
-            out.script = "\n".join(script_parts)
-            return out
-        result = _as_root(transport, node, command, "installing chrony", timeout=600)
-        if not result.ok:
-            raise CommandFailedError(
-                f"installing chrony failed (exit {result.exit_code})",
-                node=node.name,
-                hint=" | ".join(result.tail(3)),
-                result=result,
-            )
-        out.actions.append("installed chrony")
-        probe = _probe(node, transport)
-        if not probe.chronyd:
-            raise CommandFailedError("chrony was installed but chronyd is still not found", node=node.name)
-    out.daemon = "chrony"
-    out.clock_control = not (no_clock_control or probe.shared_clock)
-    mode, change = chrony.plan_config(probe, role)
-    out.mode, out.path = mode, change.path
-    running = probe.unit_active if (probe.systemd and probe.unit) else probe.running_pid is not None
-    if change.changed:
-        script_parts.append(chrony.write_file_script(shell, change))
-        out.diff = change.diff()
-    if change.changed or not running:
-        try:
-            script_parts.append(
-                chrony.start_script(shell, probe, no_clock_control=no_clock_control, restart=running)
-            )
-        except chrony.ForeignChronyd as exc:
-            raise CommandFailedError(
-                str(exc),
-                node=node.name,
-                hint="stop it (or run it under systemd), then rerun: bootstrap must restart chronyd "
-                "with the new configuration",
-            ) from None
-    if change.changed:
-        out.state = "added" if change.before is None or (mode == "block" and change.backup) else "changed"
-    elif not running:
-        out.state = "started"
-    else:
-        out.state = "unchanged"
-    script = "set -e\n" + "\n".join(script_parts) if script_parts else ""
-    if dry_run:
-        out.script = script
-        out.state = f"would be {out.state}" if out.state != "unchanged" else "unchanged"
-        return out
-    if script:
-        result = _as_root(transport, node, script, "configuring chrony", timeout=120)
-        if not result.ok:
-            raise CommandFailedError(
-                f"configuring chrony failed (exit {result.exit_code}): {' | '.join(result.tail(3))}",
-                node=node.name,
-                hint=f"see {change.path}; `bootstrap ntp --restore` puts back the previous configuration",
-                result=result,
-            )
-        out.actions.append(f"wrote {change.path}" if change.changed else "started chronyd")
-    return out
 
 
 def no_reply_problem(
@@ -321,92 +212,82 @@ def _measure(
             )
 
 
-def _run_powershell(node: Node, transport: Transport, script: str, timeout: float) -> Result:
-    """PowerShell on the Windows host: the node's own shell (native), or beside its WSL distribution
-    (a WSL2 distribution follows the host's clock: w32time is what to configure)."""
-    run_windows = getattr(transport, "run_windows", None)
-    if isinstance(transport.platform, PowerShell):
-        return transport.run(script, become=True, timeout=timeout)
-    if run_windows is not None:
-        result: Result = run_windows(script, become=True, timeout=timeout)
-        return result
-    raise CommandFailedError(
-        f"time sync on a Windows node needs PowerShell on its host; this node runs {transport.platform.name}"
-        f" over {transport.kind}",
-        node=node.name,
-        hint="reach Windows nodes over WinRM (connection: winrm)",
+# -- undoing ---------------------------------------------------------------------------------------
+
+
+def probe_read(node: Node) -> Read:
+    """What chrony has on the node (as root), kept in the session under :data:`PROBE`."""
+
+    def parse(sections: Sections, ran: Result) -> Probe:
+        output, code = sections.get("chrony", ("", ran.exit_code or 1))
+        if code != 0:
+            raise CommandFailedError(
+                f"reading the time configuration failed (exit {code}): {' | '.join(ran.tail(3))}",
+                node=node.name,
+                result=ran,
+            )
+        return chrony.parse_probe(output)
+
+    return Read(
+        PROBE,
+        lambda platform: [("chrony", chrony.probe_script(posix_for_node(node)))],
+        parse,
+        become=True,
+        what="reading the time configuration",
     )
 
 
-def _apply_windows(node: Node, transport: Transport, value: NodeTime) -> NodeTime:
-    """w32time pointed at the sources, then its offset from the first one measured (stripchart)."""
-    import orchestrator.steps.timesync.windows as win
+class RestoreTime(Step[None, NodeTime]):
+    """Undo `bootstrap ntp`: chrony's files back byte for byte (from the backups the first configure
+    made), the files it created deleted, what it started stopped; w32time's peers, type and service
+    state put back from what its first configure saved. Reads chrony's state on Linux nodes."""
 
-    ran = _run_powershell(node, transport, value.script, 180)
-    if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            hint="it needs an elevated session (a member of Administrators over WinRM)",
-            result=ran,
-        )
-    value.state = "unchanged" if "unchanged" in ran.stdout.split() else "changed"
-    value.actions.append("w32tm /config /update, service restarted" if value.state == "changed" else "none")
-    status = _run_powershell(node, transport, win.status_script(value.sources[0]), 120)
-    offset = win.parse_stripchart(status.stdout) if status.ok else None
-    if offset is not None:
-        value.chrony_offset_ms = round(offset * 1000.0, 3)
-        value.selected = value.sources[0]
-    return value
+    name = "restore"
 
+    def reads(self, node: Node) -> list[Read]:
+        return [probe_read(node)] if node.os == "linux" else []
 
-# -- undoing -----------------------------------------------------------------------------------------
+    def context(self, found: ClusterFacts) -> None:
+        return None
 
+    def plan(self, node: Node, facts: Mapping[str, Any], context: None) -> NodePlan:
+        import orchestrator.steps.timesync.windows as win
 
-def _restore(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
-    shell = _posix(node, transport)
-    probe = _probe(node, transport)
-    plan = chrony.plan_restore(shell, probe)
-    out = NodeTime(node.name, daemon=_daemon_name(probe), actions=plan.actions)
-    out.diff = "".join(c.diff() for c in plan.changes)
-    if not plan.script:
-        out.state = "nothing to restore"
+        if node.os != "linux":
+            run = Run(win.restore_script(), become=True, host=True, timeout=120, what="w32time")
+            return NodePlan(node.name, [run], detail=NodeTime(node.name, daemon="w32time"))
+        probe: Probe = facts[PROBE]
+        restore = chrony.plan_restore(posix_for_node(node), probe)
+        out = NodeTime(node.name, daemon=_daemon_name(probe), actions=restore.actions)
+        out.diff = "".join(c.diff() for c in restore.changes)
+        if not restore.script:
+            out.state = "nothing to restore"
+            return NodePlan(node.name, detail=out)
+        run = Run(restore.script, become=True, timeout=120, what="restoring the time configuration")
+        return NodePlan(node.name, [run], detail=out)
+
+    def judge(self, node: Node, plan: NodePlan, results: list[Result] | None, context: None) -> NodeTime:
+        out: NodeTime = plan.detail
+        if results is None:  # a dry run: what would run
+            out.script = plan.runs[0].script if plan.runs else ""
+            if plan.runs:
+                out.state = "would be restored" + (" (if configured)" if node.os != "linux" else "")
+            return out
+        if not results:
+            return out
+        ran = results[0]
+        if node.os != "linux":
+            if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
+                raise refused
+        elif not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            raise sudo_error(node, ran, "restoring the time configuration")
+        if not ran.ok:
+            what = "restoring w32time" if node.os != "linux" else "restoring the time configuration"
+            raise CommandFailedError(
+                f"{what} failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
+                node=node.name,
+                result=ran,
+            )
+        windows_nothing = node.os != "linux" and "nothing" in ran.stdout.split()
+        out.state = "nothing to restore" if windows_nothing else "restored"
         return out
-    if dry_run:
-        out.script = plan.script
-        out.state = "would be restored"
-        return out
-    result = _as_root(transport, node, plan.script, "restoring the time configuration")
-    if not result.ok:
-        raise CommandFailedError(
-            f"restoring the time configuration failed (exit {result.exit_code}): "
-            + " | ".join(result.tail(3)),
-            node=node.name,
-            result=result,
-        )
-    out.state = "restored"
-    return out
-
-
-def _restore_windows(node: Node, transport: Transport, dry_run: bool) -> NodeTime:
-    """w32time's peers, type and service state put back from what the first configure saved."""
-    import orchestrator.steps.timesync.windows as win
-
-    out = NodeTime(node.name, daemon="w32time")
-    script = win.restore_script()
-    if dry_run:
-        out.script, out.state = script, "would be restored (if configured)"
-        return out
-    ran = _run_powershell(node, transport, script, 120)
-    if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "restoring w32time failed: " + (" | ".join(ran.tail(3)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            result=ran,
-        )
-    out.state = "nothing to restore" if "nothing" in ran.stdout.split() else "restored"
-    return out

@@ -9,25 +9,33 @@ addresses.py; what the firewall step opens UDP 123 for): a worker's own report i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts.network import Addresses, MasterRoute, Route
 from orchestrator.steps.addresses import (
     MasterIdentity,
+    Reached,
     cluster_address,
     ip_key,
     master_identity,
-    reached_nodes,
 )
 from orchestrator.steps.timesync.chrony.config import ChronyRole, peer_address
 
 if TYPE_CHECKING:
+    from orchestrator.facts import FactSet
     from orchestrator.inventory import Inventory, Node
-    from orchestrator.session import Session
-    from orchestrator.transports import Transport
 
-__all__ = ["ROUTE", "MasterIdentity", "follow_master", "master_identity", "roles", "route_facts"]
+__all__ = [
+    "ROUTE",
+    "MasterIdentity",
+    "addresses_from",
+    "follow_master",
+    "master_identity",
+    "roles",
+    "route_facts",
+]
 
 
 @dataclass
@@ -90,24 +98,21 @@ def route_facts(node: Node, master_host: str, master_name: str) -> list[Any]:
     return wanted
 
 
-def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Addresses:
+def addresses_from(
+    inventory: Inventory,
+    nodes: list[Node],
+    routes: Mapping[str, FactSet | None],
+    errors: Mapping[str, str],
+    reached: Mapping[str, Reached],
+) -> _Addresses:
     """The master's address (from the inventory or the master itself), where each worker resolves the
     master to (``ip route get``, like the preflight, a check), and each worker's address as the
-    controller knows it (the master allows exactly those; a worker's own route source is a check)."""
-    from orchestrator.facts import FactSet, gather
-
+    controller knows it (the master allows exactly those; a worker's own route source is a check).
+    ``routes``: what :func:`route_facts` read on each node of ``nodes`` (None or absent: nothing);
+    ``errors``: why a node's read failed (the master's: why its address is unknown)."""
     master = inventory.master_node
     serving = inventory.cluster.time.serving
-
-    def facts(node: Node, transport: Transport) -> FactSet:
-        return session.remember(
-            node.name, ROUTE, lambda: gather(transport, route_facts(node, master.host, master.name))
-        )
-
-    outcomes = {o.node: o for o in session.map(facts, step="route", nodes=nodes)}
-    reached = reached_nodes(session, nodes)
-    mine = outcomes.get(master.name)
-    found = mine.value if mine is not None else None
+    found = routes.get(master.name)
     if master.os != "linux":
         literal = _usable(master.host)
         known = frozenset({literal} if literal else ())
@@ -118,16 +123,16 @@ def _addresses(session: Session, inventory: Inventory, nodes: list[Node]) -> _Ad
             master.host,
             found.get("route") if found is not None else None,
             own if isinstance(own, tuple) else None,
-            error=mine.error.message if mine is not None and mine.error is not None else "",
+            error=errors.get(master.name, ""),
             reached=reached[master.name].address if master.name in reached else None,
         )
     out = _Addresses(identity.address, {}, why=identity.why)
     for node in nodes:
         if node.name == master.name:
             continue
-        o = outcomes.get(node.name)
-        route = o.value.get("route") if o is not None and o.value is not None else None
-        if serving and o is not None and o.value is not None:  # unreachable: its step fails anyway
+        facts = routes.get(node.name)
+        route = facts.get("route") if facts is not None else None
+        if serving and facts is not None:  # unreachable: its step fails anyway
             server, problem = follow_master(node.name, master.host, route, identity)
             if problem is not None:
                 out.problems[node.name] = problem

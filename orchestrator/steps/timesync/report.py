@@ -34,6 +34,10 @@ class NodeTime:
     script: str = ""  # --dry-run: what would run (as root)
     problem: str | None = None  # why this node fails the step, with what to do
 
+    @property
+    def status(self) -> str:
+        return self.state
+
     def public_dict(self) -> dict[str, Any]:
         return asdict(self)
 
