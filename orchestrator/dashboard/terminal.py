@@ -91,7 +91,16 @@ def table_key(
     def switch(to_table: bool) -> None:
         if to_table:
             view.show_table()
-            shown.append(Live(console=console, refresh_per_second=2, get_renderable=lambda: table(live)))
+            # no redirection of sys.stdout/stderr: the console itself may write to sys.stderr
+            shown.append(
+                Live(
+                    console=console,
+                    refresh_per_second=2,
+                    get_renderable=lambda: table(live),
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
+            )
             shown[-1].start()
         else:
             while shown:  # the table goes first: no line is written into it

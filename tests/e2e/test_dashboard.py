@@ -340,7 +340,9 @@ def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_th
         assert not any("@@cb-" in line for line in follow.out)  # the samples are not lines
         await_(lambda: any(line.startswith("[node2:1]") for line in follow.out), 30, "node2's lines")
         follow.key("t")  # the table, in place on the terminal, instead of the lines
-        await_(lambda: "samples/s" in follow.shown(), 30, "the table on the terminal")
+        await_(
+            lambda: "samples/s" in follow.shown(), 30, f"the table on the terminal: {follow.screen[-20:]!r}"
+        )
         await_(lambda: "0: 87% 20513/24576 MiB  1: 3% 1024/24576 MiB" in follow.shown(), 30, "node2's GPUs")
         assert re.search(r"node2\W+running", follow.shown()), follow.shown()[-2000:]
         hidden_from = len(follow.out)
