@@ -343,7 +343,11 @@ def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_th
         await_(
             lambda: "samples/s" in follow.shown(), 30, f"the table on the terminal: {follow.screen[-20:]!r}"
         )
-        await_(lambda: "0: 87% 20513/24576 MiB  1: 3% 1024/24576 MiB" in follow.shown(), 30, "node2's GPUs")
+        await_(
+            lambda: re.search(r"0: 87% 20513/24576 MiB\s+1: 3% 1024/24576 MiB", follow.shown()),
+            30,
+            f"node2's GPUs in the table: {follow.shown()[-3000:]!r}",
+        )
         assert re.search(r"node2\W+running", follow.shown()), follow.shown()[-2000:]
         hidden_from = len(follow.out)
         follow.key("t")  # the lines again, after a note of those not shown
