@@ -344,7 +344,7 @@ def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_th
             lambda: "samples/s" in follow.shown(), 30, f"the table on the terminal: {follow.screen[-20:]!r}"
         )
         await_(
-            lambda: re.search(r"0: 87% 20513/24576 MiB\s+1: 3% 1024/24576 MiB", follow.shown()),
+            lambda: re.search(r"0: 87% 20513/24576 MiB\s+1: 3% 1024/", follow.shown()),
             30,
             f"node2's GPUs in the table: {follow.shown()[-3000:]!r}",
         )
