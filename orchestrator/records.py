@@ -144,6 +144,11 @@ def unnonced(texts: list[str]) -> list[str]:
 MARK = "@@"
 
 
+def mentions(text: str, nonce: str) -> bool:
+    """A quick test before decoding: may ``text`` hold records of ``nonce``? (False: surely not.)"""
+    return bool(nonce) and MARK + nonce in text
+
+
 def escape(data: "bytes") -> "bytes":  # noqa: UP037
     """Complete lines ``data`` as a stream carries them: each line starting with "@@" gets one more "@"."""
     # node-side Python runs this very source (PYTHON_ESCAPE): bytes in, bytes out, nothing imported

@@ -33,6 +33,7 @@ from orchestrator.errors import InventoryError, InventoryIssue, UsageError
 from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_args
 from orchestrator.platforms import Platform, PowerShell, check_env_name
 from orchestrator.platforms.powershell import argv_to_command_line
+from orchestrator.records import new_nonce
 from orchestrator.redact import mask_url_credentials
 from orchestrator.resources import templates_dir
 from orchestrator.runs.layout import in_workdir
@@ -75,6 +76,9 @@ class LaunchSpec:
     # cb_shares.json for the ranks (cluster.train.shares, orchestrator/bench): uploaded with the
     # helper into the run directory when not empty
     shares_json: str = ""
+    # the nonce of the run's samples (GPU use, CPU load) in its output: records.py frames, written by
+    # the node's rank capture (steps/probes/rank_capture.py), read by the dashboard; one per run
+    sample_nonce: str = ""
 
 
 def plan_launch(
@@ -96,6 +100,7 @@ def plan_launch(
     nodes = inventory.rank_order
     train = inventory.cluster.train
     world = sum(n.nproc for n in nodes)
+    sample_nonce = new_nonce()
     specs = []
     first = 0
     for rank, node in enumerate(nodes):
@@ -134,6 +139,7 @@ def plan_launch(
                 cluster_name=inventory.cluster.name,
                 env=env,
                 env_from=train.env_from,
+                sample_nonce=sample_nonce,
             )
         )
         first += node.nproc

@@ -335,7 +335,7 @@ def run_launch(
         # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
         labels = rank_labels(inventory)
         if live is not None:
-            live.set_run(run_id, labels)
+            live.set_run(run_id, labels, launch_plan.specs[0].sample_nonce if launch_plan.specs else "")
         outputs = {
             node.name: RankedOutput(
                 node.name,
@@ -344,6 +344,7 @@ def run_launch(
                 first_rank=labels[node.name][0],
                 nproc=labels[node.name][1],
                 on_block=None if live is None else live.block,  # the page reads the same blocks
+                sample_nonce=launch_plan.specs[0].sample_nonce if launch_plan.specs else "",
             )
             for node in nodes
         }

@@ -6,8 +6,9 @@ Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, cast
 
 import click
 from rich.table import Table
@@ -24,7 +25,7 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
-from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, secret_values
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
@@ -33,7 +34,7 @@ from orchestrator.logs import RunLog
 from orchestrator.runs.commands import FetchReport, fetch_all, read_logs, recorded_nodes, status_all, stop_all
 from orchestrator.runs.control import NodeStatus, fetch_script, status_script, stop_script, tail_script
 from orchestrator.runs.ids import resolve_run
-from orchestrator.runs.layout import RUNS_ROOT
+from orchestrator.runs.layout import RUNS_ROOT, sample_nonce
 from orchestrator.runs.start import DetachedStart, Started
 from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
@@ -144,9 +145,36 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
         )
         return ExitCode.OK
     with live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "logs") as live:
+        samples = sample_nonce(RUNS_ROOT / run_id)  # a run launched from here: its nodes' GPU use
         if live is not None:
-            live.set_run(run_id, labels)
-        return _logs(settings, inventory, nodes, labels, run_id, follow=follow, tail=tail, live=live)
+            live.set_run(run_id, labels, samples)
+        if not follow or settings.json_mode or sys.stdin is None or not sys.stdin.isatty():
+            return _logs(settings, inventory, nodes, labels, run_id, follow=follow, tail=tail, live=live)
+        from orchestrator.dashboard.model import LiveRun
+        from orchestrator.dashboard.terminal import KEY, table_key
+
+        if live is None:  # the table reads what the page would
+            live = LiveRun(
+                [n.name for n in nodes],
+                run_id=run_id,
+                labels=labels,
+                secrets=secret_values(inventory),
+                sample_nonce=samples,
+            )
+        settings.ui.note(f"press {KEY}: the live table of `status --watch` ({KEY} again: the lines)")
+        shown = RUNS_ROOT / run_id if tail is None else f"`{again(settings, 'logs', run_id)}`"
+        with table_key(live, watch_table, sys.stdout, settings.ui.err, sys.stdin, where=f"{shown}") as lines:
+            return _logs(
+                settings,
+                inventory,
+                nodes,
+                labels,
+                run_id,
+                follow=follow,
+                tail=tail,
+                live=live,
+                stream=cast(IO[str], lines),
+            )
 
 
 def _logs(
@@ -160,15 +188,17 @@ def _logs(
     tail: int | None,
     live: LiveRun | None,
     quiet: bool = False,
+    stream: IO[str] | None = None,
 ) -> int:
     """`logs` once its run is known (and its dashboard serving, when asked for). ``quiet``: the lines
-    go to ``live`` only (`status --watch`), not to the terminal."""
+    go to ``live`` only (`status --watch`), not to the terminal; ``stream``: where they go instead of
+    stdout (the key's switch to the table, dashboard/terminal.py)."""
     ui = settings.ui
     directory = RUNS_ROOT / run_id
     # each node's log is read from its start into <node>.log.part, which replaces the copy here only
     # once that node's read succeeded: a node that is gone never costs the only copy left
     run_log = RunLog(directory, staged=True)
-    printer = ui.line_printer([n.name for n in nodes])
+    printer = ui.line_printer([n.name for n in nodes], stream)
 
     outputs = {
         node.name: RankedOutput(
@@ -178,6 +208,7 @@ def _logs(
             first_rank=labels[node.name][0],
             nproc=labels[node.name][1],
             on_block=None if live is None else live.block,  # the page reads the same blocks
+            sample_nonce=sample_nonce(RUNS_ROOT / run_id),
         )
         for node in nodes
     }
@@ -379,6 +410,7 @@ def _watch(
         labels=labels,
         secrets=secret_values(inventory),
         command="status",
+        sample_nonce=sample_nonce(RUNS_ROOT / run_id),
     )
     with Live(
         watch_table(live),
@@ -392,22 +424,29 @@ def _watch(
 
 
 def watch_table(live: LiveRun) -> Table:
-    """The live view: per node its state and lines read, per rank step, loss and samples/s (the
-    slowest rank marked), the newest event. Node text neutralised."""
+    """The live view: per node its state, lines read and GPU use (else CPU load), per rank step, loss
+    and samples/s (the slowest rank marked), the newest event. Node text neutralised."""
+    from orchestrator.dashboard.model import use_text
+
     live.flush_pending()
     table = Table(title=Text(f"run {live.run_id}"), title_justify="left")
-    for column in ("node", "state", "lines", "rank", "step", "loss", "samples/s"):
+    for column in ("node", "state", "lines", "gpu / cpu", "rank", "step", "loss", "samples/s"):
         table.add_column(column, no_wrap=True)
     slowest = live.slowest()
     for name, doc in live.nodes.items():
         ranks = sorted((r for r in live.ranks.values() if r.node == name), key=lambda r: r.rank)
-        head = (Text(name), Text(str(doc.get("state", ""))), str(doc.get("lines", 0)))
+        head = (
+            Text(name),
+            Text(str(doc.get("state", ""))),
+            str(doc.get("lines", 0)),
+            Text(neutralise(use_text(doc))),
+        )
         if not ranks:
             table.add_row(*head, "-", "-", "-", "-")
         for i, rank in enumerate(ranks):
             speed = "-" if rank.samples_per_s is None else f"{rank.samples_per_s:.1f}"
             table.add_row(
-                *(head if i == 0 else ("", "", "")),
+                *(head if i == 0 else ("", "", "", "")),
                 str(rank.rank),
                 "-" if rank.step is None else str(rank.step),
                 "-" if rank.loss is None else f"{rank.loss:.4f}",

@@ -29,6 +29,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import records
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.executor import NodeEvent
 from orchestrator.logs import RunLog
@@ -351,8 +352,10 @@ class RankedOutput(BlockHandler):
         first_rank: int = 0,
         nproc: int = 0,
         on_block: Callable[[str, str], None] | None = None,
+        sample_nonce: str = "",
     ) -> None:
         self.node = node
+        self._samples = sample_nonce  # the node's sample records: for the page, not the terminal
         self.log = log
         self.printer = printer
         self.first_rank = first_rank
@@ -372,6 +375,10 @@ class RankedOutput(BlockHandler):
             self.on_block(self.node, text)
         if self.printer is None:
             return
+        if records.mentions(text, self._samples):
+            text = records.plain(text, self._samples)
+            if not text:
+                return
         self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
 
     def piece(self, stream: str, text: str) -> None:

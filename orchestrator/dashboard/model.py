@@ -24,8 +24,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import records
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.samples import node_sample
+from orchestrator.steps.culprit import ROOT_CAUSE, culprit, torchrun_failures
 
 #: last lines kept per rank (and shown per failure)
 TAIL = 200
@@ -41,6 +44,8 @@ FOLLOW_SECONDS = 5.0
 #: characters of a line shown (a 1 MB line is cut, the log here keeps it whole)
 LINE_CHARS = 2000
 MASK = "***"
+#: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
+SUMMARY_BYTES = 64 * 1024
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
 # no tag: its metrics count for no rank)
@@ -73,6 +78,30 @@ class RankState:
         }
 
 
+def use_text(node: Mapping[str, Any]) -> str:
+    """A node's newest sample in a few words: ``0: 87% 20513/24576 MiB`` per GPU, else its CPU load
+    (``load 1.23 / 4 CPUs``), else ``-``."""
+
+    def num(value: Any) -> str:
+        return "?" if value is None else f"{value:.0f}"
+
+    gpus = node.get("gpus") or []
+    if gpus:
+        return "  ".join(
+            f"{g['index']}: {num(g['util_percent'])}% {num(g['mem_used_mib'])}/{num(g['mem_total_mib'])} MiB"
+            for g in gpus
+        )
+    load = node.get("load")
+    if load:
+        shown = "?" if load.get("load") is None else f"{load['load']:.2f}"
+        return f"load {shown} / {load.get('cpus') or '?'} CPUs"
+    return "-"
+
+
+def _how(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -95,6 +124,7 @@ class LiveRun:
         labels: Mapping[str, tuple[int, int]] | None = None,
         secrets: Iterable[str] = (),
         command: str = "launch",
+        sample_nonce: str = "",
     ) -> None:
         self.run_id = run_id
         self.command = command
@@ -124,16 +154,20 @@ class LiveRun:
         self._new_events: list[dict[str, Any]] = []  # (an event sent again replaces its earlier copy)
         self._event_ids = 0
         self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
+        self._summaries: dict[str, str] = {}  # per node: torchrun's failure summary, as it arrives
+        self._sample_nonce = ""  # the run's sample nonce (set_run): its samples' records
         if labels is not None:
-            self.set_run(run_id, labels)
+            self.set_run(run_id, labels, sample_nonce)
 
     # -- input (any thread) ---------------------------------------------------------------------
 
-    def set_run(self, run_id: str, labels: Mapping[str, tuple[int, int]]) -> None:
+    def set_run(self, run_id: str, labels: Mapping[str, tuple[int, int]], sample_nonce: str = "") -> None:
         """The run is known (the main pipeline's phases come before it): its id, and per node
-        ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels` gives them."""
+        ``(first global rank, local ranks)`` as :func:`orchestrator.runs.ranks.rank_labels` gives them;
+        ``sample_nonce``: the records of the nodes' samples in their output (LaunchSpec.sample_nonce)."""
         with self._lock:
             self.run_id = run_id
+            self._sample_nonce = sample_nonce
             self.labels = dict(labels)
             for node, (first, count) in self.labels.items():
                 for local in range(count):
@@ -174,16 +208,62 @@ class LiveRun:
                 self._metrics.extend(metrics)
         if "failed (exitcode: " in text:
             self._worker_failed(node, text)
+            self._summaries[node] = ""  # its summary (every failed rank) follows: see _summary
+        if node in self._summaries:
+            self._summary(node, text)
+        if records.mentions(text, self._sample_nonce):
+            self._samples(node, text)
+
+    def _samples(self, node: str, text: str) -> None:
+        """The node's newest GPU use (or CPU load), from its rank capture's sample records (which are
+        not lines the node printed)."""
+        found_all = records.decode(text, self._sample_nonce)
+        with self._lock:
+            self._lines_in[node] = self._lines_in.get(node, 0) - len(found_all)
+        for found in found_all:
+            sample = node_sample(found)
+            if sample is None:
+                continue
+            with self._lock:
+                doc = self.nodes.setdefault(node, {"node": node, "facts": {}, "lines": 0})
+                doc["gpus"] = sample.get("gpus", [])
+                doc["load"] = None if "gpus" in sample else {"load": sample["load"], "cpus": sample["cpus"]}
+                doc["sampled"] = time.time()
+                self._changed_nodes.add(node)
+
+    def _summary(self, node: str, text: str) -> None:
+        """torchrun's failure summary of ``node``, once whole: its word on the culprit corrected when
+        it named a co-located victim of the culprit's closed connection (steps/culprit.py)."""
+        held = self._summaries[node] + text
+        done = held.find("\n=====", held.find(ROOT_CAUSE)) if ROOT_CAUSE in held else -1
+        if done < 0:
+            self._summaries[node] = held[-SUMMARY_BYTES:]
+            return
+        del self._summaries[node]
+        self.flush_pending()  # the ranks' last lines, up to the summary
+        with self._lock:
+            failures = torchrun_failures(held)
+            found = culprit(
+                failures, lambda f: list(self.ranks[f.rank].lines) if f.rank in self.ranks else []
+            )
+            said = next((e for e in self.events if e["kind"] == "failure" and e["node"] == node), None)
+            if found is None or said is None:
+                return
+            message = f"rank {found.rank} {_how(found.exit_code)}"
+            if said["message"] != message:
+                said["message"] = self.mask(message)
+                said["lines"] = []
+                self._refresh(said)
+                if said not in self._new_events:
+                    self._new_events.append(said)
 
     def _worker_failed(self, node: str, text: str) -> None:
         """torchrun said a worker died: the failure, with that rank's last lines, at once (the node's
         own end, which names it too, comes after its other ranks were stopped)."""
         for match in _WORKER_FAILED.finditer(text):
             local = int(match.group(2))
-            code = int(match.group(1))
-            how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
             rank = self.labels.get(node, (0, 0))[0] + local
-            self.failure(node, f"rank {rank} {how}")
+            self.failure(node, f"rank {rank} {_how(int(match.group(1)))}")
             return
 
     def _parse_metrics(self, node: str, text: str) -> list[tuple[str, int | None, dict[str, Any]]]:

@@ -24,6 +24,7 @@ from orchestrator.runs.base import RunOps, refused_dir, safe_parts
 from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.samples import gpu_reading
 from orchestrator.runs.tail import Batches, FollowResult
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import BlockHandler
@@ -301,16 +302,9 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
     for found in records.decode(stdout, nonce):
         key, value = found.kind, found.text(0)
         if key == "gpu":
-            cells = [c.strip() for c in value.split(",")]
-            if len(cells) == 4:
-                gpus.append(
-                    {
-                        "index": cells[0],
-                        "util_percent": _num(cells[1]),
-                        "mem_used_mib": _num(cells[2]),
-                        "mem_total_mib": _num(cells[3]),
-                    }
-                )
+            reading = gpu_reading(value)
+            if reading is not None:
+                gpus.append(reading)
             continue
         values[key] = value
     if values.get("state") == "no-run":

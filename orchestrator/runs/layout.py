@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.records import NONCE
 from orchestrator.safefiles import private_dirs, write_inside
 
 if TYPE_CHECKING:
@@ -69,6 +70,15 @@ RUN_MARKER_ENV = "CLUSTER_BOOTSTRAP_RUN"
 #: torchrun copies its workers' output with write() and never flushes: into a pipe, Python buffers
 #: 8 KiB, and lines would reach the controller minutes late. Unbuffered, each arrives as printed.
 STREAMING_ENV = {"PYTHONUNBUFFERED": "1"}
+#: the launcher's environment variable naming the nonce of the run's samples (rank_capture.py)
+SAMPLE_NONCE_ENV = "CB_SAMPLE_NONCE"
+
+
+def launcher_env(sample_nonce: str) -> dict[str, str]:
+    """The environment a launcher is started with: lines as they are printed, and the nonce its
+    rank capture frames the node's samples with (none: no samples)."""
+    return {**STREAMING_ENV, SAMPLE_NONCE_ENV: sample_nonce} if sample_nonce else dict(STREAMING_ENV)
+
 
 #: the controller's run directories (relative to the current directory, where `launch` ran)
 RUNS_ROOT = Path("runs")
@@ -140,9 +150,17 @@ def write_record(
         # whose "ended" stays null belongs to a controller that vanished mid-run (controller_lost)
         **({} if detached else {"ended": None}),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
+        # how `logs --follow --dashboard` and `status --watch` tell the node's samples in its log
+        **({"sample_nonce": specs[0].sample_nonce} if specs and specs[0].sample_nonce else {}),
         **({"train": dict(train)} if train is not None else {}),
     }
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
+
+
+def sample_nonce(directory: Path) -> str:
+    """The nonce of the run's samples in its output, as its record says ("": none recorded)."""
+    found = (read_record(directory) or {}).get("sample_nonce")
+    return found if isinstance(found, str) and NONCE.fullmatch(found) else ""
 
 
 def finish_record(directory: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator import records
 from orchestrator.platforms import PosixShell
 from orchestrator.runs import tail
 from orchestrator.runs.base import RunOps
@@ -220,8 +221,10 @@ class PosixRuns(RunOps):
             # what a user asks about), else the log's last line
             # nor torch's harmless "[c10d] The hostname of the client socket cannot be retrieved" (a
             # reverse DNS miss per connection: docs/troubleshooting.md)
+            # nor the rank capture's samples (records of GPU use, CPU load: docs/dashboard.md)
             "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$'"
-            " | grep -v 'hostname of the client socket cannot be retrieved')\n"
+            " | grep -v 'hostname of the client socket cannot be retrieved'"
+            " | grep -v '^" + records.MARK + "cb-[0-9a-f]\\{12\\} ')\n"
             "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"
             '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
             '  _cb_rec last "$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'

@@ -24,7 +24,7 @@ from orchestrator.platforms import PowerShell
 from orchestrator.records import new_nonce
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import StopResult, start_script, stop_node
-from orchestrator.runs.layout import STREAMING_ENV, node_log, run_dir_for
+from orchestrator.runs.layout import launcher_env, node_log, run_dir_for
 from orchestrator.runs.tail import Batches
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import JOB_SCRIPT, ROUND_SECONDS, RUNNER
@@ -48,15 +48,15 @@ class Started:
     node_log: str
 
 
-def start_node(node: Node, transport: Transport, run_id: str) -> Started:
+def start_node(node: Node, transport: Transport, run_id: str, sample_nonce: str = "") -> Started:
     """Start the node's launcher (uploaded into its run directory already) detached: a session of its
     own on POSIX nodes, a process outside the WinRM shell's job on native Windows nodes (it survives
-    us)."""
+    us). ``sample_nonce``: the run's (LaunchSpec.sample_nonce)."""
     run_dir = run_dir_for(node, run_id)
     nonce = new_nonce()
     result = transport.run(
         start_script(transport.platform, node, run_id, nonce),
-        env=STREAMING_ENV,  # `logs --follow` then sees lines as they are printed
+        env=launcher_env(sample_nonce),  # `logs --follow` then sees lines as they are printed
         timeout=60,
     )
     refused = refused_dir(result, node.name)
@@ -110,7 +110,7 @@ def start_all(
 
     def one(node: Node, transport: Transport) -> Started:
         prepare(node, transport, by_name[node.name])
-        return start_node(node, transport, run_id)
+        return start_node(node, transport, run_id, by_name[node.name].sample_nonce)
 
     outcomes = session.map(one, step="start")
     started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]

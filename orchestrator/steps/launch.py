@@ -14,7 +14,6 @@ and the watchdog stops the run when the controller's follower is killed or goes 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +37,8 @@ from orchestrator.runs.layout import (
     CODE_MARKER,
     RUN_OUTPUTS,
     STOPPED,
-    STREAMING_ENV,
     in_workdir,
+    launcher_env,
     run_dir_for,
     run_marker,
 )
@@ -48,6 +47,7 @@ from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import ROUND_SECONDS
 from orchestrator.steps.addresses import reached_nodes
+from orchestrator.steps.culprit import Failure, culprit, tagged_lines, torchrun_failures
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -422,7 +422,9 @@ def node_plan(
     else:
         assert isinstance(platform, PosixShell)
         command = posix_command(platform, node, spec)
-        launcher = Run(command, env=STREAMING_ENV, stream=True, keep_lines=200, what="the launcher")
+        launcher = Run(
+            command, env=launcher_env(spec.sample_nonce), stream=True, keep_lines=200, what="the launcher"
+        )
     return NodePlan(node.name, [*prepared.actions, launcher])
 
 
@@ -500,7 +502,9 @@ def dry_run_nodes(
             run_dir = run_dir_for(node, spec.run_id)
             if detach:
                 start = start_script(platform, node, spec.run_id)
-                plan.actions[-1] = Run(start, env=STREAMING_ENV, what="start the launcher detached")
+                plan.actions[-1] = Run(
+                    start, env=launcher_env(spec.sample_nonce), what="start the launcher detached"
+                )
             runs = [a for a in plan.actions if isinstance(a, Run)]
             launch_put = next(a for a in plan.actions if isinstance(a, Put))
             planned.append(
@@ -685,7 +689,7 @@ def run_node(
         error = CommandFailedError(
             "the launcher ended without an exit code: its processes were ended on the node"
             if killed
-            else failure_headline(result),
+            else failure_headline(result, global_tags=spec.elastic),
             node=node.name,
             hint=f"the node keeps its log in {node_log}",
             result=result,
@@ -711,33 +715,31 @@ def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> b
     return records.find(said.stdout, nonce, "stopped") is not None
 
 
-_ROOT_CAUSE_FIELDS = re.compile(r"^\s*(host|rank|exitcode)\s*:")
-
-
-_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
-_CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
-_ROOT_CAUSE = "Root Cause (first observed failure):"
-
-
-def root_cause(result: Result) -> tuple[int, int] | None:
-    """(global rank, its own exit code) of torchrun's first observed failure, when it printed one.
+def root_cause(result: Result, *, global_tags: bool = False) -> tuple[int, int] | None:
+    """(global rank, its own exit code) of the rank that made torchrun fail, when it printed its
+    failure summary: torchrun's first observed failure, unless that is a co-located victim of the
+    culprit's closed connection (steps/culprit.py). ``global_tags``: the node's lines are tagged with
+    global ranks (elastic runs), not local ones.
 
     torchrun itself exits 1 whatever its worker did (FIELD_NOTES, "torchrun"): the rank's code (3, or
     -9 for a kill) is only in this summary."""
+    found = _culprit(result, global_tags=global_tags)
+    return None if found is None else (found.rank, found.exit_code)
+
+
+def _culprit(result: Result, *, global_tags: bool = False) -> Failure | None:
     text = result.stdout + "\n" + result.stderr
-    start = text.rfind(_ROOT_CAUSE)
-    if start < 0:
-        return None
-    section = text[start : start + 2000]
-    rank, code = _CAUSE_RANK.search(section), _CAUSE_EXIT.search(section)
-    if rank is None or code is None:
-        return None
-    return int(rank.group(1)), int(code.group(1))
+
+    def last_lines(failure: Failure) -> list[str]:
+        tag = failure.rank if global_tags or failure.local_rank is None else failure.local_rank
+        return tagged_lines(text, tag)
+
+    return culprit(torchrun_failures(text), last_lines)
 
 
-def failure_headline(result: Result) -> str:
+def failure_headline(result: Result, *, global_tags: bool = False) -> str:
     """ "rank 5 exited with code 3" when torchrun named the rank, else the launcher's own exit code."""
-    cause = root_cause(result)
+    cause = root_cause(result, global_tags=global_tags)
     if cause is not None:
         rank, code = cause
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -745,7 +747,7 @@ def failure_headline(result: Result) -> str:
     return f"training exited with code {result.exit_code}"
 
 
-def failure_tail(result: Result, lines: int = TAIL) -> list[str]:
+def failure_tail(result: Result, lines: int = TAIL, *, global_tags: bool = False) -> list[str]:
     """What a user needs from a failed node: the last lines its ranks printed, then torchrun's root
     cause (host, rank, exit code). torchrun's own ChildFailedError traceback (30+ lines) would
     otherwise push the worker's actual error out of a plain tail."""
@@ -753,8 +755,6 @@ def failure_tail(result: Result, lines: int = TAIL) -> list[str]:
     ranked = [line for line in text if line.startswith("[default")]
     if not ranked:
         return text[-lines:]
-    cause: list[str] = []
-    if _ROOT_CAUSE in text:
-        start = text.index(_ROOT_CAUSE)
-        cause = [line.strip() for line in text[start:] if _ROOT_CAUSE_FIELDS.match(line)][:3]
+    found = _culprit(result, global_tags=global_tags)
+    cause = list(found.fields[:3]) if found is not None else []
     return ranked[-(lines - len(cause)) :] + cause

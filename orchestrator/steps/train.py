@@ -74,6 +74,8 @@ class TrainReport:
     #: the Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated) that cut the run short, after the sweep
     interrupted: KeyboardInterrupt | None = None
     swept_all: bool = True  # False: a second interrupt cut the sweep short (`stop --run` then)
+    #: the ranks' lines carry global ranks (elastic runs: torchrun's --tee tags), not local ones
+    global_tags: bool = False
 
     def status(self, outcome: Outcome[NodeRunResult]) -> str:
         """A node's result in a few words: ``ok``, ``exit N (rank R)`` for the rank that failed
@@ -84,7 +86,7 @@ class TrainReport:
         if outcome in self.failed:
             result = getattr(outcome.error, "result", None)
             if isinstance(result, Result) and result.exit_code is not None:
-                cause = root_cause(result)
+                cause = root_cause(result, global_tags=self.global_tags)
                 return f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
             return "failed"
         return "stopped by stop --run" if isinstance(outcome.error, RunStoppedError) else "stopped"
@@ -95,7 +97,7 @@ class TrainReport:
         if not isinstance(result, Result):
             return []
         lines = []
-        for line in failure_tail(result):
+        for line in failure_tail(result, global_tags=self.global_tags):
             local, text = split_rank(line)
             lines.append(f"[{outcome.node}{'' if local is None else f':{first_rank + local}'}] {text}")
         return lines
@@ -155,6 +157,7 @@ def train(
     )
     failed, stopped = failed_first(outcomes)
     report = TrainReport(specs[0].run_id if specs else "", outcomes, started, failed, stopped)
+    report.global_tags = session.inventory.cluster.train.elastic
     if stopped:
         # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the
         # sweep would only wait for its connect timeout

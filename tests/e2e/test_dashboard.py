@@ -9,10 +9,15 @@ here, while the run trains.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
+import struct
+import subprocess
 import sys
+import termios
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,20 +35,20 @@ from tests.netns import inside
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
 SCREENSHOT = REPO / "docs" / "dashboard.png"
+FAKE_SMI = REPO / "tests" / "data" / "nvidia_smi"  # a stand-in nvidia-smi: no GPU where tests run
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 MARKUP = '<img src=x onerror="window.__pwned=1"></textarea><script>window.__pwned=2</script>'
 
-# the example as it is, plus: rank 1 prints markup first; rank 2 (node2's first rank) fails (exit 3)
-# once the test creates the trigger file, after saying its last words. Its node's other rank dies of
-# the closed connection within the same torchrun poll, and torchrun's "first failure" is decided at
-# one-second resolution, ties to the lower local rank: the culprit is local rank 0 so that torchrun
-# names it, not its victim (CI failed once with the culprit as local rank 1)
+# the example as it is, plus: rank 1 prints markup first; rank 3 (node2's second rank) fails (exit 3)
+# once the test creates the trigger file, after saying its last words. Its node's local rank 0 may die
+# of the closed connection within the same second, which torchrun then names as its first failure
+# (ties go to the lower local rank): the page must name rank 3 all the same
 WRAPPER = """\
 import os, runpy, sys, threading, time
 rank = int(os.environ["RANK"])
 if rank == 1:
     print({markup!r}, flush=True)
-if rank == 2:
+if rank == 3:
     def fail_on_trigger():
         while not os.path.exists({trigger!r}):
             time.sleep(0.05)
@@ -53,6 +58,38 @@ if rank == 2:
 sys.argv = [{example!r}] + sys.argv[1:]
 runpy.run_path({example!r}, run_name="__main__")
 """
+
+
+def _chrome() -> webdriver.Chrome:
+    """Headless chromium (in the namespace the caller is inside)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1700"):
+        options.add_argument(flag)
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def _url(spawned: Spawned) -> str:
+    """The dashboard's address, as the command printed it."""
+    url = await_(
+        lambda: (
+            next((m.group(1) for m in map(re.compile(r"dashboard: (\S+)").search, spawned.err) if m), None)
+            or (spawned.proc.poll() is not None and "exited")
+        ),
+        120,
+        "the dashboard's URL",
+    )
+    assert url != "exited", "".join(spawned.err)
+    return str(url)
+
+
+def _use(driver: webdriver.Chrome) -> dict[str, list[str]]:
+    """Each node's GPU / CPU cell as the page shows it, a line per GPU."""
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#nodes tbody tr'))"
+        ".map(r => [r.dataset.node, Array.from(r.querySelectorAll('td.use div')).map(d => d.textContent)])"
+    )
+    return {node: lines for node, lines in rows}
 
 
 def _steps(driver: webdriver.Chrome) -> dict[int, int]:
@@ -101,15 +138,7 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
     launch = Spawned(cluster.controller_argv(argv, env=env), tmp_path)
     driver = None
     try:
-        url = await_(
-            lambda: (
-                next((m.group(1) for m in map(re.compile(r"dashboard: (\S+)").search, launch.err) if m), None)
-                or (launch.proc.poll() is not None and "exited")
-            ),
-            120,
-            "the dashboard's URL",
-        )
-        assert url != "exited", "".join(launch.err)
+        url = _url(launch)
         assert "token=" in url  # a non-loopback address: the token, printed once
         assert sum("token=" in line for line in launch.err) == 1
 
@@ -124,12 +153,8 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             got = cluster.ns_run(cluster.hosts[1].ns, [sys.executable, "-c", probe, target]).stdout.strip()
             assert got == expected, f"{target}: {got}"
 
-        options = webdriver.ChromeOptions()
-        options.binary_location = CHROMIUM
-        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,1700"):
-            options.add_argument(flag)
         with inside(cluster.controller_ns):  # the browser on the controller, as a user on the LAN would be
-            driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+            driver = _chrome()
             driver.get(url)
             first = await_(lambda: (s := _steps(driver)) and len(s) == 6 and s, 240, "6 ranks with a step")
             assert sorted(first) == [0, 1, 2, 3, 4, 5]
@@ -158,13 +183,28 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             while not shown and time.monotonic() < failed_at + 30:
                 shown = failure_shown()
             assert shown, (
-                f"no failure with rank 2's last words: {_failures(driver)}\n{''.join(launch.err)[-3000:]}"
+                f"no failure with rank 3's last words: {_failures(driver)}\n{''.join(launch.err)[-3000:]}"
             )
             shown_failure = shown[0]
             took = time.monotonic() - failed_at
             assert took <= 2.0, f"the failure reached the page after {took:.1f} s"
-            assert shown_failure[0] == "node2"  # rank 2: node2's first rank
+            assert shown_failure[0] == "node2"  # rank 3: node2's second rank
+            # named as the rank that failed, never as its co-located victim, also once torchrun's
+            # summary has arrived: the other nodes' stops reach the page after node2's end
+            await_(
+                lambda: driver.find_elements(By.CSS_SELECTOR, "#events .event[data-kind='stop']"),
+                60,
+                "the other nodes stopped, on the page",
+            )
+            node2 = [t for n, t in _failures(driver) if n == "node2"]
+            assert len(node2) == 1 and "rank 3 exited with code 3" in node2[0], node2
         assert launch.wait(120) == 1, "".join(launch.err)
+        # the summary names node2's rank 3 when node2's end is told (another node's rank that died
+        # of the closed connection may end first: then node2 shows as stopped)
+        said = "".join(launch.err)
+        assert "rank 2 exited" not in said and (
+            "node 'node2': rank" not in said or "rank 3 exited" in said
+        ), said
     finally:
         if driver is not None:
             with inside(cluster.controller_ns):
@@ -196,3 +236,136 @@ def test_status_watch_shows_each_ranks_steps_in_place(
     for node, rank in (("node1", 0), ("node2", 1), ("node3", 2)):
         assert re.search(rf"{node} ok \d+ {rank} (\d+) \d+\.\d{{4}} ", table), table
     assert re.search(r" 80 ", table), table
+
+
+class OnTerminal:
+    """A CLI process whose stdin and stderr are a terminal (a pty, as a user's over SSH) and whose
+    stdout is a pipe: its lines, and what it shows on the terminal, collected as they come."""
+
+    def __init__(self, argv: list[str], cwd: Path) -> None:
+        self.master, terminal = os.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # 200 columns
+        self.proc = subprocess.Popen(argv, stdin=terminal, stdout=subprocess.PIPE, stderr=terminal, cwd=cwd)
+        os.close(terminal)
+        self.out: list[str] = []
+        self.screen: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._lines, daemon=True),
+            threading.Thread(target=self._terminal, daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    def _lines(self) -> None:
+        assert self.proc.stdout is not None
+        for line in iter(self.proc.stdout.readline, b""):
+            self.out.append(line.decode("utf-8", "replace"))
+
+    def _terminal(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # EIO: the last writer is gone
+                return
+            if not data:
+                return
+            self.screen.append(data.decode("utf-8", "replace"))
+
+    def shown(self) -> str:
+        return "".join(self.screen)
+
+    def key(self, char: str) -> None:
+        os.write(self.master, char.encode())
+
+    def wait(self, timeout: float) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_the_table(
+    bootstrap: Callable[..., CliRun], cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    """`logs --follow --dashboard` on a run started with --detach: the page shows its ranks' steps
+    rising, and each node's GPUs (node2, a stand-in nvidia-smi on its PATH) or CPU load (the others);
+    on a terminal, the key shows the `status --watch` table instead of the lines, and back."""
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts
+    ]
+    args = ["--epochs", "1", "--max-steps", "400", "--log-every", "2", "--batch-size", "16"]
+    inv = write_inventory(
+        tmp_path / "h.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        train={
+            "script": str(EXAMPLE),
+            "args": args,
+            # every node finds the stand-in; it answers on node2 only (the others: a broken driver)
+            "env": {"PATH": f"{FAKE_SMI}:/usr/bin:/bin", "CB_FAKE_GPU_NODE": "node2"},
+        },
+    )
+    started = bootstrap("-i", str(inv), "launch", "--detach", cwd=tmp_path, timeout=120)
+    assert started.returncode == 0, started
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = [BOOTSTRAP, "-i", str(inv), "logs", "--follow", "--dashboard", "--listen", "127.0.0.1:0"]
+    follow = OnTerminal(cluster.controller_argv(argv, env=env), tmp_path)
+    driver = None
+    try:
+        url = await_(
+            lambda: re.search(r"dashboard: (\S+)", follow.shown()), 120, "the dashboard's URL"
+        ).group(1)
+        assert "token=" not in url  # loopback: no token
+        assert "press t:" in follow.shown()
+        with inside(cluster.controller_ns):
+            driver = _chrome()
+            driver.get(url)
+            first = await_(lambda: (s := _steps(driver)) and len(s) == 3 and s, 240, "3 ranks with a step")
+            await_(
+                lambda: all(v > first[r] for r, v in _steps(driver).items()), 60, "every rank's step rising"
+            )
+            # per node, per GPU: sampled on the node every few seconds
+            use = await_(lambda: (u := _use(driver)) and all(u.values()) and u, 30, "every node's use")
+            assert use["node2"] == ["GPU 0: 87% · 20513 / 24576 MiB", "GPU 1: 3% · 1024 / 24576 MiB"], use
+            for name in ("node1", "node3"):
+                assert re.fullmatch(r"CPU load \d+\.\d\d \(\d+ CPUs\)", use[name][0]), use
+        assert not any("@@cb-" in line for line in follow.out)  # the samples are not lines
+        await_(lambda: any(line.startswith("[node2:1]") for line in follow.out), 30, "node2's lines")
+        follow.key("t")  # the table, in place on the terminal, instead of the lines
+        await_(
+            lambda: "samples/s" in follow.shown(), 30, f"the table on the terminal: {follow.screen[-20:]!r}"
+        )
+        await_(
+            lambda: re.search(r"0: 87% 20513/24576 MiB\s+1: 3% 1024/", follow.shown()),
+            30,
+            f"node2's GPUs in the table: {follow.shown()[-3000:]!r}",
+        )
+        assert re.search(r"node2\W+running", follow.shown()), follow.shown()[-2000:]
+        hidden_from = len(follow.out)
+        follow.key("t")  # the lines again, after a note of those not shown
+        note = await_(
+            lambda: next(
+                (x for x in follow.out[hidden_from:] if "not shown while the table was up" in x), None
+            ),
+            30,
+            "the lines back",
+        )
+        assert re.fullmatch(r"\(\d+ line\(s\) not shown while the table was up: runs/ns-[-\d]+\)\n", note), (
+            note
+        )
+        after = follow.out.index(note)
+        await_(lambda: any(x.startswith("[node") for x in follow.out[after:]), 60, "lines after the note")
+        assert follow.wait(300) == 0, follow.shown()[-3000:]
+    finally:
+        if driver is not None:
+            with inside(cluster.controller_ns):
+                driver.quit()
+        follow.close()

@@ -9,9 +9,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
+from orchestrator import records
 from orchestrator.dashboard.model import PENDING_BYTES, TAIL, LiveRun
 from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
 from orchestrator.errors import UsageError
@@ -166,12 +168,73 @@ def test_status_watch_table_shows_each_ranks_figures_and_marks_the_slowest() -> 
 
     from orchestrator.cli.runs import watch_table
 
-    live = _run()
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)}, sample_nonce=NONCE)
     live.block("n1", f"[default0]:{metric(4, 1.25, 80.0)}\n[default1]:{metric(4, 1.5, 20.0)}\n")
-    live.block("n2", "\x1b]0;title\x07[default0]:no metric yet\n")
+    live.block("n1", records.record(NONCE, "gpu", "0, 87, 20513, 24576", "1, [N/A], 1024, 24576"))
+    live.block("n2", "\x1b]0;title\x07[default0]:no metric yet\n" + records.record(NONCE, "cpu", "1.50", "4"))
     live.node_event("n2", "logs", "failed", "rank 2 exited with code 1")
-    console = Console(width=120, record=True, color_system=None)
+    console = Console(width=160, record=True, color_system=None)
     console.print(watch_table(live))
     text = " ".join(console.export_text().replace("\u2502", " ").split())
-    assert "n1 waiting 2 0 4 1.2500 80.0 1 4 1.5000 20.0 slowest n2 failed 1 2 - - - 3 - - -" in text, text
+    assert (
+        "n1 waiting 2 0: 87% 20513/24576 MiB 1: ?% 1024/24576 MiB 0 4 1.2500 80.0 1 4 1.5000 20.0 slowest "
+        "n2 failed 1 load 1.50 / 4 CPUs 2 - - - 3 - - -"
+    ) in text, text
     assert "failure: n2 rank 2 exited with code 1" in text and "\x1b" not in text
+
+
+def test_the_failure_names_the_culprit_not_the_colocated_rank_that_died_of_its_closed_connection() -> None:
+    """Recorded: node 2's local rank 1 (rank 3) exited 3, its local rank 0 (rank 2) died of the closed
+    gloo connection in the same second, and torchrun's "failed" line and root cause name rank 2."""
+    recorded = (Path(__file__).parent / "data" / "torchrun" / "culprit_local_rank_1.log").read_text()
+    cut = recorded.index("\n", recorded.index("failed (exitcode: ")) + 1
+    for blocks in ([recorded], [recorded[:cut], recorded[cut:]], recorded.splitlines(keepends=True)):
+        live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+        for block in blocks:
+            live.block("n2", block)
+        (event,) = [e for e in live.snapshot()["events"] if e["kind"] == "failure"]
+        assert event["message"] == "rank 3 exited with code 3", len(blocks)
+        assert event["lines"][-1] == "culprit last words: out of patience"
+        # the node's end (the launch names the same rank) completes that event, no second one
+        live.node_event("n2", "train", "failed", "node n2: rank 3 exited with code 3 (torchrun exited 1)")
+        assert [e["message"] for e in live.snapshot()["events"]] == ["rank 3 exited with code 3"]
+
+
+NONCE = "cb-0123456789ab"
+
+
+def test_the_nodes_samples_reach_the_page_per_node_and_per_gpu_and_only_of_the_runs_nonce() -> None:
+    """The rank capture's sample records (steps/probes/rank_capture.py) become each node's GPU use,
+    or CPU load; a record of another nonce, or one a rank printed (tagged), is a line like any other."""
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 1), "n2": (1, 1)}, sample_nonce=NONCE)
+    live.delta()
+    forged = records.record(NONCE, "gpu", "0, 100, 1, 1")
+    live.block(
+        "n1", "[default0]:step 1\n" + records.record(NONCE, "gpu", "0, 87, 20513, 24576", "1, 3, 1024, 24576")
+    )
+    live.block("n2", records.record("cb-ffffffffffff", "gpu", "0, 100, 1, 1") + "[default0]:" + forged)
+    live.block("n2", records.record(NONCE, "cpu", "0.25", "2"))
+    nodes = {n["node"]: n for n in live.delta()["nodes"]}
+    assert nodes["n1"]["gpus"] == [
+        {"index": "0", "util_percent": 87.0, "mem_used_mib": 20513.0, "mem_total_mib": 24576.0},
+        {"index": "1", "util_percent": 3.0, "mem_used_mib": 1024.0, "mem_total_mib": 24576.0},
+    ]
+    assert nodes["n1"]["load"] is None
+    assert nodes["n2"]["gpus"] == [] and nodes["n2"]["load"] == {"load": 0.25, "cpus": 2}
+    assert live.snapshot()["lines"]["1"] == [forged.rstrip("\n")]  # the rank's line, shown as text
+    unknown = LiveRun(["n1"], labels={"n1": (0, 1)})  # a run whose nonce is not known: no samples
+    unknown.block("n1", records.record(NONCE, "gpu", "0, 87, 20513, 24576"))
+    assert "gpus" not in unknown.snapshot()["nodes"][0]
+
+
+def test_the_terminal_shows_the_lines_without_the_sample_records(tmp_path: Path) -> None:
+    import io
+
+    from orchestrator.cli.ui import LinePrinter, RankedOutput
+
+    out = io.StringIO()
+    printer = LinePrinter(["n1"], out, color=False)
+    shown = RankedOutput("n1", None, printer, nproc=1, sample_nonce=NONCE)
+    shown.block("stdout", "[default0]:a\n" + records.record(NONCE, "cpu", "0.25", "2") + "[default0]:b\n")
+    shown.block("stdout", records.record(NONCE, "cpu", "0.25", "2"))
+    assert out.getvalue() == "[n1:0] a\n[n1:0] b\n"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from orchestrator.steps.launch import failure_headline, root_cause
+from pathlib import Path
+
+from orchestrator.steps.launch import failure_headline, failure_tail, root_cause
 from orchestrator.transports import Result
+
+DATA = Path(__file__).parent / "data"
 
 # recorded from torch 2.13's torchrun: rank 1 of 2 did sys.exit(3)
 TORCHRUN_STDERR = """\
@@ -48,3 +52,35 @@ def test_a_killed_rank_is_named_with_its_signal() -> None:
 def test_without_torchrun_summary_the_launcher_code_is_given() -> None:
     assert root_cause(_result("Killed\n", 137)) is None
     assert failure_headline(_result("Killed\n", 137)) == "training exited with code 137"
+
+
+# recorded from torch 2.13's torchrun through the rank capture (2 nodes x 2 ranks, gloo): node 2's
+# local rank 1 (rank 3) printed its last words and exited 3; its local rank 0 (rank 2) died of the
+# closed connection within the same second, and torchrun named it, the lower local rank, as the
+# "first observed failure"
+CULPRIT_AT_LOCAL_RANK_1 = (DATA / "torchrun" / "culprit_local_rank_1.log").read_text()
+
+
+def test_the_culprit_is_named_not_the_colocated_rank_that_died_of_its_closed_connection() -> None:
+    result = Result("node2", "launch", 1, CULPRIT_AT_LOCAL_RANK_1, "", 1.0)
+    assert (
+        "rank      : 2 (local_rank: 0)" in CULPRIT_AT_LOCAL_RANK_1.split("Root Cause")[1]
+    )  # torchrun's pick
+    assert root_cause(result) == (3, 3)
+    assert failure_headline(result) == "rank 3 exited with code 3 (torchrun exited 1)"
+    tail = failure_tail(result)
+    assert tail[-3:] == [
+        "host      : localhost",
+        "rank      : 3 (local_rank: 1)",
+        "exitcode  : 3 (pid: 19596)",
+    ]
+
+
+def test_a_rank_that_died_alone_of_a_closed_connection_is_still_named() -> None:
+    # the culprit is on another node: this node's only failure is the victim, and torchrun's word stands
+    alone = CULPRIT_AT_LOCAL_RANK_1.replace("exitcode  : 3 (pid: 19596)", "exitcode  : -15 (pid: 19596)")
+    alone = alone.replace(
+        "time      : 2026-12-05_17:09:25\n  host      : localhost\n  rank      : 3",
+        "time      : 2026-12-05_17:09:26\n  host      : localhost\n  rank      : 3",
+    )
+    assert root_cause(Result("node2", "launch", 1, alone, "", 1.0)) == (2, 1)

@@ -193,7 +193,8 @@ def test_validate_dry_run_shows_the_scripts_and_commands_validate_sends(
         assert unnonced([text]) == unnonced([planned["script"]]) and text != planned["script"]
         assert records.NONCE_ENV in text
         assert files[planned["uploads"][1]] == WORKER_FILE.read_bytes()
-        # the text that runs it, byte for byte but for its record nonce (native Windows: the follower's)
+        # the text that runs it, byte for byte but for its nonces (records, the run's samples; native
+        # Windows: the follower's)
         assert unnonced([sent[-1]]) == unnonced([planned["commands"][0]])
         # the whole plan: every command the node's shell got, in order, is what the dry run showed
         # (each run's record nonce is its own: orchestrator/records.py)

@@ -95,6 +95,20 @@ function renderEvents() {
   }
 }
 
+// the node's newest sample (taken on the node every few seconds): each GPU's use, else the CPU load
+function use(n) {
+  const cell = el("td", null, "use");
+  for (const g of n.gpus || []) {
+    const line = el("div", `GPU ${g.index}: ${fmt(g.util_percent, 0)}% · ` +
+      `${fmt(g.mem_used_mib, 0)} / ${fmt(g.mem_total_mib, 0)} MiB`, "gpu");
+    line.dataset.gpu = g.index;
+    cell.append(line);
+  }
+  if (n.load) cell.append(el("div", `CPU load ${fmt(n.load.load, 2)} (${n.load.cpus ?? "?"} CPUs)`, "cpu"));
+  if (!cell.childElementCount) cell.textContent = "-";
+  return cell;
+}
+
 function renderNodes() {
   const body = document.querySelector("#nodes tbody");
   body.replaceChildren();
@@ -104,8 +118,8 @@ function renderNodes() {
     const facts = Object.entries(n.facts || {}).map(([k, v]) => `${k}: ${v}`).join(", ");
     const state = el("td", n.state, "state");
     state.dataset.state = n.state;
-    row.append(el("td", n.node), el("td", n.phase), state, el("td", n.lines), el("td", n.detail, "detail"),
-      el("td", facts, "facts"));
+    row.append(el("td", n.node), el("td", n.phase), state, el("td", n.lines), use(n),
+      el("td", n.detail, "detail"), el("td", facts, "facts"));
     body.append(row);
   }
 }

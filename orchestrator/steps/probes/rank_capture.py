@@ -23,6 +23,13 @@ shared until a line is complete:
 A line goes out within IDLE_MAX (0.1 s) of being written, GATHER (2 ms) later than that at most
 while ranks print fast: a pass carries every complete line found, in one write.
 
+With CB_SAMPLE_NONCE set (``bootstrap launch`` sets it), ``mux`` also samples the node every
+SAMPLE_SECONDS into the same stream, as framed records (orchestrator/records.py) of that nonce: one
+``gpu`` record whose fields are nvidia-smi's CSV lines (index, utilization %, memory used and total
+MiB) where nvidia-smi is on PATH and answers, else one ``cpu`` record (1-minute load average, CPU
+count). Rank lines are all tagged, so no rank can print a record; the records go out between lines,
+never inside one.
+
 Standard library only, any Python 3 the node trains with. The rank files are kept in DIR.
 """
 
@@ -34,10 +41,13 @@ try:
 except ImportError:  # pragma: no cover - not on POSIX
     fcntl = None
 
+import base64
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 _RANK_FILE = re.compile(r"rank-(\d+)-attempt-(\d+)\.out\Z")
@@ -59,15 +69,75 @@ GATHER = 0.002
 #: bytes of the pipe into our stdout: a pass's lines go out in one write instead of a wake-up of
 #: the reader (tee, sshd) per 64 KiB page run
 PIPE_SIZE = 1 << 20
+#: seconds between two samples of the node's GPUs (or CPU load); nvidia-smi is given SAMPLE_TIMEOUT
+SAMPLE_SECONDS = 5.0
+SAMPLE_TIMEOUT = 10.0
+GPU_QUERY = [
+    "--query-gpu=index,utilization.gpu,memory.used,memory.total",
+    "--format=csv,noheader,nounits",
+]
+_NONCE = re.compile(r"cb-[0-9a-f]{12}\Z")
+#: one writer at a time on stdout: a sample never lands between the pieces of a block's write
+_WRITING = threading.Lock()
 
 
 def write_all(fd, data):
-    view = memoryview(data)
-    while view:
+    with _WRITING:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except InterruptedError:
+                continue
+
+
+# the encoder of orchestrator/records.py, as its PYTHON_ENCODER (a unit test keeps them the same)
+def record(nonce: "str", kind: "str", *fields: "bytes | str") -> "str":
+    """One record line, newline included. ``str`` fields travel as their UTF-8 bytes."""
+    # the annotations are strings and only base64 is used: node-side Python (3.8 and later) runs this
+    # very source (PYTHON_ENCODER)
+    parts = ["@@" + nonce, kind]
+    for value in fields:
+        data = value.encode("utf-8", "surrogateescape") if isinstance(value, str) else bytes(value)
+        parts.append(":" + base64.b64encode(data).decode("ascii"))
+    return " ".join(parts) + "\n"
+
+
+def sample(nonce):
+    """One sample of this node as a record: its GPUs when nvidia-smi answers, else its CPU load."""
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
         try:
-            view = view[os.write(fd, view) :]
-        except InterruptedError:
-            continue
+            done = subprocess.run(
+                [smi, *GPU_QUERY],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                timeout=SAMPLE_TIMEOUT,
+            )
+            gpus = [
+                line.strip() for line in done.stdout.decode("utf-8", "replace").split("\n") if line.strip()
+            ]
+            if done.returncode == 0 and gpus:
+                return record(nonce, "gpu", *gpus)
+        except (OSError, subprocess.SubprocessError):
+            pass  # a wedged or broken driver: the CPU load instead
+    try:
+        load = "%.2f" % os.getloadavg()[0]
+    except OSError:
+        load = ""
+    return record(nonce, "cpu", load, str(os.cpu_count() or ""))
+
+
+def sampler(nonce, stop):
+    """Every SAMPLE_SECONDS until ``stop`` is set, the first at once."""
+    while True:
+        line = sample(nonce).encode("ascii")
+        if stop.is_set():
+            return
+        write_all(1, line)
+        if stop.wait(SAMPLE_SECONDS):
+            return
 
 
 def worker(directory, argv):
@@ -232,6 +302,10 @@ def mux(directory, argv):
         write_all(2, ("cannot start %s: %s\n" % (argv[0], exc)).encode())
         return 127
     widen_stdout()
+    stop_sampling = threading.Event()
+    nonce = os.environ.get("CB_SAMPLE_NONCE", "")
+    if _NONCE.match(nonce):
+        threading.Thread(target=sampler, args=(nonce, stop_sampling), daemon=True).start()
     streams = Streams(proc)
     files = {}
     idle = IDLE
@@ -266,6 +340,7 @@ def mux(directory, argv):
             time.sleep(idle)
         idle = min(idle * 2, IDLE_MAX)
     # torchrun has ended, so have its workers: every rank file is complete now
+    stop_sampling.set()
     scan(directory, files)
     write_all(1, drain(files, final=True))
     code = proc.returncode
