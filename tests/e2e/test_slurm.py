@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BOOTSTRAP, CliRun
+from tests.integration.test_runs import await_
 from tests.slurm import ACCOUNT_PARTITION, SlurmCluster
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_ddp.py"
@@ -355,8 +356,16 @@ def test_a_job_waiting_for_drained_nodes_says_reqnodenotavail(
     assert slurm.run(drain).returncode == 0
     try:
         run = _launch_with(slurm, bootstrap, shared, tmp_path)
-    finally:
+    finally:  # the next tests need node3: back in service, and seen so by slurmctld
         slurm.run(["scontrol", "update", "nodename=node3", "state=resume"])
+        await_(
+            lambda: (
+                slurm.run(["sinfo", "-h", "-n", "node3", "-o", "%t"]).stdout.strip()
+                in ("idle", "mix", "alloc")
+            ),
+            60,
+            "node3 back in service after the drain",
+        )
     assert run.returncode == 1, run
     assert re.search(
         r"job \d+ cannot start: ReqNodeNotAvail[^;]*(node3|DRAINED)[^;]*; cancelled", run.stderr
