@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator import records
 from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
 from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
@@ -76,6 +77,8 @@ class TrainReport:
     swept_all: bool = True  # False: a second interrupt cut the sweep short (`stop --run` then)
     #: the ranks' lines carry global ranks (elastic runs: torchrun's --tee tags), not local ones
     global_tags: bool = False
+    #: the nonce of the nodes' GPU/CPU samples in their output (records, not lines a user wrote)
+    sample_nonce: str = ""
 
     def status(self, outcome: Outcome[NodeRunResult]) -> str:
         """A node's result in a few words: ``ok``, ``exit N (rank R)`` for the rank that failed
@@ -98,6 +101,8 @@ class TrainReport:
             return []
         lines = []
         for line in failure_tail(result, global_tags=self.global_tags):
+            if records.mentions(line, self.sample_nonce) and records.decode_line(line, self.sample_nonce):
+                continue  # a sample of the node's GPUs or CPU load, not a line of the run
             local, text = split_rank(line)
             lines.append(f"[{outcome.node}{'' if local is None else f':{first_rank + local}'}] {text}")
         return lines
@@ -158,6 +163,7 @@ def train(
     failed, stopped = failed_first(outcomes)
     report = TrainReport(specs[0].run_id if specs else "", outcomes, started, failed, stopped)
     report.global_tags = session.inventory.cluster.train.elastic
+    report.sample_nonce = specs[0].sample_nonce if specs else ""
     if stopped:
         # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the
         # sweep would only wait for its connect timeout

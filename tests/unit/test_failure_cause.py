@@ -84,3 +84,21 @@ def test_a_rank_that_died_alone_of_a_closed_connection_is_still_named() -> None:
         "time      : 2026-12-05_17:09:26\n  host      : localhost\n  rank      : 3",
     )
     assert root_cause(Result("node2", "launch", 1, alone, "", 1.0)) == (2, 1)
+
+
+def test_a_failed_nodes_last_lines_leave_out_the_nodes_use_samples() -> None:
+    """The rank capture's GPU/CPU samples travel in the node's output as records of the run's sample
+    nonce: the summary's last lines of a failed node show what its ranks printed, not those."""
+    from orchestrator import records
+    from orchestrator.errors import CommandFailedError
+    from orchestrator.executor import Outcome
+    from orchestrator.steps.train import TrainReport
+
+    nonce = records.new_nonce()
+    stdout = "[default0]:step 1\n" + records.record(nonce, "cpu", "0.50", "2") + "[default0]:boom\n"
+    error = CommandFailedError(
+        "training exited with code 1", node="n1", result=Result("n1", "x", 1, stdout, "", 1.0)
+    )
+    outcome: Outcome = Outcome("n1", None, error, 1.0)
+    report = TrainReport("r", [outcome], {"n1"}, failed=[outcome], sample_nonce=nonce)
+    assert report.tail(outcome, 0) == ["[n1:0] step 1", "[n1:0] boom"]
