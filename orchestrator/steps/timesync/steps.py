@@ -36,6 +36,7 @@ from orchestrator.steps.timesync.master import (
     windows_clients,
 )
 from orchestrator.steps.timesync.report import NodeTime
+from orchestrator.steps.timesync.windows import configure_script, parse_stripchart, status_script
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -333,9 +334,7 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
 def w32time_plan(node: Node, value: NodeTime) -> NodePlan:
     """w32time pointed at ``value.sources`` on the Windows host (elevated), then its offset from the
     first one read (``w32tm /stripchart``). The script is ``value.script`` (what a dry run shows)."""
-    from orchestrator.steps.timesync import windows as win
-
-    value.script = win.configure_script(value.sources)
+    value.script = configure_script(value.sources)
 
     def configured(ran: Result) -> None:  # nothing more runs when the configuration did not take
         if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
@@ -350,19 +349,17 @@ def w32time_plan(node: Node, value: NodeTime) -> NodePlan:
 
     configure = Run(value.script, become=True, host=True, timeout=180, what="w32time", check=configured)
     status = Run(
-        win.status_script(value.sources[0]), become=True, host=True, timeout=120, what="w32tm /stripchart"
+        status_script(value.sources[0]), become=True, host=True, timeout=120, what="w32tm /stripchart"
     )
     return NodePlan(node.name, [configure, status], detail=TimePlan(value, script=value.script))
 
 
 def w32time_verdict(value: NodeTime, results: list[Result]) -> NodeTime:
     """The row of a Windows node from its configure and stripchart results."""
-    from orchestrator.steps.timesync import windows as win
-
     ran, status = results[0], results[1]
     value.state = "unchanged" if "unchanged" in ran.stdout.split() else "changed"
     value.actions.append("w32tm /config /update, service restarted" if value.state == "changed" else "none")
-    offset = win.parse_stripchart(status.stdout) if status.ok else None
+    offset = parse_stripchart(status.stdout) if status.ok else None
     if offset is not None:
         value.chrony_offset_ms = round(offset * 1000.0, 3)
         value.selected = value.sources[0]
