@@ -247,12 +247,13 @@ def _dry_run(
 ) -> None:
     from orchestrator.bench.probe import TEMPLATE, WORKER, probe_specs
     from orchestrator.cli.common import offline_plan
-    from orchestrator.cli.validate import print_dry_run
+    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
     from orchestrator.resources import package_file
     from orchestrator.steps.launch import dry_run_nodes
 
     launch_plan = offline_plan(settings.ui, inventory, run_id)
-    planned = dry_run_nodes(
+    report = dry_run_nodes(
+        "bench",
         inventory,
         probe_specs(
             launch_plan.specs,
@@ -266,8 +267,9 @@ def _dry_run(
         ssh=settings.ssh_options(),
         template=TEMPLATE,
         script_file=package_file("bench/" + WORKER),
+        data={"run_id": run_id, "backend": launch_plan.backend},
     )
-    print_dry_run(settings, "bench", run_id, launch_plan.backend, planned)
+    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
     if options.scaling:
         settings.ui.note(
             f"--scaling would then run the training script for {options.steps} steps on 1 to "

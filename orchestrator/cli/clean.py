@@ -14,9 +14,9 @@ from orchestrator.cli.common import (
     common_options,
     fail_lines,
     load_selection,
-    node_docs,
     open_session,
 )
+from orchestrator.cli.report import node_docs
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.steps.clean import CleanReport, clean_all
 from orchestrator.steps.envsync.progress import human_size

@@ -8,7 +8,7 @@ import logging
 import re
 import shlex
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from orchestrator.cli.neutralise import neutralise
+from orchestrator.cli.report import node_docs as node_docs  # cli/check.py imports it from here
+from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
 from orchestrator.errors import (
     BootstrapError,
@@ -291,60 +293,21 @@ def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     )
 
 
-def error_dict(error: BootstrapError | None) -> dict[str, Any] | None:
-    if error is None:
-        return None
-    return {"type": type(error).__name__, "message": error.message, "hint": error.hint}
-
-
-def node_docs(
-    outcomes: Iterable[Outcome[Any]],
-    fields: Callable[[Outcome[Any]], dict[str, Any]] | None = None,
-    *,
-    ok: Callable[[Outcome[Any]], bool] | None = None,
-) -> list[dict[str, Any]]:
-    """Each node's entry of a ``--json`` document, one shape for every command: ``name``, ``ok``,
-    ``duration``, ``error``, then what the node's value says about itself (its ``public_dict()``),
-    or ``fields(outcome)`` where a command shows something else."""
-    docs = []
-    for o in outcomes:
-        doc: dict[str, Any] = {
-            "name": o.node,
-            "ok": o.ok if ok is None else ok(o),
-            "duration": round(o.duration, 4),
-            "error": error_dict(o.error),
-        }
-        if fields is not None:
-            doc.update(fields(o))
-        elif o.value is not None and hasattr(o.value, "public_dict"):
-            doc.update(o.value.public_dict())
-        docs.append(doc)
-    return docs
-
-
 def print_plans(
     settings: Settings,
     inventory: Inventory,
     nodes: list[Node],
     plan: Callable[[Node, Transport], list[str]],
+    *,
+    command: str = "",
+    become: bool = False,
 ) -> None:
-    """Print what would run on each node without connecting anywhere (``steps.dry_run``)."""
+    """``--dry-run`` of a command that sends one script per node, connecting nowhere: the scripts
+    ``plan(node, transport)`` gives, shown by the one dry-run printer (cli/report.py)."""
     from orchestrator.steps.dry_run import planned_scripts
 
-    planned = planned_scripts(inventory, nodes, settings.ssh_options(), plan)
-    if settings.json_mode:
-        settings.ui.print_json({"dry_run": True, "nodes": planned})
-        return
-    for entry in planned:
-        how = (
-            " (each script reaches /bin/sh base64-encoded through the login shell)"
-            if entry["via"] != "local"
-            else ""
-        )
-        settings.ui.print_text(f"# {entry['name']} ({entry['via']}): would run{how}")
-        for command in entry["commands"]:
-            settings.ui.print_text(command)
-        settings.ui.print_text("")
+    report = planned_scripts(command, inventory, nodes, settings.ssh_options(), plan, become=become)
+    show_dry_run(settings.ui, report, json_mode=settings.json_mode)
 
 
 def _reach_words(settings: Settings) -> list[str]:

@@ -21,7 +21,6 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     master_option,
-    node_docs,
     offline_plan,
     open_session,
     phase_session,
@@ -33,6 +32,7 @@ from orchestrator.cli.common import (
     train_without,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
+from orchestrator.cli.report import node_docs
 from orchestrator.errors import (
     ExitCode,
     UsageError,
@@ -412,7 +412,7 @@ def _launch_dry_run(
     its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
     finds them on the nodes, as `render` without --offline shows)."""
     from orchestrator.bench.launch import planned_shares
-    from orchestrator.cli.validate import print_dry_run
+    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
     from orchestrator.render import missing_secrets
     from orchestrator.steps.launch import dry_run_nodes
 
@@ -423,9 +423,16 @@ def _launch_dry_run(
     if shares_note and not settings.json_mode:
         settings.ui.note(shares_note)
     # detached: the start script, which starts launch.sh in a session of its own and returns
-    planned = dry_run_nodes(inventory, specs, renderer, ssh=settings.ssh_options(), detach=detach)
-    how = "detached (outliving the connection)" if detach else "in the foreground"
-    print_dry_run(settings, "launch", run_id, launch_plan.backend, planned, how=how)
+    report = dry_run_nodes(
+        "launch",
+        inventory,
+        specs,
+        renderer,
+        ssh=settings.ssh_options(),
+        detach=detach,
+        data={"run_id": run_id, "backend": launch_plan.backend},
+    )
+    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
 
 
 def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:

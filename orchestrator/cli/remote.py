@@ -15,12 +15,12 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_docs,
     node_status,
     open_session,
     parse_env_pairs,
     print_plans,
 )
+from orchestrator.cli.report import node_docs
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
@@ -79,6 +79,8 @@ def run(
             inventory,
             nodes,
             lambda node, t: [command_script(t.platform, text, env=env, cwd=cwd, become=become)],
+            command="run",
+            become=become,
         )
         return ExitCode.OK
     runs = state_dir() / "runs"
@@ -167,7 +169,9 @@ def keys(ctx: click.Context, key_path: str) -> int:
     if skipped:
         ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
     if settings.dry_run:
-        print_plans(settings, inventory, ssh_nodes, lambda node, t: [authorize_script(key_path)])
+        print_plans(
+            settings, inventory, ssh_nodes, lambda node, t: [authorize_script(key_path)], command="keys"
+        )
         return ExitCode.OK
     key = ensure_controller_key(key_path)
     if key.generated:

@@ -21,12 +21,12 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_docs,
     open_session,
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, secret_values
 from orchestrator.cli.neutralise import neutralise
+from orchestrator.cli.report import node_docs
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
 from orchestrator.executor import GroupResult, exit_code_for
@@ -51,7 +51,14 @@ def _print_scripts(
     settings: Settings, inventory: Inventory, nodes: list[Node], script: Callable[[Node, Platform], str]
 ) -> None:
     """--dry-run: the script a run command sends to each node (runs.control's ``*_script``)."""
-    print_plans(settings, inventory, nodes, lambda node, transport: [script(node, transport.platform)])
+    command = click.get_current_context().info_name or ""
+    print_plans(
+        settings,
+        inventory,
+        nodes,
+        lambda node, transport: [script(node, transport.platform)],
+        command=command,
+    )
 
 
 # -- launch --detach ---------------------------------------------------------------------------------

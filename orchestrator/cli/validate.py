@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
@@ -17,12 +17,12 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     master_option,
-    node_docs,
     phase_session,
     refuse_native_mix,
     run_nodes,
     templates_option,
 )
+from orchestrator.cli.report import OFFLINE_NOTE, node_docs, show_dry_run
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
@@ -202,38 +202,6 @@ def run_validate(
     return code
 
 
-# -- --dry-run: what would be sent to each node, connecting to nothing ----------------------------------
-
-
-def print_dry_run(
-    settings: Settings,
-    command: str,
-    run_id: str,
-    backend: str,
-    planned: list[dict[str, Any]],
-    *,
-    how: str = "in the foreground",
-) -> None:
-    """``--dry-run`` output: one JSON document with --json; else per node the uploads, the script
-    and the text that runs it (the layout of `launch --dry-run`)."""
-    ui = settings.ui
-    if settings.json_mode:
-        ui.print_json(
-            {"command": command, "dry_run": True, "run_id": run_id, "backend": backend, "nodes": planned}
-        )
-        return
-    for entry in planned:
-        ui.print_text(f"# ---- {entry['name']}: uploads {', '.join(entry['uploads'])} (secrets masked)")
-        ui.print_text(entry["script"])
-        ui.print_text(f"# ---- {entry['name']} ({entry['via']}): then runs, {how}:")
-        for text in entry["commands"]:
-            ui.print_text(text)
-    ui.note(
-        "--dry-run: nothing was uploaded or started; interfaces as the inventory names them "
-        "(a real run finds them on the nodes, as `bootstrap render` shows)"
-    )
-
-
 def _validate_dry_run(
     settings: Settings,
     inventory: Inventory,
@@ -248,12 +216,14 @@ def _validate_dry_run(
     from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
 
     launch_plan = offline_plan(settings.ui, inventory, run_id)
-    planned = dry_run_nodes(
+    report = dry_run_nodes(
+        "validate",
         inventory,
         validation_specs(launch_plan.specs, timeout, sizes),
         renderer,
         ssh=settings.ssh_options(),
         template=TEMPLATE,
         script_file=package_file("steps/probes/" + WORKER),
+        data={"run_id": run_id, "backend": launch_plan.backend},
     )
-    print_dry_run(settings, "validate", run_id, launch_plan.backend, planned)
+    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)

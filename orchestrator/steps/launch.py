@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
+    from orchestrator.steps.contract import Report
+    from orchestrator.steps.dry_run import Planned
     from orchestrator.steps.node_facts import InspectedNode
     from orchestrator.transports import Result, SSHOptions, Transport
     from orchestrator.transports.base import OnLine, Stream
@@ -456,6 +458,7 @@ def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes
 
 
 def dry_run_nodes(
+    step: str,
     inventory: Inventory,
     specs: list[LaunchSpec],
     renderer: Renderer,
@@ -464,30 +467,29 @@ def dry_run_nodes(
     template: str | None = None,
     script_file: Path | None = None,
     detach: bool = False,
-) -> list[dict[str, Any]]:
-    """Per node, connecting to nothing: the node's plan (``steps.launch.node_plan``, the very object
-    ``run_node`` applies), shown with its launch script's secrets masked: ``{"name", "via", "run_dir",
-    "uploads", "script", "prepare", "commands", "plan"}``; ``prepare`` and ``commands`` are the exact
-    texts the node's shell receives (``transport.plan``) before and for the launcher.
+    data: dict[str, Any] | None = None,
+) -> Report[Planned]:
+    """The dry run of a launch, validate or bench, connecting to nothing: per node its plan
+    (``steps.launch.node_plan``, the very object ``run_node`` applies) with its launch script's secrets
+    masked, and the exact texts the node's shell receives (``transport.plan``). Each node's ``--json``
+    entry adds ``run_dir``, ``uploads``, ``script``, ``prepare`` and ``commands`` (the launcher's).
 
     ``template``: another template than the platform's launch template, for POSIX shells (native
     Windows keeps its own, as validation does). ``script_file``: a file of ours uploaded for
     ``spec.script`` (validation's worker). ``detach``: the launcher is `launch --detach`'s
     start script.
     """
-    from orchestrator.inventory import PasswordResolver
     from orchestrator.plans import sent_text
     from orchestrator.runs.control import start_script
-    from orchestrator.session import Session
+    from orchestrator.steps.dry_run import Planned, dry_run_report, unconnected
 
     by_name = {s.node.name: s for s in specs}
     nodes = [n for n in inventory.nodes if n.name in by_name]
-    session = Session(inventory, nodes, ssh=ssh, passwords=PasswordResolver(prompt=None), max_workers=1)
-    planned = []
-    with session:
-        for node in nodes:
+    with unconnected(inventory, nodes, ssh) as transport_of:
+
+        def one(node: Node) -> tuple[NodePlan, Planned]:
             spec = by_name[node.name]
-            transport = session.transport(node)  # created, never connected
+            transport = transport_of(node)
             platform = transport.platform
             native = isinstance(platform, PowerShell)
             plan = node_plan(
@@ -499,27 +501,25 @@ def dry_run_nodes(
                 script_file=script_file,
                 secrets="mask",
             )
-            run_dir = run_dir_for(node, spec.run_id)
             if detach:
                 start = start_script(platform, node, spec.run_id)
                 plan.actions[-1] = Run(
                     start, env=launcher_env(spec.sample_nonce), what="start the launcher detached"
                 )
-            runs = [a for a in plan.actions if isinstance(a, Run)]
+            sent = [sent_text(transport, a) for a in plan.actions if isinstance(a, Run)]
             launch_put = next(a for a in plan.actions if isinstance(a, Put))
-            planned.append(
-                {
-                    "name": node.name,
-                    "via": transport.describe(),
-                    "run_dir": run_dir,
-                    "uploads": plan.uploads,
-                    "script": launch_put.content().decode("utf-8-sig"),
-                    "prepare": [sent_text(transport, r) for r in runs[:-1]],
-                    "commands": [sent_text(transport, runs[-1])],
-                    "plan": plan.public_dict(transport),
-                }
-            )
-    return planned
+            script = launch_put.content().decode("utf-8-sig")
+            fields = {
+                "run_dir": run_dir_for(node, spec.run_id),
+                "uploads": plan.uploads,
+                "script": script,
+                "prepare": sent[:-1],
+                "commands": sent[-1:],
+                "plan": plan.public_dict(transport),
+            }
+            return plan, Planned(transport.describe(), sent, {launch_put.target: script}, fields)
+
+        return dry_run_report(step, nodes, one, data)
 
 
 def prepare_node(

@@ -303,7 +303,8 @@ def test_launch_dry_run_shows_every_nodes_uploads_script_and_command(tmp_path: P
 
     text = bootstrap("-i", str(inv), "launch", "--dry-run", "--detach", cwd=tmp_path, env=home)
     assert text.returncode == 0, text.stderr
-    assert "# ---- pc2 (winrm" in text.stdout and "then runs, detached" in text.stdout
+    assert "# ---- pc2 (winrm" in text.stdout
+    assert "would run as the login user (start the launcher detached):" in text.stdout
     assert "Win32_Process" in text.stdout
     assert "nothing was uploaded or started" in text.stderr
 
