@@ -16,7 +16,7 @@ from orchestrator.cli.common import (
     load_selection,
     open_session,
 )
-from orchestrator.cli.report import node_docs
+from orchestrator.cli.report import json_doc
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.steps.clean import CleanReport, clean_all
 from orchestrator.steps.envsync.progress import human_size
@@ -73,15 +73,9 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
 def _report(settings: Settings, report: CleanReport) -> None:
     ui, outcomes, removed = settings.ui, report.outcomes, report.removed
     if settings.json_mode:
-        doc: dict[str, Any] = {
-            "command": "clean",
-            "dry_run": settings.dry_run,
-            "removed": removed,
-            "nodes": node_docs(outcomes),
-            "bytes": report.bytes,
-        }
         if removed or settings.dry_run:
-            ui.print_json(doc)
+            top: dict[str, Any] = {"dry_run": settings.dry_run, "removed": removed, "bytes": report.bytes}
+            json_doc(ui, "clean", outcomes, report.exit_code(), **top)
         return
     title = "removed" if removed else "would remove" if settings.dry_run else "to remove"
     table = Table(title=Text(title), title_justify="left")

@@ -32,7 +32,7 @@ from orchestrator.cli.common import (
     train_without,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
-from orchestrator.cli.report import node_docs
+from orchestrator.cli.report import json_doc
 from orchestrator.errors import (
     ExitCode,
     UsageError,
@@ -373,17 +373,17 @@ def run_launch(
     show_sweep(settings, run_id, report.swept, ended=not stopped)
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "launch",
-                "run_id": run_id,
-                "backend": launch_plan.backend,
-                "nodes": node_docs(outcomes, result_fields),
-                "log_dir": str(log.directory),
-                "exit_code": int(code),
-            }
+        log_dir = str(log.directory)
+        return json_doc(
+            ui,
+            "launch",
+            outcomes,
+            code,
+            result_fields,
+            run_id=run_id,
+            backend=launch_plan.backend,
+            log_dir=log_dir,
         )
-        return code
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)

@@ -20,7 +20,7 @@ from orchestrator.cli.common import (
     parse_env_pairs,
     print_plans,
 )
-from orchestrator.cli.report import node_docs
+from orchestrator.cli.report import json_doc
 from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
@@ -109,16 +109,10 @@ def run(
     outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
-        ui.print_json(
-            {
-                "command": "run",
-                "shell": text,
-                "nodes": node_docs(outcomes, result_fields, ok=report.node_ok),
-                "log_dir": str(run_log.directory),
-                "exit_code": int(code),
-            }
+        log_dir = str(run_log.directory)
+        return json_doc(
+            ui, "run", outcomes, code, result_fields, ok=report.node_ok, shell=text, log_dir=log_dir
         )
-        return code
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)
@@ -200,15 +194,7 @@ def keys(ctx: click.Context, key_path: str) -> int:
     code = keys_exit_code(outcomes)
     if settings.json_mode:
         fail_lines(ui, outcomes)
-        ui.print_json(
-            {
-                "command": "keys",
-                "key": str(key.private),
-                "nodes": node_docs(outcomes),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        return json_doc(ui, "keys", outcomes, code, key=str(key.private))
     table = Table(title=Text(f"key {key.private}"), title_justify="left")
     for column in ("node", "key", "key login", "host key recorded"):
         table.add_column(column)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError
+from orchestrator.errors import BootstrapError, ExitCode
 from orchestrator.executor import Outcome
 from orchestrator.plans import Put
 from orchestrator.steps.contract import Report
@@ -117,12 +117,12 @@ def json_doc(
     ui: UI,
     command: str,
     outcomes: list[Outcome[Any]],
-    code: int,
+    code: ExitCode,
     fields: Callable[[Outcome[Any]], dict[str, Any]] | None = None,
     *,
     ok: Callable[[Outcome[Any]], bool] | None = None,
     **top: Any,
-) -> int:
+) -> ExitCode:
     """Print a command's ``--json`` document: ``command``, the command's own values (``top``), each
     node's entry (:func:`node_docs`), ``exit_code``; returns ``code``."""
     ui.print_json(

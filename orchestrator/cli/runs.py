@@ -26,7 +26,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, secret_values
 from orchestrator.cli.neutralise import neutralise
-from orchestrator.cli.report import node_docs
+from orchestrator.cli.report import json_doc
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
 from orchestrator.executor import GroupResult, exit_code_for
@@ -69,17 +69,17 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
     ui, run_id, outcomes = settings.ui, report.run_id, report.outcomes
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "launch",
-                "run_id": run_id,
-                "detached": True,
-                "nodes": node_docs(outcomes, report.node_fields),
-                "stopped_again": [o.node for o in report.undone if o.ok],
-                "exit_code": int(code),
-            }
+        stopped_again = [o.node for o in report.undone if o.ok]
+        return json_doc(
+            ui,
+            "launch",
+            outcomes,
+            code,
+            report.node_fields,
+            run_id=run_id,
+            detached=True,
+            stopped_again=stopped_again,
         )
-        return code
     if report.failed:
         fail_lines(ui, report.failed)
         if report.undone:
@@ -248,18 +248,18 @@ def _logs(
     outcomes, copies = report.outcomes, report.copies
     code = report.exit_code(follow=follow)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "logs",
-                "run_id": run_id,
-                "follow": follow,
-                "tail": tail,
-                "nodes": node_docs(outcomes, report.node_fields),
-                "log_dir": str(directory) if tail is None else None,  # --tail writes no copy here
-                "exit_code": int(code),
-            }
+        log_dir = str(directory) if tail is None else None  # --tail writes no copy here
+        return json_doc(
+            ui,
+            "logs",
+            outcomes,
+            code,
+            report.node_fields,
+            run_id=run_id,
+            follow=follow,
+            tail=tail,
+            log_dir=log_dir,
         )
-        return code
     fail_lines(ui, outcomes)
     _say_copies(ui, run_log, copies)
     if follow:
@@ -349,16 +349,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     outcomes, lost, train = report.outcomes, report.lost, report.train
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "status",
-                "run_id": run_id,
-                "train": train,
-                "nodes": node_docs(outcomes),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        return json_doc(ui, "status", outcomes, code, run_id=run_id, train=train)
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
     for column in ("node", "state", "runtime", "gpu"):
         table.add_column(column, no_wrap=True)
@@ -515,15 +506,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
         interrupted(ui)
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "stop",
-                "run_id": run_id,
-                "nodes": node_docs(outcomes),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        return json_doc(ui, "stop", outcomes, code, run_id=run_id)
     table = Table(title=Text(f"stop {run_id}"), title_justify="left")
     for column in ("node", "result"):
         table.add_column(column)
@@ -618,15 +601,7 @@ def _fetched(settings: Settings, run_id: str, report: FetchReport, from_code: bo
     ui = settings.ui
     outcomes, missing, code = report.outcomes, report.missing, report.exit_code()
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "fetch",
-                "run_id": run_id,
-                "nodes": node_docs(outcomes, report.node_fields),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        return json_doc(ui, "fetch", outcomes, code, report.node_fields, run_id=run_id)
     table = Table(title=Text(f"fetch {run_id}"), title_justify="left")
     for column in ("node", "path", "files", "size", "copied to"):
         table.add_column(column)

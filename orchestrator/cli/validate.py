@@ -22,7 +22,7 @@ from orchestrator.cli.common import (
     run_nodes,
     templates_option,
 )
-from orchestrator.cli.report import OFFLINE_NOTE, node_docs, show_dry_run
+from orchestrator.cli.report import OFFLINE_NOTE, json_doc, show_dry_run
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
@@ -163,18 +163,8 @@ def run_validate(
     if code == ExitCode.OK and key is not None:
         save_stamp(inventory, key)
     if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "validate",
-                "run_id": run_id,
-                "backend": result.plan.backend,
-                **report.public_dict(),
-                "problems": problems,
-                "nodes": node_docs(result.outcomes, Validation.node_fields),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        top = {"run_id": run_id, "backend": result.plan.backend, **report.public_dict(), "problems": problems}
+        return json_doc(ui, "validate", result.outcomes, code, Validation.node_fields, **top)
     if report.joined:
         slowest = max(report.joined.values())
         ui.info(

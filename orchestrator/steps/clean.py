@@ -3,12 +3,14 @@ directories), each found by bootstrap's own marker, never by a name alone: a fil
 in the workdir stays (docs/cli.md).
 
 One node-side script (``probes/clean_node.py``) lists, measures and (``remove``) deletes; it refuses
-on a node where a run of this workdir is still running. :func:`clean_node` runs it on one node.
+on a node where a run of this workdir is still running. :class:`Clean` is the step that runs it: the
+listing is its read, the removal its plan (orchestrator/runner.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -17,14 +19,19 @@ from orchestrator import records
 from orchestrator.errors import CommandFailedError, ExitCode, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.plans import NodePlan, Run
+from orchestrator.platforms import platform_for_node
+from orchestrator.runner import run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
+from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.envsync.spec import env_path
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.platforms import Platform
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result
 
 
 @dataclass
@@ -49,6 +56,12 @@ class NodeClean:
     def bytes(self) -> int:
         return sum(i.bytes for i in self.items)
 
+    @property
+    def status(self) -> str:
+        if self.running:
+            return "run running"
+        return "removed" if self.removed else "found" if self.items else "nothing"
+
     def public_dict(self) -> dict[str, Any]:
         return {
             "items": [i.__dict__ for i in self.items],
@@ -65,44 +78,96 @@ def script() -> str:
     return "import base64\n" + records.PYTHON_ENCODER + "\n" + text
 
 
-def clean_args(
-    node: Node, inventory: Inventory, *, remove: bool, nonce: str, outputs: bool = False
-) -> dict[str, Any]:
-    return {
-        "nonce": nonce,
-        "node": node.name,
-        "workdir": workdir_for(node),
-        "env": env_path(node, path_setting=inventory.cluster.env.path),
-        "code": code_dest(inventory.cluster, node),
-        "remove": remove,
-        "outputs": outputs,  # each run's $CB_RUN_DIR (checkpoints): kept unless asked
-    }
+@dataclass
+class CleanContext:
+    """The nodes where a run of this workdir is running: then nothing is removed on any node."""
+
+    busy: list[str]
 
 
-def clean_node(
-    node: Node, transport: Transport, inventory: Inventory, *, remove: bool, outputs: bool = False
-) -> NodeClean:
-    """List (and with ``remove`` delete) what bootstrap put on ``node``; one round trip."""
-    if node.python_os == "windows":
-        raise UsageError(
-            "clean is not supported on native Windows nodes yet", node=node.name, hint="nothing was removed"
+class Clean(Step[CleanContext, NodeClean]):
+    """What bootstrap left on each node: the listing is the read (kept in the session, so the removal
+    after the question reads nothing again), the removal the plan (``remove``), where there is
+    something and no node runs a run. Native Windows nodes are refused (exit 2)."""
+
+    name = "clean"
+
+    def __init__(self, inventory: Inventory, *, remove: bool, outputs: bool) -> None:
+        self.inventory, self.remove, self.outputs = inventory, remove, outputs
+        self.nonce = records.new_nonce()
+
+    def command(self, node: Node, platform: Platform, *, remove: bool) -> str:
+        args = {
+            "nonce": self.nonce,
+            "node": node.name,
+            "workdir": workdir_for(node),
+            "env": env_path(node, path_setting=self.inventory.cluster.env.path),
+            "code": code_dest(self.inventory.cluster, node),
+            "remove": remove,
+            "outputs": self.outputs,  # each run's $CB_RUN_DIR (checkpoints): kept unless asked
+        }
+        return platform.join([interpreter_for(node), "-c", script(), json.dumps(args)])
+
+    def answer(self, node: Node, output: str, ok: bool, result: Result) -> NodeClean:
+        found = records.find(output, self.nonce, "clean")
+        if not ok or found is None:
+            tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
+            raise CommandFailedError(f"clean failed: {tail}", node=node.name, result=result)
+        data = json.loads(found.text(0))
+        return NodeClean(
+            node=node.name,
+            items=[CleanItem(**item) for item in data.get("items") or []],
+            running=list(data.get("running") or []),
+            removed=bool(data.get("removed")),
+            errors=list(data.get("errors") or []),
         )
-    nonce = records.new_nonce()
-    args = clean_args(node, inventory, remove=remove, nonce=nonce, outputs=outputs)
-    argv = [interpreter_for(node), "-c", script(), json.dumps(args)]
-    result = transport.run(transport.platform.join(argv), timeout=600)
-    answer = records.find(result.stdout, nonce, "clean")
-    if not result.ok or answer is None:
-        tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
-        raise CommandFailedError(f"clean failed: {tail}", node=node.name, result=result)
-    data = json.loads(answer.text(0))
-    return NodeClean(
-        node=node.name,
-        items=[CleanItem(**item) for item in data.get("items") or []],
-        running=list(data.get("running") or []),
-        removed=bool(data.get("removed")),
-        errors=list(data.get("errors") or []),
-    )
+
+    def scope(self, selected: Sequence[Node]) -> list[Node]:
+        return [n for n in selected if n.python_os != "windows"]
+
+    def reads(self, node: Node) -> list[Read]:
+        def parse(sections: Sections, result: Result) -> NodeClean:
+            output, code = sections.get("clean", ("", 1))
+            return self.answer(node, output, code == 0, result)
+
+        return [
+            Read(
+                f"clean.listing:outputs={self.outputs}",
+                lambda platform: [("clean", self.command(node, platform, remove=False))],
+                parse=parse,
+                what="listing what bootstrap left",
+                timeout=600,
+            )
+        ]
+
+    def context(self, found: ClusterFacts) -> CleanContext:
+        listings = [v for values in found.values.values() for v in values.values()]
+        return CleanContext([v.node for v in listings if isinstance(v, NodeClean) and v.running])
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: CleanContext) -> NodePlan:
+        if node.python_os == "windows":
+            raise UsageError(
+                "clean is not supported on native Windows nodes yet",
+                node=node.name,
+                hint="nothing was removed",
+            )
+        (listing,) = facts.values()
+        if not self.remove or context.busy or not listing.items:
+            return NodePlan(node.name, detail=listing)
+        removal = Run(
+            self.command(node, platform_for_node(node), remove=True),
+            timeout=600,
+            what="remove what bootstrap left",
+        )
+        return NodePlan(node.name, [removal], detail=listing)
+
+    def judge(
+        self, node: Node, plan: NodePlan, results: list[Result] | None, context: CleanContext
+    ) -> NodeClean:
+        if not results:  # a listing only
+            listing: NodeClean = plan.detail
+            return listing
+        return self.answer(node, results[0].stdout, results[0].ok, results[0])
 
 
 @dataclass
@@ -137,11 +202,6 @@ class CleanReport:
 
 
 def clean_all(session: Session, inventory: Inventory, *, remove: bool, outputs: bool) -> CleanReport:
-    """``clean_node`` on every node of ``session``: a listing, or (``remove``) the removal."""
-    return CleanReport(
-        session.map(
-            lambda n, t: clean_node(n, t, inventory, remove=remove, outputs=outputs),
-            step="clean" if remove else "clean (read)",
-        ),
-        removed=remove,
-    )
+    """:class:`Clean` on every node of ``session``: a listing, or (``remove``) the removal."""
+    report = run_step(session, Clean(inventory, remove=remove, outputs=outputs), dry_run=not remove)
+    return CleanReport(report.outcomes, removed=remove)
