@@ -32,6 +32,8 @@ class BootstrapError(Exception):
     """Base of every error the product reports to a user."""
 
     exit_code: ExitCode = ExitCode.NODES_FAILED
+    #: a few words for a summary table's cell (the full message follows the table)
+    status = "failed"
 
     def __init__(self, message: str, *, node: str | None = None, hint: str | None = None) -> None:
         # a URL's login never reaches a terminal, a log or --json through an error
@@ -115,19 +117,23 @@ class InventoryError(BootstrapError):
 class ConnectError(BootstrapError):
     """A node could not be reached, authenticated or verified."""
 
+    status = "connection failed"
+
     exit_code = ExitCode.CONNECTION
 
 
 class UnreachableError(ConnectError):
-    pass
+    status = "unreachable"
 
 
 class AuthenticationError(ConnectError):
-    pass
+    status = "auth failed"
 
 
 class HostKeyUnknownError(ConnectError):
     """The node's host key is not in known_hosts (trust on first use must be asked for)."""
+
+    status = "unknown host key"
 
     def __init__(
         self,
@@ -150,18 +156,26 @@ class HostKeyUnknownError(ConnectError):
 class HostKeyChangedError(ConnectError):
     """The node offered a key different from the recorded one: always refused."""
 
+    status = "HOST KEY CHANGED"
+
 
 class HostKeyRevokedError(ConnectError):
     """The node offered a key that known_hosts lists as ``@revoked``: always refused, even with
     ``--accept-new-host-keys`` (exit code 3, as for a changed key)."""
 
+    status = "HOST KEY REVOKED"
+
 
 class SecretMissingError(ConnectError):
     """A password was needed but neither its environment variable nor a terminal prompt gave one."""
 
+    status = "no password"
+
 
 class CancelledError(BootstrapError):
     """Work on a node was cut short because the user interrupted (or a fail-fast stop)."""
+
+    status = "cancelled"
 
     exit_code = ExitCode.INTERRUPTED
 
@@ -169,6 +183,8 @@ class CancelledError(BootstrapError):
 class RunStoppedError(CancelledError):
     """The run was stopped on purpose by the operator (`bootstrap stop --run` from another terminal):
     not a failure of the node, reported as stopped, with Ctrl-C's exit code."""
+
+    status = "stopped"
 
 
 class CommandFailedError(BootstrapError):
@@ -184,9 +200,11 @@ class CommandFailedError(BootstrapError):
 class SudoPasswordRequiredError(CommandFailedError):
     """``sudo -n`` refused because sudo wants a password on that node."""
 
+    status = "sudo refused"
+
 
 class CommandTimeoutError(CommandFailedError):
-    pass
+    status = "timeout"
 
 
 class TransferError(CommandFailedError):

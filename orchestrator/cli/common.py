@@ -246,23 +246,10 @@ def open_session(
     )
 
 
-_STATUS = {
-    "UnreachableError": "unreachable",
-    "AuthenticationError": "auth failed",
-    "HostKeyUnknownError": "unknown host key",
-    "HostKeyChangedError": "HOST KEY CHANGED",
-    "HostKeyRevokedError": "HOST KEY REVOKED",
-    "SecretMissingError": "no password",
-    "CancelledError": "cancelled",
-    "CommandTimeoutError": "timeout",
-    "SudoPasswordRequiredError": "sudo refused",
-    "ConnectError": "connection failed",
-}
-
-
 def node_status(error: BootstrapError) -> str:
-    """A few words for a summary table cell; the full message follows the table."""
-    return _STATUS.get(type(error).__name__, "failed")
+    """A few words for a summary table cell (the error's own ``status``); the full message follows
+    the table."""
+    return error.status
 
 
 def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:

@@ -100,7 +100,14 @@ def run_validate(
     (steps/validate_stamp.py); a success writes the stamp either way.
     """
     from orchestrator.render import Renderer, templates_dir_for
-    from orchestrator.steps.validate import DEFAULT_SIZES, Validation, failure_summary, human_bytes, validate
+    from orchestrator.steps.validate import (
+        DEFAULT_SIZES,
+        Skipped,
+        Validation,
+        failure_summary,
+        human_bytes,
+        validate_unless_unchanged,
+    )
 
     ui = settings.ui
     nodes = list(inventory.nodes)
@@ -119,40 +126,32 @@ def run_validate(
         if settings.verbose and not settings.json_mode:
             printer.write_rank(node, rank, text)
 
-    from orchestrator.steps.launch import plan
-    from orchestrator.steps.validate_stamp import save_stamp, unchanged_since
-
     with phase_session(settings, inventory, nodes, session) as on:
         try:
             with ui.progress([n.name for n in nodes], "validate") as on_event:
                 on.executor.on_event = on_event
-                launch_plan = plan(on, inventory, run_id)  # facts the preflight read: no round trip
-                key, last = unchanged_since(inventory, launch_plan, reuse=unless_unchanged)
-                if last is not None:
-                    on.executor.on_event = None
-                    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(last.when))
-                    ui.info(
-                        f"validate: skipped: nothing it checks changed since it passed on these "
-                        f"{len(nodes)} node(s) at {when} (addresses, interpreters, torch, interfaces, "
-                        "backend, firewall settings); --validate runs it anyway"
-                    )
-                    log.close()
-                    return ExitCode.OK
-                result = validate(
+                result = validate_unless_unchanged(
                     on,
                     inventory,
                     run_id,
+                    reuse=unless_unchanged,
                     timeout=timeout,
                     sizes=sizes or DEFAULT_SIZES,
                     renderer=renderer,
                     on_line=on_line,
-                    launch_plan=launch_plan,
                 )
         except KeyboardInterrupt:
-            log.close()
             interrupted(ui)
         finally:
             log.close()
+    if isinstance(result, Skipped):
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(result.when))
+        ui.info(
+            f"validate: skipped: nothing it checks changed since it passed on these {len(nodes)} node(s) "
+            f"at {when} (addresses, interpreters, torch, interfaces, backend, firewall settings); "
+            "--validate runs it anyway"
+        )
+        return ExitCode.OK
     code = result.exit_code()
     unreachable = [o for o in result.plan.inspected if not o.ok]
     if unreachable:
@@ -160,8 +159,6 @@ def run_validate(
         return code
     report = result.report
     problems = failure_summary(result)
-    if code == ExitCode.OK and key is not None:
-        save_stamp(inventory, key)
     if settings.json_mode:
         top = {"run_id": run_id, "backend": result.plan.backend, **report.public_dict(), "problems": problems}
         return json_doc(ui, "validate", result.outcomes, code, Validation.node_fields, **top)

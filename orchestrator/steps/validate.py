@@ -350,3 +350,28 @@ def _last_words(failure: CommandFailedError, nonce: str, count: int = 3) -> list
         if len(words) == count:
             break
     return words[::-1]
+
+
+@dataclass
+class Skipped:
+    """Validation not run: nothing it checks changed since it passed on these nodes at ``when``."""
+
+    when: float
+
+
+def validate_unless_unchanged(
+    session: Session, inventory: Inventory, run_id: str, *, reuse: bool, **options: Any
+) -> Validation | Skipped:
+    """:func:`validate` on the launch plan of the facts the session holds (the preflight's: no round
+    trip), skipped when ``reuse`` and nothing it depends on changed since it last passed on these
+    nodes (steps/validate_stamp.py); a success writes the stamp either way."""
+    from orchestrator.steps.validate_stamp import save_stamp, unchanged_since
+
+    launch_plan = plan(session, inventory, run_id)
+    key, last = unchanged_since(inventory, launch_plan, reuse=reuse)
+    if last is not None:
+        return Skipped(last.when)
+    result = validate(session, inventory, run_id, launch_plan=launch_plan, **options)
+    if result.exit_code() == ExitCode.OK and key is not None:
+        save_stamp(inventory, key)
+    return result
