@@ -4,13 +4,12 @@ entries, and a command's ``--json`` document."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from orchestrator.cli.ui import UI
 from orchestrator.errors import BootstrapError, ExitCode
 from orchestrator.executor import Outcome
-from orchestrator.plans import Put
 from orchestrator.steps.contract import Report
 from orchestrator.steps.dry_run import Planned
 
@@ -19,8 +18,28 @@ OFFLINE_NOTE = (
     "--dry-run: nothing was uploaded or started; secrets masked; interfaces as the inventory names "
     "them (a real run finds them on the nodes, as `bootstrap render` shows)"
 )
-#: said under a run whose text reaches an SSH node's /bin/sh through the login shell
-ENCODED = " (reaches /bin/sh base64-encoded through the login shell)"
+
+
+def plan_lines(doc: dict[str, Any], head: str, shown: Mapping[str, str] | None = None) -> list[str]:
+    """One node's plan (``NodePlan.public_dict``) as every dry run prints it: each upload (what, size,
+    owner-only, sha256; below it its text when ``shown`` has it), each run (as whom, what for) and
+    the text the node's shell receives when the plan knows it (``sent``), else its script."""
+    lines = []
+    for action in doc["actions"]:
+        if "put" in action:
+            private = ", owner-only" if action["mode"] == "0600" else ""
+            lines.append(
+                f"# ---- {head}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
+                f"{private}, sha256 {action['sha256']})"
+            )
+            lines += [shown[action["put"]]] if shown and action["put"] in shown else []
+            continue
+        host = action["on"] == "windows host"
+        who = ("as an administrator" if host else "as root") if action["as_root"] else "as the login user"
+        what = f" ({action['what']})" if action["what"] else ""
+        lines.append(f"# ---- {head}: would run{' on the Windows host' if host else ''} {who}{what}:")
+        lines.append(action.get("sent", action["run"]))
+    return lines
 
 
 def show_plans(ui: UI, report: Report[Any]) -> None:
@@ -31,33 +50,18 @@ def show_plans(ui: UI, report: Report[Any]) -> None:
         plan = report.plans.get(outcome.node)
         if plan is None:
             continue
-        name = outcome.node
-        planned = outcome.value if isinstance(outcome.value, Planned) else None
-        if planned is not None:
-            name = f"{name} ({planned.via})"
+        doc, head, shown = plan.public_dict(), outcome.node, None
+        if isinstance(outcome.value, Planned):
+            head, shown = f"{outcome.node} ({outcome.value.via})", outcome.value.shown
+            for action, sent in zip(
+                [a for a in doc["actions"] if "run" in a], outcome.value.sent, strict=True
+            ):
+                action["sent"] = sent
         if not plan.actions:
-            ui.print_text(f"# ---- {name}: nothing to change")
+            ui.print_text(f"# ---- {head}: nothing to change")
             continue
-        sent = iter(planned.sent if planned is not None else [])
-        for action in plan.actions:
-            if isinstance(action, Put):
-                body = action.content()
-                ui.print_text(
-                    f"# ---- {name}: would upload {action.target} ({action.what}, {len(body)} bytes)"
-                )
-                if planned is not None and action.target in planned.shown:
-                    ui.print_text(planned.shown[action.target])
-                continue
-            who = (
-                ("as an administrator" if action.host else "as root")
-                if action.become
-                else "as the login user"
-            )
-            where = " on the Windows host" if action.host else ""
-            what = f" ({action.what})" if action.what else ""
-            encoded = ENCODED if planned is not None and planned.via.startswith("ssh") else ""
-            ui.print_text(f"# ---- {name}: would run{where} {who}{what}{encoded}:")
-            ui.print_text(next(sent, action.script))
+        for line in plan_lines(doc, head, shown):
+            ui.print_text(line)
         ui.print_text("")
 
 

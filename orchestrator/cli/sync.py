@@ -8,7 +8,6 @@ options and renders the report.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.table import Table
@@ -23,6 +22,7 @@ from orchestrator.cli.common import (
     node_status,
     phase_session,
 )
+from orchestrator.cli.report import plan_lines
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.redact import mask_url_credentials
@@ -171,24 +171,10 @@ def _plan_lines(env: NodeEnv) -> list[str]:
     head = f"# {env.node}: environment at {env.path} (python: {env.python_path})"
     if env.plan is None:
         return [f"{head}: {env.action}, build {env.env_id or '-'}: nothing to send"]
-    return [f"{head}: build {env.env_id} with {env.installer}, Python {env.python}", *_actions(env.plan)]
-
-
-def _actions(plan: dict[str, Any]) -> list[str]:
-    """A plan (``NodePlan.public_dict``) as dry runs print plans (cli/report.py): each upload, each
-    command as the node's shell receives it."""
-    lines, name = [], plan["node"]
-    for action in plan["actions"]:
-        if "put" in action:
-            private = ", owner-only" if action["mode"] == "0600" else ""
-            lines.append(
-                f"# ---- {name}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
-                f"{private}, sha256 {action['sha256']})"
-            )
-        else:
-            who = "as root" if action["as_root"] else "as the login user"
-            lines += [f"# ---- {name}: would run {who} ({action['what']}):", action["sent"]]
-    return lines
+    return [
+        f"{head}: build {env.env_id} with {env.installer}, Python {env.python}",
+        *plan_lines(env.plan, env.node),
+    ]
 
 
 def _env_human(settings: Settings, report: SyncReport) -> None:
@@ -266,7 +252,7 @@ def _code_human(settings: Settings, report: SyncReport) -> None:
     for o in report.code:
         if settings.dry_run and o.value is not None and o.value.plan is not None:
             ui.print_text(f"# {o.node}: code at {o.value.dest}")
-            for line in _actions(o.value.plan):
+            for line in plan_lines(o.value.plan, o.node):
                 ui.print_text(line)
     for line in report.shared_code_lines():
         ui.note(line)
