@@ -1,0 +1,91 @@
+"""One dry-run printer and one ``--json`` shape for every command (cli/report.py, issue 29).
+
+Whatever a command's dry run is built from (a runner step's plans, steps/dry_run.py's one script per
+node, a launch's plan), it prints the same layout: per node, in the order they are applied, each
+upload and each run with the exact text the node's shell receives; its ``--json`` lists each node
+with the common fields and its plan, whose runs are the texts shown."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from orchestrator.errors import RunStoppedError, UnreachableError
+from orchestrator.records import unnonced
+from tests.conftest import BOOTSTRAP
+
+INVENTORY = """\
+cluster: {name: lab, master: a, backend: gloo, train: {script: train.py}}
+nodes:
+  - {name: a, host: 198.18.9.11, user: root}
+  - {name: b, host: 198.18.9.12, user: trainer}
+"""
+
+#: the head of every section of every dry run: node, how it is reached, what would happen
+HEAD = re.compile(r"^# ---- (a|b) \(ssh (root|trainer)@198\.18\.9\.1[12]\): would (run|upload) ", re.M)
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "BOOTSTRAP_INVENTORY"}
+    env.update({"NO_COLOR": "1", "HOME": str(tmp_path)})
+    return subprocess.run(
+        [BOOTSTRAP, "-i", str(tmp_path / "lab.yaml"), "--dry-run", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _same(text: str) -> str:
+    """``text`` comparable across two dry runs: each chooses its own nonces and validate's run id."""
+    return re.sub(r"validate-lab-[0-9-]+", "validate-lab-ID", unnonced([text])[0])
+
+
+def test_every_commands_dry_run_has_one_layout_and_its_json_the_texts_shown(tmp_path: Path) -> None:
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for command in (
+        ["status", "--run", "lab-1"],
+        ["run", "--become", "--", "echo $HOSTNAME"],
+        ["launch", "--run-id", "lab-1"],
+        ["validate"],
+    ):
+        text = _cli(tmp_path, *command)
+        assert text.returncode == 0, (command, text.stderr)
+        sections = [line for line in text.stdout.splitlines() if line.startswith("# ---- ")]
+        assert sections, (command, text.stdout)
+        assert all(HEAD.match(line) for line in sections), (command, sections)
+        doc = json.loads(_cli(tmp_path, "--json", *command).stdout)
+        assert doc["command"] == command[0] and doc["dry_run"] is True, doc
+        for node in doc["nodes"]:
+            assert (node["ok"], node["error"]) == (True, None)
+            runs = [a["run"] for a in node["plan"]["actions"] if "run" in a]
+            assert len(runs) == len(node.get("prepare", [])) + len(node["commands"])
+            for sent in [*node.get("prepare", []), *node["commands"]]:
+                assert _same(sent) in _same(text.stdout)  # what the text shows is what the shell gets
+    run = _cli(tmp_path, "run", "--become", "--", "echo $HOSTNAME").stdout
+    assert run.count("would run as root:") == 2  # as whom it runs, in the head
+    launch = _cli(tmp_path, "launch", "--run-id", "lab-1").stdout
+    # the plan in the order it is applied: the preparation, the launch script (masked), the launcher
+    order = [
+        m.group(0) for m in re.finditer(r"# ---- a \(ssh root@198\.18\.9\.11\): would \w+ [^\n]*", launch)
+    ]
+    assert "refuse a run id used before" in order[0]
+    assert "/launch.sh (launch script," in order[1] and "sha256 " in order[1]
+    assert order[-1].endswith("would run as the login user (the launcher):")
+
+
+def test_a_table_cell_names_the_error_by_what_it_is() -> None:
+    from orchestrator.cli.common import node_status
+
+    class NoRoute(UnreachableError):  # a narrower kind of an unreachable node
+        pass
+
+    assert node_status(NoRoute("no route to host", node="a")) == "unreachable"
+    assert node_status(RunStoppedError("stopped by stop --run", node="a")) == "stopped"
