@@ -18,6 +18,7 @@ from orchestrator.cli.common import (
     load_selection,
     open_session,
     refuse_native_mix,
+    show_offline_dry_run,
     templates_option,
 )
 from orchestrator.errors import ExitCode
@@ -25,7 +26,7 @@ from orchestrator.errors import ExitCode
 if TYPE_CHECKING:
     from orchestrator.bench.engine import BenchOptions, BenchReport
     from orchestrator.inventory import Inventory
-    from orchestrator.render import Renderer
+    from orchestrator.render import LaunchSpec, Renderer
 
 
 def _callable(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -246,30 +247,28 @@ def _dry_run(
     settings: Settings, inventory: Inventory, renderer: Renderer, run_id: str, options: BenchOptions
 ) -> None:
     from orchestrator.bench.probe import TEMPLATE, WORKER, probe_specs
-    from orchestrator.cli.common import offline_plan
-    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
     from orchestrator.resources import package_file
-    from orchestrator.steps.launch import dry_run_nodes
 
-    launch_plan = offline_plan(settings.ui, inventory, run_id)
-    report = dry_run_nodes(
-        "bench",
-        inventory,
-        probe_specs(
-            launch_plan.specs,
+    def probes(specs: list[LaunchSpec]) -> list[LaunchSpec]:
+        return probe_specs(
+            specs,
             batch_size=options.batch_size,
             repeats=options.repeats,
             seconds=options.seconds,
             timeout=options.timeout,
             workload=options.workload,
-        ),
+        )
+
+    show_offline_dry_run(
+        settings,
+        "bench",
+        inventory,
+        run_id,
         renderer,
-        ssh=settings.ssh_options(),
+        probes,
         template=TEMPLATE,
         script_file=package_file("bench/" + WORKER),
-        data={"run_id": run_id, "backend": launch_plan.backend},
     )
-    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
     if options.scaling:
         settings.ui.note(
             f"--scaling would then run the training script for {options.steps} steps on 1 to "

@@ -33,6 +33,7 @@ from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 
 if TYPE_CHECKING:
+    from orchestrator.render import LaunchSpec
     from orchestrator.steps.launch import LaunchPlan
 from orchestrator.transports import SSHOptions, Transport
 
@@ -396,6 +397,29 @@ def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
     if inventory.cluster.backend == "auto":
         ui.note(launch_plan.backend_reason)
     return launch_plan
+
+
+def show_offline_dry_run(
+    settings: Settings,
+    command: str,
+    inventory: Inventory,
+    run_id: str,
+    renderer: Any,
+    specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
+    **options: Any,
+) -> None:
+    """``--dry-run`` of launch, validate and bench, connecting to nothing: the offline launch plan,
+    ``specs`` (the command's ranks from the launch's), each node's plan (``steps.launch.dry_run_nodes``)."""
+    from orchestrator.cli.report import OFFLINE_NOTE
+    from orchestrator.steps.launch import dry_run_nodes
+
+    launch_plan = offline_plan(settings.ui, inventory, run_id)
+    data = {"run_id": run_id, "backend": launch_plan.backend}
+    chosen = specs(launch_plan.specs)
+    report = dry_run_nodes(
+        command, inventory, chosen, renderer, ssh=settings.ssh_options(), data=data, **options
+    )
+    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------

@@ -26,6 +26,7 @@ from orchestrator.cli.common import (
     phase_session,
     refuse_native_mix,
     run_nodes,
+    show_offline_dry_run,
     templates_option,
     train_args_line,
     train_env_option,
@@ -412,27 +413,19 @@ def _launch_dry_run(
     its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
     finds them on the nodes, as `render` without --offline shows)."""
     from orchestrator.bench.launch import planned_shares
-    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
     from orchestrator.render import missing_secrets
-    from orchestrator.steps.launch import dry_run_nodes
 
     for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
         settings.ui.warn(f"{issue} (a real launch stops here, exit 2)")
-    launch_plan = offline_plan(settings.ui, inventory, run_id)
-    specs, shares_note = planned_shares(inventory, launch_plan.specs)  # what attach_shares gives a launch
-    if shares_note and not settings.json_mode:
-        settings.ui.note(shares_note)
+
+    def shared(specs: list[LaunchSpec]) -> list[LaunchSpec]:  # what attach_shares gives a launch
+        specs, shares_note = planned_shares(inventory, specs)
+        if shares_note and not settings.json_mode:
+            settings.ui.note(shares_note)
+        return specs
+
     # detached: the start script, which starts launch.sh in a session of its own and returns
-    report = dry_run_nodes(
-        "launch",
-        inventory,
-        specs,
-        renderer,
-        ssh=settings.ssh_options(),
-        detach=detach,
-        data={"run_id": run_id, "backend": launch_plan.backend},
-    )
-    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
+    show_offline_dry_run(settings, "launch", inventory, run_id, renderer, shared, detach=detach)
 
 
 def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:

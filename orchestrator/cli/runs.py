@@ -29,9 +29,17 @@ from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
-from orchestrator.executor import GroupResult, exit_code_for
+from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
-from orchestrator.runs.commands import FetchReport, fetch_all, read_logs, recorded_nodes, status_all, stop_all
+from orchestrator.runs.commands import (
+    FetchReport,
+    fetch_all,
+    fetch_on_slurm,
+    read_logs,
+    recorded_nodes,
+    status_all,
+    stop_all,
+)
 from orchestrator.runs.control import NodeStatus, fetch_script, status_script, stop_script, tail_script
 from orchestrator.runs.ids import resolve_run
 from orchestrator.runs.layout import RUNS_ROOT, sample_nonce
@@ -563,19 +571,9 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
 
         if settings.dry_run:
             not_on_slurm_yet(inventory, "fetch --dry-run", "fetch reads only, through the login host")
-        from orchestrator.slurm.run import fetch_run
-
-        login = login_node(inventory)
-        with open_session(settings, inventory, [login]) as login_session:
-            fetched = fetch_run(
-                login_session.transport(login),
-                inventory,
-                run_id,
-                paths,
-                dest_root=RUNS_ROOT / run_id,
-                from_code=from_code,
-            )
-        return _fetched(settings, run_id, FetchReport(GroupResult(fetched)), from_code)
+        with open_session(settings, inventory, [login_node(inventory)]) as login:
+            report = fetch_on_slurm(login, inventory, run_id, paths, from_code=from_code)
+        return _fetched(settings, run_id, report, from_code)
     nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     code_dir = inventory.cluster.train.code_dir
     if settings.dry_run:

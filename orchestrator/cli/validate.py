@@ -20,15 +20,15 @@ from orchestrator.cli.common import (
     phase_session,
     refuse_native_mix,
     run_nodes,
+    show_offline_dry_run,
     templates_option,
 )
-from orchestrator.cli.report import OFFLINE_NOTE, json_doc, show_dry_run
+from orchestrator.cli.report import json_doc
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
-    from orchestrator.render import Renderer
     from orchestrator.session import Session
 
 
@@ -116,7 +116,19 @@ def run_validate(
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
     run_id = new_run_id(inventory.cluster.name, kind="validate", reserve=not settings.dry_run)
     if settings.dry_run:
-        _validate_dry_run(settings, inventory, renderer, run_id, timeout, sizes or DEFAULT_SIZES)
+        from orchestrator.resources import package_file
+        from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
+
+        show_offline_dry_run(
+            settings,
+            "validate",
+            inventory,
+            run_id,
+            renderer,
+            lambda specs: validation_specs(specs, timeout, sizes or DEFAULT_SIZES),
+            template=TEMPLATE,
+            script_file=package_file("steps/probes/" + WORKER),
+        )
         return ExitCode.OK
     log = RunLog(Path("runs") / run_id)
     printer = ui.line_printer([n.name for n in nodes])
@@ -187,30 +199,3 @@ def run_validate(
     if problems:
         ui.note(f"per-node output: {log.directory}/ (validation worker lines; -v shows them live)")
     return code
-
-
-def _validate_dry_run(
-    settings: Settings,
-    inventory: Inventory,
-    renderer: Renderer,
-    run_id: str,
-    timeout: float,
-    sizes: tuple[int, ...],
-) -> None:
-    from orchestrator.cli.common import offline_plan
-    from orchestrator.resources import package_file
-    from orchestrator.steps.launch import dry_run_nodes
-    from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
-
-    launch_plan = offline_plan(settings.ui, inventory, run_id)
-    report = dry_run_nodes(
-        "validate",
-        inventory,
-        validation_specs(launch_plan.specs, timeout, sizes),
-        renderer,
-        ssh=settings.ssh_options(),
-        template=TEMPLATE,
-        script_file=package_file("steps/probes/" + WORKER),
-        data={"run_id": run_id, "backend": launch_plan.backend},
-    )
-    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)

@@ -215,6 +215,21 @@ class FetchReport:
         return {"paths": [dataclasses.asdict(f) for f in outcome.value] if outcome.value else []}
 
 
+def fetch_on_slurm(
+    session: Session, inventory: Inventory, run_id: str, paths: Sequence[str], *, from_code: bool
+) -> FetchReport:
+    """fetch of a Slurm run: its nodes' directories are on the shared file system, read through the
+    login host (``session``: over that host alone)."""
+    from orchestrator.slurm.job import login_node
+    from orchestrator.slurm.run import fetch_run
+
+    login = session.transport(login_node(inventory))
+    dest = RUNS_ROOT / run_id
+    return FetchReport(
+        GroupResult(fetch_run(login, inventory, run_id, paths, dest_root=dest, from_code=from_code))
+    )
+
+
 def fetch_all(
     session: Session, run_id: str, paths: Sequence[str], *, code_dir: str | None, from_code: bool
 ) -> FetchReport:
