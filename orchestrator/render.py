@@ -198,6 +198,19 @@ def missing_secrets(inventory: Inventory, environ: Mapping[str, str] | None = No
     return issues
 
 
+def secret_values(inventory: Inventory, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values the page masks: train.env secrets (``from_env``, secret-looking names) as set here."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name, value in inventory.cluster.train.env:
+        if isinstance(value, FromEnv):
+            if env.get(value.from_env):
+                out.append(env[value.from_env])
+        elif is_secret_name(name) and value:
+            out.append(value)
+    return out
+
+
 def require_secrets(inventory: Inventory, environ: Mapping[str, str] | None = None) -> None:
     """Before connecting to anything: every ``{from_env: NAME}`` of ``train.env`` can be read here.
 

@@ -4,7 +4,6 @@ a page served from this machine, fed by the streams the command reads anyway (do
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -67,57 +66,6 @@ def _wanted(ctx: click.Context) -> Listen | None:
     return parse_listen(listen) if listen else Listen()
 
 
-def secret_values(inventory: Inventory, environ: dict[str, str] | None = None) -> list[str]:
-    """Values the page masks: train.env secrets (``from_env``, secret-looking names) as set here."""
-    from orchestrator.inventory.model import FromEnv, is_secret_name
-
-    env = os.environ if environ is None else environ
-    out = []
-    for name, value in inventory.cluster.train.env:
-        if isinstance(value, FromEnv):
-            if env.get(value.from_env):
-                out.append(env[value.from_env])
-        elif is_secret_name(name) and value:
-            out.append(value)
-    return out
-
-
-def facts_summary(inspected: InspectedNode) -> dict[str, str]:
-    """The facts the page shows per node, each as a short text (OS, CPUs, memory, GPUs, torch,
-    interface to the master, how it was reached)."""
-    from orchestrator.facts.linux import public_value
-
-    values: dict[str, Any] = {}
-    for name, value in inspected.facts.values.items():
-        try:
-            values[name] = public_value(value)
-        except TypeError:
-            values[name] = str(value)
-    out: dict[str, str] = {"via": inspected.via}
-    system = values.get("os") or values.get("windows")
-    if isinstance(system, dict):
-        out["os"] = str(system.get("pretty_name") or system.get("caption") or system.get("id") or "")
-    cpus = values.get("cpus")
-    if cpus is not None:
-        out["cpus"] = str(cpus.get("count", cpus) if isinstance(cpus, dict) else cpus)
-    memory = values.get("memory")
-    if isinstance(memory, dict) and isinstance(memory.get("total_bytes"), int):
-        out["memory"] = f"{memory['total_bytes'] / 2**30:.1f} GiB"
-    gpus = values.get("gpus")
-    if isinstance(gpus, dict):
-        found = gpus.get("gpus") or []
-        out["gpus"] = (
-            ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in found) or "none"
-        )
-    torch = values.get("torch")
-    if isinstance(torch, dict):
-        out["torch"] = str(torch.get("version") or ("not installed" if not torch.get("installed") else ""))
-    route = values.get("route")
-    if isinstance(route, dict) and route.get("interface"):
-        out["interface"] = f"{route['interface']} ({route.get('source') or '?'})"
-    return {k: v for k, v in out.items() if v}
-
-
 @contextlib.contextmanager
 def live_dashboard(
     ctx: click.Context, settings: Settings, inventory: Inventory, nodes: Sequence[str], command: str
@@ -134,6 +82,7 @@ def live_dashboard(
         return
     from orchestrator.dashboard.model import LiveRun
     from orchestrator.dashboard.server import DashboardServer
+    from orchestrator.render import secret_values
 
     live = LiveRun(list(nodes), secrets=secret_values(inventory), command=command)
     server = DashboardServer(live, listen)
@@ -173,7 +122,7 @@ def show_facts(live: LiveRun | None, inspected: Sequence[Outcome[InspectedNode]]
         return
     for outcome in inspected:
         if outcome.value is not None:
-            live.facts(outcome.node, facts_summary(outcome.value))
+            live.facts(outcome.node, outcome.value.summary())
 
 
 @click.command()

@@ -24,13 +24,14 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
-from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, secret_values
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
 from orchestrator.cli.ui import UI, RankedOutput
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
+from orchestrator.render import secret_values
 from orchestrator.runs.commands import (
     FetchReport,
     fetch_all,
@@ -369,12 +370,8 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
         if value is None:
             table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
             continue
-        stopped = value.state == "stopped"  # its code is what the stop made of it: no failure
-        label = value.state if value.exit_code is None or stopped else f"{value.state} ({value.exit_code})"
-        failed = o.error is not None or (not stopped and value.exit_code not in (None, 0))  # "no run" too
-        style = "red" if failed else styles.get(value.state, "dim")
-        if value.state == "controller lost":
-            label, style = "controller lost", "red"
+        failed = o.error is not None or value.failed  # "no run" too
+        label, style = value.label, "red" if failed else styles.get(value.state, "dim")
         table.add_row(
             Text(o.node),
             Text(label, style=style),
@@ -407,7 +404,6 @@ def _watch(
     dashboard's model, shown as a table in place (rich Live) on stderr."""
     from rich.live import Live
 
-    from orchestrator.cli.dashboard import secret_values
     from orchestrator.dashboard.model import LiveRun
 
     live = LiveRun(

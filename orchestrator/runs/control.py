@@ -271,6 +271,20 @@ class NodeStatus:
         doc["runtime"] = None if self.runtime is None else round(self.runtime, 1)
         return doc
 
+    @property
+    def label(self) -> str:
+        """The state as a table shows it: with the exit code, except after a stop (the code is what
+        the stop made of it) and when the controller was lost."""
+        if self.exit_code is None or self.state in ("stopped", "controller lost"):
+            return self.state
+        return f"{self.state} ({self.exit_code})"
+
+    @property
+    def failed(self) -> bool:
+        """Training went wrong there: a non-zero exit that no stop caused, or a lost controller."""
+        lost = self.state == "controller lost"
+        return lost or (self.state != "stopped" and self.exit_code not in (None, 0))
+
 
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
     """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""

@@ -69,6 +69,41 @@ class InspectedNode:
             "fact_errors": self.facts.errors,
         }
 
+    def summary(self) -> dict[str, str]:
+        """The facts the page shows per node, each as a short text (OS, CPUs, memory, GPUs, torch,
+        interface to the master, how it was reached)."""
+        values: dict[str, Any] = {}
+        for name, value in self.facts.values.items():
+            try:
+                values[name] = public_value(value)
+            except TypeError:
+                values[name] = str(value)
+        out: dict[str, str] = {"via": self.via}
+        system = values.get("os") or values.get("windows")
+        if isinstance(system, dict):
+            out["os"] = str(system.get("pretty_name") or system.get("caption") or system.get("id") or "")
+        cpus = values.get("cpus")
+        if cpus is not None:
+            out["cpus"] = str(cpus.get("count", cpus) if isinstance(cpus, dict) else cpus)
+        memory = values.get("memory")
+        if isinstance(memory, dict) and isinstance(memory.get("total_bytes"), int):
+            out["memory"] = f"{memory['total_bytes'] / 2**30:.1f} GiB"
+        gpus = values.get("gpus")
+        if isinstance(gpus, dict):
+            found = gpus.get("gpus") or []
+            out["gpus"] = (
+                ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in found) or "none"
+            )
+        torch = values.get("torch")
+        if isinstance(torch, dict):
+            out["torch"] = str(
+                torch.get("version") or ("not installed" if not torch.get("installed") else "")
+            )
+        route = values.get("route")
+        if isinstance(route, dict) and route.get("interface"):
+            out["interface"] = f"{route['interface']} ({route.get('source') or '?'})"
+        return {k: v for k, v in out.items() if v}
+
 
 def _windows_plan(
     node: Node, platform: Platform, extra: Sequence[Fact[Any]], python: str | None = None
