@@ -261,7 +261,7 @@ def run_launch(
     """The launch phase (also the main pipeline's last step); its exit code. ``session``: the
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.bench.launch import attach_shares
-    from orchestrator.cli.ui import RankedOutput
+    from orchestrator.cli.ui import ranked_outputs
     from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.steps.launch import plan
     from orchestrator.steps.train import train_run
@@ -335,20 +335,11 @@ def run_launch(
 
         # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
         labels = rank_labels(inventory)
+        samples = launch_plan.specs[0].sample_nonce if launch_plan.specs else ""
         if live is not None:
-            live.set_run(run_id, labels, launch_plan.specs[0].sample_nonce if launch_plan.specs else "")
-        outputs = {
-            node.name: RankedOutput(
-                node.name,
-                log,
-                None if settings.json_mode else printer,
-                first_rank=labels[node.name][0],
-                nproc=labels[node.name][1],
-                on_block=None if live is None else live.block,  # the page reads the same blocks
-                sample_nonce=launch_plan.specs[0].sample_nonce if launch_plan.specs else "",
-            )
-            for node in nodes
-        }
+            live.set_run(run_id, labels, samples)
+        page = None if live is None else live.block  # the page reads the same blocks
+        outputs = ranked_outputs(labels, log, None if settings.json_mode else printer, page, samples)
         if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
             session.executor.on_event = _announce_first_failure(ui, session.executor)
         try:

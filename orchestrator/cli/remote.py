@@ -26,8 +26,8 @@ from orchestrator.errors import (
     ExitCode,
 )
 from orchestrator.inventory import PasswordResolver
-from orchestrator.logs import RunLog, state_dir
-from orchestrator.runs.ids import new_run_id
+from orchestrator.logs import RunLog
+from orchestrator.runs.ids import command_run_dir
 from orchestrator.session import Session
 from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
@@ -83,8 +83,7 @@ def run(
             become=become,
         )
         return ExitCode.OK
-    runs = state_dir() / "runs"
-    run_log = RunLog(runs / new_run_id(inventory.cluster.name, kind="run", root=runs))
+    run_log = RunLog(command_run_dir(inventory.cluster.name))
     printer = ui.line_printer([n.name for n in nodes])
 
     outputs = {

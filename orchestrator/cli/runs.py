@@ -27,7 +27,7 @@ from orchestrator.cli.common import (
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import UI, RankedOutput
+from orchestrator.cli.ui import UI, ranked_outputs
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
@@ -216,18 +216,13 @@ def _logs(
     run_log = RunLog(directory, staged=True)
     printer = ui.line_printer([n.name for n in nodes], stream)
 
-    outputs = {
-        node.name: RankedOutput(
-            node.name,
-            run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
-            None if settings.json_mode or quiet else printer,
-            first_rank=labels[node.name][0],
-            nproc=labels[node.name][1],
-            on_block=None if live is None else live.block,  # the page reads the same blocks
-            sample_nonce=sample_nonce(RUNS_ROOT / run_id),
-        )
-        for node in nodes
-    }
+    outputs = ranked_outputs(
+        {n.name: labels[n.name] for n in nodes},
+        run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
+        None if settings.json_mode or quiet else printer,
+        None if live is None else live.block,  # the page reads the same blocks
+        sample_nonce(RUNS_ROOT / run_id),
+    )
 
     def on_note(node: str, message: str) -> None:
         ui.note(f"{node}: {message}")

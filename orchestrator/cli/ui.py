@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -400,6 +400,23 @@ class RankedOutput(BlockHandler):
     def _rank_head(self, match: re.Match[str]) -> str:
         assert self.printer is not None
         return self.printer.head(self.node, self.first_rank + int(match.group(1)))
+
+
+def ranked_outputs(
+    labels: Mapping[str, tuple[int, int]],
+    log: RunLog | None,
+    printer: LinePrinter | None,
+    on_block: Callable[[str, str], None] | None,
+    sample_nonce: str,
+) -> dict[str, RankedOutput]:
+    """A run's output handler per node (``labels``: its first global rank and its rank count), each
+    writing ``log`` and ``printer`` and handing its blocks to ``on_block`` (the live page)."""
+    return {
+        name: RankedOutput(
+            name, log, printer, first_rank=first, nproc=nproc, on_block=on_block, sample_nonce=sample_nonce
+        )
+        for name, (first, nproc) in labels.items()
+    }
 
 
 class PrefixedOutput(BlockHandler):

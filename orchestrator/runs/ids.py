@@ -107,3 +107,12 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
             hint="pass --run RUN-ID, or run this from the directory you launched from",
         )
     return max(candidates)[2]
+
+
+def command_run_dir(cluster: str) -> Path:
+    """Where `bootstrap run` keeps every node's whole output: a new run id of its own under the
+    controller's state directory (``<state>/runs``), not ./runs, whose ids name training runs."""
+    from orchestrator.logs import state_dir
+
+    runs = state_dir() / "runs"
+    return runs / new_run_id(cluster, kind="run", root=runs)
