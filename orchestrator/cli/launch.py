@@ -316,8 +316,8 @@ def run_launch(
         from orchestrator.runs.layout import train_record
         from orchestrator.runs.ranks import rank_labels
 
-        args_line = train_args_line(train_record(inventory))
-        if args_line:
+        record = train_record(inventory)  # the run record's train part: what the script got
+        if args_line := train_args_line(record):
             ui.info(args_line)
         if detach:
             from orchestrator.cli.runs import show_detached
@@ -325,7 +325,7 @@ def run_launch(
 
             try:
                 started_detached = start_detached(
-                    session, launch_plan.specs, renderer=renderer, train_doc=train_record(inventory)
+                    session, launch_plan.specs, renderer=renderer, train_doc=record
                 )
             except KeyboardInterrupt:
                 interrupted(ui)
@@ -343,9 +343,7 @@ def run_launch(
         if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
             session.executor.on_event = _announce_first_failure(ui, session.executor)
         try:
-            report = train_run(
-                session, launch_plan.specs, renderer, outputs, log, train_doc=train_record(inventory)
-            )
+            report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
         finally:
             session.executor.on_event = None
             unobserve()
