@@ -47,7 +47,7 @@ from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import ROUND_SECONDS
 from orchestrator.steps.addresses import reached_nodes
-from orchestrator.steps.culprit import Failure, culprit, tagged_lines, torchrun_failures
+from orchestrator.steps.culprit import Failure, culprit, is_victim, tagged_lines, torchrun_failures
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -735,6 +735,16 @@ def _culprit(result: Result, *, global_tags: bool = False) -> Failure | None:
         return tagged_lines(text, tag)
 
     return culprit(torchrun_failures(text), last_lines)
+
+
+def died_of_a_peer(result: Result, *, global_tags: bool = False) -> bool:
+    """Whether the node's failure looks like another node's consequence: the rank its torchrun
+    failed for (steps/culprit.py) died of gloo's closed connection (a peer went away first)."""
+    found = _culprit(result, global_tags=global_tags)
+    if found is None:
+        return False
+    tag = found.rank if global_tags or found.local_rank is None else found.local_rank
+    return is_victim(tagged_lines(result.stdout + "\n" + result.stderr, tag))
 
 
 def failure_headline(result: Result, *, global_tags: bool = False) -> str:
