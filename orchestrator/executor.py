@@ -178,9 +178,10 @@ class Executor:
         """``fn(item)`` for every item in parallel; outcomes in the order of ``items``.
 
         With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early (and
-        ``on_cause`` is told which). A failure for which ``consequence`` is true (another node's
-        failure may have caused it) waits up to ``CAUSE_GRACE`` seconds for one that is not, which then
-        is the cause told; the others are stopped at once after that one, or when the wait is over.
+        ``on_cause`` is told which), unless none is left. A failure for which ``consequence`` is true
+        (another node's failure may have caused it) waits up to ``CAUSE_GRACE`` seconds for one that
+        is not, which then is the cause told; the others are stopped at once after that one, or when
+        the wait is over.
         KeyboardInterrupt triggers ``cancel`` too, then propagates.
         """
         if not items:
@@ -220,14 +221,15 @@ class Executor:
                     if not fail_fast or self.cancelled or not _failed(outcome):
                         continue
                     secondary = consequence is not None and consequence(outcome)
-                    if secondary and remaining:
-                        if held is None:
-                            held, deadline = outcome, time.monotonic() + CAUSE_GRACE
-                        continue
-                    self._fail_fast(held if secondary and held is not None else outcome)
-                    held = None
-                if held is not None:
-                    self._fail_fast(held)
+                    if not remaining:
+                        # nothing left to stop: no cancel, which would close the connections the
+                        # caller goes on using (to look for what the run left behind)
+                        held = None
+                    elif not secondary:
+                        self._fail_fast(outcome)
+                        held = None
+                    elif held is None:
+                        held, deadline = outcome, time.monotonic() + CAUSE_GRACE
                 return GroupResult(f.result() for f in futures)
             except KeyboardInterrupt:
                 self.trigger_cancel()
