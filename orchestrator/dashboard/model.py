@@ -28,7 +28,7 @@ from orchestrator import records
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.samples import node_sample
-from orchestrator.steps.culprit import ROOT_CAUSE, culprit, torchrun_failures
+from orchestrator.steps.culprit import ROOT_CAUSE, culprit, is_victim, torchrun_failures
 
 #: last lines kept per rank (and shown per failure)
 TAIL = 200
@@ -46,6 +46,8 @@ LINE_CHARS = 2000
 MASK = "***"
 #: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
 SUMMARY_BYTES = 64 * 1024
+#: said of a node's failure whose rank died of gloo's closed connection (steps/culprit.py)
+CONSEQUENCE = " after a peer's connection closed (a consequence: the cause is another node's failure)"
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
 # no tag: its metrics count for no rank)
@@ -250,6 +252,8 @@ class LiveRun:
             if found is None or said is None:
                 return
             message = f"rank {found.rank} {_how(found.exit_code)}"
+            if is_victim(list(self.ranks[found.rank].lines) if found.rank in self.ranks else []):
+                message += CONSEQUENCE  # the rank its torchrun failed for died of it: not the cause
             if said["message"] != message:
                 said["message"] = self.mask(message)
                 said["lines"] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import records
-from orchestrator.dashboard.model import PENDING_BYTES, TAIL, LiveRun
+from orchestrator.dashboard.model import CONSEQUENCE, PENDING_BYTES, TAIL, LiveRun
 from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
 from orchestrator.errors import UsageError
 
@@ -198,6 +198,20 @@ def test_the_failure_names_the_culprit_not_the_colocated_rank_that_died_of_its_c
         # the node's end (the launch names the same rank) completes that event, no second one
         live.node_event("n2", "train", "failed", "node n2: rank 3 exited with code 3 (torchrun exited 1)")
         assert [e["message"] for e in live.snapshot()["events"]] == ["rank 3 exited with code 3"]
+
+
+def test_a_node_whose_ranks_died_of_a_peers_closed_connection_is_shown_as_a_consequence() -> None:
+    """Recorded, both nodes of one run: n2's rank 3 exited 3; n1's ranks died of the closed gloo
+    connection (its torchrun may end first). n1's failure says it is a consequence; n2's does not."""
+    data = Path(__file__).parent / "data" / "torchrun"
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+    live.block("n1", (data / "victim_node_first_of_2.log").read_text())
+    live.block("n2", (data / "culprit_node_second_of_2.log").read_text())
+    events = {e["node"]: e for e in live.snapshot()["events"] if e["kind"] == "failure"}
+    assert events["n1"]["message"] == "rank 1 exited with code 1" + CONSEQUENCE
+    assert "Connection closed by peer" in events["n1"]["lines"][-1]
+    assert events["n2"]["message"] == "rank 3 exited with code 3"
+    assert events["n2"]["lines"][-1] == "culprit last words: out of patience"
 
 
 NONCE = "cb-0123456789ab"
