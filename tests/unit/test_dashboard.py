@@ -17,6 +17,7 @@ from orchestrator import records
 from orchestrator.dashboard.model import CONSEQUENCE, PENDING_BYTES, TAIL, LiveRun
 from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
 from orchestrator.errors import UsageError
+from tests.unit.test_failure_cause import torchrun_named_the_worker_it_stopped
 
 
 def _run() -> LiveRun:
@@ -212,6 +213,19 @@ def test_a_node_whose_ranks_died_of_a_peers_closed_connection_is_shown_as_a_cons
     assert "Connection closed by peer" in events["n1"]["lines"][-1]
     assert events["n2"]["message"] == "rank 3 exited with code 3"
     assert events["n2"]["lines"][-1] == "culprit last words: out of patience"
+    # torchrun may name as its root cause the worker it stopped itself (tests/unit/test_failure_cause.py)
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+    recorded = (data / "victim_node_first_of_2.log").read_text()
+    live.block(
+        "n1",
+        torchrun_named_the_worker_it_stopped(
+            recorded,
+            "rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 3722)  (SIGTERM)",
+            "rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 3723) ",
+        ),
+    )
+    (event,) = [e for e in live.snapshot()["events"] if e["kind"] == "failure"]
+    assert event["message"] == "rank 1 exited with code 1" + CONSEQUENCE
 
 
 NONCE = "cb-0123456789ab"

@@ -119,6 +119,34 @@ VICTIM_NODE = (DATA / "torchrun" / "victim_node_first_of_2.log").read_text()
 CULPRIT_NODE = (DATA / "torchrun" / "culprit_node_second_of_2.log").read_text()
 
 
+def torchrun_named_the_worker_it_stopped(text: str, stopped: str, failed: str) -> str:
+    """``text`` with the summary's two entries swapped: its root cause is the worker torchrun itself
+    stopped (seen in a real 3-node run of the example: a victim's node named ``rank 5 was killed by
+    signal 15``, the co-located rank its torchrun stopped after the other died of the closed
+    connection)."""
+    return text.replace(stopped, "\0").replace(failed, stopped).replace("\0", failed)
+
+
+def test_a_worker_torchrun_stopped_itself_is_never_the_cause() -> None:
+    victim = torchrun_named_the_worker_it_stopped(
+        VICTIM_NODE,
+        "rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 3722)  (SIGTERM)",
+        "rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 3723) ",
+    )
+    assert "rank      : 0 (local_rank: 0)" in victim.split("Root Cause")[1]  # torchrun's pick: the -15
+    victim_result = Result("node1", "launch", 1, victim, "", 1.0)
+    assert root_cause(victim_result) == (1, 1)
+    assert died_of_a_peer(victim_result)  # its own failure was the closed connection: a consequence
+    guilty = torchrun_named_the_worker_it_stopped(
+        CULPRIT_NODE,
+        "rank      : 2 (local_rank: 0)\n  exitcode  : -15 (pid: 3724)  (SIGTERM)",
+        "rank      : 3 (local_rank: 1)\n  exitcode  : 3 (pid: 3725) ",
+    )
+    guilty_result = Result("node2", "launch", 1, guilty, "", 1.0)
+    assert failure_headline(guilty_result) == "rank 3 exited with code 3 (torchrun exited 1)"
+    assert not died_of_a_peer(guilty_result)
+
+
 def _node_failure(node: str, text: str) -> CommandFailedError:
     result = Result(node, "launch", 1, text, "", 1.0)
     return CommandFailedError(failure_headline(result), node=node, result=result)
