@@ -18,8 +18,13 @@ from dataclasses import dataclass
 ROOT_CAUSE = "Root Cause (first observed failure):"
 #: the last lines of a rank that died because a peer's connection went away (gloo's words)
 _VICTIM = re.compile(r"Connection (?:closed|reset) by peer")
-#: how many of a rank's last lines are looked at for the victim's words (its traceback's last lines)
-VICTIM_LINES = 5
+#: how many of a rank's last lines are looked at for the victim's words: its last traceback, from
+#: its last "Traceback (most recent call last):" (an error raised through C++, such as DDP's "Got the
+#: following error when running the callback", ends with an "At:" list of frames after its message),
+#: else its last ``LAST_LINES``
+VICTIM_LINES = 40
+LAST_LINES = 5
+_TRACEBACK = "Traceback (most recent call last):"
 _ENTRY = re.compile(r"^\[\d+\]:\s*$")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*?)\s*$")
 _RANK = re.compile(r"(\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
@@ -92,8 +97,12 @@ def torchrun_failures(text: str) -> list[Failure]:
 
 
 def is_victim(lines: Sequence[str]) -> bool:
-    """Whether a rank's last lines say it died of a peer's closed connection."""
-    return any(_VICTIM.search(line) for line in lines[-VICTIM_LINES:])
+    """Whether a rank's last lines say it died of a peer's closed connection (its last traceback's
+    exception, or its last few lines without one)."""
+    window = list(lines[-VICTIM_LINES:])
+    start = next((i for i in range(len(window) - 1, -1, -1) if _TRACEBACK in window[i]), None)
+    shown = window[-LAST_LINES:] if start is None else window[start:]
+    return any(_VICTIM.search(line) for line in shown)
 
 
 def stopped_pids(text: str) -> frozenset[int]:

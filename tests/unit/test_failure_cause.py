@@ -12,6 +12,7 @@ import pytest
 from orchestrator import executor as executor_module
 from orchestrator.errors import CancelledError, CommandFailedError
 from orchestrator.executor import CAUSE_GRACE, Executor, NodeEvent
+from orchestrator.steps.culprit import is_victim
 from orchestrator.steps.launch import died_of_a_peer, failure_headline, failure_tail, root_cause
 from orchestrator.steps.train import consequence, failed_first
 from orchestrator.transports import Result
@@ -233,3 +234,26 @@ def test_a_failure_of_its_own_stops_the_others_at_once() -> None:
     executor.on_cause = told.append
     executor.map(["node1", "node2"], work, name=str, step="train", fail_fast=True, consequence=consequence)
     assert [o.node for o in told] == ["node2"]
+
+
+def test_an_error_raised_through_cpp_is_judged_by_its_message_not_its_frames() -> None:
+    """DDP's reducer raises the closed connection as "Got the following error when running the
+    callback" followed by an "At:" list of frames (seen in the browser e2e): more than 5 lines."""
+    lines = [
+        "step 40",
+        "Traceback (most recent call last):",
+        '  File "/srv/code/train.py", line 9, in <module>',
+        "    loss.backward()",
+        "RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/"
+        "pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [198.18.226.12]:31628: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging",
+        "",
+        "At:",
+        "  /venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py(1600): _sync_buffers",
+        "  /venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py(1500): forward",
+        "  /venv/lib/python3.11/site-packages/torch/nn/modules/module.py(1700): _call_impl",
+        "  /srv/code/train.py(9): <module>",
+        "",
+    ]
+    assert is_victim(lines)
+    assert not is_victim(["Traceback (most recent call last):", "ValueError: bad batch", *lines[-6:]])
