@@ -398,9 +398,10 @@ class LiveRun:
             text = "".join(blocks)
             tail = text.rsplit("\n", TAIL + 1)[-TAIL - 1 :]  # the last TAIL lines, no full split
             first = self.labels.get(node, (0, 0))[0]
+            nonce = self._sample_nonce if records.mentions(text, self._sample_nonce) else ""
             for raw in tail:
-                if not raw:
-                    continue
+                if not raw or (nonce and records.decode_line(raw, nonce) is not None):
+                    continue  # (a sample of the node's use, read by block(): not a line it printed)
                 local, line = split_rank(raw)
                 shown = self.mask(line)
                 if local is None:

@@ -167,6 +167,9 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
                 lambda: MARKUP in driver.find_element(By.ID, "lines").text, 30, "rank 1's markup line"
             )
             assert shown
+            # the nodes' CPU samples (records of the run's nonce) are in the GPU / CPU column, not lines
+            await_(lambda: all(_use(driver).values()), 30, "every node's CPU load")
+            assert "@@cb-" not in driver.find_element(By.ID, "lines").text
             assert driver.execute_script("return window.__pwned === undefined") is True
             assert driver.find_elements(By.CSS_SELECTOR, "img, textarea, main script") == []
 

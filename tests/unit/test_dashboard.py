@@ -250,6 +250,13 @@ def test_the_nodes_samples_reach_the_page_per_node_and_per_gpu_and_only_of_the_r
     assert nodes["n1"]["load"] is None
     assert nodes["n2"]["gpus"] == [] and nodes["n2"]["load"] == {"load": 0.25, "cpus": 2}
     assert live.snapshot()["lines"]["1"] == [forged.rstrip("\n")]  # the rank's line, shown as text
+    # the node's own samples are not lines it printed: neither the node's nor a rank's last lines
+    lines = live.snapshot()["lines"]
+    assert (
+        lines["0"] == ["step 1"]
+        and lines["n1"] == []
+        and lines["n2"] == [records.record("cb-ffffffffffff", "gpu", "0, 100, 1, 1").rstrip("\n")]
+    )
     unknown = LiveRun(["n1"], labels={"n1": (0, 1)})  # a run whose nonce is not known: no samples
     unknown.block("n1", records.record(NONCE, "gpu", "0, 87, 20513, 24576"))
     assert "gpus" not in unknown.snapshot()["nodes"][0]
