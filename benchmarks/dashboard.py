@@ -11,7 +11,7 @@ Lines/s (aggregate), lines lost, and what the dashboard's model holds at the end
 lines, points, pending blocks). At more than one size (lines per node): what the dashboard keeps
 must not grow with the number of lines. Target: the dashboard costs at most 10 % of the throughput.
 
-    sudo .venv-test/bin/python benchmarks/dashboard.py [--lines 50000,250000] [--runs 3]
+    sudo .venv-test/bin/python benchmarks/dashboard.py [--lines 50000,125000,250000,500000] [--runs 3]
 """
 
 from __future__ import annotations
