@@ -4,30 +4,34 @@ The `logs --follow` path of benchmarks/logs.py (a 4-host namespace cluster, each
 ``--lines`` numbered lines as fast as it can, followed from its node.log), measured without and with
 a dashboard attached: a LiveRun fed every block (RankedOutput.on_block, as `logs --follow
 --dashboard` and `launch --dashboard` do), its server running, and one viewer reading the event
-stream. Lines/s (aggregate), lines lost, and the controller's RSS: after the run, at its peak
-during the run (the kernel's high-water mark, reset before each run), and that peak over the RSS
-before the run; and what the dashboard's model holds at the end (node text kept: lines, points,
-pending blocks). At more than one size (lines per node): what the dashboard keeps must not grow
-with the number of lines. Target: the dashboard costs at most 10 % of the throughput.
+stream. Each measurement runs in a process of its own, forked from the same parent (the cluster up,
+every module imported): its controller RSS at the start (the parent's), at its peak (the kernel's
+high-water mark) and that peak over the start, so that neither path inherits the other's heap.
+Lines/s (aggregate), lines lost, and what the dashboard's model holds at the end (node text kept:
+lines, points, pending blocks). At more than one size (lines per node): what the dashboard keeps
+must not grow with the number of lines. Target: the dashboard costs at most 10 % of the throughput.
 
-    sudo .venv-test/bin/python benchmarks/dashboard.py [--lines 50000,250000] [--runs 3]
+    sudo .venv-test/bin/python benchmarks/dashboard.py [--lines 50000,125000,250000,500000] [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import logs  # type: ignore[import-not-found]  # noqa: E402
 from logs import NODES, PRINTER, Row, run_logs  # type: ignore[import-not-found]  # noqa: E402
 
 from orchestrator.dashboard.model import LiveRun  # noqa: E402
@@ -97,6 +101,62 @@ def with_dashboard(
     return row, held_kib(live)
 
 
+class _Counted(list[float]):
+    """A Tally's latencies, counted, the first ``KEEP`` kept: benchmarks/logs.py keeps one float per
+    line (about 32 bytes: 32 MiB at 4 x 250,000 lines), which would be measured as the controller's
+    growth with the number of lines. This benchmark reports neither latency."""
+
+    KEEP = 10_000
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def append(self, value: float) -> None:
+        self.count += 1
+        if self.count <= self.KEEP:
+            super().append(value)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def _count_latencies() -> None:
+    """Every Tally of this process keeps its latencies in a :class:`_Counted` (a forked child only)."""
+    line = logs.Tally.line
+
+    def counted_line(self: Any, text: str) -> None:
+        if not isinstance(self.latencies, _Counted):
+            self.latencies = _Counted()
+        line(self, text)
+
+    logs.Tally.line = counted_line  # type: ignore[method-assign]
+
+
+def measure(
+    cluster: NamespaceCluster, known: Path, printer: Path, lines: int, tmp: Path, dashboard: bool
+) -> tuple[Row, float, float, float]:
+    """One run in a child forked from here: (row, RSS at its start, its peak, model KiB)."""
+    context = multiprocessing.get_context("fork")
+    parent_end, child_end = context.Pipe(duplex=False)
+
+    def child() -> None:
+        _count_latencies()
+        start = reset_peak()
+        if dashboard:
+            row, held = with_dashboard(cluster, known, printer, lines, tmp)
+        else:
+            row, held = run_logs(cluster, known, printer, lines, 0.0, tmp), float("nan")
+            row.path = "logs --follow"
+        child_end.send((row, start, peak_mb(), held))
+
+    process = context.Process(target=child)
+    process.start()
+    got = parent_end.recv()
+    process.join()
+    return got  # type: ignore[no-any-return]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,8 +167,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="runs per path (the median run is shown)")
     args = parser.parse_args()
     sizes = [int(n) for n in args.lines.split(",")]
-    # per (size, path): (row, RSS after, peak, peak over the RSS before, model's KiB)
-    rows: dict[tuple[int, str], list[tuple[Row, float, float, float, float]]] = {}
+    # per (size, path): (row, RSS at the start, peak, model's KiB)
+    rows: dict[tuple[int, str], list[tuple[Row, float, float, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="cb-bench-dash-") as tmp_name, NamespaceCluster(NODES) as cluster:
         tmp = Path(tmp_name)
         printer = tmp / "printer.py"
@@ -117,33 +177,31 @@ def main() -> int:
         known.write_text(cluster.known_hosts_text())
         for _ in range(args.runs):  # alternated: both see the same machine load over time
             for lines in sizes:
-                before = reset_peak()
-                plain = run_logs(cluster, known, printer, lines, 0.0, tmp)
-                plain.path = "logs --follow"
-                rows.setdefault((lines, "plain"), []).append(
-                    (plain, rss_mb(), peak_mb(), peak_mb() - before, float("nan"))
-                )
-                before = reset_peak()
-                attached, held = with_dashboard(cluster, known, printer, lines, tmp)
-                rows.setdefault((lines, "dashboard"), []).append(
-                    (attached, rss_mb(), peak_mb(), peak_mb() - before, held)
-                )
-    print(f"\n{NODES} nodes, median of {args.runs} run(s) (by lines/s)")
+                for path in ("plain", "dashboard"):
+                    got = measure(cluster, known, printer, lines, tmp, path == "dashboard")
+                    rows.setdefault((lines, path), []).append(got)
+    print(f"\n{NODES} nodes, median of {args.runs} run(s) (by lines/s); RSS of the run's own process")
     print(
-        f"{'lines/node':>10}  {'path':<30}{'lines/s':>10}{'lost':>6}{'RSS MiB':>9}{'peak MiB':>10}"
-        f"{'peak-start':>11}{'model KiB':>10}{'vs plain':>9}"
+        f"{'lines/node':>10}  {'path':<30}{'lines/s':>10}{'lost':>6}{'start MiB':>10}{'peak MiB':>10}"
+        f"{'peak-start':>11}{'model KiB':>10}{'vs plain':>9}{'CPU us/line':>12}"
     )
     for lines in sizes:
         base = statistics.median(r.lines_per_s for r, *_ in rows[(lines, "plain")])
         for path in ("plain", "dashboard"):
             runs = rows[(lines, path)]
-            row, rss, peak, grew, held = sorted(runs, key=lambda x: x[0].lines_per_s)[len(runs) // 2]
+            row, start, peak, held = sorted(runs, key=lambda x: x[0].lines_per_s)[len(runs) // 2]
+            grew = statistics.median(p - s for _, s, p, _ in runs)
             print(
-                f"{lines:>10,}  {row.path:<30}{row.lines_per_s:>10,.0f}{row.lost:>6}{rss:>9.0f}{peak:>10.0f}"
-                f"{grew:>11.0f}{held:>10.0f}{row.lines_per_s / base:>9.2f}"
+                f"{lines:>10,}  {row.path:<30}{row.lines_per_s:>10,.0f}{row.lost:>6}"
+                f"{start:>10.0f}{peak:>10.0f}{grew:>11.0f}{held:>10.0f}{row.lines_per_s / base:>9.2f}"
+                f"{statistics.median(r.cpu_us for r, *_ in runs):>12.2f}"
             )
+    print("(CPU us/line: the controller's CPU time per line, the median of the runs: what the machine's")
+    print("load changes least)")
     print("\ntarget: the dashboard costs at most 10 % of the throughput (>= 0.90); its memory does not")
-    print("grow with the lines per node (peak-start and model KiB alike at every size)")
+    print(
+        "grow with the lines per node (peak-start, the median of the runs, and model KiB alike at every size)"
+    )
     return 0
 
 

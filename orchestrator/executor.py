@@ -22,6 +22,10 @@ N = TypeVar("N")
 
 EventKind = Literal["start", "done", "failed", "waiting"]
 
+#: seconds a fail-fast map waits, after a failure that may be another's consequence (a peer's closed
+#: connection), for the failure that caused it before it stops the others
+CAUSE_GRACE = 2.0
+
 
 @dataclass
 class NodeEvent:
@@ -123,6 +127,8 @@ class Executor:
         #: each step's progress display sets and clears
         self.observers: list[Callable[[NodeEvent], None]] = []
         self.cancel = cancel
+        #: told the failure that makes a fail-fast map stop the others, just before it does
+        self.on_cause: Callable[[Outcome[Any]], None] | None = None
         self._cancelled = threading.Event()
 
     @property
@@ -167,10 +173,15 @@ class Executor:
         name: Callable[[N], str],
         step: str,
         fail_fast: bool = False,
+        consequence: Callable[[Outcome[T]], bool] | None = None,
     ) -> GroupResult[T]:
         """``fn(item)`` for every item in parallel; outcomes in the order of ``items``.
 
-        With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early.
+        With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early (and
+        ``on_cause`` is told which), unless none is left. A failure for which ``consequence`` is true
+        (another node's failure may have caused it) waits up to ``CAUSE_GRACE`` seconds for one that
+        is not, which then is the cause told; the others are stopped at once after that one, or when
+        the wait is over.
         KeyboardInterrupt triggers ``cancel`` too, then propagates.
         """
         if not items:
@@ -191,20 +202,46 @@ class Executor:
                     future.add_done_callback(finished.put)
                     futures.append(future)
                 remaining = len(futures)
+                held: Outcome[T] | None = None  # a consequence waiting for its cause until ``deadline``
+                deadline = 0.0
                 while remaining:
-                    done = finished.get()
+                    wait = None if held is None else max(0.0, deadline - time.monotonic())
+                    try:
+                        done = finished.get(timeout=wait)
+                    except queue.Empty:  # no other failure within the grace: the consequence it is
+                        if held is not None:
+                            self._fail_fast(held)
+                        held = None
+                        continue
                     if isinstance(done, int):  # a signal: its handler (the CLI's) raises here
                         handlers[done](done, None)
                         continue
                     remaining -= 1
-                    if fail_fast and not self.cancelled and _failed(done.result()):
-                        self.trigger_cancel()
+                    outcome = done.result()
+                    if not fail_fast or self.cancelled or not _failed(outcome):
+                        continue
+                    secondary = consequence is not None and consequence(outcome)
+                    if not remaining:
+                        # nothing left to stop: no cancel, which would close the connections the
+                        # caller goes on using (to look for what the run left behind)
+                        held = None
+                    elif not secondary:
+                        self._fail_fast(outcome)
+                        held = None
+                    elif held is None:
+                        held, deadline = outcome, time.monotonic() + CAUSE_GRACE
                 return GroupResult(f.result() for f in futures)
             except KeyboardInterrupt:
                 self.trigger_cancel()
                 raise
             finally:
                 pool.shutdown(wait=not self.cancelled, cancel_futures=True)
+
+    def _fail_fast(self, cause: Outcome[Any]) -> None:
+        """``cause`` stops the others: told to ``on_cause``, then ``cancel``."""
+        if not self.cancelled and self.on_cause is not None:
+            self.on_cause(cause)
+        self.trigger_cancel()
 
     def trigger_cancel(self) -> None:
         if self._cancelled.is_set():

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.errors import CancelledError, UnreachableError
-from orchestrator.executor import Executor, GroupResult, NodeEvent
+from orchestrator.executor import Executor, GroupResult, NodeEvent, Outcome
 from orchestrator.transports import SSHOptions, Transport, open_transport
 
 if TYPE_CHECKING:
@@ -168,10 +168,11 @@ class Session:
         step: str,
         connect: bool = True,
         fail_fast: bool = False,
+        consequence: Callable[[Outcome[T]], bool] | None = None,
         nodes: list[Node] | None = None,
     ) -> GroupResult[T]:
         """``fn(node, transport)`` on every selected node (or on ``nodes``) in parallel, outcomes in
-        inventory order."""
+        inventory order (``fail_fast``, ``consequence``: see Executor.map)."""
 
         def one(node: Node) -> T:
             transport = self.transport(node)
@@ -180,7 +181,9 @@ class Session:
             return fn(node, transport)
 
         chosen = self.nodes if nodes is None else nodes
-        return self.executor.map(chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast)
+        return self.executor.map(
+            chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast, consequence=consequence
+        )
 
     def subset(self, nodes: list[Node]) -> Session:
         """This session over fewer nodes: the same connections, memo and executor (the main pipeline's

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,7 +37,7 @@ from orchestrator.errors import (
     ExitCode,
     UsageError,
 )
-from orchestrator.executor import Executor, NodeEvent, Outcome, exit_code_for
+from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 from orchestrator.runs.layout import logs_where
@@ -341,11 +340,11 @@ def run_launch(
         page = None if live is None else live.block  # the page reads the same blocks
         outputs = ranked_outputs(labels, log, None if settings.json_mode else printer, page, samples)
         if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
-            session.executor.on_event = _announce_first_failure(ui, session.executor)
+            session.executor.on_cause = _announce_cause(ui)
         try:
             report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
         finally:
-            session.executor.on_event = None
+            session.executor.on_cause = None
             unobserve()
         if report.interrupted is not None:
             show_sweep(settings, run_id, report.swept)
@@ -445,15 +444,7 @@ def _tell_dashboard(live: LiveRun, report: TrainReport) -> None:
     live.ended(state, f"run {report.run_id} {'ended' if state == 'ok' else state}")
 
 
-def _announce_first_failure(ui: UI, executor: Executor) -> Callable[[NodeEvent], None]:
-    """The node that ends a foreground run, named the moment it fails (a lost connection, a rank's
-    exit), before the other nodes are stopped and swept: the summary only comes after that. Not
-    the nodes a Ctrl-C or the fail fast itself stopped (the executor was cancelled by then)."""
-    said = threading.Event()
-
-    def on_event(event: NodeEvent) -> None:
-        if event.kind == "failed" and not executor.cancelled and not said.is_set():
-            said.set()
-            ui.warn(f"{event.detail}; stopping the run on the other nodes")  # the detail names the node
-
-    return on_event
+def _announce_cause(ui: UI) -> Callable[[Outcome[Any]], None]:
+    """The node whose failure ends a foreground run (a lost connection, a rank's exit), named as the
+    fail fast stops the other nodes: the summary only comes after they are stopped and swept."""
+    return lambda cause: ui.warn(f"{cause.error}; stopping the run on the other nodes")  # names the node

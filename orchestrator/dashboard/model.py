@@ -28,7 +28,14 @@ from orchestrator import records
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.samples import node_sample
-from orchestrator.steps.culprit import ROOT_CAUSE, culprit, torchrun_failures
+from orchestrator.steps.culprit import (
+    ROOT_CAUSE,
+    Failure,
+    culprit,
+    is_victim,
+    stopped_pids,
+    torchrun_failures,
+)
 
 #: last lines kept per rank (and shown per failure)
 TAIL = 200
@@ -46,6 +53,8 @@ LINE_CHARS = 2000
 MASK = "***"
 #: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
 SUMMARY_BYTES = 64 * 1024
+#: said of a node's failure whose rank died of gloo's closed connection (steps/culprit.py)
+CONSEQUENCE = " after a peer's connection closed (a consequence: the cause is another node's failure)"
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
 # no tag: its metrics count for no rank)
@@ -155,6 +164,7 @@ class LiveRun:
         self._event_ids = 0
         self._following: dict[int, tuple[dict[str, Any], float]] = {}  # failures whose lines may grow
         self._summaries: dict[str, str] = {}  # per node: torchrun's failure summary, as it arrives
+        self._stopped: dict[str, frozenset[int]] = {}  # per node: the workers its torchrun stopped
         self._sample_nonce = ""  # the run's sample nonce (set_run): its samples' records
         if labels is not None:
             self.set_run(run_id, labels, sample_nonce)
@@ -206,6 +216,8 @@ class LiveRun:
             self._lines_in[node] = self._lines_in.get(node, 0) + text.count("\n")
             if metrics:
                 self._metrics.extend(metrics)
+        if "closing signal" in text:  # torchrun stopping its other workers: not causes
+            self._stopped[node] = self._stopped.get(node, frozenset()) | stopped_pids(text)
         if "failed (exitcode: " in text:
             self._worker_failed(node, text)
             self._summaries[node] = ""  # its summary (every failed rank) follows: see _summary
@@ -242,14 +254,18 @@ class LiveRun:
         del self._summaries[node]
         self.flush_pending()  # the ranks' last lines, up to the summary
         with self._lock:
-            failures = torchrun_failures(held)
-            found = culprit(
-                failures, lambda f: list(self.ranks[f.rank].lines) if f.rank in self.ranks else []
-            )
+            stopped = self._stopped.get(node, frozenset())
+
+            def lines(failure: Failure) -> list[str]:
+                return list(self.ranks[failure.rank].lines) if failure.rank in self.ranks else []
+
+            found = culprit(torchrun_failures(held), lines, stopped)
             said = next((e for e in self.events if e["kind"] == "failure" and e["node"] == node), None)
             if found is None or said is None:
                 return
             message = f"rank {found.rank} {_how(found.exit_code)}"
+            if found.pid not in stopped and is_victim(lines(found)):
+                message += CONSEQUENCE  # the rank its torchrun failed for died of it: not the cause
             if said["message"] != message:
                 said["message"] = self.mask(message)
                 said["lines"] = []
@@ -382,9 +398,10 @@ class LiveRun:
             text = "".join(blocks)
             tail = text.rsplit("\n", TAIL + 1)[-TAIL - 1 :]  # the last TAIL lines, no full split
             first = self.labels.get(node, (0, 0))[0]
+            nonce = self._sample_nonce if records.mentions(text, self._sample_nonce) else ""
             for raw in tail:
-                if not raw:
-                    continue
+                if not raw or (nonce and records.decode_line(raw, nonce) is not None):
+                    continue  # (a sample of the node's use, read by block(): not a line it printed)
                 local, line = split_rank(raw)
                 shown = self.mask(line)
                 if local is None:

@@ -18,12 +18,20 @@ from dataclasses import dataclass
 ROOT_CAUSE = "Root Cause (first observed failure):"
 #: the last lines of a rank that died because a peer's connection went away (gloo's words)
 _VICTIM = re.compile(r"Connection (?:closed|reset) by peer")
-#: how many of a rank's last lines are looked at for the victim's words (its traceback's last lines)
-VICTIM_LINES = 5
+#: how many of a rank's last lines are looked at for the victim's words: its last traceback, from
+#: its last "Traceback (most recent call last):" (an error raised through C++, such as DDP's "Got the
+#: following error when running the callback", ends with an "At:" list of frames after its message),
+#: else its last ``LAST_LINES``
+VICTIM_LINES = 40
+LAST_LINES = 5
+_TRACEBACK = "Traceback (most recent call last):"
 _ENTRY = re.compile(r"^\[\d+\]:\s*$")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.*?)\s*$")
 _RANK = re.compile(r"(\d+)(?:\s*\(local_rank:\s*(\d+)\))?")
 _CODE = re.compile(r"(-?\d+)")
+_PID = re.compile(r"\(pid: (\d+)\)")
+#: torchrun's agent stopping its other workers once one failed (their failures are its own doing)
+_STOPPING = re.compile(r"Sending process (\d+) closing signal SIG[A-Z]+")
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,7 @@ class Failure:
     time: str
     root: bool  # torchrun's own "first observed failure"
     fields: tuple[str, ...]  # its "host : ...", "rank : ...", "exitcode : ..." lines, stripped
+    pid: int | None = None
 
 
 def torchrun_failures(text: str) -> list[Failure]:
@@ -56,7 +65,7 @@ def torchrun_failures(text: str) -> list[Failure]:
     def close() -> None:
         rank, code = _RANK.match(values.get("rank", "")), _CODE.match(values.get("exitcode", ""))
         if rank is not None and code is not None:
-            local = rank.group(2)
+            local, pid = rank.group(2), _PID.search(values.get("exitcode", ""))
             out.append(
                 Failure(
                     int(rank.group(1)),
@@ -65,6 +74,7 @@ def torchrun_failures(text: str) -> list[Failure]:
                     values.get("time", ""),
                     root,
                     tuple(shown),
+                    None if pid is None else int(pid.group(1)),
                 )
             )
         values.clear()
@@ -87,15 +97,38 @@ def torchrun_failures(text: str) -> list[Failure]:
 
 
 def is_victim(lines: Sequence[str]) -> bool:
-    """Whether a rank's last lines say it died of a peer's closed connection."""
-    return any(_VICTIM.search(line) for line in lines[-VICTIM_LINES:])
+    """Whether a rank's last lines say it died of a peer's closed connection (its last traceback's
+    exception, or its last few lines without one)."""
+    window = list(lines[-VICTIM_LINES:])
+    start = next((i for i in range(len(window) - 1, -1, -1) if _TRACEBACK in window[i]), None)
+    shown = window[-LAST_LINES:] if start is None else window[start:]
+    return any(_VICTIM.search(line) for line in shown)
 
 
-def culprit(failures: Sequence[Failure], last_lines: Callable[[Failure], Sequence[str]]) -> Failure | None:
+def stopped_pids(text: str) -> frozenset[int]:
+    """The workers torchrun itself stopped in ``text`` (``Sending process N closing signal SIGTERM``,
+    once one of them had failed): their failures are not causes."""
+    return frozenset(int(pid) for pid in _STOPPING.findall(text))
+
+
+def culprit(
+    failures: Sequence[Failure],
+    last_lines: Callable[[Failure], Sequence[str]],
+    stopped: frozenset[int] = frozenset(),
+) -> Failure | None:
     """torchrun's root cause, unless its last lines are gloo's closed connection and another failure
-    of the same second's are not (then the lowest such rank); None without a root cause."""
+    of the same second's are not (then the lowest such rank), or torchrun stopped it itself (pid in
+    ``stopped``: then the first failure of its own, one not of the closed connection if any); None
+    without a root cause."""
     root = next((f for f in failures if f.root), None)
-    if root is None or not is_victim(last_lines(root)):
+    if root is None:
+        return None
+    if root.pid is not None and root.pid in stopped:
+        own = sorted(
+            (f for f in failures if f.pid is None or f.pid not in stopped), key=lambda f: (f.time, f.rank)
+        )
+        return next((f for f in own if not is_victim(last_lines(f))), own[0] if own else root)
+    if not is_victim(last_lines(root)):
         return root
     tied = sorted((f for f in failures if f.time == root.time and f is not root), key=lambda f: f.rank)
     return next((f for f in tied if not is_victim(last_lines(f))), root)

@@ -47,7 +47,14 @@ from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import ROUND_SECONDS
 from orchestrator.steps.addresses import reached_nodes
-from orchestrator.steps.culprit import Failure, culprit, tagged_lines, torchrun_failures
+from orchestrator.steps.culprit import (
+    Failure,
+    culprit,
+    is_victim,
+    stopped_pids,
+    tagged_lines,
+    torchrun_failures,
+)
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -734,7 +741,18 @@ def _culprit(result: Result, *, global_tags: bool = False) -> Failure | None:
         tag = failure.rank if global_tags or failure.local_rank is None else failure.local_rank
         return tagged_lines(text, tag)
 
-    return culprit(torchrun_failures(text), last_lines)
+    return culprit(torchrun_failures(text), last_lines, stopped_pids(text))
+
+
+def died_of_a_peer(result: Result, *, global_tags: bool = False) -> bool:
+    """Whether the node's failure looks like another node's consequence: the rank its torchrun
+    failed for (steps/culprit.py) died of gloo's closed connection (a peer went away first)."""
+    found = _culprit(result, global_tags=global_tags)
+    text = result.stdout + "\n" + result.stderr
+    if found is None or found.pid in stopped_pids(text):
+        return False
+    tag = found.rank if global_tags or found.local_rank is None else found.local_rank
+    return is_victim(tagged_lines(text, tag))
 
 
 def failure_headline(result: Result, *, global_tags: bool = False) -> str:

@@ -17,7 +17,7 @@ from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
 from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
 from orchestrator.runs.ranks import split_rank
-from orchestrator.steps.launch import failure_tail, root_cause, run_node
+from orchestrator.steps.launch import died_of_a_peer, failure_tail, root_cause, run_node
 from orchestrator.transports import Result
 
 if TYPE_CHECKING:
@@ -34,12 +34,24 @@ T = TypeVar("T")
 SWEEP_GRACE = 5.0
 
 
-def failed_first(outcomes: list[Outcome[T]]) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
-    """(nodes that failed, the first to fail first; nodes stopped because of them). In DDP the
-    others often fail moments after the first ("Connection closed by peer"), before the stop
-    reaches them: the cause is the earliest, whatever its place in the inventory."""
+def failed_first(
+    outcomes: list[Outcome[T]], *, global_tags: bool = False
+) -> tuple[list[Outcome[T]], list[Outcome[T]]]:
+    """(nodes that failed, the cause first; nodes stopped because of them). In DDP the others often
+    fail moments after the first ("Connection closed by peer"), before the stop reaches them: the
+    cause is the earliest, whatever its place in the inventory, unless it died of a peer's closed
+    connection and another did not (that one's node may end later: see ``consequence``)."""
     group = GroupResult(outcomes)
-    return group.failed, group.cancelled
+    return sorted(group.failed, key=lambda o: consequence(o, global_tags=global_tags)), group.cancelled
+
+
+def consequence(outcome: Outcome[Any], *, global_tags: bool = False) -> bool:
+    """Whether a node's failure may be another node's consequence: torchrun's failed rank there died
+    of gloo's closed connection (steps.launch.died_of_a_peer). The fail fast then waits a moment
+    (Executor.map, CAUSE_GRACE) for the node whose rank went away: when a victim's torchrun ends
+    first, the cause is still the one named and the other nodes are stopped only after it."""
+    result = getattr(outcome.error, "result", None)
+    return isinstance(result, Result) and died_of_a_peer(result, global_tags=global_tags)
 
 
 def sweep(session: Session, run_id: str, names: set[str]) -> list[Outcome[Any]]:
@@ -152,17 +164,19 @@ def train(
     ``started`` is filled while the run goes (the caller keeps it: after a KeyboardInterrupt it
     calls ``sweep`` on those nodes itself)."""
     by_name = {s.node.name: s for s in specs}
+    elastic = session.inventory.cluster.train.elastic
     outcomes = session.map(
         lambda node, t: run_node(
             node, t, by_name[node.name], renderer=renderer, output=outputs[node.name], started=started
         ),
         step="train",
         fail_fast=True,
+        consequence=lambda o: consequence(o, global_tags=elastic),
         nodes=[n for n in session.nodes if n.name in by_name],
     )
-    failed, stopped = failed_first(outcomes)
+    failed, stopped = failed_first(outcomes, global_tags=elastic)
     report = TrainReport(specs[0].run_id if specs else "", outcomes, started, failed, stopped)
-    report.global_tags = session.inventory.cluster.train.elastic
+    report.global_tags = elastic
     report.sample_nonce = specs[0].sample_nonce if specs else ""
     if stopped:
         # a node whose connection was lost stops its own run when our heartbeats stop (15 s): the

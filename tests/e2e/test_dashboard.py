@@ -167,6 +167,9 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
                 lambda: MARKUP in driver.find_element(By.ID, "lines").text, 30, "rank 1's markup line"
             )
             assert shown
+            # the nodes' CPU samples (records of the run's nonce) are in the GPU / CPU column, not lines
+            await_(lambda: all(_use(driver).values()), 30, "every node's CPU load")
+            assert "@@cb-" not in driver.find_element(By.ID, "lines").text
             assert driver.execute_script("return window.__pwned === undefined") is True
             assert driver.find_elements(By.CSS_SELECTOR, "img, textarea, main script") == []
 
@@ -190,17 +193,17 @@ def test_the_dashboard_shows_a_run_live_in_a_real_browser(
             assert took <= 2.0, f"the failure reached the page after {took:.1f} s"
             assert shown_failure[0] == "node2"  # rank 3: node2's second rank
             # named as the rank that failed, never as its co-located victim, also once torchrun's
-            # summary has arrived: the other nodes' stops reach the page after node2's end
+            # summary has arrived: every node's end reaches the page before the run's end
             await_(
-                lambda: driver.find_elements(By.CSS_SELECTOR, "#events .event[data-kind='stop']"),
+                lambda: driver.find_elements(By.CSS_SELECTOR, "#events .event[data-kind='end']"),
                 60,
-                "the other nodes stopped, on the page",
+                "the run's end, on the page",
             )
             node2 = [t for n, t in _failures(driver) if n == "node2"]
             assert len(node2) == 1 and "rank 3 exited with code 3" in node2[0], node2
         assert launch.wait(120) == 1, "".join(launch.err)
-        # the summary names node2's rank 3 when node2's end is told (another node's rank that died
-        # of the closed connection may end first: then node2 shows as stopped)
+        # the summary names node2's rank 3 when node2's end is told (the order of the nodes' ends is
+        # torchrun's here: test_the_culprits_node_is_named_when_a_victims_node_ends_first fixes it)
         said = "".join(launch.err)
         assert "rank 2 exited" not in said and (
             "node 'node2': rank" not in said or "rank 3 exited" in said
@@ -373,3 +376,73 @@ def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_th
         follow.close()
         # a failed check must not leave the detached run training: the next tests need its port
         bootstrap("-i", str(inv), "stop", "--run", "latest", cwd=tmp_path, timeout=120)
+
+
+# rank 3 (node2's local rank 1) exits 3 at step 60; every other rank dies of the closed connection.
+# Rank 2 trains in a child process and the process torchrun waits for outlives it by a second (TERM
+# ignored): its connections close at once, so node1's ranks die as promptly as ever, but node2's
+# torchrun always ends a second after node1's, whose ranks are only victims. node3's ranks outlive
+# the closed connection: the fail fast stops them
+VICTIM_FIRST = """\
+import datetime, os, signal, sys, time, traceback
+rank = int(os.environ["RANK"])
+if rank == 2:
+    child = os.fork()
+    if child:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _, status = os.waitpid(child, 0)
+        time.sleep(1.0)
+        os._exit(os.waitstatus_to_exitcode(status))
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+t = torch.ones(1)
+for step in range(10**9):
+    if step % 20 == 0:
+        print(f"step {step}", flush=True)
+    if rank == 3 and step == 60:
+        print("culprit last words: out of patience", flush=True)
+        os._exit(3)
+    try:
+        dist.all_reduce(t)
+    except RuntimeError:
+        traceback.print_exc()
+        sys.stderr.flush()
+        if rank >= 4:  # node3's ranks go on (until stopped): a node the fail fast stops
+            time.sleep(600)
+        os._exit(1)
+"""
+
+
+def test_the_culprits_node_is_named_when_a_victims_node_ends_first(
+    bootstrap: Callable[..., CliRun], cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    """The fail fast waits a moment (at most 2 s) after a node whose ranks died of gloo's closed
+    connection: node2, whose rank 3 failed, ends a second after node1 and is the one named, in the
+    line that stops the run (node3) and first in the summary; node1 is listed after it."""
+    script = tmp_path / "victim_first.py"
+    script.write_text(VICTIM_FIRST)
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable, "nproc": 2}
+        for h in cluster.hosts
+    ]
+    inv = write_inventory(
+        tmp_path / "h.yaml", nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
+    )
+    ran = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=300)
+    assert ran.returncode == 1, ran
+    said = ran.stderr
+    stopping = (
+        "warning: node 'node2': rank 3 exited with code 3 (torchrun exited 1) (the node keeps its log in"
+    )
+    assert (
+        stopping in said and "; stopping the run on the other nodes" in said.split(stopping)[1].split("\n")[0]
+    ), said
+    assert said.count("stopping the run on the other nodes") == 1, said
+    assert re.search(r"node2\W+exit 3 \(rank 3\)", said) and re.search(
+        r"node1\W+exit 1 \(rank [01]\)", said
+    ), said
+    assert re.search(r"node3\W+stopped", said) and "stopped because node2 failed first: node3" in said, said
+    errors = [line for line in said.splitlines() if line.startswith("error: ")]
+    assert errors[0].startswith("error: node 'node2': rank 3 exited with code 3 (torchrun exited 1)"), said
+    assert errors[1].startswith("error: node 'node1'"), said

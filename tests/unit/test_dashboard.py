@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator import records
-from orchestrator.dashboard.model import PENDING_BYTES, TAIL, LiveRun
+from orchestrator.dashboard.model import CONSEQUENCE, PENDING_BYTES, TAIL, LiveRun
 from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
 from orchestrator.errors import UsageError
+from tests.unit.test_failure_cause import torchrun_named_the_worker_it_stopped
 
 
 def _run() -> LiveRun:
@@ -200,6 +201,33 @@ def test_the_failure_names_the_culprit_not_the_colocated_rank_that_died_of_its_c
         assert [e["message"] for e in live.snapshot()["events"]] == ["rank 3 exited with code 3"]
 
 
+def test_a_node_whose_ranks_died_of_a_peers_closed_connection_is_shown_as_a_consequence() -> None:
+    """Recorded, both nodes of one run: n2's rank 3 exited 3; n1's ranks died of the closed gloo
+    connection (its torchrun may end first). n1's failure says it is a consequence; n2's does not."""
+    data = Path(__file__).parent / "data" / "torchrun"
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+    live.block("n1", (data / "victim_node_first_of_2.log").read_text())
+    live.block("n2", (data / "culprit_node_second_of_2.log").read_text())
+    events = {e["node"]: e for e in live.snapshot()["events"] if e["kind"] == "failure"}
+    assert events["n1"]["message"] == "rank 1 exited with code 1" + CONSEQUENCE
+    assert "Connection closed by peer" in events["n1"]["lines"][-1]
+    assert events["n2"]["message"] == "rank 3 exited with code 3"
+    assert events["n2"]["lines"][-1] == "culprit last words: out of patience"
+    # torchrun may name as its root cause the worker it stopped itself (tests/unit/test_failure_cause.py)
+    live = LiveRun(["n1", "n2"], labels={"n1": (0, 2), "n2": (2, 2)})
+    recorded = (data / "victim_node_first_of_2.log").read_text()
+    live.block(
+        "n1",
+        torchrun_named_the_worker_it_stopped(
+            recorded,
+            "rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 3722)  (SIGTERM)",
+            "rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 3723) ",
+        ),
+    )
+    (event,) = [e for e in live.snapshot()["events"] if e["kind"] == "failure"]
+    assert event["message"] == "rank 1 exited with code 1" + CONSEQUENCE
+
+
 NONCE = "cb-0123456789ab"
 
 
@@ -222,6 +250,13 @@ def test_the_nodes_samples_reach_the_page_per_node_and_per_gpu_and_only_of_the_r
     assert nodes["n1"]["load"] is None
     assert nodes["n2"]["gpus"] == [] and nodes["n2"]["load"] == {"load": 0.25, "cpus": 2}
     assert live.snapshot()["lines"]["1"] == [forged.rstrip("\n")]  # the rank's line, shown as text
+    # the node's own samples are not lines it printed: neither the node's nor a rank's last lines
+    lines = live.snapshot()["lines"]
+    assert (
+        lines["0"] == ["step 1"]
+        and lines["n1"] == []
+        and lines["n2"] == [records.record("cb-ffffffffffff", "gpu", "0, 100, 1, 1").rstrip("\n")]
+    )
     unknown = LiveRun(["n1"], labels={"n1": (0, 1)})  # a run whose nonce is not known: no samples
     unknown.block("n1", records.record(NONCE, "gpu", "0, 87, 20513, 24576"))
     assert "gpus" not in unknown.snapshot()["nodes"][0]

@@ -1,10 +1,20 @@
-"""The fail-fast headline names the rank and its own exit code, not torchrun's 1 (issue 17 item 6)."""
+"""The fail-fast headline names the rank and its own exit code, not torchrun's 1 (issue 17 item 6); the
+failure named is the culprit's, not a victim's of its closed connection (issue 31)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
-from orchestrator.steps.launch import failure_headline, failure_tail, root_cause
+import pytest
+
+from orchestrator import executor as executor_module
+from orchestrator.errors import CancelledError, CommandFailedError
+from orchestrator.executor import CAUSE_GRACE, Executor, NodeEvent
+from orchestrator.steps.culprit import is_victim
+from orchestrator.steps.launch import died_of_a_peer, failure_headline, failure_tail, root_cause
+from orchestrator.steps.train import consequence, failed_first
 from orchestrator.transports import Result
 
 DATA = Path(__file__).parent / "data"
@@ -102,3 +112,148 @@ def test_a_failed_nodes_last_lines_leave_out_the_nodes_use_samples() -> None:
     outcome: Outcome = Outcome("n1", None, error, 1.0)
     report = TrainReport("r", [outcome], {"n1"}, failed=[outcome], sample_nonce=nonce)
     assert report.tail(outcome, 0) == ["[n1:0] step 1", "[n1:0] boom"]
+
+
+# recorded from torch 2.13's torchrun, both nodes of one 2-node x 2-rank gloo run (README.md beside
+# them): the second node's rank 3 exited 3; the first node's ranks died of the closed connection
+VICTIM_NODE = (DATA / "torchrun" / "victim_node_first_of_2.log").read_text()
+CULPRIT_NODE = (DATA / "torchrun" / "culprit_node_second_of_2.log").read_text()
+
+
+def torchrun_named_the_worker_it_stopped(text: str, stopped: str, failed: str) -> str:
+    """``text`` with the summary's two entries swapped: its root cause is the worker torchrun itself
+    stopped (seen in a real 3-node run of the example: a victim's node named ``rank 5 was killed by
+    signal 15``, the co-located rank its torchrun stopped after the other died of the closed
+    connection)."""
+    return text.replace(stopped, "\0").replace(failed, stopped).replace("\0", failed)
+
+
+def test_a_worker_torchrun_stopped_itself_is_never_the_cause() -> None:
+    victim = torchrun_named_the_worker_it_stopped(
+        VICTIM_NODE,
+        "rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 3722)  (SIGTERM)",
+        "rank      : 1 (local_rank: 1)\n  exitcode  : 1 (pid: 3723) ",
+    )
+    assert "rank      : 0 (local_rank: 0)" in victim.split("Root Cause")[1]  # torchrun's pick: the -15
+    victim_result = Result("node1", "launch", 1, victim, "", 1.0)
+    assert root_cause(victim_result) == (1, 1)
+    assert died_of_a_peer(victim_result)  # its own failure was the closed connection: a consequence
+    guilty = torchrun_named_the_worker_it_stopped(
+        CULPRIT_NODE,
+        "rank      : 2 (local_rank: 0)\n  exitcode  : -15 (pid: 3724)  (SIGTERM)",
+        "rank      : 3 (local_rank: 1)\n  exitcode  : 3 (pid: 3725) ",
+    )
+    guilty_result = Result("node2", "launch", 1, guilty, "", 1.0)
+    assert failure_headline(guilty_result) == "rank 3 exited with code 3 (torchrun exited 1)"
+    assert not died_of_a_peer(guilty_result)
+
+
+def _node_failure(node: str, text: str) -> CommandFailedError:
+    result = Result(node, "launch", 1, text, "", 1.0)
+    return CommandFailedError(failure_headline(result), node=node, result=result)
+
+
+def test_a_node_whose_ranks_died_of_the_closed_connection_is_a_consequence_not_the_cause() -> None:
+    victim, guilty = (
+        Result("node1", "l", 1, VICTIM_NODE, "", 1.0),
+        Result("node2", "l", 1, CULPRIT_NODE, "", 1.0),
+    )
+    assert failure_headline(victim) == "rank 1 exited with code 1 (torchrun exited 1)"  # torchrun's word
+    assert died_of_a_peer(victim) and not died_of_a_peer(guilty)
+    assert not died_of_a_peer(_result(TORCHRUN_STDERR.format(rank=5, code=3)))
+    assert not died_of_a_peer(_result("Killed\n", 137))  # no summary: nothing to judge
+
+
+def test_the_culprits_node_is_named_when_a_victims_node_ends_first() -> None:
+    """The first node's torchrun (its ranks dead of the closed connection) ends before the second's,
+    whose rank 3 made them fail: the fail fast waits for it (within CAUSE_GRACE), names it as the
+    cause, and only then stops the node still training; the summary lists it first."""
+    first_failed, stopped, told = threading.Event(), threading.Event(), []
+
+    def work(name: str) -> int:
+        if name == "node1":
+            raise _node_failure(name, VICTIM_NODE)
+        if name == "node2":
+            assert first_failed.wait(10)  # its torchrun ends after node1's
+            raise _node_failure(name, CULPRIT_NODE)
+        if not stopped.wait(10):  # node3 trains until the fail fast stops it
+            pytest.fail("the others were never stopped")
+        raise CancelledError("stopped", node=name)
+
+    def on_event(event: NodeEvent) -> None:
+        if event.kind == "failed" and event.node == "node1":
+            first_failed.set()
+
+    executor = Executor(cancel=stopped.set, on_event=on_event)
+    executor.on_cause = told.append
+    outcomes = executor.map(
+        ["node1", "node2", "node3"], work, name=str, step="train", fail_fast=True, consequence=consequence
+    )
+    assert [o.node for o in told] == ["node2"]
+    failed, cancelled = failed_first(outcomes)
+    assert [o.node for o in failed] == ["node2", "node1"]
+    assert failed[0].finished > failed[1].finished  # it did end later
+    assert str(failed[0].error) == "node 'node2': rank 3 exited with code 3 (torchrun exited 1)"
+    assert [o.node for o in cancelled] == ["node3"]
+
+
+def test_a_consequence_alone_stops_the_others_after_the_grace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The culprit's node may never end by itself (lost, hung): the wait is bounded."""
+    monkeypatch.setattr(executor_module, "CAUSE_GRACE", 0.3)
+    stopped, told = threading.Event(), []
+
+    def work(name: str) -> int:
+        if name == "node1":
+            raise _node_failure(name, VICTIM_NODE)
+        if not stopped.wait(10):
+            pytest.fail("the others were never stopped")
+        raise CancelledError("stopped", node=name)
+
+    executor = Executor(cancel=stopped.set)
+    executor.on_cause = told.append
+    began = time.monotonic()
+    outcomes = executor.map(
+        ["node1", "node2"], work, name=str, step="train", fail_fast=True, consequence=consequence
+    )
+    assert 0.3 <= time.monotonic() - began < 5
+    assert [o.node for o in told] == ["node1"] and isinstance(outcomes[1].error, CancelledError)
+
+
+def test_a_failure_of_its_own_stops_the_others_at_once() -> None:
+    stopped, told = threading.Event(), []
+
+    def work(name: str) -> int:
+        if name == "node2":
+            raise _node_failure(name, CULPRIT_NODE)
+        # far less than CAUSE_GRACE: no wait for another cause when this one is not a consequence
+        if not stopped.wait(CAUSE_GRACE / 4):
+            pytest.fail("the fail fast waited for another failure")
+        raise CancelledError("stopped", node=name)
+
+    executor = Executor(cancel=stopped.set)
+    executor.on_cause = told.append
+    executor.map(["node1", "node2"], work, name=str, step="train", fail_fast=True, consequence=consequence)
+    assert [o.node for o in told] == ["node2"]
+
+
+def test_an_error_raised_through_cpp_is_judged_by_its_message_not_its_frames() -> None:
+    """DDP's reducer raises the closed connection as "Got the following error when running the
+    callback" followed by an "At:" list of frames (seen in the browser e2e): more than 5 lines."""
+    lines = [
+        "step 40",
+        "Traceback (most recent call last):",
+        '  File "/srv/code/train.py", line 9, in <module>',
+        "    loss.backward()",
+        "RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/"
+        "pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [198.18.226.12]:31628: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging",
+        "",
+        "At:",
+        "  /venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py(1600): _sync_buffers",
+        "  /venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py(1500): forward",
+        "  /venv/lib/python3.11/site-packages/torch/nn/modules/module.py(1700): _call_impl",
+        "  /srv/code/train.py(9): <module>",
+        "",
+    ]
+    assert is_victim(lines)
+    assert not is_victim(["Traceback (most recent call last):", "ValueError: bad batch", *lines[-6:]])
