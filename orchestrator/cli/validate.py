@@ -69,9 +69,13 @@ def validate(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
-    from orchestrator.slurm.job import not_on_slurm_yet
+    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: validated inside an allocation
+        from orchestrator.cli.slurm import allocated
 
-    not_on_slurm_yet(inventory, "validate", "`check` runs the preflight inside an allocation (docs/slurm.md)")
+        with allocated(settings, inventory, "validate") as (nodes, on):
+            return run_validate(
+                settings, nodes, timeout=timeout, sizes=size_list, templates_dir=templates_dir, session=on
+            )
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
     if not settings.dry_run:
         from orchestrator.render import require_secrets

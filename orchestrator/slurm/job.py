@@ -52,6 +52,15 @@ def on_shared_dir(inventory: Inventory) -> Inventory:
     return dataclasses.replace(inventory, nodes=nodes)
 
 
+def shared_sync(inventory: Inventory, code: bool) -> tuple[str, str | None] | None:
+    """What `bootstrap` syncs into the shared directory (``code``: the inventory wants the code
+    synced): what to call it and `sync`'s ``only``; None for nothing."""
+    env = inventory.cluster.env.declared
+    if env and code:
+        return "environment and code", None
+    return ("environment", "env") if env else ("code", "code") if code else None
+
+
 def job_python(inventory: Inventory) -> str:
     """The compute nodes' interpreter: ``cluster.slurm.python``, else the environment `sync` built in
     the shared directory (cluster.env), else ``python3``."""
@@ -163,3 +172,14 @@ def not_on_slurm_yet(inventory: Inventory, command: str, instead: str) -> None:
         f"`{command}` does not work on a Slurm inventory yet (cluster.slurm in {inventory.source})",
         hint=instead,
     )
+
+
+def refuse_dry_run(inventory: Inventory, command: str, dry_run: bool) -> None:
+    """A UsageError (exit 2) for ``command`` --dry-run where it needs an allocation: a dry run
+    allocates nothing, and which nodes run it is Slurm's choice when the job starts."""
+    if dry_run:
+        raise UsageError(
+            f"`{command} --dry-run` on Slurm: it runs on the nodes Slurm allocates, and a dry run "
+            "allocates none",
+            hint="`bootstrap render --for slurm` shows the job's scripts without submitting anything",
+        )

@@ -431,10 +431,9 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     assert re.search(rf"run {run_id}: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
 
 
-def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
-    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
-) -> None:
-    # node3 finds another torch first (its own PYTHONPATH): what a node with a stale install shows
+def _node3_with_old_torch(slurm: SlurmCluster, shared: Path, tmp_path: Path) -> Path:
+    """An inventory whose interpreter finds another torch first on node3 (its own PYTHONPATH): what a
+    node with a stale install shows."""
     fake = shared / "oldtorch" / "torch"
     (fake / "distributed").mkdir(parents=True)
     (fake / "__init__.py").write_text(
@@ -456,6 +455,13 @@ def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
     doc = json.loads(inv.read_text())
     doc["cluster"]["slurm"]["python"] = str(python)
     inv.write_text(json.dumps(doc))
+    return inv
+
+
+def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _node3_with_old_torch(slurm, shared, tmp_path)
     run = bootstrap("-i", str(inv), "check", cwd=tmp_path, timeout=180)
     assert run.returncode == 1, run
     assert "firewall: not checked on Slurm" in run.stderr, run
@@ -470,3 +476,34 @@ def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
     assert "--from-master" not in run.stderr, run
     assert re.search(r"^│ node3 +│ FAIL", run.stdout, re.M), run
     assert slurm.wait_no_job_active() == []
+
+
+def test_validate_joins_every_rank_of_the_allocation_and_times_all_reduce(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    # twice: the ranks' files of the three nodes go up through the login host's one connection at
+    # once, which hung one run in a few before its transfers took turns
+    for _ in range(2):
+        run = bootstrap("-i", str(inv), "validate", "--sizes", "4K,1M", cwd=tmp_path, timeout=240)
+        assert run.returncode == 0, run
+        assert re.search(r"validate: job \d+ on node2, node3, node4", run.stderr), run
+        assert "6 of 6 rank(s) joined (backend gloo" in run.stderr, run
+        assert "all_reduce result correct" in run.stderr, run
+        assert "all_reduce, 6 ranks" in run.stdout, run
+        for size in ("4 KiB", "1 MiB"):
+            assert re.search(rf"│ +{size} │ +\d+ │ +[\d.]+ ms │", run.stdout), run
+        assert slurm.wait_no_job_active() == []
+        assert _running("validate_worker.py") == []
+
+
+def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _node3_with_old_torch(slurm, shared, tmp_path)
+    run = bootstrap("-i", str(inv), "validate", "--timeout", "20", cwd=tmp_path, timeout=240)
+    assert run.returncode == 1, run
+    assert "ranks never joined: node3 (ranks 2, 3) (4 of 6 joined)" in run.stderr, run
+    assert not re.search(r"^error: .*node[24]", run.stderr, re.M), run
+    assert slurm.wait_no_job_active() == []
+    assert _running("validate_worker.py") == []
