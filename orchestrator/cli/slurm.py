@@ -198,11 +198,12 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
 
 
 def pipeline_on_slurm(
-    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool
+    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool, skip: bool
 ) -> ExitCode:
     """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
-    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`
-    inside an allocation (stops here when a check fails, unless ``force``); then the job (`launch`)."""
+    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`,
+    then `validate` (unless ``skip``), in one allocation (a failure stops here, unless ``force``);
+    then the job (`launch`)."""
     from orchestrator.cli.sync import run_sync
     from orchestrator.pipeline import wants_code_sync
     from orchestrator.slurm.job import login_node, on_shared_dir, shared_sync, slurm_settings
@@ -229,7 +230,7 @@ def pipeline_on_slurm(
 
     with allocated(settings, inventory, "check") as (nodes, on):  # one job: check, then validate
         code = run_check(settings, nodes, list(nodes.nodes), session=on)
-        if until != "check" and (code == ExitCode.OK or force):
+        if until != "check" and not skip and (code == ExitCode.OK or force):
             code = run_validate(settings, nodes, session=on) or code
     if code != ExitCode.OK and not force:
         ui.error("not launching: check or validate failed on an allocated node (see above); --force goes on")

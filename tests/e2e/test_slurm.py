@@ -419,10 +419,13 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     # the preflight ran on the allocated nodes before the training job was submitted
     assert re.search(r"check: job \d+ on node2, node3, node4", run.stderr), run
     assert "ready to train" in run.stderr, run
+    # then validate, in the same job: every rank joined and all-reduced before training
+    assert "6 of 6 rank(s) joined (backend gloo" in run.stderr, run
+    assert len(re.findall(r"job \d+ holds the nodes", run.stderr)) == 1, run
     for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
         assert re.search(rf"^\[{node}:{rank}\] \[rank {rank}/6\]", run.stdout, re.M), run.stdout[-3000:]
     assert re.search(r"^\[node2:0\] done: ", run.stdout, re.M), run.stdout[-3000:]
-    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir()]
+    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir() if not d.name.startswith("validate-")]
     for node in ("node2", "node3", "node4"):
         assert len(list((shared / "runs" / run_id / node / "ranks").iterdir())) == 2
         assert (tmp_path / "runs" / run_id / f"{node}.log").read_text()
