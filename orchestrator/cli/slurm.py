@@ -206,11 +206,10 @@ def pipeline_on_slurm(
     then the job (`launch`)."""
     from orchestrator.cli.sync import run_sync
     from orchestrator.pipeline import wants_code_sync
-    from orchestrator.slurm.job import login_node, on_shared_dir, shared_sync, slurm_settings
+    from orchestrator.slurm.job import shared_sync, slurm_settings, sync_target
 
     ui = settings.ui
-    shared = on_shared_dir(inventory)
-    login = login_node(shared)
+    shared, (login,) = sync_target(inventory)
     sync = shared_sync(inventory, wants_code_sync(inventory))
     if sync is not None:
         where = slurm_settings(inventory).dir

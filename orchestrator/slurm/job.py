@@ -52,6 +52,13 @@ def on_shared_dir(inventory: Inventory) -> Inventory:
     return dataclasses.replace(inventory, nodes=nodes)
 
 
+def sync_target(inventory: Inventory) -> tuple[Inventory, list[Node]]:
+    """What `sync` works on for a Slurm cluster: :func:`on_shared_dir`'s inventory and its login host
+    alone (once, for every compute node)."""
+    shared = on_shared_dir(inventory)
+    return shared, [login_node(shared)]
+
+
 def shared_sync(inventory: Inventory, code: bool) -> tuple[str, str | None] | None:
     """What `bootstrap` syncs into the shared directory (``code``: the inventory wants the code
     synced): what to call it and `sync`'s ``only``; None for nothing."""

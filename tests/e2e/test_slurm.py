@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BOOTSTRAP, CliRun
+from tests.integration.test_env_sync import make_wheel
 from tests.integration.test_runs import await_
 from tests.slurm import ACCOUNT_PARTITION, SlurmCluster
 
@@ -510,3 +512,43 @@ def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
     assert not re.search(r"^error: .*node[24]", run.stderr, re.M), run
     assert slurm.wait_no_job_active() == []
     assert _running("validate_worker.py") == []
+
+
+def test_bootstrap_builds_the_environment_once_in_the_shared_directory_for_every_node(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # the environment: one tiny wheel from a local directory (no network), whose .pth file lends the
+    # test's own torch to the environment built from it
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "cbttorch", "1.0", extra={"cbttorch.pth": sysconfig.get_paths()["purelib"] + "\n"})
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "where.py").write_text(
+        "import os, sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('interpreter', os.path.realpath(sys.prefix), flush=True)\n"
+        "dist.barrier()\n"
+    )
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    doc = json.loads(inv.read_text())
+    del doc["cluster"]["slurm"]["python"]  # the compute nodes run the environment bootstrap builds
+    doc["cluster"]["train"]["script"] = "where.py"
+    doc["cluster"]["code"] = {"source": str(project)}
+    doc["cluster"]["env"] = {"packages": ["cbttorch==1.0"], "find_links": [str(wheels)], "no_index": True}
+    doc["nodes"][0]["python"] = sys.executable  # the login host builds it with this interpreter
+    inv.write_text(json.dumps(doc))
+
+    run = bootstrap("-i", str(inv), "--skip-validate", cwd=tmp_path, timeout=420)
+    assert run.returncode == 0, run
+    assert f"sync: the environment and code to {shared} through login, once for every node" in run.stderr
+    venv = os.path.realpath(shared / "venv")
+    assert Path(venv, "bin", "python").exists(), run
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        assert re.search(rf"^\[{node}:{rank}\] interpreter {venv}$", run.stdout, re.M), run.stdout[-3000:]
+    assert slurm.wait_no_job_active() == []
+
+    # a second sync finds it up to date: nothing is built, the environment is the same one
+    again = bootstrap("-i", str(inv), "sync", cwd=tmp_path, timeout=240)
+    assert again.returncode == 0, again
+    assert "1/1 nodes synced (1 unchanged)" in again.stderr, again
+    assert os.path.realpath(shared / "venv") == venv
