@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     refuse_native_mix,
     with_user_options,
 )
+from orchestrator.cli.slurm import allocated
 from orchestrator.errors import (
     ExitCode,
 )
@@ -313,8 +314,6 @@ def check_on_slurm(settings: Settings, inventory: Inventory) -> ExitCode:
     """`check` on Slurm: a job holds the request's nodes; the preflight's facts and probes run on
     each as a job step (orchestrator/slurm/relay.py) and are judged and shown as on any cluster;
     then the job is cancelled. Firewall and time sync are the cluster admins': not checked."""
-    from orchestrator.cli.slurm import allocated
-
     settings.ui.note("firewall: not checked on Slurm (the cluster's admins own the compute nodes' network)")
     settings.ui.note("time: not checked on Slurm (the cluster's admins keep the compute nodes' clocks)")
     with allocated(settings, inventory, "check") as (nodes, on):

@@ -569,10 +569,7 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     run_id = resolve_run(run_arg)
     if inventory.cluster.slurm is not None:
         # a Slurm run: its nodes' directories are on the shared file system, read through the login host
-        from orchestrator.slurm.job import login_node, not_on_slurm_yet
-
-        if settings.dry_run:
-            not_on_slurm_yet(inventory, "fetch --dry-run", "fetch reads only, through the login host")
+        from orchestrator.slurm.job import login_node
         from orchestrator.slurm.run import fetch_run
 
         login = login_node(inventory)
@@ -584,7 +581,10 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
                 paths,
                 dest_root=RUNS_ROOT / run_id,
                 from_code=from_code,
+                copy=not settings.dry_run,  # --dry-run: listed through the login host, nothing copied
             )
+        if settings.dry_run:
+            ui.note("--dry-run: nothing was copied; the table says what would be, and where")
         return _fetched(settings, run_id, FetchReport(GroupResult(fetched)), from_code)
     nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     code_dir = inventory.cluster.train.code_dir

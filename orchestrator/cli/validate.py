@@ -23,6 +23,7 @@ from orchestrator.cli.common import (
     run_nodes,
     templates_option,
 )
+from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
@@ -70,8 +71,6 @@ def validate(
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: validated inside an allocation
-        from orchestrator.cli.slurm import allocated
-
         with allocated(settings, inventory, "validate") as (nodes, on):
             return run_validate(
                 settings, nodes, timeout=timeout, sizes=size_list, templates_dir=templates_dir, session=on

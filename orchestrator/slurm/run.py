@@ -472,10 +472,12 @@ def fetch_run(
     *,
     dest_root: Path,
     from_code: bool = False,
+    copy: bool = True,
 ) -> list[Outcome[list[Fetched]]]:
     """`fetch` of a Slurm run: each allocated node's outputs (``$CB_RUN_DIR``: ``<job dir>/<node>/out``),
     run directory or the code directory, read from the shared file system through the login host
-    into ``dest_root/<node>/``; one outcome per node, in Slurm's order."""
+    into ``dest_root/<node>/``; one outcome per node, in Slurm's order. ``copy`` False (--dry-run):
+    only listed, what would be copied and where."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
     run = find_run(transport, inventory, run_id)
@@ -499,6 +501,7 @@ def fetch_run(
                 code_dir=code,
                 dest=dest_root / name,
                 from_code=from_code,
+                copy=copy,
             )
             outcomes.append(Outcome(name, got, None, time.monotonic() - began, time.monotonic()))
         except BootstrapError as exc:

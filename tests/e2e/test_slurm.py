@@ -147,6 +147,15 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
     assert slurm.wait_no_job_active() == []
+    # fetch --dry-run: what would be copied from each node, and where; nothing is
+    planned = bootstrap("-i", str(inv), "fetch", "--dry-run", "--run", "fg", "out.txt", cwd=tmp_path)
+    assert planned.returncode == 0, planned
+    assert "--dry-run: nothing was copied" in planned.stderr, planned
+    for node in ("node2", "node3", "node4"):
+        assert re.search(rf"│ {node} +│ out\.txt +│ 1 +│ 11 B +│ runs/fg/{node}/out\.txt", planned.stdout), (
+            planned
+        )
+        assert not (tmp_path / "runs" / "fg" / node / "out.txt").exists()
     # fetch: each node's outputs ($CB_RUN_DIR) from the shared file system, through the login host
     fetched = bootstrap("-i", str(inv), "fetch", "--run", "fg", "out.txt", cwd=tmp_path)
     assert fetched.returncode == 0, fetched
