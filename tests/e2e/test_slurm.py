@@ -288,6 +288,7 @@ def test_stop_cancels_a_detached_run(
     _await_lines(shared, "st")
     status = bootstrap("-i", str(inv), "status", "--run", "st", cwd=tmp_path)
     assert re.search(r"run st: Slurm job \d+ RUNNING", status.stdout), status
+    assert re.search(r"^runtime \d+:\d+ on node2, node3, node4$", status.stdout, re.M), status
     assert "[node3:3] line 99 of rank 3" in status.stdout, status
     stopped = bootstrap("-i", str(inv), "stop", "--run", "st", cwd=tmp_path)
     assert stopped.returncode == 0, stopped
@@ -561,3 +562,21 @@ def test_bootstrap_builds_the_environment_once_in_the_shared_directory_for_every
     assert again.returncode == 0, again
     assert "1/1 nodes synced (1 unchanged)" in again.stderr, again
     assert os.path.realpath(shared / "venv") == venv
+
+
+def test_a_job_waiting_for_resources_shows_its_state_and_reason_then_runs(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # another job holds every CPU of the three nodes for a while: ours waits for Resources
+    blocker = slurm.run(
+        ["sbatch", "--parsable", "--nodes=3", "--exclusive", "--output=/dev/null", "--wrap", "sleep 15"]
+    )
+    assert blocker.returncode == 0, blocker.stderr
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_wait.py", forever=False)
+    run = bootstrap("-i", str(inv), "launch", "--run-id", "wr", cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run
+    job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
+    assert re.search(rf"^job {job}: PENDING \((Resources|Priority)\)$", run.stderr, re.M), run
+    assert re.search(rf"^job {job}: RUNNING$", run.stderr, re.M), run
+    assert "[node4:5] line 99 of rank 5" in run.stdout, run
+    assert slurm.wait_no_job_active() == []
