@@ -28,7 +28,7 @@ def allocated(settings: Settings, inventory: Inventory, what: str) -> Iterator[t
     from orchestrator.slurm.job import login_node, refuse_dry_run
     from orchestrator.slurm.relay import on_allocation
 
-    refuse_dry_run(inventory, what, settings.dry_run)
+    refuse_dry_run(what, settings.dry_run)
     with open_session(settings, inventory, [login_node(inventory)]) as session:
         with on_allocation(session, inventory, settings.ui.note, what) as (nodes, on):
             yield nodes, on

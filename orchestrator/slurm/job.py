@@ -170,18 +170,7 @@ def render_job(
     return JobFiles(directory, batch, node)
 
 
-def not_on_slurm_yet(inventory: Inventory, command: str, instead: str) -> None:
-    """A UsageError (exit 2) for a command that does not work on a Slurm inventory yet, saying what
-    to do instead, rather than acting on the login host as if it were the cluster."""
-    if inventory.cluster.slurm is None:
-        return
-    raise UsageError(
-        f"`{command}` does not work on a Slurm inventory yet (cluster.slurm in {inventory.source})",
-        hint=instead,
-    )
-
-
-def refuse_dry_run(inventory: Inventory, command: str, dry_run: bool) -> None:
+def refuse_dry_run(command: str, dry_run: bool) -> None:
     """A UsageError (exit 2) for ``command`` --dry-run where it needs an allocation: a dry run
     allocates nothing, and which nodes run it is Slurm's choice when the job starts."""
     if dry_run:
