@@ -22,6 +22,7 @@ from orchestrator.cli.common import (
     refuse_native_mix,
     with_user_options,
 )
+from orchestrator.cli.slurm import allocated
 from orchestrator.errors import (
     ExitCode,
 )
@@ -309,18 +310,11 @@ def _windows_mode(node: Node) -> str:
     return f"wsl:{node.windows.distro}" if node.windows.distro else "wsl"
 
 
-def check_on_slurm(settings: Settings, inventory: Inventory, *, say_skipped: bool = True) -> ExitCode:
+def check_on_slurm(settings: Settings, inventory: Inventory) -> ExitCode:
     """`check` on Slurm: a job holds the request's nodes; the preflight's facts and probes run on
     each as a job step (orchestrator/slurm/relay.py) and are judged and shown as on any cluster;
     then the job is cancelled. Firewall and time sync are the cluster admins': not checked."""
-    from orchestrator.slurm.job import login_node
-    from orchestrator.slurm.relay import on_allocation
-
-    ui = settings.ui
-    login = login_node(inventory)
-    if say_skipped:
-        ui.note("firewall: not checked on Slurm (the cluster's admins own the compute nodes' network)")
-        ui.note("time: not checked on Slurm (the cluster's admins keep the compute nodes' clocks)")
-    with open_session(settings, inventory, [login]) as session:
-        with on_allocation(session, inventory, ui.note, "check") as (allocated, on):
-            return run_check(settings, allocated, list(allocated.nodes), session=on)
+    settings.ui.note("firewall: not checked on Slurm (the cluster's admins own the compute nodes' network)")
+    settings.ui.note("time: not checked on Slurm (the cluster's admins keep the compute nodes' clocks)")
+    with allocated(settings, inventory, "check") as (nodes, on):
+        return run_check(settings, nodes, list(nodes.nodes), session=on)

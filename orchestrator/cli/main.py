@@ -134,7 +134,9 @@ def cli(
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: sync, then a job
         from orchestrator.cli.slurm import pipeline_on_slurm
 
-        return pipeline_on_slurm(settings, inventory, detach=detach, until=until, force=force)
+        return pipeline_on_slurm(
+            settings, inventory, detach=detach, until=until, force=force, skip=skip_validate
+        )
     refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
     inventory = run_nodes(settings, inventory, master)  # --nodes: the nodes this run uses, all phases
     nodes = list(inventory.nodes)

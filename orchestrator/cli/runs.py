@@ -558,12 +558,15 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     run_id = resolve_run(run_arg)
     if inventory.cluster.slurm is not None:
         # a Slurm run: its nodes' directories are on the shared file system, read through the login host
-        from orchestrator.slurm.job import login_node, not_on_slurm_yet
+        from orchestrator.slurm.job import login_node
 
-        if settings.dry_run:
-            not_on_slurm_yet(inventory, "fetch --dry-run", "fetch reads only, through the login host")
         with open_session(settings, inventory, [login_node(inventory)]) as login:
-            report = fetch_on_slurm(login, inventory, run_id, paths, from_code=from_code)
+            # --dry-run: listed through the login host, nothing copied
+            report = fetch_on_slurm(
+                login, inventory, run_id, paths, from_code=from_code, copy=not settings.dry_run
+            )
+        if settings.dry_run:
+            settings.ui.note("--dry-run: nothing was copied; the table says what would be, and where")
         return _fetched(settings, run_id, report, from_code)
     nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
     code_dir = inventory.cluster.train.code_dir

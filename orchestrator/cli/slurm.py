@@ -3,6 +3,8 @@ acts): the job's state while it waits, every rank's lines as `[node:rank]`, the 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,9 +14,24 @@ from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
+    from orchestrator.session import Session
     from orchestrator.slurm.run import JobEnd, SlurmRun
     from orchestrator.transports import Transport
     from orchestrator.transports.base import BlockHandler
+
+
+@contextlib.contextmanager
+def allocated(settings: Settings, inventory: Inventory, what: str) -> Iterator[tuple[Inventory, Session]]:
+    """`check` and `validate` on Slurm: a job (``cb-<what>``) holds the request's nodes, given as an
+    inventory and a session whose scripts run on them as job steps (orchestrator/slurm/relay.py).
+    Refused under --dry-run (exit 2): a dry run allocates nothing, and the nodes are Slurm's choice."""
+    from orchestrator.slurm.job import login_node, refuse_dry_run
+    from orchestrator.slurm.relay import on_allocation
+
+    refuse_dry_run(what, settings.dry_run)
+    with open_session(settings, inventory, [login_node(inventory)]) as session:
+        with on_allocation(session, inventory, settings.ui.note, what) as (nodes, on):
+            yield nodes, on
 
 
 def _outputs(settings: Settings, log: RunLog) -> Any:
@@ -82,10 +99,6 @@ def launch_on_slurm(
 
 
 def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> ExitCode:
-    from orchestrator.runs.ranks import split_rank
-    from orchestrator.slurm.job import STOP_GRACE
-    from orchestrator.steps.launch import failure_headline, failure_tail
-
     ui = settings.ui
     code = ExitCode.OK if end.ok else ExitCode.NODES_FAILED
     if settings.json_mode:
@@ -103,29 +116,16 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
             }
         )
         return code
-    index = {n.node: i for i, n in enumerate(end.nodes)}
-    failed = next((n for n in end.nodes if n.node == end.failed_first), None)
+    failed = end.failed()
     if failed is not None:
-        result = failed.result()
-        ui.error(f"{failed.node}: {failure_headline(result)}")
-        first = index[failed.node] * end.nproc
-        for line in failure_tail(result):
-            local, text = split_rank(line)
-            ui.info(f"  [{failed.node}{'' if local is None else f':{first + local}'}] {text}")
-        others = [n.node for n in end.nodes if n.node != failed.node]
-        if end.cancelled and others:
-            ui.note(
-                f"job {end.job_id} cancelled because {failed.node} failed first: {', '.join(others)} stopped"
-            )
+        ui.error(f"{end.failed_first}: {failed[0]}")
+        for line in failed[1]:
+            ui.info(f"  {line}")
+        if failed[2]:
+            ui.note(failed[2])
     elif end.time_limit:
-        ui.error(
-            f"job {end.job_id} reached its time limit ({end.time_limit}): Slurm stopped every rank "
-            f"before it (--signal=TERM@{STOP_GRACE}); what they wrote until then is above and in the logs"
-        )
-        ui.note(
-            "a longer cluster.slurm.time, or a training script that resumes from its checkpoints "
-            "in $CB_RUN_DIR"
-        )
+        ui.error(end.time_limit_reached())
+        ui.note("a longer cluster.slurm.time, or a training script resuming from checkpoints in $CB_RUN_DIR")
     elif not end.ok:
         ui.error(f"job {end.job_id} ended {end.state}")
     else:
@@ -134,12 +134,12 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
     return code
 
 
-def _transport(settings: Settings, inventory: Inventory) -> tuple[Any, Transport]:
+@contextlib.contextmanager
+def _login(settings: Settings, inventory: Inventory) -> Iterator[Transport]:
     from orchestrator.slurm.job import login_node
 
-    login = login_node(inventory)
-    session = open_session(settings, inventory, [login])
-    return session, session.transport(login)
+    with open_session(settings, inventory, [login_node(inventory)]) as session:
+        yield session.transport(login_node(inventory))
 
 
 def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, follow: bool) -> ExitCode:
@@ -148,8 +148,7 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
 
     ui = settings.ui
     log = RunLog(Path("runs") / run_id, staged=True)
-    session, transport = _transport(settings, inventory)
-    with session:
+    with _login(settings, inventory) as transport:
         run = find_run(transport, inventory, run_id)
         try:
             end = follow_run(
@@ -168,11 +167,11 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
 
 def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
     """`status --run ID`: the job's id, state, nodes, runtime, and each node's last line."""
+    from orchestrator.slurm.job import slurm_settings
     from orchestrator.slurm.run import find_run, status_run
 
     ui = settings.ui
-    session, transport = _transport(settings, inventory)
-    with session:
+    with _login(settings, inventory) as transport:
         status = status_run(transport, inventory, find_run(transport, inventory, run_id))
     if settings.json_mode:
         ui.print_json({"command": "status", **status.__dict__})
@@ -181,13 +180,8 @@ def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Ex
     ui.print_text(f"run {status.run_id}: Slurm job {status.job_id} {status.state}{why}")
     if status.runtime:
         ui.print_text(f"runtime {status.runtime} on {', '.join(status.nodes) or 'no node yet'}")
-    from orchestrator.runs.ranks import split_rank
-    from orchestrator.slurm.job import slurm_settings
-
-    nproc = slurm_settings(inventory).ranks_per_node
-    for index, (node, line) in enumerate(status.last_lines.items()):
-        local, text = split_rank(line)  # as the stream labels it: [node:rank]
-        ui.print_text(f"  [{node}{'' if local is None else f':{index * nproc + local}'}] {text}")
+    for line in status.labelled_last_lines(slurm_settings(inventory).ranks_per_node):
+        ui.print_text(f"  {line}")
     return ExitCode.OK
 
 
@@ -196,8 +190,7 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
     from orchestrator.slurm.run import find_run, stop_run
 
     ui = settings.ui
-    session, transport = _transport(settings, inventory)
-    with session:
+    with _login(settings, inventory) as transport:
         run = find_run(transport, inventory, run_id)
         state = stop_run(transport, inventory, run)
     ui.info(f"run {run_id}: Slurm job {run.job_id} cancelled ({state})")
@@ -205,26 +198,25 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
 
 
 def pipeline_on_slurm(
-    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool
+    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool, skip: bool
 ) -> ExitCode:
     """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
-    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`
-    inside an allocation (stops here when a check fails, unless ``force``); then the job (`launch`)."""
+    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`,
+    then `validate` (unless ``skip``), in one allocation (a failure stops here, unless ``force``);
+    then the job (`launch`)."""
     from orchestrator.cli.sync import run_sync
     from orchestrator.pipeline import wants_code_sync
-    from orchestrator.slurm.job import login_node, on_shared_dir, slurm_settings
+    from orchestrator.slurm.job import shared_sync, slurm_settings, sync_target
 
     ui = settings.ui
-    shared = on_shared_dir(inventory)
-    login = login_node(shared)
-    env, code = inventory.cluster.env.declared, wants_code_sync(inventory)
-    if env or code:
+    shared, (login,) = sync_target(inventory)
+    sync = shared_sync(inventory, wants_code_sync(inventory))
+    if sync is not None:
         where = slurm_settings(inventory).dir
         ui.note(
-            f"sync: the {'environment and code' if env and code else 'environment' if env else 'code'} "
-            f"to {where} through {login.name}, once for every node (shared file system)"
+            f"sync: the {sync[0]} to {where} through {login.name}, once for every node (shared file system)"
         )
-        synced = run_sync(settings, shared, [login], only=None if env and code else "env" if env else "code")
+        synced = run_sync(settings, shared, [login], only=sync[1])
         if synced != ExitCode.OK:
             ui.error("not going on: sync failed (see above); `bootstrap sync` repeats just that step")
             return synced
@@ -232,12 +224,16 @@ def pipeline_on_slurm(
     ui.note("ntp: skipped on Slurm (the cluster's admins keep the compute nodes' clocks)")
     if until in ("sync", "firewall", "ntp"):
         return ExitCode.OK
-    from orchestrator.cli.check import check_on_slurm
+    from orchestrator.cli.check import run_check
+    from orchestrator.cli.validate import run_validate
 
-    checked = check_on_slurm(settings, inventory, say_skipped=False)
-    if checked != ExitCode.OK and not force:
-        ui.error("not launching: a check failed on an allocated node (see above); --force launches anyway")
-        return checked
+    with allocated(settings, inventory, "check") as (nodes, on):  # one job: check, then validate
+        code = run_check(settings, nodes, list(nodes.nodes), session=on)
+        if until != "check" and not skip and (code == ExitCode.OK or force):
+            code = run_validate(settings, nodes, session=on) or code
+    if code != ExitCode.OK and not force:
+        ui.error("not launching: check or validate failed on an allocated node (see above); --force goes on")
+        return code
     if until == "check":
-        return checked
+        return code
     return launch_on_slurm(settings, inventory, run_id=None, templates_dir=None, detach=detach)

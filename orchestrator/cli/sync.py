@@ -27,6 +27,7 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
+from orchestrator.slurm.job import sync_target
 from orchestrator.steps import sync as step
 from orchestrator.steps.envsync import EnvInstallError, NodeEnv
 from orchestrator.steps.sync import Display, SyncOptions, SyncReport
@@ -83,6 +84,8 @@ def sync(
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
+    if inventory.cluster.slurm is not None:  # once, through the login host, into the shared directory
+        inventory, nodes = sync_target(inventory)
     if freeze is not None and not from_master:
         return _freeze(settings, inventory, nodes, freeze)
     if from_master and inventory.cluster.env.declared:

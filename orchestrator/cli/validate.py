@@ -24,6 +24,7 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.cli.report import json_doc
+from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
@@ -69,9 +70,11 @@ def validate(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
-    from orchestrator.slurm.job import not_on_slurm_yet
-
-    not_on_slurm_yet(inventory, "validate", "`check` runs the preflight inside an allocation (docs/slurm.md)")
+    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: validated inside an allocation
+        with allocated(settings, inventory, "validate") as (nodes, on):
+            return run_validate(
+                settings, nodes, timeout=timeout, sizes=size_list, templates_dir=templates_dir, session=on
+            )
     refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
     if not settings.dry_run:
         from orchestrator.render import require_secrets

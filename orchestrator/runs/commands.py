@@ -216,17 +216,25 @@ class FetchReport:
 
 
 def fetch_on_slurm(
-    session: Session, inventory: Inventory, run_id: str, paths: Sequence[str], *, from_code: bool
+    session: Session,
+    inventory: Inventory,
+    run_id: str,
+    paths: Sequence[str],
+    *,
+    from_code: bool,
+    copy: bool = True,
 ) -> FetchReport:
     """fetch of a Slurm run: its nodes' directories are on the shared file system, read through the
-    login host (``session``: over that host alone)."""
+    login host (``session``: over that host alone); ``copy`` False (--dry-run) lists, copies nothing."""
     from orchestrator.slurm.job import login_node
     from orchestrator.slurm.run import fetch_run
 
     login = session.transport(login_node(inventory))
     dest = RUNS_ROOT / run_id
     return FetchReport(
-        GroupResult(fetch_run(login, inventory, run_id, paths, dest_root=dest, from_code=from_code))
+        GroupResult(
+            fetch_run(login, inventory, run_id, paths, dest_root=dest, from_code=from_code, copy=copy)
+        )
     )
 
 

@@ -456,12 +456,13 @@ def fetch_node(
     code_dir: str | None,
     dest: Path,
     from_code: bool = False,
+    copy: bool = True,
 ) -> list[Fetched]:
     """Copy what the run wrote on the node into ``dest`` (``runs/<run-id>/<node>/``).
 
     A relative PATH is looked for in the run's outputs (``$CB_RUN_DIR``), its run directory, then
     the code directory (``from_code``: only there); an absolute one is taken as is. Directories are
-    copied with everything below them.
+    copied with everything below them. ``copy`` False: only what would be copied, and where.
     """
     ops = run_ops(transport.platform, node)
     nonce = new_nonce()
@@ -488,19 +489,22 @@ def fetch_node(
             fetched.append(Fetched(asked, None))
         elif found.kind == "file":
             size_text, source = found.text(1).strip(), found.text(2)
-            transport.get(source, local_root)
+            if copy:
+                transport.get(source, local_root)
             size = int(size_text) if size_text.isdigit() else 0
             fetched.append(Fetched(asked, source, 1, size, str(local_root)))
         else:
             base = found.text(1)
             current = Fetched(asked, base, local=str(local_root))
             fetched.append(current)
-            _fetch_listing(node, transport, base, found.fields[2] if len(found.fields) > 2 else b"", current)
+            listing_bytes = found.fields[2] if len(found.fields) > 2 else b""
+            _fetch_listing(node, transport if copy else None, base, listing_bytes, current)
     return fetched
 
 
-def _fetch_listing(node: Node, transport: Transport, base: str, listing: bytes, into: Fetched) -> None:
-    """Copy the files of a directory listing (``SIZE NUL RELPATH NUL`` per file) below ``into.local``."""
+def _fetch_listing(node: Node, transport: Transport | None, base: str, listing: bytes, into: Fetched) -> None:
+    """Copy the files of a directory listing (``SIZE NUL RELPATH NUL`` per file) below ``into.local``
+    (no ``transport``: only count them)."""
     cells = listing.split(b"\0")
     for size_bytes, rel_bytes in zip(cells[0:-1:2], cells[1::2], strict=False):
         size_text, rel = size_bytes.decode("ascii", "replace").strip(), rel_bytes.decode("utf-8", "replace")
@@ -508,6 +512,7 @@ def _fetch_listing(node: Node, transport: Transport, base: str, listing: bytes, 
         if rel_parts is None or not size_text.isdigit():
             log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
             continue
-        transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(into.local).joinpath(*rel_parts))
+        if transport is not None:
+            transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(into.local).joinpath(*rel_parts))
         into.files += 1
         into.bytes += int(size_text)

@@ -52,6 +52,22 @@ def on_shared_dir(inventory: Inventory) -> Inventory:
     return dataclasses.replace(inventory, nodes=nodes)
 
 
+def sync_target(inventory: Inventory) -> tuple[Inventory, list[Node]]:
+    """What `sync` works on for a Slurm cluster: :func:`on_shared_dir`'s inventory and its login host
+    alone (once, for every compute node)."""
+    shared = on_shared_dir(inventory)
+    return shared, [login_node(shared)]
+
+
+def shared_sync(inventory: Inventory, code: bool) -> tuple[str, str | None] | None:
+    """What `bootstrap` syncs into the shared directory (``code``: the inventory wants the code
+    synced): what to call it and `sync`'s ``only``; None for nothing."""
+    env = inventory.cluster.env.declared
+    if env and code:
+        return "environment and code", None
+    return ("environment", "env") if env else ("code", "code") if code else None
+
+
 def job_python(inventory: Inventory) -> str:
     """The compute nodes' interpreter: ``cluster.slurm.python``, else the environment `sync` built in
     the shared directory (cluster.env), else ``python3``."""
@@ -154,12 +170,12 @@ def render_job(
     return JobFiles(directory, batch, node)
 
 
-def not_on_slurm_yet(inventory: Inventory, command: str, instead: str) -> None:
-    """A UsageError (exit 2) for a command that does not work on a Slurm inventory yet, saying what
-    to do instead, rather than acting on the login host as if it were the cluster."""
-    if inventory.cluster.slurm is None:
-        return
-    raise UsageError(
-        f"`{command}` does not work on a Slurm inventory yet (cluster.slurm in {inventory.source})",
-        hint=instead,
-    )
+def refuse_dry_run(command: str, dry_run: bool) -> None:
+    """A UsageError (exit 2) for ``command`` --dry-run where it needs an allocation: a dry run
+    allocates nothing, and which nodes run it is Slurm's choice when the job starts."""
+    if dry_run:
+        raise UsageError(
+            f"`{command} --dry-run` on Slurm: it runs on the nodes Slurm allocates, and a dry run "
+            "allocates none",
+            hint="`bootstrap render --for slurm` shows the job's scripts without submitting anything",
+        )

@@ -265,6 +265,16 @@ def cancel(transport: Transport, login: str, job_id: str) -> None:
         raise SlurmError(f"scancel failed: {answer.message()}", node=login)
 
 
+def cancel_steps(transport: Transport, login: str, job_id: str, name: str) -> None:
+    """``scancel`` every step of job ``job_id`` named ``name`` (srun --job-name) that still runs."""
+    platform = _posix(transport, login)
+    argv = ["squeue", "-h", "--steps", "-j", job_id, "-o", "%i|%j"]
+    answer = ask(transport, login, _command(platform, argv))
+    steps = [f[0] for f in (line.split("|", 1) for line in answer.lines) if len(f) == 2 and f[1] == name]
+    if answer.ok and steps:
+        ask(transport, login, _command(platform, ["scancel", *steps]))
+
+
 def _posix(transport: Transport, login: str) -> PosixShell:
     platform = transport.platform
     if not isinstance(platform, PosixShell):
@@ -279,6 +289,7 @@ __all__ = [
     "SlurmError",
     "ask",
     "cancel",
+    "cancel_steps",
     "hostnames",
     "sbatch",
     "seconds",

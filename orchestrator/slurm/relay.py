@@ -2,18 +2,21 @@
 
 Each allocated node gets a transport that runs its scripts as a job step on that node (``srun
 --jobid J --overlap -w NODE``) through the login host's one connection, so the existing facts and
-probes (the preflight, orchestrator/steps/preflight) run there unchanged and name each node as on a
-cluster reached over SSH. Files go through the login host: the nodes' directories are on the shared
-file system.
+probes (the preflight, orchestrator/steps/preflight) and validate's ranks run there unchanged and
+name each node as on a cluster reached over SSH. Files go through the login host: the nodes'
+directories are on the shared file system.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import secrets
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from orchestrator.errors import BootstrapError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.inventory.settings import EnvSettings, FirewallSettings, TimeSettings
 from orchestrator.platforms import PosixShell
@@ -24,14 +27,24 @@ from orchestrator.transports.base import OnLine
 
 
 class SrunTransport(Transport):
-    """Scripts for ``node`` run as a step of job ``job_id``, through ``login``'s connection."""
+    """Scripts for ``node`` run as a step of job ``job_id``, through ``login``'s connection.
+
+    The relays of one allocation share ``files``: the login connection's one SFTP session takes one
+    transfer at a time (paramiko's client reads its answers without a lock: two threads waiting at
+    once lose each other's and wait forever). :meth:`close` ends this node's running steps (a
+    cancel: fail fast, validate's watchdog), which closing the relay alone would leave running."""
 
     kind = "srun"
 
-    def __init__(self, node: str, login: Transport, job_id: str) -> None:
+    def __init__(self, node: str, login: Transport, job_id: str, files: threading.Lock) -> None:
         super().__init__(node, PosixShell())
         self.login = login
         self.job_id = job_id
+        self.files = files
+        #: the name of this relay's steps (srun --job-name): what close() cancels
+        self.step_name = f"cb-{node}-{secrets.token_hex(4)}"
+        self._running = 0
+        self._count = threading.Lock()
 
     def connect(self) -> None:
         self.login.connect()
@@ -40,8 +53,8 @@ class SrunTransport(Transport):
         """The login host's command for ``script``: a one-task step on this node, sharing the job's
         resources with the other steps (--overlap: the probes of every node run at once)."""
         assert isinstance(self.platform, PosixShell)
-        step = ["srun", f"--jobid={self.job_id}", "--overlap", "--nodes=1", "--ntasks=1"]
-        step += [f"--nodelist={self.node_name}", "--quiet", "--"]
+        step = ["srun", f"--jobid={self.job_id}", f"--job-name={self.step_name}", "--overlap"]
+        step += ["--nodes=1", "--ntasks=1", f"--nodelist={self.node_name}", "--quiet", "--"]
         return " ".join(self.platform.quote(a) for a in step) + " " + self.platform.login_command(script)
 
     def plan(self, script: str) -> str:
@@ -55,22 +68,41 @@ class SrunTransport(Transport):
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
-        result = self.login.run_raw(
-            self.login.platform.wrap(self.relay(script)),
-            timeout=timeout,
-            on_line=on_line,
-            keep_lines=keep_lines,
-        )
+        with self._count:
+            self._running += 1
+        try:
+            result = self.login.run_raw(
+                self.login.platform.wrap(self.relay(script)),
+                timeout=timeout,
+                on_line=on_line,
+                keep_lines=keep_lines,
+            )
+        finally:
+            with self._count:
+                self._running -= 1
+        if self._closed and result.exit_code != 0:
+            # its step was cancelled by close(): stopped, as a closed connection's command is
+            result = dataclasses.replace(result, exit_code=None)
         return dataclasses.replace(result, node=self.node_name)
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.login.put(local, remote, mode=mode)
+        with self.files:
+            self.login.put(local, remote, mode=mode)
 
     def get(self, remote: str, local: Path) -> None:
-        self.login.get(remote, local)
+        with self.files:
+            self.login.get(remote, local)
 
     def close(self) -> None:
-        self._closed = True
+        """Closed for good; this node's steps that still run are cancelled (best effort: the
+        allocation's job is cancelled on the way out anyway)."""
+        with self._count:
+            running, self._closed = self._running and not self._closed, True
+        if running:
+            from orchestrator.slurm import queue
+
+            with contextlib.suppress(BootstrapError):
+                queue.cancel_steps(self.login, self.login.node_name, self.job_id, self.step_name)
 
     def describe(self) -> str:
         return f"srun in job {self.job_id} via {self.login.node_name}"
@@ -112,7 +144,8 @@ class AllocationSession(Session):
 
     def __init__(self, inventory: Inventory, nodes: list[Node], base: Session, login: Transport, job_id: str):
         super().__init__(inventory, nodes, ssh=base.ssh, passwords=base.passwords, max_workers=64)
-        self._relays = {n.name: SrunTransport(n.name, login, job_id) for n in nodes}
+        files = threading.Lock()
+        self._relays = {n.name: SrunTransport(n.name, login, job_id, files) for n in nodes}
 
     def transport(self, node: Node) -> Transport:
         with self._lock:

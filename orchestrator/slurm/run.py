@@ -203,6 +203,40 @@ class JobEnd:
     def ok(self) -> bool:
         return self.state == "COMPLETED" and all(n.exit_code == 0 for n in self.nodes)
 
+    def time_limit_reached(self) -> str:
+        """What a job its time limit ended says (empty when the limit did not end it)."""
+        if not self.time_limit:
+            return ""
+        return (
+            f"job {self.job_id} reached its time limit ({self.time_limit}): Slurm stopped every rank "
+            f"before it (--signal=TERM@{STOP_GRACE}); what they wrote until then is above and in the logs"
+        )
+
+    def failed(self) -> tuple[str, list[str], str] | None:
+        """The node that failed first: its headline (``rank 3 exited with code 3 (torchrun exited
+        1)``), its last lines as ``[node:rank] text``, and what its failure did to the other nodes
+        (empty when this command did not cancel the job); None when no node failed."""
+        from orchestrator.steps.launch import failure_headline, failure_tail
+
+        index = {n.node: i for i, n in enumerate(self.nodes)}
+        for node in self.nodes:
+            if node.node == self.failed_first:
+                result = node.result()
+                tail = [labelled(node.node, index[node.node] * self.nproc, t) for t in failure_tail(result)]
+                others = ", ".join(n.node for n in self.nodes if n is not node)
+                stopped = f"job {self.job_id} cancelled because {node.node} failed first: {others} stopped"
+                return failure_headline(result), tail, stopped if self.cancelled and others else ""
+        return None
+
+
+def labelled(node: str, first_rank: int, line: str) -> str:
+    """A line of a node's log as the stream shows it: ``[node:rank] text``, ``[node] text`` for
+    torchrun's own."""
+    from orchestrator.runs.ranks import split_rank
+
+    local, text = split_rank(line)
+    return f"[{node}{'' if local is None else f':{first_rank + local}'}] {text}"
+
 
 #: how long before the time limit Slurm may send --signal's signal: STOP_GRACE, and up to 60 s
 #: earlier ("the resolution of event handling by Slurm", sbatch(1))
@@ -409,6 +443,10 @@ class RunStatus:
     runtime: str
     last_lines: dict[str, str]
 
+    def labelled_last_lines(self, nproc: int) -> list[str]:
+        """Every node's last line as ``[node:rank] text`` (``nproc`` ranks per node), as streamed."""
+        return [labelled(n, i * nproc, line) for i, (n, line) in enumerate(self.last_lines.items())]
+
 
 def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> RunStatus:
     """The job's state, nodes and runtime as Slurm says, and every node's last log line."""
@@ -434,10 +472,12 @@ def fetch_run(
     *,
     dest_root: Path,
     from_code: bool = False,
+    copy: bool = True,
 ) -> list[Outcome[list[Fetched]]]:
     """`fetch` of a Slurm run: each allocated node's outputs (``$CB_RUN_DIR``: ``<job dir>/<node>/out``),
     run directory or the code directory, read from the shared file system through the login host
-    into ``dest_root/<node>/``; one outcome per node, in Slurm's order."""
+    into ``dest_root/<node>/``; one outcome per node, in Slurm's order. ``copy`` False (--dry-run):
+    only listed, what would be copied and where."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
     run = find_run(transport, inventory, run_id)
@@ -461,6 +501,7 @@ def fetch_run(
                 code_dir=code,
                 dest=dest_root / name,
                 from_code=from_code,
+                copy=copy,
             )
             outcomes.append(Outcome(name, got, None, time.monotonic() - began, time.monotonic()))
         except BootstrapError as exc:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BOOTSTRAP, CliRun
+from tests.integration.test_env_sync import make_wheel
 from tests.integration.test_runs import await_
 from tests.slurm import ACCOUNT_PARTITION, SlurmCluster
 
@@ -145,6 +147,15 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
     assert re.search(rf"run fg: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
     assert slurm.wait_no_job_active() == []
+    # fetch --dry-run: what would be copied from each node, and where; nothing is
+    planned = bootstrap("-i", str(inv), "fetch", "--dry-run", "--run", "fg", "out.txt", cwd=tmp_path)
+    assert planned.returncode == 0, planned
+    assert "--dry-run: nothing was copied" in planned.stderr, planned
+    for node in ("node2", "node3", "node4"):
+        assert re.search(rf"│ {node} +│ out\.txt +│ 1 +│ 11 B +│ runs/fg/{node}/out\.txt", planned.stdout), (
+            planned
+        )
+        assert not (tmp_path / "runs" / "fg" / node / "out.txt").exists()
     # fetch: each node's outputs ($CB_RUN_DIR) from the shared file system, through the login host
     fetched = bootstrap("-i", str(inv), "fetch", "--run", "fg", "out.txt", cwd=tmp_path)
     assert fetched.returncode == 0, fetched
@@ -277,6 +288,7 @@ def test_stop_cancels_a_detached_run(
     _await_lines(shared, "st")
     status = bootstrap("-i", str(inv), "status", "--run", "st", cwd=tmp_path)
     assert re.search(r"run st: Slurm job \d+ RUNNING", status.stdout), status
+    assert re.search(r"^runtime \d+:\d+ on node2, node3, node4$", status.stdout, re.M), status
     assert "[node3:3] line 99 of rank 3" in status.stdout, status
     stopped = bootstrap("-i", str(inv), "stop", "--run", "st", cwd=tmp_path)
     assert stopped.returncode == 0, stopped
@@ -419,10 +431,13 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     # the preflight ran on the allocated nodes before the training job was submitted
     assert re.search(r"check: job \d+ on node2, node3, node4", run.stderr), run
     assert "ready to train" in run.stderr, run
+    # then validate, in the same job: every rank joined and all-reduced before training
+    assert "6 of 6 rank(s) joined (backend gloo" in run.stderr, run
+    assert len(re.findall(r"job \d+ holds the nodes", run.stderr)) == 1, run
     for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
         assert re.search(rf"^\[{node}:{rank}\] \[rank {rank}/6\]", run.stdout, re.M), run.stdout[-3000:]
     assert re.search(r"^\[node2:0\] done: ", run.stdout, re.M), run.stdout[-3000:]
-    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir()]
+    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir() if not d.name.startswith("validate-")]
     for node in ("node2", "node3", "node4"):
         assert len(list((shared / "runs" / run_id / node / "ranks").iterdir())) == 2
         assert (tmp_path / "runs" / run_id / f"{node}.log").read_text()
@@ -431,10 +446,9 @@ def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nod
     assert re.search(rf"run {run_id}: Slurm job {job} (COMPLETED|ENDED)", status.stdout), status
 
 
-def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
-    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
-) -> None:
-    # node3 finds another torch first (its own PYTHONPATH): what a node with a stale install shows
+def _node3_with_old_torch(slurm: SlurmCluster, shared: Path, tmp_path: Path) -> Path:
+    """An inventory whose interpreter finds another torch first on node3 (its own PYTHONPATH): what a
+    node with a stale install shows."""
     fake = shared / "oldtorch" / "torch"
     (fake / "distributed").mkdir(parents=True)
     (fake / "__init__.py").write_text(
@@ -456,6 +470,13 @@ def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
     doc = json.loads(inv.read_text())
     doc["cluster"]["slurm"]["python"] = str(python)
     inv.write_text(json.dumps(doc))
+    return inv
+
+
+def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _node3_with_old_torch(slurm, shared, tmp_path)
     run = bootstrap("-i", str(inv), "check", cwd=tmp_path, timeout=180)
     assert run.returncode == 1, run
     assert "firewall: not checked on Slurm" in run.stderr, run
@@ -469,4 +490,93 @@ def test_check_runs_inside_an_allocation_and_names_the_node_whose_torch_differs(
     assert "set cluster.slurm.python to one with torch==2.13.0" in run.stderr, run
     assert "--from-master" not in run.stderr, run
     assert re.search(r"^│ node3 +│ FAIL", run.stdout, re.M), run
+    assert slurm.wait_no_job_active() == []
+
+
+def test_validate_joins_every_rank_of_the_allocation_and_times_all_reduce(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    # twice: the ranks' files of the three nodes go up through the login host's one connection at
+    # once, which hung one run in a few before its transfers took turns
+    for _ in range(2):
+        run = bootstrap("-i", str(inv), "validate", "--sizes", "4K,1M", cwd=tmp_path, timeout=240)
+        assert run.returncode == 0, run
+        assert re.search(r"validate: job \d+ on node2, node3, node4", run.stderr), run
+        assert "6 of 6 rank(s) joined (backend gloo" in run.stderr, run
+        assert "all_reduce result correct" in run.stderr, run
+        assert "all_reduce, 6 ranks" in run.stdout, run
+        for size in ("4 KiB", "1 MiB"):
+            assert re.search(rf"│ +{size} │ +\d+ │ +[\d.]+ ms │", run.stdout), run
+        assert slurm.wait_no_job_active() == []
+        assert _running("validate_worker.py") == []
+
+
+def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    inv = _node3_with_old_torch(slurm, shared, tmp_path)
+    run = bootstrap("-i", str(inv), "validate", "--timeout", "20", cwd=tmp_path, timeout=240)
+    assert run.returncode == 1, run
+    assert "ranks never joined: node3 (ranks 2, 3) (4 of 6 joined)" in run.stderr, run
+    assert not re.search(r"^error: .*node[24]", run.stderr, re.M), run
+    assert slurm.wait_no_job_active() == []
+    assert _running("validate_worker.py") == []
+
+
+def test_bootstrap_builds_the_environment_once_in_the_shared_directory_for_every_node(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # the environment: one tiny wheel from a local directory (no network), whose .pth file lends the
+    # test's own torch to the environment built from it
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "cbttorch", "1.0", extra={"cbttorch.pth": sysconfig.get_paths()["purelib"] + "\n"})
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "where.py").write_text(
+        "import os, sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('interpreter', os.path.realpath(sys.prefix), flush=True)\n"
+        "dist.barrier()\n"
+    )
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    doc = json.loads(inv.read_text())
+    del doc["cluster"]["slurm"]["python"]  # the compute nodes run the environment bootstrap builds
+    doc["cluster"]["train"]["script"] = "where.py"
+    doc["cluster"]["code"] = {"source": str(project)}
+    doc["cluster"]["env"] = {"packages": ["cbttorch==1.0"], "find_links": [str(wheels)], "no_index": True}
+    doc["nodes"][0]["python"] = sys.executable  # the login host builds it with this interpreter
+    inv.write_text(json.dumps(doc))
+
+    run = bootstrap("-i", str(inv), "--skip-validate", cwd=tmp_path, timeout=420)
+    assert run.returncode == 0, run
+    assert f"sync: the environment and code to {shared} through login, once for every node" in run.stderr
+    venv = os.path.realpath(shared / "venv")
+    assert Path(venv, "bin", "python").exists(), run
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        assert re.search(rf"^\[{node}:{rank}\] interpreter {venv}$", run.stdout, re.M), run.stdout[-3000:]
+    assert slurm.wait_no_job_active() == []
+
+    # a second sync finds it up to date: nothing is built, the environment is the same one
+    again = bootstrap("-i", str(inv), "sync", cwd=tmp_path, timeout=240)
+    assert again.returncode == 0, again
+    assert "1/1 nodes synced (1 unchanged)" in again.stderr, again
+    assert os.path.realpath(shared / "venv") == venv
+
+
+def test_a_job_waiting_for_resources_shows_its_state_and_reason_then_runs(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    # another job holds every CPU of the three nodes for a while: ours waits for Resources
+    blocker = slurm.run(
+        ["sbatch", "--parsable", "--nodes=3", "--exclusive", "--output=/dev/null", "--wrap", "sleep 15"]
+    )
+    assert blocker.returncode == 0, blocker.stderr
+    inv = _ticking(slurm, tmp_path, shared, "cbt_slurm_wait.py", forever=False)
+    run = bootstrap("-i", str(inv), "launch", "--run-id", "wr", cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run
+    job = re.search(r"Slurm job (\d+) submitted", run.stderr).group(1)
+    assert re.search(rf"^job {job}: PENDING \((Resources|Priority)\)$", run.stderr, re.M), run
+    assert re.search(rf"^job {job}: RUNNING$", run.stderr, re.M), run
+    assert "[node4:5] line 99 of rank 5" in run.stdout, run
     assert slurm.wait_no_job_active() == []

@@ -28,11 +28,13 @@ from tests.conftest import CliRun, write_inventory
 Bootstrap = Callable[..., CliRun]
 
 
-def make_wheel(directory: Path, name: str, version: str) -> Path:
-    """A minimal pure-Python wheel (METADATA, WHEEL, RECORD written by hand)."""
+def make_wheel(directory: Path, name: str, version: str, extra: dict[str, str] | None = None) -> Path:
+    """A minimal pure-Python wheel (METADATA, WHEEL, RECORD written by hand); ``extra``: more files
+    installed into site-packages (name -> text)."""
     directory.mkdir(parents=True, exist_ok=True)
     dist = f"{name}-{version}.dist-info"
     files = {
+        **(extra or {}),
         f"{name}/__init__.py": f"__version__ = {version!r}\n",
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: cb-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",

@@ -63,15 +63,16 @@ def test_a_relative_or_spaced_directory_is_refused() -> None:
             load_inventory_text(BASE.format(extra="").replace("/shared/cb", bad), "hpc.yaml")
 
 
-@pytest.mark.parametrize(("command", "says"), [(["validate"], "`check` runs")])
-def test_commands_not_there_yet_on_slurm_refuse_instead_of_using_the_login_host(
-    tmp_path: Path, command: list[str], says: str
+@pytest.mark.parametrize("command", [["validate", "--dry-run"], ["check", "--dry-run"]])
+def test_a_dry_run_that_needs_an_allocation_is_refused_before_connecting(
+    tmp_path: Path, command: list[str]
 ) -> None:
     inv = tmp_path / "hpc.yaml"
-    inv.write_text(BASE.format(extra=""))
+    inv.write_text(BASE.format(extra=""))  # its login host does not exist: nothing may connect
     bootstrap = Path(sys.executable).parent / "bootstrap"
     run = subprocess.run(
         [str(bootstrap), "-i", str(inv), *command], capture_output=True, text=True, cwd=tmp_path
     )
     assert run.returncode == 2, run.stderr
-    assert "does not work on a Slurm inventory yet" in run.stderr and says in run.stderr, run.stderr
+    assert f"`{command[0]} --dry-run` on Slurm: it runs on the nodes Slurm allocates" in run.stderr
+    assert "render --for slurm" in run.stderr, run.stderr
