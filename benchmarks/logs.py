@@ -318,9 +318,16 @@ def run_launch(
 
 
 def run_ranks(
-    cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float, tmp: Path
+    cluster: NamespaceCluster,
+    known: Path,
+    printer: Path,
+    lines: int,
+    rate: float,
+    tmp: Path,
+    capture: Path | None = None,
 ) -> Row:
-    """Two print() ranks per node through the node-side capture, as launch.sh starts them."""
+    """Two print() ranks per node through the node-side capture, as launch.sh starts them.
+    ``capture``: another rank_capture.py than this tree's (its row is named after it)."""
     transports = _transports(cluster, known)
     per_rank = lines // 2
     tallies = []
@@ -333,7 +340,8 @@ def run_ranks(
         for local in range(2):
             tallies.append(Tally(per_rank))
             sink.by_head[printer_ui.head(host.name, 2 * i + local).rstrip()] = tallies[-1]
-    capture = rank_capture_file()
+    name = "launch, 2 print() ranks" + (f" [{capture}]" if capture else "")
+    capture = capture or rank_capture_file()
 
     def one(t: SSHTransport) -> None:
         platform = t.platform
@@ -356,7 +364,7 @@ def run_ranks(
     log.close()
     for t in transports:
         t.close()
-    return _summarise("launch, 2 print() ranks", [*tallies, sink.unlabelled], start, cpu)
+    return _summarise(name, [*tallies, sink.unlabelled], start, cpu)
 
 
 def run_logs(
@@ -431,6 +439,13 @@ def main() -> int:
         default="ssh,launch,ranks,logs,shell",
         help="paths to measure (comma-separated; default: all; ranks brings its own baseline, sshprint)",
     )
+    parser.add_argument(
+        "--capture",
+        action="append",
+        type=Path,
+        default=[],
+        help="also measure the ranks path with this rank_capture.py (repeatable; an old copy, say)",
+    )
     args = parser.parse_args()
     only = set(args.only.split(","))
     phases = {"as fast as possible": 0.0, f"paced, {args.rate:g} lines/s per node": args.rate}
@@ -451,12 +466,17 @@ def main() -> int:
                     "sshprint": lambda n, r: run_ssh_print(cluster, known, print_printer, n, r),
                     "launch": lambda n, r: run_launch(cluster, known, printer, n, r, tmp),
                     "ranks": lambda n, r: run_ranks(cluster, known, print_printer, n, r, tmp),
+                    **{
+                        f"ranks {c}": lambda n, r, c=c: run_ranks(cluster, known, print_printer, n, r, tmp, c)
+                        for c in args.capture
+                    },
                     "logs": lambda n, r: run_logs(cluster, known, printer, n, r, tmp),
                     "shell": lambda n, r: run_logs(cluster, known, printer, n, r, tmp, python=None),
                 }
                 for name, measure in paths.items():
                     # the baselines: every ratio needs ssh, the ranks path its own printers' cost too
-                    if name in only or name == "ssh" or (name == "sshprint" and "ranks" in only):
+                    wanted = name in only or (name.startswith("ranks ") and "ranks" in only)
+                    if wanted or name == "ssh" or (name == "sshprint" and "ranks" in only):
                         row = measure(lines, rate)
                         results.setdefault((phase, row.path), []).append(row)
     print(f"\n{NODES} nodes, median of {args.runs} run(s); lines per node: {args.lines} (paced: 5 s worth)")
