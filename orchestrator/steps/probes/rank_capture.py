@@ -7,15 +7,18 @@ shared until a line is complete:
 
 ``worker DIR CMD...``   torchrun starts this as each rank (``--no-python``): the rank's stdout and
                         stderr go to its own file ``DIR/rank-<label>-attempt-<n>.out`` (appended in
-                        the order the rank wrote them), then the process becomes CMD (exec: same
-                        pid and session, so torchrun's signals reach the training process itself).
+                        the order the rank wrote them), through a pipe that a drainer process
+                        (``drain``, see through_drainer) appends to the file, then the process
+                        becomes CMD (exec: same pid and session, so torchrun's signals reach the
+                        training process itself).
                         The label is LOCAL_RANK, or RANK when CB_RANK_LABEL=global (elastic runs,
                         where the rendezvous assigns global ranks).
 ``mux DIR CMD...``      runs CMD (torchrun) and writes to its own stdout, in one stream: torchrun's
                         lines as they come, and every rank file's complete lines, each as
                         ``[default<label>]:<line>``. A rank's last line without a newline is written
                         as a line of its own when that rank's attempt is over (a newer attempt
-                        appeared, or torchrun ended), never glued to anything. Exits with
+                        appeared, or torchrun ended, and its drainer has appended the last byte:
+                        up to DRAIN_WAIT after torchrun), never glued to anything. Exits with
                         torchrun's code. TERM/INT/HUP do not end it early: torchrun gets the same
                         signal (one process group), stops its workers, and everything they wrote up
                         to then is still delivered.
