@@ -8,7 +8,7 @@ shared until a line is complete:
 ``worker DIR CMD...``   torchrun starts this as each rank (``--no-python``): the rank's stdout and
                         stderr go to its own file ``DIR/rank-<label>-attempt-<n>.out`` (appended in
                         the order the rank wrote them), through a pipe that a drainer process
-                        (``drain``, see through_drainer) appends to the file, then the process
+                        (DRAINER, see through_drainer) appends to the file, then the process
                         becomes CMD (exec: same pid and session, so torchrun's signals reach the
                         training process itself).
                         The label is LOCAL_RANK, or RANK when CB_RANK_LABEL=global (elastic runs,
@@ -165,6 +165,25 @@ def worker(directory, argv):
         os._exit(127)
 
 
+#: the drainer (see through_drainer): fd 0, the rank's pipe, appended to fd 1, its file. Its own
+#: few lines, not this module: a Python with nothing but os, signal and time starts in a third of the
+#: CPU, once per rank and attempt
+DRAINER = """\
+import os, signal, time
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)
+while True:
+    data = os.read(0, %d)
+    if not data:
+        break
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view):]
+    if len(data) < %d:
+        time.sleep(%r)  # let a fast rank fill the pipe: one append per many lines
+""" % (READ, BATCH, GATHER)
+
+
 def through_drainer(fd):
     """A pipe whose bytes a drainer process appends to ``fd`` (the rank's file), or ``fd`` itself
     when that cannot be set up. The rank's print()s then cost a pipe write each, not a file append
@@ -197,8 +216,7 @@ def through_drainer(fd):
             os.dup2(read_end, 0)
             os.dup2(fd, 1)
             os.dup2(null, 2)  # not torchrun's stderr: the mux sees its end when torchrun ends
-            script = os.path.abspath(__file__)
-            os.execve(sys.executable, [sys.executable, "-I", "-S", script, "drain"], {})
+            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", DRAINER], {})
         except BaseException:
             os.write(started_w, b"!")
         finally:
@@ -213,19 +231,6 @@ def through_drainer(fd):
         fcntl.flock(fd, fcntl.LOCK_UN)
         return fd
     return write_end
-
-
-def drainer():
-    """The drainer (see through_drainer): fd 0, the rank's pipe, appended to fd 1, its file."""
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    while True:
-        data = os.read(0, READ)
-        if not data:
-            return 0
-        write_all(1, data)
-        if len(data) < BATCH:
-            time.sleep(GATHER)  # let a fast rank fill the pipe: one append per many lines
 
 
 class RankFile:
@@ -445,8 +450,6 @@ def mux(directory, argv):
 
 
 def main():
-    if sys.argv[1:] == ["drain"]:
-        return drainer()
     if len(sys.argv) < 4 or sys.argv[1] not in ("worker", "mux"):
         sys.stderr.write("usage: rank_capture.py worker|mux DIR COMMAND...\n")
         return 2
