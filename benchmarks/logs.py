@@ -24,11 +24,15 @@ the namespaces share one clock, the latency from print to arrival. Paths measure
 
 Every path's per-line work on the controller includes parsing the number and timestamp (the same
 for the baseline), and every line's text is compared with what was printed: a line cut, glued to
-another or carrying another rank's text counts as mangled. Targets (issue 7): >= 200k lines/s
+another or carrying another rank's text counts as mangled. CPU per line: ``CPU us/line`` is the
+controller's (this process and its ssh clients), ``node us`` the nodes' (everything each host's
+sshd reaped once the path's sessions ended, and the ranks' drainers, which this process reaps as
+their subreaper), ``all us`` both: on shared cores far steadier than lines/s, and 2 cores divided
+by it is the most any path can carry here. Targets (issue 7): >= 200k lines/s
 aggregate, 0 lost, p99 <= 100 ms, and throughput >= 0.8 x the baseline; the print() path (issue 33):
 >= 0.9 x ssh at full speed, 0 lost, 0 mangled.
 
-    sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3]
+    sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3] [--capture OLD/rank_capture.py]
 """
 
 from __future__ import annotations

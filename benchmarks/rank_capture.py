@@ -3,7 +3,8 @@
 No cluster, no SSH: the mux runs here as launch.sh runs it (``mux DIR /bin/sh -c "worker ... &
 worker ... & wait"``, PYTHONUNBUFFERED, so each print() is two writes), its stdout read and every
 line checked here (lost, misordered, mangled). Reports the mux's own CPU per line (read from the
-exited process before it is reaped) and its system calls: far less noisy on shared cores than
+exited process before it is reaped) and everything's (ranks, workers, the ranks' drainers, which
+this process reaps as their subreaper, and the mux): far less noisy on shared cores than
 benchmarks/logs.py, whose ``ranks`` path runs the same mux behind SSH.
 
     python benchmarks/rank_capture.py [--lines 250000] [--runs 3] [--capture PATH]
