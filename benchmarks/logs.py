@@ -24,16 +24,21 @@ the namespaces share one clock, the latency from print to arrival. Paths measure
 
 Every path's per-line work on the controller includes parsing the number and timestamp (the same
 for the baseline), and every line's text is compared with what was printed: a line cut, glued to
-another or carrying another rank's text counts as mangled. Targets (issue 7): >= 200k lines/s
+another or carrying another rank's text counts as mangled. CPU per line: ``CPU us/line`` is the
+controller's (this process and its ssh clients), ``node us`` the nodes' (everything each host's
+sshd reaped once the path's sessions ended, and the ranks' drainers, which this process reaps as
+their subreaper), ``all us`` both: on shared cores far steadier than lines/s, and 2 cores divided
+by it is the most any path can carry here. Targets (issue 7): >= 200k lines/s
 aggregate, 0 lost, p99 <= 100 ms, and throughput >= 0.8 x the baseline; the print() path (issue 33):
 >= 0.9 x ssh at full speed, 0 lost, 0 mangled.
 
-    sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3]
+    sudo .venv-test/bin/python benchmarks/logs.py [--lines 250000] [--runs 3] [--capture OLD/rank_capture.py]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import statistics
 import subprocess
@@ -164,6 +169,8 @@ class Row:
     p50_ms: float
     p99_ms: float
     cpu_us: float  # controller CPU (this process and the ssh clients) per line
+    lines: int = 0
+    node_us: float = float("nan")  # the nodes' CPU per line: sshd and all below it, drainers too
 
 
 def _cpu() -> float:
@@ -186,7 +193,52 @@ def _summarise(path: str, tallies: list[Tally], start: float, cpu: float) -> Row
         p50 * 1000,
         p99 * 1000,
         (_cpu() - cpu) / received * 1e6 if received else float("nan"),
+        received,
     )
+
+
+def _subreaper() -> None:
+    """Orphans below us (the ranks' drainers, in sessions of their own) become ours to reap, so
+    their CPU is counted with the nodes'."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _node_cpu(cluster: NamespaceCluster) -> float:
+    """CPU seconds of every process each host's sshd has reaped (its sessions and all below)."""
+    total = 0.0
+    for sshd in cluster._sshd.values():
+        fields = Path(f"/proc/{sshd.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _settle(cluster: NamespaceCluster) -> float:
+    """Wait until every host runs its sshd alone (the path's sessions reaped), reap the orphans
+    that ended below us; returns their CPU seconds."""
+    listeners = {s.proc.pid for s in cluster._sshd.values()}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        pids = set()
+        for host in cluster.hosts:
+            out = subprocess.run(["ip", "netns", "pids", host.ns], capture_output=True, text=True).stdout
+            pids.update(map(int, out.split()))
+        if pids <= listeners:
+            break
+        time.sleep(0.05)
+    before = _cpu()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "Z" and int(fields[1]) == os.getpid() and int(stat.parent.name) not in listeners:
+            try:
+                os.waitpid(int(stat.parent.name), 0)
+            except ChildProcessError:
+                pass
+    return _cpu() - before
 
 
 def _parallel(fns: list[Callable[[], Any]]) -> None:
@@ -318,9 +370,16 @@ def run_launch(
 
 
 def run_ranks(
-    cluster: NamespaceCluster, known: Path, printer: Path, lines: int, rate: float, tmp: Path
+    cluster: NamespaceCluster,
+    known: Path,
+    printer: Path,
+    lines: int,
+    rate: float,
+    tmp: Path,
+    capture: Path | None = None,
 ) -> Row:
-    """Two print() ranks per node through the node-side capture, as launch.sh starts them."""
+    """Two print() ranks per node through the node-side capture, as launch.sh starts them.
+    ``capture``: another rank_capture.py than this tree's (its row is named after it)."""
     transports = _transports(cluster, known)
     per_rank = lines // 2
     tallies = []
@@ -333,7 +392,8 @@ def run_ranks(
         for local in range(2):
             tallies.append(Tally(per_rank))
             sink.by_head[printer_ui.head(host.name, 2 * i + local).rstrip()] = tallies[-1]
-    capture = rank_capture_file()
+    name = "launch, 2 print() ranks" + (f" [{capture}]" if capture else "")
+    capture = capture or rank_capture_file()
 
     def one(t: SSHTransport) -> None:
         platform = t.platform
@@ -356,7 +416,7 @@ def run_ranks(
     log.close()
     for t in transports:
         t.close()
-    return _summarise("launch, 2 print() ranks", [*tallies, sink.unlabelled], start, cpu)
+    return _summarise(name, [*tallies, sink.unlabelled], start, cpu)
 
 
 def run_logs(
@@ -431,7 +491,15 @@ def main() -> int:
         default="ssh,launch,ranks,logs,shell",
         help="paths to measure (comma-separated; default: all; ranks brings its own baseline, sshprint)",
     )
+    parser.add_argument(
+        "--capture",
+        action="append",
+        type=Path,
+        default=[],
+        help="also measure the ranks path with this rank_capture.py (repeatable; an old copy, say)",
+    )
     args = parser.parse_args()
+    _subreaper()
     only = set(args.only.split(","))
     phases = {"as fast as possible": 0.0, f"paced, {args.rate:g} lines/s per node": args.rate}
     results: dict[tuple[str, str], list[Row]] = {}
@@ -451,13 +519,22 @@ def main() -> int:
                     "sshprint": lambda n, r: run_ssh_print(cluster, known, print_printer, n, r),
                     "launch": lambda n, r: run_launch(cluster, known, printer, n, r, tmp),
                     "ranks": lambda n, r: run_ranks(cluster, known, print_printer, n, r, tmp),
+                    **{
+                        f"ranks {c}": lambda n, r, c=c: run_ranks(cluster, known, print_printer, n, r, tmp, c)
+                        for c in args.capture
+                    },
                     "logs": lambda n, r: run_logs(cluster, known, printer, n, r, tmp),
                     "shell": lambda n, r: run_logs(cluster, known, printer, n, r, tmp, python=None),
                 }
                 for name, measure in paths.items():
                     # the baselines: every ratio needs ssh, the ranks path its own printers' cost too
-                    if name in only or name == "ssh" or (name == "sshprint" and "ranks" in only):
+                    wanted = name in only or (name.startswith("ranks ") and "ranks" in only)
+                    if wanted or name == "ssh" or (name == "sshprint" and "ranks" in only):
+                        node = _node_cpu(cluster)
                         row = measure(lines, rate)
+                        orphans = _settle(cluster)
+                        if row.lines:
+                            row.node_us = (_node_cpu(cluster) - node + orphans) / row.lines * 1e6
                         results.setdefault((phase, row.path), []).append(row)
     print(f"\n{NODES} nodes, median of {args.runs} run(s); lines per node: {args.lines} (paced: 5 s worth)")
     for phase in phases:
@@ -467,7 +544,8 @@ def main() -> int:
         print(f"\n{phase}")
         print(
             f"{'path':<26}{'lines/s':>12}{'lost':>6}{'misordered':>11}{'mangled':>8}{'p50 ms':>9}"
-            f"{'p99 ms':>9}{'CPU us/line':>12}{'vs ssh':>8}{'vs ssh print()':>15}"
+            f"{'p99 ms':>9}{'CPU us/line':>12}{'node us':>8}{'all us':>7}{'vs ssh':>8}"
+            f"{'vs ssh print()':>15}"
         )
         for (ph, path), rows in results.items():
             if ph != phase:
@@ -475,7 +553,9 @@ def main() -> int:
             row = sorted(rows, key=lambda r: r.lines_per_s)[len(rows) // 2]
             print(
                 f"{path:<26}{row.lines_per_s:>12,.0f}{row.lost:>6}{row.bad:>11}{row.mangled:>8}"
-                f"{row.p50_ms:>9.1f}{row.p99_ms:>9.1f}{row.cpu_us:>12.1f}{row.lines_per_s / base:>8.2f}"
+                f"{row.p50_ms:>9.1f}{row.p99_ms:>9.1f}{row.cpu_us:>12.1f}"
+                f"{statistics.median(r.node_us for r in rows):>8.1f}"
+                f"{statistics.median(r.cpu_us + r.node_us for r in rows):>7.1f}{row.lines_per_s / base:>8.2f}"
                 f"{row.lines_per_s / print_base:>15.2f}"
             )
     print("\ntargets: >= 200,000 lines/s, 0 lost, 0 mangled, p99 <= 100 ms, >= 0.80 x ssh")

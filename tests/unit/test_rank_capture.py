@@ -7,8 +7,11 @@ import ast
 import importlib.util
 import inspect
 import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -101,3 +104,116 @@ def test_mux_writes_the_samples_between_whole_lines(tmp_path: Path) -> None:
         check=True,
     )
     assert quiet.stdout == b"hi\n"
+
+
+CAPTURE = str(package_file("steps/probes/rank_capture.py"))
+
+
+def _await(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except FileNotFoundError:
+        return True
+
+
+def _reader_of(pipe: str) -> int:
+    """The process whose stdin is ``pipe`` (``pipe:[inode]``): the rank's drainer."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "fd" / "0") == pipe:
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"nothing reads {pipe}")
+
+
+def test_a_killed_rank_group_still_leaves_every_byte_in_the_rank_file(tmp_path: Path) -> None:
+    """The rank prints into a pipe (a write there costs it less than a file append), yet what it
+    printed before its whole process group was SIGKILLed (torchrun's last resort, a stop's KILL) is
+    all in its file, even what the drainer had not read yet: the drainer appending the pipe is in
+    no group or run a stop signals. The rank is still the worker's own process (exec: torchrun's
+    signals reach the training process)."""
+    lines = 5_000  # under a default pipe's 64 KiB: the rank never waits for the stopped drainer
+    go, pid_file = tmp_path / "go", tmp_path / "pid"
+    script = (
+        "import os, stat, sys, time\n"
+        "print('started')\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        f"for i in range({lines}): print('line %d' % i)\n"
+        "fifo = stat.S_ISFIFO(os.fstat(1).st_mode)\n"
+        f"open({str(pid_file)!r} + '.part', 'w').write('%d %d' % (os.getpid(), fifo))\n"
+        f"os.rename({str(pid_file)!r} + '.part', {str(pid_file)!r})\n"
+        "time.sleep(600)\n"
+    )
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    path = ranks / "rank-3-attempt-0.out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LOCAL_RANK": "3"}
+    rank = subprocess.Popen(  # a group of its own, as torchrun starts each rank
+        [sys.executable, CAPTURE, "worker", str(ranks), sys.executable, "-c", script],
+        env=env,
+        start_new_session=True,
+    )
+    drainer = None
+    try:
+        _await(lambda: path.exists() and path.read_text() == "started\n", 60, "the rank's first line")
+        drainer = _reader_of(os.readlink(f"/proc/{rank.pid}/fd/1"))
+        # `stop --run` signals every process carrying the run's marker in its environment
+        assert Path(f"/proc/{drainer}/environ").read_bytes() == b""
+        os.kill(drainer, signal.SIGSTOP)  # the rank's next lines stay in the pipe
+        go.touch()
+        _await(lambda: pid_file.exists() or rank.poll() is not None, 60, "the rank's lines")
+        pid, fifo = map(int, pid_file.read_text().split())
+        os.killpg(rank.pid, signal.SIGKILL)
+        rank.wait()
+    finally:
+        if drainer is not None:
+            os.kill(drainer, signal.SIGCONT)
+        rank.kill()
+        rank.wait()
+    assert pid == rank.pid and fifo == 1
+    expected = "started\n" + "".join(f"line {i}\n" for i in range(lines))
+    _await(lambda: len(path.read_text()) >= len(expected), 10, "the drainer to append every line")
+    assert path.read_text() == expected
+
+
+def test_output_a_rank_left_to_its_children_reaches_the_stream(tmp_path: Path) -> None:
+    """A process the rank started inherits its output and may print after the rank (and torchrun)
+    ended: the mux waits for that output's end (up to DRAIN_WAIT) and forwards it, then ends; a
+    restarted rank's earlier attempt likewise."""
+    go = tmp_path / "go"
+    pids = tmp_path / "pids"
+    late = (
+        f"echo $$ >> {pids}; echo first; "
+        f"(while [ ! -e {go} ]; do sleep 0.01; done; echo late $TORCHELASTIC_RESTART_COUNT) &"
+    )
+    worker = f"{sys.executable} {CAPTURE} worker {tmp_path / 'ranks'} /bin/sh -c '{late}'"
+    # attempt 0 ends at once, attempt 1 a moment later: both leave a child printing after them
+    torchrun = f"TORCHELASTIC_RESTART_COUNT=0 {worker}; TORCHELASTIC_RESTART_COUNT=1 {worker}"
+    env = {**os.environ, "LOCAL_RANK": "0"}
+    with subprocess.Popen(
+        [sys.executable, CAPTURE, "mux", str(tmp_path / "ranks"), "/bin/sh", "-c", torchrun],
+        stdout=subprocess.PIPE,
+        env=env,
+    ) as mux:
+        _await(lambda: pids.exists() and len(pids.read_text().split()) == 2, 30, "both attempts")
+        _await(lambda: all(_gone(int(p)) for p in pids.read_text().split()), 30, "both attempts to end")
+        go.touch()
+        assert mux.stdout is not None
+        out = mux.stdout.read().decode()
+    assert mux.returncode == 0
+    assert sorted(out.splitlines()) == [
+        "[default0]:first",
+        "[default0]:first",
+        "[default0]:late 0",
+        "[default0]:late 1",
+    ], out
+    assert (tmp_path / "ranks" / "rank-0-attempt-0.out").read_text() == "first\nlate 0\n"
