@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CancelledError, ConnectError
 from orchestrator.executor import GroupResult, Outcome
+from orchestrator.facts import CONNECTED
 from orchestrator.facts.base import AS_ROOT, ReadScript, Sections, parse_reads, read_script, split_sections
 from orchestrator.plans import NodePlan, apply
 from orchestrator.records import new_nonce
@@ -82,7 +83,8 @@ def read_node(
         return out
     start = time.monotonic()
     transport.connect()
-    out.connect_seconds = time.monotonic() - start
+    out.connect_seconds = seconds = time.monotonic() - start
+    session.remember(node.name, CONNECTED, lambda: seconds)  # the first connection's, for `check`
     platform = transport.platform
     plan = read_script(platform, missing)
     found, result = (send or _send)(node, transport, plan)
@@ -99,9 +101,14 @@ def read_node(
             raise value
         else:
             if not read.fresh:
-                session.seed(node.name, read.key, value)
+                _keep(session, node.name, read.key, value)
             out.values[read.key] = value
     return out
+
+
+def _keep(session: Session, node: str, key: str, value: Any) -> None:
+    """Hold ``value`` for ``node`` under ``key`` (the first value read stays)."""
+    session.remember(node, key, lambda: value)
 
 
 def _refused(node: Node, plan: ReadScript, found: Sections, result: Result) -> BootstrapError | None:

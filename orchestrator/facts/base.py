@@ -110,12 +110,12 @@ class ReadScript:
 def read_script(platform: Platform, reads: Sequence[Read]) -> ReadScript:
     """One script asking every read of ``reads``: as root when all of them are, else as the login user
     with the root ones nested in one :data:`AS_ROOT` section (``sudo -n``, which fails at once where
-    it would want a password; its message is that section's output)."""
+    it would want a password; its message is that section's output). A section several reads ask
+    (the same name and command, as the same user: the route to the master is the time step's and
+    the preflight's) is sent once and answers each of them."""
     asked = [(r, r.sections(platform)) for r in reads]
-    names = [name for _, sections in asked for name, _ in sections]
-    assert len(names) == len(set(names)), f"two reads of one round trip share a section name: {names}"
-    root = [s for r, sections in asked if r.become for s in sections]
-    own = [s for r, sections in asked if not r.become for s in sections]
+    root = _once([s for r, sections in asked if r.become for s in sections])
+    own = _once([s for r, sections in asked if not r.become for s in sections])
     if not own:
         return ReadScript(platform, root, asked, None, True)
     inner = None
@@ -126,14 +126,24 @@ def read_script(platform: Platform, reads: Sequence[Read]) -> ReadScript:
     return ReadScript(platform, own, asked, inner, False)
 
 
+def _once(sections: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``sections`` without repeats; two different commands under one name are a bug."""
+    seen: dict[str, str] = {}
+    for name, command in sections:
+        assert seen.setdefault(name, command) == command, f"two reads ask section {name!r} differently"
+    return list(seen.items())
+
+
 def parse_reads(plan: ReadScript, found: Sections, result: Result) -> list[tuple[Read, Any]]:
-    """Each read of ``plan`` with its value from the top-level sections ``found``, or the exception its
-    parser raised (the caller decides which to raise: a refused sudo is said once)."""
-    sections = dict(found)
-    if plan.inner is not None and AS_ROOT in sections:
-        sections.update(split_sections(sections[AS_ROOT][0], plan.inner))
+    """Each read of ``plan`` with its value from the top-level sections ``found`` (a root read's from
+    the nested ones), or the exception its parser raised (the caller decides which to raise: a
+    refused sudo is said once)."""
+    nested: dict[str, tuple[str, int]] = {}
+    if plan.inner is not None and AS_ROOT in found:
+        nested = split_sections(found[AS_ROOT][0], plan.inner)
     out: list[tuple[Read, Any]] = []
     for read, own in plan.reads:
+        sections = nested if read.become and plan.inner is not None else found
         answered = {name: sections[name] for name, _ in own if name in sections}
         try:
             out.append((read, read.parse(answered, result)))

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.facts import SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts import CONNECTED, SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
@@ -177,7 +177,18 @@ def inspect_once(
     run: Gatherer | None = None,
 ) -> InspectedNode:
     """:func:`inspect`, once per session and node: the first phase that asks gathers, later phases
-    get the same answer (a failure is not remembered). Connects in any case."""
+    get the same answer (a failure is not remembered). Facts the runner read under the same key (the
+    main pipeline's first command: steps/preflight ``facts_read_of``) are taken as they are, with how
+    the node was reached. Connects in any case."""
+    held = session.recall(node.name, facts_key(extra, python))
+    if isinstance(held, FactSet):
+        transport.connect()  # connected already by the read (idempotent)
+        return InspectedNode(
+            via=transport.describe(),
+            facts=held,
+            connect_seconds=float(session.recall(node.name, CONNECTED) or 0.0),  # type: ignore[arg-type]
+            recorded_host_keys=list(transport.recorded_host_keys),
+        )
     found = session.remember(
         node.name, facts_key(extra, python), lambda: inspect(node, transport, extra, python=python, run=run)
     )

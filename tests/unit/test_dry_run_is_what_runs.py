@@ -812,7 +812,7 @@ def sync_runs(
         session = RecordingSession(inventory, answers)
         for node in inventory.nodes:
             for key, value in (seed or {}).items():
-                session.seed(node.name, key, value)
+                session.remember(node.name, key, lambda v=value: v)
         settings = Settings(json_mode=True, dry_run=dry_run)
         settings.ui.collected = []
         code = run_sync(settings, inventory, list(inventory.nodes), session=session)

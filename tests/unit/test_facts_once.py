@@ -301,8 +301,8 @@ def test_a_step_forgets_only_what_it_changed() -> None:
     def compute(what: str) -> Callable[[], str]:
         return lambda: asked.append(what) or f"{what} read"
 
-    session.seed("n1", "firewall.detection", "from the first round trip")
-    session.seed("n1", "firewall.detection", "a second seed changes nothing")
+    session.remember("n1", "firewall.detection", lambda: "from the first round trip")
+    session.remember("n1", "firewall.detection", lambda: "a second answer changes nothing")
     assert session.remember("n1", "firewall.detection", compute("fw")) == "from the first round trip"
     session.remember("n1", "timesync.probe", compute("chrony"))
     session.forget("n1", "firewall.detection")

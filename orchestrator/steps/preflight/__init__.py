@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError, ExitCode
 from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.facts.base import Read, facts_read
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
@@ -32,6 +33,7 @@ from orchestrator.steps.addresses import (
 )
 from orchestrator.steps.node_facts import (
     InspectedNode,
+    facts_key,
     facts_plan,
     inspect_once,
     interpreter_for,
@@ -149,6 +151,15 @@ def preflight_facts(node: Node, master: Node) -> list[Fact[Any]]:
     if node.os != "windows":  # a WSL node becomes root with `wsl -u root`, no sudo involved
         facts.append(BecomeRoot())
     return facts
+
+
+def facts_read_of(node: Node, inventory: Inventory) -> Read:
+    """A Linux node's facts as the preflight reads them (`inspect`'s and its own, one read under the
+    key :func:`~orchestrator.steps.node_facts.inspect_once` finds them by): what the main pipeline's
+    first command asks, so the preflight, validate and launch ask nothing more."""
+    python = training_python(node, inventory)
+    extra = preflight_facts(node, inventory.master_node)
+    return facts_read(facts_key(extra, python), [*linux_facts(python), *extra], timeout=FACTS_TIMEOUT)
 
 
 def sample_clock(transport: Transport) -> ClockSample:
