@@ -23,6 +23,7 @@ from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.platforms import PosixShell
+from orchestrator.runner import gather_reads
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
     MasterIdentity,
@@ -51,7 +52,7 @@ from orchestrator.steps.preflight.checks import (
     is_native_windows,
     version_table,
 )
-from orchestrator.steps.preflight.early import adopt, end_rounds, mesh_plan, take
+from orchestrator.steps.preflight.early import adopt, end_rounds, first_round, mesh_plan, take
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
 from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
@@ -61,6 +62,7 @@ from orchestrator.steps.preflight.reachability import (
     check_reachability,
     probe_command,
 )
+from orchestrator.steps.preflight.rounds import CLOCK as CLOCK  # the time step forgets it
 from orchestrator.steps.preflight.rounds import (
     FACTS_TIMEOUT,
     MARK,
@@ -84,10 +86,6 @@ if TYPE_CHECKING:
     from orchestrator.transports import Transport
 
 CLOCK_SAMPLES = 3
-#: ``Session.remember`` key of a node's :class:`ClockSample` against this controller's clock (taken
-#: by the main pipeline's first round trip or by the time step; the time step forgets the nodes whose
-#: time configuration it changed)
-CLOCK = "clock"
 
 
 @dataclass
@@ -305,51 +303,40 @@ def gather_node_facts(
 
 def _first_round(
     session: Session, inventory: Inventory, plan: MeshPlan | None, tokens: dict[str, str]
-) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound], set[str]]:
-    """Every node's facts (remembered ones are not asked again); on Linux nodes in the same round trip
-    as a clock sample and, when the mesh is probed, the node's workdir marker (``tokens``), its
-    listener and the markers it sees after that (``rounds``, still running). A round trip the main
-    pipeline's first command began for this mesh (early.py) is adopted instead (the third value
-    names those nodes): their facts only when the session forgot them."""
-    master = inventory.master_node
+) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound]]:
+    """Every node's facts and, on Linux nodes, its round trip: the runner's read of its facts
+    (:func:`facts_read_of`; held ones are not asked again) sent by ``early.first_round``: a clock
+    sample, the facts, the workdir marker (when ``tokens`` is asked for), the listener of ``plan``,
+    the markers it sees after that (``rounds``, still running). A round trip the main pipeline's first
+    command began for this mesh is adopted instead. Windows nodes: their facts from both sides
+    (facts/windows.py), a listener of their own later."""
     rounds: dict[str, NodeRound] = {}
-    adopted: set[str] = set()
-
-    def first(node: Node, transport: Transport) -> InspectedNode:
-        extra = preflight_facts(node, master)
-        python = training_python(node, inventory)
-        platform = transport.platform
+    for node in session.nodes:  # the main pipeline's first command began these (early.py)
         early = take(session, node.name, plan) if plan is not None else None
         if early is not None:
-            rounds[node.name] = early.round
-            tokens[node.name] = early.token
-            adopted.add(node.name)
-            return inspect_once(session, node, transport, extra, python=python)
-        if node.os == "windows" or not isinstance(platform, PosixShell):
-            # WSL and native Windows: facts from both sides (facts/windows.py), a listener of its own
-            return inspect_once(session, node, transport, extra, python=python)
-        listener = None
-        before: list[tuple[str, str]] = []
-        after: list[tuple[str, str]] = []
-        if plan is not None and node.name in plan.names:
-            listener = plan.listener(node.name, transport, interpreter_for(node))
-            if node.name in tokens:  # the listener is the barrier between writing and listing
-                workdir = workdir_for(node)
-                before = [(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, tokens[node.name]))]
-                after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+            rounds[node.name], tokens[node.name] = early.round, early.token
+    linux = [n for n in session.nodes if n.os != "windows" and n.name not in rounds]
+    meshed = {n.name for n in linux if plan is not None and n.name in plan.names}
+    send = first_round(session, plan, meshed, markers=bool(tokens))
+    reads = {n.name: [facts_read_of(n, inventory)] for n in linux}
+    failed = {
+        o.node: o.error or (o.value.error if o.value is not None else None)
+        for o in gather_reads(session, reads, step="check", send={name: send for name in reads})
+    }
+    for name in meshed:
+        early = take(session, name, plan) if plan is not None else None
+        if early is not None:
+            rounds[name], tokens[name] = early.round, early.token
+    master = inventory.master_node
 
-        def in_round(t: Transport, facts: list[Fact[Any]]) -> Any:
-            rounds[node.name] = NodeRound(node.name, t, facts, listener, before=before, after=after).start()
-            return rounds[node.name].gathered()
+    def facts_of(node: Node, transport: Transport) -> InspectedNode:
+        error = failed.get(node.name)
+        if error is not None:
+            raise error
+        extra = preflight_facts(node, master)
+        return inspect_once(session, node, transport, extra, python=training_python(node, inventory))
 
-        found = inspect_once(session, node, transport, extra, python=python, run=in_round)
-        if node.name not in rounds:  # the facts were remembered: the rest of the round trip still goes
-            rounds[node.name] = NodeRound(
-                node.name, transport, [], listener, before=before, after=after
-            ).start()
-        return found
-
-    return session.map(first, step="check", connect=False), rounds, adopted
+    return session.map(facts_of, step="check", connect=False), rounds
 
 
 def _workdir_check(
@@ -399,7 +386,7 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     plan = adopt(session, meshed, master.name, cluster.port) or mesh_plan(inventory, meshed)
     # the shared-workdir check's markers ride along when the listeners (its barrier) do
     tokens = {n.name: new_token() for n in session.nodes} if plan is not None and not single else {}
-    inspected, rounds, adopted = _first_round(session, inventory, plan, tokens)
+    inspected, rounds = _first_round(session, inventory, plan, tokens)
     facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     names = {node.name for node, _ in reachable}
@@ -429,10 +416,8 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
             verdicts[f.node.name]["sudo"] = root_verdict
 
     samples: dict[str, ClockSample] = {}
-    for name, node_round in rounds.items():
-        if name in adopted and session.recall(name, CLOCK) is None:
-            continue  # sampled before the time step changed that clock: the connector samples it again
-        if name in names and (sample := node_round.clock()) is not None:
+    for name in names:  # each round trip's sample (one the time step forgot: that clock changed since)
+        if isinstance(sample := session.recall(name, CLOCK), ClockSample):
             samples[name] = sample
     if plan is not None and master.name in names:
         # a single node too: torchrun binds the rendezvous port there, so "port busy" matters

@@ -35,6 +35,7 @@ from orchestrator.steps.preflight.reachability import (
     in_threads,
 )
 from orchestrator.steps.preflight.rounds import (
+    CLOCK,
     FACTS_TIMEOUT,
     MARK,
     MARKS,
@@ -86,15 +87,15 @@ def mesh_plan(inventory: Inventory, names: tuple[str, ...]) -> MeshPlan | None:
     return MeshPlan(names, master.name, inventory.cluster.port, hold=FACTS_TIMEOUT + LISTEN_HOLD)
 
 
-def first_round(session: Session, plan: MeshPlan | None, checked: set[str]) -> Send:
-    """How the pipeline's first command is sent to a Linux node (``runner.Send``): a clock sample
-    (kept under ``CLOCK``), the reads, and on a node in ``checked`` (with ``plan``) the preflight's
-    workdir marker, its listener, then the markers it sees (an :class:`EarlyRound` the preflight
-    adopts). Answers once the reads' sections are in; the listener goes on."""
+def first_round(session: Session, plan: MeshPlan | None, checked: set[str], *, markers: bool = True) -> Send:
+    """How the preflight's round trip is sent to a Linux node (``runner.Send``; the main pipeline's
+    first command, or `check`'s own): a clock sample (kept under ``CLOCK``, replacing an older one),
+    the reads, and on a node in ``checked`` (with ``plan``) the workdir marker (``markers``), its
+    listener, then the markers it sees (an :class:`EarlyRound` the preflight adopts). Answers once the
+    reads' sections are in; the listener goes on."""
     from orchestrator.platforms import PosixShell
     from orchestrator.runs.layout import workdir_for
     from orchestrator.steps.node_facts import interpreter_for
-    from orchestrator.steps.preflight import CLOCK
     from orchestrator.steps.preflight.shared_fs import MARKER_DIR, new_token
     from orchestrator.transports import Result
 
@@ -105,8 +106,9 @@ def first_round(session: Session, plan: MeshPlan | None, checked: set[str]) -> S
         if plan is not None and node.name in checked and isinstance(platform, PosixShell):
             token, workdir = new_token(), workdir_for(node)
             listener = plan.listener(node.name, transport, interpreter_for(node))
-            before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
-            after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+            if markers:
+                before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
+                after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
         timeout = max([FACTS_TIMEOUT, *(r.timeout for r, _ in script.reads)])
         done = NodeRound(
             node.name, transport, [], listener, before=before, after=after, facts_timeout=timeout
@@ -119,7 +121,8 @@ def first_round(session: Session, plan: MeshPlan | None, checked: set[str]) -> S
             done.run()
         done.gathered()  # raises what the transport raised: the node is unreachable
         clock = done.clock()
-        if clock is not None:
+        if clock is not None:  # the newest sample stands for the node's clock
+            session.forget(node.name, CLOCK)
             session.remember(node.name, CLOCK, lambda: clock)
         found = {name: answer for name, _ in script.top if (answer := done.section(name)) is not None}
         # a command still running (the listener) has no result yet: the reads answered already
