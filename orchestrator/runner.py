@@ -212,6 +212,7 @@ def run_step(
         data=step.data(context),
         dry_run=dry_run,
         context=context,
+        failing=[n.name for n in chosen if (v := outcomes[n.name].value) is not None and step.failed(v)],
     )
 
 

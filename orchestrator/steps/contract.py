@@ -102,6 +102,11 @@ class Step(ABC, Generic[C, V]):
         what the step read there)."""
         return [r.key for r in self.reads(node) if not r.fresh]
 
+    def failed(self, verdict: V) -> bool:
+        """Whether a node's verdict fails the report although the node raised nothing (the preflight:
+        a check failed there); default: never."""
+        return False
+
     def warnings(self, context: C) -> list[str]:
         """What the whole run should say once (not about one node)."""
         return []
@@ -126,6 +131,8 @@ class Report(Generic[V]):
     #: the step's cluster-wide decisions (``Step.context``): for the code that runs after the step
     #: (the time sync's wait needs each node's role); not rendered
     context: Any = None
+    #: the nodes whose verdict fails the report (``Step.failed``)
+    failing: list[str] = field(default_factory=list)
 
     def exit_code(self) -> ExitCode:
-        return exit_code_for(self.outcomes)
+        return exit_code_for(self.outcomes, lambda o: o.node in self.failing)

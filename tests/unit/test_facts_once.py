@@ -21,8 +21,10 @@ from pathlib import Path
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.session import Session
+from orchestrator.steps.contract import Report
 from orchestrator.steps.launch import plan as launch_plan
-from orchestrator.steps.preflight import run_preflight
+from orchestrator.steps.preflight import NodeChecks, run_preflight
+from orchestrator.steps.preflight.model import Verdict
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
 from tests.noderecords import asks, sections_asked, sections_said
@@ -206,6 +208,11 @@ def facts_asked(session: FakeSession) -> dict[str, int]:
     return {name: sum(asks(c, "torch") for c in fake.commands) for name, fake in session.fakes.items()}
 
 
+def verdicts_of(report: Report[NodeChecks]) -> dict[str, dict[str, Verdict]]:
+    """Each reached node's check verdicts from the preflight's report."""
+    return {o.node: o.value.checks for o in report.outcomes if o.value is not None}
+
+
 def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
     inventory = load_inventory_text(INVENTORY, "hosts.yaml")
     session = FakeSession(inventory)
@@ -213,7 +220,7 @@ def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
     report = run_preflight(session, inventory)
     assert facts_asked(session) == {"n1": 1, "n2": 1, "n3": 1}
     for name in ("n1", "n2", "n3"):
-        checks = report.verdicts[name]
+        checks = verdicts_of(report)[name]
         assert checks["reachability"].level == "ok", checks["reachability"].reason
         assert checks["clock"].level == "ok", checks["clock"].reason
         assert checks["interface"].level == "ok", checks["interface"].reason
@@ -287,7 +294,7 @@ def test_listeners_are_stopped_when_the_master_never_answers() -> None:
     report = run_preflight(session, inventory)
     assert time.monotonic() - started < 5  # not the listeners' own deadline
     for name in ("n2", "n3"):
-        assert report.verdicts[name]["reachability"].reason.startswith("not checked: the master n1")
+        assert verdicts_of(report)[name]["reachability"].reason.startswith("not checked: the master n1")
         assert session.fakes[name].commands[-1].startswith("kill -TERM 4242")
 
 

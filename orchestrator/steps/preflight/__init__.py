@@ -16,14 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import CommandFailedError, ExitCode
-from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.errors import BootstrapError, CommandFailedError
+from orchestrator.executor import Outcome
 from orchestrator.facts.base import Read, facts_read
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
+from orchestrator.plans import NodePlan
 from orchestrator.platforms import PosixShell
-from orchestrator.runner import gather_reads
+from orchestrator.runner import gather_reads, run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
     MasterIdentity,
@@ -32,6 +33,7 @@ from orchestrator.steps.addresses import (
     reached_nodes,
     reached_of,
 )
+from orchestrator.steps.contract import ClusterFacts, Report, Step
 from orchestrator.steps.node_facts import (
     InspectedNode,
     facts_key,
@@ -83,54 +85,91 @@ if TYPE_CHECKING:
     from orchestrator.facts import Fact
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 CLOCK_SAMPLES = 3
 
 
 @dataclass
-class PreflightReport:
-    backend: str
-    backend_reason: str
-    inspected: list[Outcome[InspectedNode]]  # connection + facts per node, inventory order
-    verdicts: dict[str, dict[str, Verdict]]  # node -> check -> verdict (reachable nodes only)
-    versions: dict[str, dict[str, str | None]] = field(default_factory=dict)
-    notes: dict[str, list[str]] = field(default_factory=dict)  # node -> how it was reached
+class NodeChecks:
+    """A node's verdict of the preflight: its facts (and how it was reached) and every check's verdict."""
+
+    inspected: InspectedNode
+    checks: dict[str, Verdict]
+    notes: list[str] = field(default_factory=list)  # how it was reached (no sftp subsystem, ...)
+
+    @property
+    def status(self) -> str:
+        """The worst level of its checks: ok, warn or fail."""
+        return worst([v.level for v in self.checks.values()]) if self.checks else "fail"
 
     @property
     def failed(self) -> bool:
-        return any(v.level == "fail" for checks in self.verdicts.values() for v in checks.values())
-
-    def node_fields(self, outcome: Outcome[InspectedNode]) -> dict[str, Any]:
-        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
-        return {
-            **(outcome.value.public_dict() if outcome.value else {}),
-            "transport_notes": self.notes.get(outcome.node, []),
-            "checks": {name: v.public_dict() for name, v in self.verdicts.get(outcome.node, {}).items()},
-        }
-
-    def node_ok(self, outcome: Outcome[InspectedNode]) -> bool:
-        """Reached, and no check failed there."""
-        return outcome.ok and self.level(outcome.node) != "fail"
-
-    def exit_code(self) -> ExitCode:
-        """3 when a node could not be reached (the connection's code), else 1 when a check failed."""
-        code = exit_code_for(self.inspected)
-        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.failed else code
-
-    def level(self, node: str) -> str:
-        checks = self.verdicts.get(node)
-        return worst([v.level for v in checks.values()]) if checks else "fail"
+        return self.status == "fail"
 
     def public_dict(self) -> dict[str, Any]:
+        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
         return {
-            "backend": self.backend,
-            "backend_reason": self.backend_reason,
-            "versions": self.versions,
-            "checks": {
-                node: {name: v.public_dict() for name, v in checks.items()}
-                for node, checks in self.verdicts.items()
-            },
+            **self.inspected.public_dict(),
+            "transport_notes": self.notes,
+            "checks": {name: v.public_dict() for name, v in self.checks.items()},
+        }
+
+
+@dataclass
+class PreflightContext:
+    """What the preflight found and decided for the whole cluster before judging each node: the
+    backend, each reached node's facts and verdicts, the versions side by side, and the errors of the
+    nodes it could not reach (the measurements behind the verdicts ran around the runner: see
+    docs/design.md "Steps and the runner")."""
+
+    backend: str
+    backend_reason: str
+    inspected: dict[str, InspectedNode]
+    verdicts: dict[str, dict[str, Verdict]]
+    versions: dict[str, dict[str, str | None]]
+    notes: dict[str, list[str]]
+    unreached: dict[str, BootstrapError]
+
+
+class Preflight(Step[PreflightContext, NodeChecks]):
+    """The preflight's verdicts as a step: its reads are each Linux node's facts (held: the round
+    trip that carried them also carried the listener, :func:`run_preflight`), it changes nothing,
+    and it judges each node from the checks; a node with a failed check fails the report."""
+
+    name = "check"
+
+    def __init__(self, inventory: Inventory, found: PreflightContext) -> None:
+        self.inventory, self.found = inventory, found
+
+    def reads(self, node: Node) -> list[Read]:
+        return [] if node.os == "windows" else [facts_read_of(node, self.inventory)]
+
+    def context(self, found: ClusterFacts) -> PreflightContext:
+        return self.found
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: PreflightContext) -> NodePlan:
+        return NodePlan(node.name)
+
+    def judge(
+        self, node: Node, plan: NodePlan, results: list[Result] | None, context: PreflightContext
+    ) -> NodeChecks:
+        if node.name in context.unreached:
+            raise context.unreached[node.name]
+        return NodeChecks(
+            context.inspected[node.name],
+            context.verdicts.get(node.name, {}),
+            context.notes.get(node.name, []),
+        )
+
+    def failed(self, verdict: NodeChecks) -> bool:
+        return verdict.failed
+
+    def data(self, context: PreflightContext) -> dict[str, Any]:
+        return {
+            "backend": context.backend,
+            "backend_reason": context.backend_reason,
+            "versions": context.versions,
         }
 
 
@@ -374,8 +413,11 @@ def _workdir_check(
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
 
 
-def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
-    """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
+def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:
+    """Every check on every selected node: one :class:`NodeChecks` per reached node, the error of each
+    node it could not reach; its exit code is the one rule (3: a node unreachable, 1: a check failed).
+    The round trips, the reachability mesh and the clock samples run first (around the runner: see
+    docs/design.md); :class:`Preflight` then judges each node."""
     master = inventory.master_node
     single = len(inventory.nodes) == 1
     cluster = inventory.cluster
@@ -488,12 +530,14 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         verdicts[name]["workdir"] = verdict
 
     ordered = {name: {c: verdicts[name][c] for c in CHECKS if c in verdicts[name]} for name in names}
-    return PreflightReport(
+    found = PreflightContext(
         backend=backend,
         backend_reason=why,
-        inspected=inspected,
+        inspected={o.node: o.value for o in inspected if o.value is not None},
         verdicts=ordered,
         versions=version_table(facts),
         # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
         notes={n.name: list(session.transport(n).notes) for n in session.nodes if n.name in session.opened()},
+        unreached={o.node: o.error for o in inspected if o.error is not None},
     )
+    return run_step(session, Preflight(inventory, found), session.nodes)
