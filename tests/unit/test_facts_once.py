@@ -23,7 +23,7 @@ from orchestrator.platforms import PosixShell
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
 from orchestrator.steps.launch import plan as launch_plan
-from orchestrator.steps.preflight import NodeChecks, run_preflight
+from orchestrator.steps.preflight import NodeChecks, check_plan, run_preflight
 from orchestrator.steps.preflight.model import Verdict
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
@@ -316,3 +316,23 @@ def test_a_step_forgets_only_what_it_changed() -> None:
     assert session.remember("n1", "firewall.detection", compute("fw")) == "fw read"
     assert session.remember("n1", "timesync.probe", compute("chrony")) == "chrony read"
     assert asked == ["chrony", "fw"]
+
+
+def _unique(script: str) -> str:
+    """``script`` without what is drawn anew for every run: record nonces, the mesh's token, the
+    workdir marker's token (the dry run shows TOKEN)."""
+    script = re.sub(r"cb-[0-9a-f]{12}", "cb-NONCE", script)
+    script = re.sub(r"printf %s \S+ 2>&1", "printf %s TOKEN 2>&1", script)
+    return re.sub(r"(cbt-reach listen \S+) \S+", r"\1 MESH", script)
+
+
+def test_check_sends_each_node_exactly_the_round_trip_its_dry_run_shows() -> None:
+    """`check --dry-run` prints each Linux node's round trip (clock, facts, marker, listener, markers
+    seen) from the very code that sends it: what a recording transport receives is that script."""
+    inventory = load_inventory_text(INVENTORY, "hosts.yaml")
+    session = FakeSession(inventory)
+    run_preflight(session, inventory)
+    for node in inventory.nodes:
+        fake = session.fakes[node.name]
+        shown = check_plan(node, fake, inventory)[0]
+        assert _unique(fake.commands[0]) == _unique(fake.platform.wrap(shown)), node.name

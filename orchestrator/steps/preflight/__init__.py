@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.executor import Outcome
-from orchestrator.facts.base import Read, facts_read
+from orchestrator.facts.base import Read, facts_read, read_script
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
@@ -54,7 +54,7 @@ from orchestrator.steps.preflight.checks import (
     is_native_windows,
     version_table,
 )
-from orchestrator.steps.preflight.early import adopt, end_rounds, first_round, mesh_plan, take
+from orchestrator.steps.preflight.early import adopt, end_rounds, first_round, mesh_plan, node_round, take
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
 from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
@@ -70,12 +70,9 @@ from orchestrator.steps.preflight.rounds import (
     MARK,
     MARKS,
     NodeRound,
-    list_command,
-    mark_command,
     parse_listing,
 )
 from orchestrator.steps.preflight.shared_fs import (
-    MARKER_DIR,
     check_shared_workdirs,
     new_token,
     workdir_verdicts,
@@ -302,19 +299,9 @@ def check_plan(node: Node, transport: Transport, inventory: Inventory) -> list[s
             facts_plan(node, transport, extra, python=training_python(node, inventory)),
             listener.command,
         ]
-    else:
-        facts = [*linux_facts(training_python(node, inventory)), *extra]
-        workdir = workdir_for(node)
-        token = "TOKEN"
-        node_round = NodeRound(
-            node.name,
-            transport,
-            facts,
-            listener,
-            before=[(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token))],
-            after=[(MARKS, list_command(platform, workdir, MARKER_DIR))],
-        )
-        first = [node_round.script]
+    else:  # the very round trip `check` sends (early.node_round), with a TOKEN for its marker
+        script = read_script(platform, [facts_read_of(node, inventory)])
+        first = [node_round(node, transport, script, plan, None if single else "TOKEN").script]
     peers = [n for n in inventory.nodes if n.name in names and n.name != node.name]
     targets = [f"{n.host}:PORT" for n in peers] + (
         [f"{master.host}:{plan.port}"] if node.name in names else []

@@ -87,35 +87,46 @@ def mesh_plan(inventory: Inventory, names: tuple[str, ...]) -> MeshPlan | None:
     return MeshPlan(names, master.name, inventory.cluster.port, hold=FACTS_TIMEOUT + LISTEN_HOLD)
 
 
+def node_round(
+    node: Node, transport: Transport, script: ReadScript, plan: MeshPlan | None, token: str | None
+) -> NodeRound:
+    """The preflight's round trip on a Linux node, not started: a clock sample, the reads of
+    ``script``, then with ``plan`` the workdir marker (``token``; None: no marker), the node's
+    listener and the markers it sees. What `check` sends, and what its dry run shows."""
+    from orchestrator.platforms import PosixShell
+    from orchestrator.runs.layout import workdir_for
+    from orchestrator.steps.node_facts import interpreter_for
+    from orchestrator.steps.preflight.shared_fs import MARKER_DIR
+
+    platform = transport.platform
+    before, after = list(script.top), []
+    listener = None
+    if plan is not None and isinstance(platform, PosixShell):
+        listener = plan.listener(node.name, transport, interpreter_for(node))
+        if token is not None:
+            workdir = workdir_for(node)
+            before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
+            after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+    timeout = max([FACTS_TIMEOUT, *(r.timeout for r, _ in script.reads)])
+    return NodeRound(node.name, transport, [], listener, before=before, after=after, facts_timeout=timeout)
+
+
 def first_round(session: Session, plan: MeshPlan | None, checked: set[str], *, markers: bool = True) -> Send:
     """How the preflight's round trip is sent to a Linux node (``runner.Send``; the main pipeline's
     first command, or `check`'s own): a clock sample (kept under ``CLOCK``, replacing an older one),
     the reads, and on a node in ``checked`` (with ``plan``) the workdir marker (``markers``), its
     listener, then the markers it sees (an :class:`EarlyRound` the preflight adopts). Answers once the
     reads' sections are in; the listener goes on."""
-    from orchestrator.platforms import PosixShell
-    from orchestrator.runs.layout import workdir_for
-    from orchestrator.steps.node_facts import interpreter_for
-    from orchestrator.steps.preflight.shared_fs import MARKER_DIR, new_token
+    from orchestrator.steps.preflight.shared_fs import new_token
     from orchestrator.transports import Result
 
     def send(node: Node, transport: Transport, script: ReadScript) -> tuple[Sections, Result]:
-        platform = transport.platform
-        before, after = list(script.top), []
-        listener, token = None, ""
-        if plan is not None and node.name in checked and isinstance(platform, PosixShell):
-            token, workdir = new_token(), workdir_for(node)
-            listener = plan.listener(node.name, transport, interpreter_for(node))
-            if markers:
-                before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
-                after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
-        timeout = max([FACTS_TIMEOUT, *(r.timeout for r, _ in script.reads)])
-        done = NodeRound(
-            node.name, transport, [], listener, before=before, after=after, facts_timeout=timeout
-        )
-        if plan is not None and listener is not None:
+        meshed = plan if node.name in checked else None
+        token = new_token() if meshed is not None and markers else None
+        done = node_round(node, transport, script, meshed, token)
+        if plan is not None and done.listener is not None:
             done.start()
-            early = EarlyRound(plan, token, done)
+            early = EarlyRound(plan, token or "", done)
             session.remember(node.name, EARLY, lambda: early)
         else:
             done.run()
