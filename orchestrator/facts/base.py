@@ -111,11 +111,13 @@ def read_script(platform: Platform, reads: Sequence[Read]) -> ReadScript:
     """One script asking every read of ``reads``: as root when all of them are, else as the login user
     with the root ones nested in one :data:`AS_ROOT` section (``sudo -n``, which fails at once where
     it would want a password; its message is that section's output). A section several reads ask
-    (the same name and command, as the same user: the route to the master is the time step's and
-    the preflight's) is sent once and answers each of them."""
+    (the same name and command: the route to the master is the time step's, the preflight's and the
+    firewall's) is sent once, as the login user when one of them reads as the login user."""
     asked = [(r, r.sections(platform)) for r in reads]
-    root = _once([s for r, sections in asked if r.become for s in sections])
     own = _once([s for r, sections in asked if not r.become for s in sections])
+    # the same shell text asked as root too (the firewall's view of the route and addresses) is
+    # answered by the login user's: a command whose answer depends on root is never a user read's
+    root = [s for s in _once([s for r, sections in asked if r.become for s in sections]) if s not in own]
     if not own:
         return ReadScript(platform, root, asked, None, True)
     inner = None
@@ -143,7 +145,7 @@ def parse_reads(plan: ReadScript, found: Sections, result: Result) -> list[tuple
         nested = split_sections(found[AS_ROOT][0], plan.inner)
     out: list[tuple[Read, Any]] = []
     for read, own in plan.reads:
-        sections = nested if read.become and plan.inner is not None else found
+        sections = {**found, **nested} if read.become and plan.inner is not None else found
         answered = {name: sections[name] for name, _ in own if name in sections}
         try:
             out.append((read, read.parse(answered, result)))

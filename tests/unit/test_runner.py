@@ -248,3 +248,20 @@ def test_a_section_two_reads_ask_alike_is_sent_once() -> None:
     [(command, _)] = nodes["b"].sent
     assert [name for _, name in sections_asked(command)] == ["file"]
     assert session.recall("b", "keep.again") == session.recall("b", "keep.file") == "y"
+
+
+def test_a_section_asked_as_root_and_as_the_login_user_alike_is_asked_once_as_the_user() -> None:
+    class Both(KeepFile):
+        def reads(self, node: Node) -> list[Read]:
+            [first] = super().reads(node)
+            return [first, Read("keep.root", first.sections, first.parse, become=True)]
+
+    nodes = states(a="x", b="y", c="x")
+    session = session_of(nodes)
+    session.fakes = {
+        n.name: NestedNode(n.name, nodes[n.name], platform_for_node(n)) for n in session.inventory.nodes
+    }
+    run_step(session, Both("x"), dry_run=True)
+    [(command, become)] = nodes["b"].sent
+    assert not become and [name for _, name in sections_asked(command)] == ["file"]
+    assert session.recall("b", "keep.root") == session.recall("b", "keep.file") == "y"

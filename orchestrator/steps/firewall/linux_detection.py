@@ -66,7 +66,7 @@ def detection_sections(
             # Whether it runs: each process's name read by the shell itself (pgrep -x firewalld reads
             # far more of /proc: tens of ms on a busy node, where this loop costs a few)
             "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
-            "r=3; for f in /proc/[0-9]*/comm; do c=; { read -r c < \"$f\"; } 2>/dev/null\n"
+            'r=3; for f in /proc/[0-9]*/comm; do c=; { read -r c < "$f"; } 2>/dev/null\n'
             '[ "$c" = firewalld ] && { r=0; break; }; done; [ "$r" = 0 ] || exit 3\n'
             "firewall-cmd --state || exit 3\n"
             f"for p in {policies}; do\n"
