@@ -73,7 +73,7 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[str, str], None]
 
 #: ``Session.recall`` key of a node's read-only scan taken by the main pipeline's first round trip
-#: (steps/setup_read.py): spares the scan when it shows nothing to send
+#: (orchestrator/pipeline.py, through the runner: scan_read): spares the scan when it shows nothing to send
 SCAN = "codesync.scan"
 SCAN_TIMEOUT = 600.0  # the first scan of a large existing tree hashes every file
 APPLY_TIMEOUT = 1800.0

@@ -1,13 +1,13 @@
 """The preflight (`bootstrap check`): will this cluster train? Each cause of a rendezvous hang, found first.
 
-Per Linux node, one round trip (rounds.py): a clock sample, the facts (`inspect`'s and the
-preflight's, unless this session gathered them already: ``Session.remember``), whether commands can
-become root, the node's workdir marker, its reachability listener, then the markers it sees. In the
-main pipeline that round trip is the first command's, begun before the setup phases (early.py). Windows
-nodes: their facts (facts/windows.py), then a listener of their own. Then the connectors of the
-reachability mesh, which sample the clocks once more (reachability.py), and the pure decisions
-(checks.py, shared_fs.py).
-"""
+Per Linux node, one round trip: the runner's read of its facts (:func:`facts_read_of`: `inspect`'s
+and the preflight's, whether commands can become root among them; none when the session holds them)
+sent by ``early.first_round`` with a clock sample first, then the node's workdir marker, its
+reachability listener, the markers it sees (rounds.py). In the main pipeline that round trip is the
+first command's, begun before the setup phases (early.py). Windows nodes: their facts (facts/windows.py),
+then a listener of their own. Then the connectors of the reachability mesh, which sample the clocks
+once more (reachability.py), and the pure decisions (checks.py, shared_fs.py), judged per node by the
+runner step :class:`Preflight`: one Report."""
 
 from __future__ import annotations
 
