@@ -19,9 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import BootstrapError, ExitCode
+from orchestrator.facts.linux import RootAccess
 
 if TYPE_CHECKING:
+    from orchestrator.facts.base import Read
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
 
@@ -98,6 +100,84 @@ def _root_steps(inventory: Inventory) -> list[str]:
     ]
 
 
+def _first_reads(
+    inventory: Inventory, selected: list[Node], options: PipelineOptions
+) -> dict[str, list[Read]]:
+    """What the steps the pipeline will run read first, per Linux node, each under the key its step
+    reads by (so each step finds its reads held and sends nothing to read): whether the node can
+    become root; the firewall's detection (every Linux node: the rules name every peer); chrony's
+    state and the route to the master (the time step); the code sync's read-only scan; on the nodes
+    the preflight checks, its facts."""
+    from orchestrator.steps.firewall import Firewall
+    from orchestrator.steps.preflight import facts_read_of
+    from orchestrator.steps.preflight.privilege import root_access_read
+    from orchestrator.steps.timesync.steps import ConfigureTime, InstallChrony
+
+    cluster = inventory.cluster
+    reads: dict[str, dict[str, Read]] = {n.name: {} for n in inventory.nodes if n.os == "linux"}
+
+    def add(node: Node, found: list[Read]) -> None:
+        if node.name in reads:
+            for read in found:
+                reads[node.name].setdefault(read.key, read)
+
+    for node in selected:
+        add(node, [root_access_read()])
+    if cluster.firewall.manage:
+        firewall = Firewall(inventory)
+        for node in firewall.scope(selected):
+            add(node, firewall.reads(node))
+    if cluster.time.manage:
+        steps: list[Any] = [InstallChrony()] if cluster.time.install else []
+        for step in [*steps, ConfigureTime(inventory)]:
+            for node in step.scope(selected):
+                add(node, step.reads(node))
+    if wants_code_sync(inventory):
+        from orchestrator.steps.codesync import prepare_tree
+        from orchestrator.steps.codesync.sync import code_dest, scan_read
+
+        try:
+            tree = prepare_tree(inventory)
+        except BootstrapError:  # the sync step says what is wrong with the project, in its place
+            tree = None
+        if tree is not None:
+            for node in selected:
+                add(node, [scan_read(node, tree, code_dest(cluster, node))])
+    if options.until not in ("sync", "firewall", "ntp"):  # the preflight's facts, unless it does not run
+        for node in selected:
+            add(node, [facts_read_of(node, inventory)])
+    return {name: list(found.values()) for name, found in reads.items() if found}
+
+
+def _first_round(
+    session: Session, inventory: Inventory, selected: list[Node], options: PipelineOptions
+) -> dict[str, RootAccess | BootstrapError]:
+    """The pipeline's first command on every Linux node (``runner.gather_reads`` over
+    :func:`_first_reads`, sent by steps/preflight/early.py ``first_round``: a clock sample first, the
+    preflight's listener last on the nodes it checks): each selected node's root access, or why
+    there is none."""
+    from orchestrator.runner import gather_reads
+    from orchestrator.steps.preflight.early import first_round, mesh_plan
+    from orchestrator.steps.preflight.privilege import ROOT_ACCESS
+
+    checked = set() if options.until in ("sync", "firewall", "ntp") else {n.name for n in selected}
+    plan = mesh_plan(inventory, tuple(n.name for n in selected)) if len(checked) > 1 else None
+    reads = _first_reads(inventory, selected, options)
+    send = first_round(session, plan, checked)
+    found: dict[str, RootAccess | BootstrapError] = {}
+    chosen = {n.name for n in selected}
+    for o in gather_reads(session, reads, step="read setup", send={name: send for name in reads}):
+        if o.node not in chosen:
+            continue
+        access = o.value.values.get(ROOT_ACCESS) if o.value is not None else None
+        error = o.error or (o.value.error if o.value is not None else None)
+        if isinstance(access, RootAccess):
+            found[o.node] = access
+        elif error is not None:
+            found[o.node] = error
+    return found
+
+
 def wants_code_sync(inventory: Inventory) -> bool:
     """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
     default source is the current directory, which must be a deliberate choice (it may be a home)."""
@@ -160,17 +240,10 @@ def _run_phases(
         if as_root:
             # the firewall and time steps run as root and never type a password: a node that cannot
             # become root stops the pipeline here, before anything (sync included) changed anywhere. The
-            # same round trip reads what those steps read first (steps/setup_read.py): on every Linux node,
-            # since the firewall and time steps read the unselected ones too (their peers' addresses)
+            # same command reads what the steps after it read first (_first_reads), under their keys
             from orchestrator.steps.preflight.privilege import refused_root
-            from orchestrator.steps.setup_read import read_setup
 
-            chosen = {n.name for n in selected}
-            code = [n.name for n in selected] if wants_code_sync(inventory) else []
-            # the preflight's facts ride along on the nodes it checks, unless the pipeline ends before it
-            to_check = [] if options.until in ("sync", "firewall", "ntp") else [n.name for n in selected]
-            access = read_setup(session, inventory, list(session.nodes), code=code, checked=to_check)
-            refused = refused_root({k: v for k, v in access.items() if k in chosen}, as_root)
+            refused = refused_root(_first_round(session, inventory, selected, options), as_root)
             if refused:
                 for line in refused:
                     phases.say("error", line)

@@ -2,10 +2,10 @@
 
 For a step over the selected nodes:
 
-1. **Reads**, one round trip per node for every read it needs that the session does not hold yet
-   (:func:`gather_reads`; a second one only when some reads run as root and others do not). Each value
-   is kept in the session under its read's key: the pipeline's first round trip, or another step, may
-   have read it already.
+1. **Reads**, ONE command per node for every read it needs that the session does not hold yet
+   (:func:`gather_reads`; reads as root ride in it nested, facts/base.py ``read_script``). Each value
+   is kept in the session under its read's key: the pipeline's first round trip (the reads of every
+   step it will run, asked at once: orchestrator/pipeline.py), or another step, may have read it.
 2. **Context**: the step decides for the whole cluster from every node's values.
 3. **Plans**: one :class:`~orchestrator.plans.NodePlan` per node. ``dry_run`` stops here: the report
    carries the plans, which is what ``--dry-run`` prints.
@@ -19,13 +19,14 @@ For a step over the selected nodes:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CancelledError, ConnectError
 from orchestrator.executor import GroupResult, Outcome
-from orchestrator.facts.base import split_sections
+from orchestrator.facts import CONNECTED
+from orchestrator.facts.base import AS_ROOT, ReadScript, Sections, parse_reads, read_script, split_sections
 from orchestrator.plans import NodePlan, apply
 from orchestrator.records import new_nonce
 from orchestrator.steps.contract import C, ClusterFacts, Read, Report, Step, V
@@ -34,25 +35,42 @@ from orchestrator.steps.root import sudo_error
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
-__all__ = ["NodeReads", "converge", "gather_reads", "read_node", "run_step"]
+__all__ = ["NodeReads", "Send", "converge", "gather_reads", "read_node", "run_step"]
+
+#: how a node's read script is sent: ``send(node, transport, script)`` returns the top-level sections
+#: as they came and the round trip's result. The default runs the script and waits; the preflight's
+#: round trip carries more after the reads (its listener: steps/preflight/early.py) and answers as
+#: soon as the reads' sections are in, while its command goes on.
+Send = Callable[["Node", "Transport", ReadScript], tuple[Sections, "Result"]]
 
 
 @dataclass
 class NodeReads:
     """What was read from one node: each read's value by key, and the first read that failed (the
-    node's values from its other reads stay usable: the master's route, when its root read failed)."""
+    node's values from its other reads stay usable: the master's route, when its root read failed);
+    ``connect_seconds``: how long connecting took when this read connected (None: it was connected)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     error: BootstrapError | None = None
+    connect_seconds: float | None = None
 
 
-def read_node(session: Session, node: Node, transport: Transport, reads: Sequence[Read]) -> NodeReads:
-    """The value of every read of ``node`` (by key): what the session holds, the rest read now in one
-    script (one as the login user, one as root where needed) and kept in the session (a ``fresh``
-    read is always asked, and not kept). A node that cannot be reached raises; a read that fails is
-    the result's ``error``."""
+def _send(node: Node, transport: Transport, plan: ReadScript) -> tuple[Sections, Result]:
+    token = new_nonce()
+    timeout = max(r.timeout for r, _ in plan.reads)
+    result = transport.run(plan.script(token), become=plan.become, timeout=timeout)
+    return split_sections(result.stdout, token), result
+
+
+def read_node(
+    session: Session, node: Node, transport: Transport, reads: Sequence[Read], *, send: Send | None = None
+) -> NodeReads:
+    """The value of every read of ``node`` (by key): what the session holds, the rest read now in ONE
+    command (the root reads nested in it) and kept in the session (a ``fresh`` read is always asked,
+    and not kept). A node that cannot be reached raises; a read that fails is the result's ``error``
+    (a refused sudo: one error naming the node and the fix). ``send``: see :data:`Send`."""
     out = NodeReads()
     missing: list[Read] = []
     held = set(session.keys(node.name))
@@ -61,57 +79,72 @@ def read_node(session: Session, node: Node, transport: Transport, reads: Sequenc
             out.values[read.key] = session.recall(node.name, read.key)
         else:
             missing.append(read)
-    for become in (False, True):
-        group = [r for r in missing if r.become == become]
-        if not group:
-            continue
-        transport.connect()
-        try:
-            _read_group(session, node, transport, group, become, out.values)
-        except (ConnectError, CancelledError):
-            raise
-        except BootstrapError as exc:
-            exc.node = exc.node or node.name
-            out.error = out.error or exc
+    if not missing and send is None:
+        return out
+    start = time.monotonic()
+    transport.connect()
+    out.connect_seconds = seconds = time.monotonic() - start
+    session.remember(node.name, CONNECTED, lambda: seconds)  # the first connection's, for `check`
+    platform = transport.platform
+    plan = read_script(platform, missing)
+    found, result = (send or _send)(node, transport, plan)
+    refused = _refused(node, plan, found, result)
+    for read, value in parse_reads(plan, found, result):
+        if read.become and refused is not None:
+            out.error = out.error or refused
+        elif isinstance(value, (ConnectError, CancelledError)):
+            raise value
+        elif isinstance(value, BootstrapError):
+            value.node = value.node or node.name
+            out.error = out.error or value
+        elif isinstance(value, Exception):
+            raise value
+        else:
+            if not read.fresh:
+                _keep(session, node.name, read.key, value)
+            out.values[read.key] = value
     return out
 
 
-def _read_group(
-    session: Session,
-    node: Node,
-    transport: Transport,
-    group: list[Read],
-    become: bool,
-    values: dict[str, Any],
-) -> None:
-    platform = transport.platform
-    asked = [(r, r.sections(platform)) for r in group]
-    names = [name for _, sections in asked for name, _ in sections]
-    assert len(names) == len(set(names)), f"two reads of one round trip share a section name: {names}"
-    token = new_nonce()
-    script = platform.sectioned([s for _, sections in asked for s in sections], token)
-    result = transport.run(script, become=become, timeout=max(r.timeout for r in group))
-    if become and not result.ok and platform.sudo_refused(result.stderr):
-        raise sudo_error(node, result, group[0].what or "reading the node")
-    found = split_sections(result.stdout, token)
-    for read, sections in asked:
-        own = {name: found[name] for name, _ in sections if name in found}
-        value = read.parse(own, result)
-        if not read.fresh:
-            session.seed(node.name, read.key, value)
-        values[read.key] = value
+def _keep(session: Session, node: str, key: str, value: Any) -> None:
+    """Hold ``value`` for ``node`` under ``key`` (the first value read stays)."""
+    session.remember(node, key, lambda: value)
+
+
+def _refused(node: Node, plan: ReadScript, found: Sections, result: Result) -> BootstrapError | None:
+    """The error of a node whose sudo wanted a password, for its root reads (None: it did not)."""
+    root = [r for r, _ in plan.reads if r.become]
+    if not root:
+        return None
+    platform = plan.platform
+    if plan.become:
+        said = "" if result.ok else result.stderr
+    else:
+        output, code = found.get(AS_ROOT, ("", 0))
+        said = output if code != 0 else ""
+    if not said or not platform.sudo_refused(said):
+        return None
+    return sudo_error(node, result, root[0].what or "reading the node")
 
 
 def gather_reads(
-    session: Session, reads: Mapping[str, Sequence[Read]], *, step: str
+    session: Session,
+    reads: Mapping[str, Sequence[Read]],
+    *,
+    step: str,
+    send: Mapping[str, Send] | None = None,
 ) -> GroupResult[NodeReads]:
     """:func:`read_node` on every node named in ``reads``, in parallel (no round trip for a node
-    whose values the session holds already)."""
+    whose values the session holds already, unless ``send`` names it: that round trip carries more)."""
     nodes = [n for n in session.inventory.nodes if n.name in reads]
     if not nodes:
         return GroupResult()
+    senders = send or {}
     return session.map(
-        lambda n, t: read_node(session, n, t, reads[n.name]), step=step, nodes=nodes, connect=False
+        lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
+        step=step,
+        nodes=nodes,
+        connect=False,
     )
 
 
@@ -179,6 +212,7 @@ def run_step(
         data=step.data(context),
         dry_run=dry_run,
         context=context,
+        failing=[n.name for n in chosen if (v := outcomes[n.name].value) is not None and step.failed(v)],
     )
 
 

@@ -156,11 +156,6 @@ class Session:
         with self._lock:
             return self._memo.get((node, key))
 
-    def seed(self, node: str, key: str, value: object) -> None:
-        """Remember ``value`` for ``node`` as if ``remember`` had computed it (a round trip that read
-        several steps' answers at once hands each its own; kept if already remembered)."""
-        self.remember(node, key, lambda: value)
-
     def map(
         self,
         fn: Callable[[Node, Transport], T],

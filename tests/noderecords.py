@@ -7,6 +7,7 @@ import base64
 import re
 
 from orchestrator import records
+from orchestrator.facts.base import AS_ROOT
 
 #: a nonce for answers parsed directly (not in reply to a script)
 NONCE = "cb-00112233aabb"
@@ -62,7 +63,7 @@ def framed(recording: str, token: str) -> str:
 
 #: how sectioned scripts name their nonce and sections (POSIX sh, PowerShell)
 _ASKED = re.compile(
-    r"_cb_nonce='?(cb-[0-9a-f]{12})'?|\$cbNonce = '(cb-[0-9a-f]{12})'"
+    r"_cb_nonce=(?:'\"'\"')?'?(cb-[0-9a-f]{12})|\$cbNonce = '(cb-[0-9a-f]{12})'"
     r"|\n_cb_sec ([A-Za-z0-9+/=]+)|Out-CbRecord 'section' @\('([A-Za-z0-9_.-]+)'"
 )
 
@@ -80,8 +81,19 @@ def sections_asked(script: str) -> list[tuple[str, str]]:
 
 
 def answer_sections(script: str, sections: dict[str, tuple[str, int]]) -> str:
-    """The answer of a node that has ``sections`` (name: (output, code)) to a sectioned script."""
-    return "".join(sections_said(nonce, {name: sections[name]}) for nonce, name in sections_asked(script))
+    """The answer of a node that has ``sections`` (name: (output, code)) to a sectioned script; its
+    root sections nested in one ``as_root`` section (facts/base.py ``read_script``) are answered
+    inside that one, with their own nonce (``sections["as_root"]``, when given, answers instead:
+    a sudo that refused)."""
+    asked = sections_asked(script)
+    outer = nonce_of(script)
+    if not any(name == AS_ROOT for _, name in asked):
+        return "".join(sections_said(nonce, {name: sections[name]}) for nonce, name in asked)
+    nested = [(nonce, name) for nonce, name in asked if nonce != outer and name != AS_ROOT]
+    own = [name for nonce, name in asked if nonce == outer and name != AS_ROOT]
+    inner = "".join(sections_said(nonce, {name: sections[name]}) for nonce, name in nested)
+    root = sections.get(AS_ROOT, (inner, 0))
+    return sections_said(outer, {**{name: sections[name] for name in own}, AS_ROOT: root})
 
 
 def asks(script: str, name: str) -> bool:

@@ -23,14 +23,13 @@ from orchestrator.cli.common import (
     with_user_options,
 )
 from orchestrator.cli.slurm import allocated
-from orchestrator.errors import (
-    ExitCode,
-)
+from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
 from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
+from orchestrator.steps.preflight.model import Verdict
 
 
 @click.command()
@@ -65,28 +64,25 @@ def run_check(
         print_plans(settings, inventory, nodes, lambda node, t: check_plan(node, t, inventory))
         return ExitCode.OK
 
-    names = [n.name for n in nodes]
     try:
         # a session of its own asks for passwords before the live display starts
         with (
             phase_session(settings, inventory, nodes, session) as on,
-            ui.progress(names, "check") as on_event,
+            ui.progress([n.name for n in nodes], "check") as on_event,
         ):
             on.executor.on_event = on_event
             report = run_preflight(on, inventory)
     except KeyboardInterrupt:
         interrupted(ui)
-    outcomes, reached, code = report.inspected, report.notes, report.exit_code()
+    outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
         ui.print_json(
             {
                 "command": "check",
                 "inventory": inventory.public_dict(),
-                "backend": report.backend,
-                "backend_reason": report.backend_reason,
-                "versions": report.versions,
-                "nodes": node_docs(outcomes, report.node_fields, ok=report.node_ok),
+                **report.data,
+                "nodes": node_docs(outcomes, _node_fields, ok=lambda o: bool(o.value and not o.value.failed)),
                 "exit_code": int(code),
             }
         )
@@ -94,22 +90,21 @@ def run_check(
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     for o in outcomes:
         if o.value is not None:
-            for key in o.value.recorded_host_keys:
+            for key in o.value.inspected.recorded_host_keys:
                 ui.note(f"{o.node}: recorded host key {key}")
-            for note in reached.get(o.node, []):
+            for note in o.value.notes:
                 ui.note(f"{o.node}: {note}")
-            for fact, why in o.value.facts.errors.items():
+            for fact, why in o.value.inspected.facts.errors.items():
                 ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
-    if report.verdicts:
-        ui.print_table(_checks_table(nodes, report))
-        if len({tuple(v.values()) for v in report.versions.values()}) > 1:
-            ui.print_table(_versions_table(report.versions))
-        _check_details(settings, nodes, report)
+    if checks := {o.node: o.value.checks for o in outcomes if o.value is not None}:
+        ui.print_table(_checks_table(nodes, report.data["backend"], checks))
+        if len({tuple(v.values()) for v in report.data["versions"].values()}) > 1:
+            ui.print_table(_versions_table(report.data["versions"]))
+        _check_details(settings, nodes, report.data["backend_reason"], checks)
     fail_lines(ui, outcomes)
-    reachable = sum(o.ok for o in outcomes)
-    failing = sum(1 for n in nodes if n.name in report.verdicts and report.level(n.name) == "fail")
     verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
-    ui.info(f"{reachable}/{len(outcomes)} nodes reachable, {failing} failing a check: {verdict}")
+    failing = f"{len(report.failing)} failing a check: {verdict}"
+    ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable, {failing}")
     return code
 
 
@@ -141,21 +136,22 @@ def facts(ctx: click.Context) -> int:
     return code
 
 
+def _node_fields(o: Outcome[Any]) -> dict[str, Any]:  # an unreachable node: no facts, no checks
+    return o.value.public_dict() if o.value else {"transport_notes": [], "checks": {}}
+
+
 _LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}
 
 
-def _checks_table(nodes: list[Node], report: Any) -> Table:
+def _checks_table(nodes: list[Node], backend: str, verdicts: dict[str, dict[str, Verdict]]) -> Table:
     from orchestrator.steps.preflight.model import CHECKS
 
-    table = Table(title=Text(f"preflight: backend {report.backend}"), title_justify="left")
+    table = Table(title=Text(f"preflight: backend {backend}"), title_justify="left")
     table.add_column("node")
     for check_name in CHECKS:
         table.add_column(check_name)
-    for node in nodes:
-        checks = report.verdicts.get(node.name)
-        if checks is None:
-            table.add_row(Text(node.name), *[Text("-", style="dim")] * len(CHECKS))
-            continue
+    for node in nodes:  # an unreachable node: "-" everywhere
+        checks = verdicts.get(node.name, {})
         cells = []
         for check_name in CHECKS:
             verdict = checks.get(check_name)
@@ -175,14 +171,16 @@ def _versions_table(versions: dict[str, dict[str, str | None]]) -> Table:
     return table
 
 
-def _check_details(settings: Settings, nodes: list[Node], report: Any) -> None:
+def _check_details(
+    settings: Settings, nodes: list[Node], backend_reason: str, verdicts: dict[str, dict[str, Verdict]]
+) -> None:
     """Every verdict on one line under the table; problems first, with their fix (the commands it
     suggests given this command's own -i, --known-hosts, --ssh-config)."""
     ui = settings.ui
-    ui.info(f"backend: {report.backend_reason}")
+    ui.info(f"backend: {backend_reason}")
     for level in ("fail", "warn", "ok") if ui.verbose else ("fail", "warn"):
         for node in nodes:
-            for name, verdict in report.verdicts.get(node.name, {}).items():
+            for name, verdict in verdicts.get(node.name, {}).items():
                 if verdict.level != level:
                     continue
                 label, style = _LEVEL_STYLE[level]
@@ -198,7 +196,8 @@ def _gib(value: int | None) -> str:
     return f"{value / 2**30:.1f} GiB" if value else "-"
 
 
-def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[InspectedNode]]) -> Table:
+def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[Any]]) -> Table:
+    """The nodes' facts (``outcomes``: of `facts`, InspectedNode; of `check`, NodeChecks)."""
     table = Table(title=Text(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)"), title_justify="left")
     for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
         table.add_column(column, overflow="fold")
@@ -208,7 +207,8 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
             status = node_status(outcome.error) if outcome.error else "failed"
             table.add_row(Text(node.name + master), Text(status, style="red"), *["-"] * 8)
             continue
-        facts = outcome.value.facts
+        seen = outcome.value if isinstance(outcome.value, InspectedNode) else outcome.value.inspected
+        facts = seen.facts
         os_info, kernel = facts.get("os"), facts.get("kernel")
         python, torch, gpus = facts.get("python"), facts.get("torch"), facts.get("gpus")
         os_text = os_info.pretty_name if os_info else "?"
@@ -249,7 +249,7 @@ def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome
         table.add_row(
             Text(node.name + master),
             Text("ok", style="green"),
-            Text(outcome.value.via),
+            Text(seen.via),
             Text(str(facts.get("hostname") or "?")),
             Text(os_text),
             Text(str(facts.get("cpus") or "?")),

@@ -1,12 +1,18 @@
-"""Facts: one small class per thing we learn about a node (pyinfra's FactBase shape).
+"""Facts and reads: what we learn about a node, each with the command that reveals it and its parser.
 
-A fact knows the command that reveals it (in the node's shell dialect) and how to parse that
-command's output. It never decides anything. ``gather`` runs many facts in one round trip.
+A :class:`Fact` is one small class per thing (pyinfra's FactBase shape): the command (in the node's
+shell dialect) and the parser of its output. A :class:`Read` is what the step runner
+(orchestrator/runner.py) asks a node for: a session key, the sections that reveal it, their parser,
+as root or not. :func:`facts_read` makes a list of facts one read (its value: a :class:`FactSet`), so
+facts travel like any other read: one mechanism. :func:`read_script` puts many reads in one script
+(the root ones nested in it, one command either way) and :func:`parse_reads` gives each its value;
+``gather`` runs facts through them. Nothing here decides anything.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -45,13 +51,119 @@ class FactSet:
         return self.values.get(name)
 
 
+#: the sections of one read as the node answered them: name -> (output, exit code)
+Sections = Mapping[str, tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Read:
+    """Something a step learns from a node: ``sections(platform)`` is the ``(name, shell text)`` list
+    whose outputs reveal it (run in one script with the other reads of the node), ``parse`` turns
+    their answers (and the whole round trip's result, for its exit code and stderr) into the value or
+    raises a ``BootstrapError`` saying why it could not be read. ``key`` names the value in the
+    session: the same key, the same value, read once per session (until a step that changed the node
+    forgets it). ``become``: the sections run as root (``what``: for the message when sudo wants a
+    password)."""
+
+    key: str
+    sections: Callable[[Platform], list[tuple[str, str]]]
+    parse: Callable[[Sections, Result], Any]
+    become: bool = False
+    what: str = ""
+    timeout: float = 60.0
+    #: asked every time, never taken from nor kept in the session (a wait, a measurement)
+    fresh: bool = False
+
+
+def facts_read(key: str, facts: Sequence[Fact[Any]], *, timeout: float = 120.0) -> Read:
+    """``facts`` as one read under ``key``: its value is their :class:`FactSet` (a fact without an
+    answer has its reason in ``errors``; the read itself never fails)."""
+    chosen = list(facts)
+
+    def parse(sections: Sections, ran: Result) -> FactSet:
+        why = "timed out" if ran.timed_out else f"no output (exit code {ran.exit_code})"
+        return parse_sections(chosen, dict(sections), why)
+
+    return Read(key, lambda platform: [(f.name, f.command(platform)) for f in chosen], parse, timeout=timeout)
+
+
+#: the section that carries a round trip's root reads (their own sections inside, framed with a
+#: second nonce), so that a node whose reads need both its login user and root is asked ONE command
+AS_ROOT = "as_root"
+
+
+@dataclass
+class ReadScript:
+    """The script of some reads of one node and what :func:`parse_reads` needs to answer them."""
+
+    platform: Platform
+    top: list[tuple[str, str]]  # the top-level (name, command) sections, in order
+    reads: list[tuple[Read, list[tuple[str, str]]]]
+    inner: str | None  # the nonce of the nested root sections (None: there are none)
+    become: bool  # the whole script runs as root (every read does)
+
+    def script(self, token: str) -> str:
+        """The sections as one script, framed with ``token``."""
+        return self.platform.sectioned(self.top, token)
+
+
+def read_script(platform: Platform, reads: Sequence[Read]) -> ReadScript:
+    """One script asking every read of ``reads``: as root when all of them are, else as the login user
+    with the root ones nested in one :data:`AS_ROOT` section (``sudo -n``, which fails at once where
+    it would want a password; its message is that section's output). A section several reads ask
+    (the same name and command: the route to the master is the time step's, the preflight's and the
+    firewall's) is sent once, as the login user when one of them reads as the login user."""
+    asked = [(r, r.sections(platform)) for r in reads]
+    own = _once([s for r, sections in asked if not r.become for s in sections])
+    # the same shell text asked as root too (the firewall's view of the route and addresses) is
+    # answered by the login user's: a command whose answer depends on root is never a user read's
+    root = [s for s in _once([s for r, sections in asked if r.become for s in sections]) if s not in own]
+    if not own:
+        return ReadScript(platform, root, asked, None, True)
+    inner = None
+    if root:
+        inner = records.new_nonce()  # the records' nonce: no output of the node can fake them
+        nested = platform.wrap(platform.sectioned(root, inner), become=True)
+        own.append((AS_ROOT, f"{{ {nested}\n}} 2>&1"))
+    return ReadScript(platform, own, asked, inner, False)
+
+
+def _once(sections: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``sections`` without repeats; two different commands under one name are a bug."""
+    seen: dict[str, str] = {}
+    for name, command in sections:
+        assert seen.setdefault(name, command) == command, f"two reads ask section {name!r} differently"
+    return list(seen.items())
+
+
+def parse_reads(plan: ReadScript, found: Sections, result: Result) -> list[tuple[Read, Any]]:
+    """Each read of ``plan`` with its value from the top-level sections ``found`` (a root read's from
+    the nested ones), or the exception its parser raised (the caller decides which to raise: a
+    refused sudo is said once)."""
+    nested: dict[str, tuple[str, int]] = {}
+    if plan.inner is not None and AS_ROOT in found:
+        nested = split_sections(found[AS_ROOT][0], plan.inner)
+    out: list[tuple[Read, Any]] = []
+    for read, own in plan.reads:
+        sections = {**found, **nested} if read.become and plan.inner is not None else found
+        answered = {name: sections[name] for name, _ in own if name in sections}
+        try:
+            out.append((read, read.parse(answered, result)))
+        except Exception as exc:  # handed back: the caller names the node
+            out.append((read, exc))
+    return out
+
+
 def gather(transport: Transport, facts: list[Fact[Any]], *, timeout: float = 120.0) -> FactSet:
-    """Run every fact's command on the node in one script and parse each section."""
+    """Run every fact's command on the node in one script and parse each section (a :func:`facts_read`
+    asked over ``transport``)."""
+    plan = read_script(transport.platform, [facts_read("facts", facts, timeout=timeout)])
     token = records.new_nonce()  # the records' nonce: no output of the node can fake them
-    platform = transport.platform
-    script = platform.sectioned([(f.name, f.command(platform)) for f in facts], token)
-    result = transport.run(script, timeout=timeout)
-    return collect(facts, result, token)
+    result = transport.run(plan.script(token), timeout=timeout)
+    ((_, value),) = parse_reads(plan, split_sections(result.stdout, token), result)
+    if isinstance(value, Exception):
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def collect(facts: list[Fact[Any]], result: Result, token: str) -> FactSet:

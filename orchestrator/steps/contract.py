@@ -3,9 +3,10 @@
 A step is three pure functions over data (it never touches a transport, a terminal or a session):
 
 - :meth:`Step.reads` names what it must know about a node before deciding (:class:`Read` s: a script's
-  sections and their parser, as root or not). The runner (orchestrator/runner.py) gathers every read
-  of a node in one round trip and keeps each value in the session under its key, so a read another
-  step (or the pipeline's first round trip) made already costs nothing.
+  sections and their parser, as root or not; facts/base.py, where ``facts_read`` makes facts one read).
+  The runner (orchestrator/runner.py) gathers every read of a node in one command and keeps each
+  value in the session under its key, so a read another step (or the pipeline's first round trip)
+  made already costs nothing.
 - :meth:`Step.context` turns every node's reads into what the step decides for the whole cluster at
   once (the firewall: every node's cluster address, the peer set), with warnings.
 - :meth:`Step.plan` gives one node's :class:`~orchestrator.plans.NodePlan`: the uploads and commands
@@ -21,42 +22,21 @@ docs/design.md shows one step (the firewall) written out in full.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from orchestrator.errors import BootstrapError
 from orchestrator.executor import GroupResult, exit_code_for
+from orchestrator.facts.base import Read, Sections
+
+__all__ = ["C", "ClusterFacts", "Read", "Report", "Sections", "Step", "V", "Verdict"]
 
 if TYPE_CHECKING:
     from orchestrator.errors import ExitCode
     from orchestrator.inventory import Node
     from orchestrator.plans import NodePlan
-    from orchestrator.platforms import Platform
     from orchestrator.transports import Result
-
-#: the sections of one read as the node answered them: name -> (output, exit code)
-Sections = Mapping[str, tuple[str, int]]
-
-
-@dataclass(frozen=True)
-class Read:
-    """Something a step learns from a node: ``sections(platform)`` is the ``(name, shell text)`` list
-    whose outputs reveal it (run in one script with the other reads of the node), ``parse`` turns
-    their answers (and the whole round trip's result, for its exit code and stderr) into the value or
-    raises a ``BootstrapError`` saying why it could not be read. ``key`` names the value in the
-    session: the same key, the same value, read once per session (until a step that changed the node
-    forgets it). ``become``: the sections run as root (``what``: for the message when sudo wants a
-    password)."""
-
-    key: str
-    sections: Callable[[Platform], list[tuple[str, str]]]
-    parse: Callable[[Sections, Result], Any]
-    become: bool = False
-    what: str = ""
-    timeout: float = 60.0
-    #: asked every time, never taken from nor kept in the session (a wait, a measurement)
-    fresh: bool = False
 
 
 @dataclass
@@ -122,6 +102,11 @@ class Step(ABC, Generic[C, V]):
         what the step read there)."""
         return [r.key for r in self.reads(node) if not r.fresh]
 
+    def failed(self, verdict: V) -> bool:
+        """Whether a node's verdict fails the report although the node raised nothing (the preflight:
+        a check failed there); default: never."""
+        return False
+
     def warnings(self, context: C) -> list[str]:
         """What the whole run should say once (not about one node)."""
         return []
@@ -146,6 +131,8 @@ class Report(Generic[V]):
     #: the step's cluster-wide decisions (``Step.context``): for the code that runs after the step
     #: (the time sync's wait needs each node's role); not rendered
     context: Any = None
+    #: the nodes whose verdict fails the report (``Step.failed``)
+    failing: list[str] = field(default_factory=list)
 
     def exit_code(self) -> ExitCode:
-        return exit_code_for(self.outcomes)
+        return exit_code_for(self.outcomes, lambda o: o.node in self.failing)

@@ -8,11 +8,11 @@ forget them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.facts import SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts import CONNECTED, SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
@@ -35,10 +35,6 @@ __all__ = [
     "interpreter_for",
     "training_python",
 ]
-
-#: runs the facts of a node's own platform in one round trip (``gather``, or a caller's round trip
-#: that carries more than facts: the preflight's)
-Gatherer = Callable[[Transport, list[Fact[Any]]], FactSet]
 
 
 def training_python(node: Node, inventory: Inventory) -> str:
@@ -143,11 +139,11 @@ def facts_plan(
 
 
 def _gather_windows(
-    node: Node, transport: Transport, extra: Sequence[Fact[Any]], python: str | None, run: Gatherer
+    node: Node, transport: Transport, extra: Sequence[Fact[Any]], python: str | None
 ) -> FactSet:
     platform = transport.platform
     windows, own, skipped = _windows_plan(node, platform, extra, python)
-    facts = run(transport, own)
+    facts = gather(transport, own)
     if windows and transport.reaches_windows_host:
         side = gather_windows_side(transport, windows)
         facts.values.update(side.values)
@@ -174,20 +170,16 @@ def inspect(
     extra: Sequence[Fact[Any]] = (),
     *,
     python: str | None = None,
-    run: Gatherer | None = None,
 ) -> InspectedNode:
     """Connect, then gather the standard facts plus ``extra`` ones in the same round trip.
-
-    ``python``: the interpreter whose Python and torch are reported (default: the node's own).
-    ``run``: what runs the facts of the node's own platform (default :func:`gather`)."""
-    run = run or (lambda t, facts: gather(t, facts))
+    ``python``: the interpreter whose Python and torch are reported (default: the node's own)."""
     start = time.monotonic()
     transport.connect()
     connected = time.monotonic() - start
     if _is_windows(node, transport):
-        facts = _gather_windows(node, transport, extra, python, run)
+        facts = _gather_windows(node, transport, extra, python)
     else:
-        facts = run(transport, [*linux_facts(python or interpreter_for(node)), *extra])
+        facts = gather(transport, [*linux_facts(python or interpreter_for(node)), *extra])
     return InspectedNode(
         via=transport.describe(),
         facts=facts,
@@ -209,12 +201,22 @@ def inspect_once(
     extra: Sequence[Fact[Any]] = (),
     *,
     python: str | None = None,
-    run: Gatherer | None = None,
 ) -> InspectedNode:
     """:func:`inspect`, once per session and node: the first phase that asks gathers, later phases
-    get the same answer (a failure is not remembered). Connects in any case."""
+    get the same answer (a failure is not remembered). Facts the runner read under the same key (the
+    main pipeline's first command: steps/preflight ``facts_read_of``) are taken as they are, with how
+    the node was reached. Connects in any case."""
+    held = session.recall(node.name, facts_key(extra, python))
+    if isinstance(held, FactSet):
+        transport.connect()  # connected already by the read (idempotent)
+        return InspectedNode(
+            via=transport.describe(),
+            facts=held,
+            connect_seconds=float(session.recall(node.name, CONNECTED) or 0.0),  # type: ignore[arg-type]
+            recorded_host_keys=list(transport.recorded_host_keys),
+        )
     found = session.remember(
-        node.name, facts_key(extra, python), lambda: inspect(node, transport, extra, python=python, run=run)
+        node.name, facts_key(extra, python), lambda: inspect(node, transport, extra, python=python)
     )
     transport.connect()  # remembered: this phase still needs the connection (idempotent)
     return found

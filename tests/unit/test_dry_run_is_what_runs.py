@@ -47,7 +47,7 @@ from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_t
 from orchestrator.steps.timesync import windows as timesync_windows
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
-from tests.noderecords import answer_sections, framed, said, sections_asked
+from tests.noderecords import answer_sections, asks, framed, said, sections_asked
 
 DATA = Path(__file__).parent / "data" / "firewall"
 RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
@@ -661,13 +661,17 @@ def test_ntp_dry_run_shows_the_install_of_chrony_that_runs_first() -> None:
         and shown.state == "would install"
         and shown.script == chrony.install_command("apt-get")
     )
-    # the dry run read chrony's state (as root), then the route to the master; the real run reads the
+    # the dry run read chrony's state (as root), then the route to the master with chrony's state
+    # nested as root in the same command (one command per node and step); the real run reads the
     # state, installs with the command shown, reads the route and chrony's state again, configures
     probe, route = untokened(dry_session.fakes["b"].sent)
     real = untokened(real_session.fakes["b"].sent)
     assert probe.become and chrony.probe_script(PosixShell()) in probe.command and not route.become
-    assert real[:4] == [probe, Sent(shown.script, become=True), route, probe]
-    configure = real[4]
+    assert real[:2] == [probe, Sent(shown.script, become=True)]
+    again = real[2]
+    assert isinstance(again, Sent) and not again.become and asks(again.command, "route")
+    assert asks(again.command, "as_root") and asks(again.command, "chrony")
+    configure = real[3]
     assert isinstance(configure, Sent) and configure.become and configure.command.startswith("set -e\n")
     assert "/usr/sbin/chronyd -f /etc/chrony.conf -x" in configure.command
 
@@ -808,7 +812,7 @@ def sync_runs(
         session = RecordingSession(inventory, answers)
         for node in inventory.nodes:
             for key, value in (seed or {}).items():
-                session.seed(node.name, key, value)
+                session.remember(node.name, key, lambda v=value: v)
         settings = Settings(json_mode=True, dry_run=dry_run)
         settings.ui.collected = []
         code = run_sync(settings, inventory, list(inventory.nodes), session=session)

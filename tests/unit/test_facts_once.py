@@ -21,8 +21,10 @@ from pathlib import Path
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.session import Session
+from orchestrator.steps.contract import Report
 from orchestrator.steps.launch import plan as launch_plan
-from orchestrator.steps.preflight import run_preflight
+from orchestrator.steps.preflight import NodeChecks, check_plan, run_preflight
+from orchestrator.steps.preflight.model import Verdict
 from orchestrator.transports import Result, SSHOptions, Transport
 from orchestrator.transports.base import OnLine
 from tests.noderecords import asks, sections_asked, sections_said
@@ -206,6 +208,11 @@ def facts_asked(session: FakeSession) -> dict[str, int]:
     return {name: sum(asks(c, "torch") for c in fake.commands) for name, fake in session.fakes.items()}
 
 
+def verdicts_of(report: Report[NodeChecks]) -> dict[str, dict[str, Verdict]]:
+    """Each reached node's check verdicts from the preflight's report."""
+    return {o.node: o.value.checks for o in report.outcomes if o.value is not None}
+
+
 def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
     inventory = load_inventory_text(INVENTORY, "hosts.yaml")
     session = FakeSession(inventory)
@@ -213,7 +220,7 @@ def test_check_then_launch_planning_gathers_each_nodes_facts_once() -> None:
     report = run_preflight(session, inventory)
     assert facts_asked(session) == {"n1": 1, "n2": 1, "n3": 1}
     for name in ("n1", "n2", "n3"):
-        checks = report.verdicts[name]
+        checks = verdicts_of(report)[name]
         assert checks["reachability"].level == "ok", checks["reachability"].reason
         assert checks["clock"].level == "ok", checks["clock"].reason
         assert checks["interface"].level == "ok", checks["interface"].reason
@@ -287,7 +294,7 @@ def test_listeners_are_stopped_when_the_master_never_answers() -> None:
     report = run_preflight(session, inventory)
     assert time.monotonic() - started < 5  # not the listeners' own deadline
     for name in ("n2", "n3"):
-        assert report.verdicts[name]["reachability"].reason.startswith("not checked: the master n1")
+        assert verdicts_of(report)[name]["reachability"].reason.startswith("not checked: the master n1")
         assert session.fakes[name].commands[-1].startswith("kill -TERM 4242")
 
 
@@ -301,11 +308,31 @@ def test_a_step_forgets_only_what_it_changed() -> None:
     def compute(what: str) -> Callable[[], str]:
         return lambda: asked.append(what) or f"{what} read"
 
-    session.seed("n1", "firewall.detection", "from the first round trip")
-    session.seed("n1", "firewall.detection", "a second seed changes nothing")
+    session.remember("n1", "firewall.detection", lambda: "from the first round trip")
+    session.remember("n1", "firewall.detection", lambda: "a second answer changes nothing")
     assert session.remember("n1", "firewall.detection", compute("fw")) == "from the first round trip"
     session.remember("n1", "timesync.probe", compute("chrony"))
     session.forget("n1", "firewall.detection")
     assert session.remember("n1", "firewall.detection", compute("fw")) == "fw read"
     assert session.remember("n1", "timesync.probe", compute("chrony")) == "chrony read"
     assert asked == ["chrony", "fw"]
+
+
+def _unique(script: str) -> str:
+    """``script`` without what is drawn anew for every run: record nonces, the mesh's token, the
+    workdir marker's token (the dry run shows TOKEN)."""
+    script = re.sub(r"cb-[0-9a-f]{12}", "cb-NONCE", script)
+    script = re.sub(r"printf %s \S+ 2>&1", "printf %s TOKEN 2>&1", script)
+    return re.sub(r"(cbt-reach listen \S+) \S+", r"\1 MESH", script)
+
+
+def test_check_sends_each_node_exactly_the_round_trip_its_dry_run_shows() -> None:
+    """`check --dry-run` prints each Linux node's round trip (clock, facts, marker, listener, markers
+    seen) from the very code that sends it: what a recording transport receives is that script."""
+    inventory = load_inventory_text(INVENTORY, "hosts.yaml")
+    session = FakeSession(inventory)
+    run_preflight(session, inventory)
+    for node in inventory.nodes:
+        fake = session.fakes[node.name]
+        shown = check_plan(node, fake, inventory)[0]
+        assert _unique(fake.commands[0]) == _unique(fake.platform.wrap(shown)), node.name

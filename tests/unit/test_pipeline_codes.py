@@ -59,7 +59,7 @@ class Phases:
 @pytest.fixture(autouse=True)
 def _no_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """The root-access read and the preflight's early listeners need nodes: none here."""
-    monkeypatch.setattr("orchestrator.steps.setup_read.read_setup", lambda *a, **k: {})
+    monkeypatch.setattr("orchestrator.pipeline._first_round", lambda *a, **k: {})
     monkeypatch.setattr("orchestrator.steps.preflight.privilege.refused_root", lambda *a, **k: [])
     monkeypatch.setattr("orchestrator.steps.preflight.early.end_early_rounds", lambda session: None)
 

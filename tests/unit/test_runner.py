@@ -192,3 +192,76 @@ def test_only_the_selected_nodes_are_read_and_reported(selected: Sequence[str]) 
     report = run_step(session, KeepFile("x"), chosen)
     assert [o.node for o in report.outcomes] == list(selected)
     assert [name for name, n in nodes.items() if n.sent] == list(selected)
+
+
+class KeepTwo(KeepFile):
+    """KeepFile that also reads the file's owner, as root (a step reading as both users)."""
+
+    def reads(self, node: Node) -> list[Read]:
+        def owner(sections: Sections, ran: Result) -> str:
+            if "owner" not in sections:
+                raise CommandFailedError("no owner", node=node.name)
+            return sections["owner"][0]
+
+        as_root = Read("keep.owner", lambda p: [("owner", "stat -c %U file")], owner, become=True, what="x")
+        return [*super().reads(node), as_root]
+
+
+class NestedNode(FakeNode):
+    """Answers the root sections nested in the login user's command: sudo -n's refusal is that
+    section's output (its stderr joined to it)."""
+
+    def run(self, command: str, **kwargs: Any) -> Result:  # type: ignore[override]
+        self.state.sent.append((command, bool(kwargs.get("become"))))
+        refused = {"as_root": ("sudo: a password is required", 1)} if self.state.sudo_password else {}
+        answers = {"file": (self.state.content, 0), "owner": ("root", 0), **refused}
+        return Result(self.node_name, command, 0, answer_sections(command, answers), "", 0.0)
+
+
+def test_a_node_read_as_the_login_user_and_as_root_is_asked_one_command() -> None:
+    """The root reads ride nested in the login user's command (one `sudo -n` section): one command
+    per node; a node whose sudo wants a password is named with the fix, its other reads kept."""
+    nodes = states(a="x", b="x", c="x")
+    nodes["c"].sudo_password = True
+    session = session_of(nodes)
+    session.fakes = {
+        n.name: NestedNode(n.name, nodes[n.name], platform_for_node(n)) for n in session.inventory.nodes
+    }
+    report = run_step(session, KeepTwo("x"), dry_run=True)
+    assert [len(n.sent) for n in nodes.values()] == [1, 1, 1]
+    assert not any(become for n in nodes.values() for _, become in n.sent)
+    assert [o.ok for o in report.outcomes] == [True, True, False]
+    error = report.outcomes[2].error
+    assert isinstance(error, SudoPasswordRequiredError) and error.node == "c"
+    assert session.recall("c", "keep.file") == "x" and session.recall("a", "keep.owner") == "root"
+
+
+def test_a_section_two_reads_ask_alike_is_sent_once() -> None:
+    class Twice(KeepFile):
+        def reads(self, node: Node) -> list[Read]:
+            [first] = super().reads(node)
+            return [first, Read("keep.again", first.sections, first.parse)]
+
+    nodes = states(a="x", b="y", c="x")
+    session = session_of(nodes)
+    run_step(session, Twice("x"), dry_run=True)
+    [(command, _)] = nodes["b"].sent
+    assert [name for _, name in sections_asked(command)] == ["file"]
+    assert session.recall("b", "keep.again") == session.recall("b", "keep.file") == "y"
+
+
+def test_a_section_asked_as_root_and_as_the_login_user_alike_is_asked_once_as_the_user() -> None:
+    class Both(KeepFile):
+        def reads(self, node: Node) -> list[Read]:
+            [first] = super().reads(node)
+            return [first, Read("keep.root", first.sections, first.parse, become=True)]
+
+    nodes = states(a="x", b="y", c="x")
+    session = session_of(nodes)
+    session.fakes = {
+        n.name: NestedNode(n.name, nodes[n.name], platform_for_node(n)) for n in session.inventory.nodes
+    }
+    run_step(session, Both("x"), dry_run=True)
+    [(command, become)] = nodes["b"].sent
+    assert not become and [name for _, name in sections_asked(command)] == ["file"]
+    assert session.recall("b", "keep.root") == session.recall("b", "keep.file") == "y"

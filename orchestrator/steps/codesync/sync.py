@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
 from orchestrator.executor import Outcome
+from orchestrator.facts.base import Read, Sections
 from orchestrator.plans import NodePlan, Put, Run
 from orchestrator.plans import apply as apply_plan
 from orchestrator.platforms import Platform, PosixShell
@@ -72,7 +73,7 @@ if TYPE_CHECKING:
 ProgressFn = Callable[[str, str], None]
 
 #: ``Session.recall`` key of a node's read-only scan taken by the main pipeline's first round trip
-#: (steps/setup_read.py): spares the scan when it shows nothing to send
+#: (orchestrator/pipeline.py, through the runner: scan_read): spares the scan when it shows nothing to send
 SCAN = "codesync.scan"
 SCAN_TIMEOUT = 600.0  # the first scan of a large existing tree hashes every file
 APPLY_TIMEOUT = 1800.0
@@ -244,6 +245,26 @@ def scan_args(tree: LocalTree, dest: str, *, windows: bool, dry_run: bool) -> di
         "create": not dry_run,
         "expect": tree_digest(tree.without_modes) if windows else tree.digest,
     }
+
+
+def scan_read(node: Node, tree: LocalTree, dest: str) -> Read:
+    """The scan of ``dest`` as a read (:data:`SCAN`), read-only: it creates nothing and writes no
+    cache (the main pipeline's first round trip asks it; the sync scans for real when it shows work)."""
+    args = scan_args(tree, dest, windows=False, dry_run=True)
+
+    def parse(sections: Sections, ran: Result) -> dict[str, Any]:
+        output, code = sections.get("code_scan", ("", 1))
+        found = parse_probe_output(output) if code == 0 else None
+        if found is None:
+            raise CommandFailedError("the code scan gave no answer", node=node.name)
+        return found
+
+    return Read(
+        SCAN,
+        lambda platform: [("code_scan", probe_command(node, platform, args))],
+        parse,
+        timeout=SCAN_TIMEOUT,
+    )
 
 
 def parse_probe_output(stdout: str) -> dict[str, Any] | None:

@@ -1,13 +1,13 @@
 """The preflight (`bootstrap check`): will this cluster train? Each cause of a rendezvous hang, found first.
 
-Per Linux node, one round trip (rounds.py): a clock sample, the facts (`inspect`'s and the
-preflight's, unless this session gathered them already: ``Session.remember``), whether commands can
-become root, the node's workdir marker, its reachability listener, then the markers it sees. In the
-main pipeline that round trip is the first command's, begun before the setup phases (early.py). Windows
-nodes: their facts (facts/windows.py), then a listener of their own. Then the connectors of the
-reachability mesh, which sample the clocks once more (reachability.py), and the pure decisions
-(checks.py, shared_fs.py).
-"""
+Per Linux node, one round trip: the runner's read of its facts (:func:`facts_read_of`: `inspect`'s
+and the preflight's, whether commands can become root among them; none when the session holds them)
+sent by ``early.first_round`` with a clock sample first, then the node's workdir marker, its
+reachability listener, the markers it sees (rounds.py). In the main pipeline that round trip is the
+first command's, begun before the setup phases (early.py). Windows nodes: their facts (facts/windows.py),
+then a listener of their own. Then the connectors of the reachability mesh, which sample the clocks
+once more (reachability.py), and the pure decisions (checks.py, shared_fs.py), judged per node by the
+runner step :class:`Preflight`: one Report."""
 
 from __future__ import annotations
 
@@ -16,12 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import CommandFailedError, ExitCode
-from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.errors import BootstrapError, CommandFailedError
+from orchestrator.executor import Outcome
+from orchestrator.facts.base import Read, facts_read, read_script
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
+from orchestrator.plans import NodePlan
 from orchestrator.platforms import PosixShell
+from orchestrator.runner import gather_reads, run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
     MasterIdentity,
@@ -30,8 +33,10 @@ from orchestrator.steps.addresses import (
     reached_nodes,
     reached_of,
 )
+from orchestrator.steps.contract import ClusterFacts, Report, Step
 from orchestrator.steps.node_facts import (
     InspectedNode,
+    facts_key,
     facts_plan,
     inspect_once,
     interpreter_for,
@@ -49,7 +54,7 @@ from orchestrator.steps.preflight.checks import (
     is_native_windows,
     version_table,
 )
-from orchestrator.steps.preflight.early import adopt, end_rounds, mesh_plan, take
+from orchestrator.steps.preflight.early import adopt, end_rounds, first_round, mesh_plan, node_round, take
 from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
 from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
@@ -59,17 +64,15 @@ from orchestrator.steps.preflight.reachability import (
     check_reachability,
     probe_command,
 )
+from orchestrator.steps.preflight.rounds import CLOCK as CLOCK  # the time step forgets it
 from orchestrator.steps.preflight.rounds import (
     FACTS_TIMEOUT,
     MARK,
     MARKS,
     NodeRound,
-    list_command,
-    mark_command,
     parse_listing,
 )
 from orchestrator.steps.preflight.shared_fs import (
-    MARKER_DIR,
     check_shared_workdirs,
     new_token,
     workdir_verdicts,
@@ -79,58 +82,91 @@ if TYPE_CHECKING:
     from orchestrator.facts import Fact
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.transports import Transport
+    from orchestrator.transports import Result, Transport
 
 CLOCK_SAMPLES = 3
-#: ``Session.remember`` key of a node's :class:`ClockSample` against this controller's clock (taken
-#: by the main pipeline's first round trip or by the time step; the time step forgets the nodes whose
-#: time configuration it changed)
-CLOCK = "clock"
 
 
 @dataclass
-class PreflightReport:
-    backend: str
-    backend_reason: str
-    inspected: list[Outcome[InspectedNode]]  # connection + facts per node, inventory order
-    verdicts: dict[str, dict[str, Verdict]]  # node -> check -> verdict (reachable nodes only)
-    versions: dict[str, dict[str, str | None]] = field(default_factory=dict)
-    notes: dict[str, list[str]] = field(default_factory=dict)  # node -> how it was reached
+class NodeChecks:
+    """A node's verdict of the preflight: its facts (and how it was reached) and every check's verdict."""
+
+    inspected: InspectedNode
+    checks: dict[str, Verdict]
+    notes: list[str] = field(default_factory=list)  # how it was reached (no sftp subsystem, ...)
+
+    @property
+    def status(self) -> str:
+        """The worst level of its checks: ok, warn or fail."""
+        return worst([v.level for v in self.checks.values()]) if self.checks else "fail"
 
     @property
     def failed(self) -> bool:
-        return any(v.level == "fail" for checks in self.verdicts.values() for v in checks.values())
-
-    def node_fields(self, outcome: Outcome[InspectedNode]) -> dict[str, Any]:
-        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
-        return {
-            **(outcome.value.public_dict() if outcome.value else {}),
-            "transport_notes": self.notes.get(outcome.node, []),
-            "checks": {name: v.public_dict() for name, v in self.verdicts.get(outcome.node, {}).items()},
-        }
-
-    def node_ok(self, outcome: Outcome[InspectedNode]) -> bool:
-        """Reached, and no check failed there."""
-        return outcome.ok and self.level(outcome.node) != "fail"
-
-    def exit_code(self) -> ExitCode:
-        """3 when a node could not be reached (the connection's code), else 1 when a check failed."""
-        code = exit_code_for(self.inspected)
-        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.failed else code
-
-    def level(self, node: str) -> str:
-        checks = self.verdicts.get(node)
-        return worst([v.level for v in checks.values()]) if checks else "fail"
+        return self.status == "fail"
 
     def public_dict(self) -> dict[str, Any]:
+        """A node's ``--json`` fields: its facts, how it was reached, every check's verdict."""
         return {
-            "backend": self.backend,
-            "backend_reason": self.backend_reason,
-            "versions": self.versions,
-            "checks": {
-                node: {name: v.public_dict() for name, v in checks.items()}
-                for node, checks in self.verdicts.items()
-            },
+            **self.inspected.public_dict(),
+            "transport_notes": self.notes,
+            "checks": {name: v.public_dict() for name, v in self.checks.items()},
+        }
+
+
+@dataclass
+class PreflightContext:
+    """What the preflight found and decided for the whole cluster before judging each node: the
+    backend, each reached node's facts and verdicts, the versions side by side, and the errors of the
+    nodes it could not reach (the measurements behind the verdicts ran around the runner: see
+    docs/design.md "Steps and the runner")."""
+
+    backend: str
+    backend_reason: str
+    inspected: dict[str, InspectedNode]
+    verdicts: dict[str, dict[str, Verdict]]
+    versions: dict[str, dict[str, str | None]]
+    notes: dict[str, list[str]]
+    unreached: dict[str, BootstrapError]
+
+
+class Preflight(Step[PreflightContext, NodeChecks]):
+    """The preflight's verdicts as a step: its reads are each Linux node's facts (held: the round
+    trip that carried them also carried the listener, :func:`run_preflight`), it changes nothing,
+    and it judges each node from the checks; a node with a failed check fails the report."""
+
+    name = "check"
+
+    def __init__(self, inventory: Inventory, found: PreflightContext) -> None:
+        self.inventory, self.found = inventory, found
+
+    def reads(self, node: Node) -> list[Read]:
+        return [] if node.os == "windows" else [facts_read_of(node, self.inventory)]
+
+    def context(self, found: ClusterFacts) -> PreflightContext:
+        return self.found
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: PreflightContext) -> NodePlan:
+        return NodePlan(node.name)
+
+    def judge(
+        self, node: Node, plan: NodePlan, results: list[Result] | None, context: PreflightContext
+    ) -> NodeChecks:
+        if node.name in context.unreached:
+            raise context.unreached[node.name]
+        return NodeChecks(
+            context.inspected[node.name],
+            context.verdicts.get(node.name, {}),
+            context.notes.get(node.name, []),
+        )
+
+    def failed(self, verdict: NodeChecks) -> bool:
+        return verdict.failed
+
+    def data(self, context: PreflightContext) -> dict[str, Any]:
+        return {
+            "backend": context.backend,
+            "backend_reason": context.backend_reason,
+            "versions": context.versions,
         }
 
 
@@ -149,6 +185,15 @@ def preflight_facts(node: Node, master: Node) -> list[Fact[Any]]:
     if node.os != "windows":  # a WSL node becomes root with `wsl -u root`, no sudo involved
         facts.append(BecomeRoot())
     return facts
+
+
+def facts_read_of(node: Node, inventory: Inventory) -> Read:
+    """A Linux node's facts as the preflight reads them (`inspect`'s and its own, one read under the
+    key :func:`~orchestrator.steps.node_facts.inspect_once` finds them by): what the main pipeline's
+    first command asks, so the preflight, validate and launch ask nothing more."""
+    python = training_python(node, inventory)
+    extra = preflight_facts(node, inventory.master_node)
+    return facts_read(facts_key(extra, python), [*linux_facts(python), *extra], timeout=FACTS_TIMEOUT)
 
 
 def sample_clock(transport: Transport) -> ClockSample:
@@ -254,19 +299,9 @@ def check_plan(node: Node, transport: Transport, inventory: Inventory) -> list[s
             facts_plan(node, transport, extra, python=training_python(node, inventory)),
             listener.command,
         ]
-    else:
-        facts = [*linux_facts(training_python(node, inventory)), *extra]
-        workdir = workdir_for(node)
-        token = "TOKEN"
-        node_round = NodeRound(
-            node.name,
-            transport,
-            facts,
-            listener,
-            before=[(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token))],
-            after=[(MARKS, list_command(platform, workdir, MARKER_DIR))],
-        )
-        first = [node_round.script]
+    else:  # the very round trip `check` sends (early.node_round), with a TOKEN for its marker
+        script = read_script(platform, [facts_read_of(node, inventory)])
+        first = [node_round(node, transport, script, plan, None if single else "TOKEN").script]
     peers = [n for n in inventory.nodes if n.name in names and n.name != node.name]
     targets = [f"{n.host}:PORT" for n in peers] + (
         [f"{master.host}:{plan.port}"] if node.name in names else []
@@ -294,51 +329,40 @@ def gather_node_facts(
 
 def _first_round(
     session: Session, inventory: Inventory, plan: MeshPlan | None, tokens: dict[str, str]
-) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound], set[str]]:
-    """Every node's facts (remembered ones are not asked again); on Linux nodes in the same round trip
-    as a clock sample and, when the mesh is probed, the node's workdir marker (``tokens``), its
-    listener and the markers it sees after that (``rounds``, still running). A round trip the main
-    pipeline's first command began for this mesh (early.py) is adopted instead (the third value
-    names those nodes): their facts only when the session forgot them."""
-    master = inventory.master_node
+) -> tuple[list[Outcome[InspectedNode]], dict[str, NodeRound]]:
+    """Every node's facts and, on Linux nodes, its round trip: the runner's read of its facts
+    (:func:`facts_read_of`; held ones are not asked again) sent by ``early.first_round``: a clock
+    sample, the facts, the workdir marker (when ``tokens`` is asked for), the listener of ``plan``,
+    the markers it sees after that (``rounds``, still running). A round trip the main pipeline's first
+    command began for this mesh is adopted instead. Windows nodes: their facts from both sides
+    (facts/windows.py), a listener of their own later."""
     rounds: dict[str, NodeRound] = {}
-    adopted: set[str] = set()
-
-    def first(node: Node, transport: Transport) -> InspectedNode:
-        extra = preflight_facts(node, master)
-        python = training_python(node, inventory)
-        platform = transport.platform
+    for node in session.nodes:  # the main pipeline's first command began these (early.py)
         early = take(session, node.name, plan) if plan is not None else None
         if early is not None:
-            rounds[node.name] = early.round
-            tokens[node.name] = early.token
-            adopted.add(node.name)
-            return inspect_once(session, node, transport, extra, python=python)
-        if node.os == "windows" or not isinstance(platform, PosixShell):
-            # WSL and native Windows: facts from both sides (facts/windows.py), a listener of its own
-            return inspect_once(session, node, transport, extra, python=python)
-        listener = None
-        before: list[tuple[str, str]] = []
-        after: list[tuple[str, str]] = []
-        if plan is not None and node.name in plan.names:
-            listener = plan.listener(node.name, transport, interpreter_for(node))
-            if node.name in tokens:  # the listener is the barrier between writing and listing
-                workdir = workdir_for(node)
-                before = [(MARK, mark_command(platform, workdir, MARKER_DIR, node.name, tokens[node.name]))]
-                after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+            rounds[node.name], tokens[node.name] = early.round, early.token
+    linux = [n for n in session.nodes if n.os != "windows" and n.name not in rounds]
+    meshed = {n.name for n in linux if plan is not None and n.name in plan.names}
+    send = first_round(session, plan, meshed, markers=bool(tokens))
+    reads = {n.name: [facts_read_of(n, inventory)] for n in linux}
+    failed = {
+        o.node: o.error or (o.value.error if o.value is not None else None)
+        for o in gather_reads(session, reads, step="check", send={name: send for name in reads})
+    }
+    for name in meshed:
+        early = take(session, name, plan) if plan is not None else None
+        if early is not None:
+            rounds[name], tokens[name] = early.round, early.token
+    master = inventory.master_node
 
-        def in_round(t: Transport, facts: list[Fact[Any]]) -> Any:
-            rounds[node.name] = NodeRound(node.name, t, facts, listener, before=before, after=after).start()
-            return rounds[node.name].gathered()
+    def facts_of(node: Node, transport: Transport) -> InspectedNode:
+        error = failed.get(node.name)
+        if error is not None:
+            raise error
+        extra = preflight_facts(node, master)
+        return inspect_once(session, node, transport, extra, python=training_python(node, inventory))
 
-        found = inspect_once(session, node, transport, extra, python=python, run=in_round)
-        if node.name not in rounds:  # the facts were remembered: the rest of the round trip still goes
-            rounds[node.name] = NodeRound(
-                node.name, transport, [], listener, before=before, after=after
-            ).start()
-        return found
-
-    return session.map(first, step="check", connect=False), rounds, adopted
+    return session.map(facts_of, step="check", connect=False), rounds
 
 
 def _workdir_check(
@@ -376,8 +400,11 @@ def _workdir_check(
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
 
 
-def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
-    """Every check on every selected node. Unreachable nodes have no verdicts (their error says why)."""
+def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:
+    """Every check on every selected node: one :class:`NodeChecks` per reached node, the error of each
+    node it could not reach; its exit code is the one rule (3: a node unreachable, 1: a check failed).
+    The round trips, the reachability mesh and the clock samples run first (around the runner: see
+    docs/design.md); :class:`Preflight` then judges each node."""
     master = inventory.master_node
     single = len(inventory.nodes) == 1
     cluster = inventory.cluster
@@ -388,7 +415,7 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
     plan = adopt(session, meshed, master.name, cluster.port) or mesh_plan(inventory, meshed)
     # the shared-workdir check's markers ride along when the listeners (its barrier) do
     tokens = {n.name: new_token() for n in session.nodes} if plan is not None and not single else {}
-    inspected, rounds, adopted = _first_round(session, inventory, plan, tokens)
+    inspected, rounds = _first_round(session, inventory, plan, tokens)
     facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     reachable = [(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     names = {node.name for node, _ in reachable}
@@ -418,10 +445,8 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
             verdicts[f.node.name]["sudo"] = root_verdict
 
     samples: dict[str, ClockSample] = {}
-    for name, node_round in rounds.items():
-        if name in adopted and session.recall(name, CLOCK) is None:
-            continue  # sampled before the time step changed that clock: the connector samples it again
-        if name in names and (sample := node_round.clock()) is not None:
+    for name in names:  # each round trip's sample (one the time step forgot: that clock changed since)
+        if isinstance(sample := session.recall(name, CLOCK), ClockSample):
             samples[name] = sample
     if plan is not None and master.name in names:
         # a single node too: torchrun binds the rendezvous port there, so "port busy" matters
@@ -492,12 +517,14 @@ def run_preflight(session: Session, inventory: Inventory) -> PreflightReport:
         verdicts[name]["workdir"] = verdict
 
     ordered = {name: {c: verdicts[name][c] for c in CHECKS if c in verdicts[name]} for name in names}
-    return PreflightReport(
+    found = PreflightContext(
         backend=backend,
         backend_reason=why,
-        inspected=inspected,
+        inspected={o.node: o.value for o in inspected if o.value is not None},
         verdicts=ordered,
         versions=version_table(facts),
         # how each node is reached, said once (e.g. files through the shell: no sftp subsystem)
         notes={n.name: list(session.transport(n).notes) for n in session.nodes if n.name in session.opened()},
+        unreached={o.node: o.error for o in inspected if o.error is not None},
     )
+    return run_step(session, Preflight(inventory, found), session.nodes)

@@ -1,9 +1,12 @@
-"""The preflight's round trip begun by the main pipeline's first command (steps/setup_read.py).
+"""The main pipeline's first command on each Linux node: the reads of every step it will run, a clock
+sample, and on the nodes it checks the beginning of the preflight's round trip.
 
 `bootstrap check` sends each Linux node one round trip: its facts, a clock sample, its workdir marker,
 then its reachability listener, which runs until every peer's connector reached it (rounds.py). In the
-main pipeline the first command on each node reads the setup phases' state and, since a node's facts
-are gathered once, the preflight's facts; it goes on the same way: marker, listener, markers seen.
+main pipeline the first command on each node is the runner's read (``runner.gather_reads`` over the
+reads of the steps the pipeline runs, each under the key its step reads by; orchestrator/pipeline.py)
+sent by :func:`first_round`: a clock sample first (the time step's offsets and the preflight's clock
+check use it), the reads, then on a checked node the marker, listener, markers seen.
 The listener waits through the sync, firewall and time phases (it listens on every address of the
 node, so a firewall opened after it started lets the connectors in all the same), and the preflight
 *adopts* it: its own round trip is then only the connectors'. One command per node fewer.
@@ -31,13 +34,34 @@ from orchestrator.steps.preflight.reachability import (
     MeshPlan,
     in_threads,
 )
-from orchestrator.steps.preflight.rounds import FACTS_TIMEOUT, NodeRound
+from orchestrator.steps.preflight.rounds import (
+    CLOCK,
+    FACTS_TIMEOUT,
+    MARK,
+    MARKS,
+    NodeRound,
+    list_command,
+    mark_command,
+)
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Inventory
+    from orchestrator.facts.base import ReadScript, Sections
+    from orchestrator.inventory import Inventory, Node
+    from orchestrator.runner import Send
     from orchestrator.session import Session
+    from orchestrator.transports import Transport
 
-__all__ = ["EARLY", "MAX_AGE", "EarlyRound", "adopt", "end_early_rounds", "end_rounds", "mesh_plan", "take"]
+__all__ = [
+    "EARLY",
+    "MAX_AGE",
+    "EarlyRound",
+    "adopt",
+    "end_early_rounds",
+    "end_rounds",
+    "first_round",
+    "mesh_plan",
+    "take",
+]
 
 #: ``Session.remember`` key of a node's :class:`EarlyRound`
 EARLY = "preflight.early_round"
@@ -61,6 +85,62 @@ def mesh_plan(inventory: Inventory, names: tuple[str, ...]) -> MeshPlan | None:
     if master.name not in names:
         return None
     return MeshPlan(names, master.name, inventory.cluster.port, hold=FACTS_TIMEOUT + LISTEN_HOLD)
+
+
+def node_round(
+    node: Node, transport: Transport, script: ReadScript, plan: MeshPlan | None, token: str | None
+) -> NodeRound:
+    """The preflight's round trip on a Linux node, not started: a clock sample, the reads of
+    ``script``, then with ``plan`` the workdir marker (``token``; None: no marker), the node's
+    listener and the markers it sees. What `check` sends, and what its dry run shows."""
+    from orchestrator.platforms import PosixShell
+    from orchestrator.runs.layout import workdir_for
+    from orchestrator.steps.node_facts import interpreter_for
+    from orchestrator.steps.preflight.shared_fs import MARKER_DIR
+
+    platform = transport.platform
+    before, after = list(script.top), []
+    listener = None
+    if plan is not None and isinstance(platform, PosixShell):
+        listener = plan.listener(node.name, transport, interpreter_for(node))
+        if token is not None:
+            workdir = workdir_for(node)
+            before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
+            after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+    timeout = max([FACTS_TIMEOUT, *(r.timeout for r, _ in script.reads)])
+    return NodeRound(node.name, transport, [], listener, before=before, after=after, facts_timeout=timeout)
+
+
+def first_round(session: Session, plan: MeshPlan | None, checked: set[str], *, markers: bool = True) -> Send:
+    """How the preflight's round trip is sent to a Linux node (``runner.Send``; the main pipeline's
+    first command, or `check`'s own): a clock sample (kept under ``CLOCK``, replacing an older one),
+    the reads, and on a node in ``checked`` (with ``plan``) the workdir marker (``markers``), its
+    listener, then the markers it sees (an :class:`EarlyRound` the preflight adopts). Answers once the
+    reads' sections are in; the listener goes on."""
+    from orchestrator.steps.preflight.shared_fs import new_token
+    from orchestrator.transports import Result
+
+    def send(node: Node, transport: Transport, script: ReadScript) -> tuple[Sections, Result]:
+        meshed = plan if node.name in checked else None
+        token = new_token() if meshed is not None and markers else None
+        done = node_round(node, transport, script, meshed, token)
+        if plan is not None and done.listener is not None:
+            done.start()
+            early = EarlyRound(plan, token or "", done)
+            session.remember(node.name, EARLY, lambda: early)
+        else:
+            done.run()
+        done.gathered()  # raises what the transport raised: the node is unreachable
+        clock = done.clock()
+        if clock is not None:  # the newest sample stands for the node's clock
+            session.forget(node.name, CLOCK)
+            session.remember(node.name, CLOCK, lambda: clock)
+        found = {name: answer for name, _ in script.top if (answer := done.section(name)) is not None}
+        # a command still running (the listener) has no result yet: the reads answered already
+        result = done.result or Result(node.name, "", 0, "", "", 0.0)
+        return found, result
+
+    return send
 
 
 def _usable(early: EarlyRound) -> bool:

@@ -11,9 +11,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import BootstrapError
-from orchestrator.facts.linux import RootAccess
+from orchestrator.facts.base import FactParseError, Read, Sections
+from orchestrator.facts.linux import BecomeRoot, RootAccess
 from orchestrator.steps.preflight.checks import PreflightFacts
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
+
+#: session key of a node's :class:`RootAccess` (the ``root_access`` fact read on its own)
+ROOT_ACCESS = "root_access"
+
+
+def root_access_read() -> Read:
+    """Whether the login user can become root without a password (the ``root_access`` fact, the
+    same section as the preflight's facts ask: one round trip asking both sends it once)."""
+    fact = BecomeRoot()
+
+    def parse(sections: Sections, ran: object) -> RootAccess:
+        if fact.name not in sections:
+            raise BootstrapError("could not tell whether commands can become root: no answer")
+        try:
+            return fact.parse(*sections[fact.name])
+        except FactParseError as exc:
+            raise BootstrapError(f"could not tell whether commands can become root: {exc}") from None
+
+    return Read(ROOT_ACCESS, lambda platform: [(fact.name, fact.command(platform))], parse)
 
 
 def sudoers_fix(node: str, user: str) -> str:

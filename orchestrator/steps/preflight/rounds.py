@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("orchestrator.preflight.rounds")
 
+#: ``Session.remember`` key of a node's :class:`ClockSample` against this controller's clock (taken
+#: by the main pipeline's first round trip or by the time step; the time step forgets the nodes whose
+#: time configuration it changed)
+CLOCK = "clock"
 #: how long a node's facts may take (torch's first import on a slow disk is the long part)
 FACTS_TIMEOUT = 120.0
 #: section names of the workdir markers (written before the listener, listed after it)
