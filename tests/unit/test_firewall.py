@@ -52,7 +52,7 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
     time_rules,
 )
-from tests.noderecords import framed
+from tests.noderecords import framed, sections_said
 
 
 def _detect(recording: str, token: str, ids: ClusterTag) -> Detection:
@@ -344,10 +344,7 @@ def test_a_rule_with_another_clusters_tag_is_never_ours() -> None:
 
 # -- firewalld (generated commands only: it cannot run in a test namespace) ---------------------------
 
-FIREWALLD_RUNNING = f"""running
-@@policy {POLICY}
-@@runtime
-{POLICY} (active)
+RUNTIME = f"""{POLICY} (active)
   priority: -100
   target: CONTINUE
   ingress-zones: ANY
@@ -356,24 +353,31 @@ FIREWALLD_RUNNING = f"""running
   ports:
   rich rules:
 \trule family="ipv4" source address="{PEER_C}" port port="32768-60999" protocol="tcp" accept
-\trule family="ipv4" source address="10.9.9.9" port port="32768-60999" protocol="tcp" accept
-@@permanent
-{POLICY}
-  priority: -100
-  rich rules:
-@@description
-{TAG}
-@@policy {IDS.legacy_policy}
-@@runtime
-@@permanent
-@@description
-"""
+\trule family="ipv4" source address="10.9.9.9" port port="32768-60999" protocol="tcp" accept"""
+PERMANENT = f"{POLICY}\n  priority: -100\n  rich rules:"
+
+
+def firewalld_said(policies: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, int]]:
+    """The sections a node running firewalld answers (``firewalld_sections``): per policy its runtime
+    and permanent ``--info-policy`` and its description (empty: no such policy, firewall-cmd fails)."""
+    said = {"firewalld": ("running", 0)}
+    for policy, answers in policies.items():
+        for which, text in zip(("runtime", "permanent", "description"), answers, strict=True):
+            said[f"firewalld.{which}.{policy}"] = (text, 0 if text else 112)
+    return said
+
+
+#: our policy with two rich rules at runtime, none in the permanent configuration; no legacy one
+FIREWALLD_RUNNING = firewalld_said({POLICY: (RUNTIME, PERMANENT, TAG), IDS.legacy_policy: ("", "", "")})
+
+
+def detect_said(sections: dict[str, tuple[str, int]]) -> Detection:
+    """``detect`` of a node's answers to the detection's sections (name: (output, exit code))."""
+    return detect(sections_said(TOKEN, sections), TOKEN, IDS)
 
 
 def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
-    target = parse_firewalld(
-        f"running\n@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n", POLICY, IDS
-    )
+    target = parse_firewalld(firewalld_said({POLICY: ("", "", "")}), POLICY, IDS)
     assert target is not None and not target.exists and not target.permanent_exists
     rule = Rule(PEER_C, PortRange(29500, 29500))
     changes, commands = firewalld_commands(PosixShell(), target, [rule], TAG, persist=False, remove=False)
@@ -394,12 +398,7 @@ def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
 
 def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_path: Path) -> None:
     inv = inventory(tmp_path, firewall="  firewall: {persist: true}\n")
-    d = _detect(
-        f"@@{TOKEN} begin range@@\n32768 60999\n@@{TOKEN} end range 0@@\n"
-        f"@@{TOKEN} begin firewalld@@\n{FIREWALLD_RUNNING}\n@@{TOKEN} end firewalld 0@@\n",
-        TOKEN,
-        IDS,
-    )
+    d = detect_said({"range": ("32768 60999", 0), **FIREWALLD_RUNNING})
     assert d.kind == "firewalld" and len(d.targets) == 1  # no policy of the legacy name there
     result = plan_node(inv.node("b"), inv, d, addresses())
     argv = [shlex.split(c) for c in result.commands]
@@ -422,16 +421,13 @@ def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
 
 
 def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_alone(tmp_path: Path) -> None:
-    legacy_block = (
-        "@@policy cb-lab\n@@runtime\ncb-lab (active)\n  rich rules:\n"
-        f'\trule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp" accept\n'
-        f"@@permanent\ncb-lab\n  rich rules:\n@@description\n{LEGACY}\n"
+    legacy = (
+        "cb-lab (active)\n  rich rules:\n"
+        f'\trule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp" accept',
+        "cb-lab\n  rich rules:",
+        LEGACY,
     )
-    current_block = f"@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n"
-    text = (
-        f"@@{TOKEN} begin firewalld@@\nrunning\n{current_block}{legacy_block}\n@@{TOKEN} end firewalld 0@@\n"
-    )
-    d = _detect(text, TOKEN, IDS)
+    d = detect_said(firewalld_said({POLICY: ("", "", ""), "cb-lab": legacy}))
     assert [(t.policy, t.legacy, t.filtering) for t in d.targets] == [
         (POLICY, False, True),
         ("cb-lab", True, False),
@@ -442,8 +438,8 @@ def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_a
     assert argv[-1] == ["firewall-cmd", "--permanent", "--delete-policy=cb-lab"]
     assert not any(a[1].startswith("--policy=cb-lab") and "add-rich-rule" in a[-1] for a in argv)
     # a policy of the legacy name that another cluster made (its description is not our legacy tag)
-    foreign = text.replace(f"@@description\n{LEGACY}\n", "@@description\ncluster-bootstrap:lab2\n")
-    assert [t.policy for t in _detect(foreign, TOKEN, IDS).targets] == [POLICY]
+    foreign = firewalld_said({POLICY: ("", "", ""), "cb-lab": (*legacy[:2], "cluster-bootstrap:lab2")})
+    assert [t.policy for t in detect_said(foreign).targets] == [POLICY]
 
 
 # -- inventory settings, quoting, persistence ---------------------------------------------------------
@@ -557,7 +553,13 @@ def test_detection_script_is_one_round_trip_with_every_section() -> None:
         "interfaces",
         "range",
         "ufw",
+        "ufw_added",
         "firewalld",
+        *(
+            f"firewalld.{which}.{p}"
+            for p in (POLICY, IDS.legacy_policy)
+            for which in ("runtime", "permanent", "description")
+        ),
         "nft",
         "iptables_nft",
         "iptables_legacy",
@@ -880,7 +882,10 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
         "udp",
     ]
     # ufw (`ufw show added` prints the protocol last)
-    added = f"@@added\nufw allow from {PEER_C} to any port 123 proto udp comment '{TAG}'\n"
+    added = (
+        "Added user rules (see 'ufw status' for running firewall):\n"
+        f"ufw allow from {PEER_C} to any port 123 proto udp comment '{TAG}'"
+    )
     [present] = parse_ufw_added(added, IDS)
     assert present.rule == udp
     assert [shlex.split(c) for c in ufw_commands(PosixShell(), reconcile([udp], []), TAG)] == [
@@ -894,10 +899,8 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
         rich_rule(udp)
         == f'rule family="ipv4" source address="{PEER_C}" port port="123" protocol="udp" accept'
     )
-    text = FIREWALLD_RUNNING.replace(
-        'port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1
-    )
-    policy = parse_firewalld(text, POLICY, IDS)
+    runtime = RUNTIME.replace('port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1)
+    policy = parse_firewalld(firewalld_said({POLICY: (runtime, PERMANENT, TAG)}), POLICY, IDS)
     assert policy is not None and Present(udp, rich_rule(udp)) in policy.present
     _, commands = firewalld_commands(PosixShell(), policy, [udp], TAG, persist=False, remove=False)
     assert not any(rich_rule(udp) in c and "add-rich-rule" in c for c in commands)  # in place already

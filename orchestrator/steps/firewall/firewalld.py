@@ -1,11 +1,11 @@
 """firewalld: our rules as rich rules in a firewalld policy of our own (its description is our tag),
-read back from the detection's ``--info-policy`` output, and the ``firewall-cmd`` commands that
+read back from the detection's ``--info-policy`` sections, and the ``firewall-cmd`` commands that
 reconcile them, in the runtime and, when persisting, the permanent configuration."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from orchestrator.platforms import Platform
 from orchestrator.steps.firewall.linux import Target
@@ -20,7 +20,7 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
 )
 
-__all__ = ["firewalld_commands", "parse_firewalld", "rich_rule"]
+__all__ = ["firewalld_commands", "firewalld_running", "firewalld_sections", "parse_firewalld", "rich_rule"]
 
 _RICH_RE = re.compile(
     r'rule family="ipv4" source address="(?P<source>[0-9./]+)" '
@@ -37,7 +37,7 @@ def rich_rule(rule: Rule) -> str:
 
 def _rich_rules(block: str) -> list[Present]:
     found: list[Present] = []
-    for line in block.splitlines():
+    for line in block.split("\n"):
         line = line.strip()
         if not line.startswith("rule "):
             continue
@@ -54,23 +54,55 @@ def _rich_rules(block: str) -> list[Present]:
     return found
 
 
-def _policy_block(text: str, policy: str) -> str:
-    """The detection's lines about ``policy`` (between ``@@policy NAME`` and the next one)."""
-    blocks = re.split(r"^@@policy (\S+)$", text, flags=re.M)
-    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
-        if name == policy:
-            return body
-    return ""
+#: a firewalld answer comes only from a running daemon: the sections below exit 127 without
+#: firewall-cmd, 3 when no firewalld process runs (firewall-cmd is slow when no daemon answers)
+_RUNNING = (
+    "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
+    "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
+)
+#: what is asked about each policy of ours: section name -> the firewall-cmd arguments
+_ASKED = {
+    "runtime": ["--info-policy={}"],
+    "permanent": ["--permanent", "--info-policy={}"],
+    "description": ["--permanent", "--policy={}", "--get-description"],
+}
 
 
-def parse_firewalld(text: str, policy: str, ids: ClusterTag, *, legacy: bool = False) -> Target | None:
+def _section(which: str, policy: str) -> str:
+    return f"firewalld.{which}.{policy}"
+
+
+def firewalld_sections(platform: Platform, policies: Sequence[str]) -> list[tuple[str, str]]:
+    """The detection's sections about firewalld: ``firewalld`` (the daemon's state: ``running``, else
+    exit 3 or 127), then per policy in ``policies`` its runtime and permanent ``--info-policy`` and its
+    description, each in a section of its own: whatever a policy holds (a description is any text)
+    stays inside that section's record and can never pass for another answer."""
+    sections = [("firewalld", _RUNNING + "firewall-cmd --state || exit 3")]
+    for policy in dict.fromkeys(policies):
+        for which, args in _ASKED.items():
+            argv = ["firewall-cmd", *(a.format(policy) for a in args)]
+            sections.append((_section(which, policy), _RUNNING + platform.join(argv)))
+    return sections
+
+
+def firewalld_running(sections: Mapping[str, tuple[str, int]]) -> bool:
+    """Whether the detection found firewalld running (its ``firewalld`` section)."""
+    text, code = sections.get("firewalld", ("", 127))
+    return code == 0 and text.strip() == "running"
+
+
+def parse_firewalld(
+    sections: Mapping[str, tuple[str, int]], policy: str, ids: ClusterTag, *, legacy: bool = False
+) -> Target | None:
     """``--info-policy`` of ``policy``, runtime and permanent (absent: the command printed nothing),
-    as a Target; None when a policy of that name exists whose description is not our tag (the
-    current one, or for the legacy name the legacy one): another cluster's, never touched."""
-    block = _policy_block(text, policy)
-    _, _, rest = block.partition("@@runtime")
-    runtime, _, rest = rest.partition("@@permanent")
-    permanent, _, description = rest.partition("@@description")
+    from the sections of :func:`firewalld_sections`, as a Target; None when a policy of that name
+    exists whose description is not our tag (the current one, or for the legacy name the legacy
+    one): another cluster's, never touched."""
+
+    def said(which: str) -> str:
+        return sections.get(_section(which, policy), ("", 127))[0]
+
+    runtime, permanent, description = said("runtime"), said("permanent"), said("description")
     label = f"firewalld policy {policy}" + (" (legacy name)" if legacy else "")
     target = Target("firewalld", label, not legacy, policy=policy, legacy=legacy)
     target.exists = runtime.strip().startswith(policy)

@@ -10,14 +10,13 @@ port range and how rules persist there. Pure: the *script* is text, :func:`detec
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.facts.base import split_sections
 from orchestrator.facts.network import Addresses, InterfaceAddress, Interfaces, MasterRoute, Route
 from orchestrator.platforms import Platform
-from orchestrator.steps.firewall.firewalld import parse_firewalld
+from orchestrator.steps.firewall.firewalld import firewalld_running, firewalld_sections, parse_firewalld
 from orchestrator.steps.firewall.linux import (
     IPTABLES_RULES,
     NFT_CONF,
@@ -33,18 +32,23 @@ from orchestrator.steps.firewall.rules import ClusterTag, PortRange
 __all__ = ["Detection", "detect", "detection_sections", "parse_port_range"]
 
 
+#: the ufw sections' start: no ufw, no answer
+_UFW = "command -v ufw >/dev/null 2>&1 || exit 127\n"
+
+
 def detection_sections(
     platform: Platform, *, master_host: str, ids: ClusterTag, network: bool = True
 ) -> list[tuple[str, str]]:
     """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
     needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
+    Every answer is a section of its own (a framed record, orchestrator/records.py): no rule comment,
+    policy description or interface name can end one answer or pass for another.
     Our firewalld policy and persisted nft file are looked for under their current and legacy names.
     ``network=False``: without the route, addresses and interfaces (a caller that has them already:
     the main pipeline's first round trip reads them as the node's facts)."""
     q = platform.quote
     persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
     legacy_include = f'include "{legacy_file}"'
-    policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
     own = [
         ("route", MasterRoute(master_host).command(platform)),
         ("addresses", Addresses().command(platform)),
@@ -56,23 +60,12 @@ def detection_sections(
         (
             "ufw",
             # `ufw` is a Python program (about a second): asked only when its config says enabled
-            "command -v ufw >/dev/null 2>&1 || exit 127\n"
-            "grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || { echo 'Status: inactive'; exit 0; }\n"
-            "ufw status\necho '@@added'\nufw show added",
+            f"{_UFW}grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || {{ echo 'Status: inactive'; exit 0; }}\n"
+            "ufw status",
         ),
-        (
-            "firewalld",
-            # firewall-cmd too (and slower when no daemon answers): asked only when firewalld runs
-            "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
-            "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
-            "firewall-cmd --state || exit 3\n"
-            f"for p in {policies}; do\n"
-            '  echo "@@policy $p"\n'
-            "  echo '@@runtime'; firewall-cmd --info-policy=\"$p\"\n"
-            "  echo '@@permanent'; firewall-cmd --permanent --info-policy=\"$p\"\n"
-            "  echo '@@description'; firewall-cmd --permanent --policy=\"$p\" --get-description\n"
-            "done\nexit 0",
-        ),
+        ("ufw_added", f"{_UFW}grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || exit 3\nufw show added"),
+        # firewall-cmd too (and slower when no daemon answers): asked only when firewalld runs
+        *firewalld_sections(platform, (ids.policy, ids.legacy_policy)),
         ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
         (
             "iptables_nft",
@@ -158,18 +151,19 @@ def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) ->
         except ValueError:
             interfaces = ()
     ephemeral = parse_port_range(out("range")[0])
-    persist = {line.strip() for line in out("persist")[0].splitlines() if line.strip()}
+    persist = set(out("persist")[0].split())  # the words our own echo printed
     detection = Detection([], ephemeral, route, addresses, interfaces, persist=persist)
     if ephemeral is None:
         detection.notes.append("could not read /proc/sys/net/ipv4/ip_local_port_range")
 
     ufw_text, ufw_code = out("ufw")
-    if ufw_code != 127 and re.search(r"^Status: active", ufw_text, re.M):
-        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, ids)))
+    if ufw_code != 127 and ufw_text.split("\n", 1)[0] == "Status: active":  # ufw's first line
+        added, added_code = out("ufw_added")
+        present = parse_ufw_added(added, ids) if added_code == 0 else []
+        detection.targets.append(Target("ufw", "ufw", True, present))
         return detection
-    fwd_text, fwd_code = out("firewalld")
-    if fwd_code == 0 and fwd_text.splitlines()[:1] == ["running"]:
-        current = parse_firewalld(fwd_text, ids.policy, ids)
+    if firewalld_running(sections):
+        current = parse_firewalld(sections, ids.policy, ids)
         if current is None:
             detection.notes.append(
                 f"firewalld policy {ids.policy} exists but is not this cluster's (its description is "
@@ -178,7 +172,7 @@ def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) ->
         else:
             detection.targets.append(current)
         if ids.legacy_policy != ids.policy:
-            legacy = parse_firewalld(fwd_text, ids.legacy_policy, ids, legacy=True)
+            legacy = parse_firewalld(sections, ids.legacy_policy, ids, legacy=True)
             if legacy is not None and (legacy.exists or legacy.permanent_exists):
                 detection.targets.append(legacy)
         return detection
