@@ -24,7 +24,6 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -35,9 +34,8 @@ from orchestrator.cli.common import Settings
 from orchestrator.cli.sync import run_sync
 from orchestrator.facts import SESSION_KEY_PREFIX
 from orchestrator.facts.base import split_sections
-from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory, load_inventory_text
-from orchestrator.platforms import Platform, PosixShell, platform_for_node
-from orchestrator.session import Session
+from orchestrator.inventory import Inventory, Node, load_inventory, load_inventory_text
+from orchestrator.platforms import PosixShell
 from orchestrator.steps.codesync import LocalTree, prepare_tree
 from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
@@ -46,108 +44,15 @@ from orchestrator.steps.firewall.firewalld import firewalld_sections
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
-from orchestrator.transports import Result, SSHOptions, Transport
-from orchestrator.transports.base import OnLine
+from orchestrator.transports import Result, Transport
 from tests.noderecords import answer_sections, framed, said, sections_asked
+from tests.recording import Answer, RecordingNode, RecordingSession, Sent, Upload
 
 DATA = Path(__file__).parent / "data" / "firewall"
 RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
 TOKEN = re.compile(r"cb-[0-9a-f]{12}")  # a round trip's frame token (random per run)
 
 # -- a node that records what it is sent -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One command as the step handed it to ``Transport.run``: before the platform wraps it (root,
-    environment, directory), with whether it runs as root."""
-
-    command: str
-    become: bool = False
-    env: tuple[tuple[str, str], ...] = ()
-    cwd: str | None = None
-
-
-@dataclass(frozen=True)
-class Upload:
-    remote: str
-    data: bytes
-    mode: int | None
-
-
-#: what a node prints for a command: (stdout, exit code)
-Answer = Callable[[str], tuple[str, int]]
-
-
-class RecordingNode(Transport):
-    """Records every command and upload in order (``log``); answers commands with ``answer``."""
-
-    kind = "ssh"
-
-    def __init__(self, name: str, answer: Answer, platform: Platform | None = None) -> None:
-        super().__init__(name, platform or PosixShell())
-        self.answer = answer
-        self.log: list[Sent | Upload] = []
-
-    @property
-    def sent(self) -> list[Sent]:
-        return [entry for entry in self.log if isinstance(entry, Sent)]
-
-    def connect(self) -> None:
-        pass
-
-    def run(
-        self,
-        command: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        become: bool = False,
-        keep_lines: int | None = None,
-    ) -> Result:
-        self.log.append(Sent(command, become, tuple(sorted((env or {}).items())), cwd))
-        stdout, code = self.answer(command)
-        if on_line is not None:
-            for line in stdout.splitlines():
-                on_line("stdout", line)
-        return Result(self.node_name, command, code, stdout, "", 0.001)
-
-    def run_raw(
-        self,
-        script: str,
-        *,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        keep_lines: int | None = None,
-    ) -> Result:
-        raise AssertionError("steps send commands through Transport.run")
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.log.append(Upload(remote, local.read_bytes(), mode))
-
-    def get(self, remote: str, local: Path) -> None:
-        raise AssertionError("no step here downloads")
-
-    def close(self) -> None:
-        pass
-
-
-class RecordingSession(Session):
-    """A session whose nodes are :class:`RecordingNode` s (one per inventory node)."""
-
-    def __init__(self, inventory: Inventory, answers: Mapping[str, Answer]) -> None:
-        super().__init__(
-            inventory, list(inventory.nodes), ssh=SSHOptions(), passwords=PasswordResolver(prompt=None)
-        )
-        self.fakes = {
-            node.name: RecordingNode(node.name, answers[node.name], platform_for_node(node))
-            for node in inventory.nodes
-        }
-
-    def transport(self, node: Node) -> Transport:
-        return self.fakes[node.name]
 
 
 def sections_answer(command: str, sections: Mapping[str, tuple[str, int]]) -> str:

@@ -1,29 +1,27 @@
 """The step runner (orchestrator/runner.py): what it asks the nodes, and when it asks nothing.
 
 A toy step that keeps a file's content as wanted: it reads the file (one read, as the login user),
-plans a write when the content differs, and judges from the write's exit code. The nodes are
-recording transports answering from a dict, so each test sees exactly which commands went where.
+plans a write when the content differs, and judges from the write's exit code. The nodes are the
+recording transports of tests/recording.py (those of the dry-run tests), so each test sees exactly
+which commands went where.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from orchestrator.errors import CommandFailedError, ExitCode, SudoPasswordRequiredError
-from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory_text
+from orchestrator.inventory import Node, load_inventory_text
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import Platform, platform_for_node
 from orchestrator.runner import run_step
-from orchestrator.session import Session
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
-from orchestrator.transports import Result, SSHOptions, Transport
-from orchestrator.transports.base import OnLine
+from orchestrator.transports import Result
 from tests.noderecords import answer_sections, sections_asked
+from tests.recording import Answer, RecordingSession, Sent
 
 INVENTORY = """\
 cluster: {name: lab, master: a}
@@ -32,75 +30,6 @@ nodes:
   - {name: b, host: 198.18.7.12, user: trainer}
   - {name: c, host: 198.18.7.13, user: trainer}
 """
-
-
-@dataclass
-class Held:  # what one fake node holds: the file's content, and whether sudo asks a password
-    content: str
-    sudo_password: bool = False
-    sent: list[tuple[str, bool]] = field(default_factory=list)
-
-
-class FakeNode(Transport):
-    kind = "ssh"
-
-    def __init__(self, name: str, state: Held, platform: Platform) -> None:
-        super().__init__(name, platform)
-        self.state = state
-
-    def connect(self) -> None:
-        pass
-
-    def run(
-        self,
-        command: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        become: bool = False,
-        keep_lines: int | None = None,
-    ) -> Result:
-        self.state.sent.append((command, become))
-        if become and self.state.sudo_password:
-            return Result(self.node_name, command, 1, "", "sudo: a password is required\n", 0.0)
-        if sections_asked(command):
-            return Result(
-                self.node_name,
-                command,
-                0,
-                answer_sections(command, {"file": (self.state.content, 0)}),
-                "",
-                0.0,
-            )
-        if command.startswith("write "):
-            self.state.content = command.removeprefix("write ")
-            return Result(self.node_name, command, 0, "", "", 0.0)
-        return Result(self.node_name, command, 1, "", "unknown command", 0.0)
-
-    def run_raw(self, script: str, **kwargs: Any) -> Result:
-        raise AssertionError("the runner sends commands through Transport.run")
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        raise AssertionError("the toy step uploads nothing")
-
-    def get(self, remote: str, local: Path) -> None:
-        raise AssertionError("the toy step downloads nothing")
-
-    def close(self) -> None:
-        pass
-
-
-class FakeSession(Session):
-    def __init__(self, inventory: Inventory, states: Mapping[str, Held]) -> None:
-        super().__init__(
-            inventory, list(inventory.nodes), ssh=SSHOptions(), passwords=PasswordResolver(prompt=None)
-        )
-        self.fakes = {n.name: FakeNode(n.name, states[n.name], platform_for_node(n)) for n in inventory.nodes}
-
-    def transport(self, node: Node) -> Transport:
-        return self.fakes[node.name]
 
 
 @dataclass
@@ -141,54 +70,72 @@ class KeepFile(Step[list[str], Kept]):
         return Kept(plan.detail + (" (would)" if results is None and plan.actions else ""))
 
 
-def states(**content: str) -> dict[str, Held]:
-    return {name: Held(text) for name, text in content.items()}
+class Nodes(RecordingSession):
+    """The toy's nodes: each holds a file (``content``), answers the step's read with it and takes
+    ``write TEXT`` as a change; every command is recorded (``sent``)."""
 
+    def __init__(self, sudo_password: Sequence[str] = (), **content: str) -> None:
+        self.content = dict(content)
+        inventory = load_inventory_text(INVENTORY, "hosts.yaml")
+        super().__init__(
+            inventory, {name: self._answer(name) for name in content}, sudo_password=sudo_password
+        )
 
-def session_of(nodes: dict[str, Held]) -> FakeSession:
-    return FakeSession(load_inventory_text(INVENTORY, "hosts.yaml"), nodes)
+    def _answer(self, name: str) -> Answer:
+        def answer(command: str) -> tuple[str, int]:
+            if sections_asked(command):
+                return answer_sections(command, {"file": (self.content[name], 0)}), 0
+            if command.startswith("write "):
+                self.content[name] = command.removeprefix("write ")
+                return "", 0
+            return "", 1
+
+        return answer
+
+    def sent(self, name: str) -> list[Sent]:
+        return self.fakes[name].sent
+
+    def counts(self) -> list[int]:
+        return [len(self.sent(name)) for name in self.content]
 
 
 def test_a_dry_run_reads_once_per_node_and_shows_the_plans_the_real_run_applies() -> None:
-    dry_nodes, real_nodes = states(a="x", b="y", c="x"), states(a="x", b="y", c="x")
-    dry = run_step(session_of(dry_nodes), KeepFile("x"), dry_run=True)
-    real = run_step(session_of(real_nodes), KeepFile("x"))
-    assert [len(n.sent) for n in dry_nodes.values()] == [1, 1, 1]  # the read, nothing else
+    dry_nodes, real_nodes = Nodes(a="x", b="y", c="x"), Nodes(a="x", b="y", c="x")
+    dry = run_step(dry_nodes, KeepFile("x"), dry_run=True)
+    real = run_step(real_nodes, KeepFile("x"))
+    assert dry_nodes.counts() == [1, 1, 1]  # the read, nothing else
     assert [o.value.status for o in dry.outcomes if o.value] == ["unchanged", "written (would)", "unchanged"]
     # only b had something to change: it alone is contacted again, with exactly the planned command
-    assert [len(n.sent) for n in real_nodes.values()] == [1, 2, 1]
+    assert real_nodes.counts() == [1, 2, 1]
     planned = [a.script for a in dry.plans["b"].runs]
-    assert [cmd for cmd, _ in real_nodes["b"].sent[1:]] == planned == ["write x"]
-    assert real_nodes["b"].content == "x" and real.exit_code() == ExitCode.OK
+    assert [s.command for s in real_nodes.sent("b")[1:]] == planned == ["write x"]
+    assert real_nodes.content["b"] == "x" and real.exit_code() == ExitCode.OK
 
 
 def test_a_read_the_session_holds_is_not_asked_again_until_the_node_changed() -> None:
-    nodes = states(a="x", b="y", c="x")
-    session = session_of(nodes)
+    session = Nodes(a="x", b="y", c="x")
     run_step(session, KeepFile("x"), dry_run=True)
     run_step(session, KeepFile("x"), dry_run=True)
-    assert [len(n.sent) for n in nodes.values()] == [1, 1, 1]  # the second run read nothing
+    assert session.counts() == [1, 1, 1]  # the second run read nothing
     run_step(session, KeepFile("x"))  # b changes: what was read there is forgotten
     run_step(session, KeepFile("x"))
-    assert [len(n.sent) for n in nodes.values()] == [1, 3, 1]  # b: read, write, read again
+    assert session.counts() == [1, 3, 1]  # b: read, write, read again
 
 
 def test_a_node_that_fails_is_named_and_the_others_go_on() -> None:
-    nodes = states(a="y", b="y", c="y")
-    nodes["c"].sudo_password = True
-    report = run_step(session_of(nodes), KeepFile("x", become=True))
+    nodes = Nodes(a="y", b="y", c="y", sudo_password=["c"])
+    report = run_step(nodes, KeepFile("x", become=True))
     assert [o.ok for o in report.outcomes] == [True, True, False]
     error = report.outcomes[2].error
     assert isinstance(error, SudoPasswordRequiredError) and error.node == "c"
-    assert nodes["a"].content == nodes["b"].content == "x" and nodes["c"].content == "y"
+    assert nodes.content == {"a": "x", "b": "x", "c": "y"}
     assert report.exit_code() == ExitCode.NODES_FAILED
 
 
 @pytest.mark.parametrize("selected", [["a"], ["b", "c"]])
 def test_only_the_selected_nodes_are_read_and_reported(selected: Sequence[str]) -> None:
-    nodes = states(a="y", b="y", c="y")
-    session = session_of(nodes)
+    session = Nodes(a="y", b="y", c="y")
     chosen = [n for n in session.inventory.nodes if n.name in selected]
     report = run_step(session, KeepFile("x"), chosen)
     assert [o.node for o in report.outcomes] == list(selected)
-    assert [name for name, n in nodes.items() if n.sent] == list(selected)
+    assert [name for name in session.content if session.sent(name)] == list(selected)

@@ -495,18 +495,10 @@ class Firewall(Step[FirewallContext, FirewallResult]):
 
 def _windows_verdict(node: Node, ran: Result, result: FirewallResult) -> FirewallResult:
     """What the converging script reported (it ran elevated, or says it could not)."""
-    from orchestrator.platforms.windows_admin import not_elevated_error
+    from orchestrator.platforms.windows_admin import check_elevated_run
     from orchestrator.steps.firewall.windows import parse_report
 
-    if (refused := not_elevated_error(node.name, node.user, "setting the firewall rules", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "the Windows firewall script failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            hint="it needs an elevated session (a member of Administrators over WinRM); rerun to converge",
-            result=ran,
-        )
+    check_elevated_run(node.name, node.user, "setting the firewall rules", ran, then="rerun to converge")
     try:
         report = parse_report(ran.stdout)
     except ValueError as exc:

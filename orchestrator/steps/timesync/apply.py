@@ -16,7 +16,7 @@ import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import PosixShell, posix_for_node
-from orchestrator.platforms.windows_admin import not_elevated_error
+from orchestrator.platforms.windows_admin import check_elevated_run
 from orchestrator.records import new_nonce
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.preflight import CLOCK, sample_clock
@@ -277,14 +277,12 @@ class RestoreTime(Step[None, NodeTime]):
             return out
         ran = results[0]
         if node.os != "linux":
-            if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
-                raise refused
+            check_elevated_run(node.name, node.user, "restoring w32time", ran)
         elif not ran.ok and PosixShell.sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "restoring the time configuration")
-        if not ran.ok:
-            what = "restoring w32time" if node.os != "linux" else "restoring the time configuration"
+        elif not ran.ok:
             raise CommandFailedError(
-                f"{what} failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
+                f"restoring the time configuration failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
                 node=node.name,
                 result=ran,
             )

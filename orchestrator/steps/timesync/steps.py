@@ -19,7 +19,7 @@ from orchestrator.errors import CommandFailedError
 from orchestrator.facts.base import FactSet, parse_sections
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import PosixShell, posix_for_node
-from orchestrator.platforms.windows_admin import not_elevated_error
+from orchestrator.platforms.windows_admin import check_elevated_run
 from orchestrator.steps.addresses import reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.preflight import CLOCK
@@ -337,15 +337,7 @@ def w32time_plan(node: Node, value: NodeTime) -> NodePlan:
     value.script = configure_script(value.sources)
 
     def configured(ran: Result) -> None:  # nothing more runs when the configuration did not take
-        if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
-            raise refused
-        if not ran.ok:
-            raise CommandFailedError(
-                "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-                node=node.name,
-                hint="it needs an elevated session (a member of Administrators over WinRM)",
-                result=ran,
-            )
+        check_elevated_run(node.name, node.user, "configuring w32time", ran)
 
     configure = Run(value.script, become=True, host=True, timeout=180, what="w32time", check=configured)
     status = Run(
