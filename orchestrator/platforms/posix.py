@@ -70,8 +70,12 @@ _DIR_FUNCTIONS = (
 
 class PosixShell(Platform):
     name = "posix"
+
     #: stop_on_hangup's watcher ends the job when the channel's stdin closes
     stops_on_stdin_eof = True
+
+    def as_posix(self) -> PosixShell:
+        return self
 
     def quote(self, value: str) -> str:
         # Single quotes keep every byte except the single quote itself, which shlex closes,

@@ -372,12 +372,18 @@ CONFIGURED = {
 }
 
 
-def wait_output(node: str, command: str) -> str:
-    """What the wait script prints once chronyd follows its source (the master serves its own clock)."""
+def wait_sections(node: str) -> dict[str, tuple[str, int]]:
+    """What the wait's sections answer once chronyd follows its source (the master serves its own
+    clock), and a clock sample."""
     source = "127.127.1.1" if node == "a" else MASTER
     sources = "" if node == "a" else SOURCES.format(source=source)
-    tracking = TRACKING.format(source=source)
-    return said(command, ("sources", sources), ("tracking", tracking), ("ntpdata", ""))
+    return {
+        chrony.WAIT: ("", 0),
+        chrony.SOURCES: (sources, 0),
+        chrony.TRACKING: (TRACKING.format(source=source), 0),
+        chrony.NTPDATA: ("", 0),
+        "clock.sample": (f"{time.time():.9f}", 0),
+    }
 
 
 def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer:
@@ -389,18 +395,14 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):  # the probe as one section of a round trip (the runner's reads)
-            probed = {**sections, "chrony": ((after if installed else before), 0)}
+        if sections_asked(command):  # the runner's reads: the probe, the wait, a clock sample
+            probed = {**sections, **wait_sections(node), "chrony": ((after if installed else before), 0)}
             return sections_answer(command, probed), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0
         if command == chrony.install_command("apt-get"):
             installed.append(command)
             return "Setting up chrony (4.3-2+deb12u1) ...\n", 0
-        if "\nend=$(($(date +%s)" in command:  # the wait for a source (read-only)
-            return wait_output(node, command), 0
-        if command == "date +%s.%N":
-            return f"{time.time():.9f}\n", 0
         return "", 0  # a change: done
 
     return answer
@@ -499,7 +501,7 @@ def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> T
 def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_says() -> None:
     """Per Linux node, `ntp --dry-run` reads where the node finds the master and what chrony has; the
     real run reads the same, then runs the script the dry run printed, byte for byte, as root, then
-    only reads (the wait for a source, clock samples). The file that script writes is the one the
+    only reads (the wait for a source, a clock sample). The file that script writes is the one the
     printed diff makes of the node's file. A Windows node gets the w32time script printed for it."""
     dry, dry_session, real, real_session = time_runs(sync, UNCONFIGURED)
     inventory = load_inventory_text(TIME_INVENTORY, "hosts.yaml")
@@ -517,12 +519,17 @@ def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_
             ]
             continue
         assert shown.value.state.startswith("would be ") and done.value.state in ("added", "changed")
-        wait = chrony.wait_script(
-            max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
+        shell = PosixShell()
+        wait = shell.sectioned(
+            chrony.wait_sections(
+                max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
+            ),
+            "cb-000000000000",
         )
-        sent = [s for s in extra[:2] if isinstance(s, Sent)]  # the wait's nonce is its own
-        assert untokened(sent) == untokened([Sent(script, become=True), Sent(wait, become=True)]), shown.node
-        assert extra[2:] and all(s == Sent("date +%s.%N") for s in extra[2:])  # the offsets measured
+        clock = shell.sectioned([("clock.sample", "date +%s.%N")], "cb-000000000000")
+        # the script, then only reads: the wait for its source (as root), a clock sample (the offsets)
+        expected = [Sent(script, become=True), Sent(wait, become=True), Sent(clock)]
+        assert untokened([s for s in extra if isinstance(s, Sent)]) == untokened(expected), shown.node
         # the diff printed is what the script writes
         before = files_of(UNCONFIGURED[shown.node])
         assert patched(before, shown.value.diff) == written(script), shown.node

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import Platform, PosixShell, platform_for_node
+from orchestrator.platforms import Platform, platform_for_node, posix_for_node, windows_host_shell
 from orchestrator.runner import run_step
 from orchestrator.steps.addresses import Reached, cluster_address, reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Report, Sections, Step
@@ -204,7 +204,7 @@ def plan_node(
     platform: Platform | None = None,
 ) -> FirewallResult:
     """The commands that bring ``node`` from what ``detection`` found to what the cluster needs."""
-    platform = platform or PosixShell()
+    platform = platform or posix_for_node(node)
     settings = inventory.cluster.firewall
     ids = ClusterTag(inventory.cluster.name)
     tag = ids.tag
@@ -313,7 +313,6 @@ def plan_windows(
     """The PowerShell script converging a Windows node: Defender rules for native ranks, Hyper-V
     firewall rules for ranks inside WSL (mirrored networking); see windows.py. TCP only: a Windows
     master never serves time (:func:`serves_time`), so no node here needs UDP 123 opened."""
-    from orchestrator.platforms.powershell import PowerShell
     from orchestrator.steps.firewall.windows import WSL_DEFAULT_EPHEMERAL, firewall_script
 
     settings = inventory.cluster.firewall
@@ -335,7 +334,7 @@ def plan_windows(
     if len(inventory.nodes) == 1:
         sources = []
     script = firewall_script(
-        PowerShell(),
+        windows_host_shell(node),
         cluster_name=inventory.cluster.name,
         ports=fixed_ports,
         ephemeral=ephemeral,
@@ -473,7 +472,7 @@ class Firewall(Step[FirewallContext, FirewallResult]):
         ran = results[0]
         if node.os == "windows":
             return _windows_verdict(node, ran, result)
-        if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+        if not ran.ok and platform_for_node(node).sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "changing the firewall")
         if not ran.ok:
             raise CommandFailedError(

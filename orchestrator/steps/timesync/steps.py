@@ -18,7 +18,7 @@ import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import CommandFailedError
 from orchestrator.facts.base import FactSet, parse_sections
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import PosixShell, posix_for_node
+from orchestrator.platforms import posix_for_node, windows_host_shell
 from orchestrator.platforms.windows_admin import check_elevated_run
 from orchestrator.steps.addresses import reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
@@ -103,7 +103,7 @@ class InstallChrony(Step[None, Installed]):
             return Installed("would install") if plan.actions else done
         if results:
             ran = results[0]
-            if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            if not ran.ok and posix_for_node(node).sudo_refused(ran.stderr):
                 raise sudo_error(node, ran, "installing chrony")
             if not ran.ok:
                 raise CommandFailedError(
@@ -318,7 +318,7 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
         if node.os != "linux":
             return w32time_verdict(out, results)
         ran = results[0]
-        if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+        if not ran.ok and posix_for_node(node).sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "configuring chrony")
         if not ran.ok:
             raise CommandFailedError(
@@ -334,14 +334,15 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
 def w32time_plan(node: Node, value: NodeTime) -> NodePlan:
     """w32time pointed at ``value.sources`` on the Windows host (elevated), then its offset from the
     first one read (``w32tm /stripchart``). The script is ``value.script`` (what a dry run shows)."""
-    value.script = configure_script(value.sources)
+    shell = windows_host_shell(node)
+    value.script = configure_script(value.sources, shell)
 
     def configured(ran: Result) -> None:  # nothing more runs when the configuration did not take
         check_elevated_run(node.name, node.user, "configuring w32time", ran)
 
     configure = Run(value.script, become=True, host=True, timeout=180, what="w32time", check=configured)
     status = Run(
-        status_script(value.sources[0]), become=True, host=True, timeout=120, what="w32tm /stripchart"
+        status_script(value.sources[0], shell), become=True, host=True, timeout=120, what="w32tm /stripchart"
     )
     return NodePlan(node.name, [configure, status], detail=TimePlan(value, script=value.script))
 
