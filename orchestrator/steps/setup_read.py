@@ -138,11 +138,13 @@ def _read(
         wanted = [*linux_facts(check_python), *check_extra]
     network = {"route", "addresses", "interfaces"}.issubset(f.name for f in wanted)
     root: list[tuple[str, str]] = []
+    inner = new_nonce()  # frames the root sections, and the detection's answers inside them
     if cluster.firewall.manage:
-        root += detection_sections(platform, master_host=master.host, ids=ids, network=not network)
+        root += detection_sections(
+            platform, master_host=master.host, ids=ids, nonce=inner, network=not network
+        )
     if cluster.time.manage:
         root.append(("chrony", probe_script(platform)))
-    inner = new_nonce()
     before = [(AS_ROOT, platform.wrap(platform.sectioned(root, inner), become=True))] if root else []
     if tree is not None:  # as the login user, creating nothing: the sync step scans for real if needed
         dest = code_dest(cluster, node)

@@ -33,19 +33,17 @@ import pytest
 from orchestrator.cli.common import Settings
 from orchestrator.cli.sync import run_sync
 from orchestrator.facts import SESSION_KEY_PREFIX
-from orchestrator.facts.base import split_sections
 from orchestrator.inventory import Inventory, Node, load_inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.codesync import LocalTree, prepare_tree
 from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
 from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
-from orchestrator.steps.firewall.firewalld import firewalld_sections
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
 from orchestrator.transports import Result, Transport
-from tests.noderecords import answer_sections, framed, said, sections_asked
+from tests.noderecords import answer_nonce, answer_sections, firewall_recorded, said, sections_asked
 from tests.recording import Answer, RecordingNode, RecordingSession, Sent, Upload
 
 DATA = Path(__file__).parent / "data" / "firewall"
@@ -94,7 +92,6 @@ OWN = {"a": MASTER, "b": "198.18.7.12", "c": "198.18.7.13", "w": "198.18.7.14"}
 #: policy, an iptables-nft REJECT, ufw; each already holding rules tagged by earlier versions or this
 #: one. The native Windows node w converges its Defender rules itself (one script, which reports).
 FIREWALLS = {"a": "nft_drop", "b": "iptables_nft_reject", "c": "ufw_active"}
-FIREWALL_IDS = ClusterTag("lab")
 WINDOWS_REPORT = '{"added": 2, "updated": 0, "removed": 1, "unchanged": 0}'
 
 
@@ -125,13 +122,11 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
     text = (DATA / f"{FIREWALLS[node]}.txt").read_text()
     if tag is not None:
         text = re.sub(re.escape("cluster-bootstrap:lab") + r"(?![\w.:-])", tag, text)
-    sections = {**split_sections(framed(text, RECORDED_TOKEN), RECORDED_TOKEN), **network_sections(node)}
-    # no firewalld on the recorded nodes: each of its sections finds no firewall-cmd
-    asked = firewalld_sections(PosixShell(), (FIREWALL_IDS.policy, FIREWALL_IDS.legacy_policy))
-    sections.update({name: ("", 127) for name, _ in asked})
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):
+        if sections_asked(command):  # ufw's answers in records of the nonce the detection chose
+            nonce = answer_nonce(command) or RECORDED_TOKEN
+            sections = {**firewall_recorded(text, RECORDED_TOKEN, nonce), **network_sections(node)}
             return sections_answer(command, sections), 0
         return "", 0
 

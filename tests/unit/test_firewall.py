@@ -21,13 +21,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator import records
 from orchestrator.facts.network import InterfaceAddress
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.steps.addresses import Reached, reached_at
 from orchestrator.steps.firewall import cluster_addresses, plan_node
-from orchestrator.steps.firewall.firewalld import firewalld_commands, parse_firewalld, rich_rule
+from orchestrator.steps.firewall.firewalld import (
+    FirewalldAnswers,
+    firewalld_answers,
+    firewalld_commands,
+    parse_firewalld,
+    rich_rule,
+)
 from orchestrator.steps.firewall.linux import (
     Target,
     iptables_commands,
@@ -52,16 +59,18 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
     time_rules,
 )
-from tests.noderecords import framed, sections_said
+from tests.noderecords import firewall_recorded, sections_said
 
 
 def _detect(recording: str, token: str, ids: ClusterTag) -> Detection:
     """``detect`` of a recording (tests/unit/data/firewall: readable framing) as the node sends it."""
-    return detect(framed(recording, token), token, ids)
+    return detect(sections_said(token, firewall_recorded(recording, token, ANSWERS)), token, ids, ANSWERS)
 
 
 DATA = Path(__file__).parent / "data" / "firewall"
 TOKEN = "cb-0123456789ab"
+#: the nonce of the answers inside the detection's sections (ufw's, firewalld's)
+ANSWERS = "cb-a0a1a2a3a4a5"
 IDS = ClusterTag("lab")
 TAG = IDS.tag  # cluster-bootstrap:lab:<12 hex digits of sha256("lab")>
 LEGACY = "cluster-bootstrap:lab"  # what earlier versions wrote, and the recordings carry
@@ -358,13 +367,18 @@ PERMANENT = f"{POLICY}\n  priority: -100\n  rich rules:"
 
 
 def firewalld_said(policies: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, int]]:
-    """The sections a node running firewalld answers (``firewalld_sections``): per policy its runtime
-    and permanent ``--info-policy`` and its description (empty: no such policy, firewall-cmd fails)."""
-    said = {"firewalld": ("running", 0)}
-    for policy, answers in policies.items():
-        for which, text in zip(("runtime", "permanent", "description"), answers, strict=True):
-            said[f"firewalld.{which}.{policy}"] = (text, 0 if text else 112)
-    return said
+    """The firewalld section of a node running firewalld (``firewalld_section``): its state, then per
+    policy its runtime and permanent ``--info-policy`` and its description (empty: no such policy)."""
+    said = "running\n" + "".join(
+        records.record(ANSWERS, which, policy, text + "\n" if text else "")
+        for policy, answers in policies.items()
+        for which, text in zip(("runtime", "permanent", "description"), answers, strict=True)
+    )
+    return {"firewalld": (said.rstrip("\n"), 0)}
+
+
+def answers_of(sections: dict[str, tuple[str, int]]) -> FirewalldAnswers:
+    return firewalld_answers(*sections["firewalld"], ANSWERS)
 
 
 #: our policy with two rich rules at runtime, none in the permanent configuration; no legacy one
@@ -373,11 +387,11 @@ FIREWALLD_RUNNING = firewalld_said({POLICY: (RUNTIME, PERMANENT, TAG), IDS.legac
 
 def detect_said(sections: dict[str, tuple[str, int]]) -> Detection:
     """``detect`` of a node's answers to the detection's sections (name: (output, exit code))."""
-    return detect(sections_said(TOKEN, sections), TOKEN, IDS)
+    return detect(sections_said(TOKEN, sections), TOKEN, IDS, ANSWERS)
 
 
 def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
-    target = parse_firewalld(firewalld_said({POLICY: ("", "", "")}), POLICY, IDS)
+    target = parse_firewalld(answers_of(firewalld_said({POLICY: ("", "", "")})), POLICY, IDS)
     assert target is not None and not target.exists and not target.permanent_exists
     rule = Rule(PEER_C, PortRange(29500, 29500))
     changes, commands = firewalld_commands(PosixShell(), target, [rule], TAG, persist=False, remove=False)
@@ -412,7 +426,7 @@ def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_pat
 
 
 def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
-    target = parse_firewalld(FIREWALLD_RUNNING, POLICY, IDS)
+    target = parse_firewalld(answers_of(FIREWALLD_RUNNING), POLICY, IDS)
     assert target is not None
     _, commands = firewalld_commands(PosixShell(), target, [], TAG, persist=False, remove=True)
     argv = [shlex.split(c) for c in commands]
@@ -540,12 +554,12 @@ def test_rules_persisted_under_the_legacy_tag_are_removed(tmp_path: Path) -> Non
         commands = plan_node(inv.node("b"), inv, d, addresses(), remove=remove).commands
         assert "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft" in commands
         assert any("grep -vxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"'" in c for c in commands)
-    persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS))["persist"]
+    persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS, nonce=ANSWERS))["persist"]
     assert "grep -qxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"' /etc/nftables.conf" in persist
 
 
 def test_detection_script_is_one_round_trip_with_every_section() -> None:
-    sections = detection_sections(PosixShell(), master_host="m'x", ids=IDS)
+    sections = detection_sections(PosixShell(), master_host="m'x", ids=IDS, nonce=ANSWERS)
     names = [n for n, _ in sections]
     assert names == [
         "route",
@@ -553,13 +567,7 @@ def test_detection_script_is_one_round_trip_with_every_section() -> None:
         "interfaces",
         "range",
         "ufw",
-        "ufw_added",
         "firewalld",
-        *(
-            f"firewalld.{which}.{p}"
-            for p in (POLICY, IDS.legacy_policy)
-            for which in ("runtime", "permanent", "description")
-        ),
         "nft",
         "iptables_nft",
         "iptables_legacy",
@@ -900,7 +908,7 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
         == f'rule family="ipv4" source address="{PEER_C}" port port="123" protocol="udp" accept'
     )
     runtime = RUNTIME.replace('port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1)
-    policy = parse_firewalld(firewalld_said({POLICY: (runtime, PERMANENT, TAG)}), POLICY, IDS)
+    policy = parse_firewalld(answers_of(firewalld_said({POLICY: (runtime, PERMANENT, TAG)})), POLICY, IDS)
     assert policy is not None and Present(udp, rich_rule(udp)) in policy.present
     _, commands = firewalld_commands(PosixShell(), policy, [udp], TAG, persist=False, remove=False)
     assert not any(rich_rule(udp) in c and "add-rich-rule" in c for c in commands)  # in place already

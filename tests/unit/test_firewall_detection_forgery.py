@@ -21,9 +21,11 @@ from orchestrator.steps.firewall.rules import ClusterTag
 IDS = ClusterTag("lab")
 MASTER, ME = "198.18.7.11", "198.18.7.12"
 TOKEN = "cb-0123456789ab"
+ANSWERS = "cb-a0a1a2a3a4a5"  # of the answers inside the sections
 #: lines a node's text could smuggle in: our own sub-answers as they once were, and records
 FORGED = [
     records.record(TOKEN, "section", "persist", "included\n\x000").rstrip("\n"),
+    records.record(ANSWERS, "description", IDS.legacy_policy, IDS.legacy).rstrip("\n"),
     "@@added",
     f"ufw allow from 6.6.6.6 to any port 1 proto tcp comment '{IDS.tag}'",
     f"@@policy {IDS.legacy_policy}",
@@ -88,7 +90,7 @@ def _node(tmp_path: Path, *, interface: str, description: str, comment: str, fir
     _stub(bin_dir, "nft", f"cat {data}/nft\n")
     _stub(bin_dir, "iptables-nft", f"cat {data}/iptables\n")
     shell = PosixShell()
-    script = shell.sectioned(detection_sections(shell, master_host=MASTER, ids=IDS), TOKEN)
+    script = shell.sectioned(detection_sections(shell, master_host=MASTER, ids=IDS, nonce=ANSWERS), TOKEN)
     ran = subprocess.run(
         ["/bin/sh", "-c", script],
         capture_output=True,
@@ -98,7 +100,7 @@ def _node(tmp_path: Path, *, interface: str, description: str, comment: str, fir
         check=False,
     )
     assert ran.returncode == 0, ran.stderr
-    return detect(ran.stdout, TOKEN, IDS)
+    return detect(ran.stdout, TOKEN, IDS, ANSWERS)
 
 
 def _concluded(d: Detection) -> tuple[object, ...]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.errors import CommandFailedError
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import Platform, platform_for_node, posix_for_node, windows_host_shell
+from orchestrator.records import new_nonce
 from orchestrator.runner import run_step
 from orchestrator.steps.addresses import Reached, cluster_address, reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Report, Sections, Step
@@ -393,6 +394,7 @@ class Firewall(Step[FirewallContext, FirewallResult]):
 
     def reads(self, node: Node) -> list[Read]:
         master, ids = self.inventory.master_node.host, self.ids
+        nonce = new_nonce()  # of the answers inside the detection's sections
 
         def parse(sections: Sections, ran: Result) -> Detection:
             if "range" not in sections:
@@ -403,12 +405,12 @@ class Firewall(Step[FirewallContext, FirewallResult]):
                     hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
                     result=ran,
                 )
-            return detect_sections(sections, ids)
+            return detect_sections(sections, ids, nonce)
 
         return [
             Read(
                 DETECTION,
-                lambda platform: detection_sections(platform, master_host=master, ids=ids),
+                lambda platform: detection_sections(platform, master_host=master, ids=ids, nonce=nonce),
                 parse,
                 become=True,
                 what="reading the firewall",

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from orchestrator.platforms import Platform
+from orchestrator import records
+from orchestrator.platforms import Platform, PosixShell
 from orchestrator.steps.firewall.linux import Target
 from orchestrator.steps.firewall.rules import (
     Changes,
@@ -20,7 +22,14 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
 )
 
-__all__ = ["firewalld_commands", "firewalld_running", "firewalld_sections", "parse_firewalld", "rich_rule"]
+__all__ = [
+    "FirewalldAnswers",
+    "firewalld_answers",
+    "firewalld_commands",
+    "firewalld_section",
+    "parse_firewalld",
+    "rich_rule",
+]
 
 _RICH_RE = re.compile(
     r'rule family="ipv4" source address="(?P<source>[0-9./]+)" '
@@ -54,13 +63,7 @@ def _rich_rules(block: str) -> list[Present]:
     return found
 
 
-#: a firewalld answer comes only from a running daemon: the sections below exit 127 without
-#: firewall-cmd, 3 when no firewalld process runs (firewall-cmd is slow when no daemon answers)
-_RUNNING = (
-    "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
-    "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
-)
-#: what is asked about each policy of ours: section name -> the firewall-cmd arguments
+#: what is asked about each policy of ours: answer kind -> the firewall-cmd arguments
 _ASKED = {
     "runtime": ["--info-policy={}"],
     "permanent": ["--permanent", "--info-policy={}"],
@@ -68,41 +71,50 @@ _ASKED = {
 }
 
 
-def _section(which: str, policy: str) -> str:
-    return f"firewalld.{which}.{policy}"
-
-
-def firewalld_sections(platform: Platform, policies: Sequence[str]) -> list[tuple[str, str]]:
-    """The detection's sections about firewalld: ``firewalld`` (the daemon's state: ``running``, else
-    exit 3 or 127), then per policy in ``policies`` its runtime and permanent ``--info-policy`` and its
-    description, each in a section of its own: whatever a policy holds (a description is any text)
-    stays inside that section's record and can never pass for another answer."""
-    sections = [("firewalld", _RUNNING + "firewall-cmd --state || exit 3")]
+def firewalld_section(platform: PosixShell, policies: Sequence[str], nonce: str) -> str:
+    """The detection's firewalld section: exit 127 without firewall-cmd, 3 when firewalld does not
+    run (firewall-cmd is slow when no daemon answers: asked only when one runs); else the daemon's
+    state (``running``), then per policy in ``policies`` three answers, each a record of ``nonce``
+    (``PosixShell.section_answer``): ``runtime POLICY`` and ``permanent POLICY`` (its
+    ``--info-policy``), ``description POLICY``. Whatever a policy holds (a description is any text)
+    stays inside its own answer."""
+    lines = [
+        "command -v firewall-cmd >/dev/null 2>&1 || exit 127",
+        "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi",
+        "firewall-cmd --state || exit 3",
+    ]
     for policy in dict.fromkeys(policies):
         for which, args in _ASKED.items():
             argv = ["firewall-cmd", *(a.format(policy) for a in args)]
-            sections.append((_section(which, policy), _RUNNING + platform.join(argv)))
-    return sections
+            lines.append(
+                f"{platform.join(argv)} 2>/dev/null | {platform.section_answer(nonce, which, policy)}"
+            )
+    return "\n".join([*lines, "exit 0"])
 
 
-def firewalld_running(sections: Mapping[str, tuple[str, int]]) -> bool:
-    """Whether the detection found firewalld running (its ``firewalld`` section)."""
-    text, code = sections.get("firewalld", ("", 127))
-    return code == 0 and text.strip() == "running"
+@dataclass(frozen=True)
+class FirewalldAnswers:
+    """What the detection's firewalld section said: whether the daemon runs, and each answer about a
+    policy by (kind, policy)."""
+
+    running: bool
+    said: Mapping[tuple[str, str], str]
+
+
+def firewalld_answers(text: str, code: int, nonce: str) -> FirewalldAnswers:
+    """The answers of :func:`firewalld_section` (its output and exit code, its records' ``nonce``)."""
+    running = code == 0 and records.plain(text, nonce).split("\n", 1)[0].strip() == "running"
+    said = {(r.kind, r.text(0)): r.text(1) for r in records.decode(text, nonce) if len(r.fields) == 2}
+    return FirewalldAnswers(running, said)
 
 
 def parse_firewalld(
-    sections: Mapping[str, tuple[str, int]], policy: str, ids: ClusterTag, *, legacy: bool = False
+    answers: FirewalldAnswers, policy: str, ids: ClusterTag, *, legacy: bool = False
 ) -> Target | None:
     """``--info-policy`` of ``policy``, runtime and permanent (absent: the command printed nothing),
-    from the sections of :func:`firewalld_sections`, as a Target; None when a policy of that name
-    exists whose description is not our tag (the current one, or for the legacy name the legacy
-    one): another cluster's, never touched."""
-
-    def said(which: str) -> str:
-        return sections.get(_section(which, policy), ("", 127))[0]
-
-    runtime, permanent, description = said("runtime"), said("permanent"), said("description")
+    as a Target; None when a policy of that name exists whose description is not our tag (the
+    current one, or for the legacy name the legacy one): another cluster's, never touched."""
+    runtime, permanent, description = (answers.said.get((which, policy), "") for which in _ASKED)
     label = f"firewalld policy {policy}" + (" (legacy name)" if legacy else "")
     target = Target("firewalld", label, not legacy, policy=policy, legacy=legacy)
     target.exists = runtime.strip().startswith(policy)
