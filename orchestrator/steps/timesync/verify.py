@@ -109,7 +109,21 @@ def judge_wait(
         _note_preference(value, role, selected)
 
 
-class AwaitTime(Step[None, NodeTime]):
+class _Reading(Step[None, NodeTime]):
+    """A step made of reads: no node has anything to apply, its verdict is the row (in ``values``)
+    its reads completed in :meth:`context`."""
+
+    values: Mapping[str, NodeTime]
+
+    def plan(self, node: Node, facts: Mapping[str, Any], context: None) -> NodePlan:
+        return NodePlan(node.name, detail=self.values[node.name])
+
+    def judge(self, node: Node, plan: NodePlan, results: list[Result] | None, context: None) -> NodeTime:
+        value: NodeTime = plan.detail
+        return value
+
+
+class AwaitTime(_Reading):
     """Await each selected node's time source, as configured (``roles``), within ``max_offset_ms`` and
     ``timeout`` seconds; ``values``: the rows of the configure, completed here; ``addresses``: each
     worker's address the master allows (for the fix a blocked worker is told)."""
@@ -142,13 +156,6 @@ class AwaitTime(Step[None, NodeTime]):
                     self.timeout,
                     own_address=self.addresses.get(name),
                 )
-
-    def plan(self, node: Node, facts: Mapping[str, Any], context: None) -> NodePlan:
-        return NodePlan(node.name, detail=self.values[node.name])
-
-    def judge(self, node: Node, plan: NodePlan, results: list[Result] | None, context: None) -> NodeTime:
-        value: NodeTime = plan.detail
-        return value
 
 
 # -- offsets from the master ------------------------------------------------------------------------
@@ -207,7 +214,7 @@ def offsets(
             )
 
 
-class MeasureTime(Step[None, NodeTime]):
+class MeasureTime(_Reading):
     """Every selected node's offset from ``master`` (which is read too, selected or not), recorded on
     its row in ``values``."""
 
@@ -226,10 +233,3 @@ class MeasureTime(Step[None, NodeTime]):
         samples = {name: values.get(CLOCK) for name, values in found.values.items()}
         measured = {name: value for name, value in self.values.items() if name in found.values}
         offsets(measured, samples, self.master.name, self.max_offset_ms)
-
-    def plan(self, node: Node, facts: Mapping[str, Any], context: None) -> NodePlan:
-        return NodePlan(node.name, detail=self.values[node.name])
-
-    def judge(self, node: Node, plan: NodePlan, results: list[Result] | None, context: None) -> NodeTime:
-        value: NodeTime = plan.detail
-        return value
