@@ -7,7 +7,7 @@ import base64
 import re
 
 from orchestrator import records
-from orchestrator.facts.base import AS_ROOT
+from orchestrator.facts.base import AS_ROOT, split_sections
 
 #: a nonce for answers parsed directly (not in reply to a script)
 NONCE = "cb-00112233aabb"
@@ -117,3 +117,29 @@ def tail_batch(nonce: str, data: bytes, start: int, end: int) -> bytes:
 def tail_said(nonce: str, *answers: tuple[str, ...]) -> bytes:
     """A tail producer's control records, as bytes: one per ``(kind, field, ...)``."""
     return "".join(records.record(nonce, kind, *fields) for kind, *fields in answers).encode()
+
+
+#: where a section's own answers name their nonce (``PosixShell.section_answer``), also once quoted
+_ANSWER_NONCE = re.compile(r"@@%s %s\S* (cb-[0-9a-f]{12})")
+
+
+def answer_nonce(script: str) -> str | None:
+    """The nonce of the answers framed inside a section of ``script`` (None: it asks none)."""
+    found = _ANSWER_NONCE.search(script)
+    return found.group(1) if found else None
+
+
+def firewall_recorded(recording: str, token: str, nonce: str) -> dict[str, tuple[str, int]]:
+    """A firewall detection recording (tests/unit/data/firewall: readable framing, nonce ``token``) as
+    the sections a node answers now: ufw's two readable pieces, ``ufw`` (``ufw status``) and
+    ``ufw_added`` (``ufw show added``, exit 3 when ufw is off), become the one ``ufw`` section
+    holding them as the records ``status`` and ``added`` of ``nonce``."""
+    sections = split_sections(framed(recording, token), token)
+    if "ufw" not in sections:
+        return sections
+    status, code = sections.pop("ufw")
+    added, added_code = sections.pop("ufw_added", ("", 127))
+    said = "" if code == 127 else records.record(nonce, "status", status + "\n")
+    if added_code == 0:
+        said += records.record(nonce, "added", added + "\n")
+    return {**sections, "ufw": (said.rstrip("\n"), code)}

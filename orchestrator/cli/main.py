@@ -132,7 +132,7 @@ def cli(
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: sync, then a job
-        from orchestrator.cli.slurm import pipeline_on_slurm
+        from orchestrator.cli.pipeline import pipeline_on_slurm
 
         return pipeline_on_slurm(
             settings, inventory, detach=detach, until=until, force=force, skip=skip_validate

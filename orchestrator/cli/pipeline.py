@@ -82,3 +82,46 @@ class CliPhases:
     def say(self, level: str, text: str) -> None:
         ui = self.settings.ui
         {"error": ui.error, "warn": ui.warn}.get(level, ui.note)(text)
+
+
+def pipeline_on_slurm(
+    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool, skip: bool
+) -> ExitCode:
+    """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
+    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`,
+    then `validate` (unless ``skip``), in one allocation (a failure stops here, unless ``force``);
+    then the job (`launch`)."""
+    from orchestrator.cli.slurm import allocated, launch_on_slurm
+    from orchestrator.cli.sync import run_sync
+    from orchestrator.pipeline import wants_code_sync
+    from orchestrator.slurm.job import shared_sync, slurm_settings, sync_target
+
+    ui = settings.ui
+    shared, (login,) = sync_target(inventory)
+    sync = shared_sync(inventory, wants_code_sync(inventory))
+    if sync is not None:
+        where = slurm_settings(inventory).dir
+        ui.note(
+            f"sync: the {sync[0]} to {where} through {login.name}, once for every node (shared file system)"
+        )
+        synced = run_sync(settings, shared, [login], only=sync[1])
+        if synced != ExitCode.OK:
+            ui.error("not going on: sync failed (see above); `bootstrap sync` repeats just that step")
+            return synced
+    ui.note("firewall: skipped on Slurm (the cluster's admins own the compute nodes' network)")
+    ui.note("ntp: skipped on Slurm (the cluster's admins keep the compute nodes' clocks)")
+    if until in ("sync", "firewall", "ntp"):
+        return ExitCode.OK
+    from orchestrator.cli.check import run_check
+    from orchestrator.cli.validate import run_validate
+
+    with allocated(settings, inventory, "check") as (nodes, on):  # one job: check, then validate
+        code = run_check(settings, nodes, list(nodes.nodes), session=on)
+        if until != "check" and not skip and (code == ExitCode.OK or force):
+            code = run_validate(settings, nodes, session=on) or code
+    if code != ExitCode.OK and not force:
+        ui.error("not launching: check or validate failed on an allocated node (see above); --force goes on")
+        return code
+    if until == "check":
+        return code
+    return launch_on_slurm(settings, inventory, run_id=None, templates_dir=None, detach=detach)

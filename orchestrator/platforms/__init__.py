@@ -22,6 +22,7 @@ __all__ = [
     "platform_for",
     "platform_for_node",
     "posix_for_node",
+    "windows_host_shell",
 ]
 
 
@@ -45,7 +46,17 @@ def platform_for_node(node: Node) -> Platform:
 def posix_for_node(node: Node) -> PosixShell:
     """The POSIX shell of a Linux node (what chrony, nftables and the other Linux-only steps write
     in); any other node is a bug of the caller's."""
-    platform = platform_for_node(node)
-    if not isinstance(platform, PosixShell) or node.os != "linux":
+    platform = platform_for_node(node).as_posix()
+    if platform is None or node.os != "linux":
         raise TypeError(f"{node.name} is not a Linux node")
     return platform
+
+
+def windows_host_shell(node: Node) -> PowerShell:
+    """The PowerShell of a Windows node's machine (the node's own shell, or the host of its WSL
+    distribution: firewall rules and the time service belong to Windows); any other node is a bug of
+    the caller's."""
+    shell = platform_for_node(node).host_shell.as_powershell()
+    if shell is None or node.os != "windows":
+        raise TypeError(f"{node.name} is not a Windows node")
+    return shell

@@ -11,8 +11,13 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from orchestrator.platforms.transfer import GET_CHUNK
+
+if TYPE_CHECKING:
+    from orchestrator.platforms.posix import PosixShell
+    from orchestrator.platforms.powershell import PowerShell
 
 #: exit code of a script that refused a directory another user could have planted or can change
 #: (``new_private_dir``, ``check_own_dir``): its one stderr line says which, whose, and what to do.
@@ -49,6 +54,18 @@ class Platform(ABC):
     #: whether a script made by ``stop_on_hangup`` stops (its whole tree) when its stdin reaches
     #: end-of-file: a transport closes that stdin before giving up on a command
     stops_on_stdin_eof: bool = False
+
+    #: whether the node's files carry POSIX permission bits (a copy compares and sets them)
+    file_modes: bool = True
+
+    def as_posix(self) -> PosixShell | None:
+        """This shell when it speaks POSIX sh (a Linux node's, or the sh inside a WSL distribution):
+        what a step writing sh scripts needs; None when it does not."""
+        return None
+
+    def as_powershell(self) -> PowerShell | None:
+        """This shell when it is a Windows machine's PowerShell; None when it is not."""
+        return None
 
     @property
     def host_shell(self) -> Platform:

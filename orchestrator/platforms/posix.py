@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
-from orchestrator.records import check_nonce
+from orchestrator.records import check_kind, check_nonce
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
@@ -70,8 +70,12 @@ _DIR_FUNCTIONS = (
 
 class PosixShell(Platform):
     name = "posix"
+
     #: stop_on_hangup's watcher ends the job when the channel's stdin closes
     stops_on_stdin_eof = True
+
+    def as_posix(self) -> PosixShell:
+        return self
 
     def quote(self, value: str) -> str:
         # Single quotes keep every byte except the single quote itself, which shlex closes,
@@ -286,6 +290,16 @@ class PosixShell(Platform):
             '_cb_recin() { printf \'@@%s %s\' "$_cb_nonce" "$1"; shift;'
             ' for _cb_a in "$@"; do _cb_f "$_cb_a"; done; printf \' :\'; _cb_64; echo; }'
         )
+
+    def section_answer(self, nonce: str, kind: str, *fields: str) -> str:
+        """Shell text for a command inside a section of a :meth:`sectioned` script: its stdin framed
+        as one record of ``nonce`` (chosen by whoever reads that section; orchestrator/records.py):
+        ``KIND FIELD... STDIN``, binary-safe. What a section's tools print (a rule comment, a policy
+        description) then stays a field of its own answer, never the start of another one."""
+        q = self.quote
+        head = f"printf '@@%s %s' {q(check_nonce(nonce))} {q(check_kind(kind))}"
+        parts = [head, *(f"_cb_f {q(field)}" for field in fields), "printf ' :'", "_cb_64", "echo"]
+        return "{ " + "; ".join(parts) + "; }"
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:

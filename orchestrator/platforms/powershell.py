@@ -141,10 +141,15 @@ class PowerShell(Platform):
     """Native Windows nodes: every script is Windows PowerShell 5.1 text."""
 
     name = "powershell"
+    file_modes = False
+
     #: longer login_command lines are uploaded and run with file_command (read by the WinRM transport)
     MAX_COMMAND_LINE = MAX_COMMAND_LINE
 
     # -- quoting -------------------------------------------------------------------------------------
+
+    def as_powershell(self) -> PowerShell:
+        return self
 
     def quote(self, value: str) -> str:
         return "'" + "".join(c + c if c in SINGLE_QUOTES else c for c in value) + "'"

@@ -2,8 +2,9 @@
 
 Never run by the product (it cannot reach a machine whose WinRM refuses it); kept beside the
 PowerShell dialect so that the transports hold no PowerShell or cmd text (issue 13). Each function
-returns the command in backquotes, ready to be placed in a sentence; :func:`not_elevated_error` is the
-one error built here: what a step that needs an administrator raises when the session is not one.
+returns the command in backquotes, ready to be placed in a sentence. The errors built here: what a
+step that needs an administrator raises when the session is not one (:func:`not_elevated_error`;
+:func:`check_elevated_run`, the verdict on such a script), and a WinRS shell quota met.
 """
 
 from __future__ import annotations
@@ -134,6 +135,24 @@ def not_elevated_error(node: str, user: str | None, what: str, result: Result) -
         hint=elevation_fix(user) + "; then rerun",
         result=result,
     )
+
+
+def check_elevated_run(node: str, user: str | None, what: str, result: Result, *, then: str = "") -> None:
+    """The one verdict on a PowerShell ``become`` script a step ran on a Windows host (firewall
+    rules, w32time): raises :func:`not_elevated_error` when the session was not elevated, else a
+    ``CommandFailedError`` naming ``what`` failed with the output's last lines when it failed;
+    returns when it succeeded. ``then``: what to do after fixing it (added to the hint)."""
+    if (refused := not_elevated_error(node, user, what, result)) is not None:
+        raise refused
+    if not result.ok:
+        said = " | ".join(result.tail(4)) or f"exit code {result.exit_code}"
+        raise CommandFailedError(
+            f"{what} failed: {said}",
+            node=node,
+            hint="it needs an elevated session (a member of Administrators over WinRM)"
+            + (f"; {then}" if then else ""),
+            result=result,
+        )
 
 
 def shell_quota_error(node: str, setting: str, result: Result) -> CommandFailedError:

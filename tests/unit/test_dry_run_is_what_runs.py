@@ -24,7 +24,6 @@ import re
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -34,10 +33,8 @@ import pytest
 from orchestrator.cli.common import Settings
 from orchestrator.cli.sync import run_sync
 from orchestrator.facts import SESSION_KEY_PREFIX
-from orchestrator.facts.base import split_sections
-from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory, load_inventory_text
-from orchestrator.platforms import Platform, PosixShell, platform_for_node
-from orchestrator.session import Session
+from orchestrator.inventory import Inventory, Node, load_inventory, load_inventory_text
+from orchestrator.platforms import PosixShell
 from orchestrator.steps.codesync import LocalTree, prepare_tree
 from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
@@ -45,108 +42,22 @@ from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_f
 from orchestrator.steps.firewall.rules import ClusterTag
 from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
-from orchestrator.transports import Result, SSHOptions, Transport
-from orchestrator.transports.base import OnLine
-from tests.noderecords import answer_sections, asks, framed, said, sections_asked
+from orchestrator.transports import Result, Transport
+from tests.noderecords import (
+    answer_nonce,
+    answer_sections,
+    asks,
+    firewall_recorded,
+    said,
+    sections_asked,
+)
+from tests.recording import Answer, RecordingNode, RecordingSession, Sent, Upload
 
 DATA = Path(__file__).parent / "data" / "firewall"
 RECORDED_TOKEN = "cb-0123456789ab"  # the token the recordings in DATA were framed with
 TOKEN = re.compile(r"cb-[0-9a-f]{12}")  # a round trip's frame token (random per run)
 
 # -- a node that records what it is sent -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sent:
-    """One command as the step handed it to ``Transport.run``: before the platform wraps it (root,
-    environment, directory), with whether it runs as root."""
-
-    command: str
-    become: bool = False
-    env: tuple[tuple[str, str], ...] = ()
-    cwd: str | None = None
-
-
-@dataclass(frozen=True)
-class Upload:
-    remote: str
-    data: bytes
-    mode: int | None
-
-
-#: what a node prints for a command: (stdout, exit code)
-Answer = Callable[[str], tuple[str, int]]
-
-
-class RecordingNode(Transport):
-    """Records every command and upload in order (``log``); answers commands with ``answer``."""
-
-    kind = "ssh"
-
-    def __init__(self, name: str, answer: Answer, platform: Platform | None = None) -> None:
-        super().__init__(name, platform or PosixShell())
-        self.answer = answer
-        self.log: list[Sent | Upload] = []
-
-    @property
-    def sent(self) -> list[Sent]:
-        return [entry for entry in self.log if isinstance(entry, Sent)]
-
-    def connect(self) -> None:
-        pass
-
-    def run(
-        self,
-        command: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        become: bool = False,
-        keep_lines: int | None = None,
-    ) -> Result:
-        self.log.append(Sent(command, become, tuple(sorted((env or {}).items())), cwd))
-        stdout, code = self.answer(command)
-        if on_line is not None:
-            for line in stdout.splitlines():
-                on_line("stdout", line)
-        return Result(self.node_name, command, code, stdout, "", 0.001)
-
-    def run_raw(
-        self,
-        script: str,
-        *,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        keep_lines: int | None = None,
-    ) -> Result:
-        raise AssertionError("steps send commands through Transport.run")
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        self.log.append(Upload(remote, local.read_bytes(), mode))
-
-    def get(self, remote: str, local: Path) -> None:
-        raise AssertionError("no step here downloads")
-
-    def close(self) -> None:
-        pass
-
-
-class RecordingSession(Session):
-    """A session whose nodes are :class:`RecordingNode` s (one per inventory node)."""
-
-    def __init__(self, inventory: Inventory, answers: Mapping[str, Answer]) -> None:
-        super().__init__(
-            inventory, list(inventory.nodes), ssh=SSHOptions(), passwords=PasswordResolver(prompt=None)
-        )
-        self.fakes = {
-            node.name: RecordingNode(node.name, answers[node.name], platform_for_node(node))
-            for node in inventory.nodes
-        }
-
-    def transport(self, node: Node) -> Transport:
-        return self.fakes[node.name]
 
 
 def sections_answer(command: str, sections: Mapping[str, tuple[str, int]]) -> str:
@@ -218,10 +129,11 @@ def firewall_node(node: str, *, tag: str | None) -> Answer:
     text = (DATA / f"{FIREWALLS[node]}.txt").read_text()
     if tag is not None:
         text = re.sub(re.escape("cluster-bootstrap:lab") + r"(?![\w.:-])", tag, text)
-    sections = {**split_sections(framed(text, RECORDED_TOKEN), RECORDED_TOKEN), **network_sections(node)}
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):
+        if sections_asked(command):  # ufw's answers in records of the nonce the detection chose
+            nonce = answer_nonce(command) or RECORDED_TOKEN
+            sections = {**firewall_recorded(text, RECORDED_TOKEN, nonce), **network_sections(node)}
             return sections_answer(command, sections), 0
         return "", 0
 
@@ -462,12 +374,18 @@ CONFIGURED = {
 }
 
 
-def wait_output(node: str, command: str) -> str:
-    """What the wait script prints once chronyd follows its source (the master serves its own clock)."""
+def wait_sections(node: str) -> dict[str, tuple[str, int]]:
+    """What the wait's sections answer once chronyd follows its source (the master serves its own
+    clock), and a clock sample."""
     source = "127.127.1.1" if node == "a" else MASTER
     sources = "" if node == "a" else SOURCES.format(source=source)
-    tracking = TRACKING.format(source=source)
-    return said(command, ("sources", sources), ("tracking", tracking), ("ntpdata", ""))
+    return {
+        chrony.WAIT: ("", 0),
+        chrony.SOURCES: (sources, 0),
+        chrony.TRACKING: (TRACKING.format(source=source), 0),
+        chrony.NTPDATA: ("", 0),
+        "clock.sample": (f"{time.time():.9f}", 0),
+    }
 
 
 def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer:
@@ -479,18 +397,14 @@ def chrony_node(node: str, probe: Mapping[str, str | tuple[str, str]]) -> Answer
     installed: list[str] = []
 
     def answer(command: str) -> tuple[str, int]:
-        if sections_asked(command):  # the probe as one section of a round trip (the runner's reads)
-            probed = {**sections, "chrony": ((after if installed else before), 0)}
+        if sections_asked(command):  # the runner's reads: the probe, the wait, a clock sample
+            probed = {**sections, **wait_sections(node), "chrony": ((after if installed else before), 0)}
             return sections_answer(command, probed), 0
         if command == chrony.probe_script(PosixShell()):
             return (after if installed else before), 0
         if command == chrony.install_command("apt-get"):
             installed.append(command)
             return "Setting up chrony (4.3-2+deb12u1) ...\n", 0
-        if "\nend=$(($(date +%s)" in command:  # the wait for a source (read-only)
-            return wait_output(node, command), 0
-        if command == "date +%s.%N":
-            return f"{time.time():.9f}\n", 0
         return "", 0  # a change: done
 
     return answer
@@ -589,7 +503,7 @@ def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> T
 def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_says() -> None:
     """Per Linux node, `ntp --dry-run` reads where the node finds the master and what chrony has; the
     real run reads the same, then runs the script the dry run printed, byte for byte, as root, then
-    only reads (the wait for a source, clock samples). The file that script writes is the one the
+    only reads (the wait for a source, a clock sample). The file that script writes is the one the
     printed diff makes of the node's file. A Windows node gets the w32time script printed for it."""
     dry, dry_session, real, real_session = time_runs(sync, UNCONFIGURED)
     inventory = load_inventory_text(TIME_INVENTORY, "hosts.yaml")
@@ -607,12 +521,17 @@ def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_
             ]
             continue
         assert shown.value.state.startswith("would be ") and done.value.state in ("added", "changed")
-        wait = chrony.wait_script(
-            max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
+        shell = PosixShell()
+        wait = shell.sectioned(
+            chrony.wait_sections(
+                max_offset_s=max_offset_s, timeout=SYNC_TIMEOUT, has_sources=shown.node != "a"
+            ),
+            "cb-000000000000",
         )
-        sent = [s for s in extra[:2] if isinstance(s, Sent)]  # the wait's nonce is its own
-        assert untokened(sent) == untokened([Sent(script, become=True), Sent(wait, become=True)]), shown.node
-        assert extra[2:] and all(s == Sent("date +%s.%N") for s in extra[2:])  # the offsets measured
+        clock = shell.sectioned([("clock.sample", "date +%s.%N")], "cb-000000000000")
+        # the script, then only reads: the wait for its source (as root), a clock sample (the offsets)
+        expected = [Sent(script, become=True), Sent(wait, become=True), Sent(clock)]
+        assert untokened([s for s in extra if isinstance(s, Sent)]) == untokened(expected), shown.node
         # the diff printed is what the script writes
         before = files_of(UNCONFIGURED[shown.node])
         assert patched(before, shown.value.diff) == written(script), shown.node

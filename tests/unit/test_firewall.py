@@ -21,13 +21,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator import records
 from orchestrator.facts.network import InterfaceAddress
 from orchestrator.inventory import Inventory, load_inventory
 from orchestrator.platforms import PosixShell
 from orchestrator.platforms.powershell import PowerShell
 from orchestrator.steps.addresses import Reached, reached_at
 from orchestrator.steps.firewall import cluster_addresses, plan_node
-from orchestrator.steps.firewall.firewalld import firewalld_commands, parse_firewalld, rich_rule
+from orchestrator.steps.firewall.firewalld import (
+    FirewalldAnswers,
+    firewalld_answers,
+    firewalld_commands,
+    parse_firewalld,
+    rich_rule,
+)
 from orchestrator.steps.firewall.linux import (
     Target,
     iptables_commands,
@@ -52,16 +59,18 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
     time_rules,
 )
-from tests.noderecords import framed
+from tests.noderecords import firewall_recorded, sections_said
 
 
 def _detect(recording: str, token: str, ids: ClusterTag) -> Detection:
     """``detect`` of a recording (tests/unit/data/firewall: readable framing) as the node sends it."""
-    return detect(framed(recording, token), token, ids)
+    return detect(sections_said(token, firewall_recorded(recording, token, ANSWERS)), token, ids, ANSWERS)
 
 
 DATA = Path(__file__).parent / "data" / "firewall"
 TOKEN = "cb-0123456789ab"
+#: the nonce of the answers inside the detection's sections (ufw's, firewalld's)
+ANSWERS = "cb-a0a1a2a3a4a5"
 IDS = ClusterTag("lab")
 TAG = IDS.tag  # cluster-bootstrap:lab:<12 hex digits of sha256("lab")>
 LEGACY = "cluster-bootstrap:lab"  # what earlier versions wrote, and the recordings carry
@@ -344,10 +353,7 @@ def test_a_rule_with_another_clusters_tag_is_never_ours() -> None:
 
 # -- firewalld (generated commands only: it cannot run in a test namespace) ---------------------------
 
-FIREWALLD_RUNNING = f"""running
-@@policy {POLICY}
-@@runtime
-{POLICY} (active)
+RUNTIME = f"""{POLICY} (active)
   priority: -100
   target: CONTINUE
   ingress-zones: ANY
@@ -356,24 +362,36 @@ FIREWALLD_RUNNING = f"""running
   ports:
   rich rules:
 \trule family="ipv4" source address="{PEER_C}" port port="32768-60999" protocol="tcp" accept
-\trule family="ipv4" source address="10.9.9.9" port port="32768-60999" protocol="tcp" accept
-@@permanent
-{POLICY}
-  priority: -100
-  rich rules:
-@@description
-{TAG}
-@@policy {IDS.legacy_policy}
-@@runtime
-@@permanent
-@@description
-"""
+\trule family="ipv4" source address="10.9.9.9" port port="32768-60999" protocol="tcp" accept"""
+PERMANENT = f"{POLICY}\n  priority: -100\n  rich rules:"
+
+
+def firewalld_said(policies: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, int]]:
+    """The firewalld section of a node running firewalld (``firewalld_section``): its state, then per
+    policy its runtime and permanent ``--info-policy`` and its description (empty: no such policy)."""
+    said = "running\n" + "".join(
+        records.record(ANSWERS, which, policy, text + "\n" if text else "")
+        for policy, answers in policies.items()
+        for which, text in zip(("runtime", "permanent", "description"), answers, strict=True)
+    )
+    return {"firewalld": (said.rstrip("\n"), 0)}
+
+
+def answers_of(sections: dict[str, tuple[str, int]]) -> FirewalldAnswers:
+    return firewalld_answers(*sections["firewalld"], ANSWERS)
+
+
+#: our policy with two rich rules at runtime, none in the permanent configuration; no legacy one
+FIREWALLD_RUNNING = firewalld_said({POLICY: (RUNTIME, PERMANENT, TAG), IDS.legacy_policy: ("", "", "")})
+
+
+def detect_said(sections: dict[str, tuple[str, int]]) -> Detection:
+    """``detect`` of a node's answers to the detection's sections (name: (output, exit code))."""
+    return detect(sections_said(TOKEN, sections), TOKEN, IDS, ANSWERS)
 
 
 def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
-    target = parse_firewalld(
-        f"running\n@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n", POLICY, IDS
-    )
+    target = parse_firewalld(answers_of(firewalld_said({POLICY: ("", "", "")})), POLICY, IDS)
     assert target is not None and not target.exists and not target.permanent_exists
     rule = Rule(PEER_C, PortRange(29500, 29500))
     changes, commands = firewalld_commands(PosixShell(), target, [rule], TAG, persist=False, remove=False)
@@ -394,12 +412,7 @@ def test_firewalld_first_run_creates_our_policy_then_adds_rich_rules() -> None:
 
 def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_path: Path) -> None:
     inv = inventory(tmp_path, firewall="  firewall: {persist: true}\n")
-    d = _detect(
-        f"@@{TOKEN} begin range@@\n32768 60999\n@@{TOKEN} end range 0@@\n"
-        f"@@{TOKEN} begin firewalld@@\n{FIREWALLD_RUNNING}\n@@{TOKEN} end firewalld 0@@\n",
-        TOKEN,
-        IDS,
-    )
+    d = detect_said({"range": ("32768 60999", 0), **FIREWALLD_RUNNING})
     assert d.kind == "firewalld" and len(d.targets) == 1  # no policy of the legacy name there
     result = plan_node(inv.node("b"), inv, d, addresses())
     argv = [shlex.split(c) for c in result.commands]
@@ -413,7 +426,7 @@ def test_firewalld_changes_runtime_and_with_persist_the_permanent_config(tmp_pat
 
 
 def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
-    target = parse_firewalld(FIREWALLD_RUNNING, POLICY, IDS)
+    target = parse_firewalld(answers_of(FIREWALLD_RUNNING), POLICY, IDS)
     assert target is not None
     _, commands = firewalld_commands(PosixShell(), target, [], TAG, persist=False, remove=True)
     argv = [shlex.split(c) for c in commands]
@@ -422,16 +435,13 @@ def test_firewalld_remove_deletes_rules_and_our_policy() -> None:
 
 
 def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_alone(tmp_path: Path) -> None:
-    legacy_block = (
-        "@@policy cb-lab\n@@runtime\ncb-lab (active)\n  rich rules:\n"
-        f'\trule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp" accept\n'
-        f"@@permanent\ncb-lab\n  rich rules:\n@@description\n{LEGACY}\n"
+    legacy = (
+        "cb-lab (active)\n  rich rules:\n"
+        f'\trule family="ipv4" source address="{PEER_C}" port port="29500" protocol="tcp" accept',
+        "cb-lab\n  rich rules:",
+        LEGACY,
     )
-    current_block = f"@@policy {POLICY}\n@@runtime\n@@permanent\n@@description\n"
-    text = (
-        f"@@{TOKEN} begin firewalld@@\nrunning\n{current_block}{legacy_block}\n@@{TOKEN} end firewalld 0@@\n"
-    )
-    d = _detect(text, TOKEN, IDS)
+    d = detect_said(firewalld_said({POLICY: ("", "", ""), "cb-lab": legacy}))
     assert [(t.policy, t.legacy, t.filtering) for t in d.targets] == [
         (POLICY, False, True),
         ("cb-lab", True, False),
@@ -442,8 +452,8 @@ def test_firewalld_policy_of_the_legacy_name_is_removed_and_a_foreign_one_left_a
     assert argv[-1] == ["firewall-cmd", "--permanent", "--delete-policy=cb-lab"]
     assert not any(a[1].startswith("--policy=cb-lab") and "add-rich-rule" in a[-1] for a in argv)
     # a policy of the legacy name that another cluster made (its description is not our legacy tag)
-    foreign = text.replace(f"@@description\n{LEGACY}\n", "@@description\ncluster-bootstrap:lab2\n")
-    assert [t.policy for t in _detect(foreign, TOKEN, IDS).targets] == [POLICY]
+    foreign = firewalld_said({POLICY: ("", "", ""), "cb-lab": (*legacy[:2], "cluster-bootstrap:lab2")})
+    assert [t.policy for t in detect_said(foreign).targets] == [POLICY]
 
 
 # -- inventory settings, quoting, persistence ---------------------------------------------------------
@@ -544,12 +554,12 @@ def test_rules_persisted_under_the_legacy_tag_are_removed(tmp_path: Path) -> Non
         commands = plan_node(inv.node("b"), inv, d, addresses(), remove=remove).commands
         assert "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft" in commands
         assert any("grep -vxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"'" in c for c in commands)
-    persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS))["persist"]
+    persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS, nonce=ANSWERS))["persist"]
     assert "grep -qxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"' /etc/nftables.conf" in persist
 
 
 def test_detection_script_is_one_round_trip_with_every_section() -> None:
-    sections = detection_sections(PosixShell(), master_host="m'x", ids=IDS)
+    sections = detection_sections(PosixShell(), master_host="m'x", ids=IDS, nonce=ANSWERS)
     names = [n for n, _ in sections]
     assert names == [
         "route",
@@ -880,7 +890,10 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
         "udp",
     ]
     # ufw (`ufw show added` prints the protocol last)
-    added = f"@@added\nufw allow from {PEER_C} to any port 123 proto udp comment '{TAG}'\n"
+    added = (
+        "Added user rules (see 'ufw status' for running firewall):\n"
+        f"ufw allow from {PEER_C} to any port 123 proto udp comment '{TAG}'"
+    )
     [present] = parse_ufw_added(added, IDS)
     assert present.rule == udp
     assert [shlex.split(c) for c in ufw_commands(PosixShell(), reconcile([udp], []), TAG)] == [
@@ -894,10 +907,8 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
         rich_rule(udp)
         == f'rule family="ipv4" source address="{PEER_C}" port port="123" protocol="udp" accept'
     )
-    text = FIREWALLD_RUNNING.replace(
-        'port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1
-    )
-    policy = parse_firewalld(text, POLICY, IDS)
+    runtime = RUNTIME.replace('port port="32768-60999" protocol="tcp"', 'port port="123" protocol="udp"', 1)
+    policy = parse_firewalld(answers_of(firewalld_said({POLICY: (runtime, PERMANENT, TAG)})), POLICY, IDS)
     assert policy is not None and Present(udp, rich_rule(udp)) in policy.present
     _, commands = firewalld_commands(PosixShell(), policy, [udp], TAG, persist=False, remove=False)
     assert not any(rich_rule(udp) in c and "add-rich-rule" in c for c in commands)  # in place already

@@ -21,12 +21,6 @@ ALLOWED = {
     "bench/probe_worker.py",
     "steps/probes/rank_capture.py",
 }
-#: being converted to records by other branches of issue 29 (remove each once it has landed)
-PENDING = {
-    "steps/firewall/linux_detection.py",
-    "steps/firewall/linux.py",
-    "steps/firewall/firewalld.py",
-}
 
 
 def test_no_module_but_the_codec_and_the_encoders_holds_an_at_at_protocol() -> None:
@@ -35,7 +29,7 @@ def test_no_module_but_the_codec_and_the_encoders_holds_an_at_at_protocol() -> N
         for path in PACKAGE.rglob("*.py")
         if "@@" in path.read_text(encoding="utf-8")
     )
-    assert [f for f in found if f not in ALLOWED | PENDING] == []
+    assert [f for f in found if f not in ALLOWED] == []
 
 
 def test_the_workers_encoder_is_the_codecs() -> None:

@@ -201,3 +201,29 @@ def test_a_relative_path_that_starts_with_a_dash_is_never_an_option(tmp_path: Pa
     )
     assert out.stdout.strip() == str(tmp_path / "-P")
     assert "cd ./-P" in sh.wrap("pwd", cwd="-P")
+
+
+def test_a_sections_own_answers_carry_any_bytes_as_one_record_each() -> None:
+    """``section_answer`` inside a sectioned script: what a tool printed (lines shaped like records or
+    like the old markers, separators, NUL, no final newline) is one field of one record of the
+    reader's nonce, inside the section's own record."""
+    from orchestrator import records
+    from orchestrator.facts.base import split_sections
+
+    sh, token, nonce = PosixShell(), "cb-0123456789ab", "cb-a0a1a2a3a4a5"
+    hostile = (
+        "rule one\n@@added\n" + records.record(nonce, "description", "cb-lab", "mine") + "x\u2028y\x1c\0end"
+    ).encode()
+    command = (
+        f"printf '%s' {sh.quote(base64.b64encode(hostile).decode())} | base64 -d | "
+        f"{sh.section_answer(nonce, 'runtime', 'cb-lab')}\n"
+        f"echo plain | {sh.section_answer(nonce, 'description', 'cb-lab')}"
+    )
+    ran = _sh(sh.sectioned([("firewalld", command)], token))
+    text, code = split_sections(ran.stdout.decode(), token)["firewalld"]
+    assert code == 0
+    said = records.decode(text, nonce)
+    assert [(r.kind, r.fields) for r in said] == [
+        ("runtime", (b"cb-lab", hostile)),
+        ("description", (b"cb-lab", b"plain\n")),
+    ]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import records
 from orchestrator.cli.timesync import source_cell
 from orchestrator.errors import InventoryError
+from orchestrator.facts.base import split_sections
 from orchestrator.facts.network import InterfaceAddress, Route
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
@@ -24,9 +24,9 @@ from orchestrator.platforms.powershell import PowerShell
 from orchestrator.steps.timesync import NodeTime
 from orchestrator.steps.timesync import chrony as c
 from orchestrator.steps.timesync import windows as w
-from orchestrator.steps.timesync.apply import _await, no_reply_problem
+from orchestrator.steps.timesync.apply import no_reply_problem
 from orchestrator.steps.timesync.master import _Addresses, follow_master, master_identity, roles
-from orchestrator.transports.base import Result
+from orchestrator.steps.timesync.verify import judge_wait
 from tests import pwsh
 from tests.noderecords import NONCE
 from tests.winrm_server.cmdline import split as split_command_line
@@ -291,6 +291,13 @@ def _sh(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     return subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, env=env, timeout=30)
 
 
+def _wait(env: dict[str, str], **asked: float | bool) -> c.WaitAnswer:
+    """The wait's sections run here by /bin/sh in one round trip (as the runner sends them), read."""
+    result = _sh(SH.sectioned(c.wait_sections(**asked), NONCE), env)  # type: ignore[arg-type]
+    assert result.returncode == 0, result
+    return c.parse_wait(split_sections(result.stdout, NONCE))
+
+
 def test_write_then_restore_is_byte_identical(tmp_path: Path) -> None:
     main = tmp_path / "chrony.conf"
     original = b"pool a iburst\n# no newline at the end"
@@ -353,11 +360,11 @@ def test_wait_script_awaits_a_selected_source_within_the_limit(
     )
     chronyc.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    result = _sh(c.wait_script(max_offset_s=max_s, timeout=1, has_sources=has_sources, nonce=NONCE), env)
-    assert result.returncode == rc, result
-    sources, tracking, _ = c.split_wait_output(result.stdout, NONCE)
+    answer = _wait(env, max_offset_s=max_s, timeout=1, has_sources=has_sources)
+    assert answer.exit_code == rc, answer
     assert (
-        c.parse_sources(sources)[0].address == "10.0.0.1" and c.parse_tracking(tracking)["leap"] == "Normal"
+        c.parse_sources(answer.sources)[0].address == "10.0.0.1"
+        and c.parse_tracking(answer.tracking)["leap"] == "Normal"
     )
 
 
@@ -366,7 +373,7 @@ def test_master_without_sources_waits_for_a_normal_leap_status(tmp_path: Path) -
     chronyc.write_text("#!/bin/sh\necho 7F7F0101,,10,0,0,0,0,0,0,0,0,0,0.0,Normal\n")
     chronyc.chmod(0o755)
     env = {"PATH": f"{tmp_path}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    assert _sh(c.wait_script(max_offset_s=0.1, timeout=1, has_sources=False), env).returncode == 0
+    assert _wait(env, max_offset_s=0.1, timeout=1, has_sources=False).exit_code == 0
 
 
 def test_install_commands() -> None:
@@ -490,8 +497,8 @@ def _blocked_chronyc(tmp_path: Path, *, sent: int, reach: str = "0") -> dict[str
 def test_ntpdata_is_read_by_label() -> None:
     assert c.parse_ntpdata(NTPDATA_BLOCKED) == {"198.18.81.11": c.Traffic("198.18.81.11", 4, 0)}
     two = NTPDATA_BLOCKED + "\n" + NTPDATA_BLOCKED.replace("81.11", "81.12").replace(": 4\n", ": 9\n")
-    said = records.record(NONCE, "tracking", "x\n") + records.record(NONCE, "ntpdata", two)
-    assert c.parse_ntpdata(c.split_wait_output(said, NONCE)[2])["198.18.81.12"].sent == 9
+    said = c.parse_wait({c.WAIT: ("", 0), c.TRACKING: ("x", 0), c.NTPDATA: (two, 0)})
+    assert c.parse_ntpdata(said.ntpdata)["198.18.81.12"].sent == 9
     assert c.parse_ntpdata("506 Cannot talk to daemon\n") == {}
 
 
@@ -500,10 +507,10 @@ def test_wait_ends_as_soon_as_no_source_answers(tmp_path: Path) -> None:
     (exit 4), long before its 30 s deadline."""
     env = _blocked_chronyc(tmp_path, sent=0)
     started = time.monotonic()
-    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True, nonce=NONCE), env)
+    answer = _wait(env, max_offset_s=0.1, timeout=30, has_sources=True)
     took = time.monotonic() - started
-    assert result.returncode == c.NO_REPLY_EXIT, f"{result} after {took:.1f} s"
-    assert c.parse_ntpdata(c.split_wait_output(result.stdout, NONCE)[2])["10.0.0.1"].received == 0
+    assert answer.exit_code == c.NO_REPLY_EXIT, f"{answer} after {took:.1f} s"
+    assert c.parse_ntpdata(answer.ntpdata)["10.0.0.1"].received == 0
 
 
 def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_path: Path) -> None:
@@ -511,38 +518,21 @@ def test_wait_asks_a_stale_source_again_and_judges_only_the_new_requests(tmp_pat
     not decide: chronyd is asked for a burst (again and again: a burst under way, such as chronyd's
     initial one, ignores the request), and only requests sent during the wait count."""
     env = _blocked_chronyc(tmp_path, sent=40)
-    result = _sh(c.wait_script(max_offset_s=0.1, timeout=30, has_sources=True, nonce=NONCE), env)
-    assert result.returncode == c.NO_REPLY_EXIT, result
+    answer = _wait(env, max_offset_s=0.1, timeout=30, has_sources=True)
+    assert answer.exit_code == c.NO_REPLY_EXIT, answer
     calls = (tmp_path / "calls").read_text().splitlines()
     assert calls and set(calls) == {f"burst {c.UNANSWERED_REQUESTS}/{c.UNANSWERED_REQUESTS}"}, calls
     # 41 when the wait started; then until 4 more requests were seen
-    assert (
-        c.parse_ntpdata(c.split_wait_output(result.stdout, NONCE)[2])["10.0.0.1"].sent
-        >= 41 + c.UNANSWERED_REQUESTS
-    )
+    assert c.parse_ntpdata(answer.ntpdata)["10.0.0.1"].sent >= 41 + c.UNANSWERED_REQUESTS
 
 
 def test_a_source_that_answered_is_waited_for_until_the_deadline(tmp_path: Path) -> None:
     """It answered (not "no reply"), but is not selected yet: chronyd is kept sampling (its next poll
     after a burst, or after answers it missed, may be minutes away) until the deadline."""
     env = _blocked_chronyc(tmp_path, sent=10, reach="1")
-    result = _sh(c.wait_script(max_offset_s=0.1, timeout=1, has_sources=True), env)
-    assert result.returncode == 3, result
-    assert (tmp_path / "calls").read_text().startswith(f"burst {c.UNANSWERED_REQUESTS}/"), result
-
-
-class _ShTransport:
-    """Runs scripts with /bin/sh here, in ``env`` (what _await needs of a transport)."""
-
-    platform = SH
-    kind = "local"
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-
-    def run(self, script: str, *, become: bool = False, timeout: float | None = None) -> Result:
-        proc = _sh(script, self.env)
-        return Result("w1", script, proc.returncode, proc.stdout, proc.stderr, 0.0)
+    answer = _wait(env, max_offset_s=0.1, timeout=1, has_sources=True)
+    assert answer.exit_code == 3, answer
+    assert (tmp_path / "calls").read_text().startswith(f"burst {c.UNANSWERED_REQUESTS}/"), answer
 
 
 def test_a_worker_whose_master_never_answers_fails_with_the_reason_and_no_source(tmp_path: Path) -> None:
@@ -551,8 +541,8 @@ def test_a_worker_whose_master_never_answers_fails_with_the_reason_and_no_source
     inv = load_inventory_text(_inventory(), "h.yaml")
     role = roles(inv, ADDR)["w1"]
     value = NodeTime("w1", role="client", daemon="chrony", state="added", sources=["10.0.0.1"])
-    transport = _ShTransport(_blocked_chronyc(tmp_path, sent=0))
-    _await(inv.node("w1"), transport, value, role, 100.0, 30.0, own_address="10.0.0.2")  # type: ignore[arg-type]
+    answer = _wait(_blocked_chronyc(tmp_path, sent=0), max_offset_s=0.1, timeout=30, has_sources=True)
+    judge_wait("w1", value, role, answer, 100.0, 30.0, own_address="10.0.0.2")
     assert value.state == "failed" and value.selected is None and value.chrony_offset_ms is None
     assert value.problem is not None
     assert re.match(
@@ -683,3 +673,22 @@ def test_a_reconfigured_master_has_every_worker_awaited_again() -> None:
     assert to_await(values("changed"), probes, roles, "m", True, 100) == {"m", "w1", "w2"}
     # nodes that follow servers of their own do not depend on the master
     assert to_await(values("changed"), probes, roles, "m", False, 100) == {"m", "w2"}
+
+
+def test_the_time_sync_has_no_loop_over_nodes_of_its_own() -> None:
+    """Every round trip of `bootstrap ntp` is the step runner's (issue 29): the time sync's modules
+    hold no fan-out over the session and no transport in hand, so its dry run and its reads are the
+    runner's, and the wait and the offsets are reads like any other."""
+    import ast
+
+    import orchestrator.steps.timesync as timesync
+
+    package = Path(timesync.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("map", "run", "run_windows", "put"):
+                found.append(f"{path.relative_to(package)}:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.Name) and node.id in ("transport", "Transport"):
+                found.append(f"{path.relative_to(package)}:{node.lineno} {node.id}")
+    assert found == []

@@ -42,13 +42,12 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UsageError
+from orchestrator.errors import BootstrapError, CommandFailedError, TransferError
 from orchestrator.executor import Outcome
 from orchestrator.facts.base import Read, Sections
 from orchestrator.plans import NodePlan, Put, Run
 from orchestrator.plans import apply as apply_plan
-from orchestrator.platforms import Platform, PosixShell
-from orchestrator.platforms.powershell import PowerShell
+from orchestrator.platforms import Platform
 from orchestrator.runs.layout import in_workdir
 from orchestrator.steps.codesync.ignore import RESERVED_PREFIX, IgnoreRules
 from orchestrator.steps.codesync.manifest import (
@@ -372,9 +371,7 @@ def scan_node(
     send, the node is not asked again. ``marker``: this node's name and this sync's token, left in
     ``dest`` (shared destinations)."""
     # native Windows has no POSIX modes: compare without them there (its probe reports none)
-    windows = isinstance(transport.platform, PowerShell)
-    if not windows and not isinstance(transport.platform, PosixShell):
-        raise UsageError(f"code sync to {transport.platform.name} nodes is not supported yet", node=node.name)
+    windows = not transport.platform.file_modes
     local = tree.without_modes if windows else tree.files
     _check_overlap(node, transport, tree, dest)  # before the scan, which creates dest
     progress("comparing")

@@ -406,8 +406,8 @@ class PowerShellEnvOps(EnvOps):
 
 def ops_for(platform: Platform) -> EnvOps:
     """The strategy for a node's platform (WSL distributions speak POSIX sh: the Linux one)."""
-    if isinstance(platform, PosixShell):
-        return PosixEnvOps(platform)
-    if isinstance(platform, PowerShell):
-        return PowerShellEnvOps(platform)
+    if (sh := platform.as_posix()) is not None:
+        return PosixEnvOps(sh)
+    if (ps := platform.as_powershell()) is not None:
+        return PowerShellEnvOps(ps)
     raise NotImplementedError(f"environment sync on {platform.name} nodes is not supported yet")

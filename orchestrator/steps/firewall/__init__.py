@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandFailedError
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import Platform, PosixShell, platform_for_node
+from orchestrator.platforms import Platform, platform_for_node, posix_for_node, windows_host_shell
+from orchestrator.records import new_nonce
 from orchestrator.runner import run_step
 from orchestrator.steps.addresses import Reached, cluster_address, reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Report, Sections, Step
@@ -68,7 +69,7 @@ __all__ = [
 DETECT_TIMEOUT = 60.0
 APPLY_TIMEOUT = 120.0
 #: ``Session.remember`` key of a node's :class:`Detection` (the main pipeline's first round trip
-#: reads it with the root check: steps/setup_read.py); forgotten once the step changed the node
+#: reads it with the root check: orchestrator/pipeline.py _first_reads); forgotten once the step changed the node
 DETECTION = "firewall.detection"
 
 
@@ -204,7 +205,7 @@ def plan_node(
     platform: Platform | None = None,
 ) -> FirewallResult:
     """The commands that bring ``node`` from what ``detection`` found to what the cluster needs."""
-    platform = platform or PosixShell()
+    platform = platform or posix_for_node(node)
     settings = inventory.cluster.firewall
     ids = ClusterTag(inventory.cluster.name)
     tag = ids.tag
@@ -313,7 +314,6 @@ def plan_windows(
     """The PowerShell script converging a Windows node: Defender rules for native ranks, Hyper-V
     firewall rules for ranks inside WSL (mirrored networking); see windows.py. TCP only: a Windows
     master never serves time (:func:`serves_time`), so no node here needs UDP 123 opened."""
-    from orchestrator.platforms.powershell import PowerShell
     from orchestrator.steps.firewall.windows import WSL_DEFAULT_EPHEMERAL, firewall_script
 
     settings = inventory.cluster.firewall
@@ -335,7 +335,7 @@ def plan_windows(
     if len(inventory.nodes) == 1:
         sources = []
     script = firewall_script(
-        PowerShell(),
+        windows_host_shell(node),
         cluster_name=inventory.cluster.name,
         ports=fixed_ports,
         ephemeral=ephemeral,
@@ -394,6 +394,7 @@ class Firewall(Step[FirewallContext, FirewallResult]):
 
     def reads(self, node: Node) -> list[Read]:
         master, ids = self.inventory.master_node.host, self.ids
+        nonce = new_nonce()  # of the answers inside the detection's sections
 
         def parse(sections: Sections, ran: Result) -> Detection:
             if "range" not in sections:
@@ -404,12 +405,12 @@ class Firewall(Step[FirewallContext, FirewallResult]):
                     hint="the firewall step needs root (sudo -n for other users) and a POSIX sh",
                     result=ran,
                 )
-            return detect_sections(sections, ids)
+            return detect_sections(sections, ids, nonce)
 
         return [
             Read(
                 DETECTION,
-                lambda platform: detection_sections(platform, master_host=master, ids=ids),
+                lambda platform: detection_sections(platform, master_host=master, ids=ids, nonce=nonce),
                 parse,
                 become=True,
                 what="reading the firewall",
@@ -473,7 +474,7 @@ class Firewall(Step[FirewallContext, FirewallResult]):
         ran = results[0]
         if node.os == "windows":
             return _windows_verdict(node, ran, result)
-        if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+        if not ran.ok and platform_for_node(node).sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "changing the firewall")
         if not ran.ok:
             raise CommandFailedError(
@@ -495,18 +496,10 @@ class Firewall(Step[FirewallContext, FirewallResult]):
 
 def _windows_verdict(node: Node, ran: Result, result: FirewallResult) -> FirewallResult:
     """What the converging script reported (it ran elevated, or says it could not)."""
-    from orchestrator.platforms.windows_admin import not_elevated_error
+    from orchestrator.platforms.windows_admin import check_elevated_run
     from orchestrator.steps.firewall.windows import parse_report
 
-    if (refused := not_elevated_error(node.name, node.user, "setting the firewall rules", ran)) is not None:
-        raise refused
-    if not ran.ok:
-        raise CommandFailedError(
-            "the Windows firewall script failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-            node=node.name,
-            hint="it needs an elevated session (a member of Administrators over WinRM); rerun to converge",
-            result=ran,
-        )
+    check_elevated_run(node.name, node.user, "setting the firewall rules", ran, then="rerun to converge")
     try:
         report = parse_report(ran.stdout)
     except ValueError as exc:

@@ -1,13 +1,15 @@
 """firewalld: our rules as rich rules in a firewalld policy of our own (its description is our tag),
-read back from the detection's ``--info-policy`` output, and the ``firewall-cmd`` commands that
+read back from the detection's ``--info-policy`` sections, and the ``firewall-cmd`` commands that
 reconcile them, in the runtime and, when persisting, the permanent configuration."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from orchestrator.platforms import Platform
+from orchestrator import records
+from orchestrator.platforms import Platform, PosixShell
 from orchestrator.steps.firewall.linux import Target
 from orchestrator.steps.firewall.rules import (
     Changes,
@@ -20,7 +22,14 @@ from orchestrator.steps.firewall.rules import (
     reconcile,
 )
 
-__all__ = ["firewalld_commands", "parse_firewalld", "rich_rule"]
+__all__ = [
+    "FirewalldAnswers",
+    "firewalld_answers",
+    "firewalld_commands",
+    "firewalld_section",
+    "parse_firewalld",
+    "rich_rule",
+]
 
 _RICH_RE = re.compile(
     r'rule family="ipv4" source address="(?P<source>[0-9./]+)" '
@@ -37,7 +46,7 @@ def rich_rule(rule: Rule) -> str:
 
 def _rich_rules(block: str) -> list[Present]:
     found: list[Present] = []
-    for line in block.splitlines():
+    for line in block.split("\n"):
         line = line.strip()
         if not line.startswith("rule "):
             continue
@@ -54,23 +63,58 @@ def _rich_rules(block: str) -> list[Present]:
     return found
 
 
-def _policy_block(text: str, policy: str) -> str:
-    """The detection's lines about ``policy`` (between ``@@policy NAME`` and the next one)."""
-    blocks = re.split(r"^@@policy (\S+)$", text, flags=re.M)
-    for name, body in zip(blocks[1::2], blocks[2::2], strict=True):
-        if name == policy:
-            return body
-    return ""
+#: what is asked about each policy of ours: answer kind -> the firewall-cmd arguments
+_ASKED = {
+    "runtime": ["--info-policy={}"],
+    "permanent": ["--permanent", "--info-policy={}"],
+    "description": ["--permanent", "--policy={}", "--get-description"],
+}
 
 
-def parse_firewalld(text: str, policy: str, ids: ClusterTag, *, legacy: bool = False) -> Target | None:
+def firewalld_section(platform: PosixShell, policies: Sequence[str], nonce: str) -> str:
+    """The detection's firewalld section: exit 127 without firewall-cmd, 3 when firewalld does not
+    run (firewall-cmd is slow when no daemon answers: asked only when one runs); else the daemon's
+    state (``running``), then per policy in ``policies`` three answers, each a record of ``nonce``
+    (``PosixShell.section_answer``): ``runtime POLICY`` and ``permanent POLICY`` (its
+    ``--info-policy``), ``description POLICY``. Whatever a policy holds (a description is any text)
+    stays inside its own answer."""
+    lines = [
+        "command -v firewall-cmd >/dev/null 2>&1 || exit 127",
+        "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi",
+        "firewall-cmd --state || exit 3",
+    ]
+    for policy in dict.fromkeys(policies):
+        for which, args in _ASKED.items():
+            argv = ["firewall-cmd", *(a.format(policy) for a in args)]
+            lines.append(
+                f"{platform.join(argv)} 2>/dev/null | {platform.section_answer(nonce, which, policy)}"
+            )
+    return "\n".join([*lines, "exit 0"])
+
+
+@dataclass(frozen=True)
+class FirewalldAnswers:
+    """What the detection's firewalld section said: whether the daemon runs, and each answer about a
+    policy by (kind, policy)."""
+
+    running: bool
+    said: Mapping[tuple[str, str], str]
+
+
+def firewalld_answers(text: str, code: int, nonce: str) -> FirewalldAnswers:
+    """The answers of :func:`firewalld_section` (its output and exit code, its records' ``nonce``)."""
+    running = code == 0 and records.plain(text, nonce).split("\n", 1)[0].strip() == "running"
+    said = {(r.kind, r.text(0)): r.text(1) for r in records.decode(text, nonce) if len(r.fields) == 2}
+    return FirewalldAnswers(running, said)
+
+
+def parse_firewalld(
+    answers: FirewalldAnswers, policy: str, ids: ClusterTag, *, legacy: bool = False
+) -> Target | None:
     """``--info-policy`` of ``policy``, runtime and permanent (absent: the command printed nothing),
     as a Target; None when a policy of that name exists whose description is not our tag (the
     current one, or for the legacy name the legacy one): another cluster's, never touched."""
-    block = _policy_block(text, policy)
-    _, _, rest = block.partition("@@runtime")
-    runtime, _, rest = rest.partition("@@permanent")
-    permanent, _, description = rest.partition("@@description")
+    runtime, permanent, description = (answers.said.get((which, policy), "") for which in _ASKED)
     label = f"firewalld policy {policy}" + (" (legacy name)" if legacy else "")
     target = Target("firewalld", label, not legacy, policy=policy, legacy=legacy)
     target.exists = runtime.strip().startswith(policy)

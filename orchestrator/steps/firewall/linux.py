@@ -268,7 +268,7 @@ def nft_persist_commands(
 
 def iptables_filters(text: str) -> bool:
     """``-S INPUT`` output: policy DROP, or a DROP/REJECT rule."""
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: a comment may hold \x1c, \u2028, ...
         words = line.split()
         if words[:3] == ["-P", "INPUT", "DROP"]:
             return True
@@ -282,7 +282,7 @@ def iptables_filters(text: str) -> bool:
 def parse_iptables_rules(text: str, ids: ClusterTag) -> list[Present]:
     """Rules of ours in ``-S INPUT`` output; ``ref`` is the rule's spec (what ``-D INPUT`` takes)."""
     found: list[Present] = []
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.startswith("-A INPUT ") or TAG_PREFIX not in line:
             continue
         try:
@@ -328,9 +328,8 @@ def iptables_persist_commands(platform: Platform, target: Target, persist: set[s
 
 def parse_ufw_added(text: str, ids: ClusterTag) -> list[Present]:
     """``ufw show added`` lines with our comment; ``ref`` is the rule as ufw prints it."""
-    _, _, added = text.partition("@@added")
     found: list[Present] = []
-    for line in added.splitlines():
+    for line in text.split("\n"):
         if not line.startswith("ufw ") or TAG_PREFIX not in line:
             continue
         try:

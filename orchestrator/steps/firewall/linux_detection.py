@@ -10,14 +10,14 @@ port range and how rules persist there. Pure: the *script* is text, :func:`detec
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from orchestrator import records
 from orchestrator.facts.base import split_sections
 from orchestrator.facts.network import Addresses, InterfaceAddress, Interfaces, MasterRoute, Route
 from orchestrator.platforms import Platform
-from orchestrator.steps.firewall.firewalld import parse_firewalld
+from orchestrator.steps.firewall.firewalld import firewalld_answers, firewalld_section, parse_firewalld
 from orchestrator.steps.firewall.linux import (
     IPTABLES_RULES,
     NFT_CONF,
@@ -34,21 +34,26 @@ __all__ = ["Detection", "detect", "detection_sections", "parse_port_range"]
 
 
 def detection_sections(
-    platform: Platform, *, master_host: str, ids: ClusterTag, network: bool = True
+    platform: Platform, *, master_host: str, ids: ClusterTag, nonce: str, network: bool = True
 ) -> list[tuple[str, str]]:
     """``(name, shell)`` sections of the one detection round trip (run as root: listing rulesets
     needs CAP_NET_ADMIN). Each section's exit code says whether the tool exists (127) or is off.
+    ufw's and firewalld's several answers are records of ``nonce`` inside their section
+    (``PosixShell.section_answer``; :func:`detect_sections` reads them with the same nonce): no rule
+    comment or policy description can end one answer or pass for another.
     Our firewalld policy and persisted nft file are looked for under their current and legacy names.
     ``network=False``: without the route, addresses and interfaces (a caller that has them already:
     the main pipeline's first round trip reads them as the node's facts)."""
-    q = platform.quote
+    sh = platform.as_posix()
+    if sh is None:
+        raise TypeError(f"the Linux firewall detection is POSIX sh, not {platform.name}")
+    q = sh.quote
     persist_file, legacy_file = nft_persist_file(ids.tag), nft_persist_file(ids.legacy)
     legacy_include = f'include "{legacy_file}"'
-    policies = " ".join(q(p) for p in dict.fromkeys((ids.policy, ids.legacy_policy)))
     own = [
-        ("route", MasterRoute(master_host).command(platform)),
-        ("addresses", Addresses().command(platform)),
-        ("interfaces", Interfaces().command(platform)),
+        ("route", MasterRoute(master_host).command(sh)),
+        ("addresses", Addresses().command(sh)),
+        ("interfaces", Interfaces().command(sh)),
     ]
     return [
         *(own if network else []),
@@ -57,22 +62,12 @@ def detection_sections(
             "ufw",
             # `ufw` is a Python program (about a second): asked only when its config says enabled
             "command -v ufw >/dev/null 2>&1 || exit 127\n"
-            "grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf || { echo 'Status: inactive'; exit 0; }\n"
-            "ufw status\necho '@@added'\nufw show added",
+            "if grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf; then\n"
+            f"  ufw status | {sh.section_answer(nonce, 'status')}\n"
+            f"  ufw show added | {sh.section_answer(nonce, 'added')}\n"
+            f"else echo 'Status: inactive' | {sh.section_answer(nonce, 'status')}; fi",
         ),
-        (
-            "firewalld",
-            # firewall-cmd too (and slower when no daemon answers): asked only when firewalld runs
-            "command -v firewall-cmd >/dev/null 2>&1 || exit 127\n"
-            "if command -v pgrep >/dev/null 2>&1 && ! pgrep -x firewalld >/dev/null; then exit 3; fi\n"
-            "firewall-cmd --state || exit 3\n"
-            f"for p in {policies}; do\n"
-            '  echo "@@policy $p"\n'
-            "  echo '@@runtime'; firewall-cmd --info-policy=\"$p\"\n"
-            "  echo '@@permanent'; firewall-cmd --permanent --info-policy=\"$p\"\n"
-            "  echo '@@description'; firewall-cmd --permanent --policy=\"$p\" --get-description\n"
-            "done\nexit 0",
-        ),
+        ("firewalld", firewalld_section(sh, (ids.policy, ids.legacy_policy), nonce)),
         ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
         (
             "iptables_nft",
@@ -125,13 +120,15 @@ def parse_port_range(text: str) -> PortRange | None:
         return None
 
 
-def detect(stdout: str, token: str, ids: ClusterTag) -> Detection:
-    """Decide from the framed output of :func:`detection_sections` (pure: tested on recorded output)."""
-    return detect_sections(split_sections(stdout, token), ids)
+def detect(stdout: str, token: str, ids: ClusterTag, nonce: str | None = None) -> Detection:
+    """Decide from the output of :func:`detection_sections` framed by ``Platform.sectioned`` with
+    ``token`` (pure: tested on recorded output); ``nonce``: the sections' own (default: ``token``)."""
+    return detect_sections(split_sections(stdout, token), ids, nonce or token)
 
 
-def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) -> Detection:
-    """Decide from the answers of :func:`detection_sections` (name -> output, exit code)."""
+def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag, nonce: str) -> Detection:
+    """Decide from the answers of :func:`detection_sections` (name -> output, exit code), whose
+    answers inside a section are records of ``nonce``."""
 
     def out(name: str) -> tuple[str, int]:
         return sections.get(name, ("", 127))
@@ -158,18 +155,19 @@ def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) ->
         except ValueError:
             interfaces = ()
     ephemeral = parse_port_range(out("range")[0])
-    persist = {line.strip() for line in out("persist")[0].splitlines() if line.strip()}
+    persist = set(out("persist")[0].split())  # the words our own echo printed
     detection = Detection([], ephemeral, route, addresses, interfaces, persist=persist)
     if ephemeral is None:
         detection.notes.append("could not read /proc/sys/net/ipv4/ip_local_port_range")
 
     ufw_text, ufw_code = out("ufw")
-    if ufw_code != 127 and re.search(r"^Status: active", ufw_text, re.M):
-        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw_text, ids)))
+    ufw = {r.kind: r.text(0) for r in records.decode(ufw_text, nonce)} if ufw_code != 127 else {}
+    if ufw.get("status", "").split("\n", 1)[0] == "Status: active":  # ufw's first line
+        detection.targets.append(Target("ufw", "ufw", True, parse_ufw_added(ufw.get("added", ""), ids)))
         return detection
-    fwd_text, fwd_code = out("firewalld")
-    if fwd_code == 0 and fwd_text.splitlines()[:1] == ["running"]:
-        current = parse_firewalld(fwd_text, ids.policy, ids)
+    firewalld = firewalld_answers(*out("firewalld"), nonce)
+    if firewalld.running:
+        current = parse_firewalld(firewalld, ids.policy, ids)
         if current is None:
             detection.notes.append(
                 f"firewalld policy {ids.policy} exists but is not this cluster's (its description is "
@@ -178,7 +176,7 @@ def detect_sections(sections: Mapping[str, tuple[str, int]], ids: ClusterTag) ->
         else:
             detection.targets.append(current)
         if ids.legacy_policy != ids.policy:
-            legacy = parse_firewalld(fwd_text, ids.legacy_policy, ids, legacy=True)
+            legacy = parse_firewalld(firewalld, ids.legacy_policy, ids, legacy=True)
             if legacy is not None and (legacy.exists or legacy.permanent_exists):
                 detection.targets.append(legacy)
         return detection

@@ -14,9 +14,11 @@ reported, not configured: it can neither serve the cluster nor report a selected
 Debian's chrony package replaces it (docs/time.md). Windows: w32time (windows.py) in the host's
 PowerShell over WinRM, for native and WSL-mode nodes (a WSL2 distribution follows the host's clock).
 
-Here: the order of the work over the nodes (:func:`sync_time`, :func:`restore_time`). Who follows whom
-is decided in ``master.py``, one node's work over its transport is ``apply.py``, the chrony files and
-scripts are ``chrony/``, the w32time scripts ``windows.py``, and the report ``report.py``.
+Here: the order of the steps (:func:`sync_time`, :func:`restore_time`), each run by the step runner
+(orchestrator/runner.py). Who follows whom is decided in ``master.py``; the install and configure
+steps are ``steps.py``, the wait and the offsets ``verify.py``, the probe and the restore ``apply.py``,
+the chrony files and scripts ``chrony/``, the w32time scripts ``windows.py``, and the report
+``report.py``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from orchestrator.errors import UsageError
 from orchestrator.executor import Outcome
 from orchestrator.runner import run_step
 from orchestrator.steps.timesync import chrony
-from orchestrator.steps.timesync.apply import RestoreTime, _await, _measure, settled
+from orchestrator.steps.timesync.apply import RestoreTime, settled
 from orchestrator.steps.timesync.chrony.config import ChronyRole, time_source
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.report import NodeTime, TimeReport
 from orchestrator.steps.timesync.steps import ConfigureTime, InstallChrony, TimeContext
+from orchestrator.steps.timesync.verify import AwaitTime, MeasureTime
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -51,10 +54,11 @@ def sync_time(
 ) -> TimeReport:
     """Configure time sync on ``nodes`` (default: the session's), await it, measure, report.
 
-    Runner steps (steps.py): chrony installed where missing (``time.install``), then every node
-    configured, a serving master first (workers' first polls must find it answering). Then the
-    changed nodes' synchronisation is awaited, and every node's offset from the master measured (the
-    master always: offsets are from its clock). ``dry_run`` reads the nodes (read-only) and returns
+    Runner steps, one after the other, none with a loop over nodes of its own: chrony installed where
+    missing (``time.install``), then every node configured, a serving master first (workers' first
+    polls must find it answering) (steps.py); then the changed nodes' synchronisation awaited, and
+    every node's offset from the master measured (the master always: offsets are from its clock),
+    both made of reads (verify.py). ``dry_run`` reads the nodes (read-only) and returns
     each node's configuration diff and script, changing nothing. ``no_clock_control``: chronyd -x
     everywhere (it never adjusts the clock; tests: every namespace shares this machine's clock).
     ``sync_timeout``: seconds each node gets to follow its source within the threshold.
@@ -107,22 +111,15 @@ def sync_time(
         waiting = to_await(
             chrony_values, probes, context.roles, master.name, settings.serving, settings.max_offset_ms
         )
-        workers = context.addresses.workers
-        session.map(
-            lambda n, t: _await(
-                n,
-                t,
-                values[n.name],
-                context.roles[n.name],
-                settings.max_offset_ms,
-                sync_timeout,
-                own_address=workers.get(n.name),
-            ),
-            step="sync",
-            nodes=[n for n in linux if n.name in waiting],
+        wait = AwaitTime(
+            values, context.roles, settings.max_offset_ms, sync_timeout, context.addresses.workers
         )
+        for waited in run_step(session, wait, [n for n in linux if n.name in waiting]).outcomes:
+            if waited.error is not None:  # the wait did not run there (sudo refused, cut off)
+                errors[waited.node] = waited
     if not dry_run:
-        _measure(session, linux, master, values, settings.max_offset_ms)
+        # a node whose sample could not be taken has a note on its row instead (MeasureTime)
+        run_step(session, MeasureTime(master, values, settings.max_offset_ms), linux)
     outcomes: list[Outcome[NodeTime]] = []
     for node in chosen:
         if node.name in errors:

@@ -1,10 +1,10 @@
-"""One node's time configuration over its transport: chrony on Linux (probe, install, configure,
-await its source, measure, restore) and w32time on Windows (configure, measure, restore).
+"""What one node's chrony says, read into its row: the probe's read (:func:`probe_read`), whether a
+node needs no wait (:func:`settled`), what it follows, why it follows nothing
+(:func:`no_reply_problem`), and the undoing of the time sync (:class:`RestoreTime`, a runner step).
 
 The chrony files and scripts themselves are built by :mod:`orchestrator.steps.timesync.chrony` and the
-w32time scripts by :mod:`orchestrator.steps.timesync.windows`; here they are run (as root) and what
-they print becomes the node's :class:`NodeTime`. In which order the nodes get this work is decided by
-:func:`orchestrator.steps.timesync.sync_time` and :func:`orchestrator.steps.timesync.restore_time`.
+w32time scripts by :mod:`orchestrator.steps.timesync.windows`; the wait and the offsets are read by
+the steps of :mod:`orchestrator.steps.timesync.verify`.
 """
 
 from __future__ import annotations
@@ -15,31 +15,23 @@ from typing import TYPE_CHECKING, Any
 import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import BootstrapError, CommandFailedError
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import PosixShell, posix_for_node
-from orchestrator.platforms.windows_admin import not_elevated_error
-from orchestrator.records import new_nonce
+from orchestrator.platforms import posix_for_node, windows_host_shell
+from orchestrator.platforms.windows_admin import check_elevated_run
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
-from orchestrator.steps.preflight import CLOCK, sample_clock
-from orchestrator.steps.preflight.checks import ClockSample
-from orchestrator.steps.root import run_as_root, sudo_error
+from orchestrator.steps.root import sudo_error
 from orchestrator.steps.timesync.chrony.config import ChronyRole
 from orchestrator.steps.timesync.chrony.probe import Probe
 from orchestrator.steps.timesync.report import NodeTime
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
-    from orchestrator.session import Session
-    from orchestrator.transports import Result, Transport
+    from orchestrator.transports import Result
 
 __all__ = ["PROBE", "RestoreTime", "no_reply_problem", "probe_read", "settled"]
 
 #: ``Session.remember`` key of a node's chrony :class:`Probe` (read by the main pipeline's first round
-#: trip: steps/setup_read.py); forgotten once the step changed the node
+#: trip: orchestrator/pipeline.py _first_reads); forgotten once the step changed the node
 PROBE = "timesync.probe"
-
-
-def _as_root(transport: Transport, node: Node, script: str, what: str, timeout: float = 120) -> Result:
-    return run_as_root(node, transport, script, what, timeout)
 
 
 def _daemon_name(probe: Probe) -> str:
@@ -97,52 +89,6 @@ def no_reply_problem(
     )
 
 
-def _await(
-    node: Node,
-    transport: Transport,
-    value: NodeTime,
-    role: ChronyRole,
-    max_offset_ms: float,
-    timeout: float,
-    *,
-    own_address: str | None = None,
-) -> None:
-    """Wait until chronyd on the node follows its source within the threshold, or until none of its
-    sources can answer (fails at once, saying why); record what it says."""
-    nonce = new_nonce()
-    script = chrony.wait_script(
-        max_offset_s=max_offset_ms / 1000, timeout=timeout, has_sources=bool(role.sources), nonce=nonce
-    )
-    result = _as_root(transport, node, script, "reading chronyc", timeout=timeout + 30)
-    sources_csv, tracking_csv, ntpdata = chrony.split_wait_output(result.stdout, nonce)
-    sources = chrony.parse_sources(sources_csv)
-    tracking = chrony.parse_tracking(tracking_csv)
-    selected = _follows(value, role, sources)
-    if selected is None and role.sources and result.exit_code in (3, chrony.NO_REPLY_EXIT):
-        value.state = "failed"  # configured (its actions say how), but it follows nothing
-    if result.exit_code == chrony.NO_REPLY_EXIT:
-        traffic = chrony.parse_ntpdata(ntpdata)
-        master = role.sources[0] if role.prefer_first else None  # a worker of a serving master
-        value.problem = no_reply_problem(node.name, role, traffic, master=master, own_address=own_address)
-    elif result.exit_code == 3:
-        seen = ", ".join(f"{s.address} ({s.state}, reach {s.reach:o})" for s in sources) or "none"
-        if selected is not None:
-            value.problem = (
-                f"chrony follows {selected.address} but is still {abs(selected.offset) * 1000:.1f} ms off "
-                f"after {timeout:g} s (limit {max_offset_ms:g} ms)"
-            )
-        else:
-            value.problem = (
-                f"chrony selected no source within {timeout:g} s (sources: {seen}; "
-                f"leap status {tracking.get('leap', '?')}): check that UDP 123 reaches "
-                f"{', '.join(role.sources) or 'the sources'} from {node.name}"
-            )
-    elif not result.ok:
-        value.problem = f"chronyc failed (exit {result.exit_code}): {' | '.join(result.tail(3))}"
-    else:
-        _note_preference(value, role, selected)
-
-
 def _follows(value: NodeTime, role: ChronyRole, sources: list[chrony.SourceLine]) -> chrony.SourceLine | None:
     """Record what chronyd follows (its selected source and offset) on ``value``; returns that source."""
     selected = next((s for s in sources if s.selected), None)
@@ -171,45 +117,6 @@ def settled(value: NodeTime, probe: Probe, role: ChronyRole, max_offset_ms: floa
         return False
     _note_preference(value, role, _follows(value, role, sources))
     return True
-
-
-def _measure(
-    session: Session, nodes: list[Node], master: Node, values: dict[str, NodeTime], max_offset_ms: float
-) -> None:
-    """Each node's offset from the master over the connection (the preflight's method)."""
-    targets = [n for n in nodes if n.name in values]
-    if master not in targets:
-        targets = [master, *targets]
-
-    # a sample this session already took (the main pipeline's first round trip) stands for the nodes
-    # the step did not change (sync_time forgets the others'), the master's too: offsets are
-    # differences of samples against our one clock, each with its error shown and allowed for
-    def sample_of(node: Node, transport: Transport) -> ClockSample:
-        return session.remember(node.name, CLOCK, lambda: sample_clock(transport))
-
-    clocks = session.map(sample_of, step="clock", nodes=targets)
-    samples: dict[str, ClockSample | None] = {o.node: o.value for o in clocks}
-    reference = samples.get(master.name)
-    for name, value in values.items():
-        sample = samples.get(name)
-        if reference is None or sample is None:
-            value.actions.append("offset from the master not measured (`date` failed)")
-            continue
-        offset = sample.offset - reference.offset
-        error = (sample.rtt + reference.rtt) / 2
-        value.offset_ms, value.offset_error_ms = _ms(offset), _ms(error)
-        if value.problem is None and abs(offset) - error > max_offset_ms / 1000:
-            value.problem = (
-                f"clock is {offset * 1000:+.1f} ms (+-{error * 1000:.1f}) from the master's, over the "
-                f"{max_offset_ms:g} ms limit: check that its time daemon follows the master "
-                "(chronyc sources), or raise cluster.time.max_offset_ms"
-            )
-        chrony_ms = value.chrony_offset_ms
-        if value.problem is None and chrony_ms is not None and abs(chrony_ms) > max_offset_ms:
-            value.problem = (
-                f"chrony reports {chrony_ms:+.3f} ms from {value.selected}, "
-                f"over the {max_offset_ms:g} ms limit"
-            )
 
 
 # -- undoing ---------------------------------------------------------------------------------------
@@ -254,7 +161,8 @@ class RestoreTime(Step[None, NodeTime]):
         import orchestrator.steps.timesync.windows as win
 
         if node.os != "linux":
-            run = Run(win.restore_script(), become=True, host=True, timeout=120, what="w32time")
+            script = win.restore_script(windows_host_shell(node))
+            run = Run(script, become=True, host=True, timeout=120, what="w32time")
             return NodePlan(node.name, [run], detail=NodeTime(node.name, daemon="w32time"))
         probe: Probe = facts[PROBE]
         restore = chrony.plan_restore(posix_for_node(node), probe)
@@ -277,14 +185,12 @@ class RestoreTime(Step[None, NodeTime]):
             return out
         ran = results[0]
         if node.os != "linux":
-            if (refused := not_elevated_error(node.name, node.user, "restoring w32time", ran)) is not None:
-                raise refused
-        elif not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            check_elevated_run(node.name, node.user, "restoring w32time", ran)
+        elif not ran.ok and posix_for_node(node).sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "restoring the time configuration")
-        if not ran.ok:
-            what = "restoring w32time" if node.os != "linux" else "restoring the time configuration"
+        elif not ran.ok:
             raise CommandFailedError(
-                f"{what} failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
+                f"restoring the time configuration failed (exit {ran.exit_code}): " + " | ".join(ran.tail(3)),
                 node=node.name,
                 result=ran,
             )

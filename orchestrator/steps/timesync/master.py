@@ -85,7 +85,7 @@ def follow_master(
 
 
 #: ``Session.remember`` key of a node's :func:`route_facts` (read by the main pipeline's first round
-#: trip: steps/setup_read.py)
+#: trip: orchestrator/pipeline.py _first_reads)
 ROUTE = "timesync.route"
 
 

@@ -4,7 +4,7 @@ w32time on the Windows host), the master first when it serves the workers' time.
 
 What they read: each Linux node's route to the master (and the master's own addresses), as the login
 user, and chrony's state (the probe), as root; the main pipeline's first round trip has read both
-already (steps/setup_read.py seeds them under the same keys). After the configure, ``sync_time``
+already (the pipeline's first round trip, orchestrator/pipeline.py _first_reads, reads them under the same keys). After the configure, ``sync_time``
 awaits each changed node's source and measures every offset from the master (apply.py).
 """
 
@@ -18,8 +18,8 @@ import orchestrator.steps.timesync.chrony as chrony
 from orchestrator.errors import CommandFailedError
 from orchestrator.facts.base import FactSet, parse_sections
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import PosixShell, posix_for_node
-from orchestrator.platforms.windows_admin import not_elevated_error
+from orchestrator.platforms import posix_for_node, windows_host_shell
+from orchestrator.platforms.windows_admin import check_elevated_run
 from orchestrator.steps.addresses import reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.preflight import CLOCK
@@ -103,7 +103,7 @@ class InstallChrony(Step[None, Installed]):
             return Installed("would install") if plan.actions else done
         if results:
             ran = results[0]
-            if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+            if not ran.ok and posix_for_node(node).sudo_refused(ran.stderr):
                 raise sudo_error(node, ran, "installing chrony")
             if not ran.ok:
                 raise CommandFailedError(
@@ -318,7 +318,7 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
         if node.os != "linux":
             return w32time_verdict(out, results)
         ran = results[0]
-        if not ran.ok and PosixShell.sudo_refused(ran.stderr):
+        if not ran.ok and posix_for_node(node).sudo_refused(ran.stderr):
             raise sudo_error(node, ran, "configuring chrony")
         if not ran.ok:
             raise CommandFailedError(
@@ -334,22 +334,15 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
 def w32time_plan(node: Node, value: NodeTime) -> NodePlan:
     """w32time pointed at ``value.sources`` on the Windows host (elevated), then its offset from the
     first one read (``w32tm /stripchart``). The script is ``value.script`` (what a dry run shows)."""
-    value.script = configure_script(value.sources)
+    shell = windows_host_shell(node)
+    value.script = configure_script(value.sources, shell)
 
     def configured(ran: Result) -> None:  # nothing more runs when the configuration did not take
-        if (refused := not_elevated_error(node.name, node.user, "configuring w32time", ran)) is not None:
-            raise refused
-        if not ran.ok:
-            raise CommandFailedError(
-                "configuring w32time failed: " + (" | ".join(ran.tail(4)) or f"exit {ran.exit_code}"),
-                node=node.name,
-                hint="it needs an elevated session (a member of Administrators over WinRM)",
-                result=ran,
-            )
+        check_elevated_run(node.name, node.user, "configuring w32time", ran)
 
     configure = Run(value.script, become=True, host=True, timeout=180, what="w32time", check=configured)
     status = Run(
-        status_script(value.sources[0]), become=True, host=True, timeout=120, what="w32tm /stripchart"
+        status_script(value.sources[0], shell), become=True, host=True, timeout=120, what="w32tm /stripchart"
     )
     return NodePlan(node.name, [configure, status], detail=TimePlan(value, script=value.script))
 

@@ -4,12 +4,8 @@ threshold (or knows that none answers), and the parsers of what ``chronyc`` prin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from orchestrator import records
-from orchestrator.platforms import PosixShell
-from orchestrator.records import new_nonce
 
 __all__ = [
     "NO_REPLY_EXIT",
@@ -18,12 +14,13 @@ __all__ = [
     "UNANSWERED_REQUESTS",
     "SourceLine",
     "Traffic",
+    "WaitAnswer",
     "describe_sources",
     "parse_ntpdata",
     "parse_sources",
     "parse_tracking",
-    "split_wait_output",
-    "wait_script",
+    "parse_wait",
+    "wait_sections",
 ]
 
 #: NTP's port: a serving master's chronyd answers the workers there (UDP; `bootstrap firewall` opens it)
@@ -71,17 +68,23 @@ BEGIN {
 _SENT_AWK = '/^Remote address/ { a = $4 } /^Total TX/ { printf "%s=%s ", a, $4 }'
 
 
-def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool, nonce: str | None = None) -> str:
-    """Await on the node: a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a
-    master serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with sources,
-    stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply: a firewall
-    dropping UDP 123, a server down), which waiting longer would not change. Until a source is selected
-    chronyd is kept sampling (``chronyc burst``, which does nothing while a burst, such as ``iburst``'s,
-    is under way): after its initial burst, or sources left unanswered before the wait (an earlier run; a
-    firewall opened since), its own next poll may be minutes away. Prints the final ``chronyc -c
-    sources``, ``tracking`` and ``ntpdata`` either way, as the records (orchestrator/records.py,
-    ``nonce``: a fresh one when the answer is not read) ``sources``, ``tracking``, ``ntpdata``; exit 3
-    when the deadline passed, :data:`NO_REPLY_EXIT` when no source answered."""
+#: the sections of the wait's round trip (:func:`wait_sections`)
+WAIT, SOURCES, TRACKING, NTPDATA = "chrony.wait", "chrony.sources", "chrony.tracking", "chrony.ntpdata"
+
+
+def wait_sections(*, max_offset_s: float, timeout: float, has_sources: bool) -> list[tuple[str, str]]:
+    """The ``(name, shell)`` sections (``Platform.sectioned``: one round trip, as root) that await on
+    the node a selected source (``^*``) whose offset is within ``max_offset_s`` (or, for a master
+    serving only its own clock, a normal leap status), up to ``timeout`` seconds; but with sources,
+    stop as soon as none of them answers (:data:`UNANSWERED_REQUESTS` requests each, no reply: a
+    firewall dropping UDP 123, a server down), which waiting longer would not change. Until a source
+    is selected chronyd is kept sampling (``chronyc burst``, which does nothing while a burst, such as
+    ``iburst``'s, is under way): after its initial burst, or sources left unanswered before the wait
+    (an earlier run; a firewall opened since), its own next poll may be minutes away.
+
+    :data:`WAIT` prints nothing and exits 0, 3 when the deadline passed, :data:`NO_REPLY_EXIT` when no
+    source answered; then, once it ended, :data:`SOURCES`, :data:`TRACKING` and :data:`NTPDATA` are
+    ``chronyc -c sources``, ``tracking`` and ``ntpdata`` (each its own section: :func:`parse_wait`)."""
     if has_sources:
         cond = (
             "chronyc -n -c sources 2>/dev/null | awk -F, -v max="
@@ -99,8 +102,7 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool, nonce
     else:
         cond = "chronyc -c tracking 2>/dev/null | awk -F, '$NF == \"Normal\" { ok = 1 } END { exit !ok }'"
         start = check = ""
-    return (
-        PosixShell().record_functions(nonce or new_nonce()) + "\n"
+    wait = (
         f"end=$(($(date +%s) + {int(timeout)}))\n"
         "rc=0\n"
         f"{start}"
@@ -109,11 +111,33 @@ def wait_script(*, max_offset_s: float, timeout: float, has_sources: bool, nonce
         '  if [ "$(date +%s)" -ge "$end" ]; then rc=3; break; fi\n'
         "  sleep 0.2\n"
         "done\n"
-        "chronyc -n -c sources 2>&1 | _cb_recin sources\n"
-        "chronyc -c tracking 2>&1 | _cb_recin tracking\n"
-        "chronyc -n ntpdata 2>&1 | _cb_recin ntpdata\n"
         'exit "$rc"'
     )
+    return [
+        (WAIT, wait),
+        (SOURCES, "chronyc -n -c sources 2>&1"),
+        (TRACKING, "chronyc -c tracking 2>&1"),
+        (NTPDATA, "chronyc -n ntpdata 2>&1"),
+    ]
+
+
+@dataclass(frozen=True)
+class WaitAnswer:
+    """What the wait's round trip said: its exit code (0, 3: the deadline passed, NO_REPLY_EXIT: no
+    source answered; None: it did not run) and ``chronyc``'s final ``sources`` and ``tracking`` (CSV)
+    and ``ntpdata``, empty when they did not come."""
+
+    exit_code: int | None
+    sources: str
+    tracking: str
+    ntpdata: str
+
+
+def parse_wait(sections: Mapping[str, tuple[str, int]]) -> WaitAnswer:
+    """The answers to :func:`wait_sections`."""
+    code = sections[WAIT][1] if WAIT in sections else None
+    said = {name: sections.get(name, ("", 1))[0] for name in (SOURCES, TRACKING, NTPDATA)}
+    return WaitAnswer(code, said[SOURCES].strip(), said[TRACKING].strip(), said[NTPDATA])
 
 
 @dataclass
@@ -162,13 +186,6 @@ def parse_tracking(csv: str) -> dict[str, str]:
     return {}
 
 
-def split_wait_output(stdout: str, nonce: str) -> tuple[str, str, str]:
-    """(``chronyc -c sources``, ``chronyc -c tracking``, ``chronyc -n ntpdata``) from the records of
-    :func:`wait_script` (``nonce``); an empty text for what did not come."""
-    said = {r.kind: r.text(0) for r in records.decode(stdout, nonce)}
-    return said.get("sources", "").strip(), said.get("tracking", "").strip(), said.get("ntpdata", "")
-
-
 @dataclass(frozen=True)
 class Traffic:
     """What chronyd sent to and heard from one NTP source (``chronyc ntpdata``)."""
@@ -179,7 +196,7 @@ class Traffic:
 
 
 def parse_ntpdata(stdout: str) -> dict[str, Traffic]:
-    """``chronyc -n ntpdata`` (the ``ntpdata`` record of :func:`wait_script`), by source address. Read
+    """``chronyc -n ntpdata`` (the :data:`NTPDATA` section of :func:`wait_sections`), by source address. Read
     by label: the CSV form's columns differ between chrony versions."""
     text = stdout
     found: dict[str, Traffic] = {}
