@@ -69,7 +69,8 @@ __all__ = [
 DETECT_TIMEOUT = 60.0
 APPLY_TIMEOUT = 120.0
 #: ``Session.remember`` key of a node's :class:`Detection` (the main pipeline's first round trip
-#: reads it with the root check: orchestrator/pipeline.py _first_reads); forgotten once the step changed the node
+#: reads it with the root check: orchestrator/pipeline.py _first_reads); forgotten once the step
+#: changed the node
 DETECTION = "firewall.detection"
 
 
