@@ -3,10 +3,10 @@ missing (:class:`InstallChrony`), then every node configured (:class:`ConfigureT
 w32time on the Windows host), the master first when it serves the workers' time.
 
 What they read: each Linux node's route to the master (and the master's own addresses), as the login
-user, and chrony's state (the probe), as root; the main pipeline's first round trip has read both
-already (the pipeline's first round trip, orchestrator/pipeline.py _first_reads, reads them under
-the same keys). After the configure, ``sync_time``
-awaits each changed node's source and measures every offset from the master (apply.py).
+user, and chrony's state (the probe), as root; the main pipeline's first round trip
+(orchestrator/pipeline.py ``_first_reads``) has read both already, under the same keys. After the
+configure, ``sync_time`` awaits each changed node's source and measures every offset from the master
+(verify.py: ``AwaitTime``, ``MeasureTime``).
 """
 
 from __future__ import annotations
