@@ -110,7 +110,7 @@ def run(
         fail_lines(ui, outcomes)
         log_dir = str(run_log.directory)
         return json_doc(
-            ui, "run", outcomes, code, result_fields, ok=report.node_ok, shell=text, log_dir=log_dir
+            ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir
         )
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):

@@ -123,12 +123,14 @@ def json_doc(
     outcomes: list[Outcome[Any]],
     code: ExitCode,
     fields: Callable[[Outcome[Any]], dict[str, Any]] | None = None,
-    *,
     ok: Callable[[Outcome[Any]], bool] | None = None,
+    /,
     **top: Any,
 ) -> ExitCode:
     """Print a command's ``--json`` document: ``command``, the command's own values (``top``), each
-    node's entry (:func:`node_docs`), ``exit_code``; returns ``code``."""
+    node's entry (:func:`node_docs`), ``exit_code``; returns ``code``. Every parameter but ``top`` is
+    positional-only, so a command's own value named like one (validate's ``ok``) is a value, never an
+    argument."""
     ui.print_json(
         {"command": command, **top, "nodes": node_docs(outcomes, fields, ok=ok), "exit_code": int(code)}
     )

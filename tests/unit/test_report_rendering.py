@@ -89,3 +89,22 @@ def test_a_table_cell_names_the_error_by_what_it_is() -> None:
 
     assert node_status(NoRoute("no route to host", node="a")) == "unreachable"
     assert node_status(RunStoppedError("stopped by stop --run", node="a")) == "stopped"
+
+
+def test_a_commands_own_value_named_like_a_parameter_is_a_value_in_its_json(capsys: object) -> None:
+    """validate's ``--json`` carries ``ok`` (did every rank join) beside its nodes: that value went
+    into ``json_doc``'s per-node ``ok`` parameter and every ``bootstrap --json`` crashed at validate."""
+    from orchestrator.cli.report import json_doc
+    from orchestrator.cli.ui import UI
+    from orchestrator.errors import ExitCode
+    from orchestrator.executor import Outcome
+
+    ui = UI(json_mode=True)
+    printed: list[dict[str, object]] = []
+    ui.print_json = printed.append  # type: ignore[method-assign]
+    outcome: Outcome[object] = Outcome(node="a", value=None, error=None, duration=0.5)
+    code = json_doc(ui, "validate", [outcome], ExitCode.OK, None, ok=True, fields=["x"], command="shadow")
+    assert code == ExitCode.OK
+    (doc,) = printed
+    assert doc["ok"] is True and doc["fields"] == ["x"]
+    assert doc["nodes"] == [{"name": "a", "ok": True, "duration": 0.5, "error": None}]
