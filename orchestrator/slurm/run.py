@@ -30,6 +30,7 @@ from orchestrator.render import Renderer
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import Fetched, fetch_node, follow_node
 from orchestrator.runs.layout import node_log, run_dir_for
+from orchestrator.runs.ranks import split_rank
 from orchestrator.slurm import queue
 from orchestrator.slurm.job import (
     BATCH_FILE,
@@ -232,8 +233,6 @@ class JobEnd:
 def labelled(node: str, first_rank: int, line: str) -> str:
     """A line of a node's log as the stream shows it: ``[node:rank] text``, ``[node] text`` for
     torchrun's own."""
-    from orchestrator.runs.ranks import split_rank
-
     local, text = split_rank(line)
     return f"[{node}{'' if local is None else f':{first_rank + local}'}] {text}"
 
@@ -433,6 +432,10 @@ def stop_run(transport: Transport, inventory: Inventory, run: SlurmRun, *, wait:
     return job.state if job is not None else "gone"
 
 
+#: how many of a node's last log lines `status` reads to find each of its ranks' last line
+_STATUS_TAIL = 200
+
+
 @dataclass
 class RunStatus:
     run_id: str
@@ -441,11 +444,21 @@ class RunStatus:
     reason: str
     nodes: list[str]
     runtime: str
-    last_lines: dict[str, str]
+    #: each node's last lines (the tail of its log), oldest first
+    last_lines: dict[str, list[str]]
 
     def labelled_last_lines(self, nproc: int) -> list[str]:
-        """Every node's last line as ``[node:rank] text`` (``nproc`` ranks per node), as streamed."""
-        return [labelled(n, i * nproc, line) for i, (n, line) in enumerate(self.last_lines.items())]
+        """Every rank's last line as ``[node:rank] text`` (``nproc`` ranks per node), as streamed, in
+        rank order; a node none of whose ranks' lines is in its tail shows its log's last line."""
+        shown: list[str] = []
+        for i, (node, lines) in enumerate(self.last_lines.items()):
+            last: dict[int | None, str] = {}
+            for line in lines:
+                last[split_rank(line)[0]] = line
+            ranks = sorted(r for r in last if r is not None)
+            chosen = [last[r] for r in ranks] or lines[-1:]
+            shown += [labelled(node, i * nproc, line) for line in chosen]
+        return shown
 
 
 def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> RunStatus:
@@ -454,11 +467,11 @@ def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> Run
     platform = _platform(transport, login)
     job = queue.state(transport, login.name, run.job_id)
     nodes = allocated_nodes(transport, login, run, job)
-    last: dict[str, str] = {}
+    last: dict[str, list[str]] = {}
     for name in nodes:
         log = node_log(run_dir_for(compute_node(slurm_settings(inventory), name), run.run_id))
-        answer = queue.ask(transport, login.name, f"tail -n 1 {platform.path_word(log)}")
-        last[name] = answer.text if answer.ok else ""
+        answer = queue.ask(transport, login.name, f"tail -n {_STATUS_TAIL} {platform.path_word(log)}")
+        last[name] = answer.text.splitlines() if answer.ok else []
     if job is None:
         return RunStatus(run.run_id, run.job_id, "ENDED", "", nodes, "", last)
     return RunStatus(run.run_id, run.job_id, job.state, job.reason, nodes, job.runtime, last)

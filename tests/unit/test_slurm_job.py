@@ -76,3 +76,23 @@ def test_a_dry_run_that_needs_an_allocation_is_refused_before_connecting(
     assert run.returncode == 2, run.stderr
     assert f"`{command[0]} --dry-run` on Slurm: it runs on the nodes Slurm allocates" in run.stderr
     assert "render --for slurm" in run.stderr, run.stderr
+
+
+def test_status_shows_each_ranks_last_line_whichever_rank_wrote_last() -> None:
+    """`status` of a Slurm run: a node's two ranks each show their own last line, in rank order, with
+    the rank the line carries (not the node's first rank), whichever of them wrote the log's last line."""
+    from orchestrator.slurm.run import RunStatus
+
+    tails = {
+        "node2": ["[default0]:line 98 of rank 0", "[default1]:line 99 of rank 1", "[default0]:line 99 of rank 0"],
+        "node3": ["[default1]:line 99 of rank 3", "[default0]:line 99 of rank 2"],
+        "node4": ["torchrun: waiting"],
+    }
+    status = RunStatus("st", "6", "RUNNING", "", list(tails), "0:15", tails)
+    assert status.labelled_last_lines(2) == [
+        "[node2:0] line 99 of rank 0",
+        "[node2:1] line 99 of rank 1",
+        "[node3:2] line 99 of rank 2",
+        "[node3:3] line 99 of rank 3",
+        "[node4] torchrun: waiting",
+    ]
