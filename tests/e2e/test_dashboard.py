@@ -383,8 +383,13 @@ def test_logs_follow_shows_a_detached_run_on_the_page_and_its_key_switches_to_th
 # ignored): its connections close at once, so node1's ranks die as promptly as ever, but node2's
 # torchrun always ends a second after node1's, whose ranks are only victims. node3's ranks outlive
 # the closed connection: the fail fast stops them
+#: node1's ranks end first by construction, not by gloo's timing: at step 60 rank 3 (node2) leaves a
+#: marker and exits 3; every other rank stops reducing there and waits for the marker; node1's ranks
+#: then die as gloo's victims do (its "Connection reset by peer" traceback, exit 1); node2's rank 2
+#: does too, but its parent holds node2's end back a second; node3's ranks wait to be stopped
 VICTIM_FIRST = """\
-import datetime, os, signal, sys, time, traceback
+import datetime, os, signal, sys, time
+MARKER = {marker!r}
 rank = int(os.environ["RANK"])
 if rank == 2:
     child = os.fork()
@@ -397,20 +402,22 @@ import torch
 import torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 t = torch.ones(1)
-for step in range(10**9):
+for step in range(61):
     if step % 20 == 0:
-        print(f"step {step}", flush=True)
-    if rank == 3 and step == 60:
-        print("culprit last words: out of patience", flush=True)
-        os._exit(3)
-    try:
-        dist.all_reduce(t)
-    except RuntimeError:
-        traceback.print_exc()
-        sys.stderr.flush()
-        if rank >= 4:  # node3's ranks go on (until stopped): a node the fail fast stops
-            time.sleep(600)
-        os._exit(1)
+        print(f"step {{step}}", flush=True)
+    dist.all_reduce(t)
+if rank == 3:
+    print("culprit last words: out of patience", flush=True)
+    open(MARKER, "w").close()
+    os._exit(3)
+while not os.path.exists(MARKER):
+    time.sleep(0.02)
+if rank >= 4:  # node3's ranks go on (until stopped): a node the fail fast stops
+    time.sleep(600)
+print("Traceback (most recent call last):", file=sys.stderr)
+print("RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer.", file=sys.stderr)
+sys.stderr.flush()
+os._exit(1)
 """
 
 
@@ -418,10 +425,11 @@ def test_the_culprits_node_is_named_when_a_victims_node_ends_first(
     bootstrap: Callable[..., CliRun], cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
 ) -> None:
     """The fail fast waits a moment (at most 2 s) after a node whose ranks died of gloo's closed
-    connection: node2, whose rank 3 failed, ends a second after node1 and is the one named, in the
+    connection: node2, whose rank 3 failed, ends a second after node1 (by construction: see
+    VICTIM_FIRST) and is the one named, in the
     line that stops the run (node3) and first in the summary; node1 is listed after it."""
     script = tmp_path / "victim_first.py"
-    script.write_text(VICTIM_FIRST)
+    script.write_text(VICTIM_FIRST.format(marker=str(tmp_path / "culprit-gone")))
     nodes = [
         {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable, "nproc": 2}
         for h in cluster.hosts
