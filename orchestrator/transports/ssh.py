@@ -332,6 +332,12 @@ class SSHTransport(Transport):
                     hint="start the SSH server on the node (`sudo systemctl enable --now ssh`) "
                     "or set the node's port:",
                 )
+            if codes and codes <= {errno.EHOSTUNREACH, errno.ENETUNREACH}:  # an ARP or route failure
+                return UnreachableError(
+                    f"no route to {where}: {os.strerror(codes.pop() or errno.EHOSTUNREACH)}",
+                    node=self.node_name,
+                    hint="is the node on this network and powered on? (its address answers nothing)",
+                )
             return UnreachableError(f"cannot connect to {where}: {exc}", node=self.node_name)
         if isinstance(exc, (socket.timeout, TimeoutError)):
             return UnreachableError(
