@@ -84,7 +84,11 @@ def test_status_shows_each_ranks_last_line_whichever_rank_wrote_last() -> None:
     from orchestrator.slurm.run import RunStatus
 
     tails = {
-        "node2": ["[default0]:line 98 of rank 0", "[default1]:line 99 of rank 1", "[default0]:line 99 of rank 0"],
+        "node2": [
+            "[default0]:line 98 of rank 0",
+            "[default1]:line 99 of rank 1",
+            "[default0]:line 99 of rank 0",
+        ],
         "node3": ["[default1]:line 99 of rank 3", "[default0]:line 99 of rank 2"],
         "node4": ["torchrun: waiting"],
     }
