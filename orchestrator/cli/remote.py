@@ -109,9 +109,7 @@ def run(
     if settings.json_mode:
         fail_lines(ui, outcomes)
         log_dir = str(run_log.directory)
-        return json_doc(
-            ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir
-        )
+        return json_doc(ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir)
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)
