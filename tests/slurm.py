@@ -151,6 +151,12 @@ class SlurmCluster:
                 return left
             time.sleep(0.2)
 
+    def cancel_every_job(self) -> None:
+        """After a test: cancel whatever it left queued or running (a test that failed before its own
+        `stop` would otherwise hold every node for the tests after it) and await their end."""
+        self.run(["scancel", "--full", "--user", "root"], timeout=10)
+        self.wait_no_job_active()
+
     def wait_no_job_active(self, timeout: float = 30) -> list[str]:
         """Await the end of every job (none pending, running or completing: its processes are gone on
         every node); return the jobs still active at the deadline (empty list: none)."""

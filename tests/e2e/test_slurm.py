@@ -11,7 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +26,13 @@ Bootstrap = Callable[..., CliRun]
 
 
 @pytest.fixture
-def shared(slurm: SlurmCluster, tmp_path: Path) -> Path:
-    """The shared directory of cluster.slurm (every host sees this machine's disk)."""
+def shared(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Path]:
+    """The shared directory of cluster.slurm (every host sees this machine's disk). Whatever job the
+    test left behind is cancelled after it, so that one failure never holds the nodes of the next."""
     path = tmp_path / "shared"
     path.mkdir()
-    return path
+    yield path
+    slurm.cancel_every_job()
 
 
 @pytest.fixture
