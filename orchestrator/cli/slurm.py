@@ -15,8 +15,7 @@ from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
-    from orchestrator.slurm.run import JobEnd, SlurmRun
-    from orchestrator.transports import Transport
+    from orchestrator.slurm.run import JobEnd, SlurmLogin, SlurmRun
     from orchestrator.transports.base import BlockHandler
 
 
@@ -61,7 +60,7 @@ def launch_on_slurm(
     from orchestrator.runs.ids import new_run_id
     from orchestrator.runs.layout import train_record, write_record
     from orchestrator.slurm.job import login_node, slurm_settings
-    from orchestrator.slurm.run import follow_run, stop_run, submit_run
+    from orchestrator.slurm.run import SlurmLogin
 
     ui = settings.ui
     slurm = slurm_settings(inventory)
@@ -72,8 +71,8 @@ def launch_on_slurm(
     directory = Path("runs") / run_id
     write_record(directory, run_id, [], detached=detach, train=train_record(inventory))
     with open_session(settings, inventory, [login]) as session:
-        transport = session.transport(login)
-        run = submit_run(transport, inventory, run_id, renderer)
+        slurm_login = SlurmLogin(session, inventory)
+        run = slurm_login.submit(run_id, renderer)
         ranks = f"{slurm.nodes} node(s) x {slurm.ranks_per_node} rank(s)"
         ui.info(f"run {run_id}: Slurm job {run.job_id} submitted through {login.name} ({ranks})")
         if detach:
@@ -84,11 +83,11 @@ def launch_on_slurm(
             return ExitCode.OK
         log = RunLog(directory)
         try:
-            end = follow_run(transport, inventory, run, outputs_for=_outputs(settings, log), say=ui.note)
+            end = slurm_login.follow(run, outputs_for=_outputs(settings, log), say=ui.note)
         except KeyboardInterrupt:
             log.close()
             try:
-                state = stop_run(transport, inventory, run)
+                state = slurm_login.stop(run)
                 detail = f"Slurm job {run.job_id} cancelled ({state})"
             except KeyboardInterrupt:
                 detail = f"Slurm job {run.job_id} may still run: `{again(settings, 'stop', run_id)}`"
@@ -135,25 +134,22 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
 
 
 @contextlib.contextmanager
-def _login(settings: Settings, inventory: Inventory) -> Iterator[Transport]:
+def _login(settings: Settings, inventory: Inventory) -> Iterator[SlurmLogin]:
     from orchestrator.slurm.job import login_node
+    from orchestrator.slurm.run import SlurmLogin
 
     with open_session(settings, inventory, [login_node(inventory)]) as session:
-        yield session.transport(login_node(inventory))
+        yield SlurmLogin(session, inventory)
 
 
 def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, follow: bool) -> ExitCode:
     """`logs --run ID [--follow]` of a Slurm run: every node's log from its start, as `[node:rank]`."""
-    from orchestrator.slurm.run import find_run, follow_run
-
     ui = settings.ui
     log = RunLog(Path("runs") / run_id, staged=True)
-    with _login(settings, inventory) as transport:
-        run = find_run(transport, inventory, run_id)
+    with _login(settings, inventory) as login:
+        run = login.find(run_id)
         try:
-            end = follow_run(
-                transport, inventory, run, outputs_for=_outputs(settings, log), say=ui.note, fail_fast=False
-            )
+            end = login.follow(run, outputs_for=_outputs(settings, log), say=ui.note, fail_fast=False)
         except KeyboardInterrupt:
             log.close()
             interrupted(ui, "stopped following (the job goes on)")
@@ -168,11 +164,10 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
 def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
     """`status --run ID`: the job's id, state, nodes, runtime, and each node's last line."""
     from orchestrator.slurm.job import slurm_settings
-    from orchestrator.slurm.run import find_run, status_run
 
     ui = settings.ui
-    with _login(settings, inventory) as transport:
-        status = status_run(transport, inventory, find_run(transport, inventory, run_id))
+    with _login(settings, inventory) as login:
+        status = login.status(login.find(run_id))
     if settings.json_mode:
         ui.print_json({"command": "status", **status.__dict__})
         return ExitCode.OK
@@ -187,11 +182,9 @@ def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Ex
 
 def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
     """`stop --run ID`: scancel the job and await its end."""
-    from orchestrator.slurm.run import find_run, stop_run
-
     ui = settings.ui
-    with _login(settings, inventory) as transport:
-        run = find_run(transport, inventory, run_id)
-        state = stop_run(transport, inventory, run)
+    with _login(settings, inventory) as login:
+        run = login.find(run_id)
+        state = login.stop(run)
     ui.info(f"run {run_id}: Slurm job {run.job_id} cancelled ({state})")
     return ExitCode.OK

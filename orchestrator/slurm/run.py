@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
 from orchestrator.executor import Outcome
@@ -45,6 +46,9 @@ from orchestrator.slurm.job import (
 from orchestrator.steps.launch import RANK_CAPTURE, local_script, rank_capture_file
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import BlockHandler, Stream
+
+if TYPE_CHECKING:
+    from orchestrator.session import Session
 
 #: the job id, in the job directory (`status`, `stop`, `logs` find the job by the run id)
 JOB_FILE = "job"
@@ -520,3 +524,35 @@ def fetch_run(
         except BootstrapError as exc:
             outcomes.append(Outcome(name, None, exc, time.monotonic() - began, time.monotonic()))
     return outcomes
+
+
+@dataclass
+class SlurmLogin:
+    """The login host of an inventory with cluster.slurm, on an open session: all that `launch`,
+    `logs`, `status` and `stop` ask of Slurm. The CLI holds this, never the login host's transport."""
+
+    session: Session
+    inventory: Inventory
+
+    @property
+    def _transport(self) -> Transport:
+        return self.session.transport(login_node(self.inventory))
+
+    def submit(self, run_id: str, renderer: Renderer) -> SlurmRun:
+        return submit_run(self._transport, self.inventory, run_id, renderer)
+
+    def find(self, run_id: str) -> SlurmRun:
+        return find_run(self._transport, self.inventory, run_id)
+
+    def follow(
+        self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None], fail_fast: bool = True
+    ) -> JobEnd:
+        return follow_run(
+            self._transport, self.inventory, run, outputs_for=outputs_for, say=say, fail_fast=fail_fast
+        )
+
+    def stop(self, run: SlurmRun) -> str:
+        return stop_run(self._transport, self.inventory, run)
+
+    def status(self, run: SlurmRun) -> RunStatus:
+        return status_run(self._transport, self.inventory, run)
