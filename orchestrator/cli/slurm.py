@@ -149,9 +149,7 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
     with _login(settings, inventory) as login:
         run = login.find(run_id)
         try:
-            end = login.follow(
-                run, outputs_for=_outputs(settings, log), say=ui.note, fail_fast=False, follow=follow
-            )
+            end = login.logs(run, outputs_for=_outputs(settings, log), say=ui.note, follow=follow)
         except KeyboardInterrupt:
             log.close()
             interrupted(ui, "stopped following (the job goes on)")

@@ -549,22 +549,21 @@ class SlurmLogin:
     def find(self, run_id: str) -> SlurmRun:
         return find_run(self._transport, self.inventory, run_id)
 
-    def follow(
-        self,
-        run: SlurmRun,
-        *,
-        outputs_for: OutputsFor,
-        say: Callable[[str], None],
-        fail_fast: bool = True,
-        follow: bool = True,
+    def follow(self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None]) -> JobEnd:
+        """The launch's own stream: the first node that fails ends the job."""
+        return follow_run(self._transport, self.inventory, run, outputs_for=outputs_for, say=say)
+
+    def logs(
+        self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None], follow: bool
     ) -> JobEnd:
+        """`logs` (``follow``: until the end): only reads, never cancels the job."""
         return follow_run(
             self._transport,
             self.inventory,
             run,
             outputs_for=outputs_for,
             say=say,
-            fail_fast=fail_fast,
+            fail_fast=False,
             follow=follow,
         )
 
