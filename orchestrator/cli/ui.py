@@ -153,10 +153,9 @@ class UI:
 def progress_interval() -> float:
     """Seconds between piped progress lines: $BOOTSTRAP_PROGRESS_INTERVAL, else 10."""
     try:
-        value = float(os.environ.get("BOOTSTRAP_PROGRESS_INTERVAL", "") or 10)
+        return max(float(os.environ.get("BOOTSTRAP_PROGRESS_INTERVAL", "") or 10), 0.1)
     except ValueError:
-        value = 10.0
-    return max(value, 0.1)
+        return 10.0
 
 
 _STATE_STYLES = {"running": "cyan", "no answer": "yellow", "ok": "green", "failed": "red"}
@@ -259,13 +258,9 @@ class Board:
             for name in self.nodes:
                 status = self._status[name]
                 style = _STATE_STYLES.get(status, "dim")
-                if status in ("ok", "failed"):
-                    shown = self._took.get(name, 0.0)
-                else:
-                    shown = now - self._started[name] if name in self._started else 0.0
-                detail = self._activity[name]
-                if self._detail[name]:
-                    detail += f" ({self._detail[name]})"
+                done = status in ("ok", "failed")
+                shown = self._took.get(name, 0.0) if done else now - self._started.get(name, now)
+                detail = self._activity[name] + (f" ({self._detail[name]})" if self._detail[name] else "")
                 table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
         return table
 
@@ -361,12 +356,10 @@ class RankedOutput(BlockHandler):
         self.first_rank = first_rank
         self.on_block = on_block
         self._head = printer.head(node, None) if printer else ""
-        self._tags = (
-            [(self._head + f"[default{r}]:", printer.head(node, first_rank + r)) for r in range(nproc)]
-            if printer
-            else []
-        )
+        heads = [printer.head(node, first_rank + r) for r in range(nproc)] if printer else []
+        self._tags = [(self._head + f"[default{r}]:", head) for r, head in enumerate(heads)]
         self._other = re.compile("^" + re.escape(self._head) + _RANK_TAG.pattern, re.M)
+        self._long: str | None = None  # the label of the line being shown in pieces: its first one's
 
     def block(self, stream: str, text: str) -> None:
         if self.log is not None:
@@ -375,11 +368,14 @@ class RankedOutput(BlockHandler):
             self.on_block(self.node, text)
         if self.printer is None:
             return
+        if self._long is not None:  # the block starts with the end of a line shown in pieces
+            end, text = text.split("\n", 1)
+            self.printer.write_lines(self._long, end + "\n")
+            self._long = None
         if records.mentions(text, self._samples):
             text = records.plain(text, self._samples)
-            if not text:
-                return
-        self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
+        if text:
+            self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
 
     def piece(self, stream: str, text: str) -> None:
         """A part of a very long line: logged as it came, otherwise a line like any other."""
@@ -387,8 +383,12 @@ class RankedOutput(BlockHandler):
             self.log.write_block(self.node, text)
         if self.on_block is not None:
             self.on_block(self.node, text + "\n")
-        if self.printer is not None:
-            self.printer.write_lines(self._head, text + "\n", self._ranks if "[default" in text else None)
+        if self.printer is not None and self._long is not None:
+            self.printer.write_lines(self._long, text + "\n")
+        elif self.printer is not None:
+            tag = _RANK_TAG.match(text)
+            self._long = self.printer.head(self.node, self.first_rank + int(tag[1])) if tag else self._head
+            self.printer.write_lines(self._long, text[tag.end() if tag else 0 :] + "\n")
 
     def _ranks(self, out: str) -> str:
         for tag, rank_head in self._tags:

@@ -179,7 +179,13 @@ def follow_node(
             for line in text[:-1].split("\n"):
                 on_line(node.name, line)
 
-    batches = Batches(node.name, deliver, new_nonce())
+    def deliver_piece(text: str) -> None:
+        if output is not None:
+            output.piece("stdout", text)
+        elif on_line is not None:
+            on_line(node.name, text)
+
+    batches = Batches(node.name, deliver, new_nonce(), deliver_piece)
     while True:
         batches.restart(new_nonce())
         script = tail_script(

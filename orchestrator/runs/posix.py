@@ -206,7 +206,13 @@ class PosixRuns(RunOps):
             + self.functions(run_dir, marker)
             + f"f={self.platform.path_word(node_log)}\n"
             '_cb_rec now "$(date +%s)"\n'
-            'if [ ! -d "$d" ]; then _cb_rec state no-run; exit 0; fi\n'
+            # a run whose directory is gone (its script removed it, or a clean by hand) while its
+            # processes live on is running: `stop --run` finds them by their marker all the same
+            'if [ ! -d "$d" ]; then\n'
+            '  if [ -n "$(_cb_members)" ]; then _cb_rec alive 1; _cb_rec state no-dir\n'
+            "  else _cb_rec state no-run; fi\n"
+            "  exit 0\n"
+            "fi\n"
             'if [ -f "$d/pid" ]; then _cb_rec started "$(stat -c %Y "$d/pid")"; fi\n'
             # alive: the launcher, or any process of the run at all (its record may say otherwise:
             # a launcher killed while ranks that ignore TERM live on)

@@ -14,9 +14,10 @@ OFFSET, FOLLOW and LINES it sends:
   launcher has ended; that end is checked before the size is taken.
 - Batches: complete lines of the log from OFFSET, each followed by the record ``batch OFFSET``, the
   byte offset just past it. A last line without its newline is held back until the launcher has
-  ended (then it is sent, with a newline added). A line longer than a producer's block (2 MiB:
-  longer than any line the rank capture writes, whose lines are at most 1 MiB and a label) may be
-  sent in pieces. Sizes are taken before reading: a line being written is never cut.
+  ended (then it is sent, with a newline added). A line longer than a producer's block (2 MiB) may
+  be sent in pieces, each with a newline added and followed by the record ``piece OFFSET`` instead:
+  the reader passes it on without that newline (the sh producer sends every line whole). Sizes are
+  taken before reading: a line being written is never cut.
 - With FOLLOW the producer polls until the launcher has ended (its exit-code file exists, or its
   recorded process is gone) and everything is read; without, it stops at the current end.
 - ``end CODE|none OFFSET`` last: the launcher's exit code (none: still running, or killed), and the
@@ -125,18 +126,19 @@ while True:
         f.seek(offset)
         data = f.read(min(size - offset, BLOCK))
         cut = data.rfind(b"\n") + 1
+        kind = "batch"
         if fin and len(data) == size - offset:
             cut = len(data)  # the launcher has ended: a last line without newline is final
         elif cut == 0:
             if len(data) < BLOCK:
                 break  # a line still being written: wait for its newline
-            cut = len(data)  # a line longer than a block: sent in pieces
+            cut, kind = len(data), "piece"  # a line longer than a block: sent in pieces
         chunk = data[:cut]
         offset += cut
         if not chunk.endswith(b"\n"):
             chunk += b"\n"
         out.write(escape(chunk))
-        say("batch", str(offset))
+        say(kind, str(offset))
         out.flush()
     if fin or not follow:
         break
@@ -395,11 +397,12 @@ def powershell_tail(
         "      $cbGot = Read-CbBlock $cbFile $cbOffset $cbWant\n"
         "      if ($cbGot -eq 0) { break }\n"
         "      $cbCut = [Array]::LastIndexOf($cbBuf, [byte]10, $cbGot - 1) + 1\n"
+        "      $cbKind = 'batch'\n"
         "      if ($cbFin -and $cbGot -eq $cbSize - $cbOffset) {\n"
         "        $cbCut = $cbGot\n"  # the launcher has ended: a last line without newline is final
         "      } elseif ($cbCut -eq 0) {\n"
         "        if ($cbGot -lt $cbBlock) { break }\n"  # a line still being written
-        "        $cbCut = $cbGot\n"  # a line longer than a block: sent in pieces
+        "        $cbCut = $cbGot; $cbKind = 'piece'\n"  # a line longer than a block: sent in pieces
         "      }\n"
         "      $cbText = $cbLatin.GetString($cbBuf, 0, $cbCut)\n"
         "      $cbOffset += $cbCut\n"
@@ -408,7 +411,7 @@ def powershell_tail(
         f'        $cbText = ("`n" + $cbText).Replace("`n{mark}", "`n@{mark}").Substring(1)\n'
         "      }\n"
         "      Send-Cb $cbText\n"
-        "      Out-CbRecord 'batch' @([string]$cbOffset)\n"
+        "      Out-CbRecord $cbKind @([string]$cbOffset)\n"
         "    }\n"
         "    if ($cbFin -or -not $cbFollow) { break }\n"
         + (
@@ -452,9 +455,18 @@ class Batches(BlockHandler):
     for its own. Before each command (a reconnect, a follower's next round) :meth:`restart` with the
     nonce that command was given."""
 
-    def __init__(self, node: str, deliver: Callable[[str], None], nonce: str) -> None:
+    def __init__(
+        self,
+        node: str,
+        deliver: Callable[[str], None],
+        nonce: str,
+        deliver_piece: Callable[[str], None] | None = None,
+    ) -> None:
         self.node = node
         self.deliver = deliver
+        # a part of a longer line (without the newline the producer added), for the handler's piece:
+        # the log here keeps the line whole and every part of it keeps its rank's label
+        self.deliver_piece = deliver_piece
         self.stream = records.Stream(nonce)
         self.offset = 0
         self.start: int | None = None  # ``start OFFSET``: where the node began the last N lines
@@ -473,16 +485,29 @@ class Batches(BlockHandler):
         if stream != "stdout":
             log.debug("%s: tail: %s", self.node, text.rstrip("\n"))
             return
-        for item in self.stream.feed(text):
-            if isinstance(item, str):
+        items = self.stream.feed(text)
+        for at, item in enumerate(items):
+            if isinstance(item, str):  # always followed by its record, in the same list
+                after = items[at + 1] if at + 1 < len(items) else None
+                if self.deliver_piece is not None and isinstance(after, Record) and after.kind == "piece":
+                    self.deliver_piece(item.removesuffix("\n"))
+                    continue
                 self.lines += item.count("\n")
                 self.deliver(item)
-            elif item.kind == "batch":
+            elif item.kind in ("batch", "piece"):
                 self.offset = _offset(item, 0)
             elif item.kind == "start":
                 self.offset = self.start = _offset(item, 0)
             else:
                 self.markers.append(item)
+
+    def piece(self, stream: str, text: str) -> None:
+        """A part of a line longer than the transport's limit (the shell producer sends lines whole):
+        the stream holds it with the rest of its line until the record after it, no newline added."""
+        if stream == "stdout":
+            self.block(stream, text)
+            return
+        log.debug("%s: tail: %s", self.node, text)
 
     def _find(self, kind: str) -> Record | None:
         return next((m for m in self.markers if m.kind == kind), None)

@@ -139,3 +139,22 @@ def test_command_output_is_prefixed_per_line_with_stderr_marked(tmp_path: Path) 
     colored = io.StringIO()
     PrefixedOutput("n1", None, LinePrinter(["n1"], colored, color=True)).block("stderr", "x\ny\n")
     assert colored.getvalue().count("\x1b[31m!") == 2  # every stderr line carries the mark
+
+
+def test_every_piece_of_a_ranks_very_long_line_carries_the_ranks_label(tmp_path: Path) -> None:
+    """A rank printing a line longer than the splitter's limit is shown in pieces: each piece and the
+    line's end are labelled with that rank (earlier only the first: the rest read as torchrun's)."""
+    output, out, _ = _ranked(False, tmp_path)
+    splitter = LineSplitter("stdout", output, max_line=20)
+    splitter.feed(b"[default1]:" + b"x" * 40 + b"\n[default0]:after\nplain\n")
+    splitter.feed(b"[default0]:" + b"y" * 19)
+    splitter.feed(b"z" * 8 + b"\n")
+    assert out.getvalue().splitlines() == [
+        "[node-two:5] " + "x" * 9,
+        "[node-two:5] " + "x" * 20,
+        "[node-two:5] " + "x" * 11,
+        "[node-two:4] after",
+        "[node-two] plain",
+        "[node-two:4] " + "y" * 9,
+        "[node-two:4] " + "y" * 10 + "z" * 8,
+    ]

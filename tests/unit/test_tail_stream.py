@@ -28,6 +28,7 @@ from orchestrator import records
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.tail import Batches, powershell_tail
+from orchestrator.transports.base import LineSplitter
 from tests import pwsh
 from tests.winrm_server.interpret import Interpreter
 from tests.winrm_server.native import ENCODER_STATICS, StringBuilder
@@ -55,6 +56,9 @@ TRICKY = [
     b"\xff\xfe",
     b"\x0c\x1c\xe2\x80\xa8",
 ]
+
+#: a line longer than a producer's block (2 MiB), and one after it
+LONG = b"[default1]:" + b"x" * (5 << 20) + b"\n[default0]:after\n"
 
 log_bytes = st.lists(st.sampled_from(TRICKY) | st.binary(max_size=20) | st.just(b"\n"), max_size=25).map(
     b"".join
@@ -254,3 +258,39 @@ def test_what_a_login_shell_prints_before_the_producer_is_text_whatever_it_looks
     assert got == ("\n".join(printed) + "\nlog line\n").encode()
     assert not batches.missing and batches.more() is None
     assert batches.exit_code() == 0 and batches.offset == len(b"log line\n")
+
+
+def through_the_reader(stdout: bytes, nonce: str) -> tuple[list[tuple[str, str]], Batches]:
+    """A producer's stdout through the transport's line splitter (reads of 64 KiB) and the reader:
+    what the handler got, in order, as ("block", complete lines) and ("piece", part of a line)."""
+    got: list[tuple[str, str]] = []
+    batches = Batches(
+        "n1", lambda text: got.append(("block", text)), nonce, lambda text: got.append(("piece", text))
+    )
+    splitter = LineSplitter("stdout", batches)
+    for at in range(0, len(stdout), 1 << 16):
+        splitter.feed(stdout[at : at + (1 << 16)])
+    splitter.close()
+    return got, batches
+
+
+def test_a_line_longer_than_a_block_reaches_the_handler_whole_whatever_the_producer() -> None:
+    """A rank's 5 MiB line without a newline (an array printed whole): the Python producer sends it in
+    2 MiB pieces (records ``piece``), the shell producer whole (the transport cuts it at 2 Mi
+    characters); either way the handler gets its parts without a newline between them (its pieces),
+    so `logs` keeps the copy here byte for byte and labels every part with the rank. Earlier each
+    part arrived as a line of its own, and the copy had a newline every 2 MiB."""
+    for python in (sys.executable, None):
+        nonce = records.new_nonce()
+        got, batches = through_the_reader(posix_stdout(LONG, nonce, python), nonce)
+        assert "".join(text for _, text in got).encode() == LONG, python
+        assert [kind for kind, _ in got] == (["piece", "piece", "block"] if python else ["block"])
+        assert batches.offset == len(LONG) and batches.lines == 2
+
+
+def test_the_powershell_producer_sends_a_line_longer_than_a_block_as_pieces() -> None:
+    """The same 5 MiB line from a native Windows node's log: two ``piece`` records, then the batch."""
+    nonce = records.new_nonce()
+    got, _ = through_the_reader(powershell_stdout(LONG, nonce), nonce)
+    assert "".join(text for _, text in got).encode() == LONG
+    assert [kind for kind, _ in got] == ["piece", "piece", "block"]

@@ -1,0 +1,95 @@
+"""Hostile training scripts against the daily loop's commands (docs/daily.md): what a user sees in
+`launch`, `logs` and `status` when the script misbehaves, on the namespace cluster."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+from pathlib import Path
+
+from tests.cluster import NamespaceCluster
+from tests.conftest import write_inventory
+from tests.e2e.test_train import Bootstrap
+from tests.integration.test_runs import await_
+
+
+def _inventory(cluster: NamespaceCluster, tmp_path: Path, script: Path) -> Path:
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable,
+         "workdir": str(tmp_path / "wd" / h.name)}
+        for h in cluster.hosts
+    ]  # fmt: skip
+    return write_inventory(
+        tmp_path / "hosts.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        train={"script": str(script)},
+    )
+
+
+def test_every_piece_of_a_ten_megabyte_line_is_labelled_with_the_rank_that_printed_it(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """A rank printing 10 MB without a newline is shown in pieces of 2 Mi characters: every piece says
+    `[node:rank]`, as the rank's other lines do (earlier only the first: the other four read as
+    `[node]`, torchrun's own lines), in `launch` and in `logs`, and the copy `logs` keeps here is the
+    node's log byte for byte (earlier it had a newline added every 2 MiB of that line)."""
+    script = tmp_path / "loud.py"
+    script.write_text(
+        "import sys\n"
+        "sys.stdout.write('x' * (10 * 1024 * 1024)); sys.stdout.flush()\n"
+        "print('\\nafter', flush=True)\n"
+    )
+    run = bootstrap("-i", str(_inventory(cluster, tmp_path, script)), "launch", cwd=tmp_path, timeout=300)
+    assert run.returncode == 0, run.stderr
+    logs = bootstrap("-i", str(_inventory(cluster, tmp_path, script)), "logs", cwd=tmp_path, timeout=300)
+    assert logs.returncode == 0, logs.stderr
+    (run_id,) = [d.name for d in (tmp_path / "runs").iterdir()]
+    for host in cluster.hosts:  # the copy `logs` keeps here is the node's log, byte for byte
+        node_log = tmp_path / "wd" / host.name / "runs" / run_id / host.name / "node.log"
+        assert (tmp_path / "runs" / run_id / f"{host.name}.log").read_bytes() == node_log.read_bytes()
+    for (rank, host), out in itertools.product(enumerate(cluster.hosts), (run.stdout, logs.stdout)):
+        shown = [line for line in out.split("\n") if line.startswith(f"[{host.name}")]
+        pieces = [line for line in shown if "xxxxx" in line]
+        assert len(pieces) >= 5, [p[:40] for p in shown]  # 10 MiB: in pieces of at most 2 Mi
+        for piece in pieces:
+            assert re.fullmatch(rf"\[{host.name}:{rank}\] x+", piece), piece[:40]
+        assert sum(len(p) for p in pieces) - len(pieces) * len(f"[{host.name}:{rank}] ") == 10 * 1024 * 1024
+        assert f"[{host.name}:{rank}] after" in shown
+
+
+def test_a_run_that_deleted_its_own_run_directory_is_still_running_and_stop_ends_it(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """The training script removes its run directory (`$CB_RUN_DIR/..`) and goes on: `status` says
+    `running` on every node (earlier: `no run`, exit 1, while its processes trained on), and
+    `stop --run` ends every process of it."""
+    script = tmp_path / "vanish.py"
+    script.write_text(
+        "import os, shutil, time\n"
+        "shutil.rmtree(os.path.dirname(os.environ['CB_RUN_DIR']))\n"
+        "print('gone', flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    inv = _inventory(cluster, tmp_path, script)
+    started = bootstrap("-i", str(inv), "launch", "--detach", cwd=tmp_path, timeout=300)
+    assert started.returncode == 0, started
+    run_id = started.stdout.strip()
+    dirs = [tmp_path / "wd" / h.name / "runs" / run_id / h.name for h in cluster.hosts]
+    await_(lambda: not any(d.exists() for d in dirs), 60, "every node's run directory removed")
+    try:
+        status = bootstrap("-i", str(inv), "--json", "status", "--run", run_id, cwd=tmp_path)
+        assert status.returncode == 0, status
+        assert {n["name"]: n["state"] for n in json.loads(status.stdout)["nodes"]} == {
+            h.name: "running" for h in cluster.hosts
+        }
+    finally:
+        stop = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path)
+    assert stop.returncode == 0, stop
+    assert stop.stdout.count("stopped ") == len(cluster.hosts), stop
+    after = bootstrap("-i", str(inv), "status", "--run", run_id, cwd=tmp_path)
+    assert after.returncode == 1 and after.stdout.count("no run") == len(cluster.hosts), after
