@@ -240,6 +240,18 @@ class PosixShell(Platform):
             'umask "$_cb_um"'
         )
 
+    def no_group_write(self, script: str) -> str:
+        """``script`` with group and other write left out of what it creates, whatever the umask."""
+        return (
+            "_cb_um=$(umask); umask \"$(printf '%o' $((0$_cb_um | 022)))\"\n" + script + '\numask "$_cb_um"'
+        )
+
+    def check_path(self, path: str) -> str:
+        """Refuse (one line on stderr, exit UNSAFE_DIR_EXIT) a ``path`` whose existing directories,
+        from ``/`` down, another user could change (``new_private_dir``'s checks): what runs from
+        there (the training script, and what it imports beside it) is then ours alone."""
+        return _DIR_FUNCTIONS + f"_cb_walk {self.path_word(path)}"
+
     def check_own_dir(self, path: str) -> str:
         """Refuse (one line on stderr, exit UNSAFE_DIR_EXIT) to read or act on anything in ``path``
         unless it is a directory of the connecting user that no one else can write to, on a path

@@ -315,6 +315,15 @@ class PowerShell(Platform):
             "}\n" + self.mkdir(path, private=True) + "\n" + self._refuse_unless_own("$cbNew", empty=True)
         )
 
+    def check_path(self, path: str) -> str:
+        """Nothing: the directories above a path are not checked on Windows (their access lists have
+        no sticky bit to reason with; docs/security.md)."""
+        return "# the path's directories are not checked on Windows"
+
+    def no_group_write(self, script: str) -> str:
+        """``script`` as it is: what it creates inherits its parent's access list."""
+        return script
+
     def check_own_dir(self, path: str) -> str:
         """End the script (one line on stderr, exit UNSAFE_DIR_EXIT) before anything in ``path`` is
         read or acted on, unless it is the connecting user's own and no one else's (owner and access

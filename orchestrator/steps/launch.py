@@ -264,18 +264,29 @@ def prepare_script(
     access list of one entry for the connecting user on Windows): the launch script written into it
     may hold ``train.env`` secrets, and its pid file tells `stop` what to signal. One that exists, or
     a path another user could change, is refused (``new_private_dir``: exit UNSAFE_DIR_EXIT, one
-    line). One function for both launch paths, so no path can forget it.
+    line), and so is a code directory another user could change (POSIX: ``check_path``). One
+    function for both launch paths, so no path can forget it.
     ``nonce``: the one of the record it prints (a fresh one when the answer is not read).
     """
     said = records.record(nonce or records.new_nonce(), RAN_BEFORE).rstrip("\n")
+    code_check = platform.check_path(code_dir)
+    # created without group or other write: a code directory others can write to is refused below
+    made = (
+        *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
+        platform.mkdir(code_dir),
+    )
+    make_code = platform.no_group_write("\n".join(made))
     return "\n".join(
         (
             platform.check_own_dir(run_dir),
+            # the script runs from the code directory, and imports what lies beside it first: checked
+            # before anything is made, and again once it exists (one raced in meanwhile)
+            code_check,
             platform.say_if_exists(f"{run_dir}/node.log", said),
             platform.new_private_dir(run_dir),
             platform.mkdir(f"{run_dir}/{RUN_OUTPUTS}"),  # $CB_RUN_DIR: the run's own outputs
-            *([platform.mkdir_marked(code_root, CODE_MARKER)] if code_root is not None else []),
-            platform.mkdir(code_dir),
+            make_code,
+            code_check,
         )
     )
 

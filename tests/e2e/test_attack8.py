@@ -6,13 +6,30 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.cluster import NamespaceCluster
 from tests.conftest import write_inventory
 from tests.e2e.test_train import Bootstrap
 from tests.integration.test_runs import await_
+
+#: this machine's users are shared by every test process: a name no other test file uses
+ATTACKER = "cbtattack8"
+
+
+@pytest.fixture(scope="module")
+def attacker(cluster: NamespaceCluster) -> Iterator[str]:
+    cluster.add_user(ATTACKER, authorized_key=False)
+    try:
+        yield ATTACKER
+    finally:
+        cluster.remove_user(ATTACKER)
 
 
 def _inventory(cluster: NamespaceCluster, tmp_path: Path, script: Path) -> Path:
@@ -93,3 +110,42 @@ def test_a_run_that_deleted_its_own_run_directory_is_still_running_and_stop_ends
     assert stop.stdout.count("stopped ") == len(cluster.hosts), stop
     after = bootstrap("-i", str(inv), "status", "--run", run_id, cwd=tmp_path)
     assert after.returncode == 1 and after.stdout.count("no run") == len(cluster.hosts), after
+
+
+def test_a_code_directory_another_user_planted_is_refused_before_the_script_runs(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path, attacker: str
+) -> None:
+    """`code.dest` in a scratch directory all can write to (sticky, as /tmp): another local user made
+    that directory first, writable by all, with a `torch.py` in it. The training script runs from the
+    code directory and imports what lies beside it first: earlier root's run imported the planted
+    module (the attacker's code ran as root) while only the run directory's path was checked. Now
+    the pipeline stops at launch with one line naming the node and the directory, exit 2, and
+    nothing of the attacker's runs."""
+    scratch = Path(tempfile.mkdtemp(prefix="cbt-scratch8-", dir="/tmp"))
+    scratch.chmod(0o1777)
+    host = cluster.host("node1")
+    code, ran = scratch / "code", scratch / "planted-ran"
+    plant = f"""mkdir -m 777 {code} && printf '%s\\n' 'open("{ran}", "w")' > {code}/torch.py"""
+    try:
+        planted = cluster.host_run(
+            host, ["runuser", "-u", attacker, "--", "/bin/sh", "-c", plant], capture_output=True, text=True
+        )
+        assert planted.returncode == 0, planted.stderr
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "train.py").write_text("import torch\nprint('root trains', flush=True)\n")
+        node = {"name": host.name, "host": host.addr, "user": "root", "python": sys.executable,
+                "workdir": str(tmp_path / "wd")}  # fmt: skip
+        inv = write_inventory(
+            tmp_path / "h.yaml", [node], name="planted", master=host.name, backend="gloo",
+            train={"script": "train.py"}, code={"source": str(project), "dest": str(code)},
+            firewall={"manage": False}, time={"manage": False},
+        )  # fmt: skip
+        run = bootstrap("-i", str(inv), "--skip-validate", cwd=tmp_path, timeout=300)
+        assert not ran.exists(), run
+        assert run.returncode == 2 and "root trains" not in run.stdout, run
+        said = [line for line in run.stderr.splitlines() if "refusing " in line]
+        assert len(said) == 1 and f"'{host.name}'" in said[0], run
+        assert f"refusing {code}: it belongs to another user (owner {attacker}" in said[0], run
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -66,7 +66,20 @@ def test_posix_run_directories_are_created_0700_with_parents_no_one_else_can_wri
     # a umask of 0 would have made them 0777: another user could swap the run directory
     for parent in (tmp_path / "w", tmp_path / "w" / "runs", run_dir.parent):
         assert stat.S_IMODE(parent.stat().st_mode) & 0o022 == 0, parent
-    assert code.is_dir()
+    # nor the code directory, which the training script runs from (and imports beside it from)
+    assert code.is_dir() and stat.S_IMODE(code.stat().st_mode) & 0o022 == 0
+
+
+def test_a_code_directory_others_can_write_to_is_refused_before_the_run_directory_is_made(
+    tmp_path: Path,
+) -> None:
+    run_dir, code = tmp_path / "w" / "runs" / "r1" / "n1", tmp_path / "code"
+    code.mkdir()
+    code.chmod(0o777)
+    done = _sh(prepare_script(PosixShell(), str(run_dir), str(code)))
+    assert done.returncode == UNSAFE_DIR_EXIT, done
+    assert done.stderr.startswith(f"refusing {code}: other users can write to it"), done.stderr
+    assert not (tmp_path / "w").exists()
 
 
 def _refusal(done: subprocess.CompletedProcess[str], path: Path, *words: str) -> str:
