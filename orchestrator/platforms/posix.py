@@ -303,19 +303,22 @@ class PosixShell(Platform):
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
-        each fact reports failures itself), then one record (``token`` the nonce) ``section NAME
-        DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code.
-        The record is written in one piece once the command is done."""
+        each fact reports failures itself), answered by one record (``token`` the nonce) ``section
+        NAME DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code. The record's line
+        ends once the command is done.
+
+        Per section: the pipeline's first half is the subshell (its EXIT trap appends the NUL and
+        the exit code, also after an ``exit`` in the command), its second half the ``base64``; no
+        command substitution, no nested subshell: a read script asks a dozen sections of every node,
+        and each process less is CPU every node saves (benchmarks/fanout.py)."""
         parts = [
             self.record_functions(token),
-            '_cb_sec() { printf \'@@%s section :%s :%s\\n\' "$_cb_nonce" "$1" "$_cb_b"; }',
+            '_cb_sec() { printf \'@@%s section :%s :\' "$_cb_nonce" "$1"; }',
         ]
         for name, command in sections:
             label = base64.b64encode(name.encode()).decode()
-            parts.append(
-                f"_cb_b=$( {{ ( {command}\n) 2>/dev/null </dev/null; printf '\\000%s' \"$?\"; }} | _cb_64)\n"
-                f"_cb_sec {label}"
-            )
+            ended = 'trap \'printf "\\000%s" "$?"\' EXIT'
+            parts.append(f"_cb_sec {label}\n{{ {ended}; {command}\n}} 2>/dev/null </dev/null | _cb_64; echo")
         return "\n".join(parts)
 
     def transfer_path(self, path: str) -> str:
