@@ -141,10 +141,15 @@ class PosixShell(Platform):
         if silence is None:
             listen = "cat <&3 >/dev/null"
         else:
-            # one read at a time, each bounded: a heartbeat (or any byte) goes on, EOF or silence ends
-            read_one = f"timeout {max(1, round(silence))} dd bs=64 count=1 <&3 2>/dev/null | wc -c"
+            # a heartbeat (one line) goes on, EOF or silence ends. One bash reads them all with a
+            # bounded `read -t`: no process per heartbeat, on every node for every running command.
+            # Without bash: one bounded read at a time (timeout, dd and wc for each heartbeat).
+            seconds = max(1, round(silence))
+            read_one = f"timeout {seconds} dd bs=64 count=1 <&3 2>/dev/null | wc -c"
             listen = (
-                "if command -v timeout >/dev/null 2>&1; then"
+                "if command -v bash >/dev/null 2>&1; then"
+                f" bash --norc --noprofile -c 'while IFS= read -r -t {seconds} _; do :; done' <&3;"
+                " elif command -v timeout >/dev/null 2>&1; then"
                 f' while [ "$({read_one})" -gt 0 ]; do :; done;'
                 " else cat <&3 >/dev/null; fi"
             )
