@@ -129,3 +129,15 @@ def test_a_torch_probe_that_crashed_after_the_interpreter_answered() -> None:
     assert linux.Python("python3").parse(said, 1) == linux.PythonInfo("/usr/bin/python3", "3.11.2")
     with pytest.raises(base.FactParseError, match="printed nothing"):
         linux.Torch("python3").parse(said, 1)
+
+
+def test_the_host_name_is_read_without_starting_a_process() -> None:
+    # no program can be found: only the shell's own `read` can answer (a process less on every node)
+    said = subprocess.run(
+        ["/bin/sh", "-c", linux.Hostname().command(PosixShell())],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent"},
+        check=False,
+    )
+    assert linux.Hostname().parse(said.stdout, said.returncode) == os.uname().nodename
