@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import BootstrapError, CancelledError, ConnectError
-from orchestrator.executor import GroupResult, Outcome
+from orchestrator.executor import GroupResult, NodeEvent, Outcome
 from orchestrator.facts import CONNECTED
 from orchestrator.facts.base import AS_ROOT, ReadScript, Sections, parse_reads, read_script, split_sections
 from orchestrator.plans import NodePlan, apply
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-__all__ = ["NodeReads", "Send", "converge", "gather_reads", "read_node", "run_step"]
+__all__ = ["NodeReads", "Reach", "Send", "converge", "gather_reads", "read_node", "run_step"]
+
+R = TypeVar("R")
 
 #: how a node's read script is sent: ``send(node, transport, script)`` returns the top-level sections
 #: as they came and the round trip's result. The default runs the script and waits; the preflight's
@@ -55,6 +58,23 @@ class NodeReads:
     values: dict[str, Any] = field(default_factory=dict)
     error: BootstrapError | None = None
     connect_seconds: float | None = None
+
+
+@dataclass
+class Reach:
+    """How a command reaches its nodes, given by the CLI: ``connect(nodes)`` is a session on them
+    (the main pipeline's one session narrowed to them, or the command's own, closed after it) and
+    ``progress(names, step)`` a display of the step's progress, yielding the executor's event
+    callback. A Ctrl-C or SIGTERM is not caught here: it ends the command on the CLI's one exit path."""
+
+    connect: Callable[[list[Node]], AbstractContextManager[Session]]
+    progress: Callable[[list[str], str], AbstractContextManager[Callable[[NodeEvent], None]]]
+
+    def within(self, nodes: list[Node], step: str, work: Callable[[Session], R]) -> R:
+        """``work`` on a session over ``nodes``, the progress of ``step`` shown meanwhile."""
+        with self.connect(nodes) as on, self.progress([n.name for n in nodes], step) as on_event:
+            on.executor.on_event = on_event
+            return work(on)
 
 
 def _send(node: Node, transport: Transport, plan: ReadScript) -> tuple[Sections, Result]:
