@@ -13,14 +13,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
 from orchestrator.bench.shares import SharesDoc, rank_layout
-from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.ranks import owned_rank
@@ -34,7 +32,6 @@ if TYPE_CHECKING:
     from orchestrator.steps.launch import LaunchPlan, NodeRunResult
 
 WORKER = "probe_worker.py"
-TEMPLATE = "ranks.sh.j2"
 #: the kind of the worker's records
 RECORD = "probe"
 
@@ -258,8 +255,8 @@ def run_probe(
     take long to get there); the controller stops everything after twice ``timeout`` + four times
     the repeats' target time + 120 s, whatever happens.
     """
-    from orchestrator.runs.ranks import worker_record
-    from orchestrator.steps.launch import plan, run_node
+    from orchestrator.steps.launch import plan
+    from orchestrator.steps.rank_workers import run_rank_workers
 
     renderer = renderer or Renderer()
     launch_plan = launch_plan or plan(session, inventory, run_id)
@@ -290,42 +287,23 @@ def run_probe(
         measured_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         node_gpus=node_gpus(launch_plan),
     )
-    lock = threading.Lock()
 
-    def line(node: str, text: str) -> None:
-        local, record, rest = worker_record(text, nonce, RECORD)  # native Windows: tagged twice
-        rank = None if local is None else specs[node].first_rank + local
-        if record is not None:
-            with lock:
-                report.feed(record, node, rank)
-            return
-        if on_line is not None:
-            on_line(node, rank, rest)
-
-    def give_up() -> None:
+    def timed_out() -> None:
         report.timed_out = True
-        session.close()
 
-    worker = package_file("bench/" + WORKER)
-    watchdog = threading.Timer(2 * timeout + repeats * seconds * 4 + 120.0, give_up)
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        outcomes = session.map(
-            lambda node, t: run_node(
-                node,
-                t,
-                specs[node.name],
-                renderer=renderer,
-                on_line=line,
-                template=None if isinstance(t.platform, PowerShell) else TEMPLATE,
-                script_file=worker,
-            ),
-            step="probe",
-            fail_fast=False,  # a rank that cannot join: rank 0 names it when its wait ends
-        )
-    finally:
-        watchdog.cancel()
+    outcomes = run_rank_workers(
+        session,
+        specs,
+        package_file("bench/" + WORKER),
+        nonce=nonce,
+        record=RECORD,
+        feed=report.feed,
+        on_line=on_line,
+        give_up_after=2 * timeout + repeats * seconds * 4 + 120.0,
+        on_give_up=timed_out,
+        renderer=renderer,
+        step="probe",
+    )
     return Probe(launch_plan, outcomes, report)
 
 

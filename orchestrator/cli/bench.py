@@ -246,7 +246,7 @@ def show(settings: Settings, report: BenchReport) -> None:
 def _dry_run(
     settings: Settings, inventory: Inventory, renderer: Renderer, run_id: str, options: BenchOptions
 ) -> None:
-    from orchestrator.bench.probe import TEMPLATE, WORKER, probe_specs
+    from orchestrator.bench.probe import WORKER, probe_specs
     from orchestrator.resources import package_file
 
     def probes(specs: list[LaunchSpec]) -> list[LaunchSpec]:
@@ -266,8 +266,7 @@ def _dry_run(
         run_id,
         renderer,
         probes,
-        template=TEMPLATE,
-        script_file=package_file("bench/" + WORKER),
+        package_file("bench/" + WORKER),
     )
     if options.scaling:
         settings.ui.note(

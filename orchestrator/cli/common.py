@@ -405,12 +405,17 @@ def show_offline_dry_run(
     run_id: str,
     renderer: Any,
     specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
+    worker: Path | None = None,  # validate's or bench's rank worker, run instead of the training script
     **options: Any,
 ) -> None:
     """``--dry-run`` of launch, validate and bench, connecting to nothing: the offline launch plan,
     ``specs`` (the command's ranks from the launch's), each node's plan (``steps.launch.dry_run_nodes``)."""
     from orchestrator.cli.report import OFFLINE_NOTE
+    from orchestrator.steps import rank_workers
     from orchestrator.steps.launch import dry_run_nodes
+
+    if worker is not None:
+        options.update(template=rank_workers.TEMPLATE, script_file=worker)
 
     launch_plan = offline_plan(settings.ui, inventory, run_id)
     data = {"run_id": run_id, "backend": launch_plan.backend}

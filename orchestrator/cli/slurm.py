@@ -153,16 +153,14 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
     with _login(settings, inventory) as login:
         run = login.find(run_id)
         try:
-            end = login.follow(run, outputs_for=_outputs(settings, log), say=ui.note, fail_fast=False)
+            end = login.logs(run, outputs_for=_outputs(settings, log), say=ui.note, follow=follow)
         except KeyboardInterrupt:
             log.close()
             interrupted(ui, "stopped following (the job goes on)")
         for node in end.nodes:
             log.commit(node.node)
         log.close()
-    if not follow:
-        return ExitCode.OK
-    return ExitCode.OK if end.ok else ExitCode.NODES_FAILED
+    return ExitCode.OK if end.ok or not follow else ExitCode.NODES_FAILED
 
 
 def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:
@@ -188,7 +186,6 @@ def stop_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> Exit
     """`stop --run ID`: scancel the job and await its end."""
     ui = settings.ui
     with _login(settings, inventory) as login:
-        run = login.find(run_id)
-        state = login.stop(run)
+        state = login.stop(run := login.find(run_id))
     ui.info(f"run {run_id}: Slurm job {run.job_id} cancelled ({state})")
     return ExitCode.OK

@@ -120,7 +120,7 @@ def run_validate(
     run_id = new_run_id(inventory.cluster.name, kind="validate", reserve=not settings.dry_run)
     if settings.dry_run:
         from orchestrator.resources import package_file
-        from orchestrator.steps.validate import TEMPLATE, WORKER, validation_specs
+        from orchestrator.steps.validate import WORKER, validation_specs
 
         show_offline_dry_run(
             settings,
@@ -129,8 +129,7 @@ def run_validate(
             run_id,
             renderer,
             lambda specs: validation_specs(specs, timeout, sizes or DEFAULT_SIZES),
-            template=TEMPLATE,
-            script_file=package_file("steps/probes/" + WORKER),
+            package_file("steps/probes/" + WORKER),
         )
         return ExitCode.OK
     log = RunLog(Path("runs") / run_id)

@@ -326,16 +326,22 @@ def follow_run(
     say: Callable[[str], None],
     fail_fast: bool = True,
     login_python: str | None = None,
+    follow: bool = True,
 ) -> JobEnd:
     """Wait for the allocation (saying the state and reason while it changes), then stream every
     node's lines to its handler from ``outputs_for(nodes, nproc)`` until the job has ended and every log is
     read. ``fail_fast``: the first node that exits non-zero ends the job (``scancel``), as srun's
     --kill-on-bad-exit does inside it. A pending reason that cannot change by waiting
     cancels the job and raises (:func:`await_allocation`). KeyboardInterrupt: the caller
-    cancels (:func:`stop_run`)."""
+    cancels (:func:`stop_run`). ``follow`` False (`logs` without --follow): every node's lines so
+    far, waiting for nothing (a job still pending has none: said, no node in the result)."""
     login = login_node(inventory)
     slurm = slurm_settings(inventory)
-    job = await_allocation(transport, inventory, run.job_id, say)
+    if follow:
+        job = await_allocation(transport, inventory, run.job_id, say)
+    elif (job := queue.state(transport, login.name, run.job_id)) is not None and job.state == "PENDING":
+        say(f"job {run.job_id}: PENDING ({job.reason}): no node has started, no line yet")
+        return JobEnd(run.job_id, job.state, nproc=slurm.ranks_per_node)
     nodes = allocated_nodes(transport, login, run, job)
     if not nodes:
         raise CommandFailedError(
@@ -343,7 +349,8 @@ def follow_run(
             node=login.name,
             hint=f"Slurm's output of the batch script: {run.job_dir}/slurm-{run.job_id}.out",
         )
-    say(f"job {run.job_id}: running on {', '.join(nodes)}")
+    if follow:
+        say(f"job {run.job_id}: running on {', '.join(nodes)}")
     # the readers may come before the node's task made its directory: the same private directory now
     platform = _platform(transport, login)
     made = "\n".join(platform.mkdir(f"{run.job_dir}/{name}", private=True) for name in nodes)
@@ -353,13 +360,13 @@ def follow_run(
     ends: dict[str, NodeEnd] = {}
     lock = threading.Lock()
 
-    def follow(name: str) -> None:
+    def read(name: str) -> None:
         try:
             found = follow_node(
                 compute_node(slurm, name),
                 transport,
                 run.run_id,
-                follow=True,
+                follow=follow,
                 output=handlers[name],
                 python=login_python,
                 interval=0.05,
@@ -370,9 +377,7 @@ def follow_run(
         with lock:
             ends[name] = end
 
-    threads = [
-        threading.Thread(target=follow, args=(n,), name=f"slurm-follow-{n}", daemon=True) for n in nodes
-    ]
+    threads = [threading.Thread(target=read, args=(n,), name=f"slurm-follow-{n}", daemon=True) for n in nodes]
     for thread in threads:
         thread.start()
     failed_first: str | None = None
@@ -544,11 +549,22 @@ class SlurmLogin:
     def find(self, run_id: str) -> SlurmRun:
         return find_run(self._transport, self.inventory, run_id)
 
-    def follow(
-        self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None], fail_fast: bool = True
+    def follow(self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None]) -> JobEnd:
+        """The launch's own stream: the first node that fails ends the job."""
+        return follow_run(self._transport, self.inventory, run, outputs_for=outputs_for, say=say)
+
+    def logs(
+        self, run: SlurmRun, *, outputs_for: OutputsFor, say: Callable[[str], None], follow: bool
     ) -> JobEnd:
+        """`logs` (``follow``: until the end): only reads, never cancels the job."""
         return follow_run(
-            self._transport, self.inventory, run, outputs_for=outputs_for, say=say, fail_fast=fail_fast
+            self._transport,
+            self.inventory,
+            run,
+            outputs_for=outputs_for,
+            say=say,
+            fail_fast=False,
+            follow=follow,
         )
 
     def stop(self, run: SlurmRun) -> str:

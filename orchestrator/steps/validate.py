@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import records
 from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, ExitCode
 from orchestrator.executor import exit_code_for
-from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
-from orchestrator.runs.ranks import owned_rank, split_worker_rank, worker_record
-from orchestrator.steps.launch import plan, run_node
+from orchestrator.runs.ranks import owned_rank, split_worker_rank
+from orchestrator.steps.launch import plan
+from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
 
 log = logging.getLogger(__name__)
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.steps.launch import LaunchPlan, NodeRunResult
 
-TEMPLATE = "ranks.sh.j2"
 WORKER = "validate_worker.py"
 DEFAULT_SIZES = (4096, 262144, 4194304)  # 4 KiB (latency), 256 KiB, 4 MiB (bandwidth)
 #: the kind of the worker's records
@@ -257,45 +255,25 @@ def validate(
         for local in range(spec.nproc):
             ranks[spec.first_rank + local] = spec.node.name
     report = ValidateReport(world_size=len(ranks), ranks=ranks, nonce=nonce)
-    lock = threading.Lock()
 
-    def line(node: str, text: str) -> None:
-        local, record, rest = worker_record(text, nonce, RECORD)  # native Windows: tagged twice
-        rank = None if local is None else specs[node].first_rank + local
-        if record is not None:
-            with lock:
-                report.feed(record, node, rank)
-            return
-        if on_line is not None:
-            on_line(node, rank, rest)
-
-    def give_up() -> None:
+    def timed_out() -> None:
         report.timed_out = True
-        session.close()
 
-    watchdog = threading.Timer(timeout + 60.0, give_up)
-    watchdog.daemon = True
-    watchdog.start()
-    try:
-        outcomes = session.map(
-            lambda node, t: run_node(
-                node,
-                t,
-                specs[node.name],
-                renderer=renderer,
-                on_line=line,
-                # native Windows: its launch template already starts one process per rank
-                template=None if isinstance(t.platform, PowerShell) else TEMPLATE,
-                script_file=worker,
-            ),
-            step="validate",
-            # no fail fast: a rank that cannot reach the master gives up at the same moment rank 0
-            # names the missing ranks; stopping everyone at the first exit would lose that report.
-            # Every worker is bounded by --timeout on its own.
-            fail_fast=False,
-        )
-    finally:
-        watchdog.cancel()
+    # no fail fast: a rank that cannot reach the master gives up at the same moment rank 0 names the
+    # missing ranks; every worker is bounded by --timeout on its own, the watchdog 60 s later
+    outcomes = run_rank_workers(
+        session,
+        specs,
+        worker,
+        nonce=nonce,
+        record=RECORD,
+        feed=report.feed,
+        on_line=on_line,
+        give_up_after=timeout + 60.0,
+        on_give_up=timed_out,
+        renderer=renderer,
+        step="validate",
+    )
     return Validation(launch_plan, outcomes, report)
 
 

@@ -292,6 +292,12 @@ def test_stop_cancels_a_detached_run(
     assert re.search(r"run st: Slurm job \d+ RUNNING", status.stdout), status
     assert re.search(r"^runtime \d+:\d+ on node2, node3, node4$", status.stdout, re.M), status
     assert "[node3:3] line 99 of rank 3" in status.stdout, status
+    # `logs` without --follow on the running job: the lines so far, at once (the ranks sleep 300 s)
+    sofar = bootstrap("-i", str(inv), "logs", "--run", "st", cwd=tmp_path, timeout=60)
+    assert sofar.returncode == 0, sofar
+    for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
+        mine = re.findall(rf"^\[{node}:{rank}\] line (\d+) of rank {rank}$", sofar.stdout, re.M)
+        assert mine == [str(i) for i in range(100)], sofar.stdout[-2000:]
     stopped = bootstrap("-i", str(inv), "stop", "--run", "st", cwd=tmp_path)
     assert stopped.returncode == 0, stopped
     assert re.search(r"Slurm job \d+ cancelled \(CANCELLED\)", stopped.stderr), stopped

@@ -33,7 +33,8 @@ from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
 from orchestrator.steps.launch import LaunchPlan, prepare_windows_node, run_node
-from orchestrator.steps.validate import TEMPLATE, WORKER, validate, validation_specs
+from orchestrator.steps.rank_workers import TEMPLATE
+from orchestrator.steps.validate import WORKER, validate, validation_specs
 from orchestrator.transports import LocalTransport, open_transport
 from orchestrator.transports.base import OnLine, Result, Transport
 from orchestrator.transports.options import SSHOptions
