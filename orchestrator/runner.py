@@ -71,7 +71,8 @@ class Reach:
     progress: Callable[[list[str], str], AbstractContextManager[Callable[[NodeEvent], None]]]
 
     def within(self, nodes: list[Node], step: str, work: Callable[[Session], R]) -> R:
-        """``work`` on a session over ``nodes``, the progress of ``step`` shown meanwhile."""
+        """``work`` on a session over ``nodes``, the progress of ``step`` shown meanwhile: the session
+        first (one of the command's own asks for passwords), then the display."""
         with self.connect(nodes) as on, self.progress([n.name for n in nodes], step) as on_event:
             on.executor.on_event = on_event
             return work(on)

@@ -63,7 +63,6 @@ def run_check(
         # marker, reachability listener), then its connector
         print_plans(settings, inventory, nodes, lambda node, t: check_plan(node, t, inventory))
         return ExitCode.OK
-    # a session of its own asks for passwords before the live display starts
     reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), ui.progress)
     report = preflight_report(reach, inventory, nodes)
     outcomes, code = report.outcomes, report.exit_code()

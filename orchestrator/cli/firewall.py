@@ -57,7 +57,7 @@ def run_firewall(
     session: Session | None = None,
 ) -> ExitCode:
     """The firewall phase (also a step of the main pipeline and of teardown), shown; its exit code."""
-    reach = Reach(lambda nodes: phase_session(settings, inventory, nodes, session), settings.ui.progress)
+    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
     report = firewall_report(reach, inventory, selected, remove=remove, dry_run=settings.dry_run)
     return show_firewall(settings, report, inventory.cluster.name, remove=remove)
 

@@ -46,7 +46,7 @@ def source_cell(value: NodeTime, *, dry_run: bool) -> str:
     return "none" if value.sources else "-"
 
 
-def print_time_report(settings: Settings, report: Report[NodeTime], command: str) -> ExitCode:
+def print_time_report(settings: Settings, report: Report[NodeTime]) -> ExitCode:
     """The summary table (or --json document) of the time step's report, after a dry run's plans
     (each beside its configuration diff); returns the exit code it deserves. Public so the main
     pipeline can show the step the same way."""
@@ -56,7 +56,7 @@ def print_time_report(settings: Settings, report: Report[NodeTime], command: str
         _problems(settings, report)  # stderr: humans watching a --json run still see what failed
         top = {**report.data, "dry_run": report.dry_run, "warnings": report.warnings}
         fields, ok = with_plan(report), lambda o: o.ok and o.node not in report.failing
-        return json_doc(ui, command, report.outcomes, code, fields, ok, **top)
+        return json_doc(ui, report.step, report.outcomes, code, fields, ok, **top)
     if report.dry_run:
         show_plans(ui, report, {o.node: o.value.diff for o in report.outcomes if o.value is not None})
     master, limit = report.data["master"], report.data["max_offset_ms"]
@@ -167,7 +167,7 @@ def run_ntp(
     """The time phase (also a step of the main pipeline and of teardown), shown; its exit code."""
     from orchestrator.steps.timesync import time_report
 
-    reach = Reach(lambda nodes: phase_session(settings, inventory, nodes, session), settings.ui.progress)
+    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
     report = time_report(
         reach,
         inventory,
@@ -177,4 +177,4 @@ def run_ntp(
         no_clock_control=no_clock_control,
         sync_timeout=sync_timeout,
     )
-    return print_time_report(settings, report, "ntp --restore" if restore else "ntp")
+    return print_time_report(settings, report)

@@ -505,7 +505,7 @@ def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> R
 def shown_plans(report: Report[NodeTime], capsys: pytest.CaptureFixture[str]) -> str:
     """What `ntp --dry-run` prints for ``report`` (the plans, each below its diff, then the table)."""
     capsys.readouterr()
-    assert print_time_report(Settings(dry_run=True), report, "ntp") == 0
+    assert print_time_report(Settings(dry_run=True), report) == 0
     return capsys.readouterr().out
 
 
