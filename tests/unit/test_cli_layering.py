@@ -11,6 +11,10 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from orchestrator.errors import ExitCode, Terminated
+
 CLI = Path(__file__).resolve().parents[2] / "orchestrator" / "cli"
 
 #: what moves commands or files to or from a node
@@ -197,3 +201,35 @@ def test_every_command_renders_its_report_through_one_module() -> None:
         if found:
             offenders[path.name] = found
     assert offenders == {}, f"render these through cli/report.py (json_doc, show_dry_run): {offenders}"
+
+
+@pytest.mark.parametrize(
+    ("command", "where"),
+    [
+        (["firewall"], "orchestrator.steps.firewall.apply_firewall"),
+        (["ntp"], "orchestrator.steps.timesync.sync_time"),
+        (["check"], "orchestrator.steps.preflight.run_preflight"),
+    ],
+)
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated], ids=["ctrl-c", "sigterm"])
+def test_a_stop_while_a_command_works_on_its_nodes_ends_it_as_any_other(
+    command: list[str], where: str, stop: type[BaseException], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Ctrl-C (or SIGTERM) while firewall, ntp or check work on the nodes: the command says it was
+    interrupted (what that stopped), exits 130 (143), and prints no report: the CLI's one exit path,
+    the same for every command and for the main pipeline's phases."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        raise stop()
+
+    monkeypatch.setattr(where, stopped)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, command, catch_exceptions=False)
+    code = ExitCode.TERMINATED if stop is Terminated else ExitCode.INTERRUPTED
+    what = "terminated (SIGTERM)" if stop is Terminated else "interrupted"
+    assert result.exit_code == code, result.output
+    assert f"{what}: connections closed, commands still running on the nodes were stopped" in result.output
+    assert "cluster" not in result.stdout  # no table
