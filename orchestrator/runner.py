@@ -156,17 +156,48 @@ def gather_reads(
     send: Mapping[str, Send] | None = None,
 ) -> GroupResult[NodeReads]:
     """:func:`read_node` on every node named in ``reads``, in parallel (no round trip for a node
-    whose values the session holds already, unless ``send`` names it: that round trip carries more)."""
+    whose values the session holds already, unless ``send`` names it: that round trip carries more).
+    A node whose every value is held is not part of the fan-out at all: no progress line says it
+    was read again."""
     nodes = [n for n in session.inventory.nodes if n.name in reads]
     if not nodes:
         return GroupResult()
     senders = send or {}
-    return session.map(
-        lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
-        step=step,
-        nodes=nodes,
-        connect=False,
+    dead = set(session.unreachable())  # its map says so, whatever the session holds of it
+    held = {
+        n.name: values
+        for n in nodes
+        if n.name not in senders
+        and n.name not in dead
+        and (values := _all_held(session, n, reads[n.name])) is not None
+    }
+    asked = [n for n in nodes if n.name not in held]
+    answered = {
+        o.node: o
+        for o in (
+            session.map(
+                lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
+                step=step,
+                nodes=asked,
+                connect=False,
+            )
+            if asked
+            else []
+        )
+    }
+    return GroupResult(
+        answered[n.name] if n.name in answered else Outcome(n.name, held[n.name], None, 0.0) for n in nodes
     )
+
+
+def _all_held(session: Session, node: Node, reads: Sequence[Read]) -> NodeReads | None:
+    """The values of ``reads`` when the session holds every one of them (none ``fresh``), else None."""
+    keys = set(session.keys(node.name))
+    if any(r.fresh or r.key not in keys for r in reads):
+        return None
+    out = NodeReads()
+    out.values.update({r.key: session.recall(node.name, r.key) for r in reads})
+    return out
 
 
 def run_step(
