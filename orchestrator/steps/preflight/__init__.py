@@ -24,7 +24,7 @@ from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Int
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.plans import NodePlan
 from orchestrator.platforms import PosixShell
-from orchestrator.runner import gather_reads, run_step
+from orchestrator.runner import Reach, gather_reads, run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
     MasterIdentity,
@@ -398,6 +398,11 @@ def _workdir_check(
         if not failed:
             read.append(Outcome(node.name, {where: parse_listing(marks_out)}, None, 0.0))
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
+
+
+def preflight_report(reach: Reach, inventory: Inventory, nodes: list[Node]) -> Report[NodeChecks]:
+    """`bootstrap check` on ``nodes``: :func:`run_preflight` on a session reaching them."""
+    return reach.within(nodes, "check", lambda on: run_preflight(on, inventory))
 
 
 def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:
