@@ -88,11 +88,9 @@ class SSHTransport(Transport):
     #: 2 ms round trip. Files go over SFTP, on their own channel with the default window.
     COMMAND_WINDOW = 64 * 1024
 
-    #: seconds between the bytes written to a running command's stdin (the node's sign of life).
-    #: Each one costs the node a few processes (its watcher's bounded read: stop_on_hangup), on
-    #: every node for every running command; a third of NODE_SILENCE still lets two in a row be
-    #: late. (The controller's own detection of a lost node rides on SSH keepalives.)
-    HEARTBEAT = 5.0
+    #: seconds between the bytes written to a running command's stdin (the node's sign of life; its
+    #: watcher reads them with one bash, no process per heartbeat: stop_on_hangup)
+    HEARTBEAT = 2.0
     #: seconds without a heartbeat after which the node stops the command (a controller cut off by
     #: the network leaves nothing running unseen for longer, plus the stop's 5 s KILL grace); far
     #: above HEARTBEAT, so a loaded controller or a short network stall never stops a training
