@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,13 @@ from tests.cluster import NamespaceCluster  # noqa: E402
 from tests.conftest import CHRONY_DIRS  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from fanout import _own_children_cpu, _sessions_over, _sshd_cpu, _sshd_pids  # noqa: E402
+from fanout import (  # noqa: E402
+    _own_children_cpu,
+    _sessions_over,
+    _sshd_cpu,
+    _sshd_pids,
+    processes_per_node,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -171,6 +178,15 @@ def main() -> int:
         _row("4 separate commands", f"{med(four):.2f}", f"{min(four):.2f}", f"{med(logins_four):g}")
         print(f"| speed-up | {statistics.median(four) / statistics.median(one):.1f}x | | |")
         n = len(hosts)
+        counts = []
+        if shutil.which("strace"):  # one more, untimed, run of each: one node's processes
+            pipeline = [bootstrap, "-i", inv, "--until", "check"]
+            counts.append(("this checkout", processes_per_node(cluster, pipeline, env)))
+            if args.compare is not None:
+                compare_env = {**env, "PYTHONPATH": str(args.compare.resolve())}
+                counts.append((str(args.compare), processes_per_node(cluster, pipeline, compare_env)))
+        for label, (forks, execs, top) in counts:
+            print(f"{label}: one node ran {forks} processes, {execs} programs ({top})")
         print(
             "\n`--until check`: CPU ms per node (all / the node's side / the controller), "
             f"load {os.getloadavg()[0]:.1f}"
