@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError
-from orchestrator.executor import Outcome
-from orchestrator.facts.base import Read, facts_read, read_script
+from orchestrator.executor import GroupResult, Outcome
+from orchestrator.facts.base import FactSet, Read, facts_read, read_script
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
@@ -362,7 +362,18 @@ def _first_round(
         extra = preflight_facts(node, master)
         return inspect_once(session, node, transport, extra, python=training_python(node, inventory))
 
-    return session.map(facts_of, step="check", connect=False), rounds
+    # a node whose facts the read brought is answered here: a second fan-out would only print a
+    # second "check ok" line for it; the others (Windows, a failed read) go through one
+    def held(node: Node) -> bool:
+        key = facts_key(preflight_facts(node, master), training_python(node, inventory))
+        return failed.get(node.name) is None and isinstance(session.recall(node.name, key), FactSet)
+
+    direct = {n.name: Outcome(n.name, facts_of(n, session.transport(n)), None, 0.0) for n in linux if held(n)}
+    rest = [n for n in session.nodes if n.name not in direct]
+    mapped = {
+        o.node: o for o in (session.map(facts_of, step="check", connect=False, nodes=rest) if rest else [])
+    }
+    return GroupResult(direct.get(n.name) or mapped[n.name] for n in session.nodes), rounds
 
 
 def _workdir_check(
