@@ -206,6 +206,10 @@ class SSHTransport(Transport):
             gateway.client.close()
             gateway = gateway.gateway
 
+    @property
+    def connected(self) -> bool:
+        return not self._closed and bool(self.conn.is_connected)
+
     def connect(self) -> None:
         with self._lock:
             if self._closed:
