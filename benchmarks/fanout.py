@@ -22,7 +22,13 @@ shared by all namespaces and holds 1024 dynamic entries (net.ipv4.neigh.default.
 64-host full mesh (4,032 pairs) overflows: connections would then time out for reasons no real LAN
 has. Permanent entries are not counted against that limit.
 
-Targets: 16 nodes <= 3 s and >= 4x faster than Ansible (issue 2); `check` on 64 nodes <= 6 s (issue 13).
+A second table splits the CPU per node into the node's side and the controller's. The node's side
+misses what outlives the command's shell (the heartbeat watcher, orphaned when the script exits, is
+reaped by init): the third table counts one node's processes instead, with strace following its sshd
+in one more, untimed, run of each command (--no-count skips it).
+
+Targets: 16 nodes <= 3 s and >= 4x faster than Ansible (issue 2); `check` on 64 nodes <= 6 s (issue 13),
+<= 4 s (issue 29).
 
     sudo python benchmarks/fanout.py [--runs 5] [--sizes 1,4,16,64] [--compare /tmp/base]
 """
@@ -80,11 +86,11 @@ def _own_children_cpu() -> float:
 
 def _time(
     cluster: NamespaceCluster, argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)
-) -> tuple[float, float]:
-    """(wall seconds, CPU seconds: the command plus the nodes' side)."""
+) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds: the command plus the nodes' side, CPU seconds of the nodes' side)."""
     pids = _sshd_pids(cluster)
     _sessions_over(pids)
-    cpu = _own_children_cpu() + _sshd_cpu(pids)
+    own, nodes = _own_children_cpu(), _sshd_cpu(pids)
     start = time.monotonic()
     proc = subprocess.run(cluster.controller_argv(argv, env=env), capture_output=True, text=True, timeout=300)
     took = time.monotonic() - start
@@ -93,7 +99,55 @@ def _time(
             f"{argv[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         )
     _sessions_over(pids)
-    return took, _own_children_cpu() + _sshd_cpu(pids) - cpu
+    node_cpu = _sshd_cpu(pids) - nodes
+    return took, _own_children_cpu() - own + node_cpu, node_cpu
+
+
+def processes_per_node(
+    cluster: NamespaceCluster, argv: list[str], env: dict[str, str]
+) -> tuple[int, int, str]:
+    """One untimed run of ``argv`` with strace following the first host's sshd: (processes it and its
+    descendants started, programs they executed, the most executed programs). Every node runs the
+    same commands, so this is what each node pays."""
+    pid = _sshd_pids(cluster)[0]
+    with tempfile.NamedTemporaryFile(prefix="cb-strace-", suffix=".txt") as out:
+        tracer = subprocess.Popen(
+            [
+                "strace",
+                "-f",
+                "-qq",
+                "-e",
+                "trace=execve,fork,vfork,clone,clone3",
+                "-o",
+                out.name,
+                "-p",
+                str(pid),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # strace attaches
+        subprocess.run(cluster.controller_argv(argv, env=env), capture_output=True, timeout=300)
+        _sessions_over([pid])
+        tracer.terminate()
+        tracer.wait()
+        lines = Path(out.name).read_text().splitlines()
+        if os.environ.get("CB_STRACE_KEEP"):  # to read the calls one by one
+            shutil.copyfile(out.name, f"{os.environ['CB_STRACE_KEEP']}-{len(lines)}.txt")
+    pids: set[str] = set()
+    threads: set[str] = set()
+    programs: dict[str, int] = {}
+    for line in lines:
+        who, _, call = line.partition(" ")
+        call = call.lstrip()  # strace pads the pid column
+        pids.add(who)
+        if "CLONE_THREAD" in call and "= " in call:  # a thread, not a process
+            threads.add(call.rsplit("= ", 1)[1].split()[0])
+        elif call.startswith("execve(") and "= -1" not in call:  # done, or "<unfinished ...>"
+            name = Path(call.split('"', 2)[1]).name
+            programs[name] = programs.get(name, 0) + 1
+    forks = len(pids - threads - {str(pid)})
+    top = ", ".join(f"{n} {c}" for n, c in sorted(programs.items(), key=lambda kv: -kv[1])[:8])
+    return forks, sum(programs.values()), top
 
 
 def pin_neighbours(cluster: NamespaceCluster) -> None:
@@ -119,17 +173,21 @@ Timers = dict[str, tuple[list[str], dict[str, str], tuple[int, ...]]]
 
 def _median_interleaved(
     runs: int, timers: Timers, cluster: NamespaceCluster
-) -> dict[str, tuple[float, float]]:
+) -> dict[str, tuple[float, float, float]]:
     """Each command once to warm up (the page cache, not our caches: facts are not cached), then
     ``runs`` rounds of every command in turn; the median wall and CPU seconds of each."""
     for argv, env, ok in timers.values():
         _time(cluster, argv, env, ok)
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in timers}
+    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in timers}
     for _ in range(runs):
         for name, (argv, env, ok) in timers.items():
             times[name].append(_time(cluster, argv, env, ok))
     return {
-        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        name: (
+            statistics.median(w for w, _, _ in values),
+            statistics.median(c for _, c, _ in values),
+            statistics.median(n for _, _, n in values),
+        )
         for name, values in times.items()
     }
 
@@ -141,6 +199,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sizes", default="1,4,16,64")
     parser.add_argument("--compare", type=Path, help="another checkout, timed beside this one")
+    parser.add_argument(
+        "--no-count",
+        action="store_true",
+        help="skip the untimed run per command that counts one node's processes (strace)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     bootstrap = BIN / "bootstrap"
@@ -153,6 +216,7 @@ def main() -> int:
         # an installed package has its bytecode compiled; a source checkout may not (PYTHONDONTWRITEBYTECODE)
         subprocess.run([sys.executable, "-m", "compileall", "-q", str(code / "orchestrator")], check=True)
     rows = []
+    counts: list[tuple[int, str, int, int, str]] = []
     started_load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="cb-bench-") as tmp, NamespaceCluster(max(sizes)) as cluster:
         pin_neighbours(cluster)
@@ -211,6 +275,10 @@ def main() -> int:
                 aargv = [str(ansible), "all", "-i", str(ainv), "-m", "setup", "-a", "gather_subset=min"]
                 timers["ansible"] = (aargv, aenv, (0,))
             rows.append((n, _median_interleaved(args.runs, timers, cluster)))
+            if not args.no_count and shutil.which("strace"):
+                for name, (argv, cmd_env, _) in timers.items():
+                    if name != "ansible":
+                        counts.append((n, name, *processes_per_node(cluster, argv, cmd_env)))
     columns = [f"{what}{label}" for label in codes for what in ("facts", "check")]
     print(
         f"\nbootstrap facts and check vs ansible -m setup (gather_subset=min), median of {args.runs} runs "
@@ -229,6 +297,22 @@ def main() -> int:
         ratio = f"{theirs[0] / medians['facts'][0]:.1f}x" if theirs is not None else "-"
         cells = [f"{medians[c][0]:.2f} / {medians[c][1]:.2f}" for c in columns]
         print(f"| {n} | " + " | ".join(cells) + f" | {a} | {ratio} |")
+    print("\nCPU milliseconds per node: all / the node's side (its sshd and all it ran) / the controller\n")
+    print("| nodes | " + " | ".join(f"bootstrap {c}" for c in columns) + " |")
+    print("| ---: " * (len(columns) + 1) + "|")
+    for n, medians in rows:
+        cells = [
+            f"{medians[c][1] * 1000 / n:.0f} / {medians[c][2] * 1000 / n:.0f} / "
+            f"{(medians[c][1] - medians[c][2]) * 1000 / n:.0f}"
+            for c in columns
+        ]
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    if counts:
+        print("\nprocesses one node ran (its sshd and everything under it; one untimed run, strace -f)\n")
+        print("| nodes | command | processes | programs executed | most executed |")
+        print("| ---: | --- | ---: | ---: | --- |")
+        for n, name, forks, execs, top in counts:
+            print(f"| {n} | {name} | {forks} | {execs} | {top} |")
     return 0
 
 

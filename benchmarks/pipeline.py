@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,15 @@ sys.path.insert(0, str(REPO))
 from tests.cluster import NamespaceCluster  # noqa: E402
 from tests.conftest import CHRONY_DIRS  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from fanout import (  # noqa: E402
+    _own_children_cpu,
+    _sessions_over,
+    _sshd_cpu,
+    _sshd_pids,
+    processes_per_node,
+)
+
 BIN = Path(sys.executable).parent
 
 
@@ -47,7 +57,15 @@ def _logins(cluster: NamespaceCluster, hosts: list) -> int:
     return total
 
 
+#: (CPU seconds of the command, of the nodes' side) of every _run, in order
+CPU: list[tuple[float, float]] = []
+
+
 def _run(cluster: NamespaceCluster, argv: list[str], env: dict[str, str], cwd: Path) -> float:
+    """Wall seconds of ``argv``; its CPU and the nodes' (every sshd and all it ran) go to CPU."""
+    pids = _sshd_pids(cluster)
+    _sessions_over(pids)
+    own, nodes = _own_children_cpu(), _sshd_cpu(pids)
     start = time.monotonic()
     proc = subprocess.run(
         cluster.controller_argv(argv, env=env), capture_output=True, text=True, timeout=900, cwd=cwd
@@ -55,6 +73,9 @@ def _run(cluster: NamespaceCluster, argv: list[str], env: dict[str, str], cwd: P
     took = time.monotonic() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    _sessions_over(pids)
+    node_cpu = _sshd_cpu(pids) - nodes
+    CPU.append((_own_children_cpu() - own + node_cpu, node_cpu))
     return took
 
 
@@ -94,6 +115,9 @@ def main() -> int:
         "--before", default="4a2e34b", help="commit whose CLI glued six commands (default: 4a2e34b)"
     )
     parser.add_argument("--skip-full", action="store_true", help="only the setup phases")
+    parser.add_argument(
+        "--compare", type=Path, help="another checkout: its `--until check` timed beside this one's"
+    )
     args = parser.parse_args()
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "orchestrator")], check=True)
     with (
@@ -118,10 +142,18 @@ def main() -> int:
         _run(cluster, [bootstrap, "-i", inv, "--until", "check"], env, tmp)  # sets everything up
         one, four, logins_one, logins_four = [], [], [], []
         each: dict[str, list[float]] = {}
+        cpu_one: list[tuple[float, float]] = []
+        other: list[float] = []
+        cpu_other: list[tuple[float, float]] = []
         for _ in range(args.runs):
             before = _logins(cluster, hosts)
             one.append(_run(cluster, [bootstrap, "-i", inv, "--until", "check"], env, tmp))
+            cpu_one.append(CPU[-1])
             logins_one.append((_logins(cluster, hosts) - before) / len(hosts))
+            if args.compare is not None:
+                compare_env = {**env, "PYTHONPATH": str(args.compare.resolve())}
+                other.append(_run(cluster, [bootstrap, "-i", inv, "--until", "check"], compare_env, tmp))
+                cpu_other.append(CPU[-1])
             before = _logins(cluster, hosts)
             total = 0.0
             for command in (["sync", "--only", "code"], ["firewall"], ["ntp"], ["check"]):
@@ -145,6 +177,32 @@ def main() -> int:
             _row(f"  `bootstrap {name}` alone", f"{med(times):.2f}", f"{min(times):.2f}", "1")
         _row("4 separate commands", f"{med(four):.2f}", f"{min(four):.2f}", f"{med(logins_four):g}")
         print(f"| speed-up | {statistics.median(four) / statistics.median(one):.1f}x | | |")
+        n = len(hosts)
+        counts = []
+        if shutil.which("strace"):  # one more, untimed, run of each: one node's processes
+            pipeline = [bootstrap, "-i", inv, "--until", "check"]
+            counts.append(("this checkout", processes_per_node(cluster, pipeline, env)))
+            if args.compare is not None:
+                compare_env = {**env, "PYTHONPATH": str(args.compare.resolve())}
+                counts.append((str(args.compare), processes_per_node(cluster, pipeline, compare_env)))
+        for label, (forks, execs, top) in counts:
+            print(f"{label}: one node ran {forks} processes, {execs} programs ({top})")
+        print(
+            "\n`--until check`: CPU ms per node (all / the node's side / the controller), "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        print("| code | wall median s | CPU all | nodes' side | controller |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for label, walls, cpus in (("this checkout", one, cpu_one), (str(args.compare), other, cpu_other)):
+            if walls:
+                total, node_side = med(c for c, _ in cpus), med(c for _, c in cpus)
+                _row(
+                    label,
+                    f"{med(walls):.2f}",
+                    f"{total * 1000 / n:.0f}",
+                    f"{node_side * 1000 / n:.0f}",
+                    f"{(total - node_side) * 1000 / n:.0f}",
+                )
         if args.skip_full:
             return 0
         worktree = tmp / "before"

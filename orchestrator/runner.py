@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.errors import BootstrapError, CancelledError, ConnectError
-from orchestrator.executor import GroupResult, Outcome
+from orchestrator.executor import GroupResult, NodeEvent, Outcome
 from orchestrator.facts import CONNECTED
 from orchestrator.facts.base import AS_ROOT, ReadScript, Sections, parse_reads, read_script, split_sections
 from orchestrator.plans import NodePlan, apply
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-__all__ = ["NodeReads", "Send", "converge", "gather_reads", "read_node", "run_step"]
+__all__ = ["NodeReads", "Reach", "Send", "converge", "gather_reads", "read_node", "run_step"]
+
+R = TypeVar("R")
 
 #: how a node's read script is sent: ``send(node, transport, script)`` returns the top-level sections
 #: as they came and the round trip's result. The default runs the script and waits; the preflight's
@@ -55,6 +58,24 @@ class NodeReads:
     values: dict[str, Any] = field(default_factory=dict)
     error: BootstrapError | None = None
     connect_seconds: float | None = None
+
+
+@dataclass
+class Reach:
+    """How a command reaches its nodes, given by the CLI: ``connect(nodes)`` is a session on them
+    (the main pipeline's one session narrowed to them, or the command's own, closed after it) and
+    ``progress(names, step)`` a display of the step's progress, yielding the executor's event
+    callback. A Ctrl-C or SIGTERM is not caught here: it ends the command on the CLI's one exit path."""
+
+    connect: Callable[[list[Node]], AbstractContextManager[Session]]
+    progress: Callable[[list[str], str], AbstractContextManager[Callable[[NodeEvent], None]]]
+
+    def within(self, nodes: list[Node], step: str, work: Callable[[Session], R]) -> R:
+        """``work`` on a session over ``nodes``, the progress of ``step`` shown meanwhile: the session
+        first (one of the command's own asks for passwords), then the display."""
+        with self.connect(nodes) as on, self.progress([n.name for n in nodes], step) as on_event:
+            on.executor.on_event = on_event
+            return work(on)
 
 
 def _send(node: Node, transport: Transport, plan: ReadScript) -> tuple[Sections, Result]:
@@ -135,17 +156,48 @@ def gather_reads(
     send: Mapping[str, Send] | None = None,
 ) -> GroupResult[NodeReads]:
     """:func:`read_node` on every node named in ``reads``, in parallel (no round trip for a node
-    whose values the session holds already, unless ``send`` names it: that round trip carries more)."""
+    whose values the session holds already, unless ``send`` names it: that round trip carries more).
+    A node whose every value is held is not part of the fan-out at all: no progress line says it
+    was read again."""
     nodes = [n for n in session.inventory.nodes if n.name in reads]
     if not nodes:
         return GroupResult()
     senders = send or {}
-    return session.map(
-        lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
-        step=step,
-        nodes=nodes,
-        connect=False,
+    dead = set(session.unreachable())  # its map says so, whatever the session holds of it
+    held = {
+        n.name: values
+        for n in nodes
+        if n.name not in senders
+        and n.name not in dead
+        and (values := _all_held(session, n, reads[n.name])) is not None
+    }
+    asked = [n for n in nodes if n.name not in held]
+    answered = {
+        o.node: o
+        for o in (
+            session.map(
+                lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
+                step=step,
+                nodes=asked,
+                connect=False,
+            )
+            if asked
+            else []
+        )
+    }
+    return GroupResult(
+        answered[n.name] if n.name in answered else Outcome(n.name, held[n.name], None, 0.0) for n in nodes
     )
+
+
+def _all_held(session: Session, node: Node, reads: Sequence[Read]) -> NodeReads | None:
+    """The values of ``reads`` when the session holds every one of them (none ``fresh``), else None."""
+    keys = set(session.keys(node.name))
+    if any(r.fresh or r.key not in keys for r in reads):
+        return None
+    out = NodeReads()
+    out.values.update({r.key: session.recall(node.name, r.key) for r in reads})
+    return out
 
 
 def run_step(

@@ -12,9 +12,7 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
-    node_docs,
     node_status,
     open_session,
     phase_session,
@@ -22,10 +20,12 @@ from orchestrator.cli.common import (
     refuse_native_mix,
     with_user_options,
 )
+from orchestrator.cli.report import json_doc
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
+from orchestrator.runner import Reach
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
 from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
@@ -56,37 +56,22 @@ def run_check(
 ) -> ExitCode:
     """The preflight with its report; returns the exit code it deserves."""
     ui = settings.ui
-    from orchestrator.steps.preflight import check_plan, run_preflight
+    from orchestrator.steps.preflight import check_plan, preflight_report
 
     if settings.dry_run:
         # what check sends, in order: each node's one round trip (clock, facts, root access, workdir
         # marker, reachability listener), then its connector
         print_plans(settings, inventory, nodes, lambda node, t: check_plan(node, t, inventory))
         return ExitCode.OK
-
-    try:
-        # a session of its own asks for passwords before the live display starts
-        with (
-            phase_session(settings, inventory, nodes, session) as on,
-            ui.progress([n.name for n in nodes], "check") as on_event,
-        ):
-            on.executor.on_event = on_event
-            report = run_preflight(on, inventory)
-    except KeyboardInterrupt:
-        interrupted(ui)
+    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), ui.progress)
+    report = preflight_report(reach, inventory, nodes)
     outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
-        ui.print_json(
-            {
-                "command": "check",
-                "inventory": inventory.public_dict(),
-                **report.data,
-                "nodes": node_docs(outcomes, _node_fields, ok=lambda o: bool(o.value and not o.value.failed)),
-                "exit_code": int(code),
-            }
+        top = {"inventory": inventory.public_dict(), **report.data}
+        return json_doc(
+            ui, "check", outcomes, code, _node_fields, lambda o: bool(o.value and not o.value.failed), **top
         )
-        return code
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     for o in outcomes:
         if o.value is not None:
@@ -119,18 +104,12 @@ def facts(ctx: click.Context) -> int:
     if settings.dry_run:
         print_plans(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
         return ExitCode.OK
-    session = open_session(settings, inventory, nodes)
-    try:
-        with ui.progress([n.name for n in nodes], "facts") as on_event, session:
-            session.executor.on_event = on_event
-            outcomes = inspect_all(session)
-    except KeyboardInterrupt:
-        interrupted(ui)
+    reach = Reach(lambda chosen: open_session(settings, inventory, chosen), ui.progress)
+    outcomes = reach.within(nodes, "facts", inspect_all)
     code = exit_code_for(outcomes)
     fail_lines(ui, outcomes)
     if settings.json_mode:
-        ui.print_json({"command": "facts", "nodes": node_docs(outcomes), "exit_code": int(code)})
-        return code
+        return json_doc(ui, "facts", outcomes, code)
     ui.print_table(_facts_table(inventory, nodes, outcomes))
     ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")
     return code

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from orchestrator.cli.neutralise import neutralise
-from orchestrator.cli.report import node_docs as node_docs  # cli/check.py imports it from here
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
 from orchestrator.errors import (

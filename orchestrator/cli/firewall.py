@@ -13,17 +13,17 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
     node_status,
     phase_session,
 )
-from orchestrator.cli.report import report_docs, show_plans
+from orchestrator.cli.report import json_doc, show_plans, with_plan
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
+from orchestrator.runner import Reach
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
-from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
+from orchestrator.steps.firewall import FirewallResult, firewall_report
 
 
 @click.command()
@@ -56,42 +56,27 @@ def run_firewall(
     remove: bool,
     session: Session | None = None,
 ) -> ExitCode:
-    """The firewall phase (also a step of the main pipeline and of teardown); its exit code."""
+    """The firewall phase (also a step of the main pipeline and of teardown), shown; its exit code."""
+    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
+    report = firewall_report(reach, inventory, selected, remove=remove, dry_run=settings.dry_run)
+    return show_firewall(settings, report, inventory.cluster.name, remove=remove)
+
+
+def show_firewall(settings: Settings, run: Report[FirewallResult], cluster: str, *, remove: bool) -> ExitCode:
+    """The firewall's report: its table (or ``--json``), the plans of a dry run; its exit code."""
     ui = settings.ui
-    # every node is asked for its cluster address (the peer set), the selected ones are changed
-    probed = selected if remove else list(inventory.nodes)
-    step = remove_firewall if remove else apply_firewall
-    try:
-        with (
-            phase_session(settings, inventory, probed, session) as on,
-            ui.progress([n.name for n in probed], "firewall") as on_event,
-        ):
-            on.executor.on_event = on_event
-            run: Report[FirewallResult] = step(on, inventory, selected, dry_run=settings.dry_run)
-    except KeyboardInterrupt:
-        interrupted(ui)
     outcomes = run.outcomes
     code = run.exit_code()
     for warning in run.warnings:
         ui.warn(warning)
     if settings.json_mode:
         fail_lines(ui, outcomes)
-        ui.print_json(
-            {
-                "command": "firewall",
-                "remove": remove,
-                "dry_run": settings.dry_run,
-                **run.data,
-                "warnings": run.warnings,
-                "nodes": report_docs(run),
-                "exit_code": int(code),
-            }
-        )
-        return code
+        top = {"remove": remove, "dry_run": settings.dry_run, **run.data, "warnings": run.warnings}
+        return json_doc(ui, "firewall", outcomes, code, with_plan(run), None, **top)
     if settings.dry_run:
         show_plans(ui, run)
     verb = "remove" if remove else "firewall"
-    title = f"{verb}: cluster {inventory.cluster.name}" + (" (dry run)" if settings.dry_run else "")
+    title = f"{verb}: cluster {cluster}" + (" (dry run)" if settings.dry_run else "")
     table = Table(title=Text(title), title_justify="left")
     for column in ("node", "firewall", "result", "ports", "from"):
         table.add_column(column, overflow="fold")

@@ -42,14 +42,17 @@ def plan_lines(doc: dict[str, Any], head: str, shown: Mapping[str, str] | None =
     return lines
 
 
-def show_plans(ui: UI, report: Report[Any]) -> None:
+def show_plans(ui: UI, report: Report[Any], above: Mapping[str, str] | None = None) -> None:
     """``--dry-run``: per node, in order, what the real run would upload and run (the very plans it
     applies), or that nothing would change there. Where the report knows how a node is reached
-    (``steps.dry_run.Planned``), each run is shown as the exact text its shell receives."""
+    (``steps.dry_run.Planned``), each run is shown as the exact text its shell receives. ``above``:
+    a node's text shown before its plan (the time sync: the configuration diff its script writes)."""
     for outcome in report.outcomes:
         plan = report.plans.get(outcome.node)
         if plan is None:
             continue
+        if above and above.get(outcome.node):
+            ui.print_text(above[outcome.node].rstrip("\n"))
         doc, head, shown = plan.public_dict(), outcome.node, None
         if isinstance(outcome.value, Planned):
             head, shown = f"{outcome.node} ({outcome.value.via})", outcome.value.shown
@@ -108,13 +111,21 @@ def node_docs(
     return docs
 
 
+def with_plan(report: Report[Any]) -> Callable[[Outcome[Any]], dict[str, Any]]:
+    """The ``fields`` of a runner step's node entries: its verdict (``public_dict()``) and its plan."""
+
+    def fields(o: Outcome[Any]) -> dict[str, Any]:
+        doc = dict(o.value.public_dict()) if o.value is not None and hasattr(o.value, "public_dict") else {}
+        plan = report.plans.get(o.node)
+        doc.setdefault("plan", plan.public_dict() if plan is not None else None)
+        return doc
+
+    return fields
+
+
 def report_docs(report: Report[Any]) -> list[dict[str, Any]]:
     """Each node's ``--json`` entry: the common fields, its verdict, and its plan."""
-    docs = node_docs(report.outcomes)
-    for doc in docs:
-        plan = report.plans.get(doc["name"])
-        doc.setdefault("plan", plan.public_dict() if plan is not None else None)
-    return docs
+    return node_docs(report.outcomes, with_plan(report))
 
 
 def json_doc(

@@ -15,7 +15,7 @@ from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
-    from orchestrator.slurm.run import JobEnd, SlurmLogin, SlurmRun
+    from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLogin, SlurmRun
     from orchestrator.transports.base import BlockHandler
 
 
@@ -100,21 +100,25 @@ def launch_on_slurm(
 def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> ExitCode:
     ui = settings.ui
     code = ExitCode.OK if end.ok else ExitCode.NODES_FAILED
-    if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "launch",
-                "run_id": run.run_id,
-                "job_id": end.job_id,
-                "state": end.state,
-                "nodes": {n.node: {"exit_code": n.exit_code} for n in end.nodes},
-                "failed_first": end.failed_first,
-                "time_limit_reached": bool(end.time_limit),
-                "log_dir": str(log_dir),
-                "exit_code": int(code),
-            }
+    if settings.json_mode:  # each node's entry: the common one (not timed here), its exit code
+        from orchestrator.cli.report import json_doc
+        from orchestrator.executor import Outcome
+
+        nodes: list[Outcome[NodeEnd]] = [Outcome(n.node, n, n.error, 0.0) for n in end.nodes]
+        return json_doc(
+            ui,
+            "launch",
+            nodes,
+            code,
+            lambda o: {"exit_code": o.value.exit_code if o.value else None},
+            lambda o: o.ok and o.value is not None and o.value.exit_code == 0,
+            run_id=run.run_id,
+            job_id=end.job_id,
+            state=end.state,
+            failed_first=end.failed_first,
+            time_limit_reached=bool(end.time_limit),
+            log_dir=str(log_dir),
         )
-        return code
     failed = end.failed()
     if failed is not None:
         ui.error(f"{end.failed_first}: {failed[0]}")

@@ -12,17 +12,18 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
     phase_session,
 )
+from orchestrator.cli.report import json_doc, show_plans, with_plan
 from orchestrator.errors import ExitCode
-from orchestrator.executor import exit_code_for
+from orchestrator.runner import Reach
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.steps.timesync import NodeTime, TimeReport
+    from orchestrator.steps.contract import Report
+    from orchestrator.steps.timesync import NodeTime
 
 
 def _cell(value: float | None, error: float | None = None) -> str:
@@ -45,29 +46,21 @@ def source_cell(value: NodeTime, *, dry_run: bool) -> str:
     return "none" if value.sources else "-"
 
 
-def print_time_report(settings: Settings, report: TimeReport, command: str) -> ExitCode:
-    """The summary table (or --json document) of a TimeReport; returns the exit code it deserves.
-    Public so the main pipeline can show the step the same way."""
+def print_time_report(settings: Settings, report: Report[NodeTime]) -> ExitCode:
+    """The summary table (or --json document) of the time step's report, after a dry run's plans
+    (each beside its configuration diff); returns the exit code it deserves. Public so the main
+    pipeline can show the step the same way."""
     ui = settings.ui
-    code = exit_code_for(report.outcomes, lambda o: o.value is not None and o.value.problem is not None)
+    code = report.exit_code()
     if settings.json_mode:
         _problems(settings, report)  # stderr: humans watching a --json run still see what failed
-        ui.print_json({"command": command, **report.public_dict(), "exit_code": int(code)})
-        return code
+        top = {**report.data, "dry_run": report.dry_run, "warnings": report.warnings}
+        fields, ok = with_plan(report), lambda o: o.ok and o.node not in report.failing
+        return json_doc(ui, report.step, report.outcomes, code, fields, ok, **top)
     if report.dry_run:
-        for o in report.outcomes:
-            value = o.value
-            if value is None:
-                continue
-            ui.print_text(f"# ---- {o.node}: {value.state} ----")
-            if value.diff:
-                ui.print_text(value.diff.rstrip("\n"))
-            if value.script:
-                ui.print_text("# would run as root:")
-                ui.print_text(value.script)
-            for action in value.actions:
-                ui.print_text(f"# {action}")
-    title = f"time: master {report.master}, limit {report.max_offset_ms:g} ms"
+        show_plans(ui, report, {o.node: o.value.diff for o in report.outcomes if o.value is not None})
+    master, limit = report.data["master"], report.data["max_offset_ms"]
+    title = f"time: master {master}, limit {limit:g} ms"
     table = Table(title=Text(title), title_justify="left")
     for column in (
         "node",
@@ -107,7 +100,7 @@ def print_time_report(settings: Settings, report: TimeReport, command: str) -> E
     return code
 
 
-def _problems(settings: Settings, report: TimeReport) -> None:
+def _problems(settings: Settings, report: Report[NodeTime]) -> None:
     for warning in report.warnings:
         settings.ui.warn(warning)
     fail_lines(settings.ui, report.outcomes)
@@ -145,12 +138,13 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
     its source, measures every node's offset from the master (as `check` does) and fails above
     cluster.time.max_offset_ms.
     A second run changes nothing and says "unchanged". --dry-run reads the nodes (read-only) and shows
-    each configuration diff and the script that would run as root. --restore puts back the files as
-    they were (byte for byte) and stops the chronyd (or unit) this command started.
+    each node's plan (the script it runs as root) below the configuration diff it writes. --restore
+    puts back the files as they were (byte for byte) and stops the chronyd (or unit) this command
+    started.
     """
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    code = run_ntp(
+    return run_ntp(
         settings,
         inventory,
         nodes,
@@ -158,7 +152,6 @@ def ntp(ctx: click.Context, restore: bool, no_clock_control: bool, sync_timeout:
         no_clock_control=no_clock_control,
         sync_timeout=sync_timeout,
     )
-    return code
 
 
 def run_ntp(
@@ -171,28 +164,17 @@ def run_ntp(
     sync_timeout: float = 60,
     session: Session | None = None,
 ) -> ExitCode:
-    """The time phase (also a step of the main pipeline and of teardown); its exit code."""
-    from orchestrator.steps.timesync import restore_time, sync_time
+    """The time phase (also a step of the main pipeline and of teardown), shown; its exit code."""
+    from orchestrator.steps.timesync import time_report
 
-    ui = settings.ui
-    step = "ntp --restore" if restore else "ntp"
-    try:
-        with (
-            phase_session(settings, inventory, nodes, session) as on,
-            ui.progress([n.name for n in nodes], step) as on_event,
-        ):
-            on.executor.on_event = on_event
-            if restore:
-                report = restore_time(on, inventory, nodes, dry_run=settings.dry_run)
-            else:
-                report = sync_time(
-                    on,
-                    inventory,
-                    nodes,
-                    dry_run=settings.dry_run,
-                    no_clock_control=no_clock_control,
-                    sync_timeout=sync_timeout,
-                )
-    except KeyboardInterrupt:
-        interrupted(ui)
-    return print_time_report(settings, report, step)
+    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
+    report = time_report(
+        reach,
+        inventory,
+        nodes,
+        restore=restore,
+        dry_run=settings.dry_run,
+        no_clock_control=no_clock_control,
+        sync_timeout=sync_timeout,
+    )
+    return print_time_report(settings, report)

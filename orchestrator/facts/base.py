@@ -31,6 +31,15 @@ class Fact(ABC, Generic[T]):
     #: key in fact tables and --json
     name: ClassVar[str]
 
+    #: set where one command answers several facts (one interpreter start answers the Python and
+    #: torch facts): the section they all read; "" (most facts): a section of its own
+    shared_section: ClassVar[str] = ""
+
+    @property
+    def section(self) -> str:
+        """The section of a read script whose output this fact parses."""
+        return self.shared_section or self.name
+
     @abstractmethod
     def command(self, platform: Platform) -> str:
         """Shell text (in ``platform``'s dialect) whose stdout reveals the fact."""
@@ -84,7 +93,13 @@ def facts_read(key: str, facts: Sequence[Fact[Any]], *, timeout: float = 120.0) 
         why = "timed out" if ran.timed_out else f"no output (exit code {ran.exit_code})"
         return parse_sections(chosen, dict(sections), why)
 
-    return Read(key, lambda platform: [(f.name, f.command(platform)) for f in chosen], parse, timeout=timeout)
+    return Read(key, lambda platform: fact_sections(chosen, platform), parse, timeout=timeout)
+
+
+def fact_sections(facts: Sequence[Fact[Any]], platform: Platform) -> list[tuple[str, str]]:
+    """The ``(section, command)`` list asking every fact of ``facts``: a section several facts read
+    is asked once."""
+    return _once([(f.section, f.command(platform)) for f in facts])
 
 
 #: the section that carries a round trip's root reads (their own sections inside, framed with a
@@ -176,10 +191,10 @@ def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]],
     """Each fact's value from its section (``missing``: why a fact without a section has no value)."""
     found = FactSet()
     for fact in facts:
-        if fact.name not in sections:
+        if fact.section not in sections:
             found.errors[fact.name] = missing
             continue
-        output, code = sections[fact.name]
+        output, code = sections[fact.section]
         try:
             found.values[fact.name] = fact.parse(output, code)
         except (FactParseError, ValueError, KeyError, IndexError) as exc:

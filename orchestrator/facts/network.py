@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.facts.base import Fact, FactParseError
+from orchestrator.facts.linux import NODENAME
 from orchestrator.platforms import Platform, PosixShell
 
 
@@ -118,7 +119,7 @@ class HostnameAddress(Fact["str | None"]):
     name = "hostname_address"
 
     def command(self, platform: Platform) -> str:
-        return 'set -- $(getent ahostsv4 "$(hostname)")\necho "${1:-}"'
+        return f'{NODENAME} || h=$(hostname)\nset -- $(getent ahostsv4 "$h")\necho "${{1:-}}"'
 
     def parse(self, output: str, exit_code: int) -> str | None:
         return output.strip() or None

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.facts.base import Fact, FactParseError, FactSet, collect
+from orchestrator.facts.base import Fact, FactParseError, FactSet, collect, fact_sections
 from orchestrator.facts.linux import GpuReport, Gpus, MemoryInfo, PythonInfo, Torch, TorchInfo
 from orchestrator.facts.windows_base import key_values, powershell_of
 from orchestrator.facts.wsl import Wsl, WslInfo
@@ -168,7 +168,10 @@ class WindowsPython(Fact["PythonInfo | None"]):
 
 
 class WindowsTorch(Torch):
-    """torch in Windows Python (native mode); the same probe as on Linux."""
+    """torch in Windows Python (native mode); the same probe as on Linux, in a section of its own
+    (Windows' Python fact tries several interpreters)."""
+
+    shared_section = ""
 
     def __init__(self, interpreter: str | None = None) -> None:
         super().__init__(interpreter or "python")
@@ -324,6 +327,6 @@ def gather_windows_side(transport: Transport, facts: list[Fact[Any]], *, timeout
     and when WSL is broken the Windows side still answers and says why."""
     ps = PowerShell()
     token = new_nonce()
-    script = ps.sectioned([(f.name, f.command(ps)) for f in facts], token)
+    script = ps.sectioned(fact_sections(facts, ps), token)
     result = transport.run_windows(script, timeout=timeout)
     return collect(facts, result, token)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.facts import CONNECTED, SESSION_KEY_PREFIX, Fact, FactSet, gather, linux_facts, public_value
+from orchestrator.facts.base import fact_sections
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import gather_windows_side, windows_facts, windows_modes
 from orchestrator.platforms import Platform, PowerShell, WslShell
@@ -128,14 +129,14 @@ def facts_plan(
     nonce = new_nonce()
     if _is_windows(node, transport):
         windows, own, _ = _windows_plan(node, platform, extra, python)
-        script = platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in own], nonce))
+        script = platform.wrap(platform.sectioned(fact_sections(own, platform), nonce))
         if isinstance(platform, WslShell):
             ps = platform.windows
-            windows_side = ps.wrap(ps.sectioned([(f.name, f.command(ps)) for f in windows], nonce))
+            windows_side = ps.wrap(ps.sectioned(fact_sections(windows, ps), nonce))
             return f"{windows_side}\n# then, inside the WSL distribution:\n{script}"
         return script
     facts = [*linux_facts(python or interpreter_for(node)), *extra]
-    return platform.wrap(platform.sectioned([(f.name, f.command(platform)) for f in facts], nonce))
+    return platform.wrap(platform.sectioned(fact_sections(facts, platform), nonce))
 
 
 def _gather_windows(

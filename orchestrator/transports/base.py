@@ -300,6 +300,11 @@ class Transport(ABC):
         #: through the shell because the SSH server has no sftp subsystem), for ``-v`` and ``check``
         self.notes: list[str] = []
 
+    @property
+    def connected(self) -> bool:
+        """Whether :meth:`connect` would return at once, dialling nothing (False where unknown)."""
+        return False
+
     @abstractmethod
     def connect(self) -> None:
         """Open the connection (idempotent). Raises ``ConnectError`` subclasses. A transport that

@@ -25,6 +25,10 @@ class LocalTransport(Transport):
         self._lock = threading.Lock()
         self._closed = False
 
+    @property
+    def connected(self) -> bool:
+        return not self._closed
+
     def connect(self) -> None:
         if self._closed:  # closing is for good, as for every transport: a cancelled session starts nothing
             raise CancelledError("cancelled before the command could run", node=self.node_name)

@@ -88,7 +88,8 @@ class SSHTransport(Transport):
     #: 2 ms round trip. Files go over SFTP, on their own channel with the default window.
     COMMAND_WINDOW = 64 * 1024
 
-    #: seconds between the bytes written to a running command's stdin (the node's sign of life)
+    #: seconds between the bytes written to a running command's stdin (the node's sign of life; its
+    #: watcher reads them with one bash, no process per heartbeat: stop_on_hangup)
     HEARTBEAT = 2.0
     #: seconds without a heartbeat after which the node stops the command (a controller cut off by
     #: the network leaves nothing running unseen for longer, plus the stop's 5 s KILL grace); far
@@ -204,6 +205,10 @@ class SSHTransport(Transport):
         while isinstance(gateway, Connection):
             gateway.client.close()
             gateway = gateway.gateway
+
+    @property
+    def connected(self) -> bool:
+        return not self._closed and bool(self.conn.is_connected)
 
     def connect(self) -> None:
         with self._lock:

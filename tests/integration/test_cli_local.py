@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -54,6 +55,10 @@ def test_readme_command_one_checks_then_trains_here(tmp_path: Path) -> None:
     run = bootstrap(cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
     assert "embedded default inventory" in run.stderr and "ready to train" in run.stderr
+    # one progress line per phase that did work: no "check ok (0.00s)" for facts read once and
+    # handed on, no "read check" for reads the session held
+    progress = re.findall(r"^local: (.*) ok \(\d+\.\d+s\)$", run.stderr, re.M)
+    assert progress == ["check", "validate"], run.stderr
     assert "2 of 2 rank(s) joined" in run.stderr and "all_reduce result correct" in run.stderr
     assert "local (master)" in run.stdout and "(gloo)" in run.stdout
     assert "[local:0] [rank 0/2]" in run.stdout and "[local:1] [rank 1/2]" in run.stdout

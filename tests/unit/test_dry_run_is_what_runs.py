@@ -31,7 +31,9 @@ from unittest.mock import ANY
 import pytest
 
 from orchestrator.cli.common import Settings
+from orchestrator.cli.report import plan_lines
 from orchestrator.cli.sync import run_sync
+from orchestrator.cli.timesync import print_time_report
 from orchestrator.facts import SESSION_KEY_PREFIX
 from orchestrator.inventory import Inventory, Node, load_inventory, load_inventory_text
 from orchestrator.platforms import PosixShell
@@ -40,7 +42,7 @@ from orchestrator.steps.contract import Report
 from orchestrator.steps.envsync.spec import resolve_spec, stamp_key
 from orchestrator.steps.firewall import FirewallResult, apply_firewall, remove_firewall
 from orchestrator.steps.firewall.rules import ClusterTag
-from orchestrator.steps.timesync import TimeReport, chrony, restore_time, sync_time
+from orchestrator.steps.timesync import NodeTime, chrony, restore_time, sync_time
 from orchestrator.steps.timesync import windows as timesync_windows
 from orchestrator.transports import Result, Transport
 from tests.noderecords import (
@@ -417,10 +419,10 @@ def w32time(command: str) -> tuple[str, int]:
 
 
 def time_runs(
-    run: Callable[[RecordingSession, Inventory, bool], TimeReport],
+    run: Callable[[RecordingSession, Inventory, bool], Report[NodeTime]],
     probe: Mapping[str, str | tuple[str, str]],
     inventory_text: str = TIME_INVENTORY,
-) -> tuple[TimeReport, RecordingSession, TimeReport, RecordingSession]:
+) -> tuple[Report[NodeTime], RecordingSession, Report[NodeTime], RecordingSession]:
     inventory = load_inventory_text(inventory_text, "hosts.yaml")
     runs = []
     for dry_run in (True, False):
@@ -492,33 +494,52 @@ def files_of(probe: str) -> dict[str, str]:
     }
 
 
-def sync(session: RecordingSession, inventory: Inventory, dry_run: bool) -> TimeReport:
+def sync(session: RecordingSession, inventory: Inventory, dry_run: bool) -> Report[NodeTime]:
     return sync_time(session, inventory, dry_run=dry_run, sync_timeout=SYNC_TIMEOUT)
 
 
-def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> TimeReport:
+def restore(session: RecordingSession, inventory: Inventory, dry_run: bool) -> Report[NodeTime]:
     return restore_time(session, inventory, dry_run=dry_run)
 
 
-def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_says() -> None:
-    """Per Linux node, `ntp --dry-run` reads where the node finds the master and what chrony has; the
-    real run reads the same, then runs the script the dry run printed, byte for byte, as root, then
-    only reads (the wait for a source, a clock sample). The file that script writes is the one the
-    printed diff makes of the node's file. A Windows node gets the w32time script printed for it."""
+def shown_plans(report: Report[NodeTime], capsys: pytest.CaptureFixture[str]) -> str:
+    """What `ntp --dry-run` prints for ``report`` (the plans, each below its diff, then the table)."""
+    capsys.readouterr()
+    assert print_time_report(Settings(dry_run=True), report) == 0
+    return capsys.readouterr().out
+
+
+def test_ntp_runs_exactly_the_plan_its_dry_run_shows_and_writes_what_its_diff_says(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Per Linux node, `ntp --dry-run` reads where the node finds the master and what chrony has, and
+    prints its plan (the one dry-run printer) below the configuration diff; the real run reads the
+    same, then runs that plan's script, byte for byte, as root, then only reads (the wait for a
+    source, a clock sample). The file that script writes is the one the printed diff makes of the
+    node's file. A Windows node's plan is the w32time script and its status read, both elevated."""
     dry, dry_session, real, real_session = time_runs(sync, UNCONFIGURED)
     inventory = load_inventory_text(TIME_INVENTORY, "hosts.yaml")
     max_offset_s = inventory.cluster.time.max_offset_ms / 1000
+    printed = shown_plans(dry, capsys)
     for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
         assert shown.value is not None and done.value is not None
-        script = shown.value.script
-        assert script, f"{shown.node}: nothing to change: the comparison would prove nothing"
+        plan = dry.plans[shown.node]
+        assert plan.runs, f"{shown.node}: nothing to change: the comparison would prove nothing"
+        assert real.plans[shown.node] == plan  # the real run applied the plan the dry run showed
+        head = shown.value.diff + "\n".join(plan_lines(plan.public_dict(), shown.node))
+        assert head in printed, shown.node
+        sent = [Sent(run.script, become=run.become) for run in plan.runs]
         extra = after_probes(dry_session.fakes[shown.node], real_session.fakes[shown.node])
         if shown.node == "w":  # w32time: the script, then its status (read-only)
-            assert not dry_session.fakes["w"].log
-            assert extra == [
-                Sent(script, become=True),
-                Sent(timesync_windows.status_script(MASTER), become=True),
-            ]
+            assert not dry_session.fakes["w"].log and all(run.host for run in plan.runs)
+            assert (
+                extra
+                == sent
+                == [
+                    Sent(shown.value.script, become=True),
+                    Sent(timesync_windows.status_script(MASTER), become=True),
+                ]
+            )
             continue
         assert shown.value.state.startswith("would be ") and done.value.state in ("added", "changed")
         shell = PosixShell()
@@ -529,24 +550,30 @@ def test_ntp_runs_exactly_the_script_its_dry_run_shows_and_writes_what_its_diff_
             "cb-000000000000",
         )
         clock = shell.sectioned([("clock.sample", "date +%s.%N")], "cb-000000000000")
-        # the script, then only reads: the wait for its source (as root), a clock sample (the offsets)
-        expected = [Sent(script, become=True), Sent(wait, become=True), Sent(clock)]
+        # the plan's script, then only reads: the wait for its source (as root), a clock sample
+        assert sent == [Sent(shown.value.script, become=True)]
+        expected = [*sent, Sent(wait, become=True), Sent(clock)]
         assert untokened([s for s in extra if isinstance(s, Sent)]) == untokened(expected), shown.node
         # the diff printed is what the script writes
         before = files_of(UNCONFIGURED[shown.node])
+        script = plan.runs[0].script
         assert patched(before, shown.value.diff) == written(script), shown.node
         assert done.value.path in written(script) and done.value.mode == shown.value.mode
 
 
-def test_ntp_restore_runs_exactly_the_script_its_dry_run_shows() -> None:
-    """`ntp --restore --dry-run` reads what chrony has; the real restore reads the same, then runs the
-    script the dry run printed, as root, and nothing else; what its diff shows is what the files
-    become (the backup put back, our files removed)."""
+def test_ntp_restore_runs_exactly_the_plan_its_dry_run_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    """`ntp --restore --dry-run` reads what chrony has and prints each node's plan below its diff;
+    the real restore reads the same, then runs that plan's script, as root, and nothing else; what
+    its diff shows is what the files become (the backup put back, our files removed)."""
     dry, dry_session, real, real_session = time_runs(restore, CONFIGURED)
+    printed = shown_plans(dry, capsys)
     for shown, done in zip(dry.outcomes, real.outcomes, strict=True):
         assert shown.value is not None and done.value is not None
-        script = shown.value.script
-        assert script, f"{shown.node}: nothing to restore: the comparison would prove nothing"
+        plan = dry.plans[shown.node]
+        [run] = plan.runs
+        assert real.plans[shown.node] == plan, f"{shown.node}: nothing to restore: this would prove nothing"
+        assert shown.value.diff + "\n".join(plan_lines(plan.public_dict(), shown.node)) in printed
+        script = run.script
         extra = after_probes(dry_session.fakes[shown.node], real_session.fakes[shown.node])
         assert extra == [Sent(script, become=True)], shown.node
         assert done.value.state == "restored" and shown.value.state.startswith("would be")
@@ -575,18 +602,16 @@ def test_ntp_dry_run_shows_the_install_of_chrony_that_runs_first() -> None:
     text = TIME_INVENTORY.replace("master: a}", "master: a, time: {install: true}}")
     dry, dry_session, _, real_session = time_runs(sync, probes, text)
     [shown] = [o.value for o in dry.outcomes if o.node == "b"]
-    assert (
-        shown is not None
-        and shown.state == "would install"
-        and shown.script == chrony.install_command("apt-get")
-    )
+    [install] = dry.plans["b"].runs  # what a dry run can know there: the install, nothing after it
+    assert shown is not None and shown.state == "would install"
+    assert install.script == shown.script == chrony.install_command("apt-get") and install.become
     # the dry run read chrony's state (as root), then the route to the master with chrony's state
     # nested as root in the same command (one command per node and step); the real run reads the
     # state, installs with the command shown, reads the route and chrony's state again, configures
     probe, route = untokened(dry_session.fakes["b"].sent)
     real = untokened(real_session.fakes["b"].sent)
     assert probe.become and chrony.probe_script(PosixShell()) in probe.command and not route.become
-    assert real[:2] == [probe, Sent(shown.script, become=True)]
+    assert real[:2] == [probe, Sent(install.script, become=True)]
     again = real[2]
     assert isinstance(again, Sent) and not again.become and asks(again.command, "route")
     assert asks(again.command, "as_root") and asks(again.command, "chrony")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,3 +111,33 @@ def test_unparseable_output_becomes_a_fact_error_not_a_crash() -> None:
     found = gather(LocalTransport("local", PosixShell()), [Broken(), linux.CpuCount()])
     assert "broken" in found.errors and "not-a-number" in found.errors["broken"]
     assert found.values["cpus"] >= 1
+
+
+def test_one_interpreter_start_answers_the_python_and_torch_facts() -> None:
+    facts = linux.linux_facts(sys.executable)
+    script = base.read_script(PosixShell(), [base.facts_read("facts", facts)]).script(NONCE)
+    assert script.count(sys.executable) == 1  # each start costs a node ~10 ms of CPU
+    found = gather(LocalTransport("local", PosixShell()), facts)
+    assert found.errors == {}
+    assert found.values["python"].version == ".".join(map(str, sys.version_info[:3]))
+    # -S for the Python fact's lines; the probe adds site-packages after them (torch is in there)
+    assert found.values["torch"].installed and found.values["torch"].version.startswith("2.13.0")
+
+
+def test_a_torch_probe_that_crashed_after_the_interpreter_answered() -> None:
+    said = "/usr/bin/python3\n3.11.2"  # then a traceback on stderr
+    assert linux.Python("python3").parse(said, 1) == linux.PythonInfo("/usr/bin/python3", "3.11.2")
+    with pytest.raises(base.FactParseError, match="printed nothing"):
+        linux.Torch("python3").parse(said, 1)
+
+
+def test_the_host_name_is_read_without_starting_a_process() -> None:
+    # no program can be found: only the shell's own `read` can answer (a process less on every node)
+    said = subprocess.run(
+        ["/bin/sh", "-c", linux.Hostname().command(PosixShell())],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/nonexistent"},
+        check=False,
+    )
+    assert linux.Hostname().parse(said.stdout, said.returncode) == os.uname().nodename

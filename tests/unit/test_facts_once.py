@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.facts.linux import INTERPRETER_SECTION
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.session import Session
@@ -57,9 +58,9 @@ def canned(index: int) -> dict[str, Callable[[], tuple[str, int]]]:
         "kernel": "Linux\n6.1.0-18-amd64\nx86_64",
         "cpus": "4",
         "memory": "MemTotal: 8000000 kB\nMemAvailable: 4000000 kB",
-        "python": "/usr/bin/python3\n3.11.2",
-        "torch": '{"installed": true, "version": "2.5.1", "distributed": true, "gloo": true, '
-        '"gloo_works": true}',
+        # one interpreter start answers the Python and torch facts
+        INTERPRETER_SECTION: '/usr/bin/python3\n3.11.2\n{"installed": true, "version": "2.5.1", '
+        '"distributed": true, "gloo": true, "gloo_works": true}',
         "route": f"resolved 10.0.0.11\n{route} uid 1000",
         "addresses": f"1: lo    inet 127.0.0.1/8 scope host lo\n2: eth0    inet {own}/24 scope global eth0",
         "interfaces": "1: lo: <LOOPBACK,UP> mtu 65536\n2: eth0@if7: <BROADCAST,UP> mtu 1500",
@@ -205,7 +206,9 @@ class FakeSession(Session):
 
 def facts_asked(session: FakeSession) -> dict[str, int]:
     """How many commands asked each node for its facts (the torch probe is one of them)."""
-    return {name: sum(asks(c, "torch") for c in fake.commands) for name, fake in session.fakes.items()}
+    return {
+        name: sum(asks(c, INTERPRETER_SECTION) for c in fake.commands) for name, fake in session.fakes.items()
+    }
 
 
 def verdicts_of(report: Report[NodeChecks]) -> dict[str, dict[str, Verdict]]:
@@ -261,7 +264,7 @@ def test_a_changed_node_is_asked_again_the_others_are_not() -> None:
     assert facts_asked(session) == {"n1": 1, "n2": 2, "n3": 1}
     # remembered facts leave the clock sample and the listener in the check's one command
     (first,) = [c for c in session.fakes["n1"].commands if probe_args(c).startswith("cbt-reach listen ")]
-    assert asks(first, "clock") and not asks(first, "torch")
+    assert asks(first, "clock") and not asks(first, INTERPRETER_SECTION)
 
 
 def test_a_failed_gathering_is_not_remembered() -> None:

@@ -100,3 +100,33 @@ def test_the_unknown_key_block_names_each_offered_type(capsys: pytest.CaptureFix
     assert "`ssh-keygen -lf /etc/ssh/ssh_host_ecdsa_key.pub` (for ecdsa-sha2-nistp256)" in err, err
     assert "`ssh-keygen -lf /etc/ssh/ssh_host_rsa_key.pub` (for ssh-rsa)" in err, err
     assert "ed25519" not in err  # no guess: neither node offered one
+
+
+def test_a_known_hosts_file_is_parsed_once_for_every_node_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parsed: list[str] = []
+    real = paramiko.hostkeys.HostKeyEntry.from_line
+
+    def counting(line: str, lineno: int | None = None) -> paramiko.hostkeys.HostKeyEntry | None:
+        parsed.append(line)
+        return real(line, lineno)
+
+    monkeypatch.setattr(paramiko.hostkeys.HostKeyEntry, "from_line", staticmethod(counting))
+    keys = [_key_line() for _ in range(3)]
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"10.0.0.{i} {line}\n" for i, (_, line) in enumerate(keys)))
+    for node in ("n1", "n2", "n3"):  # 64 nodes parsed 64 x 64 keys per command
+        trust = KnownHosts.load([known], node=node)
+        assert [e.key.asbytes() for e in trust.trusted_for("10.0.0.1")] == [k.asbytes() for k, _ in keys]
+    assert len(parsed) == 3
+    # a node's connection that adds a key to its HostKeys leaves the others' trust as it was
+    trust.trusted_for("10.0.0.1")[0].hostnames.append("10.9.9.9")
+    assert trust.trusted_for("10.0.0.1")[0].hostnames == ["10.0.0.0"]
+    # the file changed (a key accepted, ssh-keygen -R): read again
+    new, new_line = _key_line()
+    with known.open("a") as fh:
+        fh.write(f"10.0.0.9 {new_line}\n")
+    trust = KnownHosts.load([known], node="n1")
+    assert trust.trusted_for("10.0.0.9")[-1].key.asbytes() == new.asbytes()
+    assert len(parsed) == 7

@@ -12,6 +12,7 @@ import threading
 import time
 
 from orchestrator.facts import linux
+from orchestrator.facts.linux import INTERPRETER_SECTION
 from orchestrator.inventory import load_inventory_text
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.preflight import check_plan
@@ -119,7 +120,8 @@ def test_the_dry_run_shows_the_round_trip_and_the_connector() -> None:
     )
     node = inventory.nodes[1]
     first, connector = check_plan(node, LocalTransport("n2", PosixShell()), inventory)
-    order = ["clock", "torch", "route", "root_access", "workdir_mark", " cbt-reach listen ", "workdir_marks"]
+    order = ["clock", INTERPRETER_SECTION, "route", "root_access", "workdir_mark", " cbt-reach listen "]
+    order.append("workdir_marks")
     positions = [first.index(m) if m.startswith(" ") else ask_at(first, m) for m in order]
     assert positions == sorted(positions), positions
     assert " cbt-reach connect ADDRESS 2 " in connector and connector.endswith(

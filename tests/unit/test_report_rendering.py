@@ -108,3 +108,27 @@ def test_a_commands_own_value_named_like_a_parameter_is_a_value_in_its_json(caps
     (doc,) = printed
     assert doc["ok"] is True and doc["fields"] == ["x"]
     assert doc["nodes"] == [{"name": "a", "ok": True, "duration": 0.5, "error": None}]
+
+
+def test_a_slurm_launchs_json_lists_its_nodes_in_the_common_shape(tmp_path: Path) -> None:
+    """`launch --json` on a Slurm cluster: ``nodes`` is the list every command gives (``name``,
+    ``ok``, ``duration``, ``error``), each node with its own exit code; a script reading any other
+    command's nodes reads these the same way."""
+    from orchestrator.cli.common import Settings
+    from orchestrator.cli.slurm import _summary
+    from orchestrator.errors import ExitCode
+    from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmRun
+
+    settings = Settings(json_mode=True)
+    printed: list[dict[str, object]] = []
+    settings.ui.print_json = printed.append  # type: ignore[method-assign]
+    end = JobEnd("42", "FAILED", [NodeEnd("n1", 0, []), NodeEnd("n2", 3, ["boom"])], failed_first="n2")
+    code = _summary(settings, SlurmRun("lab-1", "42", "/shared/lab-1"), end, tmp_path)
+    (doc,) = printed
+    assert code == ExitCode.NODES_FAILED and doc["exit_code"] == int(ExitCode.NODES_FAILED)
+    assert (doc["command"], doc["run_id"], doc["job_id"], doc["state"]) == ("launch", "lab-1", "42", "FAILED")
+    assert (doc["failed_first"], doc["time_limit_reached"], doc["log_dir"]) == ("n2", False, str(tmp_path))
+    assert doc["nodes"] == [
+        {"name": "n1", "ok": True, "duration": 0.0, "error": None, "exit_code": 0},
+        {"name": "n2", "ok": False, "duration": 0.0, "error": None, "exit_code": 3},
+    ]

@@ -8,22 +8,19 @@ recording transports answering from a dict, so each test sees exactly which comm
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from orchestrator.errors import CommandFailedError, ExitCode, SudoPasswordRequiredError
-from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory_text
+from orchestrator.inventory import Node, load_inventory_text
 from orchestrator.plans import NodePlan, Run
-from orchestrator.platforms import Platform, platform_for_node
 from orchestrator.runner import run_step
-from orchestrator.session import Session
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
-from orchestrator.transports import Result, SSHOptions, Transport
-from orchestrator.transports.base import OnLine
+from orchestrator.transports import Result
 from tests.noderecords import answer_sections, sections_asked
+from tests.recording import Answer, RecordingNode, RecordingSession
 
 INVENTORY = """\
 cluster: {name: lab, master: a}
@@ -38,69 +35,31 @@ nodes:
 class Held:  # what one fake node holds: the file's content, and whether sudo asks a password
     content: str
     sudo_password: bool = False
-    sent: list[tuple[str, bool]] = field(default_factory=list)
+    node: RecordingNode | None = None  # the recording transport answering for it
+
+    @property
+    def sent(self) -> list[tuple[str, bool]]:
+        """Every command the node received, with whether it was sent as root."""
+        return [(s.command, s.become) for s in self.node.sent] if self.node is not None else []
 
 
-class FakeNode(Transport):
-    kind = "ssh"
+def _answer(held: Held, *, nested: bool) -> Answer:
+    """The node's shell: the read's sections from ``held`` (``nested``: also the root reads nested in
+    the login user's command, sudo -n's refusal being that section's output), ``write X`` sets it."""
 
-    def __init__(self, name: str, state: Held, platform: Platform) -> None:
-        super().__init__(name, platform)
-        self.state = state
-
-    def connect(self) -> None:
-        pass
-
-    def run(
-        self,
-        command: str,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-        on_line: OnLine | None = None,
-        become: bool = False,
-        keep_lines: int | None = None,
-    ) -> Result:
-        self.state.sent.append((command, become))
-        if become and self.state.sudo_password:
-            return Result(self.node_name, command, 1, "", "sudo: a password is required\n", 0.0)
+    def answer(command: str) -> tuple[str, int]:
         if sections_asked(command):
-            return Result(
-                self.node_name,
-                command,
-                0,
-                answer_sections(command, {"file": (self.state.content, 0)}),
-                "",
-                0.0,
-            )
+            answers = {"file": (held.content, 0)}
+            if nested:
+                answers["owner"] = ("root", 0)
+                answers.update({"as_root": ("sudo: a password is required", 1)} if held.sudo_password else {})
+            return answer_sections(command, answers), 0
         if command.startswith("write "):
-            self.state.content = command.removeprefix("write ")
-            return Result(self.node_name, command, 0, "", "", 0.0)
-        return Result(self.node_name, command, 1, "", "unknown command", 0.0)
+            held.content = command.removeprefix("write ")
+            return "", 0
+        return "unknown command", 1
 
-    def run_raw(self, script: str, **kwargs: Any) -> Result:
-        raise AssertionError("the runner sends commands through Transport.run")
-
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        raise AssertionError("the toy step uploads nothing")
-
-    def get(self, remote: str, local: Path) -> None:
-        raise AssertionError("the toy step downloads nothing")
-
-    def close(self) -> None:
-        pass
-
-
-class FakeSession(Session):
-    def __init__(self, inventory: Inventory, states: Mapping[str, Held]) -> None:
-        super().__init__(
-            inventory, list(inventory.nodes), ssh=SSHOptions(), passwords=PasswordResolver(prompt=None)
-        )
-        self.fakes = {n.name: FakeNode(n.name, states[n.name], platform_for_node(n)) for n in inventory.nodes}
-
-    def transport(self, node: Node) -> Transport:
-        return self.fakes[node.name]
+    return answer
 
 
 @dataclass
@@ -145,8 +104,14 @@ def states(**content: str) -> dict[str, Held]:
     return {name: Held(text) for name, text in content.items()}
 
 
-def session_of(nodes: dict[str, Held]) -> FakeSession:
-    return FakeSession(load_inventory_text(INVENTORY, "hosts.yaml"), nodes)
+def session_of(nodes: dict[str, Held], *, nested: bool = False) -> RecordingSession:
+    """Recording nodes answering from ``nodes``; ``nested``: root reads ride in the user's command."""
+    refusing = [] if nested else [name for name, held in nodes.items() if held.sudo_password]
+    answers = {name: _answer(held, nested=nested) for name, held in nodes.items()}
+    session = RecordingSession(load_inventory_text(INVENTORY, "hosts.yaml"), answers, sudo_password=refusing)
+    for name, held in nodes.items():
+        held.node = session.fakes[name]
+    return session
 
 
 def test_a_dry_run_reads_once_per_node_and_shows_the_plans_the_real_run_applies() -> None:
@@ -207,26 +172,12 @@ class KeepTwo(KeepFile):
         return [*super().reads(node), as_root]
 
 
-class NestedNode(FakeNode):
-    """Answers the root sections nested in the login user's command: sudo -n's refusal is that
-    section's output (its stderr joined to it)."""
-
-    def run(self, command: str, **kwargs: Any) -> Result:  # type: ignore[override]
-        self.state.sent.append((command, bool(kwargs.get("become"))))
-        refused = {"as_root": ("sudo: a password is required", 1)} if self.state.sudo_password else {}
-        answers = {"file": (self.state.content, 0), "owner": ("root", 0), **refused}
-        return Result(self.node_name, command, 0, answer_sections(command, answers), "", 0.0)
-
-
 def test_a_node_read_as_the_login_user_and_as_root_is_asked_one_command() -> None:
     """The root reads ride nested in the login user's command (one `sudo -n` section): one command
     per node; a node whose sudo wants a password is named with the fix, its other reads kept."""
     nodes = states(a="x", b="x", c="x")
     nodes["c"].sudo_password = True
-    session = session_of(nodes)
-    session.fakes = {
-        n.name: NestedNode(n.name, nodes[n.name], platform_for_node(n)) for n in session.inventory.nodes
-    }
+    session = session_of(nodes, nested=True)
     report = run_step(session, KeepTwo("x"), dry_run=True)
     assert [len(n.sent) for n in nodes.values()] == [1, 1, 1]
     assert not any(become for n in nodes.values() for _, become in n.sent)
@@ -257,10 +208,7 @@ def test_a_section_asked_as_root_and_as_the_login_user_alike_is_asked_once_as_th
             return [first, Read("keep.root", first.sections, first.parse, become=True)]
 
     nodes = states(a="x", b="y", c="x")
-    session = session_of(nodes)
-    session.fakes = {
-        n.name: NestedNode(n.name, nodes[n.name], platform_for_node(n)) for n in session.inventory.nodes
-    }
+    session = session_of(nodes, nested=True)
     run_step(session, Both("x"), dry_run=True)
     [(command, become)] = nodes["b"].sent
     assert not become and [name for _, name in sections_asked(command)] == ["file"]

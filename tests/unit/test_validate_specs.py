@@ -352,7 +352,7 @@ def test_native_windows_worker_lines_tagged_twice_reach_the_report(monkeypatch: 
                 on_line(node.name, tag + tag + said.rstrip("\n"))
             on_line(node.name, tag + tag + "UserWarning: a rank's own words")
 
-    monkeypatch.setattr("orchestrator.steps.validate.run_node", ranks_speak)
+    monkeypatch.setattr("orchestrator.steps.rank_workers.run_node", ranks_speak)
     said: list[tuple[str, int | None, str]] = []
     session = _Session(
         list(inventory.nodes), {n.name: SimpleNamespace(platform=PowerShell()) for n in inventory.nodes}
@@ -438,8 +438,7 @@ def test_worker_lines_from_the_users_environment_do_not_count(
                 said = records.record(nonce, step, json.dumps({**record, "rank": rank}))
                 on_line(node.name, tag + said.rstrip("\n"))
 
-    monkeypatch.setattr("orchestrator.steps.validate.run_node", ranks_speak)
-    monkeypatch.setattr("orchestrator.steps.launch.run_node", ranks_speak)
+    monkeypatch.setattr("orchestrator.steps.rank_workers.run_node", ranks_speak)
     shown: list[str] = []
     session = _Session(
         list(inventory.nodes), {n.name: SimpleNamespace(platform=PosixShell()) for n in inventory.nodes}

@@ -5,6 +5,16 @@
 import os
 import sys
 
+# The Python fact's answer first (facts/linux.py: one interpreter start answers both facts), before
+# anything that could fail. Started with -S, so that answer does not depend on site-packages: they
+# are added after it, as a plain start would have.
+print(sys.executable)
+print("%d.%d.%d" % sys.version_info[:3])
+if sys.flags.no_site:
+    import site
+
+    site.main()
+
 PROBE_VERSION = 4
 
 

@@ -21,7 +21,7 @@ from orchestrator.errors import CommandFailedError
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import Platform, platform_for_node, posix_for_node, windows_host_shell
 from orchestrator.records import new_nonce
-from orchestrator.runner import run_step
+from orchestrator.runner import Reach, run_step
 from orchestrator.steps.addresses import Reached, cluster_address, reached_from
 from orchestrator.steps.contract import ClusterFacts, Read, Report, Sections, Step
 from orchestrator.steps.firewall.firewalld import firewalld_commands
@@ -60,6 +60,7 @@ __all__ = [
     "FirewallResult",
     "apply_firewall",
     "cluster_addresses",
+    "firewall_report",
     "plan_node",
     "plan_windows",
     "remove_firewall",
@@ -527,3 +528,14 @@ def remove_firewall(
     """Delete every rule tagged with this cluster's tag on ``nodes`` (and our persisted files), nothing
     else: what `bootstrap firewall --remove` and teardown do."""
     return run_step(session, Firewall(inventory, remove=True), nodes, dry_run=dry_run)
+
+
+def firewall_report(
+    reach: Reach, inventory: Inventory, selected: list[Node], *, remove: bool, dry_run: bool
+) -> Report[FirewallResult]:
+    """`bootstrap firewall` (``remove``: `--remove`) on ``selected``: the session reaches every node
+    of the inventory, whose cluster addresses are the peer set, but changes only the selected ones
+    (`--remove` needs no peers: the selected nodes only)."""
+    reached = selected if remove else list(inventory.nodes)
+    step = remove_firewall if remove else apply_firewall
+    return reach.within(reached, "firewall", lambda on: step(on, inventory, selected, dry_run=dry_run))

@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import BootstrapError, CommandFailedError
-from orchestrator.executor import Outcome
-from orchestrator.facts.base import Read, facts_read, read_script
+from orchestrator.executor import GroupResult, Outcome
+from orchestrator.facts.base import FactSet, Read, facts_read, read_script
 from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.plans import NodePlan
 from orchestrator.platforms import PosixShell
-from orchestrator.runner import gather_reads, run_step
+from orchestrator.runner import Reach, gather_reads, run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
     MasterIdentity,
@@ -315,16 +315,39 @@ def gather_node_facts(
 ) -> tuple[list[Outcome[InspectedNode]], list[PreflightFacts]]:
     """Connect and gather `inspect`'s facts plus the preflight's, one round trip per node, once per
     session: what an earlier phase of the session gathered (the preflight) is handed on."""
-    master = inventory.master_node
-    inspected = session.map(
-        lambda node, transport: inspect_once(
-            session, node, transport, preflight_facts(node, master), python=training_python(node, inventory)
-        ),
-        step="check",
-        connect=False,
-    )
+    inspected = _inspected(session, inventory, {})
     facts = [_node_facts(node, o.value) for node, o in zip(session.nodes, inspected, strict=True) if o.value]
     return inspected, facts
+
+
+def _inspected(
+    session: Session, inventory: Inventory, failed: Mapping[str, BootstrapError | None]
+) -> GroupResult[InspectedNode]:
+    """``inspect_once`` of every node of the session (``failed``: its read's error, raised as its
+    outcome). A connected node whose facts the session holds is answered here: a fan-out would
+    only print another "check ok" line for it; the others go through one fan-out."""
+    master = inventory.master_node
+
+    def facts_of(node: Node, transport: Transport) -> InspectedNode:
+        error = failed.get(node.name)
+        if error is not None:
+            raise error
+        extra = preflight_facts(node, master)
+        return inspect_once(session, node, transport, extra, python=training_python(node, inventory))
+
+    direct: dict[str, Outcome[InspectedNode]] = {}
+    for node in session.nodes:
+        key = facts_key(preflight_facts(node, master), training_python(node, inventory))
+        if failed.get(node.name) is not None or not isinstance(session.recall(node.name, key), FactSet):
+            continue
+        transport = session.transport(node)
+        if transport.connected:
+            direct[node.name] = Outcome(node.name, facts_of(node, transport), None, 0.0)
+    rest = [n for n in session.nodes if n.name not in direct]
+    mapped = {
+        o.node: o for o in (session.map(facts_of, step="check", connect=False, nodes=rest) if rest else [])
+    }
+    return GroupResult(direct.get(n.name) or mapped[n.name] for n in session.nodes)
 
 
 def _first_round(
@@ -353,16 +376,7 @@ def _first_round(
         early = take(session, name, plan) if plan is not None else None
         if early is not None:
             rounds[name], tokens[name] = early.round, early.token
-    master = inventory.master_node
-
-    def facts_of(node: Node, transport: Transport) -> InspectedNode:
-        error = failed.get(node.name)
-        if error is not None:
-            raise error
-        extra = preflight_facts(node, master)
-        return inspect_once(session, node, transport, extra, python=training_python(node, inventory))
-
-    return session.map(facts_of, step="check", connect=False), rounds
+    return _inspected(session, inventory, failed), rounds
 
 
 def _workdir_check(
@@ -398,6 +412,11 @@ def _workdir_check(
         if not failed:
             read.append(Outcome(node.name, {where: parse_listing(marks_out)}, None, 0.0))
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
+
+
+def preflight_report(reach: Reach, inventory: Inventory, nodes: list[Node]) -> Report[NodeChecks]:
+    """`bootstrap check` on ``nodes``: :func:`run_preflight` on a session reaching them."""
+    return reach.within(nodes, "check", lambda on: run_preflight(on, inventory))
 
 
 def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:

@@ -29,6 +29,7 @@ from orchestrator.facts.base import (
     FactParseError,
     FactSet,
     SectionStream,
+    fact_sections,
     parse_sections,
     split_sections,
 )
@@ -107,7 +108,7 @@ class NodeRound:
         self.facts_timeout = facts_timeout
         self._clock = WallClock()
         platform = transport.platform
-        first = [(f.name, f.command(platform)) for f in [self._clock, *facts]] + list(before)
+        first = fact_sections([self._clock, *facts], platform) + list(before)
         self._token = new_nonce()  # the records' nonce: no output of the node can fake them
         self.script = platform.sectioned(first, self._token)
         if listener is not None:

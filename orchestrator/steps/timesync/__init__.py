@@ -26,13 +26,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UsageError
-from orchestrator.executor import Outcome
-from orchestrator.runner import run_step
+from orchestrator.executor import GroupResult, Outcome
+from orchestrator.plans import NodePlan
+from orchestrator.runner import Reach, run_step
+from orchestrator.steps.contract import Report
 from orchestrator.steps.timesync import chrony
 from orchestrator.steps.timesync.apply import RestoreTime, settled
 from orchestrator.steps.timesync.chrony.config import ChronyRole, time_source
 from orchestrator.steps.timesync.chrony.probe import Probe
-from orchestrator.steps.timesync.report import NodeTime, TimeReport
+from orchestrator.steps.timesync.report import NodeTime
 from orchestrator.steps.timesync.steps import ConfigureTime, InstallChrony, TimeContext
 from orchestrator.steps.timesync.verify import AwaitTime, MeasureTime
 
@@ -40,7 +42,57 @@ if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
 
-__all__ = ["NodeTime", "RestoreTime", "TimeReport", "restore_time", "sync_time"]
+__all__ = ["NodeTime", "RestoreTime", "restore_time", "sync_time", "time_report"]
+
+
+def time_report(
+    reach: Reach,
+    inventory: Inventory,
+    nodes: list[Node],
+    *,
+    restore: bool = False,
+    dry_run: bool = False,
+    no_clock_control: bool = False,
+    sync_timeout: float = chrony.SYNC_TIMEOUT,
+) -> Report[NodeTime]:
+    """`bootstrap ntp` (``restore``: `ntp --restore`) on ``nodes``, on a session reaching them."""
+    if restore:
+        return reach.within(
+            nodes, "ntp --restore", lambda on: restore_time(on, inventory, nodes, dry_run=dry_run)
+        )
+    return reach.within(
+        nodes,
+        "ntp",
+        lambda on: sync_time(
+            on,
+            inventory,
+            nodes,
+            dry_run=dry_run,
+            no_clock_control=no_clock_control,
+            sync_timeout=sync_timeout,
+        ),
+    )
+
+
+def _report(
+    step: str,
+    inventory: Inventory,
+    outcomes: list[Outcome[NodeTime]],
+    plans: dict[str, NodePlan],
+    *,
+    dry_run: bool,
+    warnings: list[str],
+) -> Report[NodeTime]:
+    """The time step's one report: a node whose row has a problem fails it."""
+    return Report(
+        step=step,
+        outcomes=GroupResult(outcomes),
+        plans=plans,
+        warnings=warnings,
+        data={"master": inventory.cluster.master, "max_offset_ms": inventory.cluster.time.max_offset_ms},
+        dry_run=dry_run,
+        failing=[o.node for o in outcomes if o.value is not None and o.value.problem is not None],
+    )
 
 
 def sync_time(
@@ -51,16 +103,18 @@ def sync_time(
     dry_run: bool = False,
     no_clock_control: bool = False,
     sync_timeout: float = chrony.SYNC_TIMEOUT,
-) -> TimeReport:
+) -> Report[NodeTime]:
     """Configure time sync on ``nodes`` (default: the session's), await it, measure, report.
 
     Runner steps, one after the other, none with a loop over nodes of its own: chrony installed where
     missing (``time.install``), then every node configured, a serving master first (workers' first
     polls must find it answering) (steps.py); then the changed nodes' synchronisation awaited, and
     every node's offset from the master measured (the master always: offsets are from its clock),
-    both made of reads (verify.py). ``dry_run`` reads the nodes (read-only) and returns
-    each node's configuration diff and script, changing nothing. ``no_clock_control``: chronyd -x
-    everywhere (it never adjusts the clock; tests: every namespace shares this machine's clock).
+    both made of reads (verify.py). The report's plans: each node's install, then its configuration
+    (what a dry run shows: it reads the nodes, read-only, and changes nothing; a node chrony would be
+    installed on shows the install only, what follows depends on the files its package brings).
+    ``no_clock_control``: chronyd -x everywhere (it never adjusts the clock; tests: every namespace
+    shares this machine's clock).
     ``sync_timeout``: seconds each node gets to follow its source within the threshold.
     """
     settings = inventory.cluster.time
@@ -77,8 +131,10 @@ def sync_time(
     errors: dict[str, Outcome[NodeTime]] = {}
     installed: set[str] = set()
     would_install: dict[str, str] = {}
+    plans: dict[str, NodePlan] = {}
     if settings.manage and settings.install:
         report = run_step(session, InstallChrony(), chosen, dry_run=dry_run)
+        plans.update((name, plan) for name, plan in report.plans.items() if plan.actions)
         for o in report.outcomes:
             if o.error is not None:
                 errors[o.node] = Outcome(o.node, None, o.error, o.duration, o.finished)
@@ -93,6 +149,9 @@ def sync_time(
         would_install=would_install,
     )
     configured = run_step(session, step, [n for n in chosen if n.name not in errors], dry_run=dry_run)
+    for name, plan in configured.plans.items():  # after the install that ran (or would run) first
+        first = plans.get(name)
+        plans[name] = NodePlan(name, [*(first.actions if first else []), *plan.actions], plan.detail)
     values: dict[str, NodeTime] = {}
     for done in configured.outcomes:
         if done.value is not None:
@@ -127,7 +186,7 @@ def sync_time(
         else:
             outcomes.append(Outcome(node.name, values.get(node.name), None, 0.0))
     warnings = context.addresses.warnings if context.addresses is not None else []
-    return TimeReport(outcomes, settings.max_offset_ms, master.name, dry_run, warnings)
+    return _report("ntp", inventory, outcomes, plans, dry_run=dry_run, warnings=warnings)
 
 
 def to_await(
@@ -157,10 +216,9 @@ def to_await(
 
 def restore_time(
     session: Session, inventory: Inventory, nodes: list[Node] | None = None, *, dry_run: bool = False
-) -> TimeReport:
+) -> Report[NodeTime]:
     """Undo `sync_time` on ``nodes`` (:class:`~orchestrator.steps.timesync.apply.RestoreTime`): for
     `bootstrap teardown` and `bootstrap ntp --restore`."""
     report = run_step(session, RestoreTime(), nodes, dry_run=dry_run)
-    return TimeReport(
-        report.outcomes, inventory.cluster.time.max_offset_ms, inventory.cluster.master, dry_run
-    )
+    outcomes = list(report.outcomes)
+    return _report("ntp --restore", inventory, outcomes, report.plans, dry_run=dry_run, warnings=[])

@@ -1,14 +1,13 @@
 """What the time step reports: one :class:`NodeTime` per node (a row of the summary table, and of
-``--json``), gathered in a :class:`TimeReport` for the run."""
+``--json``), the value of each node's outcome in the step's one
+:class:`~orchestrator.steps.contract.Report`."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestrator.executor import Outcome
-
-__all__ = ["NodeTime", "TimeReport"]
+__all__ = ["NodeTime"]
 
 
 @dataclass
@@ -40,33 +39,3 @@ class NodeTime:
 
     def public_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass
-class TimeReport:
-    outcomes: list[Outcome[NodeTime]]  # one per node, inventory order
-    max_offset_ms: float
-    master: str
-    dry_run: bool = False
-    warnings: list[str] = field(default_factory=list)  # e.g. a worker whose own address disagrees
-
-    @property
-    def failed(self) -> bool:
-        return any(not o.ok or (o.value is not None and o.value.problem) for o in self.outcomes)
-
-    def public_dict(self) -> dict[str, Any]:
-        return {
-            "master": self.master,
-            "max_offset_ms": self.max_offset_ms,
-            "dry_run": self.dry_run,
-            "warnings": self.warnings,
-            "nodes": [
-                {
-                    "name": o.node,
-                    "ok": o.ok and not (o.value and o.value.problem),
-                    "error": None if o.error is None else {"message": o.error.message, "hint": o.error.hint},
-                    **(o.value.public_dict() if o.value else {}),
-                }
-                for o in self.outcomes
-            ],
-        }

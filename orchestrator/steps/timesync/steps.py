@@ -130,6 +130,7 @@ class TimePlan:
     value: NodeTime
     probe: Probe | None = None
     script: str = ""
+    done: str = ""  # what the node's row says once the plan ran ("wrote /etc/chrony.conf")
 
 
 @dataclass
@@ -275,8 +276,9 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
             return NodePlan(node.name, detail=TimePlan(out, probe))
         script = "set -e\n" + "\n".join(parts)
         done = f"wrote {change.path}" if change.changed else "started chronyd"
-        run = Run(script, become=True, timeout=CONFIGURE_TIMEOUT, what=done)
-        return NodePlan(node.name, [run], detail=TimePlan(out, probe, script))
+        what = f"writing {change.path}, (re)starting chronyd" if change.changed else "starting chronyd"
+        run = Run(script, become=True, timeout=CONFIGURE_TIMEOUT, what=what)
+        return NodePlan(node.name, [run], detail=TimePlan(out, probe, script, done))
 
     def _plan_windows(self, node: Node, context: TimeContext) -> NodePlan:
 
@@ -328,7 +330,7 @@ class ConfigureTime(Step[TimeContext, NodeTime]):
                 hint=f"see {out.path}; `bootstrap ntp --restore` puts back the previous configuration",
                 result=ran,
             )
-        out.actions.append(plan.runs[0].what)
+        out.actions.append(detail.done)
         return out
 
 
