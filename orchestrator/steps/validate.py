@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
-from orchestrator.errors import BootstrapError, CancelledError, CommandFailedError, ExitCode
+from orchestrator.errors import (
+    BootstrapError,
+    CancelledError,
+    CommandFailedError,
+    ExitCode,
+    UnsafeDirectoryError,
+)
 from orchestrator.executor import exit_code_for
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
@@ -226,6 +232,8 @@ class Validation:
         unreachable = exit_code_for(self.plan.inspected)
         if unreachable != ExitCode.OK:
             return unreachable
+        if _refusals(self):
+            return ExitCode.USAGE  # a workdir another user could change: the inventory has to change
         return ExitCode.OK if self.report.ok and not failure_summary(self) else ExitCode.NODES_FAILED
 
 
@@ -279,6 +287,9 @@ def validate(
 
 def failure_summary(validation: Validation) -> list[str]:
     """What went wrong, most telling first (empty when validation passed)."""
+    refused = _refusals(validation)
+    if refused:  # no rank started there, so the others waited in vain: the refusal is the cause
+        return refused
     report = validation.report
     lines: list[str] = []
     never = report.never_joined()
@@ -311,6 +322,11 @@ def failure_summary(validation: Validation) -> list[str]:
     if not lines and not report.ok:
         lines.append("validation did not complete")
     return lines
+
+
+def _refusals(validation: Validation) -> list[str]:
+    """The nodes whose run directory was refused (``UnsafeDirectoryError``), one line each."""
+    return [str(o.error) for o in validation.outcomes if isinstance(o.error, UnsafeDirectoryError)]
 
 
 def _last_words(failure: CommandFailedError, nonce: str, count: int = 3) -> list[str]:

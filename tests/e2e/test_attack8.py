@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pwd
 import re
 import shutil
 import sys
@@ -147,5 +148,37 @@ def test_a_code_directory_another_user_planted_is_refused_before_the_script_runs
         said = [line for line in run.stderr.splitlines() if "refusing " in line]
         assert len(said) == 1 and f"'{host.name}'" in said[0], run
         assert f"refusing {code}: it belongs to another user (owner {attacker}" in said[0], run
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_validate_in_a_workdir_another_user_made_names_the_refusal_alone_and_exits_2(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path, attacker: str
+) -> None:
+    """The workdir sits in a scratch directory and another local user made it first. Validate
+    refuses it (nothing is written there) and says so in one line, exit 2 as launch does; earlier it
+    led with `ranks never joined: node1 (rank 0)` and exited 1, as if the network were at fault."""
+    scratch = Path(tempfile.mkdtemp(prefix="cbt-scratch8-", dir="/tmp"))
+    scratch.chmod(0o1777)
+    host = cluster.host("node1")
+    try:
+        made = cluster.host_run(
+            host,
+            ["runuser", "-u", attacker, "--", "mkdir", "-m", "777", str(scratch / "cb")],
+            capture_output=True,
+        )
+        assert made.returncode == 0, made.stderr
+        node = {"name": host.name, "host": host.addr, "user": "root", "python": sys.executable,
+                "workdir": str(scratch / "cb")}  # fmt: skip
+        inv = write_inventory(tmp_path / "h.yaml", [node], name="planted", master=host.name, backend="gloo")
+        run = bootstrap("-i", str(inv), "validate", cwd=tmp_path, timeout=300)
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+        assert run.returncode == 2, run
+        uid = pwd.getpwnam(attacker).pw_uid
+        said = f"error: node '{host.name}': refusing {scratch / 'cb'}: it belongs to another user"
+        assert len(errors) == 1 and errors[0].startswith(
+            f"{said} (owner {attacker} (uid {uid}), mode 0777)"
+        ), run
+        assert list((scratch / "cb").iterdir()) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
