@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.runs.control import (
@@ -226,6 +226,7 @@ def fetch_on_slurm(
 ) -> FetchReport:
     """fetch of a Slurm run: its nodes' directories are on the shared file system, read through the
     login host (``session``: over that host alone); ``copy`` False (--dry-run) lists, copies nothing."""
+    check_fetch_paths(paths)
     from orchestrator.slurm.job import login_node
     from orchestrator.slurm.run import fetch_run
 
@@ -238,10 +239,18 @@ def fetch_on_slurm(
     )
 
 
+def check_fetch_paths(paths: Sequence[str]) -> None:
+    """An empty PATH names nothing (as a relative path it would be the whole run's outputs): a usage
+    error, not a copy of everything."""
+    if any(not path.strip() for path in paths):
+        raise UsageError("fetch: an empty PATH names no file", hint="name the file or directory to copy")
+
+
 def fetch_all(
     session: Session, run_id: str, paths: Sequence[str], *, code_dir: str | None, from_code: bool
 ) -> FetchReport:
     """Each path from every node into runs/<run-id>/<node>/ here."""
+    check_fetch_paths(paths)
     return FetchReport(
         session.map(
             lambda node, t: fetch_node(

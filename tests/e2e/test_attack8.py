@@ -182,3 +182,21 @@ def test_validate_in_a_workdir_another_user_made_names_the_refusal_alone_and_exi
         assert list((scratch / "cb").iterdir()) == []
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_fetch_of_an_empty_path_is_a_usage_error_not_a_copy_of_every_output(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """`fetch ""` (an unset shell variable: `fetch "$CKPT"`) named the run's whole `$CB_RUN_DIR` and
+    copied all of it, checkpoints included, into `path0/`, exit 0. Now one line, exit 2, nothing copied."""
+    script = tmp_path / "out.py"
+    script.write_text("import os\nopen(os.path.join(os.environ['CB_RUN_DIR'], 'last.pt'), 'w').write('x')\n")
+    inv = _inventory(cluster, tmp_path, script)
+    assert bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=300).returncode == 0
+    fetched = bootstrap("-i", str(inv), "fetch", "", cwd=tmp_path)
+    assert fetched.returncode == 2, fetched
+    assert [line for line in fetched.stderr.splitlines() if line.startswith("error: ")] == [
+        "error: fetch: an empty PATH names no file (name the file or directory to copy)"
+    ], fetched
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not [p for p in run_dir.iterdir() if p.is_dir()]  # nothing fetched
