@@ -17,7 +17,7 @@ PROBE = resources.files("orchestrator.facts.probes").joinpath("torch_facts.py").
 
 def _probe(cache_home: Path) -> dict[str, object]:
     out = subprocess.run(
-        [sys.executable, "-c", PROBE],
+        [sys.executable, "-S", "-c", PROBE],  # as check starts it (facts/linux.py interpreter_probe)
         capture_output=True,
         text=True,
         timeout=300,
@@ -25,8 +25,9 @@ def _probe(cache_home: Path) -> dict[str, object]:
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1, out.stdout  # the facts parser reads the last line: nothing else is printed
-    answer = json.loads(lines[0])
+    # the interpreter's path and version (the Python fact), then the one line the torch fact reads
+    assert len(lines) == 3 and lines[1] == ".".join(map(str, sys.version_info[:3])), out.stdout
+    answer = json.loads(lines[2])
     assert isinstance(answer, dict)
     return answer
 
