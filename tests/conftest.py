@@ -1,5 +1,6 @@
 """Shared fixtures: the namespace cluster (tests/cluster.py) and a test-local HOME for CLI runs."""
 
+import contextlib
 import json
 import os
 import pwd
@@ -227,6 +228,18 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def other_local_user(cluster: NamespaceCluster, name: str) -> Iterator[str]:
+    """Another local user of this machine, so of every namespace host (no key to log in with): the
+    attacker of the hostile-user tests. ``name``: one no other test file uses (users are shared by
+    every test process); removed on exit."""
+    cluster.add_user(name, authorized_key=False)
+    try:
+        yield name
+    finally:
+        cluster.remove_user(name)
 
 
 def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: object) -> Path:

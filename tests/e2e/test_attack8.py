@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import NamespaceCluster
-from tests.conftest import write_inventory
+from tests.conftest import other_local_user, write_inventory
 from tests.e2e.test_train import Bootstrap
 from tests.integration.test_runs import await_
 
@@ -26,11 +26,8 @@ ATTACKER = "cbtattack8"
 
 @pytest.fixture(scope="module")
 def attacker(cluster: NamespaceCluster) -> Iterator[str]:
-    cluster.add_user(ATTACKER, authorized_key=False)
-    try:
-        yield ATTACKER
-    finally:
-        cluster.remove_user(ATTACKER)
+    with other_local_user(cluster, ATTACKER) as name:
+        yield name
 
 
 def _inventory(cluster: NamespaceCluster, tmp_path: Path, script: Path) -> Path:

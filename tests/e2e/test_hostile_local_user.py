@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import NamespaceCluster, TestHost
-from tests.conftest import CliRun, write_inventory
+from tests.conftest import CliRun, other_local_user, write_inventory
 
 Bootstrap = Callable[..., CliRun]
 
@@ -34,11 +34,8 @@ ATTACKER = "cbthostile"
 
 @pytest.fixture(scope="module")
 def attacker(cluster: NamespaceCluster) -> Iterator[str]:
-    cluster.add_user(ATTACKER, authorized_key=False)
-    try:
-        yield ATTACKER
-    finally:
-        cluster.remove_user(ATTACKER)
+    with other_local_user(cluster, ATTACKER) as name:
+        yield name
 
 
 @pytest.fixture
