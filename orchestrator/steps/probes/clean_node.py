@@ -245,6 +245,8 @@ def main():
             for path, is_dir in paths:
                 try:
                     remove(path, is_dir)
+                except FileNotFoundError:
+                    pass  # gone meanwhile (another check rewrote its torch cache, another clean): as asked
                 except OSError as exc:
                     result["errors"].append("%s: %s" % (path, exc.strerror or exc))
             for directory in [*dirs, workdir]:
