@@ -278,6 +278,22 @@ def trusted_home(cluster: NamespaceCluster, ctl_home: Path) -> Path:
     return ctl_home
 
 
+@contextlib.contextmanager
+def connected_root_transport(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[Any]:
+    """``root_transport`` to the cluster's first host, its host keys in ``ctl_home``'s known_hosts and
+    an empty ssh config there, connected from the controller namespace; closed on exit."""
+    known = ctl_home / ".ssh" / "known_hosts"
+    known.write_text(cluster.known_hosts_text())
+    (ctl_home / ".ssh" / "config").write_text("")
+    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
+    with netns.inside(cluster.controller_ns):
+        t.connect()
+    try:
+        yield t
+    finally:
+        t.close()
+
+
 def root_transport(cluster: NamespaceCluster, host: TestHost, known_hosts: Path, ssh_config: Path) -> Any:
     """An unconnected SSHTransport to ``host`` as root with the cluster's key only (in-process tests
     connect it inside ``tests.netns.inside(cluster.controller_ns)``)."""

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.transports import SSHTransport
-from tests import netns
 from tests.cluster import NamespaceCluster
-from tests.conftest import root_transport
+from tests.conftest import connected_root_transport
 from tests.integration.test_code_sync import Harness, _project
 
 
@@ -125,14 +124,8 @@ def test_the_bundle_is_never_readable_by_others_while_it_arrives(
 
 @pytest.fixture
 def transport(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
-    known = ctl_home / ".ssh" / "known_hosts"
-    known.write_text(cluster.known_hosts_text())
-    (ctl_home / ".ssh" / "config").write_text("")
-    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
-    with netns.inside(cluster.controller_ns):
-        t.connect()
-    yield t
-    t.close()
+    with connected_root_transport(cluster, ctl_home) as t:
+        yield t
 
 
 def test_a_private_upload_has_its_mode_before_its_first_byte(transport: SSHTransport, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from orchestrator.transports.base import BlockHandler, Stream
 from orchestrator.transports.ssh import SSHTransport
 from tests import netns
 from tests.cluster import NamespaceCluster, TestHost
-from tests.conftest import BOOTSTRAP, CliRun, root_transport, write_inventory
+from tests.conftest import BOOTSTRAP, CliRun, connected_root_transport, root_transport, write_inventory
 from tests.noderecords import nonce_of
 
 MARKER_ENV = RUN_MARKER_ENV.encode()
@@ -112,14 +112,8 @@ def cut_ssh_sessions(cluster: NamespaceCluster, host: TestHost) -> int:
 
 @pytest.fixture
 def node1(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
-    known = ctl_home / ".ssh" / "known_hosts"
-    known.write_text(cluster.known_hosts_text())
-    (ctl_home / ".ssh" / "config").write_text("")
-    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
-    with netns.inside(cluster.controller_ns):
-        t.connect()
-    yield t
-    t.close()
+    with connected_root_transport(cluster, ctl_home) as t:
+        yield t
 
 
 def _node(tmp_path: Path, name: str = "node1") -> Any:

@@ -14,21 +14,14 @@ import pytest
 
 from orchestrator.slurm.relay import SrunTransport
 from orchestrator.transports import SSHTransport
-from tests import netns
 from tests.cluster import NamespaceCluster
-from tests.conftest import root_transport
+from tests.conftest import connected_root_transport
 
 
 @pytest.fixture
 def login(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
-    known = ctl_home / ".ssh" / "known_hosts"
-    known.write_text(cluster.known_hosts_text())
-    (ctl_home / ".ssh" / "config").write_text("")
-    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
-    with netns.inside(cluster.controller_ns):
-        t.connect()
-    yield t
-    t.close()
+    with connected_root_transport(cluster, ctl_home) as t:
+        yield t
 
 
 def test_the_nodes_of_an_allocation_upload_at_once_through_the_login_hosts_connection(

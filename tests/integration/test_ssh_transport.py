@@ -20,9 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.transports import SSHTransport
-from tests import netns
 from tests.cluster import NamespaceCluster
-from tests.conftest import root_transport
+from tests.conftest import connected_root_transport
 
 arg_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=60)
 env_names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True).filter(
@@ -40,14 +39,8 @@ ECHO = (
 
 @pytest.fixture
 def transport(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[SSHTransport]:
-    known = ctl_home / ".ssh" / "known_hosts"
-    known.write_text(cluster.known_hosts_text())
-    (ctl_home / ".ssh" / "config").write_text("")
-    t = root_transport(cluster, cluster.hosts[0], known, ctl_home / ".ssh" / "config")
-    with netns.inside(cluster.controller_ns):
-        t.connect()
-    yield t
-    t.close()
+    with connected_root_transport(cluster, ctl_home) as t:
+        yield t
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
