@@ -92,14 +92,7 @@ def read_node(
     command (the root reads nested in it) and kept in the session (a ``fresh`` read is always asked,
     and not kept). A node that cannot be reached raises; a read that fails is the result's ``error``
     (a refused sudo: one error naming the node and the fix). ``send``: see :data:`Send`."""
-    out = NodeReads()
-    missing: list[Read] = []
-    held = set(session.keys(node.name))
-    for read in reads:
-        if read.key in held and not read.fresh:
-            out.values[read.key] = session.recall(node.name, read.key)
-        else:
-            missing.append(read)
+    out, missing = _held(session, node, reads)
     if not missing and send is None:
         return out
     start = time.monotonic()
@@ -164,40 +157,39 @@ def gather_reads(
         return GroupResult()
     senders = send or {}
     dead = set(session.unreachable())  # its map says so, whatever the session holds of it
-    held = {
-        n.name: values
-        for n in nodes
-        if n.name not in senders
-        and n.name not in dead
-        and (values := _all_held(session, n, reads[n.name])) is not None
-    }
+    held: dict[str, NodeReads] = {}
+    for node in nodes:
+        values, missing = _held(session, node, reads[node.name])
+        if not missing and node.name not in senders and node.name not in dead:
+            held[node.name] = values
     asked = [n for n in nodes if n.name not in held]
-    answered = {
-        o.node: o
-        for o in (
-            session.map(
-                lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
-                step=step,
-                nodes=asked,
-                connect=False,
-            )
-            if asked
-            else []
+    mapped = (
+        session.map(
+            lambda n, t: read_node(session, n, t, reads[n.name], send=senders.get(n.name)),
+            step=step,
+            nodes=asked,
+            connect=False,
         )
-    }
+        if asked
+        else []
+    )
+    answered = {o.node: o for o in mapped}
     return GroupResult(
         answered[n.name] if n.name in answered else Outcome(n.name, held[n.name], None, 0.0) for n in nodes
     )
 
 
-def _all_held(session: Session, node: Node, reads: Sequence[Read]) -> NodeReads | None:
-    """The values of ``reads`` when the session holds every one of them (none ``fresh``), else None."""
+def _held(session: Session, node: Node, reads: Sequence[Read]) -> tuple[NodeReads, list[Read]]:
+    """The values of ``reads`` the session holds for ``node``, and the reads it must ask (the ones
+    it does not hold, and every ``fresh`` one)."""
+    out, missing = NodeReads(), []
     keys = set(session.keys(node.name))
-    if any(r.fresh or r.key not in keys for r in reads):
-        return None
-    out = NodeReads()
-    out.values.update({r.key: session.recall(node.name, r.key) for r in reads})
-    return out
+    for read in reads:
+        if read.key in keys and not read.fresh:
+            out.values[read.key] = session.recall(node.name, read.key)
+        else:
+            missing.append(read)
+    return out, missing
 
 
 def run_step(

@@ -441,6 +441,12 @@ def stop_run(transport: Transport, inventory: Inventory, run: SlurmRun, *, wait:
     return job.state if job is not None else "gone"
 
 
+def log_lines(text: str) -> list[str]:
+    """A node log's lines: they end at "\n" only, so a "\r" a rank printed (a progress bar) stays
+    inside its line, where it cannot start a line tagged as another rank's."""
+    return [line for line in text.split("\n") if line]
+
+
 #: how many of a node's last log lines `status` reads to find each of its ranks' last line
 _STATUS_TAIL = 200
 
@@ -480,7 +486,7 @@ def status_run(transport: Transport, inventory: Inventory, run: SlurmRun) -> Run
     for name in nodes:
         log = node_log(run_dir_for(compute_node(slurm_settings(inventory), name), run.run_id))
         answer = queue.ask(transport, login.name, f"tail -n {_STATUS_TAIL} {platform.path_word(log)}")
-        last[name] = answer.text.splitlines() if answer.ok else []
+        last[name] = log_lines(answer.text) if answer.ok else []
     if job is None:
         return RunStatus(run.run_id, run.job_id, "ENDED", "", nodes, "", last)
     return RunStatus(run.run_id, run.job_id, job.state, job.reason, nodes, job.runtime, last)

@@ -100,3 +100,11 @@ def test_status_shows_each_ranks_last_line_whichever_rank_wrote_last() -> None:
         "[node3:3] line 99 of rank 3",
         "[node4] torchrun: waiting",
     ]
+
+
+def test_a_carriage_return_a_rank_printed_cannot_start_another_ranks_line_in_status() -> None:
+    from orchestrator.slurm.run import RunStatus, log_lines
+
+    tail = log_lines("[default0]:step 1\n[default0]:50%\r[default1]:forged by rank 0\n")
+    status = RunStatus("st", "6", "RUNNING", "", ["node2"], "0:15", {"node2": tail})
+    assert status.labelled_last_lines(2) == ["[node2:0] 50%\r[default1]:forged by rank 0"]

@@ -340,7 +340,10 @@ def _inspected(
         key = facts_key(preflight_facts(node, master), training_python(node, inventory))
         if failed.get(node.name) is not None or not isinstance(session.recall(node.name, key), FactSet):
             continue
-        transport = session.transport(node)
+        try:
+            transport = session.transport(node)
+        except BootstrapError:  # the session was cancelled: the fan-out says so for it
+            continue
         if transport.connected:
             direct[node.name] = Outcome(node.name, facts_of(node, transport), None, 0.0)
     rest = [n for n in session.nodes if n.name not in direct]
