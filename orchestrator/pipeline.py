@@ -16,6 +16,7 @@ failed firewall or time step only warns: the preflight that follows measures wha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,28 +26,24 @@ from orchestrator.facts.linux import RootAccess
 if TYPE_CHECKING:
     from orchestrator.facts.base import Read
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
+    from orchestrator.transports import SSHOptions
 
 PHASES = ("sync", "firewall", "ntp", "check", "validate", "launch")
 
 
-class Phases(Protocol):
-    """One method per phase: run the step on ``session`` (narrowed to the nodes it works on), show its
-    report, return its exit code. ``say`` tells the user why the pipeline goes on or stops."""
+class Front(Protocol):
+    """What the pipeline asks of the front end that shows it (the CLI): callbacks only. ``reach``:
+    how a phase reaches its nodes through the pipeline's session and shows its progress; ``begin``
+    a phase; ``show`` its report (the exit code it deserves); ``say`` why the pipeline goes on or
+    stops."""
 
-    def sync(
-        self, session: Session, nodes: list[Node], *, only: str | None, from_master: bool = False
-    ) -> ExitCode: ...
+    def reach(self, session: Session, phase: str) -> Reach: ...
 
-    def firewall(self, session: Session, nodes: list[Node]) -> ExitCode: ...
+    def begin(self, phase: str) -> None: ...
 
-    def ntp(self, session: Session, nodes: list[Node]) -> ExitCode: ...
-
-    def check(self, session: Session, nodes: list[Node]) -> ExitCode: ...
-
-    def validate(self, session: Session) -> ExitCode: ...
-
-    def launch(self, session: Session) -> ExitCode: ...
+    def show(self, phase: str, report: Any, nodes: list[Node]) -> ExitCode: ...
 
     def say(self, level: str, text: str) -> None: ...
 
@@ -57,7 +54,9 @@ class PipelineOptions:
     skip_validate: bool = False
     until: str | None = None  # the last phase to run (e.g. "check": set the cluster up, train nothing)
     sync_from_master: bool = False  # no cluster.env: the master's torch and companions on every node
-    dry_run: bool = False  # nothing changes; a phase that could not read its nodes sets the exit code
+    dry_run: SSHOptions | None = None  # nothing changes (the options it would connect with)
+    detach: bool = False  # launch: start training in the background, and return
+    always_validate: bool = False  # --validate: even when nothing it checks changed
 
 
 @dataclass
@@ -132,7 +131,7 @@ def _first_reads(
         for step in [*steps, ConfigureTime(inventory)]:
             for node in step.scope(selected):
                 add(node, step.reads(node))
-    if wants_code_sync(inventory):
+    if cluster.code_declared:
         from orchestrator.steps.codesync import prepare_tree
         from orchestrator.steps.codesync.sync import code_dest, scan_read
 
@@ -178,12 +177,6 @@ def _first_round(
     return found
 
 
-def wants_code_sync(inventory: Inventory) -> bool:
-    """Code is pushed by the pipeline only when the inventory has a ``cluster.code`` section: the
-    default source is the current directory, which must be a deliberate choice (it may be a home)."""
-    return inventory.cluster.code_declared
-
-
 #: which exit code wins when phases end differently (docs/cli.md: 3 takes precedence over 1)
 _PRECEDENCE = (ExitCode.CONNECTION, ExitCode.USAGE, ExitCode.NODES_FAILED)
 
@@ -193,7 +186,7 @@ def run_pipeline(
     inventory: Inventory,
     selected: list[Node],
     options: PipelineOptions,
-    phases: Phases,
+    front: Front,
 ) -> PipelineReport:
     """The whole job on ``session`` (which spans every node of ``inventory``: the firewall learns
     every peer's address, validation and training span them; the CLI has narrowed the inventory to
@@ -203,13 +196,13 @@ def run_pipeline(
     A real run goes on past a failed firewall or time step (the preflight measures what they were
     for); a dry run's preflight measures nothing, so there the worst phase's code is the exit code
     (nodes that could not be read: 3)."""
-    report = _run_phases(session, inventory, selected, options, phases)
-    if options.dry_run:
+    report = _run_phases(session, inventory, selected, options, front)
+    if options.dry_run is not None:
         codes = set(report.codes.values())
         worst = next((c for c in _PRECEDENCE if c in codes), ExitCode.OK)
         if worst != ExitCode.OK and worst != report.exit_code:
             failed = [name for name, code in report.codes.items() if code != ExitCode.OK]
-            phases.say(
+            front.say(
                 "error", f"--dry-run: the {' and '.join(failed)} phase(s) failed on some nodes (see above)"
             )
             report.exit_code = worst
@@ -221,18 +214,24 @@ def _run_phases(
     inventory: Inventory,
     selected: list[Node],
     options: PipelineOptions,
-    phases: Phases,
+    front: Front,
 ) -> PipelineReport:
+    from orchestrator.steps.firewall import firewall_report
+    from orchestrator.steps.preflight import preflight_report
     from orchestrator.steps.preflight.early import end_early_rounds
+    from orchestrator.steps.timesync import time_report
+    from orchestrator.steps.train import launch_phase
+    from orchestrator.steps.validate import validation_phase
 
     try:
         report = PipelineReport()
         cluster = inventory.cluster
+        everyone = list(inventory.nodes)  # validation and training span every node of the run
 
         def stop(why: str, code: ExitCode) -> PipelineReport:
             report.stopped = why
             report.exit_code = code
-            phases.say("error", why)
+            front.say("error", why)
             return report
 
         single = len(inventory.nodes) < 2  # one machine: no peers to let in, no clocks to align
@@ -246,7 +245,7 @@ def _run_phases(
             refused = refused_root(_first_round(session, inventory, selected, options), as_root)
             if refused:
                 for line in refused:
-                    phases.say("error", line)
+                    front.say("error", line)
                 report.skipped.update({name: "a node cannot become root" for name in PHASES})
                 return stop(
                     f"not going on: the {' and '.join(as_root)} step(s) need root on every node (see above); "
@@ -254,16 +253,22 @@ def _run_phases(
                     ExitCode.NODES_FAILED,
                 )
 
-        env, code_sync = cluster.env.declared, wants_code_sync(inventory)
+        env, code_sync = cluster.env.declared, cluster.code_declared
         from_master = options.sync_from_master and not env  # cluster.env wins: it declares the environment
         if options.sync_from_master and env:
-            phases.say(
+            front.say(
                 "warn", "--sync-from-master ignored: cluster.env declares the environment (synced below)"
             )
         if env or code_sync or from_master:
             env = env or from_master
             only = None if env and code_sync else "env" if env else "code"
-            report.codes["sync"] = phases.sync(session, selected, only=only, from_master=from_master)
+            report.codes["sync"] = _phase(
+                "sync",
+                front,
+                session,
+                selected,
+                lambda reach: _sync(reach, inventory, selected, only, from_master, options),
+            )
             if report.codes["sync"] != ExitCode.OK:
                 return stop(
                     "not going on: sync failed (see above); "
@@ -281,7 +286,9 @@ def _run_phases(
                 "firewall",
                 "cluster.firewall.manage",
                 cluster.firewall.manage,
-                phases.firewall,
+                lambda reach: firewall_report(
+                    reach, inventory, selected, remove=False, dry_run=options.dry_run is not None
+                ),
                 "the firewall step failed on some nodes (see above): the preflight's reachability "
                 "check shows whether the nodes can still reach each other",
             ),
@@ -289,7 +296,7 @@ def _run_phases(
                 "ntp",
                 "cluster.time.manage",
                 cluster.time.manage,
-                phases.ntp,
+                lambda reach: time_report(reach, inventory, selected, dry_run=options.dry_run is not None),
                 "time sync failed on some nodes (see above): the preflight's clock check shows "
                 "whether it matters for this run",
             ),
@@ -297,17 +304,23 @@ def _run_phases(
             if single or not managed:
                 report.skipped[name] = "one node" if single else f"{setting} is false"
             else:
-                report.codes[name] = step(session, selected)
+                report.codes[name] = _phase(name, front, session, selected, step)
                 if report.codes[name] != ExitCode.OK:
-                    phases.say("warn", failed)
+                    front.say("warn", failed)
             if _done(options, name, report):
                 return report
-        checked = report.codes["check"] = phases.check(session, selected)
+        checked = report.codes["check"] = _phase(
+            "check",
+            front,
+            session,
+            selected,
+            lambda reach: preflight_report(reach, inventory, selected, dry_run=options.dry_run),
+        )
         report.exit_code = checked
         if _done(options, "check", report):
             return report
         if checked == ExitCode.NODES_FAILED and options.force:
-            phases.say("warn", "--force: launching although a check failed")
+            front.say("warn", "--force: launching although a check failed")
         elif checked != ExitCode.OK:
             report.skipped.update(validate="a check failed", launch="a check failed")
             return stop("not launching: fix what failed above (or pass --force to launch anyway)", checked)
@@ -315,7 +328,15 @@ def _run_phases(
         if options.skip_validate:
             report.skipped["validate"] = "--skip-validate"
         else:
-            validated = report.codes["validate"] = phases.validate(session)
+            validated = report.codes["validate"] = _phase(
+                "validate",
+                front,
+                session,
+                everyone,
+                lambda reach: validation_phase(
+                    reach, inventory, reuse=not options.always_validate, dry_run=options.dry_run
+                ),
+            )
             if validated != ExitCode.OK:
                 report.skipped["launch"] = "validation failed"
                 return stop(
@@ -323,7 +344,42 @@ def _run_phases(
                 )
             if _done(options, "validate", report):
                 return report
-        report.exit_code = report.codes["launch"] = phases.launch(session)
+        report.exit_code = report.codes["launch"] = _phase(
+            "launch",
+            front,
+            session,
+            everyone,
+            lambda reach: launch_phase(
+                reach,
+                inventory,
+                run_id=None,
+                templates_dir=None,
+                detach=options.detach,
+                dry_run=options.dry_run,
+            ),
+        )
         return report
     finally:  # the preflight's listeners that the first command started and no preflight adopted
         end_early_rounds(session)
+
+
+def _phase(
+    name: str, front: Front, session: Session, nodes: list[Node], work: Callable[[Reach], Any]
+) -> ExitCode:
+    """One phase: begun, its work on the pipeline's session narrowed to ``nodes``, its report shown."""
+    front.begin(name)
+    return front.show(name, work(front.reach(session, name)), nodes)
+
+
+def _sync(
+    reach: Reach,
+    inventory: Inventory,
+    nodes: list[Node],
+    only: str | None,
+    from_master: bool,
+    options: PipelineOptions,
+) -> Any:
+    from orchestrator.steps.sync import SyncOptions, sync_report
+
+    chosen = SyncOptions(only=only, from_master=from_master, dry_run=options.dry_run is not None)
+    return sync_report(reach, inventory, nodes, chosen)

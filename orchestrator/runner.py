@@ -69,6 +69,21 @@ class Reach:
 
     connect: Callable[[list[Node]], AbstractContextManager[Session]]
     progress: Callable[[list[str], str], AbstractContextManager[Callable[[NodeEvent], None]]]
+    #: a line for the user while the work goes on: ``say(level, text)``, level one of "note", "info",
+    #: "warn", "error" (nothing by default)
+    say: Callable[[str, str], None] = field(default=lambda level, text: None)
+    #: what shows node lines as they come (``lines(names)``: a sink with ``write(node, line)`` and
+    #: ``write_rank(node, rank, line)``): the ranks of a launch; a build's or a worker's lines with
+    #: ``-v``. None: they are only logged
+    lines: Callable[[list[str]], Any] | None = None
+    #: sync's per-node progress board (what each node is doing now: steps/sync.py ``Board``)
+    board: Callable[[list[str], str], AbstractContextManager[Any]] | None = None
+    #: a run's output handler per node: ``outputs(labels, log, on_block, sample_nonce)`` (each
+    #: node's first global rank and rank count; the run's log here; the page's block callback), each
+    #: writing the log and showing the node's ranks labelled. None: nothing to show them with
+    outputs: Callable[..., Mapping[str, Any]] | None = None
+    #: the live dashboard watching this work (orchestrator/dashboard/model.py ``LiveRun``), if any
+    live: Any = None
 
     def within(self, nodes: list[Node], step: str, work: Callable[[Session], R]) -> R:
         """``work`` on a session over ``nodes``, the progress of ``step`` shown meanwhile: the session

@@ -14,21 +14,21 @@ from orchestrator.cli.common import (
     fail_lines,
     load_selection,
     node_status,
-    open_session,
-    phase_session,
     print_plans,
     refuse_native_mix,
     with_user_options,
 )
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.front import reach_for
+from orchestrator.cli.report import json_doc, show_dry_run
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
-from orchestrator.runner import Reach
 from orchestrator.runs.layout import workdir_for
 from orchestrator.session import Session
+from orchestrator.steps.contract import Report
 from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
+from orchestrator.steps.preflight import preflight_report
 from orchestrator.steps.preflight.model import Verdict
 
 
@@ -54,17 +54,19 @@ def check(ctx: click.Context) -> int:
 def run_check(
     settings: Settings, inventory: Inventory, nodes: list[Node], *, session: Session | None = None
 ) -> ExitCode:
-    """The preflight with its report; returns the exit code it deserves."""
-    ui = settings.ui
-    from orchestrator.steps.preflight import check_plan, preflight_report
+    """`bootstrap check` (also the Slurm pipeline's, in its allocation): shown; its exit code."""
+    dry_run = settings.ssh_options() if settings.dry_run else None
+    report = preflight_report(reach_for(settings, inventory, session), inventory, nodes, dry_run=dry_run)
+    return show_check(settings, inventory, nodes, report)
 
+
+def show_check(settings: Settings, inventory: Inventory, nodes: list[Node], report: Report[Any]) -> ExitCode:
+    """The preflight's report: the facts and checks tables (or ``--json``; a dry run's plans); the
+    exit code it deserves."""
+    ui = settings.ui
     if settings.dry_run:
-        # what check sends, in order: each node's one round trip (clock, facts, root access, workdir
-        # marker, reachability listener), then its connector
-        print_plans(settings, inventory, nodes, lambda node, t: check_plan(node, t, inventory))
+        show_dry_run(ui, report, json_mode=settings.json_mode)
         return ExitCode.OK
-    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), ui.progress)
-    report = preflight_report(reach, inventory, nodes)
     outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)  # stderr: humans watching a --json run still see what failed
@@ -104,8 +106,7 @@ def facts(ctx: click.Context) -> int:
     if settings.dry_run:
         print_plans(settings, inventory, nodes, lambda node, t: [facts_plan(node, t)])
         return ExitCode.OK
-    reach = Reach(lambda chosen: open_session(settings, inventory, chosen), ui.progress)
-    outcomes = reach.within(nodes, "facts", inspect_all)
+    outcomes = reach_for(settings, inventory).within(nodes, "facts", inspect_all)
     code = exit_code_for(outcomes)
     fail_lines(ui, outcomes)
     if settings.json_mode:

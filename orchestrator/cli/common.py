@@ -408,22 +408,26 @@ def show_offline_dry_run(
     worker: Path | None = None,  # validate's or bench's rank worker, run instead of the training script
     **options: Any,
 ) -> None:
-    """``--dry-run`` of launch, validate and bench, connecting to nothing: the offline launch plan,
-    ``specs`` (the command's ranks from the launch's), each node's plan (``steps.launch.dry_run_nodes``)."""
+    """``--dry-run`` of launch, validate and bench (``steps.launch.offline_dry_run``), shown."""
     from orchestrator.cli.report import OFFLINE_NOTE
     from orchestrator.steps import rank_workers
-    from orchestrator.steps.launch import dry_run_nodes
+    from orchestrator.steps.launch import offline_dry_run
 
     if worker is not None:
         options.update(template=rank_workers.TEMPLATE, script_file=worker)
-
-    launch_plan = offline_plan(settings.ui, inventory, run_id)
-    data = {"run_id": run_id, "backend": launch_plan.backend}
-    chosen = specs(launch_plan.specs)
-    report = dry_run_nodes(
-        command, inventory, chosen, renderer, ssh=settings.ssh_options(), data=data, **options
+    ui = settings.ui
+    say = {"warn": ui.warn, "info": ui.info}
+    report = offline_dry_run(
+        command,
+        inventory,
+        run_id,
+        renderer,
+        specs,
+        ssh=settings.ssh_options(),
+        say=lambda level, text: say.get(level, ui.note)(text),
+        **options,
     )
-    show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
+    show_dry_run(ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
@@ -469,23 +473,6 @@ class TrainArgsCommand(click.Command):
                 f"`bootstrap {ctx.info_name} -- {exc.option_name} ...`"
             )
             raise click.UsageError(hint, ctx) from None
-
-
-def train_args_line(train: dict[str, Any] | None) -> str:
-    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got, for `launch` and
-    `status`; "" when the record has nothing to say (no arguments, nothing set for this run)."""
-    if not train:
-        return ""
-    import shlex
-
-    parts = []
-    args = [str(a) for a in train.get("args") or []]
-    if args or train.get("args_from") == "command line":
-        parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")
-    env = train.get("env") or {}
-    if env:
-        parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
-    return "; ".join(parts)
 
 
 def master_option(fn: F) -> F:

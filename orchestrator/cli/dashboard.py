@@ -17,9 +17,7 @@ from orchestrator.errors import ExitCode
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
     from orchestrator.dashboard.server import Listen
-    from orchestrator.executor import Executor, NodeEvent, Outcome
     from orchestrator.inventory import Inventory
-    from orchestrator.steps.node_facts import InspectedNode
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,33 +94,6 @@ def live_dashboard(
         if live.state == "running":
             live.ended("stopped", "the command ended")
         server.stop()
-
-
-def observe(live: LiveRun | None, executor: Executor) -> Callable[[], None]:
-    """Feed ``executor``'s node events to ``live``; returns what undoes it."""
-    if live is None or id(executor) in live.observed:
-        return lambda: None
-    live.observed.add(id(executor))
-
-    def on_event(event: NodeEvent) -> None:
-        live.node_event(event.node, event.step, event.kind, event.detail, cancelled=executor.cancelled)
-
-    executor.observers.append(on_event)
-
-    def undo() -> None:
-        live.observed.discard(id(executor))
-        if on_event in executor.observers:
-            executor.observers.remove(on_event)
-
-    return undo
-
-
-def show_facts(live: LiveRun | None, inspected: Sequence[Outcome[InspectedNode]]) -> None:
-    if live is None:
-        return
-    for outcome in inspected:
-        if outcome.value is not None:
-            live.facts(outcome.node, outcome.value.summary())
 
 
 @click.command()

@@ -15,12 +15,11 @@ from orchestrator.cli.common import (
     fail_lines,
     load_selection,
     node_status,
-    phase_session,
 )
+from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import json_doc, show_plans, with_plan
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
-from orchestrator.runner import Reach
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
 from orchestrator.steps.firewall import FirewallResult, firewall_report
@@ -57,7 +56,7 @@ def run_firewall(
     session: Session | None = None,
 ) -> ExitCode:
     """The firewall phase (also a step of the main pipeline and of teardown), shown; its exit code."""
-    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
+    reach = reach_for(settings, inventory, session)
     report = firewall_report(reach, inventory, selected, remove=remove, dry_run=settings.dry_run)
     return show_firewall(settings, report, inventory.cluster.name, remove=remove)
 

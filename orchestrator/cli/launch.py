@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,16 +21,14 @@ from orchestrator.cli.common import (
     master_option,
     offline_plan,
     open_session,
-    phase_session,
     refuse_native_mix,
     run_nodes,
-    show_offline_dry_run,
     templates_option,
-    train_args_line,
     train_env_option,
     train_without,
 )
-from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard
+from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import json_doc
 from orchestrator.errors import (
     ExitCode,
@@ -39,17 +36,13 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
-from orchestrator.logs import RunLog
 from orchestrator.runs.layout import logs_where
 from orchestrator.safefiles import write_inside
-from orchestrator.session import Session
 from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:
-    from orchestrator.cli.ui import UI
-    from orchestrator.dashboard.model import LiveRun
     from orchestrator.render import LaunchSpec
-    from orchestrator.steps.train import TrainReport
+    from orchestrator.steps.train import LaunchRun
 
 T = TypeVar("T")
 
@@ -255,104 +248,58 @@ def run_launch(
     run_id: str | None,
     templates_dir: Path | None,
     detach: bool = False,
-    session: Session | None = None,
 ) -> ExitCode:
-    """The launch phase (also the main pipeline's last step); its exit code. ``session``: the
-    pipeline's one session (facts the preflight gathered are reused), else one of its own."""
-    from orchestrator.bench.launch import attach_shares
-    from orchestrator.cli.ui import ranked_outputs
-    from orchestrator.render import Renderer, templates_dir_for
-    from orchestrator.steps.launch import plan
-    from orchestrator.steps.train import train_run
+    """`bootstrap launch` (``steps.train.launch_phase``), shown; its exit code."""
+    from orchestrator.steps.train import launch_phase
 
-    ui = settings.ui
-    from orchestrator.steps.launch import missing_script_warning
-
-    missing = missing_script_warning(inventory)
-    if missing:
-        ui.warn(missing)
-    nodes = list(inventory.nodes)
-    renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    if settings.dry_run:
-        from orchestrator.runs.ids import check_run_id
-
-        shown_id = check_run_id(run_id) if run_id else f"{inventory.cluster.name}-<time>"  # as launch would
-        _launch_dry_run(settings, inventory, shown_id, renderer, detach=detach)
-        return ExitCode.OK
-    if detach and ctx.meta.get("dashboard.options", {}).get("dashboard"):
+    if detach and not settings.dry_run and ctx.meta.get("dashboard.options", {}).get("dashboard"):
         raise UsageError(
             "--dashboard watches a run in the foreground: with --detach, watch it with "
             "`bootstrap logs --run RUN --follow --dashboard`"
         )
-    from orchestrator.runs.ids import new_run_id
+    names = [n.name for n in inventory.nodes]
+    with live_dashboard(ctx, settings, inventory, names, "launch") as live:
+        run = launch_phase(
+            reach_for(settings, inventory, lines="ranks", live=live),
+            inventory,
+            run_id=run_id,
+            templates_dir=templates_dir,
+            detach=detach,
+            dry_run=settings.ssh_options() if settings.dry_run else None,
+        )
+    return show_launch(settings, inventory, run, own_session=True)
 
-    # a run id names one run: a new one unless the user named it (then refused when it exists)
-    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
-    own_session = session is None
-    with (
-        phase_session(settings, inventory, nodes, session) as session,
-        live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "launch") as live,
-    ):
-        unobserve = observe(live, session.executor)  # every phase's node states, on the page
-        with ui.progress([n.name for n in nodes], "plan") as on_event:
-            session.executor.on_event = on_event
-            launch_plan = plan(session, inventory, run_id)
-            attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
-        session.executor.on_event = None
-        show_facts(live, launch_plan.inspected)
-        unreachable = [o for o in launch_plan.inspected if not o.ok]
-        if unreachable:
-            fail_lines(ui, unreachable)
-            ui.error("not launching: every node must be reachable")
-            hint = train_without(settings, inventory, session.unreachable(), "launch")
-            if hint and own_session:  # the main pipeline says it once, at its end
-                ui.info(hint)
-            return exit_code_for(launch_plan.inspected)
-        for warning in launch_plan.warnings:
-            ui.warn(warning)
-        backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
-        ui.info(f"run {run_id}: {len(nodes)} node(s), {backend}")
-        from orchestrator.runs.layout import train_record
-        from orchestrator.runs.ranks import rank_labels
 
-        record = train_record(inventory)  # the run record's train part: what the script got
-        if args_line := train_args_line(record):
-            ui.info(args_line)
-        if detach:
-            from orchestrator.cli.runs import show_detached
-            from orchestrator.steps.launch import start_detached
+def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own_session: bool) -> ExitCode:
+    """What a launch did: the dry run's plans; why it did not launch; the detached start; or the run's
+    summary (who failed first, with their last lines; who was stopped; where the logs are); its exit
+    code. ``own_session``: a command of its own (the main pipeline says how to go on without the
+    unreachable nodes once, at its end)."""
+    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
 
-            try:
-                started_detached = start_detached(
-                    session, launch_plan.specs, renderer=renderer, train_doc=record
-                )
-            except KeyboardInterrupt:
-                interrupted(ui)
-            return show_detached(settings, started_detached)
-        log = RunLog(Path("runs") / run_id)
-        printer = ui.line_printer([n.name for n in nodes])
+    ui = settings.ui
+    run_id = run.run_id
+    if run.planned is not None:
+        show_dry_run(ui, run.planned, json_mode=settings.json_mode, note=OFFLINE_NOTE)
+        return ExitCode.OK
+    if run.unreachable and run.plan is not None:
+        fail_lines(ui, [o for o in run.plan.inspected if not o.ok])
+        ui.error("not launching: every node must be reachable")
+        hint = train_without(settings, inventory, run.unreachable, "launch")
+        if hint and own_session:
+            ui.info(hint)
+        return exit_code_for(run.plan.inspected)
+    if run.detached is not None:
+        from orchestrator.cli.runs import show_detached
 
-        # every line: into runs/<run-id>/<node>.log as received, onto the terminal as [node:rank]
-        labels = rank_labels(inventory)
-        samples = launch_plan.specs[0].sample_nonce if launch_plan.specs else ""
-        if live is not None:
-            live.set_run(run_id, labels, samples)
-        page = None if live is None else live.block  # the page reads the same blocks
-        outputs = ranked_outputs(labels, log, None if settings.json_mode else printer, page, samples)
-        if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
-            session.executor.on_cause = _announce_cause(ui)
-        try:
-            report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
-        finally:
-            session.executor.on_cause = None
-            unobserve()
-        if report.interrupted is not None:
-            show_sweep(settings, run_id, report.swept)
-            if not report.swept_all:
-                ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
-            interrupted(ui, stop=report.interrupted)
-        if live is not None:
-            _tell_dashboard(live, report)
+        return show_detached(settings, run.detached)
+    report = run.report
+    assert report is not None and run.plan is not None
+    if report.interrupted is not None:
+        show_sweep(settings, run_id, report.swept)
+        if not report.swept_all:
+            ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
+        interrupted(ui, stop=report.interrupted)
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):
         settings.ui.note(
@@ -362,7 +309,6 @@ def run_launch(
     show_sweep(settings, run_id, report.swept, ended=not stopped)
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        log_dir = str(log.directory)
         return json_doc(
             ui,
             "launch",
@@ -370,8 +316,8 @@ def run_launch(
             code,
             result_fields,
             run_id=run_id,
-            backend=launch_plan.backend,
-            log_dir=log_dir,
+            backend=run.plan.backend,
+            log_dir=str(run.log_dir),
         )
     table = Table(title=Text(f"run {run_id}"), title_justify="left")
     for column in ("node", "result", "time"):
@@ -384,36 +330,14 @@ def run_launch(
     ui.err.print(table)
     for o in failed:
         ui.error(str(o.error))
-        for line in report.tail(o, labels.get(o.node, (0, 0))[0]):
+        for line in report.tail(o, run.labels.get(o.node, (0, 0))[0]):
             ui.info(f"  {line}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
-    ui.note(f"logs: {log.directory}/ (and {logs_where(nodes, run_id)})")
+    ui.note(f"logs: {run.log_dir}/ (and {logs_where(inventory.nodes, run_id)})")
     if stopped:  # what a stopped rank printed while it handled the stop may miss node.log
         ui.note("every line each rank wrote, also while it was being stopped: ranks/ beside node.log")
     return code
-
-
-def _launch_dry_run(
-    settings: Settings, inventory: Inventory, run_id: str, renderer: Any, *, detach: bool
-) -> None:
-    """Per node: what would be uploaded where, the launch script (secrets masked) and the exact text
-    its shell would get. Connects to nothing: interfaces only as the inventory names them (`launch`
-    finds them on the nodes, as `render` without --offline shows)."""
-    from orchestrator.bench.launch import planned_shares
-    from orchestrator.render import missing_secrets
-
-    for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
-        settings.ui.warn(f"{issue} (a real launch stops here, exit 2)")
-
-    def shared(specs: list[LaunchSpec]) -> list[LaunchSpec]:  # what attach_shares gives a launch
-        specs, shares_note = planned_shares(inventory, specs)
-        if shares_note and not settings.json_mode:
-            settings.ui.note(shares_note)
-        return specs
-
-    # detached: the start script, which starts launch.sh in a session of its own and returns
-    show_offline_dry_run(settings, "launch", inventory, run_id, renderer, shared, detach=detach)
 
 
 def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:
@@ -433,18 +357,3 @@ def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, en
             )
         elif o.value is not None and o.value.state == "stopped":
             settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")
-
-
-def _tell_dashboard(live: LiveRun, report: TrainReport) -> None:
-    """How the run ended, on the page: lost nodes, then the end (before the page goes away)."""
-    for name in sorted(report.lost):
-        live.lost(name, "unreachable: it stops its part of the run by itself within 15 s")
-        live.node_state(name, "train", "lost")
-    state = "failed" if report.failed else "stopped" if report.stopped else "ok"
-    live.ended(state, f"run {report.run_id} {'ended' if state == 'ok' else state}")
-
-
-def _announce_cause(ui: UI) -> Callable[[Outcome[Any]], None]:
-    """The node whose failure ends a foreground run (a lost connection, a rank's exit), named as the
-    fail fast stops the other nodes: the summary only comes after they are stopped and swept."""
-    return lambda cause: ui.warn(f"{cause.error}; stopping the run on the other nodes")  # names the node

@@ -22,7 +22,8 @@ from orchestrator.cli.common import (
     train_env_option,
     train_without,
 )
-from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard
+from orchestrator.dashboard.model import observe
 from orchestrator.errors import (
     BootstrapError,
     ExitCode,
@@ -151,7 +152,7 @@ def cli(
         templates_dir_for(inventory, None)  # train.templates missing: the same, before anything
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
-    from orchestrator.cli.pipeline import CliPhases
+    from orchestrator.cli.pipeline import CliFront
     from orchestrator.pipeline import PipelineOptions, run_pipeline
 
     # ONE session for every phase: each node is connected once (passwords asked here, once per node)
@@ -162,15 +163,16 @@ def cli(
         skip_validate=skip_validate,
         until=until,
         sync_from_master=sync_from_master,
-        dry_run=settings.dry_run,
+        dry_run=settings.ssh_options() if settings.dry_run else None,
+        detach=detach,
+        always_validate=always_validate,
     )
-    phases = CliPhases(ctx, settings, inventory, detach=detach, always_validate=always_validate)
     with (
         open_session(settings, inventory, everyone) as session,
         live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
     ):
         observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
-        report = run_pipeline(session, inventory, nodes, options, phases)
+        report = run_pipeline(session, inventory, nodes, options, CliFront(settings, inventory, live))
     code = report.exit_code
     if code != ExitCode.OK:
         hint = train_without(settings, inventory, session.unreachable())

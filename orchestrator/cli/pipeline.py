@@ -1,87 +1,55 @@
-"""The main pipeline's phases as the CLI runs and shows them (orchestrator/pipeline.py decides the
-order and when to stop): each phase is its standalone command's work and report, on the pipeline's
-one session."""
+"""The main pipeline's front end (orchestrator/pipeline.py runs the phases; :class:`CliFront` shows
+each one's report), and the main pipeline on Slurm."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-import click
+from typing import Any
 
 from orchestrator.cli.common import Settings
+from orchestrator.cli.front import reach_for, say
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
+from orchestrator.runner import Reach
 from orchestrator.session import Session
 
 
 @dataclass
-class CliPhases:
-    ctx: click.Context
+class CliFront:
+    """The main pipeline's front end: each phase reaches its nodes through the pipeline's session
+    and shows itself here; its report is shown as the phase's own command shows it."""
+
     settings: Settings
     inventory: Inventory
-    detach: bool = False
-    templates_dir: Path | None = None
-    always_validate: bool = False  # --validate: even when nothing it checks changed
+    live: Any = None
 
-    def sync(
-        self, session: Session, nodes: list[Node], *, only: str | None, from_master: bool = False
-    ) -> ExitCode:
-        from orchestrator.cli.sync import run_sync
+    def reach(self, session: Session, phase: str) -> Reach:
+        lines = {"sync": "verbose-err", "validate": "verbose", "launch": "ranks"}.get(phase)
+        return reach_for(self.settings, self.inventory, session, lines=lines, live=self.live)
 
-        self._header("sync")
-        return run_sync(
-            self.settings, self.inventory, nodes, only=only, session=session, from_master=from_master
-        )
-
-    def firewall(self, session: Session, nodes: list[Node]) -> ExitCode:
-        from orchestrator.cli.firewall import run_firewall
-
-        self._header("firewall")
-        return run_firewall(self.settings, self.inventory, nodes, remove=False, session=session)
-
-    def ntp(self, session: Session, nodes: list[Node]) -> ExitCode:
-        from orchestrator.cli.timesync import run_ntp
-
-        self._header("ntp")
-        return run_ntp(self.settings, self.inventory, nodes, session=session)
-
-    def check(self, session: Session, nodes: list[Node]) -> ExitCode:
-        from orchestrator.cli.check import run_check
-
-        self._header("check")
-        return run_check(self.settings, self.inventory, nodes, session=session)
-
-    def validate(self, session: Session) -> ExitCode:
-        from orchestrator.cli.validate import run_validate
-
-        self._header("validate")
-        return run_validate(
-            self.settings, self.inventory, session=session, unless_unchanged=not self.always_validate
-        )
-
-    def launch(self, session: Session) -> ExitCode:
-        from orchestrator.cli.launch import run_launch
-
-        self._header("launch")
-        return run_launch(
-            self.ctx,
-            self.settings,
-            self.inventory,
-            run_id=None,
-            templates_dir=self.templates_dir,
-            detach=self.detach,
-            session=session,
-        )
-
-    def _header(self, phase: str) -> None:
+    def begin(self, phase: str) -> None:
         """--dry-run of the whole pipeline: each phase's plan under a header of its own."""
         if self.settings.dry_run and not self.settings.json_mode:
             self.settings.ui.print_text(f"# ======== {phase} (dry run) ========")
 
+    def show(self, phase: str, report: Any, nodes: list[Node]) -> ExitCode:
+        from orchestrator.cli import check, firewall, launch, sync, timesync, validate
+
+        settings, inventory = self.settings, self.inventory
+        if phase == "sync":
+            return sync.show_sync(settings, report)
+        if phase == "firewall":
+            return firewall.show_firewall(settings, report, inventory.cluster.name, remove=False)
+        if phase == "ntp":
+            return timesync.print_time_report(settings, report)
+        if phase == "check":
+            return check.show_check(settings, inventory, nodes, report)
+        if phase == "validate":
+            return validate.show_validation(settings, report)
+        return launch.show_launch(settings, inventory, report, own_session=False)
+
     def say(self, level: str, text: str) -> None:
-        ui = self.settings.ui
-        {"error": ui.error, "warn": ui.warn}.get(level, ui.note)(text)
+        say(self.settings)(level, text)
 
 
 def pipeline_on_slurm(
@@ -93,12 +61,11 @@ def pipeline_on_slurm(
     then the job (`launch`)."""
     from orchestrator.cli.slurm import allocated, launch_on_slurm
     from orchestrator.cli.sync import run_sync
-    from orchestrator.pipeline import wants_code_sync
     from orchestrator.slurm.job import shared_sync, slurm_settings, sync_target
 
     ui = settings.ui
     shared, (login,) = sync_target(inventory)
-    sync = shared_sync(inventory, wants_code_sync(inventory))
+    sync = shared_sync(inventory, inventory.cluster.code_declared)
     if sync is not None:
         where = slurm_settings(inventory).dir
         ui.note(

@@ -24,10 +24,11 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
-from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
+from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
 from orchestrator.cli.ui import UI, ranked_outputs
+from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
@@ -348,7 +349,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
             report = status_all(session, run_id)
     except KeyboardInterrupt:
         interrupted(ui)
-    from orchestrator.cli.common import train_args_line
+    from orchestrator.runs.layout import train_args_line
 
     outcomes, lost, train = report.outcomes, report.lost, report.train
     code = exit_code_for(outcomes)

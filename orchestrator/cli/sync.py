@@ -17,11 +17,10 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
     node_status,
-    phase_session,
 )
+from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import plan_lines
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Inventory, Node
@@ -30,7 +29,7 @@ from orchestrator.session import Session
 from orchestrator.slurm.job import sync_target
 from orchestrator.steps import sync as step
 from orchestrator.steps.envsync import EnvInstallError, NodeEnv
-from orchestrator.steps.sync import Display, SyncOptions, SyncReport
+from orchestrator.steps.sync import SyncOptions, SyncReport
 
 _ACTION_STYLE = {
     "unchanged": "green",
@@ -111,22 +110,17 @@ def run_sync(
     from_master: bool = False,
     freeze: Path | None = None,
 ) -> ExitCode:
-    """The sync phase (also a step of the main pipeline, on its ``session``): its exit code."""
-    ui = settings.ui
+    """`bootstrap sync` (also the Slurm pipeline's sync, on the login host): shown; its exit code."""
     options = SyncOptions(
         only=only, force=force, from_master=from_master, freeze=freeze, dry_run=settings.dry_run
     )
-    display = Display(note=ui.note, warn=ui.warn, board=ui.board)
-    if settings.verbose and not settings.json_mode:
-        display.on_line = ui.line_printer([n.name for n in nodes], stream=ui.err.file).write
-    choice = step.choose(inventory, nodes, options, display)
-    report = SyncReport(choice, settings.dry_run)
-    try:
-        if choice.anything:  # else nothing to sync: no node is contacted
-            with phase_session(settings, inventory, nodes, session) as on:
-                report = step.sync(on, inventory, nodes, choice, options, display)
-    except KeyboardInterrupt:
-        interrupted(ui)
+    reach = reach_for(settings, inventory, session, lines="verbose-err")
+    return show_sync(settings, step.sync_report(reach, inventory, nodes, options))
+
+
+def show_sync(settings: Settings, report: SyncReport) -> ExitCode:
+    """The sync's report: its tables (or ``--json``); its exit code."""
+    ui = settings.ui
     if settings.json_mode:
         fail_lines(ui, [*report.env, *report.code])
         ui.print_json(report.public_dict())
@@ -135,7 +129,7 @@ def run_sync(
             ui.note(report.master_note)
         if report.shows_env:
             _env_human(settings, report)
-        if choice.code:
+        if report.choice.code:
             _code_human(settings, report)
     return report.exit_code
 
@@ -143,7 +137,7 @@ def run_sync(
 def _freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: Path) -> ExitCode:
     """``bootstrap sync --freeze FILE`` alone: read the master, write the file(s), sync nothing."""
     ui = settings.ui
-    with phase_session(settings, inventory, nodes, None) as on:
+    with reach_for(settings, inventory).connect(nodes) as on:
         report = step.freeze(on, inventory, nodes, path, dry_run=settings.dry_run)
     if settings.dry_run:  # what would be written, written nowhere
         for target, text in report.texts.items():

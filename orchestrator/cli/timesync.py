@@ -13,11 +13,10 @@ from orchestrator.cli.common import (
     common_options,
     fail_lines,
     load_selection,
-    phase_session,
 )
+from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import json_doc, show_plans, with_plan
 from orchestrator.errors import ExitCode
-from orchestrator.runner import Reach
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -167,7 +166,7 @@ def run_ntp(
     """The time phase (also a step of the main pipeline and of teardown), shown; its exit code."""
     from orchestrator.steps.timesync import time_report
 
-    reach = Reach(lambda chosen: phase_session(settings, inventory, chosen, session), settings.ui.progress)
+    reach = reach_for(settings, inventory, session)
     report = time_report(
         reach,
         inventory,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -14,23 +14,22 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
     master_option,
-    phase_session,
     refuse_native_mix,
     run_nodes,
-    show_offline_dry_run,
     templates_option,
 )
+from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import json_doc
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
-from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
+    from orchestrator.steps.contract import Report
+    from orchestrator.steps.validate import Skipped, Validation
 
 
 @click.command()
@@ -93,75 +92,36 @@ def run_validate(
     sizes: tuple[int, ...] | None = None,
     templates_dir: Path | None = None,
     session: Session | None = None,
-    unless_unchanged: bool = False,
 ) -> ExitCode:
-    """The validate phase (also a step of the main pipeline); returns its exit code.
+    """`bootstrap validate` (also the Slurm pipeline's, in its allocation): shown; its exit code.
+    ``templates_dir``: ``--templates``; else the inventory's ``cluster.train.templates``."""
+    from orchestrator.steps.validate import DEFAULT_SIZES, validation_phase
 
-    ``templates_dir``: ``--templates``; else the inventory's ``cluster.train.templates``.
-    ``unless_unchanged`` (the main pipeline without ``--validate``): one line instead of the run
-    when nothing validation depends on changed since it last succeeded on these nodes
-    (steps/validate_stamp.py); a success writes the stamp either way.
-    """
-    from orchestrator.render import Renderer, templates_dir_for
-    from orchestrator.steps.validate import (
-        DEFAULT_SIZES,
-        Skipped,
-        Validation,
-        failure_summary,
-        human_bytes,
-        validate_unless_unchanged,
+    result = validation_phase(
+        reach_for(settings, inventory, session, lines="verbose"),
+        inventory,
+        timeout=timeout,
+        sizes=sizes or DEFAULT_SIZES,
+        templates_dir=templates_dir,
+        dry_run=settings.ssh_options() if settings.dry_run else None,
     )
+    return show_validation(settings, result)
+
+
+def show_validation(settings: Settings, result: Validation | Skipped | Report[Any]) -> ExitCode:
+    """Validation's report: who joined, the all_reduce table, what failed (or ``--json``; a dry
+    run's plans; one line when it was skipped); its exit code."""
+    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
+    from orchestrator.steps.validate import Skipped, Validation, failure_summary, human_bytes
 
     ui = settings.ui
-    nodes = list(inventory.nodes)
-    from orchestrator.runs.ids import new_run_id
-
-    renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    run_id = new_run_id(inventory.cluster.name, kind="validate", reserve=not settings.dry_run)
-    if settings.dry_run:
-        from orchestrator.resources import package_file
-        from orchestrator.steps.validate import WORKER, validation_specs
-
-        show_offline_dry_run(
-            settings,
-            "validate",
-            inventory,
-            run_id,
-            renderer,
-            lambda specs: validation_specs(specs, timeout, sizes or DEFAULT_SIZES),
-            package_file("steps/probes/" + WORKER),
-        )
+    if not isinstance(result, (Validation, Skipped)):
+        show_dry_run(ui, result, json_mode=settings.json_mode, note=OFFLINE_NOTE)
         return ExitCode.OK
-    log = RunLog(Path("runs") / run_id)
-    printer = ui.line_printer([n.name for n in nodes])
-
-    def on_line(node: str, rank: int | None, text: str) -> None:
-        log.write(node, text)
-        if settings.verbose and not settings.json_mode:
-            printer.write_rank(node, rank, text)
-
-    with phase_session(settings, inventory, nodes, session) as on:
-        try:
-            with ui.progress([n.name for n in nodes], "validate") as on_event:
-                on.executor.on_event = on_event
-                result = validate_unless_unchanged(
-                    on,
-                    inventory,
-                    run_id,
-                    reuse=unless_unchanged,
-                    timeout=timeout,
-                    sizes=sizes or DEFAULT_SIZES,
-                    renderer=renderer,
-                    on_line=on_line,
-                )
-        except KeyboardInterrupt:
-            interrupted(ui)
-        finally:
-            log.close()
     if isinstance(result, Skipped):
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(result.when))
         ui.info(
-            f"validate: skipped: nothing it checks changed since it passed on these {len(nodes)} node(s) "
+            f"validate: skipped: nothing it checks changed since it passed on these {result.nodes} node(s) "
             f"at {when} (addresses, interpreters, torch, interfaces, backend, firewall settings); "
             "--validate runs it anyway"
         )
@@ -174,7 +134,12 @@ def run_validate(
     report = result.report
     problems = failure_summary(result)
     if settings.json_mode:
-        top = {"run_id": run_id, "backend": result.plan.backend, **report.public_dict(), "problems": problems}
+        top = {
+            "run_id": result.run_id,
+            "backend": result.plan.backend,
+            **report.public_dict(),
+            "problems": problems,
+        }
         return json_doc(ui, "validate", result.outcomes, code, Validation.node_fields, **top)
     if report.joined:
         slowest = max(report.joined.values())
@@ -199,5 +164,5 @@ def run_validate(
     for problem in problems:
         ui.error(problem)
     if problems:
-        ui.note(f"per-node output: {log.directory}/ (validation worker lines; -v shows them live)")
+        ui.note(f"per-node output: {result.log_dir}/ (validation worker lines; -v shows them live)")
     return code

@@ -20,11 +20,15 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Executor, NodeEvent, Outcome
+    from orchestrator.steps.node_facts import InspectedNode
 from orchestrator.redact import mask_url_credentials
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.samples import node_sample
@@ -507,3 +511,31 @@ class LiveRun:
                 "events": list(self.events),
                 "slowest": self._slowest(),
             }
+
+
+def observe(live: LiveRun | None, executor: Executor) -> Callable[[], None]:
+    """Feed ``executor``'s node events to ``live``; returns what undoes it."""
+    if live is None or id(executor) in live.observed:
+        return lambda: None
+    live.observed.add(id(executor))
+
+    def on_event(event: NodeEvent) -> None:
+        live.node_event(event.node, event.step, event.kind, event.detail, cancelled=executor.cancelled)
+
+    executor.observers.append(on_event)
+
+    def undo() -> None:
+        live.observed.discard(id(executor))
+        if on_event in executor.observers:
+            executor.observers.remove(on_event)
+
+    return undo
+
+
+def show_facts(live: LiveRun | None, inspected: Sequence[Outcome[InspectedNode]]) -> None:
+    """Each reached node's facts, on the page."""
+    if live is None:
+        return
+    for outcome in inspected:
+        if outcome.value is not None:
+            live.facts(outcome.node, outcome.value.summary())

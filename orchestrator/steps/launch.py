@@ -475,6 +475,28 @@ def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes
     return files
 
 
+def offline_dry_run(
+    command: str,
+    inventory: Inventory,
+    run_id: str,
+    renderer: Renderer,
+    specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
+    *,
+    ssh: SSHOptions,
+    say: Callable[[str, str], None],
+    **options: Any,
+) -> Report[Planned]:
+    """``--dry-run`` of launch, validate and bench, connecting to nothing: the offline launch plan
+    (how an auto backend was taken: ``say``), ``specs`` (the command's ranks from the launch's), each
+    node's plan (:func:`dry_run_nodes`, given ``options``)."""
+    launch_plan = offline_plan(inventory, run_id)
+    if inventory.cluster.backend == "auto":
+        say("note", launch_plan.backend_reason)
+    data = {"run_id": run_id, "backend": launch_plan.backend}
+    chosen = specs(launch_plan.specs)
+    return dry_run_nodes(command, inventory, chosen, renderer, ssh=ssh, data=data, **options)
+
+
 def dry_run_nodes(
     step: str,
     inventory: Inventory,

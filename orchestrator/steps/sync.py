@@ -34,6 +34,7 @@ from orchestrator.steps.envsync.report import EnvReport
 if TYPE_CHECKING:
     from orchestrator.executor import NodeEvent
     from orchestrator.inventory import Inventory, Node
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
     from orchestrator.steps.envsync.master import MasterEnv, Reference
 
@@ -84,8 +85,6 @@ class Choice:
 def choose(inventory: Inventory, nodes: list[Node], options: SyncOptions, display: Display) -> Choice:
     """What to sync. Raises UsageError (exit 2) for a refused combination, an unusable env section or
     code source: before any node is contacted. Each skipped half is said once (``display.note``)."""
-    from orchestrator.pipeline import wants_code_sync
-
     declared = inventory.cluster.env.declared
     from_master = options.from_master and not declared
     env = options.only in (None, "env")
@@ -108,7 +107,7 @@ def choose(inventory: Inventory, nodes: list[Node], options: SyncOptions, displa
                 "(`bootstrap sync --from-master` installs the master's torch on every node)"
             )
         env = False
-    if options.only is None and not wants_code_sync(inventory):
+    if options.only is None and not inventory.cluster.code_declared:
         # as the pipeline does: the default source is the current directory, which may be a home;
         # pushing it takes a cluster.code section, or asking for it by name
         display.note(
@@ -295,6 +294,24 @@ def _phase(session: Session, display: Display, nodes: list[Node], step: str) -> 
             yield board
         finally:
             session.executor.on_event = None
+
+
+def sync_report(reach: Reach, inventory: Inventory, nodes: list[Node], options: SyncOptions) -> SyncReport:
+    """The sync phase (``bootstrap sync`` and the main pipeline's first phase): what to sync
+    (:func:`choose`), then :func:`sync` on a session of ``reach`` when there is anything (else no
+    node is contacted); shown meanwhile through ``reach``."""
+    lines = None if reach.lines is None else reach.lines([n.name for n in nodes]).write
+    display = Display(
+        note=lambda text: reach.say("note", text),
+        warn=lambda text: reach.say("warn", text),
+        on_line=lines,
+        board=reach.board,
+    )
+    choice = choose(inventory, nodes, options, display)
+    if not choice.anything:
+        return SyncReport(choice, options.dry_run)
+    with reach.connect(nodes) as on:
+        return sync(on, inventory, nodes, choice, options, display)
 
 
 def sync(

@@ -10,22 +10,31 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator import records
 from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
+from orchestrator.render import Renderer
 from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
 from orchestrator.runs.ranks import split_rank
 from orchestrator.steps.launch import died_of_a_peer, failure_tail, root_cause, run_node
 from orchestrator.transports import Result
 
 if TYPE_CHECKING:
+    from orchestrator.dashboard.model import LiveRun
     from orchestrator.executor import Outcome
+    from orchestrator.inventory import Inventory
     from orchestrator.logs import RunLog
-    from orchestrator.render import LaunchSpec, Renderer
+    from orchestrator.render import LaunchSpec
+    from orchestrator.runner import Reach
+    from orchestrator.runs.start import DetachedStart
     from orchestrator.session import Session
-    from orchestrator.steps.launch import NodeRunResult
+    from orchestrator.steps.contract import Report
+    from orchestrator.steps.dry_run import Planned
+    from orchestrator.steps.launch import LaunchPlan, NodeRunResult
+    from orchestrator.transports import SSHOptions
     from orchestrator.transports.base import OnLine
 
 T = TypeVar("T")
@@ -204,3 +213,124 @@ def leftovers(
     return session.map(
         lambda node, t: stop_node(node, t, run_id, grace=SWEEP_GRACE), step="leftovers", nodes=nodes
     )
+
+
+@dataclass
+class LaunchRun:
+    """What `bootstrap launch` (and the main pipeline's launch phase) did, for the CLI to show: the
+    dry run's plans; or why it did not launch (``unreachable``: the nodes the session could not reach);
+    or the detached start; or the foreground run's :class:`TrainReport`."""
+
+    run_id: str
+    nodes: list[str]
+    planned: Report[Planned] | None = None
+    plan: LaunchPlan | None = None
+    unreachable: list[str] = field(default_factory=list)
+    detached: DetachedStart | None = None
+    report: TrainReport | None = None
+    log_dir: Path | None = None
+    labels: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def launch_phase(
+    reach: Reach,
+    inventory: Inventory,
+    *,
+    run_id: str | None,
+    templates_dir: Path | None,
+    detach: bool = False,
+    dry_run: SSHOptions | None = None,
+) -> LaunchRun:
+    """Training on every node of ``inventory``: a new run id (the user's ``run_id`` is refused when it
+    exists), the launch plan from the facts (the pipeline's session holds the preflight's), the shares,
+    the run record, then the detached start or the foreground run with every line labelled and kept
+    in runs/<run-id>/ (``reach.outputs`` shows it; ``reach.live`` the page). ``dry_run`` (the SSH
+    options a run would connect with): each node's plan, connecting to nothing. A Ctrl-C or SIGTERM
+    during the foreground run comes back as the report's ``interrupted``, after the sweep."""
+    from orchestrator.bench.launch import attach_shares, planned_shares
+    from orchestrator.dashboard.model import observe, show_facts
+    from orchestrator.logs import RunLog
+    from orchestrator.render import missing_secrets, templates_dir_for
+    from orchestrator.runs.ids import check_run_id, new_run_id
+    from orchestrator.runs.layout import train_args_line, train_record
+    from orchestrator.runs.ranks import rank_labels
+    from orchestrator.steps.launch import missing_script_warning, offline_dry_run, plan, start_detached
+
+    say, live = reach.say, reach.live
+    if missing := missing_script_warning(inventory):
+        say("warn", missing)
+    nodes = list(inventory.nodes)
+    names = [n.name for n in nodes]
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    if dry_run is not None:
+        shown_id = check_run_id(run_id) if run_id else f"{inventory.cluster.name}-<time>"  # as launch would
+        for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
+            say("warn", f"{issue} (a real launch stops here, exit 2)")
+
+        def shared(specs: list[LaunchSpec]) -> list[LaunchSpec]:  # what attach_shares gives a launch
+            specs, shares_note = planned_shares(inventory, specs)
+            if shares_note:
+                say("note", shares_note)
+            return specs
+
+        # detached: the start script, which starts launch.sh in a session of its own and returns
+        planned = offline_dry_run(
+            "launch", inventory, shown_id, renderer, shared, ssh=dry_run, say=say, detach=detach
+        )
+        return LaunchRun(shown_id, names, planned=planned)
+    # a run id names one run: a new one unless the user named it (then refused when it exists)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
+    run = LaunchRun(run_id, names)
+    with reach.connect(nodes) as session:
+        unobserve = observe(live, session.executor)  # every phase's node states, on the page
+        with reach.progress(names, "plan") as on_event:
+            session.executor.on_event = on_event
+            run.plan = launch_plan = plan(session, inventory, run_id)
+            attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
+        session.executor.on_event = None
+        show_facts(live, launch_plan.inspected)
+        if any(not o.ok for o in launch_plan.inspected):
+            unobserve()
+            run.unreachable = list(session.unreachable())
+            return run
+        for warning in launch_plan.warnings:
+            say("warn", warning)
+        backend = f"backend {launch_plan.backend} ({launch_plan.backend_reason})"
+        say("info", f"run {run_id}: {len(nodes)} node(s), {backend}")
+        record = train_record(inventory)  # the run record's train part: what the script got
+        if args_line := train_args_line(record):
+            say("info", args_line)
+        if detach:
+            unobserve()
+            run.detached = start_detached(session, launch_plan.specs, renderer=renderer, train_doc=record)
+            return run
+        log = RunLog(Path("runs") / run_id)
+        run.log_dir, run.labels = log.directory, rank_labels(inventory)
+        samples = launch_plan.specs[0].sample_nonce if launch_plan.specs else ""
+        if live is not None:
+            live.set_run(run_id, run.labels, samples)
+        page = None if live is None else live.block  # the page reads the same blocks
+        outputs = reach.outputs(run.labels, log, page, samples) if reach.outputs else {}
+        if len(nodes) > 1:  # a single node's failure is the summary's to tell: nothing else to stop
+            # the node whose failure ends the run, named as the fail fast stops the others: the
+            # summary only comes after they are stopped and swept
+            session.executor.on_cause = lambda cause: say(
+                "warn", f"{cause.error}; stopping the run on the other nodes"
+            )
+        try:
+            run.report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
+        finally:
+            session.executor.on_cause = None
+            unobserve()
+        if live is not None and run.report.interrupted is None:
+            _tell_dashboard(live, run.report)
+    return run
+
+
+def _tell_dashboard(live: LiveRun, report: TrainReport) -> None:
+    """How the run ended, on the page: lost nodes, then the end (before the page goes away)."""
+    for name in sorted(report.lost):
+        live.lost(name, "unreachable: it stops its part of the run by itself within 15 s")
+        live.node_state(name, "train", "lost")
+    state = "failed" if report.failed else "stopped" if report.stopped else "ok"
+    live.ended(state, f"run {report.run_id} {'ended' if state == 'ok' else state}")

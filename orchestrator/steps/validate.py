@@ -15,6 +15,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
@@ -30,6 +31,7 @@ from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
 from orchestrator.runs.ranks import owned_rank, split_worker_rank
+from orchestrator.steps import rank_workers
 from orchestrator.steps.launch import plan
 from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
@@ -39,8 +41,11 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.inventory import Inventory
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
+    from orchestrator.steps.contract import Report
     from orchestrator.steps.launch import LaunchPlan, NodeRunResult
+    from orchestrator.transports import SSHOptions
 
 WORKER = "validate_worker.py"
 DEFAULT_SIZES = (4096, 262144, 4194304)  # 4 KiB (latency), 256 KiB, 4 MiB (bandwidth)
@@ -221,6 +226,8 @@ class Validation:
     plan: LaunchPlan
     outcomes: list[Outcome[NodeRunResult]]
     report: ValidateReport
+    run_id: str = ""
+    log_dir: Path | None = None  # the controller's copy of every worker line (validation_phase)
 
     @staticmethod
     def node_fields(outcome: Outcome[NodeRunResult]) -> dict[str, Any]:
@@ -348,9 +355,10 @@ def _last_words(failure: CommandFailedError, nonce: str, count: int = 3) -> list
 
 @dataclass
 class Skipped:
-    """Validation not run: nothing it checks changed since it passed on these nodes at ``when``."""
+    """Validation not run: nothing it checks changed since it passed on these ``nodes`` at ``when``."""
 
     when: float
+    nodes: int = 0
 
 
 def validate_unless_unchanged(
@@ -364,8 +372,74 @@ def validate_unless_unchanged(
     launch_plan = plan(session, inventory, run_id)
     key, last = unchanged_since(inventory, launch_plan, reuse=reuse)
     if last is not None:
-        return Skipped(last.when)
+        return Skipped(last.when, len(inventory.nodes))
     result = validate(session, inventory, run_id, launch_plan=launch_plan, **options)
     if result.exit_code() == ExitCode.OK and key is not None:
         save_stamp(inventory, key)
+    return result
+
+
+def validation_phase(
+    reach: Reach,
+    inventory: Inventory,
+    *,
+    timeout: float = 60.0,
+    sizes: tuple[int, ...] = DEFAULT_SIZES,
+    templates_dir: Path | None = None,
+    reuse: bool = False,
+    dry_run: SSHOptions | None = None,
+) -> Validation | Skipped | Report[Any]:
+    """`bootstrap validate` and the main pipeline's validate phase on every node of ``inventory``:
+    :func:`validate_unless_unchanged` (``reuse``: the pipeline without ``--validate``) on a session of
+    ``reach``, every worker line kept in runs/<run-id>/ here and shown through ``reach.lines``.
+    ``templates_dir``: ``--templates``, else the inventory's. ``dry_run`` (the SSH options a run
+    would connect with): each node's plan, connecting to nothing."""
+    from orchestrator.logs import RunLog
+    from orchestrator.render import templates_dir_for
+    from orchestrator.runs.ids import new_run_id
+    from orchestrator.steps.launch import offline_dry_run
+
+    nodes = list(inventory.nodes)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    run_id = new_run_id(inventory.cluster.name, kind="validate", reserve=dry_run is None)
+    if dry_run is not None:
+        worker = package_file("steps/probes/" + WORKER)
+        return offline_dry_run(
+            "validate",
+            inventory,
+            run_id,
+            renderer,
+            lambda specs: validation_specs(specs, timeout, sizes),
+            ssh=dry_run,
+            say=reach.say,
+            template=rank_workers.TEMPLATE,
+            script_file=worker,
+        )
+    log = RunLog(Path("runs") / run_id)
+    shown = None if reach.lines is None else reach.lines([n.name for n in nodes])
+
+    def on_line(node: str, rank: int | None, text: str) -> None:
+        log.write(node, text)
+        if shown is not None:
+            shown.write_rank(node, rank, text)
+
+    try:
+        result = reach.within(
+            nodes,
+            "validate",
+            lambda on: validate_unless_unchanged(
+                on,
+                inventory,
+                run_id,
+                reuse=reuse,
+                timeout=timeout,
+                sizes=sizes,
+                renderer=renderer,
+                on_line=on_line,
+            ),
+        )
+    finally:
+        log.close()
+    if isinstance(result, Validation):
+        result.run_id, result.log_dir = run_id, log.directory
     return result

@@ -15,6 +15,7 @@ import pytest
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import load_inventory_text
 from orchestrator.pipeline import PipelineOptions, run_pipeline
+from orchestrator.transports import SSHOptions
 
 INVENTORY = """\
 cluster: {name: lab, master: a}
@@ -25,32 +26,16 @@ nodes:
 
 
 class Phases:
+    """A front end whose phases end with the given codes (their work is not run: ``_phase`` below)."""
+
     def __init__(self, **codes: ExitCode) -> None:
         self.codes = codes
         self.ran: list[str] = []
         self.said: list[tuple[str, str]] = []
 
-    def _phase(self, name: str) -> ExitCode:
+    def phase(self, name: str) -> ExitCode:
         self.ran.append(name)
         return self.codes.get(name, ExitCode.OK)
-
-    def sync(self, *_: Any, **__: Any) -> ExitCode:
-        return self._phase("sync")
-
-    def firewall(self, *_: Any) -> ExitCode:
-        return self._phase("firewall")
-
-    def ntp(self, *_: Any) -> ExitCode:
-        return self._phase("ntp")
-
-    def check(self, *_: Any) -> ExitCode:
-        return self._phase("check")
-
-    def validate(self, *_: Any) -> ExitCode:
-        return self._phase("validate")
-
-    def launch(self, *_: Any) -> ExitCode:
-        return self._phase("launch")
 
     def say(self, level: str, text: str) -> None:
         self.said.append((level, text))
@@ -62,10 +47,13 @@ def _no_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("orchestrator.pipeline._first_round", lambda *a, **k: {})
     monkeypatch.setattr("orchestrator.steps.preflight.privilege.refused_root", lambda *a, **k: [])
     monkeypatch.setattr("orchestrator.steps.preflight.early.end_early_rounds", lambda session: None)
+    monkeypatch.setattr("orchestrator.pipeline._phase", lambda name, front, *_: front.phase(name))
 
 
-def _run(phases: Phases, **options: Any) -> Any:
+def _run(phases: Phases, *, dry_run: bool = False, **options: Any) -> Any:
     inventory = load_inventory_text(INVENTORY, "lab.yaml")
+    if dry_run:
+        options["dry_run"] = SSHOptions()
     session = SimpleNamespace(nodes=list(inventory.nodes))
     return run_pipeline(session, inventory, list(inventory.nodes), PipelineOptions(**options), phases)  # type: ignore[arg-type]
 

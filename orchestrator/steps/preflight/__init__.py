@@ -82,7 +82,7 @@ if TYPE_CHECKING:
     from orchestrator.facts import Fact
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
-    from orchestrator.transports import Result, Transport
+    from orchestrator.transports import Result, SSHOptions, Transport
 
 CLOCK_SAMPLES = 3
 
@@ -417,8 +417,17 @@ def _workdir_check(
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
 
 
-def preflight_report(reach: Reach, inventory: Inventory, nodes: list[Node]) -> Report[NodeChecks]:
-    """`bootstrap check` on ``nodes``: :func:`run_preflight` on a session reaching them."""
+def preflight_report(
+    reach: Reach, inventory: Inventory, nodes: list[Node], *, dry_run: SSHOptions | None = None
+) -> Report[Any]:
+    """`bootstrap check` on ``nodes``: :func:`run_preflight` on a session reaching them. ``dry_run``
+    (the SSH options the command would connect with): what it would send, in order (each node's one
+    round trip: clock, facts, root access, workdir marker, reachability listener; then its
+    connector), connecting to nothing."""
+    if dry_run is not None:
+        from orchestrator.steps.dry_run import planned_scripts
+
+        return planned_scripts("", inventory, nodes, dry_run, lambda node, t: check_plan(node, t, inventory))
     return reach.within(nodes, "check", lambda on: run_preflight(on, inventory))
 
 
