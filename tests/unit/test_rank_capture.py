@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -183,6 +184,29 @@ def test_a_killed_rank_group_still_leaves_every_byte_in_the_rank_file(tmp_path: 
     expected = "started\n" + "".join(f"line {i}\n" for i in range(lines))
     _await(lambda: len(path.read_text()) >= len(expected), 10, "the drainer to append every line")
     assert path.read_text() == expected
+
+
+def test_an_earlier_attempt_first_seen_beside_its_restart_waits_for_its_drainer(tmp_path: Path) -> None:
+    """Both attempts' files appear between two scans (a quick restart, a busy machine): the earlier
+    attempt, never read yet, is not called complete while its drainer still holds its lock (a
+    child the attempt left still prints into it); its later lines are forwarded, not lost."""
+    import fcntl
+
+    rc = _capture()
+    first = tmp_path / "rank-0-attempt-0.out"
+    first.write_bytes(b"first\n")
+    (tmp_path / "rank-0-attempt-1.out").write_bytes(b"again\n")
+    drainer = os.open(first, os.O_WRONLY | os.O_APPEND)  # as the drainer: its lock until it ends
+    fcntl.flock(drainer, fcntl.LOCK_EX)
+    files: dict[str, Any] = {}
+    try:
+        rc.scan(str(tmp_path), files)
+        out = rc.drain(files, final=False)
+        os.write(drainer, b"late 0\n")
+    finally:
+        os.close(drainer)  # the drainer has appended its last byte and ended
+    out += rc.drain(files, final=False) + rc.drain(files, final=True)
+    assert sorted(out.decode().splitlines()) == ["[default0]:again", "[default0]:first", "[default0]:late 0"]
 
 
 def test_output_a_rank_left_to_its_children_reaches_the_stream(tmp_path: Path) -> None:

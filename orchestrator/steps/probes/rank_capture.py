@@ -275,9 +275,13 @@ class RankFile:
 
     def written(self):
         """Whether every byte of the rank is in the file: no drainer holds its lock any more (files
-        the rank wrote itself have none)."""
+        the rank wrote itself have none). A file not opened yet is opened to ask: seen only beside
+        a newer attempt (both appeared between two scans), its drainer may still be appending."""
         if self.fd is None:
-            return True
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY)
+            except OSError:  # gone: nothing more will come from it
+                return True
         try:
             fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
