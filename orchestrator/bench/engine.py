@@ -20,7 +20,11 @@ from orchestrator.logs import RunLog
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
     from orchestrator.render import Renderer
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
+    from orchestrator.steps.contract import Report
+    from orchestrator.steps.dry_run import Planned
+    from orchestrator.transports import SSHOptions
 
 
 @dataclass
@@ -166,3 +170,58 @@ def run_bench(
         )
     (directory / "bench.json").write_text(json.dumps(report.public_dict(), indent=1, sort_keys=True) + "\n")
     return report
+
+
+def bench_phase(
+    reach: Reach,
+    inventory: Inventory,
+    options: BenchOptions,
+    *,
+    templates_dir: Path | None = None,
+    dry_run: SSHOptions | None = None,
+) -> BenchReport | Report[Planned]:
+    """`bootstrap bench` on every node of ``inventory`` (the probe uses the whole cluster's launch
+    plan): :func:`run_bench` on a session of ``reach``, the workers' lines shown through
+    ``reach.lines``. ``dry_run`` (the SSH options a run would connect with): each node's probe plan,
+    connecting to nothing."""
+    from orchestrator.bench.probe import WORKER, probe_specs
+    from orchestrator.render import LaunchSpec, Renderer, require_secrets, templates_dir_for
+    from orchestrator.resources import package_file
+    from orchestrator.runs.ids import new_run_id
+    from orchestrator.steps import rank_workers
+    from orchestrator.steps.launch import offline_dry_run
+
+    nodes = list(inventory.nodes)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    run_id = new_run_id(inventory.cluster.name, kind="bench", reserve=dry_run is None)
+    if dry_run is not None:
+
+        def probes(specs: list[LaunchSpec]) -> list[LaunchSpec]:
+            return probe_specs(
+                specs,
+                batch_size=options.batch_size,
+                repeats=options.repeats,
+                seconds=options.seconds,
+                timeout=options.timeout,
+                workload=options.workload,
+            )
+
+        return offline_dry_run(
+            "bench",
+            inventory,
+            run_id,
+            renderer,
+            probes,
+            ssh=dry_run,
+            say=reach.say,
+            template=rank_workers.TEMPLATE,
+            script_file=package_file("bench/" + WORKER),
+        )
+    require_secrets(inventory)
+    shown = None if reach.lines is None else reach.lines([n.name for n in nodes])
+    on_line = None if shown is None else shown.write_rank
+    return reach.within(
+        nodes,
+        "bench",
+        lambda on: run_bench(on, inventory, run_id, options, renderer=renderer, on_line=on_line),
+    )

@@ -14,19 +14,16 @@ from orchestrator.cli.common import (
     Settings,
     common_options,
     fail_lines,
-    interrupted,
     load_selection,
-    open_session,
     refuse_native_mix,
-    show_offline_dry_run,
     templates_option,
 )
+from orchestrator.cli.front import reach_for
 from orchestrator.errors import ExitCode
 
 if TYPE_CHECKING:
     from orchestrator.bench.engine import BenchOptions, BenchReport
     from orchestrator.inventory import Inventory
-    from orchestrator.render import LaunchSpec, Renderer
 
 
 def _callable(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -130,34 +127,29 @@ def bench(
 def run_bench_command(
     settings: Settings, inventory: Inventory, options: BenchOptions, *, templates_dir: Path | None = None
 ) -> ExitCode:
-    from orchestrator.bench.engine import run_bench
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.runs.ids import new_run_id
+    """`bootstrap bench` (``bench.engine.bench_phase``), shown; its exit code."""
+    from orchestrator.bench.engine import BenchReport, bench_phase
+    from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
 
     refuse_native_mix(inventory)
     ui = settings.ui
-    nodes = list(inventory.nodes)
     if settings.nodes:
         ui.note("bench runs every node of the inventory: the probe uses the whole cluster's launch plan")
-    renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    run_id = new_run_id(inventory.cluster.name, kind="bench", reserve=not settings.dry_run)
-    if settings.dry_run:
-        _dry_run(settings, inventory, renderer, run_id, options)
+    report = bench_phase(
+        reach_for(settings, inventory, lines="verbose"),
+        inventory,
+        options,
+        templates_dir=templates_dir,
+        dry_run=settings.ssh_options() if settings.dry_run else None,
+    )
+    if not isinstance(report, BenchReport):
+        show_dry_run(ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
+        if options.scaling:
+            ui.note(
+                f"--scaling would then run the training script for {options.steps} steps on 1 to "
+                f"{len(inventory.nodes)} node(s), with equal and measured shares"
+            )
         return ExitCode.OK
-    require_secrets(inventory)
-    printer = ui.line_printer([n.name for n in nodes])
-
-    def on_line(node: str, rank: int | None, text: str) -> None:
-        if settings.verbose and not settings.json_mode:
-            printer.write_rank(node, rank, text)
-
-    with open_session(settings, inventory, nodes) as session:
-        try:
-            with ui.progress([n.name for n in nodes], "bench") as on_event:
-                session.executor.on_event = on_event
-                report = run_bench(session, inventory, run_id, options, renderer=renderer, on_line=on_line)
-        except KeyboardInterrupt:
-            interrupted(ui)
     probe = report.probe
     if probe is not None and any(not o.ok for o in probe.plan.inspected):
         fail_lines(ui, [o for o in probe.plan.inspected if not o.ok])
@@ -241,35 +233,3 @@ def show(settings: Settings, report: BenchReport) -> None:
         if report.html is not None:
             ui.note(f"report: {report.html}")
     ui.note(f"per-node output and bench.json: {report.directory}/")
-
-
-def _dry_run(
-    settings: Settings, inventory: Inventory, renderer: Renderer, run_id: str, options: BenchOptions
-) -> None:
-    from orchestrator.bench.probe import WORKER, probe_specs
-    from orchestrator.resources import package_file
-
-    def probes(specs: list[LaunchSpec]) -> list[LaunchSpec]:
-        return probe_specs(
-            specs,
-            batch_size=options.batch_size,
-            repeats=options.repeats,
-            seconds=options.seconds,
-            timeout=options.timeout,
-            workload=options.workload,
-        )
-
-    show_offline_dry_run(
-        settings,
-        "bench",
-        inventory,
-        run_id,
-        renderer,
-        probes,
-        package_file("bench/" + WORKER),
-    )
-    if options.scaling:
-        settings.ui.note(
-            f"--scaling would then run the training script for {options.steps} steps on 1 to "
-            f"{len(inventory.nodes)} node(s), with equal and measured shares"
-        )

@@ -32,7 +32,6 @@ from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 
 if TYPE_CHECKING:
-    from orchestrator.render import LaunchSpec
     from orchestrator.steps.launch import LaunchPlan
 from orchestrator.transports import SSHOptions, Transport
 
@@ -396,38 +395,6 @@ def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
     if inventory.cluster.backend == "auto":
         ui.note(launch_plan.backend_reason)
     return launch_plan
-
-
-def show_offline_dry_run(
-    settings: Settings,
-    command: str,
-    inventory: Inventory,
-    run_id: str,
-    renderer: Any,
-    specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
-    worker: Path | None = None,  # validate's or bench's rank worker, run instead of the training script
-    **options: Any,
-) -> None:
-    """``--dry-run`` of launch, validate and bench (``steps.launch.offline_dry_run``), shown."""
-    from orchestrator.cli.report import OFFLINE_NOTE
-    from orchestrator.steps import rank_workers
-    from orchestrator.steps.launch import offline_dry_run
-
-    if worker is not None:
-        options.update(template=rank_workers.TEMPLATE, script_file=worker)
-    ui = settings.ui
-    say = {"warn": ui.warn, "info": ui.info}
-    report = offline_dry_run(
-        command,
-        inventory,
-        run_id,
-        renderer,
-        specs,
-        ssh=settings.ssh_options(),
-        say=lambda level, text: say.get(level, ui.note)(text),
-        **options,
-    )
-    show_dry_run(ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
