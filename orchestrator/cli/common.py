@@ -32,7 +32,7 @@ from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 
 if TYPE_CHECKING:
-    from orchestrator.steps.launch import LaunchPlan
+    pass
 from orchestrator.transports import SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -385,16 +385,6 @@ def refuse_native_mix(inventory: Inventory) -> None:
     from orchestrator.steps.preflight.checks import refuse_native_mix
 
     refuse_native_mix(inventory)
-
-
-def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
-    """``steps.launch.offline_plan`` (render --offline, --dry-run), saying how an auto backend was taken."""
-    from orchestrator.steps.launch import offline_plan
-
-    launch_plan = offline_plan(inventory, run_id)
-    if inventory.cluster.backend == "auto":
-        ui.note(launch_plan.backend_reason)
-    return launch_plan
 
 
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------

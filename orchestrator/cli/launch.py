@@ -19,8 +19,6 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     master_option,
-    offline_plan,
-    open_session,
     refuse_native_mix,
     run_nodes,
     templates_option,
@@ -37,11 +35,9 @@ from orchestrator.errors import (
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.runs.layout import logs_where
-from orchestrator.safefiles import write_inside
 from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:
-    from orchestrator.render import LaunchSpec
     from orchestrator.steps.train import LaunchRun
 
 T = TypeVar("T")
@@ -78,112 +74,38 @@ def render(
     on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
     secret-looking variables; files written with --out are complete and run by hand on each node.
     """
-    from orchestrator.bench.launch import planned_shares
-    from orchestrator.render import Renderer, templates_dir_for
-    from orchestrator.runs.ids import new_run_id
-    from orchestrator.steps.launch import RANK_CAPTURE, launch_files, launch_scripts, plan
+    from orchestrator.steps.render_out import render_phase
 
     settings = Settings.from_context(ctx)
     inventory, selected = load_selection(settings)
     ui = settings.ui
-    run_id = new_run_id(inventory.cluster.name, chosen=run_id, reserve=False)
-    renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    if target == "slurm":
-        return _render_slurm(settings, inventory, renderer, run_id, out_dir)
-    all_nodes = list(inventory.nodes)  # a job spans the whole cluster: every rank needs its place
-    if offline or settings.dry_run:
-        launch_plan = offline_plan(ui, inventory, run_id)
-    else:
-        session = open_session(settings, inventory, all_nodes)
-        with ui.progress([n.name for n in all_nodes], "facts") as on_event, session:
-            session.executor.on_event = on_event
-            launch_plan = plan(session, inventory, run_id)
-        failed = [o for o in launch_plan.inspected if not o.ok]
-        if failed:
-            fail_lines(ui, failed)
-            return exit_code_for(launch_plan.inspected)
-        for warning in launch_plan.warnings:
-            ui.warn(warning)
-        ui.note(f"backend: {launch_plan.backend_reason}")
-    backend, specs = launch_plan.backend, launch_plan.specs
-    specs, shares_note = planned_shares(inventory, specs)  # the variables and files a launch adds
-    if shares_note and not settings.json_mode:
-        ui.note(shares_note)
-    shown = {n.name for n in selected}
-    specs = [s for s in specs if s.node.name in shown]
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for file_name, data in launch_files(renderer, specs).items():
-            if file_name == RANK_CAPTURE:  # the POSIX scripts start every rank through it
-                path = write_inside(out_dir, file_name, data, mode=0o600)
-                ui.info(f"wrote {path} (copy it beside each .sh script on the node)")
-                continue
-            # may hold the run's environment: owner only; inside out_dir whatever the name, no link followed
-            ui.info(f"wrote {write_inside(out_dir, file_name, data, mode=0o700)}")
-        _write_shares(ui, out_dir, specs)
-    scripts = launch_scripts(renderer, specs)
-    if settings.json_mode:
-        ui.print_json({"command": "render", "run_id": run_id, "backend": backend, "scripts": scripts})
-        return ExitCode.OK
-    if out_dir is None:
-        for name, text in scripts.items():
-            ui.print_text(f"# ---- {name} ----")
-            ui.print_text(text)
-    return ExitCode.OK
-
-
-def _render_slurm(
-    settings: Settings, inventory: Inventory, renderer: Any, run_id: str, out_dir: Path | None
-) -> int:
-    """render --for slurm: the batch script and the node part (connects to nothing: Slurm allocates
-    the nodes when the job starts); --out writes them with the rank capture, to submit by hand."""
-    from orchestrator.slurm.job import BATCH_FILE, NODE_FILE, render_job
-    from orchestrator.steps.launch import RANK_CAPTURE, rank_capture_file
-
-    ui = settings.ui
-    if out_dir is not None:
-        files = render_job(renderer, inventory, run_id, secrets="reference")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in ((BATCH_FILE, files.batch), (NODE_FILE, files.node)):
-            ui.info(f"wrote {write_inside(out_dir, name, text.encode(), mode=0o700)}")
-        ui.info(f"wrote {write_inside(out_dir, RANK_CAPTURE, rank_capture_file().read_bytes(), mode=0o600)}")
-        ui.info(
-            f"submit: copy them to {files.job_dir}/ (shared file system), "
-            f"then sbatch {files.job_dir}/{BATCH_FILE}"
-        )
-    shown = render_job(renderer, inventory, run_id, secrets="mask")
-    if settings.json_mode:
-        ui.print_json(
-            {
-                "command": "render",
-                "for": "slurm",
-                "run_id": run_id,
-                "scripts": {BATCH_FILE: shown.batch, NODE_FILE: shown.node},
-            }
-        )
-    elif out_dir is None:
-        for name, text in ((BATCH_FILE, shown.batch), (NODE_FILE, shown.node)):
-            ui.print_text(f"# ---- {name} ----")
-            ui.print_text(text)
-    return ExitCode.OK
-
-
-def _write_shares(ui: Any, out_dir: Path, specs: list[LaunchSpec]) -> None:
-    """render --out: the shares helper and file the scripts name (CB_SHARES_HELPER, CB_SHARES_FILE,
-    in the run directory on each node, where a launch puts them)."""
-    from orchestrator.bench.shares import SHARES_FILE, SHARES_HELPER, shares_helper_file
-    from orchestrator.runs.layout import run_dir_for
-
-    shared = [s for s in specs if s.shares_json]
-    if not shared:
-        return
-    helper = write_inside(out_dir, SHARES_HELPER, shares_helper_file().read_bytes(), mode=0o600)
-    doc = write_inside(out_dir, SHARES_FILE, shared[0].shares_json.encode(), mode=0o600)
-    where = [f"{s.node.name}: {run_dir_for(s.node, s.run_id)}" for s in shared]
-    ui.info(
-        f"wrote {helper} and {doc} (copy both to the run directory on each node, where the scripts' "
-        f"CB_SHARES_HELPER and CB_SHARES_FILE name them: {', '.join(where)})"
+    done = render_phase(
+        reach_for(settings, inventory),
+        inventory,
+        selected,
+        run_id=run_id,
+        templates_dir=templates_dir,
+        offline=offline or settings.dry_run,
+        out_dir=out_dir,
+        slurm=target == "slurm",
     )
+    if done.unreachable:
+        fail_lines(ui, done.unreachable)
+        return exit_code_for(done.unreachable)
+    for path in done.written:
+        ui.info(f"wrote {path}")
+    if done.submit:
+        ui.info(done.submit)
+    if settings.json_mode:
+        target_doc = {"for": "slurm"} if target == "slurm" else {}
+        backend = {"backend": done.backend} if target != "slurm" else {}
+        doc = {"command": "render", **target_doc, "run_id": done.run_id, **backend, "scripts": done.scripts}
+        ui.print_json(doc)
+    elif out_dir is None:
+        for name, text in done.scripts.items():
+            ui.print_text(f"# ---- {name} ----")
+            ui.print_text(text)
+    return ExitCode.OK
 
 
 @click.command(cls=TrainArgsCommand)
