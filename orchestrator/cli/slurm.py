@@ -6,17 +6,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.common import Settings, again, interrupted, open_session
+from orchestrator.cli.front import reach_for
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
-from orchestrator.logs import RunLog
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLogin, SlurmRun
-    from orchestrator.transports.base import BlockHandler
 
 
 @contextlib.contextmanager
@@ -33,20 +32,6 @@ def allocated(settings: Settings, inventory: Inventory, what: str) -> Iterator[t
             yield nodes, on
 
 
-def _outputs(settings: Settings, log: RunLog) -> Any:
-    """The handlers of the allocated nodes: the controller's log and the terminal as `[node:rank]`."""
-    from orchestrator.cli.ui import RankedOutput
-
-    def outputs_for(nodes: list[str], nproc: int) -> dict[str, BlockHandler]:
-        printer = None if settings.json_mode else settings.ui.line_printer(nodes)
-        return {
-            name: RankedOutput(name, log, printer, first_rank=i * nproc, nproc=nproc)
-            for i, name in enumerate(nodes)
-        }
-
-    return outputs_for
-
-
 def launch_on_slurm(
     settings: Settings,
     inventory: Inventory,
@@ -55,46 +40,28 @@ def launch_on_slurm(
     templates_dir: Path | None,
     detach: bool,
 ) -> ExitCode:
-    """`launch` on an inventory with cluster.slurm: submit, then follow (or, --detach, only submit)."""
-    from orchestrator.render import Renderer, require_secrets, templates_dir_for
-    from orchestrator.runs.ids import new_run_id
-    from orchestrator.runs.layout import train_record, write_record
-    from orchestrator.slurm.job import login_node, slurm_settings
-    from orchestrator.slurm.run import SlurmLogin
+    """`launch` on an inventory with cluster.slurm (``slurm.run.launch_job``): submit, then follow (or,
+    --detach, only submit), shown."""
+    from orchestrator.slurm.run import launch_job
 
     ui = settings.ui
-    slurm = slurm_settings(inventory)
-    login = login_node(inventory)
-    renderer = Renderer(templates_dir_for(inventory, templates_dir))
-    require_secrets(inventory)
-    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
-    directory = Path("runs") / run_id
-    write_record(directory, run_id, [], detached=detach, train=train_record(inventory))
-    with open_session(settings, inventory, [login]) as session:
-        slurm_login = SlurmLogin(session, inventory)
-        run = slurm_login.submit(run_id, renderer)
-        ranks = f"{slurm.nodes} node(s) x {slurm.ranks_per_node} rank(s)"
-        ui.info(f"run {run_id}: Slurm job {run.job_id} submitted through {login.name} ({ranks})")
-        if detach:
-            if settings.json_mode:
-                ui.print_json({"command": "launch", "run_id": run_id, "job_id": run.job_id, "detached": True})
-            else:
-                ui.info(f"follow it: {again(settings, 'logs', run_id)} --follow")
-            return ExitCode.OK
-        log = RunLog(directory)
-        try:
-            end = slurm_login.follow(run, outputs_for=_outputs(settings, log), say=ui.note)
-        except KeyboardInterrupt:
-            log.close()
-            try:
-                state = slurm_login.stop(run)
-                detail = f"Slurm job {run.job_id} cancelled ({state})"
-            except KeyboardInterrupt:
-                detail = f"Slurm job {run.job_id} may still run: `{again(settings, 'stop', run_id)}`"
-            interrupted(ui, detail)
-        finally:
-            log.close()
-    return _summary(settings, run, end, log.directory)
+    reach = reach_for(settings, inventory, lines="ranks")
+    launched = launch_job(reach, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
+    run = launched.run
+    if detach:
+        if settings.json_mode:
+            ui.print_json({"command": "launch", "run_id": run.run_id, "job_id": run.job_id, "detached": True})
+        else:
+            ui.info(f"follow it: {again(settings, 'logs', run.run_id)} --follow")
+        return ExitCode.OK
+    if launched.interrupted is not None:
+        if launched.cancelled is not None:
+            detail = f"Slurm job {run.job_id} cancelled ({launched.cancelled})"
+        else:
+            detail = f"Slurm job {run.job_id} may still run: `{again(settings, 'stop', run.run_id)}`"
+        interrupted(ui, detail, stop=launched.interrupted)
+    assert launched.end is not None and launched.log_dir is not None
+    return _summary(settings, run, launched.end, launched.log_dir)
 
 
 def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> ExitCode:
@@ -148,18 +115,12 @@ def _login(settings: Settings, inventory: Inventory) -> Iterator[SlurmLogin]:
 
 def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, follow: bool) -> ExitCode:
     """`logs --run ID [--follow]` of a Slurm run: every node's log from its start, as `[node:rank]`."""
-    ui = settings.ui
-    log = RunLog(Path("runs") / run_id, staged=True)
-    with _login(settings, inventory) as login:
-        run = login.find(run_id)
-        try:
-            end = login.logs(run, outputs_for=_outputs(settings, log), say=ui.note, follow=follow)
-        except KeyboardInterrupt:
-            log.close()
-            interrupted(ui, "stopped following (the job goes on)")
-        for node in end.nodes:
-            log.commit(node.node)
-        log.close()
+    from orchestrator.slurm.run import job_logs
+
+    try:
+        end = job_logs(reach_for(settings, inventory, lines="ranks"), inventory, run_id, follow=follow)
+    except KeyboardInterrupt:
+        interrupted(settings.ui, "stopped following (the job goes on)")
     return ExitCode.OK if end.ok or not follow else ExitCode.NODES_FAILED
 
 

@@ -48,6 +48,8 @@ from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import BlockHandler, Stream
 
 if TYPE_CHECKING:
+    from orchestrator.logs import RunLog
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
 
 #: the job id, in the job directory (`status`, `stop`, `logs` find the job by the run id)
@@ -578,3 +580,93 @@ class SlurmLogin:
 
     def status(self, run: SlurmRun) -> RunStatus:
         return status_run(self._transport, self.inventory, run)
+
+
+def _outputs_for(reach: Reach, log: RunLog) -> OutputsFor:
+    """The allocated nodes' handlers, once Slurm has named them: the controller's log, and
+    ``reach.outputs`` showing them as `[node:rank]`."""
+
+    def outputs_for(nodes: list[str], nproc: int) -> dict[str, BlockHandler]:
+        labels = {name: (i * nproc, nproc) for i, name in enumerate(nodes)}
+        return dict(reach.outputs(labels, log, None, "")) if reach.outputs else {}
+
+    return outputs_for
+
+
+@dataclass
+class SlurmLaunch:
+    """What `launch` on Slurm did: the job submitted (``detach``: only that), then its end; or the
+    Ctrl-C or SIGTERM that cut the follow short, with what cancelling the job gave (None: a second
+    interrupt cut that short: the job may still run)."""
+
+    run: SlurmRun
+    end: JobEnd | None = None
+    log_dir: Path | None = None
+    interrupted: BaseException | None = None
+    cancelled: str | None = None
+
+
+def launch_job(
+    reach: Reach, inventory: Inventory, *, run_id: str | None, templates_dir: Path | None, detach: bool
+) -> SlurmLaunch:
+    """`launch` on an inventory with cluster.slurm: a new run id and record, the job submitted through
+    the login host, then (unless ``detach``) followed to its end, every line kept in runs/<run-id>/."""
+    from orchestrator.logs import RunLog
+    from orchestrator.render import require_secrets, templates_dir_for
+    from orchestrator.runs.ids import new_run_id
+    from orchestrator.runs.layout import train_record, write_record
+
+    slurm = slurm_settings(inventory)
+    login = login_node(inventory)
+    renderer = Renderer(templates_dir_for(inventory, templates_dir))
+    require_secrets(inventory)
+    run_id = new_run_id(inventory.cluster.name, chosen=run_id)
+    directory = Path("runs") / run_id
+    write_record(directory, run_id, [], detached=detach, train=train_record(inventory))
+    with reach.connect([login]) as session:
+        slurm_login = SlurmLogin(session, inventory)
+        launched = SlurmLaunch(slurm_login.submit(run_id, renderer))
+        ranks = f"{slurm.nodes} node(s) x {slurm.ranks_per_node} rank(s)"
+        reach.say(
+            "info", f"run {run_id}: Slurm job {launched.run.job_id} submitted through {login.name} ({ranks})"
+        )
+        if detach:
+            return launched
+        log = RunLog(directory)
+        launched.log_dir = log.directory
+        say = lambda text: reach.say("note", text)  # noqa: E731
+        try:
+            launched.end = slurm_login.follow(launched.run, outputs_for=_outputs_for(reach, log), say=say)
+        except KeyboardInterrupt as stop:
+            log.close()
+            launched.interrupted = stop
+            try:
+                launched.cancelled = slurm_login.stop(launched.run)
+            except KeyboardInterrupt:
+                pass
+        finally:
+            log.close()
+    return launched
+
+
+def job_logs(reach: Reach, inventory: Inventory, run_id: str, *, follow: bool) -> JobEnd:
+    """`logs --run ID [--follow]` of a Slurm run: every node's log from its start, shown through
+    ``reach.outputs`` and kept (staged, then committed per node) in runs/<run-id>/ here."""
+    from orchestrator.logs import RunLog
+
+    log = RunLog(Path("runs") / run_id, staged=True)
+    with reach.connect([login_node(inventory)]) as session:
+        login = SlurmLogin(session, inventory)
+        run = login.find(run_id)
+        try:
+            end = login.logs(
+                run,
+                outputs_for=_outputs_for(reach, log),
+                say=lambda text: reach.say("note", text),
+                follow=follow,
+            )
+            for node in end.nodes:
+                log.commit(node.node)
+        finally:
+            log.close()  # staged parts not committed (a Ctrl-C) are dropped
+    return end

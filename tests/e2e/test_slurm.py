@@ -168,11 +168,23 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
     assert "node 'node3': nothing.txt not found" in missing.stderr, missing
 
 
-def _running(pattern: str) -> list[str]:
-    """Processes of this machine (every namespace host shares its PID space) whose command line holds
-    ``pattern``: what a run left behind."""
+def _running(pattern: str, slurm: SlurmCluster) -> list[str]:
+    """Processes on the Slurm cluster's hosts whose command line holds ``pattern``: what a run left
+    behind. Every namespace host shares this machine's PID space, so a process counts only when its
+    network namespace is one of the cluster's (another test's workers, running in parallel in their
+    own namespaces, are not this run's leftovers)."""
+    hosts = {os.stat(f"/run/netns/{host.ns}").st_ino for host in [slurm.controller, *slurm.computes]}
     found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
-    return [line for line in found.stdout.splitlines() if "pgrep" not in line]
+    left = []
+    for line in found.stdout.splitlines():
+        pid = line.split(maxsplit=1)[0]
+        try:
+            ns = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:  # gone since pgrep listed it
+            continue
+        if ns in hosts and "pgrep" not in line:
+            left.append(line)
+    return left
 
 
 def test_a_failing_rank_cancels_the_job_and_is_named_with_its_last_lines(
@@ -216,7 +228,7 @@ def test_a_failing_rank_cancels_the_job_and_is_named_with_its_last_lines(
     assert re.search(r"node3: rank 3 exited with code 3", run.stderr), run
     assert re.search(r"^\s+\[node3:3\] rank 3 gives up$", run.stderr, re.M), run
     assert slurm.wait_no_job_active() == []
-    assert _running(script.name) == []
+    assert _running(script.name, slurm) == []
 
 
 TICKING = (
@@ -264,7 +276,7 @@ def test_ctrl_c_cancels_the_job(slurm: SlurmCluster, home: Path, shared: Path, t
     assert proc.returncode == 130, err
     assert re.search(r"interrupted: Slurm job \d+ cancelled \(CANCELLED\)", err), err
     assert slurm.wait_no_job_active() == []
-    assert _running("cbt_slurm_ctrlc.py") == []
+    assert _running("cbt_slurm_ctrlc.py", slurm) == []
 
 
 def test_detach_then_logs_follow_shows_every_line_once(
@@ -302,7 +314,7 @@ def test_stop_cancels_a_detached_run(
     assert stopped.returncode == 0, stopped
     assert re.search(r"Slurm job \d+ cancelled \(CANCELLED\)", stopped.stderr), stopped
     assert slurm.wait_no_job_active() == []
-    assert _running("cbt_slurm_stop.py") == []
+    assert _running("cbt_slurm_stop.py", slurm) == []
     # the logs of a stopped run end: every node's log is known complete
     followed = bootstrap("-i", str(inv), "logs", "--run", "st", "--follow", cwd=tmp_path, timeout=60)
     assert "[node4:5] line 99 of rank 5" in followed.stdout, followed
@@ -419,7 +431,7 @@ def test_the_time_limit_is_a_clean_stop_named_as_the_time_limit(
         assert shown == written, run.stdout[-2000:]
         assert (shared / "runs" / "tl" / node / "node.log.rc").read_text().strip() == "none"
     assert slurm.wait_no_job_active() == []
-    assert _running("cbt_slurm_limit.py") == []
+    assert _running("cbt_slurm_limit.py", slurm) == []
 
 
 def test_bootstrap_syncs_the_code_once_and_trains_the_example_on_three_slurm_nodes(
@@ -517,7 +529,7 @@ def test_validate_joins_every_rank_of_the_allocation_and_times_all_reduce(
         for size in ("4 KiB", "1 MiB"):
             assert re.search(rf"│ +{size} │ +\d+ │ +[\d.]+ ms │", run.stdout), run
         assert slurm.wait_no_job_active() == []
-        assert _running("validate_worker.py") == []
+        assert _running("validate_worker.py", slurm) == []
 
 
 def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
@@ -529,7 +541,7 @@ def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
     assert "ranks never joined: node3 (ranks 2, 3) (4 of 6 joined)" in run.stderr, run
     assert not re.search(r"^error: .*node[24]", run.stderr, re.M), run
     assert slurm.wait_no_job_active() == []
-    assert _running("validate_worker.py") == []
+    assert _running("validate_worker.py", slurm) == []
 
 
 def test_bootstrap_builds_the_environment_once_in_the_shared_directory_for_every_node(
