@@ -24,7 +24,7 @@ from orchestrator.runs.control import (
     status_node,
     stop_node,
 )
-from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record
+from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
 
@@ -109,6 +109,7 @@ def read_logs(
     a failed read keeps it, a read cut short by Ctrl-C replaces it only when longer (of two prefixes
     of the same append-only log, the longer). ``on_read``: each node's read as it ends."""
     read: dict[str, FollowResult] = {}  # nodes whose read has ended well (known before Ctrl-C too)
+    samples = sample_nonce(RUNS_ROOT / run_id)  # not shown: a tail's N lines do not count them
 
     def one(node: Node, t: Any) -> FollowResult:
         result = follow_node(
@@ -120,6 +121,7 @@ def read_logs(
             on_note=on_note,
             python=interpreter_for(node),  # the run's own: it is there
             lines=tail,
+            samples=samples,
         )
         read[node.name] = result
         if on_read is not None:

@@ -70,9 +70,10 @@ def tail_script(
     interval: float | None = None,
     lines: int | None = None,
     nonce: str | None = None,
+    samples: str = "",
 ) -> str:
     """The tail of the run's node.log from ``offset`` (runs/tail.py), its records with ``nonce``
-    (a fresh one when the answer is not read)."""
+    (a fresh one when the answer is not read); ``samples``: the nonce of the run's samples."""
     ops = run_ops(platform, node)
     run_dir = run_dir_for(node, run_id)
     return ops.tail(
@@ -85,6 +86,7 @@ def tail_script(
         python=python if ops.uses_python else None,
         interval=interval,
         lines=lines,
+        samples=samples,
     )
 
 
@@ -156,11 +158,13 @@ def follow_node(
     python: str | None = None,
     interval: float | None = None,
     lines: int | None = None,
+    samples: str = "",
 ) -> FollowResult:
     """Stream the node's log of ``run_id`` from the start, to ``output`` (the node's handler, a block
     of lines at a time) or ``on_line(node, line)``; with ``follow`` until the launcher has ended and
     the log is read to its end. ``lines``: from the ``lines``-th last complete line instead (0: only
-    what is written from now on), found on the node.
+    what is written from now on), found on the node; ``samples``: the nonce of the run's samples,
+    which those lines do not count (`logs` does not show them).
 
     A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
     restarts from the offset just past the last batch delivered (runs/tail.py). ``python``: the
@@ -185,7 +189,7 @@ def follow_node(
         elif on_line is not None:
             on_line(node.name, text)
 
-    batches = Batches(node.name, deliver, new_nonce(), deliver_piece)
+    batches = Batches(node.name, deliver, new_nonce(), deliver_piece, samples)
     while True:
         batches.restart(new_nonce())
         script = tail_script(
@@ -198,6 +202,7 @@ def follow_node(
             interval=interval,
             lines=lines if batches.start is None else None,
             nonce=batches.nonce,
+            samples=samples,
         )
         try:
             result = transport.run(script, on_line=batches, keep_lines=20)
