@@ -296,6 +296,24 @@ class NodeStatus:
         lost = self.state == "controller lost"
         return lost or (self.state != "stopped" and self.exit_code not in (None, 0))
 
+    @property
+    def runtime_text(self) -> str:
+        """The runtime as a table shows it: ``M:SS``, ``H:MM:SS``; ``-`` when unknown."""
+        if self.runtime is None:
+            return "-"
+        seconds = max(0, int(self.runtime))
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+    @property
+    def gpu_text(self) -> str:
+        """Each GPU's utilisation as a table shows it (``0:87% 1:90%``); ``-`` without nvidia-smi."""
+        if not self.gpus:
+            return "-"
+        return " ".join(
+            f"{g['index']}:{g['util_percent']:.0f}%" for g in self.gpus if g["util_percent"] is not None
+        )
+
 
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
     """One round trip: is the launcher alive, its exit code, times, last line, GPU utilisation."""
@@ -456,6 +474,16 @@ class Fetched:
     files: int = 0
     bytes: int = 0
     local: str = ""
+
+    @property
+    def size(self) -> str:
+        """``bytes`` as a table shows it (B, KiB, MiB, GiB)."""
+        value = float(self.bytes)
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if value < 1024 or unit == "GiB":
+                return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            value /= 1024
+        return f"{self.bytes} B"
 
 
 def fetch_node(
