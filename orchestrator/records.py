@@ -144,6 +144,13 @@ def unnonced(texts: list[str]) -> list[str]:
 MARK = "@@"
 
 
+def line_pattern(nonce: str) -> str:
+    """A whole record line of ``nonce`` (its ``\\n`` not included) as a regular expression that awk
+    (POSIX ERE), Python's ``re`` and .NET read alike: for a node-side script that must tell such a
+    line in a log without decoding it (`logs --tail N` does not count the node's samples)."""
+    return f"^{MARK}{check_nonce(nonce)} [a-z][a-z-]*( :[A-Za-z0-9+/]*=?=?)*\\r?$"
+
+
 def mentions(text: str, nonce: str) -> bool:
     """A quick test before decoding: may ``text`` hold records of ``nonce``? (False: surely not.)"""
     return bool(nonce) and MARK + nonce in text

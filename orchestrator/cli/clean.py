@@ -18,7 +18,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.report import json_doc
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.steps.clean import CleanReport, clean_all
+from orchestrator.steps.clean import CleanReport, clean_nodes
 from orchestrator.steps.envsync.progress import human_size
 
 
@@ -42,32 +42,28 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
     settings = Settings.from_context(ctx)
     ui = settings.ui
     inventory, nodes = load_selection(settings)
+
+    def ask(found: CleanReport) -> bool:
+        _report(settings, found)
+        if settings.json_mode or not sys.stdin.isatty():
+            raise UsageError(
+                "clean removes files on the nodes: confirm with --yes (nothing was removed)",
+                hint="--dry-run lists what would go",
+            )
+        total = human_size(found.bytes)
+        return click.confirm(f"remove these ({total}) from {len(found.outcomes)} node(s)?", err=True)
+
     with open_session(settings, inventory, nodes) as session:
-        found = clean_all(session, inventory, remove=False, outputs=outputs)
-        if settings.dry_run or found.final():
-            _report(settings, found)
-            for o in found.busy:
-                assert o.value is not None
-                runs = ", ".join(o.value.running)
-                ui.error(
-                    f"{o.node}: run {runs} is running there: nothing was removed on any node "
-                    f"(`bootstrap stop --run {o.value.running[0]}` ends it)"
-                )
-            return found.exit_code()
-        if not yes:
-            _report(settings, found)
-            if settings.json_mode or not sys.stdin.isatty():
-                raise UsageError(
-                    "clean removes files on the nodes: confirm with --yes (nothing was removed)",
-                    hint="--dry-run lists what would go",
-                )
-            total = human_size(found.bytes)
-            if not click.confirm(f"remove these ({total}) from {len(found.outcomes)} node(s)?", err=True):
-                ui.note("nothing was removed")
-                return ExitCode.OK
-        done = clean_all(session, inventory, remove=True, outputs=outputs)
-    _report(settings, done)
-    return done.exit_code()
+        report = clean_nodes(
+            session, inventory, outputs=outputs, dry_run=settings.dry_run, ask=None if yes else ask
+        )
+    if report.declined:
+        ui.note("nothing was removed")
+        return ExitCode.OK
+    _report(settings, report)
+    for line in report.refusals():
+        ui.error(line)
+    return report.exit_code()
 
 
 def _report(settings: Settings, report: CleanReport) -> None:
@@ -93,9 +89,8 @@ def _report(settings: Settings, report: CleanReport) -> None:
             )
     ui.print_table(table)
     fail_lines(ui, outcomes)
-    for o in outcomes:
-        for error in o.value.errors if o.value is not None else []:
-            ui.error(f"{o.node}: could not remove {error}")
+    for error in report.errors():
+        ui.error(error)
     total = human_size(report.bytes)
     if removed:
         ui.info(f"clean: {total} removed from {len(outcomes)} node(s)")

@@ -1,20 +1,23 @@
 """`bootstrap logs / status / stop / fetch` and `launch --detach`: working with a run after it started.
 
 Every command takes ``--run RUN`` (``latest``, the default except for `stop`, is the newest run under
-./runs); the nodes come from the inventory (``--nodes`` narrows them).
+./runs); the nodes come from the inventory (``--nodes`` narrows them). What each does and decides is
+orchestrator/runs/commands.py; here: the options, and each report shown.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 import click
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli import slurm
 from orchestrator.cli.common import (
+    CommandExit,
     Settings,
     again,
     common_options,
@@ -27,48 +30,61 @@ from orchestrator.cli.common import (
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import UI, ranked_outputs
+from orchestrator.cli.ui import ranked_outputs
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
-from orchestrator.logs import RunLog
 from orchestrator.render import secret_values
-from orchestrator.runs.commands import (
-    FetchReport,
-    fetch_all,
-    fetch_on_slurm,
-    read_logs,
-    recorded_nodes,
-    status_all,
-    stop_all,
-)
-from orchestrator.runs.control import NodeStatus, fetch_script, status_script, stop_script, tail_script
+from orchestrator.runner import Reach
+from orchestrator.runs import commands
+from orchestrator.runs.commands import FetchReport, NodeScript, RecordedRun
 from orchestrator.runs.ids import resolve_run
-from orchestrator.runs.layout import RUNS_ROOT, sample_nonce
+from orchestrator.runs.layout import RUNS_ROOT, train_args_line
 from orchestrator.runs.start import DetachedStart, Started
-from orchestrator.runs.tail import FollowResult
-from orchestrator.steps.node_facts import interpreter_for
 
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
-    from orchestrator.inventory import Inventory, Node
-    from orchestrator.platforms import Platform
+    from orchestrator.inventory import Inventory
 
 _RUN_HELP = "Run id (default: latest, the newest run under ./runs)."
+#: how a Slurm run answers a command instead (its login host: cli/slurm.py)
+OnSlurm = Callable[[Settings, "Inventory", str], int]
 
 
-def _print_scripts(
-    settings: Settings, inventory: Inventory, nodes: list[Node], script: Callable[[Node, Platform], str]
-) -> None:
-    """--dry-run: the script a run command sends to each node (runs.control's ``*_script``)."""
-    command = click.get_current_context().info_name or ""
-    print_plans(
-        settings,
-        inventory,
-        nodes,
-        lambda node, transport: [script(node, transport.platform)],
-        command=command,
-    )
+def _run(
+    ctx: click.Context, run_arg: str, on_slurm: OnSlurm, script: Callable[[RecordedRun], NodeScript]
+) -> tuple[Settings, Inventory, RecordedRun]:
+    """The command's settings, inventory and run (with the nodes and ranks its record gives). A Slurm
+    run is answered by ``on_slurm``, and ``--dry-run`` shows ``script`` on each node: both end the
+    command there."""
+    settings = Settings.from_context(ctx)
+    inventory, nodes = load_selection(settings)
+    run_id = resolve_run(run_arg)
+    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
+        raise CommandExit(ExitCode(on_slurm(settings, inventory, run_id)))
+    run = commands.recorded_run(inventory, nodes, run_id, narrowed=bool(settings.nodes))
+    if settings.dry_run:  # the script each node would get (runs.control's ``*_script``)
+        on_node = script(run)
+        print_plans(
+            settings,
+            inventory,
+            run.nodes,
+            lambda node, t: [on_node(node, t.platform)],
+            command=ctx.info_name or "",
+        )
+        raise CommandExit(ExitCode.OK)
+    return settings, inventory, run
+
+
+def _reach(settings: Settings, inventory: Inventory) -> Reach:
+    return Reach(lambda chosen: open_session(settings, inventory, chosen), settings.ui.progress)
+
+
+def _table(title: str, *columns: str, **options: Any) -> Table:
+    table = Table(title=Text(title), title_justify="left")
+    for column in columns:
+        table.add_column(column, **options)
+    return table
 
 
 # -- launch --detach ---------------------------------------------------------------------------------
@@ -79,24 +95,14 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
     ui, run_id, outcomes = settings.ui, report.run_id, report.outcomes
     code = exit_code_for(outcomes)
     if settings.json_mode:
-        stopped_again = [o.node for o in report.undone if o.ok]
+        fields, stopped_again = report.node_fields, report.stopped_again
         return json_doc(
-            ui,
-            "launch",
-            outcomes,
-            code,
-            report.node_fields,
-            run_id=run_id,
-            detached=True,
-            stopped_again=stopped_again,
+            ui, "launch", outcomes, code, fields, run_id=run_id, detached=True, stopped_again=stopped_again
         )
     if report.failed:
         fail_lines(ui, report.failed)
         if report.undone:
-            ui.error(
-                "not started on every node: stopped it again on "
-                + ", ".join(f"{o.node} ({o.value.describe() if o.value else o.error})" for o in report.undone)
-            )
+            ui.error(report.undone_error())
         return code
     for o in outcomes:
         if isinstance(o.value, Started):
@@ -143,63 +149,39 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     (runs/<run-id>/<node>.log) is neither truncated nor written: it keeps what the last full
     `logs` wrote.
     """
-    settings = Settings.from_context(ctx)
-    inventory, nodes = load_selection(settings)
-    run_id = resolve_run(run_arg)
-    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
-        from orchestrator.cli.slurm import logs_on_slurm
-
-        return logs_on_slurm(settings, inventory, run_id, follow=follow)
-    nodes, labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
-    if settings.dry_run:
-        _print_scripts(
-            settings,
-            inventory,
-            nodes,
-            lambda node, platform: tail_script(
-                platform, node, run_id, follow=follow, python=interpreter_for(node), lines=tail
-            ),
-        )
-        return ExitCode.OK
-    with live_dashboard(ctx, settings, inventory, [n.name for n in nodes], "logs") as live:
-        samples = sample_nonce(RUNS_ROOT / run_id)  # a run launched from here: its nodes' GPU use
+    on_slurm: OnSlurm = lambda s, i, r: slurm.logs_on_slurm(s, i, r, follow=follow)  # noqa: E731
+    settings, inventory, run = _run(
+        ctx, run_arg, on_slurm, lambda run: commands.logs_script(run, follow=follow, tail=tail)
+    )
+    with live_dashboard(ctx, settings, inventory, run.names, "logs") as live:
         if live is not None:
-            live.set_run(run_id, labels, samples)
+            live.set_run(run.run_id, run.labels, run.samples)
         if not follow or settings.json_mode or sys.stdin is None or not sys.stdin.isatty():
-            return _logs(settings, inventory, nodes, labels, run_id, follow=follow, tail=tail, live=live)
-        from orchestrator.dashboard.model import LiveRun
+            return _logs(settings, inventory, run, follow=follow, tail=tail, live=live)
         from orchestrator.dashboard.terminal import KEY, table_key
 
         if live is None:  # the table reads what the page would
-            live = LiveRun(
-                [n.name for n in nodes],
-                run_id=run_id,
-                labels=labels,
-                secrets=secret_values(inventory),
-                sample_nonce=samples,
-            )
+            live = _live(inventory, run)
         settings.ui.note(f"press {KEY}: the live table of `status --watch` ({KEY} again: the lines)")
-        shown = RUNS_ROOT / run_id if tail is None else f"`{again(settings, 'logs', run_id)}`"
+        shown = RUNS_ROOT / run.run_id if tail is None else f"`{again(settings, 'logs', run.run_id)}`"
         with table_key(live, watch_table, sys.stdout, settings.ui.err, sys.stdin, where=f"{shown}") as lines:
-            return _logs(
-                settings,
-                inventory,
-                nodes,
-                labels,
-                run_id,
-                follow=follow,
-                tail=tail,
-                live=live,
-                stream=cast(IO[str], lines),
-            )
+            stream = cast(IO[str], lines)
+            return _logs(settings, inventory, run, follow=follow, tail=tail, live=live, stream=stream)
+
+
+def _live(inventory: Inventory, run: RecordedRun, **more: Any) -> LiveRun:
+    from orchestrator.dashboard.model import LiveRun
+
+    secrets = secret_values(inventory)
+    return LiveRun(
+        run.names, run_id=run.run_id, labels=run.labels, secrets=secrets, sample_nonce=run.samples, **more
+    )
 
 
 def _logs(
     settings: Settings,
     inventory: Inventory,
-    nodes: list[Node],
-    labels: dict[str, tuple[int, int]],
-    run_id: str,
+    run: RecordedRun,
     *,
     follow: bool,
     tail: int | None,
@@ -211,102 +193,42 @@ def _logs(
     go to ``live`` only (`status --watch`), not to the terminal; ``stream``: where they go instead of
     stdout (the key's switch to the table, dashboard/terminal.py)."""
     ui = settings.ui
-    directory = RUNS_ROOT / run_id
-    # each node's log is read from its start into <node>.log.part, which replaces the copy here only
-    # once that node's read succeeded: a node that is gone never costs the only copy left
-    run_log = RunLog(directory, staged=True)
-    printer = ui.line_printer([n.name for n in nodes], stream)
+    printer = None if settings.json_mode or quiet else ui.line_printer(run.names, stream)
+    on_block = None if live is None else live.block  # the page reads the same blocks
 
-    outputs = ranked_outputs(
-        {n.name: labels[n.name] for n in nodes},
-        run_log if tail is None else None,  # a tail is only printed: the copy here stays whole
-        None if settings.json_mode or quiet else printer,
-        None if live is None else live.block,  # the page reads the same blocks
-        sample_nonce(RUNS_ROOT / run_id),
-    )
+    def on_failed(node: str, code: int) -> None:
+        assert live is not None
+        live.node_state(node, "train", "failed", f"training exited {code}")
+        live.failure(node, f"training exited with code {code}")
 
-    def on_note(node: str, message: str) -> None:
-        ui.note(f"{node}: {message}")
-
-    def on_read(node: str, result: FollowResult) -> None:
-        if live is not None and result.exit_code not in (0, None):
-            live.node_state(node, "train", "failed", f"training exited {result.exit_code}")
-            live.failure(node, f"training exited with code {result.exit_code}")
-
-    session = open_session(settings, inventory, nodes)
+    session = open_session(settings, inventory, run.nodes)
     observe(live, session.executor)
-    report = read_logs(
+    report = commands.read_logs(
         session,
-        run_id,
-        outputs,
-        run_log if tail is None else None,
+        run,
+        lambda copies: ranked_outputs(run.node_labels, copies, printer, on_block, run.samples),
         follow=follow,
         tail=tail,
-        on_note=on_note,
-        on_read=on_read,
+        on_note=lambda node, message: ui.note(f"{node}: {message}"),
+        on_failed=None if live is None else on_failed,
     )
     if report.interrupted is not None:
-        _say_copies(ui, run_log, report.copies)
-        interrupted(
-            ui, f"the run goes on; stop it with: {again(settings, 'stop', run_id)}", stop=report.interrupted
-        )
-    outcomes, copies = report.outcomes, report.copies
-    code = report.exit_code(follow=follow)
+        for note in report.copy_notes():
+            ui.note(note)
+        again_stop = again(settings, "stop", run.run_id)
+        interrupted(ui, f"the run goes on; stop it with: {again_stop}", stop=report.interrupted)
+    code = report.exit_code()
     if settings.json_mode:
-        log_dir = str(directory) if tail is None else None  # --tail writes no copy here
-        return json_doc(
-            ui,
-            "logs",
-            outcomes,
-            code,
-            report.node_fields,
-            run_id=run_id,
-            follow=follow,
-            tail=tail,
-            log_dir=log_dir,
-        )
-    fail_lines(ui, outcomes)
-    _say_copies(ui, run_log, copies)
-    if follow:
-        for o in outcomes:
-            if isinstance(o.value, FollowResult):
-                how = "was stopped" if o.value.exit_code is None else f"exited {o.value.exit_code}"
-                ui.note(f"{o.node}: training {how}")
-    if tail is None and any(isinstance(o.value, FollowResult) and o.value.lines for o in outcomes):
-        ui.note(f"logs: {directory}/")
+        log_dir = None if report.log_dir is None else str(report.log_dir)  # --tail writes no copy here
+        top = {"run_id": run.run_id, "follow": follow, "tail": tail, "log_dir": log_dir}
+        return json_doc(ui, "logs", report.outcomes, code, report.node_fields, **top)
+    fail_lines(ui, report.outcomes)
+    for note in report.notes():
+        ui.note(note)
     return code
 
 
-def _say_copies(ui: UI, run_log: RunLog, copies: dict[str, str]) -> None:
-    for name, state in copies.items():
-        path = run_log.path(name)
-        if state == "kept":
-            ui.note(f"{name}: the previous copy {path} was kept as it was")
-        elif state == "none":
-            ui.note(f"{name}: no copy written to {path} (the read failed)")
-        elif state == "busy":
-            ui.note(
-                f"{name}: {path} left as it is: a running `bootstrap launch` (or another `logs`) writes it"
-            )
-
-
 # -- status ------------------------------------------------------------------------------------------
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-def _gpu_text(status: NodeStatus) -> str:
-    if not status.gpus:
-        return "-"
-    return " ".join(
-        f"{g['index']}:{g['util_percent']:.0f}%" for g in status.gpus if g["util_percent"] is not None
-    )
 
 
 @click.command()
@@ -326,97 +248,54 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     start to its exit, or to now; stopped: to its last output). GPU utilisation shows where
     nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named).
     """
-    settings = Settings.from_context(ctx)
-    inventory, nodes = load_selection(settings)
-    ui = settings.ui
-    run_id = resolve_run(run_arg)
-    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
-        from orchestrator.cli.slurm import status_on_slurm
-
-        return status_on_slurm(settings, inventory, run_id)
-    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
-    if settings.dry_run:
-        _print_scripts(
-            settings, inventory, nodes, lambda node, platform: status_script(platform, node, run_id)
-        )
-        return ExitCode.OK
+    settings, inventory, run = _run(ctx, run_arg, slurm.status_on_slurm, commands.status_script_of)
     if watch:
-        return _watch(settings, inventory, nodes, _labels, run_id)
-    session = open_session(settings, inventory, nodes)
-    try:
-        with ui.progress([n.name for n in nodes], "status") as on_event, session:
-            session.executor.on_event = on_event
-            report = status_all(session, run_id)
-    except KeyboardInterrupt:
-        interrupted(ui)
-    from orchestrator.runs.layout import train_args_line
-
-    outcomes, lost, train = report.outcomes, report.lost, report.train
-    code = exit_code_for(outcomes)
+        return _watch(settings, inventory, run)
+    ui, run_id = settings.ui, run.run_id
+    report = commands.status_all(_reach(settings, inventory), run)
+    code = exit_code_for(report.outcomes)
     if settings.json_mode:
-        return json_doc(ui, "status", outcomes, code, run_id=run_id, train=train)
-    table = Table(title=Text(f"run {run_id}"), title_justify="left")
-    for column in ("node", "state", "runtime", "gpu"):
-        table.add_column(column, no_wrap=True)
+        return json_doc(ui, "status", report.outcomes, code, run_id=run_id, train=report.train)
+    table = _table(f"run {run_id}", "node", "state", "runtime", "gpu", no_wrap=True)
     # the last line gives way, never the other columns (a 500-character line collapsed them all)
     table.add_column("last line", overflow="ellipsis", no_wrap=True, max_width=STATUS_LINE_WIDTH)
     styles = {"running": "cyan", "exited": "green", "stopped": "yellow"}
-    for o in outcomes:
-        value = o.value
-        if value is None:
+    for o in report.outcomes:
+        if (value := o.value) is None:
             table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
             continue
         failed = o.error is not None or value.failed  # "no run" too
-        label, style = value.label, "red" if failed else styles.get(value.state, "dim")
+        state = Text(value.label, style="red" if failed else styles.get(value.state, "dim"))
+        # node text: neutralised before rich measures it for the ellipsis
         table.add_row(
-            Text(o.node),
-            Text(label, style=style),
-            _duration(value.runtime),
-            _gpu_text(value),
-            Text(neutralise(value.last_line)),  # node text: before rich measures it for the ellipsis
+            Text(o.node), state, value.runtime_text, value.gpu_text, Text(neutralise(value.last_line))
         )
     ui.print_table(table)
-    args_line = train_args_line(train)
-    if args_line:
+    if args_line := train_args_line(report.train):
         ui.info(args_line)
-    if lost:
+    if report.lost:
         ui.warn(
             f"run {run_id}: its controller ended without ending the run (killed, or its machine or "
             "connection lost): each node's watchdog stopped what was left; "
             f"`{again(settings, 'logs', run_id)}` shows what every rank printed last"
         )
-    fail_lines(ui, outcomes)
+    fail_lines(ui, report.outcomes)
     return code
 
 
-def _watch(
-    settings: Settings,
-    inventory: Inventory,
-    nodes: list[Node],
-    labels: dict[str, tuple[int, int]],
-    run_id: str,
-) -> int:
+def _watch(settings: Settings, inventory: Inventory, run: RecordedRun) -> int:
     """`status --watch`: the run's new lines (as `logs --follow --tail 0` reads them) into the
     dashboard's model, shown as a table in place (rich Live) on stderr."""
     from rich.live import Live
 
-    from orchestrator.dashboard.model import LiveRun
-
-    live = LiveRun(
-        [n.name for n in nodes],
-        run_id=run_id,
-        labels=labels,
-        secrets=secret_values(inventory),
-        command="status",
-        sample_nonce=sample_nonce(RUNS_ROOT / run_id),
-    )
+    live = _live(inventory, run, command="status")
     with Live(
         watch_table(live),
         console=settings.ui.err,
         refresh_per_second=2,
         get_renderable=lambda: watch_table(live),
     ):
-        code = _logs(settings, inventory, nodes, labels, run_id, follow=True, tail=0, live=live, quiet=True)
+        code = _logs(settings, inventory, run, follow=True, tail=0, live=live, quiet=True)
     settings.ui.print_table(watch_table(live))  # the last state stays on the screen
     return code
 
@@ -483,56 +362,27 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     and creation time) with their process trees, terminated at once (Windows has no SIGTERM for
     them). Stopping a run that has ended says so and changes nothing.
     """
-    settings = Settings.from_context(ctx)
-    inventory, nodes = load_selection(settings)
-    ui = settings.ui
-    run_id = resolve_run(run_arg)
-    if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
-        from orchestrator.cli.slurm import stop_on_slurm
-
-        return stop_on_slurm(settings, inventory, run_id)
-    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
-    if settings.dry_run:
-        _print_scripts(
-            settings, inventory, nodes, lambda node, platform: stop_script(platform, node, run_id, grace)
-        )
-        return ExitCode.OK
-    session = open_session(settings, inventory, nodes)
-    try:
-        with ui.progress([n.name for n in nodes], "stop") as on_event, session:
-            session.executor.on_event = on_event
-            outcomes = stop_all(session, run_id, grace=grace)
-    except KeyboardInterrupt:
-        interrupted(ui)
-    code = exit_code_for(outcomes)
+    script = lambda run: commands.stop_script_of(run, grace=grace)  # noqa: E731
+    settings, inventory, run = _run(ctx, run_arg, slurm.stop_on_slurm, script)
+    report = commands.stop_all(_reach(settings, inventory), run, grace=grace)
+    ui, code = settings.ui, report.exit_code()
     if settings.json_mode:
-        return json_doc(ui, "stop", outcomes, code, run_id=run_id)
-    table = Table(title=Text(f"stop {run_id}"), title_justify="left")
-    for column in ("node", "result"):
-        table.add_column(column)
-    for o in outcomes:
+        return json_doc(ui, "stop", report.outcomes, code, run_id=run.run_id)
+    table = _table(f"stop {run.run_id}", "node", "result")
+    for o in report.outcomes:
         if o.value is None:
             table.add_row(Text(o.node), Text("failed", style="red"))
         else:
             style = "green" if o.value.state == "stopped" else "dim"
             table.add_row(Text(o.node), Text(o.value.describe(), style=style))
     ui.print_table(table)
-    fail_lines(ui, outcomes)
-    if code == ExitCode.OK and all(o.value is not None and o.value.state != "stopped" for o in outcomes):
+    fail_lines(ui, report.outcomes)
+    if report.nothing_ran:
         ui.note("nothing was running: nothing changed")
     return code
 
 
 # -- fetch -------------------------------------------------------------------------------------------
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 @click.command()
@@ -553,64 +403,36 @@ def fetch(ctx: click.Context, run_arg: str, paths: tuple[str, ...], from_code: b
     then the run directory, then the code directory (where the training script runs; --code: only
     there); an absolute one is taken as is. Directories are copied with everything below them.
     """
-    settings = Settings.from_context(ctx)
-    inventory, nodes = load_selection(settings)
-    ui = settings.ui
-    run_id = resolve_run(run_arg)
-    if inventory.cluster.slurm is not None:
-        # a Slurm run: its nodes' directories are on the shared file system, read through the login host
-        from orchestrator.slurm.job import login_node
 
-        with open_session(settings, inventory, [login_node(inventory)]) as login:
-            # --dry-run: listed through the login host, nothing copied
-            report = fetch_on_slurm(
-                login, inventory, run_id, paths, from_code=from_code, copy=not settings.dry_run
-            )
-        if settings.dry_run:
-            settings.ui.note("--dry-run: nothing was copied; the table says what would be, and where")
-        return _fetched(settings, run_id, report, from_code)
-    nodes, _labels = recorded_nodes(inventory, nodes, run_id, narrowed=bool(settings.nodes))
-    code_dir = inventory.cluster.train.code_dir
-    if settings.dry_run:
-        _print_scripts(
-            settings,
-            inventory,
-            nodes,
-            lambda node, platform: fetch_script(platform, node, run_id, paths, code_dir, from_code=from_code),
+    def on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> int:
+        reach = _reach(settings, inventory)  # --dry-run: listed through the login host, nothing copied
+        found = commands.fetch_on_slurm(
+            reach, inventory, run_id, paths, from_code=from_code, copy=not settings.dry_run
         )
-        return ExitCode.OK
-    session = open_session(settings, inventory, nodes)
-    try:
-        with ui.progress([n.name for n in nodes], "fetch") as on_event, session:
-            session.executor.on_event = on_event
-            report = fetch_all(session, run_id, paths, code_dir=code_dir, from_code=from_code)
-    except KeyboardInterrupt:
-        interrupted(ui)
-    return _fetched(settings, run_id, report, from_code)
+        return _fetched(settings, run_id, found)
+
+    script = lambda run: commands.fetch_script_of(run, paths, from_code=from_code)  # noqa: E731
+    settings, inventory, run = _run(ctx, run_arg, on_slurm, script)
+    report = commands.fetch_all(_reach(settings, inventory), run, paths, from_code=from_code)
+    return _fetched(settings, run.run_id, report)
 
 
-def _fetched(settings: Settings, run_id: str, report: FetchReport, from_code: bool) -> int:
+def _fetched(settings: Settings, run_id: str, report: FetchReport) -> int:
     """fetch's table (or --json) and exit code: 1 when a path was found on no node's side."""
-    ui = settings.ui
-    outcomes, missing, code = report.outcomes, report.missing, report.exit_code()
+    ui, code = settings.ui, report.exit_code()
+    if report.listed_only:
+        ui.note("--dry-run: nothing was copied; the table says what would be, and where")
     if settings.json_mode:
-        return json_doc(ui, "fetch", outcomes, code, report.node_fields, run_id=run_id)
-    table = Table(title=Text(f"fetch {run_id}"), title_justify="left")
-    for column in ("node", "path", "files", "size", "copied to"):
-        table.add_column(column)
-    for o in outcomes:
+        return json_doc(ui, "fetch", report.outcomes, code, report.node_fields, run_id=run_id)
+    table = _table(f"fetch {run_id}", "node", "path", "files", "size", "copied to")
+    for o in report.outcomes:
         for f in o.value or []:
             if f.source is None:
                 table.add_row(Text(o.node), Text(f.path), Text("missing", style="red"), "-", "-")
             else:
-                table.add_row(Text(o.node), Text(f.path), str(f.files), _size(f.bytes), Text(f.local))
+                table.add_row(Text(o.node), Text(f.path), str(f.files), f.size, Text(f.local))
     ui.print_table(table)
-    fail_lines(ui, list(outcomes))
-    for node, path in missing:
-        where = (
-            "the code directory"
-            if from_code
-            else "the run's outputs, its run directory or the code directory"
-        )
-        ui.error(f"node {node!r}: {path} not found in {where}")
+    fail_lines(ui, list(report.outcomes))
+    for error in report.errors():
+        ui.error(error)
     return code

@@ -57,10 +57,12 @@ class RunOps(ABC):
         python: str | None,
         interval: float | None,
         lines: int | None = None,
+        samples: str = "",
     ) -> str:
         """The log from ``offset`` in the tail protocol (runs/tail.py), its records with ``nonce``.
         ``lines``: from the ``lines``-th last complete line instead (``offset`` ignored): the record
-        ``start OFFSET`` first."""
+        ``start OFFSET`` first; ``samples``: the nonce of the node's samples in the log (records
+        `logs` does not show), which those lines do not count ("": none known)."""
 
     @abstractmethod
     def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:

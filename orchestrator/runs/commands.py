@@ -1,7 +1,7 @@
 """`logs`, `status`, `stop` and `fetch` over a run's nodes: which nodes and rank labels a run has,
-each operation of runs/control.py on every node at once, and what its results mean (a node with no
-such run failed, a controller that vanished, a missing path, which copy of a log is kept). The CLI
-shows these reports; it decides nothing of them.
+each operation of runs/control.py on every node at once (the scripts a dry run shows), and what its
+results mean (a node with no such run failed, a controller that vanished, a missing path, which copy
+of a log is kept, what is said after it). The CLI shows these reports; it decides nothing of them.
 """
 
 from __future__ import annotations
@@ -9,43 +9,74 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.logs import RunLog
 from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
     StopResult,
     fetch_node,
+    fetch_script,
     follow_node,
     no_such_run,
     status_node,
+    status_script,
     stop_node,
+    stop_script,
+    tail_script,
 )
-from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record
+from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
-    from orchestrator.logs import RunLog
+    from orchestrator.platforms import Platform
+    from orchestrator.runner import Reach
     from orchestrator.session import Session
     from orchestrator.transports.base import BlockHandler
 
+#: a run command's script on one node (runs/control.py), as its dry run shows it
+NodeScript = Callable[["Node", "Platform"], str]
 
-def recorded_nodes(
-    inventory: Inventory, nodes: list[Node], run_id: str, *, narrowed: bool
-) -> tuple[list[Node], dict[str, tuple[int, int]]]:
+
+@dataclass
+class RecordedRun:
+    """A run as the commands after its start work on it: its id, its nodes, each node's rank labels
+    (first global rank, rank count), the nonce of its nodes' samples in their logs ("": none) and
+    the inventory's code directory (where `fetch` looks last)."""
+
+    run_id: str
+    nodes: list[Node]
+    labels: dict[str, tuple[int, int]]
+    samples: str = ""
+    code_dir: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    @property
+    def node_labels(self) -> dict[str, tuple[int, int]]:
+        """The labels of the run's nodes (the inventory's other nodes left out)."""
+        return {n.name: self.labels[n.name] for n in self.nodes}
+
+
+def recorded_run(inventory: Inventory, nodes: list[Node], run_id: str, *, narrowed: bool) -> RecordedRun:
     """The nodes a run launched from here used (its record: ``launch --nodes`` may have left some
     out) unless ``narrowed`` (``--nodes`` names them), and each node's rank labels as that run gave
     them (an elastic run's lines carry their global rank themselves)."""
     labels = rank_labels(inventory)
     record = read_record(RUNS_ROOT / run_id) or {}
     recorded = record.get("nodes")
+    samples, code_dir = sample_nonce(RUNS_ROOT / run_id), inventory.cluster.train.code_dir
     if not isinstance(recorded, dict) or not recorded:
-        return nodes, labels
+        return RecordedRun(run_id, nodes, labels, samples, code_dir)
     if not narrowed:
         nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
     if not inventory.cluster.train.elastic:
@@ -54,7 +85,7 @@ def recorded_nodes(
                 labels[str(name)] = (int(doc["first_rank"]), int(doc["nproc"]))
             except (KeyError, TypeError, ValueError):
                 continue
-    return nodes, labels
+    return RecordedRun(run_id, nodes, labels, samples, code_dir)
 
 
 # -- logs ----------------------------------------------------------------------------------------------
@@ -63,12 +94,21 @@ def recorded_nodes(
 @dataclass
 class LogsReport:
     """Every node's read of its log; ``copies``: per node what became of runs/<run-id>/<node>.log
-    here (``RunLog.settle``; empty with ``--tail``, which writes no copy); ``interrupted``: the
-    Ctrl-C or SIGTERM that cut the reads short (the copies were settled first)."""
+    here (``RunLog.settle``, at ``paths``; empty with ``--tail``, which writes no copy);
+    ``interrupted``: the Ctrl-C or SIGTERM that cut the reads short (the copies were settled first)."""
 
     outcomes: GroupResult[FollowResult]
     copies: dict[str, str] = field(default_factory=dict)
     interrupted: KeyboardInterrupt | None = None
+    run_id: str = ""
+    follow: bool = False
+    tail: int | None = None
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Where the copies are here (None with ``--tail``: it writes none)."""
+        return RUNS_ROOT / self.run_id if self.tail is None else None
 
     def node_fields(self, outcome: Outcome[FollowResult]) -> dict[str, Any]:
         """A node's ``--json`` fields: byte offsets in its node.log (reading began at ``start``, 0
@@ -86,63 +126,107 @@ class LogsReport:
             "copy": self.copies.get(outcome.node),
         }
 
-    def exit_code(self, *, follow: bool) -> ExitCode:
+    def exit_code(self) -> ExitCode:
         """A failed read; with ``--follow``, also a node whose training did not exit 0."""
         code = exit_code_for(self.outcomes)
         ended_badly = any(isinstance(o.value, FollowResult) and o.value.exit_code != 0 for o in self.outcomes)
-        return ExitCode.NODES_FAILED if follow and code == ExitCode.OK and ended_badly else code
+        return ExitCode.NODES_FAILED if self.follow and code == ExitCode.OK and ended_badly else code
+
+    def copy_notes(self) -> list[str]:
+        """What became of each node's copy here, where it is not simply written."""
+        said = {
+            "kept": "the previous copy {path} was kept as it was",
+            "none": "no copy written to {path} (the read failed)",
+            "busy": "{path} left as it is: a running `bootstrap launch` (or another `logs`) writes it",
+        }
+        return [
+            f"{name}: " + said[state].format(path=self.paths[name])
+            for name, state in self.copies.items()
+            if state in said
+        ]
+
+    def notes(self) -> list[str]:
+        """What follows the lines: the copies, with ``--follow`` how each node's training ended, and
+        where the copies are when any node had lines."""
+        notes = self.copy_notes()
+        if self.follow:
+            for o in self.outcomes:
+                if isinstance(o.value, FollowResult):
+                    how = "was stopped" if o.value.exit_code is None else f"exited {o.value.exit_code}"
+                    notes.append(f"{o.node}: training {how}")
+        if self.log_dir is not None and any(
+            isinstance(o.value, FollowResult) and o.value.lines for o in self.outcomes
+        ):
+            notes.append(f"logs: {self.log_dir}/")
+        return notes
+
+
+def logs_script(run: RecordedRun, *, follow: bool, tail: int | None) -> NodeScript:
+    """`logs`' script on a node (its reader of the run's log), as the read sends it."""
+    return lambda node, platform: tail_script(
+        platform,
+        node,
+        run.run_id,
+        follow=follow,
+        python=interpreter_for(node),
+        lines=tail,
+        samples=run.samples,
+    )
 
 
 def read_logs(
     session: Session,
-    run_id: str,
-    outputs: Mapping[str, BlockHandler],
-    run_log: RunLog | None,
+    run: RecordedRun,
+    outputs_for: Callable[[RunLog | None], Mapping[str, BlockHandler]],
     *,
     follow: bool,
     tail: int | None,
     on_note: Callable[[str, str], None],
-    on_read: Callable[[str, FollowResult], None] | None = None,
+    on_failed: Callable[[str, int], None] | None = None,
 ) -> LogsReport:
-    """Every node's log from its start (or its last ``tail`` lines) into ``outputs``; ``run_log``
-    (staged: None with ``tail``) settles each node's copy here: a node read to the end replaces it,
-    a failed read keeps it, a read cut short by Ctrl-C replaces it only when longer (of two prefixes
-    of the same append-only log, the longer). ``on_read``: each node's read as it ends."""
+    """Every node's log from its start (or its last ``tail`` lines) into the handlers
+    ``outputs_for(copies)`` gives: ``copies`` (None with ``tail``, which only prints) is the staged
+    log here that settles each node's copy: a node read to the end replaces it, a failed read keeps
+    it, a read cut short by Ctrl-C replaces it only when longer (of two prefixes of the same
+    append-only log, the longer). ``on_failed(node, code)``: a node whose training exited non-zero,
+    as its read ends."""
+    run_log = RunLog(RUNS_ROOT / run.run_id, staged=True) if tail is None else None
+    outputs = outputs_for(run_log)
     read: dict[str, FollowResult] = {}  # nodes whose read has ended well (known before Ctrl-C too)
 
     def one(node: Node, t: Any) -> FollowResult:
         result = follow_node(
             node,
             t,
-            run_id,
+            run.run_id,
             follow=follow,
             output=outputs[node.name],
             on_note=on_note,
             python=interpreter_for(node),  # the run's own: it is there
             lines=tail,
+            samples=run.samples,  # not shown: a tail's N lines do not count them
         )
         read[node.name] = result
-        if on_read is not None:
-            on_read(node.name, result)
+        if on_failed is not None and result.exit_code not in (0, None):
+            on_failed(node.name, result.exit_code)
         return result
 
+    report = LogsReport(GroupResult(), run_id=run.run_id, follow=follow, tail=tail)
     try:
-        with session:
-            outcomes = session.map(one, step="logs")
-        report = LogsReport(outcomes)
+        try:
+            with session:
+                report.outcomes = session.map(one, step="logs")
+            settle = {o.node: "replace" if o.ok else "keep" for o in report.outcomes}
+        except KeyboardInterrupt as stop:
+            report.interrupted = stop
+            settle = {n: "replace" if n in read else "longer" for n in outputs}
         if run_log is not None:
-            report.copies = run_log.settle(outputs, {o.node: "replace" if o.ok else "keep" for o in outcomes})
-        return report
-    except KeyboardInterrupt as stop:
-        report = LogsReport(GroupResult(), interrupted=stop)
-        if run_log is not None:
-            report.copies = run_log.settle(
-                outputs, {n: "replace" if n in read else "longer" for n in outputs}
-            )
-        return report
+            report.copies = run_log.settle(outputs, settle)
+            report.paths = {n: run_log.path(n) for n in report.copies}
     finally:
         if run_log is not None:
             run_log.close()  # drops the parts not committed: the copies stay as they were
+    return report
 
 
 # -- status --------------------------------------------------------------------------------------------
@@ -159,9 +243,18 @@ class StatusReport:
     train: dict[str, Any] | None = None
 
 
-def status_all(session: Session, run_id: str) -> StatusReport:
-    by_name = {n.name: n for n in session.nodes}
-    outcomes = session.map(lambda node, t: status_node(node, t, run_id), step="status")
+def status_script_of(run: RecordedRun) -> NodeScript:
+    return lambda node, platform: status_script(platform, node, run.run_id)
+
+
+def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
+    """Every node's status of the run, in one round trip each."""
+    run_id, by_name = run.run_id, {n.name: n for n in run.nodes}
+    outcomes = reach.within(
+        run.nodes,
+        "status",
+        lambda session: session.map(lambda node, t: status_node(node, t, run_id), step="status"),
+    )
     outcomes = GroupResult(_unknown_run(o, by_name[o.node], run_id) for o in outcomes)
     record = read_record(RUNS_ROOT / run_id)
     lost = controller_lost(
@@ -193,18 +286,58 @@ def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
 # -- stop and fetch ------------------------------------------------------------------------------------
 
 
-def stop_all(session: Session, run_id: str, *, grace: float) -> GroupResult[StopResult]:
-    return session.map(lambda node, t: stop_node(node, t, run_id, grace=grace), step="stop")
+@dataclass
+class StopReport:
+    outcomes: GroupResult[StopResult]
+
+    def exit_code(self) -> ExitCode:
+        return exit_code_for(self.outcomes)
+
+    @property
+    def nothing_ran(self) -> bool:
+        """Every node answered and none had anything of the run to stop: nothing changed."""
+        return self.exit_code() == ExitCode.OK and all(
+            o.value is not None and o.value.state != "stopped" for o in self.outcomes
+        )
+
+
+def stop_script_of(run: RecordedRun, *, grace: float) -> NodeScript:
+    return lambda node, platform: stop_script(platform, node, run.run_id, grace)
+
+
+def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
+    """Every process of the run stopped on every node (``grace`` seconds between SIGTERM and SIGKILL)."""
+    return StopReport(
+        reach.within(
+            run.nodes,
+            "stop",
+            lambda session: session.map(
+                lambda node, t: stop_node(node, t, run.run_id, grace=grace), step="stop"
+            ),
+        )
+    )
 
 
 @dataclass
 class FetchReport:
     outcomes: GroupResult[list[Fetched]]
+    from_code: bool = False
+    #: a Slurm run's --dry-run: the paths were listed through the login host, nothing was copied
+    listed_only: bool = False
 
     @property
     def missing(self) -> list[tuple[str, str]]:
         """(node, path) for every path a node did not have."""
         return [(o.node, f.path) for o in self.outcomes if o.value for f in o.value if f.source is None]
+
+    def errors(self) -> list[str]:
+        """One line per path a node did not have, saying where it was looked for."""
+        where = (
+            "the code directory"
+            if self.from_code
+            else "the run's outputs, its run directory or the code directory"
+        )
+        return [f"node {node!r}: {path} not found in {where}" for node, path in self.missing]
 
     def exit_code(self) -> ExitCode:
         code = exit_code_for(self.outcomes)
@@ -215,8 +348,14 @@ class FetchReport:
         return {"paths": [dataclasses.asdict(f) for f in outcome.value] if outcome.value else []}
 
 
+def fetch_script_of(run: RecordedRun, paths: Sequence[str], *, from_code: bool) -> NodeScript:
+    return lambda node, platform: fetch_script(
+        platform, node, run.run_id, paths, run.code_dir, from_code=from_code
+    )
+
+
 def fetch_on_slurm(
-    session: Session,
+    reach: Reach,
     inventory: Inventory,
     run_id: str,
     paths: Sequence[str],
@@ -225,18 +364,16 @@ def fetch_on_slurm(
     copy: bool = True,
 ) -> FetchReport:
     """fetch of a Slurm run: its nodes' directories are on the shared file system, read through the
-    login host (``session``: over that host alone); ``copy`` False (--dry-run) lists, copies nothing."""
+    login host (a session over that host alone); ``copy`` False (--dry-run) lists, copies nothing."""
     check_fetch_paths(paths)
     from orchestrator.slurm.job import login_node
     from orchestrator.slurm.run import fetch_run
 
-    login = session.transport(login_node(inventory))
     dest = RUNS_ROOT / run_id
-    return FetchReport(
-        GroupResult(
-            fetch_run(login, inventory, run_id, paths, dest_root=dest, from_code=from_code, copy=copy)
-        )
-    )
+    with reach.connect([login_node(inventory)]) as session:
+        login = session.transport(login_node(inventory))
+        found = fetch_run(login, inventory, run_id, paths, dest_root=dest, from_code=from_code, copy=copy)
+    return FetchReport(GroupResult(found), from_code=from_code, listed_only=not copy)
 
 
 def check_fetch_paths(paths: Sequence[str]) -> None:
@@ -246,22 +383,13 @@ def check_fetch_paths(paths: Sequence[str]) -> None:
         raise UsageError("fetch: an empty PATH names no file", hint="name the file or directory to copy")
 
 
-def fetch_all(
-    session: Session, run_id: str, paths: Sequence[str], *, code_dir: str | None, from_code: bool
-) -> FetchReport:
+def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code: bool) -> FetchReport:
     """Each path from every node into runs/<run-id>/<node>/ here."""
     check_fetch_paths(paths)
-    return FetchReport(
-        session.map(
-            lambda node, t: fetch_node(
-                node,
-                t,
-                run_id,
-                paths,
-                code_dir=code_dir,
-                dest=RUNS_ROOT / run_id / node.name,
-                from_code=from_code,
-            ),
-            step="fetch",
-        )
-    )
+
+    def one(node: Node, t: Any) -> list[Fetched]:
+        dest = RUNS_ROOT / run.run_id / node.name
+        return fetch_node(node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code)
+
+    outcomes = reach.within(run.nodes, "fetch", lambda session: session.map(one, step="fetch"))
+    return FetchReport(outcomes, from_code=from_code)

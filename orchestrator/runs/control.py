@@ -70,9 +70,10 @@ def tail_script(
     interval: float | None = None,
     lines: int | None = None,
     nonce: str | None = None,
+    samples: str = "",
 ) -> str:
     """The tail of the run's node.log from ``offset`` (runs/tail.py), its records with ``nonce``
-    (a fresh one when the answer is not read)."""
+    (a fresh one when the answer is not read); ``samples``: the nonce of the run's samples."""
     ops = run_ops(platform, node)
     run_dir = run_dir_for(node, run_id)
     return ops.tail(
@@ -85,6 +86,7 @@ def tail_script(
         python=python if ops.uses_python else None,
         interval=interval,
         lines=lines,
+        samples=samples,
     )
 
 
@@ -156,11 +158,13 @@ def follow_node(
     python: str | None = None,
     interval: float | None = None,
     lines: int | None = None,
+    samples: str = "",
 ) -> FollowResult:
     """Stream the node's log of ``run_id`` from the start, to ``output`` (the node's handler, a block
     of lines at a time) or ``on_line(node, line)``; with ``follow`` until the launcher has ended and
     the log is read to its end. ``lines``: from the ``lines``-th last complete line instead (0: only
-    what is written from now on), found on the node.
+    what is written from now on), found on the node; ``samples``: the nonce of the run's samples,
+    which those lines do not count (`logs` does not show them).
 
     A connection lost mid-stream is reopened (for up to ``reconnect_for`` seconds) and the tail
     restarts from the offset just past the last batch delivered (runs/tail.py). ``python``: the
@@ -185,7 +189,7 @@ def follow_node(
         elif on_line is not None:
             on_line(node.name, text)
 
-    batches = Batches(node.name, deliver, new_nonce(), deliver_piece)
+    batches = Batches(node.name, deliver, new_nonce(), deliver_piece, samples)
     while True:
         batches.restart(new_nonce())
         script = tail_script(
@@ -198,6 +202,7 @@ def follow_node(
             interval=interval,
             lines=lines if batches.start is None else None,
             nonce=batches.nonce,
+            samples=samples,
         )
         try:
             result = transport.run(script, on_line=batches, keep_lines=20)
@@ -290,6 +295,24 @@ class NodeStatus:
         """Training went wrong there: a non-zero exit that no stop caused, or a lost controller."""
         lost = self.state == "controller lost"
         return lost or (self.state != "stopped" and self.exit_code not in (None, 0))
+
+    @property
+    def runtime_text(self) -> str:
+        """The runtime as a table shows it: ``M:SS``, ``H:MM:SS``; ``-`` when unknown."""
+        if self.runtime is None:
+            return "-"
+        seconds = max(0, int(self.runtime))
+        hours, rest = divmod(seconds, 3600)
+        return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+    @property
+    def gpu_text(self) -> str:
+        """Each GPU's utilisation as a table shows it (``0:87% 1:90%``); ``-`` without nvidia-smi."""
+        if not self.gpus:
+            return "-"
+        return " ".join(
+            f"{g['index']}:{g['util_percent']:.0f}%" for g in self.gpus if g["util_percent"] is not None
+        )
 
 
 def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
@@ -451,6 +474,16 @@ class Fetched:
     files: int = 0
     bytes: int = 0
     local: str = ""
+
+    @property
+    def size(self) -> str:
+        """``bytes`` as a table shows it (B, KiB, MiB, GiB)."""
+        value = float(self.bytes)
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if value < 1024 or unit == "GiB":
+                return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            value /= 1024
+        return f"{self.bytes} B"
 
 
 def fetch_node(

@@ -254,6 +254,7 @@ class PosixRuns(RunOps):
         python: str | None,
         interval: float | None,
         lines: int | None = None,
+        samples: str = "",
     ) -> str:
         if python is not None:
             return tail.posix_tail_python(
@@ -266,6 +267,7 @@ class PosixRuns(RunOps):
                 follow=follow,
                 interval=interval or 0.02,
                 lines=lines,
+                samples=samples,
             )
         return tail.posix_tail(
             self.platform,
@@ -276,6 +278,7 @@ class PosixRuns(RunOps):
             follow=follow,
             interval=interval or 0.05,
             lines=lines,
+            samples=samples,
         )
 
     def is_absolute(self, path: str) -> bool:

@@ -90,6 +90,19 @@ class DetachedStart:
     def failed(self) -> list[Outcome[Started]]:
         return [o for o in self.outcomes if not o.ok]
 
+    @property
+    def stopped_again(self) -> list[str]:
+        """The nodes where the run had started and was stopped again."""
+        return [o.node for o in self.undone if o.ok]
+
+    def undone_error(self) -> str:
+        """What the all-or-nothing start undid, node by node ("" when nothing)."""
+        if not self.undone:
+            return ""
+        return "not started on every node: stopped it again on " + ", ".join(
+            f"{o.node} ({o.value.describe() if o.value else o.error})" for o in self.undone
+        )
+
     @staticmethod
     def node_fields(outcome: Outcome[Started]) -> dict[str, Any]:
         """A node's ``--json`` fields: its launcher's pid and run directory (None: not started)."""

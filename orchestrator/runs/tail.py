@@ -50,13 +50,15 @@ log = logging.getLogger(__name__)
 
 #: The producer in the node's Python (POSIX nodes, when the run's interpreter is known): one process
 #: reads the log, no process per poll, so lines arrive within the interval even on a busy node.
-#: argv: LOG RC_FILE PID_FILE OFFSET FOLLOW(0/1) INTERVAL LINES(-1: none) NONCE; records.py's
-#: encoder and stream escape are put before it (``_follow_program``)
+#: argv: LOG RC_FILE PID_FILE OFFSET FOLLOW(0/1) INTERVAL LINES(-1: none) NONCE SAMPLE (the pattern
+#: of the lines of the node's samples, ``records.line_pattern``; -: none);
+#: records.py's encoder and stream escape are put before it (``_follow_program``)
 FOLLOW_PROGRAM = r"""
 path, rc_path, pid_path = sys.argv[1:4]
 offset, follow, interval = int(sys.argv[4]), sys.argv[5] == "1", float(sys.argv[6])
 lines, nonce = int(sys.argv[7]), sys.argv[8]
 out = sys.stdout.buffer
+SAMPLE = None if sys.argv[9] == "-" else re.compile(sys.argv[9].encode())
 
 def say(kind, *fields):
     out.write(record(nonce, kind, *fields).encode("ascii"))
@@ -78,33 +80,44 @@ def ended():
         return True
     return fields[0] == b"Z" or fields[19].decode() != start
 
-def last_lines(f, n, fin):
-    # where the n-th last complete line starts; a last line without newline is one only once the
-    # launcher has ended (as it is sent); read back from the end, a block at a time
-    size = os.fstat(f.fileno()).st_size
-    need = n + 1  # newlines to pass going back: the last line's own, then the one before each
-    if fin and size:
-        f.seek(size - 1)
-        if f.read(1) != b"\n":
-            need = n
-    if need == 0:
-        return size
+def newlines_back(f, size):
+    # the log's newlines before size, the last one first (read back a block at a time), then -1
     pos = size
     while pos > 0:
         step = min(pos, BACK)
         pos -= step
         f.seek(pos)
         data = f.read(step)
-        found = data.count(b"\n")
-        if found < need:
-            need -= found
-            continue
-        end = len(data)
+        at = len(data)
         while True:
-            end = data.rfind(b"\n", 0, end)
-            need -= 1
-            if need == 0:
-                return pos + end + 1
+            at = data.rfind(b"\n", 0, at)
+            if at < 0:
+                break
+            yield pos + at
+    yield -1
+
+def is_sample(f, at, end):
+    # the line [at, end) is one of the node's samples (a record `logs` does not show)
+    if SAMPLE is None or end - at > BACK:
+        return False
+    f.seek(at)
+    return SAMPLE.search(f.read(end - at)) is not None
+
+def last_lines(f, n, fin):
+    # where the n-th last line `logs` shows starts: complete lines (a last one without newline only
+    # once the launcher has ended), the node's samples not counted; fewer than n: 0
+    size = os.fstat(f.fileno()).st_size
+    start, end, taken = size, size, 0
+    for q in newlines_back(f, size):
+        line = q + 1
+        if end == size and not (fin and line < size):
+            start = line  # nothing after the last newline, or a line still being written
+        elif taken < n and not is_sample(f, line, end):
+            taken += 1
+            start = line
+        end = q
+        if taken == n:
+            return start
     return 0
 
 f = None
@@ -154,7 +167,9 @@ out.flush()
 
 def _follow_program() -> str:
     """FOLLOW_PROGRAM with what it needs of the codec (records.py's own source) before it."""
-    return "import base64, os, sys, time\n" + records.PYTHON_ENCODER + records.PYTHON_ESCAPE + FOLLOW_PROGRAM
+    return (
+        "import base64, os, re, sys, time\n" + records.PYTHON_ENCODER + records.PYTHON_ESCAPE + FOLLOW_PROGRAM
+    )
 
 
 def posix_tail(
@@ -167,26 +182,32 @@ def posix_tail(
     follow: bool,
     interval: float = 0.05,
     lines: int | None = None,
+    samples: str = "",
 ) -> str:
     """The producer in sh (tail, awk, dd: processes per poll). ``preamble``: the run's shell
     functions (runs/posix.py: ``$d`` the run directory, ``_cb_leader``); ``nonce``: its records'.
     awk escapes the lines as ``records.escape`` does; the records are the platform's ``_cb_rec``.
 
     ``lines``: found without reading the whole log: ``dd`` seeks to a window before the end (64 KiB,
-    doubled until it holds enough newlines) and awk notes the newlines in it, stopping at the size
-    measured first. The log is only ever appended to, so the bytes before that size do not change
-    while they are read: the start is exact and on a line boundary; what the launcher writes
-    meanwhile comes after it and is read by the loop."""
+    doubled until it holds enough lines) and awk notes where its lines start, stopping at the size
+    measured first. ``samples``: the nonce of the node's samples, records in the log that `logs` does
+    not show: the N lines do not count them. The log is only ever appended to, so the bytes before
+    that size do not change while they are read: the start is exact and on a line boundary; what
+    the launcher writes meanwhile comes after it and is read by the loop."""
     start = ""
+    sample_word = sh.quote(records.line_pattern(samples)) if samples else "''"
     if lines is not None:
-        # newline positions in [base, size) (a ring of the last n + 1); prints the start, or "-"
-        # when the window begins after the first byte and holds too few of them
+        # the starts of the lines `logs` shows in [base, size) (a ring of the last n + 1: the first
+        # line of a window that begins after byte 0 may start before it and is not one); prints the
+        # start, or "-" when the window holds too few of them
         count = (
-            "BEGIN { o = o0 } { e = o + length($0); if (e >= size) exit; c++; p[c % k] = e"
-            "; if (e == size - 1) nl = 1; o = e + 1 }"
-            " END { need = n + 1; if (fin && !nl) need = n;"
-            ' if (need == 0) printf "%.0f\\n", size;'
-            ' else if (c >= need) printf "%.0f\\n", p[(c - need + 1) % k] + 1;'
+            "BEGIN { o = o0; t = size }"
+            ' { e = o + length($0); ok = (NR > 1 || o0 == 0) && !(re != "" && $0 ~ re);'
+            " if (e >= size) { if (fin && o < size) { if (ok) { c++; p[c % k] = o } } else t = o; exit }"
+            " if (ok) { c++; p[c % k] = o }; o = e + 1 }"
+            ' END { if (n == 0) { if (fin) printf "%.0f\\n", size;'
+            ' else if (t > o0 || o0 == 0) printf "%.0f\\n", t; else print "-" }'
+            ' else if (c >= n) printf "%.0f\\n", p[(c - n + 1) % k];'
             ' else if (o0 == 0) print 0; else print "-" }'
         )
         start = (
@@ -201,7 +222,7 @@ def posix_tail(
             '    skip=$((nb - w)); [ "$skip" -lt 0 ] && skip=0\n'
             '    off=$(dd if="$f" bs=65536 skip="$skip" 2>/dev/null'
             ' | LC_ALL=C awk -v o0=$((skip * 65536)) -v size="$size" -v n="$n" -v k=$((n + 1))'
-            f' -v fin="$fin" {sh.quote(count)})\n'
+            f' -v fin="$fin" -v re={sample_word} {sh.quote(count)})\n'
             '    [ "$off" != - ] && break\n'
             "    w=$((w * 2))\n"
             "  done\n"
@@ -252,9 +273,11 @@ def posix_tail_python(
     follow: bool,
     interval: float,
     lines: int | None = None,
+    samples: str = "",
 ) -> str:
     """The producer in the node's Python (FOLLOW_PROGRAM run by ``python``, the interpreter the run
-    uses): no process per poll, so lines arrive within ``interval`` even on a busy node."""
+    uses): no process per poll, so lines arrive within ``interval`` even on a busy node. ``samples``:
+    as for :func:`posix_tail`."""
     count = -1 if lines is None else max(0, int(lines))
     missing = sh.quote(records.record(nonce, "missing").rstrip("\n"))
     return (
@@ -265,7 +288,7 @@ def posix_tail_python(
         f'if [ ! -d "$d" ]; then echo {missing}; exit 0; fi\n'
         f"exec {sh.quote(python)} -c {sh.quote(_follow_program())} {sh.path_word(log)}"
         f' {sh.path_word(log + ".rc")} "$d/pid" {int(offset)} {1 if follow else 0} {interval:g} {count}'
-        f" {records.check_nonce(nonce)}"
+        f" {records.check_nonce(nonce)} {sh.quote(records.line_pattern(samples)) if samples else '-'}"
     )
 
 
@@ -282,6 +305,7 @@ def powershell_tail(
     offset_from: str | None = None,
     beat: str = "",
     round_seconds: float | None = None,
+    samples: str = "",
 ) -> str:
     """The producer in PowerShell (native Windows nodes). ``preamble``: the run's functions
     (runs/windows.py: ``$cbDir``, ``Read-CbText``, ``Get-CbLeader``); ``nonce``: its records'
@@ -293,7 +317,8 @@ def powershell_tail(
     records are the platform's ``Out-CbRecord`` (``[Console]::Out``, which flushes every write, as
     ``Send-Cb`` does: the order holds).
     ``lines``: found by reading back from the end with the same FileStream (a block at a time,
-    newlines counted with ``[Array]::LastIndexOf``).
+    newlines found with ``[Array]::LastIndexOf``); ``samples``: as for :func:`posix_tail` (a line of
+    up to 64 KiB is read again to be matched).
 
     The follower of a foreground run (runs/windows_follow.py) also gives: ``offset_from``, a PowerShell
     expression for the offset (its script's ``$Offset`` parameter) instead of ``offset``; ``beat``, a
@@ -304,8 +329,31 @@ def powershell_tail(
     first = f"[long]{int(offset)}" if offset_from is None else f"[long]{offset_from}"
     if round_seconds is not None and not follow:
         raise ValueError("a round only makes sense while following")
-    start = ""
+    start = sample_test = ""
     if lines is not None:
+        counted = "$cbTaken -lt $cbTail"
+        if samples:
+            pattern = records.line_pattern(samples)
+            counted += " -and -not (Test-CbSample $cbLine $cbEnd)"
+            # whether the line [At, End) is one of the node's samples (read again: up to 64 KiB)
+            sample_test = (
+                "function Test-CbSample([long]$At, [long]$End) {\n"
+                "  $cbLength = $End - $At\n"
+                "  if ($cbLength -le 0 -or $cbLength -gt 65536) { return $false }\n"
+                "  $cbBytes = New-Object -TypeName byte[] -ArgumentList $cbLength\n"
+                "  $null = $cbFile.Seek($At, [System.IO.SeekOrigin]::Begin)\n"
+                "  $cbHave = 0\n"
+                "  while ($cbHave -lt $cbLength) {\n"
+                "    $cbRead = $cbFile.Read($cbBytes, $cbHave, $cbLength - $cbHave)\n"
+                "    if ($cbRead -le 0) { break }\n"
+                "    $cbHave += $cbRead\n"
+                "  }\n"
+                f"  return $cbLatin.GetString($cbBytes, 0, $cbHave) -cmatch {ps.quote(pattern)}\n"
+                "}\n"
+            )
+        # going back line by line from the end: where the n-th last line `logs` shows starts
+        # (complete lines, a last one without newline once the launcher has ended, no sample);
+        # fewer than n: 0
         start = (
             f"  $cbTail = [long]{max(0, int(lines))}\n"
             "  $cbFin = Test-CbEnded\n"
@@ -313,26 +361,36 @@ def powershell_tail(
             "  if ([System.IO.File]::Exists($cbLogPath)) {\n"
             "    $cbFile = New-CbLogStream\n"
             "    $cbSize = $cbFile.Length\n"
-            # newlines to pass going back: the last line's own, then one per line wanted
-            "    $cbNeed = $cbTail + 1\n"
-            "    if ($cbFin -and $cbSize -gt 0) {\n"
-            "      $null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)\n"
-            "      if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }\n"
-            "    }\n"
             "    $cbOffset = $cbSize\n"
+            "    $cbEnd = $cbSize\n"  # where the line before the next newline found ends
+            "    $cbTaken = [long]0\n"
             "    $cbPos = $cbSize\n"
-            "    while ($cbNeed -gt 0) {\n"
-            "      if ($cbPos -le 0) { $cbOffset = [long]0; break }\n"
-            "      $cbWant = [int][Math]::Min($cbPos, [long]$cbBlock)\n"
-            "      $cbPos -= $cbWant\n"
-            "      $cbGot = Read-CbBlock $cbFile $cbPos $cbWant\n"
-            "      $cbAt = $cbGot\n"
-            "      while ($cbNeed -gt 0 -and $cbAt -gt 0) {\n"
-            "        $cbAt = [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)\n"
-            "        if ($cbAt -lt 0) { break }\n"
-            "        $cbNeed -= 1\n"
-            "        if ($cbNeed -eq 0) { $cbOffset = $cbPos + $cbAt + 1 }\n"
+            "    $cbAt = 0\n"
+            "    while ($true) {\n"
+            "      $cbNewline = -1\n"
+            "      while ($true) {\n"
+            "        if ($cbAt -gt 0) {\n"
+            "          $cbAt = [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)\n"
+            "        } else {\n"
+            "          $cbAt = -1\n"
+            "        }\n"
+            "        if ($cbAt -ge 0) { $cbNewline = $cbPos + $cbAt; break }\n"
+            "        if ($cbPos -le 0) { break }\n"
+            "        $cbWant = [int][Math]::Min($cbPos, [long]$cbBlock)\n"
+            "        $cbPos -= $cbWant\n"
+            "        $cbAt = Read-CbBlock $cbFile $cbPos $cbWant\n"
             "      }\n"
+            "      $cbLine = $cbNewline + 1\n"
+            # nothing after the last newline, or a line still being written: from its start
+            "      if ($cbEnd -eq $cbSize -and -not ($cbFin -and $cbLine -lt $cbSize)) {\n"
+            "        $cbOffset = $cbLine\n"
+            f"      }} elseif ({counted}) {{\n"
+            "        $cbTaken += 1\n"
+            "        $cbOffset = $cbLine\n"
+            "      }\n"
+            "      $cbEnd = $cbNewline\n"
+            "      if ($cbTaken -eq $cbTail) { break }\n"
+            "      if ($cbNewline -lt 0) { $cbOffset = [long]0; break }\n"
             "    }\n"
             "  }\n"
             "  Out-CbRecord 'start' @([string]$cbOffset)\n"
@@ -376,6 +434,7 @@ def powershell_tail(
         "  New-Object -TypeName System.IO.FileStream -ArgumentList $cbLogPath,"
         " ([System.IO.FileMode]::Open), ([System.IO.FileAccess]::Read), $cbShare\n"
         "}\n"
+        + sample_test
         + (
             "$cbMore = $false\n$cbRound = [System.Diagnostics.Stopwatch]::StartNew()\n"
             if round_seconds is not None
@@ -444,7 +503,7 @@ class FollowResult:
     exit_code: int | None  # the launcher's, when it has ended with one
     ended: bool  # the launcher is no longer running (exit code file, or its process gone)
     offset: int  # byte offset of node.log read up to (complete lines)
-    lines: int
+    lines: int  # lines delivered, the node's samples not counted (`logs` shows these lines)
     reconnects: int
     start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
 
@@ -461,8 +520,10 @@ class Batches(BlockHandler):
         deliver: Callable[[str], None],
         nonce: str,
         deliver_piece: Callable[[str], None] | None = None,
+        samples: str = "",
     ) -> None:
         self.node = node
+        self.samples = samples  # the nonce of the node's samples: records delivered, not lines shown
         self.deliver = deliver
         # a part of a longer line (without the newline the producer added), for the handler's piece:
         # the log here keeps the line whole and every part of it keeps its rank's label
@@ -493,6 +554,8 @@ class Batches(BlockHandler):
                     self.deliver_piece(item.removesuffix("\n"))
                     continue
                 self.lines += item.count("\n")
+                if records.mentions(item, self.samples):
+                    self.lines -= len(records.decode(item, self.samples))
                 self.deliver(item)
             elif item.kind in ("batch", "piece"):
                 self.offset = _offset(item, 0)

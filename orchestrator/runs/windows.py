@@ -355,6 +355,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
         python: str | None,
         interval: float | None,
         lines: int | None = None,
+        samples: str = "",
     ) -> str:
         """The PowerShell producer of the tail protocol (``marker`` and ``python`` are not used)."""
         return tail.powershell_tail(
@@ -366,6 +367,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
             follow=follow,
             interval=interval or 0.05,
             lines=lines,
+            samples=samples,
         )
 
     def is_absolute(self, path: str) -> bool:

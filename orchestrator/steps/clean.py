@@ -10,7 +10,7 @@ listing is its read, the removal its plan (orchestrator/runner.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -172,10 +172,12 @@ class Clean(Step[CleanContext, NodeClean]):
 
 @dataclass
 class CleanReport:
-    """What `clean` found (``removed`` False) or removed on every node."""
+    """What `clean` found (``removed`` False) or removed on every node; ``declined``: what it found
+    was not to be removed (the question answered no)."""
 
     outcomes: GroupResult[NodeClean]
     removed: bool
+    declined: bool = False
 
     @property
     def busy(self) -> list[Outcome[NodeClean]]:
@@ -192,6 +194,25 @@ class CleanReport:
         failed = any(o.error is not None for o in self.outcomes)
         return bool(self.busy) or failed or not any(o.value and o.value.items for o in self.outcomes)
 
+    def errors(self) -> list[str]:
+        """What a node could not remove, one line each."""
+        return [
+            f"{o.node}: could not remove {e}"
+            for o in self.outcomes
+            for e in (o.value.errors if o.value else [])
+        ]
+
+    def refusals(self) -> list[str]:
+        """Before a removal: per node running a run, that nothing was removed anywhere and how to end it."""
+        if self.removed:
+            return []
+        return [
+            f"{o.node}: run {', '.join(o.value.running)} is running there: nothing was removed on any node "
+            f"(`bootstrap stop --run {o.value.running[0]}` ends it)"
+            for o in self.busy
+            if o.value is not None
+        ]
+
     def exit_code(self) -> ExitCode:
         """1 also when a run blocked the removal, or a node kept something it should have lost."""
         code = exit_code_for(self.outcomes)
@@ -205,3 +226,24 @@ def clean_all(session: Session, inventory: Inventory, *, remove: bool, outputs: 
     """:class:`Clean` on every node of ``session``: a listing, or (``remove``) the removal."""
     report = run_step(session, Clean(inventory, remove=remove, outputs=outputs), dry_run=not remove)
     return CleanReport(report.outcomes, removed=remove)
+
+
+def clean_nodes(
+    session: Session,
+    inventory: Inventory,
+    *,
+    outputs: bool,
+    dry_run: bool,
+    ask: Callable[[CleanReport], bool] | None,
+) -> CleanReport:
+    """`clean`: the listing, and the removal where it may go on. The listing alone with ``dry_run``,
+    or when it is final (a node could not be read, one runs a run, nothing of bootstrap's is there);
+    else ``ask`` (None: --yes) is shown it and says whether to remove (no: the listing, declined).
+    The removal reads nothing again (the listing is held in the session)."""
+    found = clean_all(session, inventory, remove=False, outputs=outputs)
+    if dry_run or found.final():
+        return found
+    if ask is not None and not ask(found):
+        found.declined = True
+        return found
+    return clean_all(session, inventory, remove=True, outputs=outputs)

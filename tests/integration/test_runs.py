@@ -440,7 +440,7 @@ def test_tail_is_not_counted_again_after_a_dropped_connection(
     # the node was asked for the last 50 lines once; every retry resumed from a byte offset
     assert len(watched.scripts) >= 2
     asked = [
-        '_cb_rec start "$off"' in s or bool(re.search(r" 50 cb-[0-9a-f]{12}$", s)) for s in watched.scripts
+        '_cb_rec start "$off"' in s or bool(re.search(r" 50 cb-[0-9a-f]{12} ", s)) for s in watched.scripts
     ]
     assert asked == [True] + [False] * (len(watched.scripts) - 1), watched.scripts
 

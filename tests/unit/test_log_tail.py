@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.platforms import PosixShell
-from orchestrator.records import new_nonce
+from orchestrator.records import new_nonce, plain, record
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.tail import Batches, posix_tail_python
 
@@ -33,17 +33,35 @@ def reference(data: bytes, n: int, ended: bool) -> int:
     return starts[-n] if n <= len(starts) else 0
 
 
-def start_of(reader: str, run_dir: Path, n: int) -> tuple[int, bytes]:
+def start_of(reader: str, run_dir: Path, n: int, samples: str = "") -> tuple[int, bytes]:
     """Where the reader says the last ``n`` lines start, and the log it sent from there (as the
     controller's reader delivers it)."""
     log, nonce = str(run_dir / "node.log"), new_nonce()
     if reader == "python":
         script = posix_tail_python(
-            sh, sys.executable, str(run_dir), log, 0, nonce=nonce, follow=False, interval=0.02, lines=n
+            sh,
+            sys.executable,
+            str(run_dir),
+            log,
+            0,
+            nonce=nonce,
+            follow=False,
+            interval=0.02,
+            lines=n,
+            samples=samples,
         )
     else:
         script = PosixRuns(sh).tail(
-            str(run_dir), "m", log, 0, nonce=nonce, follow=False, python=None, interval=None, lines=n
+            str(run_dir),
+            "m",
+            log,
+            0,
+            nonce=nonce,
+            follow=False,
+            python=None,
+            interval=None,
+            lines=n,
+            samples=samples,
         )
     ran = subprocess.run(["sh", "-c", script], capture_output=True, timeout=60)
     assert ran.returncode == 0, ran.stderr
@@ -92,3 +110,57 @@ def test_the_tail_starts_at_the_nth_last_complete_line(
 @pytest.mark.parametrize("reader", ["python", "shell"])
 def test_no_log_yet_starts_at_zero(tmp_path: Path, reader: str) -> None:
     assert start_of(reader, tmp_path, 5) == (0, b"")
+
+
+def shown_tail(data: bytes, n: int, ended: bool, samples: str) -> tuple[int, list[bytes]]:
+    """Where the last ``n`` lines `logs` shows start (its samples not shown, not counted), and those
+    lines, the slow way."""
+    end = len(data) if ended else data.rfind(b"\n") + 1
+    lines, at = [], 0
+    while at < end:
+        cut = data.find(b"\n", at, end)
+        stop = end if cut < 0 else cut + 1
+        lines.append((at, data[at:stop].rstrip(b"\n")))
+        at = stop
+    shown = [(at, line) for at, line in lines if plain(line.decode(), samples) == line.decode()]
+    if n == 0:
+        return end, []
+    if n > len(shown):
+        return 0, [line for _, line in shown]
+    return shown[-n][0], [line for _, line in shown[-n:]]
+
+
+def _sampled_log(samples: str, other: str) -> bytes:
+    """Lines a run printed, with the node's samples between them (and after the last), one record of
+    another nonce (a line like any other: shown), and a last line still being written."""
+    out = []
+    for i in range(4000):  # past the shell reader's first window (64 KiB)
+        out.append(b"[default0]:step %d\n" % i)
+        if i % 3 == 0:
+            out.append(record(samples, "gpu", "0, 87, 1200, 8000").encode())
+        if i % 5 == 0:
+            out.append(record(samples, "cpu", "1.5", "8").encode())
+    out.append(record(other, "gpu", "0, 1, 2, 3").encode())
+    out.append(record(samples, "gpu", "0, 90, 1300, 8000").encode())
+    out.append(record(samples, "cpu", "2.0", "8").encode())
+    return b"".join(out) + b"[default0]:partial"
+
+
+@pytest.mark.parametrize("reader", ["python", "shell"])
+def test_the_nodes_samples_are_not_among_the_n_lines(tmp_path: Path, reader: str) -> None:
+    """`logs --tail N` shows N lines: the node's samples (records of the run's sample nonce in its
+    log, which `logs` does not show) are not counted; a record of another nonce is a line shown."""
+    samples, other = new_nonce(), new_nonce()
+    data = _sampled_log(samples, other)
+    (tmp_path / "node.log").write_bytes(data)
+    for ended in (False, True):
+        if ended:
+            (tmp_path / "node.log.rc").write_text("0\n")
+        for n in (0, 1, 2, 3, 50, 3999, 10**4):
+            start, rest = start_of(reader, tmp_path, n, samples)
+            want, lines = shown_tail(data, n, ended, samples)
+            assert start == want, (n, ended)
+            text = plain(rest.decode(), samples)
+            assert [line.encode() for line in text.split("\n") if line] == lines, (n, ended)
+            if n <= 3:  # as many lines as asked, however many samples came after them
+                assert len(lines) == n

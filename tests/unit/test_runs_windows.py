@@ -388,18 +388,18 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
         "= [long]0",  # the offset asked for (unused)
         "= [long]0",  # no log yet: everything the launcher writes is new
         "= $cbSize",  # no line wanted (0, or a last line without newline of an ended launcher)
+        "= $cbLine",  # nothing after the last newline, or a line still being written: its start
+        "= $cbLine",  # the start of a line counted (the N-th last, once they are all counted)
         "= [long]0",  # fewer lines than asked: the whole log
-        "= $cbPos + $cbAt + 1",  # just past the newline before the N-th last line
         "+= $cbCut",
     ]
-    # newlines to pass going back: one more than the lines, one fewer when the launcher has ended
-    # and the last byte is no newline (that last line is complete and counts)
-    assert ("$cbNeed", "= $cbTail + 1") in values and ("$cbNeed", "= $cbTail") in values
-    assert "$null = $cbFile.Seek($cbSize - 1, [System.IO.SeekOrigin]::Begin)" in script
-    assert "if ($cbFile.ReadByte() -ne 10) { $cbNeed = $cbTail }" in script
+    # going back line by line: a last line without newline counts only once the launcher has ended
+    assert "if ($cbEnd -eq $cbSize -and -not ($cbFin -and $cbLine -lt $cbSize)) {" in script
+    assert ("$cbTaken", "+= 1") in values and "if ($cbTaken -eq $cbTail) { break }" in script
+    assert "Test-CbSample" not in script  # no samples named: every line counts
     # back a block at a time on the same stream, newlines found by LastIndexOf below the last one
     assert ("$cbPos", "-= $cbWant") in values
-    assert "$cbGot = Read-CbBlock $cbFile $cbPos $cbWant" in script
+    assert "$cbAt = Read-CbBlock $cbFile $cbPos $cbWant" in script
     assert ("$cbAt", "= [Array]::LastIndexOf($cbBuf, [byte]10, $cbAt - 1)") in values
     # the order: the end checked, then the log opened (FileShare ReadWrite) and measured, the start
     # sent, and only then the reading loop (which keeps that stream)
@@ -409,7 +409,7 @@ def test_tail_of_the_last_lines_is_found_on_the_node_and_its_start_told_first(
         < at("$cbFile = New-CbLogStream")
         < at("$cbSize = $cbFile.Length")
         < at("Out-CbRecord 'start' @([string]$cbOffset)")
-        < at("while ($true)")
+        < at("if ($cbFin -or -not $cbFollow) { break }")
     )
     (opener,) = [c for c in find(tree, "New-Object") if "$cbLogPath" in " ".join(c.arguments)]
     assert opener.arguments[0] == "System.IO.FileStream" and opener.arguments[1].endswith(", $cbShare")

@@ -159,7 +159,7 @@ class _FileStream:
         pass
 
 
-def powershell_stdout(data: bytes, nonce: str, lines: int | None = None) -> bytes:
+def powershell_stdout(data: bytes, nonce: str, lines: int | None = None, samples: str = "") -> bytes:
     """The PowerShell producer's stdout for a log holding ``data`` whose launcher has ended (exit 0):
     its own statements run, the raw log bytes and its records (``[Console]::Out``) in order."""
     out = bytearray()
@@ -204,7 +204,7 @@ def powershell_stdout(data: bytes, nonce: str, lines: int | None = None) -> byte
         },
     )
     script = "$cbDir = 'C:\\r'\n" + powershell_tail(
-        PS, "", "C:/r/node.log", 0, nonce=nonce, follow=True, interval=0.05, lines=lines
+        PS, "", "C:/r/node.log", 0, nonce=nonce, follow=True, interval=0.05, lines=lines, samples=samples
     )
     tree = pwsh.assert_parses(script)
     interpreter.define(tree)
@@ -240,6 +240,26 @@ def test_the_powershell_producer_tells_where_the_last_lines_start() -> None:
     nonce = records.new_nonce()
     got, batches = read(powershell_stdout(data, nonce, lines=2), nonce, [])
     assert (batches.start, got) == (data.index(b"two"), b"two\nthree\n")
+
+
+def test_the_powershell_producer_does_not_count_the_nodes_samples_among_the_last_lines() -> None:
+    """`logs --tail N` on a native Windows node: the node's samples (records of the run's sample
+    nonce, not shown) are not among the N lines; a record of another nonce is a line like any other."""
+    samples = records.new_nonce()
+    gpu = records.record(samples, "gpu", "0, 87, 1200, 8000").encode()
+    cpu = records.record(samples, "cpu", "1.5", "8").encode()
+    other = records.record(GUESSED, "gpu", "0, 1, 2, 3").encode()
+    data = b"one\n" + gpu + b"two\n" + cpu + other + b"three\n" + gpu + cpu
+    nonce = records.new_nonce()
+    for lines, first in ((1, b"three"), (2, other), (3, b"two"), (4, b"one"), (9, b"one")):
+        got, batches = read(powershell_stdout(data, nonce, lines=lines, samples=samples), nonce, [])
+        start = data.index(first) if first != b"one" else 0
+        assert (batches.start, got) == (start, data[start:]), lines
+        shown = [line for line in records.plain(got.decode(), samples).split("\n") if line]
+        assert len(shown) == min(lines, 4)
+    # without the sample nonce (a run not launched from here) they are lines like any other
+    got, batches = read(powershell_stdout(data, nonce, lines=2), nonce, [])
+    assert batches.start == len(data) - len(gpu + cpu)
 
 
 def test_what_a_login_shell_prints_before_the_producer_is_text_whatever_it_looks_like() -> None:

@@ -150,9 +150,10 @@ def compare(op: str, left: Any, right: Any) -> Any:
     op = op.lower()
     if op in ("-split",):
         return re.split(str(right), "" if left is None else str(left), flags=re.I)
-    if op in ("-match", "-notmatch"):
-        found = re.search(str(right), "" if left is None else str(left), re.I) is not None
-        return found if op == "-match" else not found
+    if op in ("-match", "-notmatch", "-cmatch"):
+        flags = 0 if op == "-cmatch" else re.I
+        found = re.search(str(right), "" if left is None else str(left), flags) is not None
+        return found if op != "-notmatch" else not found
     if isinstance(left, list):
         return [item for item in left if compare(op, item, right)]
     if left is None or right is None:

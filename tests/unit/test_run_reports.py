@@ -1,0 +1,115 @@
+"""What `logs`, `stop`, `fetch` and `clean` decide from their nodes' results (runs/commands.py,
+steps/clean.py): the notes after the lines, when nothing was running, the missing paths, and the
+listing-then-removal flow of `clean`. The CLI only renders these."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import CommandFailedError, ExitCode
+from orchestrator.executor import GroupResult, Outcome
+from orchestrator.runs.commands import FetchReport, LogsReport, StopReport
+from orchestrator.runs.control import Fetched, StopResult
+from orchestrator.runs.tail import FollowResult
+from orchestrator.steps import clean
+from orchestrator.steps.clean import CleanItem, CleanReport, NodeClean
+
+
+def _read(exit_code: int | None, lines: int) -> FollowResult:
+    return FollowResult(exit_code, ended=True, offset=10, lines=lines, reconnects=0)
+
+
+def test_logs_says_what_became_of_each_copy_how_training_ended_and_where_the_copies_are() -> None:
+    outcomes = GroupResult([Outcome("n1", _read(0, 3), None, 0.1), Outcome("n2", _read(None, 0), None, 0.1)])
+    paths = {"n1": Path("runs/r1/n1.log"), "n2": Path("runs/r1/n2.log"), "n3": Path("runs/r1/n3.log")}
+    copies = {"n1": "written", "n2": "kept", "n3": "busy"}
+    report = LogsReport(outcomes, copies, run_id="r1", follow=True, paths=paths)
+    assert report.notes() == [
+        "n2: the previous copy runs/r1/n2.log was kept as it was",
+        "n3: runs/r1/n3.log left as it is: a running `bootstrap launch` (or another `logs`) writes it",
+        "n1: training exited 0",
+        "n2: training was stopped",
+        "logs: runs/r1/",
+    ]
+    assert report.exit_code() == ExitCode.NODES_FAILED  # --follow: n2's training did not exit 0
+    # --tail writes no copy: no directory named, none in --json
+    tail = LogsReport(outcomes, run_id="r1", tail=3)
+    assert (tail.notes(), tail.log_dir, tail.exit_code()) == ([], None, ExitCode.OK)
+
+
+def test_stop_says_nothing_was_running_only_when_every_node_answered_so() -> None:
+    ended = Outcome("n1", StopResult("exited", exit_code=0), None, 0.1)
+    assert StopReport(GroupResult([ended])).nothing_ran
+    stopped = Outcome("n2", StopResult("stopped", terminated=2), None, 0.1)
+    assert not StopReport(GroupResult([ended, stopped])).nothing_ran
+    failed = Outcome[StopResult]("n2", None, CommandFailedError("no answer", node="n2"), 0.1)
+    assert not StopReport(GroupResult([ended, failed])).nothing_ran
+
+
+@pytest.mark.parametrize(
+    ("from_code", "where"),
+    [(False, "the run's outputs, its run directory or the code directory"), (True, "the code directory")],
+)
+def test_fetch_names_each_missing_path_and_where_it_was_looked_for(from_code: bool, where: str) -> None:
+    found = [Fetched("a.txt", "/w/a.txt", 1, 2048, "runs/r1/n1/a.txt"), Fetched("b.txt", None)]
+    report = FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=from_code)
+    assert report.errors() == [f"node 'n1': b.txt not found in {where}"]
+    assert report.exit_code() == ExitCode.NODES_FAILED
+    assert found[0].size == "2.0 KiB"
+
+
+def _listing(*, running: bool = False, items: bool = True, removed: bool = False) -> CleanReport:
+    node = NodeClean(
+        "n1",
+        items=[CleanItem("runs", "/w/runs", 10, 1)] if items else [],
+        running=["r1"] if running else [],
+        removed=removed,
+    )
+    return CleanReport(GroupResult([Outcome("n1", node, None, 0.1)]), removed=removed)
+
+
+@pytest.mark.parametrize(
+    ("dry_run", "running", "answer", "expected"),
+    [
+        (True, False, True, "listed"),  # --dry-run: the listing only, nothing asked
+        (False, True, True, "listed"),  # a run running: nothing asked, nothing removed
+        (False, False, False, "declined"),
+        (False, False, True, "removed"),
+        (False, False, None, "removed"),  # --yes: not asked
+    ],
+)
+def test_clean_lists_then_asks_then_removes(
+    dry_run: bool, running: bool, answer: bool | None, expected: str, monkeypatch: Any
+) -> None:
+    calls: list[bool] = []
+
+    def clean_all(session: Any, inventory: Any, *, remove: bool, outputs: bool) -> CleanReport:
+        calls.append(remove)
+        return _listing(running=running, removed=remove)
+
+    monkeypatch.setattr(clean, "clean_all", clean_all)
+    asked: list[CleanReport] = []
+
+    def ask(found: CleanReport) -> bool:
+        asked.append(found)
+        return bool(answer)
+
+    report = clean.clean_nodes(
+        None,
+        None,
+        outputs=False,
+        dry_run=dry_run,
+        ask=None if answer is None else ask,  # type: ignore[arg-type]
+    )
+    outcome = "removed" if report.removed else "declined" if report.declined else "listed"
+    assert outcome == expected
+    assert calls == ([False, True] if expected == "removed" else [False])
+    assert len(asked) == (1 if answer is not None and expected != "listed" else 0)
+    if running:
+        assert report.refusals() == [
+            "n1: run r1 is running there: nothing was removed on any node (`bootstrap stop --run r1` ends it)"
+        ]
+        assert report.exit_code() == ExitCode.NODES_FAILED
