@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import re
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
@@ -69,8 +68,8 @@ _DIR_FUNCTIONS = (
 )
 
 
-#: a section's command that prints records of its own (:meth:`PosixShell.section_answer`)
-_RECORDS_USED = re.compile(r"\b_cb_(?:64|f|rec|recin)\b")
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 class PosixShell(Platform):
@@ -318,10 +317,11 @@ class PosixShell(Platform):
         as one record of ``nonce`` (chosen by whoever reads that section; orchestrator/records.py):
         ``KIND FIELD... STDIN``, binary-safe. What a section's tools print (a rule comment, a policy
         description) then stays a field of its own answer, never the start of another one."""
+        # the fields are known here: encoded here (no process); the stdin by the script's _cb_64
         q = self.quote
         head = f"printf '@@%s %s' {q(check_nonce(nonce))} {q(check_kind(kind))}"
-        parts = [head, *(f"_cb_f {q(field)}" for field in fields), "printf ' :'", "_cb_64", "echo"]
-        return "{ " + "; ".join(parts) + "; }"
+        encoded = "".join(f" :{_b64(field)}" for field in fields) + " :"
+        return "{ " + f"{head}; printf %s {q(encoded)}; _cb_64; echo; " + "}"
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
@@ -333,14 +333,14 @@ class PosixShell(Platform):
         a shell variable, exported to no command, so no output can hold it. The subshell's EXIT trap
         prints the end line, also after an ``exit`` in the command. No encoder process, no command
         substitution, no nested subshell: a read script asks a dozen sections of every node, and each
-        process less is CPU every node saves (benchmarks/fanout.py). The record functions (and their
-        one probe of ``base64``) come only with sections that print records of their own
-        (:meth:`section_answer`)."""
-        if any(_RECORDS_USED.search(command) for _, command in sections):
-            parts = [self.record_functions(token)]
-        else:
-            parts = [f"_cb_nonce={self.quote(check_nonce(token))}"]
-        parts += [
+        process less is CPU every node saves (benchmarks/fanout.py). The encoder of records (and its
+        probe of ``base64``) cost a process only when a section prints records of its own
+        (:meth:`section_answer`: ``_cb_64``, which asks ``base64`` how to encode each time: it runs in
+        a pipeline's subshell, where nothing it learnt would stay)."""
+        parts = [
+            f"_cb_nonce={self.quote(check_nonce(token))}",
+            "_cb_64() { if base64 -w 0 </dev/null >/dev/null 2>&1; then base64 -w 0;"
+            " else base64 | tr -d '\\n'; fi; }",
             # 32 hex digits: the uuid's five groups (or 16 random bytes in hex); none: nothing is sent
             "{ IFS=- read -r _cb_b _cb_b2 _cb_b3 _cb_b4 _cb_b5 </proc/sys/kernel/random/uuid; }"
             " 2>/dev/null && _cb_b=$_cb_b$_cb_b2$_cb_b3$_cb_b4$_cb_b5 ||"
@@ -349,7 +349,7 @@ class PosixShell(Platform):
             f'_cb_sec() {{ printf \'@@%s {RAW_SECTION} :%s :%s\\n\' "$_cb_nonce" "$1" "$_cb_b"; }}',
         ]
         for name, command in sections:
-            label = base64.b64encode(name.encode()).decode()
+            label = _b64(name)
             ended = 'trap \'printf "\\n@@%s %s\\n" "$_cb_b" "$?"\' EXIT'
             # `|| :`: the script's own exit code is 0, whatever its last command's was
             parts.append(f"_cb_sec {label}\n( {ended}; {command}\n) 2>/dev/null </dev/null || :")

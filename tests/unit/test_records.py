@@ -258,7 +258,7 @@ def test_a_raw_sections_output_cannot_end_it_or_start_another() -> None:
     script = SH.sectioned([("one", f"printf '%s' {SH.quote(printed)}"), ("two", "exit 5")], NONCE)
     done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
     assert split_sections(done.stdout, NONCE) == {"one": (printed[:-1], 0), "two": ("", 5)}
-    assert "base64" not in script  # no encoder process per section
+    assert "| _cb_64" not in script  # no encoder process per section
 
 
 def test_a_section_killed_before_its_end_leaves_the_next_ones_whole() -> None:
