@@ -68,7 +68,8 @@ def detection_sections(
             'if [ -n "$e" ]; then\n'
             f"  ufw status | {sh.section_answer(nonce, 'status')}\n"
             f"  ufw show added | {sh.section_answer(nonce, 'added')}\n"
-            f"else echo 'Status: inactive' | {sh.section_answer(nonce, 'status')}; fi",
+            # the answer of a disabled ufw is known here: framed here (no encoder process)
+            f"else printf %s {q(records.record(nonce, 'status', 'Status: inactive' + chr(10)))}; fi",
         ),
         ("firewalld", firewalld_section(sh, (ids.policy, ids.legacy_policy), nonce)),
         ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
