@@ -245,11 +245,6 @@ class SectionReader:
         self._boundary = ""
         self._lines: list[str] = []
 
-    @property
-    def inside(self) -> bool:
-        """A raw section is open: the lines are its output."""
-        return self._name is not None
-
     def feed(self, line: str) -> tuple[str, str, int] | None:
         if self._name is not None:
             if self._boundary not in line:
