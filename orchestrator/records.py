@@ -15,6 +15,16 @@ The encoders, all writing the same wire format:
   whose last field is its stdin, binary-safe);
 - PowerShell: ``PowerShell.record_functions`` (``Out-CbRecord KIND @(FIELD, ...)``, UTF-8 bytes).
 
+A *sectioned* script's answers (``Platform.sectioned``: many commands' outputs in one round trip) are
+``section NAME DATA`` records (DATA: the output, a NUL, the exit code), or, from POSIX sh, *raw
+sections*, which cost the node no encoder process per command: a record ``section-raw NAME BOUNDARY``,
+then the command's output as it printed it, then a newline and the line ``@@BOUNDARY CODE``. BOUNDARY
+is 32 hex digits the node's shell drew from the kernel's random source when the script started (no
+other program, no command line and no other user sees it, and it never travels to the controller
+before the output it closes: a command cannot print it), so no byte of a command's output can end its
+section or start another; while a section is open, only a line holding its boundary (its end, or the
+next section's start: a command killed before it ended) is framing. :class:`SectionReader` reads both.
+
 A *stream* (a node's log relayed as it is: `logs --follow`, a foreground run's follower) is plain
 lines with records between them. Its plain lines travel raw, except that one starting with ``@@``
 gets one more ``@`` (:func:`escape`; no record starts with ``@@@``), so no log line can be, end or
@@ -219,3 +229,56 @@ class Stream:
         if "@@@" in text:
             text = ("\n" + text).replace("\n@@@", "\n@@")[1:]
         out.append(text)
+
+
+# -- sectioned scripts' answers -----------------------------------------------------------------------------
+
+#: the record that opens a raw section (see the module docstring)
+RAW_SECTION = "section-raw"
+_BOUNDARY = re.compile(r"[0-9a-f]{32}")
+_RAW_END = re.compile(r"@@([0-9a-f]{32}) ([0-9]{1,3})\r?")
+
+
+class SectionReader:
+    """The answers of a sectioned script of ``nonce``, one stdout line (without its ``\n``) at a time:
+    :meth:`feed` returns ``(name, output, exit code)`` when a section's answer is complete, else None.
+    ``output`` is the text as sent (a ``section`` record's bytes decoded as UTF-8, undecodable bytes
+    replaced); a section record without a NUL has exit code 1. Everything else is plain output."""
+
+    def __init__(self, nonce: str) -> None:
+        self.nonce = check_nonce(nonce)
+        self._open = MARK + nonce + " " + RAW_SECTION + " :"
+        self._name: str | None = None  # the raw section being read
+        self._boundary = ""
+        self._lines: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str, int] | None:
+        if self._name is not None:
+            if self._boundary not in line:
+                self._lines.append(line)
+                return None
+            end = _RAW_END.fullmatch(line)
+            if end is not None and end.group(1) == self._boundary:
+                name, text = self._name, "\n".join(self._lines)
+                self._name, self._lines = None, []
+                return name, text, int(end.group(2))
+            self._name, self._lines = None, []  # the next section's start: this one never ended
+        if not line.startswith(MARK):
+            return None
+        found = decode_line(line, self.nonce)
+        if found is None or len(found.fields) < 1:
+            return None
+        if found.kind == RAW_SECTION:
+            boundary = line.rstrip("\r").rpartition(" :")[2]
+            if len(found.fields) == 2 and _BOUNDARY.fullmatch(boundary):
+                self._name, self._boundary = found.text(0), boundary
+            return None
+        if found.kind != "section":
+            return None
+        output, _, code = (found.fields[1] if len(found.fields) > 1 else b"").rpartition(b"\0")
+        number = code.decode("ascii", "replace").strip()
+        return (
+            found.text(0),
+            output.decode("utf-8", "replace"),
+            int(number) if number.lstrip("-").isdigit() else 1,
+        )

@@ -203,15 +203,15 @@ def parse_sections(facts: list[Fact[Any]], sections: dict[str, tuple[str, int]],
 
 
 class SectionStream:
-    """The records of ``Platform.sectioned`` read line by line while the script still runs: the
-    sections are known the moment their record arrives, and what follows the last one (a command
+    """The answers of ``Platform.sectioned`` read line by line while the script still runs: the
+    sections are known the moment their answer is complete, and what follows the last one (a command
     that keeps running, such as the preflight's listener) is handed back to the caller.
 
-    Keeps the arrival time of each section's record (``time.time()``), written the moment its
-    command ended: a section that prints the node's clock is dated by it."""
+    Keeps the arrival time of each section's end (``time.time()``), written the moment its command
+    ended: a section that prints the node's clock is dated by it."""
 
     def __init__(self, token: str, names: list[str]) -> None:
-        self._token = token
+        self._reader = records.SectionReader(token)
         self._waiting = set(names)
         self.sections: dict[str, tuple[str, int]] = {}
         self.first_line_at: dict[str, float] = {}
@@ -223,35 +223,35 @@ class SectionStream:
 
     def feed(self, line: str, at: float) -> str | None:
         """Take one stdout line received at ``at``; returns it when every section ended (the
-        caller's), else None (records, and what a section's command printed around them)."""
+        caller's), else None (framing, and what a section's command printed)."""
         if self.complete:
             return line
-        found = records.decode_line(line, self._token) if line.startswith(records.MARK) else None
-        if found is not None and found.kind == "section":
+        found = self._reader.feed(line)
+        if found is not None:
             name = _take(found, self.sections)
             self.first_line_at.setdefault(name, at)
             self._waiting.discard(name)
         return None
 
 
-def _take(found: records.Record, sections: dict[str, tuple[str, int]]) -> str:
-    """A ``section NAME OUTPUT NUL CODE`` record into ``sections``; returns NAME."""
-    name = found.text(0)
-    output, _, code = (found.fields[1] if len(found.fields) > 1 else b"").rpartition(b"\0")
-    text = output.decode("utf-8", "replace").replace("\r\n", "\n")  # Windows tools' lines, as Linux ones
-    number = code.decode("ascii", "replace").strip()
-    sections[name] = (
-        text[:-1] if text.endswith("\n") else text,
-        int(number) if number.lstrip("-").isdigit() else 1,
-    )
+def _take(found: tuple[str, str, int], sections: dict[str, tuple[str, int]]) -> str:
+    """A section's answer into ``sections`` (its text with Windows tools' CRLF as LF, without its
+    last newline); returns its name."""
+    name, text, code = found
+    text = text.replace("\r\n", "\n")
+    sections[name] = (text[:-1] if text.endswith("\n") else text, code)
     return name
 
 
 def split_sections(stdout: str, token: str) -> dict[str, tuple[str, int]]:
-    """The records of a ``Platform.sectioned`` script as ``{name: (output, exit_code)}`` (the output
+    """The answers of a ``Platform.sectioned`` script as ``{name: (output, exit_code)}`` (the output
     without its last newline)."""
     sections: dict[str, tuple[str, int]] = {}
-    for found in records.decode(stdout, token):
-        if found.kind == "section":
+    if records.MARK + token not in stdout:
+        return sections
+    reader = records.SectionReader(token)
+    for line in stdout.split("\n"):  # only "\n", as the transports split lines
+        found = reader.feed(line)
+        if found is not None:
             _take(found, sections)
     return sections

@@ -19,6 +19,13 @@ NOT_FOUND = 127
 NODENAME = "{ IFS= read -r h </proc/sys/kernel/hostname; } 2>/dev/null"
 
 
+def print_file(path: str) -> str:
+    """Shell text printing the text file ``path`` (a shell word) line by line with builtins (``cat``
+    is a process on every node; a last line without its newline gets one); fails (status 2) when it
+    cannot be read."""
+    return f'while IFS= read -r l || [ -n "$l" ]; do printf \'%s\\n\' "$l"; done <{path}'
+
+
 def _public(obj: Any) -> Any:
     return asdict(obj) if obj is not None else None
 
@@ -34,7 +41,7 @@ class OsRelease(Fact[OsInfo]):
     name = "os"
 
     def command(self, platform: Platform) -> str:
-        return "cat /etc/os-release || cat /usr/lib/os-release"
+        return f"{{ {print_file('/etc/os-release')}; }} 2>/dev/null || {print_file('/usr/lib/os-release')}"
 
     def parse(self, output: str, exit_code: int) -> OsInfo:
         if exit_code != 0:
@@ -106,7 +113,7 @@ class Memory(Fact[MemoryInfo]):
     name = "memory"
 
     def command(self, platform: Platform) -> str:
-        return "cat /proc/meminfo"
+        return print_file("/proc/meminfo")
 
     def parse(self, output: str, exit_code: int) -> MemoryInfo:
         kib: dict[str, int] = {}

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import orchestrator.platforms.transfer as transfer
 from orchestrator.platforms.base import UNSAFE_DIR_EXIT, Platform, ScriptFile, check_env_name
-from orchestrator.records import check_kind, check_nonce
+from orchestrator.records import RAW_SECTION, check_kind, check_nonce
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
@@ -66,6 +66,10 @@ _DIR_FUNCTIONS = (
     "  done\n"
     "}\n"
 )
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
 
 
 class PosixShell(Platform):
@@ -313,29 +317,42 @@ class PosixShell(Platform):
         as one record of ``nonce`` (chosen by whoever reads that section; orchestrator/records.py):
         ``KIND FIELD... STDIN``, binary-safe. What a section's tools print (a rule comment, a policy
         description) then stays a field of its own answer, never the start of another one."""
+        # the fields are known here: encoded here (no process); the stdin by the script's _cb_64
         q = self.quote
         head = f"printf '@@%s %s' {q(check_nonce(nonce))} {q(check_kind(kind))}"
-        parts = [head, *(f"_cb_f {q(field)}" for field in fields), "printf ' :'", "_cb_64", "echo"]
-        return "{ " + "; ".join(parts) + "; }"
+        encoded = "".join(f" :{_b64(field)}" for field in fields) + " :"
+        return "{ " + f"{head}; printf %s {q(encoded)}; _cb_64; echo; " + "}"
 
     def sectioned(self, sections: Sequence[tuple[str, str]], token: str) -> str:
         """Each section's command in a subshell (stdin /dev/null; its stderr is noise, missing tools:
-        each fact reports failures itself), answered by one record (``token`` the nonce) ``section
-        NAME DATA``: DATA is its whole stdout (binary-safe), a NUL, its exit code. The record's line
-        ends once the command is done.
+        each fact reports failures itself), answered as a raw section of ``token`` (orchestrator/
+        records.py): a ``section-raw NAME BOUNDARY`` record, the command's stdout as it printed it
+        (binary-safe), a newline and ``@@BOUNDARY CODE``, the moment the command is done.
 
-        Per section: the pipeline's first half is the subshell (its EXIT trap appends the NUL and
-        the exit code, also after an ``exit`` in the command), its second half the ``base64``; no
-        command substitution, no nested subshell: a read script asks a dozen sections of every node,
-        and each process less is CPU every node saves (benchmarks/fanout.py)."""
+        BOUNDARY is drawn once per script from the kernel's random source by ``read`` (a builtin):
+        a shell variable, exported to no command, so no output can hold it. The subshell's EXIT trap
+        prints the end line, also after an ``exit`` in the command. No encoder process, no command
+        substitution, no nested subshell: a read script asks a dozen sections of every node, and each
+        process less is CPU every node saves (benchmarks/fanout.py). The encoder of records (and its
+        probe of ``base64``) cost a process only when a section prints records of its own
+        (:meth:`section_answer`: ``_cb_64``, which asks ``base64`` how to encode each time: it runs in
+        a pipeline's subshell, where nothing it learnt would stay)."""
         parts = [
-            self.record_functions(token),
-            '_cb_sec() { printf \'@@%s section :%s :\' "$_cb_nonce" "$1"; }',
+            f"_cb_nonce={self.quote(check_nonce(token))}",
+            "_cb_64() { if base64 -w 0 </dev/null >/dev/null 2>&1; then base64 -w 0;"
+            " else base64 | tr -d '\\n'; fi; }",
+            # 32 hex digits: the uuid's five groups (or 16 random bytes in hex); none: nothing is sent
+            "{ IFS=- read -r _cb_b _cb_b2 _cb_b3 _cb_b4 _cb_b5 </proc/sys/kernel/random/uuid; }"
+            " 2>/dev/null && _cb_b=$_cb_b$_cb_b2$_cb_b3$_cb_b4$_cb_b5 ||"
+            " _cb_b=$(od -An -N16 -tx1 /dev/urandom 2>/dev/null | tr -dc 0-9a-f)",
+            '[ "${#_cb_b}" = 32 ] || { echo "no random source to frame the answers" >&2; exit 1; }',
+            f'_cb_sec() {{ printf \'@@%s {RAW_SECTION} :%s :%s\\n\' "$_cb_nonce" "$1" "$_cb_b"; }}',
         ]
         for name, command in sections:
-            label = base64.b64encode(name.encode()).decode()
-            ended = 'trap \'printf "\\000%s" "$?"\' EXIT'
-            parts.append(f"_cb_sec {label}\n{{ {ended}; {command}\n}} 2>/dev/null </dev/null | _cb_64; echo")
+            label = _b64(name)
+            ended = 'trap \'printf "\\n@@%s %s\\n" "$_cb_b" "$?"\' EXIT'
+            # `|| :`: the script's own exit code is 0, whatever its last command's was
+            parts.append(f"_cb_sec {label}\n( {ended}; {command}\n) 2>/dev/null </dev/null || :")
         return "\n".join(parts)
 
     def transfer_path(self, path: str) -> str:

@@ -141,3 +141,14 @@ def test_the_host_name_is_read_without_starting_a_process() -> None:
         check=False,
     )
     assert linux.Hostname().parse(said.stdout, said.returncode) == os.uname().nodename
+
+
+def test_files_printed_by_builtins_are_what_cat_prints(tmp_path: Path) -> None:
+    from orchestrator.facts.linux import print_file
+
+    text = "ID=debian\n\n  PRETTY_NAME='a \\\\ b'\t\nlast"  # the last line without its newline
+    (tmp_path / "f").write_text(text)
+    done = subprocess.run(["/bin/sh", "-c", print_file(str(tmp_path / "f"))], capture_output=True, text=True)
+    assert (done.stdout, done.returncode) == (text + "\n", 0)
+    gone = subprocess.run(["/bin/sh", "-c", print_file(str(tmp_path / "no"))], capture_output=True, text=True)
+    assert gone.returncode != 0 and gone.stdout == ""

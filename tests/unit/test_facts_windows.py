@@ -273,7 +273,7 @@ def test_wsl_node_plan_shows_both_scripts() -> None:
     tree = pwsh.assert_parses(windows_side)
     calls = [c.arguments for c in pwsh.commands(tree) if c.name == "Invoke-CbWsl"]
     assert calls[0] == ["'version'", "'--version'"]
-    assert "cat /etc/os-release" in linux_side
+    assert "</etc/os-release" in linux_side
 
 
 # -- native nodes: the route to the master and the adapters ----------------------------------------------

@@ -555,7 +555,9 @@ def test_rules_persisted_under_the_legacy_tag_are_removed(tmp_path: Path) -> Non
         assert "rm -f /etc/nftables.d/cluster-bootstrap-lab.nft" in commands
         assert any("grep -vxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"'" in c for c in commands)
     persist = dict(detection_sections(PosixShell(), master_host="m", ids=IDS, nonce=ANSWERS))["persist"]
-    assert "grep -qxF 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"' /etc/nftables.conf" in persist
+    # the legacy include line, exactly, in /etc/nftables.conf
+    assert "case $l in 'include \"/etc/nftables.d/cluster-bootstrap-lab.nft\"') g=1 ;;" in persist
+    assert "done </etc/nftables.conf" in persist
 
 
 def test_detection_script_is_one_round_trip_with_every_section() -> None:
@@ -912,3 +914,17 @@ def test_udp_rules_are_read_back_from_every_firewall() -> None:
     assert policy is not None and Present(udp, rich_rule(udp)) in policy.present
     _, commands = firewalld_commands(PosixShell(), policy, [udp], TAG, persist=False, remove=False)
     assert not any(rich_rule(udp) in c and "add-rich-rule" in c for c in commands)  # in place already
+
+
+def test_detection_reads_config_lines_with_builtins_as_grep_did(tmp_path: Path) -> None:
+    import subprocess
+
+    from orchestrator.steps.firewall.linux_detection import _lines
+
+    conf = tmp_path / "nftables.conf"
+    conf.write_text('flush ruleset\n  include "/x/ours.nft" # ours\ninclude "/x/legacy.nft"')  # no last \n
+    test = [("*/x/ours.nft*", "i"), ("'include \"/x/legacy.nft\"'", "g"), ("ENABLED=yes*", "e")]
+    script = "i=stale e=stale\n" + _lines(PosixShell().quote(str(conf)), *test) + '\necho "$i,$g,$e"'
+    assert subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True).stdout == "1,1,\n"
+    missing = _lines(PosixShell().quote(str(tmp_path / "none")), ("*", "i")) + '\necho "[$i]"'
+    assert subprocess.run(["/bin/sh", "-c", missing], capture_output=True, text=True).stdout == "[]\n"

@@ -241,3 +241,50 @@ def test_fact_sections_carry_any_output_and_their_exit_codes(outputs: list[tuple
     assert split_sections(done.stdout.decode("utf-8", "replace"), NONCE) == {
         f"s{i}": (shown(data), code) for i, (data, code) in enumerate(outputs)
     }
+
+
+def test_a_raw_sections_output_cannot_end_it_or_start_another() -> None:
+    # section one prints every framing line it could know: the next section's header (the nonce is
+    # no secret), end lines with drawn boundaries, a section record of this nonce; the boundary of
+    # its own script it cannot know (drawn by the node's shell, exported to no command)
+    fakes = [
+        f"@@{NONCE} section-raw :dHdv :{'0' * 32}",
+        f"@@{'0' * 32} 0",
+        "@@" + "ab" * 16 + " 9",
+        records.record(NONCE, "section", "two", "forged\x000").strip(),
+        records.record(NONCE, "section-raw", "two").strip(),
+    ]
+    printed = "\n".join(fakes) + "\n"
+    script = SH.sectioned([("one", f"printf '%s' {SH.quote(printed)}"), ("two", "exit 5")], NONCE)
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert split_sections(done.stdout, NONCE) == {"one": (printed[:-1], 0), "two": ("", 5)}
+    assert "| _cb_64" not in script  # no encoder process per section
+
+
+def test_a_section_killed_before_its_end_leaves_the_next_ones_whole() -> None:
+    # its subshell killed (no EXIT trap runs): the next section's header, which holds the boundary,
+    # closes it unanswered
+    killed = "echo partial; sh -c 'kill -9 $PPID'; echo never"
+    script = SH.sectioned([("one", killed), ("two", "echo fine")], NONCE)
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    assert split_sections(done.stdout, NONCE) == {"two": ("fine", 0)}
+
+
+def test_sections_read_line_by_line_are_the_sections_read_at_once() -> None:
+    from orchestrator.facts.base import SectionStream
+
+    sections = [("a", "printf 'x\\n\\ny'"), ("b", "echo; exit 2"), ("c", ":")]
+    done = subprocess.run(
+        ["/bin/sh", "-c", SH.sectioned(sections, NONCE) + "\necho after"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stream = SectionStream(NONCE, ["a", "b", "c"])
+    rest = [r for line in done.stdout.split("\n")[:-1] if (r := stream.feed(line, 0.0)) is not None]
+    assert stream.complete and rest == ["after"]
+    assert (
+        stream.sections
+        == split_sections(done.stdout, NONCE)
+        == {"a": ("x\n\ny", 0), "b": ("", 2), "c": ("", 0)}
+    )

@@ -57,15 +57,19 @@ def detection_sections(
     ]
     return [
         *(own if network else []),
+        # (cat: dash's `read` takes a byte at a time, and this sysctl answers only a read from 0)
         ("range", "cat /proc/sys/net/ipv4/ip_local_port_range"),
         (
             "ufw",
-            # `ufw` is a Python program (about a second): asked only when its config says enabled
+            # `ufw` is a Python program (about a second): asked only when its config says enabled.
+            # Configuration files are read by builtins (`read`, `case`): no grep process per node
             "command -v ufw >/dev/null 2>&1 || exit 127\n"
-            "if grep -qs '^ENABLED=yes' /etc/ufw/ufw.conf; then\n"
+            f"{_lines('/etc/ufw/ufw.conf', ('ENABLED=yes*', 'e'))}\n"
+            'if [ -n "$e" ]; then\n'
             f"  ufw status | {sh.section_answer(nonce, 'status')}\n"
             f"  ufw show added | {sh.section_answer(nonce, 'added')}\n"
-            f"else echo 'Status: inactive' | {sh.section_answer(nonce, 'status')}; fi",
+            # the answer of a disabled ufw is known here: framed here (no encoder process)
+            f"else printf %s {q(records.record(nonce, 'status', 'Status: inactive' + chr(10)))}; fi",
         ),
         ("firewalld", firewalld_section(sh, (ids.policy, ids.legacy_policy), nonce)),
         ("nft", "command -v nft >/dev/null 2>&1 || exit 127\nnft -j list ruleset"),
@@ -77,18 +81,30 @@ def detection_sections(
         (
             "iptables_legacy",
             # only when legacy tables exist in this network namespace: listing would load them
-            "grep -qx filter /proc/net/ip_tables_names 2>/dev/null || exit 3\n"
+            f"{_lines('/proc/net/ip_tables_names', ('filter', 't'))}\n"
+            '[ -n "$t" ] || exit 3\n'
             "command -v iptables-legacy >/dev/null 2>&1 || exit 127\niptables-legacy -S INPUT",
         ),
         (
             "persist",
+            # nftables.conf read once: whether it names our file, whether it holds the legacy include
             f"[ -f {q(NFT_CONF)} ] && echo nftables.conf\n"
-            f"[ -f {q(persist_file)} ] && grep -qF {q(persist_file)} {q(NFT_CONF)} && echo included\n"
+            f"{_lines(q(NFT_CONF), (f'*{q(persist_file)}*', 'i'), (q(legacy_include), 'g'))}\n"
+            f'[ -f {q(persist_file)} ] && [ -n "$i" ] && echo included\n'
             # the file of the legacy tag, or its include line alone: removed (a rerun persists anew)
-            f"{{ [ -f {q(legacy_file)} ] || grep -qxF {q(legacy_include)} {q(NFT_CONF)}; }} && echo legacy\n"
+            f'{{ [ -f {q(legacy_file)} ] || [ -n "$g" ]; }} && echo legacy\n'
             f"[ -f {q(IPTABLES_RULES)} ] && echo rules.v4\nexit 0",
         ),
     ]
+
+
+def _lines(path: str, *tests: tuple[str, str]) -> str:
+    """Shell text reading the file ``path`` (a shell word) line by line with builtins: per ``(pattern,
+    variable)``, the variable is 1 when a line matches the ``case`` pattern, else empty (also when the
+    file cannot be read)."""
+    empty = " ".join(f"{variable}=" for _, variable in tests)
+    cases = "; ".join(f"case $l in {pattern}) {variable}=1 ;; esac" for pattern, variable in tests)
+    return f'{empty}\n{{ while IFS= read -r l || [ -n "$l" ]; do {cases}; done <{path}; }} 2>/dev/null'
 
 
 @dataclass

@@ -101,7 +101,9 @@ c=$(command -v chronyd 2>/dev/null || {{ [ -x /usr/sbin/chronyd ] && echo /usr/s
 for m in apt-get dnf yum; do command -v "$m" >/dev/null 2>&1 && {{ echo "pkg $m"; break; }}; done
 for u in _chrony chrony; do id -u "$u" >/dev/null 2>&1 && {{ echo "user $u"; break; }}; done
 # another network namespace than PID 1's: a container or test namespace sharing one kernel clock
-if [ "$(readlink /proc/1/ns/net 2>/dev/null)" != "$(readlink /proc/self/ns/net 2>/dev/null)" ]; then
+# (`-ef`: the same namespace file, test's builtin; one of them unreadable counts as another)
+if ! [ /proc/1/ns/net -ef /proc/self/ns/net ] &&
+  {{ [ -e /proc/1/ns/net ] || [ -e /proc/self/ns/net ]; }}; then
   echo "sharedclock yes"
 fi
 if [ -d /run/systemd/system ]; then
@@ -117,16 +119,23 @@ for f in {candidates}; do if [ -f "$f" ]; then main=$f; break; fi; done
 for f in {candidates}; do dump "$f"; dump "$f{BACKUP_SUFFIX}"; dump "$f{STATE_SUFFIX}"; done
 if [ -n "$main" ]; then
   echo "main $main"
-  for d in $(awk '$1 == "confdir" {{ for (i = 2; i <= NF; i++) print $i }}' "$main"); do
+  # its confdir directories, in order, and its last pidfile (read's fields: awk's, no process)
+  dirs= p=
+  while read -r k rest || [ -n "$k" ]; do
+    case $k in confdir) dirs="$dirs $rest" ;; pidfile) p=${{rest%%[ \t]*}} ;; esac
+  done < "$main"
+  for d in $dirs; do
     dump "$d/{DROPIN_NAME}"; dump "$d/{DROPIN_NAME}{BACKUP_SUFFIX}"
   done
-  p=$(awk '$1 == "pidfile" {{ print $2 }}' "$main" | tail -n 1)
 fi
 p=${{p:-{DEFAULT_PIDFILE}}}
 echo "pidfile $p"
-pid=$(cat "$p" 2>/dev/null)
+pid=
+{{ read -r pid < "$p"; }} 2>/dev/null
 case "$pid" in ''|*[!0-9]*) ;; *)
-  if [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = chronyd ]; then
+  comm=
+  {{ read -r comm < /proc/"$pid"/comm; }} 2>/dev/null
+  if [ "$comm" = chronyd ]; then
     echo "running $pid"; printf 'cmdline '; tr '\\0' ' ' < /proc/"$pid"/cmdline; echo
     printf 'sources '; chronyc -n -c sources 2>/dev/null | base64 -w0; echo
     printf 'tracking '; chronyc -c tracking 2>/dev/null | base64 -w0; echo
