@@ -17,11 +17,11 @@ from orchestrator.cli.common import (
     interrupted,
     load_selection,
     open_session,
-    refuse_native_mix,
     show_offline_dry_run,
     templates_option,
 )
 from orchestrator.errors import ExitCode
+from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
     from orchestrator.bench.engine import BenchOptions, BenchReport

@@ -17,8 +17,6 @@ from orchestrator.cli.common import (
     open_session,
     phase_session,
     print_plans,
-    refuse_native_mix,
-    with_user_options,
 )
 from orchestrator.cli.report import json_doc
 from orchestrator.cli.slurm import allocated
@@ -27,8 +25,10 @@ from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runner import Reach
 from orchestrator.runs.layout import workdir_for
+from orchestrator.runs.next_command import with_user_options
 from orchestrator.session import Session
 from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
+from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.preflight.model import Verdict
 
 

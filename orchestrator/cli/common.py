@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import getpass
 import logging
-import re
-import shlex
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +14,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
 from orchestrator.errors import (
@@ -28,6 +25,7 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
+from orchestrator.neutralise import neutralise
 from orchestrator.resources import default_inventory
 from orchestrator.session import Session
 
@@ -169,7 +167,7 @@ class Settings:
 
 class NeutralFormatter(logging.Formatter):
     """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
-    other node text shown (cli/neutralise.py); newlines of tracebacks kept."""
+    other node text shown (orchestrator/neutralise.py); newlines of tracebacks kept."""
 
     def format(self, record: logging.LogRecord) -> str:
         return neutralise(super().format(record))
@@ -297,55 +295,6 @@ def print_plans(
     show_dry_run(settings.ui, report, json_mode=settings.json_mode)
 
 
-def _reach_words(settings: Settings) -> list[str]:
-    """The options that say which inventory and how to reach its nodes, as the user gave them."""
-    words = []
-    for option, value in (
-        ("-i", settings.inventory),
-        ("--known-hosts", settings.known_hosts),
-        ("--ssh-config", settings.ssh_config),
-    ):
-        if value is not None:
-            words += [option, shlex.quote(str(value))]
-    return words
-
-
-def again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run: the same inventory and the files that say
-    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
-    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
-    return " ".join(["bootstrap", *_reach_words(settings), command, "--run", shlex.quote(run_id)])
-
-
-def train_without(settings: Settings, inventory: Inventory, dead: Sequence[str], command: str = "") -> str:
-    """What to type to train on the nodes that answered while ``dead`` do not: this command with the
-    options that say how to reach the cluster, ``--nodes`` the others (sized to them), ``--master``
-    one of them when the master is among ``dead``. "" when no node is left."""
-    left = [n.name for n in inventory.nodes if n.name not in dead]
-    if not dead or not left:
-        return ""
-    words = ["bootstrap", *_reach_words(settings), *([command] if command else [])]
-    words += ["--nodes", shlex.quote(",".join(left))]
-    if inventory.cluster.master not in left:
-        words += ["--master", shlex.quote(left[0])]
-    extra = " with this run's -e and -- arguments" if inventory.run_overrides else ""
-    return (
-        f"to train without {', '.join(dead)} until {'they are' if len(dead) > 1 else 'it is'} back: "
-        f"`{' '.join(words)}`{extra}"
-    )
-
-
-def with_user_options(settings: Settings, text: str) -> str:
-    """``text`` (a fix hint) with every `` `bootstrap CMD` `` it suggests given the options this
-    command had (``-i``, ``--known-hosts``, ``--ssh-config``): pasted, it acts on the same cluster,
-    not on the embedded local inventory. A suggestion naming its own ``-i`` is left as it is."""
-    words = _reach_words(settings)
-    if not words:
-        return text
-    prefix = "`bootstrap " + " ".join(words) + " "
-    return re.sub(r"`bootstrap (?!-i )", lambda _m: prefix, text)
-
-
 class CommandExit(Exception):
     """Ends a command with ``code`` from deep inside it (an interrupt while nodes work); turned into
     the exit status by the group's one exit path (cli/main.py), like a command's returned code."""
@@ -378,14 +327,6 @@ def templates_option(which: str = "searched before the shipped templates") -> Ca
         type=click.Path(exists=True, file_okay=False, path_type=Path),
         help=f"Your template directory, {which} (default: the inventory's cluster.train.templates).",
     )
-
-
-def refuse_native_mix(inventory: Inventory) -> None:
-    """Native Windows nodes beside Linux or WSL ones cannot train together: a UsageError (exit 2),
-    decided from the inventory (not from --nodes or who answers), before connecting."""
-    from orchestrator.steps.preflight.checks import refuse_native_mix
-
-    refuse_native_mix(inventory)
 
 
 def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
@@ -429,32 +370,9 @@ def show_offline_dry_run(
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
 
 
-def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
-    from orchestrator.errors import UsageError
-    from orchestrator.platforms import check_env_name
-
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
-        try:
-            env[check_env_name(name)] = value
-        except ValueError as exc:
-            raise UsageError(f"--env {pair!r}: {exc}") from None
-    return env
-
-
 def train_env_option(help_text: str) -> Callable[[F], F]:
     """``-e/--env NAME=VALUE`` (repeatable): added to train.env for this run."""
     return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
-
-
-def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str]) -> Inventory:
-    """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
-    values are added to train.env."""
-    return inventory.for_run(args, parse_env_pairs(env_pairs))
 
 
 class TrainArgsCommand(click.Command):
@@ -471,23 +389,6 @@ class TrainArgsCommand(click.Command):
             raise click.UsageError(hint, ctx) from None
 
 
-def train_args_line(train: dict[str, Any] | None) -> str:
-    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got, for `launch` and
-    `status`; "" when the record has nothing to say (no arguments, nothing set for this run)."""
-    if not train:
-        return ""
-    import shlex
-
-    parts = []
-    args = [str(a) for a in train.get("args") or []]
-    if args or train.get("args_from") == "command line":
-        parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")
-    env = train.get("env") or {}
-    if env:
-        parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
-    return "; ".join(parts)
-
-
 def master_option(fn: F) -> F:
     """``--master NODE``: the run's master when the inventory's is not among ``--nodes``."""
     return click.option(
@@ -497,12 +398,3 @@ def master_option(fn: F) -> F:
         help="The master for this run (rank 0, the rendezvous): needed when --nodes leaves out the "
         "inventory's master.",
     )(fn)
-
-
-def run_nodes(settings: Settings, inventory: Inventory, master: str | None) -> Inventory:
-    """The inventory a run uses: with ``--nodes``, only those nodes (the job is sized to them) and
-    ``--master`` when given (:meth:`Inventory.only`); else the whole inventory."""
-    if not settings.nodes and master is None:
-        return inventory
-    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
-    return inventory.only(nodes, master=master)

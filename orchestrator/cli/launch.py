@@ -13,23 +13,17 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     TrainArgsCommand,
-    again,
     common_options,
     fail_lines,
-    for_run,
     interrupted,
     load_selection,
     master_option,
     offline_plan,
     open_session,
     phase_session,
-    refuse_native_mix,
-    run_nodes,
     show_offline_dry_run,
     templates_option,
-    train_args_line,
     train_env_option,
-    train_without,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe, show_facts
 from orchestrator.cli.report import json_doc
@@ -40,9 +34,12 @@ from orchestrator.errors import (
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
-from orchestrator.runs.layout import logs_where
+from orchestrator.runs.layout import logs_where, train_args_line
+from orchestrator.runs.next_command import again, train_without
+from orchestrator.runs.run_inventory import for_run, run_nodes
 from orchestrator.safefiles import write_inside
 from orchestrator.session import Session
+from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:
@@ -260,7 +257,7 @@ def run_launch(
     """The launch phase (also the main pipeline's last step); its exit code. ``session``: the
     pipeline's one session (facts the preflight gathered are reused), else one of its own."""
     from orchestrator.bench.launch import attach_shares
-    from orchestrator.cli.ui import ranked_outputs
+    from orchestrator.logs import ranked_outputs
     from orchestrator.render import Renderer, templates_dir_for
     from orchestrator.steps.launch import plan
     from orchestrator.steps.train import train_run

@@ -17,17 +17,14 @@ from orchestrator.cli.common import (
     load_selection,
     node_status,
     open_session,
-    parse_env_pairs,
     print_plans,
 )
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import PrefixedOutput
 from orchestrator.errors import (
     ExitCode,
 )
 from orchestrator.inventory import PasswordResolver
-from orchestrator.logs import RunLog
-from orchestrator.runs.ids import command_run_dir
+from orchestrator.runs.run_inventory import parse_env_pairs
 from orchestrator.session import Session
 from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
@@ -83,14 +80,9 @@ def run(
             become=become,
         )
         return ExitCode.OK
-    run_log = RunLog(command_run_dir(inventory.cluster.name))
-    printer = ui.line_printer([n.name for n in nodes])
-
-    outputs = {
-        n.name: PrefixedOutput(n.name, run_log, None if settings.json_mode else printer) for n in nodes
-    }
     try:
         with open_session(settings, inventory, nodes) as session:
+            printer = None if settings.json_mode else ui.line_printer([n.name for n in nodes])
             report = run_everywhere(
                 session,
                 text,
@@ -99,16 +91,14 @@ def run(
                 timeout=timeout,
                 become=become,
                 keep_lines=keep_lines,
-                outputs=outputs,
+                printer=printer,
             )
     except KeyboardInterrupt:
         interrupted(ui)
-    finally:
-        run_log.close()
     outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
-        log_dir = str(run_log.directory)
+        log_dir = str(report.log_dir)
         return json_doc(ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir)
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):
@@ -123,8 +113,8 @@ def run(
         table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
     ui.err.print(table)
     fail_lines(ui, outcomes)
-    if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
-        ui.note(f"output kept in {run_log.directory}")
+    if report.printed():
+        ui.note(f"output kept in {report.log_dir}")
     return code
 
 

@@ -16,7 +16,6 @@ from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
-    again,
     common_options,
     fail_lines,
     interrupted,
@@ -25,12 +24,12 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
-from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import UI, ranked_outputs
+from orchestrator.cli.ui import UI
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
-from orchestrator.logs import RunLog
+from orchestrator.logs import RunLog, ranked_outputs
+from orchestrator.neutralise import neutralise
 from orchestrator.render import secret_values
 from orchestrator.runs.commands import (
     FetchReport,
@@ -44,6 +43,7 @@ from orchestrator.runs.commands import (
 from orchestrator.runs.control import NodeStatus, fetch_script, status_script, stop_script, tail_script
 from orchestrator.runs.ids import resolve_run
 from orchestrator.runs.layout import RUNS_ROOT, sample_nonce
+from orchestrator.runs.next_command import again
 from orchestrator.runs.start import DetachedStart, Started
 from orchestrator.runs.tail import FollowResult
 from orchestrator.steps.node_facts import interpreter_for
@@ -348,7 +348,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
             report = status_all(session, run_id)
     except KeyboardInterrupt:
         interrupted(ui)
-    from orchestrator.cli.common import train_args_line
+    from orchestrator.runs.layout import train_args_line
 
     outcomes, lost, train = report.outcomes, report.lost, report.train
     code = exit_code_for(outcomes)

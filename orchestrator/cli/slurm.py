@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli.common import Settings, again, interrupted, open_session
+from orchestrator.cli.common import Settings, interrupted, open_session
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
+from orchestrator.runs.next_command import again
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
@@ -35,7 +36,7 @@ def allocated(settings: Settings, inventory: Inventory, what: str) -> Iterator[t
 
 def _outputs(settings: Settings, log: RunLog) -> Any:
     """The handlers of the allocated nodes: the controller's log and the terminal as `[node:rank]`."""
-    from orchestrator.cli.ui import RankedOutput
+    from orchestrator.logs import RankedOutput
 
     def outputs_for(nodes: list[str], nproc: int) -> dict[str, BlockHandler]:
         printer = None if settings.json_mode else settings.ui.line_printer(nodes)

@@ -18,8 +18,6 @@ from orchestrator.cli.common import (
     load_selection,
     master_option,
     phase_session,
-    refuse_native_mix,
-    run_nodes,
     show_offline_dry_run,
     templates_option,
 )
@@ -28,6 +26,8 @@ from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.logs import RunLog
+from orchestrator.runs.run_inventory import run_nodes
+from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
     from orchestrator.session import Session

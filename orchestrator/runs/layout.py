@@ -35,6 +35,7 @@ Everything bootstrap creates here is this user's alone: directories 0700, files 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -198,6 +199,22 @@ def train_record(inventory: Inventory) -> dict[str, Any]:
         "args_from": "command line" if "args" in overrides else "inventory",
         "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
     }
+
+
+def train_args_line(train: Mapping[str, Any] | None) -> str:
+    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got (a record's
+    :func:`train_record`), for `launch` and `status`; "" when the record has nothing to say (no
+    arguments, nothing set for this run)."""
+    if not train:
+        return ""
+    parts = []
+    args = [str(a) for a in train.get("args") or []]
+    if args or train.get("args_from") == "command line":
+        parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")
+    env = train.get("env") or {}
+    if env:
+        parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
+    return "; ".join(parts)
 
 
 def read_record(directory: Path) -> dict[str, Any] | None:

@@ -82,7 +82,7 @@ def test_the_run_record_keeps_what_the_command_line_changed(tmp_path: Path) -> N
 
 def test_status_shows_the_runs_arguments(tmp_path: Path) -> None:
     """`status` prints the arguments the run got (from its record here), whatever the nodes say."""
-    from orchestrator.cli.common import train_args_line
+    from orchestrator.runs.layout import train_args_line
 
     record = {"script": "t.py", "args": ["--lr", "0.1"], "args_from": "command line", "env": {"A": "x y"}}
     assert train_args_line(record) == "args: --lr 0.1 (command line); env: A='x y'"

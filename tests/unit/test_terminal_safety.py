@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.neutralise import neutralise
-from orchestrator.cli.ui import UI, LinePrinter, NeutralConsole, PrefixedOutput, RankedOutput
-from orchestrator.logs import RunLog
+from orchestrator.cli.ui import UI, LinePrinter, NeutralConsole
+from orchestrator.logs import PrefixedOutput, RankedOutput, RunLog
+from orchestrator.neutralise import neutralise
 
 #: what a terminal acts on: any C0 control but tab and newline, DEL, any C1 control, and the invisible
 #: format characters that reorder text (bidi), hide it (zero-width) or end a line (U+2028/U+2029)
