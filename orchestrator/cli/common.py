@@ -1,5 +1,5 @@
 """What every command shares: the common options and Settings, loading the inventory, opening the
-session, and the few ways a failure is shown. Imports nothing else of cli/ but ui and neutralise."""
+session, and the few ways a failure is shown. Imports nothing else of cli/ but ui and report."""
 
 from __future__ import annotations
 
@@ -16,31 +16,20 @@ import click
 
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
-from orchestrator.errors import (
-    BootstrapError,
-    ExitCode,
-    HostKeyUnknownError,
-    SecretMissingError,
-    Terminated,
-)
+from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError, Terminated
 from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
-from orchestrator.neutralise import neutralise
+from orchestrator.neutralise import NeutralFormatter
 from orchestrator.resources import default_inventory
+from orchestrator.runs.run_inventory import selected
 from orchestrator.session import Session
 
 if TYPE_CHECKING:
-    from orchestrator.render import LaunchSpec
+    from orchestrator.render import LaunchSpec, Renderer
     from orchestrator.steps.launch import LaunchPlan
 from orchestrator.transports import SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-T = TypeVar("T")
-
-
-log = logging.getLogger("orchestrator")
 
 
 def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -165,14 +154,6 @@ class Settings:
         )
 
 
-class NeutralFormatter(logging.Formatter):
-    """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
-    other node text shown (orchestrator/neutralise.py); newlines of tracebacks kept."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return neutralise(super().format(record))
-
-
 def _configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
@@ -196,24 +177,15 @@ def load_selection(settings: Settings) -> tuple[Inventory, list[Node]]:
     inventory = load_inventory(path)
     for note in inventory.notes:
         settings.ui.note(f"note: {note}")
-    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
-    return inventory, nodes
-
-
-def _prompt(text: str) -> str:
-    return getpass.getpass(text)
+    return inventory, selected(settings, inventory)
 
 
 def _passwords(settings: Settings, nodes: list[Node]) -> PasswordResolver:
-    """Ask for every needed password before parallel work starts (one prompt per distinct secret)."""
+    """Every needed password asked before parallel work starts (on a terminal, not for a dry run)."""
     interactive = sys.stdin.isatty() and not settings.dry_run
-    resolver = PasswordResolver(prompt=_prompt if interactive else None)
+    resolver = PasswordResolver(prompt=getpass.getpass if interactive else None)
     if interactive:
-        for node in nodes:
-            try:
-                resolver.password_for(node)
-            except SecretMissingError:
-                pass  # the node fails with this error when it connects; the others go on
+        resolver.ask_now(nodes)
     return resolver
 
 
@@ -268,14 +240,9 @@ def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     for e in unknown:
         ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
     # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
-    from orchestrator.transports.known_hosts import compare_command
+    from orchestrator.transports.known_hosts import how_to_compare
 
-    commands = {e.key_type: compare_command(e.key_type) for e in unknown}
-    how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
-    ui.info(
-        f"Compare each fingerprint with {how} run on that node, "
-        "then rerun with --accept-new-host-keys to record them."
-    )
+    ui.info(how_to_compare(e.key_type for e in unknown))
 
 
 def print_plans(
@@ -330,13 +297,10 @@ def templates_option(which: str = "searched before the shipped templates") -> Ca
 
 
 def offline_plan(ui: UI, inventory: Inventory, run_id: str) -> LaunchPlan:
-    """``steps.launch.offline_plan`` (render --offline, --dry-run), saying how an auto backend was taken."""
+    """``steps.launch.offline_plan`` (render --offline), saying how an auto backend was taken."""
     from orchestrator.steps.launch import offline_plan
 
-    launch_plan = offline_plan(inventory, run_id)
-    if inventory.cluster.backend == "auto":
-        ui.note(launch_plan.backend_reason)
-    return launch_plan
+    return offline_plan(inventory, run_id, say=ui.note)
 
 
 def show_offline_dry_run(
@@ -344,26 +308,18 @@ def show_offline_dry_run(
     command: str,
     inventory: Inventory,
     run_id: str,
-    renderer: Any,
+    renderer: Renderer,
     specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
-    worker: Path | None = None,  # validate's or bench's rank worker, run instead of the training script
+    worker: Path | None = None,
     **options: Any,
 ) -> None:
-    """``--dry-run`` of launch, validate and bench, connecting to nothing: the offline launch plan,
-    ``specs`` (the command's ranks from the launch's), each node's plan (``steps.launch.dry_run_nodes``)."""
+    """``--dry-run`` of launch, validate and bench (``steps.launch.offline_dry_run``), connecting to
+    nothing."""
     from orchestrator.cli.report import OFFLINE_NOTE
-    from orchestrator.steps import rank_workers
-    from orchestrator.steps.launch import dry_run_nodes
+    from orchestrator.steps.launch import offline_dry_run
 
-    if worker is not None:
-        options.update(template=rank_workers.TEMPLATE, script_file=worker)
-
-    launch_plan = offline_plan(settings.ui, inventory, run_id)
-    data = {"run_id": run_id, "backend": launch_plan.backend}
-    chosen = specs(launch_plan.specs)
-    report = dry_run_nodes(
-        command, inventory, chosen, renderer, ssh=settings.ssh_options(), data=data, **options
-    )
+    ssh, say = settings.ssh_options(), settings.ui.note
+    report = offline_dry_run(command, inventory, run_id, renderer, specs, worker, ssh=ssh, say=say, **options)
     show_dry_run(settings.ui, report, json_mode=settings.json_mode, note=OFFLINE_NOTE)
 
 

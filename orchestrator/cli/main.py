@@ -19,12 +19,7 @@ from orchestrator.cli.common import (
     train_env_option,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard, observe
-from orchestrator.errors import (
-    BootstrapError,
-    ExitCode,
-    Terminated,
-    UsageError,
-)
+from orchestrator.errors import BootstrapError, ExitCode, Terminated, UsageError
 from orchestrator.runs.next_command import train_without
 from orchestrator.runs.run_inventory import for_run
 

@@ -15,17 +15,13 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_status,
     open_session,
     print_plans,
 )
 from orchestrator.cli.report import json_doc
-from orchestrator.errors import (
-    ExitCode,
-)
+from orchestrator.errors import ExitCode
 from orchestrator.inventory import PasswordResolver
 from orchestrator.runs.run_inventory import parse_env_pairs
-from orchestrator.session import Session
 from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
@@ -104,13 +100,10 @@ def run(
     for column in ("node", "result", "time"):
         table.add_column(column)
     for o in outcomes:
-        if o.error is not None:
-            label = Text(node_status(o.error), style="red")
-        elif o.value is not None and o.value.ok:
-            label = Text("ok", style="green")
-        else:
-            label = Text(f"exit {o.value.exit_code if o.value else '?'}", style="red")
-        table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
+        result = report.result(o)
+        table.add_row(
+            Text(o.node), Text(result, style="green" if result == "ok" else "red"), f"{o.duration:.2f}s"
+        )
     ui.err.print(table)
     fail_lines(ui, outcomes)
     if report.printed():
@@ -162,20 +155,17 @@ def keys(ctx: click.Context, key_path: str) -> int:
     if needs_shared_password(ssh_nodes) and interactive:
         shared = getpass.getpass("SSH password for the nodes (used once, never stored): ")
     own = PasswordResolver(prompt=getpass.getpass if interactive else None)
-    # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
-    session = Session(
-        inventory,
-        ssh_nodes,
-        ssh=settings.ssh_options(),
-        passwords=KeysPasswords(own, shared),
-        max_workers=settings.forks,
-    )
-    check_options = settings.ssh_options(accept_new=False)
     try:
         with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
-            session.executor.on_event = on_event
-            with session:
-                outcomes = install_all(session, key, check_options)
+            outcomes = install_all(
+                inventory,
+                ssh_nodes,
+                key,
+                settings.ssh_options(),
+                KeysPasswords(own, shared),
+                forks=settings.forks,
+                on_event=on_event,
+            )
     except KeyboardInterrupt:
         interrupted(ui)
     code = keys_exit_code(outcomes)

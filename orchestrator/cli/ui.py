@@ -17,7 +17,6 @@ import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
@@ -30,6 +29,7 @@ from rich.text import Text
 
 from orchestrator.executor import NodeEvent
 from orchestrator.neutralise import neutralise
+from orchestrator.progress import NodeProgress, progress_interval
 
 # ANSI colours for node prefixes (raw escapes: streaming must stay cheap per line)
 _PALETTE = ("36", "35", "32", "33", "34", "96", "95", "92", "93", "94")
@@ -132,13 +132,8 @@ class UI:
         if self.json_mode:
             yield board
             return
-        ticker = threading.Thread(target=board.tick_until_closed, name=f"progress-{step}", daemon=True)
-        ticker.start()
-        try:
+        with board.ticking(lambda line: self.err.print(Text(line), highlight=False)):
             yield board
-        finally:
-            board.close()
-            ticker.join(timeout=5)
 
     # -- streaming ------------------------------------------------------------------------------
 
@@ -146,102 +141,21 @@ class UI:
         return LinePrinter(nodes, stream or sys.stdout, color=self.color_out)
 
 
-def progress_interval() -> float:
-    """Seconds between piped progress lines: $BOOTSTRAP_PROGRESS_INTERVAL, else 10."""
-    try:
-        return max(float(os.environ.get("BOOTSTRAP_PROGRESS_INTERVAL", "") or 10), 0.1)
-    except ValueError:
-        return 10.0
-
-
 _STATE_STYLES = {"running": "cyan", "no answer": "yellow", "ok": "green", "failed": "red"}
 
 
-class Board:
-    """Each node's state in one step, shared by the executor's threads, the nodes' workers (what they
-    are doing) and the display: a live table on terminals, periodic lines when piped."""
+class Board(NodeProgress):
+    """Each node's progress in one step (orchestrator/progress.py), shown: a live table on terminals,
+    periodic lines when piped."""
 
     def __init__(self, ui: UI, nodes: Sequence[str], step: str, interval: float) -> None:
+        super().__init__(nodes, step, interval)
         self.ui = ui
-        self.nodes = list(nodes)
-        self.step = step
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._status = {n: "waiting" for n in nodes}
-        self._activity = {n: "" for n in nodes}
-        self._detail = {n: "" for n in nodes}
-        self._took: dict[str, float] = {}
-        self._started: dict[str, float] = {}
-        self._printed: dict[str, float] = {}  # piped: when each node's last progress line was written
-        self._closed = threading.Event()
-
-    # -- input (any thread) ---------------------------------------------------------------------
 
     def on_event(self, event: NodeEvent) -> None:
-        with self._lock:
-            if event.kind == "start":
-                # a node's step may be several fan-outs (sync: check, then build): each phase's
-                # first piped line comes an interval after that phase started
-                self._started[event.node] = time.monotonic()
-                self._printed.pop(event.node, None)
-                self._status[event.node] = "running"
-                self._activity[event.node] = event.step
-                self._detail[event.node] = ""
-                return
-            if event.kind == "waiting":  # the session printed the line: the board shows the state
-                if self._status.get(event.node) == "running":
-                    self._status[event.node] = "no answer"
-                    self._activity[event.node] = neutralise(event.detail)
-                return
-            took = time.monotonic() - self._started.get(event.node, time.monotonic())
-            status = "ok" if event.kind == "done" else "failed"
-            self._status[event.node] = status
-            self._activity[event.node] = neutralise(event.detail.splitlines()[0]) if event.detail else ""
-            self._detail[event.node] = ""
-            self._took[event.node] = took
-        if not self.ui.live and not self.ui.json_mode:
-            mark = "ok" if status == "ok" else "FAILED"
-            self.ui.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
-
-    def update(self, node: str, activity: str, detail: str = "") -> None:
-        """What ``node`` is doing now (node text: neutralised before it is shown)."""
-        with self._lock:
-            if self._status.get(node) in ("ok", "failed"):
-                return
-            self._activity[node] = neutralise(activity)
-            self._detail[node] = neutralise(detail)
-
-    # -- output ---------------------------------------------------------------------------------
-
-    def line(self, node: str, now: float | None = None) -> str:
-        """``[node] activity (detail, 45 s)``: one running node, as a piped line shows it."""
-        with self._lock:
-            elapsed = (now or time.monotonic()) - self._started.get(node, now or time.monotonic())
-            activity, detail = self._activity.get(node) or self.step, self._detail.get(node, "")
-        return f"[{node}] {activity} ({detail + ', ' if detail else ''}{elapsed:.0f} s)"
-
-    def due(self, now: float) -> list[str]:
-        """Running nodes whose next piped line is due: working for ``interval`` seconds or more, and
-        ``interval`` seconds after their last line (quick work prints nothing but its end)."""
-        out = []
-        with self._lock:
-            for node in self.nodes:
-                if self._status[node] not in ("running", "no answer"):
-                    continue
-                last = self._printed.get(node, self._started.get(node, now))
-                if now - last >= self.interval:
-                    self._printed[node] = now
-                    out.append(node)
-        return out
-
-    def tick_until_closed(self) -> None:
-        while not self._closed.wait(min(1.0, self.interval / 2)):
-            now = time.monotonic()
-            for node in self.due(now):
-                self.ui.err.print(Text(self.line(node, now)), highlight=False)
-
-    def close(self) -> None:
-        self._closed.set()
+        ended = super().on_event(event)
+        if ended is not None and not self.ui.live and not self.ui.json_mode:
+            self.ui.err.print(Text(ended), highlight=False)
 
     def render(self) -> Table:
         table = Table(box=None, show_header=False, pad_edge=False)
@@ -249,15 +163,9 @@ class Board:
         table.add_column("state")
         table.add_column("time", justify="right", style="dim")
         table.add_column("detail", overflow="ellipsis", no_wrap=True)
-        now = time.monotonic()
-        with self._lock:
-            for name in self.nodes:
-                status = self._status[name]
-                style = _STATE_STYLES.get(status, "dim")
-                done = status in ("ok", "failed")
-                shown = self._took.get(name, 0.0) if done else now - self._started.get(name, now)
-                detail = self._activity[name] + (f" ({self._detail[name]})" if self._detail[name] else "")
-                table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
+        for name, status, shown, detail in self.rows():
+            style = _STATE_STYLES.get(status, "dim")
+            table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
         return table
 
 

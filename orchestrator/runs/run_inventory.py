@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from orchestrator.errors import UsageError
-from orchestrator.inventory import Inventory
+from orchestrator.inventory import Inventory, Node
 from orchestrator.platforms import check_env_name
 
 
@@ -38,10 +38,14 @@ def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequenc
     return inventory.for_run(args, parse_env_pairs(env_pairs))
 
 
+def selected(selection: Selection, inventory: Inventory) -> list[Node]:
+    """The nodes of ``inventory`` that ``--nodes`` names (all of them without it)."""
+    return inventory.select(selection.nodes) if selection.nodes else list(inventory.nodes)
+
+
 def run_nodes(selection: Selection, inventory: Inventory, master: str | None) -> Inventory:
     """The inventory a run uses: with ``--nodes``, only those nodes (the job is sized to them) and
     ``--master`` when given (:meth:`Inventory.only`); else the whole inventory."""
     if not selection.nodes and master is None:
         return inventory
-    nodes = inventory.select(selection.nodes) if selection.nodes else list(inventory.nodes)
-    return inventory.only(nodes, master=master)
+    return inventory.only(selected(selection, inventory), master=master)

@@ -69,6 +69,10 @@ if TYPE_CHECKING:
     from orchestrator.transports import Result, SSHOptions, Transport
     from orchestrator.transports.base import OnLine, Stream
 
+#: our rank workers (validate's, bench's) on Linux/WSL: one process per rank started by this template;
+#: native Windows' launch template already starts one process per rank
+RANKS_TEMPLATE = "ranks.sh.j2"
+
 TAIL = 20
 
 
@@ -108,14 +112,19 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     )
 
 
-def offline_plan(inventory: Inventory, run_id: str) -> LaunchPlan:
+def offline_plan(
+    inventory: Inventory, run_id: str, *, say: Callable[[str], None] | None = None
+) -> LaunchPlan:
     """The launch plan from the inventory alone (``render --offline``, every ``--dry-run``): the same
     decisions as :func:`plan` with no facts: interfaces as the inventory names them, the master at
-    its inventory address, ``backend: auto`` taken as gloo (``backend_reason`` says so)."""
+    its inventory address, ``backend: auto`` taken as gloo (``backend_reason`` says so, told to
+    ``say``)."""
     backend: str = inventory.cluster.backend
     why = f"{backend}, as the inventory says"
     if backend == "auto":
         backend, why = "gloo", "offline: backend auto rendered as gloo (check decides with the nodes' facts)"
+        if say is not None:
+            say(why)
     return _decide(inventory, run_id, backend=(backend, why), master_addr=None, interfaces={}, cpus={})
 
 
@@ -473,6 +482,29 @@ def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes
     if any(not isinstance(p, PowerShell) for p in platforms.values()):
         files[RANK_CAPTURE] = rank_capture_file().read_bytes()
     return files
+
+
+def offline_dry_run(
+    step: str,
+    inventory: Inventory,
+    run_id: str,
+    renderer: Renderer,
+    specs: Callable[[list[LaunchSpec]], list[LaunchSpec]],
+    worker: Path | None = None,
+    *,
+    ssh: SSHOptions,
+    say: Callable[[str], None],
+    **options: Any,
+) -> Report[Planned]:
+    """``--dry-run`` of launch, validate and bench, connecting to nothing: the :func:`offline_plan`
+    (``say`` hears how an auto backend was taken), ``specs`` (the command's ranks from the launch's),
+    each node's plan (:func:`dry_run_nodes`); ``worker``: validate's or bench's rank worker, run
+    instead of the training script."""
+    if worker is not None:
+        options.update(template=RANKS_TEMPLATE, script_file=worker)
+    launch_plan = offline_plan(inventory, run_id, say=say)
+    data = {"run_id": run_id, "backend": launch_plan.backend}
+    return dry_run_nodes(step, inventory, specs(launch_plan.specs), renderer, ssh=ssh, data=data, **options)
 
 
 def dry_run_nodes(

@@ -87,6 +87,17 @@ class RunReport:
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes, self.failed)
 
+    @staticmethod
+    def result(outcome: Outcome[Result]) -> str:
+        """A node's result in a word or two: ``ok``, ``exit 3``, or its error's (``unreachable``)."""
+        if outcome.error is not None:
+            return outcome.error.status
+        return (
+            "ok"
+            if outcome.value is not None and outcome.value.ok
+            else f"exit {outcome.value.exit_code if outcome.value else '?'}"
+        )
+
     def printed(self) -> bool:
         """Whether any node printed anything (the log then holds it)."""
         return any(o.value is not None and o.value.stdout + o.value.stderr for o in self.outcomes)

@@ -178,7 +178,7 @@ def test_json_carries_node_text_exactly_and_no_raw_control(capsys: pytest.Captur
 
 def test_log_lines_quoting_a_node_are_neutralised() -> None:
     """-v / -vv: a WinRM fault's text or an SSH server's banner reaches the log lines."""
-    from orchestrator.cli.common import NeutralFormatter
+    from orchestrator.neutralise import NeutralFormatter
 
     record = logging.LogRecord(
         "orchestrator", logging.INFO, __file__, 1, "n1: %s", ("\x1b]52;c;eA==\x07",), None
