@@ -55,8 +55,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from orchestrator.cli.ui import LinePrinter, RankedOutput  # noqa: E402
-from orchestrator.logs import RunLog  # noqa: E402
+from orchestrator.cli.ui import LinePrinter  # noqa: E402
+from orchestrator.logs import RankedOutput, RunLog  # noqa: E402
 from orchestrator.platforms import PosixShell  # noqa: E402
 from orchestrator.runs.control import follow_node  # noqa: E402
 from orchestrator.runs.layout import run_dir_for  # noqa: E402

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import BootstrapError, ExitCode
 from orchestrator.facts.linux import RootAccess
+from orchestrator.runs.run_inventory import Selection, run_nodes
 
 if TYPE_CHECKING:
     from orchestrator.facts.base import Read
@@ -383,3 +384,34 @@ def _sync(
 
     chosen = SyncOptions(only=only, from_master=from_master, dry_run=options.dry_run is not None)
     return sync_report(reach, inventory, nodes, chosen)
+
+
+def pipeline_inventory(
+    inventory: Inventory, selection: Selection, master: str | None, *, dry_run: bool
+) -> Inventory:
+    """The inventory the main pipeline runs on (``--nodes``, ``--master``: :func:`run_nodes`), refused
+    (a UsageError, exit 2) before anything connects or changes when it cannot train: native Windows
+    beside Linux nodes (decided once, from the whole inventory), a training script that does not
+    compile, env files missing, and unless a dry run, train.env values from the environment or
+    train.templates missing."""
+    from orchestrator.render import require_secrets, templates_dir_for
+    from orchestrator.steps.preflight import checks
+    from orchestrator.steps.script_check import check_env_files, check_script_compiles
+
+    checks.refuse_native_mix(inventory)
+    inventory = run_nodes(selection, inventory, master)
+    check_script_compiles(inventory)
+    check_env_files(inventory)
+    if not dry_run:
+        require_secrets(inventory)
+        templates_dir_for(inventory, None)
+    return inventory
+
+
+def pipeline_doc(phase_docs: list[Any], report: PipelineReport) -> dict[str, Any]:
+    """The main pipeline's ``--json`` document: each phase's own document (which says its "command")
+    under its name, None for a phase that did not run; which phases ran, why it stopped, its exit code."""
+    phases: dict[str, Any] = dict.fromkeys(PHASES)
+    for doc in phase_docs:
+        phases[doc.get("command", "check") if isinstance(doc, dict) else "check"] = doc
+    return {"command": "bootstrap", **phases, **report.public_dict(), "exit_code": int(report.exit_code)}

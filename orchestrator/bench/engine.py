@@ -188,8 +188,7 @@ def bench_phase(
     from orchestrator.render import LaunchSpec, Renderer, require_secrets, templates_dir_for
     from orchestrator.resources import package_file
     from orchestrator.runs.ids import new_run_id
-    from orchestrator.steps import rank_workers
-    from orchestrator.steps.launch import offline_dry_run
+    from orchestrator.steps.launch import RANKS_TEMPLATE, offline_dry_run
 
     nodes = list(inventory.nodes)
     renderer = Renderer(templates_dir_for(inventory, templates_dir))
@@ -214,7 +213,7 @@ def bench_phase(
             probes,
             ssh=dry_run,
             say=reach.say,
-            template=rank_workers.TEMPLATE,
+            template=RANKS_TEMPLATE,
             script_file=package_file("bench/" + WORKER),
         )
     require_secrets(inventory)

@@ -15,11 +15,11 @@ from orchestrator.cli.common import (
     common_options,
     fail_lines,
     load_selection,
-    refuse_native_mix,
     templates_option,
 )
 from orchestrator.cli.front import reach_for
 from orchestrator.errors import ExitCode
+from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
     from orchestrator.bench.engine import BenchOptions, BenchReport

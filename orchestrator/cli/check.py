@@ -15,8 +15,6 @@ from orchestrator.cli.common import (
     load_selection,
     node_status,
     print_plans,
-    refuse_native_mix,
-    with_user_options,
 )
 from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import json_doc, show_dry_run
@@ -25,10 +23,12 @@ from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.runs.layout import workdir_for
+from orchestrator.runs.next_command import with_user_options
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
 from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
 from orchestrator.steps.preflight import preflight_report
+from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.preflight.model import Verdict
 
 

@@ -1,47 +1,31 @@
 """What every command shares: the common options and Settings, loading the inventory, opening the
-session, and the few ways a failure is shown. Imports nothing else of cli/ but ui and neutralise."""
+session, and the few ways a failure is shown. Imports nothing else of cli/ but ui and report."""
 
 from __future__ import annotations
 
 import getpass
 import logging
-import re
-import shlex
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
-from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
-from orchestrator.errors import (
-    BootstrapError,
-    ExitCode,
-    HostKeyUnknownError,
-    SecretMissingError,
-    Terminated,
-)
+from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError, Terminated
 from orchestrator.executor import Outcome
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
+from orchestrator.neutralise import NeutralFormatter
 from orchestrator.resources import default_inventory
+from orchestrator.runs.run_inventory import selected
 from orchestrator.session import Session
-
-if TYPE_CHECKING:
-    pass
 from orchestrator.transports import SSHOptions, Transport
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-T = TypeVar("T")
-
-
-log = logging.getLogger("orchestrator")
 
 
 def _store(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -166,14 +150,6 @@ class Settings:
         )
 
 
-class NeutralFormatter(logging.Formatter):
-    """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
-    other node text shown (cli/neutralise.py); newlines of tracebacks kept."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        return neutralise(super().format(record))
-
-
 def _configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
@@ -197,24 +173,15 @@ def load_selection(settings: Settings) -> tuple[Inventory, list[Node]]:
     inventory = load_inventory(path)
     for note in inventory.notes:
         settings.ui.note(f"note: {note}")
-    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
-    return inventory, nodes
-
-
-def _prompt(text: str) -> str:
-    return getpass.getpass(text)
+    return inventory, selected(settings, inventory)
 
 
 def _passwords(settings: Settings, nodes: list[Node]) -> PasswordResolver:
-    """Ask for every needed password before parallel work starts (one prompt per distinct secret)."""
+    """Every needed password asked before parallel work starts (on a terminal, not for a dry run)."""
     interactive = sys.stdin.isatty() and not settings.dry_run
-    resolver = PasswordResolver(prompt=_prompt if interactive else None)
+    resolver = PasswordResolver(prompt=getpass.getpass if interactive else None)
     if interactive:
-        for node in nodes:
-            try:
-                resolver.password_for(node)
-            except SecretMissingError:
-                pass  # the node fails with this error when it connects; the others go on
+        resolver.ask_now(nodes)
     return resolver
 
 
@@ -269,14 +236,9 @@ def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
     for e in unknown:
         ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
     # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
-    from orchestrator.transports.known_hosts import compare_command
+    from orchestrator.transports.known_hosts import how_to_compare
 
-    commands = {e.key_type: compare_command(e.key_type) for e in unknown}
-    how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
-    ui.info(
-        f"Compare each fingerprint with {how} run on that node, "
-        "then rerun with --accept-new-host-keys to record them."
-    )
+    ui.info(how_to_compare(e.key_type for e in unknown))
 
 
 def print_plans(
@@ -294,55 +256,6 @@ def print_plans(
 
     report = planned_scripts(command, inventory, nodes, settings.ssh_options(), plan, become=become)
     show_dry_run(settings.ui, report, json_mode=settings.json_mode)
-
-
-def _reach_words(settings: Settings) -> list[str]:
-    """The options that say which inventory and how to reach its nodes, as the user gave them."""
-    words = []
-    for option, value in (
-        ("-i", settings.inventory),
-        ("--known-hosts", settings.known_hosts),
-        ("--ssh-config", settings.ssh_config),
-    ):
-        if value is not None:
-            words += [option, shlex.quote(str(value))]
-    return words
-
-
-def again(settings: Settings, command: str, run_id: str) -> str:
-    """The command line a user types next for this run: the same inventory and the files that say
-    how to reach its nodes (``--known-hosts``, ``--ssh-config``: without them the pasted line would
-    refuse the host keys). No ``--nodes``: a run spans every node of the inventory."""
-    return " ".join(["bootstrap", *_reach_words(settings), command, "--run", shlex.quote(run_id)])
-
-
-def train_without(settings: Settings, inventory: Inventory, dead: Sequence[str], command: str = "") -> str:
-    """What to type to train on the nodes that answered while ``dead`` do not: this command with the
-    options that say how to reach the cluster, ``--nodes`` the others (sized to them), ``--master``
-    one of them when the master is among ``dead``. "" when no node is left."""
-    left = [n.name for n in inventory.nodes if n.name not in dead]
-    if not dead or not left:
-        return ""
-    words = ["bootstrap", *_reach_words(settings), *([command] if command else [])]
-    words += ["--nodes", shlex.quote(",".join(left))]
-    if inventory.cluster.master not in left:
-        words += ["--master", shlex.quote(left[0])]
-    extra = " with this run's -e and -- arguments" if inventory.run_overrides else ""
-    return (
-        f"to train without {', '.join(dead)} until {'they are' if len(dead) > 1 else 'it is'} back: "
-        f"`{' '.join(words)}`{extra}"
-    )
-
-
-def with_user_options(settings: Settings, text: str) -> str:
-    """``text`` (a fix hint) with every `` `bootstrap CMD` `` it suggests given the options this
-    command had (``-i``, ``--known-hosts``, ``--ssh-config``): pasted, it acts on the same cluster,
-    not on the embedded local inventory. A suggestion naming its own ``-i`` is left as it is."""
-    words = _reach_words(settings)
-    if not words:
-        return text
-    prefix = "`bootstrap " + " ".join(words) + " "
-    return re.sub(r"`bootstrap (?!-i )", lambda _m: prefix, text)
 
 
 class CommandExit(Exception):
@@ -379,43 +292,12 @@ def templates_option(which: str = "searched before the shipped templates") -> Ca
     )
 
 
-def refuse_native_mix(inventory: Inventory) -> None:
-    """Native Windows nodes beside Linux or WSL ones cannot train together: a UsageError (exit 2),
-    decided from the inventory (not from --nodes or who answers), before connecting."""
-    from orchestrator.steps.preflight.checks import refuse_native_mix
-
-    refuse_native_mix(inventory)
-
-
 # -- a run's own arguments and environment (`bootstrap ... -- ARGS`, `launch ... -- ARGS`, -e) ---------
-
-
-def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
-    from orchestrator.errors import UsageError
-    from orchestrator.platforms import check_env_name
-
-    env: dict[str, str] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
-        try:
-            env[check_env_name(name)] = value
-        except ValueError as exc:
-            raise UsageError(f"--env {pair!r}: {exc}") from None
-    return env
 
 
 def train_env_option(help_text: str) -> Callable[[F], F]:
     """``-e/--env NAME=VALUE`` (repeatable): added to train.env for this run."""
     return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
-
-
-def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str]) -> Inventory:
-    """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
-    values are added to train.env."""
-    return inventory.for_run(args, parse_env_pairs(env_pairs))
 
 
 class TrainArgsCommand(click.Command):
@@ -441,12 +323,3 @@ def master_option(fn: F) -> F:
         help="The master for this run (rank 0, the rendezvous): needed when --nodes leaves out the "
         "inventory's master.",
     )(fn)
-
-
-def run_nodes(settings: Settings, inventory: Inventory, master: str | None) -> Inventory:
-    """The inventory a run uses: with ``--nodes``, only those nodes (the job is sized to them) and
-    ``--master`` when given (:meth:`Inventory.only`); else the whole inventory."""
-    if not settings.nodes and master is None:
-        return inventory
-    nodes = inventory.select(settings.nodes) if settings.nodes else list(inventory.nodes)
-    return inventory.only(nodes, master=master)

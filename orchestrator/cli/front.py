@@ -29,7 +29,7 @@ def reach_for(
     """How a command's work reaches its nodes (the pipeline's ``session`` narrowed, or a session of
     its own) and shows itself here. ``lines``: where node lines go as they come: "ranks" (stdout; not
     with --json), "verbose" (stdout, with -v), "verbose-err" (stderr, with -v); None: only logged."""
-    from orchestrator.cli.ui import ranked_outputs
+    from orchestrator.logs import ranked_outputs
 
     ui = settings.ui
     shown = lines == "ranks" or (lines is not None and settings.verbose > 0)

@@ -12,18 +12,13 @@ from rich.text import Text
 from orchestrator.cli.common import (
     Settings,
     TrainArgsCommand,
-    again,
     common_options,
     fail_lines,
-    for_run,
     interrupted,
     load_selection,
     master_option,
-    refuse_native_mix,
-    run_nodes,
     templates_option,
     train_env_option,
-    train_without,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.front import reach_for
@@ -35,6 +30,9 @@ from orchestrator.errors import (
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.runs.layout import logs_where
+from orchestrator.runs.next_command import again, train_without
+from orchestrator.runs.run_inventory import for_run, run_nodes
+from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
 
 if TYPE_CHECKING:

@@ -12,24 +12,17 @@ from orchestrator.cli.common import (
     CommandExit,
     Settings,
     common_options,
-    for_run,
     interrupted,
     load_selection,
     master_option,
     open_session,
-    refuse_native_mix,
-    run_nodes,
     train_env_option,
-    train_without,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.dashboard.model import observe
-from orchestrator.errors import (
-    BootstrapError,
-    ExitCode,
-    Terminated,
-    UsageError,
-)
+from orchestrator.errors import BootstrapError, ExitCode, Terminated, UsageError
+from orchestrator.runs.next_command import train_without
+from orchestrator.runs.run_inventory import for_run
 
 #: ``ctx.meta`` key: the words after ``--`` of the main pipeline (``bootstrap -i x -- --lr 0.1``)
 RUN_ARGS = "cluster_bootstrap.run_args"
@@ -128,7 +121,7 @@ def cli(
     settings = Settings.from_context(ctx)
     if always_validate and skip_validate:
         raise UsageError("--validate and --skip-validate contradict each other: give one of them")
-    inventory, nodes = load_selection(settings)
+    inventory, _ = load_selection(settings)
     run_args = ctx.meta.get(RUN_ARGS)
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
@@ -138,23 +131,13 @@ def cli(
         return pipeline_on_slurm(
             settings, inventory, detach=detach, until=until, force=force, skip=skip_validate
         )
-    refuse_native_mix(inventory)  # exit 2 before sync, firewall or time sync change anything
-    inventory = run_nodes(settings, inventory, master)  # --nodes: the nodes this run uses, all phases
-    nodes = list(inventory.nodes)
-    from orchestrator.steps.script_check import check_env_files, check_script_compiles
+    from orchestrator.cli.pipeline import CliFront
+    from orchestrator.pipeline import PipelineOptions, pipeline_doc, pipeline_inventory, run_pipeline
 
-    check_script_compiles(inventory)  # a syntax error: exit 2 now, not after the whole pipeline
-    check_env_files(inventory)  # env.requirements missing: as sync would say, before connecting
-    if not settings.dry_run:
-        from orchestrator.render import require_secrets, templates_dir_for
-
-        require_secrets(inventory)  # train.env from_env: before sync/firewall/ntp change anything
-        templates_dir_for(inventory, None)  # train.templates missing: the same, before anything
+    # --nodes: the nodes this run uses, all phases; refused (exit 2) before anything changes
+    inventory = pipeline_inventory(inventory, settings, master, dry_run=settings.dry_run)
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
-    from orchestrator.cli.pipeline import CliFront
-    from orchestrator.pipeline import PipelineOptions, run_pipeline
-
     # ONE session for every phase: each node is connected once (passwords asked here, once per node)
     # and the facts the preflight gathers are handed to validate and launch
     everyone = list(inventory.nodes)
@@ -172,33 +155,15 @@ def cli(
         live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
     ):
         observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
-        report = run_pipeline(session, inventory, nodes, options, CliFront(settings, inventory, live))
-    code = report.exit_code
-    if code != ExitCode.OK:
-        hint = train_without(settings, inventory, session.unreachable())
-        if hint:
-            ui.info(hint)
+        report = run_pipeline(session, inventory, everyone, options, CliFront(settings, inventory, live))
+    if report.exit_code != ExitCode.OK and (
+        hint := train_without(settings, inventory, session.unreachable())
+    ):
+        ui.info(hint)
     if ui.collected is not None:
-        docs = ui.collected
-        ui.collected = None
-        ui.print_json(
-            {
-                "command": "bootstrap",
-                **_pipeline_docs(docs),
-                **report.public_dict(),
-                "exit_code": int(code),
-            }
-        )
-    return code
-
-
-def _pipeline_docs(docs: list[Any]) -> dict[str, Any]:
-    """The phases' JSON documents keyed by phase (each says its own "command")."""
-    out: dict[str, Any] = {k: None for k in ("sync", "firewall", "ntp", "check", "validate", "launch")}
-    for doc in docs:
-        name = doc.get("command", "check") if isinstance(doc, dict) else "check"
-        out[name] = doc
-    return out
+        docs, ui.collected = ui.collected, None
+        ui.print_json(pipeline_doc(docs, report))
+    return report.exit_code
 
 
 def main() -> None:

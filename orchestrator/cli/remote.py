@@ -15,20 +15,13 @@ from orchestrator.cli.common import (
     fail_lines,
     interrupted,
     load_selection,
-    node_status,
     open_session,
-    parse_env_pairs,
     print_plans,
 )
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import PrefixedOutput
-from orchestrator.errors import (
-    ExitCode,
-)
+from orchestrator.errors import ExitCode
 from orchestrator.inventory import PasswordResolver
-from orchestrator.logs import RunLog
-from orchestrator.runs.ids import command_run_dir
-from orchestrator.session import Session
+from orchestrator.runs.run_inventory import parse_env_pairs
 from orchestrator.steps.remote import command_script, result_fields, run_everywhere
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
@@ -83,14 +76,9 @@ def run(
             become=become,
         )
         return ExitCode.OK
-    run_log = RunLog(command_run_dir(inventory.cluster.name))
-    printer = ui.line_printer([n.name for n in nodes])
-
-    outputs = {
-        n.name: PrefixedOutput(n.name, run_log, None if settings.json_mode else printer) for n in nodes
-    }
     try:
         with open_session(settings, inventory, nodes) as session:
+            printer = None if settings.json_mode else ui.line_printer([n.name for n in nodes])
             report = run_everywhere(
                 session,
                 text,
@@ -99,32 +87,27 @@ def run(
                 timeout=timeout,
                 become=become,
                 keep_lines=keep_lines,
-                outputs=outputs,
+                printer=printer,
             )
     except KeyboardInterrupt:
         interrupted(ui)
-    finally:
-        run_log.close()
     outcomes, code = report.outcomes, report.exit_code()
     if settings.json_mode:
         fail_lines(ui, outcomes)
-        log_dir = str(run_log.directory)
+        log_dir = str(report.log_dir)
         return json_doc(ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir)
     table = Table(title="run summary", title_justify="left")
     for column in ("node", "result", "time"):
         table.add_column(column)
     for o in outcomes:
-        if o.error is not None:
-            label = Text(node_status(o.error), style="red")
-        elif o.value is not None and o.value.ok:
-            label = Text("ok", style="green")
-        else:
-            label = Text(f"exit {o.value.exit_code if o.value else '?'}", style="red")
-        table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
+        result = report.result(o)
+        table.add_row(
+            Text(o.node), Text(result, style="green" if result == "ok" else "red"), f"{o.duration:.2f}s"
+        )
     ui.err.print(table)
     fail_lines(ui, outcomes)
-    if any(o.value is not None and o.value.stdout + o.value.stderr for o in outcomes):
-        ui.note(f"output kept in {run_log.directory}")
+    if report.printed():
+        ui.note(f"output kept in {report.log_dir}")
     return code
 
 
@@ -172,20 +155,17 @@ def keys(ctx: click.Context, key_path: str) -> int:
     if needs_shared_password(ssh_nodes) and interactive:
         shared = getpass.getpass("SSH password for the nodes (used once, never stored): ")
     own = PasswordResolver(prompt=getpass.getpass if interactive else None)
-    # host keys are checked before the password is sent: unknown ones only with --accept-new-host-keys
-    session = Session(
-        inventory,
-        ssh_nodes,
-        ssh=settings.ssh_options(),
-        passwords=KeysPasswords(own, shared),
-        max_workers=settings.forks,
-    )
-    check_options = settings.ssh_options(accept_new=False)
     try:
         with ui.progress([n.name for n in ssh_nodes], "keys") as on_event:
-            session.executor.on_event = on_event
-            with session:
-                outcomes = install_all(session, key, check_options)
+            outcomes = install_all(
+                inventory,
+                ssh_nodes,
+                key,
+                settings.ssh_options(),
+                KeysPasswords(own, shared),
+                forks=settings.forks,
+                on_event=on_event,
+            )
     except KeyboardInterrupt:
         interrupted(ui)
     code = keys_exit_code(outcomes)

@@ -19,7 +19,6 @@ from orchestrator.cli import slurm
 from orchestrator.cli.common import (
     CommandExit,
     Settings,
-    again,
     common_options,
     fail_lines,
     interrupted,
@@ -28,18 +27,19 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
-from orchestrator.cli.neutralise import neutralise
 from orchestrator.cli.report import json_doc
-from orchestrator.cli.ui import ranked_outputs
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
+from orchestrator.logs import ranked_outputs
+from orchestrator.neutralise import neutralise
 from orchestrator.render import secret_values
 from orchestrator.runner import Reach
 from orchestrator.runs import commands
 from orchestrator.runs.commands import FetchReport, NodeScript, RecordedRun
 from orchestrator.runs.ids import resolve_run
 from orchestrator.runs.layout import RUNS_ROOT, train_args_line
+from orchestrator.runs.next_command import again
 from orchestrator.runs.start import DetachedStart, Started
 
 if TYPE_CHECKING:

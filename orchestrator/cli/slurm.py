@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator.cli.common import Settings, again, interrupted, open_session
+from orchestrator.cli.common import Settings, interrupted, open_session
 from orchestrator.cli.front import reach_for
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
+from orchestrator.runs.next_command import again
 
 if TYPE_CHECKING:
     from orchestrator.session import Session

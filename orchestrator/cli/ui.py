@@ -3,7 +3,7 @@
 Colours and live displays only on terminals (rich detects pipes and honours NO_COLOR); ``--json``
 prints a single JSON document on stdout and nothing else there.
 
-Node text never reaches the operator's terminal raw (neutralise.py): every way out of this module
+Node text never reaches the operator's terminal raw (orchestrator/neutralise.py): every way out of this module
 neutralises it, terminal or pipe. ``LinePrinter``'s write methods take the node's text and
 neutralise it before adding prefixes (keeping SGR colour when the printer colours); the consoles
 (``UI.out``, ``UI.err``) neutralise the text of everything they render (messages, tables, the
@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -29,11 +27,9 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator import records
-from orchestrator.cli.neutralise import neutralise
 from orchestrator.executor import NodeEvent
-from orchestrator.logs import RunLog
-from orchestrator.transports.base import BlockHandler
+from orchestrator.neutralise import neutralise
+from orchestrator.progress import NodeProgress, progress_interval
 
 # ANSI colours for node prefixes (raw escapes: streaming must stay cheap per line)
 _PALETTE = ("36", "35", "32", "33", "34", "96", "95", "92", "93", "94")
@@ -136,13 +132,8 @@ class UI:
         if self.json_mode:
             yield board
             return
-        ticker = threading.Thread(target=board.tick_until_closed, name=f"progress-{step}", daemon=True)
-        ticker.start()
-        try:
+        with board.ticking(lambda line: self.err.print(Text(line), highlight=False)):
             yield board
-        finally:
-            board.close()
-            ticker.join(timeout=5)
 
     # -- streaming ------------------------------------------------------------------------------
 
@@ -150,102 +141,21 @@ class UI:
         return LinePrinter(nodes, stream or sys.stdout, color=self.color_out)
 
 
-def progress_interval() -> float:
-    """Seconds between piped progress lines: $BOOTSTRAP_PROGRESS_INTERVAL, else 10."""
-    try:
-        return max(float(os.environ.get("BOOTSTRAP_PROGRESS_INTERVAL", "") or 10), 0.1)
-    except ValueError:
-        return 10.0
-
-
 _STATE_STYLES = {"running": "cyan", "no answer": "yellow", "ok": "green", "failed": "red"}
 
 
-class Board:
-    """Each node's state in one step, shared by the executor's threads, the nodes' workers (what they
-    are doing) and the display: a live table on terminals, periodic lines when piped."""
+class Board(NodeProgress):
+    """Each node's progress in one step (orchestrator/progress.py), shown: a live table on terminals,
+    periodic lines when piped."""
 
     def __init__(self, ui: UI, nodes: Sequence[str], step: str, interval: float) -> None:
+        super().__init__(nodes, step, interval)
         self.ui = ui
-        self.nodes = list(nodes)
-        self.step = step
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._status = {n: "waiting" for n in nodes}
-        self._activity = {n: "" for n in nodes}
-        self._detail = {n: "" for n in nodes}
-        self._took: dict[str, float] = {}
-        self._started: dict[str, float] = {}
-        self._printed: dict[str, float] = {}  # piped: when each node's last progress line was written
-        self._closed = threading.Event()
-
-    # -- input (any thread) ---------------------------------------------------------------------
 
     def on_event(self, event: NodeEvent) -> None:
-        with self._lock:
-            if event.kind == "start":
-                # a node's step may be several fan-outs (sync: check, then build): each phase's
-                # first piped line comes an interval after that phase started
-                self._started[event.node] = time.monotonic()
-                self._printed.pop(event.node, None)
-                self._status[event.node] = "running"
-                self._activity[event.node] = event.step
-                self._detail[event.node] = ""
-                return
-            if event.kind == "waiting":  # the session printed the line: the board shows the state
-                if self._status.get(event.node) == "running":
-                    self._status[event.node] = "no answer"
-                    self._activity[event.node] = neutralise(event.detail)
-                return
-            took = time.monotonic() - self._started.get(event.node, time.monotonic())
-            status = "ok" if event.kind == "done" else "failed"
-            self._status[event.node] = status
-            self._activity[event.node] = neutralise(event.detail.splitlines()[0]) if event.detail else ""
-            self._detail[event.node] = ""
-            self._took[event.node] = took
-        if not self.ui.live and not self.ui.json_mode:
-            mark = "ok" if status == "ok" else "FAILED"
-            self.ui.err.print(Text(f"{event.node}: {event.step} {mark} ({took:.2f}s)"), highlight=False)
-
-    def update(self, node: str, activity: str, detail: str = "") -> None:
-        """What ``node`` is doing now (node text: neutralised before it is shown)."""
-        with self._lock:
-            if self._status.get(node) in ("ok", "failed"):
-                return
-            self._activity[node] = neutralise(activity)
-            self._detail[node] = neutralise(detail)
-
-    # -- output ---------------------------------------------------------------------------------
-
-    def line(self, node: str, now: float | None = None) -> str:
-        """``[node] activity (detail, 45 s)``: one running node, as a piped line shows it."""
-        with self._lock:
-            elapsed = (now or time.monotonic()) - self._started.get(node, now or time.monotonic())
-            activity, detail = self._activity.get(node) or self.step, self._detail.get(node, "")
-        return f"[{node}] {activity} ({detail + ', ' if detail else ''}{elapsed:.0f} s)"
-
-    def due(self, now: float) -> list[str]:
-        """Running nodes whose next piped line is due: working for ``interval`` seconds or more, and
-        ``interval`` seconds after their last line (quick work prints nothing but its end)."""
-        out = []
-        with self._lock:
-            for node in self.nodes:
-                if self._status[node] not in ("running", "no answer"):
-                    continue
-                last = self._printed.get(node, self._started.get(node, now))
-                if now - last >= self.interval:
-                    self._printed[node] = now
-                    out.append(node)
-        return out
-
-    def tick_until_closed(self) -> None:
-        while not self._closed.wait(min(1.0, self.interval / 2)):
-            now = time.monotonic()
-            for node in self.due(now):
-                self.ui.err.print(Text(self.line(node, now)), highlight=False)
-
-    def close(self) -> None:
-        self._closed.set()
+        ended = super().on_event(event)
+        if ended is not None and not self.ui.live and not self.ui.json_mode:
+            self.ui.err.print(Text(ended), highlight=False)
 
     def render(self) -> Table:
         table = Table(box=None, show_header=False, pad_edge=False)
@@ -253,22 +163,16 @@ class Board:
         table.add_column("state")
         table.add_column("time", justify="right", style="dim")
         table.add_column("detail", overflow="ellipsis", no_wrap=True)
-        now = time.monotonic()
-        with self._lock:
-            for name in self.nodes:
-                status = self._status[name]
-                style = _STATE_STYLES.get(status, "dim")
-                done = status in ("ok", "failed")
-                shown = self._took.get(name, 0.0) if done else now - self._started.get(name, now)
-                detail = self._activity[name] + (f" ({self._detail[name]})" if self._detail[name] else "")
-                table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
+        for name, status, shown, detail in self.rows():
+            style = _STATE_STYLES.get(status, "dim")
+            table.add_row(Text(name), Text(status, style=style), f"{shown:.1f}s", Text(detail))
         return table
 
 
 class LinePrinter:
     """Writes ``[node] line`` for every node's output line, as it arrives, from any thread.
 
-    Every write method takes the node's own text and neutralises it (neutralise.py) before the
+    Every write method takes the node's own text and neutralises it (orchestrator/neutralise.py) before the
     prefixes are added: there is no way to print node text through it raw. SGR colour in that text
     is kept when the printer colours (a terminal, colours allowed), else removed. Prefixes start
     with a reset, so no attribute a node left on can dress up the next line's label.
@@ -308,8 +212,12 @@ class LinePrinter:
         """``[node:rank] line`` in the node's colour (``[node]`` for the launcher's own lines)."""
         self._emit(self.head(node, rank) + self.visible(line) + "\n")
 
+    def label(self, node: str, *, stderr: bool = False) -> str:
+        """``[node] `` padded to the longest name, stderr lines marked (``!`` in red)."""
+        return self.prefixes[node] + (self.err_mark if stderr else "")
+
     def write(self, node: str, line: str, *, stderr: bool = False) -> None:
-        self._emit(self.prefixes[node] + (self.err_mark if stderr else "") + self.visible(line) + "\n")
+        self._emit(self.label(node, stderr=stderr) + self.visible(line) + "\n")
 
     def write_lines(self, head: str, text: str, rewrite: Callable[[str], str] | None = None) -> None:
         """A node's complete lines (``text`` ends with a newline), each shown as ``head line``, in
@@ -324,122 +232,3 @@ class LinePrinter:
         with self._lock:
             self.stream.write(text)
             self.stream.flush()
-
-
-_RANK_TAG = re.compile(r"\[default(\d+)\]:")
-
-
-class RankedOutput(BlockHandler):
-    """One node's training output: into the controller's log as received, and onto the terminal
-    (neutralised) with each line's ``[defaultN]:`` tag (the node's rank capture) replaced by
-    ``[node:GLOBAL_RANK]`` (``[node]`` for the launcher's own lines).
-
-    Works on whole blocks of lines with string operations that run in C: a node printing 100k
-    lines/s costs a few replaces per read, not a Python call per line.
-    """
-
-    def __init__(
-        self,
-        node: str,
-        log: RunLog | None,
-        printer: LinePrinter | None,
-        *,
-        first_rank: int = 0,
-        nproc: int = 0,
-        on_block: Callable[[str, str], None] | None = None,
-        sample_nonce: str = "",
-    ) -> None:
-        self.node = node
-        self._samples = sample_nonce  # the node's sample records: for the page, not the terminal
-        self.log = log
-        self.printer = printer
-        self.first_rank = first_rank
-        self.on_block = on_block
-        self._head = printer.head(node, None) if printer else ""
-        heads = [printer.head(node, first_rank + r) for r in range(nproc)] if printer else []
-        self._tags = [(self._head + f"[default{r}]:", head) for r, head in enumerate(heads)]
-        self._other = re.compile("^" + re.escape(self._head) + _RANK_TAG.pattern, re.M)
-        self._long: str | None = None  # the label of the line being shown in pieces: its first one's
-
-    def block(self, stream: str, text: str) -> None:
-        if self.log is not None:
-            self.log.write_block(self.node, text)  # the log keeps what the node sent
-        if self.on_block is not None:
-            self.on_block(self.node, text)
-        if self.printer is None:
-            return
-        if self._long is not None:  # the block starts with the end of a line shown in pieces
-            end, text = text.split("\n", 1)
-            self.printer.write_lines(self._long, end + "\n")
-            self._long = None
-        if records.mentions(text, self._samples):
-            text = records.plain(text, self._samples)
-        if text:
-            self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
-
-    def piece(self, stream: str, text: str) -> None:
-        """A part of a very long line: logged as it came, otherwise a line like any other."""
-        if self.log is not None:
-            self.log.write_block(self.node, text)
-        if self.on_block is not None:
-            self.on_block(self.node, text + "\n")
-        if self.printer is not None and self._long is not None:
-            self.printer.write_lines(self._long, text + "\n")
-        elif self.printer is not None:
-            tag = _RANK_TAG.match(text)
-            self._long = self.printer.head(self.node, self.first_rank + int(tag[1])) if tag else self._head
-            self.printer.write_lines(self._long, text[tag.end() if tag else 0 :] + "\n")
-
-    def _ranks(self, out: str) -> str:
-        for tag, rank_head in self._tags:
-            out = out.replace(tag, rank_head)
-        if "[default" in out:  # a rank beyond nproc, or the tag inside a line: the slow way
-            out = self._other.sub(self._rank_head, out)
-        return out
-
-    def _rank_head(self, match: re.Match[str]) -> str:
-        assert self.printer is not None
-        return self.printer.head(self.node, self.first_rank + int(match.group(1)))
-
-
-def ranked_outputs(
-    labels: Mapping[str, tuple[int, int]],
-    log: RunLog | None,
-    printer: LinePrinter | None,
-    on_block: Callable[[str, str], None] | None,
-    sample_nonce: str,
-) -> dict[str, RankedOutput]:
-    """A run's output handler per node (``labels``: its first global rank and its rank count), each
-    writing ``log`` and ``printer`` and handing its blocks to ``on_block`` (the live page)."""
-    return {
-        name: RankedOutput(
-            name, log, printer, first_rank=first, nproc=nproc, on_block=on_block, sample_nonce=sample_nonce
-        )
-        for name, (first, nproc) in labels.items()
-    }
-
-
-class PrefixedOutput(BlockHandler):
-    """One node's command output (`bootstrap run`): into the controller's log as received, and onto
-    the terminal (neutralised) as ``[node] line`` (stderr lines marked), a block of lines per write."""
-
-    def __init__(self, node: str, log: RunLog | None, printer: LinePrinter | None) -> None:
-        self.node = node
-        self.log = log
-        self.printer = printer
-
-    def block(self, stream: str, text: str) -> None:
-        if self.log is not None:
-            self.log.write_block(self.node, text)  # the log keeps what the node sent
-        if self.printer is None:
-            return
-        head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
-        self.printer.write_lines(head, text)
-
-    def piece(self, stream: str, text: str) -> None:
-        """A part of a very long line: shown as a line with its label, logged as it came."""
-        if self.log is not None:
-            self.log.write_block(self.node, text)
-        if self.printer is not None:
-            head = self.printer.prefixes[self.node] + (self.printer.err_mark if stream == "stderr" else "")
-            self.printer.write_lines(head, text + "\n")

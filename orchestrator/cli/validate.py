@@ -16,8 +16,6 @@ from orchestrator.cli.common import (
     fail_lines,
     load_selection,
     master_option,
-    refuse_native_mix,
-    run_nodes,
     templates_option,
 )
 from orchestrator.cli.front import reach_for
@@ -25,6 +23,8 @@ from orchestrator.cli.report import json_doc
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
+from orchestrator.runs.run_inventory import run_nodes
+from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
     from orchestrator.session import Session

@@ -208,7 +208,7 @@ class LiveRun:
 
     def block(self, node: str, text: str) -> None:
         """Complete lines a node sent (its rank capture's ``[defaultN]:`` tags still on): the
-        ``on_block`` of :class:`orchestrator.cli.ui.RankedOutput`."""
+        ``on_block`` of :class:`orchestrator.logs.RankedOutput`."""
         metrics = self._parse_metrics(node, text) if "CB_METRIC" in text else None
         with self._lock:
             pending = self._pending.setdefault(node, [])

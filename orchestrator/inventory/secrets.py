@@ -11,7 +11,7 @@ import getpass
 import os
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import SecretStr
 
@@ -77,6 +77,15 @@ class PasswordResolver:
                 hint="run from a terminal, or set password_env and export that variable",
             )
         return None
+
+    def ask_now(self, nodes: Iterable[Node]) -> None:
+        """Every password ``nodes`` need, asked now, before parallel work starts (one prompt per
+        distinct secret); a node whose password cannot be had fails when it connects, not here."""
+        for node in nodes:
+            try:
+                self.password_for(node)
+            except SecretMissingError:
+                pass  # the node fails with this error when it connects; the others go on
 
     def _ask(self, key: tuple[str, ...], question: str, node: Node, *, message: str, hint: str) -> str:
         with self._lock:

@@ -201,18 +201,10 @@ def train_record(inventory: Inventory) -> dict[str, Any]:
     }
 
 
-def read_record(directory: Path) -> dict[str, Any] | None:
-    """A run's record here (``runs/<run-id>/run.json``), None when there is none or it is unreadable."""
-    try:
-        doc = json.loads((directory / RECORD).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def train_args_line(train: dict[str, Any] | None) -> str:
-    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got, for `launch` and
-    `status`; "" when the record has nothing to say (no arguments, nothing set for this run)."""
+def train_args_line(train: Mapping[str, Any] | None) -> str:
+    """``args: --lr 0.1 (command line); env: A=1``: what a run's script got (a record's
+    :func:`train_record`), for `launch` and `status`; "" when the record has nothing to say (no
+    arguments, nothing set for this run)."""
     if not train:
         return ""
     parts = []
@@ -223,3 +215,12 @@ def train_args_line(train: dict[str, Any] | None) -> str:
     if env:
         parts.append("env: " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
     return "; ".join(parts)
+
+
+def read_record(directory: Path) -> dict[str, Any] | None:
+    """A run's record here (``runs/<run-id>/run.json``), None when there is none or it is unreadable."""
+    try:
+        doc = json.loads((directory / RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -6,7 +6,9 @@ line is left alone), records the node's host key, then proves key login works wi
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,8 +23,8 @@ from orchestrator.platforms import PosixShell
 from orchestrator.transports import SSHOptions, Transport
 
 if TYPE_CHECKING:
-    from orchestrator.inventory import Node
-    from orchestrator.session import Session
+    from orchestrator.executor import NodeEvent
+    from orchestrator.inventory import Inventory, Node
 
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 
@@ -147,9 +149,24 @@ def authorize_script(key_path: str) -> str:
     return PosixShell().wrap(PosixShell().ensure_authorized_key(f"<contents of {public}>"))
 
 
-def install_all(session: Session, key: ControllerKey, ssh: SSHOptions) -> GroupResult[KeyInstall]:
-    """:func:`install_key` on every node of ``session`` (their host keys checked with ``ssh``)."""
-    return session.map(lambda n, t: install_key(n, t, key, ssh), step="keys")
+def install_all(
+    inventory: Inventory,
+    nodes: list[Node],
+    key: ControllerKey,
+    ssh: SSHOptions,
+    passwords: PasswordResolver,
+    *,
+    forks: int,
+    on_event: Callable[[NodeEvent], None] | None = None,
+) -> GroupResult[KeyInstall]:
+    """:func:`install_key` on every node, in a session of its own logged in with ``passwords``: host
+    keys are checked before a password is sent (unknown ones accepted only with ``ssh``'s
+    ``accept_new_host_keys``), and the key login then against the host keys recorded, nothing new."""
+    from orchestrator.session import Session
+
+    check = dataclasses.replace(ssh, accept_new_host_keys=False)
+    with Session(inventory, nodes, ssh=ssh, passwords=passwords, max_workers=forks, on_event=on_event) as on:
+        return on.map(lambda n, t: install_key(n, t, key, check), step="keys")
 
 
 def keys_exit_code(outcomes: GroupResult[KeyInstall]) -> ExitCode:

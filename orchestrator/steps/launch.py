@@ -69,6 +69,10 @@ if TYPE_CHECKING:
     from orchestrator.transports import Result, SSHOptions, Transport
     from orchestrator.transports.base import OnLine, Stream
 
+#: our rank workers (validate's, bench's) on Linux/WSL: one process per rank started by this template;
+#: native Windows' launch template already starts one process per rank
+RANKS_TEMPLATE = "ranks.sh.j2"
+
 TAIL = 20
 
 
@@ -108,14 +112,19 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     )
 
 
-def offline_plan(inventory: Inventory, run_id: str) -> LaunchPlan:
+def offline_plan(
+    inventory: Inventory, run_id: str, *, say: Callable[[str], None] | None = None
+) -> LaunchPlan:
     """The launch plan from the inventory alone (``render --offline``, every ``--dry-run``): the same
     decisions as :func:`plan` with no facts: interfaces as the inventory names them, the master at
-    its inventory address, ``backend: auto`` taken as gloo (``backend_reason`` says so)."""
+    its inventory address, ``backend: auto`` taken as gloo (``backend_reason`` says so, told to
+    ``say``)."""
     backend: str = inventory.cluster.backend
     why = f"{backend}, as the inventory says"
     if backend == "auto":
         backend, why = "gloo", "offline: backend auto rendered as gloo (check decides with the nodes' facts)"
+        if say is not None:
+            say(why)
     return _decide(inventory, run_id, backend=(backend, why), master_addr=None, interfaces={}, cpus={})
 
 

@@ -13,16 +13,12 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.runs.ranks import worker_record
-from orchestrator.steps.launch import run_node
+from orchestrator.steps.launch import RANKS_TEMPLATE, run_node
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
     from orchestrator.session import Session
     from orchestrator.steps.launch import NodeRunResult
-
-#: Linux/WSL: one process per rank started by this template; native Windows' launch template already
-#: starts one process per rank
-TEMPLATE = "ranks.sh.j2"
 
 
 def run_rank_workers(
@@ -71,7 +67,7 @@ def run_rank_workers(
                 specs[node.name],
                 renderer=renderer,
                 on_line=line,
-                template=None if isinstance(t.platform, PowerShell) else TEMPLATE,
+                template=None if isinstance(t.platform, PowerShell) else RANKS_TEMPLATE,
                 script_file=worker,
             ),
             step=step,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import CommandTimeoutError, ExitCode, SudoPasswordRequiredError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.inventory import Node
+from orchestrator.logs import LineSink, PrefixedOutput, RunLog
 from orchestrator.platforms import Platform
 from orchestrator.platforms.windows_admin import shell_quota_error
+from orchestrator.runs.ids import command_run_dir
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
 
@@ -67,9 +70,11 @@ def command_script(
 
 @dataclass
 class RunReport:
-    """`bootstrap run` on every node: each node's result (a non-zero exit is a value, not an error)."""
+    """`bootstrap run` on every node: each node's result (a non-zero exit is a value, not an error),
+    and where the controller kept every node's whole output."""
 
     outcomes: GroupResult[Result]
+    log_dir: Path
 
     @staticmethod
     def failed(outcome: Outcome[Result]) -> bool:
@@ -82,6 +87,21 @@ class RunReport:
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes, self.failed)
 
+    @staticmethod
+    def result(outcome: Outcome[Result]) -> str:
+        """A node's result in a word or two: ``ok``, ``exit 3``, or its error's (``unreachable``)."""
+        if outcome.error is not None:
+            return outcome.error.status
+        return (
+            "ok"
+            if outcome.value is not None and outcome.value.ok
+            else f"exit {outcome.value.exit_code if outcome.value else '?'}"
+        )
+
+    def printed(self) -> bool:
+        """Whether any node printed anything (the log then holds it)."""
+        return any(o.value is not None and o.value.stdout + o.value.stderr for o in self.outcomes)
+
 
 def run_everywhere(
     session: Session,
@@ -92,11 +112,14 @@ def run_everywhere(
     timeout: float | None,
     become: bool,
     keep_lines: int,
-    outputs: Mapping[str, OnLine],
+    printer: LineSink | None,
 ) -> RunReport:
-    """:func:`run_command` on every node of ``session`` at once, each node's lines to ``outputs``."""
-    return RunReport(
-        session.map(
+    """:func:`run_command` on every node of ``session`` at once, each node's lines into a new log of
+    the controller's (``runs.ids.command_run_dir``) and onto ``printer`` as ``[node] line``."""
+    log = RunLog(command_run_dir(session.inventory.cluster.name))
+    outputs = {n.name: PrefixedOutput(n.name, log, printer) for n in session.nodes}
+    try:
+        outcomes = session.map(
             lambda node, t: run_command(
                 node,
                 t,
@@ -110,7 +133,9 @@ def run_everywhere(
             ),
             step="run",
         )
-    )
+    finally:
+        log.close()
+    return RunReport(outcomes, log.directory)
 
 
 def result_fields(outcome: Outcome[Any]) -> dict[str, Any]:

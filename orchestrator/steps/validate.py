@@ -31,8 +31,7 @@ from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
 from orchestrator.runs.ranks import owned_rank, split_worker_rank
-from orchestrator.steps import rank_workers
-from orchestrator.steps.launch import plan
+from orchestrator.steps.launch import RANKS_TEMPLATE, plan
 from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
 
@@ -412,7 +411,7 @@ def validation_phase(
             lambda specs: validation_specs(specs, timeout, sizes),
             ssh=dry_run,
             say=reach.say,
-            template=rank_workers.TEMPLATE,
+            template=RANKS_TEMPLATE,
             script_file=worker,
         )
     log = RunLog(Path("runs") / run_id)

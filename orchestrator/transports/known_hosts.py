@@ -22,6 +22,7 @@ import binascii
 import hashlib
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,18 @@ def compare_command(key_type: str) -> str:
     if path is None:
         return f"`ssh-keygen -lf` on the node's {key_type} host key (a HostKey in /etc/ssh/sshd_config)"
     return f"`ssh-keygen -lf {path}`"
+
+
+def how_to_compare(key_types: Iterable[str]) -> str:
+    """What to do about host keys seen for the first time, of ``key_types`` (the types the nodes
+    offered): the command that shows each on its node (:func:`compare_command`), then the option that
+    records them."""
+    commands = {kind: compare_command(kind) for kind in key_types}
+    how = " or ".join(f"{command} (for {kind})" for kind, command in sorted(commands.items()))
+    return (
+        f"Compare each fingerprint with {how} run on that node, "
+        "then rerun with --accept-new-host-keys to record them."
+    )
 
 
 def lookup_name(host: str, port: int | None) -> str:

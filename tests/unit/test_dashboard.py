@@ -265,7 +265,8 @@ def test_the_nodes_samples_reach_the_page_per_node_and_per_gpu_and_only_of_the_r
 def test_the_terminal_shows_the_lines_without_the_sample_records(tmp_path: Path) -> None:
     import io
 
-    from orchestrator.cli.ui import LinePrinter, RankedOutput
+    from orchestrator.cli.ui import LinePrinter
+    from orchestrator.logs import RankedOutput
 
     out = io.StringIO()
     printer = LinePrinter(["n1"], out, color=False)

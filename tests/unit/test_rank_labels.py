@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 
-from orchestrator.cli.ui import LinePrinter, RankedOutput
+from orchestrator.cli.ui import LinePrinter
 from orchestrator.inventory import load_inventory_text
+from orchestrator.logs import RankedOutput
 from orchestrator.runs.ranks import rank_labels
 
 NODES = """

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from orchestrator.cli.common import Settings, again
+from orchestrator.cli.common import Settings
 from orchestrator.inventory import load_inventory_text
 from orchestrator.render import plan_launch
 from orchestrator.runs.layout import (
@@ -22,6 +22,7 @@ from orchestrator.runs.layout import (
     workdir_for,
     write_record,
 )
+from orchestrator.runs.next_command import again
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.envsync.spec import env_path
 from orchestrator.steps.preflight import preflight_facts

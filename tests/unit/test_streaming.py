@@ -10,8 +10,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.cli.ui import LinePrinter, PrefixedOutput, RankedOutput
-from orchestrator.logs import RunLog
+from orchestrator.cli.ui import LinePrinter
+from orchestrator.logs import PrefixedOutput, RankedOutput, RunLog
 from orchestrator.transports.base import BlockHandler, LineSplitter
 
 

@@ -77,7 +77,7 @@ def piped(monkeypatch: pytest.MonkeyPatch) -> tuple[UI, io.StringIO, _Clock]:
     err = io.StringIO()
     monkeypatch.setattr("sys.stderr", err)
     clock = _Clock()
-    monkeypatch.setattr("orchestrator.cli.ui.time.monotonic", clock)
+    monkeypatch.setattr("orchestrator.progress.time.monotonic", clock)
     ui = UI(color=False)
     assert not ui.live  # a StringIO is no terminal
     return ui, err, clock

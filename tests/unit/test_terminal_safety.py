@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli.neutralise import neutralise
-from orchestrator.cli.ui import UI, LinePrinter, NeutralConsole, PrefixedOutput, RankedOutput
-from orchestrator.logs import RunLog
+from orchestrator.cli.ui import UI, LinePrinter, NeutralConsole
+from orchestrator.logs import PrefixedOutput, RankedOutput, RunLog
+from orchestrator.neutralise import neutralise
 
 #: what a terminal acts on: any C0 control but tab and newline, DEL, any C1 control, and the invisible
 #: format characters that reorder text (bidi), hide it (zero-width) or end a line (U+2028/U+2029)
@@ -178,7 +178,7 @@ def test_json_carries_node_text_exactly_and_no_raw_control(capsys: pytest.Captur
 
 def test_log_lines_quoting_a_node_are_neutralised() -> None:
     """-v / -vv: a WinRM fault's text or an SSH server's banner reaches the log lines."""
-    from orchestrator.cli.common import NeutralFormatter
+    from orchestrator.neutralise import NeutralFormatter
 
     record = logging.LogRecord(
         "orchestrator", logging.INFO, __file__, 1, "n1: %s", ("\x1b]52;c;eA==\x07",), None

@@ -32,8 +32,7 @@ from orchestrator.records import unnonced
 from orchestrator.render import LaunchSpec, Renderer, plan_launch
 from orchestrator.resources import package_file
 from orchestrator.runs.layout import run_dir_for
-from orchestrator.steps.launch import LaunchPlan, prepare_windows_node, run_node
-from orchestrator.steps.rank_workers import TEMPLATE
+from orchestrator.steps.launch import RANKS_TEMPLATE, LaunchPlan, prepare_windows_node, run_node
 from orchestrator.steps.validate import WORKER, validate, validation_specs
 from orchestrator.transports import LocalTransport, open_transport
 from orchestrator.transports.base import OnLine, Result, Transport
@@ -238,7 +237,7 @@ def test_posix_ranks_run_the_worker_uploaded_into_the_run_directory(
         spec,
         renderer=Renderer(),
         on_line=lambda node, line: lines.append(line),
-        template=TEMPLATE,
+        template=RANKS_TEMPLATE,
         script_file=WORKER_FILE,
     )
     run_dir = Path(os.path.expanduser(run_dir_for(spec.node, RUN_ID)))

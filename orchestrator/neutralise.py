@@ -30,6 +30,7 @@ block that holds a control character pays a substitution, per control character 
 
 from __future__ import annotations
 
+import logging
 import re
 
 #: SGR ("select graphic rendition"): colours and text attributes, nothing else
@@ -89,3 +90,11 @@ def neutralise(text: str, *, keep_colour: bool = False) -> str:
         if not text.endswith("\n"):
             text += _RESET
     return text
+
+
+class NeutralFormatter(logging.Formatter):
+    """Log lines quote what nodes sent (errors, a server's banner at -vv): neutralised like every
+    other node text shown; newlines of tracebacks kept."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return neutralise(super().format(record))
