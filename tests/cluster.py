@@ -162,6 +162,15 @@ def _keygen_argv(path: Path, comment: str) -> list[str]:
     return ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
 
 
+def _command(pid: int) -> str:
+    """A process's command line, shortened (empty once it is gone)."""
+    try:
+        words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return ""
+    return " ".join(w.decode("utf-8", "replace") for w in words if w)[:120]
+
+
 def _wait_pids_gone(pids: Iterable[int], timeout: float) -> set[int]:
     """Wait until the processes exited (or became zombies); return those still alive."""
     fds = {}
@@ -814,6 +823,37 @@ X11Forwarding no
             self._write_sshd_config(host)
             if host.name in self._sshd:
                 self.restart_sshd(host)
+
+    def run_processes(self) -> dict[int, str]:
+        """Every live process on the hosts that belongs to a run (it carries the product's run marker,
+        ``CLUSTER_BOOTSTRAP_RUN=<run-id>/<node>``): pid -> marker."""
+        found: dict[int, str] = {}
+        for host in self.hosts:
+            res = _run(["ip", "netns", "pids", host.ns])
+            for pid in (int(p) for p in res.stdout.split() if p.isdigit()):
+                try:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes()
+                    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                except OSError:  # gone meanwhile
+                    continue
+                for entry in environ.split(b"\0"):
+                    if entry.startswith(b"CLUSTER_BOOTSTRAP_RUN=") and state != "Z":
+                        found[pid] = entry.split(b"=", 1)[1].decode("utf-8", "replace")
+        return found
+
+    def end_run_processes(self, grace: float = 20.0) -> dict[int, str]:
+        """Await the end of every run's processes on the hosts (``grace`` seconds), then kill those
+        left: what a test left running. Returns them (pid -> marker and command; empty: none was)."""
+        left = self.run_processes()
+        if not left:
+            return {}
+        alive = _wait_pids_gone(left, grace)
+        said = {pid: f"{left[pid]} {_command(pid)}" for pid in alive}
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _wait_pids_gone(alive, 3.0)
+        return said
 
     def kill_host_processes(self, host: TestHost) -> None:
         """Kill every process in the host's namespace (sshd and sessions): a crashed host."""

@@ -252,7 +252,7 @@ def write_inventory(path: Path, nodes: list[dict[str, object]], **cluster: objec
 
 
 @pytest.fixture
-def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Callable[..., CliRun]:
+def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Iterator[Callable[..., CliRun]]:
     """Run the installed ``bootstrap`` inside the controller namespace with HOME=ctl_home."""
 
     def run(
@@ -268,7 +268,13 @@ def bootstrap(cluster: NamespaceCluster, ctl_home: Path) -> Callable[..., CliRun
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, cwd=cwd)
         return CliRun([BOOTSTRAP, *args], proc.returncode, proc.stdout, proc.stderr)
 
-    return run
+    yield run
+    # The cluster is the whole session's: a run this test left behind would hold the master port
+    # (and the CPU) for the tests after it, which would fail for no reason of theirs
+    left = cluster.end_run_processes()
+    if left:
+        runs = "; ".join(sorted(set(left.values())))
+        pytest.fail(f"this test left {len(left)} process(es) of its runs running (killed now): {runs}")
 
 
 @pytest.fixture

@@ -20,7 +20,9 @@ is the node's name, so nodes that share a filesystem, such as NFS homes, get a d
 
 The run directory is per node even inside one workdir: two nodes sharing a home would otherwise run
 the last-written script. Every process of a POSIX run carries the run marker in its environment
-(``RUN_MARKER_ENV=<run-id>/<node>``): `stop` finds exactly them, never a process matched by name.
+(``RUN_MARKER_ENV=<run-id>/<node>/<launcher pid>-<its start time>``, the pid file's values): `stop`
+finds exactly them, never a process matched by name, nor one of another launch under the same run id
+(from another directory, or of a same-named cluster sharing the machine).
 
 Here, relative to the directory `launch` ran in::
 
@@ -112,8 +114,9 @@ def node_log(run_dir: str) -> str:
 
 
 def run_marker(run_id: str, node_name: str) -> str:
-    """What every process of one node's part of a run carries in RUN_MARKER_ENV: how `stop` finds
-    them (never by a name pattern that could hit another run)."""
+    """What every process of one node's part of a run carries in RUN_MARKER_ENV, before the launcher's
+    own token (runs/posix.py run_identity): how `stop` finds them (never by a name pattern that
+    could hit another run)."""
     return f"{run_id}/{node_name}"
 
 

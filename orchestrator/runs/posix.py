@@ -42,12 +42,16 @@ class PosixRuns(RunOps):
         Nothing is written unless the run directory is ours alone (``check_own_dir``), and
         ``pid.part`` only as a new file (noclobber): never through a link planted in its place."""
         return (
-            self.platform.check_own_dir(run_dir)
-            + "\n"
-            + f"export {RUN_MARKER_ENV}={self.platform.quote(marker)}\n"
+            self.platform.check_own_dir(run_dir) + "\n"
             f"_cb_d={self.platform.path_word(run_dir)}\n"
             '_cb_self() { set -- $1; printf \'%s %s %s\\n\' "$$" "${4:--}" "${20:--}"; }\n'
+            '_cb_token() { set -- $1; printf \'%s-%s\' "$$" "${20:--}"; }\n'
             '{ IFS= read -r _cb_l < "/proc/$$/stat"; } 2>/dev/null || _cb_l=") ?"\n'
+            # the marker ends in this launcher's pid and start time (the pid file's): unique, so
+            # another launch of the same run id and node (from another directory, or a same-named
+            # cluster sharing this machine) is never taken for this one
+            f"export {RUN_MARKER_ENV}={self.platform.quote(marker + '/')}"
+            '"$(_cb_token "${_cb_l##*) }")"\n'
             '(set -C; _cb_self "${_cb_l##*) }" > "$_cb_d/pid.part") && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
         )
 
@@ -80,7 +84,9 @@ class PosixRuns(RunOps):
         return (
             self.platform.record_functions(nonce) + "\n"
             f"grep -azo '^{RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
-            f" | tr '\\0' '\\n' | sed 's/^[^=]*=//' | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
+            # without the launcher's token (run_identity): one count per run and node
+            " | tr '\\0' '\\n' | sed 's/^[^=]*=//; s#/[0-9]*-[^/]*$##'"
+            f" | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
             ' | while read -r n m; do _cb_rec leftover "$n" "$m"; done'
         )
 
@@ -88,7 +94,7 @@ class PosixRuns(RunOps):
 
     def functions(self, run_dir: str, marker: str) -> str:
         """Shell functions shared by stop, status and the log tail (``$d`` = the run directory)."""
-        env_line = self.platform.quote(f"{RUN_MARKER_ENV}={marker}")
+        env_line = self.platform.quote(f"{RUN_MARKER_ENV}={marker}/")
         return (
             f"d={self.platform.path_word(run_dir)}\n"
             f"m={env_line}\n"
@@ -112,7 +118,10 @@ class PosixRuns(RunOps):
             '      _cb_in "${_cb_l##*) }" && echo "$_cb_p"\n'
             "    done\n"
             "  fi\n"
-            '  grep -lzxF -e "$m" /proc/[0-9]*/environ 2>/dev/null'
+            # the marker with this launch's token (its pid file: "PID SESSION START"), or, with
+            # no pid file to tell it (its run directory deleted), any launch of the run on the node
+            '  if [ -n "$_cb_tok" ]; then grep -lzxF -e "$m$_cb_tok" /proc/[0-9]*/environ 2>/dev/null\n'
+            '  else grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null; fi'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
             "  } | sort -u\n"
             "}\n"
@@ -122,6 +131,10 @@ class PosixRuns(RunOps):
             + "\n"
             "_cb_sess=\n"
             'if _cb_leader && [ "$_cb_sid" = "$_cb_pid" ]; then _cb_sess=$_cb_pid; fi\n'
+            "_cb_tok=\n"
+            'if [ -f "$d/pid" ] && read -r _cb_tp _cb_ts _cb_tt < "$d/pid"; then\n'
+            "  _cb_tok=$_cb_tp-$_cb_tt\n"
+            "fi\n"
         )
 
     def start(self, run_dir: str, node_log: str, marker: str, nonce: str) -> str:

@@ -50,9 +50,9 @@ def await_(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def run_pids(marker: str) -> set[int]:
-    """Live (non-zombie) processes on this machine carrying the run marker (every namespace host
-    shares this machine's process table)."""
-    wanted = MARKER_ENV + b"=" + marker.encode()
+    """Live (non-zombie) processes on this machine carrying the run marker, of any launch (the value
+    ends in its launcher's token: every namespace host shares this machine's process table)."""
+    wanted = MARKER_ENV + b"=" + marker.encode() + b"/"
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -64,7 +64,7 @@ def run_pids(marker: str) -> set[int]:
                 env = fh.read().split(b"\0")
         except OSError:
             continue
-        if state != b"Z" and wanted in env:
+        if state != b"Z" and any(e.startswith(wanted) and e.count(b"/") == wanted.count(b"/") for e in env):
             found.add(int(entry))
     return found
 
@@ -490,6 +490,39 @@ def test_stop_ends_every_process_of_the_run_and_nothing_else(
         with netns.inside(cluster.controller_ns):
             stop_node(node, node1, "r-other", grace=1.0)
     assert not run_pids(run_marker("r-other", "node1")) and (other / "pid").exists()
+
+
+def test_stop_leaves_another_launch_of_the_same_run_id_alone(
+    cluster: NamespaceCluster, node1: SSHTransport, tmp_path: Path
+) -> None:
+    """Two controllers (two directories, two workdirs) that launched the same run id on one node, as
+    same-named clusters started in the same second do: stopping one, its end-of-run sweep included,
+    leaves the other's processes running."""
+    mine, theirs = _node(tmp_path / "a"), _node(tmp_path / "b")
+    _start(cluster.controller_ns, node1, mine, "r-twin", "sleep 305 &\nsleep 306\n")
+    _start(cluster.controller_ns, node1, theirs, "r-twin", "sleep 307 &\nsleep 308\n")
+
+    def sleeps(pids: set[int]) -> set[str]:
+        said = (Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode() for p in pids)
+        return {c.split()[1] for c in said if c.startswith("sleep ")}
+
+    both = await_(
+        lambda: sleeps(p := run_pids(run_marker("r-twin", "node1"))) == {"305", "306", "307", "308"} and p,
+        10,
+        "both launches' processes",
+    )
+    try:
+        with netns.inside(cluster.controller_ns):
+            stopped = stop_node(mine, node1, "r-twin", grace=2.0)
+        left = run_pids(run_marker("r-twin", "node1"))
+        assert sleeps(left) == {"307", "308"} and left < both, (left, both)
+        # its processes with the marker, and the launcher's shell (its session's leader: the marker is
+        # exported by it, so not in its own /proc environ)
+        assert stopped.state == "stopped" and stopped.terminated == len(both - left) + 1, stopped
+    finally:
+        with netns.inside(cluster.controller_ns):
+            stop_node(theirs, node1, "r-twin", grace=1.0)
+    assert not run_pids(run_marker("r-twin", "node1"))
 
 
 def test_fetch_copies_files_and_directories_from_run_and_code_dirs(

@@ -14,8 +14,8 @@
 # then the directories those leave empty (never one holding anything else). Prints one record "clean"
 # (nonce N) whose field is the JSON object
 # {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
-# A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>) stops
-# everything: nothing is removed, "running" names it.
+# A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>/<token>)
+# stops everything: nothing is removed, "running" names it.
 import hashlib
 import json
 import os
@@ -185,6 +185,8 @@ def running(workdir, node):
         for entry in environ:
             if entry.startswith(RUN_ENV.encode() + b"="):
                 marker = entry.split(b"=", 1)[1].decode("utf-8", "replace")
+                # <id>/<node>/<launcher pid>-<start time> (orchestrator/runs/posix.py run_identity)
+                marker = marker.rsplit("/", 1)[0] if marker.count("/") >= 2 else marker
                 if marker.endswith(suffix):
                     run_id = marker[: -len(suffix)]
                     if os.path.isdir(os.path.join(workdir, "runs", run_id, node)):
