@@ -198,6 +198,15 @@ class PosixShell(Platform):
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"
 
+    def say_if_listening(self, port: int, word: str) -> str:
+        """A line that prints ``word`` and ends the script (exit 0) when a TCP socket of this machine
+        listens on ``port`` (IPv4 or IPv6, any address; /proc/net: Linux and WSL)."""
+        return (
+            f'if awk -v p=:{int(port):04X} \'$4 == "0A" && substr($2, length($2) - 4) == p {{ f = 1 }}'
+            " END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then\n"
+            f"  echo {self.quote(word)}; exit 0\nfi"
+        )
+
     def run_script(self, path: str) -> str:
         """Run the script file at ``path`` (on the node) with /bin/sh."""
         return f"/bin/sh {self.path_word(path)}"

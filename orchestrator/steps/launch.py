@@ -252,6 +252,8 @@ class NodeRunResult:
 #: the record (orchestrator/records.py) the preparing script prints when the run directory already
 #: holds a run's log
 RAN_BEFORE = "ran-before"
+#: ... and when the master's rendezvous port is taken already (a run still holding it, another program)
+PORT_BUSY = "port-busy"
 
 
 def prepare_script(
@@ -261,9 +263,12 @@ def prepare_script(
     *,
     code_root: str | None = None,
     nonce: str | None = None,
+    refuse: str = "",
 ) -> str:
     """What prepares a node for a run, on every platform: refuse a run id that ran there before,
     create the run directory, and the directory the training script goes to.
+
+    ``refuse``: a further refusal, checked after the run id and before anything is created.
 
     ``code_root``: the code directory a training script is uploaded into; when launch creates it,
     it is marked as bootstrap's (``CODE_MARKER``). The run's outputs directory (``$CB_RUN_DIR``) is
@@ -292,6 +297,7 @@ def prepare_script(
             # before anything is made, and again once it exists (one raced in meanwhile)
             code_check,
             platform.say_if_exists(f"{run_dir}/node.log", said),
+            *([refuse] if refuse else []),
             platform.new_private_dir(run_dir),
             platform.mkdir(f"{run_dir}/{RUN_OUTPUTS}"),  # $CB_RUN_DIR: the run's own outputs
             make_code,
@@ -306,6 +312,14 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
     refused = refused_dir(prepare, node.name)
     if refused is not None:
         raise refused
+    if records.find(prepare.stdout, nonce, PORT_BUSY) is not None:
+        raise CommandFailedError(
+            f"port {spec.master_port} is in use on this node, the master: torchrun's rendezvous needs it "
+            "free (nothing was started)",
+            node=node.name,
+            hint="when a run of bootstrap holds it, the line above names it (`bootstrap stop --run <id>` "
+            "ends it); or set cluster.port in the inventory to a free port",
+        )
     if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(
             f"run {spec.run_id} already ran on this node ({run_dir}/node.log exists)",
@@ -386,7 +400,20 @@ def prepare_plan(
         prepare = (
             PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name), nonce)
             + "\n"
-            + prepare_script(platform, run_dir, code_dir, code_root=code_root, nonce=nonce)
+            + prepare_script(
+                platform,
+                run_dir,
+                code_dir,
+                code_root=code_root,
+                nonce=nonce,
+                # on the master: its rendezvous port must be free (torchrun would fail there, and the
+                # other nodes could join whatever holds it)
+                refuse=platform.say_if_listening(
+                    spec.master_port, records.record(nonce, PORT_BUSY).rstrip("\n")
+                )
+                if spec.node_rank == 0
+                else "",
+            )
         )
         launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")
     actions: list[Put | Run] = [

@@ -168,10 +168,14 @@ def test_a_refused_run_id_never_stops_the_run_that_holds_it(
     started = bootstrap("-i", str(one), "launch", "--detach", "--run-id", run_id, cwd=first_dir, timeout=300)
     assert started.returncode == 0, started
     try:
+        # the run trains: its torchrun holds the cluster's port on node1 (the run id is what is named)
+        log = Path.home() / "cluster-bootstrap" / "runs" / run_id / node1.name / "node.log"
+        await_(lambda: log.exists() and "sleeping" in log.read_text(), 60, "the first run training")
         three = _inventory(cluster, tmp_path / "three.yaml", script)
         again = bootstrap("-i", str(three), "launch", "--run-id", run_id, cwd=second_dir, timeout=300)
         assert again.returncode == 1, again
         assert f"run {run_id} already ran on this node" in again.stderr
+        assert "is in use on this node" not in again.stderr, again.stderr
         # the others were stopped because of it (not failed: nothing of theirs is broken)
         assert re.search(r"node2\W+stopped", again.stderr) and re.search(r"node3\W+stopped", again.stderr), (
             again
@@ -279,3 +283,40 @@ def test_a_new_launch_names_a_detached_run_which_stop_then_ends_everywhere(
     assert again.returncode == 0 and "nothing was running: nothing changed" in again.stderr, again
     states = _status(bootstrap, inv_a, old, tmp_path)
     assert all(s["state"] == "stopped" for s in states.values()), states
+
+
+def test_a_busy_master_port_refuses_the_launch_naming_the_node_and_the_port(
+    bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    """Something already listens on the cluster's port on the master (a run launched from another
+    directory still holding it, another program): `launch` says so for that node and starts nothing
+    (torchrun would fail there, and the other nodes could join whatever holds the port); once the
+    port is free, the same command trains."""
+    script = tmp_path / "t.py"
+    script.write_text("print('trained', flush=True)\n")
+    port = 29611
+    nodes = [
+        {"name": h.name, "host": h.addr, "user": "root", "python": sys.executable} for h in cluster.hosts[:2]
+    ]
+    inv = write_inventory(
+        tmp_path / "hosts.yaml", nodes, name="ns", master="node1", port=port, train={"script": str(script)}
+    )
+    listen = (
+        "import socket, time\ns = socket.socket(socket.AF_INET6)\n"
+        f"s.bind(('::', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", cluster.hosts[0].ns, sys.executable, "-c", listen], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"up\n"
+        refused = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 1, refused
+    said = refused.stdout + refused.stderr
+    assert re.search(rf"node1\W.*port {port} is in use on this node, the master", said), said
+    assert "cluster.port" in said and "trained" not in said, said
+    again = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("trained") == 2, again
