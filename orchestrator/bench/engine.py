@@ -39,6 +39,16 @@ class BenchOptions:
     rounds: int = 1  # scaling runs per node set and mode (the median is shown)
     log_every: int = 10
 
+    def probe(self) -> dict[str, Any]:
+        """What the probe is run with (bench.probe: run_probe and probe_specs)."""
+        return {
+            "batch_size": self.batch_size,
+            "repeats": self.repeats,
+            "seconds": self.seconds,
+            "timeout": self.timeout,
+            "workload": self.workload,
+        }
+
 
 @dataclass
 class BenchReport:
@@ -117,16 +127,7 @@ def run_bench(
 
     try:
         report.probe = run_probe(
-            session,
-            inventory,
-            run_id,
-            batch_size=options.batch_size,
-            repeats=options.repeats,
-            seconds=options.seconds,
-            timeout=options.timeout,
-            workload=options.workload,
-            renderer=renderer,
-            on_line=probe_line,
+            session, inventory, run_id, **options.probe(), renderer=renderer, on_line=probe_line
         )
     finally:
         probe_log.close()
@@ -196,14 +197,7 @@ def bench_phase(
     if dry_run is not None:
 
         def probes(specs: list[LaunchSpec]) -> list[LaunchSpec]:
-            return probe_specs(
-                specs,
-                batch_size=options.batch_size,
-                repeats=options.repeats,
-                seconds=options.seconds,
-                timeout=options.timeout,
-                workload=options.workload,
-            )
+            return probe_specs(specs, **options.probe())
 
         return offline_dry_run(
             "bench",
