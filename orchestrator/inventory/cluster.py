@@ -186,14 +186,22 @@ class Inventory:
         """Nodes matching any pattern, in inventory order, each once.
 
         A pattern is a node name, an ``fnmatch`` glob (``gpu-*``) or ``tag:NAME`` (the tag may be a glob
-        too); one string may hold several comma-separated patterns. A pattern matching no node is an
-        :class:`InventoryError` naming it (all such patterns at once).
+        too); one string may hold several comma-separated patterns (none of them empty). A pattern
+        matching no node is an :class:`InventoryError` naming it (all such patterns at once).
         """
         wanted: set[str] = set()
         issues: list[InventoryIssue] = []
         given = 0
         for raw in patterns:
-            for pattern in (p.strip() for p in raw.split(",")):
+            parts = [p.strip() for p in raw.split(",")]
+            # `--nodes "node1,$GONE,node3"`: one node fewer, silently (a trailing comma is a list
+            # built in a loop: fine)
+            if any(parts) and not all(parts[:-1]):
+                message = (
+                    f"--nodes {raw!r} has an empty name between commas (an unset variable?): name every node"
+                )
+                issues.append(InventoryIssue(message, file=self.source))
+            for pattern in parts:
                 if not pattern:
                     continue
                 given += 1

@@ -379,6 +379,15 @@ def test_an_empty_selection_is_an_error_not_nothing_to_do(inv: Inventory) -> Non
     assert [n.name for n in inv.select(["gpu-1,"])] == ["gpu-1"]
 
 
+def test_an_empty_name_between_commas_is_an_error_not_one_node_fewer(inv: Inventory) -> None:
+    """`--nodes "gpu-1,$GONE,cpu-1"` with the variable unset: a job on two nodes instead of three
+    would start without a word."""
+    for raw in ("gpu-1,,cpu-1", ",gpu-1", "gpu-1, ,cpu-1"):
+        with pytest.raises(InventoryError, match="has an empty name between commas") as info:
+            inv.select([raw])
+        assert repr(raw) in str(info.value)
+
+
 def test_public_dict_is_json_safe(inv: Inventory) -> None:
     data = inv.public_dict()
     text = json.dumps(data)
