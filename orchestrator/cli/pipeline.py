@@ -33,20 +33,25 @@ class CliFront:
             self.settings.ui.print_text(f"# ======== {phase} (dry run) ========")
 
     def show(self, phase: str, report: Any, nodes: list[Node]) -> ExitCode:
-        from orchestrator.cli import check, firewall, launch, sync, timesync, validate
+        from orchestrator.cli.check import show_check
+        from orchestrator.cli.firewall import show_firewall
+        from orchestrator.cli.launch import show_launch
+        from orchestrator.cli.sync import show_sync
+        from orchestrator.cli.timesync import print_time_report
+        from orchestrator.cli.validate import show_validation
 
         settings, inventory = self.settings, self.inventory
         if phase == "sync":
-            return sync.show_sync(settings, report)
+            return show_sync(settings, report)
         if phase == "firewall":
-            return firewall.show_firewall(settings, report, inventory.cluster.name, remove=False)
+            return show_firewall(settings, report, inventory.cluster.name, remove=False)
         if phase == "ntp":
-            return timesync.print_time_report(settings, report)
+            return print_time_report(settings, report)
         if phase == "check":
-            return check.show_check(settings, inventory, nodes, report)
+            return show_check(settings, inventory, nodes, report)
         if phase == "validate":
-            return validate.show_validation(settings, report)
-        return launch.show_launch(settings, inventory, report, own_session=False)
+            return show_validation(settings, report)
+        return show_launch(settings, inventory, report, own_session=False)
 
     def say(self, level: str, text: str) -> None:
         say(self.settings)(level, text)

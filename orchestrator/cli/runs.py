@@ -15,7 +15,6 @@ import click
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.cli import slurm
 from orchestrator.cli.common import (
     CommandExit,
     Settings,
@@ -28,6 +27,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.report import json_doc
+from orchestrator.cli.slurm import logs_on_slurm, status_on_slurm, stop_on_slurm
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
@@ -149,7 +149,7 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     (runs/<run-id>/<node>.log) is neither truncated nor written: it keeps what the last full
     `logs` wrote.
     """
-    on_slurm: OnSlurm = lambda s, i, r: slurm.logs_on_slurm(s, i, r, follow=follow)  # noqa: E731
+    on_slurm: OnSlurm = lambda s, i, r: logs_on_slurm(s, i, r, follow=follow)  # noqa: E731
     settings, inventory, run = _run(
         ctx, run_arg, on_slurm, lambda run: commands.logs_script(run, follow=follow, tail=tail)
     )
@@ -248,7 +248,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     start to its exit, or to now; stopped: to its last output). GPU utilisation shows where
     nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named).
     """
-    settings, inventory, run = _run(ctx, run_arg, slurm.status_on_slurm, commands.status_script_of)
+    settings, inventory, run = _run(ctx, run_arg, status_on_slurm, commands.status_script_of)
     if watch:
         return _watch(settings, inventory, run)
     ui, run_id = settings.ui, run.run_id
@@ -363,7 +363,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     them). Stopping a run that has ended says so and changes nothing.
     """
     script = lambda run: commands.stop_script_of(run, grace=grace)  # noqa: E731
-    settings, inventory, run = _run(ctx, run_arg, slurm.stop_on_slurm, script)
+    settings, inventory, run = _run(ctx, run_arg, stop_on_slurm, script)
     report = commands.stop_all(_reach(settings, inventory), run, grace=grace)
     ui, code = settings.ui, report.exit_code()
     if settings.json_mode:

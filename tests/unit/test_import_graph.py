@@ -3,7 +3,8 @@
 Built from the source with ``ast``: every ``import`` and ``from ... import`` counts, at module level
 and inside functions alike (a function-level import is still a dependency, only a later one).
 Imports under ``if TYPE_CHECKING:`` are left out: they never run, and annotations may point
-anywhere. ``from a.b import c`` depends on the module ``a.b.c`` when there is one, else on ``a.b``.
+anywhere. ``from a.b import c`` depends on ``a.b`` (its ``__init__`` runs first), and on the module
+``a.b.c`` when there is one.
 
 Rules:
 - no import cycle, except the ones listed in ``ALLOWED_CYCLES`` (inside ``orchestrator.cli`` only,
@@ -70,12 +71,10 @@ def import_graph() -> dict[str, set[str]]:
                     anchor = name.split(".") if is_package else name.split(".")[:-1]
                     anchor = anchor[: len(anchor) - (node.level - 1)]
                     base = ".".join([*anchor, base] if base else anchor)
-                # ``from package import submodule`` needs the submodule (the package may still be
-                # initialising: Python then imports the submodule itself); a name needs the module
-                targets = [
-                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
-                    for alias in node.names
-                ]
+                # ``from package import submodule`` needs the submodule and the package too (Python
+                # runs the package's __init__ first: what it imports, even inside a function, is
+                # imported before the submodule can be); a name needs its module
+                targets = [base, *(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files)]
             for target in targets:
                 if target in files and target != name:
                     graph[name].add(target)
