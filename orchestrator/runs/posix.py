@@ -85,7 +85,7 @@ class PosixRuns(RunOps):
             self.platform.record_functions(nonce) + "\n"
             f"grep -azo '^{RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
             # without the launcher's token (run_identity): one count per run and node
-            " | tr '\\0' '\\n' | sed 's/^[^=]*=//; s#/[0-9]*-[^/]*$##'"
+            " | tr '\\0' '\\n' | sed 's/^[^=]*=//; s#/[0-9][0-9]*-[0-9-]*$##'"
             f" | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
             ' | while read -r n m; do _cb_rec leftover "$n" "$m"; done'
         )
@@ -118,10 +118,11 @@ class PosixRuns(RunOps):
             '      _cb_in "${_cb_l##*) }" && echo "$_cb_p"\n'
             "    done\n"
             "  fi\n"
-            # the marker with this launch's token (its pid file: "PID SESSION START"), or, with
-            # no pid file to tell it (its run directory deleted), any launch of the run on the node
+            # the marker with this launch's token (its pid file: "PID SESSION START"); only when
+            # the run directory is gone (nothing to tell the token), any launch of the run here. A
+            # directory without a pid file: its launcher never started, so nothing carries its marker
             '  if [ -n "$_cb_tok" ]; then grep -lzxF -e "$m$_cb_tok" /proc/[0-9]*/environ 2>/dev/null\n'
-            '  else grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null; fi'
+            '  elif [ ! -e "$d" ]; then grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null; fi'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
             "  } | sort -u\n"
             "}\n"

@@ -519,6 +519,13 @@ def test_stop_leaves_another_launch_of_the_same_run_id_alone(
         # its processes with the marker, and the launcher's shell (its session's leader: the marker is
         # exported by it, so not in its own /proc environ)
         assert stopped.state == "stopped" and stopped.terminated == len(both - left) + 1, stopped
+        # a third launch under the id, whose launcher never started (its directory, no pid file):
+        # its stop has nothing of its own to end, and takes nothing of the other's
+        never = _node(tmp_path / "c")
+        Path(run_dir_for(never, "r-twin")).mkdir(parents=True)
+        with netns.inside(cluster.controller_ns):
+            assert stop_node(never, node1, "r-twin", grace=1.0).state == "not started"
+        assert run_pids(run_marker("r-twin", "node1")) == left
     finally:
         with netns.inside(cluster.controller_ns):
             stop_node(theirs, node1, "r-twin", grace=1.0)

@@ -19,6 +19,7 @@
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -186,7 +187,7 @@ def running(workdir, node):
             if entry.startswith(RUN_ENV.encode() + b"="):
                 marker = entry.split(b"=", 1)[1].decode("utf-8", "replace")
                 # <id>/<node>/<launcher pid>-<start time> (orchestrator/runs/posix.py run_identity)
-                marker = marker.rsplit("/", 1)[0] if marker.count("/") >= 2 else marker
+                marker = re.sub(r"/[0-9]+-[0-9-]*$", "", marker)
                 if marker.endswith(suffix):
                     run_id = marker[: -len(suffix)]
                     if os.path.isdir(os.path.join(workdir, "runs", run_id, node)):
