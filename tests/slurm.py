@@ -248,7 +248,9 @@ ReturnToService=2
 SlurmdTimeout=30
 InactiveLimit=0
 KillWait=5
-MinJobAge=5
+# an ended job's state stays readable a minute (Slurm's default: 300 s); with 5 s a loaded machine
+# purged a job bootstrap had just cancelled before it read the state ("cancelled (gone)")
+MinJobAge=60
 {nodes}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 PartitionName={ACCOUNT_PARTITION} Nodes={names} AllowAccounts={ACCOUNT} MaxTime=INFINITE State=UP
 {self.extra_conf}"""
