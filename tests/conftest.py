@@ -53,6 +53,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _spread_waiting_files(items, tests_dir)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Each phase's report on the test item (``item.failed_call``): fixtures that keep evidence of a
+    failure (the Slurm daemons' logs) print it in their teardown, where the report shows it."""
+    report = yield
+    if report.when == "call" and report.failed:
+        item.failed_call = True  # type: ignore[attr-defined]
+    return report
+
+
 #: the longest files (over a minute each in a full run): started first, so that none of them is the
 #: run's tail
 FIRST_FILES = ("e2e/test_bench.py", "e2e/test_newcomer.py")
@@ -220,6 +230,8 @@ class CliRun:
     def __str__(self) -> str:  # shown by pytest when an assertion on a run fails
         command = " ".join(self.argv)
         return f"$ {command}\n[exit {self.returncode}]\n--- stdout\n{self.stdout}--- stderr\n{self.stderr}"
+
+    __repr__ = __str__  # pytest shows an assertion message's repr: the whole run, readable
 
 
 def free_port() -> int:

@@ -26,13 +26,24 @@ Bootstrap = Callable[..., CliRun]
 
 
 @pytest.fixture
-def shared(slurm: SlurmCluster, tmp_path: Path) -> Iterator[Path]:
+def shared(slurm: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     """The shared directory of cluster.slurm (every host sees this machine's disk). Whatever job the
-    test left behind is cancelled after it, so that one failure never holds the nodes of the next."""
+    test left behind is cancelled after it, so that one failure never holds the nodes of the next.
+    After a failed test, what the jobs and Slurm wrote is printed (the report's teardown section)."""
     path = tmp_path / "shared"
     path.mkdir()
     yield path
+    if getattr(request.node, "failed_call", False):
+        _print_evidence(slurm, path)
     slurm.cancel_every_job()
+
+
+def _print_evidence(slurm: SlurmCluster, shared: Path) -> None:
+    print("--- jobs:", *slurm.squeue_all(), sep="\n")
+    for path in sorted(shared.glob("runs/*/slurm-*.out")) + sorted(shared.glob("runs/*/*/node.log*")):
+        print(f"--- {path.relative_to(shared)}:", path.read_text(errors="replace")[-3000:], sep="\n")
+    for name in ("slurmctld", *(f"slurmd-{host.name}" for host in slurm.computes)):
+        print(f"--- {name}.log (its end):", *slurm.log(name).splitlines()[-40:], sep="\n")
 
 
 @pytest.fixture
@@ -421,12 +432,12 @@ def test_the_time_limit_is_a_clean_stop_named_as_the_time_limit(
         r"job \d+ reached its time limit \(1:00\): Slurm stopped every rank before it", run.stderr
     ), run
     assert "exited with code" not in run.stderr, run  # stopped, not failed: no node is blamed
-    # every line the ranks wrote before the stop arrived (the stop may come before they print all:
-    # slurmctld looks at time limits every 30 s, from the job's start)
+    # every line the ranks wrote before the stop arrived (the stop may come before they print all,
+    # or before a node's task starts at all: slurmctld looks at time limits every 30 s, from the job's
+    # start, and the TERM is due from the first second)
     for rank, node in enumerate(("node2", "node2", "node3", "node3", "node4", "node4")):
-        written = re.findall(
-            rf"line \d+ of rank {rank}$", (shared / "runs" / "tl" / node / "node.log").read_text(), re.M
-        )
+        log = shared / "runs" / "tl" / node / "node.log"
+        written = re.findall(rf"line \d+ of rank {rank}$", log.read_text() if log.exists() else "", re.M)
         shown = re.findall(rf"^\[{node}:{rank}\] (line \d+ of rank {rank})$", run.stdout, re.M)
         assert shown == written, run.stdout[-2000:]
         assert (shared / "runs" / "tl" / node / "node.log.rc").read_text().strip() == "none"
