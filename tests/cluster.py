@@ -824,10 +824,12 @@ X11Forwarding no
             if host.name in self._sshd:
                 self.restart_sshd(host)
 
-    def run_processes(self) -> dict[int, str]:
+    def run_processes(self, marker: str = "CLUSTER_BOOTSTRAP_RUN") -> dict[int, str]:
         """Every live process on the hosts that belongs to a run (it carries the product's run marker,
-        ``CLUSTER_BOOTSTRAP_RUN=<run-id>/<node>``): pid -> marker."""
+        ``CLUSTER_BOOTSTRAP_RUN=<run-id>/<node>/<launch>``; a Slurm job's: ``CB_RUN_ID``): pid ->
+        marker."""
         found: dict[int, str] = {}
+        prefix = marker.encode() + b"="
         for host in self.hosts:
             res = _run(["ip", "netns", "pids", host.ns])
             for pid in (int(p) for p in res.stdout.split() if p.isdigit()):
@@ -837,14 +839,14 @@ X11Forwarding no
                 except OSError:  # gone meanwhile
                     continue
                 for entry in environ.split(b"\0"):
-                    if entry.startswith(b"CLUSTER_BOOTSTRAP_RUN=") and state != "Z":
+                    if entry.startswith(prefix) and state != "Z":
                         found[pid] = entry.split(b"=", 1)[1].decode("utf-8", "replace")
         return found
 
-    def end_run_processes(self, grace: float = 20.0) -> dict[int, str]:
+    def end_run_processes(self, grace: float = 20.0, marker: str = "CLUSTER_BOOTSTRAP_RUN") -> dict[int, str]:
         """Await the end of every run's processes on the hosts (``grace`` seconds), then kill those
         left: what a test left running. Returns them (pid -> marker and command; empty: none was)."""
-        left = self.run_processes()
+        left = self.run_processes(marker)
         if not left:
             return {}
         alive = _wait_pids_gone(left, grace)

@@ -36,6 +36,10 @@ def shared(slurm: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) 
     if getattr(request.node, "failed_call", False):
         _print_evidence(slurm, path)
     slurm.cancel_every_job()
+    # a job's process that outlived its job would hold the rendezvous port of the next test's job
+    left = slurm.cluster.end_run_processes(grace=10, marker="CB_RUN_ID")
+    if left:
+        pytest.fail(f"{len(left)} process(es) outlived their Slurm job (killed now): {sorted(set(left.values()))}")
 
 
 def _print_evidence(slurm: SlurmCluster, shared: Path) -> None:
