@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import shlex
 import uuid
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,9 @@ from orchestrator.records import RAW_SECTION, check_kind, check_nonce
 
 #: exit code reported when ``cd`` into the working directory fails (what ``env -C`` uses: 125).
 CWD_FAILED_EXIT = 125
+#: a script ``login_command`` sends as it is: inside single quotes, sh, bash, zsh, csh and fish all
+#: keep these characters literally (csh: not "!" or a newline; fish: not "\\")
+_PLAIN_LINE = re.compile(r"[A-Za-z0-9 _./:@%+=,<>-]+")
 
 #: what sudo prints when ``-n`` refuses because it would have to ask for a password
 SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
@@ -302,6 +306,10 @@ class PosixShell(Platform):
         strings) or fish (other escapes). Base64 text has no character any of them treats specially;
         stdin stays the channel's (eval, not a pipe into sh), which ``stop_on_hangup`` relies on.
         """
+        if _PLAIN_LINE.fullmatch(script):
+            # one line of letters, digits, spaces and punctuation no login shell treats specially
+            # inside single quotes: as it is (no base64 process)
+            return f"/bin/sh -c '{script}'"
         encoded = base64.b64encode(script.encode()).decode()
         return f"/bin/sh -c 'eval \"$(printf %s {encoded} | base64 -d)\"'"
 

@@ -364,6 +364,20 @@ class Transport(ABC):
         result.command = command
         return result
 
+    def run_brief(self, command: str, *, timeout: float) -> Result:
+        """Run ``command``, one that ends at once by itself and starts nothing that could outlive
+        it (a line written into a file): transports that surround every command with a watcher
+        (ssh: ``stop_on_hangup``) leave that out here (:meth:`run_brief_raw`), two processes fewer on
+        the node."""
+        log.info("%s: run %s", self.node_name, command[:120])
+        result = self.run_brief_raw(self.platform.wrap(command), timeout=timeout)
+        log.info("%s: exit %s after %.2fs", self.node_name, result.exit_code, result.duration)
+        result.command = command
+        return result
+
+    def run_brief_raw(self, script: str, *, timeout: float) -> Result:
+        return self.run_raw(script, timeout=timeout)
+
     @property
     def reaches_windows_host(self) -> bool:
         """Whether :meth:`run_windows` can run PowerShell on the Windows machine of this node."""

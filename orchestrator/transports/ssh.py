@@ -395,6 +395,10 @@ class SSHTransport(Transport):
         chan = self._exec(line, window=self.COMMAND_WINDOW)
         return self._collect(chan, script, Deadline(timeout), on_line, keep_lines, heartbeat=True)
 
+    def run_brief_raw(self, script: str, *, timeout: float) -> Result:
+        line = self.platform.login_command(script)  # no stop_on_hangup: nothing to watch
+        return self._collect(self._exec(line), script, Deadline(timeout), None, 20, heartbeat=False)
+
     def _exec(self, line: str, *, window: int | None = None) -> paramiko.Channel:
         """A new channel running the command line ``line``."""
         self.connect()

@@ -129,8 +129,9 @@ def test_with_nothing_to_change_the_setup_phases_read_in_the_first_round_trip(
             sent[found[1]].append(found[2])
     for name, commands in sent.items():
         # the first round trip (which goes on as the check's: its marker and reachability listener,
-        # steps/preflight/early.py) and the check's reachability connector: nothing else
-        assert len(commands) == 2, (name, commands)
+        # steps/preflight/early.py) and the line that has that listener connect to its peers (into
+        # its inbox, no interpreter of its own): nothing else
+        assert len(commands) == 2 and commands[1].startswith("echo connect "), (name, commands)
         assert not [c for c in commands if c.endswith("(as root)")], (name, commands)
     assert re.search(r"│ node1 +│ unchanged \(2 files\)", again.stdout), again.stdout  # the code table
     for host in cluster.hosts:  # the time table: every node unchanged, following its source

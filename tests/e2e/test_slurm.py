@@ -39,7 +39,8 @@ def shared(slurm: SlurmCluster, tmp_path: Path, request: pytest.FixtureRequest) 
     # a job's process that outlived its job would hold the rendezvous port of the next test's job
     left = slurm.cluster.end_run_processes(grace=10, marker="CB_RUN_ID")
     if left:
-        pytest.fail(f"{len(left)} process(es) outlived their Slurm job (killed now): {sorted(set(left.values()))}")
+        outlived = sorted(set(left.values()))
+        pytest.fail(f"{len(left)} process(es) outlived their Slurm job (killed now): {outlived}")
 
 
 def _print_evidence(slurm: SlurmCluster, shared: Path) -> None:

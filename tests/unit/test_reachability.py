@@ -11,19 +11,24 @@ import dataclasses
 import re
 import shlex
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.platforms import PosixShell
 from orchestrator.steps.preflight.model import Verdict
 from orchestrator.steps.preflight.reachability import (
+    PROBE_TAG,
     Busy,
+    Connected,
     ConnectResult,
     Done,
+    InboxAt,
     Listening,
     Outcome,
     Pair,
@@ -35,12 +40,13 @@ from orchestrator.steps.preflight.reachability import (
     Role,
     build_verdicts,
     check_reachability,
+    parse_clock_line,
     parse_connect_line,
     parse_listener_line,
     probe_command,
     probe_source,
 )
-from orchestrator.transports import LocalTransport
+from orchestrator.transports import LocalTransport, Result
 
 NAMES = ["node1", "node2", "node3"]
 ADDR = {"node1": "198.18.1.11", "node2": "198.18.1.12", "node3": "198.18.1.13"}
@@ -102,6 +108,8 @@ def verdicts_for(
         ("range 32768 60999", PortRange(32768, 60999)),
         ("ready 4242", Ready(4242)),
         ("done stopped", Done("stopped")),
+        ("inbox /tmp/cbt-reach-0a1b/inbox", InboxAt("/tmp/cbt-reach-0a1b/inbox")),
+        ("connected", Connected()),
         (
             "error cannot listen on 198.18.1.99: Cannot assign requested address",
             ProbeError("cannot listen on 198.18.1.99: Cannot assign requested address"),
@@ -311,9 +319,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class CountingTransport(LocalTransport):
+    """The local transport, keeping every script it ran."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name, PosixShell())
+        self.scripts: list[str] = []
+
+    def run_raw(self, script: str, **kwargs: Any) -> Result:
+        self.scripts.append(script)
+        return super().run_raw(script, **kwargs)
+
+
 def local_nodes(pythons: list[str]) -> list[ReachNode]:
     return [
-        ReachNode(f"n{i}", LocalTransport(f"n{i}", PosixShell()), python, f"127.0.0.{i}")
+        ReachNode(f"n{i}", CountingTransport(f"n{i}"), python, f"127.0.0.{i}")
         for i, python in enumerate(pythons, start=1)
     ]
 
@@ -324,6 +344,11 @@ def test_probe_on_loopback_all_ok_and_busy() -> None:
     verdicts = check_reachability(nodes, "n1", port)
     assert {v.level for v in verdicts.values()} == {"ok"}, [v.reason for v in verdicts.values()]
     assert len(verdicts["n1"].data["pairs"]) == 3 + 4
+    for node in nodes:  # one interpreter per node: its listener connected too, told through its inbox
+        assert isinstance(node.transport, CountingTransport)
+        scripts = node.transport.scripts
+        assert [f"{PROBE_TAG} listen " in s for s in scripts] == [True, False], scripts
+        assert re.fullmatch(r"echo connect .* 1<>/\S+/cbt-reach-[0-9a-f]+/inbox", scripts[1]), scripts
 
     with socket.socket() as holder:  # something else listening on the port, on another address
         holder.bind(("127.0.0.9", port))
@@ -386,3 +411,34 @@ def test_probe_on_loopback_without_poll_as_on_windows(tmp_path: Path) -> None:
     assert re.search(rf"^result 0 refused [\d.]+ 127\.0\.0\.1:{dead} ECONNREFUSED$", out.stdout, re.M), (
         out.stdout
     )
+
+
+def test_a_listener_with_an_inbox_connects_when_told_and_only_then_is_complete() -> None:
+    """A POSIX listener has an inbox (a FIFO in a directory only its user can enter): it is complete
+    once every peer came AND its own connect line did, which it then carries out itself."""
+    argv = [sys.executable, "-I", "-S", "-c", probe_source(), PROBE_TAG, "listen", "20", "tok", "1"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as listener:
+        assert listener.stdout is not None
+        lines = []
+        while not lines or not lines[-1].startswith("ready"):
+            lines.append(listener.stdout.readline().strip())
+        mesh = next(e for e in map(parse_listener_line, lines) if isinstance(e, Listening))
+        inbox = next(e for e in map(parse_listener_line, lines) if isinstance(e, InboxAt)).path
+        directory = Path(inbox).parent
+        assert directory.stat().st_mode & 0o777 == 0o700 and stat.S_ISFIFO(Path(inbox).stat().st_mode)
+        # its one expected peer comes first: the listener goes on, waiting for its connect line
+        with socket.create_connection(("127.0.0.1", mesh.port)) as peer:
+            peer.sendall(b"tok")
+        Path(inbox).write_text(f"connect 127.0.0.1 5 tok 127.0.0.1:{mesh.port} 127.0.0.1:{free_port()}\n")
+        rest = [line.strip() for line in listener.stdout]
+    assert listener.returncode == 0
+    assert len(rest) == 5 and parse_clock_line(rest[0]) is not None, rest
+    first, second = parse_connect_line(rest[1]), parse_connect_line(rest[2])
+    assert first is not None and (first.index, first.outcome, first.target) == (
+        0,
+        "ok",
+        f"127.0.0.1:{mesh.port}",
+    )
+    assert second is not None and (second.index, second.outcome) == (1, "refused")
+    assert rest[3:] == ["connected", "done complete"]  # complete after its own connections only
+    assert not directory.exists()  # removed once the line came

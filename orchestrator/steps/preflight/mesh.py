@@ -95,6 +95,16 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class InboxAt:
+    path: str  # the listener's FIFO: one "connect ..." line there makes it connect (probes/reach.py)
+
+
+@dataclass(frozen=True)
+class Connected:
+    """The listener's connections (asked through its inbox) are all reported."""
+
+
+@dataclass(frozen=True)
 class Done:
     how: str  # "complete", "deadline", "stopped"
 
@@ -109,7 +119,7 @@ class Clock:
     unix_time: float  # the node's wall clock when the connector started
 
 
-ListenerEvent = Listening | Busy | PortRange | Ready | Done | ProbeError
+ListenerEvent = Listening | Busy | PortRange | InboxAt | Ready | Done | Connected | ProbeError
 
 
 @dataclass(frozen=True)
@@ -139,6 +149,10 @@ def parse_listener_line(line: str) -> ListenerEvent | None:
             return Busy(int(rest[0]), line.split(None, 2)[2].strip() if len(rest) > 1 else "")
         if head == "range" and len(rest) == 2:
             return PortRange(int(rest[0]), int(rest[1]))
+        if head == "inbox" and rest:
+            return InboxAt(line.split(None, 1)[1].strip())
+        if head == "connected" and not rest:
+            return Connected()
         if head == "ready" and len(rest) == 1:
             return Ready(int(rest[0]))
         if head == "done" and len(rest) == 1:

@@ -35,14 +35,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
-from orchestrator.platforms import Platform, PowerShell
+from orchestrator.platforms import Platform
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.preflight.mesh import (
     CHECK,
     Busy,
     Clock,
+    Connected,
     ConnectResult,
     Done,
+    InboxAt,
     ListenerEvent,
     Listening,
     Outcome,
@@ -70,7 +72,9 @@ __all__ = [
     "Busy",
     "Clock",
     "ConnectResult",
+    "Connected",
     "Done",
+    "InboxAt",
     "Listener",
     "ListenerEvent",
     "Listening",
@@ -164,8 +168,9 @@ def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
     Native Windows has neither ``kill`` nor SIGTERM for a windowless process: the PowerShell
     platform's ``kill_tree`` terminates the listener (and anything it started) outright, so it
     prints nothing more."""
-    if isinstance(platform, PowerShell):
-        return platform.kill_tree(pid), True
+    powershell = platform.as_powershell()
+    if powershell is not None:
+        return powershell.kill_tree(pid), True
     return platform.join(["kill", "-TERM", str(pid)]), False
 
 
@@ -271,8 +276,14 @@ class Listener(_ProbeRun):
         self.stop_sent = False
         #: stopped outright on our request (native Windows): an end without "done" is expected then
         self.terminated = False
+        #: its FIFO (probes/reach.py), where one line makes it connect in its own process
+        self.inbox: str | None = None
+        #: the connector whose lines this listener prints (asked through the inbox)
+        self.connector: _Connector | None = None
 
     def _line(self, line: str) -> None:
+        if self.connector is not None and self.connector.take(line):
+            return
         event = parse_listener_line(line)
         if isinstance(event, Listening):
             if event.role == "mesh":
@@ -283,6 +294,8 @@ class Listener(_ProbeRun):
             self.busy = event
         elif isinstance(event, PortRange):
             self.range = event
+        elif isinstance(event, InboxAt):
+            self.inbox = event.path
         elif isinstance(event, Ready):
             self.pid = event.pid
             self.reported.set()
@@ -294,6 +307,8 @@ class Listener(_ProbeRun):
 
     def _ended(self) -> None:
         self.reported.set()
+        if self.connector is not None:
+            self.connector.reported.set()
 
     @property
     def listening(self) -> bool:
@@ -344,22 +359,59 @@ class Listener(_ProbeRun):
 
 
 class _Connector(_ProbeRun):
+    """A node's connections to its peers: a ``cbt-reach connect`` process of its own or, when the
+    node's listener has an inbox (``via``), one line written there: that listener connects and
+    prints the results among its own lines (two processes and an interpreter start fewer)."""
+
     def __init__(
         self,
         node: ReachNode,
         targets: Sequence[tuple[str, Role, str, int]],
         connect_timeout: float,
         token: str,
+        via: Listener | None = None,
     ) -> None:
         args = ["connect", node.address, f"{connect_timeout:g}", token]
         args += [_target(address, port) for _, _, address, port in targets]
         super().__init__(node.name, node.transport, node.python, args, connect_timeout + RUN_SLACK)
+        # the inbox is a FIFO: a POSIX shell writes the line there (opened read-write: no wait, even
+        # when the listener is gone)
+        posix = node.transport.platform.as_posix()
+        self.via = via if via is not None and via.inbox is not None and posix is not None else None
+        if self.via is not None and self.via.inbox is not None and posix is not None:
+            self.command = f"{posix.join(['echo', *args])} 1<>{posix.path_word(self.via.inbox)}"
+            self.via.connector = self
+        self.answered = False  # the listener printed "connected"
         self.targets = list(targets)  # (target node, role, address, port)
         self.results: dict[int, ConnectResult] = {}
         self.clock: ClockSample | None = None
-        # every result is in ("done" printed, or the run ended): listeners can be settled while
-        # this run is still coming back
+        # every result is in ("done" or "connected" printed, or the run ended): listeners can be
+        # settled while this run is still coming back
         self.reported = threading.Event()
+
+    def _run(self) -> None:
+        if self.via is None:
+            super()._run()
+            return
+        result: Result | None = None
+        error: str | None = None
+        self.started_at = time.time()
+        try:  # the line goes into a FIFO the listener holds open: nothing waits, nothing to watch
+            result = self.transport.run_brief(self.command, timeout=self.timeout)
+        except Exception as exc:  # a thread boundary: whatever happened becomes this node's verdict
+            error = str(exc) or type(exc).__name__
+        self.result, self.error = result, error
+        if error is not None or result is None or not result.ok or self.via.ended.is_set():
+            self.reported.set()  # no listener will answer it
+        self.ended.set()
+
+    def take(self, line: str) -> bool:
+        """A line of the listener that connects for us: True when it was ours."""
+        ours = parse_connect_line(line) is not None or parse_clock_line(line) is not None
+        if not ours and not isinstance(parse_listener_line(line), Connected):
+            return False
+        self._line(line)
+        return True
 
     def _line(self, line: str) -> None:
         result = parse_connect_line(line)
@@ -370,11 +422,20 @@ class _Connector(_ProbeRun):
             self.clock = ClockSample(
                 offset=clock.unix_time - (self.started_at + after) / 2, rtt=after - self.started_at
             )
-        elif isinstance(parse_listener_line(line), Done):
+        elif isinstance(event := parse_listener_line(line), (Done, Connected)):
+            self.answered = isinstance(event, Connected)
             self.reported.set()
 
     def _ended(self) -> None:
         self.reported.set()
+
+    def failure(self, what: str) -> ProbeFailure:
+        if self.via is not None and self.error is None and self.result is not None and self.result.ok:
+            return ProbeFailure(
+                f"the {what} probe (in the listener) did not report every connection",
+                f"{self.name} or its SSH server is very slow: rerun `bootstrap check`",
+            )
+        return super().failure(what)
 
     def pairs(self) -> list[Pair]:
         return [
@@ -449,7 +510,7 @@ def check_reachability(
                 targets.append((other, "mesh", address[other], mesh.port))
         if targets:
             node = next(n for n in nodes if n.name == name)
-            connectors.append(_Connector(node, targets, connect_timeout, plan.token))
+            connectors.append(_Connector(node, targets, connect_timeout, plan.token, listeners[name]))
     for connector in connectors:
         connector.start()
     _await((c.reported for c in connectors), time.monotonic() + connect_timeout + RUN_SLACK)
@@ -463,10 +524,13 @@ def check_reachability(
         if p.ok:
             arrived[(p.target, p.role)] += 1
     waiting = []
+    asked = {c.name for c in connectors if c.answered}
     for name, listener in listeners.items():
         complete = arrived[(name, "mesh")] == len(plan.names) - 1 and (
             listener.rendezvous is None or arrived[(name, "rendezvous")] == len(plan.names)
         )
+        # one with an inbox also waits for its connect line
+        complete = complete and (listener.inbox is None or name in asked)
         if not complete:
             waiting.append(listener.stop)
     in_threads(waiting, RUN_SLACK)

@@ -10,6 +10,14 @@
 #       Connects from SRC to every TARGET ("ADDR:PORT", "[V6]:PORT") at once, within TIMEOUT
 #       seconds, and hands TOKEN to each listener it reached. Prints its wall clock first.
 #
+# Where the node has FIFOs (not native Windows), a listener also has an inbox: a FIFO in a private
+# directory of its own, named by its "inbox PATH" line. One line "connect SRC TIMEOUT TOKEN TARGET..."
+# written there makes the listener connect as a connector would, in its own process, and report the
+# same way, ending with "connected" instead of "done complete": the controller then writes one line
+# into that file instead of starting a second interpreter (two processes fewer per node and check).
+# Such a listener is complete once that line came too. The directory is removed once the line came,
+# or when the listener ends.
+#
 # Listening on every address (not the one the controller picked) lets the listener start before the
 # node's facts are read: it runs at the end of the facts' round trip. Peers still dial the address
 # training will use; a firewall sees the same packets either way.
@@ -17,9 +25,9 @@
 # The "cbt-reach" tag only marks the process for `pgrep -af cbt-reach`. Output is one event a line,
 # flushed at once (the controller reacts to "ready" while the listener keeps running); a connector
 # prints its results in one write, at the end (thousands of lines on a large cluster):
-#   listening on ADDR PORT mesh|rendezvous   busy PORT [HOLDER...]   range LOW HIGH   ready PID
-#   done complete|deadline|stopped   error TEXT
-#   clock UNIX_TIME   result INDEX ok|refused|timeout|unreachable|error MS TARGET DETAIL
+#   listening on ADDR PORT mesh|rendezvous   busy PORT [HOLDER...]   range LOW HIGH   inbox PATH
+#   ready PID   done complete|deadline|stopped   error TEXT
+#   clock UNIX_TIME   result INDEX ok|refused|timeout|unreachable|error MS TARGET DETAIL   connected
 #
 # Imports are the probe's cost: it starts twice on every node of every check. The C modules under
 # socket, signal and selectors (_socket, _signal, select) spare the Python layers' enum building:
@@ -183,7 +191,72 @@ def ephemeral_range() -> "tuple[int, int] | None":
         return None
 
 
+class Inbox:
+    """A FIFO only this user can reach (a directory of its own, 0700, in the temporary directory):
+    where the controller writes the connector's arguments. Opened for writing too, by us, so that it
+    never reads as closed before the controller wrote."""
+
+    def __init__(self) -> None:
+        base = os.environ.get("TMPDIR") or "/tmp"
+        self.dir = os.path.join(base, "cbt-reach-" + os.urandom(8).hex())
+        self.path = os.path.join(self.dir, "inbox")
+        os.mkdir(self.dir, 0o700)  # fails when the name exists: nobody else's directory is used
+        try:
+            os.mkfifo(self.path, 0o600)
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self.keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            self.remove()
+            raise
+        self.got = bytearray()
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def read(self) -> "list[str] | None":
+        """The words of the line once it is whole; None before that."""
+        try:
+            self.got.extend(os.read(self.fd, 65536))
+        except BlockingIOError:
+            return None
+        if b"\n" not in self.got:
+            return None
+        return self.got.split(b"\n", 1)[0].decode("ascii", "replace").split()
+
+    def remove(self) -> None:
+        for remove, path in ((os.unlink, self.path), (os.rmdir, self.dir)):
+            try:
+                remove(path)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        for fd in ("fd", "keep"):
+            if hasattr(self, fd):
+                os.close(getattr(self, fd))
+                delattr(self, fd)
+        self.remove()
+
+
+def open_inbox() -> "Inbox | None":
+    if not hasattr(os, "mkfifo"):
+        return None
+    try:
+        return Inbox()
+    except OSError:  # no writable temporary directory: the controller starts a connector instead
+        return None
+
+
 def listen(args: "list[str]") -> int:
+    inbox = open_inbox()
+    try:
+        return _listen(args, inbox)
+    finally:
+        if inbox is not None:
+            inbox.close()
+
+
+def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
     hold, token, mesh_count = float(args[0]), args[1].encode("ascii"), int(args[2])
     deadline = time.monotonic() + hold
     listeners = []
@@ -206,13 +279,18 @@ def listen(args: "list[str]") -> int:
     span = ephemeral_range()
     if span is not None:
         emit("range", span[0], span[1])
+    if inbox is not None:
+        emit("inbox", inbox.path)
     emit("ready", os.getpid())
 
     sel = Poller()
     for lst in listeners:
         sel.register(lst.sock, READ, ("listener", lst, None, None))
+    if inbox is not None:
+        sel.register(inbox, READ, ("inbox", None, None, None))
+    waiting_inbox = inbox is not None  # its connections are part of this listener's work
     while True:
-        if not any(lst.waiting > 0 for lst in listeners):
+        if not waiting_inbox and not any(lst.waiting > 0 for lst in listeners):
             emit("done", "complete")
             return 0
         left = deadline - time.monotonic()
@@ -221,6 +299,19 @@ def listen(args: "list[str]") -> int:
             return 0
         for data in sel.select(left):
             kind, lst, got, conn = data
+            if kind == "inbox":
+                words = inbox.read()
+                if words is None:
+                    continue
+                sel.unregister(inbox)
+                inbox.close()
+                waiting_inbox = False
+                if len(words) >= 4 and words[0] == "connect":
+                    # peers' connections queue meanwhile (the backlog), each token in its buffer
+                    connect(words[1:], last="connected")
+                else:
+                    emit("error", "the inbox got no connect line")
+                continue
             if kind == "listener":
                 try:
                     fd, _peer = lst.sock._accept()
@@ -251,7 +342,7 @@ def split_target(target: str) -> "tuple[str, int]":
     return host.strip("[]"), int(port)
 
 
-def connect(args: "list[str]") -> int:
+def connect(args: "list[str]", last: str = "done complete") -> int:
     emit("clock", "%.6f" % time.time())  # first: its arrival time on the controller dates it
     source, timeout, token, targets = args[0], float(args[1]), args[2].encode("ascii"), args[3:]
     sel = Poller()
@@ -301,7 +392,7 @@ def connect(args: "list[str]") -> int:
         index, begun, sock = data
         sock.close()
         report(index, "timeout", "", begun)
-    lines.append("done complete")
+    lines.append(last)
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.flush()
     return 0
