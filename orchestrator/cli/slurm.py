@@ -15,6 +15,7 @@ from orchestrator.inventory import Inventory
 from orchestrator.runs.next_command import again
 
 if TYPE_CHECKING:
+    from orchestrator.cli.ui import UI
     from orchestrator.session import Session
     from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLogin, SlurmRun
 
@@ -87,6 +88,14 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
             time_limit_reached=bool(end.time_limit),
             log_dir=str(log_dir),
         )
+    _say_end(ui, end)
+    ui.note(f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")
+    return code
+
+
+def _say_end(ui: UI, end: JobEnd) -> None:
+    """How the job ended: the node that failed first and its last lines, the time limit, Slurm's
+    state, or every node's exit 0."""
     failed = end.failed()
     if failed is not None:
         ui.error(f"{end.failed_first}: {failed[0]}")
@@ -101,8 +110,6 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
         ui.error(f"job {end.job_id} ended {end.state}")
     else:
         ui.info(f"job {end.job_id} {end.state}: every node exited 0")
-    ui.note(f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")
-    return code
 
 
 @contextlib.contextmanager
@@ -122,7 +129,10 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
         end = job_logs(reach_for(settings, inventory, lines="ranks"), inventory, run_id, follow=follow)
     except KeyboardInterrupt:
         interrupted(settings.ui, "stopped following (the job goes on)")
-    return ExitCode.OK if end.ok or not follow else ExitCode.NODES_FAILED
+    if not follow:
+        return ExitCode.OK
+    _say_end(settings.ui, end)  # followed to its end: say how, as launch does
+    return ExitCode.OK if end.ok else ExitCode.NODES_FAILED
 
 
 def status_on_slurm(settings: Settings, inventory: Inventory, run_id: str) -> ExitCode:

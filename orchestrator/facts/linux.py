@@ -298,14 +298,20 @@ class BecomeRoot(Fact[RootAccess]):
     name = "root_access"
 
     def command(self, platform: Platform) -> str:
-        # wrap(become=True) is "root already: run it; else sudo -n -- /bin/sh -c ..." (the same test
-        # of the user id); stdin is /dev/null, so sudo cannot ask anything
-        become = platform.wrap("true", become=True)
+        posix = platform.as_posix()
+        if posix is None:
+            raise ValueError("root access is read from a POSIX shell only (Linux, WSL)")
+        # wrap(become=True) is "root already: run it; else sudo -n -- /bin/sh -c ...": the same test
+        # of the user id, then the same sudo call; stdin is /dev/null, so sudo cannot ask anything.
+        # One `id` answers both the user's name and id ("uid=1000(alice) gid=..."; no name: the id).
         return (
-            "id -un\n"
-            'if [ "$(id -u)" = 0 ]; then echo "root-login"; exit 0; fi\n'
+            "i=$(LC_ALL=C id) || i=\n"
+            "u=${i#uid=}; u=${u%%[!0-9]*}\n"
+            'case $i in "uid=$u("*) n=${i#"uid=$u("}; n=${n%%")"*} ;; *) n=$u ;; esac\n'
+            "printf '%s\\n' \"${n:-?}\"\n"
+            'if [ "$u" = 0 ]; then echo "root-login"; exit 0; fi\n'
             "command -v sudo >/dev/null 2>&1 || { echo no-sudo; exit 0; }\n"
-            f"{{ {become}\n}} 2>&1 && echo sudo-ok || echo sudo-refused"
+            f"{{ {posix.sudo('true')}\n}} 2>&1 && echo sudo-ok || echo sudo-refused"
         )
 
     def parse(self, output: str, exit_code: int) -> RootAccess:

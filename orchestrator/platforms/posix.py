@@ -123,8 +123,12 @@ class PosixShell(Platform):
             return script
         # Root already: no sudo (containers, root logins). Otherwise sudo -n never prompts: it fails
         # at once with "a password is required", which the caller turns into a clear error.
-        inner = f"/bin/sh -c {self.quote(script)}"
-        return f'if [ "$(id -u)" = 0 ]; then {inner}; else sudo -n -- {inner}; fi'
+        return f'if [ "$(id -u)" = 0 ]; then /bin/sh -c {self.quote(script)}; else {self.sudo(script)}; fi'
+
+    def sudo(self, script: str) -> str:
+        """``script`` as root through ``sudo -n`` (never a prompt), as ``wrap(become=True)`` runs it for
+        a user who is not root."""
+        return f"sudo -n -- /bin/sh -c {self.quote(script)}"
 
     def stop_on_hangup(self, script: str, *, silence: float | None = None) -> str:
         """``script`` run as its own process group, stopped with everything it started when our

@@ -57,6 +57,8 @@ JOB_FILE = "job"
 #: the allocated nodes, one per line in Slurm's order, written by the batch script when it starts
 NODES_FILE = "nodes"
 POLL = 0.5
+#: once every node's log is complete, how long the job may take to reach its final state
+END_WAIT = 60.0
 TAIL = 20
 
 
@@ -408,7 +410,13 @@ def follow_run(
         for thread in threads:
             thread.join(0.1)
     if not marked:
+        # every node's log is complete: the batch script is finishing (RUNNING, then COMPLETING);
+        # its final state comes within moments (a loaded machine: seconds)
+        deadline = time.monotonic() + (END_WAIT if follow else 0.0)
         job = queue.state(transport, login.name, run.job_id)
+        while job is not None and not job.ended and time.monotonic() < deadline:
+            time.sleep(POLL)
+            job = queue.state(transport, login.name, run.job_id)
         if job is not None:
             last_state, last_job = job.state, job
     if failed_first is None:

@@ -15,10 +15,13 @@ The probe (probes/reach.py) runs under each node's own Python. A listener listen
 of its node, so it can start before the controller knows which address the node will train on: on
 Linux nodes it starts at the end of the node's facts round trip (rounds.py); elsewhere this module
 starts it. Once every listener has reported its port, all connectors run at once, each from the
-node's cluster address to the address its peers will dial. A connector hands each listener the
-run's token; a listener ends by itself once every expected peer delivered it (else it is stopped:
-SIGTERM on Linux and in WSL, the PowerShell platform's ``kill_tree`` on native Windows, which has no
-``kill``; else it ends after its own deadline). Nothing waits on a clock except deadlines: readiness
+node's cluster address to the address its peers will dial. On a POSIX node the connector is the
+listener itself: its inbox (a FIFO, probes/reach.py) gets one line naming the targets, and it dials
+them and prints the results among its own lines (no second interpreter, no watched command). A
+connector hands each listener the run's token; a listener ends by itself once every expected peer
+delivered it (and, with an inbox, its own line came), else it is stopped: SIGTERM on Linux and in
+WSL, the PowerShell platform's ``kill_tree`` on native Windows, which has no ``kill``; else it ends
+after its own deadline. Nothing waits on a clock except deadlines: readiness
 comes from the probes' output lines. Each connector also prints its node's clock first: a clock
 sample for the preflight.
 """
