@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from orchestrator.facts.base import Fact, FactParseError
@@ -46,6 +47,10 @@ class MasterRoute(Fact[Route]):
 
     def command(self, platform: Platform) -> str:
         host = platform.quote(self.master_host)
+        try:  # an IPv4 address resolves to itself: no getent
+            return f"echo resolved {ipaddress.IPv4Address(self.master_host)}\nip -4 -o route get {host}"
+        except ValueError:
+            pass
         # getent follows /etc/hosts and DNS like the training processes will; its first IPv4 wins
         return (
             f"set -- $(getent ahostsv4 {host})\n"

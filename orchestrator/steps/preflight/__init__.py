@@ -178,10 +178,11 @@ def preflight_facts(node: Node, master: Node) -> list[Fact[Any]]:
     facts: list[Fact[Any]] = [
         MasterRoute(master.host),
         Addresses(),
-        Interfaces(),
         HostnameAddress(),
         DiskFree(workdir_for(node)),
     ]
+    if node.interface:  # the interface check names the node's interfaces only for an override
+        facts.append(Interfaces())
     if node.os != "windows":  # a WSL node becomes root with `wsl -u root`, no sudo involved
         facts.append(BecomeRoot())
     return facts
