@@ -31,7 +31,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from orchestrator.errors import InventoryError, InventoryIssue, UsageError
 from orchestrator.inventory.model import MASK, FromEnv, is_secret_name, masked_args
-from orchestrator.platforms import Platform, PowerShell, check_env_name
+from orchestrator.platforms import Platform, check_env_name
 from orchestrator.platforms.powershell import argv_to_command_line
 from orchestrator.records import new_nonce
 from orchestrator.redact import mask_url_credentials
@@ -275,7 +275,7 @@ class Renderer:
         name = template or self.TEMPLATES.get(platform.name)
         if name is None:
             raise UsageError(f"no launch template for {platform.name} nodes yet", node=spec.node.name)
-        if isinstance(platform, PowerShell):
+        if platform.as_powershell() is not None:
             refuse_on_native_windows(spec)
         jinja_env = self.environment(platform)
         env, env_required = self._environment(spec, mode)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from orchestrator.facts.base import Fact, FactParseError
 from orchestrator.facts.linux import NODENAME
-from orchestrator.platforms import Platform, PosixShell
+from orchestrator.platforms import Platform
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,6 @@ class DiskFree(Fact[DiskSpace]):
         self.workdir = workdir
 
     def command(self, platform: Platform) -> str:
-        assert isinstance(platform, PosixShell)
         start = platform.path_word(self.workdir)
         return f'd={start}\nwhile [ ! -d "$d" ]; do d=$(dirname "$d"); done\necho "$d"\ndf -Pk "$d"'
 

@@ -12,11 +12,9 @@ from orchestrator.platforms.powershell import PowerShell
 def powershell_of(platform: Platform) -> PowerShell:
     """The dialect a Windows fact's command is written in: the platform itself, or the Windows side
     of a WSL node's platform."""
-    if isinstance(platform, PowerShell):
-        return platform
-    windows = getattr(platform, "windows", None)
-    if isinstance(windows, PowerShell):
-        return windows
+    own = platform.as_powershell() or platform.host_shell.as_powershell()
+    if own is not None:
+        return own
     raise FactParseError(f"Windows facts need PowerShell, not {platform.name}")
 
 

@@ -58,6 +58,9 @@ class Platform(ABC):
     #: whether the node's files carry POSIX permission bits (a copy compares and sets them)
     file_modes: bool = True
 
+    #: a Linux distribution inside WSL, entered from its Windows host (POSIX sh, Windows beside it)
+    in_wsl: bool = False
+
     def as_posix(self) -> PosixShell | None:
         """This shell when it speaks POSIX sh (a Linux node's, or the sh inside a WSL distribution):
         what a step writing sh scripts needs; None when it does not."""

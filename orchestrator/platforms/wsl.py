@@ -63,6 +63,7 @@ class WslShell(PosixShell):
     distribution's default user)."""
 
     name = "wsl"
+    in_wsl = True
     #: WinRS runs the line through cmd.exe: longer scripts are uploaded and run with file_command
     MAX_COMMAND_LINE = MAX_COMMAND_LINE
 

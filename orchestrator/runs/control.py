@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
-from orchestrator.platforms import Platform, PosixShell, PowerShell
+from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
 from orchestrator.runs.base import RunOps, refused_dir, safe_parts
 from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
@@ -38,10 +38,10 @@ log = logging.getLogger(__name__)
 
 def run_ops(platform: Platform, node: Node) -> RunOps:
     """The run management of ``node``'s platform (Linux and WSL: POSIX sh; native Windows: PowerShell)."""
-    if isinstance(platform, PosixShell):
-        return PosixRuns(platform)
-    if isinstance(platform, PowerShell):
-        return WindowsRuns(platform)
+    if (posix := platform.as_posix()) is not None:
+        return PosixRuns(posix)
+    if (powershell := platform.as_powershell()) is not None:
+        return WindowsRuns(powershell)
     raise UsageError(f"runs on {platform.name} nodes are not supported", node=node.name)
 
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
 from orchestrator.errors import CommandFailedError, UsageError
-from orchestrator.platforms import PowerShell
 from orchestrator.records import new_nonce
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.control import StopResult, start_script, stop_node
@@ -207,8 +206,8 @@ def follow_windows(
 
     A round that ends without the record ``more`` or ``end`` is a follower that failed: CommandFailedError
     (the watchdog stops the run once its heartbeat is old)."""
-    platform = transport.platform
-    assert isinstance(platform, PowerShell), "native Windows nodes only"
+    platform = transport.platform.as_powershell()
+    assert platform is not None, "native Windows nodes only"
     ops = WindowsRuns(platform)
     batches = followed.batches
     result, rounds, duration = first, 1, first.duration
@@ -263,9 +262,11 @@ def run_outside_job(
     end: pip installing torch. Returns the script's exit code and its last ``keep`` lines (None and
     ``timed_out`` past ``timeout``: the job is stopped then). Cancelled (the transport closed): exit
     code None; the watchdog stops the job on the node."""
-    platform = transport.platform
-    if not isinstance(platform, PowerShell):
-        raise UsageError(f"run_outside_job is for native Windows nodes, not {platform.name}", node=node.name)
+    platform = transport.platform.as_powershell()
+    if platform is None:
+        raise UsageError(
+            f"run_outside_job is for native Windows nodes, not {transport.platform.name}", node=node.name
+        )
     ops = WindowsRuns(platform)
     log_path = node_log(job_dir)
     nonce = new_nonce()

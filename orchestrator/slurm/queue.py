@@ -276,8 +276,8 @@ def cancel_steps(transport: Transport, login: str, job_id: str, name: str) -> No
 
 
 def _posix(transport: Transport, login: str) -> PosixShell:
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
+    platform = transport.platform.as_posix()
+    if platform is None:
         raise UsageError("the Slurm login host must be a Linux node", node=login)
     return platform
 

@@ -52,10 +52,11 @@ class SrunTransport(Transport):
     def relay(self, script: str) -> str:
         """The login host's command for ``script``: a one-task step on this node, sharing the job's
         resources with the other steps (--overlap: the probes of every node run at once)."""
-        assert isinstance(self.platform, PosixShell)
+        posix = self.platform.as_posix()
+        assert posix is not None  # made with a PosixShell
         step = ["srun", f"--jobid={self.job_id}", f"--job-name={self.step_name}", "--overlap"]
         step += ["--nodes=1", "--ntasks=1", f"--nodelist={self.node_name}", "--quiet", "--"]
-        return " ".join(self.platform.quote(a) for a in step) + " " + self.platform.login_command(script)
+        return posix.join(step) + " " + posix.login_command(script)
 
     def plan(self, script: str) -> str:
         return self.relay(script)

@@ -75,8 +75,8 @@ class SlurmRun:
 
 
 def _platform(transport: Transport, login: Node) -> PosixShell:
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
+    platform = transport.platform.as_posix()
+    if platform is None:
         raise UsageError("the Slurm login host must be a Linux node", node=login.name)
     return platform
 

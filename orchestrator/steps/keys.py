@@ -79,8 +79,8 @@ class KeyInstall:
 
 def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOptions) -> KeyInstall:
     """Install ``key`` on the node over ``transport`` (password login), then verify key-only login."""
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
+    platform = transport.platform.as_posix()
+    if platform is None:
         raise CommandFailedError("installing keys is supported on Linux nodes only", node=node.name)
     result = transport.run(platform.ensure_authorized_key(key.public_line), timeout=30)
     status = result.stdout.strip().splitlines()[-1] if result.ok and result.stdout.strip() else ""

@@ -374,8 +374,9 @@ def prepare_plan(
     ``secrets="mask"``: the launch script as --dry-run shows it (the plan is then for showing only).
     """
     run_dir = run_dir_for(node, spec.run_id)
-    native = isinstance(platform, PowerShell)
-    if not native and not isinstance(platform, PosixShell):
+    powershell, posix = platform.as_powershell(), platform.as_posix()
+    native = powershell is not None
+    if powershell is None and posix is None:
         raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
     absolute = bool(WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
     source = script_file if script_file is not None else None if absolute else local_script(spec.script)
@@ -389,28 +390,25 @@ def prepare_plan(
         _check_prepared(prepare, node, spec, run_dir, nonce)
         notice_of(prepare.stdout)
 
-    if native:
-        assert isinstance(platform, PowerShell)
+    if powershell is not None:
         parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-        prepare = prepare_script(platform, run_dir, parent, code_root=code_root, nonce=nonce)
-        launch = Put(f"{run_dir}/launch.ps1", data=platform.script_file(rendered), what="launch script")
+        prepare = prepare_script(powershell, run_dir, parent, code_root=code_root, nonce=nonce)
+        launch = Put(f"{run_dir}/launch.ps1", data=powershell.script_file(rendered), what="launch script")
     else:
-        assert isinstance(platform, PosixShell)
+        assert posix is not None
         code_dir = spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
         prepare = (
-            PosixRuns(platform).other_runs(run_marker(spec.run_id, node.name), nonce)
+            PosixRuns(posix).other_runs(run_marker(spec.run_id, node.name), nonce)
             + "\n"
             + prepare_script(
-                platform,
+                posix,
                 run_dir,
                 code_dir,
                 code_root=code_root,
                 nonce=nonce,
                 # on the master: its rendezvous port must be free (torchrun would fail there, and the
                 # other nodes could join whatever holds it)
-                refuse=platform.say_if_listening(
-                    spec.master_port, records.record(nonce, PORT_BUSY).rstrip("\n")
-                )
+                refuse=posix.say_if_listening(spec.master_port, records.record(nonce, PORT_BUSY).rstrip("\n"))
                 if spec.node_rank == 0
                 else "",
             )
@@ -466,9 +464,9 @@ def node_plan(
         secrets=secrets,
     )
     run_dir = run_dir_for(node, spec.run_id)
-    if isinstance(platform, PowerShell):
+    if (powershell := platform.as_powershell()) is not None:
         launcher = Run(
-            windows_command(platform, run_dir, nonce or records.new_nonce()),
+            windows_command(powershell, run_dir, nonce or records.new_nonce()),
             stream=True,
             keep_lines=20,
             timeout=FIRST_ROUND_TIMEOUT,
@@ -476,8 +474,9 @@ def node_plan(
             f" (the next rounds: follow.ps1 -Offset N every {ROUND_SECONDS:g} s)",
         )
     else:
-        assert isinstance(platform, PosixShell)
-        command = posix_command(platform, node, spec)
+        posix = platform.as_posix()
+        assert posix is not None
+        command = posix_command(posix, node, spec)
         launcher = Run(
             command, env=launcher_env(spec.sample_nonce), stream=True, keep_lines=200, what="the launcher"
         )
@@ -501,12 +500,12 @@ def launch_files(renderer: Renderer, specs: list[LaunchSpec]) -> dict[str, bytes
     platforms = {s.node.name: platform_for_node(s.node) for s in specs}
     files: dict[str, bytes] = {}
     for name, text in render_all(renderer, specs, platforms, mask=False).items():
-        platform = platforms[name]
-        if isinstance(platform, PowerShell):
-            files[f"{name}.ps1"] = platform.script_file(text)
+        powershell = platforms[name].as_powershell()
+        if powershell is not None:
+            files[f"{name}.ps1"] = powershell.script_file(text)
         else:
             files[f"{name}.sh"] = text.encode("utf-8")
-    if any(not isinstance(p, PowerShell) for p in platforms.values()):
+    if any(p.as_powershell() is None for p in platforms.values()):
         files[RANK_CAPTURE] = rank_capture_file().read_bytes()
     return files
 
@@ -567,7 +566,7 @@ def dry_run_nodes(
             spec = by_name[node.name]
             transport = transport_of(node)
             platform = transport.platform
-            native = isinstance(platform, PowerShell)
+            native = platform.as_powershell() is not None
             plan = node_plan(
                 node,
                 platform,
@@ -609,9 +608,9 @@ def prepare_node(
     notice: Callable[[str], None] | None = None,
 ) -> tuple[PosixShell, str, str]:
     """``prepare_plan`` applied on a POSIX node. Returns (platform, run directory, node log path)."""
-    platform = transport.platform
-    if not isinstance(platform, PosixShell):
-        raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
+    platform = transport.platform.as_posix()
+    if platform is None:
+        raise UsageError(f"launching on {transport.platform.name} nodes is not supported yet", node=node.name)
     planned = prepare_plan(
         node, platform, spec, renderer=renderer, template=template, script_file=script_file, notice=notice
     )
@@ -733,7 +732,8 @@ def run_node(
             started.add(node.name)
 
     # native Windows: the plan's last action is the follower's first round (the tail protocol)
-    followed = Followed(node.name, output, nonce) if isinstance(transport.platform, PowerShell) else None
+    native = transport.platform.as_powershell() is not None
+    followed = Followed(node.name, output, nonce) if native else None
     try:
         results = apply(planned, transport, output=followed or output, before=starting)
     except BootstrapError as exc:
@@ -777,8 +777,8 @@ def run_node(
 def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> bool:
     """Whether `stop --run` ended this node's part of the run (not a failure of its own): it wrote
     ``stopped`` in the run directory (POSIX and native Windows alike) before stopping anything."""
-    platform = transport.platform
-    if not isinstance(platform, (PosixShell, PowerShell)):
+    platform = transport.platform.as_posix() or transport.platform.as_powershell()
+    if platform is None:
         return False
     nonce = records.new_nonce()
     stopped = records.record(nonce, "stopped").rstrip("\n")

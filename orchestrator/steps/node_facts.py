@@ -16,7 +16,7 @@ from orchestrator.facts import CONNECTED, SESSION_KEY_PREFIX, Fact, FactSet, gat
 from orchestrator.facts.base import fact_sections
 from orchestrator.facts.interpreter import DEFAULT_PYTHON, interpreter_for
 from orchestrator.facts.windows import gather_windows_side, windows_facts, windows_modes
-from orchestrator.platforms import Platform, PowerShell, WslShell
+from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
 from orchestrator.steps.envsync import venv_python
 from orchestrator.transports import Transport
@@ -111,13 +111,14 @@ def _windows_plan(
     facts: the route to the master, the adapters) in one PowerShell round trip.
     WSL mode: Windows and WSL facts from the Windows side (one PowerShell round trip), the Linux
     facts and ``extra`` inside the distribution (a second one, see ``gather_windows_side``)."""
-    if isinstance(platform, WslShell):
+    if platform.in_wsl:
         return windows_facts(None, mode="wsl"), [*linux_facts(python or interpreter_for(node)), *extra], []
     return [], [*windows_facts(python or node.python), *extra], []
 
 
 def _is_windows(node: Node, transport: Transport) -> bool:
-    return node.os == "windows" and isinstance(transport.platform, (PowerShell, WslShell))
+    platform = transport.platform
+    return node.os == "windows" and (platform.as_powershell() is not None or platform.in_wsl)
 
 
 def facts_plan(
@@ -130,8 +131,8 @@ def facts_plan(
     if _is_windows(node, transport):
         windows, own, _ = _windows_plan(node, platform, extra, python)
         script = platform.wrap(platform.sectioned(fact_sections(own, platform), nonce))
-        if isinstance(platform, WslShell):
-            ps = platform.windows
+        if platform.in_wsl:
+            ps = platform.host_shell
             windows_side = ps.wrap(ps.sectioned(fact_sections(windows, ps), nonce))
             return f"{windows_side}\n# then, inside the WSL distribution:\n{script}"
         return script
@@ -154,9 +155,7 @@ def _gather_windows(
             facts.errors[fact.name] = f"the {transport.kind} transport cannot run PowerShell beside WSL"
     for name in skipped:
         facts.errors[name] = "not gathered on native Windows nodes yet"
-    facts.values["modes"] = windows_modes(
-        facts.values, node.windows.distro, wsl_node=isinstance(platform, WslShell)
-    )
+    facts.values["modes"] = windows_modes(facts.values, node.windows.distro, wsl_node=platform.in_wsl)
     return facts
 
 

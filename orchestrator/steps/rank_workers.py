@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.platforms import PowerShell
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.runs.ranks import worker_record
 from orchestrator.steps.launch import RANKS_TEMPLATE, run_node
@@ -67,7 +66,7 @@ def run_rank_workers(
                 specs[node.name],
                 renderer=renderer,
                 on_line=line,
-                template=None if isinstance(t.platform, PowerShell) else RANKS_TEMPLATE,
+                template=None if t.platform.as_powershell() is not None else RANKS_TEMPLATE,
                 script_file=worker,
             ),
             step=step,

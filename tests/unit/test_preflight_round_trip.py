@@ -126,6 +126,7 @@ def test_the_dry_run_shows_the_round_trip_and_the_connector() -> None:
     order.append("workdir_marks")
     positions = [first.index(m) if m.startswith(" ") else ask_at(first, m) for m in order]
     assert positions == sorted(positions), positions
-    assert " cbt-reach connect ADDRESS 2 " in connector and connector.endswith(
-        " 10.0.0.11:PORT 10.0.0.11:29500"
+    # the connections: one line into the listener's inbox (its path is the listener's to choose)
+    assert connector.startswith("echo connect ADDRESS 2 ") and connector.endswith(
+        " 10.0.0.11:PORT 10.0.0.11:29500 1<>/tmp/cbt-reach-RANDOM/inbox"
     )

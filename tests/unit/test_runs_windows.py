@@ -460,7 +460,7 @@ def test_run_ops_by_platform() -> None:
     windows = run_ops(ps, node)  # type: ignore[arg-type]
     assert isinstance(windows, WindowsRuns) and windows.launcher == "launch.ps1"
     assert not windows.uses_python
-    other = SimpleNamespace(name="cmdline")
+    other = SimpleNamespace(name="cmdline", as_posix=lambda: None, as_powershell=lambda: None)
     with pytest.raises(UsageError, match="cmdline"):
         run_ops(other, node)  # type: ignore[arg-type]
 

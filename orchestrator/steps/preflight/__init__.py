@@ -23,7 +23,6 @@ from orchestrator.facts.linux import BecomeRoot, linux_facts
 from orchestrator.facts.network import Addresses, DiskFree, HostnameAddress, Interfaces, MasterRoute
 from orchestrator.facts.windows_network import WindowsNetwork, windows_network_facts
 from orchestrator.plans import NodePlan
-from orchestrator.platforms import PosixShell
 from orchestrator.runner import Reach, gather_reads, run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.addresses import (
@@ -62,6 +61,7 @@ from orchestrator.steps.preflight.reachability import (
     MeshPlan,
     ReachNode,
     check_reachability,
+    inbox_command,
     probe_command,
 )
 from orchestrator.steps.preflight.rounds import CLOCK as CLOCK  # the time step forgets it
@@ -295,7 +295,8 @@ def check_plan(node: Node, transport: Transport, inventory: Inventory) -> list[s
     extra = preflight_facts(node, master)
     platform = transport.platform
     listener = plan.listener(node.name, transport, python)
-    if node.os == "windows" or not isinstance(platform, PosixShell):
+    posix = platform.as_posix()
+    if node.os == "windows" or posix is None:
         first = [
             facts_plan(node, transport, extra, python=training_python(node, inventory)),
             listener.command,
@@ -307,8 +308,10 @@ def check_plan(node: Node, transport: Transport, inventory: Inventory) -> list[s
     targets = [f"{n.host}:PORT" for n in peers] + (
         [f"{master.host}:{plan.port}"] if node.name in names else []
     )
-    connector = probe_command(platform, python, ["connect", "ADDRESS", "2", plan.token, *targets])
-    return [*first, connector]
+    args = ["connect", "ADDRESS", "2", plan.token, *targets]
+    if posix is not None:  # Linux, WSL: the listener connects itself, told through its inbox
+        return [*first, inbox_command(posix, "/tmp/cbt-reach-RANDOM/inbox", args)]
+    return [*first, probe_command(platform, python, args)]
 
 
 def gather_node_facts(

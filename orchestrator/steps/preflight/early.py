@@ -93,7 +93,6 @@ def node_round(
     """The preflight's round trip on a Linux node, not started: a clock sample, the reads of
     ``script``, then with ``plan`` the workdir marker (``token``; None: no marker), the node's
     listener and the markers it sees. What `check` sends, and what its dry run shows."""
-    from orchestrator.platforms import PosixShell
     from orchestrator.runs.layout import workdir_for
     from orchestrator.steps.node_facts import interpreter_for
     from orchestrator.steps.preflight.shared_fs import MARKER_DIR
@@ -101,12 +100,13 @@ def node_round(
     platform = transport.platform
     before, after = list(script.top), []
     listener = None
-    if plan is not None and isinstance(platform, PosixShell):
+    posix = platform.as_posix()
+    if plan is not None and posix is not None:
         listener = plan.listener(node.name, transport, interpreter_for(node))
         if token is not None:
             workdir = workdir_for(node)
-            before.append((MARK, mark_command(platform, workdir, MARKER_DIR, node.name, token)))
-            after = [(MARKS, list_command(platform, workdir, MARKER_DIR))]
+            before.append((MARK, mark_command(posix, workdir, MARKER_DIR, node.name, token)))
+            after = [(MARKS, list_command(posix, workdir, MARKER_DIR))]
     timeout = max([FACTS_TIMEOUT, *(r.timeout for r, _ in script.reads)])
     return NodeRound(node.name, transport, [], listener, before=before, after=after, facts_timeout=timeout)
 

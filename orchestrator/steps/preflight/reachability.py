@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 
-from orchestrator.platforms import Platform
+from orchestrator.platforms import Platform, PosixShell
 from orchestrator.steps.preflight.checks import ClockSample
 from orchestrator.steps.preflight.mesh import (
     CHECK,
@@ -93,6 +93,7 @@ __all__ = [
     "build_verdicts",
     "check_reachability",
     "in_threads",
+    "inbox_command",
     "parse_clock_line",
     "parse_connect_line",
     "parse_listener_line",
@@ -175,6 +176,12 @@ def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
     if powershell is not None:
         return powershell.kill_tree(pid), True
     return platform.join(["kill", "-TERM", str(pid)]), False
+
+
+def inbox_command(posix: PosixShell, inbox: str, args: Sequence[str]) -> str:
+    """The line that has a listener with an inbox (a FIFO) run ``args`` ("connect ..."): opened
+    read-write, so that it never waits, even for a listener that is gone."""
+    return f"{posix.join(['echo', *args])} 1<>{posix.path_word(inbox)}"
 
 
 def _target(address: str, port: int) -> str:
@@ -382,7 +389,7 @@ class _Connector(_ProbeRun):
         posix = node.transport.platform.as_posix()
         self.via = via if via is not None and via.inbox is not None and posix is not None else None
         if self.via is not None and self.via.inbox is not None and posix is not None:
-            self.command = f"{posix.join(['echo', *args])} 1<>{posix.path_word(self.via.inbox)}"
+            self.command = inbox_command(posix, self.via.inbox, args)
             self.via.connector = self
         self.answered = False  # the listener printed "connected"
         self.targets = list(targets)  # (target node, role, address, port)
