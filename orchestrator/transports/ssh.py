@@ -384,20 +384,24 @@ class SSHTransport(Transport):
         on_line: OnLine | None = None,
         keep_lines: int | None = None,
     ) -> Result:
-        line = self.platform.login_command(self.plan(script))
+        line = self._login_line(self.plan(script))
+        # stdin stays open: closing it is how a timeout or a cancel stops the remote command
+        chan = self._exec(line, window=self.COMMAND_WINDOW)
+        return self._collect(chan, script, Deadline(timeout), on_line, keep_lines, heartbeat=True)
+
+    def run_brief_raw(self, script: str, *, timeout: float) -> Result:
+        line = self._login_line(script)  # no stop_on_hangup: nothing to watch
+        return self._collect(self._exec(line), script, Deadline(timeout), None, 20, heartbeat=False)
+
+    def _login_line(self, script: str) -> str:
+        line = self.platform.login_command(script)
         if len(line.encode()) >= MAX_LINE:  # the login shell could not start it: say why, here
             raise BootstrapError(
                 f"a command of {len(line.encode()):,} bytes is longer than one command line holds on "
                 f"a Linux node ({MAX_LINE:,} bytes): a bug, please report it with `bootstrap -vv`",
                 node=self.node_name,
             )
-        # stdin stays open: closing it is how a timeout or a cancel stops the remote command
-        chan = self._exec(line, window=self.COMMAND_WINDOW)
-        return self._collect(chan, script, Deadline(timeout), on_line, keep_lines, heartbeat=True)
-
-    def run_brief_raw(self, script: str, *, timeout: float) -> Result:
-        line = self.platform.login_command(script)  # no stop_on_hangup: nothing to watch
-        return self._collect(self._exec(line), script, Deadline(timeout), None, 20, heartbeat=False)
+        return line
 
     def _exec(self, line: str, *, window: int | None = None) -> paramiko.Channel:
         """A new channel running the command line ``line``."""

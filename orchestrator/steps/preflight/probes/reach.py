@@ -260,11 +260,8 @@ def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
     hold, token, mesh_count = float(args[0]), args[1].encode("ascii"), int(args[2])
     deadline = time.monotonic() + hold
     listeners = []
-    try:
-        listeners.append(Listener("mesh", 0, mesh_count))
-    except OSError as exc:
-        emit("error", "cannot listen: " + (exc.strerror or str(exc)))
-        return 2
+    # the rendezvous port first: the mesh listener's port 0 could otherwise be that very port (one
+    # in the ephemeral range), which would then read as busy
     if len(args) >= 5:
         port, port_count = int(args[3]), int(args[4])
         try:
@@ -274,6 +271,11 @@ def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
                 emit("error", "cannot listen on port " + str(port) + ": " + (exc.strerror or str(exc)))
                 return 2
             emit("busy", port, port_holder(port))
+    try:
+        listeners.insert(0, Listener("mesh", 0, mesh_count))
+    except OSError as exc:
+        emit("error", "cannot listen: " + (exc.strerror or str(exc)))
+        return 2
     for lst in listeners:
         emit("listening", "on", lst.address, lst.port, lst.role)
     span = ephemeral_range()
@@ -289,16 +291,28 @@ def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
     if inbox is not None:
         sel.register(inbox, READ, ("inbox", None, None, None))
     waiting_inbox = inbox is not None  # its connections are part of this listener's work
+    conns = None  # type: Connections | None
     while True:
-        if not waiting_inbox and not any(lst.waiting > 0 for lst in listeners):
+        if conns is not None and conns.over:
+            conns.write()
+            conns = None
+        if not waiting_inbox and conns is None and not any(lst.waiting > 0 for lst in listeners):
             emit("done", "complete")
             return 0
         left = deadline - time.monotonic()
         if left <= 0:
+            if conns is not None:
+                conns.write()
             emit("done", "deadline")
             return 0
+        if conns is not None:
+            left = min(left, conns.deadline - time.monotonic())
         for data in sel.select(left):
             kind, lst, got, conn = data
+            if kind == "connect":
+                assert conns is not None
+                conns.ready(data)
+                continue
             if kind == "inbox":
                 words = inbox.read()
                 if words is None:
@@ -307,8 +321,8 @@ def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
                 inbox.close()
                 waiting_inbox = False
                 if len(words) >= 4 and words[0] == "connect":
-                    # peers' connections queue meanwhile (the backlog), each token in its buffer
-                    connect(words[1:], last="connected")
+                    # connecting while accepting: one poller for both
+                    conns = Connections(words[1:], sel, "connected")
                 else:
                     emit("error", "the inbox got no connect line")
                 continue
@@ -342,59 +356,84 @@ def split_target(target: str) -> "tuple[str, int]":
     return host.strip("[]"), int(port)
 
 
-def connect(args: "list[str]", last: str = "done complete") -> int:
-    emit("clock", "%.6f" % time.time())  # first: its arrival time on the controller dates it
-    source, timeout, token, targets = args[0], float(args[1]), args[2].encode("ascii"), args[3:]
-    sel = Poller()
-    started = time.monotonic()
-    deadline = started + timeout
-    lines = []
+class Connections:
+    """Connections from SRC to every TARGET at once, each in ``sel`` (a poller the process may share
+    with its listening sockets: a listener keeps accepting while it connects); the results are
+    written in one go by :meth:`write`, ended by ``last``."""
 
-    def report(index: int, outcome: str, detail: str, begun: float) -> None:
+    def __init__(self, args: "list[str]", sel: Poller, last: str) -> None:
+        emit("clock", "%.6f" % time.time())  # first: its arrival time on the controller dates it
+        self.source, timeout, self.token = args[0], float(args[1]), args[2].encode("ascii")
+        self.targets = args[3:]
+        self.sel, self.last = sel, last
+        self.deadline = time.monotonic() + timeout
+        self.lines = []  # type: list[str]
+        self.pending = {}  # fd -> socket still connecting
+        for index, target in enumerate(self.targets):
+            address, port = split_target(target)
+            sock = socket.socket(family_of(address), socket.SOCK_STREAM)
+            sock.setblocking(False)
+            begun = time.monotonic()
+            try:
+                if self.source != "-":
+                    # from the node's cluster address, as gloo does: source-scoped rules see the truth
+                    sock.bind((self.source, 0))
+                code = sock.connect_ex((address, port))
+            except OSError as exc:
+                code = exc.errno or errno.EINVAL
+            if code in _IN_PROGRESS:
+                self.pending[sock.fileno()] = sock
+                sel.register(sock, WRITE, ("connect", index, begun, sock))
+                continue
+            self.finish(sock, code, index, begun)
+
+    def report(self, index: int, outcome: str, detail: str, begun: float) -> None:
         ms = (time.monotonic() - begun) * 1000
-        lines.append("result %d %s %.1f %s %s" % (index, outcome, ms, targets[index], detail or "-"))
+        self.lines.append(
+            "result %d %s %.1f %s %s" % (index, outcome, ms, self.targets[index], detail or "-")
+        )
 
-    def finish(sock: socket.socket, code: int, index: int, begun: float) -> None:
+    def finish(self, sock: socket.socket, code: int, index: int, begun: float) -> None:
         outcome = _OUTCOMES.get(code, "error")
-        report(index, outcome, "" if outcome == "ok" else errname(code), begun)
+        self.report(index, outcome, "" if outcome == "ok" else errname(code), begun)
         if outcome == "ok":
             try:
-                sock.send(token)  # a few bytes into an empty send buffer: never blocks
+                sock.send(self.token)  # a few bytes into an empty send buffer: never blocks
             except OSError:
                 pass
         sock.close()  # we close first: the TIME_WAIT stays on this side
 
-    for index, target in enumerate(targets):
-        address, port = split_target(target)
-        sock = socket.socket(family_of(address), socket.SOCK_STREAM)
-        sock.setblocking(False)
-        begun = time.monotonic()
-        try:
-            if source != "-":
-                # from the node's cluster address, as gloo does: source-scoped rules see the truth
-                sock.bind((source, 0))
-            code = sock.connect_ex((address, port))
-        except OSError as exc:
-            code = exc.errno or errno.EINVAL
-        if code in _IN_PROGRESS:
-            sel.register(sock, WRITE, (index, begun, sock))
-            continue
-        finish(sock, code, index, begun)
-    while sel.entries:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for data in sel.select(left):
-            index, begun, sock = data
-            sel.unregister(sock)
-            finish(sock, sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), index, begun)
-    for _events, data in list(sel.entries.values()):
-        index, begun, sock = data
-        sock.close()
-        report(index, "timeout", "", begun)
-    lines.append(last)
-    sys.stdout.write("\n".join(lines) + "\n")
-    sys.stdout.flush()
+    def ready(self, data: "tuple[str, int, float, socket.socket]") -> None:
+        """One of our sockets is writable: its connection is made or refused."""
+        _kind, index, begun, sock = data
+        self.sel.unregister(sock)
+        del self.pending[sock.fileno()]
+        self.finish(sock, sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR), index, begun)
+
+    @property
+    def over(self) -> bool:
+        return not self.pending or time.monotonic() >= self.deadline
+
+    def write(self) -> None:
+        """Every result (what is still connecting timed out), then ``last``, in one write."""
+        for fd, sock in list(self.pending.items()):
+            _events, (_kind, index, begun, _sock) = self.sel.entries[fd]
+            self.sel.unregister(sock)
+            sock.close()
+            self.report(index, "timeout", "", begun)
+        self.pending = {}
+        self.lines.append(self.last)
+        sys.stdout.write("\n".join(self.lines) + "\n")
+        sys.stdout.flush()
+
+
+def connect(args: "list[str]") -> int:
+    sel = Poller()
+    conns = Connections(args, sel, "done complete")
+    while not conns.over:
+        for data in sel.select(conns.deadline - time.monotonic()):
+            conns.ready(data)
+    conns.write()
     return 0
 
 
