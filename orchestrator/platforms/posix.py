@@ -16,7 +16,7 @@ from orchestrator.records import RAW_SECTION, check_kind, check_nonce
 CWD_FAILED_EXIT = 125
 #: a script ``login_command`` sends as it is: inside single quotes, sh, bash, zsh, csh and fish all
 #: keep these characters literally (csh: not "!" or a newline; fish: not "\\")
-_PLAIN_LINE = re.compile(r"[A-Za-z0-9 _./:@%+=,<>-]+")
+_PLAIN_LINE = re.compile(r"[A-Za-z0-9_./][A-Za-z0-9 _./:@%+=,<>-]*")
 
 #: what sudo prints when ``-n`` refuses because it would have to ask for a password
 SUDO_PASSWORD_MARKERS = ("a password is required", "a terminal is required")
@@ -214,6 +214,14 @@ class PosixShell(Platform):
             " END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then\n"
             f"  echo {self.quote(word)}; exit 0\nfi"
         )
+
+    def line_into_fifo(self, path: str, words: Sequence[str]) -> str:
+        """Write ``words`` as one line into the FIFO ``path``, opened read-write: it never waits for a
+        reader, even one that is gone. Plain words go by ``echo`` (no quotes: the login shell gets the
+        line as it is, see ``login_command``), others by ``printf``."""
+        line = " ".join(words)
+        writer = f"echo {line}" if _PLAIN_LINE.fullmatch(line) else f"printf '%s\\n' {self.quote(line)}"
+        return f"{writer} 1<>{self.path_word(path)}"
 
     def run_script(self, path: str) -> str:
         """Run the script file at ``path`` (on the node) with /bin/sh."""

@@ -227,3 +227,16 @@ def test_a_sections_own_answers_carry_any_bytes_as_one_record_each() -> None:
         ("runtime", (b"cb-lab", hostile)),
         ("description", (b"cb-lab", b"plain\n")),
     ]
+
+
+def test_a_line_into_a_fifo_is_plain_when_it_can_be_and_quoted_when_not() -> None:
+    sh = PosixShell()
+    plain = sh.line_into_fifo(
+        "/tmp/cbt-reach-0a/inbox", ["connect", "10.0.0.1", "2", "ab12", "10.0.0.2:41000"]
+    )
+    assert plain == "echo connect 10.0.0.1 2 ab12 10.0.0.2:41000 1<>/tmp/cbt-reach-0a/inbox"
+    assert sh.login_command(plain) == f"/bin/sh -c '{plain}'"  # no base64 process for it
+    other = sh.line_into_fifo("/tmp/a b/inbox", ["connect", "-", "2", "ab12", "[fd00::1]:41000"])
+    assert other == "printf '%s\\n' 'connect - 2 ab12 [fd00::1]:41000' 1<>'/tmp/a b/inbox'"
+    assert "base64 -d" in sh.login_command(other)
+    assert "base64 -d" in sh.login_command("-x")  # a leading dash would be an option of sh -c

@@ -181,7 +181,7 @@ def stop_command(platform: Platform, pid: int) -> tuple[str, bool]:
 def inbox_command(posix: PosixShell, inbox: str, args: Sequence[str]) -> str:
     """The line that has a listener with an inbox (a FIFO) run ``args`` ("connect ..."): opened
     read-write, so that it never waits, even for a listener that is gone."""
-    return f"{posix.join(['echo', *args])} 1<>{posix.path_word(inbox)}"
+    return posix.line_into_fifo(inbox, args)
 
 
 def _target(address: str, port: int) -> str:

@@ -200,15 +200,17 @@ class Inbox:
         base = os.environ.get("TMPDIR") or "/tmp"
         self.dir = os.path.join(base, "cbt-reach-" + os.urandom(8).hex())
         self.path = os.path.join(self.dir, "inbox")
+        self.fds = []  # type: list[int]
+        self.got = bytearray()
         os.mkdir(self.dir, 0o700)  # fails when the name exists: nobody else's directory is used
         try:
             os.mkfifo(self.path, 0o600)
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-            self.keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            self.fds.append(os.open(self.path, os.O_RDONLY | os.O_NONBLOCK))
+            self.fds.append(os.open(self.path, os.O_WRONLY | os.O_NONBLOCK))  # never EOF
         except OSError:
-            self.remove()
+            self.close()
             raise
-        self.got = bytearray()
+        self.fd = self.fds[0]
 
     def fileno(self) -> int:
         return self.fd
@@ -231,10 +233,9 @@ class Inbox:
                 pass
 
     def close(self) -> None:
-        for fd in ("fd", "keep"):
-            if hasattr(self, fd):
-                os.close(getattr(self, fd))
-                delattr(self, fd)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
         self.remove()
 
 
