@@ -25,8 +25,9 @@ EventKind = Literal["start", "done", "failed", "waiting"]
 #: seconds a fail-fast map waits, after a failure that may be another's consequence (a peer's closed
 #: connection), for the failure that caused it before it stops the others. The culprit's node often
 #: ends a second after its victims' (its torchrun first stops its other local ranks); on a busy machine
-#: its answer then takes another second or more to arrive: 2 s named the victim's node there
-CAUSE_GRACE = 3.0
+#: its answer then takes another two seconds or more to arrive: 2 s, then 3 s, named the victim's node
+#: there (CI)
+CAUSE_GRACE = 5.0
 
 
 @dataclass

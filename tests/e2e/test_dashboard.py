@@ -424,7 +424,7 @@ os._exit(1)
 def test_the_culprits_node_is_named_when_a_victims_node_ends_first(
     bootstrap: Callable[..., CliRun], cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
 ) -> None:
-    """The fail fast waits a moment (at most 3 s: CAUSE_GRACE) after a node whose ranks died of gloo's closed
+    """The fail fast waits a moment (at most 5 s: CAUSE_GRACE) after a node whose ranks died of gloo's closed
     connection: node2, whose rank 3 failed, ends a second after node1 (by construction: see
     VICTIM_FIRST) and is the one named, in the
     line that stops the run (node3) and first in the summary; node1 is listed after it."""
