@@ -16,6 +16,7 @@ from orchestrator.bench.shares import SharesDoc
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
+from orchestrator.view import View
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -82,6 +83,51 @@ class BenchReport:
             if unreachable:
                 return exit_code_for(self.probe.plan.inspected)
         return ExitCode.OK if self.ok else ExitCode.NODES_FAILED
+
+    def views(self) -> list[View]:
+        """The tables: each rank's samples/s (the slowest in red; with its measured share when the
+        probe succeeded), then with --scaling the node sets' figures and the largest set's ranks."""
+        from orchestrator.bench.report import (
+            PROBE_HEADER,
+            RANK_HEADER,
+            SCALING_HEADER,
+            probe_rows,
+            rank_rows,
+            scaling_rows,
+        )
+
+        views, probe, shares = [], self.probe_report, self.shares()
+        if probe is not None:
+            backend = self.probe.plan.backend if self.probe else "?"
+            title = (
+                f"samples/s per rank: {probe.workload}, batch {probe.batch_size}, {probe.repeats} repeats "
+                f"(backend {backend})"
+            )
+            header = [h for h in PROBE_HEADER if h != "error"]
+            header += [f"share of {shares.global_batch}"] if shares is not None else []
+            view = View(title, header, right=[h for h in header if h not in ("node", "device")])
+            slowest = probe.slowest()
+            for row, rank in zip(probe_rows(probe), sorted(probe.ranks), strict=True):
+                cells = row[: len(PROBE_HEADER) - 1]
+                cells += (
+                    [str(shares.shares[rank])] if shares is not None and shares.shares is not None else []
+                )
+                marked = slowest is not None and rank == slowest.rank and len(probe.ranks) > 1
+                view.add(*cells, style="bold red" if marked else "")
+            views.append(view)
+        if (scaling := self.scaling) is not None:
+            rounds = f", median of {scaling.rounds} rounds (range)" if scaling.rounds > 1 else ""
+            figures = View(
+                f"scaling, {scaling.steps} steps per run{rounds}", SCALING_HEADER, right=SCALING_HEADER
+            )
+            ranks = View(
+                "per rank, largest node set", RANK_HEADER, right=[h for h in RANK_HEADER if h != "node"]
+            )
+            for view, rows in ((figures, scaling_rows(scaling)), (ranks, rank_rows(scaling))):
+                for cells in rows:
+                    view.add(*cells)
+            views += [figures, ranks]
+        return views
 
     def public_dict(self) -> dict[str, Any]:
         report = self.probe_report

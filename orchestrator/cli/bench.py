@@ -7,17 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     load_selection,
     templates_option,
 )
 from orchestrator.cli.front import reach_for
+from orchestrator.cli.report import draw, fail_lines
 from orchestrator.errors import ExitCode
 from orchestrator.steps.preflight.checks import refuse_native_mix
 
@@ -164,70 +162,28 @@ def run_bench_command(
 
 def show(settings: Settings, report: BenchReport) -> None:
     """The tables, the problems, where the files are."""
-    from orchestrator.bench.report import (
-        PROBE_HEADER,
-        RANK_HEADER,
-        SCALING_HEADER,
-        probe_rows,
-        rank_rows,
-        scaling_rows,
-    )
-
-    ui = settings.ui
+    ui, views = settings.ui, report.views()
     probe = report.probe_report
     if probe is not None:
-        shares = report.shares()
-        table = Table(
-            title=Text(
-                f"samples/s per rank: {probe.workload}, batch {probe.batch_size}, {probe.repeats} repeats "
-                f"(backend {report.probe.plan.backend if report.probe else '?'})"
-            ),
-            title_justify="left",
-        )
-        header = [h for h in PROBE_HEADER if h != "error"]
-        if shares is not None:
-            header.append(f"share of {shares.global_batch}")
-        for column in header:
-            table.add_column(column, justify="left" if column in ("node", "device") else "right")
+        draw(ui, views.pop(0))
         slowest = probe.slowest()
-        for row, rank in zip(probe_rows(probe), sorted(probe.ranks), strict=True):
-            cells = row[: len(PROBE_HEADER) - 1]
-            if shares is not None and shares.shares is not None:
-                cells.append(str(shares.shares[rank]))
-            style = (
-                "bold red" if slowest is not None and rank == slowest.rank and len(probe.ranks) > 1 else ""
-            )
-            table.add_row(*cells, style=style)
-        ui.print_table(table)
         fastest = max((r.samples_per_s or 0.0 for r in probe.ranks.values()), default=0.0)
         if slowest is not None and slowest.samples_per_s and len(probe.ranks) > 1:
             ui.info(
                 f"slowest: rank {slowest.rank} on {slowest.node} ({slowest.samples_per_s:.0f} samples/s, "
                 f"{fastest / slowest.samples_per_s:.2f}x slower than the fastest)"
             )
-        if shares is not None:
+        if report.shares() is not None:
             ui.note(
                 "cluster.train.shares: measured gives each rank such a share of every global batch "
                 "(the training script's own batch, in the same proportions)"
             )
     for problem in report.problems:
         ui.error(problem)
-    scaling = report.scaling
-    if scaling is not None:
-        rounds = f", median of {scaling.rounds} rounds (range)" if scaling.rounds > 1 else ""
-        table = Table(title=Text(f"scaling, {scaling.steps} steps per run{rounds}"), title_justify="left")
-        for column in SCALING_HEADER:
-            table.add_column(column, justify="right")
-        for cells in scaling_rows(scaling):
-            table.add_row(*cells)
-        ui.print_table(table)
-        ranks = Table(title=Text("per rank, largest node set"), title_justify="left")
-        for column in RANK_HEADER:
-            ranks.add_column(column, justify="left" if column == "node" else "right")
-        for cells in rank_rows(scaling):
-            ranks.add_row(*cells)
-        ui.print_table(ranks)
-        for run in scaling.runs:
+    if report.scaling is not None:
+        for view in views:
+            draw(ui, view)
+        for run in report.scaling.runs:
             if run.error:
                 ui.error(f"{len(run.nodes)} node(s), {run.mode} shares: {run.error}")
         if report.html is not None:

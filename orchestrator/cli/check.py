@@ -5,31 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     load_selection,
-    node_status,
     print_plans,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import json_doc, show_dry_run
+from orchestrator.cli.report import draw, fail_lines, json_doc, show_dry_run
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
-from orchestrator.runs.layout import workdir_for
+from orchestrator.inventory.show import inventory_view
 from orchestrator.runs.next_command import with_user_options
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
-from orchestrator.steps.node_facts import InspectedNode, facts_plan, inspect_all
+from orchestrator.steps.node_facts import facts_plan, facts_view, inspect_all
 from orchestrator.steps.preflight import preflight_report
 from orchestrator.steps.preflight.checks import refuse_native_mix
-from orchestrator.steps.preflight.model import Verdict
+from orchestrator.steps.preflight.model import LEVEL_STYLE, Verdict, checks_view, versions_view
 
 
 @click.command()
@@ -74,7 +71,7 @@ def show_check(settings: Settings, inventory: Inventory, nodes: list[Node], repo
         return json_doc(
             ui, "check", outcomes, code, _node_fields, lambda o: bool(o.value and not o.value.failed), **top
         )
-    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    draw(ui, facts_view(inventory, nodes, outcomes))
     for o in outcomes:
         if o.value is not None:
             for key in o.value.inspected.recorded_host_keys:
@@ -84,9 +81,9 @@ def show_check(settings: Settings, inventory: Inventory, nodes: list[Node], repo
             for fact, why in o.value.inspected.facts.errors.items():
                 ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
     if checks := {o.node: o.value.checks for o in outcomes if o.value is not None}:
-        ui.print_table(_checks_table(nodes, report.data["backend"], checks))
+        draw(ui, checks_view(nodes, report.data["backend"], checks))
         if len({tuple(v.values()) for v in report.data["versions"].values()}) > 1:
-            ui.print_table(_versions_table(report.data["versions"]))
+            draw(ui, versions_view(report.data["versions"]))
         _check_details(settings, nodes, report.data["backend_reason"], checks)
     fail_lines(ui, outcomes)
     verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
@@ -111,44 +108,13 @@ def facts(ctx: click.Context) -> int:
     fail_lines(ui, outcomes)
     if settings.json_mode:
         return json_doc(ui, "facts", outcomes, code)
-    ui.print_table(_facts_table(inventory, nodes, outcomes))
+    draw(ui, facts_view(inventory, nodes, outcomes))
     ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable")
     return code
 
 
 def _node_fields(o: Outcome[Any]) -> dict[str, Any]:  # an unreachable node: no facts, no checks
     return o.value.public_dict() if o.value else {"transport_notes": [], "checks": {}}
-
-
-_LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}
-
-
-def _checks_table(nodes: list[Node], backend: str, verdicts: dict[str, dict[str, Verdict]]) -> Table:
-    from orchestrator.steps.preflight.model import CHECKS
-
-    table = Table(title=Text(f"preflight: backend {backend}"), title_justify="left")
-    table.add_column("node")
-    for check_name in CHECKS:
-        table.add_column(check_name)
-    for node in nodes:  # an unreachable node: "-" everywhere
-        checks = verdicts.get(node.name, {})
-        cells = []
-        for check_name in CHECKS:
-            verdict = checks.get(check_name)
-            label, style = _LEVEL_STYLE[verdict.level] if verdict else ("-", "dim")
-            cells.append(Text(label, style=style))
-        table.add_row(Text(node.name), *cells)
-    return table
-
-
-def _versions_table(versions: dict[str, dict[str, str | None]]) -> Table:
-    """Versions side by side when they differ: the first thing to fix."""
-    table = Table(title=Text("versions differ"), title_justify="left")
-    for column in ("node", "python", "torch", "cuda"):
-        table.add_column(column)
-    for node, v in versions.items():
-        table.add_row(Text(node), *(Text(v.get(k) or "-") for k in ("python", "torch", "cuda")))
-    return table
 
 
 def _check_details(
@@ -163,82 +129,13 @@ def _check_details(
             for name, verdict in verdicts.get(node.name, {}).items():
                 if verdict.level != level:
                     continue
-                label, style = _LEVEL_STYLE[level]
+                label, style = LEVEL_STYLE[level]
                 reason = with_user_options(settings, verdict.reason)
                 line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {reason}")
                 if verdict.fix:
                     fix = with_user_options(settings, verdict.fix)
                     line += Text(f" -> {fix}", style="dim" if level == "ok" else "")
                 ui.err.print(line) if level != "ok" else ui.err.print(line, style="dim")
-
-
-def _gib(value: int | None) -> str:
-    return f"{value / 2**30:.1f} GiB" if value else "-"
-
-
-def _facts_table(inventory: Inventory, nodes: list[Node], outcomes: list[Outcome[Any]]) -> Table:
-    """The nodes' facts (``outcomes``: of `facts`, InspectedNode; of `check`, NodeChecks)."""
-    table = Table(title=Text(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)"), title_justify="left")
-    for column in ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus"):
-        table.add_column(column, overflow="fold")
-    for node, outcome in zip(nodes, outcomes, strict=True):
-        master = " (master)" if node.name == inventory.cluster.master else ""
-        if outcome.value is None:
-            status = node_status(outcome.error) if outcome.error else "failed"
-            table.add_row(Text(node.name + master), Text(status, style="red"), *["-"] * 8)
-            continue
-        seen = outcome.value if isinstance(outcome.value, InspectedNode) else outcome.value.inspected
-        facts = seen.facts
-        os_info, kernel = facts.get("os"), facts.get("kernel")
-        python, torch, gpus = facts.get("python"), facts.get("torch"), facts.get("gpus")
-        os_text = os_info.pretty_name if os_info else "?"
-        if kernel:
-            os_text += f" ({kernel.machine})"
-        windows, modes = facts.get("windows"), facts.get("modes")
-        if windows is not None:  # native: Windows itself; WSL mode: the distribution on it
-            build = f"{windows.build}" + (f".{windows.ubr}" if windows.ubr is not None else "")
-            shown = f"{windows.caption} (build {build})"
-            os_text = f"{os_text} in WSL on {shown}" if os_info else shown
-        if modes is not None:
-            os_text += "; modes: " + (", ".join(modes.modes) or "none")
-        torch_text = "-"
-        if python is None:
-            py_text = Text(f"{node.python or 'python3'} not found", style="yellow")
-        else:
-            py_text = Text(python.version)
-        if torch is not None:
-            if not torch.installed:
-                torch_text = "not installed"
-            elif torch.error:
-                torch_text = f"broken: {torch.error}"
-            else:
-                backends = ", ".join(b for b in ("gloo", "nccl") if getattr(torch, b)) or "no distributed"
-                cuda = f" cuda {torch.cuda_build}" if torch.cuda_build else ""
-                torch_text = f"{torch.version}{cuda} ({backends})"
-        gpu_text = "-"
-        if gpus is not None:
-            if gpus.error:
-                gpu_text = f"nvidia-smi failed: {gpus.error}"
-            elif gpus.gpus:
-                names = sorted({g.name for g in gpus.gpus})
-                gpu_text = f"{len(gpus.gpus)}x " + ", ".join(names)
-            else:
-                gpu_text = "none"
-        memory = facts.get("memory")
-        # data from nodes goes in as Text: rich would read "[gloo]" in a plain string as markup
-        table.add_row(
-            Text(node.name + master),
-            Text("ok", style="green"),
-            Text(seen.via),
-            Text(str(facts.get("hostname") or "?")),
-            Text(os_text),
-            Text(str(facts.get("cpus") or "?")),
-            Text(_gib(memory.total_bytes if memory else None)),
-            py_text,
-            Text(torch_text),
-            Text(gpu_text),
-        )
-    return table
 
 
 @click.command(name="inventory")
@@ -258,36 +155,11 @@ def show_inventory(ctx: click.Context) -> None:
             {**inventory.public_dict(), "cannot_train": str(mix) if mix is not None else None}
         )
         return
-    table = Table(
-        title=Text(f"cluster {inventory.cluster.name} ({inventory.format} inventory {inventory.source})")
-    )
-    for column in ("node", "connection", "address", "user", "os", "gpus", "nproc", "workdir", "tags"):
-        table.add_column(column)
-    for node in nodes:
-        master = " (master)" if node.name == inventory.cluster.master else ""
-        cells = (
-            node.connection,
-            node.address,
-            node.user or "-",
-            node.os if node.os != "windows" else f"windows ({_windows_mode(node)})",
-            node.gpus,
-            node.nproc,
-            workdir_for(node),  # {node} replaced: where its runs, code and venv go
-            ",".join(node.tags),
-        )
-        table.add_row(Text(node.name + master), *(Text(str(c)) for c in cells))
-    settings.ui.print_table(table)
+    draw(settings.ui, inventory_view(inventory, nodes))
     c = inventory.cluster
     settings.ui.print_text(f"master {c.master}, rendezvous port {c.port}, backend {c.backend}")
     if mix is not None:
         settings.ui.warn(f"this inventory cannot train as it is: {mix}")
-
-
-def _windows_mode(node: Node) -> str:
-    """``wsl:Ubuntu-22.04``, ``wsl`` (the user's default distribution) or ``native``."""
-    if node.windows.mode == "native":
-        return "native"
-    return f"wsl:{node.windows.distro}" if node.windows.distro else "wsl"
 
 
 def check_on_slurm(settings: Settings, inventory: Inventory) -> ExitCode:

@@ -6,17 +6,14 @@ import sys
 from typing import Any
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     load_selection,
     open_session,
 )
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.steps.clean import CleanReport, clean_nodes
 from orchestrator.steps.envsync.progress import human_size
@@ -73,21 +70,7 @@ def _report(settings: Settings, report: CleanReport) -> None:
             top: dict[str, Any] = {"dry_run": settings.dry_run, "removed": removed, "bytes": report.bytes}
             json_doc(ui, "clean", outcomes, report.exit_code(), **top)
         return
-    title = "removed" if removed else "would remove" if settings.dry_run else "to remove"
-    table = Table(title=Text(title), title_justify="left")
-    for column in ("node", "what", "path", "files", "size"):
-        table.add_column(column, overflow="fold")
-    for o in outcomes:
-        if o.value is None:
-            table.add_row(Text(o.node), Text("failed", style="red"), "-", "-", "-")
-            continue
-        if not o.value.items:
-            table.add_row(Text(o.node), Text("nothing", style="dim"), "-", "-", "-")
-        for item in o.value.items:
-            table.add_row(
-                Text(o.node), Text(item.kind), Text(item.path), str(item.files), human_size(item.bytes)
-            )
-    ui.print_table(table)
+    draw(ui, report.view(dry_run=settings.dry_run))
     fail_lines(ui, outcomes)
     for error in report.errors():
         ui.error(error)

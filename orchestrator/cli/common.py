@@ -16,8 +16,7 @@ import click
 
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError, Terminated
-from orchestrator.executor import Outcome
+from orchestrator.errors import BootstrapError, ExitCode, Terminated
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.neutralise import NeutralFormatter
 from orchestrator.resources import default_inventory
@@ -216,29 +215,6 @@ def node_status(error: BootstrapError) -> str:
     """A few words for a summary table cell (the error's own ``status``); the full message follows
     the table."""
     return error.status
-
-
-def fail_lines(ui: UI, outcomes: list[Outcome[Any]]) -> None:
-    """One line per failed node; unknown host keys as one block, since they need one decision."""
-    unknown: list[HostKeyUnknownError] = []
-    for outcome in outcomes:
-        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
-            unknown.append(outcome.error)
-        elif outcome.error is not None and not getattr(outcome.error, "shown", False):
-            ui.error(str(outcome.error))
-            if isinstance(outcome.error, BootstrapError):
-                outcome.error.shown = True
-    if not unknown:
-        return
-    files = sorted({e.known_hosts for e in unknown})
-    ui.error(f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
-    width = max(len(e.node or "") for e in unknown)
-    for e in unknown:
-        ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
-    # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
-    from orchestrator.transports.known_hosts import how_to_compare
-
-    ui.info(how_to_compare(e.key_type for e in unknown))
 
 
 def print_plans(

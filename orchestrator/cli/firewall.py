@@ -6,23 +6,16 @@ Registered on import by orchestrator/cli/__init__.py. The work is in orchestrato
 from __future__ import annotations
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.common import (
-    Settings,
-    common_options,
-    fail_lines,
-    load_selection,
-    node_status,
-)
+from orchestrator.cli.common import Settings, common_options, load_selection
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import json_doc, show_plans, with_plan
+from orchestrator.cli.report import show_report
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory, Node
 from orchestrator.session import Session
 from orchestrator.steps.contract import Report
 from orchestrator.steps.firewall import FirewallResult, firewall_report
+from orchestrator.view import node_view
 
 
 @click.command()
@@ -63,38 +56,11 @@ def run_firewall(
 
 def show_firewall(settings: Settings, run: Report[FirewallResult], cluster: str, *, remove: bool) -> ExitCode:
     """The firewall's report: its table (or ``--json``), the plans of a dry run; its exit code."""
-    ui = settings.ui
-    outcomes = run.outcomes
-    code = run.exit_code()
-    for warning in run.warnings:
-        ui.warn(warning)
-    if settings.json_mode:
-        fail_lines(ui, outcomes)
-        top = {"remove": remove, "dry_run": settings.dry_run, **run.data, "warnings": run.warnings}
-        return json_doc(ui, "firewall", outcomes, code, with_plan(run), None, **top)
-    if settings.dry_run:
-        show_plans(ui, run)
-    verb = "remove" if remove else "firewall"
-    title = f"{verb}: cluster {cluster}" + (" (dry run)" if settings.dry_run else "")
-    table = Table(title=Text(title), title_justify="left")
-    for column in ("node", "firewall", "result", "ports", "from"):
-        table.add_column(column, overflow="fold")
-    for o in outcomes:
-        if o.value is None:
-            failed = node_status(o.error) if o.error else "failed"
-            table.add_row(Text(o.node), "-", Text(failed, style="red"), "-", "-")
-            continue
-        r = o.value
-        style = "green" if r.changed and r.applied else "yellow" if r.changed else ""
-        status = r.status + (" (would)" if settings.dry_run and r.commands else "")
-        sources = f"{len(r.sources)} peer(s)" if r.sources else "-"
-        ports = ", ".join(r.ports) or "-"
-        table.add_row(Text(o.node), Text(r.kind), Text(status, style=style), ports, sources)
-    ui.print_table(table)
-    for o in outcomes:
-        for note in o.value.notes if o.value else []:
-            ui.note(f"{o.node}: {note}")
-    if run.data["addresses"] and ui.verbose:
-        ui.note("cluster addresses: " + ", ".join(f"{k}={v}" for k, v in run.data["addresses"].items()))
-    fail_lines(ui, outcomes)
-    return code
+    title = f"{'remove' if remove else 'firewall'}: cluster {cluster}" + (" (dry run)" if run.dry_run else "")
+    columns = ("node", "firewall", "result", "ports", "from")
+    view = node_view(
+        title, columns, run.outcomes, lambda r: r.row(dry_run=run.dry_run), status_column=2, fold=True
+    )
+    addresses = ", ".join(f"{k}={v}" for k, v in run.data["addresses"].items())
+    notes = [f"cluster addresses: {addresses}"] if addresses and settings.ui.verbose else []
+    return show_report(settings.ui, run, view, top={"remove": remove}, notes=notes)

@@ -6,14 +6,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     TrainArgsCommand,
     common_options,
-    fail_lines,
     interrupted,
     load_selection,
     master_option,
@@ -22,7 +19,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc
 from orchestrator.errors import (
     ExitCode,
     UsageError,
@@ -239,15 +236,7 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
             backend=run.plan.backend,
             log_dir=str(run.log_dir),
         )
-    table = Table(title=Text(f"run {run_id}"), title_justify="left")
-    for column in ("node", "result", "time"):
-        table.add_column(column)
-    ordered = failed + [o for o in outcomes if o not in failed]
-    for o in ordered:
-        word = report.status(o)
-        style = "green" if word == "ok" else "red bold" if o in failed else "yellow"
-        table.add_row(Text(o.node), Text(word, style=style), f"{o.duration:.1f}s")
-    ui.err.print(table)
+    draw(ui, report.view())
     for o in failed:
         ui.error(str(o.error))
         for line in report.tail(o, run.labels.get(o.node, (0, 0))[0]):

@@ -6,23 +6,21 @@ import getpass
 import sys
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     interrupted,
     load_selection,
     open_session,
     print_plans,
 )
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import PasswordResolver
 from orchestrator.runs.run_inventory import parse_env_pairs
 from orchestrator.steps.remote import command_script, result_fields, run_everywhere
+from orchestrator.view import node_view
 
 #: lines of each stream a node prints that `run` keeps in memory by default (at most 1 Mi characters
 #: each: transports/base.py MAX_TAIL_CHARS); the controller's log file keeps everything
@@ -96,15 +94,7 @@ def run(
         fail_lines(ui, outcomes)
         log_dir = str(report.log_dir)
         return json_doc(ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir)
-    table = Table(title="run summary", title_justify="left")
-    for column in ("node", "result", "time"):
-        table.add_column(column)
-    for o in outcomes:
-        result = report.result(o)
-        table.add_row(
-            Text(o.node), Text(result, style="green" if result == "ok" else "red"), f"{o.duration:.2f}s"
-        )
-    ui.err.print(table)
+    draw(ui, report.view())
     fail_lines(ui, outcomes)
     if report.printed():
         ui.note(f"output kept in {report.log_dir}")
@@ -172,20 +162,7 @@ def keys(ctx: click.Context, key_path: str) -> int:
     if settings.json_mode:
         fail_lines(ui, outcomes)
         return json_doc(ui, "keys", outcomes, code, key=str(key.private))
-    table = Table(title=Text(f"key {key.private}"), title_justify="left")
-    for column in ("node", "key", "key login", "host key recorded"):
-        table.add_column(column)
-    for o in outcomes:
-        value: KeyInstall | None = o.value
-        if value is None:
-            table.add_row(Text(o.node), Text("failed", style="red"), "-", "-")
-            continue
-        table.add_row(
-            Text(o.node),
-            Text(value.status),
-            Text("verified", style="green") if value.verified else Text("FAILED", style="red"),
-            Text("\n".join(value.recorded_host_keys) or "already known"),
-        )
-    ui.print_table(table)
+    columns = ("node", "key", "key login", "host key recorded")
+    draw(ui, node_view(f"key {key.private}", columns, outcomes, KeyInstall.row, failed=lambda o: "failed"))
     fail_lines(ui, outcomes)
     return code

@@ -7,17 +7,48 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rich.table import Table
+from rich.text import Text
+
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError, ExitCode
+from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError
 from orchestrator.executor import Outcome
+from orchestrator.neutralise import neutralise
 from orchestrator.steps.contract import Report
 from orchestrator.steps.dry_run import Planned
+from orchestrator.view import Cell, View
 
 #: what the dry run of launch, validate and bench adds: it connected to nothing
 OFFLINE_NOTE = (
     "--dry-run: nothing was uploaded or started; secrets masked; interfaces as the inventory names "
     "them (a real run finds them on the nodes, as `bootstrap render` shows)"
 )
+
+
+def draw(ui: UI, view: View | None) -> None:
+    """A :class:`~orchestrator.view.View` printed, on stdout (``view.stderr``: on stderr, below the
+    lines a command streamed)."""
+    if view is not None:
+        (ui.err if view.stderr else ui.out).print(rich_table(view))
+
+
+def rich_table(view: View) -> Table:
+    """A view as every command's table: a left-aligned title, every cell's text neutralised before
+    rich measures it, and never read as markup."""
+    caption = Text(neutralise(view.caption)) if view.caption else None
+    table = Table(title=Text(view.title), title_justify="left", caption=caption)
+    right = set(view.right)
+    for column in view.columns:
+        options: dict[str, Any] = {"overflow": "fold"} if view.fold else {}
+        options.update({"no_wrap": True} if view.no_wrap else {})
+        options.update({"justify": "right"} if column in right else {})
+        table.add_column(column, **{**options, **view.options.get(column, {})})
+    for cells, style in view.rows:
+        texts = (
+            Text(neutralise(c.text), c.style) if isinstance(c, Cell) else Text(neutralise(c)) for c in cells
+        )
+        table.add_row(*texts, style=style or None)
+    return table
 
 
 def plan_lines(doc: dict[str, Any], head: str, shown: Mapping[str, str] | None = None) -> list[str]:
@@ -146,3 +177,67 @@ def json_doc(
         {"command": command, **top, "nodes": node_docs(outcomes, fields, ok=ok), "exit_code": int(code)}
     )
     return code
+
+
+def fail_lines(ui: UI, outcomes: Iterable[Outcome[Any]]) -> None:
+    """One line per failed node; unknown host keys as one block, since they need one decision."""
+    unknown: list[HostKeyUnknownError] = []
+    for outcome in outcomes:
+        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
+            unknown.append(outcome.error)
+        elif outcome.error is not None and not getattr(outcome.error, "shown", False):
+            ui.error(str(outcome.error))
+            if isinstance(outcome.error, BootstrapError):
+                outcome.error.shown = True
+    if not unknown:
+        return
+    files = sorted({e.known_hosts for e in unknown})
+    ui.error(f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
+    width = max(len(e.node or "") for e in unknown)
+    for e in unknown:
+        ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
+    # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
+    from orchestrator.transports.known_hosts import how_to_compare
+
+    ui.info(how_to_compare(e.key_type for e in unknown))
+
+
+def show_report(
+    ui: UI,
+    report: Report[Any],
+    view: View | None,
+    *,
+    top: Mapping[str, Any] | None = None,
+    ok: Callable[[Outcome[Any]], bool] | None = None,
+    above: Mapping[str, str] | None = None,
+    notes: Iterable[str] = (),
+) -> ExitCode:
+    """A runner step's report, the one way: its warnings; then its ``--json`` document (``command``,
+    ``top``, ``dry_run``, the step's data, ``warnings``, each node's verdict and plan, ``exit_code``),
+    or a dry run's plans (``above``: a node's text before its plan) and the table ``view``, each
+    node's ``notes`` and ``notes``; last what failed (a node's error, a verdict's ``problem``). The
+    exit code is the report's (``ok``: a node's ``ok`` in ``--json`` when it is not the outcome's)."""
+    code = report.exit_code()
+    for warning in report.warnings:
+        ui.warn(warning)
+    if ui.json_mode:
+        _problems(ui, report)  # stderr: humans watching a --json run still see what failed
+        doc = {**(top or {}), "dry_run": report.dry_run, **report.data, "warnings": report.warnings}
+        return json_doc(ui, report.step, report.outcomes, code, with_plan(report), ok, **doc)
+    if report.dry_run:
+        show_plans(ui, report, above)
+    draw(ui, view)
+    for o in report.outcomes:
+        for note in getattr(o.value, "notes", None) or []:
+            ui.note(f"{o.node}: {note}")
+    for note in notes:
+        ui.note(note)
+    _problems(ui, report)
+    return code
+
+
+def _problems(ui: UI, report: Report[Any]) -> None:
+    fail_lines(ui, report.outcomes)
+    for o in report.outcomes:
+        if problem := getattr(o.value, "problem", None):
+            ui.error(f"node {o.node!r}: {problem}")

@@ -13,26 +13,23 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 import click
 from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     CommandExit,
     Settings,
     common_options,
-    fail_lines,
     interrupted,
     load_selection,
     open_session,
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc, rich_table
 from orchestrator.cli.slurm import logs_on_slurm, status_on_slurm, stop_on_slurm
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import ranked_outputs
-from orchestrator.neutralise import neutralise
 from orchestrator.render import secret_values
 from orchestrator.runner import Reach
 from orchestrator.runs import commands
@@ -78,13 +75,6 @@ def _run(
 
 def _reach(settings: Settings, inventory: Inventory) -> Reach:
     return Reach(lambda chosen: open_session(settings, inventory, chosen), settings.ui.progress)
-
-
-def _table(title: str, *columns: str, **options: Any) -> Table:
-    table = Table(title=Text(title), title_justify="left")
-    for column in columns:
-        table.add_column(column, **options)
-    return table
 
 
 # -- launch --detach ---------------------------------------------------------------------------------
@@ -256,21 +246,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     code = exit_code_for(report.outcomes)
     if settings.json_mode:
         return json_doc(ui, "status", report.outcomes, code, run_id=run_id, train=report.train)
-    table = _table(f"run {run_id}", "node", "state", "runtime", "gpu", no_wrap=True)
-    # the last line gives way, never the other columns (a 500-character line collapsed them all)
-    table.add_column("last line", overflow="ellipsis", no_wrap=True, max_width=STATUS_LINE_WIDTH)
-    styles = {"running": "cyan", "exited": "green", "stopped": "yellow"}
-    for o in report.outcomes:
-        if (value := o.value) is None:
-            table.add_row(Text(o.node), Text("unknown", style="red"), "-", "-", "")
-            continue
-        failed = o.error is not None or value.failed  # "no run" too
-        state = Text(value.label, style="red" if failed else styles.get(value.state, "dim"))
-        # node text: neutralised before rich measures it for the ellipsis
-        table.add_row(
-            Text(o.node), state, value.runtime_text, value.gpu_text, Text(neutralise(value.last_line))
-        )
-    ui.print_table(table)
+    draw(ui, report.view(run_id))
     if args_line := train_args_line(report.train):
         ui.info(args_line)
     if report.lost:
@@ -301,42 +277,8 @@ def _watch(settings: Settings, inventory: Inventory, run: RecordedRun) -> int:
 
 
 def watch_table(live: LiveRun) -> Table:
-    """The live view: per node its state, lines read and GPU use (else CPU load), per rank step, loss
-    and samples/s (the slowest rank marked), the newest event. Node text neutralised."""
-    from orchestrator.dashboard.model import use_text
-
-    live.flush_pending()
-    table = Table(title=Text(f"run {live.run_id}"), title_justify="left")
-    for column in ("node", "state", "lines", "gpu / cpu", "rank", "step", "loss", "samples/s"):
-        table.add_column(column, no_wrap=True)
-    slowest = live.slowest()
-    for name, doc in live.nodes.items():
-        ranks = sorted((r for r in live.ranks.values() if r.node == name), key=lambda r: r.rank)
-        head = (
-            Text(name),
-            Text(str(doc.get("state", ""))),
-            str(doc.get("lines", 0)),
-            Text(neutralise(use_text(doc))),
-        )
-        if not ranks:
-            table.add_row(*head, "-", "-", "-", "-")
-        for i, rank in enumerate(ranks):
-            speed = "-" if rank.samples_per_s is None else f"{rank.samples_per_s:.1f}"
-            table.add_row(
-                *(head if i == 0 else ("", "", "", "")),
-                str(rank.rank),
-                "-" if rank.step is None else str(rank.step),
-                "-" if rank.loss is None else f"{rank.loss:.4f}",
-                Text(speed + " slowest", style="bold red") if rank.rank == slowest else speed,
-            )
-    if live.events:
-        event = live.events[-1]
-        table.caption = Text(neutralise(f"{event['kind']}: {event['node']} {event['message']}"))
-    return table
-
-
-#: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)
-STATUS_LINE_WIDTH = 60
+    """The live view (``LiveRun.view``), drawn."""
+    return rich_table(live.view())
 
 
 # -- stop --------------------------------------------------------------------------------------------
@@ -368,14 +310,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     ui, code = settings.ui, report.exit_code()
     if settings.json_mode:
         return json_doc(ui, "stop", report.outcomes, code, run_id=run.run_id)
-    table = _table(f"stop {run.run_id}", "node", "result")
-    for o in report.outcomes:
-        if o.value is None:
-            table.add_row(Text(o.node), Text("failed", style="red"))
-        else:
-            style = "green" if o.value.state == "stopped" else "dim"
-            table.add_row(Text(o.node), Text(o.value.describe(), style=style))
-    ui.print_table(table)
+    draw(ui, report.view(run.run_id))
     fail_lines(ui, report.outcomes)
     if report.nothing_ran:
         ui.note("nothing was running: nothing changed")
@@ -424,14 +359,7 @@ def _fetched(settings: Settings, run_id: str, report: FetchReport) -> int:
         ui.note("--dry-run: nothing was copied; the table says what would be, and where")
     if settings.json_mode:
         return json_doc(ui, "fetch", report.outcomes, code, report.node_fields, run_id=run_id)
-    table = _table(f"fetch {run_id}", "node", "path", "files", "size", "copied to")
-    for o in report.outcomes:
-        for f in o.value or []:
-            if f.source is None:
-                table.add_row(Text(o.node), Text(f.path), Text("missing", style="red"), "-", "-")
-            else:
-                table.add_row(Text(o.node), Text(f.path), str(f.files), f.size, Text(f.local))
-    ui.print_table(table)
+    draw(ui, report.view(run_id))
     fail_lines(ui, list(report.outcomes))
     for error in report.errors():
         ui.error(error)

@@ -10,34 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     load_selection,
-    node_status,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import plan_lines
+from orchestrator.cli.report import draw, fail_lines, plan_lines
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.slurm.job import sync_target
 from orchestrator.steps import sync as step
-from orchestrator.steps.envsync import EnvInstallError, NodeEnv
+from orchestrator.steps.envsync import NodeEnv
 from orchestrator.steps.sync import SyncOptions, SyncReport
-
-_ACTION_STYLE = {
-    "unchanged": "green",
-    "installed": "cyan",
-    "updated": "cyan",
-    "rebuilt": "cyan",
-    "planned": "dim",
-}
 
 
 @click.command()
@@ -185,46 +173,12 @@ def _env_human(settings: Settings, report: SyncReport) -> None:
                 ui.print_text("")
         fail_lines(ui, outcomes)
         return
-    table = Table(title=Text("environment"), title_justify="left")
-    for column in ("node", "result", "installer", "python", "env", "changes", "time"):
-        table.add_column(column, overflow="fold")
-    for o in outcomes:
-        env = o.value
-        if env is None:
-            status = "install failed" if isinstance(o.error, EnvInstallError) else "failed"
-            label = (
-                node_status(o.error) if o.error is not None and node_status(o.error) != "failed" else status
-            )
-            table.add_row(Text(o.node), Text(label, style="red"), "-", "-", "-", "-", f"{o.duration:.2f}s")
-            continue
-        table.add_row(
-            Text(o.node),
-            Text(env.action, style=_ACTION_STYLE.get(env.action, "")),
-            Text(env.installer or "-"),
-            Text(env.python),
-            Text(env.env_id or "-"),
-            Text(env.changes_text()),
-            f"{o.duration:.2f}s",
-        )
-    ui.print_table(table)
-    summary = report.summary
-    if summary.groups:
-        title = "environments" if len(summary.groups) > 1 else "environment"
-        groups = Table(title=Text(f"{len(summary.groups)} distinct {title}"), title_justify="left")
-        for column in ("", "nodes", "versions"):
-            groups.add_column(column, overflow="fold")
-        for index, group in enumerate(summary.groups):
-            style = "red" if summary.mismatch else "green"
-            groups.add_row(
-                Text(chr(ord("A") + index) if index < 26 else str(index), style=style),
-                Text(", ".join(group.nodes)),
-                Text(group.describe()),
-            )
-        ui.print_table(groups)
+    for view in report.env_views():
+        draw(ui, view)
     fail_lines(ui, outcomes)
     for node, line in report.installer_lines():  # may repeat an index URL
         ui.info(f"  {node} | {mask_url_credentials(line)}")
-    if summary.mismatch:
+    if (summary := report.summary).mismatch:
         ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
         for line in summary.describe_mismatch():
             ui.info(f"  {line}")
@@ -236,16 +190,7 @@ def _env_human(settings: Settings, report: SyncReport) -> None:
 
 def _code_human(settings: Settings, report: SyncReport) -> None:
     ui = settings.ui
-    table = Table(title=Text("code"), title_justify="left")
-    for column in ("node", "result", "time"):
-        table.add_column(column, overflow="fold")
-    for o in report.code:
-        if o.value is None:
-            label = Text(node_status(o.error) if o.error is not None else "failed", style="red")
-        else:
-            label = Text(o.value.summary(), style="green" if o.value.unchanged else "cyan")
-        table.add_row(Text(o.node), label, f"{o.duration:.2f}s")
-    ui.print_table(table)
+    draw(ui, report.code_view())
     for o in report.code:
         if settings.dry_run and o.value is not None and o.value.plan is not None:
             ui.print_text(f"# {o.node}: code at {o.value.dest}")

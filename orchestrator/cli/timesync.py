@@ -5,18 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import click
-from rich.table import Table
-from rich.text import Text
 
-from orchestrator.cli.common import (
-    Settings,
-    common_options,
-    fail_lines,
-    load_selection,
-)
+from orchestrator.cli.common import Settings, common_options, load_selection
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import json_doc, show_plans, with_plan
+from orchestrator.cli.report import show_report
 from orchestrator.errors import ExitCode
+from orchestrator.view import node_view
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -25,87 +19,22 @@ if TYPE_CHECKING:
     from orchestrator.steps.timesync import NodeTime
 
 
-def _cell(value: float | None, error: float | None = None) -> str:
-    if value is None:
-        return "-"
-    text = f"{value:+.3f}"
-    return f"{text} ±{error:.3f}" if error is not None else text
-
-
-def source_cell(value: NodeTime, *, dry_run: bool) -> str:
-    """What the node follows: chrony's selected source (w32time: the peer it measured), a serving
-    master's own clock, the configured sources only where nothing was awaited (a dry run); else
-    ``none`` (configured but following nothing: its problem says why), never a source it does not have."""
-    if value.selected:
-        return value.selected
-    if value.sources == ["local clock"]:
-        return "local clock"
-    if dry_run and value.sources:
-        return ", ".join(value.sources) + " (planned)"
-    return "none" if value.sources else "-"
+#: why chronyd measures only (shown once, under the table of a real run)
+X_WHY = "the node shares its kernel clock with another namespace, or --no-clock-control was given"
 
 
 def print_time_report(settings: Settings, report: Report[NodeTime]) -> ExitCode:
-    """The summary table (or --json document) of the time step's report, after a dry run's plans
-    (each beside its configuration diff); returns the exit code it deserves. Public so the main
-    pipeline can show the step the same way."""
-    ui = settings.ui
-    code = report.exit_code()
-    if settings.json_mode:
-        _problems(settings, report)  # stderr: humans watching a --json run still see what failed
-        top = {**report.data, "dry_run": report.dry_run, "warnings": report.warnings}
-        fields, ok = with_plan(report), lambda o: o.ok and o.node not in report.failing
-        return json_doc(ui, report.step, report.outcomes, code, fields, ok, **top)
-    if report.dry_run:
-        show_plans(ui, report, {o.node: o.value.diff for o in report.outcomes if o.value is not None})
-    master, limit = report.data["master"], report.data["max_offset_ms"]
-    title = f"time: master {master}, limit {limit:g} ms"
-    table = Table(title=Text(title), title_justify="left")
-    for column in (
-        "node",
-        "role",
-        "daemon",
-        "source",
-        "offset ms (chrony)",
-        "offset ms (from master)",
-        "state",
-    ):
-        table.add_column(column)
-    for o in report.outcomes:
-        value = o.value
-        if value is None:
-            table.add_row(Text(o.node), "-", "-", "-", "-", "-", Text("failed", style="red"))
-            continue
-        source = source_cell(value, dry_run=report.dry_run)
-        state = Text(value.state, style="red" if value.problem else "green")
-        table.add_row(
-            Text(o.node),
-            value.role,
-            value.daemon + ("" if value.clock_control is not False else " (-x)"),
-            Text(source),
-            _cell(value.chrony_offset_ms),
-            _cell(value.offset_ms, value.offset_error_ms),
-            state,
-        )
-    ui.print_table(table)
-    for o in report.outcomes:
-        if o.value is not None and o.value.clock_control is False and not report.dry_run:
-            ui.note(
-                f"{o.node}: chronyd runs with -x (measures, never adjusts the clock): the node shares its "
-                "kernel clock with another namespace, or --no-clock-control was given"
-            )
-            break
-    _problems(settings, report)
-    return code
-
-
-def _problems(settings: Settings, report: Report[NodeTime]) -> None:
-    for warning in report.warnings:
-        settings.ui.warn(warning)
-    fail_lines(settings.ui, report.outcomes)
-    for o in report.outcomes:
-        if o.value is not None and o.value.problem:
-            settings.ui.error(f"node {o.node!r}: {o.value.problem}")
+    """The time step's report (the command's and the main pipeline's): a dry run's plans, each under
+    its configuration diff, and the summary table, or --json; the exit code it deserves."""
+    data, dry_run = report.data, report.dry_run
+    title = f"time: master {data['master']}, limit {data['max_offset_ms']:g} ms"
+    columns = ("node", "role", "daemon", "source", "offset ms (chrony)", "offset ms (from master)", "state")
+    view = node_view(title, columns, report.outcomes, lambda v: v.row(dry_run=dry_run), status_column=6)
+    measure_only = [o.node for o in report.outcomes if o.value and o.value.clock_control is False]
+    notes = [f"{n}: chronyd runs with -x (measures, never adjusts the clock): {X_WHY}" for n in measure_only]
+    ok = lambda o: o.ok and o.node not in report.failing  # noqa: E731
+    above = {o.node: o.value.diff for o in report.outcomes if o.value is not None}
+    return show_report(settings.ui, report, view, ok=ok, above=above, notes=notes[:1] if not dry_run else [])
 
 
 @click.command(name="ntp")

@@ -7,19 +7,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
     common_options,
-    fail_lines,
     load_selection,
     master_option,
     templates_option,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc
 from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
@@ -112,7 +109,7 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
     """Validation's report: who joined, the all_reduce table, what failed (or ``--json``; a dry
     run's plans; one line when it was skipped); its exit code."""
     from orchestrator.cli.report import OFFLINE_NOTE, show_dry_run
-    from orchestrator.steps.validate import Skipped, Validation, failure_summary, human_bytes
+    from orchestrator.steps.validate import Skipped, Validation, failure_summary
 
     ui = settings.ui
     if not isinstance(result, (Validation, Skipped)):
@@ -148,19 +145,7 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
             f"(backend {result.plan.backend}, slowest {slowest:.2f} s)"
             + ("; all_reduce result correct" if report.correct else "")
         )
-    if report.results:
-        table = Table(title=Text(f"all_reduce, {report.world_size} ranks"), title_justify="left")
-        for column in ("size", "iterations", "latency", "algbw", "busbw"):
-            table.add_column(column, justify="right")
-        for r in report.results:
-            table.add_row(
-                human_bytes(r.bytes),
-                str(r.iters),
-                f"{r.latency_s * 1e3:.3f} ms",
-                f"{human_bytes(r.algbw)}/s",
-                f"{human_bytes(r.busbw)}/s",
-            )
-        ui.print_table(table)
+    draw(ui, report.view())
     for problem in problems:
         ui.error(problem)
     if problems:

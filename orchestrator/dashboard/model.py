@@ -40,6 +40,7 @@ from orchestrator.steps.culprit import (
     stopped_pids,
     torchrun_failures,
 )
+from orchestrator.view import Cell, View
 
 #: last lines kept per rank (and shown per failure)
 TAIL = 200
@@ -491,6 +492,32 @@ class LiveRun:
         """The rank with the lowest samples/s, when at least two ranks report one."""
         speeds = [(s.samples_per_s, s.rank) for s in self.ranks.values() if s.samples_per_s is not None]
         return min(speeds)[1] if len(speeds) >= 2 else None
+
+    def view(self) -> View:
+        """The live table (`status --watch`, the terminal key of `logs -f`): per node its state, lines
+        read and GPU use (else CPU load), per rank its step, loss and samples/s (the slowest rank
+        marked), the newest event as the caption."""
+        self.flush_pending()
+        columns = ("node", "state", "lines", "gpu / cpu", "rank", "step", "loss", "samples/s")
+        view, slowest = View(f"run {self.run_id}", columns, no_wrap=True), self.slowest()
+        for name, doc in self.nodes.items():
+            ranks = sorted((r for r in self.ranks.values() if r.node == name), key=lambda r: r.rank)
+            head = (name, str(doc.get("state", "")), str(doc.get("lines", 0)), use_text(doc))
+            if not ranks:
+                view.add(*head, "-", "-", "-", "-")
+            for i, rank in enumerate(ranks):
+                speed = "-" if rank.samples_per_s is None else f"{rank.samples_per_s:.1f}"
+                view.add(
+                    *(head if i == 0 else ("", "", "", "")),
+                    str(rank.rank),
+                    "-" if rank.step is None else str(rank.step),
+                    "-" if rank.loss is None else f"{rank.loss:.4f}",
+                    Cell(speed + " slowest", "bold red") if rank.rank == slowest else speed,
+                )
+        if self.events:
+            event = self.events[-1]
+            view.caption = f"{event['kind']}: {event['node']} {event['message']}"
+        return view
 
     def snapshot(self) -> dict[str, Any]:
         """Everything a new viewer needs; the deltas after ``seq`` follow it."""

@@ -33,6 +33,7 @@ from orchestrator.runs.control import (
 from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
+from orchestrator.view import Cell, View, node_view, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -229,6 +230,9 @@ def read_logs(
     return report
 
 
+#: characters of a rank's last line in the status table (the full line: `logs --tail 1`, `--json`)
+STATUS_LINE_WIDTH = 60
+
 # -- status --------------------------------------------------------------------------------------------
 
 
@@ -241,6 +245,21 @@ class StatusReport:
     outcomes: GroupResult[NodeStatus]
     lost: bool = False
     train: dict[str, Any] | None = None
+
+    def view(self, run_id: str) -> View:
+        """The table: per node its state (red: failed, no run), runtime, GPU use, last line (which
+        gives way to the other columns: a 500-character line collapsed them all)."""
+        view = View(f"run {run_id}", ("node", "state", "runtime", "gpu", "last line"), no_wrap=True)
+        view.options["last line"] = {"overflow": "ellipsis", "max_width": STATUS_LINE_WIDTH}
+        styles = {"running": "cyan", "exited": "green", "stopped": "yellow"}
+        for o in self.outcomes:
+            if (value := o.value) is None:
+                view.add(o.node, red("unknown"), "-", "-", "")
+                continue
+            failed = o.error is not None or value.failed  # "no run" too
+            state = Cell(value.label, "red" if failed else styles.get(value.state, "dim"))
+            view.add(o.node, state, value.runtime_text, value.gpu_text, value.last_line)
+        return view
 
 
 def status_script_of(run: RecordedRun) -> NodeScript:
@@ -293,6 +312,15 @@ class StopReport:
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes)
 
+    def view(self, run_id: str) -> View:
+        return node_view(
+            f"stop {run_id}",
+            ("node", "result"),
+            self.outcomes,
+            lambda v: [Cell(v.describe(), "green" if v.state == "stopped" else "dim")],
+            failed=lambda o: "failed",
+        )
+
     @property
     def nothing_ran(self) -> bool:
         """Every node answered and none had anything of the run to stop: nothing changed."""
@@ -342,6 +370,17 @@ class FetchReport:
     def exit_code(self) -> ExitCode:
         code = exit_code_for(self.outcomes)
         return ExitCode.NODES_FAILED if code == ExitCode.OK and self.missing else code
+
+    def view(self, run_id: str) -> View:
+        """A row per path a node has (or lacks: "missing") with its files, size and where it went."""
+        view = View(f"fetch {run_id}", ("node", "path", "files", "size", "copied to"))
+        for o in self.outcomes:
+            for f in o.value or []:
+                found = (
+                    (str(f.files), f.size, f.local) if f.source is not None else (red("missing"), "-", "-")
+                )
+                view.add(o.node, f.path, *found)
+        return view
 
     @staticmethod
     def node_fields(outcome: Outcome[list[Fetched]]) -> dict[str, Any]:

@@ -25,7 +25,9 @@ from orchestrator.runner import run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
+from orchestrator.steps.envsync.progress import human_size
 from orchestrator.steps.envsync.spec import env_path
+from orchestrator.view import Cell, View, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -201,6 +203,17 @@ class CleanReport:
             for o in self.outcomes
             for e in (o.value.errors if o.value else [])
         ]
+
+    def view(self, *, dry_run: bool) -> View:
+        """The table: per node what is (or would be, or was) removed, where, how many files, how big."""
+        title = "removed" if self.removed else "would remove" if dry_run else "to remove"
+        view = View(title, ("node", "what", "path", "files", "size"), fold=True)
+        for o in self.outcomes:
+            if o.value is None or not o.value.items:
+                view.add(o.node, red("failed") if o.value is None else Cell("nothing", "dim"), "-", "-", "-")
+            for item in o.value.items if o.value else []:
+                view.add(o.node, item.kind, item.path, str(item.files), human_size(item.bytes))
+        return view
 
     def refusals(self) -> list[str]:
         """Before a removal: per node running a run, that nothing was removed anywhere and how to end it."""

@@ -21,6 +21,7 @@ from orchestrator.executor import GroupResult, exit_code_for
 from orchestrator.inventory import PasswordResolver
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import SSHOptions, Transport
+from orchestrator.view import Cell, CellLike, red
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeEvent
@@ -68,6 +69,11 @@ class KeyInstall:
     status: str  # "added" or "present"
     verified: bool
     recorded_host_keys: list[str]
+
+    def row(self) -> tuple[CellLike, ...]:
+        """The keys table's cells: added or present, whether key login was proven, host keys recorded."""
+        verified = Cell("verified", "green") if self.verified else red("FAILED")
+        return (self.status, verified, "\n".join(self.recorded_host_keys) or "already known")
 
     def public_dict(self) -> dict[str, object]:
         return {

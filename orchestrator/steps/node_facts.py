@@ -20,9 +20,10 @@ from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
 from orchestrator.steps.envsync import venv_python
 from orchestrator.transports import Transport
+from orchestrator.view import Cell, CellLike, View, red
 
 if TYPE_CHECKING:
-    from orchestrator.executor import GroupResult
+    from orchestrator.executor import GroupResult, Outcome
     from orchestrator.inventory import Inventory, Node
     from orchestrator.session import Session
 
@@ -65,6 +66,52 @@ class InspectedNode:
             "facts": {k: public_value(v) for k, v in self.facts.values.items()},
             "fact_errors": self.facts.errors,
         }
+
+    def row(self, python_name: str) -> tuple[CellLike, ...]:
+        """The facts table's cells after the node's name: ok, how it was reached, hostname, OS (and
+        the Windows under WSL, or the modes it offers), CPUs, memory, Python (``python_name`` not
+        found: in yellow), torch (its CUDA build and distributed backends), GPUs."""
+        facts = self.facts
+        os_info, kernel = facts.get("os"), facts.get("kernel")
+        python, torch, gpus = facts.get("python"), facts.get("torch"), facts.get("gpus")
+        os_text = (os_info.pretty_name if os_info else "?") + (f" ({kernel.machine})" if kernel else "")
+        windows, modes = facts.get("windows"), facts.get("modes")
+        if windows is not None:  # native: Windows itself; WSL mode: the distribution on it
+            build = f"{windows.build}" + (f".{windows.ubr}" if windows.ubr is not None else "")
+            shown = f"{windows.caption} (build {build})"
+            os_text = f"{os_text} in WSL on {shown}" if os_info else shown
+        if modes is not None:
+            os_text += "; modes: " + (", ".join(modes.modes) or "none")
+        torch_text = "-"
+        if torch is not None and not torch.installed:
+            torch_text = "not installed"
+        elif torch is not None and torch.error:
+            torch_text = f"broken: {torch.error}"
+        elif torch is not None:
+            backends = ", ".join(b for b in ("gloo", "nccl") if getattr(torch, b)) or "no distributed"
+            cuda = f" cuda {torch.cuda_build}" if torch.cuda_build else ""
+            torch_text = f"{torch.version}{cuda} ({backends})"
+        gpu_text = "-"
+        if gpus is not None and gpus.error:
+            gpu_text = f"nvidia-smi failed: {gpus.error}"
+        elif gpus is not None:
+            gpu_text = (
+                f"{len(gpus.gpus)}x " + ", ".join(sorted({g.name for g in gpus.gpus}))
+                if gpus.gpus
+                else "none"
+            )
+        memory = facts.get("memory")
+        return (
+            Cell("ok", "green"),
+            self.via,
+            str(facts.get("hostname") or "?"),
+            os_text,
+            str(facts.get("cpus") or "?"),
+            f"{memory.total_bytes / 2**30:.1f} GiB" if memory and memory.total_bytes else "-",
+            Cell(f"{python_name} not found", "yellow") if python is None else python.version,
+            torch_text,
+            gpu_text,
+        )
 
     def summary(self) -> dict[str, str]:
         """The facts the page shows per node, each as a short text (OS, CPUs, memory, GPUs, torch,
@@ -220,3 +267,18 @@ def inspect_once(
     )
     transport.connect()  # remembered: this phase still needs the connection (idempotent)
     return found
+
+
+def facts_view(inventory: Inventory, nodes: Sequence[Node], outcomes: Sequence[Outcome[Any]]) -> View:
+    """The nodes' facts, a row each (``outcomes``: of `facts`, InspectedNode; of `check`, its
+    verdict, whose ``inspected`` they are); the master marked; a node not reached in red."""
+    columns = ("node", "status", "via", "hostname", "os", "cpus", "memory", "python", "torch", "gpus")
+    view = View(f"cluster {inventory.cluster.name}: {len(nodes)} node(s)", columns, fold=True)
+    for node, o in zip(nodes, outcomes, strict=True):
+        name = node.name + (" (master)" if node.name == inventory.cluster.master else "")
+        if o.value is None:
+            view.add(name, red(o.error.status if o.error else "failed"), *["-"] * 8)
+        else:
+            seen = o.value if isinstance(o.value, InspectedNode) else o.value.inspected
+            view.add(name, *seen.row(node.python or DEFAULT_PYTHON))
+    return view

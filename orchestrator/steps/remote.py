@@ -22,6 +22,7 @@ from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.runs.ids import command_run_dir
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
+from orchestrator.view import Cell, View
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
@@ -97,6 +98,14 @@ class RunReport:
             if outcome.value is not None and outcome.value.ok
             else f"exit {outcome.value.exit_code if outcome.value else '?'}"
         )
+
+    def view(self) -> View:
+        """The summary (on stderr, under the streamed lines): each node's result and time."""
+        view = View("run summary", ("node", "result", "time"), stderr=True)
+        for o in self.outcomes:
+            result = self.result(o)
+            view.add(o.node, Cell(result, "green" if result == "ok" else "red"), f"{o.duration:.2f}s")
+        return view
 
     def printed(self) -> bool:
         """Whether any node printed anything (the log then holds it)."""

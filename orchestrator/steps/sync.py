@@ -30,6 +30,7 @@ from orchestrator.steps.envsync import (
 )
 from orchestrator.steps.envsync import master as from_master_env
 from orchestrator.steps.envsync.report import EnvReport
+from orchestrator.view import Cell, View, node_view
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeEvent
@@ -191,7 +192,30 @@ class SyncReport:
             "exit_code": int(self.exit_code),
         }
 
-    # -- what the tables say besides their rows ----------------------------------------------------
+    # -- the tables, and what they say besides their rows -------------------------------------------
+
+    def env_views(self) -> list[View]:
+        """Each node's environment (what was done, by which installer, its Python and build, what
+        changed, the time), then one line per distinct environment among them (red when they differ)."""
+        columns = ("node", "result", "installer", "python", "env", "changes", "time")
+        views = [node_view("environment", columns, self.env, NodeEnv.row, timed=True, fold=True)]
+        summary = self.summary
+        if summary.groups:
+            title = f"{len(summary.groups)} distinct environment{'s' if len(summary.groups) > 1 else ''}"
+            groups = View(title, ("", "nodes", "versions"), fold=True)
+            for index, group in enumerate(summary.groups):
+                label = Cell(
+                    chr(ord("A") + index) if index < 26 else str(index),
+                    "red" if summary.mismatch else "green",
+                )
+                groups.add(label, ", ".join(group.nodes), group.describe())
+            views.append(groups)
+        return views
+
+    def code_view(self) -> View:
+        """Each node's code: what moved (or nothing), the time."""
+        row = lambda v: [Cell(v.summary(), "green" if v.unchanged else "cyan")]  # noqa: E731
+        return node_view("code", ("node", "result", "time"), self.code, row, timed=True, fold=True)
 
     def installer_lines(self) -> list[tuple[str, str]]:
         """(node, line): the installer's last lines on each node whose install failed."""

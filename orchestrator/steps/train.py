@@ -21,6 +21,7 @@ from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
 from orchestrator.runs.ranks import split_rank
 from orchestrator.steps.launch import died_of_a_peer, failure_tail, root_cause, run_node
 from orchestrator.transports import Result
+from orchestrator.view import Cell, View
 
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
@@ -114,6 +115,16 @@ class TrainReport:
                 return f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
             return "failed"
         return "stopped by stop --run" if isinstance(outcome.error, RunStoppedError) else "stopped"
+
+    def view(self) -> View:
+        """The summary (on stderr, under the streamed lines): the node that failed first at the top,
+        then the others; each one's result and time."""
+        view = View(f"run {self.run_id}", ("node", "result", "time"), stderr=True)
+        for o in self.failed + [o for o in self.outcomes if o not in self.failed]:
+            word = self.status(o)
+            style = "green" if word == "ok" else "red bold" if o in self.failed else "yellow"
+            view.add(o.node, Cell(word, style), f"{o.duration:.1f}s")
+        return view
 
     def tail(self, outcome: Outcome[NodeRunResult], first_rank: int) -> list[str]:
         """A failed node's last lines, labelled as the stream labels them (``[node:rank] text``)."""

@@ -34,6 +34,7 @@ from orchestrator.runs.ranks import owned_rank, split_worker_rank
 from orchestrator.steps.launch import RANKS_TEMPLATE, plan
 from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
+from orchestrator.view import View
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,24 @@ class ValidateReport:
             and not self.unreachable
             and not self.timed_out
         )
+
+    def view(self) -> View | None:
+        """The all_reduce table (None: nothing was timed): per size its iterations, latency, algorithm
+        and bus bandwidth."""
+        if not self.results:
+            return None
+        columns = ("size", "iterations", "latency", "algbw", "busbw")
+        view = View(f"all_reduce, {self.world_size} ranks", columns, right=columns)
+        for r in self.results:
+            latency = f"{r.latency_s * 1e3:.3f} ms"
+            view.add(
+                human_bytes(r.bytes),
+                str(r.iters),
+                latency,
+                f"{human_bytes(r.algbw)}/s",
+                f"{human_bytes(r.busbw)}/s",
+            )
+        return view
 
     def never_joined(self) -> list[int]:
         """Ranks that did not join: what rank 0 reported, else every rank that never said "joined"."""

@@ -8,7 +8,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from orchestrator.cli.common import fail_lines
+from orchestrator.cli.report import fail_lines
 from orchestrator.cli.ui import UI
 from orchestrator.errors import ConnectError, HostKeyUnknownError
 from orchestrator.executor import Outcome

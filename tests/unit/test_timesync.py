@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.timesync import source_cell
 from orchestrator.errors import InventoryError
 from orchestrator.facts.base import split_sections
 from orchestrator.facts.network import InterfaceAddress, Route
@@ -550,7 +549,7 @@ def test_a_worker_whose_master_never_answers_fails_with_the_reason_and_no_source
     )
     assert "UDP 123 to the master is blocked: run `bootstrap firewall` (the pipeline does)" in value.problem
     assert "open UDP 123 from 10.0.0.2 on the master" in value.problem
-    assert source_cell(value, dry_run=False) == "none"
+    assert value.source(dry_run=False) == "none"
 
 
 def test_no_reply_from_upstream_servers_names_them() -> None:
@@ -563,12 +562,12 @@ def test_no_reply_from_upstream_servers_names_them() -> None:
 
 def test_the_source_column_shows_only_what_a_node_follows() -> None:
     value = NodeTime("w1", sources=["10.0.0.1"])
-    assert source_cell(value, dry_run=False) == "none"  # configured, never followed
-    assert source_cell(value, dry_run=True) == "10.0.0.1 (planned)"
+    assert value.source(dry_run=False) == "none"  # configured, never followed
+    assert value.source(dry_run=True) == "10.0.0.1 (planned)"
     value.selected = "10.0.0.1"
-    assert source_cell(value, dry_run=False) == "10.0.0.1"
-    assert source_cell(NodeTime("m", sources=["local clock"]), dry_run=False) == "local clock"
-    assert source_cell(NodeTime("m"), dry_run=False) == "-"  # not managed: nothing configured
+    assert value.source(dry_run=False) == "10.0.0.1"
+    assert NodeTime("m", sources=["local clock"]).source(dry_run=False) == "local clock"
+    assert NodeTime("m").source(dry_run=False) == "-"  # not managed: nothing configured
 
 
 def test_windows_workers_are_allowed_by_the_serving_master() -> None:

@@ -51,6 +51,8 @@ class EnvInstallError(CommandFailedError):
     """The installer failed on a node; ``kept`` says whether a previous environment is still active,
     ``lines`` are the installer's last lines (what a user reads; logins not yet masked)."""
 
+    status = "install failed"
+
     def __init__(
         self, message: str, *, node: str, hint: str | None, result: object, kept: bool, lines: list[str]
     ) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.view import Cell, CellLike
+
 #: seeded by ``python -m venv`` (its version follows the node's Python patch release), not by the lock
 IGNORED = frozenset({"pip"})
 
@@ -37,6 +39,17 @@ class NodeEnv:
     plan: dict[str, Any] | None = None
     #: installed from wheels this machine pushed because the node reached no index (why), or None
     offline_reason: str | None = None
+
+    def row(self) -> tuple[CellLike, ...]:
+        """The environment table's cells: what was done, the installer, Python, the build, changes."""
+        style = {"unchanged": "green", "planned": "dim"}.get(self.action, "cyan")
+        return (
+            Cell(self.action, style),
+            self.installer or "-",
+            self.python,
+            self.env_id or "-",
+            self.changes_text(),
+        )
 
     def changes_text(self) -> str:
         """The versions the sync changed, in a few words (``-``: unchanged)."""

@@ -48,6 +48,7 @@ from orchestrator.steps.firewall.rules import (
     wanted_rules,
 )
 from orchestrator.steps.root import sudo_error
+from orchestrator.view import Cell, CellLike
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -119,6 +120,14 @@ class FirewallResult:
             "applied": self.applied,
             "notes": self.notes,
         }
+
+    def row(self, *, dry_run: bool) -> tuple[CellLike, ...]:
+        """The firewall table's cells: the firewall, what changed (green: applied; yellow: would
+        change), the ports, the peers."""
+        style = "green" if self.changed and self.applied else "yellow" if self.changed else ""
+        status = self.status + (" (would)" if dry_run and self.commands else "")
+        sources = f"{len(self.sources)} peer(s)" if self.sources else "-"
+        return (self.kind, Cell(status, style), ", ".join(self.ports) or "-", sources)
 
 
 # -- peers ----------------------------------------------------------------------------------------------

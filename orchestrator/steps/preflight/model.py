@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from orchestrator.view import Cell, View
+
+if TYPE_CHECKING:
+    from orchestrator.inventory import Node
 
 Level = Literal["ok", "warn", "fail"]
 
@@ -51,3 +57,25 @@ def warn(check: str, reason: str, fix: str, **data: Any) -> Verdict:
 
 def fail(check: str, reason: str, fix: str, **data: Any) -> Verdict:
     return Verdict(check, "fail", reason, fix, data)
+
+
+#: a check's level as the table and the lines under it show it: its words and style
+LEVEL_STYLE = {"ok": ("ok", "green"), "warn": ("warn", "yellow"), "fail": ("FAIL", "red bold")}
+
+
+def checks_view(nodes: Sequence[Node], backend: str, verdicts: Mapping[str, Mapping[str, Verdict]]) -> View:
+    """Every node's level for every check (an unreachable node: "-" everywhere)."""
+    view = View(f"preflight: backend {backend}", ("node", *CHECKS))
+    for node in nodes:
+        checks = verdicts.get(node.name, {})
+        levels = [checks[c].level if c in checks else None for c in CHECKS]
+        view.add(node.name, *(Cell(*LEVEL_STYLE[v]) if v else Cell("-", "dim") for v in levels))
+    return view
+
+
+def versions_view(versions: Mapping[str, Mapping[str, str | None]]) -> View:
+    """Versions side by side when they differ: the first thing to fix."""
+    view = View("versions differ", ("node", "python", "torch", "cuda"))
+    for node, v in versions.items():
+        view.add(node, *(v.get(k) or "-" for k in ("python", "torch", "cuda")))
+    return view

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator.view import Cell, CellLike
+
 __all__ = ["NodeTime"]
 
 
@@ -39,3 +41,34 @@ class NodeTime:
 
     def public_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def source(self, *, dry_run: bool) -> str:
+        """What the node follows: chrony's selected source (w32time: the peer it measured), a serving
+        master's own clock, the configured sources only where nothing was awaited (a dry run); else
+        ``none`` (configured but following nothing: its problem says why), never a source it does not
+        have."""
+        if self.selected:
+            return self.selected
+        if self.sources == ["local clock"]:
+            return "local clock"
+        if dry_run and self.sources:
+            return ", ".join(self.sources) + " (planned)"
+        return "none" if self.sources else "-"
+
+    def row(self, *, dry_run: bool) -> tuple[CellLike, ...]:
+        """The time table's cells: role, daemon (``-x``: measures only), source, both offsets, state."""
+        return (
+            self.role,
+            self.daemon + ("" if self.clock_control is not False else " (-x)"),
+            self.source(dry_run=dry_run),
+            _ms(self.chrony_offset_ms),
+            _ms(self.offset_ms, self.offset_error_ms),
+            Cell(self.state, "red" if self.problem else "green"),
+        )
+
+
+def _ms(value: float | None, error: float | None = None) -> str:
+    if value is None:
+        return "-"
+    text = f"{value:+.3f}"
+    return f"{text} ±{error:.3f}" if error is not None else text

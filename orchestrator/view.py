@@ -1,0 +1,79 @@
+"""What a human reads of a report, as data: a table's title, columns and rows of cells, each cell's
+words and style. A step's verdict says what its row shows (``row()``, beside ``public_dict()`` for
+``--json``); cli/report.py draws a :class:`View` (rich) the one way every command does. No terminal
+here, and nothing decides what to show twice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.executor import Outcome
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A table cell: its words (node text too: drawn as text, never read as markup) and a style
+    (rich's words: "green", "red bold", "dim"; "" none)."""
+
+    text: str
+    style: str = ""
+
+
+CellLike = Cell | str
+
+
+def red(text: str) -> Cell:
+    return Cell(text, "red")
+
+
+@dataclass
+class View:
+    """One table: ``fold``: long cells wrap inside their column (else rich's default); ``right``: the
+    columns aligned right; ``stderr``: a summary drawn on stderr (the command streamed lines on
+    stdout); ``caption``: a line under it."""
+
+    title: str
+    columns: Sequence[str]
+    rows: list[tuple[tuple[CellLike, ...], str]] = field(default_factory=list)
+    fold: bool = False
+    right: Iterable[str] = ()
+    no_wrap: bool = False
+    stderr: bool = False
+    caption: str = ""
+    #: a column's own options (rich's ``add_column`` keywords): status's last line
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, *cells: CellLike, style: str = "") -> None:
+        """A row (``style``: the whole row's)."""
+        self.rows.append((cells, style))
+
+
+def node_view(
+    title: str,
+    columns: Sequence[str],
+    outcomes: Iterable[Outcome[Any]],
+    row: Callable[[Any], Sequence[CellLike]],
+    *,
+    failed: Callable[[Outcome[Any]], str] | None = None,
+    status_column: int = 1,
+    timed: bool = False,
+    **options: Any,
+) -> View:
+    """A table with a row per node: ``node``, then ``row(value)`` for a node with a verdict; a node
+    without one has its few words (``failed(outcome)``, default: its error's ``status``, else
+    "failed") in red in column ``status_column`` and "-" in the others. ``timed``: the last column
+    is the node's time (``1.23s``)."""
+    view = View(title, columns, **options)
+    for o in outcomes:
+        time = (f"{o.duration:.2f}s",) if timed else ()
+        if o.value is None:
+            words = failed(o) if failed is not None else getattr(o.error, "status", None) or "failed"
+            cells: list[CellLike] = ["-"] * (len(columns) - 1 - len(time))
+            cells[status_column - 1] = red(words)
+            view.add(o.node, *cells, *time)
+        else:
+            view.add(o.node, *row(o.value), *time)
+    return view
