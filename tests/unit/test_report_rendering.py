@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import RunStoppedError, UnreachableError
 from orchestrator.records import unnonced
@@ -132,3 +133,24 @@ def test_a_slurm_launchs_json_lists_its_nodes_in_the_common_shape(tmp_path: Path
         {"name": "n1", "ok": True, "duration": 0.0, "error": None, "exit_code": 0},
         {"name": "n2", "ok": False, "duration": 0.0, "error": None, "exit_code": 3},
     ]
+
+
+def test_a_table_shows_node_text_as_it_is_and_a_failed_node_in_its_own_words(capsys: Any) -> None:
+    """Every table is a View drawn by one function: a cell a node filled is its text, never rich
+    markup or a terminal control; a node that failed has its error's few words, "-" elsewhere."""
+    from orchestrator.cli.report import draw
+    from orchestrator.cli.ui import UI
+    from orchestrator.executor import Outcome
+    from orchestrator.view import Cell, node_view
+
+    outcomes = [
+        Outcome("a", "[bold red]forged[/] \x1b]0;title\x07", None, 1.5),
+        Outcome("b", None, UnreachableError("no route", node="b"), 2.0),
+    ]
+    view = node_view("demo", ("node", "said", "time"), outcomes, lambda v: [Cell(v, "green")], timed=True)
+    draw(UI(color=False), view)
+    shown = capsys.readouterr().out
+    assert "[bold red]forged[/] ^[]0;title^G" in shown
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert re.search(r"│ b +│ unreachable +│ 2\.00s", shown), shown
+    assert re.search(r"│ a +│ .*forged.* +│ 1\.50s", shown), shown
