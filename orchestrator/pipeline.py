@@ -36,15 +36,19 @@ PHASES = ("sync", "firewall", "ntp", "check", "validate", "launch")
 
 class Front(Protocol):
     """What the pipeline asks of the front end that shows it (the CLI): callbacks only. ``reach``:
-    how a phase reaches its nodes through the pipeline's session and shows its progress; ``begin``
-    a phase; ``show`` its report (the exit code it deserves); ``say`` why the pipeline goes on or
-    stops."""
+    how a phase reaches its nodes through the pipeline's session (None: a session of the phase's own
+    on ``inventory``'s nodes, default the pipeline's inventory: the Slurm pipeline) and shows its
+    progress; ``begin`` a phase; ``show`` its report (the exit code it deserves; ``inventory``: the
+    one it ran on when not the pipeline's, a Slurm allocation's); ``say`` why the pipeline goes on
+    or stops."""
 
-    def reach(self, session: Session, phase: str) -> Reach: ...
+    def reach(self, session: Session | None, phase: str, inventory: Inventory | None = None) -> Reach: ...
 
     def begin(self, phase: str) -> None: ...
 
-    def show(self, phase: str, report: Any, nodes: list[Node]) -> ExitCode: ...
+    def show(
+        self, phase: str, report: Any, nodes: list[Node], inventory: Inventory | None = None
+    ) -> ExitCode: ...
 
     def say(self, level: str, text: str) -> None: ...
 
@@ -83,7 +87,7 @@ class PipelineReport:
         }
 
 
-def _done(options: PipelineOptions, phase: str, report: PipelineReport) -> bool:
+def until_done(options: PipelineOptions, phase: str, report: PipelineReport) -> bool:
     """``--until PHASE``: whether the pipeline ends after ``phase`` (the phases after it: skipped)."""
     if options.until != phase:
         return False
@@ -279,7 +283,7 @@ def _run_phases(
         else:
             report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
 
-        if _done(options, "sync", report):
+        if until_done(options, "sync", report):
             return report
         # the firewall and time steps only warn when they fail: the preflight measures what they were for
         for name, setting, managed, step, failed in (
@@ -308,7 +312,7 @@ def _run_phases(
                 report.codes[name] = _phase(name, front, session, selected, step)
                 if report.codes[name] != ExitCode.OK:
                     front.say("warn", failed)
-            if _done(options, name, report):
+            if until_done(options, name, report):
                 return report
         checked = report.codes["check"] = _phase(
             "check",
@@ -318,7 +322,7 @@ def _run_phases(
             lambda reach: preflight_report(reach, inventory, selected, dry_run=options.dry_run),
         )
         report.exit_code = checked
-        if _done(options, "check", report):
+        if until_done(options, "check", report):
             return report
         if checked == ExitCode.NODES_FAILED and options.force:
             front.say("warn", "--force: launching although a check failed")
@@ -343,7 +347,7 @@ def _run_phases(
                 return stop(
                     "not launching: validation failed (see above; --skip-validate launches anyway)", validated
                 )
-            if _done(options, "validate", report):
+            if until_done(options, "validate", report):
                 return report
         report.exit_code = report.codes["launch"] = _phase(
             "launch",

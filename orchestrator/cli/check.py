@@ -15,13 +15,13 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import draw, fail_lines, json_doc, show_dry_run
-from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.inventory.show import inventory_view
 from orchestrator.runs.next_command import with_user_options
 from orchestrator.session import Session
+from orchestrator.slurm.pipeline import allocation
 from orchestrator.steps.contract import Report
 from orchestrator.steps.node_facts import facts_plan, facts_view, inspect_all
 from orchestrator.steps.preflight import preflight_report
@@ -168,5 +168,8 @@ def check_on_slurm(settings: Settings, inventory: Inventory) -> ExitCode:
     then the job is cancelled. Firewall and time sync are the cluster admins': not checked."""
     settings.ui.note("firewall: not checked on Slurm (the cluster's admins own the compute nodes' network)")
     settings.ui.note("time: not checked on Slurm (the cluster's admins keep the compute nodes' clocks)")
-    with allocated(settings, inventory, "check") as (nodes, on):
+    with allocation(reach_for(settings, inventory), inventory, "check", dry_run=settings.dry_run) as (
+        nodes,
+        on,
+    ):
         return run_check(settings, nodes, list(nodes.nodes), session=on)

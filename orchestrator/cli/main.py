@@ -125,22 +125,9 @@ def cli(
     run_args = ctx.meta.get(RUN_ARGS)
     inventory = for_run(inventory, run_args or None, train_env)
     ui = settings.ui
-    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: sync, then a job
-        from orchestrator.cli.pipeline import pipeline_on_slurm
-
-        return pipeline_on_slurm(
-            settings, inventory, detach=detach, until=until, force=force, skip=skip_validate
-        )
     from orchestrator.cli.pipeline import CliFront
     from orchestrator.pipeline import PipelineOptions, pipeline_doc, pipeline_inventory, run_pipeline
 
-    # --nodes: the nodes this run uses, all phases; refused (exit 2) before anything changes
-    inventory = pipeline_inventory(inventory, settings, master, dry_run=settings.dry_run)
-    if settings.json_mode:
-        ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
-    # ONE session for every phase: each node is connected once (passwords asked here, once per node)
-    # and the facts the preflight gathers are handed to validate and launch
-    everyone = list(inventory.nodes)
     options = PipelineOptions(
         force=force,
         skip_validate=skip_validate,
@@ -150,16 +137,28 @@ def cli(
         detach=detach,
         always_validate=always_validate,
     )
-    with (
-        open_session(settings, inventory, everyone) as session,
-        live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
-    ):
-        observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
-        report = run_pipeline(session, inventory, everyone, options, CliFront(settings, inventory, live))
-    if report.exit_code != ExitCode.OK and (
-        hint := train_without(settings, inventory, session.unreachable())
-    ):
-        ui.info(hint)
+    if settings.json_mode:
+        ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}
+    if inventory.cluster.slurm is not None:  # the nodes are Slurm's: sync, then a job
+        from orchestrator.slurm.pipeline import run_slurm_pipeline
+
+        report = run_slurm_pipeline(inventory, options, CliFront(settings, inventory))
+    else:
+        # --nodes: the nodes this run uses, all phases; refused (exit 2) before anything changes
+        inventory = pipeline_inventory(inventory, settings, master, dry_run=settings.dry_run)
+        # ONE session for every phase: each node is connected once (passwords asked here, once per
+        # node) and the facts the preflight gathers are handed to validate and launch
+        everyone = list(inventory.nodes)
+        with (
+            open_session(settings, inventory, everyone) as session,
+            live_dashboard(ctx, settings, inventory, [n.name for n in everyone], "bootstrap") as live,
+        ):
+            observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
+            report = run_pipeline(session, inventory, everyone, options, CliFront(settings, inventory, live))
+        if report.exit_code != ExitCode.OK and (
+            hint := train_without(settings, inventory, session.unreachable())
+        ):
+            ui.info(hint)
     if ui.collected is not None:
         docs, ui.collected = ui.collected, None
         ui.print_json(pipeline_doc(docs, report))

@@ -1,5 +1,5 @@
 """The main pipeline's front end (orchestrator/pipeline.py runs the phases; :class:`CliFront` shows
-each one's report), and the main pipeline on Slurm."""
+each one's report), for the main pipeline and the one on Slurm (orchestrator/slurm/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -23,24 +23,28 @@ class CliFront:
     inventory: Inventory
     live: Any = None
 
-    def reach(self, session: Session, phase: str) -> Reach:
+    def reach(self, session: Session | None, phase: str, inventory: Inventory | None = None) -> Reach:
         lines = {"sync": "verbose-err", "validate": "verbose", "launch": "ranks"}.get(phase)
-        return reach_for(self.settings, self.inventory, session, lines=lines, live=self.live)
+        return reach_for(self.settings, inventory or self.inventory, session, lines=lines, live=self.live)
 
     def begin(self, phase: str) -> None:
         """--dry-run of the whole pipeline: each phase's plan under a header of its own."""
         if self.settings.dry_run and not self.settings.json_mode:
             self.settings.ui.print_text(f"# ======== {phase} (dry run) ========")
 
-    def show(self, phase: str, report: Any, nodes: list[Node]) -> ExitCode:
+    def show(
+        self, phase: str, report: Any, nodes: list[Node], inventory: Inventory | None = None
+    ) -> ExitCode:
         from orchestrator.cli.check import show_check
         from orchestrator.cli.firewall import show_firewall
         from orchestrator.cli.launch import show_launch
+        from orchestrator.cli.slurm import show_slurm_launch
         from orchestrator.cli.sync import show_sync
         from orchestrator.cli.timesync import print_time_report
         from orchestrator.cli.validate import show_validation
+        from orchestrator.slurm.run import SlurmLaunch
 
-        settings, inventory = self.settings, self.inventory
+        settings, inventory = self.settings, inventory or self.inventory
         if phase == "sync":
             return show_sync(settings, report)
         if phase == "firewall":
@@ -51,49 +55,9 @@ class CliFront:
             return show_check(settings, inventory, nodes, report)
         if phase == "validate":
             return show_validation(settings, report)
+        if isinstance(report, SlurmLaunch):
+            return show_slurm_launch(settings, report)
         return show_launch(settings, inventory, report, own_session=False)
 
     def say(self, level: str, text: str) -> None:
         say(self.settings)(level, text)
-
-
-def pipeline_on_slurm(
-    settings: Settings, inventory: Inventory, *, detach: bool, until: str | None, force: bool, skip: bool
-) -> ExitCode:
-    """The main pipeline on Slurm: sync (cluster.env / cluster.code) once, to the shared directory
-    through the login host; firewall and time sync skipped (the cluster's admins own them); `check`,
-    then `validate` (unless ``skip``), in one allocation (a failure stops here, unless ``force``);
-    then the job (`launch`)."""
-    from orchestrator.cli.slurm import allocated, launch_on_slurm
-    from orchestrator.cli.sync import run_sync
-    from orchestrator.slurm.job import shared_sync, slurm_settings, sync_target
-
-    ui = settings.ui
-    shared, (login,) = sync_target(inventory)
-    sync = shared_sync(inventory, inventory.cluster.code_declared)
-    if sync is not None:
-        where = slurm_settings(inventory).dir
-        ui.note(
-            f"sync: the {sync[0]} to {where} through {login.name}, once for every node (shared file system)"
-        )
-        synced = run_sync(settings, shared, [login], only=sync[1])
-        if synced != ExitCode.OK:
-            ui.error("not going on: sync failed (see above); `bootstrap sync` repeats just that step")
-            return synced
-    ui.note("firewall: skipped on Slurm (the cluster's admins own the compute nodes' network)")
-    ui.note("ntp: skipped on Slurm (the cluster's admins keep the compute nodes' clocks)")
-    if until in ("sync", "firewall", "ntp"):
-        return ExitCode.OK
-    from orchestrator.cli.check import run_check
-    from orchestrator.cli.validate import run_validate
-
-    with allocated(settings, inventory, "check") as (nodes, on):  # one job: check, then validate
-        code = run_check(settings, nodes, list(nodes.nodes), session=on)
-        if until != "check" and not skip and (code == ExitCode.OK or force):
-            code = run_validate(settings, nodes, session=on) or code
-    if code != ExitCode.OK and not force:
-        ui.error("not launching: check or validate failed on an allocated node (see above); --force goes on")
-        return code
-    if until == "check":
-        return code
-    return launch_on_slurm(settings, inventory, run_id=None, templates_dir=None, detach=detach)

@@ -16,41 +16,26 @@ from orchestrator.runs.next_command import again
 
 if TYPE_CHECKING:
     from orchestrator.cli.ui import UI
-    from orchestrator.session import Session
-    from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLogin, SlurmRun
-
-
-@contextlib.contextmanager
-def allocated(settings: Settings, inventory: Inventory, what: str) -> Iterator[tuple[Inventory, Session]]:
-    """`check` and `validate` on Slurm: a job (``cb-<what>``) holds the request's nodes, given as an
-    inventory and a session whose scripts run on them as job steps (orchestrator/slurm/relay.py).
-    Refused under --dry-run (exit 2): a dry run allocates nothing, and the nodes are Slurm's choice."""
-    from orchestrator.slurm.job import login_node, refuse_dry_run
-    from orchestrator.slurm.relay import on_allocation
-
-    refuse_dry_run(what, settings.dry_run)
-    with open_session(settings, inventory, [login_node(inventory)]) as session:
-        with on_allocation(session, inventory, settings.ui.note, what) as (nodes, on):
-            yield nodes, on
+    from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLaunch, SlurmLogin, SlurmRun
 
 
 def launch_on_slurm(
-    settings: Settings,
-    inventory: Inventory,
-    *,
-    run_id: str | None,
-    templates_dir: Path | None,
-    detach: bool,
+    settings: Settings, inventory: Inventory, *, run_id: str | None, templates_dir: Path | None, detach: bool
 ) -> ExitCode:
     """`launch` on an inventory with cluster.slurm (``slurm.run.launch_job``): submit, then follow (or,
     --detach, only submit), shown."""
     from orchestrator.slurm.run import launch_job
 
-    ui = settings.ui
     reach = reach_for(settings, inventory, lines="ranks")
-    launched = launch_job(reach, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
-    run = launched.run
-    if detach:
+    return show_slurm_launch(
+        settings, launch_job(reach, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
+    )
+
+
+def show_slurm_launch(settings: Settings, launched: SlurmLaunch) -> ExitCode:
+    """A Slurm launch: the detached submission, the interrupt, or how the job ended; its exit code."""
+    ui, run = settings.ui, launched.run
+    if launched.end is None and launched.interrupted is None:  # --detach: submitted, not followed
         if settings.json_mode:
             ui.print_json({"command": "launch", "run_id": run.run_id, "job_id": run.job_id, "detached": True})
         else:

@@ -17,10 +17,10 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import draw, fail_lines, json_doc
-from orchestrator.cli.slurm import allocated
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.runs.run_inventory import run_nodes
+from orchestrator.slurm.pipeline import allocation
 from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
@@ -67,7 +67,10 @@ def validate(
         raise click.BadParameter(str(exc), param_hint="--sizes") from None
     inventory, _ = load_selection(settings)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: validated inside an allocation
-        with allocated(settings, inventory, "validate") as (nodes, on):
+        with allocation(reach_for(settings, inventory), inventory, "validate", dry_run=settings.dry_run) as (
+            nodes,
+            on,
+        ):
             return run_validate(
                 settings, nodes, timeout=timeout, sizes=size_list, templates_dir=templates_dir, session=on
             )

@@ -548,6 +548,28 @@ def test_validate_joins_every_rank_of_the_allocation_and_times_all_reduce(
         assert _running("validate_worker.py", slurm) == []
 
 
+def test_the_pipeline_until_validate_is_one_json_document_and_submits_no_job(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    """`bootstrap --until validate --json` on Slurm: check and validate in one allocation, then it
+    stops (no training job); stdout is ONE document, each phase's own under its name, the phases
+    Slurm's admins own skipped with the reason."""
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared)
+    run = bootstrap("-i", str(inv), "--until", "validate", "--json", cwd=tmp_path, timeout=240)
+    assert run.returncode == 0, run
+    doc = json.loads(run.stdout)
+    assert doc["command"] == "bootstrap" and doc["exit_code"] == 0, doc
+    assert doc["check"]["command"] == "check" and doc["validate"]["command"] == "validate", doc
+    assert doc["launch"] is None and doc["phases"]["launch"] == {"skipped": "--until validate"}, doc
+    assert doc["phases"]["firewall"]["skipped"].startswith("Slurm: "), doc
+    assert len(re.findall(r"job \d+ holds the nodes", run.stderr)) == 1, run
+    assert "submitted" not in run.stderr, run
+    assert not (tmp_path / "runs").exists() or all(
+        d.name.startswith("validate-") for d in (tmp_path / "runs").iterdir()
+    ), run
+    assert slurm.wait_no_job_active() == []
+
+
 def test_validate_names_the_allocated_node_whose_ranks_cannot_join(
     slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
 ) -> None:
