@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import random
 import re
 import shlex
@@ -452,3 +453,27 @@ def test_a_listener_with_an_inbox_connects_when_told_and_only_then_is_complete()
     assert second is not None and (second.index, second.outcome) == (1, "refused")
     assert rest[3:] == ["connected", "done complete"]  # complete after its own connections only
     assert not directory.exists()  # removed once the line came
+
+
+def test_a_listener_removes_the_inboxes_killed_listeners_left_and_nothing_else(tmp_path: Path) -> None:
+    """A listener killed outright leaves its inbox directory; the next one on the node removes it
+    (its process is gone), and leaves a live listener's, another name, and a directory holding more."""
+    from orchestrator.steps.preflight.probes.reach import sweep_inboxes
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def inbox(pid: int, fill: str) -> Path:
+        directory = tmp_path / f"cbt-reach-{pid:08x}{fill * 16}"
+        directory.mkdir(mode=0o700)
+        os.mkfifo(directory / "inbox", 0o600)
+        return directory
+
+    left, alive, busy = inbox(dead.pid, "0"), inbox(os.getpid(), "0"), inbox(dead.pid, "1")
+    (busy / "other").write_text("x")
+    other = tmp_path / "cbt-reach-not-ours"
+    other.mkdir()
+    sweep_inboxes(str(tmp_path))
+    assert not left.exists()
+    assert alive.exists() and (alive / "inbox").exists()
+    assert busy.exists() and other.exists()

@@ -37,6 +37,7 @@ import _socket as socket
 import errno
 import os
 import select
+import stat
 import sys
 import time
 
@@ -198,7 +199,9 @@ class Inbox:
 
     def __init__(self) -> None:
         base = os.environ.get("TMPDIR") or "/tmp"
-        self.dir = os.path.join(base, "cbt-reach-" + os.urandom(8).hex())
+        sweep_inboxes(base)
+        # "cbt-reach-" PID (8 hex digits) RANDOM (16): whose it is, once it was left behind
+        self.dir = os.path.join(base, "cbt-reach-%08x%s" % (os.getpid(), os.urandom(8).hex()))
         self.path = os.path.join(self.dir, "inbox")
         self.fds = []  # type: list[int]
         self.got = bytearray()
@@ -237,6 +240,37 @@ class Inbox:
             os.close(fd)
         self.fds = []
         self.remove()
+
+
+def sweep_inboxes(base: str) -> None:
+    """Remove the inbox directories this user's listeners left when they were killed outright
+    (SIGKILL, OOM: no ``finally`` ran): those in ``base`` named with a process id that no longer
+    exists, that are this user's directories (not links), holding at most the FIFO."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith("cbt-reach-") or len(name) != 34:
+            continue
+        try:
+            os.kill(int(name[10:18], 16), 0)
+            continue  # alive (or reused): not ours to judge
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):  # another user's process, or not our name
+            continue
+        directory = os.path.join(base, name)
+        try:
+            info = os.lstat(directory)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            fifo = os.path.join(directory, "inbox")
+            if os.path.lexists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode):
+                os.unlink(fifo)
+            os.rmdir(directory)  # fails when anything else is in it: then it stays
+        except OSError:
+            pass
 
 
 def open_inbox() -> "Inbox | None":
