@@ -36,6 +36,16 @@ class LocalTransport(Transport):
     #: after the command exits, how long its output may still trail in (a child it left behind can
     #: hold the pipe open forever: then the group is stopped, as the SSH transport does)
     EOF_GRACE = 2.0
+    #: after a cancel or a timeout, how long the watcher may take to stop the command (TERM, then
+    #: KILL 5 s later: ``Platform.stop_on_hangup``) before its shell is killed outright
+    STOP_WAIT = 10.0
+
+    def plan(self, script: str) -> str:
+        """On POSIX, the command under the watcher the SSH transport's commands run under
+        (``stop_on_hangup``): our pipe on its stdin closes when we cancel it, and when this process
+        dies in any way (SIGKILL, OOM), so the command and everything it started (torchrun's
+        workers in their own sessions, by the job's token) are stopped either way."""
+        return self.platform.stop_on_hangup(script) if self.platform.as_posix() is not None else script
 
     def run_raw(
         self,
@@ -48,9 +58,10 @@ class LocalTransport(Transport):
         self.connect()
         deadline = Deadline(timeout)
         # Own session: a timeout or cancellation kills the whole process group, not just the shell.
+        watched = self.platform.as_posix() is not None
         proc = subprocess.Popen(
-            self.platform.local_argv(script),
-            stdin=subprocess.DEVNULL,
+            self.platform.local_argv(self.plan(script)),
+            stdin=subprocess.PIPE if watched else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -58,7 +69,7 @@ class LocalTransport(Transport):
         with self._lock:
             self._procs.add(proc)
         if self._closed:  # closed while it started: close() did not see it
-            self._kill(proc)
+            self._stop(proc)
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
@@ -94,13 +105,23 @@ class LocalTransport(Transport):
                             sel.unregister(key.fileobj)
                             continue
                         key.data.feed(data)
-            # the command is over: stop what it left in its group (the SSH transport's watcher does
-            # the same on the node), or everything on timeout
-            self._kill(proc)
+            # the command is over: stop what it left in its group (under the watcher, the script has
+            # done so itself), or everything on timeout (the watcher, as on a node)
+            self._stop(proc)
+            if (timed_out or self._closed) and proc.stdin is not None:
+                # the watcher stops the command (TERM, KILL 5 s later): it is in our shell's group,
+                # which is not killed while it may still work (a rank that ignores TERM would live on)
+                try:
+                    proc.wait(self.STOP_WAIT)
+                except subprocess.TimeoutExpired:
+                    self._kill(proc)
+            else:
+                self._kill(proc)
             exit_code = proc.wait()
         finally:
             with self._lock:
                 self._procs.discard(proc)
+            self._stop(proc)
             proc.stdout.close()
             proc.stderr.close()
         out.close()
@@ -114,6 +135,17 @@ class LocalTransport(Transport):
             duration=deadline.elapsed,
             timed_out=timed_out,
         )
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """End the command: under the watcher, close its stdin (it stops the command's whole tree,
+        TERM then KILL); else kill its group."""
+        if proc.stdin is None:
+            self._kill(proc)
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
 
     @staticmethod
     def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -151,7 +183,7 @@ class LocalTransport(Transport):
         with self._lock:
             procs = list(self._procs)
         for proc in procs:
-            self._kill(proc)
+            self._stop(proc)
 
     def describe(self) -> str:
         return "local"

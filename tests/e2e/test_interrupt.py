@@ -10,6 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.cluster import NamespaceCluster
 from tests.conftest import BOOTSTRAP, free_port, write_inventory
@@ -28,8 +31,20 @@ STUBBORN = (
 )
 
 
-def _interrupt(argv: list[str], cwd: Path, names: list[str], has_run: Callable[[str], int]) -> str:
-    """Start `bootstrap launch`, wait for every node's first training line, SIGINT it; returns stderr."""
+def _sigint(proc: subprocess.Popen[str]) -> int:
+    proc.send_signal(signal.SIGINT)
+    return 130
+
+
+def _interrupt(
+    argv: list[str],
+    cwd: Path,
+    names: list[str],
+    has_run: Callable[[str], int],
+    stop: Callable[[subprocess.Popen[str]], int] = _sigint,
+) -> str:
+    """Start `bootstrap launch`, wait for every node's first training line, stop it as ``stop`` does
+    (default: SIGINT), which returns the exit code the launch must end with; returns stderr."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     out: list[str] = []
     err: list[str] = []
@@ -51,8 +66,8 @@ def _interrupt(argv: list[str], cwd: Path, names: list[str], has_run: Callable[[
         assert proc.poll() is None, f"launch ended early ({proc.returncode}): {''.join(out)}{''.join(err)}"
         for name in names:  # the run really has processes on every node (so the check after can fail)
             assert has_run(name) >= 3, name
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        code = stop(proc)
+        assert proc.wait(timeout=60) == code
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -60,7 +75,7 @@ def _interrupt(argv: list[str], cwd: Path, names: list[str], has_run: Callable[[
     for reader in readers:
         reader.join(5)
     stderr = "".join(err)
-    assert "interrupted" in stderr
+    assert stop is not _sigint or "interrupted" in stderr
     return stderr
 
 
@@ -102,9 +117,28 @@ def _local_run_pids(run_id: str) -> set[int]:
     return found
 
 
-def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
-    """`connection: local` (README command 1's inventory): the launcher's group is killed at once,
-    before torchrun can pass anything on to its workers, which live in sessions of their own."""
+def _sigterm_twice(proc: subprocess.Popen[str]) -> int:
+    """GNU `timeout` sends its signal to the child and again to its group; a user presses Ctrl-C
+    twice: the second signal cuts the sweep short."""
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the second signal while the first one's stop is under way (not a wait for a state)
+    proc.send_signal(signal.SIGTERM)
+    return 143
+
+
+def _sigkill(proc: subprocess.Popen[str]) -> int:
+    proc.kill()
+    return -signal.SIGKILL
+
+
+@pytest.mark.parametrize(
+    "stop", [_sigint, _sigterm_twice, _sigkill], ids=["sigint", "sigterm-twice", "sigkill"]
+)
+def test_a_stopped_controller_leaves_nothing_of_a_run_on_a_local_node(tmp_path: Path, stop: Any) -> None:
+    """`connection: local` (README command 1's inventory): its commands run under the watcher the
+    nodes' commands run under, on a pipe from the controller. However the controller ends (Ctrl-C, a
+    second signal cutting its sweep short, killed outright) every process of the run goes: the
+    workers (in sessions of their own) and the one that ignores SIGTERM, within the watcher's 5 s."""
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     inv = write_inventory(
@@ -119,8 +153,8 @@ def test_sigint_on_a_local_node_leaves_no_worker(tmp_path: Path) -> None:
     run_id = f"intl-{os.getpid()}-{time.monotonic_ns()}"
     argv = [BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id]
     try:
-        stderr = _interrupt(argv, tmp_path, ["here"], lambda _n: len(_local_run_pids(run_id)))
-        assert not _local_run_pids(run_id), stderr
+        stderr = _interrupt(argv, tmp_path, ["here"], lambda _n: len(_local_run_pids(run_id)), stop)
+        await_(lambda: not _local_run_pids(run_id), 20, f"the run's processes to end; stderr:\n{stderr}")
     finally:
         for pid in _local_run_pids(run_id):  # never leave a stubborn worker on this machine
             os.kill(pid, signal.SIGKILL)
