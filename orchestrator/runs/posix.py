@@ -70,12 +70,22 @@ class PosixRuns(RunOps):
         # the exit-code file appears only once tee has written everything: `logs --follow` ends
         # when it sees that file, and must find the log complete then
         part = self.platform.path_word(log + ".rc.part")
-        tee = f"(trap '' TERM INT HUP; exec tee -a {self.platform.path_word(log)})"
+        tee = f"(trap '' TERM INT HUP; exec tee -a {self.platform.path_word(log)} >&4 3>&-)"
+        # The exit code leaves the pipeline on fd 3, captured (POSIX sh has no pipefail), not
+        # through a file: a training script that removed its run directory still gets its own code
+        # (the file cannot be written then: one line says so). The command and what it starts hold
+        # neither fd 3 nor 4 (a daemon it left would keep the capture open); every subshell waits
+        # for the command through a stop, as the trap says.
         return (
-            f"{WAIT_FOR_COMMAND}\n"
+            f"{WAIT_FOR_COMMAND}\nexec 4>&1\n"
+            f"_cb_rc=$({WAIT_FOR_COMMAND}{{ {{ {WAIT_FOR_COMMAND}{command} 3>&- 4>&- 2>&1; echo $? >&3; }}"
+            f" | {tee}; }} 3>&1)\n"
+            "_cb_rc=${_cb_rc:-1}\n"
             # noclobber: the exit code goes into a new file, never through a link planted as .part
-            f"{{ {WAIT_FOR_COMMAND}{command} 2>&1; _cb_rc=$?; set -C; echo $_cb_rc > {part}; }} | {tee}\n"
-            f'mv -f {part} {rc}\nexit "$(cat {rc})"'
+            f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null ||'
+            f" printf 'bootstrap: exit code %s not recorded in %s: the run directory is gone (removed while"
+            f' the run ran?)\\n\' "$_cb_rc" {rc} >&2\n'
+            'exit "$_cb_rc"'
         )
 
     def other_runs(self, own: str, nonce: str) -> str:
@@ -242,7 +252,8 @@ class PosixRuns(RunOps):
             # nor torch's harmless "[c10d] The hostname of the client socket cannot be retrieved" (a
             # reverse DNS miss per connection: docs/troubleshooting.md)
             # nor the rank capture's samples (records of GPU use, CPU load: docs/dashboard.md)
-            "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r' | grep -v '^[[:space:]]*$'"
+            # (NUL bytes out first: grep reads text with one as binary, and says only that)
+            "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r\\000' | grep -v '^[[:space:]]*$'"
             " | grep -v 'hostname of the client socket cannot be retrieved'"
             " | grep -v '^" + records.MARK + "cb-[0-9a-f]\\{12\\} ')\n"
             "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"

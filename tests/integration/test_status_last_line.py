@@ -39,3 +39,15 @@ def test_the_c10d_hostname_warning_never_becomes_the_last_line(tmp_path: Path) -
     # a log of nothing else: no last line rather than the noise
     (run_dir / "node.log").write_text(f"[default0]:{NOISE}\n")
     assert status_node(node, LocalTransport("n1", PosixShell()), "r1").last_line == ""
+
+
+def test_a_nul_byte_in_the_log_does_not_blank_the_last_line(tmp_path: Path) -> None:
+    """grep reads text holding a NUL byte as binary ("binary file matches", on stderr): a rank that
+    printed one must not leave `status` without its last line."""
+    text = f"nodes:\n  - {{name: n1, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    node = load_inventory_text(text, str(tmp_path / "hosts.yaml")).nodes[0]
+    run_dir = Path(run_dir_for(node, "r1"))
+    run_dir.mkdir(parents=True)
+    (run_dir / "node.log").write_bytes(b"[default0]:has a \x00 byte\n[default0]:rank 0 final line\n")
+    (run_dir / "node.log.rc").write_text("0\n")
+    assert status_node(node, LocalTransport("n1", PosixShell()), "r1").last_line == "rank 0 final line"

@@ -99,3 +99,17 @@ def test_logs_read_nothing_from_a_run_directory_others_can_write(tmp_path: Path,
     done = _sh(script)
     assert done.returncode == UNSAFE_DIR_EXIT, done
     assert "planted line" not in done.stdout
+
+
+def test_a_run_that_removed_its_own_directory_keeps_its_exit_code(tmp_path: Path) -> None:
+    """A training script that deletes its run directory: the launcher still exits with the script's
+    own code (it left the pipeline through a pipe, not the exit-code file), and one line says why
+    the file could not be written; no shell error in its place."""
+    run_dir = tmp_path / "runs" / "x" / "n1"
+    run_dir.mkdir(parents=True)
+    script = f"sh -c 'rm -rf {run_dir}; echo still here; exit 7'"  # one command, as the launcher is
+    done = _sh(ops.logged(script, str(run_dir / "node.log")))
+    assert done.returncode == 7, done
+    assert "still here" in done.stdout
+    assert "exit code 7 not recorded" in done.stderr and "the run directory is gone" in done.stderr, done
+    assert "Illegal number" not in done.stderr + done.stdout, done
