@@ -151,8 +151,9 @@ def show_inventory(ctx: click.Context) -> None:
     check_env_files(inventory)  # the files it names, read as sync reads them: the same verdict
     mix = native_mix_error(inventory)  # loads, but check, validate and launch refuse it (exit 2)
     if settings.json_mode:
+        cannot = str(mix) if mix is not None else None
         settings.ui.print_json(
-            {**inventory.public_dict(), "cannot_train": str(mix) if mix is not None else None}
+            {"command": "inventory", **inventory.public_dict(), "cannot_train": cannot, "exit_code": 0}
         )
         return
     draw(settings.ui, inventory_view(inventory, nodes))

@@ -276,6 +276,19 @@ def train_env_option(help_text: str) -> Callable[[F], F]:
     return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
 
 
+def after_dashes(ctx: click.Context, exc: click.NoSuchOption, command: str) -> click.UsageError:
+    """An unknown option where the training script's arguments could go: says they go after ``--``
+    (``command``: how the line starts, ``bootstrap launch``), with click's own suggestions but
+    ``--help``."""
+    others = [p for p in exc.possibilities or () if p != "--help"]
+    near = f" Did you mean {' or '.join(others)}?" if others else ""
+    return click.UsageError(
+        f"No such option: {exc.option_name}.{near} Arguments for the training script go after `--`: "
+        f"`{command} -- {exc.option_name} ...`",
+        ctx,
+    )
+
+
 class TrainArgsCommand(click.Command):
     """A command taking the training script's arguments after ``--``: an unknown option says so."""
 
@@ -283,11 +296,7 @@ class TrainArgsCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
-            hint = (
-                f"{exc.format_message()} Arguments for the training script go after `--`: "
-                f"`bootstrap {ctx.info_name} -- {exc.option_name} ...`"
-            )
-            raise click.UsageError(hint, ctx) from None
+            raise after_dashes(ctx, exc, f"bootstrap {ctx.info_name}") from None
 
 
 def master_option(fn: F) -> F:

@@ -11,6 +11,7 @@ from orchestrator import __version__
 from orchestrator.cli.common import (
     CommandExit,
     Settings,
+    after_dashes,
     common_options,
     interrupted,
     load_selection,
@@ -35,10 +36,13 @@ class _Group(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """The words after ``--`` belong to the training script when no command comes before them
         (the main pipeline); after a command (``launch -- ...``, ``run -- ...``) they are its own."""
-        if "--" not in args:
-            return super().parse_args(ctx, args)
-        cut = args.index("--")
-        rest = super().parse_args(ctx, args[:cut])
+        cut = args.index("--") if "--" in args else len(args)
+        try:
+            rest = super().parse_args(ctx, args[:cut])
+        except click.NoSuchOption as exc:  # before any command: the main pipeline's options
+            raise after_dashes(ctx, exc, "bootstrap") from None
+        if cut == len(args):
+            return rest
         # the command's name, when one came before "--" (click keeps it apart from its arguments)
         command = getattr(ctx, "_protected_args", None)
         if not command:

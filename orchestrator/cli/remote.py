@@ -56,7 +56,7 @@ def run(
     """Run a shell command on every node; output streams live as `[node] line`.
 
     Like `ssh host CMD`, the words are joined and read by the node's shell: quote what should not
-    expand locally, e.g. bootstrap run -- 'echo $HOSTNAME'. Output is streamed and logged whole;
+    expand locally, e.g. bootstrap run -- 'echo $(hostname)'. Output is streamed and logged whole;
     only its last --keep-lines lines per node stay in memory (the summary and --json show those).
     """
     settings = Settings.from_context(ctx)

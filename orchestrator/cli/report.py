@@ -104,7 +104,7 @@ def show_dry_run(ui: UI, report: Report[Any], *, json_mode: bool, note: str = ""
     node's entry) or the plans; ``note``: what the text adds about it (on stderr)."""
     if json_mode:
         head = {"command": report.step} if report.step else {}
-        ui.print_json({**head, "dry_run": True, **report.data, "nodes": report_docs(report)})
+        ui.print_json({**head, "dry_run": True, **report.data, "nodes": report_docs(report), "exit_code": 0})
         return
     show_plans(ui, report)
     if note:

@@ -143,20 +143,25 @@ def logs(ctx: click.Context, run_arg: str, follow: bool, tail: int | None) -> in
     settings, inventory, run = _run(
         ctx, run_arg, on_slurm, lambda run: commands.logs_script(run, follow=follow, tail=tail)
     )
-    with live_dashboard(ctx, settings, inventory, run.names, "logs") as live:
-        if live is not None:
-            live.set_run(run.run_id, run.labels, run.samples)
-        if not follow or settings.json_mode or sys.stdin is None or not sys.stdin.isatty():
-            return _logs(settings, inventory, run, follow=follow, tail=tail, live=live)
-        from orchestrator.dashboard.terminal import KEY, table_key
+    try:
+        with live_dashboard(ctx, settings, inventory, run.names, "logs") as live:
+            if live is not None:
+                live.set_run(run.run_id, run.labels, run.samples)
+            if not follow or settings.json_mode or sys.stdin is None or not sys.stdin.isatty():
+                return _logs(settings, inventory, run, follow=follow, tail=tail, live=live)
+            from orchestrator.dashboard.terminal import KEY, table_key
 
-        if live is None:  # the table reads what the page would
-            live = _live(inventory, run)
-        settings.ui.note(f"press {KEY}: the live table of `status --watch` ({KEY} again: the lines)")
-        shown = RUNS_ROOT / run.run_id if tail is None else f"`{again(settings, 'logs', run.run_id)}`"
-        with table_key(live, watch_table, sys.stdout, settings.ui.err, sys.stdin, where=f"{shown}") as lines:
-            stream = cast(IO[str], lines)
-            return _logs(settings, inventory, run, follow=follow, tail=tail, live=live, stream=stream)
+            if live is None:  # the table reads what the page would
+                live = _live(inventory, run)
+            settings.ui.note(f"press {KEY}: the live table of `status --watch` ({KEY} again: the lines)")
+            shown = RUNS_ROOT / run.run_id if tail is None else f"`{again(settings, 'logs', run.run_id)}`"
+            with table_key(
+                live, watch_table, sys.stdout, settings.ui.err, sys.stdin, where=f"{shown}"
+            ) as lines:
+                stream = cast(IO[str], lines)
+                return _logs(settings, inventory, run, follow=follow, tail=tail, live=live, stream=stream)
+    except KeyboardInterrupt:  # before the reading began (connecting, a prompt): it stopped nothing
+        interrupted(settings.ui, f"the run goes on; stop it with: {again(settings, 'stop', run.run_id)}")
 
 
 def _live(inventory: Inventory, run: RecordedRun, **more: Any) -> LiveRun:

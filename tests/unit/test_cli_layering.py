@@ -247,3 +247,25 @@ def test_a_stop_while_a_command_works_on_its_nodes_ends_it_as_any_other(
     assert result.exit_code == code, result.output
     assert f"{what}: connections closed, commands still running on the nodes were stopped" in result.output
     assert "cluster" not in result.stdout  # no table
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated], ids=["ctrl-c", "sigterm"])
+def test_a_stop_before_logs_reads_says_the_run_goes_on(
+    stop: type[BaseException], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Ctrl-C while `logs --follow` still connects (before any line was read): it only reads, so it
+    says the run goes on and how to stop it, never that it stopped commands on the nodes."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli.main import cli
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        raise stop()
+
+    monkeypatch.setattr("orchestrator.cli.runs._logs", stopped)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["logs", "--run", "r-1", "--follow"], catch_exceptions=False)
+    code = ExitCode.TERMINATED if stop is Terminated else ExitCode.INTERRUPTED
+    assert result.exit_code == code, result.output
+    assert "the run goes on; stop it with: bootstrap stop --run r-1" in result.output, result.output
+    assert "commands still running on the nodes were stopped" not in result.output

@@ -363,6 +363,7 @@ def test_inventory_shows_each_windows_mode_and_warns_of_a_mix_that_cannot_train(
     assert "native Windows node w (windows.mode: native) cannot train with l (Linux)" in shown.stderr
     doc = json.loads(_cli("-i", "mix.yaml", "--json", "inventory", cwd=tmp_path).stdout)
     assert "pytorch/gloo#386" in doc["cannot_train"]
+    assert (doc["command"], doc["exit_code"]) == ("inventory", 0)  # the one shape every --json has
     (tmp_path / "wsl.yaml").write_text(
         (tmp_path / "mix.yaml").read_text().replace("mode: native", "mode: wsl")
     )

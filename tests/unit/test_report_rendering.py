@@ -63,7 +63,7 @@ def test_every_commands_dry_run_has_one_layout_and_its_json_the_texts_shown(tmp_
         assert sections, (command, text.stdout)
         assert all(HEAD.match(line) for line in sections), (command, sections)
         doc = json.loads(_cli(tmp_path, "--json", *command).stdout)
-        assert doc["command"] == command[0] and doc["dry_run"] is True, doc
+        assert doc["command"] == command[0] and doc["dry_run"] is True and doc["exit_code"] == 0, doc
         for node in doc["nodes"]:
             assert (node["ok"], node["error"]) == (True, None)
             runs = [a["run"] for a in node["plan"]["actions"] if "run" in a]
