@@ -132,6 +132,9 @@ def keys(ctx: click.Context, key_path: str) -> int:
     ssh_nodes, skipped = key_nodes(nodes)
     if skipped:
         ui.note(f"skipping nodes not reached over SSH: {', '.join(skipped)}")
+    if not ssh_nodes:  # no key to make, none to install
+        ui.info("keys: no node is reached over SSH: nothing to do")
+        return ExitCode.OK
     if settings.dry_run:
         print_plans(
             settings, inventory, ssh_nodes, lambda node, t: [authorize_script(key_path)], command="keys"

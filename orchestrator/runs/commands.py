@@ -334,16 +334,24 @@ def stop_script_of(run: RecordedRun, *, grace: float) -> NodeScript:
 
 
 def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
-    """Every process of the run stopped on every node (``grace`` seconds between SIGTERM and SIGKILL)."""
-    return StopReport(
-        reach.within(
-            run.nodes,
-            "stop",
-            lambda session: session.map(
-                lambda node, t: stop_node(node, t, run.run_id, grace=grace), step="stop"
-            ),
-        )
+    """Every process of the run stopped on every node (``grace`` seconds between SIGTERM and SIGKILL).
+    A run id no node has (and no launch from here recorded) is a mistake, not "nothing to stop":
+    each node then fails with "no run", as `status` says it."""
+    outcomes = reach.within(
+        run.nodes,
+        "stop",
+        lambda session: session.map(lambda node, t: stop_node(node, t, run.run_id, grace=grace), step="stop"),
     )
+    unknown = read_record(RUNS_ROOT / run.run_id) is None and all(
+        o.value is not None and o.value.state == "no run" for o in outcomes
+    )
+    if unknown:
+        by_name = {n.name: n for n in run.nodes}
+        outcomes = GroupResult(
+            dataclasses.replace(o, value=None, error=no_such_run(by_name[o.node], run.run_id))
+            for o in outcomes
+        )
+    return StopReport(outcomes)
 
 
 @dataclass
@@ -428,7 +436,11 @@ def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code
 
     def one(node: Node, t: Any) -> list[Fetched]:
         dest = RUNS_ROOT / run.run_id / node.name
-        return fetch_node(node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code)
+        found = fetch_node(node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code)
+        missing = not from_code and all(f.source is None for f in found)  # the file, or the run id?
+        if missing and status_node(node, t, run.run_id).state == "no run":
+            raise no_such_run(node, run.run_id)
+        return found
 
     outcomes = reach.within(run.nodes, "fetch", lambda session: session.map(one, step="fetch"))
     return FetchReport(outcomes, from_code=from_code)

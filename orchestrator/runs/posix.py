@@ -256,7 +256,9 @@ class PosixRuns(RunOps):
             "  _cb_t=$(tail -c 65536 \"$f\" | tr -d '\\r\\000' | grep -v '^[[:space:]]*$'"
             " | grep -v 'hostname of the client socket cannot be retrieved'"
             " | grep -v '^" + records.MARK + "cb-[0-9a-f]\\{12\\} ')\n"
-            "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | tail -n 1)\n"
+            # nor a metric record (CB_METRIC {...}: the dashboard's, every few steps of the example)
+            "  _cb_r=$(printf '%s\\n' \"$_cb_t\" | grep '^\\[default[0-9]*\\]:' | grep -v ']:CB_METRIC {'"
+            " | tail -n 1)\n"
             '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
             '  _cb_rec last "$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
             "fi\n"

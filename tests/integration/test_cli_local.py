@@ -341,3 +341,15 @@ def test_processes_a_finished_run_left_behind_are_stopped_and_named(tmp_path: Pa
         assert node["state"] == "exited" and node["exit_code"] == 0, node  # it ended with its code
     finally:
         subprocess.run(["pkill", "-f", tag], check=False)
+
+
+def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_path: Path) -> None:
+    """A mistyped --run: `stop` does not say "nothing was running" with exit 0, and `fetch` does not
+    blame the file: both say there is no such run on the node (exit 1), as `status` and `logs` do."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n")
+    for command in (["stop", "--run", "nope"], ["fetch", "--run", "nope", "checkpoints/last.pt"]):
+        run = bootstrap("-i", str(inv), *command, cwd=tmp_path)
+        assert run.returncode == 1, run
+        assert "no run nope on this node" in run.stderr, run
+        assert "nothing was running" not in run.stderr and "not found in" not in run.stderr, run

@@ -51,3 +51,18 @@ def test_a_nul_byte_in_the_log_does_not_blank_the_last_line(tmp_path: Path) -> N
     (run_dir / "node.log").write_bytes(b"[default0]:has a \x00 byte\n[default0]:rank 0 final line\n")
     (run_dir / "node.log.rc").write_text("0\n")
     assert status_node(node, LocalTransport("n1", PosixShell()), "r1").last_line == "rank 0 final line"
+
+
+def test_a_metric_record_is_not_the_last_line(tmp_path: Path) -> None:
+    """The example prints a CB_METRIC record every few steps (the dashboard's): what a user asks
+    `status` for is the last thing a rank said."""
+    text = f"nodes:\n  - {{name: n1, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    node = load_inventory_text(text, str(tmp_path / "hosts.yaml")).nodes[0]
+    run_dir = Path(run_dir_for(node, "r1"))
+    run_dir.mkdir(parents=True)
+    (run_dir / "node.log").write_text(
+        '[default0]:[rank 0/2] epoch 2/3 complete\n[default0]:CB_METRIC {"kind":"window","step":40}\n'
+    )
+    (run_dir / "node.log.rc").write_text("0\n")
+    status = status_node(node, LocalTransport("n1", PosixShell()), "r1")
+    assert status.last_line == "[rank 0/2] epoch 2/3 complete", status
