@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from orchestrator.errors import UsageError
-from orchestrator.runs.layout import RECORD, RUNS_ROOT
+from orchestrator.runs.layout import RECORD, RUNS_ROOT, read_record
 from orchestrator.safefiles import private_dirs
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # .fullmatch only
@@ -89,7 +89,8 @@ def check_run_id(run_id: str) -> str:
 
 
 def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
-    """``latest`` (or nothing): the newest run under ./runs; anything else is taken as a run id."""
+    """``latest`` (or nothing): the newest run under ./runs (not a launch that started nowhere: its
+    record says ``not_started``); anything else is taken as a run id."""
     if run not in (None, "", "latest"):
         assert run is not None
         return check_run_id(run)
@@ -100,6 +101,8 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
                 stamp = entry / RECORD
                 # launched from here first (a record), newest first; then copies `logs` made
                 launched = stamp.exists()
+                if launched and (read_record(entry) or {}).get("not_started"):
+                    continue
                 candidates.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
     if not candidates:
         raise UsageError(

@@ -167,13 +167,17 @@ def sample_nonce(directory: Path) -> str:
     return found if isinstance(found, str) and NONCE.fullmatch(found) else ""
 
 
-def finish_record(directory: Path) -> None:
+def finish_record(directory: Path, *, started: bool = True) -> None:
     """A foreground run's controller lets go of the run (it ended, failed, or was interrupted and
-    swept): its record's ``ended`` is set. A controller killed outright never gets here."""
+    swept): its record's ``ended`` is set. A controller killed outright never gets here.
+    ``started`` False: no node's launcher started (refused: the port in use, the run id used
+    before); such a record is never the ``latest`` run (``runs.ids.resolve_run``)."""
     doc = read_record(directory)
     if doc is None or "ended" not in doc:
         return
     doc["ended"] = time.time()
+    if not started:
+        doc["not_started"] = True
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
 
 

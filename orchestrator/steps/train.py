@@ -169,7 +169,7 @@ def train_run(
         return report
     finally:
         log.close()
-        finish_record(directory)
+        finish_record(directory, started=bool(started))
 
 
 def train(

@@ -353,3 +353,27 @@ def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_
         assert run.returncode == 1, run
         assert "no run nope on this node" in run.stderr, run
         assert "nothing was running" not in run.stderr and "not found in" not in run.stderr, run
+
+
+def test_a_launch_refused_everywhere_is_never_the_latest_run(tmp_path: Path) -> None:
+    """The master's port is in use: launch is refused before anything starts. That attempt is not
+    the run `status`, `logs` and `fetch` then mean by default (a run still holding the port is)."""
+    import socket
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text(
+            f"cluster: {{port: {port}, train: {{script: train.py}}}}\n"
+            f"nodes:\n  - {{name: here, connection: local, python: {sys.executable},"
+            f" workdir: {tmp_path / 'wd'}}}\n"
+        )
+        run = bootstrap("-i", str(inv), "launch", "--run-id", "refused-1", cwd=tmp_path)
+    assert run.returncode == 1 and f"port {port} is in use" in run.stderr, run
+    record = json.loads((tmp_path / "runs" / "refused-1" / "run.json").read_text())
+    assert record["not_started"] is True, record
+    status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
+    assert status.returncode == 2 and "no runs in" in status.stderr, status
