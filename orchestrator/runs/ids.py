@@ -76,6 +76,11 @@ def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
     return run_id
 
 
+def is_run_id(text: str) -> bool:
+    """Whether ``text`` is a well-formed run id (what ``--run-id`` accepts)."""
+    return _RUN_ID.fullmatch(text) is not None
+
+
 def check_run_id(run_id: str) -> str:
     if not _RUN_ID.fullmatch(run_id):
         raise UsageError(

@@ -317,8 +317,8 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
             f"port {spec.master_port} is in use on this node, the master: torchrun's rendezvous needs it "
             "free (nothing was started)",
             node=node.name,
-            hint="when a run of bootstrap holds it, the line above names it (`bootstrap stop --run <id>` "
-            "ends it); or set cluster.port in the inventory to a free port",
+            hint="`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
+            "that ends it); or set cluster.port in the inventory to a free port",
         )
     if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(

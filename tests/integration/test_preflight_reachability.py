@@ -7,6 +7,7 @@ left on any host.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -168,6 +169,7 @@ def test_a_busy_master_port_fails_the_master(
         ["ip", "netns", "exec", master.ns, PYTHON, "-m", "http.server", str(PORT), "--bind", master.addr],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, "CLUSTER_BOOTSTRAP_RUN": "held-1/node1/1-2"},  # as a run of ours would
     )
     try:
         _await_listening(master.ns, master.addr, PORT, server)
@@ -182,9 +184,12 @@ def test_a_busy_master_port_fails_the_master(
     v1 = verdicts["node1"]
     assert v1.level == "fail"
     assert v1.reason.startswith(
-        f"port {PORT} is already in use on the master (by python3 (pid {server.pid}))"
+        f"port {PORT} is already in use on the master (by python3 (pid {server.pid}, run held-1))"
     )
-    assert v1.fix is not None and v1.fix.startswith("stop that program or choose another cluster port:")
+    assert v1.fix is not None and v1.fix.startswith(
+        "a run of bootstrap holds it: `bootstrap stop --run held-1`"
+    )
+    assert "stop that program or choose another cluster port:" in v1.fix
     for name in ("node2", "node3"):
         assert (verdicts[name].level, verdicts[name].reason) == ("warn", "master port busy: skipped")
     # the mesh is still measured: nothing else is wrong

@@ -286,6 +286,19 @@ def test_busy_master_port() -> None:
     assert unknown["node1"].reason == "port 29500 is already in use on the master"
 
 
+def test_a_master_port_held_by_a_run_of_ours_names_the_stop_that_ends_it() -> None:
+    """The daily loop's usual case: the last run (detached, or still ending) holds the port. The fix
+    is that run's `stop --run`; a run id the node's process forged (not one `--run-id` accepts) is
+    never put into a command the user is told to type."""
+    held = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, "pt_elastic (pid 812, run lab-1)"))["node1"]
+    assert held.reason == "port 29500 is already in use on the master (by pt_elastic (pid 812, run lab-1))"
+    assert (held.fix or "").startswith("a run of bootstrap holds it: `bootstrap stop --run lab-1` ends it"), (
+        held
+    )
+    forged = Busy(PORT, "pt_elastic (pid 812, run x;rm-rf)")
+    assert "stop --run" not in (verdicts_for(matrix(rendezvous=False), busy=forged)["node1"].fix or "")
+
+
 def test_busy_master_port_and_a_broken_mesh() -> None:
     broken: dict[tuple[str, str, Role], Outcome] = {("node2", "node3", "mesh"): "refused"}
     verdicts = verdicts_for(matrix(broken, rendezvous=False), busy=Busy(PORT, ""))

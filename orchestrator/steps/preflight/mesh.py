@@ -3,6 +3,7 @@ measured pairs, and one verdict per node from them (reachability.py runs the pro
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -308,6 +309,10 @@ def build_verdicts(
             reasons.append(f"port {port} is already in use on the master{by}")
             from orchestrator.resources import default_inventory
 
+            fixes += [
+                f"a run of bootstrap holds it: `bootstrap stop --run {run}` ends it"
+                for run in holding_runs(busy.holder)
+            ]
             fixes.append(
                 f"stop that program or choose another cluster port: `port: {port + 1}` under `cluster:` "
                 f"in the inventory (running without --inventory? copy the default one first: "
@@ -364,3 +369,12 @@ def build_verdicts(
         else:
             verdicts[name] = ok(CHECK, text, **data)
     return verdicts
+
+
+def holding_runs(holder: str) -> list[str]:
+    """The runs of bootstrap the node says hold a port (``..., run RUN-ID)`` in the probe's holder
+    text): only well-formed run ids, since each goes into a command the user is told to type."""
+    from orchestrator.runs.ids import is_run_id
+
+    found = re.findall(r", run ([^\s)]+)\)", holder or "")
+    return list(dict.fromkeys(r for r in found if is_run_id(r)))

@@ -153,6 +153,24 @@ class Listener:
         self.waiting = expected  # connections still to come with the token
 
 
+#: the variable every process of a bootstrap run carries (orchestrator/runs/layout.py RUN_MARKER_ENV)
+RUN_MARKER = b"CLUSTER_BOOTSTRAP_RUN="
+
+
+def run_of(pid: str) -> str:
+    """``, run RUN-ID`` when the process belongs to a run of bootstrap (its environment carries the
+    run's marker, ``RUN-ID/NODE/TOKEN``), else ""."""
+    try:
+        with open("/proc/" + pid + "/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return ""
+    for entry in env:
+        if entry.startswith(RUN_MARKER):
+            return ", run " + entry[len(RUN_MARKER) :].split(b"/")[0].decode("ascii", "replace")
+    return ""
+
+
 def port_holder(port: int) -> str:
     """Who listens on ``port``, as ``ss -ltnp`` tells it ("" when it cannot: no ss, not root)."""
     import re  # only here: the probe starts on every node, and these two imports cost it
@@ -176,7 +194,7 @@ def port_holder(port: int) -> str:
             if len(cells) < 4 or not cells[3].endswith(":" + str(port)):
                 continue
             for name, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
-                text = name + " (pid " + pid + ")"
+                text = name + " (pid " + pid + run_of(pid) + ")"
                 if text not in holders:
                     holders.append(text)
         return ", ".join(holders)
