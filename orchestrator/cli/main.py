@@ -175,7 +175,13 @@ def main() -> None:
 
     # SIGTERM behaves like Ctrl-C (issue 17): the nodes are stopped and swept, the summary printed
     signal.signal(signal.SIGTERM, terminate)
-    cli(prog_name="bootstrap")
+    try:
+        cli(prog_name="bootstrap")
+    finally:
+        # what runs after the command (the interpreter joining worker threads at exit) is not the
+        # command's: a Ctrl-C or SIGTERM then ends the process as the signal does, no traceback
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _register() -> None:

@@ -151,6 +151,6 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
     draw(ui, report.view())
     for problem in problems:
         ui.error(problem)
-    if problems:
+    if problems and result.log_dir is not None:
         ui.note(f"per-node output: {result.log_dir}/ (validation worker lines; -v shows them live)")
     return code

@@ -11,6 +11,7 @@ Lines of the same shape printed by anything else (the user's environment, a libr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Callable
@@ -458,6 +459,10 @@ def validation_phase(
         )
     finally:
         log.close()
+    kept = log.directory.is_dir() and any(log.directory.iterdir())
+    if not kept:  # skipped, or no worker said anything: no empty directory left to look into
+        with contextlib.suppress(OSError):
+            log.directory.rmdir()
     if isinstance(result, Validation):
-        result.run_id, result.log_dir = run_id, log.directory
+        result.run_id, result.log_dir = run_id, log.directory if kept else None
     return result

@@ -377,3 +377,20 @@ def test_a_launch_refused_everywhere_is_never_the_latest_run(tmp_path: Path) -> 
     assert record["not_started"] is True, record
     status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
     assert status.returncode == 2 and "no runs in" in status.stderr, status
+
+
+def test_a_skipped_validation_leaves_no_empty_directory(tmp_path: Path) -> None:
+    """The second `bootstrap --until validate` finds nothing changed and skips validate: no empty
+    runs/validate-*/ is left for each such run (only the one whose workers wrote lines)."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{port: {free_port()}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, python: {sys.executable}, nproc: 1}}\n"
+    )
+    env = {"HOME": str(tmp_path)}
+    first = bootstrap("-i", str(inv), "--until", "validate", cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "1 of 1 rank(s) joined" in first.stderr, first
+    second = bootstrap("-i", str(inv), "--until", "validate", cwd=tmp_path, env=env)
+    assert second.returncode == 0 and "validate: skipped" in second.stderr, second
+    (kept,) = (tmp_path / "runs").iterdir()
+    assert kept.name.startswith("validate-") and any(kept.iterdir())
