@@ -130,7 +130,16 @@ def test_rendered_scripts_parse_and_pass_arguments_unchanged(tmp_path: Path) -> 
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"; printf "GLOO=%s\\n" "$GLOO_SOCKET_IFNAME"\n')
     fake.chmod(0o755)
-    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "examples").mkdir(parents=True)
+    missing = scripts["w1"].replace("cd /srv/train/code", f"cd {tmp_path / 'code'}")
+    refused = subprocess.run(["sh"], input=missing, text=True, capture_output=True)
+    # no training script there: one line naming it and where it was looked for, before torchrun starts
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr == (
+        f"cluster-bootstrap: training script examples/train_ddp.py not found in {tmp_path / 'code'} on this "
+        "node (launch uploads it from where bootstrap runs, when it is there; cluster.code syncs a project)\n"
+    )
+    (tmp_path / "code" / "examples" / "train_ddp.py").write_text("")
     text = (
         scripts["w1"]
         .replace("exec /opt/venv/bin/python", f"exec {fake}")
