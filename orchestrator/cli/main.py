@@ -166,6 +166,9 @@ def cli(
     if ui.collected is not None:
         docs, ui.collected = ui.collected, None
         ui.print_json(pipeline_doc(docs, report))
+    elif settings.dry_run:  # what a real run would leave out, and why (the --json document says it too)
+        for phase, why in report.skipped.items():
+            ui.note(f"--dry-run: {phase} would not run ({why})")
     return report.exit_code
 
 

@@ -394,3 +394,14 @@ def test_a_skipped_validation_leaves_no_empty_directory(tmp_path: Path) -> None:
     assert second.returncode == 0 and "validate: skipped" in second.stderr, second
     (kept,) = (tmp_path / "runs").iterdir()
     assert kept.name.startswith("validate-") and any(kept.iterdir())
+
+
+def test_the_pipelines_dry_run_names_the_phases_a_real_run_would_leave_out(tmp_path: Path) -> None:
+    run = bootstrap("--dry-run", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert run.returncode == 0, run
+    for phase, why in (
+        ("sync", "the inventory declares no cluster.env"),
+        ("firewall", "one node"),
+        ("ntp", "one node"),
+    ):
+        assert f"--dry-run: {phase} would not run ({why}" in run.stderr, run
