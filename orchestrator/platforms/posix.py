@@ -180,25 +180,29 @@ class PosixShell(Platform):
             "job=$! target=$g$!\n"
             '_cb_tok() { grep -lzxF "CB_WATCH=$tok" /proc/[0-9]*/environ 2>/dev/null'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"; }\n'
-            # After a normal end (USR1 from below) only the group's leftovers are stopped (the script
-            # does that itself at once): a daemon the command started on purpose (chronyd) carries
-            # the token too. While the job still runs
-            # (cancel, timeout, silence, a controller gone), everything with the token goes. EOF can
-            # come before the job has called setsid: no group yet, the job's process itself is stopped.
-            "{ trap 'ended=1' USR1; "
+            # After a normal end (the job's process is gone, or a zombie: no signal from the script,
+            # which could come before the watcher can catch it, and end it) only the group's leftovers
+            # are stopped (the script TERMs them itself at once; what ignores that is KILLed 5 s
+            # later): a daemon the command started on purpose (chronyd) carries the token too. While
+            # the job still runs (cancel, timeout, silence, a controller gone), everything with the
+            # token goes. EOF can come before the job has called setsid: no group yet, the job's
+            # process itself is stopped.
+            "{ "
             f"{listen};"
-            ' if [ -n "$ended" ]; then kill -TERM "$target"; exit 0; fi;'
+            ' if ! { { IFS= read -r l < "/proc/$job/stat"; } 2>/dev/null'
+            ' && set -- ${l##*) } && [ "$1" != Z ]; }; then kill -TERM "$target" && { i=0;'
+            ' while [ $i -lt 50 ] && kill -0 "$target"; do sleep 0.1; i=$((i + 1)); done;'
+            ' kill -KILL "$target"; }; exit 0; fi;'
             ' kill -TERM "$target" || kill -TERM "$job"; p=$(_cb_tok); [ -n "$p" ] && kill -TERM $p;'
             ' i=0; while [ $i -lt 50 ] && { kill -0 "$target" || [ -n "$(_cb_tok)" ]; }; do'
             " sleep 0.1; i=$((i + 1)); done;"
             ' kill -KILL "$target" || kill -KILL "$job"; p=$(_cb_tok); [ -n "$p" ] && kill -KILL $p; }'
             " >/dev/null 2>&1 &\n"
-            "w=$!\n"
             "exec 3<&-\n"
             # the job is over: stop what it left in its group now (the watcher is blocked reading
             # stdin, and a child holding our stdout would keep wsl.exe, and so a WinRM command,
-            # from ever ending), and tell the watcher it was a normal end
-            'wait "${target#-}"; rc=$?; kill -USR1 "$w" 2>/dev/null; kill -TERM "$target" 2>/dev/null\n'
+            # from ever ending)
+            'wait "${target#-}"; rc=$?; kill -TERM "$target" 2>/dev/null\n'
             'exit "$rc"'
         )
 

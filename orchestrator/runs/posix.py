@@ -84,7 +84,7 @@ class PosixRuns(RunOps):
             # noclobber: the exit code goes into a new file, never through a link planted as .part
             f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null ||'
             f" printf 'bootstrap: exit code %s not recorded in %s: the run directory is gone (removed while"
-            f' the run ran?)\\n\' "$_cb_rc" {rc} >&2\n'
+            f' the run ran?) or holds a file of that name\\n\' "$_cb_rc" {rc} >&2\n'
             'exit "$_cb_rc"'
         )
 

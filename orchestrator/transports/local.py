@@ -36,8 +36,8 @@ class LocalTransport(Transport):
     #: after the command exits, how long its output may still trail in (a child it left behind can
     #: hold the pipe open forever: then the group is stopped, as the SSH transport does)
     EOF_GRACE = 2.0
-    #: after a cancel or a timeout, how long the watcher may take to stop the command (TERM, then
-    #: KILL 5 s later: ``Platform.stop_on_hangup``) before its shell is killed outright
+    #: after a timeout, how long the command's last output is still read while the watcher stops it
+    #: (TERM, then KILL 5 s later: ``Platform.stop_on_hangup``)
     STOP_WAIT = 10.0
 
     def plan(self, script: str) -> str:
@@ -57,7 +57,9 @@ class LocalTransport(Transport):
     ) -> Result:
         self.connect()
         deadline = Deadline(timeout)
-        # Own session: a timeout or cancellation kills the whole process group, not just the shell.
+        # Own session. Under the watcher (POSIX), the command runs in a group of its own that only the
+        # watcher reaches: a timeout or a cancel closes its stdin, and our shell's group (the watcher
+        # in it) is never killed. Otherwise a timeout or a cancel kills our shell's group.
         watched = self.platform.as_posix() is not None
         proc = subprocess.Popen(
             self.platform.local_argv(self.plan(script)),
@@ -73,6 +75,7 @@ class LocalTransport(Transport):
         out = LineSplitter("stdout", on_line, keep_lines)
         err = LineSplitter("stderr", on_line, keep_lines)
         timed_out = False
+        stopping: Deadline | None = None  # after a timeout: the watcher stops it, its output still read
         grace: Deadline | None = None
         drain: Deadline | None = None
         assert proc.stdout is not None and proc.stderr is not None
@@ -81,8 +84,13 @@ class LocalTransport(Transport):
                 sel.register(proc.stdout, selectors.EVENT_READ, out)
                 sel.register(proc.stderr, selectors.EVENT_READ, err)
                 while sel.get_map():
-                    if deadline.expired:
+                    if stopping is None and deadline.expired:
                         timed_out = True
+                        if not watched:
+                            break
+                        self._stop(proc)  # what a TERM handler prints is still read, for STOP_WAIT
+                        stopping = Deadline(self.STOP_WAIT)
+                    if stopping is not None and stopping.expired:
                         break
                     if grace is None and proc.poll() is not None:
                         grace = Deadline(self.EOF_GRACE)
@@ -93,9 +101,7 @@ class LocalTransport(Transport):
                         break
                     # past the grace period, only what is already in the pipes (a loaded machine may
                     # not have run this loop for a while: output written before the exit is never lost)
-                    wait = (
-                        0.0 if expired else deadline.remaining(0.5) if grace is None else grace.remaining(0.5)
-                    )
+                    wait = 0.0 if expired else (grace or stopping or deadline).remaining(0.5)
                     ready = sel.select(wait)
                     if expired and not ready:
                         break
@@ -105,19 +111,12 @@ class LocalTransport(Transport):
                             sel.unregister(key.fileobj)
                             continue
                         key.data.feed(data)
-            # the command is over: stop what it left in its group (under the watcher, the script has
-            # done so itself), or everything on timeout (the watcher, as on a node)
+            # the command is over (or being stopped): under the watcher, it stops what the command
+            # left (TERM, KILL 5 s later) once its stdin closes; else our shell's group is killed
             self._stop(proc)
-            if (timed_out or self._closed) and proc.stdin is not None:
-                # the watcher stops the command (TERM, KILL 5 s later): it is in our shell's group,
-                # which is not killed while it may still work (a rank that ignores TERM would live on)
-                try:
-                    proc.wait(self.STOP_WAIT)
-                except subprocess.TimeoutExpired:
-                    self._kill(proc)
-            else:
+            if not watched:
                 self._kill(proc)
-            exit_code = proc.wait()
+            exit_code = proc.poll() if timed_out or self._closed else proc.wait()
         finally:
             with self._lock:
                 self._procs.discard(proc)
@@ -138,7 +137,8 @@ class LocalTransport(Transport):
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         """End the command: under the watcher, close its stdin (it stops the command's whole tree,
-        TERM then KILL); else kill its group."""
+        TERM then KILL 5 s later; after a normal end, what the command left in its group); else kill
+        our shell's group."""
         if proc.stdin is None:
             self._kill(proc)
             return

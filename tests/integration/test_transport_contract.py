@@ -187,6 +187,29 @@ def test_background_children_do_not_hold_the_command_open(transport: Transport) 
     assert _await_gone(marker) == []  # what a command leaves in its group is stopped
 
 
+def test_a_child_that_ignores_term_left_by_a_command_that_ended_is_gone_too(transport: Transport) -> None:
+    """What a command leaves in its group is TERMed when it ends; one that ignores TERM (a server
+    saving state, a stuck rank) is KILLed 5 s later, on every transport, not left running."""
+    marker = f"cbt-contract-stubborn-{uuid.uuid4().hex}"
+    result = transport.run(f"sh -c \"trap '' TERM; sleep 300; : {marker}\" & echo left a child", timeout=30)
+    assert result.ok and result.stdout == "left a child\n", result
+    assert _await_gone(marker) == []
+
+
+def test_a_local_timeout_still_reads_what_the_command_says_while_it_stops(tmp_path: Path) -> None:
+    """On the controller's own machine the watcher stops a command that timed out (TERM, KILL 5 s
+    later) while its output is still read: a TERM handler's last words (torchrun's report of every
+    rank) arrive, even more than a pipe holds, and the handler gets to finish."""
+    transport = LocalTransport("local", PosixShell())
+    done = tmp_path / "handler-finished"
+    # (the watcher TERMs the command's group and every process with its token: this shell gets two)
+    handler = f"trap '' TERM; head -c 300000 /dev/zero | tr '\\0' x; echo; touch {done}; exit 3"
+    result = transport.run(f'trap "{handler}" TERM; echo started; sleep 300 & wait', timeout=1.5)
+    assert result.timed_out and result.exit_code is None, result
+    assert result.stdout.startswith("started\n") and result.stdout.count("x") == 300000
+    assert done.exists()
+
+
 # -- files -----------------------------------------------------------------------------------------
 
 ODD_NAMES = ['it\'s a "file" $HOME `x`.bin', "naïve ü 日本.txt", "-rf", "line\nbreak.txt", "empty"]

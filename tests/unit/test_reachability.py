@@ -16,6 +16,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,14 @@ def verdicts_for(
     [
         ("listening on 198.18.1.11 41231 mesh", Listening("198.18.1.11", 41231, "mesh")),
         ("listening on 198.18.1.11 29500 rendezvous", Listening("198.18.1.11", 29500, "rendezvous")),
-        ("busy 29500 python3 (pid 812)", Busy(29500, "python3 (pid 812)")),
-        ("busy 29500 ", Busy(29500, "")),
+        ("busy 29500 - python3 (pid 812)", Busy(29500, "python3 (pid 812)")),
+        ("busy 29500 - ", Busy(29500, "")),
+        # the runs holding it are a field of their own, each a run id `--run-id` takes, never
+        # "latest" (it would stop the newest run): what the holder text says is not parsed for them
+        (
+            "busy 29500 lab-1,x;rm,latest,-a pt_elastic (pid 812, run lab-1), (pid 1, run prod)",
+            Busy(29500, "pt_elastic (pid 812, run lab-1), (pid 1, run prod)", ("lab-1",)),
+        ),
         ("range 32768 60999", PortRange(32768, 60999)),
         ("ready 4242", Ready(4242)),
         ("done stopped", Done("stopped")),
@@ -290,13 +297,14 @@ def test_a_master_port_held_by_a_run_of_ours_names_the_stop_that_ends_it() -> No
     """The daily loop's usual case: the last run (detached, or still ending) holds the port. The fix
     is that run's `stop --run`; a run id the node's process forged (not one `--run-id` accepts) is
     never put into a command the user is told to type."""
-    held = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, "pt_elastic (pid 812, run lab-1)"))["node1"]
+    holder = "pt_elastic (pid 812, run lab-1)"
+    held = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, holder, ("lab-1",)))["node1"]
     assert held.reason == "port 29500 is already in use on the master (by pt_elastic (pid 812, run lab-1))"
     assert (held.fix or "").startswith("a run of bootstrap holds it: `bootstrap stop --run lab-1` ends it"), (
         held
     )
-    forged = Busy(PORT, "pt_elastic (pid 812, run x;rm-rf)")
-    assert "stop --run" not in (verdicts_for(matrix(rendezvous=False), busy=forged)["node1"].fix or "")
+    named_only = Busy(PORT, "(pid 1, run a) (pid 812)")  # a process may call itself anything
+    assert "stop --run" not in (verdicts_for(matrix(rendezvous=False), busy=named_only)["node1"].fix or "")
 
 
 def test_busy_master_port_and_a_broken_mesh() -> None:
@@ -484,9 +492,12 @@ def test_a_listener_removes_the_inboxes_killed_listeners_left_and_nothing_else(t
 
     left, alive, busy = inbox(dead.pid, "0"), inbox(os.getpid(), "0"), inbox(dead.pid, "1")
     (busy / "other").write_text("x")
+    for directory in (left, alive, busy):  # two hours old: a listener lives minutes at most
+        os.utime(directory, (time.time() - 7200, time.time() - 7200))
+    recent = inbox(dead.pid, "2")  # its pid may mean another machine's process (a shared TMPDIR)
     other = tmp_path / "cbt-reach-not-ours"
     other.mkdir()
     sweep_inboxes(str(tmp_path))
     assert not left.exists()
     assert alive.exists() and (alive / "inbox").exists()
-    assert busy.exists() and other.exists()
+    assert busy.exists() and other.exists() and recent.exists()

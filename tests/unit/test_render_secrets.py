@@ -191,6 +191,7 @@ def test_a_script_written_to_run_by_hand_requires_the_variable_instead_of_holdin
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$WANDB_API_KEY"\n')
     fake.chmod(0o755)
     script = written.replace('cd "$HOME"/cluster-bootstrap/code', f"cd {tmp_path}")
+    (tmp_path / "train.py").write_text("")  # the training script, where the script looks for it
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
     unset = subprocess.run(["sh"], input=script, text=True, capture_output=True, env=env)
     assert unset.returncode != 0 and "WANDB_API_KEY: set WANDB_API_KEY first" in unset.stderr

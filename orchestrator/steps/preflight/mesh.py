@@ -3,12 +3,12 @@ measured pairs, and one verdict per node from them (reachability.py runs the pro
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from orchestrator.runs.ids import is_run_id
 from orchestrator.steps.preflight.model import Verdict, fail, ok, warn
 
 CHECK = "reachability"
@@ -82,6 +82,8 @@ class Listening:
 class Busy:
     port: int
     holder: str  # "python3 (pid 812)"; "" when `ss -ltnp` could not tell
+    #: the runs of bootstrap holding it (well-formed run ids, checked on both sides)
+    runs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,8 +148,9 @@ def parse_listener_line(line: str) -> ListenerEvent | None:
         if head == "listening" and len(rest) == 4 and rest[0] == "on":
             role = _role(rest[3])
             return Listening(rest[1], int(rest[2]), role) if role else None
-        if head == "busy" and rest:
-            return Busy(int(rest[0]), line.split(None, 2)[2].strip() if len(rest) > 1 else "")
+        if head == "busy" and len(rest) >= 2:  # busy PORT RUNS [HOLDER...] (RUNS: "-" for none)
+            runs = tuple(r for r in rest[1].split(",") if is_run_id(r) and r != "latest")
+            return Busy(int(rest[0]), line.split(None, 3)[3].strip() if len(rest) > 2 else "", runs)
         if head == "range" and len(rest) == 2:
             return PortRange(int(rest[0]), int(rest[1]))
         if head == "inbox" and rest:
@@ -310,8 +313,7 @@ def build_verdicts(
             from orchestrator.resources import default_inventory
 
             fixes += [
-                f"a run of bootstrap holds it: `bootstrap stop --run {run}` ends it"
-                for run in holding_runs(busy.holder)
+                f"a run of bootstrap holds it: `bootstrap stop --run {run}` ends it" for run in busy.runs
             ]
             fixes.append(
                 f"stop that program or choose another cluster port: `port: {port + 1}` under `cluster:` "
@@ -369,12 +371,3 @@ def build_verdicts(
         else:
             verdicts[name] = ok(CHECK, text, **data)
     return verdicts
-
-
-def holding_runs(holder: str) -> list[str]:
-    """The runs of bootstrap the node says hold a port (``..., run RUN-ID)`` in the probe's holder
-    text): only well-formed run ids, since each goes into a command the user is told to type."""
-    from orchestrator.runs.ids import is_run_id
-
-    found = re.findall(r", run ([^\s)]+)\)", holder or "")
-    return list(dict.fromkeys(r for r in found if is_run_id(r)))

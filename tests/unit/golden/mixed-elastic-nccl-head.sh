@@ -9,6 +9,11 @@
 set -eu
 cb_dir=$(cd "$(dirname "$0")" && pwd)
 cd "$HOME"/cluster-bootstrap/code
+# the training script, where torchrun will look for it: one line saying so, not every rank's traceback
+if [ ! -e examples/train_ddp.py ]; then
+  printf 'cluster-bootstrap: training script %s not found in %s on this node (launch uploads it from where bootstrap runs, when it is there; cluster.code syncs a project)\n' examples/train_ddp.py "$(pwd)" >&2
+  exit 2
+fi
 # lines reach the rank's file (and bootstrap) as they are printed
 export PYTHONUNBUFFERED=1
 # the backend the cluster chose, for training scripts that read it (the shipped example does)

@@ -10,7 +10,7 @@ set -eu
 cb_dir=$(cd "$(dirname "$0")" && pwd)
 cd /srv/train/code
 # the training script, where torchrun will look for it: one line saying so, not every rank's traceback
-if [ ! -f examples/train_ddp.py ]; then
+if [ ! -e examples/train_ddp.py ]; then
   printf 'cluster-bootstrap: training script %s not found in %s on this node (launch uploads it from where bootstrap runs, when it is there; cluster.code syncs a project)\n' examples/train_ddp.py "$(pwd)" >&2
   exit 2
 fi

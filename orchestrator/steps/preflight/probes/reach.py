@@ -155,11 +155,14 @@ class Listener:
 
 #: the variable every process of a bootstrap run carries (orchestrator/runs/layout.py RUN_MARKER_ENV)
 RUN_MARKER = b"CLUSTER_BOOTSTRAP_RUN="
+#: a run id as `--run-id` takes it (orchestrator/runs/ids.py): anything else in a process's
+#: environment is not reported (it would go into a command the user is told to type)
+RUN_ID_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 
 def run_of(pid: str) -> str:
-    """``, run RUN-ID`` when the process belongs to a run of bootstrap (its environment carries the
-    run's marker, ``RUN-ID/NODE/TOKEN``), else ""."""
+    """The run of bootstrap the process belongs to (its environment carries the run's marker,
+    ``RUN-ID/NODE/TOKEN``), when that is a well-formed run id; else ""."""
     try:
         with open("/proc/" + pid + "/environ", "rb") as fh:
             env = fh.read().split(b"\0")
@@ -167,12 +170,15 @@ def run_of(pid: str) -> str:
         return ""
     for entry in env:
         if entry.startswith(RUN_MARKER):
-            return ", run " + entry[len(RUN_MARKER) :].split(b"/")[0].decode("ascii", "replace")
+            run = entry[len(RUN_MARKER) :].split(b"/")[0]
+            fine = 0 < len(run) <= 128 and run[:1] not in b"._-" and set(run) <= RUN_ID_CHARS
+            return run.decode("ascii") if fine and run != b"latest" else ""
     return ""
 
 
-def port_holder(port: int) -> str:
-    """Who listens on ``port``, as ``ss -ltnp`` tells it ("" when it cannot: no ss, not root)."""
+def port_holder(port: int) -> "tuple[str, str]":
+    """Who listens on ``port``, as ``ss -ltnp`` tells it ("" when it cannot: no ss, not root), and
+    the runs of bootstrap among them (comma-separated run ids, "-" for none)."""
     import re  # only here: the probe starts on every node, and these two imports cost it
     import subprocess
 
@@ -188,17 +194,20 @@ def port_holder(port: int) -> str:
             )
         except (OSError, subprocess.SubprocessError):
             continue
-        holders = []
+        holders, runs = [], []  # type: list[str], list[str]
         for line in proc.stdout.splitlines():
             cells = line.split()
             if len(cells) < 4 or not cells[3].endswith(":" + str(port)):
                 continue
             for name, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
-                text = name + " (pid " + pid + run_of(pid) + ")"
+                run = run_of(pid)
+                text = name + " (pid " + pid + (", run " + run if run else "") + ")"
                 if text not in holders:
                     holders.append(text)
-        return ", ".join(holders)
-    return ""
+                if run and run not in runs:
+                    runs.append(run)
+        return ", ".join(holders), ",".join(runs) or "-"
+    return "", "-"
 
 
 def ephemeral_range() -> "tuple[int, int] | None":
@@ -260,10 +269,15 @@ class Inbox:
         self.remove()
 
 
+#: seconds after which an inbox directory whose listener's pid is gone is removed
+INBOX_STALE = 3600
+
+
 def sweep_inboxes(base: str) -> None:
     """Remove the inbox directories this user's listeners left when they were killed outright
     (SIGKILL, OOM: no ``finally`` ran): those in ``base`` named with a process id that no longer
-    exists, that are this user's directories (not links), holding at most the FIFO."""
+    exists, an hour old at least, that are this user's directories (not links), holding at most
+    the FIFO."""
     try:
         names = os.listdir(base)
     except OSError:
@@ -282,6 +296,10 @@ def sweep_inboxes(base: str) -> None:
         try:
             info = os.lstat(directory)
             if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            # an hour old at least: no listener lives that long, so a TMPDIR shared with other
+            # machines or containers (whose pids mean nothing here) never loses a live inbox
+            if time.time() - info.st_mtime < INBOX_STALE:
                 continue
             fifo = os.path.join(directory, "inbox")
             if os.path.lexists(fifo) and stat.S_ISFIFO(os.lstat(fifo).st_mode):
@@ -323,7 +341,8 @@ def _listen(args: "list[str]", inbox: "Inbox | None") -> int:
             if exc.errno != errno.EADDRINUSE:  # EACCES below 1024 without root, ...
                 emit("error", "cannot listen on port " + str(port) + ": " + (exc.strerror or str(exc)))
                 return 2
-            emit("busy", port, port_holder(port))
+            holder, runs = port_holder(port)
+            emit("busy", port, runs, holder)
     try:
         listeners.insert(0, Listener("mesh", 0, mesh_count))
     except OSError as exc:
