@@ -16,7 +16,7 @@ import click
 
 from orchestrator.cli.report import show_dry_run
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError, ExitCode, Terminated
+from orchestrator.errors import ExitCode, Terminated
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.neutralise import NeutralFormatter
 from orchestrator.resources import default_inventory
@@ -209,12 +209,6 @@ def open_session(
         max_workers=settings.forks,
         on_wait=lambda _node, text: settings.ui.info(text),
     )
-
-
-def node_status(error: BootstrapError) -> str:
-    """A few words for a summary table cell (the error's own ``status``); the full message follows
-    the table."""
-    return error.status
 
 
 def print_plans(

@@ -83,13 +83,18 @@ def test_every_commands_dry_run_has_one_layout_and_its_json_the_texts_shown(tmp_
 
 
 def test_a_table_cell_names_the_error_by_what_it_is() -> None:
-    from orchestrator.cli.common import node_status
+    from orchestrator.executor import Outcome
+    from orchestrator.view import node_view
 
     class NoRoute(UnreachableError):  # a narrower kind of an unreachable node
         pass
 
-    assert node_status(NoRoute("no route to host", node="a")) == "unreachable"
-    assert node_status(RunStoppedError("stopped by stop --run", node="a")) == "stopped"
+    failed = [
+        Outcome("a", None, NoRoute("no route to host", node="a"), 1.0),
+        Outcome("b", None, RunStoppedError("stopped by stop --run", node="b"), 1.0),
+    ]
+    view = node_view("t", ("node", "result"), failed, lambda v: [v])
+    assert [(cells[0], cells[1].text) for cells, _ in view.rows] == [("a", "unreachable"), ("b", "stopped")]
 
 
 def test_a_commands_own_value_named_like_a_parameter_is_a_value_in_its_json(capsys: object) -> None:
