@@ -402,7 +402,7 @@ def _num(text: str | None) -> float | None:
 
 @dataclass
 class StopResult:
-    state: str  # stopped / exited / gone / not started / no run
+    state: str  # stopped / stopped earlier / exited / gone / not started / no run
     terminated: int = 0  # processes sent SIGTERM
     killed: int = 0  # of those, still there after the grace period: SIGKILL
     exit_code: int | None = None
@@ -417,6 +417,8 @@ class StopResult:
         if self.state == "stopped":
             extra = f", {self.killed} needed SIGKILL" if self.killed else ""
             return f"stopped {self.terminated} process(es){extra}"
+        if self.state == "stopped earlier":
+            return "nothing to stop: a stop before this one stopped it"
         if self.state == "exited":
             return f"nothing to stop: exited with code {self.exit_code}"
         if self.state == "gone":
@@ -458,6 +460,8 @@ def stop_node(node: Node, transport: Transport, run_id: str, *, grace: float = 5
                 hint="see Get-Process on the node; a process stuck in a driver call ends only with it",
             )
         return StopResult("stopped", count, 0, forced=True)
+    if kind == "earlier":  # what it exited with then is the stop's doing, not its own result
+        return StopResult("stopped earlier")
     if kind == "exited":
         code = words[1] if len(words) > 1 else ""
         return StopResult("exited", exit_code=int(code) if code.lstrip("-").isdigit() else None)

@@ -180,7 +180,8 @@ class PosixRuns(RunOps):
 
     def stop(self, run_dir: str, marker: str, grace: float, nonce: str) -> str:
         """TERM every process of the run, KILL what is left after ``grace`` seconds. Prints one record:
-        ``stop stopped TERMED KILLED LEFT`` or ``stop exited CODE|gone|not-started|no-run``."""
+        ``stop stopped TERMED KILLED LEFT`` or ``stop earlier TIME|exited CODE|gone|not-started|no-run``
+        (earlier: a stop before this one stopped it, at TIME)."""
         hundredths = max(1, int(grace * 100))
         return (
             self.platform.record_functions(nonce)
@@ -191,7 +192,8 @@ class PosixRuns(RunOps):
             + "_cb_now() { read -r _cb_up _cb_x < /proc/uptime; _cb_up=${_cb_up%.*}${_cb_up#*.}; }\n"
             "p=$(_cb_members)\n"
             'if [ -z "$p" ]; then\n'
-            '  if [ -f "$d/node.log.rc" ]; then _cb_rec stop exited "$(cat "$d/node.log.rc")"\n'
+            '  if [ -f "$d/stopped" ]; then _cb_rec stop earlier "$(cat "$d/stopped")"\n'
+            '  elif [ -f "$d/node.log.rc" ]; then _cb_rec stop exited "$(cat "$d/node.log.rc")"\n'
             '  elif [ -f "$d/pid" ]; then _cb_rec stop gone\n'
             '  elif [ -d "$d" ]; then _cb_rec stop not-started\n'
             "  else _cb_rec stop no-run; fi\n"

@@ -215,7 +215,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
     def stop(self, run_dir: str, marker: str = "", grace: float = 5.0, nonce: str | None = None) -> str:
         """Stop every process of the run: the launcher and the ranks named in the run directory's
         ``pid`` and ``ranks`` files (pid and creation time), and all their descendants. Prints one record
-        like PosixRuns.stop: ``stop terminated COUNT LEFT`` or ``stop exited CODE|gone|
+        like PosixRuns.stop: ``stop terminated COUNT LEFT`` or ``stop earlier TIME|exited CODE|gone|
         not-started|no-run`` (``nonce`` None: a fresh one, for a stop whose answer is not read).
 
         Windows has no SIGTERM for a process without a window: every process is terminated at once
@@ -233,7 +233,10 @@ class WindowsRuns(ForegroundScripts, RunOps):
             + "$cbRc = Join-Path -Path $cbDir -ChildPath 'node.log.rc'\n"
             "$cbRoots = @(Get-CbRoots)\n"
             "if ($cbRoots.Count -eq 0) {\n"
-            "  if ([System.IO.File]::Exists($cbRc)) {"
+            "  $cbStopped = Join-Path -Path $cbDir -ChildPath 'stopped'\n"
+            "  if ([System.IO.File]::Exists($cbStopped)) {"
+            " Out-CbRecord 'stop' @('earlier', (Read-CbText $cbStopped).Trim()) }\n"
+            "  elseif ([System.IO.File]::Exists($cbRc)) {"
             " Out-CbRecord 'stop' @('exited', (Read-CbText $cbRc).Trim()) }\n"
             "  elseif ([System.IO.File]::Exists((Join-Path -Path $cbDir -ChildPath 'pid'))) {"
             " Out-CbRecord 'stop' @('gone') }\n"

@@ -481,7 +481,9 @@ def test_stop_ends_every_process_of_the_run_and_nothing_else(
             for p in mine
         )
         assert run_pids(run_marker("r-other", "node1")) == others  # the other run is untouched
-        assert again.state == "gone" and again.describe().startswith("nothing to stop")
+        # stopped twice: the second says the first did it (not the code the TERM made it exit with)
+        assert again.state == "stopped earlier"
+        assert again.describe() == "nothing to stop: a stop before this one stopped it"
         assert fake_stop.state == "gone" and stranger.poll() is None  # a recycled pid is never hit
         assert missing.state == "no run"
     finally:

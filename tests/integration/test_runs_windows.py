@@ -221,6 +221,8 @@ def test_stop_on_a_native_node(server: WinRMServer, transport: WinRMTransport) -
     assert (result.state, result.terminated, result.forced) == ("stopped", 4, True)
     node.answers["stop"] = lambda call: Answer(stdout=said(call.script, ("stop", "exited", "0")))
     assert stop_node(_spec().node, transport, RUN_ID).describe() == "nothing to stop: exited with code 0"
+    node.answers["stop"] = lambda call: Answer(stdout=said(call.script, ("stop", "earlier", "1767269000")))
+    assert stop_node(_spec().node, transport, RUN_ID).state == "stopped earlier"
 
 
 # -- logs ----------------------------------------------------------------------------------------------

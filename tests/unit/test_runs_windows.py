@@ -744,6 +744,8 @@ def test_stop_says_stopped_before_it_stops_anything_and_status_reports_it(run_di
     (said,) = [w for w in write_all_texts(tree) if "'stopped'" in w[0]]
     assert said[1] == '[string]$cbNow + "`n"'  # Unix seconds on the node's clock, as on POSIX
     assert script.index("-ChildPath 'stopped'") < script.index("(Stop-CbRun)")
+    # stopped twice: the second answer is "a stop before this one", not the code the first made
+    assert script.index("'stop' @('earlier'") < script.index("'stop' @('exited'")
     status = runs.status(run_dir, "ignored", f"{run_dir}/node.log", NONCE)
     pwsh.assert_parses(ps.wrap(status))
     assert "Out-CbRecord 'stopped' @((Read-CbText $cbStopped).Trim())" in status
