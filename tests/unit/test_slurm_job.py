@@ -108,3 +108,22 @@ def test_a_carriage_return_a_rank_printed_cannot_start_another_ranks_line_in_sta
     tail = log_lines("[default0]:step 1\n[default0]:50%\r[default1]:forged by rank 0\n")
     status = RunStatus("st", "6", "RUNNING", "", ["node2"], "0:15", {"node2": tail})
     assert status.labelled_last_lines(2) == ["[node2:0] 50%\r[default1]:forged by rank 0"]
+
+
+def test_a_node_without_the_training_script_says_so_in_one_line_of_its_log(tmp_path: Path) -> None:
+    """A directory that is not shared with a compute node: its log says why in one line (exit 2, in
+    its node.log.rc), not a traceback from every rank."""
+    text = BASE.format(extra="").replace("/shared/cb", str(tmp_path))
+    inventory = load_inventory_text(text, "hpc.yaml")
+    files = render_job(Renderer(), inventory, "r1")
+    (tmp_path / "code").mkdir()
+    node_sh = tmp_path / "node.sh"
+    node_sh.write_text(files.node)
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n1", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
+    done = subprocess.run(["sh", str(node_sh), "n0"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    node_dir = tmp_path / "runs" / "r1" / "n1"
+    log = (node_dir / "node.log").read_text()
+    assert log.count("\n") == 1
+    assert f"training script train.py not found in {tmp_path / 'code'} on n1" in log
+    assert (node_dir / "node.log.rc").read_text() == "2\n"
