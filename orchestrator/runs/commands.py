@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from orchestrator.platforms import Platform
     from orchestrator.runner import Reach
     from orchestrator.session import Session
-    from orchestrator.transports.base import BlockHandler
+    from orchestrator.transports.base import BlockHandler, Transport
 
 #: a run command's script on one node (runs/control.py), as its dry run shows it
 NodeScript = Callable[["Node", "Platform"], str]
@@ -335,23 +335,17 @@ def stop_script_of(run: RecordedRun, *, grace: float) -> NodeScript:
 
 def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
     """Every process of the run stopped on every node (``grace`` seconds between SIGTERM and SIGKILL).
-    A run id no node has (and no launch from here recorded) is a mistake, not "nothing to stop":
-    each node then fails with "no run", as `status` says it."""
-    outcomes = reach.within(
-        run.nodes,
-        "stop",
-        lambda session: session.map(lambda node, t: stop_node(node, t, run.run_id, grace=grace), step="stop"),
-    )
-    unknown = read_record(RUNS_ROOT / run.run_id) is None and all(
-        o.value is not None and o.value.state == "no run" for o in outcomes
-    )
-    if unknown:
-        by_name = {n.name: n for n in run.nodes}
-        outcomes = GroupResult(
-            dataclasses.replace(o, value=None, error=no_such_run(by_name[o.node], run.run_id))
-            for o in outcomes
-        )
-    return StopReport(outcomes)
+    A run id no launch from here recorded is a mistake on a node that does not have it either, not
+    "nothing to stop": that node fails with "no run", as `status` says it (and its progress line)."""
+    known = read_record(RUNS_ROOT / run.run_id) is not None
+
+    def one(node: Node, transport: Transport) -> StopResult:
+        result = stop_node(node, transport, run.run_id, grace=grace)
+        if result.state == "no run" and not known:
+            raise no_such_run(node, run.run_id)
+        return result
+
+    return StopReport(reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")))
 
 
 @dataclass

@@ -353,6 +353,8 @@ def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_
         assert run.returncode == 1, run
         assert "no run nope on this node" in run.stderr, run
         assert "nothing was running" not in run.stderr and "not found in" not in run.stderr, run
+        # the node's progress line says so too, not "ok" before the error
+        assert f"here: {command[0]} FAILED" in run.stderr and " ok (" not in run.stderr, run
 
 
 def test_a_launch_refused_everywhere_is_never_the_latest_run(tmp_path: Path) -> None:
