@@ -77,3 +77,14 @@ def node_view(
         else:
             view.add(o.node, *row(o.value), *time)
     return view
+
+
+def human_bytes(size: float) -> str:
+    """A size as every table and progress line shows it: binary units (B, KiB, MiB, GiB, TiB), one
+    decimal where it says something (``512 B``, ``4 KiB``, ``1.5 MiB``)."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{f'{value:.1f}'.removesuffix('.0')} {unit}"
+        value /= 1024
+    return f"{f'{value:.1f}'.removesuffix('.0')} TiB"

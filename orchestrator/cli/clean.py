@@ -16,7 +16,7 @@ from orchestrator.cli.common import (
 from orchestrator.cli.report import draw, fail_lines, json_doc
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.steps.clean import CleanReport, clean_nodes
-from orchestrator.steps.envsync.progress import human_size
+from orchestrator.view import human_bytes
 
 
 @click.command()
@@ -47,7 +47,7 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
                 "clean removes files on the nodes: confirm with --yes (nothing was removed)",
                 hint="--dry-run lists what would go",
             )
-        total = human_size(found.bytes)
+        total = human_bytes(found.bytes)
         return click.confirm(f"remove these ({total}) from {len(found.outcomes)} node(s)?", err=True)
 
     with open_session(settings, inventory, nodes) as session:
@@ -74,7 +74,7 @@ def _report(settings: Settings, report: CleanReport) -> None:
     fail_lines(ui, outcomes)
     for error in report.errors():
         ui.error(error)
-    total = human_size(report.bytes)
+    total = human_bytes(report.bytes)
     if removed:
         ui.info(f"clean: {total} removed from {len(outcomes)} node(s)")
     elif settings.dry_run:

@@ -28,6 +28,7 @@ from orchestrator.runs.samples import gpu_reading
 from orchestrator.runs.tail import Batches, FollowResult
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.transports.base import BlockHandler
+from orchestrator.view import human_bytes
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -482,12 +483,7 @@ class Fetched:
     @property
     def size(self) -> str:
         """``bytes`` as a table shows it (B, KiB, MiB, GiB)."""
-        value = float(self.bytes)
-        for unit in ("B", "KiB", "MiB", "GiB"):
-            if value < 1024 or unit == "GiB":
-                return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-            value /= 1024
-        return f"{self.bytes} B"
+        return human_bytes(self.bytes)
 
 
 def fetch_node(

@@ -25,9 +25,8 @@ from orchestrator.runner import run_step
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
-from orchestrator.steps.envsync.progress import human_size
 from orchestrator.steps.envsync.spec import env_path
-from orchestrator.view import Cell, View, red
+from orchestrator.view import Cell, View, human_bytes, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -212,7 +211,7 @@ class CleanReport:
             if o.value is None or not o.value.items:
                 view.add(o.node, red("failed") if o.value is None else Cell("nothing", "dim"), "-", "-", "-")
             for item in o.value.items if o.value else []:
-                view.add(o.node, item.kind, item.path, str(item.files), human_size(item.bytes))
+                view.add(o.node, item.kind, item.path, str(item.files), human_bytes(item.bytes))
         return view
 
     def refusals(self) -> list[str]:

@@ -35,7 +35,7 @@ from orchestrator.runs.ranks import owned_rank, split_worker_rank
 from orchestrator.steps.launch import RANKS_TEMPLATE, plan
 from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
-from orchestrator.view import View
+from orchestrator.view import View, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -205,14 +205,6 @@ def parse_sizes(text: str) -> tuple[int, ...]:
     if not sizes:
         raise ValueError("no sizes given")
     return tuple(sizes)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
-        n /= 1024
-    return f"{n:.3g} GiB"
 
 
 def validation_specs(

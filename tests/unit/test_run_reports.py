@@ -58,7 +58,7 @@ def test_fetch_names_each_missing_path_and_where_it_was_looked_for(from_code: bo
     report = FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=from_code)
     assert report.errors() == [f"node 'n1': b.txt not found in {where}"]
     assert report.exit_code() == ExitCode.NODES_FAILED
-    assert found[0].size == "2.0 KiB"
+    assert found[0].size == "2 KiB"
 
 
 def _listing(*, running: bool = False, items: bool = True, removed: bool = False) -> CleanReport:

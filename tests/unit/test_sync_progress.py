@@ -29,15 +29,15 @@ def test_pip_without_byte_counts_shows_the_package_and_the_size_it_announced() -
         "  Downloading https://download.pytorch.org/whl/cpu/torch-2.13.0%2Bcpu-cp311-cp311-linux_x86_64.whl "
         "(191.8 MB)",
     ]
-    assert _after(lines) == ("downloading torch, 191.8 MB", "")
+    assert _after(lines) == ("downloading torch, 182.9 MiB", "")
     # the next line means that download ended: its bytes count
     lines.append("Collecting numpy==2.4.6 (from -r req.txt (line 2))")
-    assert _after(lines) == ("collecting numpy", "191.8 MB downloaded")
+    assert _after(lines) == ("collecting numpy", "182.9 MiB downloaded")
     lines += [
         "  Downloading numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl (16.9 MB)",
         "Installing collected packages: numpy, filelock, torch",
     ]
-    assert _after(lines) == ("installing torch and 2 more", "208.7 MB downloaded")
+    assert _after(lines) == ("installing torch and 2 more", "199 MiB downloaded")
 
 
 def test_pip_raw_progress_counts_bytes_while_a_file_downloads() -> None:
@@ -47,7 +47,7 @@ def test_pip_raw_progress_counts_bytes_while_a_file_downloads() -> None:
         "Progress 0 of 191800000",
         "Progress 120000000 of 191800000",
     ]
-    assert _after(lines) == ("downloading torch", "120.0 MB downloaded")
+    assert _after(lines) == ("downloading torch", "114.4 MiB downloaded")
 
 
 def test_local_wheels_and_uv_lines() -> None:
@@ -57,10 +57,10 @@ def test_local_wheels_and_uv_lines() -> None:
     )
     uv = ["Resolved 11 packages in 20ms", "Downloading torch (183.0MiB)"]
     activity, _ = _after(uv)
-    assert activity.startswith("downloading torch") and "191.9 MB" in activity
+    assert activity.startswith("downloading torch") and "183 MiB" in activity
     assert _after([*uv, " Downloaded torch", "Prepared 11 packages in 30s"]) == (
         "installing",
-        "191.9 MB downloaded",
+        "183 MiB downloaded",
     )
 
 

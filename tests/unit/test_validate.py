@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.steps.validate import ValidateReport, human_bytes, parse_sizes
+from orchestrator.steps.validate import ValidateReport, parse_sizes
+from orchestrator.view import human_bytes
 
 
 def _honest(report: ValidateReport, record: dict[str, Any]) -> None:

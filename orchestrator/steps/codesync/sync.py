@@ -61,6 +61,7 @@ from orchestrator.steps.codesync.manifest import (
     tree_digest,
 )
 from orchestrator.steps.node_facts import interpreter_for
+from orchestrator.view import human_bytes
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -139,15 +140,6 @@ class CodeSyncResult:
 
 def _files(count: int) -> str:
     return f"{count} file" if count == 1 else f"{count} files"
-
-
-def human_bytes(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size} B"
 
 
 def code_source(cluster: Cluster) -> Path:

@@ -30,7 +30,7 @@ from orchestrator.plans import apply as apply_plan
 from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync.ops import INSTALLED_RECORD, STEP_RECORD, BuildPlan
 from orchestrator.steps.envsync.probe import EnvSharedError, Probe, Probed, env_parent
-from orchestrator.steps.envsync.progress import InstallProgress, human_size
+from orchestrator.steps.envsync.progress import InstallProgress
 from orchestrator.steps.envsync.report import NodeEnv
 from orchestrator.steps.envsync.spec import (
     EnvSpec,
@@ -39,6 +39,7 @@ from orchestrator.steps.envsync.spec import (
     index_environment,
     index_flags,
 )
+from orchestrator.view import human_bytes
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Node
@@ -417,7 +418,7 @@ def apply_node(
             index = planned.wheels.index(action) + 1
             progress(
                 f"uploading wheels ({index} of {len(planned.wheels)})",
-                f"{human_size(sent)} of {human_size(total)} sent",
+                f"{human_bytes(sent)} of {human_bytes(total)} sent",
             )
             sent += Path(str(action.source)).stat().st_size
         elif isinstance(action, Run) and action.stream:

@@ -15,6 +15,8 @@ import re
 import threading
 from dataclasses import dataclass
 
+from orchestrator.view import human_bytes
+
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 _SIZE = r"\(([\d.]+)\s*([kKMG]i?B|B|bytes)\)"
 # pip: "  Downloading torch-2.13.0+cpu-cp311-...whl (191.8 MB)" (older pip: a URL); uv: "Downloading
@@ -29,15 +31,6 @@ _UV_INSTALLED = re.compile(r"^\s*(Installed|Prepared|Resolved)\s+(\d+)\s+package
 
 def parse_size(number: str, unit: str) -> int:
     return int(float(number) * _UNITS.get(unit.lower().replace("bytes", "b"), 1))
-
-
-def human_size(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "kB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size} B"
 
 
 def _package_of(file_or_url: str) -> str:
@@ -62,7 +55,7 @@ class Snapshot:
     downloaded: int  # bytes, completed downloads plus the current one's progress
 
     def detail(self) -> str:
-        return f"{human_size(self.downloaded)} downloaded" if self.downloaded else ""
+        return f"{human_bytes(self.downloaded)} downloaded" if self.downloaded else ""
 
 
 class InstallProgress:
@@ -125,5 +118,5 @@ class InstallProgress:
             activity = self._activity
             if self._current_total and not self._current_done and activity.startswith("downloading "):
                 # no byte counts from this installer: the size it announced
-                activity += f", {human_size(self._current_total)}"
+                activity += f", {human_bytes(self._current_total)}"
             return Snapshot(activity, self._done_bytes + self._current_done)
