@@ -3,6 +3,7 @@ and the installed package carrying its templates and default inventory."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -407,3 +408,45 @@ def test_the_pipelines_dry_run_names_the_phases_a_real_run_would_leave_out(tmp_p
         ("ntp", "one node"),
     ):
         assert f"--dry-run: {phase} would not run ({why}" in run.stderr, run
+
+
+def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
+    """The code directory's record names what sync shipped; whoever can write that directory (the
+    training script, which runs in it) can rewrite it. A record entry through a symlinked directory,
+    and a run directory that is a symlink, lead out of the workdir: clean removes nothing there."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    workdir = tmp_path / "wd"
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "cluster:\n  code: {source: proj}\n  train: {script: train.py}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {workdir}}}\n"
+    )
+    env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    synced = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env)
+    assert synced.returncode == 0, synced
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "app.conf").write_text("precious\n")
+    code = workdir / "code"
+    record_path = code / ".bootstrap-code-shipped.json"
+    record = json.loads(record_path.read_text())
+    record["files"]["sub/app.conf"] = hashlib.sha256(b"precious\n").hexdigest()
+    record_path.write_text(json.dumps(record))
+    (code / "sub").symlink_to(victim)
+    # a run directory that is a link to a directory holding what looks like a run of this node
+    other = tmp_path / "victim2"
+    (other / "here").mkdir(parents=True)
+    (other / "here" / "pid").write_text("1\n")
+    (other / "here" / "precious.db").write_text("keep\n")
+    (workdir / "runs").mkdir()
+    (workdir / "runs" / "evil").symlink_to(other)
+
+    listed = bootstrap("-i", str(inv), "--json", "clean", "--dry-run", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed
+    removed = bootstrap("-i", str(inv), "clean", "--yes", cwd=tmp_path, env=env)
+    assert removed.returncode == 0, removed
+    assert (victim / "app.conf").read_text() == "precious\n"
+    assert (other / "here" / "precious.db").read_text() == "keep\n" and (other / "here" / "pid").exists()
+    assert not (code / "train.py").exists()  # what sync shipped went

@@ -16,11 +16,11 @@
 # {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
 # A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>/<token>)
 # stops everything: nothing is removed, "running" names it.
+import errno
 import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import sys
 
@@ -75,12 +75,59 @@ class Sizes:
         return st.st_size, 1
 
 
-def sha256(path):
+def sha256(base, path):
+    """The sha256 of the regular file ``path`` below ``base``, reached without following a link
+    (:func:`below`); None when it is not one."""
+    parent, name = below(base, path)
+    if parent is None:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError:
+        return None
+    finally:
+        os.close(parent)
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return None
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# Removal walks from a base directory (the code directory, the workdir, ...) one part at a time, each
+# opened without following a link, and removes by name in the directory it opened: a path the record
+# names, or a directory on its way, that is (or becomes) a symlink never leads out of the base.
+
+
+def below(base, path):
+    """(fd of the directory holding ``path``'s last part, that part): every part of ``path`` below
+    ``base`` a real directory, walked without following links. (None, None) when it is not below
+    ``base`` or a part is not a real directory (a symlink: refused, whatever it points to)."""
+    rel = os.path.relpath(path, base)
+    parts = rel.split(os.sep)
+    if rel.startswith("..") or any(part in ("", ".", "..") for part in parts):
+        return None, None
+    try:
+        fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None, None
+    try:
+        for part in parts[:-1]:
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except OSError:
+        os.close(fd)
+        return None, None
+    return fd, parts[-1]
+
+
+def base_of(path, bases):
+    """The deepest of ``bases`` ``path`` is below."""
+    found = [b for b in bases if path.startswith(b.rstrip(os.sep) + os.sep)]
+    return max(found, key=len) if found else None
 
 
 def env_paths(path):
@@ -125,10 +172,10 @@ def code_paths(dest):
     dirs = set()
     for rel, digest in sorted((shipped or {}).items()):
         full = os.path.normpath(os.path.join(dest, rel))
-        if not full.startswith(dest + os.sep) or os.path.islink(full) or not os.path.isfile(full):
-            continue
-        if sha256(full) != digest:
-            continue  # changed on the node since it was shipped: someone's edit
+        # a regular file below dest, reached through real directories only: the record is a file in
+        # dest, which a training script (or whoever else can write dest) may have rewritten
+        if not full.startswith(dest + os.sep) or sha256(dest, full) != digest:
+            continue  # not ours, or changed on the node since it was shipped: someone's edit
         out.append((full, False))
         parent = os.path.dirname(full)
         while parent != dest and parent.startswith(dest + os.sep):
@@ -151,7 +198,7 @@ def run_paths(workdir, node, outputs):
     parents = []
     for run_id in sorted(os.listdir(runs)):
         mine = os.path.join(runs, run_id, node)
-        if not os.path.isdir(mine) or os.path.islink(mine):
+        if os.path.islink(os.path.join(runs, run_id)) or not os.path.isdir(mine) or os.path.islink(mine):
             continue
         if any(os.path.lexists(os.path.join(mine, name)) for name in LAUNCHERS):
             kept = os.path.join(mine, OUTPUTS)
@@ -195,13 +242,56 @@ def running(workdir, node):
     return sorted(found)
 
 
-def remove(path, is_dir):
-    if not os.path.lexists(path):
-        return  # listed twice (the environment's marker directory may be the workdir's), or gone
-    if is_dir:
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+def remove(path, is_dir, bases):
+    """``path`` removed (``is_dir``: with everything below it) by name in its directory, reached from
+    its base without following a link; an OSError when a directory on its way is not a real one."""
+    base = base_of(path, bases)
+    parent, name = below(base, path) if base is not None else (None, None)
+    if parent is None:
+        if not os.path.lexists(path):
+            return  # listed twice (the environment's marker directory may be the workdir's), or gone
+        raise OSError(errno.ELOOP, "not removed: a directory on its way is a symlink")
+    try:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if is_dir and stat.S_ISDIR(st.st_mode):
+            remove_tree(parent, name)
+        else:
+            os.unlink(name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def remove_tree(parent, name):
+    """The directory ``name`` in the directory ``parent`` (an fd) with everything below it; links in
+    it are removed, never followed."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    try:
+        for entry in list(os.scandir(fd)):
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(fd, entry.name)
+            else:
+                os.unlink(entry.name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
+
+
+def remove_empty(directory, bases):
+    """``directory`` removed when it is empty (anything in it stays), reached as :func:`remove` does."""
+    base = base_of(directory, bases)
+    if base is None:
+        os.rmdir(directory)  # a base itself
+        return
+    parent, name = below(base, directory)
+    if parent is None:
+        return
+    try:
+        os.rmdir(name, dir_fd=parent)
+    finally:
+        os.close(parent)
 
 
 def main():
@@ -215,14 +305,15 @@ def main():
         env = resolve(args["env"])
         paths, dirs = env_paths(env)
         marks, mark_dirs = marker_paths(os.path.join(os.path.dirname(env), ENV_MARKS), node)
-        groups.append(("env", env, paths + (marks if paths else []), dirs + (mark_dirs if paths else [])))
+        chosen = paths + (marks if paths else [])
+        groups.append(("env", env, chosen, dirs + (mark_dirs if paths else []), [os.path.dirname(env)]))
     if args.get("code"):
         dest = resolve(args["code"])
         paths, dirs = code_paths(dest)
         marks, mark_dirs = marker_paths(os.path.join(dest, MARKS), node)
-        groups.append(("code", dest, paths + marks, mark_dirs + dirs))
+        groups.append(("code", dest, paths + marks, mark_dirs + dirs, [dest]))
     paths, dirs = run_paths(workdir, node, bool(args.get("outputs")))
-    groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs))
+    groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs, [workdir]))
     cache = os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
     )
@@ -233,8 +324,8 @@ def main():
             if name.startswith("torch-facts-") and name.endswith(".json") and os.path.isfile(full):
                 paths.append((full, False))
     marks, mark_dirs = marker_paths(os.path.join(workdir, ENV_MARKS), node)
-    groups.append(("cache", cache, paths + marks, [*mark_dirs, cache]))
-    for kind, where, paths, _ in groups:
+    groups.append(("cache", cache, paths + marks, [*mark_dirs, cache], [cache, workdir]))
+    for kind, where, paths, _, _ in groups:
         if not paths:
             continue
         total, count = 0, 0
@@ -244,17 +335,17 @@ def main():
             count += n
         result["items"].append({"kind": kind, "path": where, "bytes": total, "files": count})
     if args.get("remove") and not result["running"]:
-        for _kind, _, paths, dirs in groups:
+        for _kind, _, paths, dirs, bases in groups:
             for path, is_dir in paths:
                 try:
-                    remove(path, is_dir)
+                    remove(path, is_dir, bases)
                 except FileNotFoundError:
                     pass  # gone meanwhile (another check rewrote its torch cache, another clean): as asked
                 except OSError as exc:
                     result["errors"].append("%s: %s" % (path, exc.strerror or exc))
             for directory in [*dirs, workdir]:
                 try:
-                    os.rmdir(directory)  # only when empty: anything else in it stays
+                    remove_empty(directory, [*bases, os.path.dirname(workdir)])  # anything in it stays
                 except OSError:
                     pass
         result["removed"] = True
