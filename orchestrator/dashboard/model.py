@@ -67,7 +67,8 @@ _METRIC = re.compile(r"^(?:\[default(\d+)\]:)?[^\n]*?CB_METRIC (\{[^\n]*\})[ \t\
 _RANK_IN = re.compile(r"\brank (\d+)\b")
 # torchrun's agent, the moment it sees a worker die (before it stops the others and exits, seconds
 # later): ``... api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 741) of binary: ...``
-_WORKER_FAILED = re.compile(r"^[^\n]*\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", re.M)
+#: torchrun's agent saying a worker failed: its own line, never a rank's (tagged ``[defaultN]:``)
+_WORKER_FAILED = re.compile(r"^(?!\[default)[^\n]*\] failed \(exitcode: (-?\d+)\) local_rank: (\d+)", re.M)
 
 
 @dataclass

@@ -47,9 +47,17 @@ class Failure:
     pid: int | None = None
 
 
+def launcher_lines(text: str) -> str:
+    """``text`` without the ranks' lines (tagged ``[defaultN]:`` by the rank capture): what torchrun
+    and the launch script printed. A rank's words are never read as theirs."""
+    return "\n".join(line for line in text.split("\n") if not line.startswith("[default"))
+
+
 def torchrun_failures(text: str) -> list[Failure]:
     """Every failure of torchrun's last failure summary in ``text`` (the root cause among them);
-    ``[]`` when there is none."""
+    ``[]`` when there is none. Only torchrun's own lines are read (:func:`launcher_lines`); what a
+    rank wrote into its error file (``TORCHELASTIC_ERROR_FILE``), torchrun prints as its own."""
+    text = launcher_lines(text)
     start = text.rfind(ROOT_CAUSE)
     if start < 0:
         return []
@@ -108,7 +116,7 @@ def is_victim(lines: Sequence[str]) -> bool:
 def stopped_pids(text: str) -> frozenset[int]:
     """The workers torchrun itself stopped in ``text`` (``Sending process N closing signal SIGTERM``,
     once one of them had failed): their failures are not causes."""
-    return frozenset(int(pid) for pid in _STOPPING.findall(text))
+    return frozenset(int(pid) for pid in _STOPPING.findall(launcher_lines(text)))
 
 
 def culprit(

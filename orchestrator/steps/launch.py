@@ -33,6 +33,7 @@ from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
 from orchestrator.resources import package_file, packaged_example
 from orchestrator.runs.base import refused_dir
+from orchestrator.runs.ids import is_run_id
 from orchestrator.runs.layout import (
     CODE_MARKER,
     RUN_OUTPUTS,
@@ -345,6 +346,8 @@ def _leftover_notice(notice: Callable[[str], None] | None, nonce: str) -> Callab
             if notice is not None and said.kind == "leftover":
                 count, marker = said.text(0), said.text(1)
                 other = marker.rsplit("/", 1)[0]
+                if not (count.isdigit() and is_run_id(other)):
+                    continue  # any process can carry any value there: only a run id is named
                 notice(
                     f"bootstrap: {count} process(es) of run {other} still running on this node "
                     f"(`bootstrap stop --run {other}` ends them if they should not)"
@@ -834,11 +837,21 @@ def failure_headline(result: Result, *, global_tags: bool = False) -> str:
     return f"training exited with code {result.exit_code}"
 
 
+def _lines(text: str) -> list[str]:
+    """``text``'s lines, ended by "\n" only (a CRLF's "\r" dropped)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def failure_tail(result: Result, lines: int = TAIL, *, global_tags: bool = False) -> list[str]:
     """What a user needs from a failed node: the last lines its ranks printed, then torchrun's root
     cause (host, rank, exit code). torchrun's own ChildFailedError traceback (30+ lines) would
     otherwise push the worker's actual error out of a plain tail."""
-    text = result.stdout.splitlines() + result.stderr.splitlines()
+    # lines end at "\n" only, as the stream and the log read them: a rank's \x1e, \u2028 or \r
+    # (which splitlines() ends a line at) cannot start a line tagged as another rank's
+    text = _lines(result.stdout) + _lines(result.stderr)
     ranked = [line for line in text if line.startswith("[default")]
     if not ranked:
         return text[-lines:]

@@ -164,6 +164,17 @@ def test_a_failure_event_takes_in_the_culprits_lines_that_arrive_after_torchruns
     assert [e["kind"] for e in live.snapshot()["events"]] == ["failure"]  # one failure, not two
 
 
+def test_a_rank_printing_torchruns_words_is_not_a_failure() -> None:
+    """torchrun's "failed (exitcode: ...)" is its agent's own line; a rank printing it (tagged
+    [defaultN]:) reports nothing."""
+    live = _run()
+    live.block(
+        "n2",
+        "[default0]:E1205 12:00:00 api.py:1002] failed (exitcode: 9) local_rank: 1 (pid: 4242) of binary:\n",
+    )
+    assert not [e for e in live.snapshot()["events"] if e["kind"] == "failure"]
+
+
 def test_status_watch_table_shows_each_ranks_figures_and_marks_the_slowest() -> None:
     from rich.console import Console
 

