@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from orchestrator.cli.common import Settings
-from orchestrator.errors import ExitCode
+from orchestrator.cli.common import Settings, load_selection
+from orchestrator.errors import BootstrapError, ExitCode
 
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
@@ -106,9 +106,15 @@ def dashboard(ctx: click.Context, listen: str | None) -> int:
     `bootstrap --dashboard`: those pages show it as it goes, and the past runs too.
     """
     from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
+    from orchestrator.render import secret_values
 
     settings = Settings.from_context(ctx)
-    server = DashboardServer(None, parse_listen(listen) if listen else Listen(), runs_root=Path("runs"))
+    try:  # the inventory's secrets, as set here, masked in past runs' logs too
+        hidden = secret_values(load_selection(settings)[0])
+    except BootstrapError:
+        hidden = []
+    where = parse_listen(listen) if listen else Listen()
+    server = DashboardServer(None, where, runs_root=Path("runs"), masked=hidden)
     server.start()
     settings.ui.info(f"dashboard: {server.url}")
     settings.ui.note("past runs under ./runs; Ctrl-C stops it")

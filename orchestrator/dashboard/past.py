@@ -4,6 +4,7 @@ node logs the controller kept and a `bench --scaling` page when there is one. Re
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,9 @@ def _inside(root: Path, run_id: str, name: str) -> Path | None:
     return root / run_id / name
 
 
-def run_log_tail(root: Path, run_id: str, node: str) -> str | None:
-    """The last ``LOG_TAIL`` bytes of ``runs/<run_id>/<node>.log`` (URL credentials masked), None
-    when there is no such log."""
+def run_log_tail(root: Path, run_id: str, node: str, secrets: Sequence[str] = ()) -> str | None:
+    """The last ``LOG_TAIL`` bytes of ``runs/<run_id>/<node>.log`` (``secrets`` and URL credentials
+    masked), None when there is no such log."""
     path = _inside(root, run_id, f"{node}.log")
     if path is None:
         return None
@@ -74,6 +75,8 @@ def run_log_tail(root: Path, run_id: str, node: str) -> str | None:
     text = data.decode("utf-8", errors="replace")
     if size > LOG_TAIL:
         text = text.split("\n", 1)[-1]  # from the first whole line
+    for secret in secrets:
+        text = text.replace(secret, "***")  # as the live page masks (dashboard/model.py MASK)
     return mask_url_credentials(text)
 
 

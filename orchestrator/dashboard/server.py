@@ -21,7 +21,7 @@ import ipaddress
 import json
 import secrets
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -91,8 +91,18 @@ class DashboardServer:
     """Serves ``run`` (None: past runs only) on ``listen`` until :meth:`stop`. ``runs_root``: where
     past runs are read."""
 
-    def __init__(self, run: LiveRun | None, listen: Listen, *, runs_root: Path = Path("runs")) -> None:
+    def __init__(
+        self,
+        run: LiveRun | None,
+        listen: Listen,
+        *,
+        runs_root: Path = Path("runs"),
+        masked: Sequence[str] = (),
+    ) -> None:
+        """``masked``: the secrets past runs' logs are masked with when no run is live (a live run
+        masks with its own)."""
         self.run = run
+        self.masked = list(masked)
         self.listen = listen
         self.runs_root = runs_root
         self.token = None if listen.loopback else secrets.token_urlsafe(24)
@@ -278,7 +288,8 @@ class DashboardServer:
         return _json({"runs": past_runs(self.runs_root)})
 
     async def _run_log(self, request: web.Request) -> web.Response:
-        text = run_log_tail(self.runs_root, request.match_info["run"], request.match_info["node"])
+        hidden = self.masked if self.run is None else []
+        text = run_log_tail(self.runs_root, request.match_info["run"], request.match_info["node"], hidden)
         if text is None:
             raise web.HTTPNotFound()
         mask = self.run.mask if self.run is not None else None

@@ -7,9 +7,11 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -450,3 +452,37 @@ def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_direc
     assert (victim / "app.conf").read_text() == "precious\n"
     assert (other / "here" / "precious.db").read_text() == "keep\n" and (other / "here" / "pid").exists()
     assert not (code / "train.py").exists()  # what sync shipped went
+
+
+def test_the_past_runs_page_masks_the_inventorys_secrets_in_a_runs_log(tmp_path: Path) -> None:
+    """`bootstrap dashboard` (no run live) serves past runs' logs: a train.env secret the run printed
+    is masked there as on the live page, when it is set here (literal secret-named values always)."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "cluster:\n  train:\n    env:\n"
+        "      HF_TOKEN: {from_env: MY_SECRET_TOK}\n      API_KEY: literal-k3y\n"
+        "nodes:\n  - {name: here, connection: local}\n"
+    )
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "runs" / "r1" / "here.log").write_text("[here:0] token is s3cr3t-VALUE-123 and literal-k3y\n")
+    env = {**os.environ, "NO_COLOR": "1", "MY_SECRET_TOK": "s3cr3t-VALUE-123"}
+    server = subprocess.Popen(
+        [BOOTSTRAP, "-i", str(inv), "dashboard", "--listen", f"127.0.0.1:{free_port()}"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stderr is not None
+        first = server.stderr.readline()
+        assert first.startswith("dashboard: http://"), first
+        url = first.split("dashboard: ", 1)[1].strip()
+        with urllib.request.urlopen(url + "api/runs/r1/logs/here") as answer:
+            text = answer.read().decode()
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
+    assert "token is" in text and "s3cr3t" not in text and "literal-k3y" not in text, text
