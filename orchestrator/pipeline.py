@@ -333,6 +333,12 @@ def _run_phases(
         if options.skip_validate:
             report.skipped["validate"] = "--skip-validate"
         else:
+            if options.dry_run and not options.always_validate:  # the stamp is read by a real run only
+                front.say(
+                    "note",
+                    "validate: a real run skips it when nothing it checks changed since it last passed "
+                    "on these nodes (--validate runs it anyway); the dry run shows it as it would run",
+                )
             validated = report.codes["validate"] = _phase(
                 "validate",
                 front,

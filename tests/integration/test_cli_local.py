@@ -410,6 +410,10 @@ def test_the_pipelines_dry_run_names_the_phases_a_real_run_would_leave_out(tmp_p
         ("ntp", "one node"),
     ):
         assert f"--dry-run: {phase} would not run ({why}" in run.stderr, run
+    # validate is shown as it would run, and said to be skipped by a real run of an unchanged cluster
+    assert "validate: a real run skips it when nothing it checks changed" in run.stderr, run
+    forced = bootstrap("--dry-run", "--validate", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert forced.returncode == 0 and "a real run skips it" not in forced.stderr, forced
 
 
 def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
