@@ -415,3 +415,37 @@ def test_unknown_root_access_is_a_warning_and_windows_nodes_have_no_sudo_verdict
     assert (
         check_root_access(facts("w", os="windows", windows=WindowsSettings(mode="wsl")), ["firewall"]) is None
     )
+
+
+def test_a_node_that_cannot_write_its_workdir_marker_fails_that_check_by_name() -> None:
+    """One node's workdir is not writable (its marker write failed in its round trip): that node's
+    workdir check fails naming the directory and the error, the others are judged as usual (it
+    ended in a traceback when a node in the middle failed)."""
+    from types import SimpleNamespace
+
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.steps.preflight import _workdir_check
+    from orchestrator.steps.preflight.rounds import MARK, MARKS
+
+    inventory = load_inventory_text(
+        "nodes:\n"
+        "  - {name: n1, host: 10.0.0.1, workdir: /w/n1}\n"
+        "  - {name: n2, host: 10.0.0.2, workdir: /w/n2}\n"
+        "  - {name: n3, host: 10.0.0.3, workdir: /w/n3}\n",
+        "hosts.yaml",
+    )
+    tokens = {"n1": "t1", "n2": "t2", "n3": "t3"}
+    said = {
+        "n1": {MARK: ("", 0), MARKS: ("n1 t1\n", 0)},
+        "n2": {MARK: ("touch: cannot touch '/w/n2/.m': Operation not permitted\n", 1), MARKS: ("", 1)},
+        "n3": {MARK: ("", 0), MARKS: ("n3 t3\n", 0)},
+    }
+    listener = SimpleNamespace(done="complete", terminated=False)
+    rounds: Any = {
+        name: SimpleNamespace(listener=listener, section=lambda section, name=name: said[name][section])
+        for name in said
+    }
+    verdicts = _workdir_check(None, inventory, list(inventory.nodes), rounds, tokens)  # type: ignore[arg-type]
+    assert verdicts["n2"].level == "fail"
+    assert "cannot write in /w/n2: touch: cannot touch" in verdicts["n2"].reason
+    assert verdicts["n1"].level == verdicts["n3"].level == "ok"

@@ -416,8 +416,9 @@ def _workdir_check(
         where = dirs[node.name]
         failed = {where: mark_out.strip() or f"exit code {mark_code}"} if mark_code != 0 else {}
         written.append(Outcome(node.name, failed, None, 0.0))
-        if not failed:
-            read.append(Outcome(node.name, {where: parse_listing(marks_out)}, None, 0.0))
+        # every node that answered is in ``read`` (workdir_verdicts pairs them): a failed write's
+        # listing is not looked at, its verdict is the failure
+        read.append(Outcome(node.name, {where: {} if failed else parse_listing(marks_out)}, None, 0.0))
     return workdir_verdicts(inventory, nodes, dirs, tokens, written, read)
 
 
