@@ -177,15 +177,17 @@ class Executor:
         step: str,
         fail_fast: bool = False,
         consequence: Callable[[Outcome[T]], bool] | None = None,
+        stop_on: Callable[[Outcome[T]], bool] | None = None,
     ) -> GroupResult[T]:
         """``fn(item)`` for every item in parallel; outcomes in the order of ``items``.
 
         With ``fail_fast`` the first failure triggers ``cancel`` so the others stop early (and
-        ``on_cause`` is told which), unless none is left. A failure for which ``consequence`` is true
-        (another node's failure may have caused it) waits up to ``CAUSE_GRACE`` seconds for one that
-        is not, which then is the cause told; the others are stopped at once after that one, or when
-        the wait is over.
-        KeyboardInterrupt triggers ``cancel`` too, then propagates.
+        ``on_cause`` is told which), unless none is left; without it, only a failure ``stop_on``
+        is true for does (a node lost: the others would wait for it in vain). A failure for which
+        ``consequence`` is true (another node's failure may have caused it) waits up to
+        ``CAUSE_GRACE`` seconds for one that is not, which then is the cause told; the others are
+        stopped at once after that one, or when the wait is over. KeyboardInterrupt triggers
+        ``cancel`` too, then propagates.
         """
         if not items:
             return GroupResult()
@@ -221,7 +223,9 @@ class Executor:
                         continue
                     remaining -= 1
                     outcome = done.result()
-                    if not fail_fast or self.cancelled or not _failed(outcome):
+                    if self.cancelled or not _failed(outcome):
+                        continue
+                    if not fail_fast and not (stop_on is not None and stop_on(outcome)):
                         continue
                     secondary = consequence is not None and consequence(outcome)
                     if not remaining:

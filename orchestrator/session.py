@@ -45,6 +45,7 @@ class Session:
         # the first error of those that never did: never dialled again in this session
         self._answered: set[str] = set()
         self._unreachable: dict[str, UnreachableError] = {}
+        self._lost: set[str] = set()  # nodes whose connection was lost while a command ran
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -108,6 +109,13 @@ class Session:
             dead = set(self._unreachable)
         return [n.name for n in self.inventory.nodes if n.name in dead]
 
+    def gone(self) -> list[str]:
+        """The nodes that never answered in this session or whose connection was lost while a
+        command ran, in inventory order: what the run could go on without."""
+        with self._lock:
+            dead = set(self._unreachable) | self._lost
+        return [n.name for n in self.inventory.nodes if n.name in dead]
+
     def peer_address(self, node: str) -> str | None:
         """The address ``node``'s connection reached, when it is connected directly (no proxy), else
         None (computes and connects nothing)."""
@@ -165,9 +173,10 @@ class Session:
         fail_fast: bool = False,
         consequence: Callable[[Outcome[T]], bool] | None = None,
         nodes: list[Node] | None = None,
+        stop_on: Callable[[Outcome[T]], bool] | None = None,
     ) -> GroupResult[T]:
         """``fn(node, transport)`` on every selected node (or on ``nodes``) in parallel, outcomes in
-        inventory order (``fail_fast``, ``consequence``: see Executor.map)."""
+        inventory order (``fail_fast``, ``consequence``, ``stop_on``: see Executor.map)."""
 
         def one(node: Node) -> T:
             transport = self.transport(node)
@@ -176,9 +185,20 @@ class Session:
             return fn(node, transport)
 
         chosen = self.nodes if nodes is None else nodes
-        return self.executor.map(
-            chosen, one, name=lambda n: n.name, step=step, fail_fast=fail_fast, consequence=consequence
+        done = self.executor.map(
+            chosen,
+            one,
+            name=lambda n: n.name,
+            step=step,
+            fail_fast=fail_fast,
+            consequence=consequence,
+            stop_on=stop_on,
         )
+        lost = [o.node for o in done if isinstance(o.error, UnreachableError)]
+        if lost:
+            with self._lock:
+                self._lost.update(lost)
+        return done
 
     def subset(self, nodes: list[Node]) -> Session:
         """This session over fewer nodes: the same connections, memo and executor (the main pipeline's
@@ -199,6 +219,7 @@ class Session:
             on_wait=self.on_wait,
         )
         fresh._answered, fresh._unreachable = self._answered, self._unreachable  # found in this run
+        fresh._lost = self._lost
         return fresh
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import ConnectError
 from orchestrator.render import LaunchSpec, Renderer
 from orchestrator.runs.ranks import worker_record
 from orchestrator.steps.launch import RANKS_TEMPLATE, run_node
@@ -71,6 +72,8 @@ def run_rank_workers(
             ),
             step=step,
             fail_fast=False,
+            # a node lost: its ranks will never join, and the others would wait --timeout for them
+            stop_on=lambda outcome: isinstance(outcome.error, ConnectError),
         )
     finally:
         watchdog.cancel()

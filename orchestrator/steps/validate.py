@@ -24,6 +24,7 @@ from orchestrator.errors import (
     BootstrapError,
     CancelledError,
     CommandFailedError,
+    ConnectError,
     ExitCode,
     UnsafeDirectoryError,
 )
@@ -246,10 +247,13 @@ class Validation:
         return {}
 
     def exit_code(self) -> ExitCode:
-        """3 when a node could not be reached before the run, else 1 when anything failed."""
+        """3 when a node could not be reached, before the run or during it, else 1 when anything
+        failed."""
         unreachable = exit_code_for(self.plan.inspected)
         if unreachable != ExitCode.OK:
             return unreachable
+        if any(isinstance(o.error, ConnectError) for o in self.outcomes):
+            return ExitCode.CONNECTION  # lost while it ran
         if _refusals(self):
             return ExitCode.USAGE  # a workdir another user could change: the inventory has to change
         return ExitCode.OK if self.report.ok and not failure_summary(self) else ExitCode.NODES_FAILED

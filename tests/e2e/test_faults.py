@@ -139,3 +139,61 @@ def test_sigterm_to_the_controller_is_a_ctrl_c(
     stderr = "".join(launch.err)
     assert "terminated (SIGTERM)" in stderr, stderr
     assert not _left(cluster, run_id), stderr  # swept before it exited, as after Ctrl-C
+
+
+def test_a_node_lost_during_validation_stops_it_at_once_with_exit_3_and_the_way_on(
+    cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
+) -> None:
+    """A node whose connection is lost while validation runs: the others would wait --timeout (60 s)
+    for its ranks, then the pipeline said exit 1. Now: the others are stopped once the loss is
+    known, exit 3 (a connection problem, docs/cli.md), and the line that trains without it."""
+    used = cluster.hosts[:3]
+    cut = used[2]
+    started = tmp_path / "worker-started"
+    # the cut node's interpreter: itself for every read, but its validation workers wait (they never
+    # join: the cut finds them waiting, whatever the machine's speed)
+    wrapper = tmp_path / "py-wait"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *validate_worker.py*) : > ' + str(started) + "; exec sleep 600 ;; esac\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    nodes = [
+        {
+            "name": h.name,
+            "host": h.addr,
+            "user": "root",
+            "python": str(wrapper if h is cut else sys.executable),
+        }
+        for h in used
+    ]
+    inv = write_inventory(
+        tmp_path / "h.yaml",
+        nodes,
+        name="ns",
+        master="node1",
+        backend="gloo",
+        firewall={"manage": False},
+        time={"manage": False},
+    )
+    env = {"HOME": str(trusted_home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "--until", "validate", "--validate"], env=env)
+    run = Spawned(argv, tmp_path)
+    try:
+        await_(lambda: started.exists() or run.proc.poll() is not None, 120, "the cut node's validation")
+        assert run.proc.poll() is None, "".join(run.out + run.err)
+        subprocess.run(["ip", "-n", cut.ns, "link", "set", "eth0", "down"], check=True)
+        begin = time.monotonic()
+        code = run.wait(timeout=120)
+        took = time.monotonic() - begin
+        stderr = "".join(run.err)
+        assert code == 3, stderr
+        assert f"node '{cut.name}'" in stderr and "lost" in stderr, stderr
+        assert took < NAMED + 10, f"ended {took:.0f} s after the cut (the others waited):\n{stderr}"
+        assert f"to train without {cut.name} until it is back: `bootstrap" in stderr, stderr
+        assert "--nodes node1,node2" in stderr, stderr
+    finally:
+        run.kill()
+        subprocess.run(["ip", "-n", cut.ns, "link", "set", "eth0", "up"], check=True)
+    cluster._probe_from_controller([cut.addr], timeout=30)  # later tests use it again

@@ -114,3 +114,30 @@ def test_a_ctrl_c_after_the_last_node_finished_is_not_lost() -> None:
     is raised as the fan-out ends: the next phase does not start."""
     child = subprocess.run([sys.executable, "-c", _LATE_SIGNAL], capture_output=True, text=True, timeout=30)
     assert child.stdout == "interrupted\n", (child.stdout, child.stderr)
+
+
+def test_without_fail_fast_only_a_failure_stop_on_names_stops_the_others() -> None:
+    """Validation waits for every node (a worker's failure is reported by rank 0 when its wait ends),
+    but a node lost for good stops the others at once: they would wait for its ranks in vain."""
+    lost = lambda o: isinstance(o.error, UnreachableError)  # noqa: E731
+
+    def exited(i: int) -> int:
+        if i == 0:
+            raise CommandFailedError("a worker exited 1")
+        return i
+
+    calm = Executor(cancel=lambda: None)
+    outcomes = calm.map([0, 1, 2], exited, name=str, step="t", stop_on=lost)
+    assert [o.ok for o in outcomes] == [False, True, True] and not calm.cancelled
+    cancelled = threading.Event()
+
+    def gone(i: int) -> int:
+        if i == 0:
+            raise UnreachableError("the connection was lost while the command ran")
+        if not cancelled.wait(10):
+            pytest.fail("cancel was not triggered")
+        return i
+
+    executor = Executor(cancel=cancelled.set)
+    outcomes = executor.map([0, 1, 2], gone, name=str, step="t", stop_on=lost)
+    assert not outcomes[0].ok and outcomes[1].ok and executor.cancelled

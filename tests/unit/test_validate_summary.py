@@ -226,6 +226,19 @@ def test_an_unreachable_node_is_named_with_its_own_error_beside_its_missing_rank
     ]
 
 
+def test_a_node_lost_while_validation_ran_gives_exit_3_as_an_unreachable_one_does() -> None:
+    from orchestrator.errors import ExitCode
+
+    lost = UnreachableError("the connection to 192.168.1.13 was lost while the command ran", node="node3")
+    report = _report(*_started(0, 1, 2, 3))
+    stopped = {node: CancelledError("stopped", node=node) for node in ("node1", "node2")}
+    validation = _validation(report, {**stopped, "node3": lost})
+    assert validation.exit_code() == ExitCode.CONNECTION
+    assert "node 'node3': the connection to 192.168.1.13 was lost while the command ran" in failure_summary(
+        validation
+    )
+
+
 def test_a_node_that_failed_after_a_good_check_is_named() -> None:
     # all joined and correct, but one node's workers exited non-zero afterwards: that is the news
     report = _report(*_started(0, 1, 2, 3), *_joined(0, 1, 2, 3), *_correct(True, 0, 1, 2, 3))
