@@ -120,10 +120,19 @@ def test_clean_lists_then_removes_only_what_bootstrap_put_there(
         # what training wrote into each run's $CB_RUN_DIR stays without --outputs
         outputs = {k: v for k, v in left.items() if k.startswith("runs/")}
         assert outputs and all(
-            k.endswith((f"/{host.name}/out/ckpt.pt", f"/{host.name}/node.log")) for k in outputs
+            k.endswith(
+                tuple(f"/{host.name}/{kept}" for kept in ("out/ckpt.pt", "node.log", "node.log.rc", "pid"))
+            )
+            for k in outputs
         )
         assert any(k.endswith("/out/ckpt.pt") for k in outputs), left
         assert {k: v for k, v in left.items() if k not in outputs} == {"notes.txt": 5, "code/scratch.py": 5}
+    # a kept run still says how it ended: status, and a follow that returns at once
+    status = bootstrap("-i", str(plain), "--json", "status", "--run", run_id, cwd=tmp_path)
+    assert status.returncode == 0, status
+    assert {n["state"] for n in json.loads(status.stdout)["nodes"]} == {"exited"}, status.stdout
+    followed = bootstrap("-i", str(plain), "logs", "--run", run_id, "--follow", cwd=tmp_path, timeout=60)
+    assert followed.returncode == 0 and "trained" in followed.stdout, followed
     removed = bootstrap("-i", str(inv), "clean", "--yes", "--outputs", cwd=tmp_path)
     assert removed.returncode == 0, removed
     for host in hosts:

@@ -32,6 +32,9 @@ MARKS = ".bootstrap-code-nodes"
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
 LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
 OUTPUTS = "out"  # runs/<id>/<node>/out: $CB_RUN_DIR (orchestrator.runs.layout.RUN_OUTPUTS)
+#: what a kept run keeps beside its outputs: its log and how it ended (status, logs --follow and stop
+#: read them: without them a run that ended long ago looked "not started", and a follow waited forever)
+KEPT = (OUTPUTS, "node.log", "node.log.rc", "pid", "stopped")
 
 
 def resolve(path):
@@ -190,7 +193,8 @@ def code_paths(dest):
 def run_paths(workdir, node, outputs):
     """Run directories of ``node``. A run's outputs (``out``: $CB_RUN_DIR, checkpoints and what
     training wrote) stay unless ``outputs``, with the run's ``node.log`` (what made them, and the mark
-    a later ``--outputs`` finds the run by): the rest of that run directory goes."""
+    a later ``--outputs`` finds the run by) and the files saying how it ended (``KEPT``): the rest of
+    that run directory goes."""
     out = []
     runs = os.path.join(workdir, "runs")
     if not os.path.isdir(runs) or os.path.islink(runs):
@@ -204,7 +208,7 @@ def run_paths(workdir, node, outputs):
             kept = os.path.join(mine, OUTPUTS)
             if not outputs and os.path.isdir(kept) and not os.path.islink(kept) and os.listdir(kept):
                 for name in sorted(os.listdir(mine)):
-                    if name not in (OUTPUTS, "node.log"):
+                    if name not in KEPT:
                         full = os.path.join(mine, name)
                         out.append((full, os.path.isdir(full) and not os.path.islink(full)))
             else:
