@@ -159,9 +159,7 @@ def cli(
         ):
             observe(live, session.executor)  # every phase's node states (sync, firewall, ntp, check...)
             report = run_pipeline(session, inventory, everyone, options, CliFront(settings, inventory, live))
-        if report.exit_code != ExitCode.OK and (
-            hint := train_without(settings, inventory, session.gone())
-        ):
+        if report.exit_code != ExitCode.OK and (hint := train_without(settings, inventory, session.gone())):
             ui.info(hint)
     if ui.collected is not None:
         docs, ui.collected = ui.collected, None

@@ -92,9 +92,19 @@ def verdicts_for(
     busy: Busy | None = None,
     failures: Mapping[str, ProbeFailure] | None = None,
     seconds: float | None = None,
+    from_default: bool = False,
 ) -> dict[str, Verdict]:
     return build_verdicts(
-        NAMES, ADDR, "node1", PORT, pairs, busy=busy, failures=failures, ranges=RANGES, seconds=seconds
+        NAMES,
+        ADDR,
+        "node1",
+        PORT,
+        pairs,
+        busy=busy,
+        failures=failures,
+        ranges=RANGES,
+        seconds=seconds,
+        from_default=from_default,
     )
 
 
@@ -291,6 +301,11 @@ def test_busy_master_port() -> None:
 
     unknown = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, ""))
     assert unknown["node1"].reason == "port 29500 is already in use on the master"
+    # the copy of the default inventory is suggested only to a run of the default inventory: pasted
+    # after `-i hosts.yaml`, it would replace the user's own file
+    assert "cp " not in (v1.fix or "")
+    from_default = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, ""), from_default=True)
+    assert "copy it first, `cp " in (from_default["node1"].fix or "")
 
 
 def test_a_master_port_held_by_a_run_of_ours_names_the_stop_that_ends_it() -> None:

@@ -500,8 +500,15 @@ def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:
             if node.name in plan.names
         ]
         connector_clocks: dict[str, ClockSample] = {}
+        from orchestrator.resources import default_inventory
+
         measured = check_reachability(
-            reach_nodes, master.name, cluster.port, plan=plan, clocks=connector_clocks
+            reach_nodes,
+            master.name,
+            cluster.port,
+            plan=plan,
+            clocks=connector_clocks,
+            from_default=inventory.source == str(default_inventory()),
         )
         for name, verdict in measured.items():
             verdicts[name]["reachability"] = verdict

@@ -278,8 +278,10 @@ def build_verdicts(
     failures: Mapping[str, ProbeFailure] | None = None,
     ranges: Mapping[str, tuple[int, int]] | None = None,
     seconds: float | None = None,
+    from_default: bool = False,
 ) -> dict[str, Verdict]:
-    """One verdict per node from every measured pair (see the module docstring for the wording)."""
+    """One verdict per node from every measured pair (see the module docstring for the wording).
+    ``from_default``: the inventory is the embedded default (a port change needs a copy of it)."""
     failures = failures or {}
     ranges = ranges or {}
     blame = _blame(pairs)
@@ -315,10 +317,15 @@ def build_verdicts(
             fixes += [
                 f"a run of bootstrap holds it: `bootstrap stop --run {run}` ends it" for run in busy.runs
             ]
+            copy = (
+                f" (the embedded default: copy it first, `cp {default_inventory()} hosts.yaml`, add the "
+                "line there, then `bootstrap -i hosts.yaml`)"
+                if from_default
+                else ""
+            )
             fixes.append(
                 f"stop that program or choose another cluster port: `port: {port + 1}` under `cluster:` "
-                f"in the inventory (running without --inventory? copy the default one first: "
-                f"`cp {default_inventory()} hosts.yaml`, add the line there, then `bootstrap -i hosts.yaml`)"
+                f"in the inventory{copy}"
             )
         outgoing = [p for p in pairs if p.source == name and not p.ok]
         incoming = [p for p in pairs if p.target == name and p.source != name and not p.ok]

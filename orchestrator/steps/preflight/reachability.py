@@ -478,6 +478,7 @@ def check_reachability(
     connect_timeout: float = 2.0,
     plan: MeshPlan | None = None,
     clocks: dict[str, ClockSample] | None = None,
+    from_default: bool = False,
 ) -> dict[str, Verdict]:
     """Verdicts keyed by node name (check "reachability"); see the module docstring.
 
@@ -585,4 +586,5 @@ def check_reachability(
             name: (lst.range.low, lst.range.high) for name, lst in listeners.items() if lst.range is not None
         },
         seconds=time.monotonic() - started,
+        from_default=from_default,
     )
