@@ -328,8 +328,9 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
             hint="choose another --run-id, or leave it out for a new one; "
             f"`logs --run {spec.run_id}` (same inventory) shows the earlier run",
         )
-    if not prepare.ok:
-        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(prepare.tail(3))}", node=node.name)
+    if not prepare.ok:  # the node's own words (mkdir's), not the records beside them
+        said = [t for t in records.plain(prepare.stdout, nonce).split("\n") + prepare.stderr.split("\n") if t]
+        raise CommandFailedError(f"cannot create {run_dir}: {' | '.join(said[-3:])}", node=node.name)
 
 
 #: the node-side per-rank capture (complete lines only), uploaded beside every POSIX launch script

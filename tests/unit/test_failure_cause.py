@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -292,3 +293,27 @@ def test_a_leftover_run_is_named_only_by_a_well_formed_run_id() -> None:
         "bootstrap: 3 process(es) of run lab-1 still running on this node "
         "(`bootstrap stop --run lab-1` ends them if they should not)"
     ]
+
+
+def test_a_run_directory_that_cannot_be_made_is_said_in_the_nodes_words_without_records() -> None:
+    from types import SimpleNamespace
+
+    from orchestrator import records
+    from orchestrator.errors import CommandFailedError
+    from orchestrator.steps.launch import _check_prepared
+
+    nonce = records.new_nonce()
+    prepare = Result(
+        "n3",
+        "prepare",
+        1,
+        records.record(nonce, "leftover", "4", "myrun/n3"),
+        "mkdir: cannot create directory '/w/runs/r1': Operation not permitted\n",
+        0.1,
+    )
+    node: Any = SimpleNamespace(name="n3")
+    with pytest.raises(CommandFailedError) as failed:
+        _check_prepared(prepare, node, SimpleNamespace(), "/w/runs/r1/n3", nonce)  # type: ignore[arg-type]
+    assert failed.value.message == (
+        "cannot create /w/runs/r1/n3: mkdir: cannot create directory '/w/runs/r1': Operation not permitted"
+    )
