@@ -5,6 +5,7 @@ own module and are registered by ``main.py``; what they share is in ``common.py`
 """
 
 import gc
+import sys
 
 
 def main() -> None:
@@ -20,6 +21,9 @@ def main() -> None:
     gc.disable()
     try:
         from orchestrator.cli.main import main as run
+    except KeyboardInterrupt:  # Ctrl-C while the CLI loads: nothing was read or started yet
+        sys.stderr.write("error: interrupted before anything started\n")
+        raise SystemExit(130) from None
     finally:
         gc.freeze()
         if enabled:

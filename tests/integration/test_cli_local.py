@@ -490,3 +490,19 @@ def test_the_past_runs_page_masks_the_inventorys_secrets_in_a_runs_log(tmp_path:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=30)
     assert "token is" in text and "s3cr3t" not in text and "literal-k3y" not in text, text
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130() -> None:
+    """A Ctrl-C in the first moments (the CLI's imports) printed a traceback."""
+    code = (
+        "import builtins, orchestrator.cli as cli\n"
+        "real = builtins.__import__\n"
+        "def importing(name, *args, **kwargs):\n"
+        "    if name == 'orchestrator.cli.main':\n"
+        "        raise KeyboardInterrupt\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = importing\n"
+        "cli.main()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 130 and run.stderr == "error: interrupted before anything started\n", run
