@@ -506,3 +506,36 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130() -> None:
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert run.returncode == 130 and run.stderr == "error: interrupted before anything started\n", run
+
+
+def test_an_upload_a_sync_cut_short_left_is_removed_by_the_next_sync_and_counted_by_clean(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the bundle travels left `.bootstrap-code-upload-*.part` (tens of MB) in the code
+    directory for good. The next sync that applies removes a stale one (a minute untouched: no sync
+    writes it any more); one being written now stays. `clean` lists what is left."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    workdir = tmp_path / "wd"
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "cluster:\n  code: {source: proj}\n  train: {script: train.py}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {workdir}}}\n"
+    )
+    env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env).returncode == 0
+    code = workdir / "code"
+    stale = code / ".bootstrap-code-upload-0123456789ab.1a2b3c4d.part"
+    stale.write_bytes(b"x" * 4096)
+    os.utime(stale, (time.time() - 120, time.time() - 120))
+    listed = bootstrap("-i", str(inv), "--json", "clean", "--dry-run", cwd=tmp_path, env=env)
+    (node,) = json.loads(listed.stdout)["nodes"]
+    (code_item,) = [i for i in node["items"] if i["kind"] == "code"]
+    assert code_item["bytes"] >= 4096, code_item
+    fresh = code / ".bootstrap-code-upload-ba9876543210.4d3c2b1a.part"
+    fresh.write_bytes(b"y")
+    (project / "train.py").write_text("print('hi again')\n")
+    synced = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env)
+    assert synced.returncode == 0, synced
+    assert not stale.exists() and fresh.exists()

@@ -6,7 +6,8 @@
 #         upload leftovers (<id>.requirements.txt, <id>.index.env, <id>.job), the wheels bootstrap
 #         pushed (P.wheels/*.whl and its hash cache), this node's marker in <parent>/ENV_MARKS
 #   code  the files of D that code sync's record SHIPPED lists and that still hold the bytes shipped,
-#         the record, the scan cache CACHE and this node's marker in MARKS
+#         the record, the scan cache CACHE, uploads a sync cut short left (UPLOADS*) and this node's
+#         marker in MARKS
 #   runs  W/runs/<id>/<node>/ holding a launcher (launch.sh, launch.ps1, node.log or pid): the run
 #         directory, with the run's outputs (out/); validate's runs (validate-<id>) alike
 #   cache the torch probe's answers (torch-facts-*.json in ~/.cache/cluster-bootstrap/) and this
@@ -29,6 +30,7 @@ ENV_MARKS = ".cluster-bootstrap-nodes"
 SHIPPED = ".bootstrap-code-shipped.json"
 CACHE = ".bootstrap-code.json"
 MARKS = ".bootstrap-code-nodes"
+UPLOADS = ".bootstrap-code-upload-"  # code sync's uploads (probes/code_tree.py)
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
 LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
 OUTPUTS = "out"  # runs/<id>/<node>/out: $CB_RUN_DIR (orchestrator.runs.layout.RUN_OUTPUTS)
@@ -187,6 +189,10 @@ def code_paths(dest):
     for own in (SHIPPED, CACHE):
         if os.path.isfile(os.path.join(dest, own)):
             out.append((os.path.join(dest, own), False))
+    for name in sorted(os.listdir(dest)) if os.path.isdir(dest) else []:
+        full = os.path.join(dest, name)
+        if name.startswith(UPLOADS) and os.path.isfile(full) and not os.path.islink(full):
+            out.append((full, False))  # an upload a sync cut short left behind
     return out, [*sorted(dirs, key=len, reverse=True), dest]
 
 

@@ -20,7 +20,8 @@
 #       still holds the bytes we shipped (sha256). Each file gets exactly the header's mode (the
 #       controller decided it: manifest.node_mode); while it is written it is owner-only (0600).
 #       Last, "shipped" (plus what could not be deleted) becomes the record SHIPPED, replaced
-#       atomically: it is what a later sync may delete, nothing else.
+#       atomically: it is what a later sync may delete, nothing else. Uploads earlier syncs cut short
+#       left in dest (a minute old at least) are removed.
 # Paths are handled as bytes (UTF-8 with surrogateescape), so names survive any locale. Nothing is ever
 # written or deleted through a symbolic link: every directory between dest and a file must be a real
 # directory, files are replaced by rename (which replaces a link, never its target).
@@ -31,6 +32,7 @@ import os
 import re
 import stat
 import sys
+import time
 
 PROBE_VERSION = 1
 RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
@@ -362,6 +364,32 @@ def leader_of(root, shared):
     return first, others
 
 
+#: an upload no sync is writing any more (a sync cut short: Ctrl-C, a lost connection): its last write
+#: is this old; one being written is written to every few milliseconds
+STALE_UPLOAD = 60.0
+UPLOADS = RESERVED + b"-upload-"
+
+
+def sweep_uploads(root):
+    """The uploads (bundles, and their ``.part`` while they arrive) earlier syncs cut short left in
+    dest: removed once stale, regular files only (a link is never followed or removed)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        if not name.startswith(UPLOADS):
+            continue
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= STALE_UPLOAD:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
 def apply(args):
     root_text = resolve(args["dest"])
     reason = refusal(root_text)
@@ -460,6 +488,7 @@ def apply(args):
         except OSError:
             pass
     save_cache(root, cache)
+    sweep_uploads(root)
     if plan is not None and isinstance(plan.get("shipped"), dict):
         record = dict(plan["shipped"])
         record.update(kept)
