@@ -67,6 +67,12 @@ class PosixRuns(RunOps):
         last resort after its grace period, still ends them all.
         """
         rc = self.platform.path_word(log + ".rc")
+        # a stop that reached this shell (a signal, whoever sent it: `stop --run`, the watcher of a
+        # controller that went away or was interrupted) is said as `stop --run` says it, before the
+        # exit code: `status` then says "stopped", not "exited (1)" (a stop's own mark stays first)
+        run_dir = log.rsplit("/", 1)[0] if "/" in log else "."
+        stopped = self.platform.path_word(f"{run_dir}/stopped")
+        stopped_part = self.platform.path_word(f"{run_dir}/stopped.part")
         # the exit-code file appears only once tee has written everything: `logs --follow` ends
         # when it sees that file, and must find the log complete then
         part = self.platform.path_word(log + ".rc.part")
@@ -77,10 +83,12 @@ class PosixRuns(RunOps):
         # neither fd 3 nor 4 (a daemon it left would keep the capture open); every subshell waits
         # for the command through a stop, as the trap says.
         return (
-            f"{WAIT_FOR_COMMAND}\nexec 4>&1\n"
+            "_cb_sig=; trap '_cb_sig=1' TERM INT HUP\nexec 4>&1\n"
             f"_cb_rc=$({WAIT_FOR_COMMAND}{{ {{ {WAIT_FOR_COMMAND}{command} 3>&- 4>&- 2>&1; echo $? >&3; }}"
             f" | {tee}; }} 3>&1)\n"
             "_cb_rc=${_cb_rc:-1}\n"
+            f'if [ -n "$_cb_sig" ] && [ ! -e {stopped} ]; then'
+            f" (set -C; date +%s > {stopped_part}) 2>/dev/null && mv -f {stopped_part} {stopped}; fi\n"
             # noclobber: the exit code goes into a new file, never through a link planted as .part
             f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null ||'
             f" printf 'bootstrap: exit code %s not recorded in %s: the run directory is gone (removed while"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -98,6 +99,11 @@ def test_sigint_stops_every_process_of_the_run_on_every_node(
     )
     # bootstrap returned only after making sure: nothing of the run is left, at once
     assert not any(namespace_run_pids(cluster, h, run_id) for h in used), stderr
+    # and status tells it as the interrupted launch did: stopped, not "exited (1)" (the watcher's
+    # stop ended torchrun before the sweep could mark it)
+    argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "--json", "status", "--run", run_id], env=env)
+    status = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert [n["state"] for n in json.loads(status.stdout)["nodes"]] == ["stopped", "stopped"], status
 
 
 def _local_run_pids(run_id: str) -> set[int]:
