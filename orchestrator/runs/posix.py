@@ -137,10 +137,14 @@ class PosixRuns(RunOps):
             "    done\n"
             "  fi\n"
             # the marker with this launch's token (its pid file: "PID SESSION START"); only when
-            # the run directory is gone (nothing to tell the token), any launch of the run here. A
-            # directory without a pid file: its launcher never started, so nothing carries its marker
+            # the run directory is gone (nothing to tell the token), any launch of the run here whose
+            # processes have this directory's outputs as CB_RUN_DIR (the same run id launched from
+            # another workdir is another run). A directory without a pid file: its launcher never
+            # started, so nothing carries its marker
             '  if [ -n "$_cb_tok" ]; then grep -lzxF -e "$m$_cb_tok" /proc/[0-9]*/environ 2>/dev/null\n'
-            '  elif [ ! -e "$d" ]; then grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null; fi'
+            '  elif [ ! -e "$d" ]; then grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null |'
+            ' while IFS= read -r _cb_e; do grep -qzxF -e "CB_RUN_DIR=$d/out" "$_cb_e" 2>/dev/null &&'
+            ' echo "$_cb_e"; done; fi'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
             "  } | sort -u\n"
             "}\n"

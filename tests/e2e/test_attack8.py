@@ -102,6 +102,17 @@ def test_a_run_that_deleted_its_own_run_directory_is_still_running_and_stop_ends
         assert {n["name"]: n["state"] for n in json.loads(status.stdout)["nodes"]} == {
             h.name: "running" for h in cluster.hosts
         }
+        # the same run id from another workdir (another project's inventory) is not this run: no run
+        # there, and its stop stops nothing of this one
+        other = tmp_path / "other.yaml"
+        other.write_text(inv.read_text().replace(str(tmp_path / "wd"), str(tmp_path / "elsewhere")))
+        elsewhere = bootstrap("-i", str(other), "--json", "status", "--run", run_id, cwd=tmp_path)
+        assert elsewhere.returncode == 1, elsewhere
+        assert {n["state"] for n in json.loads(elsewhere.stdout)["nodes"]} == {"no run"}, elsewhere.stdout
+        refused = bootstrap("-i", str(other), "stop", "--run", run_id, cwd=tmp_path)
+        assert "stopped " not in refused.stdout, refused
+        still = bootstrap("-i", str(inv), "--json", "status", "--run", run_id, cwd=tmp_path)
+        assert {n["state"] for n in json.loads(still.stdout)["nodes"]} == {"running"}, still.stdout
     finally:
         stop = bootstrap("-i", str(inv), "stop", "--run", run_id, cwd=tmp_path)
     assert stop.returncode == 0, stop
