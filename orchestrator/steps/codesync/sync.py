@@ -552,7 +552,7 @@ def sync_code(
             marker={"name": node.name, "token": tokens[node.name]} if tokens else None,
         )
 
-    scanned = session.map(scan, step="code sync", nodes=nodes)
+    scanned = session.map(scan, step="code compare", nodes=nodes)
     pending = {o.node: o.value for o in scanned if isinstance(o.value, _Pending)}
     # Every scan has left its marker (the end of a fan-out is a barrier): a node applying now finds
     # the markers of every other node writing into the same directory, and only the first one writes.
