@@ -37,6 +37,7 @@ class NodeProgress:
         self._took: dict[str, float] = {}
         self._started: dict[str, float] = {}
         self._printed: dict[str, float] = {}  # piped: when each node's last progress line was written
+        self._failures: set[tuple[str, str, str]] = set()  # (node, step, error) already said
 
     def on_event(self, event: NodeEvent) -> str | None:
         """The executor's event; when a node is done, its line (``node: step ok (1.23s)``)."""
@@ -61,6 +62,13 @@ class NodeProgress:
             self._activity[event.node] = neutralise(event.detail.splitlines()[0]) if event.detail else ""
             self._detail[event.node] = ""
             self._took[event.node] = took
+            if status == "failed":
+                # one failure, one line: a step of several fan-outs meets a node that cannot be
+                # reached (its host key, its password) once in each
+                said = (event.node, event.step, event.detail)
+                if said in self._failures:
+                    return None
+                self._failures.add(said)
         return f"{event.node}: {event.step} {'ok' if status == 'ok' else 'FAILED'} ({took:.2f}s)"
 
     def update(self, node: str, activity: str, detail: str = "") -> None:

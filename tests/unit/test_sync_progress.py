@@ -137,3 +137,18 @@ def test_node_text_in_progress_is_neutralised(piped: Any) -> None:
     board.on_event(NodeEvent("node1", "start", "env build"))
     board.update("node1", "collecting \x1b[2Jevil")
     assert "\x1b" not in board.line("node1")
+
+
+def test_the_same_failure_of_a_node_in_one_step_is_one_line() -> None:
+    """A node whose host key is unknown fails each of check's fan-outs the same way: one line."""
+    from orchestrator.progress import NodeProgress
+
+    board = NodeProgress(["node1", "node2"], "check", 1.0)
+    lines = []
+    for _ in range(3):
+        board.on_event(NodeEvent("node1", "start", "check"))
+        lines.append(board.on_event(NodeEvent("node1", "failed", "check", "host key unknown")))
+    board.on_event(NodeEvent("node1", "start", "check"))
+    other = board.on_event(NodeEvent("node1", "failed", "check", "connection refused"))
+    assert [line for line in lines if line] == [lines[0]] and lines[0] and "check FAILED" in lines[0]
+    assert other is not None and "check FAILED" in other  # another failure is said
