@@ -214,7 +214,8 @@ def follow_node(
             reconnects += 1
             if on_note is not None:
                 on_note(node.name, f"connection lost after byte {batches.offset}; reconnecting")
-            _reconnect(transport, node, time.monotonic() + reconnect_for)
+            say = None if on_note is None else (lambda text: on_note(node.name, text))
+            _reconnect(transport, node, time.monotonic() + reconnect_for, say)
             if on_note is not None:
                 on_note(node.name, f"reconnected; resuming at byte {batches.offset}")
             continue
@@ -247,18 +248,34 @@ def follow_node(
         )
 
 
-def _reconnect(transport: Transport, node: Node, deadline: float) -> None:
-    """Open the connection again, backing off, until it works or ``deadline`` passes."""
+#: seconds between two "still reconnecting" notes while a node does not answer
+RECONNECT_NOTE_EVERY = 30.0
+
+
+def _reconnect(
+    transport: Transport, node: Node, deadline: float, note: Callable[[str], None] | None = None
+) -> None:
+    """Open the connection again, backing off, until it works or ``deadline`` passes; ``note`` is
+    told every RECONNECT_NOTE_EVERY seconds that it is still trying (a silent wait looks hung)."""
     delay = 0.2
+    began = time.monotonic()
+    noted = began
     while True:
         try:
             transport.connect()
             return
         except CancelledError:
             raise
-        except ConnectError:
-            if time.monotonic() + delay > deadline:
+        except ConnectError as exc:
+            now = time.monotonic()
+            if now + delay > deadline:
                 raise
+            if note is not None and now - noted >= RECONNECT_NOTE_EVERY:
+                noted = now
+                note(
+                    f"still reconnecting after {now - began:.0f} s ({exc.message}); gives up after "
+                    f"{deadline - began:.0f} s"
+                )
             log.info("%s: reconnect failed; retrying in %.1fs", node.name, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,30 @@ def test_the_nodes_samples_are_not_among_the_n_lines(tmp_path: Path, reader: str
             assert [line.encode() for line in text.split("\n") if line] == lines, (n, ended)
             if n <= 3:  # as many lines as asked, however many samples came after them
                 assert len(lines) == n
+
+
+def test_a_follow_waiting_for_a_node_to_answer_again_says_so_from_time_to_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`logs -f` reconnects to a node that went away for up to 300 s: a note now and then says it
+    still tries (it was silent, and looked hung)."""
+    from orchestrator.errors import UnreachableError
+    from orchestrator.inventory import Node
+    from orchestrator.runs import control
+
+    monkeypatch.setattr(control, "RECONNECT_NOTE_EVERY", 0.0)
+    monkeypatch.setattr(control.time, "sleep", lambda _seconds: None)
+    answers = [UnreachableError("cannot connect to 10.0.0.3:22: No route to host")] * 3
+
+    class Gone:
+        def connect(self) -> None:
+            if answers:
+                raise answers.pop()
+
+    notes: list[str] = []
+    node = Node(name="node3", host="10.0.0.3")
+    control._reconnect(Gone(), node, time.monotonic() + 300, notes.append)  # type: ignore[arg-type]
+    assert len(notes) == 3 and not answers
+    said = "still reconnecting after 0 s (cannot connect to 10.0.0.3:22: No route to host)"
+    assert notes[0].startswith(said)
+    assert notes[0].endswith("gives up after 300 s")
