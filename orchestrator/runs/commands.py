@@ -128,10 +128,15 @@ class LogsReport:
         }
 
     def exit_code(self) -> ExitCode:
-        """A failed read; with ``--follow``, also a node whose training did not exit 0."""
+        """A failed read; with ``--follow``, also a node whose training did not exit 0 (1), or was
+        stopped (130, as the launch it stopped says)."""
         code = exit_code_for(self.outcomes)
-        ended_badly = any(isinstance(o.value, FollowResult) and o.value.exit_code != 0 for o in self.outcomes)
-        return ExitCode.NODES_FAILED if self.follow and code == ExitCode.OK and ended_badly else code
+        ended = [o.value for o in self.outcomes if isinstance(o.value, FollowResult)]
+        if not self.follow or code != ExitCode.OK:
+            return code
+        if any(r.exit_code != 0 and not r.stopped for r in ended):
+            return ExitCode.NODES_FAILED
+        return ExitCode.INTERRUPTED if any(r.stopped for r in ended) else code
 
     def copy_notes(self) -> list[str]:
         """What became of each node's copy here, where it is not simply written."""
@@ -153,7 +158,11 @@ class LogsReport:
         if self.follow:
             for o in self.outcomes:
                 if isinstance(o.value, FollowResult):
-                    how = "was stopped" if o.value.exit_code is None else f"exited {o.value.exit_code}"
+                    how = (
+                        "was stopped"
+                        if o.value.exit_code is None or o.value.stopped
+                        else f"exited {o.value.exit_code}"
+                    )
                     notes.append(f"{o.node}: training {how}")
         if self.log_dir is not None and any(
             isinstance(o.value, FollowResult) and o.value.lines for o in self.outcomes
@@ -208,7 +217,7 @@ def read_logs(
             samples=run.samples,  # not shown: a tail's N lines do not count them
         )
         read[node.name] = result
-        if on_failed is not None and result.exit_code not in (0, None):
+        if on_failed is not None and result.exit_code not in (0, None) and not result.stopped:
             on_failed(node.name, result.exit_code)
         return result
 

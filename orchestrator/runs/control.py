@@ -245,6 +245,7 @@ def follow_node(
             lines=batches.lines,
             reconnects=reconnects,
             start=batches.start or 0,
+            stopped=batches.stopped(),
         )
 
 

@@ -160,7 +160,8 @@ rc = "none"
 if os.path.exists(rc_path):
     with open(rc_path) as fh:
         rc = fh.read().strip() or "none"
-say("end", rc, str(offset))
+stopped = "1" if os.path.exists(os.path.join(os.path.dirname(pid_path), "stopped")) else "0"
+say("end", rc, str(offset), stopped)
 out.flush()
 """
 
@@ -258,7 +259,8 @@ def posix_tail(
         '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
         "done\n"
         'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
-        '_cb_rec end "${rc:-none}" "$off"'
+        'st=0; [ -f "$d/stopped" ] && st=1\n'
+        '_cb_rec end "${rc:-none}" "$off" "$st"'
     )
 
 
@@ -491,7 +493,10 @@ def powershell_tail(
         )
         + "$cbCode = (Read-CbText $cbRc).Trim()\n"
         "if (-not $cbCode) { $cbCode = 'none' }\n"
-        "Out-CbRecord 'end' @($cbCode, [string]$cbOffset)" + ("\n}" if round_seconds is not None else "")
+        "$cbStopped = '0'\n"
+        "if ([System.IO.File]::Exists((Join-Path -Path $cbDir -ChildPath 'stopped'))) { $cbStopped = '1' }\n"
+        "Out-CbRecord 'end' @($cbCode, [string]$cbOffset, $cbStopped)"
+        + ("\n}" if round_seconds is not None else "")
     )
 
 
@@ -506,6 +511,7 @@ class FollowResult:
     lines: int  # lines delivered, the node's samples not counted (`logs` shows these lines)
     reconnects: int
     start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
+    stopped: bool = False  # the run was stopped (`stop --run`, a signal): its exit code is the stop's
 
 
 class Batches(BlockHandler):
@@ -588,6 +594,12 @@ class Batches(BlockHandler):
         """``more OFFSET`` arrived (a follower's round is over, the launcher runs on): OFFSET."""
         found = self._find("more")
         return None if found is None else _offset(found, 0)
+
+    def stopped(self) -> bool:
+        """``end`` said the run was stopped (`stop --run`, or a signal its launcher got): its exit
+        code is the stop's doing."""
+        found = self.end()
+        return found is not None and len(found.fields) > 2 and found.text(2) == "1"
 
     def exit_code(self) -> int | None:
         """The launcher's exit code that ``end`` gave (None: running, killed, or no end yet)."""

@@ -539,3 +539,22 @@ def test_an_upload_a_sync_cut_short_left_is_removed_by_the_next_sync_and_counted
     synced = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env)
     assert synced.returncode == 0, synced
     assert not stale.exists() and fresh.exists()
+
+
+def test_a_follow_of_a_run_stop_ended_says_stopped_and_exits_130_as_the_launch_would(tmp_path: Path) -> None:
+    """`logs --follow` of a run that `stop --run` ended said "training exited 1" and exit 1 (the
+    stop's doing), where a foreground launch says it was stopped and exits 130."""
+    (tmp_path / "train.py").write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster:\n  port: {free_port()}\n  train: {{script: train.py}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    env = {"HOME": str(tmp_path)}
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", "held", cwd=tmp_path, env=env)
+    assert started.returncode == 0, started
+    stopped = bootstrap("-i", str(inv), "stop", "--run", "held", cwd=tmp_path, env=env)
+    assert stopped.returncode == 0, stopped
+    followed = bootstrap("-i", str(inv), "logs", "--run", "held", "--follow", cwd=tmp_path, env=env)
+    assert followed.returncode == 130, followed
+    assert "here: training was stopped" in followed.stderr, followed

@@ -4,6 +4,7 @@ listing-then-removal flow of `clean`. The CLI only renders these."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ def test_logs_says_what_became_of_each_copy_how_training_ended_and_where_the_cop
         "logs: runs/r1/",
     ]
     assert report.exit_code() == ExitCode.NODES_FAILED  # --follow: n2's training did not exit 0
+    # a run stopped by `stop --run` (its exit code 1 is the stop's doing): said as stopped, 130 as
+    # the launch it stopped exits
+    stopped = dataclasses.replace(_read(1, 3), stopped=True)
+    by_stop = LogsReport(GroupResult([Outcome("n1", stopped, None, 0.1)]), run_id="r1", follow=True)
+    assert "n1: training was stopped" in by_stop.notes() and by_stop.exit_code() == ExitCode.INTERRUPTED
     # --tail writes no copy: no directory named, none in --json
     tail = LogsReport(outcomes, run_id="r1", tail=3)
     assert (tail.notes(), tail.log_dir, tail.exit_code()) == ([], None, ExitCode.OK)

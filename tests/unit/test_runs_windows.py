@@ -346,7 +346,7 @@ def test_tail_reads_bytes_from_the_offset_in_the_posix_protocol(run_dir: str, fo
     assert '.Replace("`n@@", "`n@@@")' in script
     assert "Send-Cb $cbText\n      Out-CbRecord $cbKind @([string]$cbOffset)\n" in script
     assert [v for t, v in all_assignments(tree) if t == "$cbKind"] == ["= 'batch'", "= 'piece'"]
-    assert "Out-CbRecord 'end' @($cbCode, [string]$cbOffset)" in script
+    assert "Out-CbRecord 'end' @($cbCode, [string]$cbOffset, $cbStopped)" in script
     assert "Out-CbRecord 'missing' @()" in script
     assert "@@." not in script and "@@end" not in script
     # complete lines only; a last line without newline only once the launcher has ended
