@@ -470,3 +470,26 @@ def test_a_second_node_sharing_the_directory_leaves_the_writing_to_the_first(tmp
         home,
     )
     assert "leader" not in first and first["shared_with"] == ["n2"] and (dest / "a.py").read_text() == "x\n"
+
+
+def test_bundles_a_killed_sync_left_here_are_swept_by_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGKILLed sync left its bundle directory (the changed project, uncompressed) in the temporary
+    directory for good: the next sync removes those whose process is gone, and no other."""
+    import subprocess
+
+    from orchestrator.steps.codesync import sync
+
+    monkeypatch.setattr(sync.tempfile, "gettempdir", lambda: str(tmp_path))
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now
+    dead = tmp_path / f"cb-code-{gone.pid}-abc"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "x.bundle").write_bytes(b"x" * 100)
+    alive = tmp_path / f"cb-code-{os.getppid()}-def"
+    alive.mkdir()
+    other = tmp_path / "cb-codex"
+    other.mkdir()
+    sync._sweep_bundles()
+    assert not dead.exists() and alive.exists() and other.exists()

@@ -34,6 +34,8 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -410,6 +412,39 @@ def scan_node(
     return _Pending(node, transport, where, changes, record, result)
 
 
+#: this machine's temporary directories holding a sync's bundles: ``cb-code-<pid>-<random>``
+BUNDLES_PREFIX = "cb-code-"
+
+
+def _sweep_bundles() -> None:
+    """The bundle directories of syncs whose process is gone (SIGKILLed: a sync's whole changed
+    project, uncompressed, was left in the temporary directory for good): removed, when they are this
+    user's. A directory whose pid is alive (that sync, or a process that reused its pid) stays."""
+    base = Path(tempfile.gettempdir())
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(BUNDLES_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(BUNDLES_PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # alive
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue  # another user's process: not ours to judge
+        path = base / name
+        try:
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def new_token() -> str:
     """This sync's marker token for one node (shared destinations)."""
     return secrets.token_hex(8)
@@ -565,7 +600,8 @@ def sync_code(
         if len(writers) > 1
         else None
     )
-    with tempfile.TemporaryDirectory(prefix="cb-code-") as tmp:
+    _sweep_bundles()
+    with tempfile.TemporaryDirectory(prefix=f"{BUNDLES_PREFIX}{os.getpid()}-") as tmp:
         bundles = _Bundles(tree, Path(tmp))
         plans = {n.name: plan_apply(pending[n.name], bundles, shared=shared) for n in writers}
         for name, plan in plans.items():
