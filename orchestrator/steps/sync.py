@@ -129,6 +129,8 @@ def choose(inventory: Inventory, nodes: list[Node], options: SyncOptions, displa
                 f"code.source {source} is not a directory",
                 hint="set cluster.code.source to your project directory (relative to the current one)",
             )
+        if (wrong := _not_the_project(inventory, source)) is not None:
+            display.warn(wrong)
     specs = None
     if env and not from_master:
         specs = resolve_specs(inventory, nodes)  # a bad env section stops here, exit 2
@@ -318,6 +320,28 @@ def _phase(session: Session, display: Display, nodes: list[Node], step: str) -> 
             yield board
         finally:
             session.executor.on_event = None
+
+
+def _not_the_project(inventory: Inventory, source: Path) -> str | None:
+    """A warning when the directory code sync ships does not hold the training script the inventory
+    names (relative to it): a bootstrap run from another directory than the project's (code.source
+    is relative to the current directory) would replace the nodes' code with that directory."""
+    from orchestrator.inventory.model import WINDOWS_ABSOLUTE, TrainSettings
+
+    script = inventory.cluster.train.script
+    if script == TrainSettings().script or script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
+        return None  # the shipped example, or a script outside the project
+    try:
+        if (source / script).exists():
+            return None
+    except (OSError, ValueError):
+        pass
+    return (
+        f"the training script {script} is not in {source}, the directory code sync ships "
+        "(code.source, relative to the current directory): is this your project? Syncing it replaces "
+        "what earlier syncs shipped to the nodes; run bootstrap from the project's directory, or set "
+        "cluster.code.source"
+    )
 
 
 def sync_report(reach: Reach, inventory: Inventory, nodes: list[Node], options: SyncOptions) -> SyncReport:

@@ -558,3 +558,28 @@ def test_a_follow_of_a_run_stop_ended_says_stopped_and_exits_130_as_the_launch_w
     followed = bootstrap("-i", str(inv), "logs", "--run", "held", "--follow", cwd=tmp_path, env=env)
     assert followed.returncode == 130, followed
     assert "here: training was stopped" in followed.stderr, followed
+
+
+def test_syncing_a_directory_without_the_training_script_warns_that_it_may_not_be_the_project(
+    tmp_path: Path,
+) -> None:
+    """code.source '.' is the current directory: run from elsewhere (the home directory), sync would
+    replace the nodes' code with it. The training script not being there says so, before anything."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    inv = project / "hosts.yaml"
+    inv.write_text(
+        "cluster:\n  code: {source: .}\n  train: {script: train.py}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"HOME": str(tmp_path)}
+    wrong = bootstrap("-i", str(inv), "sync", "--only", "code", "--dry-run", cwd=elsewhere, env=env)
+    assert wrong.returncode == 0, wrong
+    assert (
+        f"the training script train.py is not in {elsewhere}, the directory code sync ships" in wrong.stderr
+    )
+    right = bootstrap("-i", str(inv), "sync", "--only", "code", "--dry-run", cwd=project, env=env)
+    assert right.returncode == 0 and "is not in" not in right.stderr, right
