@@ -15,6 +15,9 @@ from orchestrator.errors import CancelledError, TransferError
 from orchestrator.platforms import Platform
 from orchestrator.transports.base import Deadline, LineSplitter, OnLine, Result, Transport
 
+#: bytes copied at a time by get(): a close between two blocks ends the copy
+COPY_BLOCK = 1 << 20
+
 
 class LocalTransport(Transport):
     kind = "local"
@@ -174,7 +177,13 @@ class LocalTransport(Transport):
         try:
             safefiles.private_dirs(local.parent)
             with open(os.path.expanduser(remote), "rb") as source, safefiles.replacing(local) as out:
-                shutil.copyfileobj(source, out)
+                # block by block, so that a close (Ctrl-C) ends the copy as it ends an SFTP one: the
+                # partial file goes, the copy here is not replaced
+                for block in iter(lambda: source.read1(COPY_BLOCK), b""):
+                    if self._closed:
+                        raise CancelledError(f"copy of {remote} cancelled", node=self.node_name)
+                    out.write(block)
+                    out.flush()
         except OSError as exc:
             raise TransferError(f"cannot copy {remote} to {local}: {exc}", node=self.node_name) from exc
 

@@ -30,6 +30,7 @@ from orchestrator.platforms.wsl import WslShell
 from orchestrator.transports import LocalTransport, Transport
 from tests import netns
 from tests.conftest import root_transport
+from tests.integration.test_runs import await_
 from tests.winrm_server import WinRMServer
 
 KINDS = ["local", "ssh", "winrm"]
@@ -305,3 +306,40 @@ def test_nodes_sharing_a_directory_put_the_same_file_at_once_and_it_is_whole(
     finally:
         for t in transports:
             t.close()
+
+
+def test_a_local_copy_ends_when_the_transport_is_closed(tmp_path: Path) -> None:
+    """Ctrl-C during `fetch` from a local node: the copy went on to the end of a 2 GB file. It now
+    ends at the next block (a fifo stands in for a file larger than any block), and nothing is left
+    here: no partial file, no copy."""
+    source = tmp_path / "big.pt"
+    os.mkfifo(source)
+    transport = LocalTransport("here", PosixShell())
+    local = tmp_path / "back" / "big.pt"
+    go_on = threading.Event()
+    failed: list[BaseException] = []
+
+    def writer() -> None:
+        with source.open("wb") as fifo:
+            fifo.write(b"x" * 4096)
+            fifo.flush()
+            go_on.wait(30)
+            fifo.write(b"y" * 4096)
+
+    def reader() -> None:
+        try:
+            transport.get(str(source), local)
+        except BaseException as exc:  # the test looks at it
+            failed.append(exc)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    part = local.with_name("big.pt.part")
+    await_(lambda: part.exists() and part.stat().st_size == 4096, 30, "the first block here")
+    transport.close()
+    go_on.set()
+    for thread in threads:
+        thread.join(30)
+    assert failed and isinstance(failed[0], CancelledError), failed
+    assert not local.exists() and not part.exists()
