@@ -69,6 +69,8 @@ STOPPED = "stopped"
 
 #: environment variable holding ``<run-id>/<node>`` in every process of a POSIX run
 RUN_MARKER_ENV = "CLUSTER_BOOTSTRAP_RUN"
+#: every process of a run also carries its run directory, as the node spells it (runs/posix.py)
+RUN_DIR_ENV = "CLUSTER_BOOTSTRAP_RUN_DIR"
 
 #: torchrun copies its workers' output with write() and never flushes: into a pipe, Python buffers
 #: 8 KiB, and lines would reach the controller minutes late. Unbuffered, each arrives as printed.

@@ -15,7 +15,7 @@ from orchestrator import records
 from orchestrator.platforms import PosixShell
 from orchestrator.runs import tail
 from orchestrator.runs.base import RunOps
-from orchestrator.runs.layout import RUN_MARKER_ENV
+from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV
 
 #: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixRuns.logged).
 #: A handler, not '': an ignored signal would be inherited by the command itself.
@@ -52,6 +52,9 @@ class PosixRuns(RunOps):
             # cluster sharing this machine) is never taken for this one
             f"export {RUN_MARKER_ENV}={self.platform.quote(marker + '/')}"
             '"$(_cb_token "${_cb_l##*) }")"\n'
+            # the run directory as this node spells it (the word functions() gives $d): a run whose
+            # directory is gone is known by it, not by its id alone (another workdir's run of that id)
+            f'export {RUN_DIR_ENV}="$_cb_d"\n'
             '(set -C; _cb_self "${_cb_l##*) }" > "$_cb_d/pid.part") && mv -f "$_cb_d/pid.part" "$_cb_d/pid"'
         )
 
@@ -138,12 +141,12 @@ class PosixRuns(RunOps):
             "  fi\n"
             # the marker with this launch's token (its pid file: "PID SESSION START"); only when
             # the run directory is gone (nothing to tell the token), any launch of the run here whose
-            # processes have this directory's outputs as CB_RUN_DIR (the same run id launched from
-            # another workdir is another run). A directory without a pid file: its launcher never
-            # started, so nothing carries its marker
+            # processes carry this directory as RUN_DIR_ENV (the same run id launched from another
+            # workdir is another run). A directory without a pid file: its launcher never started,
+            # so nothing carries its marker
             '  if [ -n "$_cb_tok" ]; then grep -lzxF -e "$m$_cb_tok" /proc/[0-9]*/environ 2>/dev/null\n'
             '  elif [ ! -e "$d" ]; then grep -lzF -e "$m" /proc/[0-9]*/environ 2>/dev/null |'
-            ' while IFS= read -r _cb_e; do grep -qzxF -e "CB_RUN_DIR=$d/out" "$_cb_e" 2>/dev/null &&'
+            f' while IFS= read -r _cb_e; do grep -qzxF -e "{RUN_DIR_ENV}=$d" "$_cb_e" 2>/dev/null &&'
             ' echo "$_cb_e"; done; fi'
             ' | sed -n "s#^/proc/\\([0-9]*\\)/environ\\$#\\1#p"\n'
             "  } | sort -u\n"
