@@ -439,6 +439,8 @@ def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_direc
     record_path = code / ".bootstrap-code-shipped.json"
     record = json.loads(record_path.read_text())
     record["files"]["sub/app.conf"] = hashlib.sha256(b"precious\n").hexdigest()
+    record["files"]["fifo"] = "0" * 64  # a fifo named there: reading it would wait for a writer
+    os.mkfifo(workdir / "code" / "fifo")
     record_path.write_text(json.dumps(record))
     (code / "sub").symlink_to(victim)
     # a run directory that is a link to a directory holding what looks like a run of this node

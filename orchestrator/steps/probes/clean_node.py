@@ -87,7 +87,8 @@ def sha256(base, path):
     if parent is None:
         return None
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=parent)
+        # O_NONBLOCK: a fifo named there does not hold the open (and the clean) until a writer comes
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
     except OSError:
         return None
     finally:
@@ -112,7 +113,7 @@ def below(base, path):
     ``base`` or a part is not a real directory (a symlink: refused, whatever it points to)."""
     rel = os.path.relpath(path, base)
     parts = rel.split(os.sep)
-    if rel.startswith("..") or any(part in ("", ".", "..") for part in parts):
+    if any(part in ("", ".", "..") for part in parts):
         return None, None
     try:
         fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY)
@@ -260,7 +261,7 @@ def remove(path, is_dir, bases):
     if parent is None:
         if not os.path.lexists(path):
             return  # listed twice (the environment's marker directory may be the workdir's), or gone
-        raise OSError(errno.ELOOP, "not removed: a directory on its way is a symlink")
+        raise OSError(errno.ELOOP, "not removed: a directory on its way is a symlink, or cannot be opened")
     try:
         try:
             st = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -279,11 +280,11 @@ def remove_tree(parent, name):
     it are removed, never followed."""
     fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
     try:
-        for entry in list(os.scandir(fd)):
-            if entry.is_dir(follow_symlinks=False):
-                remove_tree(fd, entry.name)
+        for name_in in os.listdir(fd):  # an fd: Python 3.3+ (os.scandir(fd) needs 3.7)
+            if stat.S_ISDIR(os.stat(name_in, dir_fd=fd, follow_symlinks=False).st_mode):
+                remove_tree(fd, name_in)
             else:
-                os.unlink(entry.name, dir_fd=fd)
+                os.unlink(name_in, dir_fd=fd)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
