@@ -66,6 +66,9 @@ RUN_OUTPUTS = "out"
 EXIT_CODE = NODE_LOG + ".rc"
 PID_FILE = "pid"
 STOPPED = "stopped"
+#: ... and the one a POSIX run's launcher writes when a signal reached it (whoever sent it: the
+#: watcher of a controller that went away or was interrupted): stopped, but not said to be by `stop`
+SIGNALLED = "signalled"
 
 #: environment variable holding ``<run-id>/<node>`` in every process of a POSIX run
 RUN_MARKER_ENV = "CLUSTER_BOOTSTRAP_RUN"

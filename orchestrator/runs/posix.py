@@ -15,7 +15,7 @@ from orchestrator import records
 from orchestrator.platforms import PosixShell
 from orchestrator.runs import tail
 from orchestrator.runs.base import RunOps
-from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV
+from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV, SIGNALLED, STOPPED
 
 #: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixRuns.logged).
 #: A handler, not '': an ignored signal would be inherited by the command itself.
@@ -70,12 +70,13 @@ class PosixRuns(RunOps):
         last resort after its grace period, still ends them all.
         """
         rc = self.platform.path_word(log + ".rc")
-        # a stop that reached this shell (a signal, whoever sent it: `stop --run`, the watcher of a
-        # controller that went away or was interrupted) is said as `stop --run` says it, before the
-        # exit code: `status` then says "stopped", not "exited (1)" (a stop's own mark stays first)
+        # a signal that reached this shell (the watcher of a controller that went away or was
+        # interrupted, or anyone's) is marked before the exit code, beside what `stop --run` marks
+        # (``stopped``, which says who): `status` then says "stopped", not "exited (1)"
         run_dir = log.rsplit("/", 1)[0] if "/" in log else "."
-        stopped = self.platform.path_word(f"{run_dir}/stopped")
-        stopped_part = self.platform.path_word(f"{run_dir}/stopped.part")
+        stopped = self.platform.path_word(f"{run_dir}/{STOPPED}")
+        signalled = self.platform.path_word(f"{run_dir}/{SIGNALLED}")
+        signalled_part = self.platform.path_word(f"{run_dir}/{SIGNALLED}.part")
         # the exit-code file appears only once tee has written everything: `logs --follow` ends
         # when it sees that file, and must find the log complete then
         part = self.platform.path_word(log + ".rc.part")
@@ -91,7 +92,7 @@ class PosixRuns(RunOps):
             f" | {tee}; }} 3>&1)\n"
             "_cb_rc=${_cb_rc:-1}\n"
             f'if [ -n "$_cb_sig" ] && [ ! -e {stopped} ]; then'
-            f" (set -C; date +%s > {stopped_part}) 2>/dev/null && mv -f {stopped_part} {stopped}; fi\n"
+            f" (set -C; date +%s > {signalled_part}) 2>/dev/null && mv -f {signalled_part} {signalled}; fi\n"
             # noclobber: the exit code goes into a new file, never through a link planted as .part
             f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null ||'
             f" printf 'bootstrap: exit code %s not recorded in %s: the run directory is gone (removed while"
@@ -208,6 +209,7 @@ class PosixRuns(RunOps):
             "p=$(_cb_members)\n"
             'if [ -z "$p" ]; then\n'
             '  if [ -f "$d/stopped" ]; then _cb_rec stop earlier "$(cat "$d/stopped")"\n'
+            f'  elif [ -f "$d/{SIGNALLED}" ]; then _cb_rec stop earlier "$(cat "$d/{SIGNALLED}")"\n'
             '  elif [ -f "$d/node.log.rc" ]; then _cb_rec stop exited "$(cat "$d/node.log.rc")"\n'
             '  elif [ -f "$d/pid" ]; then _cb_rec stop gone\n'
             '  elif [ -d "$d" ]; then _cb_rec stop not-started\n'
@@ -259,7 +261,8 @@ class PosixRuns(RunOps):
             # a launcher killed while ranks that ignore TERM live on)
             'if _cb_leader || [ -n "$(_cb_members)" ]; then _cb_rec alive 1; else _cb_rec alive 0; fi\n'
             'if [ -f "$f.rc" ]; then _cb_rec rc "$(cat "$f.rc")"; _cb_rec ended "$(stat -c %Y "$f.rc")"; fi\n'
-            'if [ -f "$d/stopped" ]; then _cb_rec stopped "$(cat "$d/stopped")"; fi\n'
+            'if [ -f "$d/stopped" ]; then _cb_rec stopped "$(cat "$d/stopped")"\n'
+            f'elif [ -f "$d/{SIGNALLED}" ]; then _cb_rec stopped "$(cat "$d/{SIGNALLED}")"; fi\n'
             'if [ -f "$f" ]; then\n'
             '  _cb_rec size "$(wc -c < "$f")"\n'
             # the time of the last output: how long a stopped (killed) run ran, at least

@@ -160,7 +160,8 @@ rc = "none"
 if os.path.exists(rc_path):
     with open(rc_path) as fh:
         rc = fh.read().strip() or "none"
-stopped = "1" if os.path.exists(os.path.join(os.path.dirname(pid_path), "stopped")) else "0"
+marks = [os.path.join(os.path.dirname(pid_path), name) for name in ("stopped", "signalled")]
+stopped = "1" if any(os.path.exists(mark) for mark in marks) else "0"
 say("end", rc, str(offset), stopped)
 out.flush()
 """
@@ -259,7 +260,7 @@ def posix_tail(
         '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
         "done\n"
         'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
-        'st=0; [ -f "$d/stopped" ] && st=1\n'
+        'st=0; [ -f "$d/stopped" ] || [ -f "$d/signalled" ] && st=1\n'
         '_cb_rec end "${rc:-none}" "$off" "$st"'
     )
 

@@ -36,7 +36,7 @@ LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
 OUTPUTS = "out"  # runs/<id>/<node>/out: $CB_RUN_DIR (orchestrator.runs.layout.RUN_OUTPUTS)
 #: what a kept run keeps beside its outputs: its log and how it ended (status, logs --follow and stop
 #: read them: without them a run that ended long ago looked "not started", and a follow waited forever)
-KEPT = (OUTPUTS, "node.log", "node.log.rc", "pid", "stopped")
+KEPT = (OUTPUTS, "node.log", "node.log.rc", "pid", "stopped", "signalled")
 
 
 def resolve(path):
