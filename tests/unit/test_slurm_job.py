@@ -127,3 +127,10 @@ def test_a_node_without_the_training_script_says_so_in_one_line_of_its_log(tmp_p
     assert log.count("\n") == 1
     assert f"training script train.py not found in {tmp_path / 'code'} on n1" in log
     assert (node_dir / "node.log.rc").read_text() == "2\n"
+    # the code directory itself missing there: the same line (not set -e's silent exit 1)
+    (tmp_path / "code").rmdir()
+    env["SLURMD_NODENAME"] = "n2"
+    done = subprocess.run(["sh", str(node_sh), "n0"], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    log = (tmp_path / "runs" / "r1" / "n2" / "node.log").read_text()
+    assert f"training script train.py not found in {tmp_path / 'code'} on n2" in log
