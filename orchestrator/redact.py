@@ -10,6 +10,7 @@ document. The URL itself reaches the installer through its environment, never it
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: what the user-information part of a URL becomes when shown
@@ -54,3 +55,17 @@ def mask_credentials_in(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [mask_credentials_in(item) for item in value]
     return value
+
+
+def maskable(secrets: Iterable[str]) -> list[str]:
+    """The secrets a page masks, as it masks them: longest first (one that holds another is masked
+    whole), none shorter than 4 characters (a one-letter value would mask every such letter)."""
+    return sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with each of ``secrets`` (:func:`maskable`'s list) and URL credentials masked."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASKED_USERINFO)
+    return mask_url_credentials(text)

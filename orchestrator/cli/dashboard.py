@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from orchestrator.cli.common import Settings, load_selection
+from orchestrator.cli.common import Settings
 from orchestrator.errors import BootstrapError, ExitCode
 
 if TYPE_CHECKING:
@@ -106,13 +106,16 @@ def dashboard(ctx: click.Context, listen: str | None) -> int:
     `bootstrap --dashboard`: those pages show it as it goes, and the past runs too.
     """
     from orchestrator.dashboard.server import DashboardServer, Listen, parse_listen
+    from orchestrator.inventory import load_inventory
     from orchestrator.render import secret_values
 
     settings = Settings.from_context(ctx)
-    try:  # the inventory's secrets, as set here, masked in past runs' logs too
-        hidden = secret_values(load_selection(settings)[0])
-    except BootstrapError:
-        hidden = []
+    hidden: list[str] = []
+    if settings.inventory is not None:  # its secrets, as set here, masked in past runs' logs too
+        try:
+            hidden = secret_values(load_inventory(settings.inventory))
+        except BootstrapError:
+            pass
     where = parse_listen(listen) if listen else Listen()
     server = DashboardServer(None, where, runs_root=Path("runs"), masked=hidden)
     server.start()

@@ -29,7 +29,7 @@ from orchestrator import records
 if TYPE_CHECKING:
     from orchestrator.executor import Executor, NodeEvent, Outcome
     from orchestrator.steps.node_facts import InspectedNode
-from orchestrator.redact import mask_url_credentials
+from orchestrator.redact import mask_secrets, maskable
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.samples import node_sample
 from orchestrator.steps.culprit import (
@@ -55,7 +55,6 @@ PENDING_BYTES = 256 * 1024
 FOLLOW_SECONDS = 5.0
 #: characters of a line shown (a 1 MB line is cut, the log here keeps it whole)
 LINE_CHARS = 2000
-MASK = "***"
 #: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
 SUMMARY_BYTES = 64 * 1024
 #: said of a node's failure whose rank died of gloo's closed connection (steps/culprit.py)
@@ -144,7 +143,7 @@ class LiveRun:
         self.run_id = run_id
         self.command = command
         self.labels: dict[str, tuple[int, int]] = {}
-        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+        self._secrets = maskable(secrets)
         self._lock = threading.Lock()
         self._pending: dict[str, list[str]] = {n: [] for n in nodes}
         self._pending_bytes: dict[str, int] = dict.fromkeys(nodes, 0)
@@ -385,10 +384,7 @@ class LiveRun:
         """Node text as shown: cut to ``LINE_CHARS``, secrets and URL credentials masked."""
         if len(text) > LINE_CHARS:
             text = text[:LINE_CHARS] + f" … ({len(text) - LINE_CHARS} more characters)"
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return mask_url_credentials(text)
+        return mask_secrets(text, self._secrets)
 
     # -- output (the server's thread) -----------------------------------------------------------
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.redact import mask_url_credentials
+from orchestrator.redact import mask_secrets, maskable
 from orchestrator.runs.layout import read_record
 from orchestrator.safefiles import NOFOLLOW
 
@@ -75,9 +75,7 @@ def run_log_tail(root: Path, run_id: str, node: str, secrets: Sequence[str] = ()
     text = data.decode("utf-8", errors="replace")
     if size > LOG_TAIL:
         text = text.split("\n", 1)[-1]  # from the first whole line
-    for secret in secrets:
-        text = text.replace(secret, "***")  # as the live page masks (dashboard/model.py MASK)
-    return mask_url_credentials(text)
+    return mask_secrets(text, maskable(secrets))  # as the live page masks
 
 
 def bench_page(root: Path, run_id: str) -> bytes | None:
