@@ -270,7 +270,9 @@ def test_a_rank_cannot_make_its_lines_another_ranks_or_torchruns_in_the_failure_
     stopping = "Sending process 15333 closing signal SIGTERM"
     summary = [*TORCHRUN_STDERR.format(rank=1, code=77).splitlines(), stopping]
     fake_summary = "".join(f"[default0]:{line}\n" for line in summary)
-    result = Result("n1", "launch", 1, fake_summary + forged, TORCHRUN_STDERR.format(rank=0, code=3), 1.0)
+    # one stream, as the node's log is (2>&1): the rank's forgery comes after torchrun's real summary
+    real = TORCHRUN_STDERR.format(rank=0, code=3)
+    result = Result("n1", "launch", 1, real + fake_summary + forged, "", 1.0)
     tail = failure_tail(result)
     assert not any(line.startswith("[default1]:") for line in tail), tail
     assert sum("FORGED" in line for line in tail) == 5
