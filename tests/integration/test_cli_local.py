@@ -514,7 +514,7 @@ def test_an_upload_a_sync_cut_short_left_is_removed_by_the_next_sync_and_counted
     tmp_path: Path,
 ) -> None:
     """Ctrl-C while the bundle travels left `.bootstrap-code-upload-*.part` (tens of MB) in the code
-    directory for good. The next sync that applies removes a stale one (a minute untouched: no sync
+    directory for good. The next sync that applies removes a stale one (ten minutes untouched: no sync
     writes it any more); one being written now stays. `clean` lists what is left."""
     project = tmp_path / "proj"
     project.mkdir()
@@ -530,7 +530,7 @@ def test_an_upload_a_sync_cut_short_left_is_removed_by_the_next_sync_and_counted
     code = workdir / "code"
     stale = code / ".bootstrap-code-upload-0123456789ab.1a2b3c4d.part"
     stale.write_bytes(b"x" * 4096)
-    os.utime(stale, (time.time() - 120, time.time() - 120))
+    os.utime(stale, (time.time() - 1200, time.time() - 1200))
     listed = bootstrap("-i", str(inv), "--json", "clean", "--dry-run", cwd=tmp_path, env=env)
     (node,) = json.loads(listed.stdout)["nodes"]
     (code_item,) = [i for i in node["items"] if i["kind"] == "code"]

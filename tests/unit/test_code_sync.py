@@ -484,12 +484,13 @@ def test_bundles_a_killed_sync_left_here_are_swept_by_the_next_one(
     monkeypatch.setattr(sync.tempfile, "gettempdir", lambda: str(tmp_path))
     gone = subprocess.Popen(["true"])
     gone.wait()  # a pid no process has now
-    dead = tmp_path / f"cb-code-{gone.pid}-abc"
+    prefix = sync._bundles_prefix()
+    dead = tmp_path / f"{prefix}{gone.pid}-abc"
     (dead / "sub").mkdir(parents=True)
     (dead / "sub" / "x.bundle").write_bytes(b"x" * 100)
-    alive = tmp_path / f"cb-code-{os.getppid()}-def"
+    alive = tmp_path / f"{prefix}{os.getppid()}-def"
     alive.mkdir()
-    other = tmp_path / "cb-codex"
-    other.mkdir()
+    elsewhere = tmp_path / f"cb-code-another-host-{gone.pid}-ghi"  # a shared tmp: not this machine's
+    elsewhere.mkdir()
     sync._sweep_bundles()
-    assert not dead.exists() and alive.exists() and other.exists()
+    assert not dead.exists() and alive.exists() and elsewhere.exists()

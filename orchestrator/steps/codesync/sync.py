@@ -35,6 +35,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import tempfile
 import threading
@@ -412,21 +413,30 @@ def scan_node(
     return _Pending(node, transport, where, changes, record, result)
 
 
-#: this machine's temporary directories holding a sync's bundles: ``cb-code-<pid>-<random>``
+#: the temporary directories holding a sync's bundles: ``cb-code-<host>-<pid>-<random>`` (the host:
+#: a temporary directory shared between machines holds other machines' syncs, whose pids mean
+#: nothing here)
 BUNDLES_PREFIX = "cb-code-"
 
 
+def _bundles_prefix() -> str:
+    host = "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname())
+    return f"{BUNDLES_PREFIX}{host}-"
+
+
 def _sweep_bundles() -> None:
-    """The bundle directories of syncs whose process is gone (SIGKILLed: a sync's whole changed
-    project, uncompressed, was left in the temporary directory for good): removed, when they are this
-    user's. A directory whose pid is alive (that sync, or a process that reused its pid) stays."""
+    """The bundle directories of this machine's syncs whose process is gone (SIGKILLed: a sync's
+    whole changed project, uncompressed, was left in the temporary directory for good): removed, when
+    they are this user's. A directory whose pid is alive (that sync, or a process that reused its
+    pid) stays."""
     base = Path(tempfile.gettempdir())
+    prefix = _bundles_prefix()
     try:
-        names = [n for n in os.listdir(base) if n.startswith(BUNDLES_PREFIX)]
+        names = [n for n in os.listdir(base) if n.startswith(prefix)]
     except OSError:
         return
     for name in names:
-        pid = name[len(BUNDLES_PREFIX) :].split("-", 1)[0]
+        pid = name[len(prefix) :].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:
@@ -600,8 +610,9 @@ def sync_code(
         if len(writers) > 1
         else None
     )
-    _sweep_bundles()
-    with tempfile.TemporaryDirectory(prefix=f"{BUNDLES_PREFIX}{os.getpid()}-") as tmp:
+    if not dry_run:
+        _sweep_bundles()
+    with tempfile.TemporaryDirectory(prefix=f"{_bundles_prefix()}{os.getpid()}-") as tmp:
         bundles = _Bundles(tree, Path(tmp))
         plans = {n.name: plan_apply(pending[n.name], bundles, shared=shared) for n in writers}
         for name, plan in plans.items():

@@ -21,7 +21,7 @@
 #       controller decided it: manifest.node_mode); while it is written it is owner-only (0600).
 #       Last, "shipped" (plus what could not be deleted) becomes the record SHIPPED, replaced
 #       atomically: it is what a later sync may delete, nothing else. Uploads earlier syncs cut short
-#       left in dest (a minute old at least) are removed.
+#       left in dest (ten minutes untouched at least) are removed.
 # Paths are handled as bytes (UTF-8 with surrogateescape), so names survive any locale. Nothing is ever
 # written or deleted through a symbolic link: every directory between dest and a file must be a real
 # directory, files are replaced by rename (which replaces a link, never its target).
@@ -365,8 +365,9 @@ def leader_of(root, shared):
 
 
 #: an upload no sync is writing any more (a sync cut short: Ctrl-C, a lost connection): its last write
-#: is this old; one being written is written to every few milliseconds
-STALE_UPLOAD = 60.0
+#: is this old; one being written is written to every few milliseconds (ten minutes: on a shared
+#: file system, another machine's clock sets its mtime)
+STALE_UPLOAD = 600.0
 UPLOADS = RESERVED + b"-upload-"
 
 
