@@ -1,5 +1,5 @@
 """Each node's progress in one step, from the executor's events and from what the node's worker says
-it is doing ("installing torch", "1.2 GB downloaded"), shared by their threads; whatever shows it (a
+it is doing ("installing torch", "1.1 GiB downloaded"), shared by their threads; whatever shows it (a
 live table, a piped line every few seconds) reads it from here."""
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def human_bytes(size: float) -> str:
     decimal where it says something (``512 B``, ``4 KiB``, ``1.5 MiB``)."""
     value = float(size)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} B" if unit == "B" else f"{f'{value:.1f}'.removesuffix('.0')} {unit}"
+        shown = round(value) if unit == "B" else round(value, 1)
+        if abs(shown) < 1024:  # as it would show: 1023.96 KiB is 1 MiB, not "1024 KiB"
+            return f"{shown:.0f} B" if unit == "B" else f"{f'{shown:.1f}'.removesuffix('.0')} {unit}"
         value /= 1024
     return f"{f'{value:.1f}'.removesuffix('.0')} TiB"

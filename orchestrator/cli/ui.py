@@ -114,9 +114,9 @@ class UI:
     def board(self, nodes: Sequence[str], step: str, *, interval: float | None = None) -> Iterator[Board]:
         """A per-node progress display for long work: the executor's events (``board.on_event``) and
         what each node is doing now (``board.update(node, activity, detail)``: "installing torch",
-        "1.2 GB downloaded"). On a terminal, a live table (state, elapsed time, activity); piped, a
+        "1.1 GiB downloaded"). On a terminal, a live table (state, elapsed time, activity); piped, a
         plain line per node every ``interval`` seconds while it works
-        (``[node2] installing torch (1.2 GB downloaded, 45 s)``; default: $BOOTSTRAP_PROGRESS_INTERVAL,
+        (``[node2] installing torch (1.1 GiB downloaded, 45 s)``; default: $BOOTSTRAP_PROGRESS_INTERVAL,
         else 10), and one line as each node finishes."""
         board = Board(self, nodes, step, progress_interval() if interval is None else interval)
         if self.live:

@@ -88,6 +88,7 @@ def test_human_bytes() -> None:
     assert human_bytes(512) == "512 B"
     assert human_bytes(4096) == "4 KiB"
     assert human_bytes(1.5 * (1 << 20)) == "1.5 MiB"
+    assert human_bytes(1048535) == "1 MiB"  # 1023.96 KiB, as it would show: the next unit
 
 
 def test_a_node_cannot_blame_another_nodes_rank() -> None:

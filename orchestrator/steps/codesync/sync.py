@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from orchestrator.session import Session
     from orchestrator.transports import Result, Transport
 
-#: called with (node name, what is happening now), e.g. ("node2", "sending 3 files (12.0 kB)")
+#: called with (node name, what is happening now), e.g. ("node2", "sending 3 files (12 KiB)")
 ProgressFn = Callable[[str, str], None]
 
 #: ``Session.recall`` key of a node's read-only scan taken by the main pipeline's first round trip
@@ -112,7 +112,7 @@ class CodeSyncResult:
         return not (self.added or self.changed or self.deleted) and self.synced_by is None
 
     def summary(self) -> str:
-        """One line for the summary table: "unchanged (1000 files)", "2 added, 1 deleted, 3.1 kB"."""
+        """One line for the summary table: "unchanged (1000 files)", "2 added, 1 deleted, 3.1 KiB"."""
         if self.synced_by is not None:
             return f"synced from {self.synced_by} (the same directory)"
         if self.unchanged:
