@@ -416,10 +416,9 @@ def test_the_pipelines_dry_run_names_the_phases_a_real_run_would_leave_out(tmp_p
     assert forced.returncode == 0 and "a real run skips it" not in forced.stderr, forced
 
 
-def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
-    """The code directory's record names what sync shipped; whoever can write that directory (the
-    training script, which runs in it) can rewrite it. A record entry through a symlinked directory,
-    and a run directory that is a symlink, lead out of the workdir: clean removes nothing there."""
+def _synced_project(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A project (proj/train.py) synced as code to a local node (workdir wd/), its own cache: the
+    inventory, the workdir and the environment to run bootstrap with."""
     project = tmp_path / "proj"
     project.mkdir()
     (project / "train.py").write_text("print('hi')\n")
@@ -432,6 +431,14 @@ def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_direc
     env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     synced = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env)
     assert synced.returncode == 0, synced
+    return inv, workdir, env
+
+
+def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
+    """The code directory's record names what sync shipped; whoever can write that directory (the
+    training script, which runs in it) can rewrite it. A record entry through a symlinked directory,
+    and a run directory that is a symlink, lead out of the workdir: clean removes nothing there."""
+    inv, workdir, env = _synced_project(tmp_path)
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "app.conf").write_text("precious\n")
@@ -516,17 +523,8 @@ def test_an_upload_a_sync_cut_short_left_is_removed_by_the_next_sync_and_counted
     """Ctrl-C while the bundle travels left `.bootstrap-code-upload-*.part` (tens of MB) in the code
     directory for good. The next sync that applies removes a stale one (ten minutes untouched: no sync
     writes it any more); one being written now stays. `clean` lists what is left."""
+    inv, workdir, env = _synced_project(tmp_path)
     project = tmp_path / "proj"
-    project.mkdir()
-    (project / "train.py").write_text("print('hi')\n")
-    workdir = tmp_path / "wd"
-    inv = tmp_path / "hosts.yaml"
-    inv.write_text(
-        "cluster:\n  code: {source: proj}\n  train: {script: train.py}\n"
-        f"nodes:\n  - {{name: here, connection: local, workdir: {workdir}}}\n"
-    )
-    env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=env).returncode == 0
     code = workdir / "code"
     stale = code / ".bootstrap-code-upload-0123456789ab.1a2b3c4d.part"
     stale.write_bytes(b"x" * 4096)
