@@ -112,7 +112,9 @@ def test_stop_during_follow_delivers_every_line_and_is_reported_as_a_stop(
         await_(lambda: sum("SEQ" in x for x in follow.out) > 300, 120, "lines through logs --follow")  # type: ignore[union-attr]
         stop = subprocess.run(argv("stop", "--run", run_id), capture_output=True, text=True, cwd=tmp_path)
         assert stop.returncode == 0, stop
-        assert follow.wait(timeout=120) == 1, "".join(follow.err)  # the run did not exit 0 (docs/cli.md)
+        # stopped, as the launch says it: 130 (docs/cli.md), and "training was stopped" per node
+        assert follow.wait(timeout=120) == 130, "".join(follow.err)
+        assert all(f"{h.name}: training was stopped" in "".join(follow.err) for h in cluster.hosts)
         assert launch.wait(timeout=120) == 130, "".join(launch.err)
     finally:
         launch.kill()
