@@ -46,6 +46,7 @@ class Session:
         self._answered: set[str] = set()
         self._unreachable: dict[str, UnreachableError] = {}
         self._lost: set[str] = set()  # nodes whose connection was lost while a command ran
+        self._announced: set[str] = set()  # nodes whose slow first answer was said (_waiting)
         self._transports: dict[str, Transport] = {}
         self._lock = threading.Lock()
         self._closed = False
@@ -96,8 +97,11 @@ class Session:
                 timer.cancel()
 
     def _waiting(self, node: str, host: str, timeout: float) -> None:
+        with self._lock:  # said once per node: a second attempt while the first waits says nothing new
+            first = node not in self._announced
+            self._announced.add(node)
         text = f"waiting for {node} ({host}, up to {timeout:g} s): no answer yet"
-        if self.on_wait is not None:
+        if self.on_wait is not None and first:
             self.on_wait(node, text)
         on_event = self.executor.on_event
         if on_event is not None:

@@ -141,3 +141,24 @@ def test_without_fail_fast_only_a_failure_stop_on_names_stops_the_others() -> No
     executor = Executor(cancel=cancelled.set)
     outcomes = executor.map([0, 1, 2], gone, name=str, step="t", stop_on=lost)
     assert not outcomes[0].ok and outcomes[1].ok and executor.cancelled
+
+
+def test_a_slow_node_is_announced_once_per_session() -> None:
+    """`status` with a node down printed "waiting for node2 ... no answer yet" twice (two attempts
+    while the first still waited): once is what it has to say."""
+    from orchestrator.inventory import PasswordResolver, load_inventory_text
+    from orchestrator.session import Session
+    from orchestrator.transports import SSHOptions
+
+    inventory = load_inventory_text("nodes:\n  - {name: node2, host: 10.0.0.2}\n", "hosts.yaml")
+    said: list[str] = []
+    session = Session(
+        inventory,
+        list(inventory.nodes),
+        ssh=SSHOptions(),
+        passwords=PasswordResolver(prompt=None),
+        on_wait=lambda node, text: said.append(text),
+    )
+    session._waiting("node2", "10.0.0.2", 10.0)
+    session._waiting("node2", "10.0.0.2", 10.0)
+    assert said == ["waiting for node2 (10.0.0.2, up to 10 s): no answer yet"]
