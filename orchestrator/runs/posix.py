@@ -208,7 +208,7 @@ class PosixRuns(RunOps):
             + "_cb_now() { read -r _cb_up _cb_x < /proc/uptime; _cb_up=${_cb_up%.*}${_cb_up#*.}; }\n"
             "p=$(_cb_members)\n"
             'if [ -z "$p" ]; then\n'
-            '  if [ -f "$d/stopped" ]; then _cb_rec stop earlier "$(cat "$d/stopped")"\n'
+            f'  if [ -f "$d/{STOPPED}" ]; then _cb_rec stop earlier "$(cat "$d/{STOPPED}")"\n'
             f'  elif [ -f "$d/{SIGNALLED}" ]; then _cb_rec stop earlier "$(cat "$d/{SIGNALLED}")"\n'
             '  elif [ -f "$d/node.log.rc" ]; then _cb_rec stop exited "$(cat "$d/node.log.rc")"\n'
             '  elif [ -f "$d/pid" ]; then _cb_rec stop gone\n'
@@ -261,7 +261,7 @@ class PosixRuns(RunOps):
             # a launcher killed while ranks that ignore TERM live on)
             'if _cb_leader || [ -n "$(_cb_members)" ]; then _cb_rec alive 1; else _cb_rec alive 0; fi\n'
             'if [ -f "$f.rc" ]; then _cb_rec rc "$(cat "$f.rc")"; _cb_rec ended "$(stat -c %Y "$f.rc")"; fi\n'
-            'if [ -f "$d/stopped" ]; then _cb_rec stopped "$(cat "$d/stopped")"\n'
+            f'if [ -f "$d/{STOPPED}" ]; then _cb_rec stopped "$(cat "$d/{STOPPED}")"\n'
             f'elif [ -f "$d/{SIGNALLED}" ]; then _cb_rec stopped "$(cat "$d/{SIGNALLED}")"; fi\n'
             'if [ -f "$f" ]; then\n'
             '  _cb_rec size "$(wc -c < "$f")"\n'

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from orchestrator import records
 from orchestrator.platforms import PosixShell, PowerShell
 from orchestrator.records import Record
+from orchestrator.runs.layout import SIGNALLED, STOPPED
 from orchestrator.transports.base import BlockHandler
 
 log = logging.getLogger(__name__)
@@ -260,7 +261,7 @@ def posix_tail(
         '  [ "$fin" = 1 ] && break\n' + ("" if follow else "  break\n") + f"  sleep {interval:g}\n"
         "done\n"
         'rc=none; [ -f "$f.rc" ] && read -r rc < "$f.rc"\n'
-        'st=0; [ -f "$d/stopped" ] || [ -f "$d/signalled" ] && st=1\n'
+        f'st=0; [ -f "$d/{STOPPED}" ] || [ -f "$d/{SIGNALLED}" ] && st=1\n'
         '_cb_rec end "${rc:-none}" "$off" "$st"'
     )
 

@@ -327,15 +327,13 @@ def _not_the_project(inventory: Inventory, source: Path) -> str | None:
     names (relative to it): a bootstrap run from another directory than the project's (code.source
     is relative to the current directory) would replace the nodes' code with that directory."""
     from orchestrator.inventory.model import WINDOWS_ABSOLUTE, TrainSettings
+    from orchestrator.steps.script_check import script_file
 
     script = inventory.cluster.train.script
     if script == TrainSettings().script or script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
         return None  # the shipped example, or a script outside the project
-    try:
-        if (source / script).exists():
-            return None
-    except (OSError, ValueError):
-        pass
+    if script_file(inventory) is not None:
+        return None  # in the project sync ships (script_file looks where `source` is)
     return (
         f"the training script {script} is not in {source}, the directory code sync ships "
         "(code.source, relative to the current directory): is this your project? Syncing it replaces "
