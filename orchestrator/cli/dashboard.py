@@ -114,8 +114,8 @@ def dashboard(ctx: click.Context, listen: str | None) -> int:
     if settings.inventory is not None:  # its secrets, as set here, masked in past runs' logs too
         try:
             hidden = secret_values(load_inventory(settings.inventory))
-        except BootstrapError:
-            pass
+        except BootstrapError as exc:  # still served, but said: its secrets are not known here
+            settings.ui.warn(f"{exc}: past runs' logs are shown without its train.env secrets masked")
     where = parse_listen(listen) if listen else Listen()
     server = DashboardServer(None, where, runs_root=Path("runs"), masked=hidden)
     server.start()
