@@ -30,9 +30,7 @@ if TYPE_CHECKING:
     from orchestrator.executor import Executor, NodeEvent, Outcome
     from orchestrator.steps.node_facts import InspectedNode
 from orchestrator.redact import mask_secrets, maskable
-from orchestrator.runs.ranks import split_rank
-from orchestrator.runs.samples import node_sample
-from orchestrator.steps.culprit import (
+from orchestrator.runs.culprit import (
     ROOT_CAUSE,
     Failure,
     culprit,
@@ -40,6 +38,8 @@ from orchestrator.steps.culprit import (
     stopped_pids,
     torchrun_failures,
 )
+from orchestrator.runs.ranks import split_rank
+from orchestrator.runs.samples import node_sample
 from orchestrator.view import Cell, View
 
 #: last lines kept per rank (and shown per failure)
@@ -57,7 +57,7 @@ FOLLOW_SECONDS = 5.0
 LINE_CHARS = 2000
 #: bytes of torchrun's failure summary kept while it arrives (it is a few KiB)
 SUMMARY_BYTES = 64 * 1024
-#: said of a node's failure whose rank died of gloo's closed connection (steps/culprit.py)
+#: said of a node's failure whose rank died of gloo's closed connection (runs/culprit.py)
 CONSEQUENCE = " after a peer's connection closed (a consequence: the cause is another node's failure)"
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
@@ -250,7 +250,7 @@ class LiveRun:
 
     def _summary(self, node: str, text: str) -> None:
         """torchrun's failure summary of ``node``, once whole: its word on the culprit corrected when
-        it named a co-located victim of the culprit's closed connection (steps/culprit.py)."""
+        it named a co-located victim of the culprit's closed connection (runs/culprit.py)."""
         held = self._summaries[node] + text
         done = held.find("\n=====", held.find(ROOT_CAUSE)) if ROOT_CAUSE in held else -1
         if done < 0:

@@ -21,6 +21,7 @@ from orchestrator.errors import CancelledError, CommandFailedError, ConnectError
 from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
 from orchestrator.runs.base import RunOps, refused_dir, safe_parts
+from orchestrator.runs.culprit import ROOT_CAUSE, torchrun_failures
 from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
@@ -295,10 +296,15 @@ class NodeStatus:
     gpus: list[dict[str, Any]] = field(default_factory=list)
     #: "controller lost": what the node alone would have said (stopped / exited), a race's outcome
     node_state: str | None = None
+    #: a failed run: the rank torchrun's summary names as its root cause, and that rank's exit code
+    #: (the node's own is torchrun's 1)
+    failed_rank: tuple[int, int] | None = None
 
     def public_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["runtime"] = None if self.runtime is None else round(self.runtime, 1)
+        rank = self.failed_rank
+        doc["failed_rank"] = None if rank is None else {"rank": rank[0], "exit_code": rank[1]}
         return doc
 
     @property
@@ -307,6 +313,8 @@ class NodeStatus:
         the stop made of it) and when the controller was lost."""
         if self.exit_code is None or self.state in ("stopped", "controller lost"):
             return self.state
+        if self.failed_rank is not None:
+            return f"{self.state} (rank {self.failed_rank[0]}: exit {self.failed_rank[1]})"
         return f"{self.state} ({self.exit_code})"
 
     @property
@@ -361,8 +369,12 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
     """The status script's records (``nonce``) as a NodeStatus; nothing else it printed counts."""
     values: dict[str, str] = {}
     gpus: list[dict[str, Any]] = []
+    cause: list[str] = []
     for found in records.decode(stdout, nonce):
         key, value = found.kind, found.text(0)
+        if key == "cause":
+            cause.append(value)
+            continue
         if key == "gpu":
             reading = gpu_reading(value)
             if reading is not None:
@@ -406,7 +418,16 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
         last_line=split_rank(values.get("last", ""))[1],
         log_bytes=int(_num(values.get("size")) or 0),
         gpus=gpus,
+        failed_rank=root_cause(cause) if code not in (None, 0) else None,
     )
+
+
+def root_cause(lines: list[str]) -> tuple[int, int] | None:
+    """The rank and exit code of torchrun's root cause, from the lines under its "Root Cause (first
+    observed failure):" (the status script's ``cause`` records); None without one."""
+    found = torchrun_failures("\n".join([ROOT_CAUSE, *lines]))
+    root = next((f for f in found if f.root), None)
+    return None if root is None else (root.rank, root.exit_code)
 
 
 def _num(text: str | None) -> float | None:

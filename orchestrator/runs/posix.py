@@ -20,6 +20,12 @@ from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV, SIGNALLED, STO
 #: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixRuns.logged).
 #: A handler, not '': an ignored signal would be inherited by the command itself.
 WAIT_FOR_COMMAND = "trap : TERM INT HUP; "
+#: the lines after torchrun's last "Root Cause (first observed failure):" up to its closing rule (at
+#: most 12, each cut to 400 characters): its root cause's rank and exit code (runs/culprit.py)
+CAUSE_AWK = (
+    "awk '/^Root Cause \\(first observed failure\\):/{n=0;s=1;next} /^=====/{s=0} "
+    "s&&n<12{n++;l[n]=substr($0,1,400)} END{for(i=1;i<=n;i++)print l[i]}'"
+)
 
 
 class PosixRuns(RunOps):
@@ -281,6 +287,10 @@ class PosixRuns(RunOps):
             " | tail -n 1)\n"
             '  [ -n "$_cb_r" ] || _cb_r=$(printf \'%s\\n\' "$_cb_t" | tail -n 1)\n'
             '  _cb_rec last "$(printf \'%s\' "$_cb_r" | cut -c1-400)"\n'
+            # an ended run: the fields of torchrun's own last root cause (untagged lines only), so
+            # that status names the rank that failed and its exit code, as launch does
+            f"  [ -f \"$f.rc\" ] && printf '%s\\n' \"$_cb_t\" | grep -v '^\\[default' | {CAUSE_AWK}"
+            ' | while IFS= read -r _cb_l; do _cb_rec cause "$_cb_l"; done\n'
             "fi\n"
             "if command -v nvidia-smi >/dev/null 2>&1; then\n"
             "  nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total"

@@ -30,6 +30,7 @@ from orchestrator.platforms import PowerShell
 from orchestrator.records import new_nonce
 from orchestrator.runs import tail
 from orchestrator.runs.base import RunOps, safe_parts
+from orchestrator.runs.culprit import ROOT_CAUSE
 from orchestrator.runs.windows_follow import ForegroundScripts
 
 _WINDOWS_ABSOLUTE = re.compile(r"([A-Za-z]:[\\/]|[\\/]{2}|~)")
@@ -322,6 +323,20 @@ class WindowsRuns(ForegroundScripts, RunOps):
             "    $cbLast = if ($cbRanked.Count -gt 0) { $cbRanked[-1] } else { $cbLines[-1] }\n"
             "    if ($cbLast.Length -gt 400) { $cbLast = $cbLast.Substring(0, 400) }\n"
             "    Out-CbRecord 'last' @($cbLast)\n"
+            # an ended run: the fields of torchrun's own last root cause (untagged lines only)
+            "    $cbOwn = @($cbLines | Where-Object { -not $_.StartsWith('[default') })\n"
+            "    $cbAt = -1\n"
+            "    for ($cbI = 0; $cbI -lt $cbOwn.Count; $cbI++) {"
+            f" if ($cbOwn[$cbI].StartsWith({self.platform.quote(ROOT_CAUSE)})) {{ $cbAt = $cbI }} }}\n"
+            "    if ([System.IO.File]::Exists($cbRc) -and $cbAt -ge 0) {\n"
+            "      $cbEnd = [Math]::Min($cbOwn.Count, $cbAt + 13)\n"
+            "      for ($cbI = $cbAt + 1; $cbI -lt $cbEnd; $cbI++) {\n"
+            "        if ($cbOwn[$cbI].StartsWith('=====')) { break }\n"
+            "        $cbC = $cbOwn[$cbI]\n"
+            "        if ($cbC.Length -gt 400) { $cbC = $cbC.Substring(0, 400) }\n"
+            "        Out-CbRecord 'cause' @($cbC)\n"
+            "      }\n"
+            "    }\n"
             "  } else { Out-CbRecord 'last' @('') }\n"
             "}\n"
             # nvidia-smi: on PATH (System32 with current drivers) or where older drivers put it

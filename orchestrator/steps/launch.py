@@ -33,6 +33,14 @@ from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
 from orchestrator.resources import package_file, packaged_example
 from orchestrator.runs.base import refused_dir
+from orchestrator.runs.culprit import (
+    Failure,
+    culprit,
+    is_victim,
+    stopped_pids,
+    tagged_lines,
+    torchrun_failures,
+)
 from orchestrator.runs.ids import is_run_id
 from orchestrator.runs.layout import (
     CODE_MARKER,
@@ -48,14 +56,6 @@ from orchestrator.runs.start import FIRST_ROUND_TIMEOUT, DetachedStart, Followed
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import ROUND_SECONDS
 from orchestrator.steps.addresses import reached_nodes
-from orchestrator.steps.culprit import (
-    Failure,
-    culprit,
-    is_victim,
-    stopped_pids,
-    tagged_lines,
-    torchrun_failures,
-)
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
@@ -798,7 +798,7 @@ def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> b
 def root_cause(result: Result, *, global_tags: bool = False) -> tuple[int, int] | None:
     """(global rank, its own exit code) of the rank that made torchrun fail, when it printed its
     failure summary: torchrun's first observed failure, unless that is a co-located victim of the
-    culprit's closed connection (steps/culprit.py). ``global_tags``: the node's lines are tagged with
+    culprit's closed connection (runs/culprit.py). ``global_tags``: the node's lines are tagged with
     global ranks (elastic runs), not local ones.
 
     torchrun itself exits 1 whatever its worker did (FIELD_NOTES, "torchrun"): the rank's code (3, or
@@ -819,7 +819,7 @@ def _culprit(result: Result, *, global_tags: bool = False) -> Failure | None:
 
 def died_of_a_peer(result: Result, *, global_tags: bool = False) -> bool:
     """Whether the node's failure looks like another node's consequence: the rank its torchrun
-    failed for (steps/culprit.py) died of gloo's closed connection (a peer went away first)."""
+    failed for (runs/culprit.py) died of gloo's closed connection (a peer went away first)."""
     found = _culprit(result, global_tags=global_tags)
     text = result.stdout + "\n" + result.stderr
     if found is None or found.pid in stopped_pids(text):

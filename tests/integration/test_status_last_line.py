@@ -66,3 +66,48 @@ def test_a_metric_record_is_not_the_last_line(tmp_path: Path) -> None:
     (run_dir / "node.log.rc").write_text("0\n")
     status = status_node(node, LocalTransport("n1", PosixShell()), "r1")
     assert status.last_line == "[rank 0/2] epoch 2/3 complete", status
+
+
+#: torchrun's failure summary as torch 2.x prints it (untagged: torchrun's own lines)
+SUMMARY = """\
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-07_08:01:02
+  host      : node2
+  rank      : 3 (local_rank: 1)
+  exitcode  : 7 (pid: 4242)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_run_names_the_rank_and_its_exit_code_as_launch_does(tmp_path: Path) -> None:
+    """torchrun exits 1 whatever its rank's code: status shows the rank its summary names and that
+    rank's exit code (launch says `exit 7 (rank 3)`), and a rank cannot forge that summary."""
+    text = f"nodes:\n  - {{name: n1, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    node = load_inventory_text(text, str(tmp_path / "hosts.yaml")).nodes[0]
+    run_dir = Path(run_dir_for(node, "r1"))
+    run_dir.mkdir(parents=True)
+    transport = LocalTransport("n1", PosixShell())
+    (run_dir / "node.log").write_text("[default1]:boom\n" + SUMMARY)
+    (run_dir / "node.log.rc").write_text("1\n")
+    status = status_node(node, transport, "r1")
+    assert (status.exit_code, status.failed_rank, status.label) == (1, (3, 7), "exited (rank 3: exit 7)")
+
+    # the same summary printed by a rank (tagged) is the rank's word, not torchrun's
+    forged = "".join(f"[default1]:{line}\n" for line in SUMMARY.splitlines())
+    (run_dir / "node.log").write_text(forged)
+    status = status_node(node, transport, "r1")
+    assert (status.failed_rank, status.label) == (None, "exited (1)")
+
+    # a run that exited 0 names no rank, whatever its log holds
+    (run_dir / "node.log").write_text(SUMMARY)
+    (run_dir / "node.log.rc").write_text("0\n")
+    assert status_node(node, transport, "r1").failed_rank is None

@@ -13,7 +13,7 @@ import pytest
 from orchestrator import executor as executor_module
 from orchestrator.errors import CancelledError, CommandFailedError
 from orchestrator.executor import CAUSE_GRACE, Executor, NodeEvent
-from orchestrator.steps.culprit import is_victim
+from orchestrator.runs.culprit import is_victim
 from orchestrator.steps.launch import died_of_a_peer, failure_headline, failure_tail, root_cause
 from orchestrator.steps.train import consequence, failed_first
 from orchestrator.transports import Result

@@ -256,6 +256,21 @@ def test_status_prints_what_parse_status_reads(run_dir: str) -> None:
     assert "$cbText.Wait(10000)" in script and "$cbSmiProc.Kill()" in script
     # the log is opened while the launcher writes it
     assert "[System.IO.FileShare]::ReadWrite -bor [System.IO.FileShare]::Delete" in script
+    # an ended run: the lines under torchrun's last root cause, read from its own (untagged) lines
+    assert said["'cause'"] == "@($cbC)"
+    assert "$cbOwn = @($cbLines | Where-Object { -not $_.StartsWith('[default') })" in script
+    assert "StartsWith('Root Cause (first observed failure):')" in script
+    assert "if ([System.IO.File]::Exists($cbRc) -and $cbAt -ge 0) {" in script
+
+
+def test_a_failed_windows_run_names_the_rank_torchruns_summary_names() -> None:
+    stdout = (
+        "now=1767268900\nstarted=1767268800\nalive=0\nrc=1\nended=1767268850\n"
+        "cause=[0]:\ncause=  host      : gpu-pc\ncause=  rank      : 1 (local_rank: 1)\n"
+        "cause=  exitcode  : 3 (pid: 9120)\n"
+    )
+    status = parse_status(status_said(stdout), NONCE)
+    assert (status.exit_code, status.failed_rank, status.label) == (1, (1, 3), "exited (rank 1: exit 3)")
 
 
 def test_a_windows_status_answer_parses() -> None:
