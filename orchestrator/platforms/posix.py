@@ -199,10 +199,14 @@ class PosixShell(Platform):
             ' kill -KILL "$target" || kill -KILL "$job"; p=$(_cb_tok); [ -n "$p" ] && kill -KILL $p; }'
             " >/dev/null 2>&1 &\n"
             "exec 3<&-\n"
-            # the job is over: stop what it left in its group now (the watcher is blocked reading
-            # stdin, and a child holding our stdout would keep wsl.exe, and so a WinRM command,
-            # from ever ending)
-            'wait "${target#-}"; rc=$?; kill -TERM "$target" 2>/dev/null\n'
+            # the job is over: stop what it left in its group now, and KILL what ignores TERM 5 s
+            # later (the watcher is blocked reading stdin, which a transport may close only once
+            # the command has ended, and a child holding our stdout would keep wsl.exe, and so a
+            # WinRM command, from ever ending). An empty group costs one failed kill.
+            'wait "${target#-}"; rc=$?\n'
+            'if kill -TERM "$target" 2>/dev/null; then i=0;'
+            ' while [ $i -lt 50 ] && kill -0 "$target" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done;'
+            ' kill -KILL "$target" 2>/dev/null; fi\n'
             'exit "$rc"'
         )
 

@@ -192,7 +192,11 @@ def test_a_child_that_ignores_term_left_by_a_command_that_ended_is_gone_too(tran
     """What a command leaves in its group is TERMed when it ends; one that ignores TERM (a server
     saving state, a stuck rank) is KILLed 5 s later, on every transport, not left running."""
     marker = f"cbt-contract-stubborn-{uuid.uuid4().hex}"
-    result = transport.run(f"sh -c \"trap '' TERM; sleep 300; : {marker}\" & echo left a child", timeout=30)
+    ready = f"/tmp/{marker}"  # the child ignores TERM before the command ends (no race with the TERM)
+    child = f"sh -c \"trap '' TERM; : > {ready}; sleep 300; : {marker}\""
+    result = transport.run(
+        f"{child} & until [ -e {ready} ]; do sleep 0.01; done; rm -f {ready}; echo left a child", timeout=30
+    )
     assert result.ok and result.stdout == "left a child\n", result
     assert _await_gone(marker) == []
 
