@@ -109,11 +109,17 @@ class Clean(Step[CleanContext, NodeClean]):
         }
         return platform.join([interpreter_for(node), "-c", script(), json.dumps(args)])
 
-    def answer(self, node: Node, output: str, ok: bool, result: Result) -> NodeClean:
+    def answer(self, node: Node, output: str, code: int | None, result: Result) -> NodeClean:
         found = records.find(output, self.nonce, "clean")
-        if not ok or found is None:
-            tail = " | ".join(result.tail(3)) or f"exit code {result.exit_code}"
-            raise CommandFailedError(f"clean failed: {tail}", node=node.name, result=result)
+        if code != 0 or found is None:
+            # (the script says its own failures in its answer; without one, only the exit is known)
+            said = "timed out" if result.timed_out else f"exit code {code}"
+            raise CommandFailedError(
+                f"the clean script gave no answer ({said})",
+                node=node.name,
+                hint=f"is {interpreter_for(node)} a working Python on the node? nothing was removed",
+                result=result,
+            )
         data = json.loads(found.text(0))
         return NodeClean(
             node=node.name,
@@ -129,7 +135,7 @@ class Clean(Step[CleanContext, NodeClean]):
     def reads(self, node: Node) -> list[Read]:
         def parse(sections: Sections, result: Result) -> NodeClean:
             output, code = sections.get("clean", ("", 1))
-            return self.answer(node, output, code == 0, result)
+            return self.answer(node, output, code, result)
 
         return [
             Read(
@@ -168,7 +174,7 @@ class Clean(Step[CleanContext, NodeClean]):
         if not results:  # a listing only
             listing: NodeClean = plan.detail
             return listing
-        return self.answer(node, results[0].stdout, results[0].ok, results[0])
+        return self.answer(node, results[0].stdout, results[0].exit_code, results[0])
 
 
 @dataclass

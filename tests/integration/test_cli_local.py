@@ -583,3 +583,45 @@ def test_syncing_a_directory_without_the_training_script_warns_that_it_may_not_b
     )
     right = bootstrap("-i", str(inv), "sync", "--only", "code", "--dry-run", cwd=project, env=env)
     assert right.returncode == 0 and "is not in" not in right.stderr, right
+
+
+def test_a_file_sync_could_not_write_is_not_recorded_as_shipped_and_clean_keeps_what_training_made(
+    tmp_path: Path,
+) -> None:
+    """Training made a directory ``outputs/`` in the code directory; the project then gets a file of
+    that name. The sync cannot write it (and says so): the file is not recorded as one it shipped, so
+    nothing later deletes or counts that directory as ours, and `clean` (which had crashed on the
+    directory where its record named a file, answering with its raw protocol) lists and removes only
+    the project's files, keeping the checkpoint."""
+    project, workdir, home = tmp_path / "project", tmp_path / "wd", {"HOME": str(tmp_path)}
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{code: {{source: {project}}}, train: {{script: train.py}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {workdir}, python: {sys.executable}}}\n"
+    )
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=home).returncode == 0
+    code = workdir / "code"
+    (code / "outputs").mkdir()
+    (code / "outputs" / "ck.pt").write_text("checkpoint\n")
+    (project / "outputs").write_text("x = 1\n")
+    failed = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=home)
+    assert failed.returncode == 1 and "outputs: Directory not empty" in failed.stderr, failed
+    shipped = json.loads((code / ".bootstrap-code-shipped.json").read_text())["files"]
+    assert set(shipped) == {"train.py"}, shipped
+    (project / "outputs").unlink()
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=tmp_path, env=home).returncode == 0
+    # a file the record names is a directory now (training replaced it): not ours, never read as one
+    (code / "train.py").unlink()
+    (code / "train.py").mkdir()
+    (code / "train.py" / "log.txt").write_text("mine\n")
+    listed = bootstrap("-i", str(inv), "--json", "clean", "--dry-run", cwd=tmp_path, env=home)
+    assert listed.returncode == 0, listed
+    (node,) = json.loads(listed.stdout)["nodes"]
+    assert "code" in {item["kind"] for item in node["items"]}, node
+    removed = bootstrap("-i", str(inv), "clean", "--yes", cwd=tmp_path, env=home)
+    assert removed.returncode == 0, removed
+    assert (code / "outputs" / "ck.pt").read_text() == "checkpoint\n"
+    assert (code / "train.py" / "log.txt").read_text() == "mine\n"
+    assert not (code / ".bootstrap-code-shipped.json").exists()

@@ -93,12 +93,16 @@ def sha256(base, path):
         return None
     finally:
         os.close(parent)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory training made where a file was shipped
+        os.close(fd)
+        return None
     digest = hashlib.sha256()
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return None
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+        try:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        except OSError:
+            return None  # unreadable: not known to be ours
     return digest.hexdigest()
 
 
@@ -307,6 +311,15 @@ def remove_empty(directory, bases):
 
 def main():
     args = json.loads(sys.argv[1])
+    try:
+        result = clean(args)
+    except Exception as exc:  # said in the answer: the controller reads no stderr of a read
+        said = "the clean script stopped: %s: %s" % (type(exc).__name__, exc)
+        result = {"items": [], "running": [], "removed": False, "errors": [said]}
+    sys.stdout.write(record(args["nonce"], "clean", json.dumps(result)))  # noqa: F821 (prepended)
+
+
+def clean(args):
     node = args["node"]
     workdir = resolve(args["workdir"])
     result = {"items": [], "running": running(workdir, node), "removed": False, "errors": []}
@@ -360,7 +373,7 @@ def main():
                 except OSError:
                     pass
         result["removed"] = True
-    sys.stdout.write(record(args["nonce"], "clean", json.dumps(result)))  # noqa: F821 (prepended)
+    return result
 
 
 if __name__ == "__main__":

@@ -412,6 +412,7 @@ def apply(args):
     known = set()
     cache = load_cache(root)
     kept = {}  # shipped files that could not be deleted: still ours, tried again next time
+    done = set()  # files of this upload written: only those (and what was there already) are shipped
     plan = None
     try:
         with open(bundle, "rb") as fh:
@@ -471,6 +472,7 @@ def apply(args):
                     os.replace(tmp, target)
                     tmp = None
                     written += 1
+                    done.add(rel)
                     if link is None:
                         cache[rel] = [*cache_key(os.lstat(target)), sha]
                 except (Refused, OSError) as exc:
@@ -491,7 +493,13 @@ def apply(args):
     save_cache(root, cache)
     sweep_uploads(root)
     if plan is not None and isinstance(plan.get("shipped"), dict):
-        record = dict(plan["shipped"])
+        # what this sync shipped, less what it could not write (a name training made a directory
+        # of, an upload cut short): such a path stays as the record had it (an earlier sync's file
+        # is still ours, with the bytes it had) and is never recorded as ours by a failure
+        before = load_shipped(root) or {}
+        unwritten = set(row[0] for row in plan.get("files") or []) - done
+        record = dict((rel, sha) for rel, sha in plan["shipped"].items() if rel not in unwritten)
+        record.update((rel, before[rel]) for rel in unwritten if rel in before)
         record.update(kept)
         if not save_json(root, SHIPPED, {"version": PROBE_VERSION, "files": record}):
             errors.append("cannot write %s" % dec(os.path.join(root, SHIPPED)))

@@ -129,7 +129,8 @@ def probe_read(node: Node) -> Read:
         output, code = sections.get("chrony", ("", ran.exit_code or 1))
         if code != 0:
             raise CommandFailedError(
-                f"reading the time configuration failed (exit {code}): {' | '.join(ran.tail(3))}",
+                f"reading the time configuration failed (exit {code}): "
+                + (" | ".join(output.splitlines()[-3:]) or "no output"),
                 node=node.name,
                 result=ran,
             )
