@@ -24,8 +24,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 _WANTED = "dashboard.listen"  # ctx.meta: the Listen asked for (None: no dashboard)
 _LIVE = "dashboard.live"  # ctx.meta: the LiveRun being served (the pipeline's, reused by its launch)
 _LISTEN_HELP = (
-    "Where the dashboard listens: ADDR[:PORT] (default 127.0.0.1:8787; port 0: any free one). Any "
-    "address but loopback needs the token printed at start in the URL."
+    "Where the dashboard listens: ADDR[:PORT] (default 127.0.0.1:8787; port 0: any free one). Every "
+    "address, loopback too, needs the token printed at start in the URL."
 )
 
 
@@ -85,7 +85,7 @@ def live_dashboard(
     live = LiveRun(list(nodes), secrets=secret_values(inventory), command=command)
     server = DashboardServer(live, listen)
     server.start()
-    settings.ui.info(f"dashboard: {server.url}")  # the token (when there is one) is printed this once
+    settings.ui.info(f"dashboard: {server.url}")  # the token is printed this once
     ctx.meta[_LIVE] = live
     try:
         yield live

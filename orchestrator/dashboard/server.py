@@ -5,9 +5,11 @@ Runs aiohttp on a thread of its own (the CLI's commands are threads, not asyncio
 thread takes the run's delta every ``TICK`` seconds and sends the same serialized text to every
 viewer: a viewer costs a socket write, never a read of the nodes.
 
-Safe by default: it listens on 127.0.0.1 unless told otherwise; on any other address every request
-needs the random token printed once (``?token=...``, compared in constant time); on loopback the Host
-header must name a loopback address (a web page elsewhere cannot reach it by DNS rebinding). Every
+Safe by default: it listens on 127.0.0.1 unless told otherwise; every request for data needs the
+random token printed once (``?token=...``, compared in constant time), on loopback too (another user
+of this machine reaches loopback as well: the runs' logs are the controller user's own, ``runs/`` is
+0700); on loopback the Host header must also name a loopback address (a web page elsewhere cannot
+reach it by DNS rebinding). Every
 answer forbids framing and inline script (Content-Security-Policy), and the page renders node text as
 text only.
 """
@@ -105,7 +107,7 @@ class DashboardServer:
         self.masked = list(masked)
         self.listen = listen
         self.runs_root = runs_root
-        self.token = None if listen.loopback else secrets.token_urlsafe(24)
+        self.token = secrets.token_urlsafe(24)
         self.port = listen.port
         self._viewers: set[asyncio.Queue[str | None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,9 +118,14 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
+        """The page's address with its token: what is printed once, for the user to open."""
+        return self.link("")
+
+    def link(self, path: str) -> str:
+        """``path`` (no leading slash) on this dashboard, with the token."""
         host = self.listen.host
         shown = "127.0.0.1" if host in ("0.0.0.0", "::") else f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{self.port}/" + (f"?token={self.token}" if self.token else "")
+        return f"http://{shown}:{self.port}/{path}?token={self.token}"
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -229,11 +236,11 @@ class DashboardServer:
         return response
 
     def refusal(self, host: str, token: str | None) -> str | None:
-        """Why a request is refused (None: served): a missing or wrong token on a non-loopback
-        listen; on loopback, a Host header that is not a loopback address."""
-        if self.token is not None:
-            if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
-                return "refused: this dashboard needs the token printed when it started (?token=...)"
+        """Why a request is refused (None: served): a missing or wrong token; on a loopback listen
+        also a Host header that is not a loopback address."""
+        if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
+            return "refused: this dashboard needs the token printed when it started (?token=...)"
+        if not self.listen.loopback:
             return None
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         name = name.strip("[]")

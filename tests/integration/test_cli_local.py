@@ -493,7 +493,8 @@ def test_the_past_runs_page_masks_the_inventorys_secrets_in_a_runs_log(tmp_path:
         first = server.stderr.readline()
         assert first.startswith("dashboard: http://"), first
         url = first.split("dashboard: ", 1)[1].strip()
-        with urllib.request.urlopen(url + "api/runs/r1/logs/here") as answer:
+        base, token = url.split("?")
+        with urllib.request.urlopen(f"{base}api/runs/r1/logs/here?{token}") as answer:
             text = answer.read().decode()
     finally:
         server.send_signal(signal.SIGINT)

@@ -118,13 +118,13 @@ def test_every_answer_forbids_inline_script_and_framing(served: tuple[LiveRun, D
     with urllib.request.urlopen(server.url) as page:
         csp = page.headers["Content-Security-Policy"]
     assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
-    with urllib.request.urlopen(server.url + "api/state") as state:
+    with urllib.request.urlopen(server.link("api/state")) as state:
         assert json.load(state)["run"]["run_id"] == "r1"
 
 
 def test_loopback_refuses_a_foreign_host_header(served: tuple[LiveRun, DashboardServer]) -> None:
     _, server = served  # a page elsewhere that rebinds its name to 127.0.0.1 (DNS rebinding)
-    request = urllib.request.Request(server.url + "api/state", headers={"Host": "attacker.example"})
+    request = urllib.request.Request(server.link("api/state"), headers={"Host": "attacker.example"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request)
     assert refused.value.code == 403
@@ -135,7 +135,22 @@ def test_non_loopback_needs_the_token() -> None:
     assert server.token and len(server.token) >= 24
     assert server.refusal("192.0.2.1:8787", None) and server.refusal("192.0.2.1:8787", "wrong")
     assert server.refusal("192.0.2.1:8787", server.token) is None
-    assert DashboardServer(None, Listen()).token is None
+
+
+def test_loopback_needs_the_token_too(served: tuple[LiveRun, DashboardServer]) -> None:
+    """Another user of the controller reaches loopback as well: without the token printed at start
+    the runs' logs (``runs/`` is the controller user's, 0700) are refused to them; the page's script
+    and style, which hold no data, are not."""
+    _, server = served
+    bare = server.url.split("?")[0]
+    for target in (bare, bare + "api/state", bare + "api/runs", server.link("api/runs") + "x"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(target)
+        assert refused.value.code == 403, target
+    with urllib.request.urlopen(bare + "static/app.js") as script:
+        assert script.status == 200
+    with urllib.request.urlopen(server.link("api/runs")) as runs:
+        assert runs.status == 200
 
 
 def test_listen_addresses() -> None:

@@ -11,7 +11,7 @@ const store = { run: null, nodes: {}, ranks: {}, points: {}, lines: {}, events: 
 let drawPending = false;
 
 function api(path) {
-  return token ? `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token)}` : path;
+  return `${path}${path.includes("?") ? "&" : "?"}token=${encodeURIComponent(token || "")}`;
 }
 
 function el(tag, text, cls) {
