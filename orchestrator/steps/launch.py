@@ -343,16 +343,20 @@ def rank_capture_file() -> Path:
 
 def _leftover_notice(notice: Callable[[str], None] | None, nonce: str) -> Callable[[str], None]:
     def parse(stdout: str) -> None:
+        counts: dict[str, int] = {}  # one notice per run (a machine seen as several nodes: one line)
         for said in records.decode(stdout, nonce):
             if notice is not None and said.kind == "leftover":
                 count, marker = said.text(0), said.text(1)
                 other = marker.rsplit("/", 1)[0]
                 if not (count.isdigit() and is_run_id(other)):
                     continue  # any process can carry any value there: only a run id is named
-                notice(
-                    f"bootstrap: {count} process(es) of run {other} still running on this node "
-                    f"(`bootstrap stop --run {other}` ends them if they should not)"
-                )
+                counts[other] = counts.get(other, 0) + int(count)
+        for other, count in counts.items():
+            assert notice is not None
+            notice(
+                f"bootstrap: {count} process(es) of run {other} still running on this node "
+                f"(`bootstrap stop --run {other}` ends them if they should not)"
+            )
 
     return parse
 

