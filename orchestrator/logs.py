@@ -206,12 +206,14 @@ class RunLog:
     def close(self) -> None:
         """Close every file; staged: parts not committed are dropped."""
         with self._lock:
-            for node, fd in self._files.items():
+            # each file leaves the table before it is closed: a close cut short (a second Ctrl-C)
+            # and called again closes each once (it closed them again: EBADF, a traceback)
+            while self._files:
+                node, fd = self._files.popitem()
                 if self.staged:
-                    self.part_path(node).unlink(missing_ok=True)
                     self._done.add(node)
+                    self.part_path(node).unlink(missing_ok=True)
                 os.close(fd)
-            self._files.clear()
 
 
 # -- a node's output as it arrives: the run log, the live page, and a terminal's labelled lines ------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 from typing import Any
 
 import click
@@ -178,6 +179,13 @@ def main() -> None:
     signal.signal(signal.SIGTERM, terminate)
     try:
         cli(prog_name="bootstrap")
+    except KeyboardInterrupt as again:
+        # a Ctrl-C (or SIGTERM) while the first one's clean-up or the summary was being done: one
+        # line, no traceback (what the first one started to stop is said above it)
+        said = "terminated (SIGTERM)" if isinstance(again, Terminated) else "interrupted"
+        sys.stderr.write(f"error: {said}: stopped at once\n")
+        code = ExitCode.TERMINATED if isinstance(again, Terminated) else ExitCode.INTERRUPTED
+        raise SystemExit(int(code)) from None
     finally:
         # what runs after the command (the interpreter joining worker threads at exit) is not the
         # command's: a Ctrl-C or SIGTERM then ends the process as the signal does, no traceback

@@ -160,9 +160,9 @@ def train_run(
     try:
         return train(session, specs, renderer, outputs, started)
     except KeyboardInterrupt as stop:
-        log.close()
         report = TrainReport(run_id, [], started, interrupted=stop)
-        try:
+        try:  # a second Ctrl-C from here on cuts the sweep short, and is said so
+            log.close()
             report.swept = sweep(session, run_id, started)
         except KeyboardInterrupt:
             report.swept_all = False

@@ -7,6 +7,7 @@ import io
 import itertools
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -158,3 +159,30 @@ def test_every_piece_of_a_ranks_very_long_line_carries_the_ranks_label(tmp_path:
         "[node-two:4] " + "y" * 9,
         "[node-two:4] " + "y" * 10 + "z" * 8,
     ]
+
+
+def test_a_run_log_close_cut_short_by_a_second_ctrl_c_closes_each_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C while the first one's clean-up closed the run's logs left closed descriptors in the
+    table; closing again (the command's end) closed them twice: EBADF and a traceback for the user,
+    or worse, a descriptor opened meanwhile closed under someone else."""
+    import os
+
+    log = RunLog(tmp_path)
+    for node in ("n1", "n2", "n3"):
+        log.write(node, f"{node} line")
+    real_close, closed = os.close, []
+
+    def close(fd: int) -> None:
+        closed.append(fd)
+        real_close(fd)
+        if len(closed) == 1:
+            raise KeyboardInterrupt  # the second Ctrl-C, right after the first file
+
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        log.close()
+    log.close()  # the command's own close at its end: the other two, and no error
+    assert len(closed) == len(set(closed)) == 3
+    assert all((tmp_path / f"{n}.log").read_text() == f"{n} line\n" for n in ("n1", "n2", "n3"))
