@@ -31,6 +31,7 @@ from orchestrator.runs.next_command import again, train_without
 from orchestrator.runs.run_inventory import for_run, run_nodes
 from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
+from orchestrator.steps.script_check import missing_module_hint
 
 if TYPE_CHECKING:
     from orchestrator.steps.train import LaunchRun
@@ -237,10 +238,16 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
             log_dir=str(run.log_dir),
         )
     draw(ui, report.view())
+    hints: dict[str, None] = {}  # what to do about a module a rank missed, said once
     for o in failed:
         ui.error(str(o.error))
-        for line in report.tail(o, run.labels.get(o.node, (0, 0))[0]):
+        tail = report.tail(o, run.labels.get(o.node, (0, 0))[0])
+        for line in tail:
             ui.info(f"  {line}")
+        if said := missing_module_hint(inventory, tail):
+            hints[said] = None
+    for said in hints:
+        ui.info(f"hint: {said}")
     if stopped and failed:
         ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
     ui.note(f"logs: {run.log_dir}/ (and {logs_where(inventory.nodes, run_id)})")

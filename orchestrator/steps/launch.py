@@ -351,11 +351,11 @@ def _leftover_notice(notice: Callable[[str], None] | None, nonce: str) -> Callab
                 if not (count.isdigit() and is_run_id(other)):
                     continue  # any process can carry any value there: only a run id is named
                 counts[other] = counts.get(other, 0) + int(count)
-        for other, count in counts.items():
+        for run, processes in counts.items():
             assert notice is not None
             notice(
-                f"bootstrap: {count} process(es) of run {other} still running on this node "
-                f"(`bootstrap stop --run {other}` ends them if they should not)"
+                f"bootstrap: {processes} process(es) of run {run} still running on this node "
+                f"(`bootstrap stop --run {run}` ends them if they should not)"
             )
 
     return parse

@@ -4,7 +4,9 @@ files the inventory names relative to itself (env.requirements), resolved exactl
 
 from __future__ import annotations
 
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,3 +68,42 @@ def check_env_files(inventory: Inventory) -> None:
     from orchestrator.steps.envsync import resolve_specs
 
     resolve_specs(inventory, list(inventory.nodes))
+
+
+_MISSING_MODULE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([A-Za-z_][\w.]*)'")
+
+
+def missing_module_hint(inventory: Inventory, lines: Sequence[str]) -> str | None:
+    """What to do when a rank died of ``No module named 'X'`` (``lines``: what it printed last): a
+    module of the project here that is not on the nodes (``launch`` runs the code the last sync put
+    there, and without ``cluster.code`` ships the training script alone), or one the project does not
+    have (a package the nodes' Python lacks)."""
+    from orchestrator.steps.codesync import code_source
+
+    found = next((m for line in reversed(lines) if (m := _MISSING_MODULE.search(line))), None)
+    if found is None:
+        return None
+    name = found.group(1)
+    top = name.split(".")[0]
+    script = script_file(inventory)
+    project = code_source(inventory.cluster) if inventory.cluster.code_declared else None
+    here = project or (script.parent if script is not None else None)
+    try:
+        local = here is not None and ((here / f"{top}.py").is_file() or (here / top).is_dir())
+    except OSError:
+        local = False
+    if local and project is not None:
+        return (
+            f"'{top}' is in your project ({project}) but not on the node as it is here: `launch` runs "
+            "the code the last sync put there; `bootstrap sync --only code` brings it up to date "
+            "(`bootstrap` alone syncs, then launches)"
+        )
+    if local:
+        return (
+            f"'{top}' is beside the training script here, but launch ships the script alone: add "
+            "`code: {source: .}` under `cluster:` so the whole project goes to every node (docs/sync.md)"
+        )
+    return (
+        f"no module '{name}' on the node, nor in the project here: a package the nodes' Python lacks? "
+        "list it in cluster.env (requirements or packages) and run `bootstrap sync --only env` (docs/sync.md)"
+    )

@@ -626,3 +626,38 @@ def test_a_file_sync_could_not_write_is_not_recorded_as_shipped_and_clean_keeps_
     assert (code / "outputs" / "ck.pt").read_text() == "checkpoint\n"
     assert (code / "train.py" / "log.txt").read_text() == "mine\n"
     assert not (code / ".bootstrap-code-shipped.json").exists()
+
+
+def test_a_rank_missing_a_module_of_the_project_is_told_to_sync_the_code(tmp_path: Path) -> None:
+    """The newcomer adds helper.py and runs `launch`: every rank dies of "No module named 'helper'"
+    (launch runs the code the last sync put on the node; without `code:` it ships the script alone).
+    The summary says which of those it is and what to run, once however many ranks said it."""
+    project, home = tmp_path / "project", {"HOME": str(tmp_path)}
+    project.mkdir()
+    (project / "train.py").write_text("import helper\nprint('trained', helper.X)\n")
+    node = f"{{name: here, connection: local, python: {sys.executable}, nproc: 2"
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{port: {free_port()}, code: {{source: {project}}}, train: {{script: train.py}}}}\n"
+        f"nodes:\n  - {node}, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
+    (project / "helper.py").write_text("X = 1\n")
+    stale = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
+    assert stale.returncode == 1 and "No module named 'helper'" in stale.stderr, stale
+    hint = f"hint: 'helper' is in your project ({project}) but not on the node as it is here"
+    assert stale.stderr.count(hint) == 1 and "`bootstrap sync --only code`" in stale.stderr, stale.stderr
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
+    synced = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
+    assert synced.returncode == 0 and "trained 1" in synced.stdout and "hint:" not in synced.stderr, synced
+    # without `code:` launch ships the training script alone
+    alone = tmp_path / "alone.yaml"
+    alone.write_text(
+        f"cluster: {{port: {free_port()}, train: {{script: train.py}}}}\n"
+        f"nodes:\n  - {node}, workdir: {tmp_path / 'wd2'}}}\n"
+    )
+    shipped = bootstrap("-i", str(alone), "launch", cwd=project, env=home)
+    assert shipped.returncode == 1, shipped
+    beside = "hint: 'helper' is beside the training script here, but launch ships the script alone"
+    assert beside in shipped.stderr, shipped.stderr
+    assert "`code: {source: .}`" in shipped.stderr, shipped.stderr
