@@ -79,6 +79,10 @@ class LaunchSpec:
     # the nonce of the run's samples (GPU use, CPU load) in its output: records.py frames, written by
     # the node's rank capture (steps/probes/rank_capture.py), read by the dashboard; one per run
     sample_nonce: str = ""
+    # a directory the ranks import from besides the code directory (bench --callable: the project's,
+    # while the worker runs from the run directory): refused like the code directory when another user
+    # could change it (what they import from it would be theirs)
+    imports_from: str = ""
 
 
 def plan_launch(

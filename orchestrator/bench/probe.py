@@ -211,7 +211,13 @@ def probe_specs(
         run_dir = run_dir_for(spec.node, spec.run_id)
         out.append(
             dataclasses.replace(
-                spec, code_dir=run_dir, script=WORKER, args=tuple(args), env={**spec.env, **env}
+                spec,
+                code_dir=run_dir,
+                script=WORKER,
+                args=tuple(args),
+                env={**spec.env, **env},
+                # the callable's module comes from the code directory: refused when not ours, as launch
+                imports_from=spec.code_dir if workload else "",
             )
         )
     return out

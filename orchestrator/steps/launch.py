@@ -307,6 +307,11 @@ def prepare_script(
     )
 
 
+def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
+    """A line that prints the PORT_BUSY record (and ends the script) when ``port`` is in use."""
+    return posix.say_if_listening(port, records.record(nonce, PORT_BUSY).rstrip("\n"))
+
+
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str, nonce: str) -> None:
     """A run id names one run: a second launch under it would append to the first's log and take
     its exit code file for its own. Refused before anything is uploaded."""
@@ -415,10 +420,13 @@ def prepare_plan(
                 code_root=code_root,
                 nonce=nonce,
                 # on the master: its rendezvous port must be free (torchrun would fail there, and the
-                # other nodes could join whatever holds it)
-                refuse=posix.say_if_listening(spec.master_port, records.record(nonce, PORT_BUSY).rstrip("\n"))
-                if spec.node_rank == 0
-                else "",
+                # other nodes could join whatever holds it); a directory the ranks import from, ours
+                refuse="\n".join(
+                    [
+                        *([posix.check_path(spec.imports_from)] if spec.imports_from else []),
+                        *([port_busy(posix, spec.master_port, nonce)] if spec.node_rank == 0 else []),
+                    ]
+                ),
             )
         )
         launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")

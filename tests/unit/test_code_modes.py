@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,9 @@ import pytest
 
 from orchestrator.steps.codesync import build_tree
 from orchestrator.steps.codesync.manifest import node_mode
+from orchestrator.steps.codesync.sync import probe_script
 
-PROBE = resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+PROBE = probe_script()  # as a node runs it
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.steps.codesync import FileEntry, IgnoreRules, build_tree, code_dest, diff
 from orchestrator.steps.codesync.ignore import parse_pattern
 from orchestrator.steps.codesync.manifest import list_files
+from orchestrator.steps.codesync.sync import probe_script
 
 # -- ignore rules ---------------------------------------------------------------------------------
 
@@ -248,7 +248,7 @@ def test_dest_and_code_dir_must_agree(tmp_path: Path) -> None:
 
 # -- the node script, run here --------------------------------------------------------------------
 
-PROBE = resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+PROBE = probe_script()  # as a node runs it
 
 
 def _probe(args: dict[str, Any], home: Path) -> dict[str, Any]:

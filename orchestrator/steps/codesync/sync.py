@@ -162,8 +162,12 @@ def code_dest(cluster: Cluster, node: Node) -> str:
     return in_workdir(node, "code")
 
 
-def _probe_text() -> str:
-    return resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+def probe_script() -> str:
+    """The code probe as it runs on a node: with ``unsafe_path`` before it."""
+    from orchestrator.steps.preflight.shared_fs import safe_path_source
+
+    tree = resources.files("orchestrator.steps.probes").joinpath("code_tree.py").read_text()
+    return safe_path_source() + tree
 
 
 def _rules_for_probe(rules: IgnoreRules) -> list[list[Any]]:
@@ -226,7 +230,7 @@ class _Bundles:
 
 def probe_command(node: Node, platform: Platform, args: dict[str, Any]) -> str:
     """The command that runs the node-side script (``op`` scan or apply) with the node's Python."""
-    return platform.join([interpreter_for(node), "-c", _probe_text(), json.dumps(args)])
+    return platform.join([interpreter_for(node), "-c", probe_script(), json.dumps(args)])
 
 
 def scan_args(tree: LocalTree, dest: str, *, windows: bool, dry_run: bool) -> dict[str, Any]:
@@ -379,10 +383,15 @@ def scan_node(
         scan = _run_probe(node, transport, args, SCAN_TIMEOUT)
     where = str(scan.get("dest") or dest)
     if scan.get("refused"):
+        refused = str(scan["refused"])
         raise CodeDestRefused(
-            f"refusing to sync code into {scan['refused']}: sync writes the project's files there",
+            # a path another user can change (said whole), or one that is no place for a project
+            refused
+            if refused.startswith("refusing ")
+            else f"refusing to sync code into {refused}: sync writes the project's files there",
             node=node.name,
-            hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code",
+            hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code"
+            + (" (nothing was written)" if refused.startswith("refusing ") else ""),
         )
     problems = [str(e) for e in scan.get("errors") or []]
     if problems:  # an unreadable directory would look empty: its files resent

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -90,18 +91,48 @@ class MasterEnv:
         return os_of(self.platform)
 
     @classmethod
-    def parse(cls, where: str, data: dict[str, Any]) -> MasterEnv:
+    def parse(cls, where: str, data: dict[str, Any], node: str | None = None) -> MasterEnv:
+        """What the master's probe answered, each value checked for what it must be (a package
+        name, a version, a Python version): they become lines of the requirements every other node
+        installs, so a master that is not what it seems (its interpreter or site-packages changed by
+        someone) cannot add a line of its own there (``--index-url``, ``name @ URL``). Refused whole
+        (CommandFailedError naming ``node``): nothing is written or installed from it."""
         torch = data.get("torch") or {}
+
+        def checked(value: object, pattern: re.Pattern[str], what: str) -> str:
+            text = str(value)
+            if not pattern.fullmatch(text):
+                raise CommandFailedError(
+                    f"the master's Python ({where}) reported {what} {text[:80]!r}, which is no {what}: "
+                    "nothing was written or installed from its answer",
+                    node=node,
+                    hint="check that interpreter and its site-packages on the master: they are not as "
+                    "pip leaves them",
+                )
+            return text
+
+        packages = {
+            checked(name, _NAME, "package name"): checked(version, _VERSION, "version")
+            for name, version in (data.get("packages") or {}).items()
+        }
+        version = torch.get("version")
         return cls(
             where=where,
-            python=str(data.get("python") or ""),
+            python=checked(data.get("python") or "", _PYTHON, "Python version"),
             platform=str(data.get("platform") or ""),
-            torch=torch.get("version"),
-            cuda=torch.get("cuda"),
-            hip=torch.get("hip"),
-            packages={str(k): str(v) for k, v in (data.get("packages") or {}).items()},
-            portable=frozenset(data.get("portable") or ()),
+            torch=None if version is None else checked(version, _VERSION, "version"),
+            cuda=None if torch.get("cuda") is None else checked(torch["cuda"], _VERSION, "version"),
+            hip=None if torch.get("hip") is None else checked(torch["hip"], _VERSION, "version"),
+            packages=packages,
+            portable=frozenset(str(name) for name in data.get("portable") or () if str(name) in packages),
         )
+
+
+#: a distribution name (PEP 508), a version (PEP 440's characters: public and local parts, no spaces,
+#: no markers, no URLs) and a Python version as the probe reports it (platform.python_version())
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+_VERSION = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.!+_-]*[A-Za-z0-9])?")
+_PYTHON = re.compile(r"|\d+\.\d+(?:\.\d+)?[A-Za-z0-9+.]*")
 
 
 def _label(version: str) -> str:
@@ -211,7 +242,7 @@ def read_node(node: Node, transport: Transport) -> MasterEnv | None:
     data = _parse_output(result.stdout) if result.ok else None
     if result.exit_code == NOT_FOUND or data is None:
         return None
-    env = MasterEnv.parse(f"{node.name}: {python}", data)
+    env = MasterEnv.parse(f"{node.name}: {python}", data, node.name)
     return env if env.torch else None
 
 

@@ -87,7 +87,13 @@ REBASE_CODE = (
 
 
 def probe_code() -> str:
-    return resources.files("orchestrator.steps.envsync.probes").joinpath("env_probe.py").read_text()
+    """The environment probe as a node runs it: with ``unsafe_path`` before it."""
+    from orchestrator.steps.preflight.shared_fs import safe_path_source
+
+    return (
+        safe_path_source()
+        + resources.files("orchestrator.steps.envsync.probes").joinpath("env_probe.py").read_text()
+    )
 
 
 @dataclass(frozen=True)

@@ -256,6 +256,13 @@ def probe_node(
     ]
     key = keys[0]
     marker_error = (found.data.get("marker") or {}).get("error") if marker is not None else None
+    if isinstance(marker_error, str) and marker_error.startswith("refusing "):
+        # a directory another user can change: what is built there could be changed under the ranks
+        raise CommandFailedError(
+            marker_error,
+            node=node.name,
+            hint="set workdir: (or env.path) to a directory of yours; nothing was installed",
+        )
     probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error, spec=spec)
     unreachable = found.index_problem
     if _unchanged(spec, found, keys, force):

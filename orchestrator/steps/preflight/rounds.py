@@ -57,9 +57,13 @@ MARK, MARKS = "workdir_mark", "workdir_marks"
 
 def mark_command(platform: PosixShell, workdir: str, marker_dir: str, name: str, token: str) -> str:
     """Write ``token`` into ``<workdir>/<marker_dir>/<name>`` (both created when missing); prints
-    the failure, if any (shared_fs.py's protocol in sh)."""
+    the failure, if any (shared_fs.py's protocol in sh). Only into a workdir no other user can
+    change (``check_path``: launch refuses the others too): in one that another user made, a link
+    planted as the marker would have had any file we can write overwritten (``/etc/shadow`` as root);
+    the refusal is printed instead (exit UNSAFE_DIR_EXIT), and nothing is written."""
     q = platform.quote
     return (
+        f"{{ {platform.check_path(workdir)}\n}} 2>&1\n"
         f"m={platform.path_word(workdir)}/{q(marker_dir)}\n"
         f'{{ [ -d "$m" ] || mkdir -p "$m"; }} 2>&1 && printf %s {q(token)} 2>&1 > "$m"/{q(name)}'
     )

@@ -16,9 +16,11 @@ and Windows nodes.
 
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 from collections.abc import Sequence
+from importlib import resources
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import CommandFailedError
@@ -50,6 +52,10 @@ for d in args["dirs"]:
     marks = os.path.join(path, MARKER_DIR)
     try:
         if args["op"] == "write":
+            refused = unsafe_path(path)  # (prepended: probes/safe_path.py)
+            if refused:
+                out[d] = {"path": path, "error": refused}
+                continue
             if not os.path.isdir(marks):
                 os.makedirs(marks)
             tmp = os.path.join(marks, ".%s.%d" % (args["name"], os.getpid()))
@@ -79,8 +85,15 @@ def new_token() -> str:
 
 
 def marker_command(node: Node, platform: Platform, args: dict[str, object]) -> str:
-    """The command running the marker script with ``args`` under the node's Python."""
-    return platform.join([interpreter_for(node), "-c", MARKER_CODE, json.dumps(args)])
+    """The command running the marker script with ``args`` under the node's Python: a marker is
+    written only into a directory no other user can change (``unsafe_path``)."""
+    return platform.join([interpreter_for(node), "-c", safe_path_source() + MARKER_CODE, json.dumps(args)])
+
+
+@functools.cache
+def safe_path_source() -> str:
+    """``unsafe_path(path)`` for node-side Python scripts (probes/safe_path.py), to put before them."""
+    return resources.files("orchestrator.steps.probes").joinpath("safe_path.py").read_text() + "\n"
 
 
 def _run(node: Node, transport: Transport, args: dict[str, object]) -> dict[str, dict[str, object]]:
@@ -183,7 +196,15 @@ def workdir_verdicts(
             why = outcome.error.args[0] if outcome.error is not None and outcome.error.args else "no answer"
             verdicts[node.name] = warn(CHECK, f"not checked: {why}", "fix that, then rerun", workdir=where)
             continue
-        if outcome.value:
+        said = outcome.value.get(where, "") if outcome.value else ""
+        if said.startswith("refusing "):  # a workdir another user could change: nothing written
+            verdicts[node.name] = fail(
+                CHECK,
+                said,
+                "set workdir: to a directory of yours (launch refuses this one too)",
+                workdir=where,
+            )
+        elif outcome.value:
             verdicts[node.name] = fail(
                 CHECK,
                 f"cannot write in {where}: {outcome.value[where]}",

