@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import pwd
 import re
 import shutil
@@ -128,8 +129,8 @@ def test_a_code_directory_another_user_planted_is_refused_before_the_script_runs
     that directory first, writable by all, with a `torch.py` in it. The training script runs from the
     code directory and imports what lies beside it first: earlier root's run imported the planted
     module (the attacker's code ran as root) while only the run directory's path was checked. Now
-    the pipeline stops at launch with one line naming the node and the directory, exit 2, and
-    nothing of the attacker's runs."""
+    the pipeline stops at the code sync, which writes nothing there (launch refuses it too), with one
+    line naming the node and the directory, exit 2, and nothing of the attacker's runs."""
     scratch = Path(tempfile.mkdtemp(prefix="cbt-scratch8-", dir="/tmp"))
     scratch.chmod(0o1777)
     host = cluster.host("node1")
@@ -153,6 +154,7 @@ def test_a_code_directory_another_user_planted_is_refused_before_the_script_runs
         run = bootstrap("-i", str(inv), "--skip-validate", cwd=tmp_path, timeout=300)
         assert not ran.exists(), run
         assert run.returncode == 2 and "root trains" not in run.stdout, run
+        assert sorted(os.listdir(code)) == ["torch.py"], run  # the project was not written there
         said = [line for line in run.stderr.splitlines() if "refusing " in line]
         assert len(said) == 1 and f"'{host.name}'" in said[0], run
         assert f"refusing {code}: it belongs to another user (owner {attacker}" in said[0], run

@@ -102,7 +102,9 @@ def test_the_python_marker_refuses_the_same_workdir(scratch: Path, victim: Path)
         check=True,
     )
     said = json.loads(ran.stdout)[str(workdir)]
-    assert said["error"].startswith(f"refusing {scratch}: it belongs to another user (uid {OTHER})"), said
+    assert said["error"].startswith(
+        f"refusing {scratch}: it belongs to another user (owner UNKNOWN (uid {OTHER})"
+    ), said
     assert victim.read_text() == "root:secret\n"
 
 

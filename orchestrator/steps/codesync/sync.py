@@ -45,7 +45,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError, TransferError
+from orchestrator.errors import BootstrapError, CommandFailedError, TransferError, UnsafeDirectoryError
 from orchestrator.executor import Outcome
 from orchestrator.facts.base import Read, Sections
 from orchestrator.plans import NodePlan, Put, Run
@@ -384,14 +384,12 @@ def scan_node(
     where = str(scan.get("dest") or dest)
     if scan.get("refused"):
         refused = str(scan["refused"])
+        if refused.startswith("refusing "):  # a path another user can change: said whole, exit 2
+            raise UnsafeDirectoryError(refused, node=node.name, hint="nothing was written there")
         raise CodeDestRefused(
-            # a path another user can change (said whole), or one that is no place for a project
-            refused
-            if refused.startswith("refusing ")
-            else f"refusing to sync code into {refused}: sync writes the project's files there",
+            f"refusing to sync code into {refused}: sync writes the project's files there",
             node=node.name,
-            hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code"
-            + (" (nothing was written)" if refused.startswith("refusing ") else ""),
+            hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code",
         )
     problems = [str(e) for e in scan.get("errors") or []]
     if problems:  # an unreadable directory would look empty: its files resent

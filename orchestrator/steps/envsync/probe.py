@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.steps.envsync.wheelhouse as wheelhouse_mod
-from orchestrator.errors import CommandFailedError, UsageError
+from orchestrator.errors import CommandFailedError, UnsafeDirectoryError, UsageError
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync.ops import EnvOps, ops_for
@@ -258,11 +258,7 @@ def probe_node(
     marker_error = (found.data.get("marker") or {}).get("error") if marker is not None else None
     if isinstance(marker_error, str) and marker_error.startswith("refusing "):
         # a directory another user can change: what is built there could be changed under the ranks
-        raise CommandFailedError(
-            marker_error,
-            node=node.name,
-            hint="set workdir: (or env.path) to a directory of yours; nothing was installed",
-        )
+        raise UnsafeDirectoryError(marker_error, node=node.name, hint="nothing was installed there")
     probed = Probed(found=found, key=key, ops=ops, path=path, marker_error=marker_error, spec=spec)
     unreachable = found.index_problem
     if _unchanged(spec, found, keys, force):

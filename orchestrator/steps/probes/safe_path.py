@@ -12,7 +12,7 @@ import os as _sp_os
 import stat as _sp_stat
 
 SAFE_PATH_FIX = (
-    "choose a directory whose every parent only you or root can write to, e.g. under your home (a"
+    "choose a workdir whose every directory only you or root can write to, e.g. under your home (a"
     " directory all can write to, such as /tmp, only with the sticky bit)"
 )
 
@@ -22,17 +22,25 @@ def unsafe_path(path):
         return None
     me = _sp_os.geteuid()
 
+    def who(st):  # as the shell's _cb_who says it
+        try:
+            import pwd
+
+            name = pwd.getpwuid(st.st_uid).pw_name
+        except (ImportError, KeyError):
+            name = "UNKNOWN"
+        return "owner %s (uid %d), mode %04o" % (name, st.st_uid, _sp_stat.S_IMODE(st.st_mode))
+
     def why_not(where, st):
         if st.st_uid not in (0, me):
-            said = "it belongs to another user (uid %d), who could replace what bootstrap writes below it"
-            return "refusing %s: %s; %s" % (where, said % st.st_uid, SAFE_PATH_FIX)
+            said = "it belongs to another user (%s), who could replace what bootstrap writes or reads"
+            said += " below it"
+            return "refusing %s: %s; %s" % (where, said % who(st), SAFE_PATH_FIX)
         mode = st.st_mode
         if not _sp_stat.S_ISLNK(mode) and mode & 0o022 and not mode & 0o1000:
-            return "refusing %s: other users can write to it (mode %04o) and it has no sticky bit; %s" % (
-                where,
-                _sp_stat.S_IMODE(mode),
-                SAFE_PATH_FIX,
-            )
+            said = "other users can write to it (%s) and it has no sticky bit, so they could replace what"
+            said += " bootstrap writes or reads below it"
+            return "refusing %s: %s; %s, or chmod go-w it" % (where, said % who(st), SAFE_PATH_FIX)
         return None
 
     if not _sp_os.path.isabs(path):
