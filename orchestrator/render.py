@@ -83,6 +83,9 @@ class LaunchSpec:
     # while the worker runs from the run directory): refused like the code directory when another user
     # could change it (what they import from it would be theirs)
     imports_from: str = ""
+    # what a code sync of the project as it is here records on the node (path -> SHA-256; None: the
+    # inventory syncs no project): the node's own record is read before the run and compared
+    code_record: Mapping[str, str] | None = field(default=None, compare=False, repr=False)
 
 
 def plan_launch(

@@ -13,6 +13,8 @@ and the watchdog stops the run when the controller's follower is killed or goes 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import posixpath
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -165,6 +167,22 @@ def _decide(
     return LaunchPlan(specs, backend[0], backend[1], inspected, warnings)
 
 
+def with_code_record(inventory: Inventory, launch_plan: LaunchPlan) -> LaunchPlan:
+    """The plan with what a code sync of the project would record on each node (``cluster.code``),
+    which the launch compares with the node's own record before it starts anything."""
+    if not inventory.cluster.code_declared:
+        return launch_plan
+    from orchestrator.steps.codesync.manifest import shipped_record
+    from orchestrator.steps.codesync.sync import prepare_tree
+
+    try:
+        record = shipped_record(prepare_tree(inventory).files)
+    except (BootstrapError, OSError):
+        return launch_plan  # no project here to compare with: sync says why
+    specs = [dataclasses.replace(spec, code_record=record) for spec in launch_plan.specs]
+    return dataclasses.replace(launch_plan, specs=specs)
+
+
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
 IGNORED_ENV = {
     "GLOO_TIMEOUT_SECONDS": "collective timeouts are init_process_group(timeout=...)",
@@ -307,6 +325,55 @@ def prepare_script(
     )
 
 
+#: the record of the code directory's files a code sync wrote there (its answer: ``code-record``, the
+#: file's text; ``code-none``: no such file)
+CODE_RECORD, NO_CODE_RECORD = "code-record", "code-none"
+
+
+def read_code_record(posix: PosixShell, code_dir: str) -> str:
+    """Shell text (after ``record_functions``) answering the code directory's shipped-files record."""
+    from orchestrator.steps.codesync.ignore import RESERVED_PREFIX
+
+    record = posix.path_word(f"{code_dir.rstrip('/')}/{RESERVED_PREFIX}-shipped.json")
+    return (
+        f"if [ -f {record} ] && [ ! -L {record} ]; then head -c 16777216 {record} | _cb_recin {CODE_RECORD};"
+        f" else _cb_rec {NO_CODE_RECORD}; fi"
+    )
+
+
+def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: str | None) -> str | None:
+    """What to tell when the node's code directory does not hold the project as it is here (its
+    record of the last code sync there, read by :func:`read_code_record`, against ``expected``): a
+    sync that failed on this node (or never ran) leaves it training other code than the others, with
+    nothing said. ``uploaded``: the training script launch uploads itself (not counted)."""
+    if records.find(stdout, nonce, NO_CODE_RECORD) is not None:
+        return (
+            "no code sync has put the project in this node's code directory: only the training script "
+            "is uploaded (`bootstrap sync --only code` puts the rest there)"
+        )
+    found = records.find(stdout, nonce, CODE_RECORD)
+    if found is None:
+        return None
+    try:
+        files = json.loads(found.text(0)).get("files")
+    except (ValueError, AttributeError):
+        files = None
+    if not isinstance(files, dict):
+        return None  # a record of another version: code sync reads (and rewrites) it
+    differ = sorted(
+        rel for rel in set(expected) | {str(k) for k in files} if expected.get(rel) != files.get(rel)
+    )
+    differ = [rel for rel in differ if rel != uploaded]
+    if not differ:
+        return None
+    shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+    return (
+        f"this node's code directory is not the project as it is on the controller: {len(differ)} "
+        f"file(s) differ ({shown}); the last code sync did not finish on this node, or the project "
+        "changed since. The run uses what the node has: `bootstrap sync --only code` brings it up to date"
+    )
+
+
 def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
     """A line that prints the PORT_BUSY record (and ends the script) when ``port`` is in use."""
     return posix.say_if_listening(port, records.record(nonce, PORT_BUSY).rstrip("\n"))
@@ -402,6 +469,10 @@ def prepare_plan(
     def check(prepare: Result) -> None:
         _check_prepared(prepare, node, spec, run_dir, nonce)
         notice_of(prepare.stdout)
+        if notice is not None and spec.code_record is not None:
+            uploaded = None if source is None else posixpath.normpath(spec.script)
+            if said := stale_code(prepare.stdout, nonce, spec.code_record, uploaded):
+                notice(f"bootstrap: {said}")
 
     if powershell is not None:
         parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
@@ -413,6 +484,7 @@ def prepare_plan(
         prepare = (
             PosixRuns(posix).other_runs(run_marker(spec.run_id, node.name), nonce)
             + "\n"
+            + (read_code_record(posix, spec.code_dir) + "\n" if spec.code_record is not None else "")
             + prepare_script(
                 posix,
                 run_dir,

@@ -265,7 +265,13 @@ def launch_phase(
     from orchestrator.runs.ids import check_run_id, new_run_id
     from orchestrator.runs.layout import train_args_line, train_record
     from orchestrator.runs.ranks import rank_labels
-    from orchestrator.steps.launch import missing_script_warning, offline_dry_run, plan, start_detached
+    from orchestrator.steps.launch import (
+        missing_script_warning,
+        offline_dry_run,
+        plan,
+        start_detached,
+        with_code_record,
+    )
 
     say, live = reach.say, reach.live
     if missing := missing_script_warning(inventory):
@@ -296,7 +302,8 @@ def launch_phase(
         unobserve = observe(live, session.executor)  # every phase's node states, on the page
         with reach.progress(names, "plan") as on_event:
             session.executor.on_event = on_event
-            run.plan = launch_plan = plan(session, inventory, run_id)
+            # with the project's code record: a node whose code directory holds other code is told
+            run.plan = launch_plan = with_code_record(inventory, plan(session, inventory, run_id))
             attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
         session.executor.on_event = None
         show_facts(live, launch_plan.inspected)

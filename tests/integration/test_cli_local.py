@@ -661,3 +661,33 @@ def test_a_rank_missing_a_module_of_the_project_is_told_to_sync_the_code(tmp_pat
     beside = "hint: 'helper' is beside the training script here, but launch ships the script alone"
     assert beside in shipped.stderr, shipped.stderr
     assert "`code: {source: .}`" in shipped.stderr, shipped.stderr
+
+
+def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Path) -> None:
+    """A code sync that failed on one node (or was not run after an edit) left it other code than the
+    project: launch trained with it and said nothing. It now says so on that node's line, naming the
+    files; the training script alone changed (launch uploads it itself) is no such case."""
+    project, home = tmp_path / "project", {"HOME": str(tmp_path)}
+    project.mkdir()
+    (project / "train.py").write_text("import helper\nprint('trained', helper.X)\n")
+    (project / "helper.py").write_text("X = 1\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{port: {free_port()}, code: {{source: {project}}}, train: {{script: train.py}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, python: {sys.executable}, nproc: 1,"
+        f" workdir: {tmp_path / 'wd'}}}\n"
+    )
+    never = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
+    # (on the node's own lines, as launch's other notices of what it found there)
+    assert "[here] bootstrap: no code sync has put the project in this node's code directory" in never.stdout
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
+    (project / "train.py").write_text("import helper\nprint('trained', helper.X, 'v2')\n")
+    script_only = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
+    assert script_only.returncode == 0 and "trained 1 v2" in script_only.stdout, script_only
+    assert "bootstrap: " not in script_only.stdout, script_only.stdout
+    (project / "helper.py").write_text("X = 2\n")
+    stale = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
+    assert stale.returncode == 0 and "trained 1 v2" in stale.stdout, stale  # it ran what the node has
+    said = [line for line in stale.stdout.splitlines() if "is not the project" in line]
+    assert len(said) == 1 and "1 file(s) differ (helper.py)" in said[0], stale.stdout
+    assert said[0].startswith("[here] bootstrap: this node's code directory"), said
