@@ -286,6 +286,10 @@ def _reconnect(
 # -- status ------------------------------------------------------------------------------------------
 
 
+#: a run whose launcher is gone without an exit code, and no stop or signal marked (parse_status)
+NO_EXIT_CODE = "no exit code"
+
+
 @dataclass
 class NodeStatus:
     state: str  # running / exited / stopped / not started / no run / controller lost
@@ -319,9 +323,11 @@ class NodeStatus:
 
     @property
     def failed(self) -> bool:
-        """Training went wrong there: a non-zero exit that no stop caused, or a lost controller."""
-        lost = self.state == "controller lost"
-        return lost or (self.state != "stopped" and self.exit_code not in (None, 0))
+        """Training went wrong there: a non-zero exit that no stop caused, an end without an exit
+        code, or a lost controller."""
+        if self.state in ("controller lost", NO_EXIT_CODE):
+            return True
+        return self.state != "stopped" and self.exit_code not in (None, 0)
 
     @property
     def runtime_text(self) -> str:
@@ -404,8 +410,11 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
         state = "exited"
         runtime = ended - started if ended is not None and started is not None else None
     elif started is not None:
-        state = "stopped"  # its process is gone without writing an exit code: killed
-        # nothing records when it was killed: until its last output (the log's mtime), a lower bound
+        # its process is gone without an exit code and no stop or signal was marked: killed outright
+        # (SIGKILL, the OOM killer, a reboot) or the code could not be written (a full disk). Not
+        # "stopped": nobody stopped it, and it did not end as training ends (a failure)
+        state = NO_EXIT_CODE
+        # nothing records when it ended: until its last output (the log's mtime), a lower bound
         modified = _num(values.get("modified"))
         runtime = max(0.0, modified - started) if modified is not None else None
     else:

@@ -194,7 +194,7 @@ def controller_lost(record: Mapping[str, Any] | None, states: Sequence[str]) -> 
     every node's NodeStatus.state (a node that could not be read: leave the run's story alone)."""
     if not record or record.get("detached") or "ended" not in record or record["ended"] is not None:
         return False
-    return bool(states) and all(state in ("stopped", "exited") for state in states)
+    return bool(states) and all(state in ("stopped", "exited", "no exit code") for state in states)
 
 
 def train_record(inventory: Inventory) -> dict[str, Any]:

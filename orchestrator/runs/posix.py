@@ -80,6 +80,7 @@ class PosixRuns(RunOps):
         # interrupted, or anyone's) is marked before the exit code, beside what `stop --run` marks
         # (``stopped``, which says who): `status` then says "stopped", not "exited (1)"
         run_dir = log.rsplit("/", 1)[0] if "/" in log else "."
+        here = self.platform.path_word(run_dir)
         stopped = self.platform.path_word(f"{run_dir}/{STOPPED}")
         signalled = self.platform.path_word(f"{run_dir}/{SIGNALLED}")
         signalled_part = self.platform.path_word(f"{run_dir}/{SIGNALLED}.part")
@@ -100,9 +101,14 @@ class PosixRuns(RunOps):
             f'if [ -n "$_cb_sig" ] && [ ! -e {stopped} ]; then'
             f" (set -C; date +%s > {signalled_part}) 2>/dev/null && mv -f {signalled_part} {signalled}; fi\n"
             # noclobber: the exit code goes into a new file, never through a link planted as .part
-            f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null ||'
-            f" printf 'bootstrap: exit code %s not recorded in %s: the run directory is gone (removed while"
-            f' the run ran?) or holds a file of that name\\n\' "$_cb_rc" {rc} >&2\n'
+            f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null || {{'
+            # why, as far as the shell can tell: a full disk (the usual one: a log or checkpoints
+            # filled it) is said with what is left, not taken for a removed directory
+            f' if [ -d {here} ]; then _cb_why="writing there failed (a full disk? $(df -Pk {here} 2>/dev/null'
+            " | awk 'NR == 2 { print $4 }') KiB free there; or a file of that name is in the way)\";"
+            ' else _cb_why="the run directory is gone (removed while the run ran?)"; fi;'
+            " printf 'bootstrap: exit code %s not recorded in %s: %s\\n'"
+            f' "$_cb_rc" {rc} "$_cb_why" >&2; }}\n'
             'exit "$_cb_rc"'
         )
 

@@ -113,3 +113,27 @@ def test_a_run_that_removed_its_own_directory_keeps_its_exit_code(tmp_path: Path
     assert "still here" in done.stdout
     assert "exit code 7 not recorded" in done.stderr and "the run directory is gone" in done.stderr, done
     assert "Illegal number" not in done.stderr + done.stdout, done
+
+
+def test_an_exit_code_that_could_not_be_written_is_said_why_and_status_says_no_exit_code(
+    tmp_path: Path,
+) -> None:
+    """A full disk (here: a directory in the way of the exit-code file) kept the launcher from
+    recording the run's exit code: it said "the run directory is gone" (it was not), and `status`
+    called the node "stopped", exit 0, as if someone had stopped it. Now the launcher says what it
+    can tell (the space left there), and status says "no exit code", a failure."""
+    from orchestrator.runs.control import parse_status
+
+    run_dir = tmp_path / "runs" / "r1" / "n1"
+    run_dir.mkdir(parents=True)
+    log = run_dir / "node.log"
+    (run_dir / "node.log.rc.part").mkdir()  # what cannot be written, as on a full disk
+    ran = _sh(ops.logged("sh -c 'echo trained; exit 3'", str(log)))
+    assert ran.returncode == 3 and ran.stdout == "trained\n", ran
+    said_why = f"bootstrap: exit code 3 not recorded in {log}.rc: writing there failed (a full disk? "
+    assert ran.stderr.startswith(said_why), ran
+    assert "KiB free there" in ran.stderr and "gone" not in ran.stderr, ran
+    (run_dir / "pid").write_text("999999999 1 1\n")  # a launcher that is gone
+    said = _sh(ops.status(str(run_dir), "r1/n1", str(log), NONCE))
+    status = parse_status(said.stdout, NONCE)
+    assert status.state == "no exit code" and status.failed and status.label == "no exit code", status

@@ -314,10 +314,12 @@ def test_status_prints_the_logs_last_write_time_on_the_nodes_clock(run_dir: str)
     assert conditions == ["if ([System.IO.File]::Exists($cbLogPath))"]
 
 
-def test_a_stopped_windows_run_shows_how_long_it_ran_until_its_last_output() -> None:
+def test_a_windows_run_ended_without_an_exit_code_shows_how_long_it_ran_until_its_last_output() -> None:
+    """Its processes were ended (a job object closed, a reboot) and no stop was marked: not "stopped"
+    (nobody stopped it), and a failure (training does not end that way)."""
     stdout = "now=1767269900\r\nstarted=1767268800\r\nalive=0\r\nsize=2048\r\nmodified=1767268842\r\n"
     status = parse_status(status_said(stdout.replace("\r\n", "\n")), NONCE)
-    assert status.state == "stopped" and status.exit_code is None
+    assert status.state == "no exit code" and status.exit_code is None and status.failed
     assert status.runtime == 42  # started -> last output; not until now (it was killed some time)
     assert status.public_dict()["runtime"] == 42
     # no log at all (killed before its first output): nothing to measure
