@@ -317,6 +317,11 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
         return json_doc(ui, "stop", report.outcomes, code, run_id=run.run_id)
     draw(ui, report.view(run.run_id))
     fail_lines(ui, report.outcomes)
+    if report.unreached:
+        ui.warn(
+            f"{', '.join(report.unreached)}: not reached, so its part of the run may still be running "
+            f"there; once it answers, run `{again(settings, 'stop', run.run_id)}` again"
+        )
     if report.nothing_ran:
         ui.note("nothing was running: nothing changed")
     return code

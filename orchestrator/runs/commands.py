@@ -331,6 +331,13 @@ class StopReport:
         )
 
     @property
+    def unreached(self) -> list[str]:
+        """Nodes that could not be reached: their part of the run may still be running there."""
+        from orchestrator.errors import ConnectError
+
+        return [o.node for o in self.outcomes if isinstance(o.error, ConnectError)]
+
+    @property
     def nothing_ran(self) -> bool:
         """Every node answered and none had anything of the run to stop: nothing changed."""
         return self.exit_code() == ExitCode.OK and all(

@@ -334,8 +334,8 @@ class SSHTransport(Transport):
                 return UnreachableError(
                     f"connection refused on {where}: nothing listens on the SSH port",
                     node=self.node_name,
-                    hint="start the SSH server on the node (`sudo systemctl enable --now ssh`) "
-                    "or set the node's port:",
+                    hint="start the SSH server on the node (`sudo systemctl enable --now ssh`), or set "
+                    "`port:` on the node in the inventory when it listens on another port",
                 )
             if codes and codes <= {errno.EHOSTUNREACH, errno.ENETUNREACH}:  # an ARP or route failure
                 return UnreachableError(

@@ -691,3 +691,16 @@ def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Pa
     said = [line for line in stale.stdout.splitlines() if "is not the project" in line]
     assert len(said) == 1 and "1 file(s) differ (helper.py)" in said[0], stale.stdout
     assert said[0].startswith("[here] bootstrap: this node's code directory"), said
+
+
+def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_path: Path) -> None:
+    """A node whose SSH is down keeps its part of the run: `stop` failed it (exit 3) with the
+    connection error alone, and nothing said the run may go on there, nor what to run once it is back."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"nodes:\n  - {{name: ws2, host: 127.0.0.1, port: {free_port()}, user: root}}\n")
+    stopped = bootstrap("-i", str(inv), "stop", "--run", "lab-1", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert stopped.returncode == 3, stopped
+    assert "connection refused on 127.0.0.1" in stopped.stderr, stopped.stderr
+    assert "set `port:` on the node in the inventory" in stopped.stderr, stopped.stderr
+    said = "ws2: not reached, so its part of the run may still be running there; once it answers, run "
+    assert said + f"`bootstrap -i {inv} stop --run lab-1` again" in stopped.stderr, stopped.stderr
