@@ -20,6 +20,7 @@ from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
     StopResult,
+    connect_following,
     fetch_node,
     fetch_script,
     follow_node,
@@ -205,6 +206,10 @@ def read_logs(
     read: dict[str, FollowResult] = {}  # nodes whose read has ended well (known before Ctrl-C too)
 
     def one(node: Node, t: Any) -> FollowResult:
+        if follow:
+            # a node that does not answer at first is told at once and tried again, as one lost
+            # mid-stream is, while the others are followed (it was given up silently)
+            connect_following(node, t, lambda text: on_note(node.name, text))
         result = follow_node(
             node,
             t,
@@ -225,7 +230,7 @@ def read_logs(
     try:
         try:
             with session:
-                report.outcomes = session.map(one, step="logs")
+                report.outcomes = session.map(one, step="logs", connect=not follow)
             settle = {o.node: "replace" if o.ok else "keep" for o in report.outcomes}
         except KeyboardInterrupt as stop:
             report.interrupted = stop

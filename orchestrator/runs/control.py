@@ -254,6 +254,24 @@ def follow_node(
 RECONNECT_NOTE_EVERY = 30.0
 
 
+def connect_following(
+    node: Node, transport: Transport, note: Callable[[str], None], reconnect_for: float = 300.0
+) -> None:
+    """Connect to ``node`` for a follow: when it does not answer, ``note`` says so at once (why, and
+    how long it is tried) and the connection is tried again as for one lost mid-stream."""
+    try:
+        transport.connect()
+    except CancelledError:
+        raise
+    except ConnectError as exc:
+        note(
+            f"cannot connect ({exc.message}); trying again for up to {reconnect_for:.0f} s, "
+            "following the others meanwhile"
+        )
+        _reconnect(transport, node, time.monotonic() + reconnect_for, note)
+        note("connected; following")
+
+
 def _reconnect(
     transport: Transport, node: Node, deadline: float, note: Callable[[str], None] | None = None
 ) -> None:

@@ -704,3 +704,30 @@ def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_p
     assert "set `port:` on the node in the inventory" in stopped.stderr, stopped.stderr
     said = "ws2: not reached, so its part of the run may still be running there; once it answers, run "
     assert said + f"`bootstrap -i {inv} stop --run lab-1` again" in stopped.stderr, stopped.stderr
+
+
+def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(tmp_path: Path) -> None:
+    """`logs --follow` with one node's SSH down followed the others and said nothing about it until
+    it ended (or gave it up at once, never trying again): it says so at once and keeps trying."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"nodes:\n  - {{name: ws2, host: 127.0.0.1, port: {free_port()}, user: root}}\n")
+    env = {**os.environ, "NO_COLOR": "1", "HOME": str(tmp_path)}
+    follow = subprocess.Popen(
+        [BOOTSTRAP, "-i", str(inv), "logs", "--run", "lab-1", "--follow"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follow.stderr is not None
+        first = follow.stderr.readline()  # blocks until the note: no sleep
+        assert first.startswith("ws2: cannot connect (connection refused on 127.0.0.1"), first
+        assert "trying again for up to 300 s, following the others meanwhile" in first, first
+        assert follow.poll() is None  # still trying
+    finally:
+        follow.send_signal(signal.SIGINT)
+        follow.wait(timeout=60)
+    assert follow.returncode == 130
