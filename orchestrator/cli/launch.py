@@ -26,6 +26,7 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
+from orchestrator.runs.culprit import peers_gone
 from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
 from orchestrator.runs.run_inventory import for_run, run_nodes
@@ -239,6 +240,7 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
         )
     draw(ui, report.view())
     hints: dict[str, None] = {}  # what to do about a module a rank missed, said once
+    addresses = {spec.local_addr: spec.node.name for spec in run.plan.specs if spec.local_addr}
     for o in failed:
         ui.error(str(o.error))
         tail = report.tail(o, run.labels.get(o.node, (0, 0))[0])
@@ -246,6 +248,9 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
             ui.info(f"  {line}")
         if said := missing_module_hint(inventory, tail):
             hints[said] = None
+        for address, node in peers_gone(tail, addresses.get):
+            if node != o.node:
+                hints[f"{address}, the peer whose connection closed, is {node}: look there first"] = None
     for said in hints:
         ui.info(f"hint: {said}")
     if stopped and failed:

@@ -157,3 +157,20 @@ def tagged_lines(text: str, tag: int, keep: int = VICTIM_LINES) -> list[str]:
         found.append(text[at + 1 + len(prefix) : stop if stop >= 0 else len(text)])
         end = at
     return found[::-1]
+
+
+#: gloo's words for a peer that went away, with its address: ``... by peer [10.0.0.12]:27048``
+_PEER = re.compile(r"Connection (?:closed|reset) by peer \[([0-9A-Fa-f:.]+)\]")
+
+
+def peers_gone(lines: Sequence[str], node_of: Callable[[str], str | None]) -> list[tuple[str, str]]:
+    """(address, node) of every peer the ``lines`` say closed its connection, once each, in order,
+    for the addresses ``node_of`` knows: the node whose ranks went away first, which a rank dying of
+    it (torchrun's root cause on another node) does not name."""
+    found: dict[str, str] = {}
+    for line in lines:
+        for address in _PEER.findall(line):
+            node = node_of(address)
+            if node is not None and address not in found:
+                found[address] = node
+    return list(found.items())

@@ -322,3 +322,19 @@ def test_a_run_directory_that_cannot_be_made_is_said_in_the_nodes_words_without_
     assert failed.value.message == (
         "cannot create /w/runs/r1/n3: mkdir: cannot create directory '/w/runs/r1': Operation not permitted"
     )
+
+
+def test_the_peer_whose_connection_closed_is_named_by_its_node() -> None:
+    """A rank on node2 left early with exit 0: node2 is "ok", and node1's and node3's ranks died of
+    "Connection closed by peer [node2's address]". The summary names node2 for that address."""
+    from orchestrator.runs.culprit import peers_gone
+
+    tail = [
+        "[rank2]: RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[198.19.19.12]:27048. This is typically caused by a remote worker crashing.",
+        "[rank2]: RuntimeError: Connection reset by peer [198.19.19.12]:27050",
+        "[rank2]: Connection closed by peer [203.0.113.9]:1",  # no node of ours: not named
+    ]
+    nodes = {"198.19.19.11": "node1", "198.19.19.12": "node2"}
+    assert peers_gone(tail, nodes.get) == [("198.19.19.12", "node2")]
+    assert peers_gone(["Connection closed by peer"], nodes.get) == []
