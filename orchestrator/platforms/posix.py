@@ -210,6 +210,12 @@ class PosixShell(Platform):
             'exit "$rc"'
         )
 
+    def try_writing_in(self, directory: str) -> str:
+        """Create and remove an empty file in ``directory``: on failure the shell's own words for why
+        (its errno's: "Read-only file system", "No space left on device") on stdout, exit 1."""
+        probe = self.path_word(f"{directory.rstrip('/')}/.bootstrap-write-test-{uuid.uuid4().hex[:12]}")
+        return f"{{ : > {probe}; }} 2>&1 && rm -f {probe}"
+
     def say_if_exists(self, path: str, word: str) -> str:
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"

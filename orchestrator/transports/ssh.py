@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import posixpath
 import select
 import shlex
 import socket
@@ -564,7 +565,24 @@ class SSHTransport(Transport):
         except (EOFError, OSError, paramiko.SSHException) as exc:
             if self._closed:
                 raise self._cancelled() from None
-            raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
+            said = str(exc)
+            if isinstance(exc, OSError) and exc.errno is None:
+                # SFTP's "Failure" names no cause: the node's shell says it (read-only, full, ...)
+                said = self._why_not_written(remote) or said
+            raise TransferError(f"cannot copy {local} to {remote}: {said}", node=self.node_name) from exc
+
+    def _why_not_written(self, remote: str) -> str | None:
+        """The reason the node's own shell gives for not writing a file beside ``remote`` (its
+        errno's words: "Read-only file system", "No space left on device"), or None."""
+        posix = self.platform.as_posix()
+        if posix is None:
+            return None
+        try:
+            ran = self.run(posix.try_writing_in(posixpath.dirname(remote) or "."), timeout=30)
+        except BootstrapError:
+            return None
+        said = ran.stdout.strip().splitlines()
+        return said[-1].split(": ")[-1] if not ran.ok and said else None
 
     def get(self, remote: str, local: Path) -> None:
         sftp = self._sftp_client()

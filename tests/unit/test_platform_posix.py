@@ -240,3 +240,22 @@ def test_a_line_into_a_fifo_is_plain_when_it_can_be_and_quoted_when_not() -> Non
     assert other == "printf '%s\\n' 'connect - 2 ab12 [fd00::1]:41000' 1<>'/tmp/a b/inbox'"
     assert "base64 -d" in sh.login_command(other)
     assert "base64 -d" in sh.login_command("-x")  # a leading dash would be an option of sh -c
+
+
+def test_trying_to_write_says_the_nodes_own_reason_and_leaves_nothing(tmp_path: Path) -> None:
+    """SFTP answers a refused write with "Failure" alone: the transport asks the node's shell, whose
+    words are the errno's (here a directory that is not there; on a node: "Read-only file system",
+    "No space left on device")."""
+    platform = PosixShell()
+    fine = subprocess.run(
+        ["/bin/sh", "-c", platform.try_writing_in(str(tmp_path))], capture_output=True, text=True
+    )
+    assert fine.returncode == 0 and fine.stdout == "" and list(tmp_path.iterdir()) == []
+    gone = tmp_path / "no such dir"  # a name that cannot be written
+    said = subprocess.run(
+        ["/bin/sh", "-c", platform.try_writing_in(str(gone))], capture_output=True, text=True
+    )
+    # (dash's words for ENOENT; bash says "No such file or directory")
+    assert said.returncode != 0 and said.stdout.strip().endswith(
+        ("Directory nonexistent", "No such file or directory")
+    )
