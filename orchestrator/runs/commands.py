@@ -135,7 +135,7 @@ class LogsReport:
         ended = [o.value for o in self.outcomes if isinstance(o.value, FollowResult)]
         if not self.follow or code != ExitCode.OK:
             return code
-        if any(r.exit_code != 0 and not r.stopped for r in ended):
+        if any((r.exit_code != 0 and not r.stopped) or r.never_started for r in ended):
             return ExitCode.NODES_FAILED
         return ExitCode.INTERRUPTED if any(r.stopped for r in ended) else code
 
@@ -160,7 +160,9 @@ class LogsReport:
             for o in self.outcomes:
                 if isinstance(o.value, FollowResult):
                     how = (
-                        "was stopped"
+                        "never started (the launch that prepared it was cut short before starting it)"
+                        if o.value.never_started
+                        else "was stopped"
                         if o.value.exit_code is None or o.value.stopped
                         else f"exited {o.value.exit_code}"
                     )

@@ -247,6 +247,7 @@ def follow_node(
             reconnects=reconnects,
             start=batches.start or 0,
             stopped=batches.stopped(),
+            never_started=batches.never_started(),
         )
 
 

@@ -66,6 +66,18 @@ def say(kind, *fields):
 BLOCK = 2 << 20
 BACK = 1 << 16
 
+NOT_STARTED = 120.0  # seconds after the run directory last changed: no launcher will start now
+
+def never_started():
+    # no launcher, no log, and the run directory unchanged for NOT_STARTED seconds: the launch that
+    # prepared it was cut short before starting anything (a controller killed during the uploads)
+    if os.path.exists(pid_path) or os.path.exists(path):
+        return False
+    try:
+        return time.time() - os.stat(os.path.dirname(pid_path)).st_mtime > NOT_STARTED
+    except OSError:
+        return False
+
 def ended():
     if os.path.exists(rc_path):
         return True
@@ -73,7 +85,7 @@ def ended():
         with open(pid_path) as fh:
             pid, _sid, start = fh.read().split()[:3]
     except (OSError, ValueError):
-        return False
+        return never_started()
     try:
         with open("/proc/%s/stat" % pid, "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
@@ -163,7 +175,7 @@ if os.path.exists(rc_path):
         rc = fh.read().strip() or "none"
 marks = [os.path.join(os.path.dirname(pid_path), name) for name in ("stopped", "signalled")]
 stopped = "1" if any(os.path.exists(mark) for mark in marks) else "0"
-say("end", rc, str(offset), stopped)
+say("end", rc, str(offset), stopped, "1" if never_started() else "0")
 out.flush()
 """
 
@@ -514,6 +526,7 @@ class FollowResult:
     reconnects: int
     start: int = 0  # byte offset reading began at (``lines``: where the node found the last N lines)
     stopped: bool = False  # the run was stopped (`stop --run`, a signal): its exit code is the stop's
+    never_started: bool = False  # no launcher ever started there (its launch was cut short)
 
 
 class Batches(BlockHandler):
@@ -602,6 +615,12 @@ class Batches(BlockHandler):
         code is the stop's doing."""
         found = self.end()
         return found is not None and len(found.fields) > 2 and found.text(2) == "1"
+
+    def never_started(self) -> bool:
+        """``end`` said no launcher ever started there (the launch that prepared the run directory
+        was cut short: nothing will start it now)."""
+        found = self.end()
+        return found is not None and len(found.fields) > 3 and found.text(3) == "1"
 
     def exit_code(self) -> int | None:
         """The launcher's exit code that ``end`` gave (None: running, killed, or no end yet)."""

@@ -731,3 +731,26 @@ def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(
         follow.send_signal(signal.SIGINT)
         follow.wait(timeout=60)
     assert follow.returncode == 130
+
+
+def test_a_follow_of_a_run_whose_launch_was_cut_short_before_starting_ends_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The controller was killed while it uploaded a launch's files: the run directory is there, no
+    launcher ever started. `logs --follow` waited for it for good (ten minutes and counting); once the
+    directory has not changed for two minutes, it says the run never started there, exit 1."""
+    workdir = tmp_path / "wd"
+    run_dir = workdir / "runs" / "cut-1" / "here"
+    run_dir.mkdir(parents=True, mode=0o700)
+    (run_dir / "launch.sh").write_text("#!/bin/sh\n")
+    for path in (run_dir / "launch.sh", run_dir):
+        os.utime(path, (time.time() - 300, time.time() - 300))
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"nodes:\n  - {{name: here, connection: local, workdir: {workdir}}}\n")
+    followed = bootstrap(
+        "-i", str(inv), "logs", "--run", "cut-1", "--follow", cwd=tmp_path, env={"HOME": str(tmp_path)}
+    )
+    assert followed.returncode == 1, followed
+    assert "here: training never started (the launch that prepared it was cut short" in followed.stderr, (
+        followed
+    )
