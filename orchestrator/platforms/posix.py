@@ -66,7 +66,10 @@ _DIR_FUNCTIONS = (
     '        [ -z "$_cb_rest" ] || _cb_refuse "$_cb_l" "a symbolic link to a path that does not exist")'
     f" || exit {UNSAFE_DIR_EXIT}\n"
     "    fi\n"
-    '    _cb_p=$(cd -P -- "$_cb_n" 2>/dev/null && pwd -P) || _cb_refuse "$_cb_n" "not a directory"\n'
+    # a real directory below a canonical one is canonical already: no subshell (a fork) for it
+    '    if [ -L "$_cb_n" ] || [ "$_cb_c" = .. ]; then\n'
+    '      _cb_p=$(cd -P -- "$_cb_n" 2>/dev/null && pwd -P) || _cb_refuse "$_cb_n" "not a directory"\n'
+    '    elif [ -d "$_cb_n" ]; then _cb_p=$_cb_n; else _cb_refuse "$_cb_n" "not a directory"; fi\n'
     "  done\n"
     "}\n"
 )
