@@ -55,6 +55,40 @@ from orchestrator.transports.sockets import limit_unacknowledged, no_delay
 __all__ = ["SSHTransport", "fingerprint"]
 
 
+class _Liveness:
+    """Whether the node's SSH server still answers, while a command runs: one keepalive request
+    (``keepalive@openssh.com``, a reply asked for: OpenSSH answers it with a failure, which is an
+    answer) outstanding at a time, sent from a thread of its own (paramiko waits for the reply)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: float | None = None  # when the outstanding request was sent
+
+    def ask(self, transport: paramiko.Transport | None) -> None:
+        """Send a request unless one is outstanding."""
+        if transport is None or not transport.is_active():
+            return
+        with self._lock:
+            if self._asked is not None:
+                return
+            self._asked = time.monotonic()
+        threading.Thread(target=self._wait, args=(transport,), name="ssh-liveness", daemon=True).start()
+
+    def _wait(self, transport: paramiko.Transport) -> None:
+        try:
+            transport.global_request("keepalive@openssh.com", wait=True)
+        except Exception as exc:  # a dead transport: the read loop says so itself
+            log.debug("keepalive request failed: %r", exc)
+        finally:
+            with self._lock:
+                self._asked = None
+
+    def unanswered(self) -> float:
+        """Seconds the outstanding request has waited for its reply (0: none outstanding)."""
+        with self._lock:
+            return 0.0 if self._asked is None else time.monotonic() - self._asked
+
+
 def _direct_peer(sock: object) -> str | None:
     """The address a plain TCP socket is connected to (a ProxyCommand's pipe has none)."""
     if not isinstance(sock, socket.socket):
@@ -125,6 +159,7 @@ class SSHTransport(Transport):
         # sticky too: credentials the node refused are never sent again by this transport (one typo
         # would otherwise count as a failed login per phase: pam_faillock locks after 3, fail2ban bans)
         self._refused: AuthenticationError | None = None
+        self._liveness = _Liveness()
         config = Config(runtime_ssh_path=str(options.ssh_config)) if options.ssh_config else Config()
         self.conn = Connection(host, user=user, port=port, config=config)
         # Our own dict, never fabric's config object: fabric logs changes made to that one (a
@@ -450,6 +485,19 @@ class SSHTransport(Transport):
                         if not (chan.closed or chan.exit_status_ready()):
                             raise
                     beat = time.monotonic() + self.HEARTBEAT
+                    # and the node must answer: a frozen sshd (or node) whose kernel still takes
+                    # our bytes loses no connection, and its silence looked like a quiet rank
+                    self._liveness.ask(chan.get_transport())
+                    if self._liveness.unanswered() > self.NODE_SILENCE:
+                        chan.close()
+                        raise UnreachableError(
+                            f"{self.conn.host} stopped answering: no reply from its SSH server for "
+                            f"{self.NODE_SILENCE:.0f} s while the connection stayed up (the node, or its "
+                            "sshd, is frozen or swamped)",
+                            node=self.node_name,
+                            hint="the node stops its part of the run by itself when it hears nothing "
+                            "from here; its own log keeps what it did",
+                        )
                 while chan.recv_ready():
                     out.feed(chan.recv(65536))
                 while chan.recv_stderr_ready():

@@ -92,3 +92,59 @@ def test_a_command_ignoring_sigterm_is_killed_after_the_grace(
     result = transport.run(f"echo started; sh -c 'trap \"\" TERM; sleep 300; : {marker}'", timeout=1)
     assert result.timed_out
     assert _await_gone(cluster, marker, timeout=15) == []
+
+
+def _session_sshd(cluster: NamespaceCluster, pid: int) -> int:
+    """The ``sshd: USER@notty`` process above ``pid``: the one that speaks SSH for that connection."""
+    while pid > 1:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if cmdline.startswith("sshd:") and "@notty" in cmdline:
+            return pid
+        status = Path(f"/proc/{pid}/status").read_text()
+        pid = int(next(line.split()[1] for line in status.splitlines() if line.startswith("PPid:")))
+    raise AssertionError("no sshd session process above the command")
+
+
+def test_a_frozen_sshd_is_named_within_the_silence_the_node_allows(
+    transport: SSHTransport, cluster: NamespaceCluster
+) -> None:
+    """The node's sshd session stops (SIGSTOP; a node swapping itself to death looks the same): its
+    kernel still takes our bytes, so no connection is lost, and its silence looked like a quiet rank
+    while the node's watcher stopped the command. The transport asks for a reply with its heartbeats:
+    unanswered for NODE_SILENCE seconds, the command fails as unreachable, naming why."""
+    import os
+    import signal
+    import threading
+    import uuid
+
+    from orchestrator.errors import UnreachableError
+
+    marker = f"cbt-frozen-{uuid.uuid4().hex}"
+    started = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            transport.run(
+                f"echo up; sleep 120; : {marker}", on_line=lambda s, line: started.set(), timeout=100
+            )
+        except BaseException as exc:
+            failed.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    assert started.wait(30)
+    (line,) = [
+        x for x in cluster.ns_run(cluster.hosts[0].ns, ["pgrep", "-f", marker]).stdout.split() if x.strip()
+    ][:1]
+    session = _session_sshd(cluster, int(line))
+    os.kill(session, signal.SIGSTOP)
+    begin = time.monotonic()
+    try:
+        runner.join(SSHTransport.NODE_SILENCE + 20)
+        took = time.monotonic() - begin
+    finally:
+        os.kill(session, signal.SIGCONT)
+    assert not runner.is_alive() and len(failed) == 1, failed
+    assert isinstance(failed[0], UnreachableError) and "stopped answering" in str(failed[0]), failed
+    assert took < SSHTransport.NODE_SILENCE + SSHTransport.HEARTBEAT * 3, took
