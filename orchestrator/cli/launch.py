@@ -26,13 +26,11 @@ from orchestrator.errors import (
 )
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory
-from orchestrator.runs.culprit import peers_gone
 from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
 from orchestrator.runs.run_inventory import for_run, run_nodes
 from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
-from orchestrator.steps.script_check import missing_module_hint
 
 if TYPE_CHECKING:
     from orchestrator.steps.train import LaunchRun
@@ -239,18 +237,11 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
             log_dir=str(run.log_dir),
         )
     draw(ui, report.view())
-    hints: dict[str, None] = {}  # what to do about a module a rank missed, said once
-    addresses = {spec.local_addr: spec.node.name for spec in run.plan.specs if spec.local_addr}
     for o in failed:
         ui.error(str(o.error))
-        tail = report.tail(o, run.labels.get(o.node, (0, 0))[0])
-        for line in tail:
+        for line in report.tail(o, run.labels.get(o.node, (0, 0))[0]):
             ui.info(f"  {line}")
-        if said := missing_module_hint(inventory, tail):
-            hints[said] = None
-        for address, node in peers_gone(tail, addresses.get):
-            if node != o.node:
-                hints[f"{address}, the peer whose connection closed, is {node}: look there first"] = None
+    hints = report.hints(inventory, run.plan.specs, run.labels)
     for said in hints:
         ui.info(f"hint: {said}")
     if stopped and failed:

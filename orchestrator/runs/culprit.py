@@ -174,3 +174,9 @@ def peers_gone(lines: Sequence[str], node_of: Callable[[str], str | None]) -> li
             if node is not None and address not in found:
                 found[address] = node
     return list(found.items())
+
+
+def disk_full(text: str) -> bool:
+    """Whether a node's output says a write failed for want of space (ENOSPC's words, as Python,
+    tee, torch.save and the launcher's own exit-code line put them)."""
+    return "No space left on device" in text

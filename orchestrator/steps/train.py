@@ -8,7 +8,7 @@ which node failed first (the cause), which were stopped because of it, which los
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -125,6 +125,36 @@ class TrainReport:
             style = "green" if word == "ok" else "red bold" if o in self.failed else "yellow"
             view.add(o.node, Cell(word, style), f"{o.duration:.1f}s")
         return view
+
+    def hints(
+        self, inventory: Inventory, specs: Sequence[LaunchSpec], labels: Mapping[str, tuple[int, int]]
+    ) -> list[str]:
+        """What to do, once each, from what the failed nodes said: a module the ranks missed (not
+        synced, or a package), the node behind gloo's "closed by peer [ADDR]" (its ranks may have
+        left first, with exit 0), a full disk on a node (said anywhere in its output)."""
+        from orchestrator.runs.culprit import disk_full, peers_gone
+        from orchestrator.runs.layout import workdir_for
+        from orchestrator.steps.script_check import missing_module_hint
+
+        addresses = {spec.local_addr: spec.node.name for spec in specs if spec.local_addr}
+        nodes = {spec.node.name: spec.node for spec in specs}
+        hints: dict[str, None] = {}
+        for o in self.failed:
+            tail = self.tail(o, labels.get(o.node, (0, 0))[0])
+            if said := missing_module_hint(inventory, tail):
+                hints[said] = None
+            for address, node in peers_gone(tail, addresses.get):
+                if node != o.node:
+                    hints[f"{address}, the peer whose connection closed, is {node}: look there first"] = None
+        for o in self.outcomes:
+            result = getattr(o.error, "result", None)
+            if isinstance(result, Result) and o.node in nodes and disk_full(result.stdout + result.stderr):
+                where = workdir_for(nodes[o.node])
+                hints[
+                    f"{o.node}: a disk there is full ('No space left on device' in its output): free "
+                    f"space in its workdir ({where}), then run again"
+                ] = None
+        return list(hints)
 
     def tail(self, outcome: Outcome[NodeRunResult], first_rank: int) -> list[str]:
         """A failed node's last lines, labelled as the stream labels them (``[node:rank] text``)."""

@@ -338,3 +338,41 @@ def test_the_peer_whose_connection_closed_is_named_by_its_node() -> None:
     nodes = {"198.19.19.11": "node1", "198.19.19.12": "node2"}
     assert peers_gone(tail, nodes.get) == [("198.19.19.12", "node2")]
     assert peers_gone(["Connection closed by peer"], nodes.get) == []
+
+
+def test_a_full_disk_anywhere_in_a_nodes_output_is_said_once_with_its_workdir() -> None:
+    """A disk that filled up mid-run showed as a rank's exit 1 with torchrun's table; the only mention
+    was tee's line among the streamed ones. The summary now says it, naming the node's workdir."""
+    from orchestrator.errors import CommandFailedError
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.render import plan_launch
+    from orchestrator.steps.train import TrainReport
+
+    inventory = load_inventory_text(
+        "cluster: {name: lab, master: n1}\nnodes:\n  - {name: n1, host: 10.0.0.1, workdir: /data/n1}\n"
+        "  - {name: n2, host: 10.0.0.2, workdir: /data/n2}\n",
+        "lab.yaml",
+    )
+    specs = plan_launch(
+        inventory,
+        backend="gloo",
+        master_addr="10.0.0.1",
+        run_id="r1",
+        interfaces={},
+        cpus={"n1": 1, "n2": 1},
+        pythons={"n1": "python3", "n2": "python3"},
+    )
+    said = "tee: /data/n2/runs/r1/n2/node.log: No space left on device\n"
+    failed = Outcome(
+        "n2",
+        None,
+        CommandFailedError("rank 1 exited", node="n2", result=Result("n2", "x", 1, said, "", 1.0)),
+        1.0,
+    )
+    report = TrainReport("r1", [Outcome("n1", None, None, 1.0), failed], {"n1", "n2"}, failed=[failed])
+    hints = report.hints(inventory, specs, {"n1": (0, 1), "n2": (1, 1)})
+    assert hints == [
+        "n2: a disk there is full ('No space left on device' in its output): free space in its workdir "
+        "(/data/n2), then run again"
+    ]
