@@ -120,6 +120,10 @@ def sync_env(
 
         return report
 
+    # nodes that found no index: told in one line, also when planning then failed for them (this
+    # machine's download of their wheels: the reason is what the user needs first)
+    fallback: dict[str, object] = {}
+
     def read_and_plan(node: Node, transport: Transport) -> NodeEnv | EnvPlan:
         spec = chosen_specs[node.python_os]
         probed = probe_node(
@@ -133,11 +137,13 @@ def sync_env(
         )
         if probed.env is not None:
             return probed.env
+        if probed.offline_reason:
+            fallback[node.name] = probed.offline_reason
         return plan_node(node, transport, probed.spec or spec, probed, force=force, tokens=tokens)
 
     planned = session.map(read_and_plan, step="env check", nodes=chosen)
     waiting = {o.node: o.value for o in planned if isinstance(o.value, EnvPlan)}
-    fallback = {n: p.probed.offline_reason for n, p in waiting.items() if p.probed.offline_reason}
+    fallback = {n.name: fallback[n.name] for n in chosen if n.name in fallback}  # in node order
     if fallback and on_notice is not None:
         on_notice(offline_notice({n: str(why) for n, why in fallback.items()}))
     if dry_run:
