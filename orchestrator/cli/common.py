@@ -130,7 +130,10 @@ class Settings:
     ui: UI = field(init=False)
 
     def __post_init__(self) -> None:
+        from orchestrator.runs.next_command import with_user_options
+
         self.ui = UI(json_mode=self.json_mode, verbose=self.verbose, color=False if self.no_color else None)
+        self.ui.commands = lambda text: with_user_options(self, text)
 
     @classmethod
     def from_context(cls, ctx: click.Context) -> Settings:

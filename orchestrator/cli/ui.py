@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -63,6 +64,10 @@ class UI:
                 console.width = 200  # piped: one wide table row per node beats 80-column wrapping
         self.color_out = self.out.is_terminal and not no_color
         self.live = self.err.is_terminal and not json_mode
+        #: every `` `bootstrap CMD` `` a message (or bootstrap's own line on a node's stream)
+        #: suggests, given the options this command had (``-i``...): pasted, it acts on the same
+        #: cluster, not on the embedded local inventory (runs/next_command.with_user_options)
+        self.commands: Callable[[str], str] = lambda text: text
 
     # -- messages (stderr) ----------------------------------------------------------------------
 
@@ -70,16 +75,16 @@ class UI:
     # before rich sees it (rich's Text silently drops \r and \b, which should show)
 
     def note(self, message: str) -> None:
-        self.err.print(Text(neutralise(message), style="dim"))
+        self.err.print(Text(neutralise(self.commands(message)), style="dim"))
 
     def warn(self, message: str) -> None:
-        self.err.print(Text("warning: ", style="yellow bold") + Text(neutralise(message)))
+        self.err.print(Text("warning: ", style="yellow bold") + Text(neutralise(self.commands(message))))
 
     def error(self, message: str) -> None:
-        self.err.print(Text("error: ", style="red bold") + Text(neutralise(message)))
+        self.err.print(Text("error: ", style="red bold") + Text(neutralise(self.commands(message))))
 
     def info(self, message: str) -> None:
-        self.err.print(Text(neutralise(message)))
+        self.err.print(Text(neutralise(self.commands(message))))
 
     # -- results (stdout) -----------------------------------------------------------------------
 
@@ -138,7 +143,7 @@ class UI:
     # -- streaming ------------------------------------------------------------------------------
 
     def line_printer(self, nodes: Sequence[str], stream: IO[str] | None = None) -> LinePrinter:
-        return LinePrinter(nodes, stream or sys.stdout, color=self.color_out)
+        return LinePrinter(nodes, stream or sys.stdout, color=self.color_out, commands=self.commands)
 
 
 _STATE_STYLES = {"running": "cyan", "no answer": "yellow", "ok": "green", "failed": "red"}
@@ -169,6 +174,10 @@ class Board(NodeProgress):
         return table
 
 
+#: a line of bootstrap's own on a node's stream (the launch's notices: ``bootstrap: ...``)
+_OWN_LINE = re.compile(r"^bootstrap: [^\n]*", re.M)
+
+
 class LinePrinter:
     """Writes ``[node] line`` for every node's output line, as it arrives, from any thread.
 
@@ -178,10 +187,18 @@ class LinePrinter:
     with a reset, so no attribute a node left on can dress up the next line's label.
     """
 
-    def __init__(self, nodes: Sequence[str], stream: IO[str], *, color: bool) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[str],
+        stream: IO[str],
+        *,
+        color: bool,
+        commands: Callable[[str], str] | None = None,
+    ) -> None:
         width = max((len(n) for n in nodes), default=0)
         self.stream = stream
         self.color = color
+        self.commands = commands  # the UI's: for bootstrap's own lines on a node's stream
         self._lock = threading.Lock()
         self.prefixes: dict[str, str] = {}
         self._colours: dict[str, str] = {}
@@ -223,6 +240,9 @@ class LinePrinter:
         """A node's complete lines (``text`` ends with a newline), each shown as ``head line``, in
         one write; ``rewrite`` gets the prefixed block before it is written (rank labels)."""
         text = self.visible(text)
+        commands = self.commands
+        if commands is not None and "`bootstrap " in text:  # bootstrap's own notice on the node
+            text = _OWN_LINE.sub(lambda line: commands(line.group(0)), text)
         out = head + text[:-1].replace("\n", "\n" + head) + "\n"
         self._emit(rewrite(out) if rewrite is not None else out)
 

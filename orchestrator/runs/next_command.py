@@ -72,4 +72,6 @@ def with_user_options(reach: Reach, text: str) -> str:
     if not words:
         return text
     prefix = "`bootstrap " + " ".join(words) + " "
-    return re.sub(r"`bootstrap (?!-i )", lambda _m: prefix, text)
+    # a suggestion that names its own options already (or was given them: messages pass here once
+    # more on their way to the terminal) is left as it is
+    return re.sub(r"`bootstrap (?!-i |--known-hosts |--ssh-config )", lambda _m: prefix, text)

@@ -646,7 +646,9 @@ def test_a_rank_missing_a_module_of_the_project_is_told_to_sync_the_code(tmp_pat
     stale = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
     assert stale.returncode == 1 and "No module named 'helper'" in stale.stderr, stale
     hint = f"hint: 'helper' is in your project ({project}) but not on the node as it is here"
-    assert stale.stderr.count(hint) == 1 and "`bootstrap sync --only code`" in stale.stderr, stale.stderr
+    # the command to paste acts on this inventory (bare, it synced the embedded local one)
+    synced_here = f"`bootstrap -i {inv} sync --only code`"
+    assert stale.stderr.count(hint) == 1 and synced_here in stale.stderr, stale.stderr
     assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
     synced = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
     assert synced.returncode == 0 and "trained 1" in synced.stdout and "hint:" not in synced.stderr, synced
@@ -691,6 +693,7 @@ def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Pa
     said = [line for line in stale.stdout.splitlines() if "is not the project" in line]
     assert len(said) == 1 and "1 file(s) differ (helper.py)" in said[0], stale.stdout
     assert said[0].startswith("[here] bootstrap: this node's code directory"), said
+    assert f"`bootstrap -i {inv} sync --only code`" in said[0], said  # pasted, it acts on this cluster
 
 
 def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_path: Path) -> None:
