@@ -175,8 +175,9 @@ def sample_nonce(directory: Path) -> str:
 def finish_record(directory: Path, *, started: bool = True) -> None:
     """A foreground run's controller lets go of the run (it ended, failed, or was interrupted and
     swept): its record's ``ended`` is set. A controller killed outright never gets here.
-    ``started`` False: no node's launcher started (refused: the port in use, the run id used
-    before); such a record is never the ``latest`` run (``runs.ids.resolve_run``)."""
+    ``started`` False: the master's launcher never started (refused: the port in use, the run id
+    used before; the others then stopped at once); such a record is never the ``latest`` run
+    (``runs.ids.resolve_run``)."""
     doc = read_record(directory)
     if doc is None or "ended" not in doc:
         return

@@ -199,7 +199,11 @@ def train_run(
         return report
     finally:
         log.close()
-        finish_record(directory, started=bool(started))
+        # a run whose master never started its launcher never trained (the others cannot meet
+        # without it: refused there, the port in use, they were stopped at once): not `latest`,
+        # which would make `stop --run latest` miss the run that holds the port
+        master = specs[0].node.name if specs else ""
+        finish_record(directory, started=master in started)
 
 
 def train(

@@ -318,5 +318,11 @@ def test_a_busy_master_port_refuses_the_launch_naming_the_node_and_the_port(
     said = refused.stdout + refused.stderr
     assert re.search(rf"node1\W.*port {port} is in use on this node, the master", said), said
     assert "cluster.port" in said and "trained" not in said, said
+    # the refused launch (node2 prepared, maybe started, then stopped at once) never trained: it is
+    # not the run `--run latest` means (`stop --run latest` missed the run holding the port)
+    refused_id = re.search(r"run (ns-\S+): 2 node", said)
+    assert refused_id is not None, said
+    record = json.loads((tmp_path / "runs" / refused_id.group(1) / "run.json").read_text())
+    assert record.get("not_started") is True, record
     again = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
     assert again.returncode == 0 and again.stdout.count("trained") == 2, again
