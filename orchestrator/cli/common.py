@@ -168,9 +168,14 @@ def load_selection(settings: Settings) -> tuple[Inventory, list[Node]]:
     if path is None:
         path = default_inventory()
         if not settings.json_mode:
+            here = [name for name in ("hosts.yaml", "hosts.yml", "inventory.yaml") if Path(name).is_file()]
             settings.ui.note(
                 f"using the embedded default inventory ({path.name}: this machine only); "
-                "pass --inventory FILE for a cluster"
+                + (
+                    f"{here[0]} is here: did you mean `bootstrap -i {here[0]} ...`?"
+                    if here
+                    else "pass --inventory FILE for a cluster"
+                )
             )
     inventory = load_inventory(path)
     for note in inventory.notes:

@@ -757,3 +757,11 @@ def test_a_follow_of_a_run_whose_launch_was_cut_short_before_starting_ends_and_s
     assert "here: training never started (the launch that prepared it was cut short" in followed.stderr, (
         followed
     )
+
+
+def test_a_command_without_an_inventory_beside_hosts_yaml_asks_whether_it_was_meant(tmp_path: Path) -> None:
+    """A newcomer who forgot `-i` in the project directory ran the embedded local inventory, told only
+    to "pass --inventory FILE": the hosts.yaml beside them is named."""
+    (tmp_path / "hosts.yaml").write_text("nodes:\n  - {name: ws1, host: 192.0.2.1}\n")
+    ran = bootstrap("inventory", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert "hosts.yaml is here: did you mean `bootstrap -i hosts.yaml ...`?" in ran.stderr, ran
