@@ -41,6 +41,19 @@ def bootstrap(
     )
 
 
+def spawn(cwd: Path, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    """``bootstrap ARGS`` started in the background, its stderr a pipe to read as it comes."""
+    return subprocess.Popen(
+        [BOOTSTRAP, *args],
+        cwd=cwd,
+        env={**os.environ, "NO_COLOR": "1", **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def test_default_inventory_is_this_machine(tmp_path: Path) -> None:
     run = bootstrap("--json", "check", cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert run.returncode == 0, run.stderr
@@ -478,15 +491,14 @@ def test_the_past_runs_page_masks_the_inventorys_secrets_in_a_runs_log(tmp_path:
     )
     (tmp_path / "runs" / "r1").mkdir(parents=True)
     (tmp_path / "runs" / "r1" / "here.log").write_text("[here:0] token is s3cr3t-VALUE-123 and literal-k3y\n")
-    env = {**os.environ, "NO_COLOR": "1", "MY_SECRET_TOK": "s3cr3t-VALUE-123"}
-    server = subprocess.Popen(
-        [BOOTSTRAP, "-i", str(inv), "dashboard", "--listen", f"127.0.0.1:{free_port()}"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+    server = spawn(
+        tmp_path,
+        {"MY_SECRET_TOK": "s3cr3t-VALUE-123"},
+        "-i",
+        str(inv),
+        "dashboard",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
     )
     try:
         assert server.stderr is not None
@@ -714,16 +726,7 @@ def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(
     it ended (or gave it up at once, never trying again): it says so at once and keeps trying."""
     inv = tmp_path / "hosts.yaml"
     inv.write_text(f"nodes:\n  - {{name: ws2, host: 127.0.0.1, port: {free_port()}, user: root}}\n")
-    env = {**os.environ, "NO_COLOR": "1", "HOME": str(tmp_path)}
-    follow = subprocess.Popen(
-        [BOOTSTRAP, "-i", str(inv), "logs", "--run", "lab-1", "--follow"],
-        cwd=tmp_path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    follow = spawn(tmp_path, {"HOME": str(tmp_path)}, "-i", str(inv), "logs", "--run", "lab-1", "--follow")
     try:
         assert follow.stderr is not None
         first = follow.stderr.readline()  # blocks until the note: no sleep
