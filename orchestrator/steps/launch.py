@@ -172,9 +172,13 @@ def with_code_record(inventory: Inventory, launch_plan: LaunchPlan) -> LaunchPla
     which the launch compares with the node's own record before it starts anything."""
     if not inventory.cluster.code_declared:
         return launch_plan
+    from orchestrator.steps.codesync import code_source
     from orchestrator.steps.codesync.manifest import shipped_record
     from orchestrator.steps.codesync.sync import prepare_tree
+    from orchestrator.steps.sync import not_the_project
 
+    if not_the_project(inventory, code_source(inventory.cluster)) is not None:
+        return launch_plan  # run from another directory: nothing here to compare (nor to list: /tmp)
     try:
         record = shipped_record(prepare_tree(inventory).files)
     except (BootstrapError, OSError):

@@ -129,8 +129,10 @@ def choose(inventory: Inventory, nodes: list[Node], options: SyncOptions, displa
                 f"code.source {source} is not a directory",
                 hint="set cluster.code.source to your project directory (relative to the current one)",
             )
-        if (wrong := _not_the_project(inventory, source)) is not None:
-            display.warn(wrong)
+        if (wrong := not_the_project(inventory, source)) is not None:
+            # refused, not warned: a sync from another directory (/tmp, the home) listed and hashed
+            # all of it, then replaced the nodes' code with it (and deleted the project's files there)
+            raise UsageError(wrong, hint="nothing was synced")
     specs = None
     if env and not from_master:
         specs = resolve_specs(inventory, nodes)  # a bad env section stops here, exit 2
@@ -322,10 +324,10 @@ def _phase(session: Session, display: Display, nodes: list[Node], step: str) -> 
             session.executor.on_event = None
 
 
-def _not_the_project(inventory: Inventory, source: Path) -> str | None:
-    """A warning when the directory code sync ships does not hold the training script the inventory
-    names (relative to it): a bootstrap run from another directory than the project's (code.source
-    is relative to the current directory) would replace the nodes' code with that directory."""
+def not_the_project(inventory: Inventory, source: Path) -> str | None:
+    """Why the directory code sync ships is not the project: it does not hold the training script
+    the inventory names (relative to it): a bootstrap run from another directory than the project's
+    (code.source is relative to the current directory) would replace the nodes' code with it."""
     from orchestrator.inventory.model import WINDOWS_ABSOLUTE, TrainSettings
     from orchestrator.steps.script_check import script_file
 
@@ -336,9 +338,9 @@ def _not_the_project(inventory: Inventory, source: Path) -> str | None:
         return None  # in the project sync ships (script_file looks where `source` is)
     return (
         f"the training script {script} is not in {source}, the directory code sync ships "
-        "(code.source, relative to the current directory): is this your project? Syncing it replaces "
-        "what earlier syncs shipped to the nodes; run bootstrap from the project's directory, or set "
-        "cluster.code.source"
+        "(code.source, relative to the current directory): it is not your project. Syncing it would "
+        "replace what earlier syncs shipped to the nodes; run bootstrap from the project's directory, "
+        "or set cluster.code.source"
     )
 
 

@@ -573,11 +573,12 @@ def test_a_follow_of_a_run_stop_ended_says_stopped_and_exits_130_as_the_launch_w
     assert "here: training was stopped" in followed.stderr, followed
 
 
-def test_syncing_a_directory_without_the_training_script_warns_that_it_may_not_be_the_project(
+def test_syncing_a_directory_without_the_training_script_is_refused_as_not_the_project(
     tmp_path: Path,
 ) -> None:
-    """code.source '.' is the current directory: run from elsewhere (the home directory), sync would
-    replace the nodes' code with it. The training script not being there says so, before anything."""
+    """code.source '.' is the current directory: run from elsewhere (the home directory, /tmp), sync
+    listed and hashed all of it (180,000 files in /tmp: minutes) and replaced the nodes' code with it.
+    The training script not being there refuses the sync, before anything, exit 2."""
     project = tmp_path / "proj"
     project.mkdir()
     (project / "train.py").write_text("print('hi')\n")
@@ -589,8 +590,9 @@ def test_syncing_a_directory_without_the_training_script_warns_that_it_may_not_b
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {"HOME": str(tmp_path)}
-    wrong = bootstrap("-i", str(inv), "sync", "--only", "code", "--dry-run", cwd=elsewhere, env=env)
-    assert wrong.returncode == 0, wrong
+    wrong = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=elsewhere, env=env)
+    assert wrong.returncode == 2 and "nothing was synced" in wrong.stderr, wrong
+    assert not (tmp_path / "wd").exists()
     assert (
         f"the training script train.py is not in {elsewhere}, the directory code sync ships" in wrong.stderr
     )
