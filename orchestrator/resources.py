@@ -30,6 +30,17 @@ def default_inventory() -> Path:
     )
 
 
+def default_inventory_note(path: Path) -> str:
+    """What a command without ``-i`` says: the embedded inventory is used; when an inventory file is
+    in the current directory (a newcomer who forgot ``-i``), its name, as the command meant."""
+    here = [name for name in ("hosts.yaml", "hosts.yml", "inventory.yaml") if Path(name).is_file()]
+    return f"using the embedded default inventory ({path.name}: this machine only); " + (
+        f"{here[0]} is here: did you mean `bootstrap -i {here[0]} ...`?"
+        if here
+        else "pass --inventory FILE for a cluster"
+    )
+
+
 def packaged_example() -> Path | None:
     """``examples/train_ddp.py``, shipped so a bare `bootstrap` has something to train."""
     found = _first_existing(

@@ -19,7 +19,7 @@ from orchestrator.cli.ui import UI
 from orchestrator.errors import ExitCode, Terminated
 from orchestrator.inventory import Inventory, Node, PasswordResolver, load_inventory
 from orchestrator.neutralise import NeutralFormatter
-from orchestrator.resources import default_inventory
+from orchestrator.resources import default_inventory, default_inventory_note
 from orchestrator.runs.run_inventory import selected
 from orchestrator.session import Session
 from orchestrator.transports import SSHOptions, Transport
@@ -168,15 +168,7 @@ def load_selection(settings: Settings) -> tuple[Inventory, list[Node]]:
     if path is None:
         path = default_inventory()
         if not settings.json_mode:
-            here = [name for name in ("hosts.yaml", "hosts.yml", "inventory.yaml") if Path(name).is_file()]
-            settings.ui.note(
-                f"using the embedded default inventory ({path.name}: this machine only); "
-                + (
-                    f"{here[0]} is here: did you mean `bootstrap -i {here[0]} ...`?"
-                    if here
-                    else "pass --inventory FILE for a cluster"
-                )
-            )
+            settings.ui.note(default_inventory_note(path))
     inventory = load_inventory(path)
     for note in inventory.notes:
         settings.ui.note(f"note: {note}")

@@ -214,8 +214,11 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
     assert report is not None and run.plan is not None
     if report.interrupted is not None:
         show_sweep(settings, run_id, report.swept)
-        if not report.swept_all:
+        if not report.swept_all:  # a second interrupt cut the sweep short: not said to have stopped all
             ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
+            interrupted(
+                ui, "connections closed; the nodes' watchers stop what is left", stop=report.interrupted
+            )
         interrupted(ui, stop=report.interrupted)
     outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
     for name in sorted(report.lost):

@@ -34,7 +34,7 @@ from orchestrator.render import secret_values
 from orchestrator.runner import Reach
 from orchestrator.runs import commands
 from orchestrator.runs.commands import FetchReport, NodeScript, RecordedRun
-from orchestrator.runs.ids import resolve_run
+from orchestrator.runs.ids import require_run, resolve_run
 from orchestrator.runs.layout import RUNS_ROOT, train_args_line
 from orchestrator.runs.next_command import again
 from orchestrator.runs.start import DetachedStart, Started
@@ -291,7 +291,9 @@ def watch_table(live: LiveRun) -> Table:
 
 @click.command()
 @common_options
-@click.option("--run", "run_arg", required=True, help="Run id to stop (`latest`: the newest under ./runs).")
+@click.option(
+    "--run", "run_arg", default=None, help="Run id to stop (`latest`: the newest under ./runs); required."
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=0.1, max=60),
@@ -300,7 +302,7 @@ def watch_table(live: LiveRun) -> Table:
     help="Seconds between SIGTERM and SIGKILL (native Windows nodes terminate at once).",
 )
 @click.pass_context
-def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
+def stop(ctx: click.Context, run_arg: str | None, grace: float) -> int:
     """Stop every process of a run on every node: SIGTERM, then SIGKILL after --grace seconds.
 
     The run's processes are those of its launcher's session (the launcher identified by its pid and
@@ -310,7 +312,7 @@ def stop(ctx: click.Context, run_arg: str, grace: float) -> int:
     them). Stopping a run that has ended says so and changes nothing.
     """
     script = lambda run: commands.stop_script_of(run, grace=grace)  # noqa: E731
-    settings, inventory, run = _run(ctx, run_arg, stop_on_slurm, script)
+    settings, inventory, run = _run(ctx, require_run(run_arg, "stop"), stop_on_slurm, script)
     report = commands.stop_all(_reach(settings, inventory), run, grace=grace)
     ui, code = settings.ui, report.exit_code()
     if settings.json_mode:

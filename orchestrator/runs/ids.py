@@ -93,6 +93,17 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+def require_run(run: str | None, command: str) -> str:
+    """``run``, or a UsageError when ``command`` (stop) was given no ``--run``: named on purpose, as
+    `status`'s default is not (click said only "Missing option '--run'")."""
+    if run is None:
+        raise UsageError(
+            f"{command} needs the run to {command}: --run RUN",
+            hint="`--run latest` is the newest run launched from this directory; `status` shows it",
+        )
+    return run
+
+
 def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
     """``latest`` (or nothing): the newest run under ./runs (not a launch that started nowhere: its
     record says ``not_started``); anything else is taken as a run id."""

@@ -721,6 +721,10 @@ def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_p
     assert "set `port:` on the node in the inventory" in stopped.stderr, stopped.stderr
     said = "ws2: not reached, so its part of the run may still be running there; once it answers, run "
     assert said + f"`bootstrap -i {inv} stop --run lab-1` again" in stopped.stderr, stopped.stderr
+    # without --run: which run, and that `latest` is one (click only said "Missing option '--run'")
+    bare = bootstrap("-i", str(inv), "stop", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert bare.returncode == 2 and "stop needs the run to stop: --run RUN" in bare.stderr, bare
+    assert "`--run latest` is the newest run launched from this directory" in bare.stderr, bare
 
 
 def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(tmp_path: Path) -> None:
