@@ -43,7 +43,8 @@ from orchestrator.slurm.job import (
     render_job,
     slurm_settings,
 )
-from orchestrator.steps.launch import RANK_CAPTURE, local_script, rank_capture_file
+from orchestrator.steps.launch import RANK_CAPTURE, rank_capture_file
+from orchestrator.steps.script_check import local_script
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import BlockHandler, Stream
 

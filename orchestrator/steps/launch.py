@@ -33,7 +33,7 @@ from orchestrator.inventory.model import WINDOWS_ABSOLUTE
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
-from orchestrator.resources import package_file, packaged_example
+from orchestrator.resources import package_file
 from orchestrator.runs.base import refused_dir
 from orchestrator.runs.culprit import (
     Failure,
@@ -61,6 +61,7 @@ from orchestrator.steps.addresses import reached_nodes
 from orchestrator.steps.node_facts import training_python
 from orchestrator.steps.preflight import check_interfaces, gather_node_facts
 from orchestrator.steps.preflight.checks import choose_backend
+from orchestrator.steps.script_check import local_script
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -175,7 +176,7 @@ def with_code_record(inventory: Inventory, launch_plan: LaunchPlan) -> LaunchPla
     from orchestrator.steps.codesync import code_source
     from orchestrator.steps.codesync.manifest import shipped_record
     from orchestrator.steps.codesync.sync import prepare_tree
-    from orchestrator.steps.sync import not_the_project
+    from orchestrator.steps.script_check import not_the_project
 
     if not_the_project(inventory, code_source(inventory.cluster)) is not None:
         return launch_plan  # run from another directory: nothing here to compare (nor to list: /tmp)
@@ -248,20 +249,6 @@ def _native_windows_plan(
         python = found.facts.get("python") if found is not None else None
         path = getattr(python, "path", None)
         pythons[node.name] = path if isinstance(path, str) and path else "python"
-
-
-def local_script(script: str) -> Path | None:
-    """The training script to upload: the controller's file (relative to the current directory), or
-    the shipped example when the inventory keeps the default and no such file is here."""
-    here = Path(script)
-    try:
-        if here.is_file():
-            return here
-    except (OSError, ValueError):  # a name too long for this file system: not a file here
-        return None
-    if script == "examples/train_ddp.py":
-        return packaged_example()
-    return None
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UsageError
+from orchestrator.resources import packaged_example
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -21,7 +22,6 @@ def script_file(inventory: Inventory) -> Path | None:
     launch uploads; None when it is on the nodes only (absolute) or not here."""
     from orchestrator.inventory.model import WINDOWS_ABSOLUTE
     from orchestrator.steps.codesync import code_source
-    from orchestrator.steps.launch import local_script
 
     script = inventory.cluster.train.script
     if script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
@@ -106,4 +106,37 @@ def missing_module_hint(inventory: Inventory, lines: Sequence[str]) -> str | Non
     return (
         f"no module '{name}' on the node, nor in the project here: a package the nodes' Python lacks? "
         "list it in cluster.env (requirements or packages) and run `bootstrap sync --only env` (docs/sync.md)"
+    )
+
+
+def local_script(script: str) -> Path | None:
+    """The training script to upload: the controller's file (relative to the current directory), or
+    the shipped example when the inventory keeps the default and no such file is here."""
+    here = Path(script)
+    try:
+        if here.is_file():
+            return here
+    except (OSError, ValueError):  # a name too long for this file system: not a file here
+        return None
+    if script == "examples/train_ddp.py":
+        return packaged_example()
+    return None
+
+
+def not_the_project(inventory: Inventory, source: Path) -> str | None:
+    """Why the directory code sync ships is not the project: it does not hold the training script
+    the inventory names (relative to it): a bootstrap run from another directory than the project's
+    (code.source is relative to the current directory) would replace the nodes' code with it."""
+    from orchestrator.inventory.model import WINDOWS_ABSOLUTE, TrainSettings
+
+    script = inventory.cluster.train.script
+    if script == TrainSettings().script or script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
+        return None  # the shipped example, or a script outside the project
+    if script_file(inventory) is not None:
+        return None  # in the project sync ships (script_file looks where `source` is)
+    return (
+        f"the training script {script} is not in {source}, the directory code sync ships "
+        "(code.source, relative to the current directory): it is not your project. Syncing it would "
+        "replace what earlier syncs shipped to the nodes; run bootstrap from the project's directory, "
+        "or set cluster.code.source"
     )

@@ -129,6 +129,8 @@ def choose(inventory: Inventory, nodes: list[Node], options: SyncOptions, displa
                 f"code.source {source} is not a directory",
                 hint="set cluster.code.source to your project directory (relative to the current one)",
             )
+        from orchestrator.steps.script_check import not_the_project
+
         if (wrong := not_the_project(inventory, source)) is not None:
             # refused, not warned: a sync from another directory (/tmp, the home) listed and hashed
             # all of it, then replaced the nodes' code with it (and deleted the project's files there)
@@ -322,26 +324,6 @@ def _phase(session: Session, display: Display, nodes: list[Node], step: str) -> 
             yield board
         finally:
             session.executor.on_event = None
-
-
-def not_the_project(inventory: Inventory, source: Path) -> str | None:
-    """Why the directory code sync ships is not the project: it does not hold the training script
-    the inventory names (relative to it): a bootstrap run from another directory than the project's
-    (code.source is relative to the current directory) would replace the nodes' code with it."""
-    from orchestrator.inventory.model import WINDOWS_ABSOLUTE, TrainSettings
-    from orchestrator.steps.script_check import script_file
-
-    script = inventory.cluster.train.script
-    if script == TrainSettings().script or script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
-        return None  # the shipped example, or a script outside the project
-    if script_file(inventory) is not None:
-        return None  # in the project sync ships (script_file looks where `source` is)
-    return (
-        f"the training script {script} is not in {source}, the directory code sync ships "
-        "(code.source, relative to the current directory): it is not your project. Syncing it would "
-        "replace what earlier syncs shipped to the nodes; run bootstrap from the project's directory, "
-        "or set cluster.code.source"
-    )
 
 
 def sync_report(reach: Reach, inventory: Inventory, nodes: list[Node], options: SyncOptions) -> SyncReport:
