@@ -144,7 +144,7 @@ class LogsReport:
         said = {
             "kept": "the previous copy {path} was kept as it was",
             "none": "no copy written to {path} (the read failed)",
-            "busy": "{path} left as it is: a running `bootstrap launch` (or another `logs`) writes it",
+            "busy": "{path} left as it is: a launch running from here (or another `logs`) writes it",
         }
         return [
             f"{name}: " + said[state].format(path=self.paths[name])

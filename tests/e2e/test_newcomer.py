@@ -139,7 +139,7 @@ def test_a_newcomer_reaches_training_from_bare_hosts(
     assert refused.returncode == 1, refused
     assert f"node1, node2 share {shared}" in refused.stderr, refused.stderr
     assert "not a pip or index problem" in refused.stderr
-    assert "`bootstrap sync --from-master` repeats just that step" in refused.stderr
+    assert f"`bootstrap -i {inv} sync --from-master` repeats just that step" in refused.stderr
     assert not (shared / "venv").exists()
 
     # {node} in workdir: a directory per node; the pipeline again, piped: progress lines every

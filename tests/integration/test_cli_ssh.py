@@ -202,10 +202,11 @@ def test_wrong_user_is_an_authentication_error(
     bootstrap: Bootstrap, trusted_home: Path, cluster: NamespaceCluster, tmp_path: Path
 ) -> None:
     nodes = [{"name": "n1", "host": cluster.hosts[0].addr, "user": "nosuchuser"}]
-    run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "check")
+    inv = write_inventory(tmp_path / "h.yaml", nodes)
+    run = bootstrap("-i", str(inv), "check")
     assert run.returncode == 3, run
     assert "authentication as 'nosuchuser'" in run.stderr and "node 'n1'" in run.stderr
-    assert "bootstrap keys" in run.stderr  # what to do next
+    assert f"`bootstrap -i {inv} keys`" in run.stderr  # what to do next, on this inventory
 
 
 def test_password_is_needed_only_when_keys_fail(

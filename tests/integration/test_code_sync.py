@@ -458,7 +458,7 @@ def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> Non
     )
     assert plain.returncode == 0, plain.stderr
     assert "no cluster.code in the inventory: code sync skipped" in plain.stderr
-    assert "bootstrap sync --only code" in plain.stderr
+    assert f"`bootstrap -i {inv} sync --only code`" in plain.stderr  # on this inventory, pasted
     assert not (workdir / "code").exists()
     as_json = subprocess.run(
         [BOOTSTRAP, "-i", str(inv), "--json", "sync"],

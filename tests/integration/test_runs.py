@@ -673,7 +673,7 @@ def test_logs_leaves_the_copy_a_running_launch_writes(
     try:
         read = bootstrap("-i", str(inv), "logs", "--run", "r-busy", cwd=tmp_path)
         assert read.returncode == 0 and read.stdout.splitlines() == ["[node1] one", "[node1] two"], read
-        assert "node1: runs/r-busy/node1.log left as it is: a running `bootstrap launch`" in read.stderr, read
+        assert "node1: runs/r-busy/node1.log left as it is: a launch running from here" in read.stderr, read
         doc = json.loads(bootstrap("-i", str(inv), "logs", "--run", "r-busy", "--json", cwd=tmp_path).stdout)
         assert (doc["exit_code"], doc["nodes"][0]["copy"]) == (0, "busy"), doc
         launch.write_block("node1", "two\n")  # the launch's lines still land in the copy

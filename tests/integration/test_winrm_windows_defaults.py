@@ -354,7 +354,7 @@ def test_a_command_over_max_memory_per_shell_mb_says_which_setting_and_what_to_d
     text = " ".join(run.stderr.split())
     assert "win1" in text and "MaxMemoryPerShellMB quota" in text, run.stderr
     assert "winrm set winrm/config/winrs '@{MaxMemoryPerShellMB=\"8192\"}'" in text, run.stderr
-    assert "bootstrap launch" in text
+    assert f"bootstrap -i {inventory} launch" in text  # on this inventory: pasted, it acts on it
 
 
 def test_ntlm_over_http_passes_a_default_host_because_every_message_is_sealed(server: WinRMServer) -> None:
