@@ -30,7 +30,7 @@ def test_logs_says_what_became_of_each_copy_how_training_ended_and_where_the_cop
     report = LogsReport(outcomes, copies, run_id="r1", follow=True, paths=paths)
     assert report.notes() == [
         "n2: the previous copy runs/r1/n2.log was kept as it was",
-        "n3: runs/r1/n3.log left as it is: a running `bootstrap launch` (or another `logs`) writes it",
+        "n3: runs/r1/n3.log left as it is: a launch running from here (or another `logs`) writes it",
         "n1: training exited 0",
         "n2: training was stopped",
         "logs: runs/r1/",
