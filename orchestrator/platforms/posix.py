@@ -219,6 +219,15 @@ class PosixShell(Platform):
         probe = self.path_word(f"{directory.rstrip('/')}/.bootstrap-write-test-{uuid.uuid4().hex[:12]}")
         return f"{{ : > {probe}; }} 2>&1 && rm -f {probe}"
 
+    def say_file(self, path: str, kind: str, missing: str, limit: int = 16 << 20) -> str:
+        """After :meth:`record_functions`: a record ``kind`` holding the regular file ``path`` (its
+        first ``limit`` bytes; never through a link), or a record ``missing`` when there is none."""
+        word = self.path_word(path)
+        return (
+            f"if [ -f {word} ] && [ ! -L {word} ]; then head -c {int(limit)} {word}"
+            f" | _cb_recin {check_kind(kind)}; else _cb_rec {check_kind(missing)}; fi"
+        )
+
     def say_if_exists(self, path: str, word: str) -> str:
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"

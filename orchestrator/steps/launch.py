@@ -168,24 +168,24 @@ def _decide(
     return LaunchPlan(specs, backend[0], backend[1], inspected, warnings)
 
 
-def with_code_record(inventory: Inventory, launch_plan: LaunchPlan) -> LaunchPlan:
-    """The plan with what a code sync of the project would record on each node (``cluster.code``),
-    which the launch compares with the node's own record before it starts anything."""
+def with_code_record(inventory: Inventory, specs: list[LaunchSpec]) -> list[LaunchSpec]:
+    """``specs`` with what a code sync of the project would record on each node (``cluster.code``),
+    which the launch compares with the node's own record before it starts anything (its dry run
+    shows that read too)."""
     if not inventory.cluster.code_declared:
-        return launch_plan
+        return specs
     from orchestrator.steps.codesync import code_source
     from orchestrator.steps.codesync.manifest import shipped_record
     from orchestrator.steps.codesync.sync import prepare_tree
     from orchestrator.steps.script_check import not_the_project
 
     if not_the_project(inventory, code_source(inventory.cluster)) is not None:
-        return launch_plan  # run from another directory: nothing here to compare (nor to list: /tmp)
+        return specs  # run from another directory: nothing here to compare (nor to list: /tmp)
     try:
         record = shipped_record(prepare_tree(inventory).files)
     except (BootstrapError, OSError):
-        return launch_plan  # no project here to compare with: sync says why
-    specs = [dataclasses.replace(spec, code_record=record) for spec in launch_plan.specs]
-    return dataclasses.replace(launch_plan, specs=specs)
+        return specs  # no project here to compare with: sync says why
+    return [dataclasses.replace(spec, code_record=record) for spec in specs]
 
 
 #: variables tutorials tell users to set that nothing in torch or gloo reads (FIELD_NOTES)
@@ -323,13 +323,9 @@ CODE_RECORD, NO_CODE_RECORD = "code-record", "code-none"
 
 def read_code_record(posix: PosixShell, code_dir: str) -> str:
     """Shell text (after ``record_functions``) answering the code directory's shipped-files record."""
-    from orchestrator.steps.codesync.ignore import RESERVED_PREFIX
+    from orchestrator.steps.codesync.ignore import SHIPPED_RECORD
 
-    record = posix.path_word(f"{code_dir.rstrip('/')}/{RESERVED_PREFIX}-shipped.json")
-    return (
-        f"if [ -f {record} ] && [ ! -L {record} ]; then head -c 16777216 {record} | _cb_recin {CODE_RECORD};"
-        f" else _cb_rec {NO_CODE_RECORD}; fi"
-    )
+    return posix.say_file(f"{code_dir.rstrip('/')}/{SHIPPED_RECORD}", CODE_RECORD, NO_CODE_RECORD)
 
 
 def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: str | None) -> str | None:

@@ -318,8 +318,8 @@ def launch_phase(
         for issue in missing_secrets(inventory):  # masked here; a real launch stops on them (exit 2)
             say("warn", f"{issue} (a real launch stops here, exit 2)")
 
-        def shared(specs: list[LaunchSpec]) -> list[LaunchSpec]:  # what attach_shares gives a launch
-            specs, shares_note = planned_shares(inventory, specs)
+        def shared(specs: list[LaunchSpec]) -> list[LaunchSpec]:  # what a launch adds to its specs
+            specs, shares_note = planned_shares(inventory, with_code_record(inventory, specs))
             if shares_note:
                 say("note", shares_note)
             return specs
@@ -337,7 +337,8 @@ def launch_phase(
         with reach.progress(names, "plan") as on_event:
             session.executor.on_event = on_event
             # with the project's code record: a node whose code directory holds other code is told
-            run.plan = launch_plan = with_code_record(inventory, plan(session, inventory, run_id))
+            run.plan = launch_plan = plan(session, inventory, run_id)
+            launch_plan.specs = with_code_record(inventory, launch_plan.specs)
             attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
         session.executor.on_event = None
         show_facts(live, launch_plan.inspected)

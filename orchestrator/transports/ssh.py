@@ -629,7 +629,7 @@ class SSHTransport(Transport):
             ran = self.run(posix.try_writing_in(posixpath.dirname(remote) or "."), timeout=30)
         except BootstrapError:
             return None
-        said = ran.stdout.strip().splitlines()
+        said = ran.stdout.strip().split("\n")  # lines end at \n only (node text)
         return said[-1].split(": ")[-1] if not ran.ok and said else None
 
     def get(self, remote: str, local: Path) -> None:

@@ -54,6 +54,8 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
 
 #: names at the top of the destination that belong to code sync itself (its cache, uploads)
 RESERVED_PREFIX = ".bootstrap-code"
+#: its record of what syncs shipped there (steps/probes/code_tree.py SHIPPED), which launch reads
+SHIPPED_RECORD = RESERVED_PREFIX + "-shipped.json"
 
 
 @dataclass(frozen=True)

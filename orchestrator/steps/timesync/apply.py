@@ -130,7 +130,7 @@ def probe_read(node: Node) -> Read:
         if code != 0:
             raise CommandFailedError(
                 f"reading the time configuration failed (exit {code}): "
-                + (" | ".join(output.splitlines()[-3:]) or "no output"),
+                + (" | ".join(output.split("\n")[-3:]) or "no output"),
                 node=node.name,
                 result=ran,
             )
