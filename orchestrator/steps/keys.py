@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from orchestrator.errors import CommandFailedError, ExitCode, SecretMissingError
+from orchestrator.errors import CancelledError, CommandFailedError, ExitCode, SecretMissingError
 from orchestrator.executor import GroupResult, exit_code_for
 from orchestrator.inventory import PasswordResolver
 from orchestrator.platforms import PosixShell
@@ -66,12 +66,15 @@ def ensure_controller_key(path: str = DEFAULT_KEY) -> ControllerKey:
 
 @dataclass
 class KeyInstall:
-    status: str  # "added" or "present"
+    status: str  # "added" or "present"; "" when the node failed after its host key was recorded
     verified: bool
     recorded_host_keys: list[str]
 
     def row(self) -> tuple[CellLike, ...]:
-        """The keys table's cells: added or present, whether key login was proven, host keys recorded."""
+        """The keys table's cells: added or present, whether key login was proven, host keys recorded
+        (also for a node that failed after its host key was checked: that key is in known_hosts now)."""
+        if not self.status:
+            return (red("failed"), "-", "\n".join(self.recorded_host_keys) or "already known")
         verified = Cell("verified", "green") if self.verified else red("FAILED")
         return (self.status, verified, "\n".join(self.recorded_host_keys) or "already known")
 
@@ -172,7 +175,15 @@ def install_all(
 
     check = dataclasses.replace(ssh, accept_new_host_keys=False)
     with Session(inventory, nodes, ssh=ssh, passwords=passwords, max_workers=forks, on_event=on_event) as on:
-        return on.map(lambda n, t: install_key(n, t, key, check), step="keys")
+        done = on.map(lambda n, t: install_key(n, t, key, check), step="keys")
+        by_name = {n.name: n for n in nodes}
+        for o in done:  # a node that failed after its host key was recorded (no password): say so
+            if o.value is not None or isinstance(o.error, CancelledError):
+                continue
+            recorded = list(on.transport(by_name[o.node]).recorded_host_keys)
+            if recorded:
+                o.value = KeyInstall(status="", verified=False, recorded_host_keys=recorded)
+        return done
 
 
 def keys_exit_code(outcomes: GroupResult[KeyInstall]) -> ExitCode:

@@ -405,3 +405,19 @@ def test_keys_without_any_password_says_how_to_give_one(
         run = bootstrap("-i", str(write_inventory(tmp_path / "h.yaml", nodes)), "keys")
         assert run.returncode == 3, run
         assert "node 'nopw'" in run.stderr and "password_env" in run.stderr
+
+
+def test_keys_that_fails_after_recording_a_host_key_says_it_recorded_it(
+    bootstrap: Bootstrap, ctl_home: Path, cluster: NamespaceCluster, tmp_path: Path
+) -> None:
+    host = cluster.hosts[2]
+    with password_only_user(cluster, host, "cbtnopw2", "unused-pw"):
+        nodes = [{"name": "nopw", "host": host.addr, "user": "cbtnopw2"}]
+        inv = str(write_inventory(tmp_path / "h.yaml", nodes))
+        run = bootstrap("-i", inv, "keys", "--accept-new-host-keys")
+        assert run.returncode == 3, run
+        assert "password_env" in run.stderr
+        # the host key was accepted before the password was asked for: the table says so
+        row = next(line for line in run.stdout.splitlines() if "nopw" in line)
+        assert "failed" in row and host.fingerprint() in run.stdout, run.stdout
+        assert host.addr in (ctl_home / ".ssh" / "known_hosts").read_text()
