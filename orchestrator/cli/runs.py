@@ -375,4 +375,6 @@ def _fetched(settings: Settings, run_id: str, report: FetchReport) -> int:
     fail_lines(ui, list(report.outcomes))
     for error in report.errors():
         ui.error(error)
+    if hint := report.hint(run_id):
+        ui.info(f"hint: {hint}")
     return code

@@ -7,6 +7,7 @@ of a log is kept, what is said after it). The CLI shows these reports; it decide
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from orchestrator.runs.control import (
     stop_script,
     tail_script,
 )
+from orchestrator.runs.ids import run_before
 from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
@@ -377,6 +379,8 @@ class FetchReport:
     from_code: bool = False
     #: a Slurm run's --dry-run: the paths were listed through the login host, nothing was copied
     listed_only: bool = False
+    #: the run launched from here before this one: where a path no node has here may be
+    earlier: str | None = None
 
     @property
     def missing(self) -> list[tuple[str, str]]:
@@ -391,6 +395,19 @@ class FetchReport:
             else "the run's outputs, its run directory or the code directory"
         )
         return [f"node {node!r}: {path} not found in {where}" for node, path in self.missing]
+
+    def hint(self, run_id: str) -> str:
+        """Where to look for the paths no node has in this run: the run launched before it ("": no
+        such path, or no earlier run)."""
+        found = {f.path for o in self.outcomes for f in o.value or [] if f.source is not None}
+        nowhere = sorted({path for _, path in self.missing} - found)
+        if not nowhere or self.earlier is None or self.from_code:
+            return ""
+        paths = " ".join(shlex.quote(p) for p in nowhere)
+        return (
+            f"no node has {paths} in run {run_id}; the run launched before it may: "
+            f"`bootstrap fetch --run {self.earlier} {paths}`"
+        )
 
     def exit_code(self) -> ExitCode:
         code = exit_code_for(self.outcomes)
@@ -460,4 +477,4 @@ def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code
         return found
 
     outcomes = reach.within(run.nodes, "fetch", lambda session: session.map(one, step="fetch"))
-    return FetchReport(outcomes, from_code=from_code)
+    return FetchReport(outcomes, from_code=from_code, earlier=run_before(run.run_id))

@@ -104,13 +104,10 @@ def require_run(run: str | None, command: str) -> str:
     return run
 
 
-def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
-    """``latest`` (or nothing): the newest run under ./runs (not a launch that started nowhere: its
-    record says ``not_started``); anything else is taken as a run id."""
-    if run not in (None, "", "latest"):
-        assert run is not None
-        return check_run_id(run)
-    candidates = []
+def _runs_here(root: Path) -> list[tuple[bool, float, str]]:
+    """The runs under ``root``, as (launched from here, when, id): a launch that started nowhere
+    (its record says ``not_started``) left out."""
+    found = []
     if root.is_dir():
         for entry in root.iterdir():
             if entry.is_dir() and _RUN_ID.fullmatch(entry.name):
@@ -119,13 +116,31 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
                 launched = stamp.exists()
                 if launched and (read_record(entry) or {}).get("not_started"):
                     continue
-                candidates.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
+                found.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
+    return found
+
+
+def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
+    """``latest`` (or nothing): the newest run under ./runs (not a launch that started nowhere: its
+    record says ``not_started``); anything else is taken as a run id."""
+    if run not in (None, "", "latest"):
+        assert run is not None
+        return check_run_id(run)
+    candidates = _runs_here(root)
     if not candidates:
         raise UsageError(
             f"no runs in {root.resolve()} (run ids are kept where `bootstrap launch` ran)",
             hint="pass --run RUN-ID, or run this from the directory you launched from",
         )
     return max(candidates)[2]
+
+
+def run_before(run_id: str, root: Path = RUNS_ROOT) -> str | None:
+    """The run launched from here just before ``run_id`` (None: none, or ``run_id`` is not one)."""
+    launched = sorted((when, name) for was, when, name in _runs_here(root) if was)
+    names = [name for _, name in launched]
+    at = names.index(run_id) if run_id in names else 0
+    return names[at - 1] if at > 0 else None
 
 
 def command_run_dir(cluster: str) -> Path:

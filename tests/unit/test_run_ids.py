@@ -78,3 +78,18 @@ def test_latest_is_no_run_id_since_run_latest_names_the_newest_run(tmp_path: Pat
         ids.claim_run_id("latest", tmp_path)
     assert not (tmp_path / "latest").exists()
     assert ids.check_run_id("latest-1") == "latest-1"
+
+
+def test_the_run_before_is_the_launch_before_it_here(tmp_path: Path) -> None:
+    for name, when in (("first", 1000), ("second", 2000), ("third", 3000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RECORD).write_text("{}")
+        os.utime(tmp_path / name / RECORD, (when, when))
+    (tmp_path / "copied-by-logs").mkdir()  # no record: not a run launched here
+    (tmp_path / "never").mkdir()  # a launch that started nowhere
+    (tmp_path / "never" / RECORD).write_text('{"not_started": true}')
+    os.utime(tmp_path / "never" / RECORD, (2500, 2500))
+    assert ids.run_before("third", tmp_path) == "second"
+    assert ids.run_before("second", tmp_path) == "first"
+    assert ids.run_before("first", tmp_path) is None
+    assert ids.run_before("elsewhere", tmp_path) is None

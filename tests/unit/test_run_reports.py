@@ -67,6 +67,21 @@ def test_fetch_names_each_missing_path_and_where_it_was_looked_for(from_code: bo
     assert found[0].size == "2 KiB"
 
 
+def test_fetch_points_a_path_no_node_has_to_the_run_before() -> None:
+    def report(*nodes: list[Fetched], earlier: str | None = "r0") -> FetchReport:
+        outcomes = [Outcome(f"n{i}", found, None, 0.1) for i, found in enumerate(nodes)]
+        return FetchReport(GroupResult(outcomes), earlier=earlier)
+
+    missing = [Fetched("ckpt/last.pt", None)]
+    assert report(missing, missing).hint("r1") == (
+        "no node has ckpt/last.pt in run r1; the run launched before it may: "
+        "`bootstrap fetch --run r0 ckpt/last.pt`"
+    )
+    # a path one node has is this run's; no earlier run, nothing to point to
+    assert report(missing, [Fetched("ckpt/last.pt", "/w/ckpt/last.pt", 1, 9, "x")]).hint("r1") == ""
+    assert report(missing, earlier=None).hint("r1") == ""
+
+
 def _listing(*, running: bool = False, items: bool = True, removed: bool = False) -> CleanReport:
     node = NodeClean(
         "n1",
