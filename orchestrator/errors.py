@@ -8,6 +8,7 @@ it is about, says what was tried, and says what to do next (``hint``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from orchestrator.redact import mask_url_credentials
 
@@ -52,6 +53,22 @@ class BootstrapError(Exception):
         if self.hint:
             text += f" ({self.hint})"
         return text
+
+
+def said_once(errors: Iterable[BootstrapError]) -> list[str]:
+    """Each error's line, in order; errors alike but for their node (the same pip failure on every
+    node of a cluster with no index) as one line that names them all."""
+    groups: dict[tuple[type, str, str | None], list[BootstrapError]] = {}
+    for error in errors:
+        groups.setdefault((type(error), error.message, error.hint), []).append(error)
+    lines = []
+    for (_, message, hint), group in groups.items():
+        if len(group) == 1 or not all(e.node for e in group):
+            lines += [str(e) for e in group]
+            continue
+        nodes = ", ".join(repr(e.node) for e in group)
+        lines.append(f"nodes {nodes}: {message}" + (f" ({hint})" if hint else ""))
+    return lines
 
 
 class UsageError(BootstrapError):

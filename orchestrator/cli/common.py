@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -93,25 +93,10 @@ def common_options(fn: F) -> F:
         fn = option(fn)
     # every option is collected by _store; none reaches the function as an argument
     for param in getattr(fn, "__click_params__", []):
-        if param.name in _COMMON:
+        if param.name in _common():
             param.callback = _store
             param.expose_value = False
     return fn
-
-
-_COMMON = {
-    "inventory",
-    "nodes",
-    "json_mode",
-    "dry_run",
-    "verbose",
-    "accept_new_host_keys",
-    "known_hosts",
-    "ssh_config",
-    "connect_timeout",
-    "forks",
-    "no_color",
-}
 
 
 @dataclass
@@ -138,7 +123,7 @@ class Settings:
     @classmethod
     def from_context(cls, ctx: click.Context) -> Settings:
         obj = ctx.find_root().ensure_object(dict)
-        known = {k: v for k, v in obj.items() if k in _COMMON and v not in (None, ())}
+        known = {k: v for k, v in obj.items() if k in _common() and v not in (None, ())}
         settings = cls(**known)
         _configure_logging(settings.verbose)
         return settings
@@ -150,6 +135,11 @@ class Settings:
             connect_timeout=self.connect_timeout,
             ssh_config=self.ssh_config,
         )
+
+
+def _common() -> set[str]:
+    """The common options' names: Settings' fields."""
+    return {f.name for f in fields(Settings) if f.init}
 
 
 def _configure_logging(verbose: int) -> None:

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError
+from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError, said_once
 from orchestrator.executor import Outcome
 from orchestrator.neutralise import neutralise
 from orchestrator.steps.contract import Report
@@ -182,13 +182,15 @@ def json_doc(
 def fail_lines(ui: UI, outcomes: Iterable[Outcome[Any]]) -> None:
     """One line per failed node; unknown host keys as one block, since they need one decision."""
     unknown: list[HostKeyUnknownError] = []
+    failed: list[BootstrapError] = []
     for outcome in outcomes:
         if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
             unknown.append(outcome.error)
-        elif outcome.error is not None and not getattr(outcome.error, "shown", False):
-            ui.error(str(outcome.error))
-            if isinstance(outcome.error, BootstrapError):
-                outcome.error.shown = True
+        elif outcome.error is not None and not outcome.error.shown:
+            failed.append(outcome.error)
+            outcome.error.shown = True
+    for line in said_once(failed):  # the same failure on many nodes: one line naming them
+        ui.error(line)
     if not unknown:
         return
     files = sorted({e.known_hosts for e in unknown})
