@@ -241,25 +241,22 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
 
     One round trip per node. Runtime is measured on each node's own clock (from its launcher's
     start to its exit, or to now; stopped: to its last output). GPU utilisation shows where
-    nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named).
+    nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named) or
+    the run failed there (a non-zero exit no stop caused, no exit code, its controller lost).
     """
     settings, inventory, run = _run(ctx, run_arg, status_on_slurm, commands.status_script_of)
     if watch:
         return _watch(settings, inventory, run)
     ui, run_id = settings.ui, run.run_id
     report = commands.status_all(_reach(settings, inventory), run)
-    code = exit_code_for(report.outcomes)
+    code = report.exit_code()
     if settings.json_mode:
         return json_doc(ui, "status", report.outcomes, code, run_id=run_id, train=report.train)
     draw(ui, report.view(run_id))
     if args_line := train_args_line(report.train):
         ui.info(args_line)
     if report.lost:
-        ui.warn(
-            f"run {run_id}: its controller ended without ending the run (killed, or its machine or "
-            "connection lost): each node's watchdog stopped what was left; "
-            f"`{again(settings, 'logs', run_id)}` shows what every rank printed last"
-        )
+        ui.warn(report.lost_warning(run_id))
     fail_lines(ui, report.outcomes)
     return code
 

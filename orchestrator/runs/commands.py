@@ -264,6 +264,27 @@ class StatusReport:
     lost: bool = False
     train: dict[str, Any] | None = None
 
+    def exit_code(self) -> ExitCode:
+        """1 also when the run failed on a node (a non-zero exit no stop caused, no exit code, its
+        controller lost), as `status --watch` and `logs --follow` say of a run that ended so."""
+        code = exit_code_for(self.outcomes)
+        failed = any(o.value is not None and o.value.failed for o in self.outcomes)
+        return ExitCode.NODES_FAILED if code == ExitCode.OK and failed else code
+
+    def lost_warning(self, run_id: str) -> str:
+        """What a lost controller means for the run (``lost``): what was left of it was stopped, or,
+        killed before it started anything, the run never started."""
+        if all(o.value is not None and o.value.node_state == "not started" for o in self.outcomes):
+            return (
+                f"run {run_id} never started: the launch that prepared it ended (killed, or its machine "
+                "lost) before it started training on any node; launch again"
+            )
+        return (
+            f"run {run_id}: its controller ended without ending the run (killed, or its machine or "
+            "connection lost): each node's watchdog stopped what was left; "
+            f"`bootstrap logs --run {shlex.quote(run_id)}` shows what every rank printed last"
+        )
+
     def view(self, run_id: str) -> View:
         """The table: per node its state (red: failed, no run), runtime, GPU use, last line (which
         gives way to the other columns: a 500-character line collapsed them all)."""

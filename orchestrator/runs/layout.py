@@ -37,7 +37,9 @@ Everything bootstrap creates here is this user's alone: directories 0700, files 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import socket
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -157,7 +159,7 @@ def write_record(
         "started": time.time(),
         # a foreground run's controller says when it let go of the run (finish_record): a record
         # whose "ended" stays null belongs to a controller that vanished mid-run (controller_lost)
-        **({} if detached else {"ended": None}),
+        **({} if detached else {"ended": None, "controller": this_controller()}),
         "nodes": {s.node.name: {"first_rank": s.first_rank, "nproc": s.nproc} for s in specs},
         # how `logs --follow --dashboard` and `status --watch` tell the node's samples in its log
         **({"sample_nonce": specs[0].sample_nonce} if specs and specs[0].sample_nonce else {}),
@@ -195,7 +197,52 @@ def controller_lost(record: Mapping[str, Any] | None, states: Sequence[str]) -> 
     every node's NodeStatus.state (a node that could not be read: leave the run's story alone)."""
     if not record or record.get("detached") or "ended" not in record or record["ended"] is not None:
         return False
+    if states and all(state == "not started" for state in states):
+        # started nowhere yet: a launch still uploading, or one killed before it started anything
+        return controller_gone(record)
     return bool(states) and all(state in ("stopped", "exited", "no exit code") for state in states)
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:  # not Linux: which process started a run cannot be told
+        return None
+
+
+def _started_at(pid: object) -> str | None:
+    """When process ``pid`` started (clock ticks after boot: /proc/PID/stat's 22nd field), None: no
+    such process. With the pid, it names one process: a pid used again is another start."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def this_controller() -> dict[str, Any]:
+    """This process as a foreground run's record names its controller (:func:`controller_gone`)."""
+    return {
+        "host": socket.gethostname(),
+        "boot": _boot_id(),
+        "pid": os.getpid(),
+        "since": _started_at(os.getpid()),
+    }
+
+
+def controller_gone(record: Mapping[str, Any]) -> bool:
+    """The process that launched a foreground run is known to be gone: on this machine (by its
+    name), since a reboot, or its pid no longer the process that started then. False when that cannot
+    be told here (another machine, not Linux, an older record)."""
+    was = record.get("controller")
+    if not isinstance(was, dict) or was.get("host") != socket.gethostname():
+        return False
+    boot = _boot_id()
+    if boot is None or was.get("boot") is None:
+        return False
+    return was["boot"] != boot or _started_at(was.get("pid")) != was.get("since")
 
 
 def train_record(inventory: Inventory) -> dict[str, Any]:

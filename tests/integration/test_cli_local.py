@@ -373,6 +373,42 @@ def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_
         assert f"here: {command[0]} FAILED" in run.stderr and " ok (" not in run.stderr, run
 
 
+def test_a_foreground_launch_killed_before_it_started_anything_is_a_run_that_never_started(
+    tmp_path: Path,
+) -> None:
+    """The controller was killed (SIGKILL, its machine lost) after it recorded the run and made the
+    nodes' run directories, before any launcher started: `status` said "not started", exit 0, as
+    for a launch still uploading. The record names its controller; that process is gone."""
+    from orchestrator.inventory import load_inventory
+    from orchestrator.render import plan_launch
+    from orchestrator.runs.layout import read_record, run_dir_for, write_record
+
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "cluster: {name: c, master: here, train: {script: t.py}}\n"
+        f"nodes:\n  - {{name: here, connection: local, nproc: 1, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    inventory = load_inventory(inv)
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="127.0.0.1", run_id="cut", interfaces={}, cpus={}, pythons={}
+    )
+    record = tmp_path / "runs" / "cut"
+    write_record(record, "cut", specs, detached=False)  # as the launch does, in this test's process
+    Path(run_dir_for(inventory.nodes[0], "cut")).mkdir(parents=True)  # no launcher started there
+    status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
+    assert status.returncode == 0 and "not started" in status.stdout, status  # its controller lives
+    doc = read_record(record)
+    assert doc is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    doc["controller"]["pid"] = dead.pid  # the launch's process, killed
+    (record / "run.json").write_text(json.dumps(doc))
+    status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
+    assert status.returncode == 1, status
+    assert "controller lost" in status.stdout, status
+    assert "run cut never started" in status.stderr and "launch again" in status.stderr, status
+
+
 def test_a_launch_refused_everywhere_is_never_the_latest_run(tmp_path: Path) -> None:
     """The master's port is in use: launch is refused before anything starts. That attempt is not
     the run `status`, `logs` and `fetch` then mean by default (a run still holding the port is)."""

@@ -177,6 +177,18 @@ def test_a_foreground_record_left_unfinished_tells_one_story_for_a_lost_controll
     assert not controller_lost(unfinished, ["stopped", "unknown"])  # a node not read: no story told
     assert not controller_lost(read_record(bg), ["stopped", "exited"])  # detached: no controller to lose
     assert not controller_lost({"run_id": "r1", "detached": False}, ["stopped", "exited"])  # older record
+    # started nowhere yet: lost only once the process that launched it is gone
+    assert not controller_lost(unfinished, ["not started", "not started"])  # this test is its controller
+    ended = subprocess.Popen(["true"])  # a process that has ended: its pid names none now
+    ended.wait()
+    killed = {**unfinished, "controller": {**unfinished["controller"], "pid": ended.pid}}
+    assert controller_lost(killed, ["not started", "not started"])
+    assert not controller_lost(killed, ["not started", "unknown"])
+    rebooted = {**unfinished, "controller": {**unfinished["controller"], "boot": "another-boot"}}
+    assert controller_lost(rebooted, ["not started"])
+    elsewhere = {**killed, "controller": {**killed["controller"], "host": "another-machine"}}
+    assert not controller_lost(elsewhere, ["not started"])  # cannot be told from here
     finish_record(fg)
     assert not controller_lost(read_record(fg), ["stopped", "exited"])
+    assert not controller_lost(read_record(fg), ["not started"])
     assert oct((fg / "run.json").stat().st_mode & 0o777) == "0o600"
