@@ -169,3 +169,25 @@ def apply(
         if action.check is not None:
             action.check(result)
     return results
+
+
+def plan_lines(doc: dict[str, Any], head: str, shown: Mapping[str, str] | None = None) -> list[str]:
+    """One node's plan (``NodePlan.public_dict``) as every dry run prints it: each upload (what, size,
+    owner-only, sha256; below it its text when ``shown`` has it), each run (as whom, what for) and
+    the text the node's shell receives when the plan knows it (``sent``), else its script."""
+    lines = []
+    for action in doc["actions"]:
+        if "put" in action:
+            private = ", owner-only" if action["mode"] == "0600" else ""
+            lines.append(
+                f"# ---- {head}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
+                f"{private}, sha256 {action['sha256']})"
+            )
+            lines += [shown[action["put"]]] if shown and action["put"] in shown else []
+            continue
+        host = action["on"] == "windows host"
+        who = ("as an administrator" if host else "as root") if action["as_root"] else "as the login user"
+        what = f" ({action['what']})" if action["what"] else ""
+        lines.append(f"# ---- {head}: would run{' on the Windows host' if host else ''} {who}{what}:")
+        lines.append(action.get("sent", action["run"]))
+    return lines

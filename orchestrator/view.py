@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.errors import HostKeyUnknownError, said_once
+
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
 
@@ -49,6 +51,47 @@ class View:
     def add(self, *cells: CellLike, style: str = "") -> None:
         """A row (``style``: the whole row's)."""
         self.rows.append((cells, style))
+
+
+@dataclass(frozen=True)
+class Said:
+    """A line a human reads, as data: ``how`` "info" (plain, stderr), "note" (dim), "warn",
+    "error", "hint" ("hint: " before it) or "out" (stdout: a dry run's text, a run id); ``parts``:
+    styled pieces instead of ``text`` (check's verdicts), ``style`` the whole line's."""
+
+    how: str
+    text: str = ""
+    parts: tuple[Cell, ...] = ()
+    style: str = ""
+
+
+def failures(outcomes: Iterable[Outcome[Any]]) -> list[Said]:
+    """What failed, once (an error said already is not said again): one line per failure, one for a
+    failure many nodes share, and unknown host keys as one block, since they need one decision."""
+    unknown: list[HostKeyUnknownError] = []
+    failed = []
+    for outcome in outcomes:
+        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
+            unknown.append(outcome.error)
+        elif outcome.error is not None and not outcome.error.shown:
+            failed.append(outcome.error)
+            outcome.error.shown = True
+    said = [Said("error", line) for line in said_once(failed)]
+    if not unknown:
+        return said
+    files = sorted({e.known_hosts for e in unknown})
+    said.append(
+        Said("error", f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
+    )
+    width = max(len(e.node or "") for e in unknown)
+    said += [
+        Said("info", f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
+        for e in unknown
+    ]
+    # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
+    from orchestrator.transports.known_hosts import how_to_compare
+
+    return [*said, Said("info", how_to_compare(e.key_type for e in unknown))]
 
 
 def node_view(

@@ -16,7 +16,7 @@ from orchestrator.bench.shares import SharesDoc
 from orchestrator.errors import ExitCode
 from orchestrator.executor import exit_code_for
 from orchestrator.logs import RunLog
-from orchestrator.view import View
+from orchestrator.view import Said, View
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory
@@ -83,6 +83,41 @@ class BenchReport:
             if unreachable:
                 return exit_code_for(self.probe.plan.inspected)
         return ExitCode.OK if self.ok else ExitCode.NODES_FAILED
+
+    def shown(self) -> list[View | Said]:
+        """The tables, the slowest rank, the problems, where the files are."""
+        views, probe = self.views(), self.probe_report
+        said: list[View | Said] = []
+        if probe is not None:
+            said.append(views.pop(0))
+            slowest = probe.slowest()
+            fastest = max((r.samples_per_s or 0.0 for r in probe.ranks.values()), default=0.0)
+            if slowest is not None and slowest.samples_per_s and len(probe.ranks) > 1:
+                said.append(
+                    Said(
+                        "info",
+                        f"slowest: rank {slowest.rank} on {slowest.node} ({slowest.samples_per_s:.0f} "
+                        f"samples/s, {fastest / slowest.samples_per_s:.2f}x slower than the fastest)",
+                    )
+                )
+            if self.shares() is not None:
+                said.append(
+                    Said(
+                        "note",
+                        "cluster.train.shares: measured gives each rank such a share of every "
+                        "global batch (the training script's own batch, in the same proportions)",
+                    )
+                )
+        said += [Said("error", problem) for problem in self.problems]
+        if self.scaling is not None:
+            said += views
+            said += [
+                Said("error", f"{len(run.nodes)} node(s), {run.mode} shares: {run.error}")
+                for run in self.scaling.runs
+                if run.error
+            ]
+            said += [Said("note", f"report: {self.html}")] if self.html is not None else []
+        return [*said, Said("note", f"per-node output and bench.json: {self.directory}/")]
 
     def views(self) -> list[View]:
         """The tables: each rank's samples/s (the slowest in red; with its measured share when the

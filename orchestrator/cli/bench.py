@@ -15,12 +15,12 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import draw, fail_lines
+from orchestrator.cli.report import fail_lines, tell
 from orchestrator.errors import ExitCode
 from orchestrator.steps.preflight.checks import refuse_native_mix
 
 if TYPE_CHECKING:
-    from orchestrator.bench.engine import BenchOptions, BenchReport
+    from orchestrator.bench.engine import BenchOptions
     from orchestrator.inventory import Inventory
 
 
@@ -156,36 +156,5 @@ def run_bench_command(
     if settings.json_mode:
         ui.print_json({**report.public_dict(), "exit_code": int(code)})
         return code
-    show(settings, report)
+    tell(ui, report.shown())
     return code
-
-
-def show(settings: Settings, report: BenchReport) -> None:
-    """The tables, the problems, where the files are."""
-    ui, views = settings.ui, report.views()
-    probe = report.probe_report
-    if probe is not None:
-        draw(ui, views.pop(0))
-        slowest = probe.slowest()
-        fastest = max((r.samples_per_s or 0.0 for r in probe.ranks.values()), default=0.0)
-        if slowest is not None and slowest.samples_per_s and len(probe.ranks) > 1:
-            ui.info(
-                f"slowest: rank {slowest.rank} on {slowest.node} ({slowest.samples_per_s:.0f} samples/s, "
-                f"{fastest / slowest.samples_per_s:.2f}x slower than the fastest)"
-            )
-        if report.shares() is not None:
-            ui.note(
-                "cluster.train.shares: measured gives each rank such a share of every global batch "
-                "(the training script's own batch, in the same proportions)"
-            )
-    for problem in report.problems:
-        ui.error(problem)
-    if report.scaling is not None:
-        for view in views:
-            draw(ui, view)
-        for run in report.scaling.runs:
-            if run.error:
-                ui.error(f"{len(run.nodes)} node(s), {run.mode} shares: {run.error}")
-        if report.html is not None:
-            ui.note(f"report: {report.html}")
-    ui.note(f"per-node output and bench.json: {report.directory}/")

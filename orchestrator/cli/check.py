@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from rich.text import Text
 
 from orchestrator.cli.common import (
     Settings,
@@ -14,19 +13,17 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import draw, fail_lines, json_doc, show_dry_run
+from orchestrator.cli.report import draw, fail_lines, json_doc, show_dry_run, tell
 from orchestrator.errors import ExitCode
 from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.inventory import Inventory, Node
 from orchestrator.inventory.show import inventory_view
-from orchestrator.runs.next_command import with_user_options
 from orchestrator.session import Session
 from orchestrator.slurm.pipeline import allocation
 from orchestrator.steps.contract import Report
 from orchestrator.steps.node_facts import facts_plan, facts_view, inspect_all
-from orchestrator.steps.preflight import preflight_report
+from orchestrator.steps.preflight import check_shown, preflight_report
 from orchestrator.steps.preflight.checks import refuse_native_mix
-from orchestrator.steps.preflight.model import LEVEL_STYLE, Verdict, checks_view, versions_view
 
 
 @click.command()
@@ -71,24 +68,7 @@ def show_check(settings: Settings, inventory: Inventory, nodes: list[Node], repo
         return json_doc(
             ui, "check", outcomes, code, _node_fields, lambda o: bool(o.value and not o.value.failed), **top
         )
-    draw(ui, facts_view(inventory, nodes, outcomes))
-    for o in outcomes:
-        if o.value is not None:
-            for key in o.value.inspected.recorded_host_keys:
-                ui.note(f"{o.node}: recorded host key {key}")
-            for note in o.value.notes:
-                ui.note(f"{o.node}: {note}")
-            for fact, why in o.value.inspected.facts.errors.items():
-                ui.warn(f"node {o.node!r}: fact {fact!r} unavailable: {why}")
-    if checks := {o.node: o.value.checks for o in outcomes if o.value is not None}:
-        draw(ui, checks_view(nodes, report.data["backend"], checks))
-        if len({tuple(v.values()) for v in report.data["versions"].values()}) > 1:
-            draw(ui, versions_view(report.data["versions"]))
-        _check_details(settings, nodes, report.data["backend_reason"], checks)
-    fail_lines(ui, outcomes)
-    verdict = "ready to train" if code == ExitCode.OK else "NOT ready to train"
-    failing = f"{len(report.failing)} failing a check: {verdict}"
-    ui.info(f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable, {failing}")
+    tell(ui, check_shown(inventory, nodes, report, verbose=bool(ui.verbose)))
     return code
 
 
@@ -115,27 +95,6 @@ def facts(ctx: click.Context) -> int:
 
 def _node_fields(o: Outcome[Any]) -> dict[str, Any]:  # an unreachable node: no facts, no checks
     return o.value.public_dict() if o.value else {"transport_notes": [], "checks": {}}
-
-
-def _check_details(
-    settings: Settings, nodes: list[Node], backend_reason: str, verdicts: dict[str, dict[str, Verdict]]
-) -> None:
-    """Every verdict on one line under the table; problems first, with their fix (the commands it
-    suggests given this command's own -i, --known-hosts, --ssh-config)."""
-    ui = settings.ui
-    ui.info(f"backend: {backend_reason}")
-    for level in ("fail", "warn", "ok") if ui.verbose else ("fail", "warn"):
-        for node in nodes:
-            for name, verdict in verdicts.get(node.name, {}).items():
-                if verdict.level != level:
-                    continue
-                label, style = LEVEL_STYLE[level]
-                reason = with_user_options(settings, verdict.reason)
-                line = Text(f"{node.name} ") + Text(label, style=style) + Text(f" {name}: {reason}")
-                if verdict.fix:
-                    fix = with_user_options(settings, verdict.fix)
-                    line += Text(f" -> {fix}", style="dim" if level == "ok" else "")
-                ui.err.print(line) if level != "ok" else ui.err.print(line, style="dim")
 
 
 @click.command(name="inventory")

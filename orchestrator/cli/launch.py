@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -19,18 +19,18 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import draw, fail_lines, json_doc
+from orchestrator.cli.report import fail_lines, json_doc, tell
 from orchestrator.errors import (
     ExitCode,
     UsageError,
 )
-from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
-from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
 from orchestrator.runs.run_inventory import for_run, run_nodes
 from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
+from orchestrator.steps.train import sweep_said
 
 if TYPE_CHECKING:
     from orchestrator.steps.train import LaunchRun
@@ -213,62 +213,17 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
     report = run.report
     assert report is not None and run.plan is not None
     if report.interrupted is not None:
-        show_sweep(settings, run_id, report.swept)
+        tell(ui, sweep_said(run_id, report.swept))
         if not report.swept_all:  # a second interrupt cut the sweep short: not said to have stopped all
             ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
             interrupted(
                 ui, "connections closed; the nodes' watchers stop what is left", stop=report.interrupted
             )
         interrupted(ui, stop=report.interrupted)
-    outcomes, failed, stopped = report.outcomes, report.failed, report.stopped
-    for name in sorted(report.lost):
-        settings.ui.note(
-            f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
-            f"this controller (`{again(settings, 'status', run_id)}` once it is back)"
-        )
-    show_sweep(settings, run_id, report.swept, ended=not stopped)
-    code = exit_code_for(outcomes)
+    code = exit_code_for(report.outcomes)
+    tell(ui, run.ending())
     if settings.json_mode:
-        return json_doc(
-            ui,
-            "launch",
-            outcomes,
-            code,
-            result_fields,
-            run_id=run_id,
-            backend=run.plan.backend,
-            log_dir=str(run.log_dir),
-        )
-    draw(ui, report.view())
-    for o in failed:
-        ui.error(str(o.error))
-        for line in report.tail(o, run.labels.get(o.node, (0, 0))[0]):
-            ui.info(f"  {line}")
-    hints = report.hints(inventory, run.plan.specs, run.labels)
-    for said in hints:
-        ui.info(f"hint: {said}")
-    if stopped and failed:
-        ui.note(f"stopped because {failed[0].node} failed first: {', '.join(o.node for o in stopped)}")
-    ui.note(f"logs: {run.log_dir}/ (and {logs_where(inventory.nodes, run_id)})")
-    if stopped:  # what a stopped rank printed while it handled the stop may miss node.log
-        ui.note("every line each rank wrote, also while it was being stopped: ranks/ beside node.log")
+        top = {"run_id": run_id, "backend": run.plan.backend, "log_dir": str(run.log_dir)}
+        return json_doc(ui, "launch", report.outcomes, code, result_fields, **top)
+    tell(ui, run.summary(inventory))
     return code
-
-
-def show_sweep(settings: Settings, run_id: str, swept: list[Outcome[Any]], *, ended: bool = False) -> None:
-    """What the sweep after a cut-short run found: nodes it could not check, processes it stopped.
-    ``ended``: the run ended by itself, and what is found are processes its ranks left behind."""
-    stop = again(settings, "stop", run_id)
-    for o in swept:
-        if o.error is not None:
-            settings.ui.warn(
-                f"{o.node}: not checked for processes of the run left running ({o.error}): "
-                f"run `{stop}` when it is reachable"
-            )
-        elif o.value is not None and o.value.state == "stopped" and ended:
-            settings.ui.warn(
-                f"{o.node}: the run ended, but processes its ranks started were still running (not "
-                f"waited for by the training script): {o.value.describe()}"
-            )
-        elif o.value is not None and o.value.state == "stopped":
-            settings.ui.note(f"{o.node}: processes of the run were still running: {o.value.describe()}")

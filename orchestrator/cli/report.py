@@ -11,12 +11,13 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.ui import UI
-from orchestrator.errors import BootstrapError, ExitCode, HostKeyUnknownError, said_once
+from orchestrator.errors import BootstrapError, ExitCode
 from orchestrator.executor import Outcome
 from orchestrator.neutralise import neutralise
+from orchestrator.plans import plan_lines
 from orchestrator.steps.contract import Report
 from orchestrator.steps.dry_run import Planned
-from orchestrator.view import Cell, View
+from orchestrator.view import Cell, Said, View, failures
 
 #: what the dry run of launch, validate and bench adds: it connected to nothing
 OFFLINE_NOTE = (
@@ -49,28 +50,6 @@ def rich_table(view: View) -> Table:
         )
         table.add_row(*texts, style=style or None)
     return table
-
-
-def plan_lines(doc: dict[str, Any], head: str, shown: Mapping[str, str] | None = None) -> list[str]:
-    """One node's plan (``NodePlan.public_dict``) as every dry run prints it: each upload (what, size,
-    owner-only, sha256; below it its text when ``shown`` has it), each run (as whom, what for) and
-    the text the node's shell receives when the plan knows it (``sent``), else its script."""
-    lines = []
-    for action in doc["actions"]:
-        if "put" in action:
-            private = ", owner-only" if action["mode"] == "0600" else ""
-            lines.append(
-                f"# ---- {head}: would upload {action['put']} ({action['what']}, {action['bytes']} bytes"
-                f"{private}, sha256 {action['sha256']})"
-            )
-            lines += [shown[action["put"]]] if shown and action["put"] in shown else []
-            continue
-        host = action["on"] == "windows host"
-        who = ("as an administrator" if host else "as root") if action["as_root"] else "as the login user"
-        what = f" ({action['what']})" if action["what"] else ""
-        lines.append(f"# ---- {head}: would run{' on the Windows host' if host else ''} {who}{what}:")
-        lines.append(action.get("sent", action["run"]))
-    return lines
 
 
 def show_plans(ui: UI, report: Report[Any], above: Mapping[str, str] | None = None) -> None:
@@ -180,28 +159,22 @@ def json_doc(
 
 
 def fail_lines(ui: UI, outcomes: Iterable[Outcome[Any]]) -> None:
-    """One line per failed node; unknown host keys as one block, since they need one decision."""
-    unknown: list[HostKeyUnknownError] = []
-    failed: list[BootstrapError] = []
-    for outcome in outcomes:
-        if isinstance(outcome.error, HostKeyUnknownError) and outcome.error.host:
-            unknown.append(outcome.error)
-        elif outcome.error is not None and not outcome.error.shown:
-            failed.append(outcome.error)
-            outcome.error.shown = True
-    for line in said_once(failed):  # the same failure on many nodes: one line naming them
-        ui.error(line)
-    if not unknown:
-        return
-    files = sorted({e.known_hosts for e in unknown})
-    ui.error(f"{len(unknown)} node(s) offered a host key that is not in {', '.join(files)}:")
-    width = max(len(e.node or "") for e in unknown)
-    for e in unknown:
-        ui.info(f"  {(e.node or '').ljust(width)}  {e.host}  {e.key_type} {e.fingerprint}")
-    # the command for the key type each node actually offered (paramiko: imported by SSH runs only)
-    from orchestrator.transports.known_hosts import how_to_compare
+    """One line per failed node (:func:`~orchestrator.view.failures`)."""
+    tell(ui, failures(outcomes))
 
-    ui.info(how_to_compare(e.key_type for e in unknown))
+
+def tell(ui: UI, shown: Iterable[View | Said | None]) -> None:
+    """What a report shows, in its order: each table drawn, each line said as its ``how`` says."""
+    for item in shown:
+        if isinstance(item, View):
+            draw(ui, item)
+        elif item is not None and item.parts:
+            line = Text.assemble(*(Text(neutralise(ui.commands(c.text)), c.style) for c in item.parts))
+            ui.err.print(line, style=item.style or None)
+        elif item is not None:
+            {"out": ui.print_text, "note": ui.note, "warn": ui.warn, "error": ui.error}.get(
+                item.how, ui.info
+            )(f"hint: {item.text}" if item.how == "hint" else item.text)
 
 
 def show_report(

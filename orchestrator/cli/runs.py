@@ -24,7 +24,7 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
-from orchestrator.cli.report import draw, fail_lines, json_doc, rich_table
+from orchestrator.cli.report import draw, fail_lines, json_doc, rich_table, tell
 from orchestrator.cli.slurm import logs_on_slurm, status_on_slurm, stop_on_slurm
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
@@ -370,8 +370,5 @@ def _fetched(settings: Settings, run_id: str, report: FetchReport) -> int:
         return json_doc(ui, "fetch", report.outcomes, code, report.node_fields, run_id=run_id)
     draw(ui, report.view(run_id))
     fail_lines(ui, list(report.outcomes))
-    for error in report.errors():
-        ui.error(error)
-    if hint := report.hint(run_id):
-        ui.info(f"hint: {hint}")
+    tell(ui, report.said(run_id))
     return code

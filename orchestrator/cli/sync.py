@@ -17,14 +17,12 @@ from orchestrator.cli.common import (
     load_selection,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import draw, fail_lines, plan_lines
+from orchestrator.cli.report import fail_lines, tell
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.inventory import Inventory, Node
-from orchestrator.redact import mask_url_credentials
 from orchestrator.session import Session
 from orchestrator.slurm.job import sync_target
 from orchestrator.steps import sync as step
-from orchestrator.steps.envsync import NodeEnv
 from orchestrator.steps.sync import SyncOptions, SyncReport
 
 
@@ -113,12 +111,7 @@ def show_sync(settings: Settings, report: SyncReport) -> ExitCode:
         fail_lines(ui, [*report.env, *report.code])
         ui.print_json(report.public_dict())
     else:
-        if report.master_note:
-            ui.note(report.master_note)
-        if report.shows_env:
-            _env_human(settings, report)
-        if report.choice.code:
-            _code_human(settings, report)
+        tell(ui, report.shown())
     return report.exit_code
 
 
@@ -146,56 +139,3 @@ def _freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: P
             f"declare it in the inventory: cluster: {{env: {{requirements: {shown}}}}} (then bootstrap sync)"
         )
     return ExitCode.OK
-
-
-# -- rendering --------------------------------------------------------------------------------------
-
-
-def _plan_lines(env: NodeEnv) -> list[str]:
-    """A dry run's view of one node's environment: unchanged, or its build's plan."""
-    head = f"# {env.node}: environment at {env.path} (python: {env.python_path})"
-    if env.plan is None:
-        return [f"{head}: {env.action}, build {env.env_id or '-'}: nothing to send"]
-    return [
-        f"{head}: build {env.env_id} with {env.installer}, Python {env.python}",
-        *plan_lines(env.plan, env.node),
-    ]
-
-
-def _env_human(settings: Settings, report: SyncReport) -> None:
-    ui = settings.ui
-    outcomes = report.env
-    if settings.dry_run:
-        for o in outcomes:
-            if o.value is not None:
-                for line in _plan_lines(o.value):
-                    ui.print_text(line)
-                ui.print_text("")
-        fail_lines(ui, outcomes)
-        return
-    for view in report.env_views():
-        draw(ui, view)
-    fail_lines(ui, outcomes)
-    for node, line in report.installer_lines():  # may repeat an index URL
-        ui.info(f"  {node} | {mask_url_credentials(line)}")
-    if (summary := report.summary).mismatch:
-        ui.error("the nodes' environments differ (torch and Python must be identical on every rank):")
-        for line in summary.describe_mismatch():
-            ui.info(f"  {line}")
-    ui.info(report.env_headline())
-    python = report.launch_python()
-    if python:
-        ui.note(f"launch with {python} (the stable path; each build is switched in atomically)")
-
-
-def _code_human(settings: Settings, report: SyncReport) -> None:
-    ui = settings.ui
-    draw(ui, report.code_view())
-    for o in report.code:
-        if settings.dry_run and o.value is not None and o.value.plan is not None:
-            ui.print_text(f"# {o.node}: code at {o.value.dest}")
-            for line in plan_lines(o.value.plan, o.node):
-                ui.print_text(line)
-    for line in report.shared_code_lines():
-        ui.note(line)
-    fail_lines(ui, [o for o in report.code if o.error is not None])

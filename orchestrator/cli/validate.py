@@ -16,7 +16,7 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import draw, fail_lines, json_doc
+from orchestrator.cli.report import fail_lines, json_doc, tell
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.runs.run_inventory import run_nodes
@@ -131,26 +131,11 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
     if unreachable:
         fail_lines(ui, unreachable)
         return code
-    report = result.report
-    problems = failure_summary(result)
     if settings.json_mode:
-        top = {
-            "run_id": result.run_id,
-            "backend": result.plan.backend,
-            **report.public_dict(),
-            "problems": problems,
-        }
-        return json_doc(ui, "validate", result.outcomes, code, Validation.node_fields, **top)
-    if report.joined:
-        slowest = max(report.joined.values())
-        ui.info(
-            f"{len(report.joined)} of {report.world_size} rank(s) joined "
-            f"(backend {result.plan.backend}, slowest {slowest:.2f} s)"
-            + ("; all_reduce result correct" if report.correct else "")
+        problems = failure_summary(result)
+        top = {"run_id": result.run_id, "backend": result.plan.backend, **result.report.public_dict()}
+        return json_doc(
+            ui, "validate", result.outcomes, code, Validation.node_fields, **top, problems=problems
         )
-    draw(ui, report.view())
-    for problem in problems:
-        ui.error(problem)
-    if problems and result.log_dir is not None:
-        ui.note(f"per-node output: {result.log_dir}/ (validation worker lines; -v shows them live)")
+    tell(ui, result.shown())
     return code

@@ -36,7 +36,7 @@ from orchestrator.runs.ids import run_before
 from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
-from orchestrator.view import Cell, View, node_view, red
+from orchestrator.view import Cell, Said, View, node_view, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -408,31 +408,56 @@ class FetchReport:
         """(node, path) for every path a node did not have."""
         return [(o.node, f.path) for o in self.outcomes if o.value for f in o.value if f.source is None]
 
+    @property
+    def nowhere(self) -> list[str]:
+        """The paths no node has (a path one node has, such as the checkpoint rank 0 alone saves, is
+        fetched: the others' lack of it is noted, not a failure)."""
+        found = {f.path for o in self.outcomes for f in o.value or [] if f.source is not None}
+        return sorted({path for _, path in self.missing} - found)
+
     def errors(self) -> list[str]:
-        """One line per path a node did not have, saying where it was looked for."""
+        """One line per path no node has, naming the nodes and where it was looked for."""
         where = (
             "the code directory"
             if self.from_code
             else "the run's outputs, its run directory or the code directory"
         )
-        return [f"node {node!r}: {path} not found in {where}" for node, path in self.missing]
+        lines = []
+        for path in self.nowhere:
+            nodes = [node for node, missing in self.missing if missing == path]
+            named = f"node {nodes[0]!r}" if len(nodes) == 1 else "nodes " + ", ".join(map(repr, nodes))
+            lines.append(f"{named}: {path} not found in {where}")
+        return lines
+
+    def notes(self) -> list[str]:
+        """A path some nodes have and others not: which lack it."""
+        partly = sorted({path for _, path in self.missing} - set(self.nowhere))
+        return [
+            f"{path}: not on {', '.join(node for node, missing in self.missing if missing == path)} "
+            "(copied from the nodes that have it)"
+            for path in partly
+        ]
 
     def hint(self, run_id: str) -> str:
         """Where to look for the paths no node has in this run: the run launched before it ("": no
         such path, or no earlier run)."""
-        found = {f.path for o in self.outcomes for f in o.value or [] if f.source is not None}
-        nowhere = sorted({path for _, path in self.missing} - found)
-        if not nowhere or self.earlier is None or self.from_code:
+        if not self.nowhere or self.earlier is None or self.from_code:
             return ""
-        paths = " ".join(shlex.quote(p) for p in nowhere)
+        paths = " ".join(shlex.quote(p) for p in self.nowhere)
         return (
             f"no node has {paths} in run {run_id}; the run launched before it may: "
             f"`bootstrap fetch --run {self.earlier} {paths}`"
         )
 
+    def said(self, run_id: str) -> list[Said]:
+        """Under the table: the paths some nodes lack, those no node has, where else to look."""
+        said = [Said("note", note) for note in self.notes()] + [Said("error", e) for e in self.errors()]
+        return said + ([Said("hint", hint)] if (hint := self.hint(run_id)) else [])
+
     def exit_code(self) -> ExitCode:
+        """1 also when a path is on no node."""
         code = exit_code_for(self.outcomes)
-        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.missing else code
+        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.nowhere else code
 
     def view(self, run_id: str) -> View:
         """A row per path a node has (or lacks: "missing") with its files, size and where it went."""

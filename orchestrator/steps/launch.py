@@ -198,11 +198,24 @@ IGNORED_ENV = {
 
 def missing_script_warning(inventory: Inventory) -> str | None:
     """A relative ``train.script`` that is not in the current directory is not uploaded (prepare_plan):
-    said before a launch, since every node would fail on it, unless ``cluster.code`` syncs a project
-    (which holds it) or the script is absolute (on the nodes already)."""
+    said before a launch, since every node would fail on it or run an old copy; with ``cluster.code``,
+    when the project it syncs (``code.source``, relative to the current directory) lacks the script:
+    bootstrap runs from another directory. None: the script is absolute (on the nodes already)."""
     script = inventory.cluster.train.script
-    if script.startswith("/") or WINDOWS_ABSOLUTE.match(script) or inventory.cluster.code_declared:
+    if script.startswith("/") or WINDOWS_ABSOLUTE.match(script):
         return None
+    if inventory.cluster.code_declared:  # the project sync ships: is it here?
+        from orchestrator.steps.codesync import code_source
+        from orchestrator.steps.script_check import not_the_project
+
+        source = code_source(inventory.cluster)
+        if not_the_project(inventory, source) is None:
+            return None
+        return (
+            f"train.script {script!r} is not in {source}, the project cluster.code syncs from here: "
+            "this is not your project's directory, so every node runs the code the last sync shipped "
+            "(and this run's logs are kept under ./runs here); run bootstrap from your project's directory"
+        )
     if local_script(script) is not None:
         return None
     dirs = {inventory.cluster.train.code_dir or in_workdir(n, "code") for n in inventory.nodes}

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import Outcome, exit_code_for
+from orchestrator.plans import plan_lines
+from orchestrator.redact import mask_url_credentials
 from orchestrator.steps.envsync import (
     EnvInstallError,
     EnvSharedError,
@@ -30,7 +32,7 @@ from orchestrator.steps.envsync import (
 )
 from orchestrator.steps.envsync import master as from_master_env
 from orchestrator.steps.envsync.report import EnvReport
-from orchestrator.view import Cell, View, node_view
+from orchestrator.view import Cell, Said, View, failures, node_view
 
 if TYPE_CHECKING:
     from orchestrator.executor import NodeEvent
@@ -269,6 +271,48 @@ class SyncReport:
         """The interpreter launch runs: one path, or each node's (``{node}`` in workdir)."""
         envs = [o.value for o in self.env if o.value is not None]
         return where(envs) if envs else None
+
+    def shown(self) -> list[View | Said]:
+        """What a human reads of the sync, in order: the master's note; the environment's tables
+        (a dry run: each node's build plan), its failures, the installer's last lines, a mismatch,
+        its headline and the interpreter launch runs; then the code's table (a dry run: its plans),
+        the directories nodes share and what failed there."""
+        said: list[View | Said] = [Said("note", self.master_note)] if self.master_note else []
+        if self.shows_env and self.dry_run:
+            for env in (o.value for o in self.env if o.value is not None):
+                said += [Said("out", line) for line in env.plan_lines()] + [Said("out", "")]
+            said += failures(self.env)
+        elif self.shows_env:
+            said += [*self.env_views(), *failures(self.env)]
+            # the installer's last lines (they may repeat an index URL)
+            said += [
+                Said("info", f"  {node} | {mask_url_credentials(line)}")
+                for node, line in self.installer_lines()
+            ]
+            if self.summary.mismatch:
+                said.append(
+                    Said(
+                        "error",
+                        "the nodes' environments differ (torch and Python must be identical on every rank):",
+                    )
+                )
+                said += [Said("info", f"  {line}") for line in self.summary.describe_mismatch()]
+            said.append(Said("info", self.env_headline()))
+            if python := self.launch_python():
+                said.append(
+                    Said(
+                        "note",
+                        f"launch with {python} (the stable path; each build is switched in atomically)",
+                    )
+                )
+        if not self.choice.code:
+            return said
+        said.append(self.code_view())
+        for o in self.code:
+            if self.dry_run and o.value is not None and o.value.plan is not None:
+                said += [Said("out", f"# {o.node}: code at {o.value.dest}")]
+                said += [Said("out", line) for line in plan_lines(o.value.plan, o.node)]
+        return [*said, *(Said("note", line) for line in self.shared_code_lines()), *failures(self.code)]
 
     def shared_code_lines(self) -> list[str]:
         """One line per code directory several nodes share: which nodes, and the one that wrote it."""

@@ -8,6 +8,7 @@ which node failed first (the cause), which were stopped because of it, which los
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,11 @@ from orchestrator import records
 from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
 from orchestrator.render import Renderer
-from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
+from orchestrator.runs.layout import RUNS_ROOT, finish_record, logs_where, write_record
 from orchestrator.runs.ranks import split_rank
 from orchestrator.steps.launch import died_of_a_peer, failure_tail, root_cause, run_node
 from orchestrator.transports import Result
-from orchestrator.view import Cell, View
+from orchestrator.view import Cell, Said, View
 
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
@@ -263,7 +264,7 @@ def leftovers(
 @dataclass
 class LaunchRun:
     """What `bootstrap launch` (and the main pipeline's launch phase) did, for the CLI to show: the
-    dry run's plans; or why it did not launch (``unreachable``: the nodes the session could not reach);
+    dry run's plans; or why it did not launch (``unreachable``: the nodes not reached or not verified);
     or the detached start; or the foreground run's :class:`TrainReport`."""
 
     run_id: str
@@ -275,6 +276,75 @@ class LaunchRun:
     report: TrainReport | None = None
     log_dir: Path | None = None
     labels: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def ending(self) -> list[Said]:
+        """How a foreground run's end went (also beside ``--json``): nodes lost on the way, and what
+        the sweep found."""
+        report = self.report
+        assert report is not None
+        status = f"`bootstrap status --run {shlex.quote(self.run_id)}`"
+        said = [
+            Said(
+                "note",
+                f"{name}: unreachable; it stops its part of the run by itself within 15 s of losing "
+                f"this controller ({status} once it is back)",
+            )
+            for name in sorted(report.lost)
+        ]
+        return said + sweep_said(self.run_id, report.swept, ended=not report.stopped)
+
+    def summary(self, inventory: Inventory) -> list[View | Said]:
+        """A foreground run's summary: the table, who failed first with their last lines, the hints,
+        who was stopped, where the logs are."""
+        report, plan = self.report, self.plan
+        assert report is not None and plan is not None
+        said: list[View | Said] = []
+        said.append(report.view())
+        for o in report.failed:
+            said.append(Said("error", str(o.error)))
+            said += [Said("info", f"  {line}") for line in report.tail(o, self.labels.get(o.node, (0, 0))[0])]
+        said += [Said("hint", hint) for hint in report.hints(inventory, plan.specs, self.labels)]
+        if report.stopped and report.failed:
+            stopped = ", ".join(o.node for o in report.stopped)
+            said.append(Said("note", f"stopped because {report.failed[0].node} failed first: {stopped}"))
+        said.append(Said("note", f"logs: {self.log_dir}/ (and {logs_where(inventory.nodes, self.run_id)})"))
+        if report.stopped:  # what a stopped rank printed while it handled the stop may miss node.log
+            said.append(
+                Said(
+                    "note",
+                    "every line each rank wrote, also while it was being stopped: ranks/ beside node.log",
+                )
+            )
+        return said
+
+
+def sweep_said(run_id: str, swept: Sequence[Outcome[Any]], *, ended: bool = False) -> list[Said]:
+    """What the sweep after a cut-short run found: nodes it could not check, processes it stopped.
+    ``ended``: the run ended by itself, and what is found are processes its ranks left behind."""
+    stop = f"`bootstrap stop --run {shlex.quote(run_id)}`"
+    said = []
+    for o in swept:
+        if o.error is not None:
+            said.append(
+                Said(
+                    "warn",
+                    f"{o.node}: not checked for processes of the run left running ({o.error}): "
+                    f"run {stop} when it is reachable",
+                )
+            )
+        elif o.value is not None and o.value.state == "stopped" and ended:
+            said.append(
+                Said(
+                    "warn",
+                    f"{o.node}: the run ended, but processes its ranks started were still "
+                    f"running (not waited for by the training script): {o.value.describe()}",
+                )
+            )
+        elif o.value is not None and o.value.state == "stopped":
+            said.append(
+                Said("note", f"{o.node}: processes of the run were still running: {o.value.describe()}")
+            )
+    return said
 
 
 def launch_phase(
@@ -344,7 +414,8 @@ def launch_phase(
         show_facts(live, launch_plan.inspected)
         if any(not o.ok for o in launch_plan.inspected):
             unobserve()
-            run.unreachable = list(session.unreachable())
+            # not reached, or reached and refused (an unknown host key, a login refused): not launching
+            run.unreachable = [o.node for o in launch_plan.inspected if not o.ok]
             return run
         for warning in launch_plan.warnings:
             say("warn", warning)

@@ -36,7 +36,7 @@ from orchestrator.runs.ranks import owned_rank, split_worker_rank
 from orchestrator.steps.launch import RANKS_TEMPLATE, plan
 from orchestrator.steps.rank_workers import run_rank_workers
 from orchestrator.transports.base import Result
-from orchestrator.view import View, human_bytes
+from orchestrator.view import Said, View, human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +245,31 @@ class Validation:
     def node_fields(outcome: Outcome[NodeRunResult]) -> dict[str, Any]:
         """A node's ``--json`` fields: none beyond the common ones (the ranks' results are the run's)."""
         return {}
+
+    def shown(self) -> list[View | Said]:
+        """Who joined (and how slow the slowest), the all_reduce table, what failed, and where every
+        worker line is when anything did."""
+        report, problems = self.report, failure_summary(self)
+        said: list[View | Said] = []
+        if report.joined:
+            slowest = max(report.joined.values())
+            correct = "; all_reduce result correct" if report.correct else ""
+            said.append(
+                Said(
+                    "info",
+                    f"{len(report.joined)} of {report.world_size} rank(s) joined "
+                    f"(backend {self.plan.backend}, slowest {slowest:.2f} s){correct}",
+                )
+            )
+        said += [view] if (view := report.view()) is not None else []
+        said += [Said("error", problem) for problem in problems]
+        if problems and self.log_dir is not None:
+            said.append(
+                Said(
+                    "note", f"per-node output: {self.log_dir}/ (validation worker lines; -v shows them live)"
+                )
+            )
+        return said
 
     def exit_code(self) -> ExitCode:
         """3 when a node could not be reached, before the run or during it, else 1 when anything

@@ -181,7 +181,8 @@ def test_launch_submits_streams_every_rank_once_and_status_names_the_job(
         assert (tmp_path / "runs" / "fg" / node / "out.txt").read_text() == f"from rank {rank}", fetched
     missing = bootstrap("-i", str(inv), "fetch", "--run", "fg", "nothing.txt", cwd=tmp_path)
     assert missing.returncode == 1, missing
-    assert "node 'node3': nothing.txt not found" in missing.stderr, missing
+    # on no node: one line naming them all
+    assert "nodes 'node2', 'node3', 'node4': nothing.txt not found" in missing.stderr, missing
 
 
 def _running(pattern: str, slurm: SlurmCluster) -> list[str]:

@@ -421,3 +421,25 @@ def test_keys_that_fails_after_recording_a_host_key_says_it_recorded_it(
         row = next(line for line in run.stdout.splitlines() if "nopw" in line)
         assert "failed" in row and host.fingerprint() in run.stdout, run.stdout
         assert host.addr in (ctl_home / ".ssh" / "known_hosts").read_text()
+
+
+@pytest.mark.parametrize("launch", [["launch"], ["launch", "--detach"]], ids=["foreground", "detach"])
+def test_launch_with_a_node_not_verified_names_it_and_starts_nothing(
+    bootstrap: Bootstrap,
+    ctl_home: Path,
+    inventory: Path,
+    cluster: NamespaceCluster,
+    tmp_path: Path,
+    launch: list[str],
+) -> None:
+    """One node's host key is unknown (reinstalled, added later): `launch` crashed with an
+    AssertionError and named nobody. It is refused as `check` refuses it: the fingerprint, the
+    flag to accept it, nothing started anywhere, exit 3."""
+    known, (host, *others) = ctl_home / ".ssh" / "known_hosts", reversed(cluster.hosts)
+    known.write_text(cluster.known_hosts_text(list(reversed(others))))
+    run = bootstrap("-i", str(inventory), *launch, cwd=tmp_path, timeout=300)
+    assert run.returncode == 3, run
+    assert "Traceback" not in run.stderr, run
+    assert host.fingerprint() in run.stderr and "--accept-new-host-keys" in run.stderr, run
+    assert "not launching" in run.stderr, run
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").glob("*/run.json")), run

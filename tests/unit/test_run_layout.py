@@ -157,6 +157,24 @@ def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: P
     assert [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("/code/train.py")]
 
 
+def test_a_launch_of_a_synced_project_from_another_directory_says_so_first(tmp_path: Path) -> None:
+    """With cluster.code (source: the current directory), a launch from the project's parent ran the
+    nodes' old code and kept its logs there, silently, exit 0: it names the mistake first."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    (project / "hosts.yaml").write_text(
+        "cluster: {name: lab, master: a, train: {script: train.py}, code: {source: .}}\n"
+        "nodes:\n  - {name: a, host: 10.255.0.1}\n"
+    )
+    here = _cli("-i", "hosts.yaml", "launch", "--dry-run", "--run-id", "r1", cwd=project)
+    assert here.returncode == 0 and "train.script" not in here.stderr, here.stderr
+    there = _cli("-i", "proj/hosts.yaml", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
+    assert there.returncode == 0, there.stderr
+    assert f"train.script 'train.py' is not in {tmp_path}, the project cluster.code syncs" in there.stderr
+    assert "run bootstrap from your project's directory" in there.stderr
+
+
 def test_a_foreground_record_left_unfinished_tells_one_story_for_a_lost_controller(tmp_path: Path) -> None:
     """Issue 33 item 3: after a killed controller, one node said `stopped` and another `exited (1)`
     (whichever of the watchdog and the rank's own failure came first); the record decides."""

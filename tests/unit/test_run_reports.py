@@ -67,6 +67,29 @@ def test_fetch_names_each_missing_path_and_where_it_was_looked_for(from_code: bo
     assert found[0].size == "2 KiB"
 
 
+def test_a_checkpoint_rank_0_alone_saved_is_fetched_and_the_others_lack_of_it_noted() -> None:
+    """The usual DDP idiom saves on global rank 0 only: fetch copies it from that node and exits 0;
+    the other nodes' lack of it is a note. A path on no node stays an error naming them."""
+    have = [Fetched("ckpt/last.pt", "/w/out/ckpt/last.pt", 1, 9, "x"), Fetched("gone.txt", None)]
+    lack = [Fetched("ckpt/last.pt", None), Fetched("gone.txt", None)]
+    outcomes = [
+        Outcome("n1", have, None, 0.1),
+        Outcome("n2", lack, None, 0.1),
+        Outcome("n3", lack, None, 0.1),
+    ]
+    report = FetchReport(GroupResult(outcomes))
+    assert report.notes() == ["ckpt/last.pt: not on n2, n3 (copied from the nodes that have it)"]
+    assert report.errors() == [
+        "nodes 'n1', 'n2', 'n3': gone.txt not found in the run's outputs, its run directory or the code "
+        "directory"
+    ]
+    assert report.exit_code() == ExitCode.NODES_FAILED
+    partly = FetchReport(
+        GroupResult([Outcome("n1", have[:1], None, 0.1), Outcome("n2", lack[:1], None, 0.1)])
+    )
+    assert partly.exit_code() == ExitCode.OK and partly.errors() == []
+
+
 def test_fetch_points_a_path_no_node_has_to_the_run_before() -> None:
     def report(*nodes: list[Fetched], earlier: str | None = "r0") -> FetchReport:
         outcomes = [Outcome(f"n{i}", found, None, 0.1) for i, found in enumerate(nodes)]

@@ -51,6 +51,18 @@ class NodeEnv:
             self.changes_text(),
         )
 
+    def plan_lines(self) -> list[str]:
+        """A dry run's view of the node's environment: unchanged, or its build's plan."""
+        head = f"# {self.node}: environment at {self.path} (python: {self.python_path})"
+        if self.plan is None:
+            return [f"{head}: {self.action}, build {self.env_id or '-'}: nothing to send"]
+        from orchestrator.plans import plan_lines
+
+        return [
+            f"{head}: build {self.env_id} with {self.installer}, Python {self.python}",
+            *plan_lines(self.plan, self.node),
+        ]
+
     def changes_text(self) -> str:
         """The versions the sync changed, in a few words (``-``: unchanged)."""
         if self.action == "unchanged":

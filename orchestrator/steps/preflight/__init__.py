@@ -12,11 +12,11 @@ runner step :class:`Preflight`: one Report."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import BootstrapError, CommandFailedError
+from orchestrator.errors import BootstrapError, CommandFailedError, ExitCode
 from orchestrator.executor import GroupResult, Outcome
 from orchestrator.facts.base import FactSet, Read, facts_read, read_script
 from orchestrator.facts.linux import BecomeRoot, linux_facts
@@ -37,6 +37,7 @@ from orchestrator.steps.node_facts import (
     InspectedNode,
     facts_key,
     facts_plan,
+    facts_view,
     inspect_once,
     interpreter_for,
     training_python,
@@ -54,7 +55,15 @@ from orchestrator.steps.preflight.checks import (
     version_table,
 )
 from orchestrator.steps.preflight.early import adopt, end_rounds, first_round, mesh_plan, node_round, take
-from orchestrator.steps.preflight.model import CHECKS, Verdict, warn, worst
+from orchestrator.steps.preflight.model import (
+    CHECKS,
+    LEVEL_STYLE,
+    Verdict,
+    checks_view,
+    versions_view,
+    warn,
+    worst,
+)
 from orchestrator.steps.preflight.privilege import check_root_access
 from orchestrator.steps.preflight.reachability import (
     LISTEN_HOLD,
@@ -77,6 +86,7 @@ from orchestrator.steps.preflight.shared_fs import (
     new_token,
     workdir_verdicts,
 )
+from orchestrator.view import Cell, Said, View, failures
 
 if TYPE_CHECKING:
     from orchestrator.facts import Fact
@@ -571,3 +581,51 @@ def run_preflight(session: Session, inventory: Inventory) -> Report[NodeChecks]:
         unreached={o.node: o.error for o in inspected if o.error is not None},
     )
     return run_step(session, Preflight(inventory, found), session.nodes)
+
+
+def check_shown(
+    inventory: Inventory, nodes: Sequence[Node], report: Report[Any], *, verbose: bool
+) -> list[View | Said]:
+    """What `check` shows of its report: the facts table and what each node's reading noted; the
+    checks table (and the versions side by side when they differ); every verdict on one line under
+    it, problems first with their fix (all of them with ``verbose``); what failed; the one-line
+    verdict."""
+    outcomes = report.outcomes
+    shown: list[View | Said] = [facts_view(inventory, list(nodes), outcomes)]
+    for o in outcomes:
+        if o.value is not None:
+            shown += [
+                Said("note", f"{o.node}: recorded host key {key}")
+                for key in o.value.inspected.recorded_host_keys
+            ]
+            shown += [Said("note", f"{o.node}: {note}") for note in o.value.notes]
+            errors = o.value.inspected.facts.errors.items()
+            shown += [
+                Said("warn", f"node {o.node!r}: fact {fact!r} unavailable: {why}") for fact, why in errors
+            ]
+    if checks := {o.node: o.value.checks for o in outcomes if o.value is not None}:
+        shown.append(checks_view(nodes, report.data["backend"], checks))
+        if len({tuple(v.values()) for v in report.data["versions"].values()}) > 1:
+            shown.append(versions_view(report.data["versions"]))
+        shown.append(Said("info", f"backend: {report.data['backend_reason']}"))
+        for level in ("fail", "warn", "ok") if verbose else ("fail", "warn"):
+            label, style = LEVEL_STYLE[level]
+            for node in nodes:
+                for name, verdict in checks.get(node.name, {}).items():
+                    if verdict.level == level:
+                        fix = (
+                            ()
+                            if not verdict.fix
+                            else (Cell(f" -> {verdict.fix}", "dim" if level == "ok" else ""),)
+                        )
+                        parts = (
+                            Cell(f"{node.name} "),
+                            Cell(label, style),
+                            Cell(f" {name}: {verdict.reason}"),
+                            *fix,
+                        )
+                        shown.append(Said("info", parts=parts, style="dim" if level == "ok" else ""))
+    shown += failures(outcomes)
+    verdict = "ready to train" if report.exit_code() == ExitCode.OK else "NOT ready to train"
+    failing = f"{len(report.failing)} failing a check: {verdict}"
+    return [*shown, Said("info", f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable, {failing}")]
