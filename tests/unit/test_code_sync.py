@@ -494,3 +494,20 @@ def test_bundles_a_killed_sync_left_here_are_swept_by_the_next_one(
     elsewhere.mkdir()
     sync._sweep_bundles()
     assert not dead.exists() and alive.exists() and elsewhere.exists()
+
+
+def test_the_inventory_in_the_project_is_not_shipped_unless_excludes_ship_it(tmp_path: Path) -> None:
+    """The nodes never read hosts.yaml: shipped, every edit of it made each launch say the nodes'
+    code differs from the project. It is left out; `excludes: ["!/hosts.yaml"]` ships it."""
+    from orchestrator.steps.codesync.sync import prepare_tree
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    inv = tmp_path / "hosts.yaml"
+    for excludes, shipped in (("[]", ["train.py"]), ('["!/hosts.yaml"]', ["hosts.yaml", "train.py"])):
+        inv.write_text(
+            f"cluster: {{name: c, master: a, train: {{script: train.py}}, "
+            f"code: {{source: {tmp_path}, excludes: {excludes}}}}}\n"
+            "nodes:\n  - {name: a, host: 10.0.0.1}\n"
+        )
+        tree = prepare_tree(load_inventory(inv), cache_file=tmp_path.parent / f"{tmp_path.name}.cache.json")
+        assert sorted(tree.files) == shipped

@@ -33,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -547,13 +548,24 @@ def sync_node(
     return apply_node(scanned, plan, progress=progress)
 
 
+def inventory_rule(inventory: Inventory, source: Path) -> list[str]:
+    """The inventory file, when it lies in the project: left out (the nodes never read it, and every
+    edit of it would make each node's code differ from the project); ``excludes`` can ship it
+    (``"!/hosts.yaml"``). A name with pattern characters in it is not matched by a rule: shipped."""
+    try:
+        where = Path(str(inventory.source)).resolve().relative_to(source.resolve()).as_posix()
+    except (OSError, ValueError):
+        return []  # elsewhere, or the embedded inventory
+    return [] if re.search(r"[][*?!#\\ ]", where) else [f"/{where}"]
+
+
 def prepare_tree(inventory: Inventory, *, cache_file: Path | None = None) -> LocalTree:
     """The project listed and hashed (the local part of code sync, done once for all nodes)."""
     code = inventory.cluster.code
     source = code_source(inventory.cluster)
     return build_tree(
         source,
-        excludes=code.excludes,
+        excludes=[*inventory_rule(inventory, source), *code.excludes],
         gitignore=code.gitignore,
         cache_file=cache_file or default_cache_file(source),
     )
