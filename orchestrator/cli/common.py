@@ -260,17 +260,32 @@ def train_env_option(help_text: str) -> Callable[[F], F]:
     return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
 
 
-def after_dashes(ctx: click.Context, exc: click.NoSuchOption, command: str) -> click.UsageError:
+#: the options that say which inventory and how to reach its nodes (a suggested command keeps them)
+REACH = {
+    "-i": "inventory",
+    "--inventory": "inventory",
+    "--known-hosts": "known_hosts",
+    "--ssh-config": "ssh_config",
+}
+
+
+def after_dashes(
+    ctx: click.Context, exc: click.NoSuchOption, command: str, args: list[str]
+) -> click.UsageError:
     """An unknown option where the training script's arguments could go: says they go after ``--``
     (``command``: how the line starts, ``bootstrap launch``), with click's own suggestions but
-    ``--help``."""
+    ``--help``, and the options of ``args`` (or read already) that say which inventory."""
+    from orchestrator.runs.next_command import with_user_options
+
     others = [p for p in exc.possibilities or () if p != "--help"]
     near = f" Did you mean {' or '.join(others)}?" if others else ""
-    return click.UsageError(
-        f"No such option: {exc.option_name}.{near} Arguments for the training script go after `--`: "
-        f"`{command} -- {exc.option_name} ...`",
-        ctx,
-    )
+    given = {k: v for k, v in (ctx.find_root().obj or {}).items() if k in REACH.values() and v}
+    for at, word in enumerate(args[:-1]):  # not read yet: an error in the same words as they are
+        given.setdefault(REACH.get(word, ""), Path(args[at + 1]))
+    given.pop("", None)
+    suggested = with_user_options(Settings(**given), f"`{command} -- {exc.option_name} ...`")
+    where = f"Arguments for the training script go after `--`: {suggested}"
+    return click.UsageError(f"No such option: {exc.option_name}.{near} {where}", ctx)
 
 
 class TrainArgsCommand(click.Command):
@@ -280,7 +295,7 @@ class TrainArgsCommand(click.Command):
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
-            raise after_dashes(ctx, exc, f"bootstrap {ctx.info_name}") from None
+            raise after_dashes(ctx, exc, f"bootstrap {ctx.info_name}", args) from None
 
 
 def master_option(fn: F) -> F:

@@ -41,7 +41,7 @@ class _Group(click.Group):
         try:
             rest = super().parse_args(ctx, args[:cut])
         except click.NoSuchOption as exc:  # before any command: the main pipeline's options
-            raise after_dashes(ctx, exc, "bootstrap") from None
+            raise after_dashes(ctx, exc, "bootstrap", args[:cut]) from None
         if cut == len(args):
             return rest
         # the command's name, when one came before "--" (click keeps it apart from its arguments)

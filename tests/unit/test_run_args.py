@@ -57,11 +57,16 @@ def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double
     (tmp_path / "lab.yaml").write_text(INVENTORY)
     run = _cli(tmp_path, "launch", "--dry-run", "--lr", "0.1")
     assert run.returncode == 2
-    assert "No such option: --lr." in run.stderr and "`bootstrap launch -- --lr ...`" in run.stderr
+    # the line to type carries the -i this one had: pasted, it acts on the same inventory
+    assert (
+        "No such option: --lr." in run.stderr and "`bootstrap -i lab.yaml launch -- --lr ...`" in run.stderr
+    )
     assert "--help" not in run.stderr.split("Error:")[1]  # click's "Did you mean '--help'?" is noise here
     # the main pipeline's form says the same (it took the words for an unknown option of its own)
     pipeline = _cli(tmp_path, "--dry-run", "--lr", "0.1")
-    assert pipeline.returncode == 2 and "`bootstrap -- --lr ...`" in pipeline.stderr, pipeline.stderr
+    assert pipeline.returncode == 2 and "`bootstrap -i lab.yaml -- --lr ...`" in pipeline.stderr, (
+        pipeline.stderr
+    )
     bad = _cli(tmp_path, "launch", "--dry-run", "-e", "1X=2")
     assert bad.returncode == 2 and "--env '1X=2': invalid environment variable name" in bad.stderr, bad.stderr
 
