@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,12 +118,7 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
         show_dry_run(ui, result, json_mode=settings.json_mode, note=OFFLINE_NOTE)
         return ExitCode.OK
     if isinstance(result, Skipped):
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(result.when))
-        ui.info(
-            f"validate: skipped: nothing it checks changed since it passed on these {result.nodes} node(s) "
-            f"at {when} (addresses, interpreters, torch, interfaces, backend, firewall settings); "
-            "--validate runs it anyway"
-        )
+        tell(ui, [result.said()])
         return ExitCode.OK
     code = result.exit_code()
     unreachable = [o for o in result.plan.inspected if not o.ok]

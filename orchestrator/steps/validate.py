@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -399,6 +400,15 @@ class Skipped:
 
     when: float
     nodes: int = 0
+
+    def said(self) -> Said:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.when))
+        return Said(
+            "info",
+            f"validate: skipped: nothing it checks changed since it passed on these {self.nodes} node(s) at "
+            f"{when} (addresses, interpreters, torch, interfaces, backend, firewall settings, train.env and "
+            "-e); --validate runs it anyway",
+        )
 
 
 def validate_unless_unchanged(
