@@ -148,6 +148,28 @@ def test_the_controller_download_gets_its_locations_from_the_environment(tmp_pat
     assert env["PIP_INDEX_URL"] == "https://ci:s3cret@pypi.lab/simple" and env["PIP_NO_INPUT"] == "1"
 
 
+def test_the_controller_download_keeps_the_extra_indexes_its_pip_configuration_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PIP_EXTRA_INDEX_URL replaces pip.conf's extra-index-url: a lab's mirror named there was lost
+    to the offline download. It comes after the inventory's, once."""
+    spec = resolve_spec(load_inventory(_inventory(tmp_path, URLS)), "linux")
+    monkeypatch.setattr(wheelhouse, "configured_extra_indexes", lambda: [])
+    ours = wheelhouse.download_environment(spec)["PIP_EXTRA_INDEX_URL"].split()
+    assert ours == ["https://tok3n@torch.lab/whl", "https://plain.lab/simple"]
+    mirror = "https://mirror.lab/simple"
+    monkeypatch.setattr(wheelhouse, "configured_extra_indexes", lambda: [mirror, ours[0]])
+    assert wheelhouse.download_environment(spec)["PIP_EXTRA_INDEX_URL"].split() == [*ours, mirror]
+    # what `pip config list` says is read, sections a download does not read left out
+    listed = (
+        "global.extra-index-url='file:///opt/a/simple file:///opt/b/simple'\nfreeze.extra-index-url='x'\n"
+    )
+    done = subprocess.CompletedProcess([], 0, stdout=listed, stderr="")
+    monkeypatch.undo()
+    monkeypatch.setattr(wheelhouse.subprocess, "run", lambda *a, **k: done)
+    assert wheelhouse.configured_extra_indexes() == ["file:///opt/a/simple", "file:///opt/b/simple"]
+
+
 def test_the_build_script_takes_locations_from_the_settings_file_and_deletes_it(tmp_path: Path) -> None:
     """The Linux build run here: pip finds the wheel only through PIP_FIND_LINKS from the file; the
     script and the installer's command line hold no location."""

@@ -90,8 +90,40 @@ def download_command(spec: EnvSpec, target: Target, directory: Path, requirement
 
 
 def download_environment(spec: EnvSpec) -> dict[str, str]:
-    """The environment of the controller's ``pip download``: this one's, plus the index locations."""
-    return {**os.environ, "PIP_NO_INPUT": "1", **index_environment(spec, "pip")}
+    """The environment of the controller's ``pip download``: this one's, plus the index locations.
+    PIP_EXTRA_INDEX_URL replaces the extra indexes this machine's pip configuration names (a lab's
+    mirror): they are kept, after the spec's."""
+    env = {**os.environ, "PIP_NO_INPUT": "1", **index_environment(spec, "pip")}
+    if extra := env.get("PIP_EXTRA_INDEX_URL"):
+        urls = extra.split()
+        env["PIP_EXTRA_INDEX_URL"] = " ".join(urls + [u for u in configured_extra_indexes() if u not in urls])
+    return env
+
+
+#: the sections of pip's configuration a ``pip download`` reads (``:env:``: PIP_* variables)
+_SECTIONS = ("global", "download", "install", ":env:")
+
+
+def configured_extra_indexes() -> list[str]:
+    """The extra index URLs this machine's pip configuration files and environment name (``pip
+    config list``: global, user, site; the ``install`` and ``download`` sections too)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    urls: list[str] = []
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".extra-index-url") and key.split(".")[0] in (
+            "global",
+            "download",
+            "install",
+            ":env:",
+        ):
+            urls += [u for u in value.strip().strip("'\"").split() if u not in urls]
+    return urls
 
 
 def sha256(path: Path) -> str:
@@ -144,7 +176,8 @@ def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
             requirements.unlink(missing_ok=True)
         output = (proc.stdout + proc.stderr).splitlines()
         if proc.returncode != 0:
-            tail = mask_url_credentials(" | ".join(line for line in output[-4:] if line.strip()))
+            said = [line for line in output if line.strip() and not line.startswith("WARNING: Retrying")]
+            tail = mask_url_credentials(" | ".join(said[-4:]))  # pip's retries are noise beside why
             _failed[str(directory)] = CommandFailedError(
                 f"offline mode: downloading wheels for {target.describe()} failed: {tail}",
                 hint="every package needs a binary wheel for that platform (--only-binary=:all:); "
