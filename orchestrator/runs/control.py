@@ -383,10 +383,14 @@ def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
 
 def no_such_run(node: Node, run_id: str) -> CommandFailedError:
     """The error of a node that has no run ``run_id`` (its run directory does not exist)."""
+    from orchestrator.runs.ids import nearest_run
+
+    near = nearest_run(run_id)
     return CommandFailedError(
         f"no run {run_id} on this node ({run_dir_for(node, run_id)} does not exist)",
         node=node.name,
-        hint="check --run and that the inventory is the one the run was launched with",
+        hint=f"check --run{f' (did you mean {near}?)' if near else ''} and that the inventory is the one "
+        "the run was launched with",
     )
 
 

@@ -11,6 +11,7 @@ run of it was launched from here already.
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
 from pathlib import Path
@@ -133,6 +134,12 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
             hint="pass --run RUN-ID, or run this from the directory you launched from",
         )
     return max(candidates)[2]
+
+
+def nearest_run(run_id: str, root: Path = RUNS_ROOT) -> str | None:
+    """The run here whose id is closest to ``run_id`` (a typo), None: none close."""
+    close = difflib.get_close_matches(run_id, [name for _, _, name in _runs_here(root)], n=1, cutoff=0.8)
+    return close[0] if close and close[0] != run_id else None
 
 
 def run_before(run_id: str, root: Path = RUNS_ROOT) -> str | None:

@@ -93,3 +93,12 @@ def test_the_run_before_is_the_launch_before_it_here(tmp_path: Path) -> None:
     assert ids.run_before("second", tmp_path) == "first"
     assert ids.run_before("first", tmp_path) is None
     assert ids.run_before("elsewhere", tmp_path) is None
+
+
+def test_a_mistyped_run_id_is_met_with_the_nearest_run_here(tmp_path: Path) -> None:
+    for name in ("lab-20261207-140511", "lab-20261207-153000"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RECORD).write_text("{}")
+    assert ids.nearest_run("lab-20261207-14051", tmp_path) == "lab-20261207-140511"
+    assert ids.nearest_run("lab-20261207-140511", tmp_path) is None  # that run itself: no typo
+    assert ids.nearest_run("nope", tmp_path) is None
