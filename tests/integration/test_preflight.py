@@ -54,6 +54,10 @@ def test_healthy_cluster_is_ready(
     assert nodes["_doc"]["backend"] == "gloo" and "cannot run NCCL" in nodes["_doc"]["backend_reason"]
     human = bootstrap("-i", str(inv), "check")
     assert human.returncode == 0 and "ready to train" in human.stderr
+    # -v: every verdict, one line for the nodes it fits alike (not the same words three times)
+    verbose = bootstrap("-i", str(inv), "-v", "check")
+    assert re.search(r"^node1, node2, node3 ok reachability: master port", verbose.stderr, re.M), verbose
+    assert re.search(r"^node2 ok interface: eth0 \(", verbose.stderr, re.M), verbose  # its own words
 
 
 def _stub_torch_venv(root: Path, version: str) -> str:

@@ -610,21 +610,19 @@ def check_shown(
         shown.append(Said("info", f"backend: {report.data['backend_reason']}"))
         for level in ("fail", "warn", "ok") if verbose else ("fail", "warn"):
             label, style = LEVEL_STYLE[level]
+            alike: dict[tuple[str, str, str | None], list[str]] = {}  # one line for the nodes it fits
             for node in nodes:
                 for name, verdict in checks.get(node.name, {}).items():
                     if verdict.level == level:
-                        fix = (
-                            ()
-                            if not verdict.fix
-                            else (Cell(f" -> {verdict.fix}", "dim" if level == "ok" else ""),)
-                        )
-                        parts = (
-                            Cell(f"{node.name} "),
-                            Cell(label, style),
-                            Cell(f" {name}: {verdict.reason}"),
-                            *fix,
-                        )
-                        shown.append(Said("info", parts=parts, style="dim" if level == "ok" else ""))
+                        alike.setdefault((name, verdict.reason, verdict.fix), []).append(node.name)
+            for (name, reason, fix), names in alike.items():
+                parts: tuple[Cell, ...] = (
+                    Cell(f"{', '.join(names)} "),
+                    Cell(label, style),
+                    Cell(f" {name}: {reason}"),
+                )
+                parts += (Cell(f" -> {fix}", "dim" if level == "ok" else ""),) if fix else ()
+                shown.append(Said("info", parts=parts, style="dim" if level == "ok" else ""))
     shown += failures(outcomes)
     verdict = "ready to train" if report.exit_code() == ExitCode.OK else "NOT ready to train"
     failing = f"{len(report.failing)} failing a check: {verdict}"
