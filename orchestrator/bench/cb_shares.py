@@ -427,6 +427,6 @@ def parse_metric(text: str) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(text[at + len(METRIC_PREFIX) :])
-    except ValueError:
+    except (ValueError, RecursionError):  # not a record (nested past the parser's depth too)
         return None
     return value if isinstance(value, dict) else None

@@ -62,7 +62,8 @@ CONSEQUENCE = " after a peer's connection closed (a consequence: the cause is an
 
 # the rank capture's tag, then the metric record: ``[default3]:CB_METRIC {...}`` (a launcher line has
 # no tag: its metrics count for no rank)
-_METRIC = re.compile(r"^(?:\[default(\d+)\]:)?[^\n]*?CB_METRIC (\{[^\n]*\})[ \t\r]*$", re.M)
+_TAG = re.compile(r"\[default(\d{1,9})\]:")
+_METRIC_AT = "CB_METRIC {"
 _RANK_IN = re.compile(r"\brank (\d+)\b")
 # torchrun's agent, the moment it sees a worker die (before it stops the others and exits, seconds
 # later): ``... api.py:1002] failed (exitcode: 3) local_rank: 1 (pid: 741) of binary: ...``
@@ -288,15 +289,22 @@ class LiveRun:
             return
 
     def _parse_metrics(self, node: str, text: str) -> list[tuple[str, int | None, dict[str, Any]]]:
+        """Each line's metric record (its first ``CB_METRIC {``, up to the ``}`` that ends the line),
+        in one pass over the text: a line of output is never read twice (a regex that backtracked
+        over a long line held the controller for minutes)."""
         out = []
-        for match in _METRIC.finditer(text):
+        for line in text.split("\n"):
+            line = line.rstrip(" \t\r")
+            at = line.find(_METRIC_AT)
+            if at < 0 or not line.endswith("}"):
+                continue
             try:
-                fields = json.loads(match.group(2))
-            except ValueError:
+                fields = json.loads(line[at + len(_METRIC_AT) - 1 :])
+            except (ValueError, RecursionError):  # not a record (nested past the parser's depth too)
                 continue
             if isinstance(fields, dict):
-                local = match.group(1)
-                out.append((node, None if local is None else int(local), fields))
+                tag = _TAG.match(line)
+                out.append((node, None if tag is None else int(tag.group(1)), fields))
         return out
 
     def node_state(self, node: str, phase: str, state: str, detail: str = "") -> None:

@@ -54,6 +54,24 @@ def test_metric_lines_become_each_ranks_step_loss_and_speed_and_the_slowest_is_n
     assert [p[1] for p in snap["points"]["0"]] == [10, 20]
 
 
+def test_hostile_metric_lines_are_plain_output_read_once() -> None:
+    """A rank's output is not obeyed: JSON nested past the parser's depth raised RecursionError (the
+    node failed and the run stopped everywhere), and a long line of "CB_METRIC {}" made the metric
+    pattern backtrack for minutes while holding the controller. Both are plain lines now."""
+    from orchestrator.bench.cb_shares import parse_metric
+
+    live = _run()
+    deep = 'CB_METRIC {"a":' + "[" * 100_000 + "]" * 100_000 + "}"
+    live.block("n1", f"[default0]:{deep}\n")
+    assert parse_metric(deep) is None
+    long = "CB_METRIC {}" * 200_000 + "x"  # quadratic before: hours; one pass now
+    live.block("n1", f"[default1]:{long}\n[default1]:{metric(5, 1.0, 50.0)}\n")
+    assert [(r["rank"], r["step"]) for r in live.delta()["ranks"] if r["step"] is not None] == [(1, 5)]
+    # the first record of a line counts; what comes before CB_METRIC is not a tag
+    live.block("n2", '[default0]:note CB_METRIC {"step": 7, "kind": "window"}\n')
+    assert [(r["rank"], r["step"]) for r in live.delta()["ranks"]] == [(2, 7)]
+
+
 def test_a_failure_carries_the_named_ranks_last_lines_even_those_not_yet_sent() -> None:
     live = _run()
     live.block("n2", "".join(f"[default1]:line {i}\n" for i in range(50)) + "[default0]:other\n")
