@@ -164,6 +164,30 @@ def test_the_environment_sync_marker_refuses_a_directory_another_user_made(
     assert victim.read_text() == "root:secret\n"
 
 
+def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
+    scratch: Path, victim: Path, tmp_path: Path
+) -> None:
+    """The marker's walk rode along only when a sync had two nodes or more: a one-node sync (or
+    `--nodes X`) built into, and cleaned up, a `venv.versions` another user had linked to a directory
+    of ours, deleting what was there. The probe walks the environment's directory first, always."""
+    (scratch / "venv.versions").symlink_to(victim.parent)
+    os.lchown(scratch / "venv.versions", OTHER, OTHER)
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {scratch / 'venv'}}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "-i", str(inv), "sync", "--only", "env"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run
+    assert f"refusing {scratch}: it belongs to another user" in run.stderr, run.stderr
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["precious.conf"]
+    assert victim.read_text() == "root:secret\n"
+
+
 def test_bench_callable_refuses_a_code_directory_another_user_owns_before_anything_starts(
     scratch: Path, tmp_path: Path
 ) -> None:

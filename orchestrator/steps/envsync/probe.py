@@ -111,7 +111,14 @@ def probe_args(
 ) -> dict[str, object]:
     """The probe's argument. ``marker``: leave this sync's marker (a write); ``check_index``: ask
     whether the node reaches its package index (a request to it). A dry run asks for neither."""
-    args: dict[str, object] = {"path": path, "stamp": STAMP_NAME, "wheelhouse": None}
+    # the directory the environment, its builds and its wheels go in: walked first, whatever the
+    # number of nodes (the marker's own walk rides only with several)
+    args: dict[str, object] = {
+        "path": path,
+        "stamp": STAMP_NAME,
+        "wheelhouse": None,
+        "safe": env_parent(path),
+    }
     if spec.offline or spec.offline_fallback:
         # offline_fallback: listed when a earlier sync left one, so only missing wheels travel
         args["wheelhouse"] = path.rstrip("/\\") + ".wheels"
@@ -249,6 +256,8 @@ def probe_node(
     progress("checking the environment", "")
     marker = _marker(node, path, token) if token is not None else None
     found = probe(node, transport, spec, ops, marker, force=force, check_index=check_index)
+    if isinstance(unsafe := found.data.get("unsafe"), str):  # a directory another user can change
+        raise UnsafeDirectoryError(unsafe, node=node.name, hint="nothing was installed there")
     _check_node(node, spec, found)
     keys = [
         stamp_key(s, python_version=found.python_version, platform=found.platform_key)

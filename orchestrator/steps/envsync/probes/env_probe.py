@@ -4,7 +4,8 @@
 # versions installed in it) and, when asked, a listing of the node's wheelhouse with SHA-256 hashes.
 # Argument: a JSON object {"path": venv path ("~" allowed), "stamp": file name, "wheelhouse": dir|null,
 # "create_wheelhouse": bool, "marker": {"dir", "name", "token", "marker_dir"} (optional: written, see
-# write_marker), "index": {"urls", "node_default", "timeout", "unless"} (optional: see index_check)}.
+# write_marker), "index": {"urls", "node_default", "timeout", "unless"} (optional: see index_check),
+# "safe": the directory walked first (unsafe_path: another user's directory: {"unsafe": why} alone)}.
 import hashlib
 import importlib.util
 import json
@@ -401,6 +402,11 @@ def index_check(args, path):
 def main():
     args = json.loads(sys.argv[1])
     path = os.path.abspath(os.path.expanduser(args["path"]))
+    if args.get("safe"):  # another user could plant a link where a build, or its clean-up, goes
+        refused = unsafe_path(os.path.abspath(os.path.expanduser(args["safe"])))  # noqa: F821 (prepended)
+        if refused:  # nothing read or written below it
+            sys.stdout.write(json.dumps({"unsafe": refused}) + "\n")
+            return
     check = index_check(args, path)
     result = {
         "home": os.path.expanduser("~"),
