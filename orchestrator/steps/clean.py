@@ -16,7 +16,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import records
-from orchestrator.errors import CommandFailedError, ExitCode, UsageError
+from orchestrator.errors import CommandFailedError, ExitCode, UnsafeDirectoryError, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.plans import NodePlan, Run
@@ -74,9 +74,11 @@ class NodeClean:
 
 
 def script() -> str:
-    """The node-side script, with the record encoder it writes its answer with."""
+    """The node-side script, with the record encoder it writes its answer with and ``unsafe_path``."""
+    from orchestrator.steps.preflight.shared_fs import safe_path_source
+
     text = resources.files("orchestrator.steps.probes").joinpath("clean_node.py").read_text()
-    return "import base64\n" + records.PYTHON_ENCODER + "\n" + text
+    return "import base64\n" + records.PYTHON_ENCODER + "\n" + safe_path_source() + text
 
 
 @dataclass
@@ -121,6 +123,10 @@ class Clean(Step[CleanContext, NodeClean]):
                 result=result,
             )
         data = json.loads(found.text(0))
+        if isinstance(data.get("refused"), str):  # a directory another user can change
+            raise UnsafeDirectoryError(
+                data["refused"], node=node.name, hint="nothing was removed on this node"
+            )
         return NodeClean(
             node=node.name,
             items=[CleanItem(**item) for item in data.get("items") or []],

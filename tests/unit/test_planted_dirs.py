@@ -188,6 +188,34 @@ def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
     assert victim.read_text() == "root:secret\n"
 
 
+def test_clean_looks_at_nothing_in_a_code_directory_another_user_can_change(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """`clean` had no path check: another user who owns the code directory's parent could swap it
+    for a link to a directory of ours while the files its (forged) record names were hashed, and root
+    deleted ours. A code directory (workdir, environment) another user can change is refused whole."""
+    import hashlib
+
+    code = scratch / "code"
+    code.mkdir()
+    (code / "a.txt").write_text("ours?\n")
+    digest = hashlib.sha256(b"ours?\n").hexdigest()
+    (code / ".bootstrap-code-shipped.json").write_text(json.dumps({"files": {"a.txt": digest}}))
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{name: c, master: here, code: {{source: ., dest: {code}}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "-i", str(inv), "clean", "--yes"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert f"refusing {scratch}: it belongs to another user" in run.stderr, run
+    assert run.returncode == 2 and "nothing was removed on this node" in run.stderr, run
+    assert (code / "a.txt").read_text() == "ours?\n" and (code / ".bootstrap-code-shipped.json").exists()
+
+
 def test_bench_callable_refuses_a_code_directory_another_user_owns_before_anything_starts(
     scratch: Path, tmp_path: Path
 ) -> None:

@@ -1,6 +1,8 @@
 # Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap clean`.
 # argv[1] is a JSON object {"nonce": N, "node": NAME, "workdir": W, "env": P, "code": D, "remove": bool};
-# the controller puts orchestrator/records.py's encoder (``record``) before this text.
+# the controller puts orchestrator/records.py's encoder (``record``) and probes/safe_path.py's
+# ``unsafe_path`` before this text: a group whose directory another user can change (a code directory
+# they could swap for a link while its files are hashed) is refused, never listed or removed.
 # Finds what bootstrap put on this node, each by its own marker, never by a name alone:
 #   env   P (a symlink to P.versions/<id>), the builds in P.versions carrying the stamp STAMP, their
 #         upload leftovers (<id>.requirements.txt, <id>.index.env, <id>.job), the wheels bootstrap
@@ -14,7 +16,8 @@
 #         node's marker in W/ENV_MARKS (the preflight's shared-directory check)
 # then the directories those leave empty (never one holding anything else). Prints one record "clean"
 # (nonce N) whose field is the JSON object
-# {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}.
+# {"items": [{"kind", "path", "bytes", "files"}], "running": [run ids], "removed": bool, "errors": []}
+# (with "refused": why, and nothing else found, for a directory another user can change).
 # A run whose processes are still alive here (their environment carries RUN_ENV=<id>/<node>/<token>)
 # stops everything: nothing is removed, "running" names it.
 import errno
@@ -325,6 +328,17 @@ def clean(args):
     result = {"items": [], "running": running(workdir, node), "removed": False, "errors": []}
     sizes = Sizes()
     groups = []
+    cache = os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
+    )
+    # a directory another user can change (they could swap it for a link while its files are
+    # hashed): nothing on this node is listed, read or removed
+    bases = [workdir, cache]
+    bases += [os.path.dirname(resolve(args["env"]))] if args.get("env") else []
+    bases += [resolve(args["code"])] if args.get("code") else []
+    for said in filter(None, map(unsafe_path, bases)):  # noqa: F821 (prepended)
+        result["refused"] = said
+        return result
     if args.get("env"):
         env = resolve(args["env"])
         paths, dirs = env_paths(env)
@@ -338,9 +352,6 @@ def clean(args):
         groups.append(("code", dest, paths + marks, mark_dirs + dirs, [dest]))
     paths, dirs = run_paths(workdir, node, bool(args.get("outputs")))
     groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs, [workdir]))
-    cache = os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cluster-bootstrap"
-    )
     paths = []
     if os.path.isdir(cache) and not os.path.islink(cache):
         for name in sorted(os.listdir(cache)):
