@@ -85,7 +85,8 @@ def _platform(transport: Transport, login: Node) -> PosixShell:
 def prepare_plan(inventory: Inventory, platform: PosixShell, run_id: str, renderer: Renderer) -> NodePlan:
     """On the login host, as data: a new private job directory on the shared file system (a run id
     that exists there is refused), the batch script, the node part, the rank capture, and the
-    training script into the code directory (a relative one: this project's)."""
+    training script into the code directory (a relative one: this project's), a code directory
+    another user could change refused first (exit 2, as launch on SSH nodes refuses it)."""
     slurm = slurm_settings(inventory)
     files = render_job(renderer, inventory, run_id)
     directory = job_dir(slurm, run_id)
@@ -103,7 +104,12 @@ def prepare_plan(inventory: Inventory, platform: PosixShell, run_id: str, render
         if not result.ok:
             raise CommandFailedError(f"cannot create {directory}: {' | '.join(result.tail(3))}", node=login)
 
-    prepare = "\n".join((platform.new_private_dir(directory), platform.mkdir(parent)))
+    # the ranks run from the code directory and import what lies beside the script first: a path
+    # another user could change is refused before anything is made, and again once it exists
+    made = platform.no_group_write(platform.mkdir(parent))
+    prepare = "\n".join(
+        (platform.check_path(code), platform.new_private_dir(directory), made, platform.check_path(parent))
+    )
     actions: list[Put | Run] = [
         Run(prepare, timeout=60, what="create the job directory on the shared file system", check=check),
         Put(f"{directory}/{BATCH_FILE}", data=files.batch.encode(), mode=0o700, what="batch script"),

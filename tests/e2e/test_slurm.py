@@ -386,6 +386,26 @@ def test_a_login_host_without_sbatch_says_so_in_one_line(
     assert [job for job in slurm.squeue_all() if job not in known] == []
 
 
+def test_a_code_directory_another_user_made_is_refused_before_any_job(
+    slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
+) -> None:
+    """The Slurm launch never walked train.code_dir: another user of the shared disk who made it
+    first had their torch.py run as root on every compute node (the run "exited 0"), and root's
+    training script written through their link. Refused as launch on SSH nodes refuses it."""
+    planted = shared / "planted-code"
+    planted.mkdir()
+    (planted / "torch.py").write_text(f"open({str(tmp_path / 'PWNED')!r}, 'w').write('ran')\n")
+    os.chown(planted, 54321, 54321)  # a uid no account here has: another local user
+    (tmp_path / "train.py").write_text("import torch\n")
+    inv = slurm_inventory(slurm, tmp_path / "hpc.yaml", shared, script="train.py", code_dir=str(planted))
+    known = slurm.squeue_all()
+    run = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
+    assert run.returncode == 2, run
+    assert f"refusing {planted}: it belongs to another user" in run.stderr, run
+    assert [job for job in slurm.squeue_all() if job not in known] == []
+    assert not (planted / "train.py").exists() and not (tmp_path / "PWNED").exists()
+
+
 def test_a_request_larger_than_the_partition_is_cancelled_not_left_pending(
     slurm: SlurmCluster, bootstrap: Bootstrap, shared: Path, tmp_path: Path
 ) -> None:
