@@ -66,6 +66,9 @@ class LocalTransport(Transport):
         watched = self.platform.as_posix() is not None
         proc = subprocess.Popen(
             self.platform.local_argv(self.plan(script)),
+            # in the home directory, as an SSH login starts: never in the directory bootstrap was
+            # started from, whose modules another user may have put there for a node-side Python
+            cwd=os.path.expanduser("~"),
             stdin=subprocess.PIPE if watched else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -159,7 +162,7 @@ class LocalTransport(Transport):
 
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         self.connect()
-        target = Path(os.path.expanduser(remote))
+        target = _at_home(remote)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with local.open("rb") as source:
@@ -176,7 +179,7 @@ class LocalTransport(Transport):
         self.connect()
         try:
             safefiles.private_dirs(local.parent)
-            with open(os.path.expanduser(remote), "rb") as source, safefiles.replacing(local) as out:
+            with open(_at_home(remote), "rb") as source, safefiles.replacing(local) as out:
                 # block by block, so that a close (Ctrl-C) ends the copy as it ends an SFTP one: the
                 # partial file goes, the copy here is not replaced
                 for block in iter(lambda: source.read1(COPY_BLOCK), b""):
@@ -196,3 +199,9 @@ class LocalTransport(Transport):
 
     def describe(self) -> str:
         return "local"
+
+
+def _at_home(remote: str) -> Path:
+    """A node path as an SSH node reads it: ``~`` expanded, a relative one below the home directory
+    (where commands run), not below the directory bootstrap was started from."""
+    return Path(os.path.expanduser("~")) / os.path.expanduser(remote)

@@ -811,3 +811,26 @@ def test_a_command_without_an_inventory_beside_hosts_yaml_asks_whether_it_was_me
     (tmp_path / "hosts.yaml").write_text("nodes:\n  - {name: ws1, host: 192.0.2.1}\n")
     ran = bootstrap("inventory", cwd=tmp_path, env={"HOME": str(tmp_path)})
     assert "hosts.yaml is here: did you mean `bootstrap -i hosts.yaml ...`?" in ran.stderr, ran
+
+
+def test_a_local_nodes_commands_run_in_its_home_not_where_bootstrap_was_started(tmp_path: Path) -> None:
+    """`connection: local`: node-side Python ran in the directory bootstrap was started from, and
+    imported another user's json.py, hashlib.py, base64.py from it (as root). They run in the home
+    directory, as an SSH login starts; relative node paths are the home's, as over SSH."""
+    home, elsewhere = tmp_path / "home", tmp_path / "shared-scratch"
+    home.mkdir()
+    elsewhere.mkdir()
+    for module in ("json", "hashlib", "base64", "re", "os"):
+        (elsewhere / f"{module}.py").write_text(
+            f"open({str(tmp_path / 'IMPORTED')!r}, 'a').write('{module}\\n')\n"
+        )
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"nodes:\n  - {{name: here, connection: local, python: {sys.executable}}}\n")
+    env = {"HOME": str(home)}
+    ran = bootstrap("-i", str(inv), "run", "--", "pwd", cwd=elsewhere, env=env)
+    assert ran.returncode == 0 and f"[here] {home}" in ran.stdout, ran
+    checked = bootstrap("-i", str(inv), "check", cwd=elsewhere, env=env)
+    assert checked.returncode in (0, 1), checked
+    synced = bootstrap("-i", str(inv), "clean", "--dry-run", cwd=elsewhere, env=env)
+    assert synced.returncode == 0, synced
+    assert not (tmp_path / "IMPORTED").exists(), (tmp_path / "IMPORTED").read_text()
