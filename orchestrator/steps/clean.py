@@ -230,11 +230,14 @@ class CleanReport:
         """Before a removal: per node running a run, that nothing was removed anywhere and how to end it."""
         if self.removed:
             return []
+        alike: dict[tuple[str, ...], list[str]] = {}  # one line for the nodes running the same runs
+        for o in self.busy:
+            if o.value is not None:
+                alike.setdefault(tuple(o.value.running), []).append(o.node)
         return [
-            f"{o.node}: run {', '.join(o.value.running)} is running there: nothing was removed on any node "
-            f"(`bootstrap stop --run {o.value.running[0]}` ends it)"
-            for o in self.busy
-            if o.value is not None
+            f"{', '.join(nodes)}: run {', '.join(runs)} is running there: nothing was removed on any node "
+            f"(`bootstrap stop --run {runs[0]}` ends it)"
+            for runs, nodes in alike.items()
         ]
 
     def exit_code(self) -> ExitCode:

@@ -157,3 +157,14 @@ def test_clean_lists_then_asks_then_removes(
             "n1: run r1 is running there: nothing was removed on any node (`bootstrap stop --run r1` ends it)"
         ]
         assert report.exit_code() == ExitCode.NODES_FAILED
+
+
+def test_nodes_running_the_same_run_refuse_a_clean_in_one_line() -> None:
+    busy = [NodeClean(n, items=[], running=["r1"], removed=False) for n in ("n1", "n2")]
+    other = NodeClean("n3", items=[], running=["r2"], removed=False)
+    outcomes = [Outcome(v.node, v, None, 0.1) for v in (*busy, other)]
+    assert CleanReport(GroupResult(outcomes), removed=False).refusals() == [
+        "n1, n2: run r1 is running there: nothing was removed on any node "
+        "(`bootstrap stop --run r1` ends it)",
+        "n3: run r2 is running there: nothing was removed on any node (`bootstrap stop --run r2` ends it)",
+    ]
