@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 from orchestrator.cli.common import Settings, interrupted, open_session
 from orchestrator.cli.front import reach_for
+from orchestrator.cli.report import tell
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.runs.next_command import again
+from orchestrator.slurm.run import end_said
+from orchestrator.view import Said
 
 if TYPE_CHECKING:
-    from orchestrator.cli.ui import UI
     from orchestrator.slurm.run import JobEnd, NodeEnd, SlurmLaunch, SlurmLogin, SlurmRun
 
 
@@ -73,28 +75,9 @@ def _summary(settings: Settings, run: SlurmRun, end: JobEnd, log_dir: Path) -> E
             time_limit_reached=bool(end.time_limit),
             log_dir=str(log_dir),
         )
-    _say_end(ui, end)
-    ui.note(f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")
+    logs = Said("note", f"logs: {log_dir}/ (and {run.job_dir}/<node>/node.log on the shared file system)")
+    tell(ui, [*end_said(end), logs])
     return code
-
-
-def _say_end(ui: UI, end: JobEnd) -> None:
-    """How the job ended: the node that failed first and its last lines, the time limit, Slurm's
-    state, or every node's exit 0."""
-    failed = end.failed()
-    if failed is not None:
-        ui.error(f"{end.failed_first}: {failed[0]}")
-        for line in failed[1]:
-            ui.info(f"  {line}")
-        if failed[2]:
-            ui.note(failed[2])
-    elif end.time_limit:
-        ui.error(end.time_limit_reached())
-        ui.note("a longer cluster.slurm.time, or a training script resuming from checkpoints in $CB_RUN_DIR")
-    elif not end.ok:
-        ui.error(f"job {end.job_id} ended {end.state}")
-    else:
-        ui.info(f"job {end.job_id} {end.state}: every node exited 0")
 
 
 @contextlib.contextmanager
@@ -116,7 +99,7 @@ def logs_on_slurm(settings: Settings, inventory: Inventory, run_id: str, *, foll
         interrupted(settings.ui, "stopped following (the job goes on)")
     if not follow:
         return ExitCode.OK
-    _say_end(settings.ui, end)  # followed to its end: say how, as launch does
+    tell(settings.ui, end_said(end))  # followed to its end: say how, as launch does
     return ExitCode.OK if end.ok else ExitCode.NODES_FAILED
 
 

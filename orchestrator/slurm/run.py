@@ -47,6 +47,7 @@ from orchestrator.steps.launch import RANK_CAPTURE, rank_capture_file
 from orchestrator.steps.script_check import local_script
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import BlockHandler, Stream
+from orchestrator.view import Said
 
 if TYPE_CHECKING:
     from orchestrator.logs import RunLog
@@ -243,6 +244,24 @@ class JobEnd:
                 stopped = f"job {self.job_id} cancelled because {node.node} failed first: {others} stopped"
                 return failure_headline(result), tail, stopped if self.cancelled and others else ""
         return None
+
+
+def end_said(end: JobEnd) -> list[Said]:
+    """How the job ended: the node that failed first and its last lines, the time limit, Slurm's
+    state, or every node's exit 0."""
+    failed = end.failed()
+    if failed is not None:
+        said = [
+            Said("error", f"{end.failed_first}: {failed[0]}"),
+            *(Said("info", f"  {line}") for line in failed[1]),
+        ]
+        return said + ([Said("note", failed[2])] if failed[2] else [])
+    if end.time_limit:
+        note = "a longer cluster.slurm.time, or a training script resuming from checkpoints in $CB_RUN_DIR"
+        return [Said("error", end.time_limit_reached()), Said("note", note)]
+    if not end.ok:
+        return [Said("error", f"job {end.job_id} ended {end.state}")]
+    return [Said("info", f"job {end.job_id} {end.state}: every node exited 0")]
 
 
 def labelled(node: str, first_rank: int, line: str) -> str:
