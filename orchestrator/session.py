@@ -63,19 +63,21 @@ class Session:
             if existing is None:
                 existing = open_transport(node, ssh=self.ssh, passwords=self.passwords)
                 timeout = existing.connect_timeout
-                existing.dial_watch = lambda: self._dial(node.name, node.host, timeout)
+                existing.dial_watch = lambda t=existing: self._dial(node.name, node.host, timeout, t)
                 self._transports[node.name] = existing
             return existing
 
     @contextlib.contextmanager
-    def _dial(self, node: str, host: str, timeout: float | None) -> Iterator[None]:
+    def _dial(self, node: str, host: str, timeout: float | None, transport: Transport) -> Iterator[None]:
         """Around one connection attempt to ``node``: a node that never answered in this session
         fails at once with its first error (one dead node costs one connect timeout per run, not
-        one per phase); a first attempt still waiting after ``ANNOUNCE_AFTER`` is announced."""
+        one per phase), unless the caller dials again on purpose (``transport.retrying``: a follow
+        waiting for it to come back); a first attempt still waiting after ``ANNOUNCE_AFTER`` is
+        announced."""
         with self._lock:
             first = self._unreachable.get(node)
             answered = node in self._answered
-        if first is not None:
+        if first is not None and not transport.retrying:
             raise copy.copy(first)  # shown once: the copy keeps the original's `shown`
         timer = None
         if not answered and timeout is not None and timeout > ANNOUNCE_AFTER:
@@ -92,6 +94,7 @@ class Session:
         else:
             with self._lock:
                 self._answered.add(node)
+                self._unreachable.pop(node, None)  # back: a later phase reaches it
         finally:
             if timer is not None:
                 timer.cancel()

@@ -281,25 +281,29 @@ def _reconnect(
     delay = 0.2
     began = time.monotonic()
     noted = began
-    while True:
-        try:
-            transport.connect()
-            return
-        except CancelledError:
-            raise
-        except ConnectError as exc:
-            now = time.monotonic()
-            if now + delay > deadline:
+    transport.retrying = True  # dialled each time, also when the session found it unreachable before
+    try:
+        while True:
+            try:
+                transport.connect()
+                return
+            except CancelledError:
                 raise
-            if note is not None and now - noted >= RECONNECT_NOTE_EVERY:
-                noted = now
-                note(
-                    f"still reconnecting after {now - began:.0f} s ({exc.message}); gives up after "
-                    f"{deadline - began:.0f} s"
-                )
-            log.info("%s: reconnect failed; retrying in %.1fs", node.name, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            except ConnectError as exc:
+                now = time.monotonic()
+                if now + delay > deadline:
+                    raise
+                if note is not None and now - noted >= RECONNECT_NOTE_EVERY:
+                    noted = now
+                    note(
+                        f"still reconnecting after {now - began:.0f} s ({exc.message}); gives up after "
+                        f"{deadline - began:.0f} s"
+                    )
+                log.info("%s: reconnect failed; retrying in %.1fs", node.name, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+    finally:
+        transport.retrying = False
 
 
 # -- status ------------------------------------------------------------------------------------------

@@ -290,6 +290,9 @@ class Transport(ABC):
     #: set by the owner of this transport (the session): wraps every new connection attempt, which
     #: it may refuse at once (a node already found unreachable) or announce while it waits
     dial_watch: Callable[[], AbstractContextManager[None]] | None = None
+    #: set while a caller dials again on purpose (a follow waiting for a node to come back): the
+    #: owner's memo of a node that never answered (refused at once) does not apply then
+    retrying: bool = False
 
     def __init__(self, node_name: str, platform: Platform) -> None:
         self.node_name = node_name

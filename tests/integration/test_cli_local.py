@@ -767,8 +767,11 @@ def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_p
 def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(tmp_path: Path) -> None:
     """`logs --follow` with one node's SSH down followed the others and said nothing about it until
     it ended (or gave it up at once, never trying again): it says so at once and keeps trying."""
+    import socket
+
     inv = tmp_path / "hosts.yaml"
-    inv.write_text(f"nodes:\n  - {{name: ws2, host: 127.0.0.1, port: {free_port()}, user: root}}\n")
+    port = free_port()
+    inv.write_text(f"nodes:\n  - {{name: ws2, host: 127.0.0.1, port: {port}, user: root}}\n")
     follow = spawn(tmp_path, {"HOME": str(tmp_path)}, "-i", str(inv), "logs", "--run", "lab-1", "--follow")
     try:
         assert follow.stderr is not None
@@ -776,6 +779,12 @@ def test_a_follow_says_at_once_which_node_it_cannot_connect_to_and_keeps_trying(
         assert first.startswith("ws2: cannot connect (connection refused on 127.0.0.1"), first
         assert "trying again for up to 300 s, following the others meanwhile" in first, first
         assert follow.poll() is None  # still trying
+        # and it really dials again: the node's port answers now, and the follow connects to it (it
+        # replayed the first "connection refused" for 300 s, the node back or not)
+        with socket.create_server(("127.0.0.1", port)) as back:
+            back.settimeout(60)
+            dialled, _ = back.accept()
+            dialled.close()
     finally:
         follow.send_signal(signal.SIGINT)
         follow.wait(timeout=60)
