@@ -86,6 +86,9 @@ class LaunchSpec:
     # what a code sync of the project as it is here records on the node (path -> SHA-256; None: the
     # inventory syncs no project): the node's own record is read before the run and compared
     code_record: Mapping[str, str] | None = field(default=None, compare=False, repr=False)
+    # the training script as it is here (cluster.code: the project's copy, wherever bootstrap runs
+    # from), uploaded into the code directory; "": the one in the current directory, when there
+    script_source: str = ""
 
 
 def plan_launch(

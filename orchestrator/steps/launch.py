@@ -172,16 +172,20 @@ def _decide(
 def with_code_record(inventory: Inventory, specs: list[LaunchSpec]) -> list[LaunchSpec]:
     """``specs`` with what a code sync of the project would record on each node (``cluster.code``),
     which the launch compares with the node's own record before it starts anything (its dry run
-    shows that read too)."""
+    shows that read too), and the project's training script to upload."""
     if not inventory.cluster.code_declared:
         return specs
     from orchestrator.steps.codesync import code_source
     from orchestrator.steps.codesync.manifest import shipped_record
     from orchestrator.steps.codesync.sync import prepare_tree
-    from orchestrator.steps.script_check import not_the_project
+    from orchestrator.steps.script_check import not_the_project, script_file
 
     if not_the_project(inventory, code_source(inventory.cluster)) is not None:
         return specs  # run from another directory: nothing here to compare (nor to list: /tmp)
+    # the script launch uploads is the project's, as the syntax check read it (code.source may not
+    # be the current directory: the copy here, or none, would leave the nodes the last sync's)
+    found = script_file(inventory)
+    specs = [dataclasses.replace(spec, script_source=str(found) if found else "") for spec in specs]
     try:
         record = shipped_record(prepare_tree(inventory).files)
     except (BootstrapError, OSError):
@@ -479,7 +483,9 @@ def prepare_plan(
     if powershell is None and posix is None:
         raise UsageError(f"launching on {platform.name} nodes is not supported yet", node=node.name)
     absolute = bool(WINDOWS_ABSOLUTE.match(spec.script)) if native else spec.script.startswith("/")
-    source = script_file if script_file is not None else None if absolute else local_script(spec.script)
+    source = script_file  # bench --callable's worker; else the project's script (cluster.code), or here
+    if source is None and not absolute:
+        source = Path(spec.script_source) if spec.script_source else local_script(spec.script)
     target_script = spec.script if absolute else f"{spec.code_dir.rstrip('/')}/{spec.script}"
     code_root = None if source is None else spec.code_dir  # a script uploaded: into the code directory
     rendered = renderer.render(spec, platform, template=template, secrets=secrets)

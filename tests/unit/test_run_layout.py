@@ -175,6 +175,26 @@ def test_a_launch_of_a_synced_project_from_another_directory_says_so_first(tmp_p
     assert "run bootstrap from your project's directory" in there.stderr
 
 
+def test_launch_uploads_the_projects_training_script_wherever_it_runs_from(tmp_path: Path) -> None:
+    """code.source names the project (not the current directory): the syntax check read the
+    project's train.py, the upload looked here, found none, and every node ran the last sync's copy.
+    The project's script is the one uploaded."""
+    import hashlib
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("print('v2')\n")
+    (tmp_path / "hosts.yaml").write_text(
+        f"cluster: {{name: lab, master: a, train: {{script: train.py}}, code: {{source: {project}}}}}\n"
+        "nodes:\n  - {name: a, host: 10.255.0.1}\n"
+    )
+    dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
+    assert dry.returncode == 0 and "train.script" not in dry.stderr, dry.stderr
+    (node,) = json.loads(dry.stdout)["nodes"]
+    uploads = [a for a in node["plan"]["actions"] if a.get("put", "").endswith("/code/train.py")]
+    assert [a["sha256"] for a in uploads] == [hashlib.sha256(b"print('v2')\n").hexdigest()], node["plan"]
+
+
 def test_a_foreground_record_left_unfinished_tells_one_story_for_a_lost_controller(tmp_path: Path) -> None:
     """Issue 33 item 3: after a killed controller, one node said `stopped` and another `exited (1)`
     (whichever of the watchdog and the rank's own failure came first); the record decides."""
