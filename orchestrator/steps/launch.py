@@ -294,6 +294,12 @@ class NodeRunResult:
     duration: float
     tail: list[str]
     node_log: str
+    #: what the launch said before it started: the node's code directory is not the project's
+    stale_code: str = ""
+
+
+#: how the launch's notice of a node whose code directory is not the project's begins
+STALE_CODE = "this node's code directory is not the project as it is on the controller"
 
 
 #: the record (orchestrator/records.py) the preparing script prints when the run directory already
@@ -392,7 +398,7 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
         return None
     shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
     return (
-        f"this node's code directory is not the project as it is on the controller: {len(differ)} "
+        f"{STALE_CODE}: {len(differ)} "
         f"file(s) differ ({shown}); the last code sync did not finish on this node, or the project "
         "changed since. The run uses what the node has: `bootstrap sync --only code` brings it up to date"
     )
@@ -824,6 +830,12 @@ def run_node(
                 per_line(node.name, line)
 
     said = output
+    stale = []  # the notice of a code directory that is not the project's, said again in the summary
+
+    def noticed(text: str) -> None:
+        stale.extend([text.removeprefix("bootstrap: ")] if STALE_CODE in text else [])
+        said("stderr", text)
+
     node_log = f"{run_dir_for(node, spec.run_id)}/node.log"
     nonce = records.new_nonce()  # the follower's first round's (native Windows)
     planned = node_plan(
@@ -834,7 +846,7 @@ def run_node(
         template=template,
         script_file=script_file,
         # other runs still on the node, said where its lines go (a launch, not a validation)
-        notice=(lambda text: said("stderr", text)) if template is None else None,
+        notice=noticed if template is None else None,
         nonce=nonce,
     )
     launched = False
@@ -885,7 +897,7 @@ def run_node(
             result=result,
         )
         raise error
-    return NodeRunResult(0, result.duration, result.tail(TAIL), node_log)
+    return NodeRunResult(0, result.duration, result.tail(TAIL), node_log, stale_code="".join(stale[:1]))
 
 
 def stopped_by_operator(transport: Transport, node: Node, spec: LaunchSpec) -> bool:

@@ -304,6 +304,12 @@ class LaunchRun:
             said.append(Said("error", str(o.error)))
             said += [Said("info", f"  {line}") for line in report.tail(o, self.labels.get(o.node, (0, 0))[0])]
         said += [Said("hint", hint) for hint in report.hints(inventory, plan.specs, self.labels)]
+        # said on the node's stream before its first line; the run is "ok", on other code than asked
+        said += [
+            Said("warn", f"{o.node}: {o.value.stale_code}")
+            for o in report.outcomes
+            if o.value and o.value.stale_code
+        ]
         if report.stopped and report.failed:
             stopped = ", ".join(o.node for o in report.stopped)
             said.append(Said("note", f"stopped because {report.failed[0].node} failed first: {stopped}"))

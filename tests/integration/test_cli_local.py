@@ -745,6 +745,8 @@ def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Pa
     assert len(said) == 1 and "1 file(s) differ (helper.py)" in said[0], stale.stdout
     assert said[0].startswith("[here] bootstrap: this node's code directory"), said
     assert f"`bootstrap -i {inv} sync --only code`" in said[0], said  # pasted, it acts on this cluster
+    # and again under the summary (amid the ranks' lines it was easy to miss: the run is "ok")
+    assert "warning: here: this node's code directory is not the project" in stale.stderr, stale.stderr
 
 
 def test_stop_names_the_nodes_it_could_not_reach_and_the_stop_to_run_again(tmp_path: Path) -> None:
