@@ -399,6 +399,16 @@ class SSHTransport(Transport):
                 node=self.node_name,
                 hint="is the node on this network and powered on?",
             )
+        if isinstance(exc, paramiko.SSHException) and _no_greeting(exc):
+            # the node's kernel took the connection, its SSH server never spoke (paramiko's own words,
+            # "No existing session", point at keys)
+            return UnreachableError(
+                f"{where} accepted the connection, but its SSH server did not answer within "
+                f"{self.connect_timeout:g}s: the machine may be frozen or overloaded (or what listens "
+                "there is not an SSH server)",
+                node=self.node_name,
+                hint="--connect-timeout waits longer; check the node's console or load",
+            )
         if isinstance(exc, paramiko.SSHException):
             return UnreachableError(f"SSH handshake with {where} failed: {exc}", node=self.node_name)
         if isinstance(exc, OSError):
@@ -672,3 +682,9 @@ class SSHTransport(Transport):
         if sftp is not None:
             sftp.close()
         self._abort()
+
+
+def _no_greeting(exc: paramiko.SSHException) -> bool:
+    """paramiko's ways of saying the server never completed its side of the greeting in time."""
+    said = str(exc)
+    return "No existing session" in said or "Error reading SSH protocol banner" in said

@@ -845,3 +845,22 @@ def test_a_local_nodes_commands_run_in_its_home_not_where_bootstrap_was_started(
     synced = bootstrap("-i", str(inv), "clean", "--dry-run", cwd=elsewhere, env=env)
     assert synced.returncode == 0, synced
     assert not (tmp_path / "IMPORTED").exists(), (tmp_path / "IMPORTED").read_text()
+
+
+def test_a_node_that_takes_the_connection_and_never_speaks_ssh_is_said_so(tmp_path: Path) -> None:
+    """A frozen node (its kernel still accepts, its sshd stopped) was "SSH handshake ... failed: No
+    existing session": paramiko's words, which point at keys. It says what happened."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (the backlog), says nothing
+        port = silent.getsockname()[1]
+        inv = tmp_path / "hosts.yaml"
+        inv.write_text(f"nodes:\n  - {{name: frozen, host: 127.0.0.1, port: {port}, user: root}}\n")
+        run = bootstrap(
+            "-i", str(inv), "--connect-timeout", "1", "check", cwd=tmp_path, env={"HOME": str(tmp_path)}
+        )
+    assert run.returncode == 3, run
+    assert (
+        f"127.0.0.1:{port} accepted the connection, but its SSH server did not answer within 1s" in run.stderr
+    )
+    assert "No existing session" not in run.stderr, run.stderr
