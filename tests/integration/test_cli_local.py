@@ -864,3 +864,38 @@ def test_a_node_that_takes_the_connection_and_never_speaks_ssh_is_said_so(tmp_pa
         f"127.0.0.1:{port} accepted the connection, but its SSH server did not answer within 1s" in run.stderr
     )
     assert "No existing session" not in run.stderr, run.stderr
+
+
+def test_code_sync_leaves_alone_a_code_directory_a_run_is_running_from(tmp_path: Path) -> None:
+    """A detached run trained from the code directory while `bootstrap` (or `sync --only code`)
+    rewrote it: its later imports, a restart of its ranks, got the new code, and nothing said so. A
+    node where a run works in the code directory is left as it is, naming the run."""
+    project, home = tmp_path / "project", {"HOME": str(tmp_path)}
+    project.mkdir()
+    (project / "train.py").write_text("import helper, time\nprint('started', flush=True)\ntime.sleep(300)\n")
+    (project / "helper.py").write_text("X = 1\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{port: {free_port()}, code: {{source: {project}}}, train: {{script: train.py}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, python: {sys.executable}, nproc: 1,"
+        f" workdir: {tmp_path / 'wd'}}}\n"
+    )
+    assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
+    started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", "busy-1", cwd=project, env=home)
+    assert started.returncode == 0, started
+    try:
+        log = tmp_path / "wd" / "runs" / "busy-1" / "here" / "node.log"
+        deadline = time.monotonic() + 60
+        while "started" not in (log.read_text() if log.exists() else ""):  # the rank is in its code dir
+            assert time.monotonic() < deadline, "the run never started"
+            time.sleep(0.1)
+        (project / "helper.py").write_text("X = 2\n")
+        synced = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home)
+        assert synced.returncode == 1, synced
+        assert "run busy-1 is running from" in synced.stderr and "nothing was written" in synced.stderr
+        assert f"`bootstrap -i {inv} stop --run busy-1`" in synced.stderr, synced.stderr
+        assert (tmp_path / "wd" / "code" / "helper.py").read_text() == "X = 1\n"
+    finally:
+        bootstrap("-i", str(inv), "stop", "--run", "busy-1", cwd=project, env=home)
+    after = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home)
+    assert after.returncode == 0 and (tmp_path / "wd" / "code" / "helper.py").read_text() == "X = 2\n", after

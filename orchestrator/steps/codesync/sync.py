@@ -418,6 +418,13 @@ def scan_node(
     if not changes and recorded:
         progress(result.summary())
         return result
+    if (running := [str(r) for r in scan.get("running") or []]) and not dry_run:
+        raise CommandFailedError(
+            f"run {', '.join(running)} is running from {where} on this node: syncing now would change "
+            "its code under it (what it imports later, a restart of its ranks); nothing was written",
+            node=node.name,
+            hint=f"`bootstrap stop --run {running[0]}` first, or sync once it has ended",
+        )
     return _Pending(node, transport, where, changes, record, result)
 
 

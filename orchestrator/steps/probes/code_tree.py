@@ -2,7 +2,8 @@
 # argv[1] is a JSON object:
 #   {"op": "scan", "dest": D, "rules": [[base, negate, dir_only, regex], ...], "write_cache": bool,
 #    "expect": DIGEST, "create": bool, "marker": {"name": NODE, "token": T} (optional)}
-#       prints {"dest", "exists", "marked", "refused", "files": {rel: [sha256, size, mode, link]},
+#       prints {"dest", "exists", "marked", "refused", "running": [run ids working in dest now],
+#       "files": {rel: [sha256, size, mode, link]},
 #       "shipped": {rel: sha256} or null}: mode is the file's permission bits (null for a link, and on
 #       Windows, which has none), leaving out what the rules exclude (the controller's ignore rules);
 #       "shipped" is the record of what earlier syncs put there (SHIPPED; null: none, an old or foreign
@@ -57,6 +58,33 @@ def resolve(dest):
     if not os.path.isabs(path):
         path = os.path.join(os.path.expanduser("~"), path)  # like SFTP: relative to the login directory
     return os.path.normpath(path)
+
+
+RUN_ENV = b"CLUSTER_BOOTSTRAP_RUN="  # every process of a run carries it (orchestrator/runs/layout.py)
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def running_from(path):
+    """The runs whose processes work in ``path`` or below it now (their current directory: a launch
+    runs the training script from the code directory), by run id; [] where /proc is not there."""
+    found = set()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            cwd = os.readlink("/proc/%s/cwd" % pid)
+            if cwd != path and not cwd.startswith(path.rstrip("/") + "/"):
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as fh:
+                environ = fh.read().split(b"\0")
+        except OSError:
+            continue  # gone, or not ours to read
+        for entry in environ:
+            if entry.startswith(RUN_ENV):
+                run_id = entry[len(RUN_ENV) :].decode("utf-8", "replace").split("/")[0]
+                if RUN_ID.match(run_id):  # any process may carry any value: only a run id is named
+                    found.add(run_id)
+    return sorted(found)
 
 
 def refusal(path):
@@ -215,6 +243,7 @@ def scan(args):
     if out["refused"] or not os.path.isdir(root):
         return out
     out["exists"] = True
+    out["running"] = running_from(os.path.realpath(root_text))
     shipped = load_shipped(root)
     out["shipped"] = shipped
     cache_path = os.path.join(root, CACHE)
