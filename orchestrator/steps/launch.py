@@ -416,12 +416,19 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
     if refused is not None:
         raise refused
     if records.find(prepare.stdout, nonce, PORT_BUSY) is not None:
+        runs = list(other_runs_in(prepare.stdout, nonce))
+        hint = (
+            f"run {', '.join(runs)} of bootstrap is still running on this node: `bootstrap stop --run "
+            f"{runs[0]}` ends it, or wait for it to end"
+            if runs
+            else "`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
+            "that ends it); or set cluster.port in the inventory to a free port"
+        )
         raise CommandFailedError(
             f"port {spec.master_port} is in use on this node, the master: torchrun's rendezvous needs it "
             "free (nothing was started)",
             node=node.name,
-            hint="`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
-            "that ends it); or set cluster.port in the inventory to a free port",
+            hint=hint,
         )
     if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(
@@ -443,17 +450,22 @@ def rank_capture_file() -> Path:
     return package_file(f"steps/probes/{RANK_CAPTURE}")
 
 
+def other_runs_in(stdout: str, nonce: str) -> dict[str, int]:
+    """The runs of bootstrap the preparing script found still running on the node (``other_runs``'
+    records): run id -> processes (one entry per run: a machine seen as several nodes counts once)."""
+    counts: dict[str, int] = {}
+    for said in records.decode(stdout, nonce):
+        if said.kind == "leftover":
+            count, marker = said.text(0), said.text(1)
+            other = marker.rsplit("/", 1)[0]
+            if count.isdigit() and is_run_id(other):  # any process can carry any value: only a run id
+                counts[other] = counts.get(other, 0) + int(count)
+    return counts
+
+
 def _leftover_notice(notice: Callable[[str], None] | None, nonce: str) -> Callable[[str], None]:
     def parse(stdout: str) -> None:
-        counts: dict[str, int] = {}  # one notice per run (a machine seen as several nodes: one line)
-        for said in records.decode(stdout, nonce):
-            if notice is not None and said.kind == "leftover":
-                count, marker = said.text(0), said.text(1)
-                other = marker.rsplit("/", 1)[0]
-                if not (count.isdigit() and is_run_id(other)):
-                    continue  # any process can carry any value there: only a run id is named
-                counts[other] = counts.get(other, 0) + int(count)
-        for run, processes in counts.items():
+        for run, processes in other_runs_in(stdout, nonce).items() if notice is not None else ():
             assert notice is not None
             notice(
                 f"bootstrap: {processes} process(es) of run {run} still running on this node "

@@ -115,7 +115,9 @@ class TrainReport:
                 cause = root_cause(result, global_tags=self.global_tags)
                 return f"exit {cause[1]} (rank {cause[0]})" if cause else f"exit {result.exit_code}"
             return "failed"
-        return "stopped by stop --run" if isinstance(outcome.error, RunStoppedError) else "stopped"
+        if isinstance(outcome.error, RunStoppedError):
+            return "stopped by stop --run"
+        return "stopped" if outcome.node in self.started else "not started"
 
     def view(self) -> View:
         """The summary (on stderr, under the streamed lines): the node that failed first at the top,
@@ -310,11 +312,13 @@ class LaunchRun:
             for o in report.outcomes
             if o.value and o.value.stale_code
         ]
-        if report.stopped and report.failed:
-            stopped = ", ".join(o.node for o in report.stopped)
-            said.append(Said("note", f"stopped because {report.failed[0].node} failed first: {stopped}"))
+        ran = [o.node for o in report.stopped if o.node in report.started]  # the others never started
+        if ran and report.failed:
+            said.append(
+                Said("note", f"stopped because {report.failed[0].node} failed first: {', '.join(ran)}")
+            )
         said.append(Said("note", f"logs: {self.log_dir}/ (and {logs_where(inventory.nodes, self.run_id)})"))
-        if report.stopped:  # what a stopped rank printed while it handled the stop may miss node.log
+        if ran:  # what a stopped rank printed while it handled the stop may miss node.log
             said.append(
                 Said(
                     "note",
