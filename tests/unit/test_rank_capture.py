@@ -50,6 +50,27 @@ def test_a_line_longer_than_the_limit_becomes_labelled_lines_of_the_limit(tmp_pa
     assert f.finish() == b""
 
 
+def test_a_bar_redrawn_with_carriage_returns_shows_where_it_is_not_every_redraw(tmp_path: Path) -> None:
+    """tqdm draws its bar with "\r" and no newline for a whole epoch: nothing showed until the epoch
+    ended, then one line of every redraw glued by "^M". Now its newest state goes out at once (then
+    every PROGRESS_EVERY seconds while it is redrawn), and the finished line as its last state, as a
+    terminal shows it. The rank's file keeps every byte."""
+    rc = _capture()
+    path = tmp_path / "rank-0-attempt-0.out"
+    path.write_bytes(b"epoch 1\n\r 10%|#   |\r 20%|##  |")
+    f = rc.RankFile(str(path), "0", 0)
+    assert f.read() == b"[default0]:epoch 1\n[default0]: 20%|##  |\n"
+    with path.open("ab") as handle:
+        handle.write(b"\r 30%|### |\r100%|####|\nloss 0.5\r\n")  # within PROGRESS_EVERY: the end only
+    assert f.read() == b"[default0]:100%|####|\n[default0]:loss 0.5\n"  # CR LF: the line
+    with path.open("ab") as handle:
+        handle.write(b"\rA\rB")
+    f.drawn_at = time.monotonic()  # just drawn: the rest waits for the end of the attempt
+    assert f.read() == b""
+    assert f.finish() == b"[default0]:B\n"
+    assert path.read_bytes().count(b"\r") == 7
+
+
 FAKE_SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia_smi"
 NONCE = "cb-0123456789ab"
 

@@ -58,6 +58,9 @@ READ = 1 << 20
 #: a "line" this long without a newline is written out anyway: a rank printing progress with "\r"
 #: forever must not grow this process without bound
 MAX_PARTIAL = 1 << 20
+#: a line redrawn with "\r" and no newline yet (tqdm's bar, for a whole epoch): its newest state goes
+#: out as a line this often, and the finished line as its last state, not every redraw glued by "^M"
+PROGRESS_EVERY = 5.0
 #: seconds between looks at the rank files when nothing arrived: IDLE after a line, doubling up to
 #: IDLE_MAX while the ranks stay quiet (a training prints now and then; the node's CPU is its own)
 IDLE = 0.01
@@ -233,6 +236,17 @@ def through_drainer(fd):
     return write_end
 
 
+def newest(line):
+    """What a terminal shows of a line redrawn with "\r": its last state (CR LF: the line)."""
+    states = [state for state in line.split(b"\r") if state]
+    return states[-1] if states else b""
+
+
+def redrawn(block):
+    """Complete lines, each redrawn one as its last state (a bar's 100%, not every step of it)."""
+    return b"\n".join(newest(line) if b"\r" in line else line for line in block.split(b"\n"))
+
+
 class RankFile:
     def __init__(self, path, label, attempt):
         self.path = path
@@ -242,6 +256,7 @@ class RankFile:
         self.fd = None
         self.partial = b""
         self.done = False
+        self.drawn_at = 0.0  # when the newest state of a line redrawn with "\r" went out
 
     def read(self):
         """Complete lines read since the last call, prefixed, as one bytes object."""
@@ -263,11 +278,17 @@ class RankFile:
         data = self.partial + b"".join(chunks)
         end = data.rfind(b"\n") + 1
         self.partial = data[end:]
-        complete = data[:end]
+        complete = redrawn(data[:end]) if b"\r" in data[:end] else data[:end]
         pieces = b""
         while len(self.partial) > MAX_PARTIAL:  # cut into lines of MAX_PARTIAL, each with its label
-            pieces += self.prefix + self.partial[:MAX_PARTIAL] + b"\n"
+            piece = self.partial[:MAX_PARTIAL]
+            pieces += self.prefix + (newest(piece) if b"\r" in piece else piece) + b"\n"
             self.partial = self.partial[MAX_PARTIAL:]
+        if b"\r" in self.partial and time.monotonic() - self.drawn_at >= PROGRESS_EVERY:
+            state = newest(self.partial)  # a bar drawn with "\r": where it is now (the file keeps all)
+            if state:
+                pieces += self.prefix + state + b"\n"
+                self.drawn_at = time.monotonic()
         if not complete:
             return pieces
         # one C-level replace prefixes every line of the block
@@ -295,7 +316,7 @@ class RankFile:
         """Everything left, the last line newline-terminated; the file is closed."""
         out = self.read()
         if self.partial:
-            out += self.prefix + self.partial + b"\n"
+            out += self.prefix + (newest(self.partial) if b"\r" in self.partial else self.partial) + b"\n"
             self.partial = b""
         if self.fd is not None:
             os.close(self.fd)
