@@ -282,7 +282,16 @@ class RankedOutput(BlockHandler):
             self.printer.write_lines(self._long, end + "\n")
             self._long = None
         if records.mentions(text, self._samples):
-            text = records.plain(text, self._samples)
+            # samples are the page's; a bar a rank is redrawing with "\r" (no newline yet): shown
+            # as that rank's line of the moment (the node sends its newest state every few seconds)
+            found = records.decode(text, self._samples)
+            text = records.plain(text, self._samples) + "".join(
+                f"[default{r.text(0)}]:{r.text(1)}\n"
+                for r in found
+                if r.kind == "progress" and r.text(0).isdigit()
+            )
+        if "\r" in text:  # a line redrawn with "\r": what a terminal shows of it, its last state
+            text = "\n".join(map(_last_state, text.split("\n")))
         if text:
             self.printer.write_lines(self._head, text, self._ranks if "[default" in text else None)
 
@@ -309,6 +318,17 @@ class RankedOutput(BlockHandler):
     def _rank_head(self, match: re.Match[str]) -> str:
         assert self.printer is not None
         return self.printer.head(self.node, self.first_rank + int(match.group(1)))
+
+
+def _last_state(line: str) -> str:
+    """A line redrawn with "\r" as a terminal shows it: its rank's tag, then its last state (every
+    byte stays in the logs; a lone "\r" cannot return to the start of the line and hide its label)."""
+    if "\r" not in line:
+        return line
+    tag = _RANK_TAG.match(line)
+    head = line[: tag.end()] if tag else ""
+    states = [state for state in line[len(head) :].split("\r") if state]
+    return head + (states[-1] if states else "")
 
 
 def ranked_outputs(

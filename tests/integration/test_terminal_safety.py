@@ -29,12 +29,16 @@ from tests.conftest import BOOTSTRAP
 #: what the node prints (one line), and what the operator must see of it
 HOSTILE = (
     "clip \x1b]52;c;SGVsbG8=\x07 title \x1b]0;owned\x07 clear \x1b[2J\x1b[H"
-    " c1 \x9b2J red \x1b[31mRED\x1b[0m tab\there h\u00e9llo \u4e2d\u6587 real\r[other:9] fake"
+    " c1 \x9b2J red \x1b[31mRED\x1b[0m tab\there h\u00e9llo \u4e2d\u6587 end"
 )
 SHOWN = (
     "clip ^[]52;c;SGVsbG8=^G title ^[]0;owned^G clear ^[[2J^[[H"
-    " c1 <U+009B>2J red \x1b[31mRED\x1b[0m tab\there h\u00e9llo \u4e2d\u6587 real^M[other:9] fake"
+    " c1 <U+009B>2J red \x1b[31mRED\x1b[0m tab\there h\u00e9llo \u4e2d\u6587 end"
 )
+#: a rank's line redrawn with a lone "\r": shown as a terminal shows it, its last state, after the
+#: rank's label (the "\r" never reaches the terminal to return over the label); the logs keep it all
+REDRAWN = "real\r[other:9] fake"
+REDRAWN_SHOWN = "[other:9] fake"
 #: the node's sequences, as a terminal would act on them if they arrived raw (stderr also carries
 #: rich's own cursor control for the progress display: \r, erase line, cursor up)
 RAW = [b"\x1b]52", b"\x1b]0;", b"\x1b[2J", b"\x1b[H", b"\xc2\x9b", b"\x07", b"real\r"]
@@ -149,6 +153,7 @@ def test_piped_and_json_output_carry_no_raw_sequence(tmp_path: Path) -> None:
 
 TRAIN = f"""\
 import sys
+sys.stdout.write({REDRAWN!r} + "\\n")
 sys.stdout.write({HOSTILE!r} + "\\n")
 sys.stdout.flush()
 sys.exit(3)
@@ -176,6 +181,7 @@ def test_training_output_failure_summary_logs_and_status_are_neutralised(tmp_pat
     assert launch.returncode == 1, launch
     # streamed as [local:0] (torchrun's [default0]: replaced), neutralised, colour kept
     assert ("\x1b[0;36m[local:0]\x1b[0m " + SHOWN + "\x1b[0m\n").encode() in launch.stdout, launch
+    assert ("\x1b[0;36m[local:0]\x1b[0m " + REDRAWN_SHOWN + "\x1b[0m\n").encode() in launch.stdout, launch
     assert not NOT_SGR.search(launch.stdout) and b"\r" not in launch.stdout, launch
     assert_neutralised(launch.stdout)
     # the fail-fast summary's last lines (stderr): shown neutralised
@@ -187,6 +193,7 @@ def test_training_output_failure_summary_logs_and_status_are_neutralised(tmp_pat
     (run_dir,) = (tmp_path / "runs").iterdir()
     line = ("[default0]:" + HOSTILE + "\n").encode()
     assert line in (run_dir / "local.log").read_bytes()
+    assert ("[default0]:" + REDRAWN + "\n").encode() in (run_dir / "local.log").read_bytes()
     assert (
         line in (tmp_path / "cluster-bootstrap" / "runs" / run_dir.name / "local" / "node.log").read_bytes()
     )
@@ -198,7 +205,7 @@ def test_training_output_failure_summary_logs_and_status_are_neutralised(tmp_pat
     assert line in (run_dir / "local.log").read_bytes()  # the copy `logs` wrote: the bytes again
 
     status = on_terminal(["-i", "inv.yaml", "status"], tmp_path, tmp_path)
-    assert status.returncode == 0, status
+    assert status.returncode == 1, status  # the run failed there (it exited 3)
     assert b"clip ^[]52;c;SGVsbG8=^G title ^[]0;owned^G clear" in status.stdout, status
     assert_neutralised(status.stdout)
     assert_neutralised(status.stderr)

@@ -50,25 +50,30 @@ def test_a_line_longer_than_the_limit_becomes_labelled_lines_of_the_limit(tmp_pa
     assert f.finish() == b""
 
 
-def test_a_bar_redrawn_with_carriage_returns_shows_where_it_is_not_every_redraw(tmp_path: Path) -> None:
+def test_a_bar_redrawn_with_carriage_returns_is_sent_as_its_newest_state_while_it_is_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """tqdm draws its bar with "\r" and no newline for a whole epoch: nothing showed until the epoch
-    ended, then one line of every redraw glued by "^M". Now its newest state goes out at once (then
-    every PROGRESS_EVERY seconds while it is redrawn), and the finished line as its last state, as a
-    terminal shows it. The rank's file keeps every byte."""
+    ended. The bar's newest state goes out at once, then every PROGRESS_EVERY seconds while it is
+    redrawn, as a ``progress`` record (not a line: node.log keeps the rank's lines as they were);
+    the line itself goes out once complete, every byte of it."""
     rc = _capture()
+    monkeypatch.setattr(rc, "PROGRESS", [NONCE])  # mux sets it: a launch's sample nonce
     path = tmp_path / "rank-0-attempt-0.out"
     path.write_bytes(b"epoch 1\n\r 10%|#   |\r 20%|##  |")
     f = rc.RankFile(str(path), "0", 0)
-    assert f.read() == b"[default0]:epoch 1\n[default0]: 20%|##  |\n"
+    first = f.read()
+    assert first.startswith(b"[default0]:epoch 1\n")
+    assert records.decode(first.decode(), NONCE) == [records.Record("progress", (b"0", b" 20%|##  |"))]
     with path.open("ab") as handle:
-        handle.write(b"\r 30%|### |\r100%|####|\nloss 0.5\r\n")  # within PROGRESS_EVERY: the end only
-    assert f.read() == b"[default0]:100%|####|\n[default0]:loss 0.5\n"  # CR LF: the line
+        handle.write(b"\r 30%|### |\r100%|####|\n")  # within PROGRESS_EVERY: no state, the line
+    assert f.read() == b"[default0]:\r 10%|#   |\r 20%|##  |\r 30%|### |\r100%|####|\n"
     with path.open("ab") as handle:
         handle.write(b"\rA\rB")
-    f.drawn_at = time.monotonic()  # just drawn: the rest waits for the end of the attempt
+    monkeypatch.setattr(rc, "PROGRESS", [""])  # without a nonce (validate's workers): lines only
+    f.drawn_at = 0.0
     assert f.read() == b""
-    assert f.finish() == b"[default0]:B\n"
-    assert path.read_bytes().count(b"\r") == 7
+    assert f.finish() == b"[default0]:\rA\rB\n"
 
 
 FAKE_SMI = Path(__file__).resolve().parents[1] / "data" / "nvidia_smi"

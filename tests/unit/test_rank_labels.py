@@ -34,3 +34,30 @@ def test_elastic_lines_carry_the_global_rank_the_rendezvous_gave() -> None:
         "stdout", "[default2]:hi\n[default5]:x\n"
     )
     assert [line.split() for line in shown.getvalue().splitlines()] == [["[c:2]", "hi"], ["[c:5]", "x"]]
+
+
+def test_a_line_redrawn_with_carriage_returns_is_shown_as_its_last_state_under_its_label() -> None:
+    """A rank's bar redrawn with "\r": its newest state (a progress record) shown as the rank's line,
+    and the finished line as what a terminal shows of it, its last state, not every redraw joined by
+    "^M"; the log keeps every byte. A lone "\r" cannot hide the label either way."""
+    from orchestrator import records
+
+    nonce = "cb-0123456789ab"
+    shown, kept = io.StringIO(), []
+
+    class Log:
+        def write_block(self, node: str, text: str) -> None:
+            kept.append(text)
+
+    printer = LinePrinter(["a"], shown, color=False)
+    out = RankedOutput("a", Log(), printer, first_rank=0, nproc=2, sample_nonce=nonce)  # type: ignore[arg-type]
+    out.block("stdout", records.record(nonce, "progress", "1", " 40%|####") + "[default0]:plain\n")
+    out.block("stdout", "[default1]:\r 40%|####\r100%|##########\n[default0]:ok\r\nreal\r[other:9] x\n")
+    assert [line.split(maxsplit=1) for line in shown.getvalue().splitlines()] == [
+        ["[a:0]", "plain"],
+        ["[a:1]", "40%|####"],
+        ["[a:1]", "100%|##########"],
+        ["[a:0]", "ok"],
+        ["[a]", "[other:9] x"],
+    ]
+    assert "\r 40%|####\r100%" in "".join(kept)

@@ -59,8 +59,10 @@ READ = 1 << 20
 #: forever must not grow this process without bound
 MAX_PARTIAL = 1 << 20
 #: a line redrawn with "\r" and no newline yet (tqdm's bar, for a whole epoch): its newest state goes
-#: out as a line this often, and the finished line as its last state, not every redraw glued by "^M"
+#: out this often as a ``progress`` record (the sample nonce's: PROGRESS[0], set by mux), shown as
+#: the rank's line of the moment; the line itself goes out once complete, as every line does
 PROGRESS_EVERY = 5.0
+PROGRESS = [""]
 #: seconds between looks at the rank files when nothing arrived: IDLE after a line, doubling up to
 #: IDLE_MAX while the ranks stay quiet (a training prints now and then; the node's CPU is its own)
 IDLE = 0.01
@@ -237,14 +239,9 @@ def through_drainer(fd):
 
 
 def newest(line):
-    """What a terminal shows of a line redrawn with "\r": its last state (CR LF: the line)."""
+    """What a terminal shows of a line being redrawn with "\r": its last state."""
     states = [state for state in line.split(b"\r") if state]
     return states[-1] if states else b""
-
-
-def redrawn(block):
-    """Complete lines, each redrawn one as its last state (a bar's 100%, not every step of it)."""
-    return b"\n".join(newest(line) if b"\r" in line else line for line in block.split(b"\n"))
 
 
 class RankFile:
@@ -278,16 +275,15 @@ class RankFile:
         data = self.partial + b"".join(chunks)
         end = data.rfind(b"\n") + 1
         self.partial = data[end:]
-        complete = redrawn(data[:end]) if b"\r" in data[:end] else data[:end]
+        complete = data[:end]
         pieces = b""
         while len(self.partial) > MAX_PARTIAL:  # cut into lines of MAX_PARTIAL, each with its label
-            piece = self.partial[:MAX_PARTIAL]
-            pieces += self.prefix + (newest(piece) if b"\r" in piece else piece) + b"\n"
+            pieces += self.prefix + self.partial[:MAX_PARTIAL] + b"\n"
             self.partial = self.partial[MAX_PARTIAL:]
-        if b"\r" in self.partial and time.monotonic() - self.drawn_at >= PROGRESS_EVERY:
-            state = newest(self.partial)  # a bar drawn with "\r": where it is now (the file keeps all)
-            if state:
-                pieces += self.prefix + state + b"\n"
+        if PROGRESS[0] and b"\r" in self.partial and time.monotonic() - self.drawn_at >= PROGRESS_EVERY:
+            state = newest(self.partial)  # a bar drawn with "\r": where it is now, as a record
+            if state:  # (not a line: the line itself comes once it is complete, every byte of it)
+                pieces += record(PROGRESS[0], "progress", self.label, state).encode()
                 self.drawn_at = time.monotonic()
         if not complete:
             return pieces
@@ -316,7 +312,7 @@ class RankFile:
         """Everything left, the last line newline-terminated; the file is closed."""
         out = self.read()
         if self.partial:
-            out += self.prefix + (newest(self.partial) if b"\r" in self.partial else self.partial) + b"\n"
+            out += self.prefix + self.partial + b"\n"
             self.partial = b""
         if self.fd is not None:
             os.close(self.fd)
@@ -378,16 +374,16 @@ def scan(directory, files):
 
 def drain(files, final):
     out = []
-    newest = {}
+    latest = {}
     for f in files.values():
-        newest[f.label] = max(newest.get(f.label, -1), f.attempt)
+        latest[f.label] = max(latest.get(f.label, -1), f.attempt)
     for name in sorted(files, key=lambda n: (files[n].label, files[n].attempt)):
         f = files[name]
         if f.done:
             continue
         # an attempt is over once a newer one of the same rank exists (elastic restart) and its
         # drainer has appended the last of it
-        over = final or (f.attempt < newest[f.label] and f.written())
+        over = final or (f.attempt < latest[f.label] and f.written())
         out.append(f.finish() if over else f.read())
     return b"".join(out)
 
@@ -424,6 +420,7 @@ def mux(directory, argv):
     nonce = os.environ.get("CB_SAMPLE_NONCE", "")
     if _NONCE.match(nonce):
         threading.Thread(target=sampler, args=(nonce, stop_sampling), daemon=True).start()
+        PROGRESS[0] = nonce
     streams = Streams(proc)
     files = {}
     idle = IDLE
