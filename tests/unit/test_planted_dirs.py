@@ -164,6 +164,19 @@ def test_the_environment_sync_marker_refuses_a_directory_another_user_made(
     assert victim.read_text() == "root:secret\n"
 
 
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real CLI, run here with HOME in ``tmp_path``."""
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+
+
 def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
     scratch: Path, victim: Path, tmp_path: Path
 ) -> None:
@@ -177,11 +190,7 @@ def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
         f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {scratch / 'venv'}}}}}\n"
         f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
     )
-    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "-i", str(inv), "sync", "--only", "env"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+    run = _cli(tmp_path, "-i", str(inv), "sync", "--only", "env")
     assert run.returncode == 2, run
     assert f"refusing {scratch}: it belongs to another user" in run.stderr, run.stderr
     assert sorted(p.name for p in victim.parent.iterdir()) == ["precious.conf"]
@@ -206,11 +215,7 @@ def test_clean_looks_at_nothing_in_a_code_directory_another_user_can_change(
         f"cluster: {{name: c, master: here, code: {{source: ., dest: {code}}}}}\n"
         f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
     )
-    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
-    run = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "-i", str(inv), "clean", "--yes"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120,
-    )  # fmt: skip
+    run = _cli(tmp_path, "-i", str(inv), "clean", "--yes")
     assert f"refusing {scratch}: it belongs to another user" in run.stderr, run
     assert run.returncode == 2 and "nothing was removed on this node" in run.stderr, run
     assert (code / "a.txt").read_text() == "ours?\n" and (code / ".bootstrap-code-shipped.json").exists()
