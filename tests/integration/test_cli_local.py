@@ -715,7 +715,7 @@ def test_a_rank_missing_a_module_of_the_project_is_told_to_sync_the_code(tmp_pat
     assert "`code: {source: .}`" in shipped.stderr, shipped.stderr
 
 
-def _synced_project(tmp_path: Path, train: str) -> tuple[Path, Path, dict[str, str]]:
+def _local_project(tmp_path: Path, train: str) -> tuple[Path, Path, dict[str, str]]:
     """A project (``train.py``, ``helper.py`` with X = 1) that cluster.code syncs to this machine as
     a local node (its own workdir); its inventory, and the HOME to run bootstrap with."""
     project = tmp_path / "project"
@@ -735,7 +735,7 @@ def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Pa
     """A code sync that failed on one node (or was not run after an edit) left it other code than the
     project: launch trained with it and said nothing. It now says so on that node's line, naming the
     files; the training script alone changed (launch uploads it itself) is no such case."""
-    project, inv, home = _synced_project(tmp_path, "import helper\nprint('trained', helper.X)\n")
+    project, inv, home = _local_project(tmp_path, "import helper\nprint('trained', helper.X)\n")
     never = bootstrap("-i", str(inv), "launch", cwd=project, env=home)
     # (on the node's own lines, as launch's other notices of what it found there)
     assert "[here] bootstrap: no code sync has put the project in this node's code directory" in never.stdout
@@ -878,7 +878,7 @@ def test_code_sync_leaves_alone_a_code_directory_a_run_is_running_from(tmp_path:
     rewrote it: its later imports, a restart of its ranks, got the new code, and nothing said so. A
     node where a run works in the code directory is left as it is, naming the run."""
     train = "import helper, time\nprint('started', flush=True)\ntime.sleep(300)\n"
-    project, inv, home = _synced_project(tmp_path, train)
+    project, inv, home = _local_project(tmp_path, train)
     assert bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home).returncode == 0
     started = bootstrap("-i", str(inv), "launch", "--detach", "--run-id", "busy-1", cwd=project, env=home)
     assert started.returncode == 0, started
