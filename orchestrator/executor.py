@@ -210,13 +210,16 @@ class Executor:
                 held: Outcome[T] | None = None  # a consequence waiting for its cause until ``deadline``
                 deadline = 0.0
                 while remaining:
-                    wait = None if held is None else max(0.0, deadline - time.monotonic())
+                    # never a wait without end: a signal the kernel hands to a worker thread (one
+                    # in a sleep or a connect) only sets a flag, which this thread acts on when it
+                    # wakes (a Ctrl-C waited for good while a follow retried a node)
+                    left = WAKE if held is None else max(0.0, min(WAKE, deadline - time.monotonic()))
                     try:
-                        done = finished.get(timeout=wait)
+                        done = finished.get(timeout=left)
                     except queue.Empty:  # no other failure within the grace: the consequence it is
-                        if held is not None:
+                        if held is not None and time.monotonic() >= deadline:
                             self._fail_fast(held)
-                        held = None
+                            held = None
                         continue
                     if isinstance(done, int):  # a signal: its handler (the CLI's) raises here
                         handlers[done](done, None)
@@ -259,6 +262,11 @@ class Executor:
 
 
 SignalHandler = Callable[[int, Any], Any]
+
+
+#: seconds the thread that waits for the nodes sleeps at most: then it runs the signal handlers a
+#: worker thread's signal left pending
+WAKE = 0.5
 
 
 @contextlib.contextmanager

@@ -416,19 +416,12 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
     if refused is not None:
         raise refused
     if records.find(prepare.stdout, nonce, PORT_BUSY) is not None:
-        runs = list(other_runs_in(prepare.stdout, nonce))
-        hint = (
-            f"run {', '.join(runs)} of bootstrap is still running on this node: `bootstrap stop --run "
-            f"{runs[0]}` ends it, or wait for it to end"
-            if runs
-            else "`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
-            "that ends it); or set cluster.port in the inventory to a free port"
-        )
         raise CommandFailedError(
             f"port {spec.master_port} is in use on this node, the master: torchrun's rendezvous needs it "
             "free (nothing was started)",
             node=node.name,
-            hint=hint,
+            hint="`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
+            "that ends it); or set cluster.port in the inventory to a free port",
         )
     if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(

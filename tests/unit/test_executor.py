@@ -96,6 +96,43 @@ def test_ctrl_c_at_any_moment_of_a_fan_out_lets_the_process_end(seed: int) -> No
     assert child.returncode == 0, child.stderr
 
 
+_SIGNAL_TO_A_WORKER = """
+import signal, threading
+from orchestrator.executor import Executor
+
+release, workers, ended = threading.Event(), [], []
+
+def work(i):
+    workers.append(threading.get_ident())
+    ended.append("released" if release.wait(30) else "waited out")  # only a Ctrl-C ends it early
+    return ended[-1]
+
+def kill_a_worker():
+    while not workers:
+        threading.Event().wait(0.01)
+    signal.pthread_kill(workers[0], signal.SIGINT)  # the kernel may hand a Ctrl-C to any thread
+
+threading.Thread(target=kill_a_worker, daemon=True).start()
+try:
+    done = Executor(cancel=release.set).map([0], work, name=str, step="t")
+    print("not interrupted:", done[0].value, flush=True)
+except KeyboardInterrupt:
+    while not ended:  # the cancel released it, or it waited its 30 s out
+        threading.Event().wait(0.01)
+    print("interrupted,", ended[0], flush=True)
+"""
+
+
+def test_a_ctrl_c_the_kernel_hands_to_a_worker_thread_still_interrupts() -> None:
+    """A process-wide signal may be delivered to any thread: one that lands in a worker only sets
+    CPython's flag, and the main thread, waiting for the nodes without end, never ran the handler
+    (a `logs --follow` retrying a node ignored Ctrl-C until its node answered or gave up)."""
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_TO_A_WORKER], capture_output=True, text=True, timeout=60
+    )
+    assert child.stdout == "interrupted, released\n", (child.stdout, child.stderr)
+
+
 _LATE_SIGNAL = """
 import os, queue, signal
 from orchestrator.executor import _signals_into

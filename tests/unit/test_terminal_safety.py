@@ -118,7 +118,7 @@ def test_ranked_lines_are_neutralised_and_keep_their_rank(tmp_path: Path) -> Non
     output.block("stdout", sent)
     log.close()
     assert screen.getvalue().splitlines() == [
-        "[n1:3] step^M[n9:0] fake",
+        "[n1:3] [n9:0] fake",  # a line redrawn with \r: its last state, after the rank's own label
         "[n1:2] ^[[2Jred",  # piped: colour removed, the erase shown
         "[n1] <U+009B>6n",
     ]
