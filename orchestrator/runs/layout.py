@@ -216,10 +216,9 @@ def _started_at(pid: object) -> str | None:
     if not isinstance(pid, int) or pid <= 0:
         return None
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+    except (OSError, IndexError):
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 def this_controller() -> dict[str, Any]:
