@@ -449,9 +449,26 @@ class FetchReport:
             f"`bootstrap fetch --run {self.earlier} {paths}`"
         )
 
+    def shared(self, run_id: str) -> list[str]:
+        """Relative paths found in the code directory, not in the run's own directories: shared by
+        every run (the checkpoints of every run a script wrote there), not this run's alone."""
+        return [
+            f"{o.node}: {f.path} came from the code directory ({f.source}), which every run shares: not "
+            f"only run {run_id}'s (`fetch --code` looks there alone)"
+            for o in self.outcomes
+            for f in o.value or []
+            if f.source
+            and not f.path.startswith("/")
+            and f"/runs/{run_id}/{o.node}/" not in f.source.replace("\\", "/") + "/"
+        ]
+
     def said(self, run_id: str) -> list[Said]:
-        """Under the table: the paths some nodes lack, those no node has, where else to look."""
-        said = [Said("note", note) for note in self.notes()] + [Said("error", e) for e in self.errors()]
+        """Under the table: where a path came from when not the run's own, the paths some nodes lack,
+        those no node has, where else to look."""
+        said = [
+            Said("note", note) for note in (*([] if self.from_code else self.shared(run_id)), *self.notes())
+        ]
+        said += [Said("error", e) for e in self.errors()]
         return said + ([Said("hint", hint)] if (hint := self.hint(run_id)) else [])
 
     def exit_code(self) -> ExitCode:

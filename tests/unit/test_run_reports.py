@@ -168,3 +168,20 @@ def test_nodes_running_the_same_run_refuse_a_clean_in_one_line() -> None:
         "(`bootstrap stop --run r1` ends it)",
         "n3: run r2 is running there: nothing was removed on any node (`bootstrap stop --run r2` ends it)",
     ]
+
+
+def test_fetch_says_when_a_path_came_from_the_code_directory_every_run_shares() -> None:
+    """A script writing ckpt/ in its working directory (the code directory): `fetch --run R ckpt/`
+    copied every run's checkpoints under runs/R/ and did not say they were not R's alone."""
+    found = [
+        Fetched("ckpt/", "/w/code/ckpt", 18, 9, "runs/r2/n1/ckpt"),
+        Fetched("last.pt", "/w/runs/r2/n1/out/last.pt", 1, 9, "runs/r2/n1/last.pt"),
+        Fetched("win.pt", "C:\\w\\runs\\r2\\n1\\out\\win.pt", 1, 9, "runs/r2/n1/win.pt"),
+        Fetched("/abs/x", "/abs/x", 1, 9, "runs/r2/n1/abs/x"),
+    ]
+    report = FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]))
+    assert [s.text for s in report.said("r2")] == [
+        "n1: ckpt/ came from the code directory (/w/code/ckpt), which every run shares: not only run "
+        "r2's (`fetch --code` looks there alone)"
+    ]
+    assert FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=True).said("r2") == []
