@@ -20,10 +20,7 @@ from orchestrator.cli.common import (
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.front import reach_for
 from orchestrator.cli.report import fail_lines, json_doc, tell
-from orchestrator.errors import (
-    ExitCode,
-    UsageError,
-)
+from orchestrator.errors import ExitCode, UnreachableError, UsageError
 from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.runs.next_command import again, train_without
@@ -202,7 +199,9 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
     if run.unreachable and run.plan is not None:
         fail_lines(ui, [o for o in run.plan.inspected if not o.ok])
         ui.error("not launching: every node must be reachable")
-        hint = train_without(settings, inventory, run.unreachable, "launch")
+        # without the nodes that did not answer (one refused at login is fixed, not left out)
+        down = [o.node for o in run.plan.inspected if isinstance(o.error, UnreachableError)]
+        hint = train_without(settings, inventory, down, "launch")
         if hint and own_session:
             ui.info(hint)
         return exit_code_for(run.plan.inspected)
