@@ -281,8 +281,8 @@ def after_dashes(
     near = f" Did you mean {' or '.join(others)}?" if others else ""
     given = {k: v for k, v in (ctx.find_root().obj or {}).items() if k in REACH.values() and v}
     for at, word in enumerate(args[:-1]):  # not read yet: an error in the same words as they are
-        given.setdefault(REACH.get(word, ""), Path(args[at + 1]))
-    given.pop("", None)
+        if word in REACH:
+            given.setdefault(REACH[word], Path(args[at + 1]))
     suggested = with_user_options(Settings(**given), f"`{command} -- {exc.option_name} ...`")
     where = f"Arguments for the training script go after `--`: {suggested}"
     return click.UsageError(f"No such option: {exc.option_name}.{near} {where}", ctx)

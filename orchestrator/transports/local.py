@@ -68,7 +68,7 @@ class LocalTransport(Transport):
             self.platform.local_argv(self.plan(script)),
             # in the home directory, as an SSH login starts: never in the directory bootstrap was
             # started from, whose modules another user may have put there for a node-side Python
-            cwd=os.path.expanduser("~"),
+            cwd=_home(),
             stdin=subprocess.PIPE if watched else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -201,7 +201,13 @@ class LocalTransport(Transport):
         return "local"
 
 
+def _home() -> str:
+    """Where commands run: the home directory, or ``/`` when it does not exist (sshd's choice too)."""
+    home = os.path.expanduser("~")
+    return home if os.path.isdir(home) else "/"
+
+
 def _at_home(remote: str) -> Path:
     """A node path as an SSH node reads it: ``~`` expanded, a relative one below the home directory
     (where commands run), not below the directory bootstrap was started from."""
-    return Path(os.path.expanduser("~")) / os.path.expanduser(remote)
+    return Path(_home()) / os.path.expanduser(remote)

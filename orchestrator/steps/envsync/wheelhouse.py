@@ -116,12 +116,7 @@ def configured_extra_indexes() -> list[str]:
     urls: list[str] = []
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
-        if key.endswith(".extra-index-url") and key.split(".")[0] in (
-            "global",
-            "download",
-            "install",
-            ":env:",
-        ):
+        if key.endswith(".extra-index-url") and key.split(".")[0] in _SECTIONS:
             urls += [u for u in value.strip().strip("'\"").split() if u not in urls]
     return urls
 
