@@ -16,6 +16,7 @@ import pytest
 
 from tests.cluster import RUN_NETNS, SUDOERS_DIR, NamespaceCluster, TestHost
 from tests.conftest import require_cluster_support
+from tests.integration.test_runs import await_
 
 #: a self-test of the test harness (select with -m harness, leave out with -m 'not harness')
 pytestmark = pytest.mark.harness
@@ -313,7 +314,8 @@ def test_stop_removes_everything(tmp_path: Path):
         marker = f"sleep {600000 + os.getpid()}"
         res = ssh(ns_cluster, node1, known_hosts, f"setsid {marker} </dev/null >/dev/null 2>&1 &")
         assert res.returncode == 0, res.stderr
-        assert pgrep(marker)
+        # started in the background: the ssh command may return before setsid has exec'd sleep
+        await_(lambda: pgrep(marker), 10, f"{marker} running on node1")
         namespaces = {ns_cluster.hub_ns, ns_cluster.controller_ns, *(h.ns for h in ns_cluster.hosts)}
         assert namespaces <= netns_names()
         configs = [str(h.sshd_config) for h in ns_cluster.hosts]
