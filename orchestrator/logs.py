@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -269,12 +270,18 @@ class RankedOutput(BlockHandler):
         self._tags = [(self._head + f"[default{r}]:", head) for r, head in enumerate(heads)]
         self._other = re.compile("^" + re.escape(self._head) + _RANK_TAG.pattern, re.M)
         self._long: str | None = None  # the label of the line being shown in pieces: its first one's
+        #: when a rank of this node last printed (time.monotonic(), time.time()) and its last line
+        #: (runs/stall.py: a run whose ranks all went quiet is said to be maybe hung); None: not yet
+        self.heard: tuple[float, float, str] | None = None
+        self._progress = records.MARK + sample_nonce + " progress " if sample_nonce else "\0"
 
     def block(self, stream: str, text: str) -> None:
         if self.log is not None:
             self.log.write_block(self.node, text)  # the log keeps what the node sent
         if self.on_block is not None:
             self.on_block(self.node, text)
+        if "[default" in text or self._progress in text:  # a rank's line or its bar's newest state
+            self._heard(text)
         if self.printer is None:
             return
         if self._long is not None:  # the block starts with the end of a line shown in pieces
@@ -301,12 +308,23 @@ class RankedOutput(BlockHandler):
             self.log.write_block(self.node, text)
         if self.on_block is not None:
             self.on_block(self.node, text + "\n")
+        self._heard(text[:200])
         if self.printer is not None and self._long is not None:
             self.printer.write_lines(self._long, text + "\n")
         elif self.printer is not None:
             tag = _RANK_TAG.match(text)
             self._long = self.printer.head(self.node, self.first_rank + int(tag[1])) if tag else self._head
             self.printer.write_lines(self._long, text[tag.end() if tag else 0 :] + "\n")
+
+    def _heard(self, text: str) -> None:
+        last = ""
+        for line in reversed(text.rstrip("\n").rsplit("\n", 8)):  # the newest rank line of the block
+            if tag := _RANK_TAG.match(line):
+                last = f"[{self.node}:{self.first_rank + int(tag[1])}] {_last_state(line)[tag.end() :]}"
+                break
+        if not last and self.heard is not None:
+            last = self.heard[2]
+        self.heard = (time.monotonic(), time.time(), last[:160])
 
     def _ranks(self, out: str) -> str:
         for tag, rank_head in self._tags:

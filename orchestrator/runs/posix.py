@@ -99,7 +99,13 @@ class PosixRuns(RunOps):
             f" | {tee}; }} 3>&1)\n"
             "_cb_rc=${_cb_rc:-1}\n"
             f'if [ -n "$_cb_sig" ] && [ ! -e {stopped} ]; then'
-            f" (set -C; date +%s > {signalled_part}) 2>/dev/null && mv -f {signalled_part} {signalled}; fi\n"
+            f" (set -C; date +%s > {signalled_part}) 2>/dev/null && mv -f {signalled_part} {signalled};"
+            # the log says it too: read later (`logs`, or on the node), it would end in torchrun's
+            # SignalException with nothing saying where the signal came from
+            f" printf 'bootstrap: %s: the run was stopped by a signal (TERM, INT or HUP), not by bootstrap"
+            " stop: its controller was interrupted, or lost (its connection closed or went silent:"
+            " the node then stops the run by itself), or a process on this node sent it\\n'"
+            f' "$(date -u "+%Y-%m-%d %H:%M:%S UTC")" >> {self.platform.path_word(log)} 2>/dev/null; fi\n'
             # noclobber: the exit code goes into a new file, never through a link planted as .part
             f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null || {{'
             # why, as far as the shell can tell: a full disk (the usual one: a log or checkpoints

@@ -379,6 +379,7 @@ def launch_phase(
     from orchestrator.runs.ids import check_run_id, new_run_id
     from orchestrator.runs.layout import train_args_line, train_record
     from orchestrator.runs.ranks import rank_labels
+    from orchestrator.runs.stall import StallWatch, stall_seconds
     from orchestrator.steps.launch import (
         missing_script_warning,
         offline_dry_run,
@@ -452,7 +453,9 @@ def launch_phase(
                 "warn", f"{cause.error}; stopping the run on the other nodes"
             )
         try:
-            run.report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
+            # a run whose ranks all went quiet (a hung rank) is said to be so, not left silent
+            with StallWatch(outputs, lambda text: say("note", text), run_id, stall_seconds()):
+                run.report = train_run(session, launch_plan.specs, renderer, outputs, log, train_doc=record)
         finally:
             session.executor.on_cause = None
             unobserve()

@@ -35,7 +35,9 @@ NAMED = 15.0
 WINDOW = 20.0  # seconds: the cut-off node stops by itself (15 s without a heartbeat + KILL grace)
 
 
-def _start(cluster: NamespaceCluster, home: Path, tmp_path: Path, prefix: str) -> tuple[Spawned, str]:
+def _start(
+    cluster: NamespaceCluster, home: Path, tmp_path: Path, prefix: str, **more_env: str
+) -> tuple[Spawned, str]:
     script = tmp_path / "stubborn.py"
     script.write_text(STUBBORN)
     used = cluster.hosts[:2]  # the master and a worker (the one test_a_node_cut_off... cuts)
@@ -46,7 +48,7 @@ def _start(cluster: NamespaceCluster, home: Path, tmp_path: Path, prefix: str) -
         tmp_path / "h.yaml", nodes, name="ns", master="node1", backend="gloo", train={"script": str(script)}
     )
     run_id = f"{prefix}-{os.getpid()}-{time.monotonic_ns()}"
-    env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {"HOME": str(home), "NO_COLOR": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), **more_env}
     argv = cluster.controller_argv([BOOTSTRAP, "-i", str(inv), "launch", "--run-id", run_id], env=env)
     launch = Spawned(argv, tmp_path)
     names = [h.name for h in used]
@@ -128,12 +130,26 @@ def test_a_killed_controller_leaves_nothing_running(
     )
     assert shown.stdout.count("controller lost") == 2, shown.stdout
     assert "its controller ended without ending the run" in shown.stderr, shown.stderr
+    # each node's log says why the run stopped there, after torchrun's own SignalException
+    logs = subprocess.run(
+        cluster.controller_argv([*argv[:3], "logs", "--run", run_id], env=env),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    told = [line for line in logs.stdout.splitlines() if "the run was stopped by a signal" in line]
+    assert len(told) == 2 and "its controller was interrupted, or lost" in told[0], logs.stdout + logs.stderr
 
 
 def test_sigterm_to_the_controller_is_a_ctrl_c(
     cluster: NamespaceCluster, trusted_home: Path, tmp_path: Path
 ) -> None:
-    launch, run_id = _start(cluster, trusted_home, tmp_path, "term")
+    # every rank went quiet after its first line: the launch says the run may be hung, naming the
+    # nodes' last lines, before anything else happens (a hung rank looks like slow progress otherwise)
+    launch, run_id = _start(cluster, trusted_home, tmp_path, "term", BOOTSTRAP_STALL_NOTE="2")
+    await_(lambda: any("no rank has printed anything" in line for line in launch.err), 60, "the stall note")
+    said = "".join(launch.err)
+    assert "node1: last at " in said and "training started" in said and f"stop --run {run_id}" in said, said
     launch.proc.send_signal(signal.SIGTERM)
     assert launch.wait(timeout=60) == 143, "".join(launch.err)
     stderr = "".join(launch.err)
