@@ -232,13 +232,17 @@ class PosixShell(Platform):
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"
 
-    def say_if_listening(self, port: int, word: str) -> str:
-        """A line that prints ``word`` and ends the script (exit 0) when a TCP socket of this machine
-        listens on ``port`` (IPv4 or IPv6, any address; /proc/net: Linux and WSL)."""
+    def say_if_listening(self, port: int, action: str) -> str:
+        """A line that runs the shell command ``action`` and ends the script (exit 0) when a TCP
+        socket of this machine listens on ``port`` (IPv4 or IPv6, any address; /proc/net: Linux and
+        WSL). ``$_cb_h`` is then the pid of a process that listens there, as ``ss -p`` tells it
+        (empty without ss, or when another user's process holds it and we are not root)."""
         return (
             f'if awk -v p=:{int(port):04X} \'$4 == "0A" && substr($2, length($2) - 4) == p {{ f = 1 }}'
             " END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then\n"
-            f"  echo {self.quote(word)}; exit 0\nfi"
+            f"  _cb_h=$(ss -Hltnp 'sport = :{int(port)}' 2>/dev/null"
+            " | sed -n 's/.*pid=\\([0-9][0-9]*\\).*/\\1/p' | head -n 1)\n"
+            f"  {action}; exit 0\nfi"
         )
 
     def line_into_fifo(self, path: str, words: Sequence[str]) -> str:

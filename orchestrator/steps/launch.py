@@ -47,6 +47,7 @@ from orchestrator.runs.culprit import (
 from orchestrator.runs.ids import is_run_id
 from orchestrator.runs.layout import (
     CODE_MARKER,
+    RUN_MARKER_ENV,
     RUN_OUTPUTS,
     STOPPED,
     in_workdir,
@@ -405,8 +406,14 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
 
 
 def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
-    """A line that prints the PORT_BUSY record (and ends the script) when ``port`` is in use."""
-    return posix.say_if_listening(port, records.record(nonce, PORT_BUSY).rstrip("\n"))
+    """Lines that print the PORT_BUSY record (and end the script) when ``port`` is in use, with the
+    run of bootstrap whose process holds it (its run marker's id; empty: not one, or not known).
+    The script has ``_cb_rec`` (PosixRuns.other_runs comes first)."""
+    run_of = (
+        "_cb_r=; [ -n \"$_cb_h\" ] && _cb_r=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
+        f" | sed -n 's#^{RUN_MARKER_ENV}=\\([^/]*\\)/.*#\\1#p' | head -n 1)"
+    )
+    return posix.say_if_listening(port, f'{run_of}; _cb_rec {PORT_BUSY} "$_cb_r"')
 
 
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str, nonce: str) -> None:
@@ -415,13 +422,21 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
     refused = refused_dir(prepare, node.name)
     if refused is not None:
         raise refused
-    if records.find(prepare.stdout, nonce, PORT_BUSY) is not None:
+    if (busy := records.find(prepare.stdout, nonce, PORT_BUSY)) is not None:
+        holder = busy.text(0) if busy.fields else ""  # the node's word: only a run id is repeated
+        if holder and is_run_id(holder) and holder != "latest":
+            held = f"run {holder} of bootstrap holds it"
+            hint = f"`bootstrap stop --run {holder}` ends it; or set cluster.port to a free port"
+        else:
+            held = "torchrun's rendezvous needs it free"
+            hint = (
+                "`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
+                "that ends it); or set cluster.port in the inventory to a free port"
+            )
         raise CommandFailedError(
-            f"port {spec.master_port} is in use on this node, the master: torchrun's rendezvous needs it "
-            "free (nothing was started)",
+            f"port {spec.master_port} is in use on this node, the master: {held} (nothing was started)",
             node=node.name,
-            hint="`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
-            "that ends it); or set cluster.port in the inventory to a free port",
+            hint=hint,
         )
     if records.find(prepare.stdout, nonce, RAN_BEFORE) is not None:
         raise UsageError(

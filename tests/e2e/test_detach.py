@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.runs.layout import RUN_MARKER_ENV
 from tests.cluster import NamespaceCluster
 from tests.conftest import BOOTSTRAP, CliRun, write_inventory
 from tests.integration.test_runs import await_, cut_ssh_sessions, namespace_run_pids
@@ -304,8 +305,12 @@ def test_a_busy_master_port_refuses_the_launch_naming_the_node_and_the_port(
         "import socket, time\ns = socket.socket(socket.AF_INET6)\n"
         f"s.bind(('::', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(600)\n"
     )
+    # the holder is a run of bootstrap (its processes carry the run marker): named, with its stop
+    held_by = f"ns-holder-{os.getpid()}"
     holder = subprocess.Popen(
-        ["ip", "netns", "exec", cluster.hosts[0].ns, sys.executable, "-c", listen], stdout=subprocess.PIPE
+        ["ip", "netns", "exec", cluster.hosts[0].ns, sys.executable, "-c", listen],
+        stdout=subprocess.PIPE,
+        env={**os.environ, RUN_MARKER_ENV: f"{held_by}/node1/1-2"},
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"up\n"
@@ -315,7 +320,8 @@ def test_a_busy_master_port_refuses_the_launch_naming_the_node_and_the_port(
         holder.wait()
     assert refused.returncode == 1, refused
     said = refused.stdout + refused.stderr
-    assert re.search(rf"node1\W.*port {port} is in use on this node, the master", said), said
+    assert re.search(rf"node1\W.*port {port} is in use on this node, the master: run {held_by} ", said), said
+    assert re.search(rf"`bootstrap -i \S+ stop --run {held_by}` ends it", said), said
     assert "cluster.port" in said and "trained" not in said, said
     # the refused launch (node2 prepared, maybe started, then stopped at once) never trained: it is
     # not the run `--run latest` means (`stop --run latest` missed the run holding the port)
