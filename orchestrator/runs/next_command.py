@@ -57,11 +57,26 @@ def train_without(reach: Reach, inventory: Inventory, dead: Sequence[str], comma
     words += ["--nodes", shlex.quote(",".join(left))]
     if inventory.cluster.master not in left:
         words += ["--master", shlex.quote(left[0])]
-    extra = " with this run's -e and -- arguments" if inventory.run_overrides else ""
+    more, extra = _run_words(inventory)
     return (
         f"to train without {', '.join(dead)} until {'they are' if len(dead) > 1 else 'it is'} back: "
-        f"`{' '.join(words)}`{extra}"
+        f"`{' '.join(words + more)}`{extra}"
     )
+
+
+def _run_words(inventory: Inventory) -> tuple[list[str], str]:
+    """This run's ``-e`` and ``--`` words as typed (quoted), to repeat in a suggested command; none,
+    and a phrase saying so, when one of them looks secret (never printed)."""
+    from orchestrator.inventory.model import is_secret_name, masked_args
+
+    env = inventory.run_overrides.get("env") or {}
+    args = inventory.run_overrides.get("args")
+    if any(is_secret_name(name) for name in env) or (args is not None and masked_args(args) != tuple(args)):
+        return [], " with this run's -e and -- arguments (not repeated here: secret-looking values)"
+    words = [f"-e {shlex.quote(f'{name}={value}')}" for name, value in env.items()]
+    if args is not None:
+        words += ["--", *map(shlex.quote, args)]
+    return words, ""
 
 
 def with_user_options(reach: Reach, text: str) -> str:

@@ -114,7 +114,9 @@ def test_one_node_down_the_other_two_train_with_nodes(
     script = tmp_path / "size.py"
     script.write_text(
         "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "import sys\n"
         "print('world', dist.get_world_size(), 'rank', dist.get_rank(), flush=True)\n"
+        "print('args', sys.argv[1:], os.environ.get('CB_TAG'), flush=True)\n"
         "dist.barrier()\ndist.destroy_process_group()\n"
     )
     nodes = [
@@ -159,7 +161,9 @@ def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_
     project.mkdir()
     (project / "size.py").write_text(
         "import os\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "import sys\n"
         "print('world', dist.get_world_size(), 'rank', dist.get_rank(), flush=True)\n"
+        "print('args', sys.argv[1:], os.environ.get('CB_TAG'), flush=True)\n"
         "dist.barrier()\ndist.destroy_process_group()\n"
     )
     nodes = [
@@ -177,7 +181,10 @@ def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_
     try:
         begin = time.monotonic()
         proc = subprocess.Popen(
-            cluster.controller_argv([BOOTSTRAP, "-i", str(inv)], env=env),
+            # this run's own -e and -- arguments: the suggested command repeats them, quoted
+            cluster.controller_argv(
+                [BOOTSTRAP, "-i", str(inv), "-e", "CB_TAG=x y", "--", "--note", "a b"], env=env
+            ),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
         )  # fmt: skip
         assert proc.stderr is not None
@@ -200,7 +207,7 @@ def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_
         assert len(said) == 1 and re.match(cause, said[0]), stderr
         assert took < 20, (took, stderr)  # one timeout, not one per phase
         hints = re.findall(r"^to train without node3 until it is back: `(bootstrap [^`]*)`$", stderr, re.M)
-        assert hints == [f"bootstrap -i {inv} --nodes node1,node2"], stderr
+        assert hints == [f"bootstrap -i {inv} --nodes node1,node2 -e 'CB_TAG=x y' -- --note 'a b'"], stderr
         words = shlex.split(hints[0])
         proc2 = subprocess.run(
             cluster.controller_argv([BOOTSTRAP, *words[1:]], env=env),
@@ -209,6 +216,7 @@ def test_a_dead_node_is_announced_waited_for_once_and_the_others_train_with_the_
         assert proc2.returncode == 0, proc2.stdout + proc2.stderr
         shown = sorted(re.findall(r"^\[(node\d):\d+\] world (\d+) rank (\d+)$", proc2.stdout, re.M))
         assert shown == [("node1", "2", "0"), ("node2", "2", "1")], proc2.stdout
+        assert proc2.stdout.count("args ['--note', 'a b'] x y") == 2, proc2.stdout
         (run_id,) = _runs(tmp_path)
         script = (tmp_path / "wd" / "node1" / "runs" / run_id / "node1" / "launch.sh").read_text()
         assert "--nnodes 2 " in script

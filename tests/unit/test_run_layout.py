@@ -22,7 +22,7 @@ from orchestrator.runs.layout import (
     workdir_for,
     write_record,
 )
-from orchestrator.runs.next_command import again
+from orchestrator.runs.next_command import again, train_without
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.envsync.spec import env_path
 from orchestrator.steps.preflight import preflight_facts
@@ -134,6 +134,17 @@ def test_the_next_command_carries_the_files_that_reach_the_nodes() -> None:
         "lab-1",
     ]  # no --nodes: a run spans the whole inventory
     assert again(Settings(), "stop", "r1") == "bootstrap stop --run r1"
+
+
+def test_training_without_a_dead_node_repeats_this_runs_arguments_but_never_a_secret() -> None:
+    inventory = load_inventory_text(SHARED, "lab.yaml")
+    plain = inventory.for_run(["--lr", "0.1"], {"TAG": "a b"})
+    said = train_without(Settings(), plain, ["a"], "launch")
+    assert said.endswith("`bootstrap launch --nodes b,c --master b -e 'TAG=a b' -- --lr 0.1`"), said
+    secrets = (inventory.for_run(["--hf-token", "s3cret"], {}), inventory.for_run(None, {"API_KEY": "k"}))
+    for secret in secrets:
+        said = train_without(Settings(), secret, ["a"], "launch")
+        assert "s3cret" not in said and "API_KEY" not in said and "not repeated here" in said, said
 
 
 def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: Path) -> None:
