@@ -7,11 +7,13 @@ place where a name becomes a file.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import resources
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 # O_NOFOLLOW exists on every POSIX system; on Windows (no symlink attack through os.open there) it is 0
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -49,10 +51,41 @@ def write_inside(directory: Path, name: str, data: bytes, mode: int = 0o600) -> 
     return path
 
 
+#: what to do about a directory here another user can change
+_HERE_FIX = (
+    "bootstrap writes there (runs/ is kept in the directory it is started from): start it from a"
+    " directory only you or root can write to, e.g. under your home (one all can write to, such as"
+    " /tmp, only with the sticky bit)"
+)
+
+
+@functools.cache
+def _walk() -> Callable[[str], str | None]:
+    """The nodes' walk (steps/probes/safe_path.py, shipped as text to run there), for this machine."""
+    namespace: dict[str, Any] = {"__name__": "safe_path"}
+    source = resources.files("orchestrator.steps.probes").joinpath("safe_path.py").read_text()
+    exec(compile(source, "safe_path.py", "exec"), namespace)
+    fix = namespace["SAFE_PATH_FIX"]
+    return lambda path: (said := namespace["unsafe_path"](path)) and said.replace(fix, _HERE_FIX)
+
+
+def check_here(directory: Path) -> None:
+    """Refuse (UnsafeDirectoryError, exit 2) a ``directory`` of this machine that another user could
+    change, from ``/`` down to its deepest existing component (a link followed, as the kernel does):
+    one who can write the directory bootstrap was started from could swap runs/<run-id> for a link
+    between its creation and the files written into it (run.json, the nodes' logs, fetched files)."""
+    from orchestrator.errors import UnsafeDirectoryError
+
+    if said := _walk()(os.path.abspath(directory)):
+        raise UnsafeDirectoryError(said)
+
+
 def private_dirs(directory: Path) -> Path:
     """Create ``directory`` and every missing parent owner-only (0700): what is copied or logged
     into them (a fetched launch script, a node's output) is readable by this user alone, whatever the
-    umask. Directories that exist already are left as they are."""
+    umask. Directories that exist already are left as they are, once walked (:func:`check_here`): no
+    other user may be able to change them."""
+    check_here(directory)
     missing: list[Path] = []
     current = directory
     while not current.exists() and not current.is_symlink() and current != current.parent:

@@ -316,6 +316,10 @@ class PosixShell(Platform):
         there (the training script, and what it imports beside it) is then ours alone."""
         return _DIR_FUNCTIONS + f"_cb_walk {self.path_word(path)}"
 
+    def check_paths(self, paths: Sequence[str]) -> str:
+        """``check_path`` for each of ``paths``, in order (the functions once)."""
+        return _DIR_FUNCTIONS + "\n".join(f"_cb_walk {self.path_word(path)}" for path in paths)
+
     def check_own_dir(self, path: str) -> str:
         """Refuse (one line on stderr, exit UNSAFE_DIR_EXIT) to read or act on anything in ``path``
         unless it is a directory of the connecting user that no one else can write to, on a path

@@ -896,5 +896,16 @@ def test_code_sync_leaves_alone_a_code_directory_a_run_is_running_from(tmp_path:
         assert (tmp_path / "wd" / "code" / "helper.py").read_text() == "X = 1\n"
     finally:
         bootstrap("-i", str(inv), "stop", "--run", "busy-1", cwd=project, env=home)
-    after = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home)
+    # another user's process there with a made-up run marker holds nothing up (a stop could not end it)
+    fake = subprocess.Popen(
+        ["sleep", "300"],
+        cwd=tmp_path / "wd" / "code",
+        env={"CLUSTER_BOOTSTRAP_RUN": "busy-2/here/1-2"},
+        user=54321,
+    )
+    try:
+        after = bootstrap("-i", str(inv), "sync", "--only", "code", cwd=project, env=home)
+    finally:
+        fake.kill()
+        fake.wait()
     assert after.returncode == 0 and (tmp_path / "wd" / "code" / "helper.py").read_text() == "X = 2\n", after

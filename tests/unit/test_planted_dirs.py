@@ -197,6 +197,99 @@ def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
     assert victim.read_text() == "root:secret\n"
 
 
+def test_an_environment_link_another_user_planted_in_a_sticky_directory_is_never_run(
+    tmp_path: Path,
+) -> None:
+    """env.path in a sticky scratch directory (/tmp) and not there yet: another user could put a link
+    of theirs there first, to a "venv" whose bin/python is theirs. The probe ran that interpreter as
+    root to list its packages. It walks the environment's path itself now: refused, nothing run."""
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    theirs = tmp_path / "theirs" / "bin"
+    theirs.mkdir(parents=True)
+    ran = tmp_path / "ran-as-root"
+    (theirs / "python").write_text(f"#!/bin/sh\ntouch {ran}\n")
+    (theirs / "python").chmod(0o755)
+    (sticky / "venv").symlink_to(theirs.parent)
+    os.lchown(sticky / "venv", OTHER, OTHER)
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {sticky / 'venv'}}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    run = _cli(tmp_path, "-i", str(inv), "sync", "--only", "env")
+    assert run.returncode == 2, run
+    assert f"refusing {sticky / 'venv'}: it belongs to another user" in run.stderr, run.stderr
+    assert not ran.exists()
+
+
+def test_a_build_directory_another_user_made_after_the_probe_is_refused_before_anything_goes_in(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """The probe's walk ends where the path does not exist yet; the build's directories are made in
+    a later command. Another user who made one in between (won 3 of 3 times) had root's environment
+    built into their directory, then swapped its link for their own python. The build's directories
+    are walked once made (and again by the build): refused, nothing built."""
+    from orchestrator.steps.envsync.ops import BuildPlan, PosixEnvOps
+
+    env = scratch / "venv"  # the other user's directory appeared where env.path's parent was missing
+    plan = BuildPlan(
+        interpreter=sys.executable, path=str(env), build_id="b1", clone=False, installer="pip", uv=None,
+        index_args=(), require_hashes=False, stamp={}, nonce="cb-0123456789ab",
+    )  # fmt: skip
+    ops = PosixEnvOps(PosixShell())
+    for script in (ops.prepare(plan), ops.build(plan)):
+        ran = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == UNSAFE_DIR_EXIT, ran
+        assert ran.stderr.startswith(f"refusing {scratch}: it belongs to another user"), ran
+    assert not (scratch / "venv.versions" / "b1").exists()
+
+
+def test_the_controllers_own_python_helpers_import_nothing_from_where_bootstrap_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`sync --from-master` reads this machine's torch with `python -c`, and the offline download
+    runs `python -m pip` from the inventory's directory: a `json.py` (or a `pip/`) another user put in
+    the directory bootstrap was started from was imported as root. They run isolated (-I) now."""
+    from orchestrator.steps.envsync import wheelhouse
+    from orchestrator.steps.envsync.master import read_local
+
+    planted = tmp_path / "imported"
+    for name in ("json.py", "re.py", "csv.py"):
+        (tmp_path / name).write_text(f"open({str(planted)!r}, 'a').write({name!r})\n")
+    (tmp_path / "pip").mkdir()
+    (tmp_path / "pip" / "__main__.py").write_text(f"open({str(planted)!r}, 'a').write('pip')\n")
+    (tmp_path / "pip" / "__init__.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    read_local()
+    wheelhouse.configured_extra_indexes()
+    assert not planted.exists(), planted.read_text()
+
+
+def test_runs_is_not_kept_where_another_user_could_swap_a_run_directory_for_a_link(
+    scratch: Path, tmp_path: Path
+) -> None:
+    """bootstrap keeps runs/ in the directory it is started from. Started in one another user can
+    write to, root's new run directory was renamed away and a link put in its place: run.json and the
+    nodes' logs went where that user chose. Such a directory is refused before any run id is taken."""
+    from orchestrator.errors import UnsafeDirectoryError
+    from orchestrator.runs.ids import new_run_id
+
+    with pytest.raises(UnsafeDirectoryError) as refused:
+        new_run_id("lab", root=scratch / "runs")  # started in the other user's directory
+    assert str(refused.value).startswith(f"refusing {scratch}: it belongs to another user"), refused.value
+    assert "start it from a directory only you or root can write to" in str(refused.value)
+    assert not (scratch / "runs").exists()
+    theirs = tmp_path / "own" / "runs"  # our directory, with a runs/ another user made in it
+    theirs.mkdir(parents=True)
+    os.chown(theirs, OTHER, OTHER)
+    with pytest.raises(UnsafeDirectoryError):
+        new_run_id("lab", root=theirs)
+    assert list(theirs.iterdir()) == []
+    assert new_run_id("lab", root=tmp_path / "mine" / "runs").startswith("lab-")  # ours: as always
+
+
 def test_clean_looks_at_nothing_in_a_code_directory_another_user_can_change(
     scratch: Path, tmp_path: Path
 ) -> None:

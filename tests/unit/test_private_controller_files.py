@@ -46,7 +46,7 @@ def _planted(tmp_path: Path, local: Path) -> Path:
     """A file of someone else's, and a link to it where the download's .part goes."""
     victim = tmp_path / "victim"
     victim.write_text("not yours\n")
-    local.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    safefiles.private_dirs(local.parent)  # (a parent others could write to is refused: its own test)
     os.symlink(victim, local.with_name(local.name + ".part"))
     return victim
 

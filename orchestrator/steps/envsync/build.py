@@ -28,6 +28,7 @@ from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.plans import NodePlan, Put, Run
 from orchestrator.plans import apply as apply_plan
 from orchestrator.redact import mask_url_credentials
+from orchestrator.runs.base import refused_dir
 from orchestrator.steps.envsync.ops import INSTALLED_RECORD, STEP_RECORD, BuildPlan
 from orchestrator.steps.envsync.probe import EnvSharedError, Probe, Probed, env_parent
 from orchestrator.steps.envsync.progress import InstallProgress
@@ -274,6 +275,8 @@ def _marker_read(node: Node, transport: Transport, probed: Probed, tokens: dict[
 
 def _prepared(node: Node, plan: BuildPlan) -> Callable[[Result], None]:
     def check(result: Result) -> None:
+        if (refused := refused_dir(result, node.name)) is not None:
+            raise refused  # a directory another user made or can change: nothing built there
         if not result.ok:
             tail = " | ".join(result.tail(3))
             raise CommandFailedError(

@@ -249,8 +249,10 @@ def read_node(node: Node, transport: Transport) -> MasterEnv | None:
 def read_local() -> MasterEnv | None:
     """The interpreter running bootstrap on this machine (the master, per the README): None when it
     has no torch."""
+    # isolated (-I): nothing imported from the directory bootstrap runs in (another user's json.py
+    # there ran as root), nor PYTHONPATH's; this interpreter's own site-packages as they are
     proc = subprocess.run(
-        [sys.executable, "-c", probe_code()], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-I", "-c", probe_code()], capture_output=True, text=True, timeout=120, check=False
     )
     data = _parse_output(proc.stdout) if proc.returncode == 0 else None
     if data is None:

@@ -193,8 +193,14 @@ class PosixEnvOps(EnvOps):
         return f"{path.rstrip('/')}/bin/python"
 
     def prepare(self, plan: BuildPlan) -> str:
+        """The build's directories made, then walked: one another user made meanwhile (after the
+        probe's walk, which ends where the path does not exist yet) is refused before anything goes
+        into it (exit UNSAFE_DIR_EXIT). A directory that passed stays ours: only root or we can
+        change it, and no one else can rename it out of a sticky one."""
+        p = self.platform
         dirs = [plan.versions_dir] + ([plan.wheelhouse] if plan.offline else [])
-        return "\n".join(self.platform.mkdir(d) for d in dirs)
+        made = p.no_group_write("\n".join(p.mkdir(d) for d in dirs))
+        return "\n".join([made, p.check_paths([plan.path, *dirs])])
 
     def install_command(self, plan: BuildPlan) -> str:
         """The installer invocation (``$new`` and ``$req`` are set by the build script)."""
@@ -222,6 +228,9 @@ class PosixEnvOps(EnvOps):
         stamp = json.dumps(plan.stamp, sort_keys=True)
         lines = [
             "set -u",
+            # walked again: what the build reads (the active environment it may copy) and deletes
+            # (older builds) is below these, so none may be another user's
+            p.check_paths([plan.path, plan.versions_dir]),
             p.record_functions(plan.nonce),
             f"link={word(plan.path)}",
             f"versions={word(plan.versions_dir)}",

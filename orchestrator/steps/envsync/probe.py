@@ -111,13 +111,14 @@ def probe_args(
 ) -> dict[str, object]:
     """The probe's argument. ``marker``: leave this sync's marker (a write); ``check_index``: ask
     whether the node reaches its package index (a request to it). A dry run asks for neither."""
-    # the directory the environment, its builds and its wheels go in: walked first, whatever the
-    # number of nodes (the marker's own walk rides only with several)
+    # the environment's path, walked first whatever the number of nodes (the marker's own walk rides
+    # only with several): the directory it, its builds and its wheels go in, and the environment
+    # itself when it is there (a link planted in a sticky /tmp: its interpreter is never run)
     args: dict[str, object] = {
         "path": path,
         "stamp": STAMP_NAME,
         "wheelhouse": None,
-        "safe": env_parent(path),
+        "safe": path,
     }
     if spec.offline or spec.offline_fallback:
         # offline_fallback: listed when a earlier sync left one, so only missing wheels travel

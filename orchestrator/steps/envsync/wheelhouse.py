@@ -61,6 +61,7 @@ def download_command(spec: EnvSpec, target: Target, directory: Path, requirement
     :func:`download_environment`, which says where packages come from."""
     argv = [
         sys.executable,
+        "-I",  # `-m pip` from the inventory's directory: never a `pip` package planted there
         "-m",
         "pip",
         "download",
@@ -109,7 +110,7 @@ def configured_extra_indexes() -> list[str]:
     config list``: global, user, site; the ``install`` and ``download`` sections too)."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30
+            [sys.executable, "-I", "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.SubprocessError):
         return []

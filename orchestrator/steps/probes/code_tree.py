@@ -66,12 +66,17 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def running_from(path):
     """The runs whose processes work in ``path`` or below it now (their current directory: a launch
-    runs the training script from the code directory), by run id; [] where /proc is not there."""
+    runs the training script from the code directory), by run id; [] where /proc is not there. Only
+    processes of this user count: anyone may start one there with a made-up run marker (another
+    user's ``sleep`` held up root's sync, with a `stop --run` that could stop nothing)."""
     found = set()
+    me = os.geteuid()
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not pid.isdigit():
             continue
         try:
+            if os.stat("/proc/%s" % pid).st_uid != me:
+                continue
             cwd = os.readlink("/proc/%s/cwd" % pid)
             if cwd != path and not cwd.startswith(path.rstrip("/") + "/"):
                 continue
