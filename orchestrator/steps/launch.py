@@ -400,8 +400,9 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
     shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
     return (
         f"{STALE_CODE}: {len(differ)} "
-        f"file(s) differ ({shown}); the last code sync did not finish on this node, or the project "
-        "changed since. The run uses what the node has: `bootstrap sync --only code` brings it up to date"
+        f"file(s) differ ({shown}); the last code sync did not finish on this node, kept a file of"
+        " the node's own there, or the project changed since. The run uses what the node has:"
+        " `bootstrap sync --only code` brings it up to date, or says which file it keeps and why"
     )
 
 

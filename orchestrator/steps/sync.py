@@ -312,7 +312,13 @@ class SyncReport:
             if self.dry_run and o.value is not None and o.value.plan is not None:
                 said += [Said("out", f"# {o.node}: code at {o.value.dest}")]
                 said += [Said("out", line) for line in plan_lines(o.value.plan, o.node)]
-        return [*said, *(Said("note", line) for line in self.shared_code_lines()), *failures(self.code)]
+        kept = [
+            Said("warn", f"node {o.node!r}: {o.value.kept_warning()}")
+            for o in self.code
+            if o.value and o.value.kept
+        ]
+        shared = [Said("note", line) for line in self.shared_code_lines()]
+        return [*said, *shared, *kept, *failures(self.code)]
 
     def shared_code_lines(self) -> list[str]:
         """One line per code directory several nodes share: which nodes, and the one that wrote it."""

@@ -246,6 +246,39 @@ def test_training_outputs_in_the_code_directory_survive_every_sync_byte_for_byte
         assert {rel: (dest / rel).read_bytes() for rel in written} == written
 
 
+def test_a_file_training_wrote_where_the_project_now_has_one_is_kept_byte_for_byte(harness: Harness) -> None:
+    """Training wrote ckpt/node-latest.pt into the code directory; then the project got a file at that
+    path (a quick local run of the same script). The sync replaced the node's checkpoint with the
+    project's file, saying only "1 changed". A file no sync put there as it is (written there, or
+    edited on the node) is kept now, and said; once moved away, the project's file is shipped."""
+    harness.ok()
+    weights = os.urandom(4096)
+    for host in harness.cluster.hosts:
+        (harness.dest(host.name) / "ckpt").mkdir()
+        (harness.dest(host.name) / "ckpt" / "node-latest.pt").write_bytes(weights)
+        (harness.dest(host.name) / "run.sh").write_text("echo edited on the node\n")  # shipped, then edited
+    (harness.source / "ckpt").mkdir()
+    (harness.source / "ckpt" / "node-latest.pt").write_bytes(b"a local run's weights")
+    (harness.source / "run.sh").write_text("echo the project's new one\n")
+    for _ in range(2):  # and again: still the node's own, still said
+        results = harness.ok()
+        for host in harness.cluster.hosts:
+            dest, result = harness.dest(host.name), results[host.name]
+            assert result.kept == ["ckpt/node-latest.pt", "run.sh"] and result.changed == [], result
+            assert (dest / "ckpt" / "node-latest.pt").read_bytes() == weights
+            assert (dest / "run.sh").read_text() == "echo edited on the node\n"
+            assert "kept" in result.summary() and "ckpt/node-latest.pt, run.sh" in result.kept_warning()
+    (harness.source / "run.sh").unlink()  # the project drops it: the node's edit is not ours to delete
+    for host in harness.cluster.hosts:
+        (harness.dest(host.name) / "ckpt" / "node-latest.pt").rename(harness.dest(host.name) / "mine.pt")
+    results = harness.ok()
+    for host in harness.cluster.hosts:
+        dest, result = harness.dest(host.name), results[host.name]
+        assert result.added == ["ckpt/node-latest.pt"] and result.deleted == [] and result.kept == [], result
+        assert (dest / "ckpt" / "node-latest.pt").read_bytes() == b"a local run's weights"
+        assert (dest / "run.sh").read_text() == "echo edited on the node\n"
+
+
 def test_a_directory_of_an_older_version_deletes_nothing_it_does_not_know(harness: Harness) -> None:
     """A code directory synced before the record of shipped files existed (only the scan cache marks
     it): no file there is known to be ours, so the first sync deletes nothing; from then on, what

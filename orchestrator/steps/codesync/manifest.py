@@ -118,6 +118,9 @@ class Changes:
     bytes: int = 0  # content bytes to send
     #: each deleted path with the SHA-256 it holds (and was shipped with): the node checks it again
     deleted_shas: list[tuple[str, str]] = field(default_factory=list)
+    #: the project's paths where the node holds a file no sync put there as it is (training wrote it,
+    #: or it was edited on the node): left as they are, never overwritten
+    kept: list[str] = field(default_factory=list)
 
     @property
     def to_send(self) -> list[str]:
@@ -137,21 +140,27 @@ def diff(
     node's files the project no longer has that an earlier sync put there (``shipped``: path ->
     SHA-256 it had, the node's record of what we sent) and that still hold exactly those bytes.
     A file the node made (checkpoints, outputs) or changed is never deleted; ``protected`` (ignored
-    paths) never either. The one exception is a file or link where the project needs a directory
-    (``pkg`` when the project has ``pkg/a.py``): like a file at one of the project's paths, it gives
-    way to the project."""
+    paths) never either. Nor is it overwritten: where a directory has a record (``shipped`` not None),
+    a file at one of the project's paths whose bytes no sync put there (a checkpoint training wrote
+    where the project now has a file of that name, a file edited on the node) is ``kept``, not
+    replaced. Without a record (code copied there by hand before bootstrap) the project's files
+    replace what is there. The one exception is a file or link where the project needs a directory
+    (``pkg`` when the project has ``pkg/a.py``): it gives way to the project."""
     changes = Changes()
+    ours = shipped or {}
     for rel in sorted(local):
         entry = local[rel]
         there = remote.get(rel)
         if there is None:
             changes.added.append(rel)
-        elif not entry.same_as(there):
-            changes.changed.append(rel)
-        else:
+        elif entry.same_as(there):
             continue
+        elif shipped is not None and there.sha256 != entry.sha256 and ours.get(rel) != there.sha256:
+            changes.kept.append(rel)
+            continue
+        else:
+            changes.changed.append(rel)
         changes.bytes += 0 if entry.link is not None else entry.size
-    ours = shipped or {}
     parents = {rel[:cut] for rel in local for cut in range(len(rel)) if rel[cut] == "/"}
     changes.deleted_shas = sorted(
         (rel, entry.sha256)

@@ -97,6 +97,8 @@ class CodeSyncResult:
     added: list[str] = field(default_factory=list)
     changed: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    #: the project's paths where the node holds a file no sync put there as it is: left as they are
+    kept: list[str] = field(default_factory=list)
     bytes_sent: int = 0  # content bytes of added and changed files
     dry_run: bool = False
     #: the other nodes of this sync whose destination is this same directory (a shared file system)
@@ -116,15 +118,27 @@ class CodeSyncResult:
         """One line for the summary table: "unchanged (1000 files)", "2 added, 1 deleted, 3.1 KiB"."""
         if self.synced_by is not None:
             return f"synced from {self.synced_by} (the same directory)"
+        kept = f"; {len(self.kept)} kept (the node's own, see below)" if self.kept else ""
         if self.unchanged:
-            return f"unchanged ({_files(self.files)})"
+            return f"unchanged ({_files(self.files)}){kept}"
         verb = "would be " if self.dry_run else ""
         parts = [
             f"{len(items)} {verb}{label}"
             for items, label in ((self.added, "added"), (self.changed, "changed"), (self.deleted, "deleted"))
             if items
         ]
-        return ", ".join(parts) + f", {human_bytes(self.bytes_sent)}"
+        return ", ".join(parts) + f", {human_bytes(self.bytes_sent)}{kept}"
+
+    def kept_warning(self) -> str:
+        """What a human must know about the files kept: which, why, what to do; "" when none."""
+        if not self.kept:
+            return ""
+        shown = ", ".join(self.kept[:5]) + (f" and {len(self.kept) - 5} more" if len(self.kept) > 5 else "")
+        return (
+            f"{shown} in {self.dest}: the node's file is not what bootstrap shipped there (training wrote"
+            " it, or it was edited on the node), so it was kept, not replaced by the project's: the node"
+            " runs the project with it; move it away on the node and sync again to ship the project's"
+        )
 
     def public_dict(self) -> dict[str, Any]:
         return {
@@ -134,6 +148,7 @@ class CodeSyncResult:
             "added": self.added,
             "changed": self.changed,
             "deleted": self.deleted,
+            "kept": self.kept,
             "bytes_sent": self.bytes_sent,
             "dry_run": self.dry_run,
             "shared_with": self.shared_with,
@@ -405,6 +420,9 @@ def scan_node(
     else:
         shipped = _shipped(scan)
         changes = diff(local, _remote_files(scan.get("files") or {}), tree.rules.excluded, shipped)
+        # a file kept (the node's own) is not recorded as ours: never deleted, never overwritten
+        # later, and a launch sees that the node's code is not the project's
+        record = {rel: sha for rel, sha in record.items() if rel not in set(changes.kept)}
         recorded = shipped == record
     result = CodeSyncResult(
         dest=where,
@@ -412,6 +430,7 @@ def scan_node(
         added=changes.added,
         changed=changes.changed,
         deleted=changes.deleted,
+        kept=changes.kept,
         bytes_sent=changes.bytes,
         dry_run=dry_run,
     )
