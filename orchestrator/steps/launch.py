@@ -14,7 +14,6 @@ and the watchdog stops the run when the controller's follower is killed or goes 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import posixpath
 from collections.abc import Callable, Mapping
@@ -202,7 +201,6 @@ IGNORED_ENV = {
 }
 
 
-FAILS_ON_IT = "every node would fail on it"
 
 
 def missing_script_warning(inventory: Inventory) -> str | None:
@@ -220,8 +218,6 @@ def missing_script_warning(inventory: Inventory) -> str | None:
         source = code_source(inventory.cluster)
         if not_the_project(inventory, source) is None:
             return None
-        if typo := _near(source, script):
-            return f"train.script {script!r} is not in {source} (did you mean {typo!r}?): {FAILS_ON_IT}"
         return (
             f"train.script {script!r} is not in {source}, the project cluster.code syncs from here: "
             "this is not your project's directory, so every node runs the code the last sync shipped "
@@ -229,8 +225,6 @@ def missing_script_warning(inventory: Inventory) -> str | None:
         )
     if local_script(script) is not None:
         return None
-    if typo := _near(Path.cwd(), script):
-        return f"train.script {script!r} is not in {Path.cwd()} (did you mean {typo!r}?): {FAILS_ON_IT}"
     dirs = {inventory.cluster.train.code_dir or in_workdir(n, "code") for n in inventory.nodes}
     where = f"{dirs.pop()}/{script}" if len(dirs) == 1 else f"<workdir>/code/{script}"
     return (
@@ -238,18 +232,6 @@ def missing_script_warning(inventory: Inventory) -> str | None:
         f"is there already ({where}; an earlier launch's copy included); run bootstrap from your "
         "project's directory, or add cluster.code to the inventory to sync the project"
     )
-
-
-def _near(directory: Path, script: str) -> str | None:
-    """A file beside where ``script`` would be in ``directory`` whose name is close to its name (a
-    typo: trian.py for train.py), as ``script`` names it; None: none."""
-    wanted = Path(script)
-    try:
-        names = [p.name for p in (directory / wanted.parent).iterdir() if p.is_file()]
-    except OSError:
-        return None
-    close = difflib.get_close_matches(wanted.name, names, n=1, cutoff=0.75)
-    return str(wanted.parent / close[0]) if close else None
 
 
 def ignored_env_warnings(inventory: Inventory) -> list[str]:

@@ -35,10 +35,36 @@ def script_file(inventory: Inventory) -> Path | None:
     return local_script(script)
 
 
+def near_name(directory: Path, script: str) -> str | None:
+    """A file beside where ``script`` would be in ``directory`` whose name is close to its name (a
+    typo: trian.py for train.py), as ``script`` names it; None: none."""
+    import difflib
+
+    wanted = Path(script)
+    try:
+        names = [p.name for p in (directory / wanted.parent).iterdir() if p.is_file()]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(wanted.name, names, n=1, cutoff=0.75)
+    return str(wanted.parent / close[0]) if close else None
+
+
 def check_script_compiles(inventory: Inventory) -> None:
     """A UsageError (exit 2), one line naming the file and line, when the training script is Python
-    that does not compile here. Compiled only, never run; a script that is not ``.py`` is skipped."""
+    that does not compile here. Compiled only, never run; a script that is not ``.py`` is skipped.
+    A relative script that is not here while a file of a close name is (trian.py for train.py): the
+    same, naming the inventory's field and the file meant (every node would fail on it)."""
     path = script_file(inventory)
+    script = inventory.cluster.train.script
+    if path is None and not script.startswith("/") and ":" not in script[:3]:
+        from orchestrator.steps.codesync import code_source
+
+        here = code_source(inventory.cluster) if inventory.cluster.code_declared else Path.cwd()
+        if typo := near_name(here, script):
+            raise UsageError(
+                f"{inventory.source}: train.script {script!r} is not in {here} (did you mean {typo!r}?): "
+                "every node would fail on it; nothing was started"
+            )
     if path is None or path.suffix != ".py":
         return
     try:

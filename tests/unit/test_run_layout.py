@@ -168,6 +168,23 @@ def test_a_training_script_that_is_not_here_is_named_before_a_launch(tmp_path: P
     assert [u for u in json.loads(dry.stdout)["nodes"][0]["uploads"] if u.endswith("/code/train.py")]
 
 
+def test_a_mistyped_training_script_is_refused_naming_the_file_meant(tmp_path: Path) -> None:
+    """`script: trian.py` beside a train.py: the launch warned that every node would fail, then
+    started them all, which failed (exit 1, a failed run recorded). Refused now, as a syntax error is:
+    exit 2 before anything connects, the inventory and the file meant named."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "hosts.yaml").write_text(
+        "cluster: {name: lab, master: a, train: {script: trian.py}}\n"
+        "nodes:\n  - {name: a, host: 10.255.0.1}\n"
+    )
+    for args in (["launch"], ["launch", "--dry-run"], ["--until", "check"]):
+        refused = _cli("-i", "hosts.yaml", *args, cwd=tmp_path)
+        assert refused.returncode == 2, refused
+        assert "train.script 'trian.py' is not in" in refused.stderr, refused.stderr
+        assert "(did you mean 'train.py'?)" in refused.stderr and "nothing was started" in refused.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_launch_of_a_synced_project_from_another_directory_says_so_first(tmp_path: Path) -> None:
     """With cluster.code (source: the current directory), a launch from the project's parent ran the
     nodes' old code and kept its logs there, silently, exit 0: it names the mistake first."""
