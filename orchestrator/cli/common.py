@@ -256,8 +256,16 @@ def templates_option(which: str = "searched before the shipped templates") -> Ca
 
 
 def train_env_option(help_text: str) -> Callable[[F], F]:
-    """``-e/--env NAME=VALUE`` (repeatable): added to train.env for this run."""
-    return click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
+    """``-e/--env NAME=VALUE`` (repeatable) added to train.env for this run, and ``--script PATH``."""
+    env = click.option("-e", "--env", "train_env", multiple=True, metavar="NAME=VALUE", help=help_text)
+    script = click.option(
+        "--script",
+        "train_script",
+        metavar="PATH",
+        help="The training script for this run instead of train.script (relative: to the project, as "
+        "train.script is).",
+    )
+    return lambda fn: script(env(fn))
 
 
 #: the options that say which inventory and how to reach its nodes (a suggested command keeps them)

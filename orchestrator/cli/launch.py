@@ -121,6 +121,7 @@ def launch(
     templates_dir: Path | None,
     detach: bool,
     train_env: tuple[str, ...],
+    train_script: str | None,
     master: str | None,
     train_args: tuple[str, ...],
 ) -> int:
@@ -132,11 +133,11 @@ def launch(
     on each node. Exit code 0 only when every node succeeded.
 
     `launch -- ARGS`: ARGS replace train.args for this run (the inventory is not changed);
-    `-e NAME=VALUE` adds to train.env.
+    `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     settings = Settings.from_context(ctx)
     inventory, _ = load_selection(settings)
-    inventory = for_run(inventory, train_args or None, train_env)
+    inventory = for_run(inventory, train_args or None, train_env, train_script)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out
         from orchestrator.cli.slurm import launch_on_slurm
 

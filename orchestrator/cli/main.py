@@ -108,6 +108,7 @@ def cli(
     until: str | None,
     sync_from_master: bool,
     train_env: tuple[str, ...],
+    train_script: str | None,
     master: str | None,
 ) -> int:
     """Turn the machines of an inventory into one PyTorch training cluster.
@@ -119,7 +120,7 @@ def cli(
     every node (`launch`) with every rank's output streamed here.
 
     `bootstrap [OPTIONS] -- ARGS`: ARGS replace train.args for this run (the inventory is not
-    changed); `-e NAME=VALUE` adds to train.env.
+    changed); `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     if ctx.invoked_subcommand is not None:
         return ExitCode.OK
@@ -128,7 +129,7 @@ def cli(
         raise UsageError("--validate and --skip-validate contradict each other: give one of them")
     inventory, _ = load_selection(settings)
     run_args = ctx.meta.get(RUN_ARGS)
-    inventory = for_run(inventory, run_args or None, train_env)
+    inventory = for_run(inventory, run_args or None, train_env, train_script)
     ui = settings.ui
     from orchestrator.cli.pipeline import CliFront
     from orchestrator.pipeline import PipelineOptions, pipeline_doc, pipeline_inventory, run_pipeline

@@ -102,13 +102,27 @@ class Inventory:
     #: {"args": [...]} and/or {"env": {...}}; empty when nothing (see :meth:`for_run`)
     run_overrides: dict[str, Any] = field(default_factory=dict)
 
-    def for_run(self, args: Sequence[str] | None, env: Mapping[str, str]) -> Inventory:
+    def for_run(
+        self, args: Sequence[str] | None, env: Mapping[str, str], script: str | None = None
+    ) -> Inventory:
         """This inventory for one run: ``args`` (when given, even empty) replace ``train.args``;
-        ``env`` is added to ``train.env`` (a name already there takes the new value). The inventory
-        file is not changed: the next run without them has the inventory's values again."""
+        ``env`` is added to ``train.env`` (a name already there takes the new value); ``script``
+        replaces ``train.script`` (``--script``: an Ansible inventory has no train section). The
+        inventory file is not changed: the next run without them has the inventory's values again."""
+        from orchestrator.errors import UsageError
+        from orchestrator.inventory.model import TrainSettings
+
         train = self.cluster.train
         update: dict[str, Any] = {}
         overrides: dict[str, Any] = {}
+        if script is not None:
+            try:
+                TrainSettings(script=script)  # the field's own rules: one line, no control character
+            except ValueError:
+                raise UsageError(
+                    f"--script {script!r}: not a file name (empty, or a control character)"
+                ) from None
+            update["script"] = overrides["script"] = script
         if args is not None:
             update["args"] = overrides["args"] = tuple(args)
         if env:

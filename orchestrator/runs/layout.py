@@ -254,6 +254,7 @@ def train_record(inventory: Inventory) -> dict[str, Any]:
     env = overrides.get("env") or {}
     return {
         "script": train.script,
+        **({"script_from": "command line"} if "script" in overrides else {}),
         "args": list(masked_args(train.args)),
         "args_from": "command line" if "args" in overrides else "inventory",
         "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
@@ -266,7 +267,7 @@ def train_args_line(train: Mapping[str, Any] | None) -> str:
     arguments, nothing set for this run)."""
     if not train:
         return ""
-    parts = []
+    parts = [f"script: {train.get('script')} (command line)"] if train.get("script_from") else []
     args = [str(a) for a in train.get("args") or []]
     if args or train.get("args_from") == "command line":
         parts.append(f"args: {shlex.join(args) or '(none)'} ({train.get('args_from', 'inventory')})")

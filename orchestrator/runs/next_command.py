@@ -73,7 +73,8 @@ def _run_words(inventory: Inventory) -> tuple[list[str], str]:
     args = inventory.run_overrides.get("args")
     if any(is_secret_name(name) for name in env) or (args is not None and masked_args(args) != tuple(args)):
         return [], " with this run's -e and -- arguments (not repeated here: secret-looking values)"
-    words = [f"-e {shlex.quote(f'{name}={value}')}" for name, value in env.items()]
+    words = [f"--script {shlex.quote(script)}"] if (script := inventory.run_overrides.get("script")) else []
+    words += [f"-e {shlex.quote(f'{name}={value}')}" for name, value in env.items()]
     if args is not None:
         words += ["--", *map(shlex.quote, args)]
     return words, ""

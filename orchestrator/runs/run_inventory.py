@@ -32,10 +32,12 @@ def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def for_run(inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str]) -> Inventory:
+def for_run(
+    inventory: Inventory, args: Sequence[str] | None, env_pairs: Sequence[str], script: str | None = None
+) -> Inventory:
     """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
-    values are added to train.env."""
-    return inventory.for_run(args, parse_env_pairs(env_pairs))
+    values are added to train.env, ``--script`` replaces train.script."""
+    return inventory.for_run(args, parse_env_pairs(env_pairs), script)
 
 
 def selected(selection: Selection, inventory: Inventory) -> list[Node]:

@@ -201,8 +201,6 @@ IGNORED_ENV = {
 }
 
 
-
-
 def missing_script_warning(inventory: Inventory) -> str | None:
     """A relative ``train.script`` that is not in the current directory is not uploaded (prepare_plan):
     said before a launch, since every node would fail on it or run an old copy; with ``cluster.code``,
@@ -231,6 +229,30 @@ def missing_script_warning(inventory: Inventory) -> str | None:
         f"train.script {script!r} is not in {Path.cwd()}: it is not uploaded, so every node runs what "
         f"is there already ({where}; an earlier launch's copy included); run bootstrap from your "
         "project's directory, or add cluster.code to the inventory to sync the project"
+    )
+
+
+#: what the training script of a project is usually called: one of them here while the shipped
+#: example trains is a mistake more often than not
+USUAL_SCRIPTS = ("train.py", "main.py", "train_ddp.py")
+
+
+def example_notice(inventory: Inventory) -> tuple[str, str] | None:
+    """(level, text) when the run trains the shipped example (no ``train.script``: an Ansible
+    inventory has no train section): said always, as a warning when a usual training script is in the
+    directory bootstrap runs from (the user's own, which is not what runs)."""
+    from orchestrator.inventory.model import TrainSettings
+
+    example = TrainSettings().script
+    if inventory.cluster.train.script != example:
+        return None
+    said = f"script: {example}, the example shipped with bootstrap: the inventory names no train.script"
+    mine = [name for name in USUAL_SCRIPTS if Path(name).is_file()]
+    if not mine:
+        return "info", said
+    return "warn", (
+        f"{said}, so {mine[0]} here is not what runs; name it in cluster.train.script, or for this run "
+        f"`--script {mine[0]}` (an Ansible inventory has no train section: --script is the way)"
     )
 
 

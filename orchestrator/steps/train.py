@@ -381,6 +381,7 @@ def launch_phase(
     from orchestrator.runs.ranks import rank_labels
     from orchestrator.runs.stall import StallWatch, stall_seconds
     from orchestrator.steps.launch import (
+        example_notice,
         missing_script_warning,
         offline_dry_run,
         plan,
@@ -391,6 +392,8 @@ def launch_phase(
     say, live = reach.say, reach.live
     if missing := missing_script_warning(inventory):
         say("warn", missing)
+    if example := example_notice(inventory):
+        say(*example)
     nodes = list(inventory.nodes)
     names = [n.name for n in nodes]
     renderer = Renderer(templates_dir_for(inventory, templates_dir))

@@ -200,3 +200,26 @@ def test_nodes_refuse_what_cannot_be_sized_down(tmp_path: Path) -> None:
     inventory = load_inventory(tmp_path / "lab.yaml")
     with pytest.raises(UsageError, match=r"train\.min_nodes is 3, but this run uses 2 node"):
         inventory.only(inventory.select(["a,b"]))
+
+
+def test_a_run_without_train_script_names_the_example_and_script_picks_the_users(tmp_path: Path) -> None:
+    """An inventory without train.script (an Ansible one has no train section) trained the shipped
+    example while the user's train.py sat here, and nothing said which script ran. It is said (a
+    warning naming the way out), and `--script` trains the user's for this run."""
+    (tmp_path / "lab.yaml").write_text("cluster: {name: lab}\nnodes:\n  - {name: a, host: 192.0.2.1}\n")
+    (tmp_path / "train.py").write_text("print('mine')\n")
+    dry = _cli(tmp_path, "--json", "launch", "--dry-run", "--run-id", "r1")
+    assert dry.returncode == 0, dry.stderr
+    assert "script: examples/train_ddp.py, the example shipped with bootstrap" in dry.stderr, dry.stderr
+    assert "so train.py here is not what runs" in dry.stderr and "`--script train.py`" in dry.stderr
+    mine = _cli(
+        tmp_path, "--json", "launch", "--dry-run", "--run-id", "r1", "--script", "train.py", "--", "--x"
+    )
+    assert mine.returncode == 0 and "shipped with bootstrap" not in mine.stderr, mine.stderr
+    assert "python3 train.py --x\n" in json.loads(mine.stdout)["nodes"][0]["script"]
+    bad = _cli(tmp_path, "launch", "--dry-run", "--script", "a\nb.py")
+    assert bad.returncode == 2 and "--script 'a\\nb.py': not a file name" in bad.stderr, bad.stderr
+    run = load_inventory(tmp_path / "lab.yaml").for_run(None, {}, "train.py")
+    from orchestrator.runs.layout import train_args_line
+
+    assert train_args_line(train_record(run)) == "script: train.py (command line)"
