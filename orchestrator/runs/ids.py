@@ -65,6 +65,15 @@ def pick_run_id(prefix: str, root: Path = RUNS_ROOT, *, reserve: bool = True) ->
     raise UsageError(f"no free run id for {base} in {root.resolve()}", hint="pass --run-id")
 
 
+def release_run_id(run_id: str, root: Path = RUNS_ROOT) -> None:
+    """A run id reserved (its directory made by :func:`pick_run_id`) for a run that started nowhere:
+    its directory removed while it is still empty, so `--run latest` never means it."""
+    try:
+        (root / check_run_id(run_id)).rmdir()
+    except OSError:
+        pass  # not empty (a record, a log), or not there: kept as it is
+
+
 def claim_run_id(run_id: str, root: Path = RUNS_ROOT) -> str:
     """A run id the user chose: refused when a run of that id was launched from here already."""
     check_run_id(run_id)

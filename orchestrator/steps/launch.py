@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from orchestrator.steps.contract import Report
     from orchestrator.steps.dry_run import Planned
     from orchestrator.steps.node_facts import InspectedNode
+    from orchestrator.steps.preflight.checks import PreflightFacts
     from orchestrator.transports import Result, SSHOptions, Transport
     from orchestrator.transports.base import OnLine, Stream
 
@@ -94,6 +95,8 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
     """Facts from every node (route to the master, CPUs), then one LaunchSpec per node."""
     master = inventory.master_node
     inspected, facts = gather_node_facts(session, inventory)
+    if missing := _no_environment(inventory, facts):
+        raise missing
     single = len(inventory.nodes) == 1
     verdicts = check_interfaces(facts, master.name, single=single, reached=reached_nodes(session, [master]))
     warnings = [f"node {n!r}: {v.reason} ({v.fix})" for n, v in verdicts.items() if v.level == "fail"]
@@ -114,6 +117,27 @@ def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
         cpus=cpus,
         inspected=inspected,
         warnings=warnings,
+    )
+
+
+def _no_environment(inventory: Inventory, facts: Sequence[PreflightFacts]) -> CommandFailedError | None:
+    """The refusal of a launch on nodes whose declared environment (``cluster.env``) is not there yet,
+    or has no torch: every rank would fail on it ("venv/bin/python: not found", exit 127)."""
+    if not inventory.cluster.env.declared:
+        return None
+    lacking = [
+        f.node.name
+        for f in facts
+        # the interpreter answered nothing (not there: "venv/bin/python: not found"), or has no torch
+        if (f.python is None and f.torch is None) or (f.torch is not None and not f.torch.installed)
+    ]
+    if not lacking:
+        return None
+    paths = sorted({training_python(n, inventory) for n in inventory.nodes if n.name in lacking})
+    return CommandFailedError(
+        f"{', '.join(lacking)}: no environment with torch at {', '.join(paths)} (cluster.env is declared, "
+        "not synced there yet): every rank would fail on it; nothing was started",
+        hint="`bootstrap sync --only env` builds it; plain `bootstrap` syncs, then trains",
     )
 
 

@@ -376,7 +376,7 @@ def launch_phase(
     from orchestrator.dashboard.model import observe, show_facts
     from orchestrator.logs import RunLog
     from orchestrator.render import missing_secrets, templates_dir_for
-    from orchestrator.runs.ids import check_run_id, new_run_id
+    from orchestrator.runs.ids import check_run_id, new_run_id, release_run_id
     from orchestrator.runs.layout import train_args_line, train_record
     from orchestrator.runs.ranks import rank_labels
     from orchestrator.runs.stall import StallWatch, stall_seconds
@@ -421,7 +421,11 @@ def launch_phase(
         with reach.progress(names, "plan") as on_event:
             session.executor.on_event = on_event
             # with the project's code record: a node whose code directory holds other code is told
-            run.plan = launch_plan = plan(session, inventory, run_id)
+            try:
+                run.plan = launch_plan = plan(session, inventory, run_id)
+            except BaseException:
+                release_run_id(run_id)  # nothing started: the id's empty directory goes (not `latest`)
+                raise
             launch_plan.specs = with_code_record(inventory, launch_plan.specs)
             attach_shares(session, inventory, launch_plan, run_id)  # cluster.train.shares (docs/bench.md)
         session.executor.on_event = None
@@ -430,6 +434,7 @@ def launch_phase(
             unobserve()
             # not reached, or reached and refused (an unknown host key, a login refused): not launching
             run.unreachable = [o.node for o in launch_plan.inspected if not o.ok]
+            release_run_id(run_id)
             return run
         for warning in launch_plan.warnings:
             say("warn", warning)

@@ -731,6 +731,28 @@ def _local_project(tmp_path: Path, train: str) -> tuple[Path, Path, dict[str, st
     return project, inv, {"HOME": str(tmp_path)}
 
 
+def test_a_launch_on_a_declared_environment_never_synced_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """cluster.env declared and not synced yet: the launch's facts saw no interpreter there, started
+    every node anyway, and each failed with "venv/bin/python: not found" (exit 127, a failed run
+    recorded). Refused now, naming the nodes, the path and the sync that builds it; no run is left."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "cluster: {train: {script: train.py}, env: {packages: [tinya==1.0]}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    refused = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env={"HOME": str(tmp_path)})
+    assert refused.returncode == 1, refused
+    said = f"here: no environment with torch at {tmp_path / 'wd' / 'venv' / 'bin' / 'python'}"
+    assert said in refused.stderr and "nothing was started" in refused.stderr, refused.stderr
+    assert f"`bootstrap -i {inv} sync --only env` builds it" in refused.stderr, refused.stderr
+    assert "exit 127" not in refused.stdout + refused.stderr
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+    assert not (tmp_path / "wd" / "runs").exists()
+
+
 def test_launch_says_when_a_nodes_code_directory_is_not_the_project(tmp_path: Path) -> None:
     """A code sync that failed on one node (or was not run after an edit) left it other code than the
     project: launch trained with it and said nothing. It now says so on that node's line, naming the
