@@ -149,6 +149,8 @@ class TrainReport:
             for address, node in peers_gone(tail, addresses.get):
                 if node != o.node:
                     hints[f"{address}, the peer whose connection closed, is {node}: look there first"] = None
+            if any(ABORT_IN_TEARDOWN in line for line in tail):
+                hints[ABORT_HINT] = None
         for o in self.outcomes:
             result = getattr(o.error, "result", None)
             if isinstance(result, Result) and o.node in nodes and disk_full(result.stdout + result.stderr):
@@ -470,6 +472,17 @@ def launch_phase(
         if live is not None and run.report.interrupted is None:
             _tell_dashboard(live, run.report)
     return run
+
+
+#: what a rank's C++ runtime prints when it aborts (SIGABRT, exit -6) in Python's teardown after the
+#: script's last line: torch's gloo threads still running at interpreter exit
+ABORT_IN_TEARDOWN = "terminate called without an active exception"
+ABORT_HINT = (
+    "'terminate called without an active exception': a rank aborted in Python's teardown, after the "
+    "script's last line (torch's threads at interpreter exit: nothing of the training was lost). End the "
+    "script with os._exit(0) after its last save and print, as examples/train_ddp.py does "
+    "(docs/troubleshooting.md, \"terminate called without an active exception\")"
+)
 
 
 def _tell_dashboard(live: LiveRun, report: TrainReport) -> None:

@@ -376,3 +376,29 @@ def test_a_full_disk_anywhere_in_a_nodes_output_is_said_once_with_its_workdir() 
         "n2: a disk there is full ('No space left on device' in its output): free space in its workdir "
         "(/data/n2), then run again"
     ]
+
+
+def test_a_rank_that_aborted_in_pythons_teardown_gets_the_documented_fix() -> None:
+    """A textbook DDP script ending with destroy_process_group() aborted (SIGABRT) after its last
+    epoch in 2 of 6 runs; the summary said "rank 1 was killed by signal 6" and nothing else. It names
+    the cause and the fix (os._exit(0)) that troubleshooting.md documents."""
+    from orchestrator.errors import CommandFailedError
+    from orchestrator.executor import Outcome
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.render import plan_launch
+    from orchestrator.steps.train import TrainReport
+
+    inventory = load_inventory_text(
+        "cluster: {name: lab, master: n1}\nnodes:\n  - {name: n1, host: 10.0.0.1}\n", "lab.yaml"
+    )
+    specs = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r1", interfaces={}, cpus={"n1": 1},
+        pythons={"n1": "python3"},
+    )  # fmt: skip
+    said = "[default0]:epoch 3 done\n[default0]:terminate called without an active exception\n"
+    failed = Outcome(
+        "n1", None, CommandFailedError("rank 0", node="n1", result=Result("n1", "x", 1, said, "", 1.0)), 1.0
+    )
+    report = TrainReport("r1", [failed], {"n1"}, failed=[failed])
+    (hint,) = report.hints(inventory, specs, {"n1": (0, 1)})
+    assert "a rank aborted in Python's teardown" in hint and "os._exit(0)" in hint, hint
