@@ -77,10 +77,19 @@ class UsageError(BootstrapError):
     exit_code = ExitCode.USAGE
 
 
-class UnsafeDirectoryError(UsageError):
+class SetupError(UsageError):
+    """What must change is the inventory or this machine, not the node: a command whose nodes all
+    failed with these (or were cancelled) exits 2, like bad input, not 1 (executor.exit_code_for)."""
+
+
+class UnsafeDirectoryError(SetupError):
     """A node's run directory (or a directory above it) that another user could have planted or can
     change: refused before anything there is written, read or signalled. Exit 2, like bad input: the
     workdir is what has to change."""
+
+
+class KeyFileMissingError(SetupError):
+    """A node's ``key_file`` that is not on this machine: said before any connection is tried."""
 
 
 class InventoryIssue:

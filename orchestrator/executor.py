@@ -13,7 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from orchestrator.errors import BootstrapError, CancelledError, ConnectError, ExitCode, UnsafeDirectoryError
+from orchestrator.errors import BootstrapError, CancelledError, ConnectError, ExitCode, SetupError
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +101,10 @@ def exit_code_for(
     errors = [o.error for o in outcomes if o.error is not None]
     if errors and all(isinstance(e, CancelledError) for e in errors):
         return ExitCode.INTERRUPTED  # stopped (stop --run, Ctrl-C), nothing failed of its own
-    if any(isinstance(e, UnsafeDirectoryError) for e in errors) and all(
-        isinstance(e, (UnsafeDirectoryError, CancelledError)) for e in errors
+    if any(isinstance(e, SetupError) for e in errors) and all(
+        isinstance(e, (SetupError, CancelledError)) for e in errors
     ):
-        return ExitCode.USAGE  # refused where another user could interfere: the workdir must change
+        return ExitCode.USAGE  # the inventory or this machine must change (an unsafe workdir, a key)
     if any((not o.ok) or (failed is not None and failed(o)) for o in outcomes):
         return ExitCode.NODES_FAILED
     return ExitCode.OK

@@ -481,7 +481,7 @@ ABORT_HINT = (
     "'terminate called without an active exception': a rank aborted in Python's teardown, after the "
     "script's last line (torch's threads at interpreter exit: nothing of the training was lost). End the "
     "script with os._exit(0) after its last save and print, as examples/train_ddp.py does "
-    "(docs/troubleshooting.md, \"terminate called without an active exception\")"
+    '(docs/troubleshooting.md, "terminate called without an active exception")'
 )
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import KeyFileMissingError, UsageError
 from orchestrator.platforms import platform_for_node
 from orchestrator.transports.base import LineSplitter, OnLine, Result, Stream, Transport
 from orchestrator.transports.local import LocalTransport
@@ -66,6 +67,16 @@ def open_transport(node: Node, *, ssh: SSHOptions, passwords: PasswordResolver) 
         return LocalTransport(node.name, platform)
     if node.connection == "ssh":
         from orchestrator.transports.ssh import SSHTransport
+
+        if node.key_file and not os.path.isfile(os.path.expanduser(node.key_file)):
+            # as an inventory error, before a connection is tried: paramiko's "[Errno 2] No such
+            # file" read as a connection failure, exit 3, once per node
+            raise KeyFileMissingError(
+                f"key_file {node.key_file!r} does not exist on this machine (the private key to log in with)",
+                node=node.name,
+                hint="correct key_file in the inventory, or leave it out: your default keys "
+                "(~/.ssh/id_ed25519, ~/.ssh/id_rsa, the agent) are tried then",
+            )
 
         return SSHTransport(
             node.name,

@@ -258,3 +258,23 @@ def test_a_foreground_record_left_unfinished_tells_one_story_for_a_lost_controll
     assert not controller_lost(read_record(fg), ["stopped", "exited"])
     assert not controller_lost(read_record(fg), ["not started"])
     assert oct((fg / "run.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_key_file_that_is_not_here_is_said_once_before_any_connection(tmp_path: Path) -> None:
+    """`key_file:` naming a file this machine does not have was paramiko's "[Errno 2] No such file",
+    as a connection failure on every node (exit 3). It is one line for the nodes naming it, exit 2,
+    and no connection is tried (the TEST-NET addresses would time out)."""
+    import time
+
+    (tmp_path / "hosts.yaml").write_text(
+        "cluster: {name: lab}\ndefaults: {key_file: ~/.ssh/nope_rsa}\n"
+        "nodes:\n  - {name: a, host: 192.0.2.1}\n  - {name: b, host: 192.0.2.2}\n"
+    )
+    begin = time.monotonic()
+    run = _cli("-i", "hosts.yaml", "check", cwd=tmp_path)
+    assert run.returncode == 2, run
+    said = [line for line in run.stderr.splitlines() if "key_file" in line]
+    assert len(said) == 1 and "nodes 'a', 'b': key_file '~/.ssh/nope_rsa' does not exist" in said[0], (
+        run.stderr
+    )
+    assert "Errno" not in run.stderr and time.monotonic() - begin < 30
