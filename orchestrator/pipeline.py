@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.errors import BootstrapError, ExitCode
+from orchestrator.errors import BootstrapError, ConnectError, ExitCode
 from orchestrator.facts.linux import RootAccess
 from orchestrator.runs.run_inventory import Selection, run_nodes
 
@@ -267,19 +267,15 @@ def _run_phases(
         if env or code_sync or from_master:
             env = env or from_master
             only = None if env and code_sync else "env" if env else "code"
-            report.codes["sync"] = _phase(
-                "sync",
-                front,
-                session,
-                selected,
-                lambda reach: _sync(reach, inventory, selected, only, from_master, options),
-            )
+            synced: list[Any] = []
+
+            def sync_phase(reach: Reach) -> Any:
+                synced.append(_sync(reach, inventory, selected, only, from_master, options))
+                return synced[-1]
+
+            report.codes["sync"] = _phase("sync", front, session, selected, sync_phase)
             if report.codes["sync"] != ExitCode.OK:
-                return stop(
-                    "not going on: sync failed (see above); "
-                    f"`bootstrap sync{' --from-master' if from_master else ''}` repeats just that step",
-                    report.codes["sync"],
-                )
+                return stop(_sync_failed(synced[0] if synced else None, from_master), report.codes["sync"])
         else:
             report.skipped["sync"] = "the inventory declares no cluster.env or cluster.code"
 
@@ -380,6 +376,20 @@ def _phase(
     """One phase: begun, its work on the pipeline's session narrowed to ``nodes``, its report shown."""
     front.begin(name)
     return front.show(name, work(front.reach(session, name)), nodes)
+
+
+def _sync_failed(synced: Any, from_master: bool) -> str:
+    """Why the pipeline stops after a failed sync, and what to do: a repeat of the sync only when that
+    can help (not for a node that did not answer, nor one a run is running from)."""
+    from orchestrator.steps.codesync import CodeInUseError
+
+    errors = [o.error for o in [*getattr(synced, "env", []), *getattr(synced, "code", [])] if o.error]
+    if errors and all(isinstance(e, ConnectError) for e in errors):
+        return "not going on: sync could not reach every node (see above)"
+    if any(isinstance(e, CodeInUseError) for e in errors):
+        return "not going on: a run is running from the code directory (see above): stop it first, or wait"
+    again = f"`bootstrap sync{' --from-master' if from_master else ''}` repeats just that step"
+    return f"not going on: sync failed (see above); {again}"
 
 
 def _sync(

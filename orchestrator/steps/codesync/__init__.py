@@ -10,6 +10,7 @@ from orchestrator.steps.codesync.ignore import DEFAULT_EXCLUDES, IgnoreRules
 from orchestrator.steps.codesync.manifest import Changes, FileEntry, LocalTree, build_tree, diff
 from orchestrator.steps.codesync.sync import (
     CodeDestRefused,
+    CodeInUseError,
     CodeSyncResult,
     ProgressFn,
     code_dest,
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT_EXCLUDES",
     "Changes",
     "CodeDestRefused",
+    "CodeInUseError",
     "CodeSyncResult",
     "FileEntry",
     "IgnoreRules",

@@ -438,13 +438,17 @@ def scan_node(
         progress(result.summary())
         return result
     if (running := [str(r) for r in scan.get("running") or []]) and not dry_run:
-        raise CommandFailedError(
+        raise CodeInUseError(
             f"run {', '.join(running)} is running from {where} on this node: syncing now would change "
             "its code under it (what it imports later, a restart of its ranks); nothing was written",
             node=node.name,
             hint=f"`bootstrap stop --run {running[0]}` first, or sync once it has ended",
         )
     return _Pending(node, transport, where, changes, record, result)
+
+
+class CodeInUseError(CommandFailedError):
+    """A node's code directory that a run is running from: not synced (its code would change under it)."""
 
 
 #: the temporary directories holding a sync's bundles: ``cb-code-<host>-<pid>-<random>`` (the host:
