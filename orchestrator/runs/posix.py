@@ -118,14 +118,26 @@ class PosixRuns(RunOps):
             'exit "$_cb_rc"'
         )
 
-    def other_runs(self, own: str, nonce: str) -> str:
+    def other_runs(self, own: str, nonce: str, runs_root: str) -> str:
         """One record ``leftover COUNT MARKER`` per run (other than ``own``, a RUN_MARKER_ENV value)
-        that still has processes on the node: what a new launch should know is running beside it."""
+        that still has processes of this user on the node, its run directory below ``runs_root``
+        (this workdir's runs: another cluster's or workdir's run on a shared machine is not one
+        `stop --run` here could end): what a new launch should know is running beside it."""
         return (
             self.platform.record_functions(nonce) + "\n"
-            f"grep -azo '^{RUN_MARKER_ENV}=[^[:cntrl:]]*' /proc/[0-9]*/environ 2>/dev/null"
+            f"_cb_root={self.platform.path_word(runs_root.rstrip('/'))}/\n"
+            # each process's marker and run directory, as "FILE:NAME=VALUE" lines (only ours: a
+            # process of another user may carry any marker)
+            '(set -- /dev/null; for f in /proc/[0-9]*/environ; do [ -O "$f" ] && set -- "$@" "$f"; done\n'
+            f" grep -azoH -e '^{RUN_MARKER_ENV}=[^[:cntrl:]]*'"
+            f" -e '^{RUN_DIR_ENV}=[^[:cntrl:]]*' \"$@\" 2>/dev/null)"
+            " | tr '\\0' '\\n' | awk -v root=\"$_cb_root\""
+            ' \'{ i = index($0, ":"); f = substr($0, 1, i - 1); v = substr($0, i + 1);'
+            f' if (index(v, "{RUN_MARKER_ENV}=") == 1) m[f] = substr(v, {len(RUN_MARKER_ENV) + 2});'
+            f" else d[f] = substr(v, {len(RUN_DIR_ENV) + 2}) }}"
+            ' END { for (f in m) if (index(d[f] "/", root) == 1) print m[f] }\''
             # without the launcher's token (run_identity): one count per run and node
-            " | tr '\\0' '\\n' | sed 's/^[^=]*=//; s#/[0-9][0-9]*-[0-9-]*$##'"
+            " | sed 's#/[0-9][0-9]*-[0-9-]*$##'"
             f" | grep -vxF {self.platform.quote(own)} | sort | uniq -c"
             ' | while read -r n m; do _cb_rec leftover "$n" "$m"; done'
         )

@@ -563,7 +563,7 @@ def prepare_plan(
         assert posix is not None
         code_dir = spec.code_dir + ("" if absolute else "/" + str(Path(spec.script).parent))
         prepare = (
-            PosixRuns(posix).other_runs(run_marker(spec.run_id, node.name), nonce)
+            PosixRuns(posix).other_runs(run_marker(spec.run_id, node.name), nonce, in_workdir(node, "runs"))
             + "\n"
             + (read_code_record(posix, spec.code_dir) + "\n" if spec.code_record is not None else "")
             + prepare_script(

@@ -402,3 +402,36 @@ def test_a_rank_that_aborted_in_pythons_teardown_gets_the_documented_fix() -> No
     report = TrainReport("r1", [failed], {"n1"}, failed=[failed])
     (hint,) = report.hints(inventory, specs, {"n1": (0, 1)})
     assert "a rank aborted in Python's teardown" in hint and "os._exit(0)" in hint, hint
+
+
+def test_a_leftover_run_is_one_of_this_workdir_and_this_user(tmp_path: Path) -> None:
+    """The notice named another cluster's run on a shared machine (and a made-up marker of another
+    user's process), with a `stop --run` that could stop neither. Only runs whose directory is below
+    this workdir's runs/, and processes of this user, are counted."""
+    import subprocess
+
+    from orchestrator import records
+    from orchestrator.platforms import PosixShell
+    from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV
+    from orchestrator.runs.posix import PosixRuns
+
+    ours, theirs = tmp_path / "wd" / "runs", tmp_path / "other-wd" / "runs"
+    started = []
+    for marker, run_dir, user in (
+        ("mine-1/n1/11-22", ours / "mine-1" / "n1", None),
+        ("mine-1/n1/11-22", ours / "mine-1" / "n1", None),
+        ("other-1/n1/33-44", theirs / "other-1" / "n1", None),  # another workdir's run
+        ("fake-1/n1/55-66", ours / "fake-1" / "n1", 54321),  # another user's made-up marker
+    ):
+        env = {"PATH": "/usr/bin:/bin", RUN_MARKER_ENV: marker, RUN_DIR_ENV: str(run_dir)}
+        started.append(subprocess.Popen(["sleep", "60"], env=env, user=user))
+    try:
+        nonce = records.new_nonce()
+        script = PosixRuns(PosixShell()).other_runs("own-1/n1", nonce, str(ours))
+        out = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, timeout=30).stdout
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+    found = {(r.text(1), r.text(0)) for r in records.decode(out, nonce) if r.kind == "leftover"}
+    assert found == {("mine-1/n1", "2")}, out
