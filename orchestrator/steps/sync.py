@@ -311,6 +311,7 @@ class SyncReport:
         for o in self.code:
             if self.dry_run and o.value is not None and o.value.plan is not None:
                 said += [Said("out", f"# {o.node}: code at {o.value.dest}")]
+                said += [Said("out", f"#   {line}") for line in o.value.file_lines()]
                 said += [Said("out", line) for line in plan_lines(o.value.plan, o.node)]
         kept = [
             Said("warn", f"node {o.node!r}: {o.value.kept_warning()}")

@@ -471,6 +471,12 @@ def test_cli_sync_only_code(
     assert all(n["unchanged"] for n in json.loads(again.stdout)["code"]["nodes"])
     human = bootstrap("-i", str(inv), "sync", "--only", "code")
     assert "unchanged (7 files)" in human.stdout + human.stderr, human
+    # a dry run lists what would move, a file a line (as rsync -n), not only how many
+    (source / "train.py").write_text("changed\n")
+    (source / "run.sh").unlink()
+    listed = bootstrap("-i", str(inv), "--dry-run", "sync", "--only", "code")
+    assert listed.returncode == 0, listed
+    assert listed.stdout.count("#   ~ train.py\n") == 3 and listed.stdout.count("#   - run.sh\n") == 3, listed
 
 
 def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> None:

@@ -129,6 +129,18 @@ class CodeSyncResult:
         ]
         return ", ".join(parts) + f", {human_bytes(self.bytes_sent)}{kept}"
 
+    def file_lines(self, most: int = 50) -> list[str]:
+        """What moves, a file a line, as ``rsync -n`` lists it: ``+ added``, ``~ changed``,
+        ``- deleted``, ``= kept`` (the node's own); the first ``most``, then how many more."""
+        marked = [
+            *(f"+ {rel}" for rel in self.added),
+            *(f"~ {rel}" for rel in self.changed),
+            *(f"- {rel}" for rel in self.deleted),
+            *(f"= {rel} (kept: the node's own)" for rel in self.kept),
+        ]
+        more = [f"... and {len(marked) - most} more (--json lists them all)"] if len(marked) > most else []
+        return marked[:most] + more
+
     def kept_warning(self) -> str:
         """What a human must know about the files kept: which, why, what to do; "" when none."""
         if not self.kept:
