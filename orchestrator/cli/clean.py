@@ -58,7 +58,7 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
         ui.note("nothing was removed")
         return ExitCode.OK
     _report(settings, report)
-    for line in report.refusals():
+    for line in report.refusals(dry_run=settings.dry_run):
         ui.error(line)
     return report.exit_code()
 
@@ -77,5 +77,5 @@ def _report(settings: Settings, report: CleanReport) -> None:
     total = human_bytes(report.bytes)
     if removed:
         ui.info(f"clean: {total} removed from {len(outcomes)} node(s)")
-    elif settings.dry_run:
+    elif settings.dry_run and not report.busy:
         ui.info(f"clean --dry-run: {total} would be removed; nothing was changed")

@@ -226,19 +226,33 @@ class CleanReport:
                 view.add(o.node, item.kind, item.path, str(item.files), human_bytes(item.bytes))
         return view
 
-    def refusals(self) -> list[str]:
-        """Before a removal: per node running a run, that nothing was removed anywhere and how to end it."""
+    def refusals(self, *, dry_run: bool = False) -> list[str]:
+        """Before a removal: per node running a run, that nothing was removed anywhere (a dry run:
+        that nothing would be) and how to end it; the nodes that could not be read, that nothing was
+        removed on the others either, and how to clean those alone."""
         if self.removed:
             return []
+        nothing = "clean would remove nothing on any node" if dry_run else "nothing was removed on any node"
         alike: dict[tuple[str, ...], list[str]] = {}  # one line for the nodes running the same runs
         for o in self.busy:
             if o.value is not None:
                 alike.setdefault(tuple(o.value.running), []).append(o.node)
-        return [
-            f"{', '.join(nodes)}: run {', '.join(runs)} is running there: nothing was removed on any node "
+        said = [
+            f"{', '.join(nodes)}: run {', '.join(runs)} is running there: {nothing} "
             f"(`bootstrap stop --run {runs[0]}` ends it)"
             for runs, nodes in alike.items()
         ]
+        unread = [o.node for o in self.outcomes if o.error is not None]
+        read = [o.node for o in self.outcomes if o.error is None]
+        if unread and not dry_run and not self.busy:
+            others = (
+                f"; or clean the others alone: `bootstrap clean --nodes {','.join(read)}`" if read else ""
+            )
+            said.append(
+                f"{nothing}: {', '.join(unread)} could not be read (a run may be running there, and its "
+                f"files are not listed); bring {'them' if len(unread) > 1 else 'it'} back{others}"
+            )
+        return said
 
     def exit_code(self) -> ExitCode:
         """1 also when a run blocked the removal, or a node kept something it should have lost."""

@@ -170,6 +170,30 @@ def test_nodes_running_the_same_run_refuse_a_clean_in_one_line() -> None:
     ]
 
 
+def test_a_clean_with_a_node_it_could_not_read_says_nothing_was_removed_and_how_on() -> None:
+    """One node down: `clean --yes` showed a "to remove" table with sizes and the node's connection
+    error, exit 3, and no word that nothing was removed on the others, nor how to clean them."""
+    from orchestrator.errors import UnreachableError
+
+    read = [NodeClean(n, items=[], running=[], removed=False) for n in ("n1", "n2")]
+    outcomes = [Outcome(v.node, v, None, 0.1) for v in read]
+    outcomes.append(Outcome("n3", None, UnreachableError("connection refused", node="n3"), 0.1))
+    report = CleanReport(GroupResult(outcomes), removed=False)
+    assert report.refusals() == [
+        "nothing was removed on any node: n3 could not be read (a run may be running there, and its files"
+        " are not listed); bring it back; or clean the others alone: `bootstrap clean --nodes n1,n2`"
+    ]
+    assert report.refusals(dry_run=True) == []  # the listing is what a dry run asked for
+    assert report.exit_code() == ExitCode.CONNECTION
+    busy = NodeClean("n1", items=[], running=["r1"], removed=False)
+    refused = CleanReport(GroupResult([Outcome("n1", busy, None, 0.1)]), removed=False)
+    assert refused.refusals(dry_run=True) == [
+        "n1: run r1 is running there: clean would remove nothing on any node"
+        " (`bootstrap stop --run r1` ends it)"
+    ]
+    assert refused.exit_code() == ExitCode.NODES_FAILED  # as the clean itself would end
+
+
 def test_fetch_says_when_a_path_came_from_the_code_directory_every_run_shares() -> None:
     """A script writing ckpt/ in its working directory (the code directory): `fetch --run R ckpt/`
     copied every run's checkpoints under runs/R/ and did not say they were not R's alone."""
