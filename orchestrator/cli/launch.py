@@ -51,6 +51,7 @@ T = TypeVar("T")
     show_default=True,
     help="slurm: the sbatch script and the node part of cluster.slurm (docs/slurm.md).",
 )
+@master_option
 @click.pass_context
 def render(
     ctx: click.Context,
@@ -59,17 +60,23 @@ def render(
     offline: bool,
     run_id: str | None,
     target: str,
+    master: str | None,
 ) -> int:
     """Show each node's exact launch script (torchrun with its rendezvous, interface and environment).
 
     The interface and the address peers reach each node at come from the route to the master, found
     on the nodes (like `check`); --offline uses only the inventory. Printed scripts mask values of
     secret-looking variables; files written with --out are complete and run by hand on each node.
+    --nodes (and --master) as for launch: the job those nodes make, sized to them; the others are
+    not contacted.
     """
     from orchestrator.steps.render_out import render_phase
 
     settings = Settings.from_context(ctx)
-    inventory, selected = load_selection(settings)
+    inventory, _ = load_selection(settings)
+    if target != "slurm":
+        inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
+    selected = list(inventory.nodes)
     ui = settings.ui
     done = render_phase(
         reach_for(settings, inventory),

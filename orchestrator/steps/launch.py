@@ -91,11 +91,12 @@ class LaunchPlan:
     warnings: list[str]
 
 
-def plan(session: Session, inventory: Inventory, run_id: str) -> LaunchPlan:
-    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node."""
+def plan(session: Session, inventory: Inventory, run_id: str, *, starting: bool = False) -> LaunchPlan:
+    """Facts from every node (route to the master, CPUs), then one LaunchSpec per node. ``starting``:
+    for a run about to start (not `render`): refused on nodes without their declared environment."""
     master = inventory.master_node
     inspected, facts = gather_node_facts(session, inventory)
-    if missing := _no_environment(inventory, facts):
+    if starting and (missing := _no_environment(inventory, facts)):
         raise missing
     single = len(inventory.nodes) == 1
     verdicts = check_interfaces(facts, master.name, single=single, reached=reached_nodes(session, [master]))

@@ -424,7 +424,7 @@ def launch_phase(
             session.executor.on_event = on_event
             # with the project's code record: a node whose code directory holds other code is told
             try:
-                run.plan = launch_plan = plan(session, inventory, run_id)
+                run.plan = launch_plan = plan(session, inventory, run_id, starting=True)
             except BaseException:
                 release_run_id(run_id)  # nothing started: the id's empty directory goes (not `latest`)
                 raise

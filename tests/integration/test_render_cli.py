@@ -36,14 +36,19 @@ def test_render_uses_each_nodes_route_to_the_master(
         assert f"export GLOO_SOCKET_IFNAME={dev}\n" in text, text
         assert f"--master-addr {master}" in text and f"--node-rank {rank}" in text
         assert "--nnodes 3" in text and "export OMP_NUM_THREADS=" in text
+    # --nodes as for launch: the job those nodes make, sized to them (node3 is not contacted)
     out = tmp_path / "scripts"
-    run = bootstrap("-i", str(inv), "render", "--out", str(out), "--nodes", "node2")
+    run = bootstrap("-i", str(inv), "render", "--out", str(out), "--nodes", "node1,node2")
     assert run.returncode == 0, run
     assert sorted(p.name for p in out.iterdir()) == [
         "cb_shares.json",
         "cb_shares.py",
+        "node1.sh",
         "node2.sh",
         "rank_capture.py",
     ]
+    assert "--nnodes 2 " in (out / "node2.sh").read_text()
     assert "copy both to the run directory on each node" in run.stderr  # where the script names them
     assert (out / "node2.sh").stat().st_mode & 0o777 == 0o700
+    alone = bootstrap("-i", str(inv), "render", "--nodes", "node2")  # without the master: as launch says
+    assert alone.returncode == 2 and "--master" in alone.stderr, alone
