@@ -27,17 +27,45 @@ from orchestrator.view import human_bytes
     is_flag=True,
     help="Also remove each run's outputs ($CB_RUN_DIR: checkpoints and what training wrote there).",
 )
+@click.option(
+    "--run", "run_ids", multiple=True, metavar="RUN", help="Only this run's directories (repeatable)."
+)
+@click.option(
+    "--older-than",
+    metavar="AGE",
+    help="Only runs that last wrote their log before AGE ago (90s, 30m, 12h, 7d, 2w).",
+)
+@click.option(
+    "--keep", type=click.IntRange(min=0), metavar="N", help="Only runs other than each node's newest N."
+)
 @click.pass_context
-def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
+def clean(
+    ctx: click.Context,
+    yes: bool,
+    outputs: bool,
+    run_ids: tuple[str, ...],
+    older_than: str | None,
+    keep: int | None,
+) -> int:
     """Remove what bootstrap put on the nodes: the environment (env.path and its builds, pushed
     wheels), the code files sync shipped (those still holding the shipped bytes) and the run
     directories (a run's outputs, $CB_RUN_DIR, stay unless --outputs). Each is found by bootstrap's
     own marker; anything else in the workdir stays. Refused on a node while a run is running there.
     --dry-run lists per node what would go and its size; otherwise the list is shown and confirmed
     (--yes: not asked).
+
+    --run, --older-than and --keep clean old runs only: the chosen run directories (each rule given
+    must hold), nothing else; a run running elsewhere does not stop it.
     """
+    from orchestrator.runs.ids import resolve_run
+    from orchestrator.steps.clean import RunChoice, parse_age
+
     settings = Settings.from_context(ctx)
     ui = settings.ui
+    runs = None
+    if run_ids or older_than is not None or keep is not None:
+        age = None if older_than is None else parse_age(older_than)
+        runs = RunChoice(tuple(resolve_run(r) for r in run_ids), age, keep)  # `latest`: the newest here
     inventory, nodes = load_selection(settings)
 
     def ask(found: CleanReport) -> bool:
@@ -52,7 +80,7 @@ def clean(ctx: click.Context, yes: bool, outputs: bool) -> int:
 
     with open_session(settings, inventory, nodes) as session:
         report = clean_nodes(
-            session, inventory, outputs=outputs, dry_run=settings.dry_run, ask=None if yes else ask
+            session, inventory, outputs=outputs, dry_run=settings.dry_run, ask=None if yes else ask, runs=runs
         )
     if report.declined:
         ui.note("nothing was removed")

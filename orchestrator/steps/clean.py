@@ -10,6 +10,7 @@ listing is its read, the removal its plan (orchestrator/runner.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -41,6 +42,32 @@ class CleanItem:
     path: str
     bytes: int
     files: int
+
+
+@dataclass(frozen=True)
+class RunChoice:
+    """`clean --run/--older-than/--keep`: only run directories, those chosen (each given rule holds):
+    ``ids`` (these runs), ``older_than`` (seconds since the run last wrote its log), ``keep`` (all but
+    the newest N of the node's runs). The environment, the code and the caches stay."""
+
+    ids: tuple[str, ...] = ()
+    older_than: float | None = None
+    keep: int | None = None
+
+    def public_dict(self) -> dict[str, Any]:
+        return {"ids": list(self.ids), "older_than": self.older_than, "keep": self.keep}
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` in seconds; a UsageError for anything else."""
+    found = _DURATION.fullmatch(text.strip())
+    if found is None:
+        raise UsageError(f"--older-than {text!r}: write a number and a unit: 90s, 30m, 12h, 7d or 2w")
+    return float(found.group(1)) * _UNIT[found.group(2)]
 
 
 @dataclass
@@ -95,8 +122,10 @@ class Clean(Step[CleanContext, NodeClean]):
 
     name = "clean"
 
-    def __init__(self, inventory: Inventory, *, remove: bool, outputs: bool) -> None:
-        self.inventory, self.remove, self.outputs = inventory, remove, outputs
+    def __init__(
+        self, inventory: Inventory, *, remove: bool, outputs: bool, runs: RunChoice | None = None
+    ) -> None:
+        self.inventory, self.remove, self.outputs, self.runs = inventory, remove, outputs, runs
         self.nonce = records.new_nonce()
 
     def command(self, node: Node, platform: Platform, *, remove: bool) -> str:
@@ -108,6 +137,7 @@ class Clean(Step[CleanContext, NodeClean]):
             "code": code_dest(self.inventory.cluster, node),
             "remove": remove,
             "outputs": self.outputs,  # each run's $CB_RUN_DIR (checkpoints): kept unless asked
+            "runs": None if self.runs is None else self.runs.public_dict(),  # only these run directories
         }
         return platform.join([interpreter_for(node), "-c", script(), json.dumps(args)])
 
@@ -145,7 +175,7 @@ class Clean(Step[CleanContext, NodeClean]):
 
         return [
             Read(
-                f"clean.listing:outputs={self.outputs}",
+                f"clean.listing:outputs={self.outputs}:runs={self.runs}",
                 lambda platform: [("clean", self.command(node, platform, remove=False))],
                 parse=parse,
                 what="listing what bootstrap left",
@@ -263,9 +293,12 @@ class CleanReport:
         )
 
 
-def clean_all(session: Session, inventory: Inventory, *, remove: bool, outputs: bool) -> CleanReport:
+def clean_all(
+    session: Session, inventory: Inventory, *, remove: bool, outputs: bool, runs: RunChoice | None = None
+) -> CleanReport:
     """:class:`Clean` on every node of ``session``: a listing, or (``remove``) the removal."""
-    report = run_step(session, Clean(inventory, remove=remove, outputs=outputs), dry_run=not remove)
+    step = Clean(inventory, remove=remove, outputs=outputs, runs=runs)
+    report = run_step(session, step, dry_run=not remove)
     return CleanReport(report.outcomes, removed=remove)
 
 
@@ -276,15 +309,16 @@ def clean_nodes(
     outputs: bool,
     dry_run: bool,
     ask: Callable[[CleanReport], bool] | None,
+    runs: RunChoice | None = None,
 ) -> CleanReport:
     """`clean`: the listing, and the removal where it may go on. The listing alone with ``dry_run``,
     or when it is final (a node could not be read, one runs a run, nothing of bootstrap's is there);
     else ``ask`` (None: --yes) is shown it and says whether to remove (no: the listing, declined).
     The removal reads nothing again (the listing is held in the session)."""
-    found = clean_all(session, inventory, remove=False, outputs=outputs)
+    found = clean_all(session, inventory, remove=False, outputs=outputs, runs=runs)
     if dry_run or found.final():
         return found
     if ask is not None and not ask(found):
         found.declined = True
         return found
-    return clean_all(session, inventory, remove=True, outputs=outputs)
+    return clean_all(session, inventory, remove=True, outputs=outputs, runs=runs)

@@ -483,6 +483,46 @@ def _synced_project(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     return inv, workdir, env
 
 
+def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_path: Path) -> None:
+    """`clean` was everything or nothing (environment, code, every run). --run, --older-than and
+    --keep remove only the run directories they choose; a run running that is not chosen stops
+    nothing."""
+    inv, workdir, env = _synced_project(tmp_path)
+    now = time.time()
+    ages = {"old-1": 30, "old-2": 10, "new-1": 0.01}  # days since each run last wrote its log
+    for run_id, days in ages.items():
+        run_dir = workdir / "runs" / run_id / "here"
+        (run_dir / "out").mkdir(parents=True)
+        (run_dir / "out" / "last.pt").write_bytes(b"w" * 100)
+        (run_dir / "launch.sh").write_text("#!/bin/sh\n")
+        (run_dir / "node.log").write_text(f"{run_id}\n")
+        os.utime(run_dir / "node.log", (now - days * 86400, now - days * 86400))
+    code = sorted(p.name for p in (workdir / "code").iterdir())
+    listed = bootstrap(
+        "-i", str(inv), "--json", "clean", "--dry-run", "--older-than", "7d", cwd=tmp_path, env=env
+    )
+    assert listed.returncode == 0, listed
+    (node,) = json.loads(listed.stdout)["nodes"]
+    assert [i["kind"] for i in node["items"]] == ["runs"], node  # no env, code, cache
+    kept = bootstrap("-i", str(inv), "clean", "--yes", "--keep", "1", "--outputs", cwd=tmp_path, env=env)
+    assert kept.returncode == 0, kept
+    assert sorted(p.name for p in (workdir / "runs").iterdir()) == ["new-1"]
+    assert sorted(p.name for p in (workdir / "code").iterdir()) == code  # the code stays
+    # a run still running that is not chosen stops nothing: this one is chosen alone
+    (workdir / "runs" / "new-2" / "here").mkdir(parents=True)
+    (workdir / "runs" / "new-2" / "here" / "node.log").write_text("x\n")
+    busy = subprocess.Popen(["sleep", "60"], env={"CLUSTER_BOOTSTRAP_RUN": "new-1/here/1-2", "PATH": "/bin"})
+    try:
+        only = bootstrap("-i", str(inv), "clean", "--yes", "--run", "new-2", cwd=tmp_path, env=env)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert only.returncode == 0, only
+    assert sorted(p.name for p in (workdir / "runs").iterdir()) == ["new-1"]
+    bad = bootstrap("-i", str(inv), "clean", "--older-than", "a week", cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and "write a number and a unit" in bad.stderr, bad
+
+
 def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
     """The code directory's record names what sync shipped; whoever can write that directory (the
     training script, which runs in it) can rewrite it. A record entry through a symlinked directory,

@@ -1,5 +1,7 @@
 # Runs on a node, under the node's Python (any 3.x, standard library only), for `bootstrap clean`.
-# argv[1] is a JSON object {"nonce": N, "node": NAME, "workdir": W, "env": P, "code": D, "remove": bool};
+# argv[1] is a JSON object {"nonce": N, "node": NAME, "workdir": W, "env": P, "code": D, "remove": bool,
+# "outputs": bool, "runs": null or {"ids": [...], "older_than": SECONDS, "keep": N} (only run
+# directories, those chosen: chosen_runs; the answer then says which, "runs": [ids])};
 # the controller puts orchestrator/records.py's encoder (``record``) and probes/safe_path.py's
 # ``unsafe_path`` before this text: a group whose directory another user can change (a code directory
 # they could swap for a link while its files are hashed) is refused, never listed or removed.
@@ -27,6 +29,7 @@ import os
 import re
 import stat
 import sys
+import time
 
 STAMP = ".cluster-bootstrap-env.json"
 ENV_MARKS = ".cluster-bootstrap-nodes"
@@ -204,31 +207,63 @@ def code_paths(dest):
     return out, [*sorted(dirs, key=len, reverse=True), dest]
 
 
-def run_paths(workdir, node, outputs):
-    """Run directories of ``node``. A run's outputs (``out``: $CB_RUN_DIR, checkpoints and what
-    training wrote) stay unless ``outputs``, with the run's ``node.log`` (what made them, and the mark
-    a later ``--outputs`` finds the run by) and the files saying how it ended (``KEPT``): the rest of
-    that run directory goes."""
-    out = []
-    runs = os.path.join(workdir, "runs")
-    if not os.path.isdir(runs) or os.path.islink(runs):
-        return out, []
-    parents = []
+def last_written(directory):
+    """When a run last wrote: its node.log's time, else its directory's."""
+    for path in (os.path.join(directory, "node.log"), directory):
+        try:
+            return os.lstat(path).st_mtime
+        except OSError:
+            continue
+    return 0.0
+
+
+def chosen_runs(runs, node, selection):
+    """The run ids under ``runs`` with a directory of ``node``'s that ``selection`` picks (None: every
+    run): ``ids`` (these only), ``older_than`` (seconds since it last wrote), ``keep`` (not the newest
+    N); each given one must hold."""
+    found = []
     for run_id in sorted(os.listdir(runs)):
         mine = os.path.join(runs, run_id, node)
         if os.path.islink(os.path.join(runs, run_id)) or not os.path.isdir(mine) or os.path.islink(mine):
             continue
         if any(os.path.lexists(os.path.join(mine, name)) for name in LAUNCHERS):
-            kept = os.path.join(mine, OUTPUTS)
-            if not outputs and os.path.isdir(kept) and not os.path.islink(kept) and os.listdir(kept):
-                for name in sorted(os.listdir(mine)):
-                    if name not in KEPT:
-                        full = os.path.join(mine, name)
-                        out.append((full, os.path.isdir(full) and not os.path.islink(full)))
-            else:
-                out.append((mine, True))
-            parents.append(os.path.join(runs, run_id))
-    return out, [*parents, runs]
+            found.append((last_written(mine), run_id))
+    if selection is None:
+        return [run_id for _, run_id in found]
+    newest_first = sorted(found, reverse=True)
+    kept = set(run_id for _, run_id in newest_first[: selection.get("keep") or 0])
+    ids, older = selection.get("ids"), selection.get("older_than")
+    now = time.time()
+    return [
+        run_id
+        for written, run_id in found
+        if run_id not in kept and (not ids or run_id in ids) and (older is None or now - written >= older)
+    ]
+
+
+def run_paths(workdir, node, outputs, selection=None):
+    """Run directories of ``node`` (those ``selection`` picks: chosen_runs). A run's outputs (``out``:
+    $CB_RUN_DIR, checkpoints and what training wrote) stay unless ``outputs``, with the run's
+    ``node.log`` (what made them, and the mark a later ``--outputs`` finds the run by) and the files
+    saying how it ended (``KEPT``): the rest of that run directory goes. Also the run ids chosen."""
+    out = []
+    runs = os.path.join(workdir, "runs")
+    if not os.path.isdir(runs) or os.path.islink(runs):
+        return out, [], []
+    parents = []
+    chosen = chosen_runs(runs, node, selection)
+    for run_id in chosen:
+        mine = os.path.join(runs, run_id, node)
+        kept = os.path.join(mine, OUTPUTS)
+        if not outputs and os.path.isdir(kept) and not os.path.islink(kept) and os.listdir(kept):
+            for name in sorted(os.listdir(mine)):
+                if name not in KEPT:
+                    full = os.path.join(mine, name)
+                    out.append((full, os.path.isdir(full) and not os.path.islink(full)))
+        else:
+            out.append((mine, True))
+        parents.append(os.path.join(runs, run_id))
+    return out, [*parents, runs], chosen
 
 
 def marker_paths(directory, node):
@@ -237,13 +272,17 @@ def marker_paths(directory, node):
 
 
 def running(workdir, node):
-    """Run ids of this workdir whose processes are alive here (those this user can read)."""
+    """Run ids of this workdir whose processes are alive here: this user's (another user's process
+    may carry any marker: it would hold up every clean)."""
     found = set()
     suffix = "/" + node
+    me = os.geteuid()
     for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if not pid.isdigit():
             continue
         try:
+            if os.stat("/proc/%s" % pid).st_uid != me:
+                continue
             with open("/proc/%s/environ" % pid, "rb") as fh:
                 environ = fh.read().split(b"\0")
         except OSError:
@@ -339,26 +378,32 @@ def clean(args):
     for said in filter(None, map(unsafe_path, bases)):  # noqa: F821 (prepended)
         result["refused"] = said
         return result
-    if args.get("env"):
+    selection = args.get("runs")  # None: everything; else only run directories, those it picks
+    if args.get("env") and selection is None:
         env = resolve(args["env"])
         paths, dirs = env_paths(env)
         marks, mark_dirs = marker_paths(os.path.join(os.path.dirname(env), ENV_MARKS), node)
         chosen = paths + (marks if paths else [])
         groups.append(("env", env, chosen, dirs + (mark_dirs if paths else []), [os.path.dirname(env)]))
-    if args.get("code"):
+    if args.get("code") and selection is None:
         dest = resolve(args["code"])
         paths, dirs = code_paths(dest)
         marks, mark_dirs = marker_paths(os.path.join(dest, MARKS), node)
         groups.append(("code", dest, paths + marks, mark_dirs + dirs, [dest]))
-    paths, dirs = run_paths(workdir, node, bool(args.get("outputs")))
+    paths, dirs, chosen = run_paths(workdir, node, bool(args.get("outputs")), selection)
     groups.append(("runs", os.path.join(workdir, "runs"), paths, dirs, [workdir]))
+    if selection is not None:  # only the runs chosen: one that is running elsewhere stops nothing
+        result["running"] = [run_id for run_id in result["running"] if run_id in chosen]
+        result["runs"] = chosen
     paths = []
-    if os.path.isdir(cache) and not os.path.islink(cache):
+    if selection is None and os.path.isdir(cache) and not os.path.islink(cache):
         for name in sorted(os.listdir(cache)):
             full = os.path.join(cache, name)
             if name.startswith("torch-facts-") and name.endswith(".json") and os.path.isfile(full):
                 paths.append((full, False))
-    marks, mark_dirs = marker_paths(os.path.join(workdir, ENV_MARKS), node)
+    marks, mark_dirs = (
+        ([], []) if selection is not None else marker_paths(os.path.join(workdir, ENV_MARKS), node)
+    )
     groups.append(("cache", cache, paths + marks, [*mark_dirs, cache], [cache, workdir]))
     for kind, where, paths, _, _ in groups:
         if not paths:
