@@ -91,6 +91,8 @@ def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOp
     platform = transport.platform.as_posix()
     if platform is None:
         raise CommandFailedError("installing keys is supported on Linux nodes only", node=node.name)
+    if _logs_in(node, platform, key, ssh):  # as ssh-copy-id: nothing written where the key works
+        return KeyInstall("logs in already", True, list(transport.recorded_host_keys))
     result = transport.run(platform.ensure_authorized_key(key.public_line), timeout=30)
     status = result.stdout.strip().splitlines()[-1] if result.ok and result.stdout.strip() else ""
     if status not in ("added", "present"):
@@ -100,9 +102,16 @@ def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOp
             node=node.name,
         )
     recorded = list(transport.recorded_host_keys)
+    # Prove it: a fresh connection with this key only (no agent, no other keys, no password).
+    return KeyInstall(status=status, verified=_logs_in(node, platform, key, ssh), recorded_host_keys=recorded)
+
+
+def _logs_in(node: Node, platform: PosixShell, key: ControllerKey, ssh: SSHOptions) -> bool:
+    """Whether ``key`` alone logs in to ``node`` (no agent, no other key, no password): the host key
+    checked against what is recorded (``ssh`` accepts nothing new)."""
+    from orchestrator.errors import BootstrapError
     from orchestrator.transports.ssh import SSHTransport
 
-    # Prove it: a fresh connection with this key only (no agent, no other keys, no password).
     check = SSHTransport(
         node.name,
         platform,
@@ -116,10 +125,11 @@ def install_key(node: Node, transport: Transport, key: ControllerKey, ssh: SSHOp
     )
     try:
         check.connect()
-        verified = check.run("true", timeout=30).ok
+        return check.run("true", timeout=30).ok
+    except BootstrapError:
+        return False
     finally:
         check.close()
-    return KeyInstall(status=status, verified=verified, recorded_host_keys=recorded)
 
 
 def key_nodes(nodes: list[Node]) -> tuple[list[Node], list[str]]:

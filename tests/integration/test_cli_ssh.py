@@ -326,11 +326,15 @@ def test_keys_installs_and_verifies_on_password_only_node(
         assert (ctl_home / ".ssh" / "id_ed25519").stat().st_mode & 0o777 == 0o600
         pub = (ctl_home / ".ssh" / "id_ed25519.pub").read_text().strip()
         assert Path("/home/cbtkeys/.ssh/authorized_keys").read_text().splitlines().count(pub) == 1
-        # a second run changes nothing (and logs in with the key: no password needed any more)
+        # a second run changes nothing (and logs in with the key: no password needed any more): as
+        # ssh-copy-id, a key that logs in already is not written again (even where authorized_keys
+        # does not hold it: an AuthorizedKeysFile elsewhere, LDAP)
+        authorized = Path("/home/cbtkeys/.ssh/authorized_keys")
+        before = authorized.stat().st_mtime_ns
         run = bootstrap("-i", str(inv), "keys")
         assert run.returncode == 0, run
-        assert "present" in run.stdout and "already known" in run.stdout
-        assert Path("/home/cbtkeys/.ssh/authorized_keys").read_text().splitlines().count(pub) == 1
+        assert "logs in already" in run.stdout and "already known" in run.stdout, run.stdout
+        assert authorized.read_text().splitlines().count(pub) == 1 and authorized.stat().st_mtime_ns == before
         # and now the node works with no password at all
         cluster.set_password_auth(host, False)
         nodes[0].pop("password_env")
