@@ -288,6 +288,28 @@ def test_no_route_and_errors_are_named() -> None:
     assert odd.explain() == "error EINVAL"
 
 
+def test_a_name_a_node_cannot_resolve_is_said_as_that_not_as_a_firewall() -> None:
+    """host: an ~/.ssh/config alias: the controller reaches the nodes, the nodes cannot resolve each
+    other's names (getaddrinfo's error -3). The verdicts blamed the targets' firewalls and suggested
+    `bootstrap firewall`; they name the names the source cannot resolve and the fix."""
+    names = {"node1": "ws1", "node2": "ws2", "node3": "ws3"}
+    pairs = [
+        dataclasses.replace(p, address=names[p.target], outcome="error", detail="-3")
+        if p.source == "node2"
+        else p
+        for p in matrix()
+    ]
+    verdicts = verdicts_for(pairs)
+    v2 = verdicts["node2"]
+    assert (
+        v2.level == "fail" and v2.reason == "cannot resolve ws1, ws3 on this node (a name it does not know)"
+    )
+    assert "write the nodes' IP addresses as their host:" in (v2.fix or "") and "firewall" not in (
+        v2.fix or ""
+    )
+    assert verdicts["node1"].level == verdicts["node3"].level == "ok"  # no firewall of theirs is to blame
+
+
 def test_busy_master_port() -> None:
     verdicts = verdicts_for(matrix(rendezvous=False), busy=Busy(PORT, "python3 (pid 812)"))
     v1 = verdicts["node1"]

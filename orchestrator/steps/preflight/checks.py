@@ -290,10 +290,16 @@ def check_interface(
         )
     if route.address is None:
         why = f" ({route.detail})" if route.detail else ""
+        known = (
+            f" (this machine reaches it at {peers_see_master_at}: {route.target} may be an ~/.ssh/config "
+            "alias, which only this machine knows)"
+            if peers_see_master_at and peers_see_master_at != route.target
+            else ""
+        )
         return fail(
             "interface",
             f"cannot resolve the master's address {route.target} on this node{why}",
-            f"use the master's IP address as its host:, or add it to {_hosts_file(f)} on this node",
+            f"use the master's IP address as its host:{known}, or add it to {_hosts_file(f)} on this node",
         )
     interface, source = route.interface, route.source
     master_address = route.address

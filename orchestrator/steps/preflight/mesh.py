@@ -234,6 +234,12 @@ def _blame(pairs: Sequence[Pair]) -> dict[Pair, str]:
     return blame
 
 
+def _unresolved(p: Pair) -> bool:
+    """A connection that failed before any packet: the name did not resolve (getaddrinfo's negative
+    error codes: -2 unknown name, -3 no answer from the resolver, -5 no address)."""
+    return p.outcome == "error" and p.detail.startswith("-") and p.detail[1:].isdigit()
+
+
 def _cannot_reach(p: Pair, master: str) -> str:
     where = f"{p.address}:{p.port}"
     if p.role == "rendezvous" and p.source == p.target:
@@ -327,8 +333,19 @@ def build_verdicts(
                 f"stop that program or choose another cluster port: `port: {port + 1}` under `cluster:` "
                 f"in the inventory{copy}"
             )
-        outgoing = [p for p in pairs if p.source == name and not p.ok]
-        incoming = [p for p in pairs if p.target == name and p.source != name and not p.ok]
+        # a name the source cannot resolve (an ~/.ssh/config alias only this machine knows): its own
+        # failure, said by it; no firewall is to blame on either side
+        unresolved = sorted({p.address for p in pairs if p.source == name and not p.ok and _unresolved(p)})
+        outgoing = [p for p in pairs if p.source == name and not p.ok and not _unresolved(p)]
+        incoming = [
+            p for p in pairs if p.target == name and p.source != name and not p.ok and not _unresolved(p)
+        ]
+        if unresolved:
+            reasons.append(f"cannot resolve {_names(unresolved)} on this node (a name it does not know)")
+            fixes.append(
+                f"write the nodes' IP addresses as their host: in the inventory (an ~/.ssh/config alias is "
+                f"known to this machine only), or add {_names(unresolved)} to /etc/hosts on {name}"
+            )
         reasons += [_cannot_reach(p, master) for p in outgoing]
         reasons += _not_reachable_from(incoming, port)
         blocked_in = [p.source for p in incoming if blame[p] == name]
@@ -357,7 +374,7 @@ def build_verdicts(
         elif master in failures and name != master:
             reasons.append(f"master {master}'s probe failed: master port not tested")
             fixes.append(f"see {master}'s verdict")
-        if outgoing or incoming or (busy is not None and name == master):
+        if outgoing or incoming or unresolved or (busy is not None and name == master):
             verdicts[name] = fail(CHECK, "; ".join(reasons), "; ".join(fixes), **data)
             continue
         if reasons:
