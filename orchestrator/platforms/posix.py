@@ -214,10 +214,17 @@ class PosixShell(Platform):
         )
 
     def try_writing_in(self, directory: str) -> str:
-        """Create and remove an empty file in ``directory``: on failure the shell's own words for why
-        (its errno's: "Read-only file system", "No space left on device") on stdout, exit 1."""
+        """Write 64 KiB into a new file in ``directory`` and remove it: on failure the shell's own
+        words for why (its errno's: "Read-only file system", "No space left on device", the file's
+        creation succeeding on a full disk) on stdout with the KiB free there, exit 1."""
+        where = self.path_word(directory.rstrip("/") or "/")
         probe = self.path_word(f"{directory.rstrip('/')}/.bootstrap-write-test-{uuid.uuid4().hex[:12]}")
-        return f"{{ : > {probe}; }} 2>&1 && rm -f {probe}"
+        return (
+            f"if _cb_e=$({{ head -c 65536 /dev/zero > {probe}; }} 2>&1); then rm -f {probe}; exit 0; fi\n"
+            f"rm -f {probe}\n"
+            f"_cb_f=$(df -Pk {where} 2>/dev/null | awk 'NR == 2 {{ print $4 }}')\n"
+            'printf \'%s%s\\n\' "${_cb_e##*: }" "${_cb_f:+ ($_cb_f KiB free there)}"; exit 1'
+        )
 
     def say_file(self, path: str, kind: str, missing: str, limit: int = 16 << 20) -> str:
         """After :meth:`record_functions`: a record ``kind`` holding the regular file ``path`` (its

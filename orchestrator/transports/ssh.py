@@ -625,9 +625,18 @@ class SSHTransport(Transport):
                 raise self._cancelled() from None
             said = str(exc)
             if isinstance(exc, OSError) and exc.errno is None:
-                # SFTP's "Failure" names no cause: the node's shell says it (read-only, full, ...)
+                # SFTP's "Failure" (and a short write on a full disk) names no cause: the node's
+                # shell says it (read-only, full, ...)
                 said = self._why_not_written(remote) or said
-            raise TransferError(f"cannot copy {local} to {remote}: {said}", node=self.node_name) from exc
+            full = "No space left on device" in said
+            raise TransferError(
+                f"cannot write {remote} on the node: {said}",
+                node=self.node_name,
+                hint="free space there (`bootstrap clean --older-than 7d` removes old runs' files; their "
+                "outputs stay unless --outputs), then run again"
+                if full
+                else None,
+            ) from exc
 
     def _why_not_written(self, remote: str) -> str | None:
         """The reason the node's own shell gives for not writing a file beside ``remote`` (its

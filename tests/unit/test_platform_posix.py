@@ -259,3 +259,19 @@ def test_trying_to_write_says_the_nodes_own_reason_and_leaves_nothing(tmp_path: 
     assert said.returncode != 0 and said.stdout.strip().endswith(
         ("Directory nonexistent", "No such file or directory")
     )
+
+
+def test_trying_to_write_on_a_full_disk_says_so_with_what_is_free(tmp_path: Path) -> None:
+    """A launch's upload to a full disk said "launch.sh holds 0 bytes after sending 2205" (SFTP's
+    short write): the node's shell now names the cause and the space left. (A tmpfs of 64 KiB,
+    filled, in a mount namespace of its own: nothing of this machine's changes.)"""
+    full = tmp_path / "full"
+    full.mkdir()
+    script = PosixShell().try_writing_in(str(full))
+    said = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=64k tmpfs '{full}' &&"
+         f" (head -c 1048576 /dev/zero > '{full}/fill' 2>/dev/null; true) && {{ {script}\n}}"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert said.returncode == 1, said
+    assert said.stdout.strip() == "No space left on device (0 KiB free there)", said
