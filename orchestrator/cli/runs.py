@@ -257,6 +257,8 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
         ui.info(args_line)
     if report.lost:
         ui.warn(report.lost_warning(run_id))
+    for line in report.failures(run_id):
+        ui.error(line)
     fail_lines(ui, report.outcomes)
     return code
 

@@ -285,6 +285,29 @@ class StatusReport:
             f"`bootstrap logs --run {shlex.quote(run_id)}` shows what every rank printed last"
         )
 
+    def failures(self, run_id: str) -> list[str]:
+        """One line per node where the run failed, the one whose launcher vanished (no exit code: the
+        node's processes killed outright) first: the others' ranks then failed because of it, and it
+        is where to look (the foreground launch says the same from the ranks' last lines)."""
+        if self.lost:
+            return []  # lost_warning says it for every node
+        from orchestrator.runs.control import NO_EXIT_CODE
+
+        failed = [o for o in self.outcomes if o.value is not None and o.error is None and o.value.failed]
+        vanished = [o.node for o in failed if o.value is not None and o.value.state == NO_EXIT_CODE]
+        lines = [
+            f"{node}: its launcher ended without an exit code: the node's processes were killed outright "
+            "(SIGKILL, the OOM killer, a reboot or a crash of that machine); the others failed after it: "
+            f"look there first (`bootstrap logs --run {shlex.quote(run_id)} --nodes {node}`)"
+            for node in vanished
+        ]
+        for o in failed:
+            if o.value is not None and o.node not in vanished:
+                last = f": {o.value.last_line}" if o.value.last_line else ""
+                after = f", after {', '.join(vanished)}" if vanished else ""
+                lines.append(f"{o.node}: {o.value.label}{after}{last}")
+        return lines
+
     def view(self, run_id: str) -> View:
         """The table: per node its state (red: failed, no run), runtime, GPU use, last line (which
         gives way to the other columns: a 500-character line collapsed them all)."""

@@ -209,3 +209,30 @@ def test_fetch_says_when_a_path_came_from_the_code_directory_every_run_shares() 
         "r2's (`fetch --code` looks there alone)"
     ]
     assert FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=True).said("r2") == []
+
+
+def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -> None:
+    """A detached run whose node2 crashed: status showed three states and exited 1 without a line
+    saying why or where to look. The vanished launcher (no exit code: killed outright) is named first,
+    as the place to look; the others failed after it, with their last lines."""
+    from orchestrator.runs.commands import StatusReport
+    from orchestrator.runs.control import NodeStatus
+
+    values = {
+        "node1": NodeStatus(
+            "exited", 1, last_line="[rank0]: RuntimeError: Connection closed by peer", failed_rank=(0, 1)
+        ),
+        "node2": NodeStatus("no exit code", None, last_line="[rank 1] step 15"),
+        "node3": NodeStatus("exited", 0, last_line="done"),
+    }
+    report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    lines = report.failures("r1")
+    assert (
+        lines[0].startswith("node2: its launcher ended without an exit code")
+        and "look there first" in lines[0]
+    )
+    assert "`bootstrap logs --run r1 --nodes node2`" in lines[0]
+    assert lines[1:] == [
+        "node1: exited (rank 0: exit 1), after node2: [rank0]: RuntimeError: Connection closed by peer"
+    ]
+    assert report.exit_code() == ExitCode.NODES_FAILED
