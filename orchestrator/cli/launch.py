@@ -23,6 +23,7 @@ from orchestrator.cli.report import fail_lines, json_doc, tell
 from orchestrator.errors import ExitCode, UnreachableError, UsageError
 from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
+from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
 from orchestrator.runs.run_inventory import for_run, run_nodes
 from orchestrator.steps.preflight.checks import refuse_native_mix
@@ -221,6 +222,7 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
     assert report is not None and run.plan is not None
     if report.interrupted is not None:
         tell(ui, sweep_said(run_id, report.swept))
+        ui.note(f"logs: {run.log_dir}/ (and {logs_where(inventory.nodes, run_id)})")
         if not report.swept_all:  # a second interrupt cut the sweep short: not said to have stopped all
             ui.warn(f"not checked for processes left running: run `{again(settings, 'stop', run_id)}`")
             interrupted(

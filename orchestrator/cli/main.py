@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -51,6 +53,20 @@ class _Group(click.Group):
             return rest
         ctx.args = [*ctx.args, *args[cut:]]
         return ctx.args
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        """An inventory file given where a command goes (``bootstrap hosts.yaml``): said so, with the
+        line that does what was meant."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError:
+            word = args[0] if args else ""
+            if word.endswith((".yaml", ".yml", ".ini")) or Path(word).is_file():
+                meant = shlex.join(["bootstrap", "-i", word, *args[1:]])
+                raise click.UsageError(
+                    f"No such command {word!r}: an inventory is given with -i. Did you mean `{meant}`?", ctx
+                ) from None
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

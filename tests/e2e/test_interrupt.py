@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,9 @@ def _interrupt(
         reader.join(5)
     stderr = "".join(err)
     assert stop is not _sigint or "interrupted" in stderr
+    assert stop is not _sigint or re.search(r"^logs: runs/\S+/ \(and ", stderr, re.M), (
+        stderr
+    )  # kept, and where
     return stderr
 
 

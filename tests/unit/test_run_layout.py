@@ -278,3 +278,13 @@ def test_a_key_file_that_is_not_here_is_said_once_before_any_connection(tmp_path
         run.stderr
     )
     assert "Errno" not in run.stderr and time.monotonic() - begin < 30
+
+
+def test_an_inventory_given_where_a_command_goes_says_how_to_give_it(tmp_path: Path) -> None:
+    """`bootstrap hosts.yaml` (the -i forgotten) was click's "No such command 'hosts.yaml'" alone."""
+    (tmp_path / "hosts.yaml").write_text("nodes: []\n")
+    run = _cli("hosts.yaml", "launch", "--", "--lr", "0.1", cwd=tmp_path)
+    assert run.returncode == 2
+    assert "Did you mean `bootstrap -i hosts.yaml launch -- --lr 0.1`?" in run.stderr, run.stderr
+    other = _cli("lunch", cwd=tmp_path)  # a mistyped command is click's own message
+    assert other.returncode == 2 and "-i" not in other.stderr.split("Error:")[1], other.stderr
