@@ -51,6 +51,29 @@ class BenchOptions:
         }
 
 
+#: a rank whose repeats spread wider than this ((max - min) / median) did not measure its device: the
+#: machine was busy with something else (the differences between ranks can be that noise)
+NOISY_SPREAD = 0.25
+
+
+def probe_noise(probe: ProbeReport) -> str:
+    """A warning when a rank's measurement spread is wider than NOISY_SPREAD: its samples/s (the
+    slowest rank, measured shares) are then as much the machine's load as the device's; "" when not."""
+    noisy = sorted(
+        (r for r in probe.ranks.values() if r.spread is not None and r.spread > NOISY_SPREAD),
+        key=lambda r: r.rank,
+    )
+    if not noisy:
+        return ""
+    named = ", ".join(f"rank {r.rank} on {r.node} ({(r.spread or 0) * 100:.0f} %)" for r in noisy[:4])
+    return (
+        f"the measurements are noisy: {named} spread over {NOISY_SPREAD * 100:.0f} % between repeats, as "
+        "wide as the differences between ranks may be; the slowest rank and the shares above may be the "
+        "machines' other load, not their devices. Run again on idle nodes, or with more --repeats, before "
+        "`shares: measured` ships them"
+    )
+
+
 @dataclass
 class BenchReport:
     run_id: str
@@ -100,6 +123,8 @@ class BenchReport:
                         f"samples/s, {fastest / slowest.samples_per_s:.2f}x slower than the fastest)",
                     )
                 )
+            if noisy := probe_noise(probe):
+                said.append(Said("warn", noisy))
             if self.shares() is not None:
                 said.append(
                     Said(

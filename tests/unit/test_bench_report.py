@@ -303,3 +303,20 @@ def test_a_node_cannot_measure_another_nodes_rank() -> None:
     assert report.shares().shares == [85, 76, 74, 21]
     assert report.public_dict()["forged_records"] == {"c": 3}
     assert "forged_records" not in _probe().public_dict()
+
+
+def test_noisy_measurements_are_said_before_their_shares_are_trusted() -> None:
+    """Three identical nodes, a busy machine: spreads of 40-125 % between repeats, "rank 1 ... 4.89x
+    slower", shares 134/27/31, and nothing said. A spread over 25 % is a warning naming the ranks."""
+    from orchestrator.bench.engine import probe_noise
+
+    ranks = {
+        0: RankSpeed(0, "ws1", 0, samples_per_s=77475, spread=0.396),
+        1: RankSpeed(1, "ws2", 0, samples_per_s=15859, spread=1.245),
+        2: RankSpeed(2, "ws3", 0, samples_per_s=17666, spread=0.05),
+    }
+    said = probe_noise(ProbeReport(world_size=3, ranks=ranks, batch_size=64, repeats=5, workload="mlp"))
+    assert said.startswith("the measurements are noisy: rank 0 on ws1 (40 %), rank 1 on ws2 (125 %)"), said
+    assert "--repeats" in said
+    ranks = {r: RankSpeed(r, "ws1", r, samples_per_s=100.0, spread=0.05) for r in range(2)}
+    assert probe_noise(ProbeReport(world_size=2, ranks=ranks, batch_size=64, repeats=5, workload="mlp")) == ""
