@@ -625,5 +625,7 @@ def check_shown(
                 shown.append(Said("info", parts=parts, style="dim" if level == "ok" else ""))
     shown += failures(outcomes)
     verdict = "ready to train" if report.exit_code() == ExitCode.OK else "NOT ready to train"
-    failing = f"{len(report.failing)} failing a check: {verdict}"
-    return [*shown, Said("info", f"{sum(o.ok for o in outcomes)}/{len(outcomes)} nodes reachable, {failing}")]
+    reached = sum(o.ok for o in outcomes)
+    # no node checked: how many fail a check says nothing (what failed is said above)
+    failing = f"{len(report.failing)} failing a check: " if reached else ""
+    return [*shown, Said("info", f"{reached}/{len(outcomes)} nodes reachable, {failing}{verdict}")]
