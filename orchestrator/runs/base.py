@@ -65,7 +65,9 @@ class RunOps(ABC):
         `logs` does not show), which those lines do not count ("": none known)."""
 
     @abstractmethod
-    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
+    def list_files(
+        self, candidates: Sequence[Sequence[str]], nonce: str, near: Sequence[Sequence[str]] = ()
+    ) -> str:
         """For each entry the first of its candidate paths that exists, as one record: ``file I SIZE
         PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL`` per file below it,
         ``/``-separated), or ``missing I``."""

@@ -449,7 +449,11 @@ class FetchReport:
         for path in self.nowhere:
             nodes = [node for node, missing in self.missing if missing == path]
             named = f"node {nodes[0]!r}" if len(nodes) == 1 else "nodes " + ", ".join(map(repr, nodes))
-            lines.append(f"{named}: {path} not found in {where}")
+            near = sorted(
+                {(f.near, o.node) for o in self.outcomes for f in o.value or [] if f.path == path and f.near}
+            )
+            meant = f" (did you mean {near[0][0]}? {near[0][1]} has it)" if near else ""
+            lines.append(f"{named}: {path} not found in {where}{meant}")
         return lines
 
     def notes(self) -> list[str]:
@@ -466,6 +470,8 @@ class FetchReport:
         such path, or no earlier run)."""
         if not self.nowhere or self.earlier is None or self.from_code:
             return ""
+        if any(f.near for o in self.outcomes for f in o.value or [] if f.path in self.nowhere):
+            return ""  # a close name is there: a typo, more likely than another run's file
         paths = " ".join(shlex.quote(p) for p in self.nowhere)
         return (
             f"no node has {paths} in run {run_id}; the run launched before it may: "

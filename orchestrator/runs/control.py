@@ -139,9 +139,13 @@ def fetch_script(
     from_code: bool = False,
 ) -> str:
     ops = run_ops(platform, node)
-    return ops.list_files(
-        fetch_candidates(ops, node, run_id, paths, code_dir, from_code=from_code), nonce or new_nonce()
-    )
+    candidates = fetch_candidates(ops, node, run_id, paths, code_dir, from_code=from_code)
+    # where a relative path was looked for: listed when it is missing (a typo's right name)
+    near = [
+        [] if ops.is_absolute(path) else [c[: -len(path) - 1] for c in found]
+        for path, found in zip(paths, candidates, strict=True)
+    ]
+    return ops.list_files(candidates, nonce or new_nonce(), near)
 
 
 # -- logs ------------------------------------------------------------------------------------------
@@ -554,6 +558,9 @@ class Fetched:
     files: int = 0
     bytes: int = 0
     local: str = ""
+    index: int = 0  # which of the paths asked
+    #: missing: the node's file whose path is closest to it (a typo), "" or None: none
+    near: str | None = None
 
     @property
     def size(self) -> str:
@@ -588,8 +595,17 @@ def fetch_node(
             node=node.name,
         )
     fetched: list[Fetched] = []
+    near: dict[int, str] = {}
     for found in records.decode(listing.stdout, nonce):
         index_text = found.text(0)
+        if (
+            found.kind == "near"
+            and index_text.isdigit()
+            and int(index_text) < len(paths)
+            and found.fields[1:]
+        ):
+            near[int(index_text)] = _nearest(paths[int(index_text)], found.fields[1])
+            continue
         if found.kind not in ("missing", "dir", "file") or not index_text.isdigit():
             continue
         index = int(index_text)
@@ -600,7 +616,7 @@ def fetch_node(
         parts = ops.local_parts(asked) or [f"path{index}"]
         local_root = dest.joinpath(*parts)
         if found.kind == "missing":
-            fetched.append(Fetched(asked, None))
+            fetched.append(Fetched(asked, None, index=index))
         elif found.kind == "file":
             size_text, source = found.text(1).strip(), found.text(2)
             if copy:
@@ -613,7 +629,20 @@ def fetch_node(
             fetched.append(current)
             listing_bytes = found.fields[2] if len(found.fields) > 2 else b""
             _fetch_listing(node, transport if copy else None, base, listing_bytes, current)
+    for f in fetched:
+        f.near = near.get(f.index) if f.source is None else None
     return fetched
+
+
+def _nearest(asked: str, listing: bytes) -> str:
+    """The file below where ``asked`` was looked for whose path is closest to it (a typo:
+    checkpoint/last.pt for checkpoints/last.pt), "" when none is close. ``listing``: ``./RELPATH NUL``
+    per file, maybe cut short (its last name then dropped)."""
+    import difflib
+
+    names = [n.decode("utf-8", "replace").removeprefix("./") for n in listing.split(b"\0")[:-1]]
+    close = difflib.get_close_matches(asked.strip("/"), names, n=1, cutoff=0.75)
+    return close[0] if close else ""
 
 
 def _fetch_listing(node: Node, transport: Transport | None, base: str, listing: bytes, into: Fetched) -> None:

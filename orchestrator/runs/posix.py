@@ -365,16 +365,27 @@ class PosixRuns(RunOps):
     def is_absolute(self, path: str) -> bool:
         return path.startswith(("/", "~"))
 
-    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
+    def list_files(
+        self, candidates: Sequence[Sequence[str]], nonce: str, near: Sequence[Sequence[str]] = ()
+    ) -> str:
         """For each entry: the first of its candidate paths that exists, as the record ``file I SIZE
         PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL`` per file below it; names
-        hold no NUL) or ``missing I``."""
+        hold no NUL) or ``missing I``; a missing one with ``near[I]`` (directories) also ``near I
+        NAMES``: the files below them (``RELPATH NUL`` each, 4 levels deep, the first 256 KiB), where
+        a mistyped path's right name may be."""
         parts = [self.platform.record_functions(nonce)]
         for index, paths in enumerate(candidates):
             words = " ".join(self.platform.path_word(p) for p in paths)
+            bases = " ".join(self.platform.path_word(p) for p in (near[index] if index < len(near) else ()))
+            listed = (
+                f'  for b in {bases}; do (cd "$b" 2>/dev/null && find . -maxdepth 4 -type f -print0'
+                f" 2>/dev/null); done | head -c 262144 | _cb_recin near {index}\n"
+                if bases
+                else ""
+            )
             parts.append(
                 f'found=; for c in {words}; do [ -e "$c" ] && {{ found=$c; break; }}; done\n'
-                f'if [ -z "$found" ]; then _cb_rec missing {index}\n'
+                f'if [ -z "$found" ]; then _cb_rec missing {index}\n{listed}'
                 'elif [ -d "$found" ]; then\n'
                 '  (cd "$found" && find . -type f -exec sh -c '
                 '\'for f; do printf "%s\\0%s\\0" "$(wc -c < "$f")" "$f"; done\' sh {} +)'

@@ -395,7 +395,9 @@ class WindowsRuns(ForegroundScripts, RunOps):
     def local_parts(self, path: str) -> list[str] | None:
         return safe_parts(re.sub(r"^[A-Za-z]:", "", path.replace("\\", "/")).lstrip("/"))
 
-    def list_files(self, candidates: Sequence[Sequence[str]], nonce: str) -> str:
+    def list_files(
+        self, candidates: Sequence[Sequence[str]], nonce: str, near: Sequence[Sequence[str]] = ()
+    ) -> str:
         """As PosixRuns.list_files: for each entry the first of its candidate paths that exists, as
         the record ``file I SIZE PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL``
         per file below it, ``/``-separated) or ``missing I``; PATH is the full Windows path."""

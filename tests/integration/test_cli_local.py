@@ -523,6 +523,25 @@ def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_p
     assert bad.returncode == 2 and "write a number and a unit" in bad.stderr, bad
 
 
+def test_fetch_of_a_mistyped_path_names_the_file_meant(tmp_path: Path) -> None:
+    """`fetch checkpoint/last.pt` when the run wrote checkpoints/last.pt: "not found", and a hint to
+    try the run before, whose own hint named the one before it. The file meant is named instead."""
+    inv, workdir, env = _synced_project(tmp_path)
+    out = workdir / "runs" / "r1" / "here" / "out" / "checkpoints"
+    out.mkdir(parents=True)
+    (out / "last.pt").write_bytes(b"w")
+    (out.parent.parent / "node.log").write_text("trained\n")
+    (tmp_path / "runs" / "r0").mkdir(parents=True)  # an earlier run here: not suggested for a typo
+    (tmp_path / "runs" / "r0" / "run.json").write_text("{}")
+    run = bootstrap("-i", str(inv), "fetch", "--run", "r1", "checkpoint/last.pt", cwd=tmp_path, env=env)
+    assert run.returncode == 1, run
+    assert (
+        "checkpoint/last.pt not found" in run.stderr
+        and "(did you mean checkpoints/last.pt? here has it)" in run.stderr
+    )
+    assert "--run r0" not in run.stderr, run.stderr
+
+
 def test_clean_never_removes_through_a_symlink_planted_in_the_code_or_runs_directory(tmp_path: Path) -> None:
     """The code directory's record names what sync shipped; whoever can write that directory (the
     training script, which runs in it) can rewrite it. A record entry through a symlinked directory,
