@@ -13,7 +13,7 @@ from orchestrator.cli.common import (
     load_selection,
     open_session,
 )
-from orchestrator.cli.report import draw, fail_lines, json_doc
+from orchestrator.cli.report import json_doc, tell
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.steps.clean import CleanReport, clean_nodes
 from orchestrator.view import human_bytes
@@ -98,12 +98,4 @@ def _report(settings: Settings, report: CleanReport) -> None:
             top: dict[str, Any] = {"dry_run": settings.dry_run, "removed": removed, "bytes": report.bytes}
             json_doc(ui, "clean", outcomes, report.exit_code(), **top)
         return
-    draw(ui, report.view(dry_run=settings.dry_run))
-    fail_lines(ui, outcomes)
-    for error in report.errors():
-        ui.error(error)
-    total = human_bytes(report.bytes)
-    if removed:
-        ui.info(f"clean: {total} removed from {len(outcomes)} node(s)")
-    elif settings.dry_run and not report.busy:
-        ui.info(f"clean --dry-run: {total} would be removed; nothing was changed")
+    tell(ui, report.said(dry_run=settings.dry_run))

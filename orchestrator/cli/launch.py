@@ -92,19 +92,9 @@ def render(
     if done.unreachable:
         fail_lines(ui, done.unreachable)
         return exit_code_for(done.unreachable)
-    for path in done.written:
-        ui.info(f"wrote {path}")
-    if done.submit:
-        ui.info(done.submit)
+    tell(ui, done.said(printed=out_dir is None and not settings.json_mode))
     if settings.json_mode:
-        target_doc = {"for": "slurm"} if target == "slurm" else {}
-        backend = {"backend": done.backend} if target != "slurm" else {}
-        doc = {"command": "render", **target_doc, "run_id": done.run_id, **backend, "scripts": done.scripts}
-        ui.print_json(doc)
-    elif out_dir is None:
-        for name, text in done.scripts.items():
-            ui.print_text(f"# ---- {name} ----")
-            ui.print_text(text)
+        ui.print_json(done.public_dict(slurm=target == "slurm"))
     return ExitCode.OK
 
 

@@ -15,7 +15,7 @@ from orchestrator.cli.common import (
     open_session,
     print_plans,
 )
-from orchestrator.cli.report import draw, fail_lines, json_doc
+from orchestrator.cli.report import draw, fail_lines, json_doc, tell
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import PasswordResolver
 from orchestrator.runs.run_inventory import parse_env_pairs
@@ -94,10 +94,7 @@ def run(
         fail_lines(ui, outcomes)
         log_dir = str(report.log_dir)
         return json_doc(ui, "run", outcomes, code, result_fields, report.node_ok, shell=text, log_dir=log_dir)
-    draw(ui, report.view())
-    fail_lines(ui, outcomes)
-    if report.printed():
-        ui.note(f"output kept in {report.log_dir}")
+    tell(ui, report.said())
     return code
 
 

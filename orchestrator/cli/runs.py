@@ -24,7 +24,7 @@ from orchestrator.cli.common import (
     print_plans,
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
-from orchestrator.cli.report import draw, fail_lines, json_doc, rich_table, tell
+from orchestrator.cli.report import json_doc, rich_table, tell
 from orchestrator.cli.slurm import logs_on_slurm, status_on_slurm, stop_on_slurm
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import ExitCode
@@ -35,9 +35,9 @@ from orchestrator.runner import Reach
 from orchestrator.runs import commands
 from orchestrator.runs.commands import FetchReport, NodeScript, RecordedRun
 from orchestrator.runs.ids import require_run, resolve_run
-from orchestrator.runs.layout import RUNS_ROOT, train_args_line
+from orchestrator.runs.layout import RUNS_ROOT
 from orchestrator.runs.next_command import again
-from orchestrator.runs.start import DetachedStart, Started
+from orchestrator.runs.start import DetachedStart
 
 if TYPE_CHECKING:
     from orchestrator.dashboard.model import LiveRun
@@ -89,20 +89,8 @@ def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
         return json_doc(
             ui, "launch", outcomes, code, fields, run_id=run_id, detached=True, stopped_again=stopped_again
         )
-    if report.failed:
-        fail_lines(ui, report.failed)
-        if report.undone:
-            ui.error(report.undone_error())
-        return code
-    for o in outcomes:
-        if isinstance(o.value, Started):
-            ui.note(f"{o.node}: launcher pid {o.value.pid}, log {o.value.node_log}")
-    ui.info(f"run {run_id} started detached on {len(outcomes)} node(s); it keeps running without us")
-    ui.info(f"  follow: {again(settings, 'logs', run_id)} --follow")
-    ui.info(f"  status: {again(settings, 'status', run_id)}")
-    ui.info(f"  stop:   {again(settings, 'stop', run_id)}")
-    ui.print_text(run_id)
-    return ExitCode.OK
+    tell(ui, report.said(lambda command: again(settings, command, run_id)))
+    return code if report.failed else ExitCode.OK
 
 
 # -- logs ----------------------------------------------------------------------------------------------
@@ -217,9 +205,7 @@ def _logs(
         log_dir = None if report.log_dir is None else str(report.log_dir)  # --tail writes no copy here
         top = {"run_id": run.run_id, "follow": follow, "tail": tail, "log_dir": log_dir}
         return json_doc(ui, "logs", report.outcomes, code, report.node_fields, **top)
-    fail_lines(ui, report.outcomes)
-    for note in report.notes():
-        ui.note(note)
+    tell(ui, report.said())
     return code
 
 
@@ -252,14 +238,7 @@ def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     code = report.exit_code()
     if settings.json_mode:
         return json_doc(ui, "status", report.outcomes, code, run_id=run_id, train=report.train)
-    draw(ui, report.view(run_id))
-    if args_line := train_args_line(report.train):
-        ui.info(args_line)
-    if report.lost:
-        ui.warn(report.lost_warning(run_id))
-    for line in report.failures(run_id):
-        ui.error(line)
-    fail_lines(ui, report.outcomes)
+    tell(ui, report.said(run_id))
     return code
 
 
@@ -316,15 +295,7 @@ def stop(ctx: click.Context, run_arg: str | None, grace: float) -> int:
     ui, code = settings.ui, report.exit_code()
     if settings.json_mode:
         return json_doc(ui, "stop", report.outcomes, code, run_id=run.run_id)
-    draw(ui, report.view(run.run_id))
-    fail_lines(ui, report.outcomes)
-    if report.unreached:
-        ui.warn(
-            f"{', '.join(report.unreached)}: not reached, so its part of the run may still be running "
-            f"there; once it answers, run `{again(settings, 'stop', run.run_id)}` again"
-        )
-    if report.nothing_ran:
-        ui.note("nothing was running: nothing changed")
+    tell(ui, report.said(run.run_id, again(settings, "stop", run.run_id)))
     return code
 
 
@@ -370,7 +341,5 @@ def _fetched(settings: Settings, run_id: str, report: FetchReport) -> int:
         ui.note("--dry-run: nothing was copied; the table says what would be, and where")
     if settings.json_mode:
         return json_doc(ui, "fetch", report.outcomes, code, report.node_fields, run_id=run_id)
-    draw(ui, report.view(run_id))
-    fail_lines(ui, list(report.outcomes))
     tell(ui, report.said(run_id))
     return code

@@ -120,22 +120,8 @@ def _freeze(settings: Settings, inventory: Inventory, nodes: list[Node], path: P
     ui = settings.ui
     with reach_for(settings, inventory).connect(nodes) as on:
         report = step.freeze(on, inventory, nodes, path, dry_run=settings.dry_run)
-    if settings.dry_run:  # what would be written, written nowhere
-        for target, text in report.texts.items():
-            ui.print_text(f"# would write {target}:")
-            ui.print_text(text.rstrip("\n"))
-        return ExitCode.OK
-    if settings.json_mode:
+    if settings.json_mode and not settings.dry_run:
         ui.print_json(report.public_dict())
-        return ExitCode.OK
-    base = Path(str(inventory.source)).resolve().parent
-    for written in report.written:
-        try:
-            shown = written.resolve().relative_to(base)
-        except ValueError:
-            shown = written.resolve()
-        ui.info(f"wrote {written}: {report.torch_line}")
-        ui.note(
-            f"declare it in the inventory: cluster: {{env: {{requirements: {shown}}}}} (then bootstrap sync)"
-        )
+    else:
+        tell(ui, report.said(Path(str(inventory.source)).resolve().parent))
     return ExitCode.OK

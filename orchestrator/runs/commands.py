@@ -33,10 +33,10 @@ from orchestrator.runs.control import (
     tail_script,
 )
 from orchestrator.runs.ids import run_before
-from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce
+from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce, train_args_line
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
-from orchestrator.view import Cell, Said, View, node_view, red
+from orchestrator.view import Cell, Said, View, failures, node_view, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -153,6 +153,10 @@ class LogsReport:
             for name, state in self.copies.items()
             if state in said
         ]
+
+    def said(self) -> list[Said]:
+        """Under the lines: what failed, then the notes (the copies here, where else to look)."""
+        return [*failures(self.outcomes), *(Said("note", note) for note in self.notes())]
 
     def notes(self) -> list[str]:
         """What follows the lines: the copies, with ``--follow`` how each node's training ended, and
@@ -285,7 +289,18 @@ class StatusReport:
             f"`bootstrap logs --run {shlex.quote(run_id)}` shows what every rank printed last"
         )
 
-    def failures(self, run_id: str) -> list[str]:
+    def said(self, run_id: str) -> list[View | Said]:
+        """What a human reads: the table, the run's arguments, a lost controller, what failed where."""
+        said: list[View | Said] = [self.view(run_id)]
+        said += [Said("info", line)] if (line := train_args_line(self.train)) else []
+        said += [Said("warn", self.lost_warning(run_id))] if self.lost else []
+        return [
+            *said,
+            *(Said("error", line) for line in self.failure_lines(run_id)),
+            *failures(self.outcomes),
+        ]
+
+    def failure_lines(self, run_id: str) -> list[str]:
         """One line per node where the run failed, the one whose launcher vanished (no exit code: the
         node's processes killed outright) first: the others' ranks then failed because of it, and it
         is where to look (the foreground launch says the same from the ranks' last lines)."""
@@ -382,6 +397,20 @@ class StopReport:
             lambda v: [Cell(v.describe(), "green" if v.state == "stopped" else "dim")],
             failed=lambda o: "failed",
         )
+
+    def said(self, run_id: str, again_stop: str) -> list[View | Said]:
+        """The table, what failed, the nodes not reached (``again_stop``: the stop to repeat), or that
+        nothing was running."""
+        said: list[View | Said] = [self.view(run_id), *failures(self.outcomes)]
+        if self.unreached:
+            said.append(
+                Said(
+                    "warn",
+                    f"{', '.join(self.unreached)}: not reached, so its part of the run may still be running "
+                    f"there; once it answers, run `{again_stop}` again",
+                )
+            )
+        return said + ([Said("note", "nothing was running: nothing changed")] if self.nothing_ran else [])
 
     @property
     def unreached(self) -> list[str]:
@@ -491,10 +520,11 @@ class FetchReport:
             and f"/runs/{run_id}/{o.node}/" not in f.source.replace("\\", "/") + "/"
         ]
 
-    def said(self, run_id: str) -> list[Said]:
-        """Under the table: where a path came from when not the run's own, the paths some nodes lack,
-        those no node has, where else to look."""
-        said = [
+    def said(self, run_id: str) -> list[View | Said]:
+        """The table, what failed; under it: where a path came from when not the run's own, the paths
+        some nodes lack, those no node has, where else to look."""
+        said: list[View | Said] = [self.view(run_id), *failures(self.outcomes)]
+        said += [
             Said("note", note) for note in (*([] if self.from_code else self.shared(run_id)), *self.notes())
         ]
         said += [Said("error", e) for e in self.errors()]

@@ -28,6 +28,7 @@ from orchestrator.runs.tail import Batches
 from orchestrator.runs.windows import WindowsRuns
 from orchestrator.runs.windows_follow import JOB_SCRIPT, ROUND_SECONDS, RUNNER
 from orchestrator.transports.base import BlockHandler, Result
+from orchestrator.view import Said, failures
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -86,6 +87,10 @@ class DetachedStart:
     undone: list[Outcome[StopResult]] = field(default_factory=list)
 
     @property
+    def size(self) -> int:
+        return len(self.outcomes)
+
+    @property
     def failed(self) -> list[Outcome[Started]]:
         return [o for o in self.outcomes if not o.ok]
 
@@ -101,6 +106,28 @@ class DetachedStart:
         return "not started on every node: stopped it again on " + ", ".join(
             f"{o.node} ({o.value.describe() if o.value else o.error})" for o in self.undone
         )
+
+    def said(self, again: Callable[[str], str]) -> list[Said]:
+        """What a human reads of the start: what failed (and what the all-or-nothing start undid), or
+        each node's launcher and how to follow, see and stop the run (``again(command)``: that command
+        for this run, as typed here)."""
+        if self.failed:
+            return [*failures(self.failed), *([Said("error", self.undone_error())] if self.undone else [])]
+        return [
+            *(
+                Said("note", f"{o.node}: launcher pid {o.value.pid}, log {o.value.node_log}")
+                for o in self.outcomes
+                if isinstance(o.value, Started)
+            ),
+            Said(
+                "info",
+                f"run {self.run_id} started detached on {self.size} node(s); it keeps running without us",
+            ),
+            Said("info", f"  follow: {again('logs')} --follow"),
+            Said("info", f"  status: {again('status')}"),
+            Said("info", f"  stop:   {again('stop')}"),
+            Said("out", self.run_id),
+        ]
 
     @staticmethod
     def node_fields(outcome: Outcome[Started]) -> dict[str, Any]:

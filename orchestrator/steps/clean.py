@@ -27,7 +27,7 @@ from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
 from orchestrator.steps.envsync.spec import env_path
-from orchestrator.view import Cell, View, human_bytes, red
+from orchestrator.view import Cell, Said, View, failures, human_bytes, red
 
 if TYPE_CHECKING:
     from orchestrator.inventory import Inventory, Node
@@ -255,6 +255,18 @@ class CleanReport:
             for item in o.value.items if o.value else []:
                 view.add(o.node, item.kind, item.path, str(item.files), human_bytes(item.bytes))
         return view
+
+    def said(self, *, dry_run: bool) -> list[View | Said]:
+        """What a human reads of the listing or the removal: the table, what failed, what a node could
+        not remove, and the total."""
+        said: list[View | Said] = [self.view(dry_run=dry_run), *failures(self.outcomes)]
+        said += [Said("error", error) for error in self.errors()]
+        total = human_bytes(self.bytes)
+        if self.removed:
+            said.append(Said("info", f"clean: {total} removed from {len(self.outcomes)} node(s)"))
+        elif dry_run and not self.busy:
+            said.append(Said("info", f"clean --dry-run: {total} would be removed; nothing was changed"))
+        return said
 
     def refusals(self, *, dry_run: bool = False) -> list[str]:
         """Before a removal: per node running a run, that nothing was removed anywhere (a dry run:

@@ -22,7 +22,7 @@ from orchestrator.platforms.windows_admin import shell_quota_error
 from orchestrator.runs.ids import command_run_dir
 from orchestrator.transports import Result, Transport
 from orchestrator.transports.base import OnLine
-from orchestrator.view import Cell, View
+from orchestrator.view import Cell, Said, View, failures
 
 if TYPE_CHECKING:
     from orchestrator.session import Session
@@ -110,6 +110,11 @@ class RunReport:
     def printed(self) -> bool:
         """Whether any node printed anything (the log then holds it)."""
         return any(o.value is not None and o.value.stdout + o.value.stderr for o in self.outcomes)
+
+    def said(self) -> list[View | Said]:
+        """The summary, what failed, and where the output is kept (when a node printed anything)."""
+        kept = [Said("note", f"output kept in {self.log_dir}")] if self.printed() else []
+        return [self.view(), *failures(self.outcomes), *kept]
 
 
 def run_everywhere(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.render import Renderer, templates_dir_for
 from orchestrator.safefiles import write_inside
+from orchestrator.view import Said
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -29,6 +30,19 @@ class Rendered:
     written: list[str] = field(default_factory=list)  # "PATH" or "PATH (what to do with it)"
     submit: str = ""  # --for slurm --out: how to submit the files
     unreachable: list[Outcome[Any]] = field(default_factory=list)
+
+    def said(self, *, printed: bool) -> list[Said]:
+        """The files written and how to submit them; ``printed``: each script too (no --out)."""
+        said = [Said("info", f"wrote {path}") for path in self.written]
+        said += [Said("info", self.submit)] if self.submit else []
+        for name, text in self.scripts.items() if printed else ():
+            said += [Said("out", f"# ---- {name} ----"), Said("out", text)]
+        return said
+
+    def public_dict(self, *, slurm: bool) -> dict[str, Any]:
+        """``--json``: the run id, the backend (not for Slurm) and every script."""
+        target = {"for": "slurm"} if slurm else {"backend": self.backend}
+        return {"command": "render", **target, "run_id": self.run_id, "scripts": self.scripts}
 
 
 def render_phase(

@@ -511,6 +511,24 @@ class FreezeReport:
     def torch_line(self) -> str:
         return _torch_line(self.env)
 
+    def said(self, base: Path) -> list[Said]:
+        """What a human reads: a dry run's text of each file, else each file written and how to
+        declare it (its path as the inventory in ``base`` names it)."""
+        if not self.written:  # a dry run: what would be written, written nowhere
+            return [
+                Said("out", line)
+                for t, text in self.texts.items()
+                for line in (f"# would write {t}:", text.rstrip("\n"))
+            ]
+        said = []
+        for written in self.written:
+            shown = written.resolve()
+            shown = shown.relative_to(base) if shown.is_relative_to(base) else shown
+            declare = f"cluster: {{env: {{requirements: {shown}}}}}"
+            said.append(Said("info", f"wrote {written}: {self.torch_line}"))
+            said.append(Said("note", f"declare it in the inventory: {declare} (then bootstrap sync)"))
+        return said
+
     def public_dict(self) -> dict[str, Any]:
         return {
             "command": "sync",

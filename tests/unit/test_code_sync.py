@@ -145,6 +145,7 @@ def test_diff_by_hash_mode_and_kind() -> None:
         "chmod": _e("d", 2, 0o755),
         "private": _e("p", 3, 0o600),
         "ln": _e("e"),
+        "ckpt/best.pt": _e("project's", 9),  # the project now has a file where training wrote one
     }
     remote = {
         "same": _e("a"),
@@ -156,11 +157,18 @@ def test_diff_by_hash_mode_and_kind() -> None:
         "out/metrics.json": _e("g"),
         "ckpt/last.pt": _e("h"),  # the node made it: never in the record of what we shipped
         "notes.txt": _e("i"),  # we shipped it, then the node rewrote it: the node's now
+        "ckpt/best.pt": _e("training's", 9),
     }
-    shipped = {"gone": remote["gone"].sha256, "notes.txt": _e("old").sha256, "out/metrics.json": "g"}
+    shipped = {
+        "gone": remote["gone"].sha256,
+        "notes.txt": _e("old").sha256,
+        "out/metrics.json": "g",
+        **{rel: remote[rel].sha256 for rel in ("edited", "chmod", "private", "ln")},  # as we shipped them
+    }
     changes = diff(local, remote, protected=lambda rel: rel.startswith("out/"), shipped=shipped)
     assert changes.added == ["new"]
     assert changes.changed == ["chmod", "edited", "ln", "private"]
+    assert changes.kept == ["ckpt/best.pt"]  # no sync put those bytes there: never overwritten
     assert changes.deleted == ["gone"]
     assert changes.deleted_shas == [("gone", remote["gone"].sha256)]
     assert diff(local, remote).deleted == []  # no record (an old or foreign directory): nothing goes

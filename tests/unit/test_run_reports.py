@@ -17,6 +17,7 @@ from orchestrator.runs.control import Fetched, StopResult
 from orchestrator.runs.tail import FollowResult
 from orchestrator.steps import clean
 from orchestrator.steps.clean import CleanItem, CleanReport, NodeClean
+from orchestrator.view import Said
 
 
 def _read(exit_code: int | None, lines: int) -> FollowResult:
@@ -130,7 +131,9 @@ def test_clean_lists_then_asks_then_removes(
 ) -> None:
     calls: list[bool] = []
 
-    def clean_all(session: Any, inventory: Any, *, remove: bool, outputs: bool) -> CleanReport:
+    def clean_all(
+        session: Any, inventory: Any, *, remove: bool, outputs: bool, runs: Any = None
+    ) -> CleanReport:
         calls.append(remove)
         return _listing(running=running, removed=remove)
 
@@ -204,11 +207,13 @@ def test_fetch_says_when_a_path_came_from_the_code_directory_every_run_shares() 
         Fetched("/abs/x", "/abs/x", 1, 9, "runs/r2/n1/abs/x"),
     ]
     report = FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]))
-    assert [s.text for s in report.said("r2")] == [
+    said = [s.text for s in report.said("r2") if isinstance(s, Said)]  # (under the table)
+    assert said == [
         "n1: ckpt/ came from the code directory (/w/code/ckpt), which every run shares: not only run "
         "r2's (`fetch --code` looks there alone)"
     ]
-    assert FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=True).said("r2") == []
+    coded = FetchReport(GroupResult([Outcome("n1", found, None, 0.1)]), from_code=True).said("r2")
+    assert [s for s in coded if isinstance(s, Said)] == []
 
 
 def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -> None:
@@ -226,7 +231,7 @@ def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -
         "node3": NodeStatus("exited", 0, last_line="done"),
     }
     report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
-    lines = report.failures("r1")
+    lines = report.failure_lines("r1")
     assert (
         lines[0].startswith("node2: its launcher ended without an exit code")
         and "look there first" in lines[0]
