@@ -237,3 +237,29 @@ def test_the_windows_build_reads_the_settings_file_and_holds_no_location() -> No
     assert "s3cret" not in script and "pypi.lab" not in script
     assert "venv.versions\\20260101-000000-abcdef.index.env'" in script
     assert "SetEnvironmentVariable" in script and "Remove-Item -LiteralPath $cbEnvFile" in script
+
+
+def test_the_node_build_keeps_the_extra_indexes_the_nodes_pip_configuration_names(tmp_path: Path) -> None:
+    """The same on the node: the spec's PIP_EXTRA_INDEX_URL (the torch index `--from-master` adds)
+    replaced the node's pip.conf extra-index-url, its lab mirror lost ("Looking in indexes:
+    pypi.org, download.pytorch.org"). The build keeps it, after the spec's."""
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text(
+        "[global]\nextra-index-url = file:///opt/pypi/simple\n"
+    )
+    plan = BuildPlan(
+        interpreter=sys.executable, path=str(tmp_path / "v"), build_id="b", clone=False, installer="pip",
+        uv=None, index_args=(), require_hashes=False, stamp={},
+        index_env=(("PIP_EXTRA_INDEX_URL", "https://download.pytorch.org/whl/cpu"),),
+    )  # fmt: skip
+    (line,) = [line for line in PosixEnvOps(PosixShell()).build(plan).splitlines() if "cb_cfg" in line]
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PIP_EXTRA_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+    }
+    said = subprocess.run(
+        ["/bin/sh", "-c", f'{line}\necho "$PIP_EXTRA_INDEX_URL"'], capture_output=True, text=True, env=env
+    )
+    assert said.stdout.strip() == "https://download.pytorch.org/whl/cpu file:///opt/pypi/simple", said

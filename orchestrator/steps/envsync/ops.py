@@ -252,6 +252,16 @@ class PosixEnvOps(EnvOps):
                 'while IFS= read -r cb_line; do export "$cb_line"; done < "$envf"; cb_read=$?; rm -f "$envf"',
                 '[ "$cb_read" -eq 0 ] || fail "cannot read the index settings $envf"',
             ]
+            if plan.installer == "pip":
+                # PIP_EXTRA_INDEX_URL replaces the extra indexes the node's pip configuration names (a
+                # lab's mirror): they are kept, after the spec's
+                lines.append(
+                    'if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then cb_cfg=$(env -u PIP_EXTRA_INDEX_URL '
+                    f"{p.quote(plan.interpreter)} -I -m pip config list 2>/dev/null"
+                    " | sed -n \"s/^[^.:]*\\.extra-index-url='\\(.*\\)'\\$/\\1/p\" | tr '\\n' ' ');"
+                    ' cb_cfg=${cb_cfg% };'
+                    ' [ -z "$cb_cfg" ] || export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL $cb_cfg"; fi'
+                )
         step = self.step
         if plan.clone:
             lines += [
