@@ -177,6 +177,16 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _env_sync(tmp_path: Path, env: Path) -> subprocess.CompletedProcess[str]:
+    """`sync --only env` of a local node whose cluster.env.path is ``env``."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {env}}}}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    return _cli(tmp_path, "-i", str(inv), "sync", "--only", "env")
+
+
 def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
     scratch: Path, victim: Path, tmp_path: Path
 ) -> None:
@@ -185,12 +195,7 @@ def test_a_one_node_environment_sync_refuses_an_env_path_another_user_made(
     of ours, deleting what was there. The probe walks the environment's directory first, always."""
     (scratch / "venv.versions").symlink_to(victim.parent)
     os.lchown(scratch / "venv.versions", OTHER, OTHER)
-    inv = tmp_path / "hosts.yaml"
-    inv.write_text(
-        f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {scratch / 'venv'}}}}}\n"
-        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
-    )
-    run = _cli(tmp_path, "-i", str(inv), "sync", "--only", "env")
+    run = _env_sync(tmp_path, scratch / "venv")
     assert run.returncode == 2, run
     assert f"refusing {scratch}: it belongs to another user" in run.stderr, run.stderr
     assert sorted(p.name for p in victim.parent.iterdir()) == ["precious.conf"]
@@ -213,12 +218,7 @@ def test_an_environment_link_another_user_planted_in_a_sticky_directory_is_never
     (theirs / "python").chmod(0o755)
     (sticky / "venv").symlink_to(theirs.parent)
     os.lchown(sticky / "venv", OTHER, OTHER)
-    inv = tmp_path / "hosts.yaml"
-    inv.write_text(
-        f"cluster: {{name: c, master: here, env: {{packages: [tinya==1.0], path: {sticky / 'venv'}}}}}\n"
-        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
-    )
-    run = _cli(tmp_path, "-i", str(inv), "sync", "--only", "env")
+    run = _env_sync(tmp_path, sticky / "venv")
     assert run.returncode == 2, run
     assert f"refusing {sticky / 'venv'}: it belongs to another user" in run.stderr, run.stderr
     assert not ran.exists()
