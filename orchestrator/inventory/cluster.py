@@ -109,6 +109,8 @@ class Inventory:
         ``env`` is added to ``train.env`` (a name already there takes the new value); ``script``
         replaces ``train.script`` (``--script``: an Ansible inventory has no train section). The
         inventory file is not changed: the next run without them has the inventory's values again."""
+        from pydantic import ValidationError
+
         from orchestrator.errors import UsageError
         from orchestrator.inventory.model import TrainSettings
 
@@ -117,11 +119,15 @@ class Inventory:
         overrides: dict[str, Any] = {}
         if script is not None:
             try:
-                TrainSettings(script=script)  # the field's own rules: one line, no control character
-            except ValueError:
-                raise UsageError(
-                    f"--script {script!r}: not a file name (empty, or a control character)"
-                ) from None
+                TrainSettings(script=script)  # the field's own rules: one line, no option, no '..'
+            except ValidationError as exc:
+                said = "; ".join(
+                    "not one line of a file name (a control character, or empty)"
+                    if e["type"] in ("string_pattern_mismatch", "string_too_short")
+                    else str(e["msg"]).removeprefix("Value error, ")
+                    for e in exc.errors()
+                )
+                raise UsageError(f"--script {script!r}: {said}") from None
             update["script"] = overrides["script"] = script
         if args is not None:
             update["args"] = overrides["args"] = tuple(args)

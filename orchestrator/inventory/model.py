@@ -419,6 +419,8 @@ class TrainSettings(BaseModel):
         already) is the user's to name."""
         if value.startswith("/") or WINDOWS_ABSOLUTE.match(value):
             return value
+        if value.startswith("-"):  # python would read it as one of its own options (-c CODE)
+            raise ValueError(f"{value!r} starts with '-', which python reads as an option: write ./{value}")
         if ".." in re.split(r"[\\/]", value):
             raise ValueError(
                 f"{value!r} leaves the code directory ('..'): a relative script is a file of the "

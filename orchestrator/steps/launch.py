@@ -440,7 +440,10 @@ def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
     run of bootstrap whose process holds it (its run marker's id; empty: not one, or not known).
     The script has ``_cb_rec`` (PosixRuns.other_runs comes first)."""
     run_of = (
-        "_cb_r=; [ -n \"$_cb_h\" ] && _cb_r=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
+        # only a process of ours: another user's may carry one of our run ids, to have us told to
+        # stop our own run for their port
+        '_cb_r=; [ -n "$_cb_h" ] && [ -O "/proc/$_cb_h" ]'
+        " && _cb_r=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
         f" | sed -n 's#^{RUN_MARKER_ENV}=\\([^/]*\\)/.*#\\1#p' | head -n 1)"
     )
     return posix.say_if_listening(port, f'{run_of}; _cb_rec {PORT_BUSY} "$_cb_r"')

@@ -218,7 +218,11 @@ def test_a_run_without_train_script_names_the_example_and_script_picks_the_users
     assert mine.returncode == 0 and "shipped with bootstrap" not in mine.stderr, mine.stderr
     assert "python3 train.py --x\n" in json.loads(mine.stdout)["nodes"][0]["script"]
     bad = _cli(tmp_path, "launch", "--dry-run", "--script", "a\nb.py")
-    assert bad.returncode == 2 and "--script 'a\\nb.py': not a file name" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--script 'a\\nb.py': not one line of a file name" in bad.stderr, (
+        bad.stderr
+    )
+    option = _cli(tmp_path, "launch", "--dry-run", "--script=-c", "--", "import os")  # python's own option
+    assert option.returncode == 2 and "starts with '-', which python reads as an option" in option.stderr
     run = load_inventory(tmp_path / "lab.yaml").for_run(None, {}, "train.py")
     from orchestrator.runs.layout import train_args_line
 

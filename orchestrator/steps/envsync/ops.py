@@ -259,7 +259,7 @@ class PosixEnvOps(EnvOps):
                     'if [ -n "${PIP_EXTRA_INDEX_URL:-}" ]; then cb_cfg=$(env -u PIP_EXTRA_INDEX_URL '
                     f"{p.quote(plan.interpreter)} -I -m pip config list 2>/dev/null"
                     " | sed -n \"s/^[^.:]*\\.extra-index-url='\\(.*\\)'\\$/\\1/p\" | tr '\\n' ' ');"
-                    ' cb_cfg=${cb_cfg% };'
+                    " cb_cfg=${cb_cfg% };"
                     ' [ -z "$cb_cfg" ] || export PIP_EXTRA_INDEX_URL="$PIP_EXTRA_INDEX_URL $cb_cfg"; fi'
                 )
         step = self.step
