@@ -134,6 +134,11 @@ def launch(
     `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     settings = Settings.from_context(ctx)
+    if train_args and settings.inventory is None and train_args[0].endswith((".yaml", ".yml")):
+        raise UsageError(  # `launch hosts.yaml`: the inventory taken for a training argument
+            f"{train_args[0]!r} looks like an inventory, given where the training script's arguments go",
+            hint=f"`bootstrap -i {train_args[0]} launch` (arguments for the script go after `--`)",
+        )
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env, train_script)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out

@@ -312,8 +312,9 @@ class StatusReport:
         vanished = [o.node for o in failed if o.value is not None and o.value.state == NO_EXIT_CODE]
         lines = [
             f"{node}: its launcher ended without an exit code: the node's processes were killed outright "
-            "(SIGKILL, the OOM killer, a reboot or a crash of that machine); the others failed after it: "
-            f"look there first (`bootstrap logs --run {shlex.quote(run_id)} --nodes {node}`)"
+            "(SIGKILL, the OOM killer, a reboot or a crash of that machine), or the code could not be "
+            "written (a full disk there: `df` on it); the others failed after it: look there first "
+            f"(`bootstrap logs --run {shlex.quote(run_id)} --nodes {node}`)"
             for node in vanished
         ]
         for o in failed:

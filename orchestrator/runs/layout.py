@@ -135,7 +135,7 @@ def logs_where(nodes: Sequence[Node], run_id: str) -> str:
     if len(workdirs) == 1:
         (workdir,) = workdirs
         return f"{workdir.rstrip('/')}/{pattern} on each node"
-    return f"{pattern} under each node's workdir (`bootstrap inventory` lists them)"
+    return f"{pattern} under each node's workdir, which `bootstrap inventory` lists"
 
 
 # -- the controller's record of runs ---------------------------------------------------------------

@@ -103,8 +103,9 @@ class PosixRuns(RunOps):
             # the log says it too: read later (`logs`, or on the node), it would end in torchrun's
             # SignalException with nothing saying where the signal came from
             f" printf 'bootstrap: %s: the run was stopped by a signal (TERM, INT or HUP), not by bootstrap"
-            " stop: its controller was interrupted, or lost (its connection closed or went silent:"
-            " the node then stops the run by itself), or a process on this node sent it\\n'"
+            " stop: its controller stopped it (another node failed first, or Ctrl-C there), or was lost"
+            " (its connection closed or went silent: the node then stops the run by itself), or a"
+            " process on this node sent it\\n'"
             f' "$(date -u "+%Y-%m-%d %H:%M:%S UTC")" >> {self.platform.path_word(log)} 2>/dev/null; fi\n'
             # noclobber: the exit code goes into a new file, never through a link planted as .part
             f'{{ set -C; echo "$_cb_rc" > {part} && mv -f {part} {rc}; }} 2>/dev/null || {{'

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -56,6 +57,13 @@ class RunChoice:
 
     def public_dict(self) -> dict[str, Any]:
         return {"ids": list(self.ids), "older_than": self.older_than, "keep": self.keep}
+
+    def options(self) -> list[str]:
+        """The options that choose these runs, as typed (``--older-than`` in seconds)."""
+        words = [word for run_id in self.ids for word in ("--run", run_id)]
+        age = self.older_than
+        words += ["--older-than", f"{int(age) if age.is_integer() else age}s"] if age is not None else []
+        return words + (["--keep", str(self.keep)] if self.keep is not None else [])
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -221,6 +229,8 @@ class CleanReport:
     outcomes: GroupResult[NodeClean]
     removed: bool
     declined: bool = False
+    #: what this clean was asked to remove, as its options say it (a suggested command repeats them)
+    options: tuple[str, ...] = ()
 
     @property
     def busy(self) -> list[Outcome[NodeClean]]:
@@ -287,9 +297,8 @@ class CleanReport:
         unread = [o.node for o in self.outcomes if o.error is not None]
         read = [o.node for o in self.outcomes if o.error is None]
         if unread and not dry_run and not self.busy:
-            others = (
-                f"; or clean the others alone: `bootstrap clean --nodes {','.join(read)}`" if read else ""
-            )
+            again = shlex.join(["bootstrap", "clean", "--nodes", ",".join(read), *self.options])
+            others = f"; or clean the others alone: `{again}`" if read else ""
             said.append(
                 f"{nothing}: {', '.join(unread)} could not be read (a run may be running there, and its "
                 f"files are not listed); bring {'them' if len(unread) > 1 else 'it'} back{others}"
@@ -311,7 +320,8 @@ def clean_all(
     """:class:`Clean` on every node of ``session``: a listing, or (``remove``) the removal."""
     step = Clean(inventory, remove=remove, outputs=outputs, runs=runs)
     report = run_step(session, step, dry_run=not remove)
-    return CleanReport(report.outcomes, removed=remove)
+    options = (*(["--outputs"] if outputs else []), *(runs.options() if runs is not None else []))
+    return CleanReport(report.outcomes, removed=remove, options=tuple(options))
 
 
 def clean_nodes(

@@ -61,8 +61,9 @@ def check_script_compiles(inventory: Inventory) -> None:
 
         here = code_source(inventory.cluster) if inventory.cluster.code_declared else Path.cwd()
         if typo := near_name(here, script):
+            named = "--script" if "script" in inventory.run_overrides else f"{inventory.source}: train.script"
             raise UsageError(
-                f"{inventory.source}: train.script {script!r} is not in {here} (did you mean {typo!r}?): "
+                f"{named} {script!r} is not in {here} (did you mean {typo!r}?): "
                 "every node would fail on it; nothing was started"
             )
     if path is None or path.suffix != ".py":

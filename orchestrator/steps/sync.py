@@ -308,11 +308,14 @@ class SyncReport:
         if not self.choice.code:
             return said
         said.append(self.code_view())
-        for o in self.code:
-            if self.dry_run and o.value is not None and o.value.plan is not None:
-                said += [Said("out", f"# {o.node}: code at {o.value.dest}")]
-                said += [Said("out", f"#   {line}") for line in o.value.file_lines()]
-                said += [Said("out", line) for line in plan_lines(o.value.plan, o.node)]
+        planned = [o for o in self.code if self.dry_run and o.value is not None and o.value.plan is not None]
+        for o in planned:
+            assert o.value is not None and o.value.plan is not None
+            said += [Said("out", f"# {o.node}: code at {o.value.dest}")]
+            said += [Said("out", line) for line in plan_lines(o.value.plan, o.node)]
+        for o in planned:  # what would move, after the plans (each one long): a file a line
+            assert o.value is not None
+            said += [Said("out", f"# {o.node}: {line}") for line in o.value.file_lines()]
         kept = [
             Said("warn", f"node {o.node!r}: {o.value.kept_warning()}")
             for o in self.code

@@ -138,7 +138,9 @@ def test_a_killed_controller_leaves_nothing_running(
         cwd=tmp_path,
     )
     told = [line for line in logs.stdout.splitlines() if "the run was stopped by a signal" in line]
-    assert len(told) == 2 and "its controller was interrupted, or lost" in told[0], logs.stdout + logs.stderr
+    assert len(told) == 2 and "not by bootstrap stop: its controller stopped it" in told[0], (
+        logs.stdout + logs.stderr
+    )
 
 
 def test_sigterm_to_the_controller_is_a_ctrl_c(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -476,7 +477,9 @@ def test_cli_sync_only_code(
     (source / "run.sh").unlink()
     listed = bootstrap("-i", str(inv), "--dry-run", "sync", "--only", "code")
     assert listed.returncode == 0, listed
-    assert listed.stdout.count("#   ~ train.py\n") == 3 and listed.stdout.count("#   - run.sh\n") == 3, listed
+    assert len(re.findall(r"^# node\d: ~ train.py$", listed.stdout, re.M)) == 3, listed
+    assert len(re.findall(r"^# node\d: - run.sh$", listed.stdout, re.M)) == 3, listed
+    assert listed.stdout.rstrip().endswith("# node3: - run.sh")  # after the plans, not amid them
 
 
 def test_plain_sync_pushes_no_code_without_a_code_section(tmp_path: Path) -> None:

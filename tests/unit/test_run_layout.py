@@ -86,7 +86,7 @@ def test_the_end_of_run_line_names_the_path_when_every_node_has_it() -> None:
     assert logs_where(same.nodes, "r1") == "~/cluster-bootstrap/runs/r1/<node>/node.log on each node"
     shared = load_inventory_text(SHARED, "hosts.yaml")
     assert logs_where(shared.nodes, "r1") == (
-        "runs/r1/<node>/node.log under each node's workdir (`bootstrap inventory` lists them)"
+        "runs/r1/<node>/node.log under each node's workdir, which `bootstrap inventory` lists"
     )
 
 
@@ -286,5 +286,7 @@ def test_an_inventory_given_where_a_command_goes_says_how_to_give_it(tmp_path: P
     run = _cli("hosts.yaml", "launch", "--", "--lr", "0.1", cwd=tmp_path)
     assert run.returncode == 2
     assert "Did you mean `bootstrap -i hosts.yaml launch -- --lr 0.1`?" in run.stderr, run.stderr
+    after = _cli("launch", "hosts.yaml", cwd=tmp_path)  # given where the script's arguments go
+    assert after.returncode == 2 and "`bootstrap -i hosts.yaml launch`" in after.stderr, after.stderr
     other = _cli("lunch", cwd=tmp_path)  # a mistyped command is click's own message
     assert other.returncode == 2 and "-i" not in other.stderr.split("Error:")[1], other.stderr

@@ -187,6 +187,9 @@ def test_a_clean_with_a_node_it_could_not_read_says_nothing_was_removed_and_how_
         " are not listed); bring it back; or clean the others alone: `bootstrap clean --nodes n1,n2`"
     ]
     assert report.refusals(dry_run=True) == []  # the listing is what a dry run asked for
+    # a clean of old runs only: the suggestion stays one (typed as given, it removes only those)
+    chosen = CleanReport(GroupResult(outcomes), removed=False, options=("--outputs", "--keep", "2"))
+    assert chosen.refusals()[0].endswith("`bootstrap clean --nodes n1,n2 --outputs --keep 2`")
     assert report.exit_code() == ExitCode.CONNECTION
     busy = NodeClean("n1", items=[], running=["r1"], removed=False)
     refused = CleanReport(GroupResult([Outcome("n1", busy, None, 0.1)]), removed=False)
