@@ -57,15 +57,11 @@ def clean(
     --run, --older-than and --keep clean old runs only: the chosen run directories (each rule given
     must hold), nothing else; a run running elsewhere does not stop it.
     """
-    from orchestrator.runs.ids import resolve_run
-    from orchestrator.steps.clean import RunChoice, parse_age
+    from orchestrator.steps.clean import RunChoice
 
     settings = Settings.from_context(ctx)
     ui = settings.ui
-    runs = None
-    if run_ids or older_than is not None or keep is not None:
-        age = None if older_than is None else parse_age(older_than)
-        runs = RunChoice(tuple(resolve_run(r) for r in run_ids), age, keep)  # `latest`: the newest here
+    runs = RunChoice.chosen(run_ids, older_than, keep)  # None: a whole clean
     inventory, nodes = load_selection(settings)
 
     def ask(found: CleanReport) -> bool:

@@ -25,7 +25,7 @@ from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
 from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
-from orchestrator.runs.run_inventory import for_run, run_nodes
+from orchestrator.runs.run_inventory import for_run, refuse_inventory_as_args, run_nodes
 from orchestrator.steps.preflight.checks import refuse_native_mix
 from orchestrator.steps.remote import result_fields
 from orchestrator.steps.train import sweep_said
@@ -134,11 +134,7 @@ def launch(
     `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     settings = Settings.from_context(ctx)
-    if train_args and settings.inventory is None and train_args[0].endswith((".yaml", ".yml")):
-        raise UsageError(  # `launch hosts.yaml`: the inventory taken for a training argument
-            f"{train_args[0]!r} looks like an inventory, given where the training script's arguments go",
-            hint=f"`bootstrap -i {train_args[0]} launch` (arguments for the script go after `--`)",
-        )
+    refuse_inventory_as_args(settings, train_args)  # `launch hosts.yaml`: -i forgotten
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env, train_script)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out

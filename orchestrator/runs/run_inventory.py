@@ -17,6 +17,9 @@ class Selection(Protocol):
     @property
     def nodes(self) -> Sequence[str]: ...
 
+    @property
+    def inventory(self) -> object | None: ...
+
 
 def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
@@ -38,6 +41,16 @@ def for_run(
     """The inventory as this run uses it: ``args`` (given after ``--``) replace train.args, ``-e``
     values are added to train.env, ``--script`` replaces train.script."""
     return inventory.for_run(args, parse_env_pairs(env_pairs), script)
+
+
+def refuse_inventory_as_args(selection: Selection, args: Sequence[str]) -> None:
+    """`bootstrap launch hosts.yaml`: an inventory file where the training script's arguments go,
+    with no -i (the embedded default would train the example, given that name as its argument)."""
+    if args and selection.inventory is None and args[0].endswith((".yaml", ".yml")):
+        raise UsageError(
+            f"{args[0]!r} looks like an inventory, given where the training script's arguments go",
+            hint=f"`bootstrap -i {args[0]} launch` (arguments for the script go after `--`)",
+        )
 
 
 def selected(selection: Selection, inventory: Inventory) -> list[Node]:

@@ -55,6 +55,17 @@ class RunChoice:
     older_than: float | None = None
     keep: int | None = None
 
+    @classmethod
+    def chosen(cls, ids: Sequence[str], older_than: str | None, keep: int | None) -> RunChoice | None:
+        """The runs `--run` (``latest``: the newest here), `--older-than AGE` and `--keep N` choose;
+        None when none of them was given (a whole clean)."""
+        from orchestrator.runs.ids import resolve_run
+
+        if not ids and older_than is None and keep is None:
+            return None
+        age = None if older_than is None else parse_age(older_than)
+        return cls(tuple(resolve_run(run_id) for run_id in ids), age, keep)
+
     def public_dict(self) -> dict[str, Any]:
         return {"ids": list(self.ids), "older_than": self.older_than, "keep": self.keep}
 
