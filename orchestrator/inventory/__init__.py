@@ -7,6 +7,7 @@ See docs/inventory.md.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -37,8 +38,16 @@ def load_inventory(path: str | Path) -> Inventory:
     return load_inventory_text(text, source)
 
 
+#: an Ansible INI inventory's first line: a group header (``[web]``, ``[all:vars]``)
+_INI_GROUP = re.compile(r"\A(?:\s*(?:[#;][^\n]*)?\n)*\s*\[[A-Za-z0-9_.:-]+\]\s*(?:\n|\Z)")
+
+
 def load_inventory_text(text: str, source: str) -> Inventory:
     """Load an inventory from ``text``; ``source`` names it in messages (its stem: default cluster name)."""
+    if _INI_GROUP.match(text):  # YAML would say "did not find expected <document start>"
+        said = "an Ansible INI inventory: only Ansible's YAML inventories are read"
+        fix = f"convert it once: `ansible-inventory -i {source} -y --list > hosts.yaml`, then -i hosts.yaml"
+        raise InventoryError([InventoryIssue(f"{said}; {fix}", file=source, line=1)])
     data = load_yaml(text, source)
     if data is None:
         raise InventoryError([InventoryIssue("the inventory file is empty", file=source)])

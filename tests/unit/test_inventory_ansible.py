@@ -317,3 +317,15 @@ def test_a_one_megabyte_ansible_inventory_loads(tmp_path: Path) -> None:
     assert len(inv.nodes) == racks * per_rack
     last = inv.nodes[-1]
     assert (last.gpus, last.tags, last.line) == (1, ("rack289",), len(path.read_text().splitlines()) - 2)
+
+
+def test_an_ansible_ini_inventory_is_named_with_the_command_that_converts_it() -> None:
+    """An INI inventory got "YAML syntax error: did not find expected <document start>"."""
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import load_inventory_text
+
+    for text in ("[gpu]\nws1 ansible_host=10.0.0.1\n", "# lab\n\n[all:vars]\nansible_user=root\n"):
+        with pytest.raises(InventoryError) as refused:
+            load_inventory_text(text, "hosts.ini")
+        said = str(refused.value)
+        assert "an Ansible INI inventory" in said and "ansible-inventory -i hosts.ini -y --list" in said, said
