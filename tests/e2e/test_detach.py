@@ -305,37 +305,33 @@ def test_a_busy_master_port_refuses_the_launch_naming_the_node_and_the_port(
         "import socket, time\ns = socket.socket(socket.AF_INET6)\n"
         f"s.bind(('::', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(600)\n"
     )
-    # the holder is a run of bootstrap (its processes carry the run marker): named, with its stop
     held_by = f"ns-holder-{os.getpid()}"
-    holder = subprocess.Popen(
-        ["ip", "netns", "exec", cluster.hosts[0].ns, sys.executable, "-c", listen],
-        stdout=subprocess.PIPE,
-        env={**os.environ, RUN_MARKER_ENV: f"{held_by}/node1/1-2"},
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"up\n"
-        refused = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
-    finally:
-        holder.kill()
-        holder.wait()
+
+    def launch_while_held(*as_user: str) -> CliRun:
+        """A launch while ``listen`` holds the port on the master, carrying a run marker of ours."""
+        holder = subprocess.Popen(
+            ["ip", "netns", "exec", cluster.hosts[0].ns, *as_user, "-c", listen],
+            stdout=subprocess.PIPE,
+            env={**os.environ, RUN_MARKER_ENV: f"{held_by}/node1/1-2"},
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == b"up\n"
+            return bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
+        finally:
+            holder.kill()
+            holder.wait()
+
+    # the holder is a run of bootstrap (its processes carry the run marker): named, with its stop
+    refused = launch_while_held(sys.executable)
     assert refused.returncode == 1, refused
     said = refused.stdout + refused.stderr
     assert re.search(rf"node1\W.*port {port} is in use on this node, the master: run {held_by} ", said), said
     assert re.search(rf"`bootstrap -i \S+ stop --run {held_by}` ends it", said), said
     assert "cluster.port" in said and "trained" not in said, said
     # another user's process carrying one of our run ids: not named (its stop would end our run)
-    as_other = ["setpriv", "--reuid=54321", "--regid=54321", "--clear-groups", "/usr/bin/python3"]
-    other = subprocess.Popen(
-        ["ip", "netns", "exec", cluster.hosts[0].ns, *as_other, "-c", listen],
-        stdout=subprocess.PIPE,
-        env={**os.environ, RUN_MARKER_ENV: f"{held_by}/node1/1-2"},
+    theirs = launch_while_held(
+        "setpriv", "--reuid=54321", "--regid=54321", "--clear-groups", "/usr/bin/python3"
     )
-    try:
-        assert other.stdout is not None and other.stdout.readline() == b"up\n"
-        theirs = bootstrap("-i", str(inv), "launch", cwd=tmp_path, timeout=120)
-    finally:
-        other.kill()
-        other.wait()
     assert theirs.returncode == 1 and "torchrun's rendezvous needs it free" in theirs.stderr, theirs
     assert f"stop --run {held_by}" not in theirs.stderr, theirs
     # the refused launch (node2 prepared, maybe started, then stopped at once) never trained: it is
