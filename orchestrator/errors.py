@@ -8,6 +8,7 @@ it is about, says what was tried, and says what to do next (``hint``).
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable
 
 from orchestrator.redact import mask_url_credentials
@@ -57,10 +58,11 @@ class BootstrapError(Exception):
 
 def said_once(errors: Iterable[BootstrapError]) -> list[str]:
     """Each error's line, in order; errors alike but for their node (the same pip failure on every
-    node of a cluster with no index) as one line that names them all."""
+    node of a cluster with no index; "no run R" where each node's path ends in its own name) as one
+    line that names them all, a path's node name written ``<node>``."""
     groups: dict[tuple[type, str, str | None], list[BootstrapError]] = {}
     for error in errors:
-        groups.setdefault((type(error), error.message, error.hint), []).append(error)
+        groups.setdefault((type(error), _any_node(error.message, error.node), error.hint), []).append(error)
     lines = []
     for (_, message, hint), group in groups.items():
         if len(group) == 1 or not all(e.node for e in group):
@@ -69,6 +71,13 @@ def said_once(errors: Iterable[BootstrapError]) -> list[str]:
         nodes = ", ".join(repr(e.node) for e in group)
         lines.append(f"nodes {nodes}: {message}" + (f" ({hint})" if hint else ""))
     return lines
+
+
+def _any_node(message: str, node: str | None) -> str:
+    """``message`` with ``node``'s name as a path component (``.../runs/R/node2/...``) written ``<node>``."""
+    if not node:
+        return message
+    return re.sub(rf"(?<=/){re.escape(node)}(?=[/\s),:]|$)", "<node>", message)
 
 
 class UsageError(BootstrapError):

@@ -24,3 +24,24 @@ def test_the_same_failure_on_many_nodes_is_one_line_naming_them() -> None:
 def test_failures_without_a_node_are_each_said() -> None:
     errors = [CommandFailedError("boom"), CommandFailedError("boom")]
     assert said_once(errors) == ["boom", "boom"]
+
+
+def test_failures_alike_but_for_the_nodes_own_path_are_one_line() -> None:
+    """`status --run lab-2026120-1` (a typo): "no run ... (/wd/node1/runs/.../node1 does not
+    exist)" once per node, each path ending in its node's name. One line, the name written <node>."""
+    errors = [
+        CommandFailedError(
+            f"no run r1 on this node (/wd/{n}/runs/r1/{n} does not exist)", node=n, hint="check --run"
+        )
+        for n in ("ws1", "ws2", "ws3")
+    ]
+    assert said_once(errors) == [
+        "nodes 'ws1', 'ws2', 'ws3': no run r1 on this node (/wd/<node>/runs/r1/<node> does not exist)"
+        " (check --run)"
+    ]
+    one = [CommandFailedError("no run r1 on this node (/wd/ws1/runs/r1/ws1 does not exist)", node="ws1")]
+    assert said_once(one) == ["node 'ws1': no run r1 on this node (/wd/ws1/runs/r1/ws1 does not exist)"]
+    # a name that is only a word of the message stays (node "a" in "a run")
+    assert said_once(
+        [CommandFailedError("a run failed", node="a"), CommandFailedError("a run failed", node="b")]
+    ) == ["nodes 'a', 'b': a run failed"]
