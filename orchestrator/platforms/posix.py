@@ -220,7 +220,9 @@ class PosixShell(Platform):
         where = self.path_word(directory.rstrip("/") or "/")
         probe = self.path_word(f"{directory.rstrip('/')}/.bootstrap-write-test-{uuid.uuid4().hex[:12]}")
         return (
-            f"if _cb_e=$({{ head -c 65536 /dev/zero > {probe}; }} 2>&1); then rm -f {probe}; exit 0; fi\n"
+            # noclobber: a new file, never one planted under that name (nor through a link)
+            f"if _cb_e=$({{ set -C; head -c 65536 /dev/zero > {probe}; }} 2>&1)\n"
+            f"then rm -f {probe}; exit 0; fi\n"
             f"rm -f {probe}\n"
             f"_cb_f=$(df -Pk {where} 2>/dev/null | awk 'NR == 2 {{ print $4 }}')\n"
             'printf \'%s%s\\n\' "${_cb_e##*: }" "${_cb_f:+ ($_cb_f KiB free there)}"; exit 1'
@@ -239,17 +241,22 @@ class PosixShell(Platform):
         """A line that prints ``word`` and ends the script (exit 0) when ``path`` exists."""
         return f"if [ -e {self.path_word(path)} ]; then echo {self.quote(word)}; exit 0; fi"
 
-    def say_if_listening(self, port: int, action: str) -> str:
-        """A line that runs the shell command ``action`` and ends the script (exit 0) when a TCP
-        socket of this machine listens on ``port`` (IPv4 or IPv6, any address; /proc/net: Linux and
-        WSL). ``$_cb_h`` is then the pid of a process that listens there, as ``ss -p`` tells it
-        (empty without ss, or when another user's process holds it and we are not root)."""
+    def say_if_listening(self, port: int, kind: str, *, holder_env: str) -> str:
+        """After :meth:`record_functions`: lines that print the record ``kind`` and end the script
+        (exit 0) when a TCP socket of this machine listens on ``port`` (IPv4 or IPv6, any address;
+        /proc/net: Linux and WSL). Its field: the value of ``holder_env`` in the environment of the
+        process that listens there (``ss -p``), up to its first "/", when that process is ours
+        (another user's may carry any value); empty without ss, or for anyone else's process."""
+        name = check_env_name(holder_env)
         return (
             f'if awk -v p=:{int(port):04X} \'$4 == "0A" && substr($2, length($2) - 4) == p {{ f = 1 }}'
             " END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then\n"
             f"  _cb_h=$(ss -Hltnp 'sport = :{int(port)}' 2>/dev/null"
             " | sed -n 's/.*pid=\\([0-9][0-9]*\\).*/\\1/p' | head -n 1)\n"
-            f"  {action}; exit 0\nfi"
+            '  _cb_v=; [ -n "$_cb_h" ] && [ -O "/proc/$_cb_h" ]'
+            " && _cb_v=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
+            f" | sed -n 's#^{name}=\\([^/]*\\).*#\\1#p' | head -n 1)\n"
+            f'  _cb_rec {check_kind(kind)} "$_cb_v"; exit 0\nfi'
         )
 
     def line_into_fifo(self, path: str, words: Sequence[str]) -> str:
@@ -321,7 +328,7 @@ class PosixShell(Platform):
         """Refuse (one line on stderr, exit UNSAFE_DIR_EXIT) a ``path`` whose existing directories,
         from ``/`` down, another user could change (``new_private_dir``'s checks): what runs from
         there (the training script, and what it imports beside it) is then ours alone."""
-        return _DIR_FUNCTIONS + f"_cb_walk {self.path_word(path)}"
+        return self.check_paths([path])
 
     def check_paths(self, paths: Sequence[str]) -> str:
         """``check_path`` for each of ``paths``, in order (the functions once)."""

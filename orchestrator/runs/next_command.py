@@ -66,12 +66,19 @@ def train_without(reach: Reach, inventory: Inventory, dead: Sequence[str], comma
 
 def _run_words(inventory: Inventory) -> tuple[list[str], str]:
     """This run's ``-e`` and ``--`` words as typed (quoted), to repeat in a suggested command; none,
-    and a phrase saying so, when one of them looks secret (never printed)."""
+    and a phrase saying so, when one of them looks secret (a secret-looking name or flag, a URL with a
+    login in it: never printed)."""
     from orchestrator.inventory.model import is_secret_name, masked_args
+    from orchestrator.redact import has_url_credentials
 
     env = inventory.run_overrides.get("env") or {}
     args = inventory.run_overrides.get("args")
-    if any(is_secret_name(name) for name in env) or (args is not None and masked_args(args) != tuple(args)):
+    logins = any(has_url_credentials(str(word)) for word in [*env.values(), *(args or ())])
+    if (
+        logins
+        or any(is_secret_name(name) for name in env)
+        or (args is not None and masked_args(args) != tuple(args))
+    ):
         return [], " with this run's -e and -- arguments (not repeated here: secret-looking values)"
     words = [f"--script {shlex.quote(script)}"] if (script := inventory.run_overrides.get("script")) else []
     words += [f"-e {shlex.quote(f'{name}={value}')}" for name, value in env.items()]

@@ -129,8 +129,10 @@ def _no_environment(inventory: Inventory, facts: Sequence[PreflightFacts]) -> Co
     lacking = [
         f.node.name
         for f in facts
-        # the interpreter answered nothing (not there: "venv/bin/python: not found"), or has no torch
-        if (f.python is None and f.torch is None) or (f.torch is not None and not f.torch.installed)
+        # the interpreter answered nothing, with no read failing (not there: "venv/bin/python: not
+        # found"), or answered without torch
+        if (f.python is None and f.torch is None and not (f.python_error or f.torch_error))
+        or (f.torch is not None and not f.torch.installed)
     ]
     if not lacking:
         return None
@@ -437,16 +439,10 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
 
 def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
     """Lines that print the PORT_BUSY record (and end the script) when ``port`` is in use, with the
-    run of bootstrap whose process holds it (its run marker's id; empty: not one, or not known).
+    run of bootstrap whose process (one of ours: another user's may carry one of our run ids, to have
+    us stop our own run for their port) holds it: its run marker's id; empty: not one, not known.
     The script has ``_cb_rec`` (PosixRuns.other_runs comes first)."""
-    run_of = (
-        # only a process of ours: another user's may carry one of our run ids, to have us told to
-        # stop our own run for their port
-        '_cb_r=; [ -n "$_cb_h" ] && [ -O "/proc/$_cb_h" ]'
-        " && _cb_r=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
-        f" | sed -n 's#^{RUN_MARKER_ENV}=\\([^/]*\\)/.*#\\1#p' | head -n 1)"
-    )
-    return posix.say_if_listening(port, f'{run_of}; _cb_rec {PORT_BUSY} "$_cb_r"')
+    return posix.say_if_listening(port, PORT_BUSY, holder_env=RUN_MARKER_ENV)
 
 
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str, nonce: str) -> None:

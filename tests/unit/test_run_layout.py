@@ -141,7 +141,11 @@ def test_training_without_a_dead_node_repeats_this_runs_arguments_but_never_a_se
     plain = inventory.for_run(["--lr", "0.1"], {"TAG": "a b"})
     said = train_without(Settings(), plain, ["a"], "launch")
     assert said.endswith("`bootstrap launch --nodes b,c --master b -e 'TAG=a b' -- --lr 0.1`"), said
-    secrets = (inventory.for_run(["--hf-token", "s3cret"], {}), inventory.for_run(None, {"API_KEY": "k"}))
+    secrets = (
+        inventory.for_run(["--hf-token", "s3cret"], {}),
+        inventory.for_run(None, {"API_KEY": "k"}),
+        inventory.for_run(["--data", "https://jo:s3cret@data.lab/set"], {}),  # a login in a URL
+    )
     for secret in secrets:
         said = train_without(Settings(), secret, ["a"], "launch")
         assert "s3cret" not in said and "API_KEY" not in said and "not repeated here" in said, said
