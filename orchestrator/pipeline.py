@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from orchestrator.errors import BootstrapError, ConnectError, ExitCode
 from orchestrator.facts.linux import RootAccess
 from orchestrator.runs.run_inventory import Selection, run_nodes
+from orchestrator.settled import settled_line
 
 if TYPE_CHECKING:
     from orchestrator.facts.base import Read
@@ -62,6 +63,9 @@ class PipelineOptions:
     dry_run: SSHOptions | None = None  # nothing changes (the options it would connect with)
     detach: bool = False  # launch: start training in the background, and return
     always_validate: bool = False  # --validate: even when nothing it checks changed
+    #: a phase that changed nothing and has nothing to say is one line (a cluster validated before;
+    #: the CLI asks for it on a terminal's plain output: not with -v, --json or --dry-run)
+    brief: bool = False
 
 
 @dataclass
@@ -227,10 +231,12 @@ def _run_phases(
     from orchestrator.steps.timesync import time_report
     from orchestrator.steps.train import launch_phase
     from orchestrator.steps.validate import validation_phase
+    from orchestrator.steps.validate_stamp import last_stamp
 
     try:
         report = PipelineReport()
         cluster = inventory.cluster
+        brief = options.brief and options.dry_run is None and last_stamp(inventory) is not None
         everyone = list(inventory.nodes)  # validation and training span every node of the run
 
         def stop(why: str, code: ExitCode) -> PipelineReport:
@@ -273,7 +279,7 @@ def _run_phases(
                 synced.append(_sync(reach, inventory, selected, only, from_master, options))
                 return synced[-1]
 
-            report.codes["sync"] = _phase("sync", front, session, selected, sync_phase)
+            report.codes["sync"] = _phase("sync", front, session, selected, sync_phase, brief=brief)
             if report.codes["sync"] != ExitCode.OK:
                 return stop(_sync_failed(synced[0] if synced else None, from_master), report.codes["sync"])
         else:
@@ -305,7 +311,7 @@ def _run_phases(
             if single or not managed:
                 report.skipped[name] = "one node" if single else f"{setting} is false"
             else:
-                report.codes[name] = _phase(name, front, session, selected, step)
+                report.codes[name] = _phase(name, front, session, selected, step, brief=brief)
                 if report.codes[name] != ExitCode.OK:
                     front.say("warn", failed)
             if until_done(options, name, report):
@@ -316,6 +322,7 @@ def _run_phases(
             session,
             selected,
             lambda reach: preflight_report(reach, inventory, selected, dry_run=options.dry_run),
+            brief=brief,
         )
         report.exit_code = checked
         if until_done(options, "check", report):
@@ -371,11 +378,22 @@ def _run_phases(
 
 
 def _phase(
-    name: str, front: Front, session: Session, nodes: list[Node], work: Callable[[Reach], Any]
+    name: str,
+    front: Front,
+    session: Session,
+    nodes: list[Node],
+    work: Callable[[Reach], Any],
+    *,
+    brief: bool = False,
 ) -> ExitCode:
-    """One phase: begun, its work on the pipeline's session narrowed to ``nodes``, its report shown."""
+    """One phase: begun, its work on the pipeline's session narrowed to ``nodes``, its report shown
+    (``brief``: as one line when it changed nothing and has nothing to say, orchestrator/settled.py)."""
     front.begin(name)
-    return front.show(name, work(front.reach(session, name)), nodes)
+    report = work(front.reach(session, name))
+    if brief and (line := settled_line(name, report)) is not None:
+        front.say("info", line)
+        return ExitCode.OK
+    return front.show(name, report, nodes)
 
 
 def _sync_failed(synced: Any, from_master: bool) -> str:

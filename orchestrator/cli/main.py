@@ -158,6 +158,7 @@ def cli(
         dry_run=settings.ssh_options() if settings.dry_run else None,
         detach=detach,
         always_validate=always_validate,
+        brief=not (settings.json_mode or settings.verbose or settings.dry_run),
     )
     if settings.json_mode:
         ui.collected = []  # one document for the whole pipeline: {"check": ..., "launch": ...}

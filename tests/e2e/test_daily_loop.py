@@ -247,12 +247,20 @@ def test_validate_is_skipped_when_nothing_it_checks_changed_and_runs_on_another_
         r"^validate: skipped: nothing it checks changed since it passed on these (\d) node\(s\)", re.M
     )
 
+    tables = "preflight: backend gloo"  # the checks table's title
+    brief = "check: 3/3 nodes ready to train, every check ok (backend gloo)"
+
     first = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
     assert "3 of 3 rank(s) joined" in first.stderr and not skipped.search(first.stderr), first
+    assert tables in first.stdout and brief not in first.stderr, first  # a first run shows it all
     second = _ok(bootstrap("-i", str(inv), cwd=tmp_path, timeout=300))
     assert skipped.findall(second.stderr) == ["3"] and "rank(s) joined" not in second.stderr, second
     assert second.stdout.count("trained") == 3
+    # nothing changed: the preflight is one line, its tables are left out
+    assert brief in second.stderr.splitlines() and tables not in second.stdout, second
     other = _ok(bootstrap("-i", str(inv), "--nodes", "node1,node2", cwd=tmp_path, timeout=300))
     assert "2 of 2 rank(s) joined" in other.stderr and not skipped.search(other.stderr), other
-    forced = _ok(bootstrap("-i", str(inv), "--validate", cwd=tmp_path, timeout=300))
+    assert tables in other.stdout, other  # never validated on these two: shown whole
+    forced = _ok(bootstrap("-i", str(inv), "-v", "--validate", cwd=tmp_path, timeout=300))
     assert "3 of 3 rank(s) joined" in forced.stderr and not skipped.search(forced.stderr), forced
+    assert tables in forced.stdout and brief not in forced.stderr, forced  # -v: every table
