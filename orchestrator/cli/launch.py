@@ -150,8 +150,7 @@ def launch(
     from orchestrator.steps.script_check import check_script_compiles
 
     check_script_compiles(inventory)  # a syntax error: exit 2 before anything connects
-    code = run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
-    return code
+    return run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
 
 
 def run_launch(

@@ -47,7 +47,7 @@ def _no_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("orchestrator.pipeline._first_round", lambda *a, **k: {})
     monkeypatch.setattr("orchestrator.steps.preflight.privilege.refused_root", lambda *a, **k: [])
     monkeypatch.setattr("orchestrator.steps.preflight.early.end_early_rounds", lambda session: None)
-    monkeypatch.setattr("orchestrator.pipeline._phase", lambda name, front, *_: front.phase(name))
+    monkeypatch.setattr("orchestrator.pipeline._phase", lambda name, front, *_, **__: front.phase(name))
 
 
 def _run(phases: Phases, *, dry_run: bool = False, **options: Any) -> Any:
