@@ -48,10 +48,10 @@ dist.destroy_process_group()
 """
 #: where the pipeline's phases show their reports (first line of each, stdout or stderr)
 MARKS = {
-    "code sync": re.compile(r"^code$"),
+    "code sync": re.compile(r"^(code$|sync: )"),  # the table, or an unchanged sync's one line
     "firewall": re.compile(r"^firewall: "),
     "time": re.compile(r"^time: "),
-    "preflight": re.compile(r"^preflight: "),
+    "preflight": re.compile(r"^(preflight: |check: )"),
     "validate": re.compile(r"^(validate: skipped|\d+ of \d+ rank\(s\) joined)"),
     "launch line": re.compile(r"^run \S+: \d+ node"),
 }
