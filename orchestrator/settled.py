@@ -65,7 +65,12 @@ def _firewall(values: list[Any]) -> str | None:
         kinds[v.kind] = kinds.get(v.kind, 0) + 1
     named = {kind: "no active firewall" if kind == "none" else kind for kind in kinds}
     if len(kinds) == 1:
-        said = f"{next(iter(named.values()))} on {'every node' if len(values) > 1 else 'it'}"
+        (kind,) = kinds
+        said = (
+            f"{named[kind]} on {'any' if kind == 'none' else 'every'} node"
+            if len(values) > 1
+            else named[kind]
+        )
     else:
         said = ", ".join(f"{named[kind]} on {count}" for kind, count in sorted(kinds.items()))
     return f"firewall: nothing to change on {_nodes(values)} ({said})"

@@ -61,6 +61,10 @@ def test_a_firewall_with_every_rule_in_place_is_one_line_naming_it() -> None:
     assert settled_line("firewall", _report("firewall", nft)) == (
         "firewall: nothing to change on 3 nodes (nftables on every node)"
     )
+    bare = {n: FirewallResult("none", []) for n in NODES}
+    assert settled_line("firewall", _report("firewall", bare)) == (
+        "firewall: nothing to change on 3 nodes (no active firewall on any node)"
+    )
     mixed = {**nft, "node3": FirewallResult("none", [])}
     assert settled_line("firewall", _report("firewall", mixed)) == (
         "firewall: nothing to change on 3 nodes (nftables on 2, no active firewall on 1)"
