@@ -12,10 +12,31 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing: ${missing[*]}"
+    # The tests run their own sshd, chronyd, slurmd and firewall rules inside network namespaces; they
+    # never use this machine's services. So what these packages would start here (firewalld: a host
+    # firewall; sshd, slurmd, munge) is neither started (policy-rc.d: 101, "not allowed") nor enabled
+    # for the next boot. chrony alone stays enabled: on Debian it replaces systemd-timesyncd, and this
+    # machine keeps a time service (from its next boot).
+    policy=/usr/sbin/policy-rc.d
+    own_policy=
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        trap 'rm -f "$policy"' EXIT
+    fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [ -n "$own_policy" ]; then
+        rm -f "$policy"
+        trap - EXIT
+    fi
+    for p in "${missing[@]}"; do
+        [ "$p" = chrony ] && continue
+        units=$(dpkg -L "$p" 2>/dev/null | grep -E '^(/usr)?/lib/systemd/system/[^/@]+\.(service|socket|timer)$' || true)
+        for unit in $units; do
+            deb-systemd-helper disable "${unit##*/}" >/dev/null 2>&1 || true
+        done
+    done
 fi
-# Debian's postinst may start the system sshd/chronyd where systemd runs; the tests never use them.
 
 venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
