@@ -3,9 +3,10 @@ for Linux and WSL nodes, runs/windows.py for native Windows nodes)."""
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from pathlib import PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.errors import UnsafeDirectoryError
@@ -82,11 +83,25 @@ class RunOps(ABC):
 
 
 def safe_parts(path: str) -> list[str] | None:
-    """The parts of a relative ``/`` path, None when it is empty or climbs out (``..``)."""
-    parts = [p for p in PurePosixPath(path).parts if p not in ("/", ".")]
-    if not parts or ".." in parts:
+    """The names of a ``/`` path, to be joined below a directory here: every leading, doubled or
+    trailing ``/`` and every ``.`` dropped (``//etc/x`` is ``etc``, ``x``: never a root of its own);
+    None when nothing is left, or a name climbs out (``..``) or holds a NUL."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." or "\0" in p for p in parts):
         return None
     return parts
+
+
+def below(root: Path, parts: Sequence[str]) -> Path:
+    """``root`` joined with ``parts`` (from :func:`safe_parts`), checked to lie below ``root``: a
+    copy from a node is never written anywhere else here, whatever names the node sent."""
+    path = root.joinpath(*parts)
+    top, where = os.path.normpath(root), os.path.normpath(path)
+    if not parts or any(not p or p in (".", "..") or "/" in p or "\0" in p for p in parts) or where == top:
+        raise ValueError(f"{'/'.join(parts)!r} does not lie below {root}")
+    if os.path.commonpath([top, where]) != top:
+        raise ValueError(f"{'/'.join(parts)!r} does not lie below {root}")
+    return path
 
 
 def refused_dir(result: Result, node: str) -> UnsafeDirectoryError | None:

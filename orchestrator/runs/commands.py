@@ -21,6 +21,7 @@ from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
     StopResult,
+    code_dir_of,
     connect_following,
     fetch_node,
     fetch_script,
@@ -487,13 +488,22 @@ class FetchReport:
         return lines
 
     def notes(self) -> list[str]:
-        """A path some nodes have and others not: which lack it."""
+        """A path some nodes have and others not: which lack it; a copy here that held other bytes:
+        where it was kept."""
         partly = sorted({path for _, path in self.missing} - set(self.nowhere))
-        return [
+        lacking = [
             f"{path}: not on {', '.join(node for node, missing in self.missing if missing == path)} "
             "(copied from the nodes that have it)"
             for path in partly
         ]
+        kept = [
+            f"{o.node}: {Path(backup).with_name(Path(backup).name.rsplit('.~', 1)[0])} held other bytes "
+            f"than the node's: kept as {backup}"
+            for o in self.outcomes
+            for f in o.value or []
+            for backup in f.kept
+        ]
+        return [*lacking, *kept]
 
     def hint(self, run_id: str) -> str:
         """Where to look for the paths no node has in this run: the run launched before it ("": no
@@ -592,12 +602,20 @@ def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code
     check_fetch_paths(paths)
 
     def one(node: Node, t: Any) -> list[Fetched]:
+        code = code_dir_of(node, run.code_dir) + "/"
+
+        def vet(found: list[Fetched]) -> None:
+            """Nothing found, or only in the code directory every run shares: is the run there at all?
+            A run whose directory the node lacks (removed by `clean`) has nothing of its own to fetch."""
+            if from_code or not all(f.source is None or f.source.startswith(code) for f in found):
+                return
+            if status_node(node, t, run.run_id).state == "no run":
+                raise no_such_run(node, run.run_id)
+
         dest = RUNS_ROOT / run.run_id / node.name
-        found = fetch_node(node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code)
-        missing = not from_code and all(f.source is None for f in found)  # the file, or the run id?
-        if missing and status_node(node, t, run.run_id).state == "no run":
-            raise no_such_run(node, run.run_id)
-        return found
+        return fetch_node(
+            node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code, vet=vet
+        )
 
     outcomes = reach.within(run.nodes, "fetch", lambda session: session.map(one, step="fetch"))
     return FetchReport(outcomes, from_code=from_code, earlier=run_before(run.run_id))

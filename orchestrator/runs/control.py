@@ -9,6 +9,7 @@ naming the run by its directory (runs/layout.py), and the parsing of what the no
 
 from __future__ import annotations
 
+import filecmp
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from orchestrator import records
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
-from orchestrator.runs.base import RunOps, refused_dir, safe_parts
+from orchestrator.runs.base import RunOps, below, refused_dir, safe_parts
 from orchestrator.runs.culprit import ROOT_CAUSE, torchrun_failures
 from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
 from orchestrator.runs.posix import PosixRuns
@@ -107,6 +108,11 @@ def stop_script(
     )
 
 
+def code_dir_of(node: Node, code_dir: str | None) -> str:
+    """The code directory on ``node`` where fetch looks (the run record's, else ``<workdir>/code``)."""
+    return (code_dir or in_workdir(node, "code")).rstrip("/")
+
+
 def fetch_candidates(
     ops: RunOps,
     node: Node,
@@ -119,7 +125,7 @@ def fetch_candidates(
     """Where each PATH is looked for on the node: as it is when absolute, else in the run's outputs
     (``$CB_RUN_DIR``), the run directory, then the code directory; ``from_code``: only there."""
     run_dir = run_dir_for(node, run_id)
-    code = (code_dir or in_workdir(node, "code")).rstrip("/")
+    code = code_dir_of(node, code_dir)
     if from_code:
         return [[p] if ops.is_absolute(p) else [f"{code}/{p}"] for p in paths]
     return [
@@ -561,6 +567,8 @@ class Fetched:
     index: int = 0  # which of the paths asked
     #: missing: the node's file whose path is closest to it (a typo), "" or None: none
     near: str | None = None
+    #: copies here that held other bytes than the node's: each kept beside it (``NAME.~N~``)
+    kept: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> str:
@@ -578,12 +586,15 @@ def fetch_node(
     dest: Path,
     from_code: bool = False,
     copy: bool = True,
+    vet: Callable[[list[Fetched]], None] | None = None,
 ) -> list[Fetched]:
     """Copy what the run wrote on the node into ``dest`` (``runs/<run-id>/<node>/``).
 
     A relative PATH is looked for in the run's outputs (``$CB_RUN_DIR``), its run directory, then
     the code directory (``from_code``: only there); an absolute one is taken as is. Directories are
-    copied with everything below them. ``copy`` False: only what would be copied, and where.
+    copied with everything below them. ``copy`` False: only what would be copied, and where. ``vet``
+    sees what was found before anything is copied (it raises to copy nothing). A copy here with
+    other bytes is never replaced: it is kept beside the new one as ``NAME.~N~`` (``Fetched.kept``).
     """
     ops = run_ops(transport.platform, node)
     nonce = new_nonce()
@@ -596,6 +607,7 @@ def fetch_node(
         )
     fetched: list[Fetched] = []
     near: dict[int, str] = {}
+    copies: list[tuple[Fetched, bytes | None]] = []  # a file (None), or a directory's listing
     for found in records.decode(listing.stdout, nonce):
         index_text = found.text(0)
         if (
@@ -613,25 +625,51 @@ def fetch_node(
             log.warning("%s: skipping a listing for path #%d (only %d asked)", node.name, index, len(paths))
             continue
         asked = paths[index]
-        parts = ops.local_parts(asked) or [f"path{index}"]
-        local_root = dest.joinpath(*parts)
+        local_root = below(dest, ops.local_parts(asked) or [f"path{index}"])
         if found.kind == "missing":
             fetched.append(Fetched(asked, None, index=index))
         elif found.kind == "file":
             size_text, source = found.text(1).strip(), found.text(2)
-            if copy:
-                transport.get(source, local_root)
             size = int(size_text) if size_text.isdigit() else 0
             fetched.append(Fetched(asked, source, 1, size, str(local_root)))
+            copies.append((fetched[-1], None))
         else:
-            base = found.text(1)
-            current = Fetched(asked, base, local=str(local_root))
-            fetched.append(current)
-            listing_bytes = found.fields[2] if len(found.fields) > 2 else b""
-            _fetch_listing(node, transport if copy else None, base, listing_bytes, current)
+            fetched.append(Fetched(asked, found.text(1), local=str(local_root)))
+            copies.append((fetched[-1], found.fields[2] if len(found.fields) > 2 else b""))
     for f in fetched:
         f.near = near.get(f.index) if f.source is None else None
+    if vet is not None:
+        vet(fetched)
+    for item, listing_bytes in copies:
+        assert item.source is not None
+        if listing_bytes is None:
+            if copy:
+                item.kept += keep_and_get(transport, item.source, Path(item.local))
+        else:
+            _fetch_listing(node, transport if copy else None, item.source, listing_bytes, item)
     return fetched
+
+
+def keep_and_get(transport: Transport, source: str, local: Path) -> list[str]:
+    """``source`` copied to ``local``; a file already there with other bytes (a checkpoint fetched
+    before, maybe its only copy now) is kept beside it as ``NAME.~N~`` (as ``cp --backup=numbered``):
+    its path, in a list (empty: nothing was there, or the same bytes)."""
+    if not local.is_file() or local.is_symlink():
+        transport.get(source, local)
+        return []
+    part = local.with_name(f".{local.name}.fetching")
+    try:
+        transport.get(source, part)
+        if filecmp.cmp(part, local, shallow=False):
+            return []
+        n = 1
+        while (backup := local.with_name(f"{local.name}.~{n}~")).exists() or backup.is_symlink():
+            n += 1
+        local.rename(backup)
+        part.rename(local)
+        return [str(backup)]
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def _nearest(asked: str, listing: bytes) -> str:
@@ -655,7 +693,12 @@ def _fetch_listing(node: Node, transport: Transport | None, base: str, listing: 
         if rel_parts is None or not size_text.isdigit():
             log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
             continue
+        try:
+            local = below(Path(into.local), rel_parts)
+        except ValueError:
+            log.warning("%s: skipping %r under %s: not below %s", node.name, rel, base, into.local)
+            continue
         if transport is not None:
-            transport.get(f"{base.rstrip('/')}/{'/'.join(rel_parts)}", Path(into.local).joinpath(*rel_parts))
+            into.kept += keep_and_get(transport, f"{base.rstrip('/')}/{'/'.join(rel_parts)}", local)
         into.files += 1
         into.bytes += int(size_text)

@@ -6,6 +6,7 @@ is kept: it is the line a Slurm user knows ("Invalid partition name specified").
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from orchestrator import records
 from orchestrator.errors import BootstrapError, CommandFailedError, UsageError
 from orchestrator.platforms import PosixShell
 from orchestrator.transports import Transport
+
+log = logging.getLogger(__name__)
 
 #: states after which a job runs no more (squeue -t all keeps them for MinJobAge seconds)
 ENDED = frozenset(
@@ -254,7 +257,22 @@ def hostnames(transport: Transport, login: str, nodelist: str) -> list[str]:
     answer = ask(transport, login, _command(platform, ["scontrol", "show", "hostnames", nodelist]))
     if not answer.ok:
         raise SlurmError(f"scontrol failed: {answer.message()}", node=login)
-    return answer.lines
+    return host_names(answer.lines)
+
+
+#: a node name as Slurm's node lists hold them (a host name): it names files and directories here
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+
+
+def host_names(lines: list[str]) -> list[str]:
+    """The lines that are host names (each becomes runs/<run-id>/<node>... here); any other line
+    (``../x``, ``/etc``: a forged list on the shared file system) is left out, and logged."""
+    names = [line.strip() for line in lines if _HOST.fullmatch(line.strip()) and ".." not in line]
+    if len(names) != len([line for line in lines if line.strip()]):
+        log.warning(
+            "left out node names that are not host names: %r", [n for n in lines if n.strip() not in names]
+        )
+    return names
 
 
 def cancel(transport: Transport, login: str, job_id: str) -> None:

@@ -163,7 +163,7 @@ def allocated_nodes(
         return queue.hostnames(transport, login.name, job.nodelist)
     platform = _platform(transport, login)
     answer = queue.ask(transport, login.name, f"cat {platform.path_word(f'{run.job_dir}/{NODES_FILE}')}")
-    return answer.lines if answer.ok else []
+    return queue.host_names(answer.lines) if answer.ok else []
 
 
 def mark_ended(transport: Transport, login: Node, run: SlurmRun, nodes: list[str]) -> None:

@@ -1,0 +1,114 @@
+"""fetch writes only below runs/<run-id>/<node>/ here, whatever names the node sends (a node is not
+trusted: docs/security.md), and never replaces a copy here that holds other bytes (a checkpoint
+fetched before may be its only copy once `clean --outputs` ran)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from orchestrator.inventory import load_inventory_text
+from orchestrator.inventory.model import Node
+from orchestrator.platforms import PosixShell
+from orchestrator.records import record
+from orchestrator.runs.base import below, safe_parts
+from orchestrator.runs.control import fetch_node
+from orchestrator.transports.base import Result
+
+
+@pytest.mark.parametrize(
+    ("path", "parts"),
+    [
+        ("out/last.pt", ["out", "last.pt"]),
+        ("//etc/hostname", ["etc", "hostname"]),  # two slashes are no root of their own
+        ("/etc//cron.d/./x/", ["etc", "cron.d", "x"]),
+        ("a/../../b", None),
+        ("..", None),
+        ("//", None),
+        ("a\0b", None),
+    ],
+)
+def test_a_path_becomes_names_below_the_destination(path: str, parts: list[str] | None) -> None:
+    assert safe_parts(path) == parts
+
+
+def test_below_refuses_what_would_leave_the_directory(tmp_path: Path) -> None:
+    assert below(tmp_path, ["a", "b"]) == tmp_path / "a" / "b"
+    for parts in (["//", "etc"], ["/etc"], [".."], [], ["a/b"], ["."]):
+        with pytest.raises(ValueError, match="does not lie below"):
+            below(tmp_path, parts)
+
+
+class _Node:
+    """A node whose login shell answers every listing with what an attacker chose (``answer``), and
+    whose files all hold ``content``."""
+
+    platform = PosixShell()
+    kind = "ssh"
+
+    def __init__(self, answer: list[tuple[str, ...]], content: bytes = b"node's bytes\n") -> None:
+        self.answer, self.content, self.written = answer, content, []
+
+    def run(self, script: str, **_: object) -> Result:
+        nonce = re.search(r"cb-[0-9a-f]{12}", script)
+        assert nonce is not None
+        out = "".join(record(nonce.group(0), *fields) for fields in self.answer)
+        return Result("n1", script, 0, out, "", 0.01)
+
+    def get(self, remote: str, local: Path) -> None:
+        self.written.append(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(self.content)
+
+
+def _node(tmp_path: Path) -> Node:
+    text = f"nodes:\n  - {{name: n1, host: 10.0.0.1, workdir: {tmp_path / 'wd'}}}\n"
+    return load_inventory_text(text, str(tmp_path / "hosts.yaml")).nodes[0]
+
+
+def test_names_a_node_sends_cannot_write_outside_the_runs_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    dest = tmp_path / "controller" / "runs" / "r1" / "n1"
+    listing = b"".join(
+        size + b"\0" + name + b"\0"
+        for size, name in (
+            (b"5", b"//" + str(outside / "pwned.sh").lstrip("/").encode()),
+            (b"5", b"../../escape.sh"),
+            (b"5", b"ok.txt"),
+        )
+    )
+    node = _Node([("dir", "0", "/wd/runs/r1/n1/out", listing)])
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["out"], code_dir=None, dest=dest)
+    assert node.written and all(dest in p.parents for p in node.written), node.written
+    assert not outside.exists() and not (tmp_path / "controller" / "runs" / "escape.sh").exists()
+    assert (dest / "out" / "ok.txt").read_bytes() == b"node's bytes\n"
+    assert got.files == 2  # the absolute-looking name lands below dest; "../" is skipped
+
+    node = _Node([("file", "0", "12", "//etc/hostname")])
+    fetch_node(_node(tmp_path), node, "r1", ["//etc/hostname"], code_dir=None, dest=dest)
+    assert node.written == [dest / "etc" / "hostname"]
+
+
+def test_a_copy_here_with_other_bytes_is_kept_beside_the_new_one(tmp_path: Path) -> None:
+    dest = tmp_path / "runs" / "r1" / "n1"
+    (dest).mkdir(parents=True)
+    (dest / "last.pt").write_bytes(b"the checkpoint fetched before\n")
+    answer = [("file", "0", "9", "/wd/code/last.pt")]
+    node = _Node(answer, b"another\n")
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["last.pt"], code_dir=None, dest=dest)
+    assert (dest / "last.pt").read_bytes() == b"another\n"
+    assert (dest / "last.pt.~1~").read_bytes() == b"the checkpoint fetched before\n"
+    assert got.kept == [str(dest / "last.pt.~1~")]
+    (again,) = fetch_node(_node(tmp_path), node, "r1", ["last.pt"], code_dir=None, dest=dest)
+    assert again.kept == [] and sorted(p.name for p in dest.iterdir()) == ["last.pt", "last.pt.~1~"]
+
+
+def test_a_slurm_node_list_holds_host_names_only() -> None:
+    """The job's node list is a file on the shared file system (a compute node can rewrite it); each
+    name becomes runs/<run-id>/<node>/ here."""
+    from orchestrator.slurm.queue import host_names
+
+    lines = ["c1", "gpu-02.lab", "../../etc", "/root/.ssh", "a/b", "..", "", "c3"]
+    assert host_names(lines) == ["c1", "gpu-02.lab", "c3"]
