@@ -245,18 +245,21 @@ class PosixShell(Platform):
         """After :meth:`record_functions`: lines that print the record ``kind`` and end the script
         (exit 0) when a TCP socket of this machine listens on ``port`` (IPv4 or IPv6, any address;
         /proc/net: Linux and WSL). Its field: the value of ``holder_env`` in the environment of the
-        process that listens there (``ss -p``), up to its first "/", when that process is ours
-        (another user's may carry any value); empty without ss, or for anyone else's process."""
+        process that holds that socket, up to its first "/", when that process is ours (another
+        user's may carry any value); empty for anyone else's. The process is found from the socket's
+        inode among the descriptors in /proc, never from another program's text (``ss -p`` prints a
+        process's name as it is, and a name can hold ``pid=N`` and a newline)."""
         name = check_env_name(holder_env)
         return (
-            f'if awk -v p=:{int(port):04X} \'$4 == "0A" && substr($2, length($2) - 4) == p {{ f = 1 }}'
-            " END { exit !f }' /proc/net/tcp /proc/net/tcp6 2>/dev/null; then\n"
-            f"  _cb_h=$(ss -Hltnp 'sport = :{int(port)}' 2>/dev/null"
-            " | sed -n 's/.*pid=\\([0-9][0-9]*\\).*/\\1/p' | head -n 1)\n"
+            f'_cb_i=$(awk -v p=:{int(port):04X} \'$4 == "0A" && substr($2, length($2) - 4) == p'
+            " { print $10; exit }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)\n"
+            'case $_cb_i in ""|*[!0-9]*) ;; *)\n'
+            '  _cb_h=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "socket:\\[$_cb_i\\]" 2>/dev/null'
+            " | sed -n 's#^/proc/\\([0-9][0-9]*\\)/fd/.*#\\1#p' | head -n 1)\n"
             '  _cb_v=; [ -n "$_cb_h" ] && [ -O "/proc/$_cb_h" ]'
             " && _cb_v=$(tr '\\0' '\\n' < \"/proc/$_cb_h/environ\" 2>/dev/null"
             f" | sed -n 's#^{name}=\\([^/]*\\).*#\\1#p' | head -n 1)\n"
-            f'  _cb_rec {check_kind(kind)} "$_cb_v"; exit 0\nfi'
+            f'  _cb_rec {check_kind(kind)} "$_cb_v"; exit 0 ;;\nesac'
         )
 
     def line_into_fifo(self, path: str, words: Sequence[str]) -> str:

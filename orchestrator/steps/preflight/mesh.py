@@ -81,7 +81,7 @@ class Listening:
 @dataclass(frozen=True)
 class Busy:
     port: int
-    holder: str  # "python3 (pid 812)"; "" when `ss -ltnp` could not tell
+    holder: str  # "python3 (pid 812)"; "" when /proc could not tell (another user's, without root)
     #: the runs of bootstrap holding it (well-formed run ids, checked on both sides)
     runs: tuple[str, ...] = ()
 

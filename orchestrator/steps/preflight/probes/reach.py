@@ -52,7 +52,6 @@ _OUTCOMES = {
     errno.EHOSTDOWN: "unreachable",
 }
 _IN_PROGRESS = (errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN, errno.EALREADY)
-_SS_CANDIDATES = ("ss", "/usr/sbin/ss", "/sbin/ss", "/usr/bin/ss", "/bin/ss")
 
 
 READ, WRITE = 1, 2
@@ -162,8 +161,11 @@ RUN_ID_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0
 
 def run_of(pid: str) -> str:
     """The run of bootstrap the process belongs to (its environment carries the run's marker,
-    ``RUN-ID/NODE/TOKEN``), when that is a well-formed run id; else ""."""
+    ``RUN-ID/NODE/TOKEN``), when that is a well-formed run id and the process is ours (another
+    user's may carry any run id, to have us stop a run of ours); else ""."""
     try:
+        if os.stat("/proc/" + pid).st_uid != os.getuid():
+            return ""
         with open("/proc/" + pid + "/environ", "rb") as fh:
             env = fh.read().split(b"\0")
     except OSError:
@@ -177,37 +179,44 @@ def run_of(pid: str) -> str:
 
 
 def port_holder(port: int) -> "tuple[str, str]":
-    """Who listens on ``port``, as ``ss -ltnp`` tells it ("" when it cannot: no ss, not root), and
-    the runs of bootstrap among them (comma-separated run ids, "-" for none)."""
-    import re  # only here: the probe starts on every node, and these two imports cost it
-    import subprocess
-
-    for ss in _SS_CANDIDATES:
+    """Who listens on ``port``: the processes holding a listening TCP socket on it, found through
+    /proc (the kernel's socket table, then each process's descriptors; a name is never read out of
+    another program's text, where a process could name itself ``x",pid=1``), as ``NAME (pid N, run
+    R)``; and the runs of bootstrap among them (comma-separated run ids, "-" for none). "" when /proc
+    cannot tell: another user's process, seen without root."""
+    sockets = set()  # type: set[str]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            proc = subprocess.run(
-                [ss, "-ltnp"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                universal_newlines=True,
-                timeout=5,
-            )
-        except (OSError, subprocess.SubprocessError):
+            with open(table) as fh:
+                for line in fh:
+                    cells = line.split()
+                    if len(cells) > 9 and cells[3] == "0A" and cells[1].endswith(":%04X" % port):
+                        sockets.add("socket:[" + cells[9] + "]")
+        except OSError:
             continue
-        holders, runs = [], []  # type: list[str], list[str]
-        for line in proc.stdout.splitlines():
-            cells = line.split()
-            if len(cells) < 4 or not cells[3].endswith(":" + str(port)):
+    holders, runs = [], []  # type: list[str], list[str]
+    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int) if sockets else []:
+        try:
+            fds = os.listdir("/proc/" + pid + "/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                held = os.readlink("/proc/" + pid + "/fd/" + fd) in sockets
+            except OSError:
                 continue
-            for name, pid in re.findall(r'\("([^"]*)",pid=(\d+)', line):
+            if held:
+                try:
+                    with open("/proc/" + pid + "/comm", "rb") as fh:
+                        name = fh.read().rstrip(b"\n").decode("utf-8", "replace")
+                except OSError:
+                    name = "?"
                 run = run_of(pid)
-                text = name + " (pid " + pid + (", run " + run if run else "") + ")"
-                if text not in holders:
-                    holders.append(text)
+                holders.append(name + " (pid " + pid + (", run " + run if run else "") + ")")
                 if run and run not in runs:
                     runs.append(run)
-        return ", ".join(holders), ",".join(runs) or "-"
-    return "", "-"
+                break
+    return ", ".join(holders), ",".join(runs) or "-"
 
 
 def ephemeral_range() -> "tuple[int, int] | None":
