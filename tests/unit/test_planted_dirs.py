@@ -246,6 +246,33 @@ def test_a_build_directory_another_user_made_after_the_probe_is_refused_before_a
     assert not (scratch / "venv.versions" / "b1").exists()
 
 
+def test_a_link_another_user_planted_where_a_parent_should_be_is_refused_before_mkdir_follows_it(
+    tmp_path: Path,
+) -> None:
+    """env.path below a sticky scratch directory whose parent is missing: another user's link put
+    there first made root's `mkdir -p` create the build directory wherever the link pointed. The
+    build's directories are walked before they are made: refused, nothing created there."""
+    from orchestrator.steps.envsync.ops import BuildPlan, PosixEnvOps
+
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    target = tmp_path / "roots-own"
+    target.mkdir()
+    (sticky / "team").symlink_to(target)
+    os.lchown(sticky / "team", OTHER, OTHER)
+    plan = BuildPlan(
+        interpreter=sys.executable, path=str(sticky / "team" / "venv"), build_id="b1", clone=False,
+        installer="pip", uv=None, index_args=(), require_hashes=False, stamp={}, nonce="cb-0123456789ab",
+    )  # fmt: skip
+    ran = subprocess.run(
+        ["/bin/sh", "-c", PosixEnvOps(PosixShell()).prepare(plan)], capture_output=True, text=True
+    )
+    assert ran.returncode == UNSAFE_DIR_EXIT, ran
+    assert ran.stderr.startswith(f"refusing {sticky / 'team'}: it belongs to another user"), ran
+    assert list(target.iterdir()) == []
+
+
 def test_the_controllers_own_python_helpers_import_nothing_from_where_bootstrap_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -193,14 +193,16 @@ class PosixEnvOps(EnvOps):
         return f"{path.rstrip('/')}/bin/python"
 
     def prepare(self, plan: BuildPlan) -> str:
-        """The build's directories made, then walked: one another user made meanwhile (after the
-        probe's walk, which ends where the path does not exist yet) is refused before anything goes
-        into it (exit UNSAFE_DIR_EXIT). A directory that passed stays ours: only root or we can
-        change it, and no one else can rename it out of a sticky one."""
+        """The build's directories walked, made, then walked again: a link another user planted
+        where a parent should be is refused before ``mkdir -p`` follows it, and a directory another
+        user made meanwhile (after the probe's walk, which ends where the path does not exist yet)
+        before anything goes into it (exit UNSAFE_DIR_EXIT). A directory that passed stays ours: only
+        root or we can change it, and no one else can rename it out of a sticky one."""
         p = self.platform
         dirs = [plan.versions_dir] + ([plan.wheelhouse] if plan.offline else [])
+        walked = p.check_paths([plan.path, *dirs])
         made = p.no_group_write("\n".join(p.mkdir(d) for d in dirs))
-        return "\n".join([made, p.check_paths([plan.path, *dirs])])
+        return "\n".join([walked, made, walked])
 
     def install_command(self, plan: BuildPlan) -> str:
         """The installer invocation (``$new`` and ``$req`` are set by the build script)."""
