@@ -26,6 +26,8 @@ from orchestrator.runs.run_inventory import Selection, run_nodes
 from orchestrator.settled import settled_line
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from orchestrator.facts.base import Read
     from orchestrator.inventory import Inventory, Node
     from orchestrator.runner import Reach
@@ -425,13 +427,20 @@ def _sync(
 
 
 def pipeline_inventory(
-    inventory: Inventory, selection: Selection, master: str | None, *, dry_run: bool
+    inventory: Inventory,
+    selection: Selection,
+    master: str | None,
+    *,
+    dry_run: bool,
+    syncs: bool = True,
+    templates: Path | None = None,
 ) -> Inventory:
-    """The inventory the main pipeline runs on (``--nodes``, ``--master``: :func:`run_nodes`), refused
-    (a UsageError, exit 2) before anything connects or changes when it cannot train: native Windows
-    beside Linux nodes (decided once, from the whole inventory), a training script that does not
-    compile, env files missing, and unless a dry run, train.env values from the environment or
-    train.templates missing."""
+    """The inventory the main pipeline (and `launch`: ``syncs`` False) runs on (``--nodes``,
+    ``--master``: :func:`run_nodes`), refused (a UsageError, exit 2) before anything connects or
+    changes when it cannot train: native Windows beside Linux nodes (decided once, from the whole
+    inventory), a training script that does not compile, env files missing (for a sync), and unless a
+    dry run, train.env values from the environment or the templates (``templates``, else
+    train.templates) missing."""
     from orchestrator.render import require_secrets, templates_dir_for
     from orchestrator.steps.preflight import checks
     from orchestrator.steps.script_check import check_env_files, check_script_compiles
@@ -439,10 +448,11 @@ def pipeline_inventory(
     checks.refuse_native_mix(inventory)
     inventory = run_nodes(selection, inventory, master)
     check_script_compiles(inventory)
-    check_env_files(inventory)
+    if syncs:
+        check_env_files(inventory)
     if not dry_run:
         require_secrets(inventory)
-        templates_dir_for(inventory, None)
+        templates_dir_for(inventory, templates)
     return inventory
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from orchestrator.cli.common import (
+    AFTER_DASHES,
     Settings,
     TrainArgsCommand,
     common_options,
@@ -23,10 +24,10 @@ from orchestrator.cli.report import fail_lines, json_doc, tell
 from orchestrator.errors import ExitCode, UnreachableError, UsageError
 from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
+from orchestrator.pipeline import pipeline_inventory
 from orchestrator.runs.layout import logs_where
 from orchestrator.runs.next_command import again, train_without
-from orchestrator.runs.run_inventory import for_run, refuse_inventory_as_args, run_nodes
-from orchestrator.steps.preflight.checks import refuse_native_mix
+from orchestrator.runs.run_inventory import for_run, refuse_stray_args, run_nodes
 from orchestrator.steps.remote import result_fields
 from orchestrator.steps.train import sweep_said
 
@@ -134,22 +135,17 @@ def launch(
     `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     settings = Settings.from_context(ctx)
-    refuse_inventory_as_args(settings, train_args)  # `launch hosts.yaml`: -i forgotten
+    refuse_stray_args(settings, train_args, ctx.meta.get(AFTER_DASHES, ()))  # words not after `--`
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env, train_script)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out
         from orchestrator.cli.slurm import launch_on_slurm
 
         return launch_on_slurm(settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
-    refuse_native_mix(inventory)  # decided from the whole inventory, whatever --nodes says
-    if not settings.dry_run:
-        from orchestrator.render import require_secrets
-
-        require_secrets(inventory)  # train.env from_env: exit 2 before connecting
-    inventory = run_nodes(settings, inventory, master)  # --nodes: the job is sized to them
-    from orchestrator.steps.script_check import check_script_compiles
-
-    check_script_compiles(inventory)  # a syntax error: exit 2 before anything connects
+    # --nodes: the job sized to them; refused (exit 2) before anything connects when it cannot train
+    inventory = pipeline_inventory(
+        inventory, settings, master, dry_run=settings.dry_run, syncs=False, templates=templates_dir
+    )
     return run_launch(ctx, settings, inventory, run_id=run_id, templates_dir=templates_dir, detach=detach)
 
 

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import shlex
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -26,7 +24,7 @@ from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.dashboard.model import observe
 from orchestrator.errors import BootstrapError, ExitCode, Terminated, UsageError
 from orchestrator.runs.next_command import train_without
-from orchestrator.runs.run_inventory import for_run
+from orchestrator.runs.run_inventory import for_run, inventory_as_command
 
 #: ``ctx.meta`` key: the words after ``--`` of the main pipeline (``bootstrap -i x -- --lr 0.1``)
 RUN_ARGS = "cluster_bootstrap.run_args"
@@ -60,12 +58,8 @@ class _Group(click.Group):
         try:
             return super().resolve_command(ctx, args)
         except click.UsageError:
-            word = args[0] if args else ""
-            if word.endswith((".yaml", ".yml", ".ini")) or Path(word).is_file():
-                meant = shlex.join(["bootstrap", "-i", word, *args[1:]])
-                raise click.UsageError(
-                    f"No such command {word!r}: an inventory is given with -i. Did you mean `{meant}`?", ctx
-                ) from None
+            if meant := inventory_as_command(args):
+                raise click.UsageError(meant, ctx) from None
             raise
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -3,7 +3,9 @@ NAME=VALUE`` added to train.env, ``--nodes`` (the job sized to them) and ``--mas
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 from orchestrator.errors import UsageError
@@ -43,14 +45,40 @@ def for_run(
     return inventory.for_run(args, parse_env_pairs(env_pairs), script)
 
 
-def refuse_inventory_as_args(selection: Selection, args: Sequence[str]) -> None:
-    """`bootstrap launch hosts.yaml`: an inventory file where the training script's arguments go,
-    with no -i (the embedded default would train the example, given that name as its argument)."""
-    if args and selection.inventory is None and args[0].endswith((".yaml", ".yml")):
+def inventory_as_command(args: Sequence[str]) -> str:
+    """`bootstrap hosts.yaml`: an inventory file given where a command goes, said with the line that
+    does what was meant ("": the word is no file of an inventory's kind)."""
+    word = args[0] if args else ""
+    if not (word.endswith((".yaml", ".yml", ".ini")) or Path(word).is_file()):
+        return ""
+    meant = shlex.join(["bootstrap", "-i", word, *args[1:]])
+    return f"No such command {word!r}: an inventory is given with -i. Did you mean `{meant}`?"
+
+
+def refuse_stray_args(selection: Selection, args: Sequence[str], after_dashes: Sequence[str]) -> None:
+    """Words typed for `launch` that are not after ``--`` (``args``: every word click left over, those
+    before ``--`` first): not the training script's. `launch hosts.yaml` forgot -i (the embedded
+    default would train the example with that name as its argument), `launch other.py` meant
+    ``--script``, and `launch 0.1` would start every node for a script that refuses the word."""
+    stray = list(args[: len(args) - len(after_dashes)])
+    if not stray:
+        return
+    first = stray[0]
+    if selection.inventory is None and first.endswith((".yaml", ".yml")):
         raise UsageError(
-            f"{args[0]!r} looks like an inventory, given where the training script's arguments go",
-            hint=f"`bootstrap -i {args[0]} launch` (arguments for the script go after `--`)",
+            f"{first!r} looks like an inventory, given where the training script's arguments go",
+            hint=f"`bootstrap -i {first} launch` (arguments for the script go after `--`)",
         )
+    if first.endswith(".py") and len(stray) == 1:
+        meant = f"`bootstrap launch --script {shlex.quote(first)}` trains that script"
+    else:
+        meant = (
+            f"`bootstrap launch -- {shlex.join([*stray, *after_dashes])}` gives them to the training script"
+        )
+    raise UsageError(
+        f"{shlex.join(stray)}: words for the training script go after `--` (before it, only options)",
+        hint=meant,
+    )
 
 
 def selected(selection: Selection, inventory: Inventory) -> list[Node]:

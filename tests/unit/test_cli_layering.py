@@ -88,7 +88,7 @@ SHELL_BUILDERS = {"PosixShell", "PowerShell", "WslShell", "wrap", "ensure_author
 #: none left: every module of cli/ hands a session to orchestrator/ and renders what comes back
 NOT_YET: dict[str, set[str]] = {}
 #: lines of orchestrator/cli/ today (issue 29's goal: 2,500): lower it as code leaves, never raise it
-CLI_LINE_BUDGET = 3054  # a ratchet toward issue 29's 2,500: lower it as cli/ shrinks
+CLI_LINE_BUDGET = 3051  # a ratchet toward issue 29's 2,500: lower it as cli/ shrinks
 
 
 def _node_work(source: str) -> list[tuple[int, str]]:

@@ -71,6 +71,33 @@ def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double
     assert bad.returncode == 2 and "--env '1X=2': invalid environment variable name" in bad.stderr, bad.stderr
 
 
+def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    """`launch other.py` (meant --script) and `launch 0.1` started every node for a script that then
+    refused the word; they are usage errors naming the line to type (the nodes, TEST-NET addresses,
+    are never contacted)."""
+    (tmp_path / "lab.yaml").write_text(INVENTORY)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    script = _cli(tmp_path, "launch", "other.py")
+    assert script.returncode == 2, script.stderr
+    assert "other.py: words for the training script go after `--`" in script.stderr, script.stderr
+    assert "`bootstrap -i lab.yaml launch --script other.py` trains that script" in script.stderr
+    number = _cli(tmp_path, "launch", "0.1", "--", "--lr", "1")
+    assert number.returncode == 2 and "`bootstrap -i lab.yaml launch -- 0.1 --lr 1`" in number.stderr, number
+    after = _cli(tmp_path, "--json", "launch", "--dry-run", "--", "0.1")  # after `--`: the script's
+    assert (
+        after.returncode == 0 and "python3 train.py 0.1\n" in json.loads(after.stdout)["nodes"][0]["script"]
+    )
+    # -i typed after the command is kept in the line to type too
+    env = {**os.environ, "HOME": str(tmp_path), "NO_COLOR": "1"}
+    late = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "launch", "-i", "lab.yaml", "--lr=0.1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert late.returncode == 2 and "`bootstrap -i lab.yaml launch -- --lr ...`" in late.stderr, late.stderr
+
+
 def test_the_run_record_keeps_what_the_command_line_changed(tmp_path: Path) -> None:
     (tmp_path / "lab.yaml").write_text(INVENTORY)
     inventory = load_inventory(tmp_path / "lab.yaml")
