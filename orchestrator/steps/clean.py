@@ -24,6 +24,7 @@ from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import platform_for_node
 from orchestrator.runner import run_step
+from orchestrator.runs.ids import is_run_id
 from orchestrator.runs.layout import workdir_for
 from orchestrator.steps.codesync.sync import code_dest
 from orchestrator.steps.contract import ClusterFacts, Read, Sections, Step
@@ -98,6 +99,8 @@ class NodeClean:
     running: list[str] = field(default_factory=list)
     removed: bool = False
     errors: list[str] = field(default_factory=list)
+    #: `clean --run/--older-than/--keep`: the runs chosen on this node (their directories)
+    runs: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -116,6 +119,7 @@ class NodeClean:
             "running": self.running,
             "removed": self.removed,
             "errors": self.errors,
+            "runs": self.runs,
         }
 
 
@@ -182,6 +186,7 @@ class Clean(Step[CleanContext, NodeClean]):
             running=list(data.get("running") or []),
             removed=bool(data.get("removed")),
             errors=list(data.get("errors") or []),
+            runs=[r for r in data.get("runs") or [] if isinstance(r, str) and is_run_id(r)],
         )
 
     def scope(self, selected: Sequence[Node]) -> list[Node]:
@@ -281,6 +286,7 @@ class CleanReport:
         """What a human reads of the listing or the removal: the table, what failed, what a node could
         not remove, and the total."""
         said: list[View | Said] = [self.view(dry_run=dry_run), *failures(self.outcomes)]
+        said += [Said("info", line) for line in self.chosen_lines(dry_run=dry_run)]
         said += [Said("error", error) for error in self.errors()]
         total = human_bytes(self.bytes)
         if self.removed:
@@ -288,6 +294,24 @@ class CleanReport:
         elif dry_run and not self.busy:
             said.append(Said("info", f"clean --dry-run: {total} would be removed; nothing was changed"))
         return said
+
+    def chosen_lines(self, *, dry_run: bool) -> list[str]:
+        """`clean --run/--older-than/--keep`: the runs chosen, one line for the nodes choosing the
+        same (their outputs stay unless --outputs)."""
+        alike: dict[tuple[str, ...], list[str]] = {}
+        for o in self.outcomes:
+            if o.value is not None and o.value.items and o.value.runs:
+                alike.setdefault(tuple(o.value.runs), []).append(o.node)
+        verb = "removed" if self.removed else "would remove" if dry_run else "to remove"
+        kept = (
+            ""
+            if "--outputs" in self.options
+            else " (each run's out/ and node.log stay: --outputs removes them)"
+        )
+        return [
+            f"{', '.join(nodes)}: {verb} run{'s' if len(runs) > 1 else ''} {', '.join(runs)}{kept}"
+            for runs, nodes in alike.items()
+        ]
 
     def refusals(self, *, dry_run: bool = False) -> list[str]:
         """Before a removal: per node running a run, that nothing was removed anywhere (a dry run:

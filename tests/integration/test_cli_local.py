@@ -504,8 +504,10 @@ def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_p
     assert listed.returncode == 0, listed
     (node,) = json.loads(listed.stdout)["nodes"]
     assert [i["kind"] for i in node["items"]] == ["runs"], node  # no env, code, cache
+    assert sorted(node["runs"]) == ["old-1", "old-2"], node  # the runs chosen, by name
     kept = bootstrap("-i", str(inv), "clean", "--yes", "--keep", "1", "--outputs", cwd=tmp_path, env=env)
     assert kept.returncode == 0, kept
+    assert re.search(r"^here: removed runs old-(1|2), old-(1|2)$", kept.stderr, re.M), kept.stderr
     assert sorted(p.name for p in (workdir / "runs").iterdir()) == ["new-1"]
     assert sorted(p.name for p in (workdir / "code").iterdir()) == code  # the code stays
     # a run still running that is not chosen stops nothing: this one is chosen alone
