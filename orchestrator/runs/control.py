@@ -23,7 +23,15 @@ from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
 from orchestrator.runs.base import RunOps, below, refused_dir, safe_parts
 from orchestrator.runs.culprit import ROOT_CAUSE, torchrun_failures
-from orchestrator.runs.layout import RUN_OUTPUTS, in_workdir, node_log, run_dir_for, run_marker
+from orchestrator.runs.layout import (
+    RUN_OUTPUTS,
+    RUNS_ROOT,
+    in_workdir,
+    node_log,
+    read_record,
+    run_dir_for,
+    run_marker,
+)
 from orchestrator.runs.posix import PosixRuns
 from orchestrator.runs.ranks import split_rank
 from orchestrator.runs.samples import gpu_reading
@@ -396,12 +404,31 @@ def status_node(node: Node, transport: Transport, run_id: str) -> NodeStatus:
 
 
 def no_such_run(node: Node, run_id: str) -> CommandFailedError:
-    """The error of a node that has no run ``run_id`` (its run directory does not exist)."""
+    """The error of a node that has no run ``run_id`` (its run directory does not exist), said as
+    this machine's record of the run explains it: a launch refused before anything started there, a
+    directory gone since (``clean``, by hand), else an id or an inventory that is not the run's."""
     from orchestrator.runs.ids import nearest_run
 
+    where = run_dir_for(node, run_id)
+    record = read_record(RUNS_ROOT / run_id) or {}
+    if record.get("not_started"):
+        return CommandFailedError(
+            f"run {run_id} never started on this node ({where} does not exist): its launch was refused "
+            "or stopped before training began",
+            node=node.name,
+            hint="the launch's own output said why; nothing of that run is on the nodes",
+        )
+    if node.name in (record.get("nodes") or {}):
+        copy = RUNS_ROOT / run_id / f"{node.name}.log"
+        kept = f"; {copy} here keeps what `logs` read of it" if copy.is_file() else ""
+        return CommandFailedError(
+            f"run {run_id} is gone from this node ({where} does not exist: removed by `clean` or by "
+            f"hand, or this node's workdir changed since){kept}",
+            node=node.name,
+        )
     near = nearest_run(run_id)
     return CommandFailedError(
-        f"no run {run_id} on this node ({run_dir_for(node, run_id)} does not exist)",
+        f"no run {run_id} on this node ({where} does not exist)",
         node=node.name,
         hint=f"check --run{f' (did you mean {near}?)' if near else ''} and that the inventory is the one "
         "the run was launched with",

@@ -244,3 +244,37 @@ def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -
         "node1: exited (rank 0: exit 1), after node2: [rank0]: RuntimeError: Connection closed by peer"
     ]
     assert report.exit_code() == ExitCode.NODES_FAILED
+
+
+def test_a_run_a_node_lacks_is_said_as_this_machines_record_explains_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status`/`logs`/`fetch` of a run whose directory a node lacks sent the user to check --run and
+    the inventory, also where the record here knows why: a launch refused before it started there, a
+    directory `clean --keep` removed since."""
+    import json
+
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.runs.control import no_such_run
+
+    monkeypatch.chdir(tmp_path)
+    node = load_inventory_text(
+        f"nodes:\n  - {{name: n1, host: 10.0.0.1, workdir: {tmp_path / 'wd'}}}\n", str(tmp_path / "h.yaml")
+    ).nodes[0]
+    for run_id, record in (
+        ("r-gone", {"nodes": {"n1": {}}}),
+        ("r-refused", {"nodes": {"n1": {}}, "not_started": True}),
+    ):
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "run.json").write_text(json.dumps(record))
+    (tmp_path / "runs" / "r-gone" / "n1.log").write_text("epoch 1\n")
+    gone = no_such_run(node, "r-gone")
+    assert (
+        gone.message.startswith("run r-gone is gone from this node (")
+        and "removed by `clean`" in gone.message
+    )
+    assert "runs/r-gone/n1.log here keeps what `logs` read of it" in gone.message and gone.hint is None
+    refused = no_such_run(node, "r-refused")
+    assert refused.message.startswith("run r-refused never started on this node"), refused.message
+    unknown = no_such_run(node, "r-typo")
+    assert unknown.message.startswith("no run r-typo on this node") and "check --run" in (unknown.hint or "")
