@@ -225,10 +225,10 @@ def _logs(
 def status(ctx: click.Context, run_arg: str, watch: bool) -> int:
     """Per node: running / exited (code) / stopped / not started, runtime, last line, GPU use.
 
-    One round trip per node. Runtime is measured on each node's own clock (from its launcher's
-    start to its exit, or to now; stopped: to its last output). GPU utilisation shows where
-    nvidia-smi exists. Exit code 1 when a node has no such run (state "no run", the node named) or
-    the run failed there (a non-zero exit no stop caused, no exit code, its controller lost).
+    One round trip per node. Runtime is measured on each node's own clock (from its launcher's start
+    to its exit, or to now; stopped: to its last output). GPU utilisation shows where nvidia-smi
+    exists. Exit code 1 when a node has no such run (state "no run", the node named) or the run failed
+    there (a non-zero exit no stop there or of its peers caused, no exit code, a lost controller).
     """
     settings, inventory, run = _run(ctx, run_arg, status_on_slurm, commands.status_script_of)
     if watch:

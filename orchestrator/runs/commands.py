@@ -273,8 +273,28 @@ class StatusReport:
         """1 also when the run failed on a node (a non-zero exit no stop caused, no exit code, its
         controller lost), as `status --watch` and `logs --follow` say of a run that ended so."""
         code = exit_code_for(self.outcomes)
-        failed = any(o.value is not None and o.value.failed for o in self.outcomes)
+        after = self.after_stop()
+        failed = any(o.value is not None and o.value.failed and o.node not in after for o in self.outcomes)
         return ExitCode.NODES_FAILED if code == ExitCode.OK and failed else code
+
+    def after_stop(self) -> list[str]:
+        """Nodes whose non-zero exit came after others of the run were stopped (`stop --run` that did
+        not reach them, or reached them later): their ranks lost their peers ("Connection closed by
+        peer"), no failure of their own. Runtimes are each node's own, from launchers started
+        together: an exit at or after the first stop's moment."""
+        stops = [o.value.runtime for o in self.outcomes if o.value and o.value.state == "stopped"]
+        first = min((t for t in stops if t is not None), default=None)
+        if first is None:
+            return []
+        return [
+            o.node
+            for o in self.outcomes
+            if o.value is not None
+            and o.value.state == "exited"
+            and o.value.exit_code not in (None, 0)
+            and o.value.runtime is not None
+            and o.value.runtime >= first
+        ]
 
     def lost_warning(self, run_id: str) -> str:
         """What a lost controller means for the run (``lost``): what was left of it was stopped, or,
@@ -298,6 +318,7 @@ class StatusReport:
         return [
             *said,
             *(Said("error", line) for line in self.failure_lines(run_id)),
+            *(Said("note", line) for line in self.after_stop_lines()),
             *failures(self.outcomes),
         ]
 
@@ -309,7 +330,12 @@ class StatusReport:
             return []  # lost_warning says it for every node
         from orchestrator.runs.control import NO_EXIT_CODE
 
-        failed = [o for o in self.outcomes if o.value is not None and o.error is None and o.value.failed]
+        later = self.after_stop()
+        failed = [
+            o
+            for o in self.outcomes
+            if o.value is not None and o.error is None and o.value.failed and o.node not in later
+        ]
         vanished = [o.node for o in failed if o.value is not None and o.value.state == NO_EXIT_CODE]
         lines = [
             f"{node}: its launcher ended without an exit code: the node's processes were killed outright "
@@ -324,6 +350,16 @@ class StatusReport:
                 after = f", after {', '.join(vanished)}" if vanished else ""
                 lines.append(f"{o.node}: {o.value.label}{after}{last}")
         return lines
+
+    def after_stop_lines(self) -> list[str]:
+        """Per node that exited after its peers were stopped: why it is no failure."""
+        stopped = [o.node for o in self.outcomes if o.value is not None and o.value.state == "stopped"]
+        were = "was" if len(stopped) == 1 else "were"
+        return [
+            f"{node}: exited after {', '.join(stopped)} {were} stopped: its ranks lost their peers (no "
+            "failure of its own)"
+            for node in self.after_stop()
+        ]
 
     def view(self, run_id: str) -> View:
         """The table: per node its state (red: failed, no run), runtime, GPU use, last line (which

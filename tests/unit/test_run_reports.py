@@ -246,6 +246,29 @@ def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -
     assert report.exit_code() == ExitCode.NODES_FAILED
 
 
+def test_a_node_that_failed_after_its_peers_were_stopped_is_no_failure_of_the_run() -> None:
+    """`stop --run` could not reach node2; its ranks then died on their stopped peers ("Connection
+    closed by peer") and `status` called it a crash, exit 1. A non-zero exit at or after the first
+    stop is said as what it is, exit 0; one before any stop is still the run's failure."""
+    from orchestrator.runs.commands import StatusReport
+    from orchestrator.runs.control import NodeStatus
+
+    lost = "[rank1]: RuntimeError: Connection closed by peer"
+    values = {
+        "node1": NodeStatus("stopped", 143, runtime=40.0),
+        "node2": NodeStatus("exited", 1, runtime=41.5, last_line=lost, failed_rank=(1, 1)),
+        "node3": NodeStatus("stopped", 143, runtime=40.2),
+    }
+    report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    assert report.exit_code() == ExitCode.OK and report.failure_lines("r1") == []
+    assert report.after_stop_lines() == [
+        "node2: exited after node1, node3 were stopped: its ranks lost their peers (no failure of its own)"
+    ]
+    values["node2"] = NodeStatus("exited", 1, runtime=12.0, last_line="ValueError: bad batch")
+    crashed = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    assert crashed.exit_code() == ExitCode.NODES_FAILED and crashed.after_stop_lines() == []
+
+
 def test_a_run_a_node_lacks_is_said_as_this_machines_record_explains_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
