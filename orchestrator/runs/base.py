@@ -74,6 +74,10 @@ class RunOps(ABC):
         ``/``-separated), or ``missing I``."""
 
     @abstractmethod
+    def which_exist(self, paths: Sequence[str], nonce: str) -> str:
+        """The record ``have I`` for each of ``paths`` that exists (anything: a file, a directory)."""
+
+    @abstractmethod
     def is_absolute(self, path: str) -> bool:
         """A path ``fetch`` takes as it is (else: looked for in the run, then the code directory)."""
 

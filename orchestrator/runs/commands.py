@@ -27,13 +27,14 @@ from orchestrator.runs.control import (
     fetch_script,
     follow_node,
     no_such_run,
+    runs_having,
     status_node,
     status_script,
     stop_node,
     stop_script,
     tail_script,
 )
-from orchestrator.runs.ids import run_before
+from orchestrator.runs.ids import runs_before
 from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce, train_args_line
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
@@ -490,8 +491,10 @@ class FetchReport:
     from_code: bool = False
     #: a Slurm run's --dry-run: the paths were listed through the login host, nothing was copied
     listed_only: bool = False
-    #: the run launched from here before this one: where a path no node has here may be
-    earlier: str | None = None
+    #: the runs launched from here before this one that were looked in (newest first), for the paths
+    #: no node has in this one; ``elsewhere``: path -> the newest of them that has it, and a node
+    earlier: list[str] = field(default_factory=list)
+    elsewhere: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def missing(self) -> list[tuple[str, str]]:
@@ -541,18 +544,25 @@ class FetchReport:
         ]
         return [*lacking, *kept]
 
+    def near_names(self) -> bool:
+        """A close name of a path no node has is there: a typo, more likely than another run's file."""
+        return any(f.near for o in self.outcomes for f in o.value or [] if f.path in self.nowhere)
+
     def hint(self, run_id: str) -> str:
-        """Where to look for the paths no node has in this run: the run launched before it ("": no
-        such path, or no earlier run)."""
-        if not self.nowhere or self.earlier is None or self.from_code:
+        """Where the paths no node has in this run are: the newest earlier run that has each, with
+        the fetch to type, or that none of the runs looked in has them ("": not looked)."""
+        if not self.earlier:
             return ""
-        if any(f.near for o in self.outcomes for f in o.value or [] if f.path in self.nowhere):
-            return ""  # a close name is there: a typo, more likely than another run's file
-        paths = " ".join(shlex.quote(p) for p in self.nowhere)
-        return (
-            f"no node has {paths} in run {run_id}; the run launched before it may: "
-            f"`bootstrap fetch --run {self.earlier} {paths}`"
-        )
+        lines = [
+            f"{path}: in run {other} ({node} has it): `bootstrap fetch --run {other} {shlex.quote(path)}`"
+            for path, (other, node) in self.elsewhere.items()
+        ]
+        if missing := [p for p in self.nowhere if p not in self.elsewhere]:
+            count = len(self.earlier)
+            runs = f"the {count} runs launched from here before it" if count > 1 else self.earlier[0]
+            named = " ".join(map(shlex.quote, missing))
+            lines.append(f"no node has {named} in run {run_id}, nor in {runs}")
+        return "; ".join(lines)
 
     def shared(self, run_id: str) -> list[str]:
         """Relative paths found in the code directory, not in the run's own directories: shared by
@@ -653,5 +663,23 @@ def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code
             node, t, run.run_id, paths, code_dir=run.code_dir, dest=dest, from_code=from_code, vet=vet
         )
 
-    outcomes = reach.within(run.nodes, "fetch", lambda session: session.map(one, step="fetch"))
-    return FetchReport(outcomes, from_code=from_code, earlier=run_before(run.run_id))
+    def fetch_then_look(session: Session) -> FetchReport:
+        """The paths fetched; those no node has in this run (not a typo's) then looked for in the
+        runs launched from here before it, on the same connections."""
+        report = FetchReport(session.map(one, step="fetch"), from_code=from_code)
+        lost = [] if from_code or report.near_names() else report.nowhere
+        report.earlier = runs_before(run.run_id) if lost else []
+        if report.earlier:
+            looked = session.map(lambda n, t: runs_having(n, t, report.earlier, lost), step="earlier runs")
+            for path in lost:
+                having = [
+                    (report.earlier.index(o.value[path]), o.node)
+                    for o in looked
+                    if o.value is not None and path in o.value
+                ]
+                if having:
+                    at, node = min(having)
+                    report.elsewhere[path] = (report.earlier[at], node)
+        return report
+
+    return reach.within(run.nodes, "fetch", fetch_then_look)

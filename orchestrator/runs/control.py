@@ -677,6 +677,35 @@ def fetch_node(
     return fetched
 
 
+def runs_having(
+    node: Node, transport: Transport, run_ids: Sequence[str], paths: Sequence[str]
+) -> dict[str, str]:
+    """For each of ``paths`` (relative, as fetch looks for them in a run: its outputs, then its run
+    directory) the newest of ``run_ids`` (newest first) that has it on ``node``; one round trip."""
+    ops = run_ops(transport.platform, node)
+    asked = [
+        (path, run_id, f"{run_dir_for(node, run_id)}/{where}{path}")
+        for path in paths
+        if not ops.is_absolute(path)
+        for run_id in run_ids
+        for where in (f"{RUN_OUTPUTS}/", "")
+    ]
+    if not asked:
+        return {}
+    nonce = new_nonce()
+    result = transport.run(ops.which_exist([where for _, _, where in asked], nonce), timeout=60)
+    have = {
+        int(r.text(0))
+        for r in records.decode(result.stdout, nonce)
+        if r.kind == "have" and r.text(0).isdigit()
+    }
+    found: dict[str, str] = {}
+    for index, (path, run_id, _) in enumerate(asked):
+        if index in have:
+            found.setdefault(path, run_id)
+    return found
+
+
 def keep_and_get(transport: Transport, source: str, local: Path) -> list[str]:
     """``source`` copied to ``local``; a file already there with other bytes (a checkpoint fetched
     before, maybe its only copy now) is kept beside it as ``NAME.~N~`` (as ``cp --backup=numbered``):

@@ -151,6 +151,14 @@ def nearest_run(run_id: str, root: Path = RUNS_ROOT) -> str | None:
     return close[0] if close and close[0] != run_id else None
 
 
+def runs_before(run_id: str, root: Path = RUNS_ROOT, most: int = 10) -> list[str]:
+    """The runs launched from here before ``run_id``, newest first, at most ``most`` of them."""
+    launched = sorted((when, name) for was, when, name in _runs_here(root) if was)
+    names = [name for _, name in launched]
+    at = names.index(run_id) if run_id in names else 0
+    return names[max(0, at - most) : at][::-1]
+
+
 def run_before(run_id: str, root: Path = RUNS_ROOT) -> str | None:
     """The run launched from here just before ``run_id`` (None: none, or ``run_id`` is not one)."""
     launched = sorted((when, name) for was, when, name in _runs_here(root) if was)

@@ -366,6 +366,13 @@ class PosixRuns(RunOps):
     def is_absolute(self, path: str) -> bool:
         return path.startswith(("/", "~"))
 
+    def which_exist(self, paths: Sequence[str], nonce: str) -> str:
+        lines = [self.platform.record_functions(nonce)]
+        lines += [
+            f"[ -e {self.platform.path_word(path)} ] && _cb_rec have {i}" for i, path in enumerate(paths)
+        ]
+        return "\n".join([*lines, "exit 0"])
+
     def list_files(
         self, candidates: Sequence[Sequence[str]], nonce: str, near: Sequence[Sequence[str]] = ()
     ) -> str:

@@ -395,6 +395,14 @@ class WindowsRuns(ForegroundScripts, RunOps):
     def local_parts(self, path: str) -> list[str] | None:
         return safe_parts(re.sub(r"^[A-Za-z]:", "", path.replace("\\", "/")).lstrip("/"))
 
+    def which_exist(self, paths: Sequence[str], nonce: str) -> str:
+        lines = [self.platform.record_functions(nonce)]
+        lines += [
+            f"if (Test-Path -LiteralPath {self.platform.full_path(path)}) {{ Out-CbRecord 'have' @('{i}') }}"
+            for i, path in enumerate(paths)
+        ]
+        return "\n".join(lines)
+
     def list_files(
         self, candidates: Sequence[Sequence[str]], nonce: str, near: Sequence[Sequence[str]] = ()
     ) -> str:

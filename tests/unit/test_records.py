@@ -204,6 +204,7 @@ def test_every_windows_record_has_a_literal_kind_and_a_field_array() -> None:
         runs.stop("C:/r/n", "m", 5.0, NONCE),
         runs.status("C:/r/n", "m", "C:/r/n/node.log", NONCE),
         runs.list_files([["C:/r/n/a"], ["D:/b"]], NONCE),
+        runs.which_exist(["C:/r/n/out/a b.pt", "D:/x'y"], NONCE),
         PS.sectioned([("one", "'x'"), ("two", "throw 'boom'")], NONCE),
     ]
     for script in scripts:

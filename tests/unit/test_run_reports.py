@@ -91,19 +91,30 @@ def test_a_checkpoint_rank_0_alone_saved_is_fetched_and_the_others_lack_of_it_no
     assert partly.exit_code() == ExitCode.OK and partly.errors() == []
 
 
-def test_fetch_points_a_path_no_node_has_to_the_run_before() -> None:
-    def report(*nodes: list[Fetched], earlier: str | None = "r0") -> FetchReport:
+def test_fetch_names_the_newest_earlier_run_that_has_a_path_no_node_has_in_this_one() -> None:
+    """The hint named the run before whether it had the path or not (a failed run without it, once);
+    the nodes are asked which earlier runs have it: the newest that does is named, with its fetch."""
+
+    def report(
+        *nodes: list[Fetched], earlier: tuple[str, ...] = ("r0", "q9"), having: str = ""
+    ) -> FetchReport:
         outcomes = [Outcome(f"n{i}", found, None, 0.1) for i, found in enumerate(nodes)]
-        return FetchReport(GroupResult(outcomes), earlier=earlier)
+        found = {"ckpt/last.pt": (having, "n1")} if having else {}
+        return FetchReport(GroupResult(outcomes), earlier=list(earlier), elsewhere=found)
 
     missing = [Fetched("ckpt/last.pt", None)]
-    assert report(missing, missing).hint("r1") == (
-        "no node has ckpt/last.pt in run r1; the run launched before it may: "
-        "`bootstrap fetch --run r0 ckpt/last.pt`"
+    assert report(missing, missing, having="q9").hint("r1") == (
+        "ckpt/last.pt: in run q9 (n1 has it): `bootstrap fetch --run q9 ckpt/last.pt`"
     )
-    # a path one node has is this run's; no earlier run, nothing to point to
-    assert report(missing, [Fetched("ckpt/last.pt", "/w/ckpt/last.pt", 1, 9, "x")]).hint("r1") == ""
-    assert report(missing, earlier=None).hint("r1") == ""
+    assert report(missing, missing).hint("r1") == (
+        "no node has ckpt/last.pt in run r1, nor in the 2 runs launched from here before it"
+    )
+    assert report(missing, earlier=("r0",)).hint("r1") == "no node has ckpt/last.pt in run r1, nor in r0"
+    # a path one node has is this run's; no earlier run looked in: nothing to say
+    assert (
+        report(missing, [Fetched("ckpt/last.pt", "/w/ckpt/last.pt", 1, 9, "x")], earlier=()).hint("r1") == ""
+    )
+    assert report(missing, earlier=()).hint("r1") == ""
 
 
 def _listing(*, running: bool = False, items: bool = True, removed: bool = False) -> CleanReport:
