@@ -76,6 +76,12 @@ def has_control(text: str) -> bool:
     return _ANY_CONTROL.search(text) is not None
 
 
+def one_line(text: str) -> str:
+    """A node's text (a file name, a message) shown inside one line of ours: :func:`neutralise`, and
+    each newline shown as ``^J``, so that it cannot start a line of its own (a fake ``error:``)."""
+    return neutralise(text).replace("\n", "^J")
+
+
 def neutralise(text: str, *, keep_colour: bool = False) -> str:
     """``text`` (node output: any number of lines) as it may be shown to a human: every control
     character but tab and newline shown visibly (``^[``, ``^M``, ``<U+009B>``); SGR colour kept

@@ -17,6 +17,7 @@ from orchestrator.errors import ExitCode, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.logs import RunLog
+from orchestrator.neutralise import one_line
 from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
@@ -35,7 +36,15 @@ from orchestrator.runs.control import (
     tail_script,
 )
 from orchestrator.runs.ids import runs_before
-from orchestrator.runs.layout import RUNS_ROOT, controller_lost, read_record, sample_nonce, train_args_line
+from orchestrator.runs.layout import (
+    RUNS_ROOT,
+    controller_lost,
+    note_stop,
+    read_record,
+    sample_nonce,
+    train_args_line,
+    unreached_by_stop,
+)
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
 from orchestrator.view import Cell, Said, View, failures, node_view, red
@@ -269,6 +278,8 @@ class StatusReport:
     outcomes: GroupResult[NodeStatus]
     lost: bool = False
     train: dict[str, Any] | None = None
+    #: the nodes a `stop --run` of this run could not reach (its record here)
+    unreached: set[str] = field(default_factory=set)
 
     def exit_code(self) -> ExitCode:
         """1 also when the run failed on a node (a non-zero exit no stop caused, no exit code, its
@@ -279,10 +290,13 @@ class StatusReport:
         return ExitCode.NODES_FAILED if code == ExitCode.OK and failed else code
 
     def after_stop(self) -> list[str]:
-        """Nodes whose non-zero exit came after others of the run were stopped (`stop --run` that did
-        not reach them, or reached them later): their ranks lost their peers ("Connection closed by
-        peer"), no failure of their own. Runtimes are each node's own, from launchers started
-        together: an exit at or after the first stop's moment."""
+        """Nodes a `stop --run` could not reach (``unreached``: the record here says so, never a
+        node's word; a foreground launch's own stop of the others after a failure is no such stop)
+        whose non-zero exit came at or after the moment the others were stopped: their ranks lost
+        their peers ("Connection closed by peer"), no failure of their own. Runtimes are each node's
+        own, from launchers started together; a crash before the stop is still the run's failure."""
+        if not self.unreached:
+            return []
         stops = [o.value.runtime for o in self.outcomes if o.value and o.value.state == "stopped"]
         first = min((t for t in stops if t is not None), default=None)
         if first is None:
@@ -290,7 +304,8 @@ class StatusReport:
         return [
             o.node
             for o in self.outcomes
-            if o.value is not None
+            if o.node in self.unreached
+            and o.value is not None
             and o.value.state == "exited"
             and o.value.exit_code not in (None, 0)
             and o.value.runtime is not None
@@ -398,7 +413,7 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
     if lost:
         outcomes = GroupResult(_as_lost(o) for o in outcomes)
     train = (record or {}).get("train")
-    return StatusReport(outcomes, lost, train if isinstance(train, dict) else None)
+    return StatusReport(outcomes, lost, train if isinstance(train, dict) else None, unreached_by_stop(record))
 
 
 def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
@@ -482,7 +497,10 @@ def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
             raise no_such_run(node, run.run_id)
         return result
 
-    return StopReport(reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")))
+    report = StopReport(reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")))
+    if known:  # the nodes it could not reach: their ranks may fail on the stopped peers (status)
+        note_stop(RUNS_ROOT / run.run_id, [o.node for o in report.outcomes if o.error is not None])
+    return report
 
 
 @dataclass
@@ -522,7 +540,7 @@ class FetchReport:
             near = sorted(
                 {(f.near, o.node) for o in self.outcomes for f in o.value or [] if f.path == path and f.near}
             )
-            meant = f" (did you mean {near[0][0]}? {near[0][1]} has it)" if near else ""
+            meant = f" (did you mean {one_line(near[0][0])}? {near[0][1]} has it)" if near else ""
             lines.append(f"{named}: {path} not found in {where}{meant}")
         return lines
 
@@ -536,8 +554,8 @@ class FetchReport:
             for path in partly
         ]
         kept = [
-            f"{o.node}: {Path(backup).with_name(Path(backup).name.rsplit('.~', 1)[0])} held other bytes "
-            f"than the node's: kept as {backup}"
+            f"{o.node}: {one_line(backup.rsplit('.~', 1)[0])} held other bytes "
+            f"than the node's: kept as {one_line(backup)}"
             for o in self.outcomes
             for f in o.value or []
             for backup in f.kept
@@ -568,8 +586,8 @@ class FetchReport:
         """Relative paths found in the code directory, not in the run's own directories: shared by
         every run (the checkpoints of every run a script wrote there), not this run's alone."""
         return [
-            f"{o.node}: {f.path} came from the code directory ({f.source}), which every run shares: not "
-            f"only run {run_id}'s (`fetch --code` looks there alone)"
+            f"{o.node}: {f.path} came from the code directory ({one_line(f.source)}), which every run "
+            f"shares: not only run {run_id}'s (`fetch --code` looks there alone)"
             for o in self.outcomes
             for f in o.value or []
             if f.source

@@ -21,6 +21,7 @@ from orchestrator import records
 from orchestrator.errors import CommandFailedError, ExitCode, UnsafeDirectoryError, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
+from orchestrator.neutralise import one_line
 from orchestrator.plans import NodePlan, Run
 from orchestrator.platforms import platform_for_node
 from orchestrator.runner import run_step
@@ -266,7 +267,7 @@ class CleanReport:
     def errors(self) -> list[str]:
         """What a node could not remove, one line each."""
         return [
-            f"{o.node}: could not remove {e}"
+            f"{o.node}: could not remove {one_line(e)}"
             for o in self.outcomes
             for e in (o.value.errors if o.value else [])
         ]

@@ -81,12 +81,13 @@ def test_another_users_process_naming_itself_after_our_run_is_not_taken_for_it(
     our_run: subprocess.Popen[bytes],
 ) -> None:
     port = _free_port()
-    forged = f"pid={our_run.pid}\\n"  # `ss -p` prints it as it is: a line ending with our pid
+    forged = f"pid={our_run.pid}\\nx"  # `ss -p` prints it as it is: a line ending with our pid
     squatter = _listener(OTHER_USER, port, forged, {"PATH": "/usr/bin:/bin"})
     try:
         assert _snippet_says(port) == "REC port-busy"  # busy, no run named
         holder, runs = _probe().port_holder(port)  # type: ignore[attr-defined]
         assert runs == "-" and f"pid {squatter.pid})" in holder and "held-7" not in holder, holder
+        assert "\n" not in holder and holder.startswith(f"pid={our_run.pid}?x"), holder  # one line of ours
     finally:
         squatter.kill()
         squatter.wait()

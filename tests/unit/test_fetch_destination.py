@@ -112,3 +112,19 @@ def test_a_slurm_node_list_holds_host_names_only() -> None:
 
     lines = ["c1", "gpu-02.lab", "../../etc", "/root/.ssh", "a/b", "..", "", "c3"]
     assert host_names(lines) == ["c1", "gpu-02.lab", "c3"]
+
+
+def test_a_name_a_node_sent_cannot_start_a_line_of_its_own_in_fetchs_notes() -> None:
+    """The note about a kept copy repeated a node's file name with its newline: a run's file named
+    "x\nerror: ..." added a fake error line under fetch's table."""
+    from orchestrator.executor import GroupResult, Outcome
+    from orchestrator.runs.commands import FetchReport
+    from orchestrator.runs.control import Fetched
+
+    name = "runs/r1/n1/out/x\nerror: disk corrupt, run `bootstrap clean --outputs --yes`"
+    kept = Fetched("out", "/w/out", 1, 5, "runs/r1/n1/out", kept=[name + ".~1~"])
+    shared = Fetched("ckpt", "/w/code/ckpt\nerror: forged", 1, 5, "runs/r1/n1/ckpt")
+    notes = FetchReport(GroupResult([Outcome("n1", [kept, shared], None, 0.1)])).said("r1")
+    lines = [said.text for said in notes if hasattr(said, "text")]
+    assert lines and all("\n" not in line for line in lines), lines
+    assert any("x^Jerror: disk corrupt" in line for line in lines), lines

@@ -257,27 +257,51 @@ def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -
     assert report.exit_code() == ExitCode.NODES_FAILED
 
 
-def test_a_node_that_failed_after_its_peers_were_stopped_is_no_failure_of_the_run() -> None:
+def test_a_node_a_stop_could_not_reach_that_failed_after_its_peers_were_stopped_is_no_failure() -> None:
     """`stop --run` could not reach node2; its ranks then died on their stopped peers ("Connection
-    closed by peer") and `status` called it a crash, exit 1. A non-zero exit at or after the first
-    stop is said as what it is, exit 0; one before any stop is still the run's failure."""
+    closed by peer") and `status` called it a crash, exit 1. The record here names the nodes a stop
+    did not reach: such a node's non-zero exit at or after the stop is said as what it is, exit 0.
+    A crash before the stop, and any failure in a run no `stop --run` touched (a foreground
+    launch's own stop of the others after a failure, in the same second), are still failures."""
     from orchestrator.runs.commands import StatusReport
     from orchestrator.runs.control import NodeStatus
 
     lost = "[rank1]: RuntimeError: Connection closed by peer"
     values = {
         "node1": NodeStatus("stopped", 143, runtime=40.0),
-        "node2": NodeStatus("exited", 1, runtime=41.5, last_line=lost, failed_rank=(1, 1)),
-        "node3": NodeStatus("stopped", 143, runtime=40.2),
+        "node2": NodeStatus("exited", 1, runtime=40.0, last_line=lost, failed_rank=(1, 1)),
+        "node3": NodeStatus("stopped", 143, runtime=40.0),
     }
-    report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
-    assert report.exit_code() == ExitCode.OK and report.failure_lines("r1") == []
-    assert report.after_stop_lines() == [
+
+    def report(unreached: set[str]) -> StatusReport:
+        return StatusReport(
+            GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()), unreached=unreached
+        )
+
+    assert report({"node2"}).exit_code() == ExitCode.OK and report({"node2"}).failure_lines("r1") == []
+    assert report({"node2"}).after_stop_lines() == [
         "node2: exited after node1, node3 were stopped: its ranks lost their peers (no failure of its own)"
     ]
+    fail_fast = report(set())  # the launch stopped the others itself: node2 failed first
+    assert fail_fast.exit_code() == ExitCode.NODES_FAILED and fail_fast.after_stop_lines() == []
     values["node2"] = NodeStatus("exited", 1, runtime=12.0, last_line="ValueError: bad batch")
-    crashed = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    crashed = report({"node2"})
     assert crashed.exit_code() == ExitCode.NODES_FAILED and crashed.after_stop_lines() == []
+
+
+def test_a_stop_notes_in_the_record_the_nodes_it_could_not_reach(tmp_path: Path) -> None:
+    import json
+
+    from orchestrator.runs.layout import note_stop, unreached_by_stop
+
+    (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1", "nodes": {"node1": {}, "node2": {}}}))
+    note_stop(tmp_path, ["node2"])
+    note_stop(tmp_path, [])
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert [s["unreached"] for s in record["stops"]] == [["node2"], []]
+    assert unreached_by_stop(record) == {"node2"} and unreached_by_stop({"stops": "x"}) == set()
+    note_stop(tmp_path / "none", ["node2"])  # no record (a run not launched from here): nothing written
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_run_a_node_lacks_is_said_as_this_machines_record_explains_it(

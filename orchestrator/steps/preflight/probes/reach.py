@@ -211,6 +211,9 @@ def port_holder(port: int) -> "tuple[str, str]":
                         name = fh.read().rstrip(b"\n").decode("utf-8", "replace")
                 except OSError:
                     name = "?"
+                # the process chose its name: it goes into a line of ours, so none of its characters
+                # may end that line or start another (a name "x\nerror ..." faked a probe error)
+                name = "".join(c if c.isprintable() else "?" for c in name)
                 run = run_of(pid)
                 holders.append(name + " (pid " + pid + (", run " + run if run else "") + ")")
                 if run and run not in runs:
