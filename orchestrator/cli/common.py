@@ -296,17 +296,15 @@ def after_dashes(
     return click.UsageError(f"No such option: {exc.option_name}.{near} {where}", ctx)
 
 
-#: ``ctx.meta`` key: the words typed after ``--`` (the training script's; a word before is not)
-AFTER_DASHES = "cluster_bootstrap.after_dashes"
+#: ``ctx.meta`` key: every word typed after ``bootstrap`` (cli/main.py; after ``--``: the script's)
+TYPED = "cluster_bootstrap.typed"
 
 
 class TrainArgsCommand(click.Command):
-    """A command taking the training script's arguments after ``--``: an unknown option says so, and
-    the words after ``--`` are kept (``AFTER_DASHES``) to tell them from words typed before it."""
+    """A command taking the training script's arguments after ``--``: an unknown option says so."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         typed = list(args)  # click consumes ``args`` as it parses
-        ctx.meta[AFTER_DASHES] = tuple(typed[typed.index("--") + 1 :]) if "--" in typed else ()
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:

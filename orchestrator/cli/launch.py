@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from orchestrator.cli.common import (
-    AFTER_DASHES,
+    TYPED,
     Settings,
     TrainArgsCommand,
     common_options,
@@ -135,7 +135,7 @@ def launch(
     `-e NAME=VALUE` adds to train.env; `--script PATH` replaces train.script.
     """
     settings = Settings.from_context(ctx)
-    refuse_stray_args(settings, train_args, ctx.meta.get(AFTER_DASHES, ()))  # words not after `--`
+    refuse_stray_args(settings, train_args, ctx.meta.get(TYPED, ()))  # words before `--`
     inventory, _ = load_selection(settings)
     inventory = for_run(inventory, train_args or None, train_env, train_script)
     if inventory.cluster.slurm is not None:  # the nodes are Slurm's: a job, not a fan-out

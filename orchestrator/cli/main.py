@@ -10,6 +10,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.common import (
+    TYPED,
     CommandExit,
     Settings,
     after_dashes,
@@ -37,6 +38,7 @@ class _Group(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         """The words after ``--`` belong to the training script when no command comes before them
         (the main pipeline); after a command (``launch -- ...``, ``run -- ...``) they are its own."""
+        ctx.meta[TYPED] = tuple(args)  # every word typed after `bootstrap` (a suggested line repeats them)
         cut = args.index("--") if "--" in args else len(args)
         try:
             rest = super().parse_args(ctx, args[:cut])

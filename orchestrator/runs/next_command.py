@@ -97,4 +97,8 @@ def with_user_options(reach: Reach, text: str) -> str:
     prefix = "`bootstrap " + " ".join(words) + " "
     # a suggestion that names its own options already (or was given them: messages pass here once
     # more on their way to the terminal) is left as it is
-    return re.sub(r"`bootstrap (?!-i |--known-hosts |--ssh-config )", lambda _m: prefix, text)
+    return re.sub(
+        r"`bootstrap (?!(?:[^`]*\s)?(?:-i|--inventory|--known-hosts|--ssh-config)[\s=])",
+        lambda _m: prefix,
+        text,
+    )

@@ -55,11 +55,13 @@ def inventory_as_command(args: Sequence[str]) -> str:
     return f"No such command {word!r}: an inventory is given with -i. Did you mean `{meant}`?"
 
 
-def refuse_stray_args(selection: Selection, args: Sequence[str], after_dashes: Sequence[str]) -> None:
+def refuse_stray_args(selection: Selection, args: Sequence[str], typed: Sequence[str]) -> None:
     """Words typed for `launch` that are not after ``--`` (``args``: every word click left over, those
-    before ``--`` first): not the training script's. `launch hosts.yaml` forgot -i (the embedded
-    default would train the example with that name as its argument), `launch other.py` meant
-    ``--script``, and `launch 0.1` would start every node for a script that refuses the word."""
+    before ``--`` first; ``typed``: every word after ``bootstrap``): not the training script's.
+    `launch hosts.yaml` forgot -i (the embedded default would train the example with that name as its
+    argument), `launch other.py` meant ``--script``, and `launch 0.1` would start every node for a
+    script that refuses the word. The line to type is the one typed, those words moved."""
+    after_dashes = typed[typed.index("--") + 1 :] if "--" in typed else ()
     stray = list(args[: len(args) - len(after_dashes)])
     if not stray:
         return
@@ -69,15 +71,23 @@ def refuse_stray_args(selection: Selection, args: Sequence[str], after_dashes: S
             f"{first!r} looks like an inventory, given where the training script's arguments go",
             hint=f"`bootstrap -i {first} launch` (arguments for the script go after `--`)",
         )
-    if first.endswith(".py") and len(stray) == 1:
-        meant = f"`bootstrap launch --script {shlex.quote(first)}` trains that script"
+    words = list(typed)
+    cut = words.index("--") if "--" in words else len(words)
+    before, after = words[:cut], words[cut + 1 :]
+    for word in stray:  # each where it was typed: the last such word before `--`
+        at = len(before) - 1 - before[::-1].index(word)
+        del before[at]
+    script = first.endswith(".py") and len(stray) == 1
+    if script:
+        at = before.index("launch") + 1 if "launch" in before else len(before)
+        before[at:at] = ["--script", first]
+        line = shlex.join([*before, *(["--", *after] if after else [])])
     else:
-        meant = (
-            f"`bootstrap launch -- {shlex.join([*stray, *after_dashes])}` gives them to the training script"
-        )
+        line = shlex.join([*before, "--", *stray, *after])
+    meant = "trains that script" if script else "gives them to the training script"
     raise UsageError(
         f"{shlex.join(stray)}: words for the training script go after `--` (before it, only options)",
-        hint=meant,
+        hint=f"`bootstrap {line}` {meant}",
     )
 
 

@@ -83,6 +83,13 @@ def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_an
     assert script.returncode == 2, script.stderr
     assert "other.py: words for the training script go after `--`" in script.stderr, script.stderr
     assert "`bootstrap -i lab.yaml launch --script other.py` trains that script" in script.stderr
+    # the line to type keeps every other option and the words after `--`: typed, it is the same job
+    kept = _cli(tmp_path, "launch", "--nodes", "a", "--detach", "-e", "A=1", "other.py", "--", "--steps", "1")
+    assert kept.returncode == 2, kept.stderr
+    assert (
+        "`bootstrap -i lab.yaml launch --script other.py --nodes a --detach -e A=1 -- --steps 1`"
+        in kept.stderr
+    )
     number = _cli(tmp_path, "launch", "0.1", "--", "--lr", "1")
     assert number.returncode == 2 and "`bootstrap -i lab.yaml launch -- 0.1 --lr 1`" in number.stderr, number
     after = _cli(tmp_path, "--json", "launch", "--dry-run", "--", "0.1")  # after `--`: the script's
