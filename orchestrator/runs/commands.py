@@ -280,11 +280,15 @@ class StatusReport:
     train: dict[str, Any] | None = None
     #: the nodes a `stop --run` of this run could not reach (its record here)
     unreached: set[str] = field(default_factory=set)
+    #: its record here says the launch ended before the master's launcher started (refused, failed)
+    never_started: bool = False
 
     def exit_code(self) -> ExitCode:
         """1 also when the run failed on a node (a non-zero exit no stop caused, no exit code, its
         controller lost), as `status --watch` and `logs --follow` say of a run that ended so."""
         code = exit_code_for(self.outcomes)
+        if code == ExitCode.OK and self.never_started:
+            return ExitCode.NODES_FAILED  # a run that never trained did not do what it was for
         after = self.after_stop()
         failed = any(o.value is not None and o.value.failed and o.node not in after for o in self.outcomes)
         return ExitCode.NODES_FAILED if code == ExitCode.OK and failed else code
@@ -312,6 +316,12 @@ class StatusReport:
             and o.value.runtime >= first
         ]
 
+    def never_started_line(self, run_id: str) -> str:
+        return (
+            f"run {run_id} never started: its launch ended before training began on the master (refused "
+            "or failed on a node: that launch's output said why; `logs --run` shows what each node wrote)"
+        )
+
     def lost_warning(self, run_id: str) -> str:
         """What a lost controller means for the run (``lost``): what was left of it was stopped, or,
         killed before it started anything, the run never started."""
@@ -331,6 +341,7 @@ class StatusReport:
         said: list[View | Said] = [self.view(run_id)]
         said += [Said("info", line)] if (line := train_args_line(self.train)) else []
         said += [Said("warn", self.lost_warning(run_id))] if self.lost else []
+        said += [Said("error", self.never_started_line(run_id))] if self.never_started else []
         return [
             *said,
             *(Said("error", line) for line in self.failure_lines(run_id)),
@@ -413,7 +424,9 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
     if lost:
         outcomes = GroupResult(_as_lost(o) for o in outcomes)
     train = (record or {}).get("train")
-    return StatusReport(outcomes, lost, train if isinstance(train, dict) else None, unreached_by_stop(record))
+    never = bool((record or {}).get("not_started"))
+    kept = train if isinstance(train, dict) else None
+    return StatusReport(outcomes, lost, kept, unreached_by_stop(record), never)
 
 
 def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
@@ -562,10 +575,6 @@ class FetchReport:
         ]
         return [*lacking, *kept]
 
-    def near_names(self) -> bool:
-        """A close name of a path no node has is there: a typo, more likely than another run's file."""
-        return any(f.near for o in self.outcomes for f in o.value or [] if f.path in self.nowhere)
-
     def hint(self, run_id: str) -> str:
         """Where the paths no node has in this run are: the newest earlier run that has each, with
         the fetch to type, or that none of the runs looked in has them ("": not looked)."""
@@ -682,10 +691,11 @@ def fetch_all(reach: Reach, run: RecordedRun, paths: Sequence[str], *, from_code
         )
 
     def fetch_then_look(session: Session) -> FetchReport:
-        """The paths fetched; those no node has in this run (not a typo's) then looked for in the
-        runs launched from here before it, on the same connections."""
+        """The paths fetched; those no node has in this run then looked for in the runs launched from
+        here before it, on the same connections (a close name in this run may be a typo, or not: the
+        code directory's ckpt/last.pt beside an earlier run's last.pt)."""
         report = FetchReport(session.map(one, step="fetch"), from_code=from_code)
-        lost = [] if from_code or report.near_names() else report.nowhere
+        lost = [] if from_code else report.nowhere
         report.earlier = runs_before(run.run_id) if lost else []
         if report.earlier:
             looked = session.map(lambda n, t: runs_having(n, t, report.earlier, lost), step="earlier runs")

@@ -431,6 +431,9 @@ def test_a_launch_refused_everywhere_is_never_the_latest_run(tmp_path: Path) -> 
     assert record["not_started"] is True, record
     status = bootstrap("-i", str(inv), "status", cwd=tmp_path)
     assert status.returncode == 2 and "no runs in" in status.stderr, status
+    # asked for by name, it says it never started (it showed "not started", exit 0, with no reason)
+    named = bootstrap("-i", str(inv), "status", "--run", "refused-1", cwd=tmp_path)
+    assert named.returncode == 1 and "run refused-1 never started: its launch ended" in named.stderr, named
 
 
 def test_a_skipped_validation_leaves_no_empty_directory(tmp_path: Path) -> None:
