@@ -350,6 +350,12 @@ class PowerShell(Platform):
         test = f"Test-Path -LiteralPath {self.path_word(path)}"
         return f"if ({test}) {{ Write-Output {self.quote(word)}; exit 0 }}"
 
+    def say_if_listening(self, port: int, said: str) -> str:
+        """A statement that prints ``said`` (a whole line) and ends the script (exit 0) when a TCP
+        socket of this machine listens on ``port``, on any address (``Get-NetTCPConnection``)."""
+        listening = f"Get-NetTCPConnection -State Listen -LocalPort {int(port)} -ErrorAction SilentlyContinue"
+        return f"if ({listening}) {{ Write-Output {self.quote(said)}; exit 0 }}"
+
     def run_script(self, path: str) -> str:
         """Run the .ps1 file at ``path`` (on the node); its ``exit N`` becomes our exit code."""
         return f"& {self.path_word(path)}"

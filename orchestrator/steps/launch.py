@@ -457,7 +457,11 @@ def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str,
             held = f"run {holder} of bootstrap holds it"
             hint = f"`bootstrap stop --run {holder}` ends it; or set cluster.port to a free port"
         else:
-            held = "torchrun's rendezvous needs it free"
+            held = (
+                "torchrun's rendezvous needs it free"
+                if node.python_os != "windows"
+                else "rank 0 needs it free"
+            )
             hint = (
                 "`bootstrap check` names what holds it (a run of bootstrap: its id, and the `stop --run` "
                 "that ends it); or set cluster.port in the inventory to a free port"
@@ -557,7 +561,11 @@ def prepare_plan(
 
     if powershell is not None:
         parent = posixpath.dirname(target_script.replace("\\", "/")) or "."
-        prepare = prepare_script(powershell, run_dir, parent, code_root=code_root, nonce=nonce)
+        # on the master: its rendezvous port must be free, as on Linux (no holder named: another
+        # process's environment is not read on Windows)
+        busy = records.record(nonce, PORT_BUSY, "").rstrip("\n")
+        refuse = powershell.say_if_listening(spec.master_port, busy) if spec.node_rank == 0 else ""
+        prepare = prepare_script(powershell, run_dir, parent, code_root=code_root, nonce=nonce, refuse=refuse)
         launch = Put(f"{run_dir}/launch.ps1", data=powershell.script_file(rendered), what="launch script")
     else:
         assert posix is not None

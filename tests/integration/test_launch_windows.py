@@ -285,6 +285,20 @@ def test_a_failing_native_windows_node_reports_the_ranks_exit_code(
     node.await_gone(RUN_DIR, 10)  # the launcher stopped rank 0, then ended
 
 
+def test_a_busy_rendezvous_port_on_a_native_master_starts_nothing(
+    server: WinRMServer, node: NativeNode
+) -> None:
+    """Something listens on the cluster's port on the native Windows master: refused before the run
+    directory is made (as on a Linux master), instead of rank 0 failing to bind it."""
+    spec = _spec()
+    node.listening.add(spec.master_port)
+    error = _run(server, Lines(), spec)
+    assert isinstance(error, CommandFailedError), error
+    assert f"port {spec.master_port} is in use on this node, the master: rank 0 needs it free" in str(error)
+    assert "round" not in node.calls and "start" not in node.calls  # no launcher, no follower
+    assert not any(RUN_DIR.lower() in path.lower() for path in node.files), sorted(node.files)
+
+
 def test_lines_cross_rounds_each_exactly_once(
     server: WinRMServer, node: NativeNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1009,3 +1009,37 @@ def test_launch_refuses_a_windows_run_directory_that_exists_and_checks_what_it_c
     # nothing was put in it between its creation and its access list
     assert "Get-ChildItem -LiteralPath $cbNew -Force" in script
     assert assignments(tree)["$cbMe"] == "[System.Security.Principal.WindowsIdentity]::GetCurrent().User"
+
+
+def test_a_native_windows_master_refuses_a_busy_rendezvous_port_before_anything_is_made() -> None:
+    """On Linux the master's port was checked before the run directory was made; a native Windows
+    master was not, and rank 0 then failed to bind it. The preparing script checks it there too
+    (Get-NetTCPConnection) and launch says so, nothing started."""
+    from orchestrator.plans import Run
+    from orchestrator.steps.launch import PORT_BUSY, prepare_plan
+
+    inventory = load_inventory_text(
+        "cluster: {name: w, master: win1, backend: gloo, port: 29611}\n"
+        "nodes:\n  - {name: win1, host: 10.0.0.1, os: windows, user: bob, nproc: 2, interface: Ethernet,\n"
+        "     windows: {mode: native}}\n",
+        "w.yaml",
+    )
+    (spec,) = plan_launch(
+        inventory, backend="gloo", master_addr="10.0.0.1", run_id="r1",
+        interfaces={"win1": ("Ethernet", None)}, cpus={"win1": 4},
+        pythons={"win1": "C:\\Python312\\python.exe"},
+    )  # fmt: skip
+    prepare = prepare_plan(spec.node, ps, spec, renderer=Renderer()).actions[0]
+    assert isinstance(prepare, Run) and prepare.check is not None
+    tree = pwsh.assert_parses(ps.wrap(prepare.script))
+    (listening,) = find(tree, "Get-NetTCPConnection")
+    assert listening.has("-State") and listening.has("-LocalPort") and "29611" in listening.arguments
+    # before the run directory is made: a refusal leaves nothing behind
+    assert prepare.script.index("Get-NetTCPConnection") < prepare.script.index("CreateDirectory")
+    nonce = records.NONCE.search(prepare.script)
+    assert nonce is not None
+    busy = records.record(nonce.group(0), PORT_BUSY, "")
+    with pytest.raises(
+        CommandFailedError, match="port 29611 is in use on this node, the master: rank 0 needs it"
+    ):
+        prepare.check(Result("win1", prepare.script, 0, busy, "", 0.1))

@@ -277,6 +277,8 @@ class NativeNode:
         #: run.ps1's job (runs.start.run_outside_job): job.ps1's text -> the argv of the real
         #: process standing for ``powershell.exe -File job.ps1`` (PowerShell cannot run here)
         self.jobs: Callable[[str], list[str]] | None = None
+        #: the TCP ports something listens on (``Get-NetTCPConnection -State Listen -LocalPort P``)
+        self.listening: set[int] = set()
         self._lock = threading.Lock()
         server.on_powershell = Emulator(server.files, self.answer)
 
@@ -339,14 +341,22 @@ class NativeNode:
 
     def _say_if_exists(self, call: PwshCall) -> Answer | None:
         """``if (Test-Path -LiteralPath PATH) { Write-Output 'WORD'; exit 0 }`` (PowerShell.say_if_exists):
-        the word when the file is there; else the rest of the script (directories are not played)."""
+        the word when the file is there; then, on the master, ``if (Get-NetTCPConnection ... -LocalPort
+        P ...) { Write-Output 'RECORD'; exit 0 }`` (PowerShell.say_if_listening): the record when
+        something listens on P (``listening``); else the rest of the script (directories are not
+        played)."""
         # the one on a path written out (new_private_dir and check_own_dir test a variable's path:
         # directories are not played, so those checks pass here)
         (test,) = [c for c in call.commands if c.name == "Test-Path" and not c.arguments[0].startswith("$")]
-        (say,) = [c for c in call.commands if c.name == "Write-Output"]
+        says = [c for c in call.commands if c.name == "Write-Output"]
         assert test.parameters == ["-literalpath"], test
         if path_of(test.arguments[0]) in self.files:
-            return Answer(stdout=unquote(say.arguments[0]) + "\n")
+            return Answer(stdout=unquote(says[0].arguments[0]) + "\n")
+        ports = [c for c in call.commands if c.name == "Get-NetTCPConnection"]
+        for port in ports:
+            assert port.has("-State") and "Listen" in port.arguments and port.has("-LocalPort"), port
+            if any(a.isdigit() and int(a) in self.listening for a in port.arguments):
+                return Answer(stdout=unquote(says[1].arguments[0]) + "\n")
         return None
 
     # -- running the product's own decisions --------------------------------------------------------
