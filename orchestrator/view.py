@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostKeyUnknownError, said_once
+from orchestrator.neutralise import one_line
 
 if TYPE_CHECKING:
     from orchestrator.executor import Outcome
@@ -76,7 +77,8 @@ def failures(outcomes: Iterable[Outcome[Any]]) -> list[Said]:
         elif outcome.error is not None and not outcome.error.shown:
             failed.append(outcome.error)
             outcome.error.shown = True
-    said = [Said("error", line) for line in said_once(failed)]
+    # one line each: what a node sent (a file name in "cannot copy ...") cannot start a line of ours
+    said = [Said("error", one_line(line)) for line in said_once(failed)]
     if not unknown:
         return said
     files = sorted({e.known_hosts for e in unknown})

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import ExitCode, UsageError
+from orchestrator.errors import ConnectError, ExitCode, UsageError
 from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.logs import RunLog
@@ -42,8 +42,8 @@ from orchestrator.runs.layout import (
     note_stop,
     read_record,
     sample_nonce,
+    stop_nodes,
     train_args_line,
-    unreached_by_stop,
 )
 from orchestrator.runs.ranks import rank_labels
 from orchestrator.runs.tail import FollowResult
@@ -278,8 +278,10 @@ class StatusReport:
     outcomes: GroupResult[NodeStatus]
     lost: bool = False
     train: dict[str, Any] | None = None
-    #: the nodes a `stop --run` of this run could not reach (its record here)
+    #: the nodes a `stop --run` of this run could not reach, and those where it stopped something
+    #: (its record here)
     unreached: set[str] = field(default_factory=set)
+    by_stop: set[str] = field(default_factory=set)
     #: its record here says the launch ended before the master's launcher started (refused, failed)
     never_started: bool = False
 
@@ -301,7 +303,11 @@ class StatusReport:
         own, from launchers started together; a crash before the stop is still the run's failure."""
         if not self.unreached:
             return []
-        stops = [o.value.runtime for o in self.outcomes if o.value and o.value.state == "stopped"]
+        stops = [
+            o.value.runtime
+            for o in self.outcomes
+            if o.node in self.by_stop and o.value and o.value.state == "stopped"
+        ]
         first = min((t for t in stops if t is not None), default=None)
         if first is None:
             return []
@@ -426,7 +432,8 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
     train = (record or {}).get("train")
     never = bool((record or {}).get("not_started"))
     kept = train if isinstance(train, dict) else None
-    return StatusReport(outcomes, lost, kept, unreached_by_stop(record), never)
+    unreached, by_stop = stop_nodes(record, "unreached"), stop_nodes(record, "stopped")
+    return StatusReport(outcomes, lost, kept, unreached, by_stop, never)
 
 
 def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
@@ -512,7 +519,9 @@ def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
 
     report = StopReport(reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")))
     if known:  # the nodes it could not reach: their ranks may fail on the stopped peers (status)
-        note_stop(RUNS_ROOT / run.run_id, [o.node for o in report.outcomes if o.error is not None])
+        unreached = [o.node for o in report.outcomes if isinstance(o.error, ConnectError)]
+        stopped = [o.node for o in report.outcomes if o.value is not None and o.value.state == "stopped"]
+        note_stop(RUNS_ROOT / run.run_id, unreached, stopped)
     return report
 
 

@@ -189,27 +189,29 @@ def finish_record(directory: Path, *, started: bool = True) -> None:
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def note_stop(directory: Path, unreached: Sequence[str]) -> None:
-    """A `stop --run` of a run launched from here, in its record (``stops``): when, and the nodes it
-    could not reach. `status` then knows that a non-zero exit on such a node after the others were
-    stopped is their going away (its ranks lost their peers), not a failure of the run."""
+def note_stop(directory: Path, unreached: Sequence[str], stopped: Sequence[str] = ()) -> None:
+    """A `stop --run` of a run launched from here, in its record (``stops``): when, the nodes it
+    could not reach and those where it stopped something. `status` then knows that a non-zero exit
+    on an unreached node after those were stopped is their going away (its ranks lost their peers),
+    not a failure of the run."""
     doc = read_record(directory)
     if doc is None:
         return
     stops = doc.get("stops")
     earlier = stops if isinstance(stops, list) else []
-    doc["stops"] = [*earlier, {"at": time.time(), "unreached": sorted(unreached)}]
+    doc["stops"] = [*earlier, {"at": time.time(), "unreached": sorted(unreached), "stopped": sorted(stopped)}]
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())
 
 
-def unreached_by_stop(record: Mapping[str, Any] | None) -> set[str]:
-    """The nodes a `stop --run` of the run could not reach (its record's ``stops``)."""
+def stop_nodes(record: Mapping[str, Any] | None, key: str) -> set[str]:
+    """The nodes a `stop --run` of the run could not reach (``key`` "unreached"), or where it
+    stopped something ("stopped"), from its record's ``stops``."""
     stops = (record or {}).get("stops")
     return {
         name
         for stop in (stops if isinstance(stops, list) else [])
-        if isinstance(stop, dict) and isinstance(stop.get("unreached"), list)
-        for name in stop["unreached"]
+        if isinstance(stop, dict) and isinstance(stop.get(key), list)
+        for name in stop[key]
         if isinstance(name, str)
     }
 

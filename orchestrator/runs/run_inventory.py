@@ -74,20 +74,42 @@ def refuse_stray_args(selection: Selection, args: Sequence[str], typed: Sequence
     words = list(typed)
     cut = words.index("--") if "--" in words else len(words)
     before, after = words[:cut], words[cut + 1 :]
-    for word in stray:  # each where it was typed: the last such word before `--`
-        at = len(before) - 1 - before[::-1].index(word)
-        del before[at]
-    script = first.endswith(".py") and len(stray) == 1
+    for word in stray:  # each where it was typed: not an option's value, if it can be told apart
+        spots = [i for i, w in enumerate(before) if w == word]
+        loose = [i for i in spots if i == 0 or not before[i - 1].startswith("-") or "=" in before[i - 1]]
+        del before[(loose or spots)[-1]]
+    given = any(w == "--script" or w.startswith("--script=") for w in before)  # a script named already
+    script = first.endswith(".py") and len(stray) == 1 and not given
+    meant = "trains that script" if script else "gives them to the training script"
+    if _secret_looking(typed):
+        how = f"`--script {shlex.quote(first)}` trains that script" if script else "put them after `--`"
+        raise UsageError(
+            f"{shlex.join(stray)}: words for the training script go after `--` (before it, only options)",
+            hint=f"{how} (the line typed is not repeated here: it holds secret-looking values)",
+        )
     if script:
         at = before.index("launch") + 1 if "launch" in before else len(before)
         before[at:at] = ["--script", first]
         line = shlex.join([*before, *(["--", *after] if after else [])])
     else:
         line = shlex.join([*before, "--", *stray, *after])
-    meant = "trains that script" if script else "gives them to the training script"
     raise UsageError(
         f"{shlex.join(stray)}: words for the training script go after `--` (before it, only options)",
         hint=f"`bootstrap {line}` {meant}",
+    )
+
+
+def _secret_looking(words: Sequence[str]) -> bool:
+    """Words that hold a secret-looking value (`-e HF_TOKEN=...`, `--api-key X`, a URL with a
+    login): a line repeating them is never printed (runs.next_command's rule for `-e` and `--`)."""
+    from orchestrator.inventory.model import is_secret_name, masked_args
+    from orchestrator.redact import has_url_credentials
+
+    names = [w.split("=", 1)[0].removeprefix("--env=").removeprefix("-e") for w in words if "=" in w]
+    return (
+        any(has_url_credentials(w) for w in words)
+        or any(is_secret_name(name) for name in names if name)
+        or masked_args(words) != tuple(words)
     )
 
 

@@ -184,7 +184,9 @@ class Clean(Step[CleanContext, NodeClean]):
         return NodeClean(
             node=node.name,
             items=[CleanItem(**item) for item in data.get("items") or []],
-            running=list(data.get("running") or []),
+            # a run id from the node's processes (any of the node user's may carry a marker): one of
+            # ours by its shape, or not repeated (it goes into a `stop --run` we suggest)
+            running=[r for r in data.get("running") or [] if isinstance(r, str) and is_run_id(r)],
             removed=bool(data.get("removed")),
             errors=list(data.get("errors") or []),
             runs=[r for r in data.get("runs") or [] if isinstance(r, str) and is_run_id(r)],
@@ -327,7 +329,7 @@ class CleanReport:
                 alike.setdefault(tuple(o.value.running), []).append(o.node)
         said = [
             f"{', '.join(nodes)}: run {', '.join(runs)} is running there: {nothing} "
-            f"(`bootstrap stop --run {runs[0]}` ends it)"
+            f"(`bootstrap stop --run {shlex.quote(runs[0])}` ends it)"
             for runs, nodes in alike.items()
         ]
         unread = [o.node for o in self.outcomes if o.error is not None]

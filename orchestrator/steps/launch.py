@@ -30,6 +30,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.inventory.model import WINDOWS_ABSOLUTE
+from orchestrator.neutralise import one_line
 from orchestrator.plans import NodePlan, Put, Run, apply
 from orchestrator.platforms import Platform, PosixShell, PowerShell
 from orchestrator.render import LaunchSpec, Renderer, plan_launch, render_all
@@ -428,7 +429,8 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
     differ = [rel for rel in differ if rel != uploaded]
     if not differ:
         return None
-    shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+    # the names come from the node's record (any run's code can rewrite it): one line of ours each
+    shown = ", ".join(map(one_line, differ[:3])) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
     return (
         f"{STALE_CODE}: {len(differ)} "
         f"file(s) differ ({shown}); the last code sync did not finish on this node, kept a file of"

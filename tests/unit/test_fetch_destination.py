@@ -128,3 +128,19 @@ def test_a_name_a_node_sent_cannot_start_a_line_of_its_own_in_fetchs_notes() -> 
     lines = [said.text for said in notes if hasattr(said, "text")]
     assert lines and all("\n" not in line for line in lines), lines
     assert any("x^Jerror: disk corrupt" in line for line in lines), lines
+
+
+def test_file_names_in_a_nodes_code_record_cannot_start_a_line_of_ours() -> None:
+    """The launch's stale-code warning lists names from the node's record of its last code sync,
+    which any run's code can rewrite: a name with a newline added a fake line under the summary."""
+    import json
+
+    from orchestrator.records import record
+    from orchestrator.steps.launch import CODE_RECORD, stale_code
+
+    nonce = "cb-0123456789ab"
+    forged = {"train.py": "a", "x\nerror: checkpoint corrupt: run `bootstrap clean --outputs --yes`": "b"}
+    said = stale_code(
+        record(nonce, CODE_RECORD, json.dumps({"files": forged})), nonce, {"train.py": "a"}, None
+    )
+    assert said is not None and "\n" not in said and "x^Jerror: checkpoint corrupt" in said

@@ -90,6 +90,13 @@ def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_an
         "`bootstrap -i lab.yaml launch --script other.py --nodes a --detach -e A=1 -- --steps 1`"
         in kept.stderr
     )
+    # a word that is also an option's value: the stray one moves, the value stays
+    twice = _cli(tmp_path, "launch", "a", "--nodes", "a")
+    assert twice.returncode == 2 and "`bootstrap -i lab.yaml launch --nodes a -- a`" in twice.stderr, twice
+    # a line holding a secret-looking value is never repeated (nor the value)
+    secret = _cli(tmp_path, "launch", "-e", "HF_TOKEN=hf_s3cret", "other.py")
+    assert secret.returncode == 2 and "hf_s3cret" not in secret.stderr, secret
+    assert "`--script other.py` trains that script (the line typed is not repeated here" in secret.stderr
     number = _cli(tmp_path, "launch", "0.1", "--", "--lr", "1")
     assert number.returncode == 2 and "`bootstrap -i lab.yaml launch -- 0.1 --lr 1`" in number.stderr, number
     after = _cli(tmp_path, "--json", "launch", "--dry-run", "--", "0.1")  # after `--`: the script's

@@ -273,10 +273,9 @@ def test_a_node_a_stop_could_not_reach_that_failed_after_its_peers_were_stopped_
         "node3": NodeStatus("stopped", 143, runtime=40.0),
     }
 
-    def report(unreached: set[str]) -> StatusReport:
-        return StatusReport(
-            GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()), unreached=unreached
-        )
+    def report(unreached: set[str], by_stop: frozenset[str] = frozenset({"node1", "node3"})) -> StatusReport:
+        outcomes = GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items())
+        return StatusReport(outcomes, unreached=unreached, by_stop=set(by_stop))
 
     assert report({"node2"}).exit_code() == ExitCode.OK and report({"node2"}).failure_lines("r1") == []
     assert report({"node2"}).after_stop_lines() == [
@@ -284,6 +283,10 @@ def test_a_node_a_stop_could_not_reach_that_failed_after_its_peers_were_stopped_
     ]
     fail_fast = report(set())  # the launch stopped the others itself: node2 failed first
     assert fail_fast.exit_code() == ExitCode.NODES_FAILED and fail_fast.after_stop_lines() == []
+    # stopped by a signal (the launch's own fail fast) before a stop --run that found nothing left to
+    # stop there: that stop's moment is not theirs, and node2's failure is still one
+    late = report({"node2"}, frozenset())
+    assert late.exit_code() == ExitCode.NODES_FAILED and late.after_stop_lines() == []
     values["node2"] = NodeStatus("exited", 1, runtime=12.0, last_line="ValueError: bad batch")
     crashed = report({"node2"})
     assert crashed.exit_code() == ExitCode.NODES_FAILED and crashed.after_stop_lines() == []
@@ -292,14 +295,15 @@ def test_a_node_a_stop_could_not_reach_that_failed_after_its_peers_were_stopped_
 def test_a_stop_notes_in_the_record_the_nodes_it_could_not_reach(tmp_path: Path) -> None:
     import json
 
-    from orchestrator.runs.layout import note_stop, unreached_by_stop
+    from orchestrator.runs.layout import note_stop, stop_nodes
 
     (tmp_path / "run.json").write_text(json.dumps({"run_id": "r1", "nodes": {"node1": {}, "node2": {}}}))
-    note_stop(tmp_path, ["node2"])
+    note_stop(tmp_path, ["node2"], ["node1"])
     note_stop(tmp_path, [])
     record = json.loads((tmp_path / "run.json").read_text())
     assert [s["unreached"] for s in record["stops"]] == [["node2"], []]
-    assert unreached_by_stop(record) == {"node2"} and unreached_by_stop({"stops": "x"}) == set()
+    assert stop_nodes(record, "unreached") == {"node2"} and stop_nodes(record, "stopped") == {"node1"}
+    assert stop_nodes({"stops": "x"}, "unreached") == set()
     note_stop(tmp_path / "none", ["node2"])  # no record (a run not launched from here): nothing written
     assert not (tmp_path / "none").exists()
 
@@ -336,3 +340,28 @@ def test_a_run_a_node_lacks_is_said_as_this_machines_record_explains_it(
     assert refused.message.startswith("run r-refused never started on this node"), refused.message
     unknown = no_such_run(node, "r-typo")
     assert unknown.message.startswith("no run r-typo on this node") and "check --run" in (unknown.hint or "")
+
+
+def test_what_a_node_says_cannot_start_a_line_of_ours_or_a_command_we_suggest(tmp_path: Path) -> None:
+    """A run id from a node's processes (any process of the node user may carry a marker) went raw
+    into "run X is running there" and the `stop --run X` suggested with it; a file name into a
+    failure line. Ids are kept only when they are run ids; every failure is one line."""
+    import json
+
+    from orchestrator import records
+    from orchestrator.errors import TransferError
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.transports.base import Result
+    from orchestrator.view import failures
+
+    inventory = load_inventory_text(
+        f"nodes:\n  - {{name: n1, host: 10.0.0.1, workdir: {tmp_path / 'wd'}}}\n", str(tmp_path / "h.yaml")
+    )
+    step = clean.Clean(inventory, remove=False, outputs=False)
+    forged = ["r1\nerror: disk failing: run `bootstrap run -- $(id)`", "$(touch /tmp/x)", "lab-2"]
+    answer = records.record(step.nonce, "clean", json.dumps({"items": [], "running": forged}))
+    value = step.answer(inventory.nodes[0], answer, 0, Result("n1", "", 0, answer, "", 0.1))
+    assert value.running == ["lab-2"]
+    copy = TransferError("cannot copy /w/out/x\nerror: forged line to runs/r1/n1/x: gone", node="n1")
+    (line,) = failures([Outcome("n1", None, copy, 0.1)])
+    assert "\n" not in line.text and "x^Jerror: forged line" in line.text
