@@ -159,14 +159,6 @@ def runs_before(run_id: str, root: Path = RUNS_ROOT, most: int = 10) -> list[str
     return names[max(0, at - most) : at][::-1]
 
 
-def run_before(run_id: str, root: Path = RUNS_ROOT) -> str | None:
-    """The run launched from here just before ``run_id`` (None: none, or ``run_id`` is not one)."""
-    launched = sorted((when, name) for was, when, name in _runs_here(root) if was)
-    names = [name for _, name in launched]
-    at = names.index(run_id) if run_id in names else 0
-    return names[at - 1] if at > 0 else None
-
-
 def command_run_dir(cluster: str) -> Path:
     """Where `bootstrap run` keeps every node's whole output: a new run id of its own under the
     controller's state directory (``<state>/runs``), not ./runs, whose ids name training runs."""

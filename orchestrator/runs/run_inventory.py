@@ -77,7 +77,8 @@ def refuse_stray_args(selection: Selection, args: Sequence[str], typed: Sequence
     for word in stray:  # each where it was typed: not an option's value, if it can be told apart
         spots = [i for i, w in enumerate(before) if w == word]
         loose = [i for i in spots if i == 0 or not before[i - 1].startswith("-") or "=" in before[i - 1]]
-        del before[(loose or spots)[-1]]
+        if spots:
+            del before[(loose or spots)[-1]]
     given = any(w == "--script" or w.startswith("--script=") for w in before)  # a script named already
     script = first.endswith(".py") and len(stray) == 1 and not given
     meant = "trains that script" if script else "gives them to the training script"
@@ -105,7 +106,7 @@ def _secret_looking(words: Sequence[str]) -> bool:
     from orchestrator.inventory.model import is_secret_name, masked_args
     from orchestrator.redact import has_url_credentials
 
-    names = [w.split("=", 1)[0].removeprefix("--env=").removeprefix("-e") for w in words if "=" in w]
+    names = [w.removeprefix("--env=").split("=", 1)[0].removeprefix("-e") for w in words if "=" in w]
     return (
         any(has_url_credentials(w) for w in words)
         or any(is_secret_name(name) for name in names if name)

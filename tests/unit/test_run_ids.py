@@ -80,7 +80,7 @@ def test_latest_is_no_run_id_since_run_latest_names_the_newest_run(tmp_path: Pat
     assert ids.check_run_id("latest-1") == "latest-1"
 
 
-def test_the_run_before_is_the_launch_before_it_here(tmp_path: Path) -> None:
+def test_the_runs_before_are_the_launches_before_it_here_newest_first(tmp_path: Path) -> None:
     for name, when in (("first", 1000), ("second", 2000), ("third", 3000)):
         (tmp_path / name).mkdir()
         (tmp_path / name / RECORD).write_text("{}")
@@ -89,10 +89,11 @@ def test_the_run_before_is_the_launch_before_it_here(tmp_path: Path) -> None:
     (tmp_path / "never").mkdir()  # a launch that started nowhere
     (tmp_path / "never" / RECORD).write_text('{"not_started": true}')
     os.utime(tmp_path / "never" / RECORD, (2500, 2500))
-    assert ids.run_before("third", tmp_path) == "second"
-    assert ids.run_before("second", tmp_path) == "first"
-    assert ids.run_before("first", tmp_path) is None
-    assert ids.run_before("elsewhere", tmp_path) is None
+    assert ids.runs_before("third", tmp_path) == ["second", "first"]
+    assert ids.runs_before("third", tmp_path, most=1) == ["second"]
+    assert ids.runs_before("second", tmp_path) == ["first"]
+    assert ids.runs_before("first", tmp_path) == []
+    assert ids.runs_before("elsewhere", tmp_path) == []
 
 
 def test_a_mistyped_run_id_is_met_with_the_nearest_run_here(tmp_path: Path) -> None:
