@@ -33,8 +33,8 @@ def settled_line(phase: str, report: Any) -> str | None:
     return None
 
 
-def _nodes(names: list[str]) -> str:
-    return f"{len(names)} node{'s' if len(names) != 1 else ''}"
+def _nodes(count: int) -> str:
+    return f"{count} node{'s' if count != 1 else ''}"
 
 
 def _sync(report: Any) -> str | None:
@@ -49,11 +49,11 @@ def _sync(report: Any) -> str | None:
         return None
     parts = []
     if env:
-        parts.append(f"environment unchanged on {_nodes([o.node for o in env])}")
+        parts.append(f"environment unchanged on {_nodes(len(env))}")
     if code:
         files = {o.value.files for o in code}
         counted = f" ({next(iter(files))} file{'s' if files != {1} else ''})" if len(files) == 1 else ""
-        parts.append(f"code unchanged on {_nodes([o.node for o in code])}{counted}")
+        parts.append(f"code unchanged on {_nodes(len(code))}{counted}")
     return f"sync: {'; '.join(parts)}" if parts else None
 
 
@@ -73,7 +73,7 @@ def _firewall(values: list[Any]) -> str | None:
         )
     else:
         said = ", ".join(f"{named[kind]} on {count}" for kind, count in sorted(kinds.items()))
-    return f"firewall: nothing to change on {_nodes(values)} ({said})"
+    return f"firewall: nothing to change on {_nodes(len(values))} ({said})"
 
 
 def _time(data: dict[str, Any], values: list[Any]) -> str | None:
@@ -82,7 +82,7 @@ def _time(data: dict[str, Any], values: list[Any]) -> str | None:
     offsets = [abs(v.offset_ms) for v in values if v.offset_ms is not None]
     within = f"; largest offset from the master {max(offsets):.1f} ms" if offsets else ""
     limit = data.get("max_offset_ms")
-    return f"time: unchanged on {_nodes(values)}, following {data.get('master')}{within}" + (
+    return f"time: unchanged on {_nodes(len(values))}, following {data.get('master')}{within}" + (
         f" (limit {limit:g} ms)" if limit is not None and offsets else ""
     )
 

@@ -351,10 +351,14 @@ class PowerShell(Platform):
         return f"if ({test}) {{ Write-Output {self.quote(word)}; exit 0 }}"
 
     def say_if_listening(self, port: int, said: str) -> str:
-        """A statement that prints ``said`` (a whole line) and ends the script (exit 0) when a TCP
-        socket of this machine listens on ``port``, on any address (``Get-NetTCPConnection``)."""
-        listening = f"Get-NetTCPConnection -State Listen -LocalPort {int(port)} -ErrorAction SilentlyContinue"
-        return f"if ({listening}) {{ Write-Output {self.quote(said)}; exit 0 }}"
+        """Statements that print ``said`` (a whole line) and end the script (exit 0) when a TCP socket
+        of this machine listens on ``port``, on any address (``Get-NetTCPConnection``; a Windows
+        without that cmdlet checks nothing, as before, rather than failing the launch)."""
+        ask = f"Get-NetTCPConnection -State Listen -LocalPort {int(port)} -ErrorAction SilentlyContinue"
+        return (
+            f"try {{ $cbListening = @({ask}) }} catch {{ $cbListening = @() }}\n"
+            f"if ($cbListening.Count -gt 0) {{ Write-Output {self.quote(said)}; exit 0 }}"
+        )
 
     def run_script(self, path: str) -> str:
         """Run the .ps1 file at ``path`` (on the node); its ``exit N`` becomes our exit code."""

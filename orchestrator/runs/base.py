@@ -101,9 +101,8 @@ def below(root: Path, parts: Sequence[str]) -> Path:
     copy from a node is never written anywhere else here, whatever names the node sent."""
     path = root.joinpath(*parts)
     top, where = os.path.normpath(root), os.path.normpath(path)
-    if not parts or any(not p or p in (".", "..") or "/" in p or "\0" in p for p in parts) or where == top:
-        raise ValueError(f"{'/'.join(parts)!r} does not lie below {root}")
-    if os.path.commonpath([top, where]) != top:
+    odd = any(not p or p in (".", "..") or "/" in p or "\0" in p for p in parts)
+    if not parts or odd or where == top or os.path.commonpath([top, where]) != top:
         raise ValueError(f"{'/'.join(parts)!r} does not lie below {root}")
     return path
 

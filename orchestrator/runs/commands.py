@@ -386,7 +386,7 @@ class StatusReport:
 
     def after_stop_lines(self) -> list[str]:
         """Per node that exited after its peers were stopped: why it is no failure."""
-        stopped = [o.node for o in self.outcomes if o.value is not None and o.value.state == "stopped"]
+        stopped = [o.node for o in self.outcomes if o.node in self.by_stop]
         were = "was" if len(stopped) == 1 else "were"
         return [
             f"{node}: exited after {', '.join(stopped)} {were} stopped: its ranks lost their peers (no "
@@ -433,7 +433,7 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
     never = bool((record or {}).get("not_started"))
     kept = train if isinstance(train, dict) else None
     unreached, by_stop = stop_nodes(record, "unreached"), stop_nodes(record, "stopped")
-    return StatusReport(outcomes, lost, kept, unreached, by_stop, never)
+    return StatusReport(outcomes, lost, kept, unreached=unreached, by_stop=by_stop, never_started=never)
 
 
 def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
