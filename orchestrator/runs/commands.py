@@ -156,7 +156,6 @@ class LogsReport:
         """What became of each node's copy here, where it is not simply written."""
         said = {
             "kept": "the previous copy {path} was kept as it was",
-            "none": "no copy written to {path} (the read failed)",
             "busy": "{path} left as it is: a launch running from here (or another `logs`) writes it",
         }
         return [
@@ -632,6 +631,8 @@ class FetchReport:
         """A row per path a node has (or lacks: "missing") with its files, size and where it went."""
         view = View(f"fetch {run_id}", ("node", "path", "files", "size", "copied to"))
         for o in self.outcomes:
+            if o.value is None:  # its error is said under the table
+                view.add(o.node, "-", red("failed"), "-", "-")
             for f in o.value or []:
                 found = (
                     (str(f.files), f.size, f.local) if f.source is not None else (red("missing"), "-", "-")

@@ -371,6 +371,10 @@ def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_
         assert "nothing was running" not in run.stderr and "not found in" not in run.stderr, run
         # the node's progress line says so too, not "ok" before the error
         assert f"here: {command[0]} FAILED" in run.stderr and " ok (" not in run.stderr, run
+    # fetch's table has the node's row (it was an empty table)
+    assert [line.split() for line in run.stdout.splitlines() if "here" in line] == [
+        ["│", "here", "│", "-", "│", "failed", "│", "-", "│", "-", "│"]
+    ], run
 
 
 def test_a_foreground_launch_killed_before_it_started_anything_is_a_run_that_never_started(

@@ -649,9 +649,10 @@ def test_logs_replaces_the_copy_here_only_when_the_node_was_read(
     doc = json.loads(bootstrap("-i", str(inv), "logs", "--run", "r-copy", "--json", cwd=tmp_path).stdout)
     assert (doc["exit_code"], doc["nodes"][0]["ok"], doc["nodes"][0]["copy"]) == (1, False, "kept")
     assert copy.read_bytes() == kept
-    # no copy yet and nothing read: none is made
+    # no copy yet and nothing read: none is made, and nothing is said of it beyond the node's error
     fresh = bootstrap("-i", str(inv), "logs", "--run", "r-never", cwd=tmp_path)
-    assert fresh.returncode == 1 and "node1: no copy written to" in fresh.stderr, fresh
+    assert fresh.returncode == 1 and "node 'node1': no run r-never" in fresh.stderr, fresh
+    assert "no copy written" not in fresh.stderr and len(fresh.stderr.splitlines()) == 1, fresh
     assert not (tmp_path / "runs" / "r-never" / "node1.log").exists()
 
     # back in place: a successful read replaces the copy again
