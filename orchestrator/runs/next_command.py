@@ -94,11 +94,12 @@ def with_user_options(reach: Reach, text: str) -> str:
     words = _reach_words(reach)
     if not words:
         return text
-    prefix = "`bootstrap " + " ".join(words) + " "
-    # a suggestion that names its own options already (or was given them: messages pass here once
-    # more on their way to the terminal) is left as it is
-    return re.sub(
-        r"`bootstrap (?!(?:[^`]*\s)?(?:-i|--inventory|--known-hosts|--ssh-config)[\s=])",
-        lambda _m: prefix,
-        text,
-    )
+    options = re.compile(r"(?:^|\s)(?:-i|--inventory|--known-hosts|--ssh-config)(?:[\s=]|$)")
+
+    def given(match: re.Match[str]) -> str:
+        # a suggestion that names its own options already (or was given them: messages pass here once
+        # more on their way to the terminal) is left as it is; words after `--` are the script's
+        own = match.group(1).split(" -- ", 1)[0]
+        return match.group(0) if options.search(own) else f"`bootstrap {' '.join(words)} {match.group(1)}`"
+
+    return re.sub(r"`bootstrap ([^`]*)`", given, text)

@@ -136,6 +136,22 @@ def test_the_next_command_carries_the_files_that_reach_the_nodes() -> None:
     assert again(Settings(), "stop", "r1") == "bootstrap stop --run r1"
 
 
+def test_a_suggested_command_gets_the_inventory_unless_it_names_one_before_dashes() -> None:
+    from orchestrator.runs.next_command import with_user_options
+
+    settings = Settings(inventory=Path("lab.yaml"))
+    said = with_user_options(
+        settings,
+        "run `bootstrap check`, or `bootstrap launch -- -i 3`; "
+        "`bootstrap -i other.yaml status` and `bootstrap --inventory=x.yaml logs` name their own",
+    )
+    assert said == (
+        "run `bootstrap -i lab.yaml check`, or `bootstrap -i lab.yaml launch -- -i 3`; "
+        "`bootstrap -i other.yaml status` and `bootstrap --inventory=x.yaml logs` name their own"
+    )
+    assert with_user_options(settings, said) == said  # a message passes here twice on its way out
+
+
 def test_training_without_a_dead_node_repeats_this_runs_arguments_but_never_a_secret() -> None:
     inventory = load_inventory_text(SHARED, "lab.yaml")
     plain = inventory.for_run(["--lr", "0.1"], {"TAG": "a b"})
