@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.redact import mask_secrets, maskable
+from orchestrator.redact import mask_credentials_in, mask_secrets, maskable
 from orchestrator.runs.layout import read_record
 from orchestrator.safefiles import NOFOLLOW
 
@@ -34,14 +34,15 @@ def past_runs(root: Path) -> list[dict[str, Any]]:
             names = sorted(os.listdir(entry.path))
         except OSError:
             continue
-        started = record.get("started")
+        started, train = record.get("started"), record.get("train")
         runs.append(
             {
                 "run_id": entry.name,
                 "started": started if isinstance(started, (int, float)) else entry.stat().st_mtime,
                 "detached": bool(record.get("detached")),
                 "nodes": sorted(record["nodes"]) if isinstance(record.get("nodes"), dict) else [],
-                "train": record.get("train") if isinstance(record.get("train"), dict) else None,
+                # a URL's login masked again: a record an older version wrote kept it
+                "train": mask_credentials_in(train) if isinstance(train, dict) else None,
                 "logs": [n[: -len(".log")] for n in names if n.endswith(".log")],
                 "bench_page": BENCH_PAGE in names,
             }

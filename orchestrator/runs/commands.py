@@ -18,6 +18,7 @@ from orchestrator.executor import GroupResult, Outcome, exit_code_for
 from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.logs import RunLog
 from orchestrator.neutralise import one_line
+from orchestrator.redact import mask_credentials_in
 from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
@@ -430,7 +431,7 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
         outcomes = GroupResult(_as_lost(o) for o in outcomes)
     train = (record or {}).get("train")
     never = bool((record or {}).get("not_started"))
-    kept = train if isinstance(train, dict) else None
+    kept = mask_credentials_in(train) if isinstance(train, dict) else None  # an older record kept logins
     unreached, by_stop = stop_nodes(record, "unreached"), stop_nodes(record, "stopped")
     return StatusReport(outcomes, lost, kept, unreached=unreached, by_stop=by_stop, never_started=never)
 

@@ -273,27 +273,35 @@ def controller_gone(record: Mapping[str, Any]) -> bool:
 
 def train_record(inventory: Inventory) -> dict[str, Any]:
     """What a run record keeps of the training: the script, its arguments, where they came from, and
-    the train.env values the command line set (secret-looking ones masked, as --json does)."""
+    the train.env values the command line set (secret-looking ones masked, as --json does: by name,
+    by flag, and a URL's login in any of them)."""
     from orchestrator.inventory.model import MASK, is_secret_name, masked_args
+    from orchestrator.redact import mask_credentials_in
 
     train = inventory.cluster.train
     overrides = inventory.run_overrides
     env = overrides.get("env") or {}
-    return {
-        "script": train.script,
-        **({"script_from": "command line"} if "script" in overrides else {}),
-        "args": list(masked_args(train.args)),
-        "args_from": "command line" if "args" in overrides else "inventory",
-        "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
-    }
+    return mask_credentials_in(
+        {
+            "script": train.script,
+            **({"script_from": "command line"} if "script" in overrides else {}),
+            "args": list(masked_args(train.args)),
+            "args_from": "command line" if "args" in overrides else "inventory",
+            "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
+        }
+    )
 
 
 def train_args_line(train: Mapping[str, Any] | None) -> str:
     """``args: --lr 0.1 (command line); env: A=1``: what a run's script got (a record's
     :func:`train_record`), for `launch` and `status`; "" when the record has nothing to say (no
-    arguments, nothing set for this run)."""
+    arguments, nothing set for this run). A URL's login is masked again (a record an older version
+    wrote kept it)."""
+    from orchestrator.redact import mask_credentials_in
+
     if not train:
         return ""
+    train = mask_credentials_in(dict(train))
     parts = [f"script: {train.get('script')} (command line)"] if train.get("script_from") else []
     args = [str(a) for a in train.get("args") or []]
     if args or train.get("args_from") == "command line":

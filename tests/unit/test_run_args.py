@@ -128,6 +128,21 @@ def test_the_run_record_keeps_what_the_command_line_changed(tmp_path: Path) -> N
         "env": {"NEW": "1", "HF_TOKEN": MASK},
     }
     assert train_record(inventory)["args_from"] == "inventory"
+    # a URL's login, in an argument or a value, is masked as --dry-run and --json mask it
+    logins = inventory.for_run(["--data", "http://u:pw@h/x"], {"https_proxy": "http://u:pw@proxy:3128"})
+    assert train_record(logins) == {
+        "script": "train.py",
+        "args": ["--data", "http://***@h/x"],
+        "args_from": "command line",
+        "env": {"https_proxy": "http://***@proxy:3128"},
+    }
+
+
+def test_a_record_an_older_version_wrote_with_a_login_is_shown_masked() -> None:
+    from orchestrator.runs.layout import train_args_line
+
+    old = {"args": ["--data", "http://u:pw@h/x"], "args_from": "command line", "env": {"P": "s://t@h"}}
+    assert train_args_line(old) == "args: --data 'http://***@h/x' (command line); env: P='s://***@h'"
 
 
 def test_status_shows_the_runs_arguments(tmp_path: Path) -> None:
