@@ -24,16 +24,20 @@ class Selection(Protocol):
 
 
 def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
-    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one."""
+    """``-e NAME=VALUE`` options as a dict (later ones win); a UsageError (exit 2) naming the bad one
+    by its name alone: its value may be a secret (a word without ``=`` is shown only when it has an
+    upper-case variable name's shape)."""
     env: dict[str, str] = {}
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
-            raise UsageError(f"--env {pair!r}: expected NAME=VALUE")
+            named = pair.isidentifier() and pair.isupper()  # DEBUG, not a token (hf_..., ghp_...)
+            shown = repr(pair) if named else "(a word without '=', not repeated here)"
+            raise UsageError(f"--env {shown}: expected NAME=VALUE")
         try:
             env[check_env_name(name)] = value
         except ValueError as exc:
-            raise UsageError(f"--env {pair!r}: {exc}") from None
+            raise UsageError(f"--env {name + '=...'!r}: {exc}") from None
     return env
 
 
@@ -51,8 +55,10 @@ def inventory_as_command(args: Sequence[str]) -> str:
     word = args[0] if args else ""
     if not (word.endswith((".yaml", ".yml", ".ini")) or Path(word).is_file()):
         return ""
-    meant = shlex.join(["bootstrap", "-i", word, *args[1:]])
-    return f"No such command {word!r}: an inventory is given with -i. Did you mean `{meant}`?"
+    said = f"No such command {word!r}: an inventory is given with -i."
+    if _secret_looking(args[1:]):  # never repeated: the words hold a secret-looking value
+        return f"{said} Type `bootstrap -i {shlex.quote(word)}` before the rest of the line."
+    return f"{said} Did you mean `{shlex.join(['bootstrap', '-i', word, *args[1:]])}`?"
 
 
 def refuse_stray_args(selection: Selection, args: Sequence[str], typed: Sequence[str]) -> None:
@@ -84,8 +90,9 @@ def refuse_stray_args(selection: Selection, args: Sequence[str], typed: Sequence
     meant = "trains that script" if script else "gives them to the training script"
     if _secret_looking(typed):
         how = f"`--script {shlex.quote(first)}` trains that script" if script else "put them after `--`"
+        named = f"{len(stray)} word(s) before `--`" if _secret_looking(stray) else shlex.join(stray)
         raise UsageError(
-            f"{shlex.join(stray)}: words for the training script go after `--` (before it, only options)",
+            f"{named}: words for the training script go after `--` (before it, only options)",
             hint=f"{how} (the line typed is not repeated here: it holds secret-looking values)",
         )
     if script:

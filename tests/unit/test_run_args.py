@@ -68,7 +68,11 @@ def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double
         pipeline.stderr
     )
     bad = _cli(tmp_path, "launch", "--dry-run", "-e", "1X=2")
-    assert bad.returncode == 2 and "--env '1X=2': invalid environment variable name" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and "--env '1X=...': invalid environment variable name" in bad.stderr, bad.stderr
+    # the value of a mistyped -e is never repeated: it may be the secret itself
+    for pair in ("HF-TOKEN=hf_s3cret", "hf_s3cret"):
+        typo = _cli(tmp_path, "launch", "--dry-run", "-e", pair)
+        assert typo.returncode == 2 and "s3cret" not in typo.stderr and "--env" in typo.stderr, typo.stderr
 
 
 def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_anything_starts(
@@ -97,6 +101,9 @@ def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_an
     secret = _cli(tmp_path, "launch", "-e", "HF_TOKEN=hf_s3cret", "other.py")
     assert secret.returncode == 2 and "hf_s3cret" not in secret.stderr, secret
     assert "`--script other.py` trains that script (the line typed is not repeated here" in secret.stderr
+    stray = _cli(tmp_path, "launch", "HF_TOKEN=hf_s3cret")  # the stray word is the secret
+    assert stray.returncode == 2 and "hf_s3cret" not in stray.stderr, stray
+    assert "1 word(s) before `--`: words for the training script go after `--`" in stray.stderr, stray
     number = _cli(tmp_path, "launch", "0.1", "--", "--lr", "1")
     assert number.returncode == 2 and "`bootstrap -i lab.yaml launch -- 0.1 --lr 1`" in number.stderr, number
     after = _cli(tmp_path, "--json", "launch", "--dry-run", "--", "0.1")  # after `--`: the script's

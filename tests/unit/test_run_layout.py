@@ -306,6 +306,9 @@ def test_an_inventory_given_where_a_command_goes_says_how_to_give_it(tmp_path: P
     run = _cli("hosts.yaml", "launch", "--", "--lr", "0.1", cwd=tmp_path)
     assert run.returncode == 2
     assert "Did you mean `bootstrap -i hosts.yaml launch -- --lr 0.1`?" in run.stderr, run.stderr
+    secret = _cli("hosts.yaml", "launch", "-e", "HF_TOKEN=hf_s3cret", cwd=tmp_path)  # never repeated
+    assert secret.returncode == 2 and "hf_s3cret" not in secret.stderr, secret.stderr
+    assert "Type `bootstrap -i hosts.yaml` before the rest of the line" in secret.stderr, secret.stderr
     after = _cli("launch", "hosts.yaml", cwd=tmp_path)  # given where the script's arguments go
     assert after.returncode == 2 and "`bootstrap -i hosts.yaml launch`" in after.stderr, after.stderr
     other = _cli("lunch", cwd=tmp_path)  # a mistyped command is click's own message
