@@ -68,7 +68,8 @@ def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double
         pipeline.stderr
     )
     bad = _cli(tmp_path, "launch", "--dry-run", "-e", "1X=2")
-    assert bad.returncode == 2 and "--env '1X=...': invalid environment variable name" in bad.stderr, bad.stderr
+    assert bad.returncode == 2, bad.stderr
+    assert "--env '1X=...': invalid environment variable name" in bad.stderr, bad.stderr
     # the value of a mistyped -e is never repeated: it may be the secret itself
     for pair in ("HF-TOKEN=hf_s3cret", "hf_s3cret"):
         typo = _cli(tmp_path, "launch", "--dry-run", "-e", pair)

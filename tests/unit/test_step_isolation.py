@@ -50,7 +50,8 @@ def offences(source: str) -> list[str]:
                 name = node.id
             elif isinstance(node, ast.Attribute):
                 name = node.attr
-                if isinstance(node.value, ast.Name) and node.value.id == "sys" and name in ("stdout", "stderr"):
+                on_sys = isinstance(node.value, ast.Name) and node.value.id == "sys"
+                if on_sys and name in ("stdout", "stderr"):
                     name = "print"  # a result's .stdout is its own; sys's is the terminal
             elif isinstance(node, ast.arg):
                 name = node.arg
