@@ -86,6 +86,12 @@ class RunOps(ABC):
         return safe_parts(path)
 
 
+#: the bytes of names a directory's listing for `fetch` may hold (about 80,000 files of 100-character
+#: paths): a node's listing is cut there on the node, so no listing a run wrote (millions of names,
+#: or very long ones) fills the controller's memory; fetch says so and copies the files listed
+LISTING_CAP = 8 << 20
+
+
 def safe_parts(path: str) -> list[str] | None:
     """The names of a ``/`` path, to be joined below a directory here: every leading, doubled or
     trailing ``/`` and every ``.`` dropped (``//etc/x`` is ``etc``, ``x``: never a root of its own);

@@ -19,6 +19,7 @@ from orchestrator.facts.interpreter import interpreter_for
 from orchestrator.logs import RunLog
 from orchestrator.neutralise import one_line
 from orchestrator.redact import mask_credentials_in
+from orchestrator.runs.base import LISTING_CAP
 from orchestrator.runs.control import (
     Fetched,
     NodeStatus,
@@ -582,7 +583,24 @@ class FetchReport:
             for f in o.value or []
             for backup in f.kept
         ]
-        return [*lacking, *kept]
+        skipped = [
+            f"{o.node}: {f.path}: {f.skipped} name(s) below it left on the node: not a plain file name "
+            "here (a line break or a control character in it)"
+            for o in self.outcomes
+            for f in o.value or []
+            if f.skipped
+        ]
+        return [*lacking, *kept, *skipped]
+
+    def cut(self) -> list[str]:
+        """A directory whose listing was too long to take whole: what was copied of it, and what to do."""
+        return [
+            f"{o.node}: {f.path}: its listing was longer than {LISTING_CAP >> 20} MiB of names, so only "
+            f"the first {f.files} file(s) were copied: fetch the directories below it one by one"
+            for o in self.outcomes
+            for f in o.value or []
+            if f.cut
+        ]
 
     def hint(self, run_id: str) -> str:
         """Where the paths no node has in this run are: the newest earlier run that has each, with
@@ -620,13 +638,13 @@ class FetchReport:
         said += [
             Said("note", note) for note in (*([] if self.from_code else self.shared(run_id)), *self.notes())
         ]
-        said += [Said("error", e) for e in self.errors()]
+        said += [Said("error", e) for e in (*self.errors(), *self.cut())]
         return said + ([Said("hint", hint)] if (hint := self.hint(run_id)) else [])
 
     def exit_code(self) -> ExitCode:
-        """1 also when a path is on no node."""
+        """1 also when a path is on no node, or a directory was copied only in part (its listing cut)."""
         code = exit_code_for(self.outcomes)
-        return ExitCode.NODES_FAILED if code == ExitCode.OK and self.nowhere else code
+        return ExitCode.NODES_FAILED if code == ExitCode.OK and (self.nowhere or self.cut()) else code
 
     def view(self, run_id: str) -> View:
         """A row per path a node has (or lacks: "missing") with its files, size and where it went."""

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import filecmp
 import logging
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import records
+from orchestrator import records, safefiles
 from orchestrator.errors import CancelledError, CommandFailedError, ConnectError, UnreachableError, UsageError
 from orchestrator.platforms import Platform
 from orchestrator.records import new_nonce
-from orchestrator.runs.base import RunOps, below, refused_dir, safe_parts
+from orchestrator.runs.base import LISTING_CAP, RunOps, below, refused_dir, safe_parts
 from orchestrator.runs.culprit import ROOT_CAUSE, torchrun_failures
 from orchestrator.runs.layout import (
     RUN_OUTPUTS,
@@ -596,6 +599,10 @@ class Fetched:
     near: str | None = None
     #: copies here that held other bytes than the node's: each kept beside it (``NAME.~N~``)
     kept: list[str] = field(default_factory=list)
+    #: a directory's names that are no plain file name here (a line break, a control character): left
+    skipped: int = 0
+    #: a directory whose listing was longer than :data:`LISTING_CAP`: only the files of its first part
+    cut: bool = False
 
     @property
     def size(self) -> str:
@@ -667,13 +674,14 @@ def fetch_node(
         f.near = near.get(f.index) if f.source is None else None
     if vet is not None:
         vet(fetched)
-    for item, listing_bytes in copies:
-        assert item.source is not None
-        if listing_bytes is None:
-            if copy:
-                item.kept += keep_and_get(transport, item.source, Path(item.local))
-        else:
-            _fetch_listing(node, transport if copy else None, item.source, listing_bytes, item)
+    with _Stage(dest) as stage:
+        for item, listing_bytes in copies:
+            assert item.source is not None
+            if listing_bytes is None:
+                if copy:
+                    item.kept += keep_and_get(transport, item.source, Path(item.local), stage)
+            else:
+                _fetch_listing(node, transport if copy else None, item.source, listing_bytes, item, stage)
     return fetched
 
 
@@ -706,26 +714,55 @@ def runs_having(
     return found
 
 
-def keep_and_get(transport: Transport, source: str, local: Path) -> list[str]:
-    """``source`` copied to ``local``; a file already there with other bytes (a checkpoint fetched
-    before, maybe its only copy now) is kept beside it as ``NAME.~N~`` (as ``cp --backup=numbered``):
-    its path, in a list (empty: nothing was there, or the same bytes)."""
-    if not local.is_file() or local.is_symlink():
-        transport.get(source, local)
-        return []
-    part = local.with_name(f".{local.name}.fetching")
-    try:
-        transport.get(source, part)
-        if filecmp.cmp(part, local, shallow=False):
+class _Stage:
+    """Where one node's copies arrive before they are moved into place: a new private directory beside
+    ``runs/<run-id>/<node>/`` (``.fetching-*``: no node's name starts with a dot), so that no file
+    fetched, or fetched before, is ever removed or overwritten to make room for one on its way (a
+    ``NAME.part`` of the node's own included). Removed with whatever is left in it."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = dest
+        self.dir: Path | None = None
+        self.count = 0
+
+    def __enter__(self) -> _Stage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def next(self) -> Path:
+        """A new name in the stage (made on first use)."""
+        if self.dir is None:
+            safefiles.private_dirs(self.dest.parent)
+            self.dir = Path(tempfile.mkdtemp(prefix=".fetching-", dir=self.dest.parent))
+        self.count += 1
+        return self.dir / str(self.count)
+
+
+def keep_and_get(
+    transport: Transport, source: str, local: Path, stage: _Stage, taken: Container[Path] = ()
+) -> list[str]:
+    """``source`` copied to ``local`` (through ``stage``); a file already there with other bytes (a
+    checkpoint fetched before, maybe its only copy now) is kept beside it as ``NAME.~N~`` (as ``cp
+    --backup=numbered``), a name neither here nor ``taken`` (what this fetch writes next): its path,
+    in a list (empty: nothing was there, or the same bytes). A link at ``local`` is replaced, never
+    written through."""
+    arrived = stage.next()
+    transport.get(source, arrived)
+    safefiles.private_dirs(local.parent)
+    if local.is_file() and not local.is_symlink():
+        if filecmp.cmp(arrived, local, shallow=False):
             return []
         n = 1
-        while (backup := local.with_name(f"{local.name}.~{n}~")).exists() or backup.is_symlink():
+        while (backup := local.with_name(f"{local.name}.~{n}~")) in taken or os.path.lexists(backup):
             n += 1
         local.rename(backup)
-        part.rename(local)
+        os.replace(arrived, local)
         return [str(backup)]
-    finally:
-        part.unlink(missing_ok=True)
+    os.replace(arrived, local)
+    return []
 
 
 def _nearest(asked: str, listing: bytes) -> str:
@@ -739,22 +776,33 @@ def _nearest(asked: str, listing: bytes) -> str:
     return close[0] if close else ""
 
 
-def _fetch_listing(node: Node, transport: Transport | None, base: str, listing: bytes, into: Fetched) -> None:
-    """Copy the files of a directory listing (``SIZE NUL RELPATH NUL`` per file) below ``into.local``
-    (no ``transport``: only count them)."""
+def _fetch_listing(
+    node: Node, transport: Transport | None, base: str, listing: bytes, into: Fetched, stage: _Stage
+) -> None:
+    """Copy the files of a directory listing (``SIZE NUL RELPATH NUL`` per file; one longer than
+    :data:`LISTING_CAP` was cut there: its whole entries only) below ``into.local`` (no ``transport``:
+    only count them). A name that is no plain file name here is skipped and counted."""
+    if len(listing) > LISTING_CAP:
+        into.cut, listing = True, listing[:LISTING_CAP]
     cells = listing.split(b"\0")
-    for size_bytes, rel_bytes in zip(cells[0:-1:2], cells[1::2], strict=False):
+    wanted: list[tuple[str, Path, int]] = []
+    for size_bytes, rel_bytes in zip(cells[0:-1:2], cells[1:-1:2], strict=False):  # whole entries
         size_text, rel = size_bytes.decode("ascii", "replace").strip(), rel_bytes.decode("utf-8", "replace")
         rel_parts = safe_parts(rel)
-        if rel_parts is None or not size_text.isdigit():
+        if rel_parts is None or not size_text.isdigit() or not all(p.isprintable() for p in rel_parts):
             log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
+            into.skipped += 1
             continue
         try:
             local = below(Path(into.local), rel_parts)
         except ValueError:
             log.warning("%s: skipping %r under %s: not below %s", node.name, rel, base, into.local)
+            into.skipped += 1
             continue
+        wanted.append((f"{base.rstrip('/')}/{'/'.join(rel_parts)}", local, int(size_text)))
+    taken = {local for _, local, _ in wanted}
+    for source, local, size in wanted:
         if transport is not None:
-            into.kept += keep_and_get(transport, f"{base.rstrip('/')}/{'/'.join(rel_parts)}", local)
+            into.kept += keep_and_get(transport, source, local, stage, taken)
         into.files += 1
-        into.bytes += int(size_text)
+        into.bytes += size

@@ -281,7 +281,7 @@ def train_record(inventory: Inventory) -> dict[str, Any]:
     train = inventory.cluster.train
     overrides = inventory.run_overrides
     env = overrides.get("env") or {}
-    return mask_credentials_in(
+    record: dict[str, Any] = mask_credentials_in(
         {
             "script": train.script,
             **({"script_from": "command line"} if "script" in overrides else {}),
@@ -290,6 +290,7 @@ def train_record(inventory: Inventory) -> dict[str, Any]:
             "env": {name: MASK if is_secret_name(name) else value for name, value in env.items()},
         }
     )
+    return record
 
 
 def train_args_line(train: Mapping[str, Any] | None) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from orchestrator import records
 from orchestrator.platforms import PosixShell
 from orchestrator.runs import tail
-from orchestrator.runs.base import RunOps
+from orchestrator.runs.base import LISTING_CAP, RunOps
 from orchestrator.runs.layout import RUN_DIR_ENV, RUN_MARKER_ENV, SIGNALLED, STOPPED
 
 #: a shell that outlives TERM/INT/HUP until its foreground command is done (see PosixRuns.logged).
@@ -380,7 +380,8 @@ class PosixRuns(RunOps):
         PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL`` per file below it; names
         hold no NUL) or ``missing I``; a missing one with ``near[I]`` (directories) also ``near I
         NAMES``: the files below them (``RELPATH NUL`` each, 4 levels deep, the first 256 KiB), where
-        a mistyped path's right name may be."""
+        a mistyped path's right name may be. A LISTING longer than ``LISTING_CAP`` is cut one byte
+        after it (the controller then knows it was cut)."""
         parts = [self.platform.record_functions(nonce)]
         for index, paths in enumerate(candidates):
             words = " ".join(self.platform.path_word(p) for p in paths)
@@ -397,7 +398,7 @@ class PosixRuns(RunOps):
                 'elif [ -d "$found" ]; then\n'
                 '  (cd "$found" && find . -type f -exec sh -c '
                 '\'for f; do printf "%s\\0%s\\0" "$(wc -c < "$f")" "$f"; done\' sh {} +)'
-                f' | _cb_recin dir {index} "$found"\n'
+                f' | head -c {LISTING_CAP + 1} | _cb_recin dir {index} "$found"\n'
                 f'else _cb_rec file {index} "$(wc -c < "$found")" "$found"; fi'
             )
         return "\n".join(parts)

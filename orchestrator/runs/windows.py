@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from orchestrator.platforms import PowerShell
 from orchestrator.records import new_nonce
 from orchestrator.runs import tail
-from orchestrator.runs.base import RunOps, safe_parts
+from orchestrator.runs.base import LISTING_CAP, RunOps, safe_parts
 from orchestrator.runs.culprit import ROOT_CAUSE
 from orchestrator.runs.windows_follow import ForegroundScripts
 
@@ -408,7 +408,8 @@ class WindowsRuns(ForegroundScripts, RunOps):
     ) -> str:
         """As PosixRuns.list_files: for each entry the first of its candidate paths that exists, as
         the record ``file I SIZE PATH``, ``dir I PATH LISTING`` (LISTING: ``SIZE NUL RELPATH NUL``
-        per file below it, ``/``-separated) or ``missing I``; PATH is the full Windows path."""
+        per file below it, ``/``-separated; ended once longer than ``LISTING_CAP``) or ``missing I``;
+        PATH is the full Windows path."""
         lines = [self.platform.record_functions(nonce)]
         for index, paths in enumerate(candidates):
             words = ", ".join(self.platform.full_path(p) for p in paths)
@@ -425,6 +426,7 @@ class WindowsRuns(ForegroundScripts, RunOps):
                 "    $cbRel = $cbF.FullName.Substring($cbRoot.Length).Replace('\\', '/')\n"
                 "    $null = $cbList.Append([string]$cbF.Length).Append([char]0)\n"
                 "    $null = $cbList.Append($cbRel).Append([char]0)\n"
+                f"    if ($cbList.Length -gt {LISTING_CAP}) {{ break }}\n"
                 "  }\n"
                 f"  Out-CbRecord 'dir' @('{index}', $cbFound, $cbList.ToString())\n"
                 "} else {\n"

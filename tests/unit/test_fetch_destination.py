@@ -81,14 +81,20 @@ def test_names_a_node_sends_cannot_write_outside_the_runs_directory(tmp_path: Pa
     )
     node = _Node([("dir", "0", "/wd/runs/r1/n1/out", listing)])
     (got,) = fetch_node(_node(tmp_path), node, "r1", ["out"], code_dir=None, dest=dest)
-    assert node.written and all(dest in p.parents for p in node.written), node.written
+    # copies arrive in a private directory of the run's, then move below dest
+    assert node.written and all(dest.parent in p.parents for p in node.written), node.written
     assert not outside.exists() and not (tmp_path / "controller" / "runs" / "escape.sh").exists()
     assert (dest / "out" / "ok.txt").read_bytes() == b"node's bytes\n"
-    assert got.files == 2  # the absolute-looking name lands below dest; "../" is skipped
+    assert {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()} == {
+        f"out/{str(outside / 'pwned.sh').lstrip('/')}",
+        "out/ok.txt",
+    }
+    assert got.files == 2 and got.skipped == 1  # the absolute-looking name lands below dest; "../" not
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["n1"]  # the arrivals' directory is gone
 
     node = _Node([("file", "0", "12", "//etc/hostname")])
     fetch_node(_node(tmp_path), node, "r1", ["//etc/hostname"], code_dir=None, dest=dest)
-    assert node.written == [dest / "etc" / "hostname"]
+    assert (dest / "etc" / "hostname").read_bytes() == b"node's bytes\n"
 
 
 def test_a_copy_here_with_other_bytes_is_kept_beside_the_new_one(tmp_path: Path) -> None:
@@ -144,3 +150,74 @@ def test_file_names_in_a_nodes_code_record_cannot_start_a_line_of_ours() -> None
         record(nonce, CODE_RECORD, json.dumps({"files": forged})), nonce, {"train.py": "a"}, None
     )
     assert said is not None and "\n" not in said and "x^Jerror: checkpoint corrupt" in said
+
+
+def _listing(*names: bytes) -> bytes:
+    return b"".join(b"5\0" + name + b"\0" for name in names)
+
+
+def test_a_name_that_is_no_plain_file_name_here_is_left_and_counted_the_others_copied(tmp_path: Path) -> None:
+    """One output named ``trap`` + newline ended the whole fetch of its directory with "unexpected
+    ValueError ... report it as a bug", and the files listed after it were not copied."""
+    dest = tmp_path / "runs" / "r1" / "n1"
+    node = _Node([("dir", "0", "/wd/out/ck", _listing(b"a.pt", b"trap\n", b"x\x1b[2J", b"z.pt"))])
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["ck"], code_dir=None, dest=dest)
+    assert sorted(p.name for p in (dest / "ck").iterdir()) == ["a.pt", "z.pt"]
+    assert (got.files, got.skipped) == (2, 2)
+
+
+def test_no_copy_here_is_removed_to_make_room_for_one_on_its_way(tmp_path: Path) -> None:
+    """Copies arrived as ``NAME.part`` and ``.NAME.fetching`` beside NAME, removing a file of that
+    name fetched before (its only copy, maybe); and a kept copy's ``NAME.~1~`` could be a name the
+    node sends next, so the note pointed at the node's bytes."""
+    dest = tmp_path / "runs" / "r1" / "n1"
+    (dest / "ck").mkdir(parents=True)
+    for name, text in (("w", "W-v1"), ("w.part", "PART"), (".w.fetching", "FETCHING")):
+        (dest / "ck" / name).write_text(text)
+    node = _Node([("dir", "0", "/wd/out/ck", _listing(b"w", b"w.~1~"))], b"new\n")
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["ck"], code_dir=None, dest=dest)
+    held = {p.name: p.read_bytes() for p in (dest / "ck").iterdir()}
+    assert held == {
+        "w": b"new\n",
+        "w.~1~": b"new\n",  # the node's own file of that name
+        "w.~2~": b"W-v1",  # the copy fetched before, kept under a name the node did not send
+        "w.part": b"PART",
+        ".w.fetching": b"FETCHING",
+    }
+    assert got.kept == [str(dest / "ck" / "w.~2~")]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["n1"]
+
+
+def test_a_listing_longer_than_the_cap_is_cut_on_the_node_and_only_its_whole_entries_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """50,000 empty files under 3.8 KB paths (a run's code makes them in a second) took the controller
+    to 1.5 GiB: the node cuts the listing one byte after the cap, the controller copies the entries
+    wholly inside it and says the directory was cut (exit 1)."""
+    import subprocess
+
+    from orchestrator import records
+    from orchestrator.executor import GroupResult, Outcome
+    from orchestrator.runs import control, posix
+    from orchestrator.runs.commands import FetchReport
+
+    monkeypatch.setattr(posix, "LISTING_CAP", 100)
+    monkeypatch.setattr(control, "LISTING_CAP", 100)
+    out = tmp_path / "out"
+    out.mkdir()
+    for i in range(20):
+        (out / f"file-{i:02d}.bin").write_bytes(b"x" * i)
+    script = posix.PosixRuns(PosixShell()).list_files([[str(out)]], "cb-0123456789ab")
+    ran = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    (found,) = [r for r in records.decode(ran.stdout, "cb-0123456789ab") if r.kind == "dir"]
+    assert len(found.fields[2]) == 101  # cut on the node, one byte past the cap
+
+    dest = tmp_path / "runs" / "r1" / "n1"
+    node = _Node([("dir", "0", str(out), found.fields[2])])
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["out"], code_dir=None, dest=dest)
+    copied = sorted(p.name for p in (dest / "out").iterdir())
+    assert got.cut and got.files == len(copied) > 0
+    assert all(re.fullmatch(r"file-\d\d\.bin", n) for n in copied), copied
+    report = FetchReport(GroupResult([Outcome("n1", [got], None, 0.1)]))
+    assert report.exit_code() == 1
+    assert any("only the first" in line and "one by one" in line for line in report.cut()), report.cut()
