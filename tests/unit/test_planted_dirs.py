@@ -394,3 +394,53 @@ def test_a_master_answer_that_is_no_package_version_is_refused_whole() -> None:
         MasterEnv.parse("m", {**answer, "packages": {"--trusted-host x": "1.0"}}, "node1")
     fine = MasterEnv.parse("m", {**answer, "packages": {"torch": "2.13.0+cpu", "numpy": "2.4.6"}}, "node1")
     assert fine.packages == {"torch": "2.13.0+cpu", "numpy": "2.4.6"} and fine.portable == {"numpy"}
+
+
+@pytest.mark.parametrize("writer", ["check", "python", "code"])
+def test_a_link_where_the_nodes_markers_go_is_refused_never_written_through(
+    tmp_path: Path, victim: Path, writer: str
+) -> None:
+    """In a workdir or code directory of ours, a link put where the markers' directory goes (a run's
+    code can; on a shared file system, another node) made every writer create or replace
+    ``<its target>/<node>``: check's sh marker, the Python marker (Windows nodes, the env sync) and
+    code sync's. Each now refuses it and writes nothing there; a link at the marker's own name is
+    replaced, never written through."""
+    target = victim.parent
+    (target / "node1").write_text("original\n")
+    workdir = tmp_path / "wd"
+    workdir.mkdir()
+    name = ".bootstrap-code-nodes" if writer == "code" else MARKER_DIR
+    (workdir / name).symlink_to(target)
+    token = "0123456789abcdef"
+    marker = {"name": "node1", "token": token}
+    if writer == "check":
+        command = mark_command(PosixShell(), str(workdir), MARKER_DIR, "node1", token)
+        ran = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=30)
+        assert ran.returncode == 1 and "not a directory of its own" in ran.stdout, ran
+    elif writer == "python":
+        args = {"op": "write", "dirs": [str(workdir)], "name": "node1", "token": token}
+        ran = subprocess.run(
+            [sys.executable, "-c", safe_path_source() + MARKER_CODE, json.dumps(args)],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        assert "not a directory of its own" in json.loads(ran.stdout)[str(workdir)]["error"], ran
+    else:
+        args = {"op": "scan", "dest": str(workdir), "rules": [], "create": True, "marker": marker}
+        scan = _code_probe(args)
+        assert "not a directory of its own" in scan["marker_error"], scan
+    assert (target / "node1").read_text() == "original\n" and victim.read_text() == "root:secret\n"
+    # a real directory, with a link at the node's own name: the link is replaced, its target kept
+    (workdir / name).unlink()
+    (workdir / name).mkdir()
+    (workdir / name / "node1").symlink_to(victim)
+    if writer == "check":
+        command = mark_command(PosixShell(), str(workdir), MARKER_DIR, "node1", token)
+        assert subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=30).returncode == 0
+    elif writer == "python":
+        args = {"op": "write", "dirs": [str(workdir)], "name": "node1", "token": token}
+        subprocess.run([sys.executable, "-c", safe_path_source() + MARKER_CODE, json.dumps(args)], check=True)
+    else:
+        _code_probe({"op": "scan", "dest": str(workdir), "rules": [], "create": True, "marker": marker})
+    marker_file = workdir / name / "node1"
+    assert not marker_file.is_symlink() and marker_file.read_text() == token
+    assert victim.read_text() == "root:secret\n"

@@ -65,6 +65,7 @@ from orchestrator.steps.codesync.manifest import (
     tree_digest,
 )
 from orchestrator.steps.node_facts import interpreter_for
+from orchestrator.steps.preflight.shared_fs import PLANTED
 from orchestrator.view import human_bytes
 
 if TYPE_CHECKING:
@@ -418,6 +419,13 @@ def scan_node(
             f"refusing to sync code into {refused}: sync writes the project's files there",
             node=node.name,
             hint="set cluster.code.dest to a directory of its own, e.g. ~/cluster-bootstrap/code",
+        )
+    marker_error = str(scan.get("marker_error") or "")
+    if PLANTED in marker_error:  # a link or a file where the nodes' markers go: never written through
+        raise CommandFailedError(
+            f"cannot leave this node's marker in {where}: {marker_error}",
+            node=node.name,
+            hint="remove it (bootstrap makes that directory itself), then rerun; nothing was written",
         )
     problems = [str(e) for e in scan.get("errors") or []]
     if problems:  # an unreadable directory would look empty: its files resent

@@ -62,18 +62,28 @@ def mark_command(platform: PosixShell, workdir: str, marker_dir: str, name: str,
     planted as the marker would have had any file we can write overwritten (``/etc/shadow`` as root);
     the refusal is printed instead (exit UNSAFE_DIR_EXIT), and nothing is written."""
     q = platform.quote
+    # never through a link: one where the markers' directory goes is refused (on a shared file
+    # system another node, or a run's code, could plant it to have <any directory>/<name> replaced
+    # here); the marker is a new file (noclobber) renamed over <name> (a rename replaces a link)
     return (
         f"{{ {platform.check_path(workdir)}\n}} 2>&1\n"
-        f"m={platform.path_word(workdir)}/{q(marker_dir)}\n"
-        f'{{ [ -d "$m" ] || mkdir -p "$m"; }} 2>&1 && printf %s {q(token)} 2>&1 > "$m"/{q(name)}'
+        f'm={platform.path_word(workdir)}/{q(marker_dir)}; t="$m"/.{q(name)}.$$\n'
+        'if [ -L "$m" ] || { [ -e "$m" ] && [ ! -d "$m" ]; }; then\n'
+        '  echo "$m: not a directory of its own (a link or a file in its place): refused"; exit 1\n'
+        "else\n"
+        '  [ -d "$m" ] || mkdir -p "$m" 2>&1\n'
+        '  [ -d "$m" ] && [ ! -L "$m" ] && '
+        f'{{ rm -f "$t"; (set -C; printf %s {q(token)} > "$t") && mv -f "$t" "$m"/{q(name)}; }} 2>&1\n'
+        "fi"
     )
 
 
 def list_command(platform: PosixShell, workdir: str, marker_dir: str) -> str:
     """``NAME TOKEN`` for every marker in ``<workdir>/<marker_dir>`` (dot files are half-written)."""
+    m = f"{platform.path_word(workdir)}/{platform.quote(marker_dir)}"
     return (
-        f"cd {platform.path_word(workdir)}/{platform.quote(marker_dir)} || exit 0\n"
-        'for f in *; do [ -f "$f" ] || continue; t=; IFS= read -r t < "$f"\n'
+        f"[ -L {m} ] && exit 0; cd {m} || exit 0\n"  # a link in its place: nothing read through it
+        'for f in *; do [ -f "$f" ] && [ ! -L "$f" ] || continue; t=; IFS= read -r t < "$f"\n'
         'printf \'%s %s\\n\' "$f" "$t"; done'
     )
 

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 MARKER_DIR = ".cluster-bootstrap-nodes"
 #: the verdict's name in `check`'s table
 CHECK = "workdir"
+#: what a marker write says of a link or a file where the markers' directory goes (probes/safe_path.py
+#: ``_sp_marks``, rounds.py ``mark_command``)
+PLANTED = "not a directory of its own"
 
 # Runs under the node's Python (any 3.x, standard library only). Argument: {"op": "write"|"read",
 # "dirs": [...], "name": node name, "token": ...}. Prints one JSON line: {dir: {"path": absolute,
@@ -56,22 +59,16 @@ for d in args["dirs"]:
             if refused:
                 out[d] = {"path": path, "error": refused}
                 continue
-            if not os.path.isdir(marks):
-                os.makedirs(marks)
-            tmp = os.path.join(marks, ".%s.%d" % (args["name"], os.getpid()))
-            with open(tmp, "w") as fh:
-                fh.write(args["token"])
-            os.replace(tmp, os.path.join(marks, args["name"]))
+            if not os.path.isdir(path):
+                os.makedirs(path)
+            marks_write(marks, args["name"], args["token"].encode())  # never through a link
             out[d] = {"path": path}
         else:
             seen = {}
-            for name in (os.listdir(marks) if os.path.isdir(marks) else []):
-                if name.startswith("."):
-                    continue
+            for name, token in marks_read(marks).items():
                 try:
-                    with open(os.path.join(marks, name)) as fh:
-                        seen[name] = fh.read(200).strip()
-                except (OSError, UnicodeError):
+                    seen[name] = token.decode().strip()
+                except UnicodeError:
                     pass
             out[d] = {"path": path, "seen": seen}
     except OSError as exc:
@@ -205,10 +202,13 @@ def workdir_verdicts(
                 workdir=where,
             )
         elif outcome.value:
+            planted = PLANTED in outcome.value[where]  # a link or a file where the markers go
             verdicts[node.name] = fail(
                 CHECK,
                 f"cannot write in {where}: {outcome.value[where]}",
-                "make the workdir writable by the node's user, or set workdir: to a directory it owns",
+                f"remove it (bootstrap makes {MARKER_DIR} itself), then rerun"
+                if planted
+                else "make the workdir writable by the node's user, or set workdir: to a directory it owns",
                 workdir=where,
             )
     for node, listed in zip(writers, read, strict=True):

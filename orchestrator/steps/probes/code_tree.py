@@ -181,38 +181,23 @@ def load_shipped(root):
 
 
 def write_marker(root, marker):
-    """Leave this node's marker (its name, this sync's token) in root/MARKS; an error text or None."""
+    """Leave this node's marker (its name, this sync's token) in root/MARKS, never through a link
+    (``marks_write``, prepended: probes/safe_path.py); an error text or None."""
     marks = os.path.join(root, MARKS)
     try:
-        if not os.path.isdir(marks):
-            os.makedirs(marks, exist_ok=True)
-        name = enc(marker["name"])
-        tmp = os.path.join(marks, b"." + name + b"." + enc(str(os.getpid())))
-        with open(tmp, "wb") as fh:
-            fh.write(enc(marker["token"]))
-        os.replace(tmp, os.path.join(marks, name))
+        marks_write(marks, enc(marker["name"]), enc(marker["token"]))  # noqa: F821 (prepended)
     except OSError as exc:
         return "%s: %s" % (dec(marks), exc.strerror)
     return None
 
 
 def read_markers(root):
-    """{node: token} of the markers in root/MARKS."""
-    marks = os.path.join(root, MARKS)
-    seen = {}
+    """{node: token} of the markers in root/MARKS (none when it is a link or a file: refused)."""
     try:
-        names = os.listdir(marks)
+        found = marks_read(os.path.join(root, MARKS))  # noqa: F821 (prepended)
     except OSError:
-        return seen
-    for name in names:
-        if name.startswith(b"."):
-            continue
-        try:
-            with open(os.path.join(marks, name), "rb") as fh:
-                seen[dec(name)] = dec(fh.read(200).strip())
-        except OSError:
-            pass
-    return seen
+        return {}
+    return dict((dec(name), dec(token.strip())) for name, token in found.items())
 
 
 def compile_rules(raw):

@@ -82,3 +82,89 @@ def unsafe_path(path):
             return "refusing %s: not a directory" % step
         here = step
     return None
+
+
+# The markers nodes leave in a directory they may share (code sync's .bootstrap-code-nodes, the
+# workdir's and the environment's .cluster-bootstrap-nodes): one file per node, written and read never
+# through a link. A link (or a file) put where the markers' directory goes is refused, not followed:
+# on a shared file system another node, or a run's code, could otherwise make this node create or
+# replace <any directory>/<node name> here.
+def _sp_marks(marks, create):
+    """``marks`` checked to be a real directory (made when ``create``); a descriptor of it where
+    descriptors can be relative to a directory (POSIX), else None (its path is used)."""
+    if create:
+        try:
+            _sp_os.mkdir(marks)
+        except FileExistsError:
+            pass
+    st = _sp_os.lstat(marks)
+    if not _sp_stat.S_ISDIR(st.st_mode) or getattr(st, "st_reparse_tag", 0):
+        raise OSError(20, "not a directory of its own (a link or a file in its place): refused", marks)
+    if hasattr(_sp_os, "O_NOFOLLOW") and _sp_os.open in _sp_os.supports_dir_fd:
+        flags = _sp_os.O_RDONLY | getattr(_sp_os, "O_DIRECTORY", 0) | _sp_os.O_NOFOLLOW
+        return _sp_os.open(marks, flags)
+    return None
+
+
+def marks_write(marks, name, token):
+    """``token`` (bytes) into ``marks``/``name``, replacing it by rename (which replaces a link, never
+    writes through it); OSError when it cannot be written."""
+    fd = _sp_marks(marks, True)
+    dot = b"." if isinstance(name, bytes) else "."
+    tmp = dot + name + dot + (b"%d" if isinstance(name, bytes) else "%d") % _sp_os.getpid()
+    if fd is None:
+        with open(_sp_os.path.join(marks, tmp), "wb") as fh:
+            fh.write(token)
+        _sp_os.replace(_sp_os.path.join(marks, tmp), _sp_os.path.join(marks, name))
+        return
+    try:
+        try:
+            _sp_os.unlink(tmp, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        flags = _sp_os.O_WRONLY | _sp_os.O_CREAT | _sp_os.O_EXCL | _sp_os.O_NOFOLLOW
+        out = _sp_os.open(tmp, flags, 0o644, dir_fd=fd)
+        try:
+            _sp_os.write(out, token)
+        finally:
+            _sp_os.close(out)
+        _sp_os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        _sp_os.close(fd)
+
+
+def marks_read(marks):
+    """{name: first 200 bytes} of the regular files in ``marks`` (names as ``marks`` is: bytes or
+    str; dot files left out); {} when there is no such directory. A link or a file in its place is
+    refused (OSError); links and other non-files inside it are not read."""
+    try:
+        fd = _sp_marks(marks, False)
+    except FileNotFoundError:
+        return {}
+    seen = {}
+    if fd is None:
+        for name in _sp_os.listdir(marks):
+            if not name.startswith(b"." if isinstance(name, bytes) else "."):
+                try:
+                    with open(_sp_os.path.join(marks, name), "rb") as fh:
+                        seen[name] = fh.read(200)
+                except OSError:
+                    pass
+        return seen
+    try:
+        for name in _sp_os.listdir(fd):
+            if name.startswith("."):
+                continue
+            try:
+                flags = _sp_os.O_RDONLY | _sp_os.O_NOFOLLOW | getattr(_sp_os, "O_NONBLOCK", 0)
+                got = _sp_os.open(name, flags, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if _sp_stat.S_ISREG(_sp_os.fstat(got).st_mode):
+                    seen[_sp_os.fsencode(name) if isinstance(marks, bytes) else name] = _sp_os.read(got, 200)
+            finally:
+                _sp_os.close(got)
+    finally:
+        _sp_os.close(fd)
+    return seen
