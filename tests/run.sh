@@ -41,7 +41,8 @@ fi
 venv=${BOOTSTRAP_TEST_VENV:-.venv-test}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --upgrade pip
-# torch: the CPU build (an unpinned torch pulls a multi-GB CUDA build)
+# torch 2.13.0: the CPU build where pip finds one on this machine's disk (CI's wheel directory); from
+# PyPI alone Linux gets the CUDA build (several GB): set PIP_EXTRA_INDEX_URL to PyTorch's /whl/cpu there
 "$venv/bin/pip" install -q -e '.[test]' 'torch==2.13.0'
 
 # While mypy checks on one core, one collection on the other writes the bytecode of the package and

@@ -263,3 +263,28 @@ def test_the_node_build_keeps_the_extra_indexes_the_nodes_pip_configuration_name
         ["/bin/sh", "-c", f'{line}\necho "$PIP_EXTRA_INDEX_URL"'], capture_output=True, text=True, env=env
     )
     assert said.stdout.strip() == "https://download.pytorch.org/whl/cpu file:///opt/pypi/simple", said
+
+
+def test_a_failed_download_here_is_told_to_every_node_it_was_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One download serves every node of a platform; its failure was one error object, so once shown
+    for node1 the other nodes were `failed` with no reason. Each node gets its own error, the same
+    words (said once for all of them), naming this machine's download."""
+    from orchestrator.executor import Outcome
+    from orchestrator.view import failures
+
+    spec = resolve_spec(load_inventory(_inventory(tmp_path, URLS)), "linux")
+    target = wheelhouse.Target("3.11", "cp", "cp311", ("manylinux_2_17_x86_64",))
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for x==1\n")
+    monkeypatch.setattr(wheelhouse.subprocess, "run", lambda *a, **k: failed)
+    errors = []
+    for node in ("node1", "node2", "node3"):
+        with pytest.raises(CommandFailedError) as caught:
+            wheelhouse.fill(spec, target, root=tmp_path / "houses")
+        caught.value.node = node
+        errors.append(caught.value)
+    assert len({id(e) for e in errors}) == 3
+    said = failures([Outcome(e.node, None, e, 0.1) for e in errors])
+    assert len(said) == 1, said
+    assert "'node1', 'node2', 'node3'" in said[0].text and "this machine's download" in said[0].text, said

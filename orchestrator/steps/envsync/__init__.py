@@ -139,7 +139,9 @@ def sync_env(
             return probed.env
         if probed.offline_reason:
             fallback[node.name] = probed.offline_reason
-        return plan_node(node, transport, probed.spec or spec, probed, force=force, tokens=tokens)
+        return plan_node(
+            node, transport, probed.spec or spec, probed, force=force, tokens=tokens, progress=reporter(node)
+        )
 
     planned = session.map(read_and_plan, step="env check", nodes=chosen)
     waiting = {o.node: o.value for o in planned if isinstance(o.value, EnvPlan)}

@@ -294,6 +294,7 @@ def plan_node(
     *,
     force: bool = False,
     tokens: dict[str, str] | None = None,
+    progress: Callable[[str, str], None] = lambda activity, detail: None,
 ) -> EnvPlan:
     """The build of a node whose probe found something to do, every value decided (its id, its
     nonce, its stamp, the wheels to push: offline, this machine's wheelhouse is filled here). With
@@ -337,6 +338,7 @@ def plan_node(
     wheels: list[Put] = []
     notes: list[str] = []
     if spec.offline:
+        progress("downloading the wheels here", "this machine's download, for every node of this platform")
         house = wheelhouse_mod.fill(spec, found.target())
         have: dict[str, str] = dict((found.data.get("wheelhouse") or {}).get("files") or {})
         wheels = [

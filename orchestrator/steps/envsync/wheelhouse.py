@@ -141,6 +141,11 @@ _failed: dict[str, CommandFailedError] = {}  # a failed download is not retried 
 _locks_guard = threading.Lock()
 
 
+def _said_again(error: CommandFailedError) -> CommandFailedError:
+    """A new error of the same words for one more node (an error raised for one node is that node's)."""
+    return CommandFailedError(error.message, hint=error.hint)
+
+
 def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
     """The wheelhouse for ``spec`` on ``target``: reused when complete, else downloaded once (nodes
     sharing a target wait for the same download)."""
@@ -150,8 +155,8 @@ def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
     with _locks_guard:
         lock = _locks.setdefault(str(directory), threading.Lock())
     with lock:
-        if str(directory) in _failed:
-            raise _failed[str(directory)]
+        if str(directory) in _failed:  # one download for every node of that platform: each told
+            raise _said_again(_failed[str(directory)])
         marker = directory / _COMPLETE
         if marker.is_file():
             return Wheelhouse(directory, json.loads(marker.read_text()), downloaded=False)
@@ -175,11 +180,12 @@ def fill(spec: EnvSpec, target: Target, root: Path | None = None) -> Wheelhouse:
             said = [line for line in output if line.strip() and not line.startswith("WARNING: Retrying")]
             tail = mask_url_credentials(" | ".join(said[-4:]))  # pip's retries are noise beside why
             _failed[str(directory)] = CommandFailedError(
-                f"offline mode: downloading wheels for {target.describe()} failed: {tail}",
+                f"offline mode: this machine's download of the wheels for {target.describe()} failed "
+                f"(for every node of that platform): {tail}",
                 hint="every package needs a binary wheel for that platform (--only-binary=:all:); "
                 "check env.index_url / env.find_links, and that this machine reaches the index",
             )
-            raise _failed[str(directory)]
+            raise _said_again(_failed[str(directory)])
         files = listing(directory)
         marker.write_text(json.dumps(files, sort_keys=True))
         return Wheelhouse(directory, files, downloaded=True, output=output)
