@@ -38,7 +38,7 @@ nodes:
   - {name: n3, host: 10.0.0.13, user: alice, python: /usr/bin/python3}
 """
 LISTEN = re.compile(r"cbt-reach listen (\S+) (\S+) (\d+)(?: (\d+) (\d+))?")
-MARK = re.compile(r"printf %s (\S+) 2>&1 > \"\$m\"/(\S+)")
+MARK = re.compile(r"printf %s (\S+) > \"\$t\"\) && mv -f \"\$t\" \"\$m\"/(\S+);")
 
 
 def probe_args(script: str) -> str:
@@ -325,7 +325,7 @@ def _unique(script: str) -> str:
     """``script`` without what is drawn anew for every run: record nonces, the mesh's token, the
     workdir marker's token (the dry run shows TOKEN)."""
     script = re.sub(r"cb-[0-9a-f]{12}", "cb-NONCE", script)
-    script = re.sub(r"printf %s \S+ 2>&1", "printf %s TOKEN 2>&1", script)
+    script = re.sub(r"printf %s \S+ > \"\$t\"", 'printf %s TOKEN > "$t"', script)
     return re.sub(r"(cbt-reach listen \S+) \S+", r"\1 MESH", script)
 
 
