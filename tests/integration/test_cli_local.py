@@ -496,12 +496,14 @@ def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_p
     nothing."""
     inv, workdir, env = _synced_project(tmp_path)
     now = time.time()
-    ages = {"old-1": 30, "old-2": 10, "new-1": 0.01}  # days since each run last wrote its log
+    # days since each run last wrote its log; a validation after the newest training run is no
+    # training run: --keep 1 keeps new-1 (it kept the validation and removed new-1's checkpoints)
+    ages = {"old-1": 30, "old-2": 10, "new-1": 0.01, "validate-x": 0.001}
     for run_id, days in ages.items():
         run_dir = workdir / "runs" / run_id / "here"
         (run_dir / "out").mkdir(parents=True)
         (run_dir / "out" / "last.pt").write_bytes(b"w" * 100)
-        (run_dir / "launch.sh").write_text("#!/bin/sh\n")
+        (run_dir / ("validate_worker.py" if run_id.startswith("validate") else "launch.sh")).write_text("#\n")
         (run_dir / "node.log").write_text(f"{run_id}\n")
         os.utime(run_dir / "node.log", (now - days * 86400, now - days * 86400))
     code = sorted(p.name for p in (workdir / "code").iterdir())
@@ -514,8 +516,9 @@ def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_p
     assert sorted(node["runs"]) == ["old-1", "old-2"], node  # the runs chosen, by name
     kept = bootstrap("-i", str(inv), "clean", "--yes", "--keep", "1", "--outputs", cwd=tmp_path, env=env)
     assert kept.returncode == 0, kept
-    assert re.search(r"^here: removed runs old-(1|2), old-(1|2)$", kept.stderr, re.M), kept.stderr
+    assert re.search(r"^here: removed runs old-1, old-2, validate-x$", kept.stderr, re.M), kept.stderr
     assert sorted(p.name for p in (workdir / "runs").iterdir()) == ["new-1"]
+    assert (workdir / "runs" / "new-1" / "here" / "out" / "last.pt").exists()
     assert sorted(p.name for p in (workdir / "code").iterdir()) == code  # the code stays
     # a run still running that is not chosen stops nothing: this one is chosen alone
     (workdir / "runs" / "new-2" / "here").mkdir(parents=True)

@@ -38,7 +38,10 @@ CACHE = ".bootstrap-code.json"
 MARKS = ".bootstrap-code-nodes"
 UPLOADS = ".bootstrap-code-upload-"  # code sync's uploads (probes/code_tree.py)
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
-LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py")
+LAUNCHERS = ("launch.sh", "launch.ps1", "node.log", "pid", "validate_worker.py", "probe_worker.py")
+#: what only a check's run holds (`validate`, `bench`'s probe): not a training run, so never one of
+#: the N newest that ``--keep N`` keeps (a validation after every change would push training out)
+CHECK_WORKERS = ("validate_worker.py", "probe_worker.py")
 OUTPUTS = "out"  # runs/<id>/<node>/out: $CB_RUN_DIR (orchestrator.runs.layout.RUN_OUTPUTS)
 #: what a kept run keeps beside its outputs: its log and how it ended (status, logs --follow and stop
 #: read them: without them a run that ended long ago looked "not started", and a follow waited forever)
@@ -220,17 +223,20 @@ def last_written(directory):
 def chosen_runs(runs, node, selection):
     """The run ids under ``runs`` with a directory of ``node``'s that ``selection`` picks (None: every
     run): ``ids`` (these only), ``older_than`` (seconds since it last wrote), ``keep`` (not the newest
-    N); each given one must hold."""
-    found = []
+    N training runs: a check's run, validate's or bench's probe, is never one of them); each given
+    one must hold."""
+    found, training = [], []
     for run_id in sorted(os.listdir(runs)):
         mine = os.path.join(runs, run_id, node)
         if os.path.islink(os.path.join(runs, run_id)) or not os.path.isdir(mine) or os.path.islink(mine):
             continue
         if any(os.path.lexists(os.path.join(mine, name)) for name in LAUNCHERS):
             found.append((last_written(mine), run_id))
+            if not any(os.path.lexists(os.path.join(mine, name)) for name in CHECK_WORKERS):
+                training.append(found[-1])
     if selection is None:
         return [run_id for _, run_id in found]
-    newest_first = sorted(found, reverse=True)
+    newest_first = sorted(training, reverse=True)
     kept = set(run_id for _, run_id in newest_first[: selection.get("keep") or 0])
     ids, older = selection.get("ids"), selection.get("older_than")
     now = time.time()
