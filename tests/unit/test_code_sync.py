@@ -176,6 +176,27 @@ def test_diff_by_hash_mode_and_kind() -> None:
     assert changes.to_send == ["chmod", "edited", "ln", "new", "private"]
 
 
+def test_a_file_a_run_wrote_where_the_project_now_has_a_directory_is_kept() -> None:
+    """A run wrote ``results`` (a file) into the code directory; the project later gets ``results/``:
+    sync deleted the run's file ("1 deleted", no word). With a record it is kept (named as the node's
+    own), the project's files below it are not sent; without a record (a foreign directory) the file
+    gives way as before, and a file we shipped there goes as any shipped file does."""
+    from orchestrator.steps.codesync.manifest import diff
+
+    local = {"results/readme.txt": _e("hi"), "train.py": _e("t")}
+    remote = {"results": _e("the run's"), "train.py": _e("t")}
+    changes = diff(local, remote, shipped={"train.py": _e("t").sha256})
+    assert (changes.kept, changes.blocked, changes.deleted, changes.to_send) == (
+        ["results"],
+        ["results/readme.txt"],
+        [],
+        [],
+    )
+    assert diff(local, remote).deleted == ["results"]  # no record: the project's directory wins
+    ours = diff(local, remote, shipped={"train.py": _e("t").sha256, "results": _e("the run's").sha256})
+    assert ours.deleted == ["results"] and ours.to_send == ["results/readme.txt"] and not ours.kept
+
+
 def test_diff_of_equal_trees_is_empty() -> None:
     tree = {"a": _e("1"), "b/c": _e("2", link="../a")}
     assert not diff(tree, dict(tree))

@@ -121,6 +121,9 @@ class Changes:
     #: the project's paths where the node holds a file no sync put there as it is (training wrote it,
     #: or it was edited on the node): left as they are, never overwritten
     kept: list[str] = field(default_factory=list)
+    #: the project's files below a path where the node holds a file of its own (kept) instead of the
+    #: project's directory: not sent, until that file is moved away on the node
+    blocked: list[str] = field(default_factory=list)
 
     @property
     def to_send(self) -> list[str]:
@@ -144,12 +147,21 @@ def diff(
     a file at one of the project's paths whose bytes no sync put there (a checkpoint training wrote
     where the project now has a file of that name, a file edited on the node) is ``kept``, not
     replaced. Without a record (code copied there by hand before bootstrap) the project's files
-    replace what is there. The one exception is a file or link where the project needs a directory
-    (``pkg`` when the project has ``pkg/a.py``): it gives way to the project."""
+    replace what is there, and a file or link where the project needs a directory (``pkg`` when the
+    project has ``pkg/a.py``) gives way to it. With a record, such a file no sync put there is kept
+    too (training wrote ``results``, the project now has ``results/``): the project's files below it
+    are ``blocked``, not sent."""
     changes = Changes()
     ours = shipped or {}
+    parents = {rel[:cut] for rel in local for cut in range(len(rel)) if rel[cut] == "/"}
+    blockers = set()
+    if shipped is not None:
+        blockers = {p for p in parents if p in remote and ours.get(p) != remote[p].sha256}
     for rel in sorted(local):
         entry = local[rel]
+        if blockers and any(rel.startswith(b + "/") for b in blockers):
+            changes.blocked.append(rel)
+            continue
         there = remote.get(rel)
         if there is None:
             changes.added.append(rel)
@@ -161,11 +173,13 @@ def diff(
         else:
             changes.changed.append(rel)
         changes.bytes += 0 if entry.link is not None else entry.size
-    parents = {rel[:cut] for rel in local for cut in range(len(rel)) if rel[cut] == "/"}
+    changes.kept += sorted(blockers)
     changes.deleted_shas = sorted(
         (rel, entry.sha256)
         for rel, entry in remote.items()
-        if rel not in local and not protected(rel) and (ours.get(rel) == entry.sha256 or rel in parents)
+        if rel not in local
+        and not protected(rel)
+        and (ours.get(rel) == entry.sha256 or (rel in parents and rel not in blockers))
     )
     changes.deleted = [rel for rel, _ in changes.deleted_shas]
     return changes

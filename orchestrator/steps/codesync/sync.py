@@ -100,6 +100,8 @@ class CodeSyncResult:
     deleted: list[str] = field(default_factory=list)
     #: the project's paths where the node holds a file no sync put there as it is: left as they are
     kept: list[str] = field(default_factory=list)
+    #: the project's files below a kept file that stands where the project has a directory: not sent
+    blocked: list[str] = field(default_factory=list)
     bytes_sent: int = 0  # content bytes of added and changed files
     dry_run: bool = False
     #: the other nodes of this sync whose destination is this same directory (a shared file system)
@@ -147,10 +149,15 @@ class CodeSyncResult:
         if not self.kept:
             return ""
         shown = ", ".join(self.kept[:5]) + (f" and {len(self.kept) - 5} more" if len(self.kept) > 5 else "")
+        below = (
+            f" ({len(self.blocked)} project file(s) below a path where the node has a file were not sent)"
+            if self.blocked
+            else ""
+        )
         return (
             f"{shown} in {self.dest}: the node's file is not what bootstrap shipped there (training wrote"
             " it, or it was edited on the node), so it was kept, not replaced by the project's: the node"
-            " runs the project with it; move it away on the node and sync again to ship the project's"
+            f" runs the project with it{below}; move it away on the node and sync again to ship the project's"
         )
 
     def public_dict(self) -> dict[str, Any]:
@@ -162,6 +169,7 @@ class CodeSyncResult:
             "changed": self.changed,
             "deleted": self.deleted,
             "kept": self.kept,
+            "blocked": self.blocked,
             "bytes_sent": self.bytes_sent,
             "dry_run": self.dry_run,
             "shared_with": self.shared_with,
@@ -442,7 +450,8 @@ def scan_node(
         changes = diff(local, _remote_files(scan.get("files") or {}), tree.rules.excluded, shipped)
         # a file kept (the node's own) is not recorded as ours: never deleted, never overwritten
         # later, and a launch sees that the node's code is not the project's
-        record = {rel: sha for rel, sha in record.items() if rel not in set(changes.kept)}
+        left = {*changes.kept, *changes.blocked}  # not ours there: never sent, never recorded
+        record = {rel: sha for rel, sha in record.items() if rel not in left}
         recorded = shipped == record
     result = CodeSyncResult(
         dest=where,
@@ -451,6 +460,7 @@ def scan_node(
         changed=changes.changed,
         deleted=changes.deleted,
         kept=changes.kept,
+        blocked=changes.blocked,
         bytes_sent=changes.bytes,
         dry_run=dry_run,
     )
