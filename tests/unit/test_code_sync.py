@@ -195,6 +195,8 @@ def test_a_file_a_run_wrote_where_the_project_now_has_a_directory_is_kept() -> N
     assert diff(local, remote).deleted == ["results"]  # no record: the project's directory wins
     ours = diff(local, remote, shipped={"train.py": _e("t").sha256, "results": _e("the run's").sha256})
     assert ours.deleted == ["results"] and ours.to_send == ["results/readme.txt"] and not ours.kept
+    link = diff(local, {**remote, "results": _e("x", link="/elsewhere")}, shipped={})
+    assert link.deleted == ["results"] and not link.kept  # a link loses nothing but itself
 
 
 def test_diff_of_equal_trees_is_empty() -> None:

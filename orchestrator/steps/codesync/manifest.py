@@ -150,13 +150,16 @@ def diff(
     replace what is there, and a file or link where the project needs a directory (``pkg`` when the
     project has ``pkg/a.py``) gives way to it. With a record, such a file no sync put there is kept
     too (training wrote ``results``, the project now has ``results/``): the project's files below it
-    are ``blocked``, not sent."""
+    are ``blocked``, not sent; a link there still gives way (removing it loses nothing but itself)."""
     changes = Changes()
     ours = shipped or {}
     parents = {rel[:cut] for rel in local for cut in range(len(rel)) if rel[cut] == "/"}
     blockers = set()
     if shipped is not None:
-        blockers = {p for p in parents if p in remote and ours.get(p) != remote[p].sha256}
+        # a link gives way (removing it loses only the link): a file's bytes would be lost
+        blockers = {
+            p for p in parents if p in remote and remote[p].link is None and ours.get(p) != remote[p].sha256
+        }
     for rel in sorted(local):
         entry = local[rel]
         if blockers and any(rel.startswith(b + "/") for b in blockers):
