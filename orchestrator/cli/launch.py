@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,7 +20,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.dashboard import dashboard_options, live_dashboard
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import fail_lines, json_doc, tell
+from orchestrator.cli.report import fail_doc, json_doc, tell
 from orchestrator.errors import ExitCode, UnreachableError, UsageError
 from orchestrator.executor import exit_code_for
 from orchestrator.inventory import Inventory
@@ -33,8 +33,6 @@ from orchestrator.steps.train import sweep_said
 
 if TYPE_CHECKING:
     from orchestrator.steps.train import LaunchRun
-
-T = TypeVar("T")
 
 
 @click.command()
@@ -91,8 +89,7 @@ def render(
         slurm=target == "slurm",
     )
     if done.unreachable:
-        fail_lines(ui, done.unreachable)
-        return exit_code_for(done.unreachable)
+        return fail_doc(ui, "render", done.unreachable, settings.json_mode)
     tell(ui, done.said(printed=out_dir is None and not settings.json_mode))
     if settings.json_mode:
         ui.print_json(done.public_dict(slurm=target == "slurm"))
@@ -192,14 +189,14 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
         show_dry_run(ui, run.planned, json_mode=settings.json_mode, note=OFFLINE_NOTE)
         return ExitCode.OK
     if run.unreachable and run.plan is not None:
-        fail_lines(ui, [o for o in run.plan.inspected if not o.ok])
+        code = fail_doc(ui, "launch", run.plan.inspected, settings.json_mode)  # with --json, its document
         ui.error("not launching: every node must be reachable")
         # without the nodes that did not answer (one refused at login is fixed, not left out)
         down = [o.node for o in run.plan.inspected if isinstance(o.error, UnreachableError)]
         hint = train_without(settings, inventory, down, "launch")
         if hint and own_session:
             ui.info(hint)
-        return exit_code_for(run.plan.inspected)
+        return code
     if run.detached is not None:
         from orchestrator.cli.runs import show_detached
 

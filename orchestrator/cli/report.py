@@ -12,7 +12,7 @@ from rich.text import Text
 
 from orchestrator.cli.ui import UI
 from orchestrator.errors import BootstrapError, ExitCode
-from orchestrator.executor import Outcome
+from orchestrator.executor import Outcome, exit_code_for
 from orchestrator.neutralise import neutralise
 from orchestrator.plans import plan_lines
 from orchestrator.steps.contract import Report
@@ -161,6 +161,13 @@ def json_doc(
 def fail_lines(ui: UI, outcomes: Iterable[Outcome[Any]]) -> None:
     """One line per failed node (:func:`~orchestrator.view.failures`)."""
     tell(ui, failures(outcomes))
+
+
+def fail_doc(ui: UI, command: str, outcomes: list[Outcome[Any]], json_mode: bool) -> ExitCode:
+    """Nodes that could not be reached, a line each (with --json, the document all the same)."""
+    fail_lines(ui, outcomes)
+    code = exit_code_for(outcomes)
+    return json_doc(ui, command, outcomes, code, run_id=None) if json_mode else code
 
 
 def tell(ui: UI, shown: Iterable[View | Said | None]) -> None:

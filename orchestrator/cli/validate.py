@@ -15,7 +15,7 @@ from orchestrator.cli.common import (
     templates_option,
 )
 from orchestrator.cli.front import reach_for
-from orchestrator.cli.report import fail_lines, json_doc, tell
+from orchestrator.cli.report import fail_doc, json_doc, tell
 from orchestrator.errors import ExitCode
 from orchestrator.inventory import Inventory
 from orchestrator.runs.run_inventory import run_nodes
@@ -121,15 +121,11 @@ def show_validation(settings: Settings, result: Validation | Skipped | Report[An
         tell(ui, [result.said()])
         return ExitCode.OK
     code = result.exit_code()
-    unreachable = [o for o in result.plan.inspected if not o.ok]
-    if unreachable:
-        fail_lines(ui, unreachable)
-        return code
+    if any(not o.ok for o in result.plan.inspected):
+        return fail_doc(ui, "validate", result.plan.inspected, settings.json_mode)
     if settings.json_mode:
-        problems = failure_summary(result)
         top = {"run_id": result.run_id, "backend": result.plan.backend, **result.report.public_dict()}
-        return json_doc(
-            ui, "validate", result.outcomes, code, Validation.node_fields, **top, problems=problems
-        )
+        top["problems"] = failure_summary(result)
+        return json_doc(ui, "validate", result.outcomes, code, Validation.node_fields, **top)
     tell(ui, result.shown())
     return code

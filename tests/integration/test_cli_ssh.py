@@ -187,6 +187,14 @@ def test_unreachable_node_is_named_and_others_still_report(
     assert ghost["duration"] < 5  # fractional timeouts are honoured (not truncated to "none")
     assert cluster.unused_addr in ghost["error"]["message"]
     assert "node 'ghost'" in run.stderr
+    # launch (foreground and detached), validate and render print their document too (nothing did)
+    (tmp_path / "train.py").write_text("print('never')\n")
+    for command in (["launch"], ["launch", "--detach"], ["validate"], ["render"]):
+        said = bootstrap("-i", str(inv), "--connect-timeout", "0.5", "--json", *command, cwd=tmp_path)
+        assert said.returncode == 3, said
+        doc = json.loads(said.stdout)
+        assert doc["command"] == command[0] and doc["exit_code"] == 3, doc
+        assert [n["name"] for n in doc["nodes"] if not n["ok"]] == ["ghost"], doc
 
 
 def test_refused_port_says_nothing_listens(
