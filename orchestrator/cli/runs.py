@@ -77,12 +77,12 @@ def _reach(settings: Settings, inventory: Inventory) -> Reach:
     return Reach(lambda chosen: open_session(settings, inventory, chosen), settings.ui.progress)
 
 
-# -- launch --detach ---------------------------------------------------------------------------------
-
-
 def show_detached(settings: Settings, report: DetachedStart) -> ExitCode:
     """What `launch --detach` prints (or its --json document); its exit code."""
     ui, run_id, outcomes = settings.ui, report.run_id, report.outcomes
+    if report.interrupted is not None:  # cut short while starting: stopped again, exit 130
+        said = report.interrupted_detail(lambda command: again(settings, command, run_id))
+        interrupted(ui, said, stop=report.interrupted)
     code = exit_code_for(outcomes)
     if settings.json_mode:
         fields, stopped_again = report.node_fields, report.stopped_again

@@ -178,12 +178,14 @@ def finish_record(directory: Path, *, started: bool = True) -> None:
     """A foreground run's controller lets go of the run (it ended, failed, or was interrupted and
     swept): its record's ``ended`` is set. A controller killed outright never gets here.
     ``started`` False: the master's launcher never started (refused: the port in use, the run id
-    used before; the others then stopped at once); such a record is never the ``latest`` run
+    used before; the others then stopped at once; a detached start cut short and stopped again);
+    such a record is never the ``latest`` run
     (``runs.ids.resolve_run``)."""
     doc = read_record(directory)
-    if doc is None or "ended" not in doc:
+    if doc is None or ("ended" not in doc and started):  # a detached run's: only "never started"
         return
-    doc["ended"] = time.time()
+    if "ended" in doc:
+        doc["ended"] = time.time()
     if not started:
         doc["not_started"] = True
     write_inside(directory, RECORD, (json.dumps(doc, indent=2) + "\n").encode())

@@ -85,6 +85,17 @@ class DetachedStart:
     outcomes: list[Outcome[Started]]
     #: where it had started when another node failed to: stopped again (all or nothing)
     undone: list[Outcome[StopResult]] = field(default_factory=list)
+    #: the Ctrl-C (or SIGTERM) that cut the start short: every node was then stopped again (``undone``)
+    interrupted: KeyboardInterrupt | None = None
+    swept_all: bool = True  # False: a second interrupt cut that short
+
+    def interrupted_detail(self, again: Callable[[str], str]) -> str:
+        """What a start cut short left: nothing (every node checked), or what to run."""
+        if self.swept_all and all(o.ok for o in self.undone):
+            stopped = [o.node for o in self.undone if o.value is not None and o.value.state == "stopped"]
+            where = f" (stopped again on {', '.join(stopped)})" if stopped else ""
+            return f"run {self.run_id} was not started: nothing of it runs on the nodes{where}"
+        return f"run {self.run_id} may have started on some nodes: `{again('stop')}` ends it"
 
     @property
     def size(self) -> int:
@@ -151,7 +162,16 @@ def start_all(
         prepare(node, transport, by_name[node.name])
         return start_node(node, transport, run_id, by_name[node.name].sample_nonce)
 
-    outcomes = session.map(one, step="start")
+    try:
+        outcomes = session.map(one, step="start")
+    except KeyboardInterrupt as stop:  # cut short while starting: whatever started is stopped again
+        report = DetachedStart(run_id, [], interrupted=stop)
+        try:  # on every node (one may have started as the start was cut), on new connections
+            with session.reopened() as fresh:
+                report.undone = fresh.map(lambda n, t: stop_node(n, t, run_id, grace=5.0), step="stop")
+        except KeyboardInterrupt:  # a second Ctrl-C: not checked, and said so
+            report.swept_all = False
+        return report
     started = [s.node for s in specs if any(o.ok and o.node == s.node.name for o in outcomes)]
     report = DetachedStart(run_id, outcomes)
     if report.failed and started:

@@ -826,7 +826,7 @@ def start_detached(
     """`launch --detach`: the run's record (``runs/<run-id>/run.json``, ``train_doc`` its arguments),
     then on every node ``prepare_plan`` applied (run directory, launcher, training script), then the
     launcher started detached; all or nothing (runs.start.start_all)."""
-    from orchestrator.runs.layout import RUNS_ROOT, write_record
+    from orchestrator.runs.layout import RUNS_ROOT, finish_record, write_record
 
     if specs:
         run_id = specs[0].run_id
@@ -835,7 +835,10 @@ def start_detached(
     def prepare(node: Node, transport: Transport, spec: LaunchSpec) -> None:
         apply(prepare_plan(node, transport.platform, spec, renderer=renderer), transport)
 
-    return start_all(session, specs, prepare)
+    started = start_all(session, specs, prepare)
+    if specs and started.interrupted is not None and started.swept_all and all(o.ok for o in started.undone):
+        finish_record(RUNS_ROOT / specs[0].run_id, started=False)  # stopped again everywhere: never `latest`
+    return started
 
 
 def windows_command(platform: PowerShell, run_dir: str, nonce: str) -> str:
