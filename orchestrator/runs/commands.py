@@ -181,7 +181,10 @@ class LogsReport:
                         "never started (the launch that prepared it was cut short before starting it)"
                         if o.value.never_started
                         else "was stopped"
-                        if o.value.exit_code is None or o.value.stopped
+                        if o.value.stopped
+                        else "ended without an exit code: its processes were killed outright (SIGKILL, "
+                        "the OOM killer, a reboot or a crash of that machine)"
+                        if o.value.exit_code is None
                         else f"exited {o.value.exit_code}"
                     )
                     notes.append(f"{o.node}: training {how}")
@@ -359,7 +362,8 @@ class StatusReport:
     def failure_lines(self, run_id: str) -> list[str]:
         """One line per node where the run failed, the one whose launcher vanished (no exit code: the
         node's processes killed outright) first: the others' ranks then failed because of it, and it
-        is where to look (the foreground launch says the same from the ranks' last lines)."""
+        is where to look (the foreground launch says the same from the ranks' last lines); then the
+        others in the order they ended, the first to end named when it ended before the rest."""
         if self.lost:
             return []  # lost_warning says it for every node
         from orchestrator.runs.control import NO_EXIT_CODE
@@ -378,11 +382,21 @@ class StatusReport:
             f"(`bootstrap logs --run {shlex.quote(run_id)} --nodes {node}`)"
             for node in vanished
         ]
-        for o in failed:
-            if o.value is not None and o.node not in vanished:
-                last = f": {o.value.last_line}" if o.value.last_line else ""
-                after = f", after {', '.join(vanished)}" if vanished else ""
-                lines.append(f"{o.node}: {o.value.label}{after}{last}")
+        # the others by when they ended (their launchers started together: the shortest runtime
+        # ended first), the first named as such: the others' ranks usually failed because of it
+        ended = {o.node: o.value.runtime for o in failed if o.value is not None}
+        rest = sorted(
+            (o for o in failed if o.value is not None and o.node not in vanished),
+            key=lambda o: (ended[o.node] is None, ended[o.node] or 0.0),
+        )
+        times = [ended[o.node] or 0.0 for o in rest if ended[o.node] is not None]
+        first = rest[0].node if len(times) > 1 and len(rest) == len(times) and times[0] < times[1] else None
+        for o in rest:
+            assert o.value is not None
+            last = f": {o.value.last_line}" if o.value.last_line else ""
+            after = f", after {', '.join(vanished)}" if vanished else ""
+            ahead = " (failed first: the others ended after it)" if o.node == first and not vanished else ""
+            lines.append(f"{o.node}: {o.value.label}{after}{ahead}{last}")
         return lines
 
     def after_stop_lines(self) -> list[str]:

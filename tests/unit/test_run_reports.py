@@ -33,7 +33,9 @@ def test_logs_says_what_became_of_each_copy_how_training_ended_and_where_the_cop
         "n2: the previous copy runs/r1/n2.log was kept as it was",
         "n3: runs/r1/n3.log left as it is: a launch running from here (or another `logs`) writes it",
         "n1: training exited 0",
-        "n2: training was stopped",
+        # no exit code and no stop: killed outright (a host crash), not "stopped" as status says too
+        "n2: training ended without an exit code: its processes were killed outright (SIGKILL, the OOM "
+        "killer, a reboot or a crash of that machine)",
         "logs: runs/r1/",
     ]
     assert report.exit_code() == ExitCode.NODES_FAILED  # --follow: n2's training did not exit 0
@@ -255,6 +257,27 @@ def test_status_of_a_failed_run_names_the_node_whose_launcher_vanished_first() -
         "node1: exited (rank 0: exit 1), after node2: [rank0]: RuntimeError: Connection closed by peer"
     ]
     assert report.exit_code() == ExitCode.NODES_FAILED
+
+
+def test_status_of_a_failed_detached_run_names_the_node_that_ended_first_first() -> None:
+    """Rank 2 crashed (exit 7) on node3; node1 and node2 ended 3 s later (Connection closed by peer).
+    status listed them in inventory order, the cause last; the foreground launch names who failed
+    first. The nodes now come in the order they ended, the first named as such."""
+    from orchestrator.runs.commands import StatusReport
+    from orchestrator.runs.control import NodeStatus
+
+    peer = "[rank0]: RuntimeError: Connection closed by peer"
+    values = {
+        "node1": NodeStatus("exited", 1, runtime=14.2, last_line=peer, failed_rank=(0, 1)),
+        "node2": NodeStatus("exited", 1, runtime=14.1, last_line=peer, failed_rank=(1, 1)),
+        "node3": NodeStatus("exited", 1, runtime=11.0, last_line="rank 2 crashing now", failed_rank=(2, 7)),
+    }
+    report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    assert report.failure_lines("r1") == [
+        "node3: exited (rank 2: exit 7) (failed first: the others ended after it): rank 2 crashing now",
+        f"node2: exited (rank 1: exit 1): {peer}",
+        f"node1: exited (rank 0: exit 1): {peer}",
+    ]
 
 
 def test_a_node_a_stop_could_not_reach_that_failed_after_its_peers_were_stopped_is_no_failure() -> None:
