@@ -14,6 +14,7 @@ and the watchdog stops the run when the controller's follower is killed or goes 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
@@ -609,6 +610,15 @@ def prepare_plan(
         actions.append(Put(f"{run_dir}/{SHARES_FILE}", data=shares, mode=0o600, what="shares"))
     if source is not None:
         actions.append(Put(target_script, source=source, what="training script"))
+    if source is not None and spec.code_record is not None and posix is not None and not absolute:
+        # code sync's directory: the script counts as shipped with these bytes, so the next sync
+        # replaces it (it called it "the node's own, kept" after every `edit, launch`)
+        from orchestrator.steps.codesync.ignore import LAUNCHED_RECORD
+
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        doc = json.dumps({"version": 1, "files": {posixpath.normpath(spec.script): digest}}).encode()
+        at = f"{spec.code_dir.rstrip('/')}/{LAUNCHED_RECORD}"
+        actions.append(Put(at, data=doc, mode=0o600, what="the script's record, for code sync"))
     return NodePlan(node.name, actions)
 
 

@@ -542,3 +542,32 @@ def test_the_inventory_in_the_project_is_not_shipped_unless_excludes_ship_it(tmp
         )
         tree = prepare_tree(load_inventory(inv), cache_file=tmp_path.parent / f"{tmp_path.name}.cache.json")
         assert sorted(tree.files) == shipped
+
+
+def test_the_script_launch_uploaded_counts_as_shipped_until_the_next_sync(tmp_path: Path) -> None:
+    """`edit, launch` then `edit, bootstrap` (daily.md): launch uploads train.py alone, so the next
+    sync found bytes no sync had shipped and warned, on every node, that the node's own train.py was
+    kept and ran. launch's record of its upload makes those bytes ours: the sync replaces them, and
+    its new record supersedes launch's, which goes."""
+    import hashlib
+
+    home = tmp_path / "home"
+    dest = home / "code"
+    dest.mkdir(parents=True)
+    shipped = hashlib.sha256(b"v1\n").hexdigest()
+    launched = hashlib.sha256(b"v2\n").hexdigest()
+    (dest / "train.py").write_text("v2\n")
+    for name, sha in (("shipped", shipped), ("launched", launched)):
+        record = {"version": 1, "files": {"train.py": sha}}
+        (dest / f".bootstrap-code-{name}.json").write_text(json.dumps(record))
+    scan = _probe({"op": "scan", "dest": "~/code", "rules": []}, home)
+    assert scan["shipped"] == {"train.py": launched}
+    v3 = hashlib.sha256(b"v3\n").hexdigest()
+    assert diff({"train.py": _e(v3)}, {"train.py": _e(launched)}, shipped=scan["shipped"]).changed == [
+        "train.py"
+    ]
+    header = {"delete": [], "files": [["train.py", 3, 0o644, None, v3]], "shipped": {"train.py": v3}}
+    (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"v3\n")
+    out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
+    assert out["errors"] == [] and (dest / "train.py").read_text() == "v3\n"
+    assert not (dest / ".bootstrap-code-launched.json").exists()

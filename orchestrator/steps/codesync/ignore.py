@@ -56,6 +56,9 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
 RESERVED_PREFIX = ".bootstrap-code"
 #: its record of what syncs shipped there (steps/probes/code_tree.py SHIPPED), which launch reads
 SHIPPED_RECORD = RESERVED_PREFIX + "-shipped.json"
+#: the training script `launch` uploaded into the code directory since the last sync (its path and
+#: SHA-256): the node's code scan counts it as shipped (probes/code_tree.py ``load_shipped``)
+LAUNCHED_RECORD = RESERVED_PREFIX + "-launched.json"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ STAMP = ".cluster-bootstrap-env.json"
 ENV_MARKS = ".cluster-bootstrap-nodes"
 SHIPPED = ".bootstrap-code-shipped.json"
 CACHE = ".bootstrap-code.json"
+LAUNCHED = ".bootstrap-code-launched.json"
 MARKS = ".bootstrap-code-nodes"
 UPLOADS = ".bootstrap-code-upload-"  # code sync's uploads (probes/code_tree.py)
 RUN_ENV = "CLUSTER_BOOTSTRAP_RUN"
@@ -200,7 +201,7 @@ def code_paths(dest):
         while parent != dest and parent.startswith(dest + os.sep):
             dirs.add(parent)
             parent = os.path.dirname(parent)
-    for own in (SHIPPED, CACHE):
+    for own in (SHIPPED, CACHE, LAUNCHED):
         if os.path.isfile(os.path.join(dest, own)):
             out.append((os.path.join(dest, own), False))
     for name in sorted(os.listdir(dest)) if os.path.isdir(dest) else []:

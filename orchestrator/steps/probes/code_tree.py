@@ -39,6 +39,7 @@ PROBE_VERSION = 1
 RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
 CACHE = b".bootstrap-code.json"
 SHIPPED = b".bootstrap-code-shipped.json"  # what syncs put here: the only files a sync may delete
+LAUNCHED = b".bootstrap-code-launched.json"  # the training script `launch` put here since the last sync
 MARKS = b".bootstrap-code-nodes"  # one file per node syncing here: shared destinations are found
 CHUNK = 1 << 20
 #: Windows has no POSIX modes: reported as null there, and the controller compares accordingly
@@ -177,7 +178,18 @@ def load_shipped(root):
     files = data.get("files") if isinstance(data, dict) and data.get("version") == PROBE_VERSION else None
     if not isinstance(files, dict):
         return None
-    return dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
+    shipped = dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
+    # the training script `launch` uploaded since (`edit, launch` of the daily loop) is ours as well,
+    # with the bytes it put there: the next sync replaces it as any file it shipped, never "kept"
+    launched = os.path.join(root, LAUNCHED)
+    try:
+        if not os.path.islink(launched):
+            with open(launched, "rb") as fh:
+                more = json.loads(fh.read().decode("utf-8")).get("files") or {}
+            shipped.update((k, v) for k, v in more.items() if isinstance(k, str) and isinstance(v, str))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return shipped
 
 
 def write_marker(root, marker):
@@ -528,6 +540,11 @@ def apply(args):
         record.update(kept)
         if not save_json(root, SHIPPED, {"version": PROBE_VERSION, "files": record}):
             errors.append("cannot write %s" % dec(os.path.join(root, SHIPPED)))
+        else:
+            try:  # the new record holds what launch put here too (as it was): launch's goes
+                os.unlink(os.path.join(root, LAUNCHED))
+            except OSError:
+                pass
     return {"written": written, "deleted": deleted, "errors": errors, "shared_with": shared_with}
 
 
