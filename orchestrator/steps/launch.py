@@ -440,12 +440,37 @@ def stale_code(stdout: str, nonce: str, expected: Mapping[str, str], uploaded: s
     )
 
 
-def port_busy(posix: PosixShell, port: int, nonce: str) -> str:
+#: in a run directory on the master: the rendezvous port that run's torchrun takes (``port_busy``)
+PORT_FILE = "port"
+
+
+def port_busy(posix: PosixShell, port: int, nonce: str, node: Node | None = None) -> str:
     """Lines that print the PORT_BUSY record (and end the script) when ``port`` is in use, with the
     run of bootstrap whose process (one of ours: another user's may carry one of our run ids, to have
     us stop our own run for their port) holds it: its run marker's id; empty: not one, not known.
-    The script has ``_cb_rec`` (PosixRuns.other_runs comes first)."""
-    return posix.say_if_listening(port, PORT_BUSY, holder_env=RUN_MARKER_ENV)
+    With ``node``, also when a run of this workdir on it is still starting with that port: its
+    launcher alive (the pid file's process, with its start time), no exit code yet, and its
+    ``PORT_FILE`` naming ``port`` (torchrun binds the port only once torch is imported: a launch a
+    second after `launch --detach` was not refused, and failed on EADDRINUSE while its other nodes
+    dialled the first run's store). The script has ``_cb_rec`` (PosixRuns.other_runs comes first)."""
+    listening = posix.say_if_listening(port, PORT_BUSY, holder_env=RUN_MARKER_ENV)
+    if node is None:
+        return listening
+    runs = posix.path_word(in_workdir(node, "runs"))
+    return listening + (
+        # the launcher alive: not a zombie, and started when its pid file says (not a reused pid)
+        '\n_cb_up() { [ "$1" != Z ] && [ "${20}" = "$_cb_start" ]; }'
+        f"\nfor _cb_pf in {runs}/*/{posix.quote(node.name)}/{PORT_FILE}; do\n"
+        '  [ -f "$_cb_pf" ] && [ ! -L "$_cb_pf" ] || continue\n'
+        '  _cb_d=${_cb_pf%/*}; [ -e "$_cb_d/node.log.rc" ] && continue\n'
+        f'  {{ IFS= read -r _cb_p < "$_cb_pf"; }} 2>/dev/null && [ "$_cb_p" = {int(port)} ] || continue\n'
+        '  { read -r _cb_pid _cb_sid _cb_start < "$_cb_d/pid"; } 2>/dev/null || continue\n'
+        '  case $_cb_pid in ""|*[!0-9]*) continue ;; esac\n'
+        '  [ -O "/proc/$_cb_pid" ] || continue\n'
+        '  { IFS= read -r _cb_l < "/proc/$_cb_pid/stat"; } 2>/dev/null && _cb_up ${_cb_l##*) } || continue\n'
+        f'  _cb_r=${{_cb_d%/*}}; _cb_rec {PORT_BUSY} "${{_cb_r##*/}}"; exit 0\n'
+        "done"
+    )
 
 
 def _check_prepared(prepare: Result, node: Node, spec: LaunchSpec, run_dir: str, nonce: str) -> None:
@@ -588,9 +613,15 @@ def prepare_plan(
                 refuse="\n".join(
                     [
                         *([posix.check_path(spec.imports_from)] if spec.imports_from else []),
-                        *([port_busy(posix, spec.master_port, nonce)] if spec.node_rank == 0 else []),
+                        *([port_busy(posix, spec.master_port, nonce, node)] if spec.node_rank == 0 else []),
                     ]
                 ),
+            )
+            # the master's run says which port it takes: a launch while it starts is refused
+            + (
+                f"\nprintf '%s\\n' {int(spec.master_port)} > {posix.path_word(run_dir)}/{PORT_FILE}"
+                if spec.node_rank == 0
+                else ""
             )
         )
         launch = Put(f"{run_dir}/launch.sh", data=rendered.encode("utf-8"), mode=0o700, what="launch script")

@@ -104,3 +104,46 @@ def test_a_run_of_ours_holding_the_port_is_named() -> None:
     finally:
         ours.kill()
         ours.wait()
+
+
+def test_a_run_still_starting_on_the_master_holds_its_port_before_it_listens(tmp_path: Path) -> None:
+    """`launch --detach`, then `launch` a second later: the first run's torchrun was still importing
+    torch, nothing listened yet, so the second was not refused; it failed on EADDRINUSE while its
+    other nodes dialled the first run's store. A run of this workdir on the master whose launcher is
+    alive, that has no exit code yet and said it takes this port, holds it."""
+    from orchestrator.inventory import load_inventory_text
+    from orchestrator.steps.launch import PORT_FILE, port_busy
+
+    workdir = tmp_path / "wd"
+    node = load_inventory_text(
+        f"nodes:\n  - {{name: n1, connection: local, workdir: {workdir}}}\n", str(tmp_path / "h.yaml")
+    ).nodes[0]
+    port = _free_port()
+    run_dir = workdir / "runs" / "lab-1" / "n1"
+    run_dir.mkdir(parents=True)
+    (run_dir / PORT_FILE).write_text(f"{port}\n")
+    launcher = subprocess.Popen(["sleep", "60"])
+    try:
+        start = Path(f"/proc/{launcher.pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+        (run_dir / "pid").write_text(f"{launcher.pid} {launcher.pid} {start}\n")
+
+        def says() -> str:
+            script = (
+                '_cb_rec() { echo "REC $*"; }\n' + port_busy(PosixShell(), port, "n", node) + "\necho free\n"
+            )
+            return subprocess.run(
+                ["sh", "-c", script], capture_output=True, text=True, check=True
+            ).stdout.strip()
+
+        assert says() == "REC port-busy lab-1"
+        (run_dir / PORT_FILE).write_text(f"{port + 1}\n")  # another port: not this one's holder
+        assert says() == "free"
+        (run_dir / PORT_FILE).write_text(f"{port}\n")
+        (run_dir / "node.log.rc").write_text("0\n")  # it ended: holds nothing
+        assert says() == "free"
+        (run_dir / "node.log.rc").unlink()
+        (run_dir / "pid").write_text(f"{launcher.pid} {launcher.pid} 1\n")  # a reused pid: not it
+        assert says() == "free"
+    finally:
+        launcher.kill()
+        launcher.wait()
