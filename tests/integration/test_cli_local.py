@@ -514,6 +514,15 @@ def test_clean_of_old_runs_only_leaves_the_environment_code_and_newer_runs(tmp_p
     (node,) = json.loads(listed.stdout)["nodes"]
     assert [i["kind"] for i in node["items"]] == ["runs"], node  # no env, code, cache
     assert sorted(node["runs"]) == ["old-1", "old-2"], node  # the runs chosen, by name
+    # without --outputs, out/ and node.log stay: a second clean of the same runs names none of them
+    assert (
+        bootstrap("-i", str(inv), "clean", "--yes", "--older-than", "7d", cwd=tmp_path, env=env).returncode
+        == 0
+    )
+    again = bootstrap(
+        "-i", str(inv), "--json", "clean", "--dry-run", "--older-than", "7d", cwd=tmp_path, env=env
+    )
+    assert json.loads(again.stdout)["nodes"][0]["runs"] == [], again
     kept = bootstrap("-i", str(inv), "clean", "--yes", "--keep", "1", "--outputs", cwd=tmp_path, env=env)
     assert kept.returncode == 0, kept
     assert re.search(r"^here: removed runs old-1, old-2, validate-x$", kept.stderr, re.M), kept.stderr

@@ -257,11 +257,11 @@ def run_paths(workdir, node, outputs, selection=None):
     runs = os.path.join(workdir, "runs")
     if not os.path.isdir(runs) or os.path.islink(runs):
         return out, [], []
-    parents = []
-    chosen = chosen_runs(runs, node, selection)
-    for run_id in chosen:
+    parents, named = [], []
+    for run_id in chosen_runs(runs, node, selection):
         mine = os.path.join(runs, run_id, node)
         kept = os.path.join(mine, OUTPUTS)
+        before = len(out)
         if not outputs and os.path.isdir(kept) and not os.path.islink(kept) and os.listdir(kept):
             for name in sorted(os.listdir(mine)):
                 if name not in KEPT:
@@ -270,7 +270,9 @@ def run_paths(workdir, node, outputs, selection=None):
         else:
             out.append((mine, True))
         parents.append(os.path.join(runs, run_id))
-    return out, [*parents, runs], chosen
+        if len(out) > before:  # a run an earlier clean left only its outputs of: nothing to name
+            named.append(run_id)
+    return out, [*parents, runs], named
 
 
 def marker_paths(directory, node):
