@@ -217,5 +217,5 @@ def show_launch(settings: Settings, inventory: Inventory, run: LaunchRun, *, own
     if settings.json_mode:
         top = {"run_id": run_id, "backend": run.plan.backend, "log_dir": str(run.log_dir)}
         return json_doc(ui, "launch", report.outcomes, code, result_fields, **top)
-    tell(ui, run.summary(inventory))
+    tell(ui, run.summary(inventory, settings if own_session else None))
     return code

@@ -19,6 +19,8 @@ from orchestrator.errors import ConnectError, RunStoppedError
 from orchestrator.executor import GroupResult
 from orchestrator.render import Renderer
 from orchestrator.runs.layout import RUNS_ROOT, finish_record, logs_where, write_record
+from orchestrator.runs.next_command import Reach as NextReach
+from orchestrator.runs.next_command import train_without
 from orchestrator.runs.ranks import split_rank
 from orchestrator.steps.launch import died_of_a_peer, failure_tail, root_cause, run_node
 from orchestrator.transports import Result
@@ -297,9 +299,10 @@ class LaunchRun:
         ]
         return said + sweep_said(self.run_id, report.swept, ended=not report.stopped)
 
-    def summary(self, inventory: Inventory) -> list[View | Said]:
+    def summary(self, inventory: Inventory, reach: NextReach | None = None) -> list[View | Said]:
         """A foreground run's summary: the table, who failed first with their last lines, the hints,
-        who was stopped, where the logs are."""
+        who was stopped, where the logs are; with ``reach`` (a command of its own: the pipeline says
+        it at its end), how to train without the nodes lost while it ran."""
         report, plan = self.report, self.plan
         assert report is not None and plan is not None
         said: list[View | Said] = []
@@ -320,6 +323,8 @@ class LaunchRun:
                 Said("note", f"stopped because {report.failed[0].node} failed first: {', '.join(ran)}")
             )
         said.append(Said("note", f"logs: {self.log_dir}/ (and {logs_where(inventory.nodes, self.run_id)})"))
+        if reach is not None and (hint := train_without(reach, inventory, sorted(report.lost), "launch")):
+            said.append(Said("info", hint))
         if ran:  # what a stopped rank printed while it handled the stop may miss node.log
             said.append(
                 Said(

@@ -83,6 +83,8 @@ def test_a_node_cut_off_mid_run_is_named_and_nothing_keeps_training(
         stderr = "".join(launch.err)
         assert code == 3, stderr  # a node lost: the connection exit code (docs/cli.md)
         assert f"node '{cut.name}'" in stderr and "lost" in stderr, stderr
+        # and, as a node not answering at the start gets, the line that trains without it
+        assert f"to train without {cut.name} until it is back: `bootstrap -i " in stderr, stderr
         named = next(
             t - begin
             for t, line in zip(launch.err_times, launch.err, strict=True)
