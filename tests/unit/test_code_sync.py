@@ -571,3 +571,23 @@ def test_the_script_launch_uploaded_counts_as_shipped_until_the_next_sync(tmp_pa
     out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
     assert out["errors"] == [] and (dest / "train.py").read_text() == "v3\n"
     assert not (dest / ".bootstrap-code-launched.json").exists()
+
+
+def test_a_project_file_where_a_run_made_a_directory_says_what_to_do(tmp_path: Path) -> None:
+    """A run wrote outdir/ckpt.bin; the project now has a file named outdir: every sync failed with
+    a bare "outdir: Directory not empty". The run's files stay, and the error says why and what to do."""
+    import hashlib
+
+    home = tmp_path / "home"
+    dest = home / "code"
+    (dest / "outdir").mkdir(parents=True)
+    (dest / "outdir" / "ckpt.bin").write_bytes(b"weights")
+    sha = hashlib.sha256(b"cfg\n").hexdigest()
+    header = {"delete": [], "files": [["outdir", 4, 0o644, None, sha]], "shipped": {"outdir": sha}}
+    (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"cfg\n")
+    out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
+    assert out["errors"] == [
+        "outdir: the node has a directory there holding files no sync put there (a run wrote them), where "
+        "the project now has a file: move it away on the node"
+    ]
+    assert (dest / "outdir" / "ckpt.bin").read_bytes() == b"weights"

@@ -491,7 +491,15 @@ def apply(args):
                     parent = real_dirs(root, parts, True, known)
                     target = os.path.join(parent, parts[-1])
                     if os.path.isdir(target) and not os.path.islink(target):
-                        os.rmdir(target)  # a directory the project replaced by a file (emptied above)
+                        try:  # a directory the project replaced by a file (emptied above)
+                            os.rmdir(target)
+                        except OSError as exc:
+                            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                                raise
+                            raise Refused(
+                                "the node has a directory there holding files no sync put there (a run"
+                                " wrote them), where the project now has a file: move it away on the node"
+                            ) from None
                     tmp = os.path.join(parent, b"." + parts[-1][:60] + b".bcs-" + enc(os.urandom(6).hex()))
                     if link is not None:
                         os.symlink(enc(link), tmp)
