@@ -48,6 +48,7 @@ from orchestrator.runs.layout import (
     train_args_line,
 )
 from orchestrator.runs.ranks import rank_labels
+from orchestrator.runs.stall import span
 from orchestrator.runs.tail import FollowResult
 from orchestrator.view import Cell, Said, View, failures, node_view, red
 
@@ -356,7 +357,26 @@ class StatusReport:
             *said,
             *(Said("error", line) for line in self.failure_lines(run_id)),
             *(Said("note", line) for line in self.after_stop_lines()),
+            *(Said("note", line) for line in self.quiet_lines(run_id)),
             *failures(self.outcomes),
+        ]
+
+    def quiet_lines(self, run_id: str) -> list[str]:
+        """A running run none of whose nodes' logs grew for the stall time (runs/stall.py, as the
+        foreground launch says it): maybe a hung rank, how to look and how to stop."""
+        from orchestrator.runs.stall import stall_seconds
+
+        running = [o.value for o in self.outcomes if o.value is not None and o.value.state == "running"]
+        after = stall_seconds()
+        if not running or after <= 0 or any(v.quiet is None or v.quiet < after for v in running):
+            return []
+        least = min(v.quiet or 0.0 for v in running)
+        return [
+            f"no node's log has grown for {span(least)}: a rank may be hung (a data loader, a wait), the "
+            "others then wait for it in their next collective up to the process group's timeout (30 min "
+            "for gloo by default). To see where a rank is: `py-spy dump --pid PID` on its node; to stop "
+            f"the run: `bootstrap stop --run {shlex.quote(run_id)}`; if the script is only quiet, this can "
+            "be ignored (BOOTSTRAP_STALL_NOTE=SECONDS sets when this is said, 0 never)"
         ]
 
     def failure_lines(self, run_id: str) -> list[str]:
@@ -421,7 +441,9 @@ class StatusReport:
                 continue
             failed = o.error is not None or value.failed  # "no run" too
             state = Cell(value.label, "red" if failed else styles.get(value.state, "dim"))
-            view.add(o.node, state, value.runtime_text, value.gpu_text, value.last_line)
+            quiet = value.quiet or 0.0  # a running node silent for a minute or more: since when
+            last = f"({span(quiet)} ago) {value.last_line}" if quiet >= 60 else value.last_line
+            view.add(o.node, state, value.runtime_text, value.gpu_text, last)
         return view
 
 

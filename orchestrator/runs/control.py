@@ -347,10 +347,13 @@ class NodeStatus:
     #: a failed run: the rank torchrun's summary names as its root cause, and that rank's exit code
     #: (the node's own is torchrun's 1)
     failed_rank: tuple[int, int] | None = None
+    #: running: seconds since its log last grew (the node's own clock); a hung rank shows here
+    quiet: float | None = None
 
     def public_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["runtime"] = None if self.runtime is None else round(self.runtime, 1)
+        doc["quiet"] = None if self.quiet is None else round(self.quiet, 1)
         rank = self.failed_rank
         doc["failed_rank"] = None if rank is None else {"rank": rank[0], "exit_code": rank[1]}
         return doc
@@ -459,9 +462,12 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
     now, started, ended = _num(values.get("now")), _num(values.get("started")), _num(values.get("ended"))
     rc = values.get("rc")
     code = int(rc) if rc is not None and rc.lstrip("-").isdigit() else None
+    quiet = None
     if values.get("alive") == "1":
         state = "running"
         runtime = now - started if now is not None and started is not None else None
+        modified = _num(values.get("modified"))
+        quiet = max(0.0, now - modified) if now is not None and modified is not None else None
     elif values.get("stopped") is not None:
         state = "stopped"  # by `stop --run` (or a controller's stop): whatever code it ended with
         stopped = _num(values.get("stopped"))
@@ -495,6 +501,7 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
         log_bytes=int(_num(values.get("size")) or 0),
         gpus=gpus,
         failed_rank=root_cause(cause) if code not in (None, 0) else None,
+        quiet=quiet,
     )
 
 

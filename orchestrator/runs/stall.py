@@ -35,7 +35,8 @@ def stall_seconds() -> float:
         return STALL_SECONDS
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
+    """A silence as it is said: seconds, or minutes from two on."""
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
@@ -100,7 +101,7 @@ class StallWatch:
                 when = time.strftime("%H:%M:%S", time.localtime(h[1]))
                 lines.append(f"  {name}: last at {when}{': ' + h[2] if h[2] else ''}")
         return (
-            f"no rank has printed anything for {_span(quiet)}; the last lines, the quietest node first:\n"
+            f"no rank has printed anything for {span(quiet)}; the last lines, the quietest node first:\n"
             + "\n".join(lines)
             + "\nA rank may be hung (a data loader, a wait): the others then wait for it in their next"
             " collective up to the process group's timeout (30 min for gloo by default) before the run"

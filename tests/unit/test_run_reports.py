@@ -388,3 +388,38 @@ def test_what_a_node_says_cannot_start_a_line_of_ours_or_a_command_we_suggest(tm
     copy = TransferError("cannot copy /w/out/x\nerror: forged line to runs/r1/n1/x: gone", node="n1")
     (line,) = failures([Outcome("n1", None, copy, 0.1)])
     assert "\n" not in line.text and "x^Jerror: forged line" in line.text
+
+
+def test_status_of_a_run_gone_quiet_says_when_each_node_last_wrote_and_that_a_rank_may_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hung rank in a detached run was invisible: `status` showed `running` and a last line of no
+    age. A running node's silence is shown with its last line, and when no node's log grew for the
+    stall time (BOOTSTRAP_STALL_NOTE, as the foreground launch says it) a note says what it may be."""
+    from orchestrator.records import record
+    from orchestrator.runs.commands import StatusReport
+    from orchestrator.runs.control import NodeStatus, parse_status
+
+    said = "".join(
+        record("cb-0123456789ab", kind, value)
+        for kind, value in (("alive", "1"), ("now", "2000"), ("started", "1000"), ("modified", "1100"))
+    )
+    assert parse_status(said, "cb-0123456789ab").quiet == 900.0
+    values = {
+        "node1": NodeStatus("running", runtime=1000, last_line="step 2 loss 0.47", quiet=900.0),
+        "node2": NodeStatus("running", runtime=1000, last_line="rank 1 hanging now", quiet=905.0),
+    }
+    report = StatusReport(GroupResult(Outcome(n, v, None, 0.1) for n, v in values.items()))
+    rows = report.view("r1").rows
+    assert [cells[-1] for cells, _ in rows] == [
+        "(15 min ago) step 2 loss 0.47",
+        "(15 min ago) rank 1 hanging now",
+    ]
+    monkeypatch.setenv("BOOTSTRAP_STALL_NOTE", "600")
+    (note,) = report.quiet_lines("r1")
+    assert (
+        note.startswith("no node's log has grown for 15 min: a rank may be hung") and "stop --run r1" in note
+    )
+    monkeypatch.setenv("BOOTSTRAP_STALL_NOTE", "1000")
+    assert report.quiet_lines("r1") == []
+    assert NodeStatus("running", quiet=900.0).public_dict()["quiet"] == 900.0
