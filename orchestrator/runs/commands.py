@@ -95,6 +95,12 @@ def recorded_run(inventory: Inventory, nodes: list[Node], run_id: str, *, narrow
     samples, code_dir = sample_nonce(RUNS_ROOT / run_id), inventory.cluster.train.code_dir
     if not isinstance(recorded, dict) or not recorded:
         return RecordedRun(run_id, nodes, labels, samples, code_dir)
+    if narrowed and (outside := [n.name for n in nodes if n.name not in recorded]):
+        # said from the record here, before any node is dialled (it answered "no run" after a dial)
+        raise UsageError(
+            f"{', '.join(outside)}: not part of run {run_id} (its nodes: {', '.join(map(str, recorded))})",
+            hint="leave them out of --nodes",
+        )
     if not narrowed:
         nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
     if not inventory.cluster.train.elastic:

@@ -359,6 +359,36 @@ def test_processes_a_finished_run_left_behind_are_stopped_and_named(tmp_path: Pa
         subprocess.run(["pkill", "-f", tag], check=False)
 
 
+def test_a_node_the_run_did_not_use_is_said_so_from_its_record_before_anything_is_dialled(
+    tmp_path: Path,
+) -> None:
+    """`launch --nodes n1`, then `logs --nodes n2`: n2 was dialled and answered "no run ... on this
+    node". The run's record here says n2 was not part of it: a usage error naming its nodes."""
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        "nodes:\n"
+        f"  - {{name: n1, connection: local, workdir: {tmp_path / 'wd1'}}}\n"
+        "  - {name: n2, host: 192.0.2.1}\n"  # TEST-NET: never reached, whatever happens
+    )
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    record = {"run_id": "r1", "nodes": {"n1": {"first_rank": 0, "nproc": 1}}}
+    (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps(record))
+    for command in ("logs", "status", "fetch"):
+        run = bootstrap(
+            "-i",
+            str(inv),
+            command,
+            "--run",
+            "r1",
+            "--nodes",
+            "n2",
+            *(["x"] * (command == "fetch")),
+            cwd=tmp_path,
+        )
+        assert run.returncode == 2, run
+        assert "n2: not part of run r1 (its nodes: n1)" in run.stderr and "192.0.2.1" not in run.stderr, run
+
+
 def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_path: Path) -> None:
     """A mistyped --run: `stop` does not say "nothing was running" with exit 0, and `fetch` does not
     blame the file: both say there is no such run on the node (exit 1), as `status` and `logs` do."""
