@@ -56,7 +56,7 @@ def _run(
     command there."""
     settings = Settings.from_context(ctx)
     inventory, nodes = load_selection(settings)
-    run_id = resolve_run(run_arg)
+    run_id = resolve_run(run_arg, on_note=settings.ui.note)
     if inventory.cluster.slurm is not None:  # a Slurm job: the login host answers for it
         raise CommandExit(ExitCode(on_slurm(settings, inventory, run_id)))
     run = commands.recorded_run(inventory, nodes, run_id, narrowed=bool(settings.nodes))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.errors import UsageError
@@ -130,9 +131,10 @@ def _runs_here(root: Path) -> list[tuple[bool, float, str]]:
     return found
 
 
-def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
+def resolve_run(run: str | None, root: Path = RUNS_ROOT, on_note: Callable[[str], None] | None = None) -> str:
     """``latest`` (or nothing): the newest run under ./runs (not a launch that started nowhere: its
-    record says ``not_started``); anything else is taken as a run id."""
+    record says ``not_started``; ``on_note`` is told when such a launch is newer than the run taken,
+    which would otherwise read as the new one's state); anything else is taken as a run id."""
     if run not in (None, "", "latest"):
         assert run is not None
         return check_run_id(run)
@@ -142,7 +144,26 @@ def resolve_run(run: str | None, root: Path = RUNS_ROOT) -> str:
             f"no runs in {root.resolve()} (run ids are kept where `bootstrap launch` ran)",
             hint="pass --run RUN-ID, or run this from the directory you launched from",
         )
-    return max(candidates)[2]
+    taken = max(candidates)
+    newer = [name for when, name in _never_started(root) if when > taken[1]] if taken[0] else []
+    if newer and on_note is not None:
+        on_note(
+            f"latest is run {taken[2]}: the newer launch{'es' if len(newer) > 1 else ''} "
+            f"{', '.join(sorted(newer))} never started (refused, or cut short before training began)"
+        )
+    return taken[2]
+
+
+def _never_started(root: Path) -> list[tuple[float, str]]:
+    """(when, id) of the launches here whose record says they never started."""
+    found = []
+    for entry in root.iterdir() if root.is_dir() else []:
+        stamp = entry / RECORD
+        if not _RUN_ID.fullmatch(entry.name) or not stamp.is_file():
+            continue
+        if (read_record(entry) or {}).get("not_started"):
+            found.append((stamp.stat().st_mtime, entry.name))
+    return found
 
 
 def nearest_run(run_id: str, root: Path = RUNS_ROOT) -> str | None:

@@ -56,6 +56,25 @@ def test_latest_is_the_newest_launch_from_here_before_any_copy(tmp_path: Path) -
     assert ids.resolve_run(None, tmp_path) == "new-launch"
 
 
+def test_latest_says_so_when_a_newer_launch_never_started(tmp_path: Path) -> None:
+    """A refused (or cut short) launch is never `latest`: status, logs, fetch and stop then took the
+    run before it silently, its state read as the new one's. They still take it, and say why."""
+    (tmp_path / "ran").mkdir()
+    (tmp_path / "ran" / RECORD).write_text("{}")
+    os.utime(tmp_path / "ran" / RECORD, (1000, 1000))
+    notes: list[str] = []
+    assert ids.resolve_run("latest", tmp_path, on_note=notes.append) == "ran" and notes == []
+    (tmp_path / "refused").mkdir()
+    (tmp_path / "refused" / RECORD).write_text('{"not_started": true}')
+    assert ids.resolve_run("latest", tmp_path, on_note=notes.append) == "ran"
+    assert notes == [
+        "latest is run ran: the newer launch refused never started (refused, or cut short before "
+        "training began)"
+    ]
+    notes.clear()
+    assert ids.resolve_run("ran", tmp_path, on_note=notes.append) == "ran" and notes == []  # asked by name
+
+
 def test_a_chosen_id_is_refused_when_a_run_of_it_was_launched_here(tmp_path: Path) -> None:
     assert ids.new_run_id("lab", chosen="exp-1", root=tmp_path) == "exp-1"
     (tmp_path / "exp-1").mkdir()
