@@ -73,7 +73,10 @@ def mark_command(platform: PosixShell, workdir: str, marker_dir: str, name: str,
         "else\n"
         '  [ -d "$m" ] || mkdir -p "$m" 2>&1\n'
         '  [ -d "$m" ] && [ ! -L "$m" ] && '
-        f'{{ rm -f "$t"; (set -C; printf %s {q(token)} > "$t") && mv -f "$t" "$m"/{q(name)}; }} 2>&1\n'
+        # (rm only for a name left over: a process less on every node and check)
+        # (set -C holds for the rest of this section, a subshell of its own: no subshell more)
+        f'{{ {{ [ ! -e "$t" ] && [ ! -L "$t" ]; }} || rm -f "$t"; set -C; printf %s {q(token)} > "$t"'
+        f' && mv -f "$t" "$m"/{q(name)}; }} 2>&1\n'
         "fi"
     )
 
