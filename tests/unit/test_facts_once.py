@@ -38,7 +38,7 @@ nodes:
   - {name: n3, host: 10.0.0.13, user: alice, python: /usr/bin/python3}
 """
 LISTEN = re.compile(r"cbt-reach listen (\S+) (\S+) (\d+)(?: (\d+) (\d+))?")
-MARK = re.compile(r"printf %s (\S+) > \"\$t\" && mv -f \"\$t\" \"\$m\"/(\S+);")
+MARK = re.compile(r"printf %s (\S+) > \"\$t\" && mv -f \"\$t\" (\S+);")
 
 
 def probe_args(script: str) -> str:

@@ -61,31 +61,38 @@ def mark_command(platform: PosixShell, workdir: str, marker_dir: str, name: str,
     change (``check_path``: launch refuses the others too): in one that another user made, a link
     planted as the marker would have had any file we can write overwritten (``/etc/shadow`` as root);
     the refusal is printed instead (exit UNSAFE_DIR_EXIT), and nothing is written."""
-    q = platform.quote
+    q, wd = platform.quote, platform.path_word(workdir)
     # never through a link: one where the markers' directory goes is refused (on a shared file
     # system another node, or a run's code, could plant it to have <any directory>/<name> replaced
-    # here); the marker is a new file (noclobber) renamed over <name> (a rename replaces a link)
+    # here). The script goes into that directory (cd -P: builtins, no process) and checks it went
+    # where the name is, not where a link led; from then on it writes by relative names, so a link
+    # swapped in after the check changes nothing. The marker is a new file (noclobber) renamed over
+    # <name> (a rename replaces a link, never writes through it).
     return (
         f"{{ {platform.check_path(workdir)}\n}} 2>&1\n"
-        f'm={platform.path_word(workdir)}/{q(marker_dir)}; t="$m"/.{q(name)}.$$\n'
+        f"cd -P -- {wd} 2>/dev/null || mkdir -p -- {wd} 2>&1 && cd -P -- {wd} || exit 1\n"
+        f"_cb_w=$PWD m={q(marker_dir)} t=.{q(name)}.$$\n"
         'if [ -L "$m" ] || { [ -e "$m" ] && [ ! -d "$m" ]; }; then\n'
-        '  echo "$m: not a directory of its own (a link or a file in its place): refused"; exit 1\n'
-        "else\n"
-        '  [ -d "$m" ] || mkdir -p "$m" 2>&1\n'
-        '  [ -d "$m" ] && [ ! -L "$m" ] && '
-        # (rm only for a name left over: a process less on every node and check)
-        # (set -C holds for the rest of this section, a subshell of its own: no subshell more)
+        '  echo "$_cb_w/$m: not a directory of its own (a link or a file in its place): refused"; exit 1\n'
+        "fi\n"
+        '[ -d "$m" ] || mkdir "$m" 2>/dev/null || [ -d "$m" ] ||'
+        ' { echo "$_cb_w/$m: cannot be created"; exit 1; }\n'
+        'cd -P -- "$m" && [ "$PWD" = "$_cb_w/$m" ] || {\n'
+        '  echo "$_cb_w/$m: not a directory of its own (a link or a file in its place): refused"; exit 1; }\n'
+        # (rm only for a name left over: a process less on every node and check; set -C holds for
+        # the rest of this section, a subshell of its own)
         f'{{ {{ [ ! -e "$t" ] && [ ! -L "$t" ]; }} || rm -f "$t"; set -C; printf %s {q(token)} > "$t"'
-        f' && mv -f "$t" "$m"/{q(name)}; }} 2>&1\n'
-        "fi"
+        f' && mv -f "$t" {q(name)}; }} 2>&1'
     )
 
 
 def list_command(platform: PosixShell, workdir: str, marker_dir: str) -> str:
-    """``NAME TOKEN`` for every marker in ``<workdir>/<marker_dir>`` (dot files are half-written)."""
-    m = f"{platform.path_word(workdir)}/{platform.quote(marker_dir)}"
+    """``NAME TOKEN`` for every marker in ``<workdir>/<marker_dir>`` (dot files are half-written):
+    read in that directory itself (cd -P, then checked), never through a link in its place."""
+    w, m = platform.path_word(workdir), platform.quote(marker_dir)
     return (
-        f"[ -L {m} ] && exit 0; cd {m} || exit 0\n"  # a link in its place: nothing read through it
+        f'cd -P -- {w} 2>/dev/null && _cb_w=$PWD && cd -P -- {m} 2>/dev/null && [ "$PWD" = "$_cb_w"/{m} ]'
+        " || exit 0\n"
         'for f in *; do [ -f "$f" ] && [ ! -L "$f" ] || continue; t=; IFS= read -r t < "$f"\n'
         'printf \'%s %s\\n\' "$f" "$t"; done'
     )
