@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -163,15 +164,24 @@ class LocalTransport(Transport):
     def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
         self.connect()
         target = _at_home(remote)
+        # a new file beside the target, renamed over it once whole, as the SFTP and shell uploads do:
+        # a link planted at the target (a run's code can, in the code directory) is replaced, never
+        # written through
+        part = target.with_name(f".{target.name}.{secrets.token_hex(6)}.part")
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             with local.open("rb") as source:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-                fd = os.open(target, flags, 0o600 if mode is not None else 0o666)
-                with os.fdopen(fd, "wb") as out:
-                    if mode is not None:
-                        os.fchmod(fd, mode)  # before the first byte (an existing file keeps its mode)
-                    shutil.copyfileobj(source, out)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                fd = os.open(part, flags, 0o600 if mode is not None else 0o666)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        if mode is not None:
+                            os.fchmod(fd, mode)  # before the first byte
+                        shutil.copyfileobj(source, out)
+                    os.replace(part, target)
+                except BaseException:
+                    part.unlink(missing_ok=True)
+                    raise
         except OSError as exc:
             raise TransferError(f"cannot copy {local} to {remote}: {exc}", node=self.node_name) from exc
 

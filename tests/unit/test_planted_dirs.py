@@ -444,3 +444,23 @@ def test_a_link_where_the_nodes_markers_go_is_refused_never_written_through(
     marker_file = workdir / name / "node1"
     assert not marker_file.is_symlink() and marker_file.read_text() == token
     assert victim.read_text() == "root:secret\n"
+
+
+def test_an_upload_to_this_machine_replaces_a_link_at_its_target_never_writes_through_it(
+    tmp_path: Path, victim: Path
+) -> None:
+    """`connection: local` (the master itself, the embedded default): a link a run's code put where
+    launch uploads the training script or its record had the upload truncate and rewrite the file it
+    pointed at (os.open with O_TRUNC followed it), as root. The SFTP and shell uploads write a new file
+    and rename it; so does this one now."""
+    from orchestrator.transports.local import LocalTransport
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "train.py").symlink_to(victim)
+    source = tmp_path / "train.py"
+    source.write_text("print('the project')\n")
+    LocalTransport("here", PosixShell()).put(source, str(code / "train.py"), mode=0o644)
+    assert victim.read_text() == "root:secret\n"
+    assert not (code / "train.py").is_symlink() and (code / "train.py").read_text() == "print('the project')\n"
+    assert sorted(p.name for p in code.iterdir()) == ["train.py"]  # no part left behind
