@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import filecmp
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -514,10 +515,13 @@ def root_cause(lines: list[str]) -> tuple[int, int] | None:
 
 
 def _num(text: str | None) -> float | None:
+    """A node's number (a time, a size): None when it is none, or no finite one within reason (a
+    node's ``-inf`` or ``1e308`` gave `status --json` an Infinity no JSON reader takes)."""
     try:
-        return float(text) if text else None
+        value = float(text) if text else None
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) and abs(value) < 1e15 else None
 
 
 # -- stop --------------------------------------------------------------------------------------------

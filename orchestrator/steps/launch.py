@@ -464,6 +464,8 @@ def port_busy(posix: PosixShell, port: int, nonce: str, node: Node | None = None
         '  [ -f "$_cb_pf" ] && [ ! -L "$_cb_pf" ] || continue\n'
         '  _cb_d=${_cb_pf%/*}; [ -e "$_cb_d/node.log.rc" ] && continue\n'
         f'  {{ IFS= read -r _cb_p < "$_cb_pf"; }} 2>/dev/null && [ "$_cb_p" = {int(port)} ] || continue\n'
+        # a plain file only: a FIFO put there (a run's code can) would block the read, and the launch
+        '  [ -f "$_cb_d/pid" ] && [ ! -L "$_cb_d/pid" ] || continue\n'
         '  { read -r _cb_pid _cb_sid _cb_start < "$_cb_d/pid"; } 2>/dev/null || continue\n'
         '  case $_cb_pid in ""|*[!0-9]*) continue ;; esac\n'
         '  [ -O "/proc/$_cb_pid" ] || continue\n'

@@ -144,6 +144,9 @@ def test_a_run_still_starting_on_the_master_holds_its_port_before_it_listens(tmp
         (run_dir / "node.log.rc").unlink()
         (run_dir / "pid").write_text(f"{launcher.pid} {launcher.pid} 1\n")  # a reused pid: not it
         assert says() == "free"
+        (run_dir / "pid").unlink()
+        os.mkfifo(run_dir / "pid")  # a FIFO a run's code put there: never opened (it blocked 60 s)
+        assert says() == "free"
     finally:
         launcher.kill()
         launcher.wait()

@@ -405,6 +405,11 @@ def test_status_of_a_run_gone_quiet_says_when_each_node_last_wrote_and_that_a_ra
         for kind, value in (("alive", "1"), ("now", "2000"), ("started", "1000"), ("modified", "1100"))
     )
     assert parse_status(said, "cb-0123456789ab").quiet == 900.0
+    for hostile in ("-inf", "nan", "1e308"):  # a node's number that no JSON reader takes, or none sane
+        odd = said.replace(
+            record("cb-0123456789ab", "modified", "1100"), record("cb-0123456789ab", "modified", hostile)
+        )
+        assert parse_status(odd, "cb-0123456789ab").quiet is None, hostile
     values = {
         "node1": NodeStatus("running", runtime=1000, last_line="step 2 loss 0.47", quiet=900.0),
         "node2": NodeStatus("running", runtime=1000, last_line="rank 1 hanging now", quiet=905.0),
