@@ -132,7 +132,7 @@ def test_a_run_still_starting_on_the_master_holds_its_port_before_it_listens(tmp
                 '_cb_rec() { echo "REC $*"; }\n' + port_busy(PosixShell(), port, "n", node) + "\necho free\n"
             )
             return subprocess.run(
-                ["sh", "-c", script], capture_output=True, text=True, check=True
+                ["sh", "-c", script], capture_output=True, text=True, check=True, timeout=10
             ).stdout.strip()
 
         assert says() == "REC port-busy lab-1"
