@@ -635,13 +635,22 @@ class FetchReport:
         return [*lacking, *kept, *skipped]
 
     def cut(self) -> list[str]:
-        """A directory whose listing was too long to take whole: what was copied of it, and what to do."""
+        """What was found and not copied (each an error): a directory whose listing was too long to
+        take whole; files whose place here holds the other kind (a directory for a file, or a file
+        where a directory goes)."""
         return [
             f"{o.node}: {f.path}: its listing was longer than {LISTING_CAP >> 20} MiB of names, so only "
             f"the first {f.files} file(s) were copied: fetch the directories below it one by one"
             for o in self.outcomes
             for f in o.value or []
             if f.cut
+        ] + [
+            f"{o.node}: {f.path}: {len(f.clashed)} file(s) not copied, the first {one_line(f.clashed[0])}: "
+            "here a directory has a file's name there, or a file a directory's (an earlier fetch when it "
+            "was the other kind); move that away here and fetch again"
+            for o in self.outcomes
+            for f in o.value or []
+            if f.clashed
         ]
 
     def hint(self, run_id: str) -> str:

@@ -614,6 +614,9 @@ class Fetched:
     skipped: int = 0
     #: a directory whose listing was longer than :data:`LISTING_CAP`: only the files of its first part
     cut: bool = False
+    #: files not copied: here a directory has a file's name there, or a file a directory's (an earlier
+    #: fetch of the same path when it was the other kind)
+    clashed: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> str:
@@ -689,7 +692,9 @@ def fetch_node(
         for item, listing_bytes in copies:
             assert item.source is not None
             if listing_bytes is None:
-                if copy:
+                if copy and _clashes(Path(item.local), dest):
+                    item.clashed.append(item.path)
+                elif copy:
                     item.kept += keep_and_get(transport, item.source, Path(item.local), stage)
             else:
                 _fetch_listing(node, transport if copy else None, item.source, listing_bytes, item, stage)
@@ -811,9 +816,22 @@ def _fetch_listing(
             into.skipped += 1
             continue
         wanted.append((f"{base.rstrip('/')}/{'/'.join(rel_parts)}", local, int(size_text)))
-    taken = {local for _, local, _ in wanted}
+    # the names this fetch writes, and the directories it makes: no backup takes one of them
+    taken = {at for _, local, _ in wanted for at in (local, *local.parents)}
     for source, local, size in wanted:
+        if transport is not None and _clashes(local, Path(into.local)):
+            into.clashed.append(str(local.relative_to(into.local)))
+            continue
         if transport is not None:
             into.kept += keep_and_get(transport, source, local, stage, taken)
         into.files += 1
         into.bytes += size
+
+
+def _clashes(local: Path, root: Path) -> bool:
+    """Whether the copy cannot go to ``local`` (below ``root``, or ``root`` itself): a directory here
+    where it goes, or a file (or link) here where one of its directories goes."""
+    if local.is_dir() and not local.is_symlink():
+        return True
+    parents = [p for p in local.parents if p == root or root in p.parents]
+    return any(os.path.lexists(p) and (p.is_symlink() or not p.is_dir()) for p in parents)

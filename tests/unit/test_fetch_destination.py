@@ -221,3 +221,31 @@ def test_a_listing_longer_than_the_cap_is_cut_on_the_node_and_only_its_whole_ent
     report = FetchReport(GroupResult([Outcome("n1", [got], None, 0.1)]))
     assert report.exit_code() == 1
     assert any("only the first" in line and "one by one" in line for line in report.cut()), report.cut()
+
+
+def test_a_place_here_of_the_other_kind_is_said_and_the_rest_is_copied(tmp_path: Path) -> None:
+    """ck/w was a directory at an earlier fetch and is a file now (or the other way round): the whole
+    node's fetch ended as "unexpected IsADirectoryError ... report it as a bug". The file is left,
+    said as not copied (exit 1), the others are copied; and a kept copy's name is never a directory
+    the node's listing needs (w.~1~/z)."""
+    from orchestrator.executor import GroupResult, Outcome
+    from orchestrator.runs.commands import FetchReport
+
+    dest = tmp_path / "runs" / "r1" / "n1"
+    (dest / "ck" / "w").mkdir(parents=True)
+    (dest / "ck" / "w" / "old").write_text("an earlier fetch\n")
+    node = _Node([("dir", "0", "/wd/out/ck", _listing(b"w", b"x"))], b"new\n")
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["ck"], code_dir=None, dest=dest)
+    assert (got.clashed, got.files) == (["w"], 1)
+    assert (dest / "ck" / "x").read_bytes() == b"new\n" and (dest / "ck" / "w" / "old").exists()
+    report = FetchReport(GroupResult([Outcome("n1", [got], None, 0.1)]))
+    assert report.exit_code() == 1 and "1 file(s) not copied, the first w" in report.cut()[0]
+
+    again = tmp_path / "again" / "runs" / "r1" / "n1"
+    (again / "ck").mkdir(parents=True)
+    (again / "ck" / "w").write_text("fetched before\n")
+    node = _Node([("dir", "0", "/wd/out/ck", _listing(b"w", b"w.~1~/z"))], b"new\n")
+    (got,) = fetch_node(_node(tmp_path), node, "r1", ["ck"], code_dir=None, dest=again)
+    assert got.kept == [str(again / "ck" / "w.~2~")] and not got.clashed
+    assert (again / "ck" / "w.~2~").read_text() == "fetched before\n"
+    assert (again / "ck" / "w.~1~" / "z").read_bytes() == b"new\n"
