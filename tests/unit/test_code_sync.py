@@ -560,12 +560,19 @@ def test_the_script_launch_uploaded_counts_as_shipped_until_the_next_sync(tmp_pa
     for name, sha in (("shipped", shipped), ("launched", launched)):
         record = {"version": 1, "files": {"train.py": sha}}
         (dest / f".bootstrap-code-{name}.json").write_text(json.dumps(record))
+    from orchestrator.steps.codesync.sync import _shipped
+
     scan = _probe({"op": "scan", "dest": "~/code", "rules": []}, home)
-    assert scan["shipped"] == {"train.py": launched}
+    assert (scan["shipped"], scan["launched"]) == ({"train.py": shipped}, {"train.py": launched})
     v3 = hashlib.sha256(b"v3\n").hexdigest()
-    assert diff({"train.py": _e(v3)}, {"train.py": _e(launched)}, shipped=scan["shipped"]).changed == [
-        "train.py"
-    ]
+    project = {"train.py": _e(v3)}
+    # counted as shipped for the project's own paths only: the record is the node user's to write,
+    # and a forged entry for a file of the node's own would have had the sync delete it
+    forged = {**scan, "launched": {**scan["launched"], "data.bin": _e("d").sha256}}
+    ours = _shipped(forged, project)
+    assert ours == {"train.py": launched}
+    changes = diff(project, {"train.py": _e(launched), "data.bin": _e("d")}, shipped=ours)
+    assert (changes.changed, changes.deleted) == (["train.py"], [])
     header = {"delete": [], "files": [["train.py", 3, 0o644, None, v3]], "shipped": {"train.py": v3}}
     (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"v3\n")
     out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)

@@ -347,13 +347,22 @@ def _nothing_to_send(scan: dict[str, Any] | None, local: dict[str, FileEntry], t
     if scan.get("same"):
         return True
     remote = _remote_files(scan.get("files") or {})
-    shipped = _shipped(scan)
+    shipped = _shipped(scan, local)
     return not diff(local, remote, tree.rules.excluded, shipped) and shipped == shipped_record(local)
 
 
-def _shipped(scan: dict[str, Any]) -> dict[str, str] | None:
+def _shipped(scan: dict[str, Any], local: dict[str, FileEntry]) -> dict[str, str] | None:
+    """The node's record of what syncs shipped, with what `launch` uploaded since (the training
+    script: its record beside the sync's) for the project's own paths only: that file is the node
+    user's to write, and a forged entry must not make a node's own file look like ours to delete."""
     raw = scan.get("shipped")
-    return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    shipped = {str(k): str(v) for k, v in raw.items()}
+    launched = scan.get("launched")
+    if isinstance(launched, dict):
+        shipped.update((str(k), str(v)) for k, v in launched.items() if str(k) in local)
+    return shipped
 
 
 def _remote_files(raw: dict[str, Any]) -> dict[str, FileEntry]:
@@ -446,7 +455,7 @@ def scan_node(
     if scan.get("same"):
         changes, recorded = Changes(), True
     else:
-        shipped = _shipped(scan)
+        shipped = _shipped(scan, local)
         changes = diff(local, _remote_files(scan.get("files") or {}), tree.rules.excluded, shipped)
         # a file kept (the node's own) is not recorded as ours: never deleted, never overwritten
         # later, and a launch sees that the node's code is not the project's

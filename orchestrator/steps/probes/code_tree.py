@@ -178,18 +178,22 @@ def load_shipped(root):
     files = data.get("files") if isinstance(data, dict) and data.get("version") == PROBE_VERSION else None
     if not isinstance(files, dict):
         return None
-    shipped = dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
-    # the training script `launch` uploaded since (`edit, launch` of the daily loop) is ours as well,
-    # with the bytes it put there: the next sync replaces it as any file it shipped, never "kept"
-    launched = os.path.join(root, LAUNCHED)
+    return dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
+
+
+def load_launched(root):
+    """What `launch` uploaded here since the last sync ({rel: sha256}, the training script), {} when
+    nothing: sent back for the controller, which counts it as shipped for the project's own paths
+    only (any process of the node's user can write this file)."""
+    path = os.path.join(root, LAUNCHED)
     try:
-        if not os.path.islink(launched):
-            with open(launched, "rb") as fh:
-                more = json.loads(fh.read().decode("utf-8")).get("files") or {}
-            shipped.update((k, v) for k, v in more.items() if isinstance(k, str) and isinstance(v, str))
+        if os.path.islink(path):
+            return {}
+        with open(path, "rb") as fh:
+            files = json.loads(fh.read().decode("utf-8")).get("files") or {}
+        return dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
     except (OSError, ValueError, AttributeError):
-        pass
-    return shipped
+        return {}
 
 
 def write_marker(root, marker):
@@ -248,6 +252,7 @@ def scan(args):
     out["running"] = running_from(os.path.realpath(root_text))
     shipped = load_shipped(root)
     out["shipped"] = shipped
+    out["launched"] = load_launched(root)
     cache_path = os.path.join(root, CACHE)
     out["marked"] = os.path.isfile(cache_path) and not os.path.islink(cache_path)
     cache = load_cache(root) if out["marked"] else {}
