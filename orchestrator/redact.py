@@ -40,6 +40,34 @@ def strip_url_credentials(text: str) -> str:
     return _USERINFO_RE.sub(lambda m: m.group("scheme"), text)
 
 
+#: how the usual API tokens begin (Hugging Face, GitHub, OpenAI-style, Slack, AWS key ids, GitLab, JWTs)
+_TOKEN_PREFIXES = (
+    "hf_",
+    "ghp_",
+    "gho_",
+    "ghs_",
+    "github_pat_",
+    "sk-",
+    "sk_",
+    "xox",
+    "AKIA",
+    "ASIA",
+    "glpat-",
+    "eyJ",
+)
+
+
+def looks_like_token(word: str) -> bool:
+    """Whether ``word`` has a secret token's shape: a usual token's start, or 20 characters or more of
+    letters, digits, ``_`` and ``-`` with both letters and digits in them. A line that would repeat such
+    a word is not printed (a typo's refusal, a suggested command): better a line less than a token
+    shown."""
+    if word.startswith(_TOKEN_PREFIXES):
+        return True
+    plain = re.fullmatch(r"[A-Za-z0-9_-]{20,}", word) is not None
+    return plain and any(c.isdigit() for c in word) and any(c.isalpha() for c in word)
+
+
 def has_url_credentials(text: str) -> bool:
     """Does ``text`` hold a URL with a user or password in it?"""
     return mask_url_credentials(text) != text

@@ -11,6 +11,7 @@ from typing import Protocol
 from orchestrator.errors import UsageError
 from orchestrator.inventory import Inventory, Node
 from orchestrator.platforms import check_env_name
+from orchestrator.redact import looks_like_token
 
 
 class Selection(Protocol):
@@ -31,7 +32,8 @@ def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
     for pair in pairs:
         name, sep, value = pair.partition("=")
         if not sep:
-            named = pair.isidentifier() and pair.isupper()  # DEBUG, not a token (hf_..., ghp_...)
+            # DEBUG is shown; a token (AKIA..., hf_...) never
+            named = pair.isidentifier() and pair.isupper() and not looks_like_token(pair)
             shown = repr(pair) if named else "(a word without '=', not repeated here)"
             raise UsageError(f"--env {shown}: expected NAME=VALUE")
         try:
@@ -115,7 +117,7 @@ def _secret_looking(words: Sequence[str]) -> bool:
 
     names = [w.removeprefix("--env=").split("=", 1)[0].removeprefix("-e") for w in words if "=" in w]
     return (
-        any(has_url_credentials(w) for w in words)
+        any(has_url_credentials(w) or looks_like_token(w.rsplit("=", 1)[-1]) for w in words)
         or any(is_secret_name(name) for name in names if name)
         or masked_args(words) != tuple(words)
     )

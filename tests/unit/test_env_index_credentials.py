@@ -288,3 +288,23 @@ def test_a_failed_download_here_is_told_to_every_node_it_was_for(
     said = failures([Outcome(e.node, None, e, 0.1) for e in errors])
     assert len(said) == 1, said
     assert "'node1', 'node2', 'node3'" in said[0].text and "this machine's download" in said[0].text, said
+
+
+@pytest.mark.parametrize(
+    ("word", "token"),
+    [
+        ("hf_abcdefghijklmnop", True),
+        ("AKIAIOSFODNN7EXAMPLE", True),
+        ("ghp_0123456789abcdefghij", True),
+        ("a1b2c3d4e5f6g7h8i9j0k1", True),  # long, letters and digits
+        ("0.1", False),
+        ("--lr", False),
+        ("checkpoints/epoch20/model.pt", False),
+        ("DEBUG", False),
+        ("experimentnamewithoutdigits", False),
+    ],
+)
+def test_a_token_shape_is_never_repeated(word: str, token: bool) -> None:
+    from orchestrator.redact import looks_like_token
+
+    assert looks_like_token(word) is token

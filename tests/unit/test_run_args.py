@@ -71,7 +71,7 @@ def test_launch_options_meant_for_the_script_are_a_usage_error_naming_the_double
     assert bad.returncode == 2, bad.stderr
     assert "--env '1X=...': invalid environment variable name" in bad.stderr, bad.stderr
     # the value of a mistyped -e is never repeated: it may be the secret itself
-    for pair in ("HF-TOKEN=hf_s3cret", "hf_s3cret"):
+    for pair in ("HF-TOKEN=hf_s3cret", "hf_s3cret", "AKIAIOSFODNN7S3CRET"):
         typo = _cli(tmp_path, "launch", "--dry-run", "-e", pair)
         assert typo.returncode == 2 and "s3cret" not in typo.stderr and "--env" in typo.stderr, typo.stderr
 
@@ -102,6 +102,8 @@ def test_words_for_the_script_typed_before_the_double_dash_are_refused_before_an
     secret = _cli(tmp_path, "launch", "-e", "HF_TOKEN=hf_s3cret", "other.py")
     assert secret.returncode == 2 and "hf_s3cret" not in secret.stderr, secret
     assert "`--script other.py` trains that script (the line typed is not repeated here" in secret.stderr
+    token = _cli(tmp_path, "launch", "hf_s3cretaaaabbbbcccc")  # a token pasted alone
+    assert token.returncode == 2 and "s3cret" not in token.stderr, token
     stray = _cli(tmp_path, "launch", "HF_TOKEN=hf_s3cret")  # the stray word is the secret
     assert stray.returncode == 2 and "hf_s3cret" not in stray.stderr, stray
     assert "1 word(s) before `--`: words for the training script go after `--`" in stray.stderr, stray
