@@ -42,8 +42,9 @@ class RunOps(ABC):
     @abstractmethod
     def status(self, run_dir: str, marker: str, node_log: str, nonce: str) -> str:
         """One record per value, its kind the value's name and one field: now, started, alive, rc,
-        ended, stopped, size, modified, last, and one ``gpu "INDEX, UTIL, USED, TOTAL"`` per GPU where
-        nvidia-smi exists (``state no-run``: no run directory)."""
+        ended, stopped, size, modified, spoke (when a rank last printed: its own file's time), last,
+        and one ``gpu "INDEX, UTIL, USED, TOTAL"`` per GPU where nvidia-smi exists (``state
+        no-run``: no run directory)."""
 
     @abstractmethod
     def tail(

@@ -368,7 +368,7 @@ class StatusReport:
         ]
 
     def quiet_lines(self, run_id: str) -> list[str]:
-        """A running run none of whose nodes' logs grew for the stall time (runs/stall.py, as the
+        """A running run none of whose ranks printed for the stall time (runs/stall.py, as the
         foreground launch says it): maybe a hung rank, how to look and how to stop."""
         from orchestrator.runs.stall import stall_seconds
 
@@ -378,7 +378,7 @@ class StatusReport:
             return []
         least = min(v.quiet or 0.0 for v in running)
         return [
-            f"no node's log has grown for {span(least)}: a rank may be hung (a data loader, a wait), the "
+            f"no rank has printed anything for {span(least)}: one may be hung (a data loader, a wait), the "
             "others then wait for it in their next collective up to the process group's timeout (30 min "
             "for gloo by default). To see where a rank is: `py-spy dump --pid PID` on its node; to stop "
             f"the run: `bootstrap stop --run {shlex.quote(run_id)}`; if the script is only quiet, this can "

@@ -348,7 +348,7 @@ class NodeStatus:
     #: a failed run: the rank torchrun's summary names as its root cause, and that rank's exit code
     #: (the node's own is torchrun's 1)
     failed_rank: tuple[int, int] | None = None
-    #: running: seconds since its log last grew (the node's own clock); a hung rank shows here
+    #: running: seconds since a rank of it last printed (the node's own clock); a hung rank shows here
     quiet: float | None = None
 
     def public_dict(self) -> dict[str, Any]:
@@ -467,8 +467,8 @@ def parse_status(stdout: str, nonce: str) -> NodeStatus:
     if values.get("alive") == "1":
         state = "running"
         runtime = now - started if now is not None and started is not None else None
-        modified = _num(values.get("modified"))
-        quiet = max(0.0, now - modified) if now is not None and modified is not None else None
+        spoke = _num(values.get("spoke"))  # a rank's last line (the log's time counts samples too)
+        quiet = max(0.0, now - spoke) if now is not None and spoke is not None else None
     elif values.get("stopped") is not None:
         state = "stopped"  # by `stop --run` (or a controller's stop): whatever code it ended with
         stopped = _num(values.get("stopped"))

@@ -298,6 +298,10 @@ class PosixRuns(RunOps):
             '  _cb_rec size "$(wc -c < "$f")"\n'
             # the time of the last output: how long a stopped (killed) run ran, at least
             '  _cb_rec modified "$(stat -c %Y "$f")"\n'
+            # when a rank last printed: its own file's time (the log also gets the node's samples
+            # every few seconds, so its time says nothing of the ranks: a hung rank shows here)
+            '  _cb_s=$(stat -c %Y "$d"/ranks/*.out 2>/dev/null | sort -n | tail -n 1)\n'
+            '  [ -n "$_cb_s" ] && _cb_rec spoke "$_cb_s"\n'
             # the last line a rank printed (torchrun's own exit-barrier noise after a good run is not
             # what a user asks about), else the log's last line
             # nor torch's harmless "[c10d] The hostname of the client socket cannot be retrieved" (a
