@@ -117,7 +117,9 @@ def require_run(run: str | None, command: str) -> str:
 
 def _runs_here(root: Path) -> list[tuple[bool, float, str]]:
     """The runs under ``root``, as (launched from here, when, id): a launch that started nowhere
-    (its record says ``not_started``) left out."""
+    (its record says ``not_started``) left out. When: the launch's start as its record says (the
+    record is written again later: a `stop --run` of an old run made it the newest), else the time
+    its record or directory was made."""
     found = []
     if root.is_dir():
         for entry in root.iterdir():
@@ -125,10 +127,19 @@ def _runs_here(root: Path) -> list[tuple[bool, float, str]]:
                 stamp = entry / RECORD
                 # launched from here first (a record), newest first; then copies `logs` made
                 launched = stamp.exists()
-                if launched and (read_record(entry) or {}).get("not_started"):
+                record = (read_record(entry) or {}) if launched else {}
+                if record.get("not_started"):
                     continue
-                found.append((launched, (stamp if launched else entry).stat().st_mtime, entry.name))
+                found.append((launched, _started(record, stamp if launched else entry), entry.name))
     return found
+
+
+def _started(record: dict[str, object], made: Path) -> float:
+    """When a run was launched: its record's ``started``, else ``made``'s time."""
+    started = record.get("started")
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        return float(started)
+    return made.stat().st_mtime
 
 
 def resolve_run(run: str | None, root: Path = RUNS_ROOT, on_note: Callable[[str], None] | None = None) -> str:
@@ -161,8 +172,8 @@ def _never_started(root: Path) -> list[tuple[float, str]]:
         stamp = entry / RECORD
         if not _RUN_ID.fullmatch(entry.name) or not stamp.is_file():
             continue
-        if (read_record(entry) or {}).get("not_started"):
-            found.append((stamp.stat().st_mtime, entry.name))
+        if (record := read_record(entry) or {}).get("not_started"):
+            found.append((_started(record, stamp), entry.name))
     return found
 
 

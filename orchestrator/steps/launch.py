@@ -879,8 +879,11 @@ def start_detached(
         apply(prepare_plan(node, transport.platform, spec, renderer=renderer), transport)
 
     started = start_all(session, specs, prepare)
-    if specs and started.interrupted is not None and started.swept_all and all(o.ok for o in started.undone):
-        finish_record(RUNS_ROOT / specs[0].run_id, started=False)  # stopped again everywhere: never `latest`
+    # cut short, or refused on a node (the port in use), and stopped again everywhere: it never ran,
+    # so it is never `latest` (`status` then called the run that holds the port "gone")
+    cut = started.interrupted is not None or bool(started.failed)
+    if specs and cut and started.swept_all and all(o.ok for o in started.undone):
+        finish_record(RUNS_ROOT / specs[0].run_id, started=False)
     return started
 
 

@@ -1041,3 +1041,29 @@ def test_code_sync_leaves_alone_a_code_directory_a_run_is_running_from(tmp_path:
         fake.kill()
         fake.wait()
     assert after.returncode == 0 and (tmp_path / "wd" / "code" / "helper.py").read_text() == "X = 2\n", after
+
+
+def test_a_detached_launch_refused_for_a_busy_port_is_never_latest(tmp_path: Path) -> None:
+    """`launch --detach` typed twice: the second is refused (the first holds the port) but became
+    `latest`, so `status` called the first run's nodes "gone" and `stop --run latest` stopped nothing
+    while the first trained on. A detached launch refused everywhere never started: not latest."""
+    import socket
+
+    port = free_port()
+    (tmp_path / "train.py").write_text("print('done', flush=True)\n")
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(
+        f"cluster:\n  port: {port}\n  train: {{script: train.py}}\n"
+        f"nodes:\n  - {{name: here, connection: local, workdir: {tmp_path / 'wd'}}}\n"
+    )
+    env = {"HOME": str(tmp_path)}
+    first = bootstrap("-i", str(inv), "launch", "--run-id", "first", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first
+    with socket.socket() as held:  # what the first run's torchrun would hold
+        held.bind(("0.0.0.0", port))
+        held.listen()
+        refused = bootstrap("-i", str(inv), "launch", "--detach", cwd=tmp_path, env=env)
+    assert refused.returncode == 1 and f"port {port} is in use" in refused.stderr, refused
+    status = bootstrap("-i", str(inv), "status", cwd=tmp_path, env=env)
+    assert status.returncode == 0 and "run first" in status.stdout, status
+    assert "never started" in status.stderr, status  # the newer launch, said

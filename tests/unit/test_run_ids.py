@@ -56,6 +56,17 @@ def test_latest_is_the_newest_launch_from_here_before_any_copy(tmp_path: Path) -
     assert ids.resolve_run(None, tmp_path) == "new-launch"
 
 
+def test_latest_is_the_newest_launch_whatever_wrote_an_older_record_since(tmp_path: Path) -> None:
+    """`stop --run` of an older run writes its record again (the stop is noted there): latest was
+    the record written last, so that older run became `latest` for status, logs, fetch and stop."""
+    for name, started in (("older", 100.0), ("newer", 200.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RECORD).write_text(f'{{"started": {started}}}')
+    os.utime(tmp_path / "newer" / RECORD, (1000, 1000))
+    os.utime(tmp_path / "older" / RECORD, (2000, 2000))  # noted a stop later
+    assert ids.resolve_run("latest", tmp_path) == "newer"
+
+
 def test_latest_says_so_when_a_newer_launch_never_started(tmp_path: Path) -> None:
     """A refused (or cut short) launch is never `latest`: status, logs, fetch and stop then took the
     run before it silently, its state read as the new one's. They still take it, and say why."""
