@@ -806,13 +806,13 @@ def _fetch_listing(
         size_text, rel = size_bytes.decode("ascii", "replace").strip(), rel_bytes.decode("utf-8", "replace")
         rel_parts = safe_parts(rel)
         if rel_parts is None or not size_text.isdigit() or not all(p.isprintable() for p in rel_parts):
-            log.warning("%s: skipping unexpected entry %r under %s", node.name, rel, base)
+            log.info("%s: skipping unexpected entry %r under %s", node.name, rel, base)  # a note says it
             into.skipped += 1
             continue
         try:
             local = below(Path(into.local), rel_parts)
         except ValueError:
-            log.warning("%s: skipping %r under %s: not below %s", node.name, rel, base, into.local)
+            log.info("%s: skipping %r under %s: not below %s", node.name, rel, base, into.local)
             into.skipped += 1
             continue
         wanted.append((f"{base.rstrip('/')}/{'/'.join(rel_parts)}", local, int(size_text)))
