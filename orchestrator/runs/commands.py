@@ -74,6 +74,8 @@ class RecordedRun:
     labels: dict[str, tuple[int, int]]
     samples: str = ""
     code_dir: str | None = None
+    #: nodes the run's record names that this inventory lacks: not asked, and said so
+    absent: list[str] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -101,6 +103,7 @@ def recorded_run(inventory: Inventory, nodes: list[Node], run_id: str, *, narrow
             f"{', '.join(outside)}: not part of run {run_id} (its nodes: {', '.join(map(str, recorded))})",
             hint="leave them out of --nodes",
         )
+    absent = [str(name) for name in recorded if str(name) not in {n.name for n in inventory.nodes}]
     if not narrowed:
         nodes = [n for n in inventory.nodes if n.name in recorded] or nodes
     if not inventory.cluster.train.elastic:
@@ -109,7 +112,7 @@ def recorded_run(inventory: Inventory, nodes: list[Node], run_id: str, *, narrow
                 labels[str(name)] = (int(doc["first_rank"]), int(doc["nproc"]))
             except (KeyError, TypeError, ValueError):
                 continue
-    return RecordedRun(run_id, nodes, labels, samples, code_dir)
+    return RecordedRun(run_id, nodes, labels, samples, code_dir, absent=absent)
 
 
 # -- logs ----------------------------------------------------------------------------------------------
@@ -295,6 +298,8 @@ class StatusReport:
     by_stop: set[str] = field(default_factory=set)
     #: its record here says the launch ended before the master's launcher started (refused, failed)
     never_started: bool = False
+    #: nodes the run's record names that the inventory given lacks (not asked)
+    absent: list[str] = field(default_factory=list)
 
     def exit_code(self) -> ExitCode:
         """1 also when the run failed on a node (a non-zero exit no stop caused, no exit code, its
@@ -364,6 +369,17 @@ class StatusReport:
             *(Said("error", line) for line in self.failure_lines(run_id)),
             *(Said("note", line) for line in self.after_stop_lines()),
             *(Said("note", line) for line in self.quiet_lines(run_id)),
+            *(
+                [
+                    Said(
+                        "warn",
+                        f"{', '.join(self.absent)}: part of run {run_id} but not in this inventory, so "
+                        "not asked (the inventory the run was launched with has them)",
+                    )
+                ]
+                if self.absent
+                else []
+            ),
             *failures(self.outcomes),
         ]
 
@@ -476,7 +492,9 @@ def status_all(reach: Reach, run: RecordedRun) -> StatusReport:
     never = bool((record or {}).get("not_started"))
     kept = mask_credentials_in(train) if isinstance(train, dict) else None  # an older record kept logins
     unreached, by_stop = stop_nodes(record, "unreached"), stop_nodes(record, "stopped")
-    return StatusReport(outcomes, lost, kept, unreached=unreached, by_stop=by_stop, never_started=never)
+    return StatusReport(
+        outcomes, lost, kept, unreached=unreached, by_stop=by_stop, never_started=never, absent=run.absent
+    )
 
 
 def _unknown_run(outcome: Outcome[NodeStatus], node: Node, run_id: str) -> Outcome[NodeStatus]:
@@ -693,7 +711,7 @@ class FetchReport:
         return said + ([Said("hint", hint)] if (hint := self.hint(run_id)) else [])
 
     def exit_code(self) -> ExitCode:
-        """1 also when a path is on no node, or a directory was copied only in part (its listing cut)."""
+        """1 also when a path is on no node, or something found was not copied (:meth:`cut`)."""
         code = exit_code_for(self.outcomes)
         return ExitCode.NODES_FAILED if code == ExitCode.OK and (self.nowhere or self.cut()) else code
 

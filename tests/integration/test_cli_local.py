@@ -387,6 +387,11 @@ def test_a_node_the_run_did_not_use_is_said_so_from_its_record_before_anything_i
         )
         assert run.returncode == 2, run
         assert "n2: not part of run r1 (its nodes: n1)" in run.stderr and "192.0.2.1" not in run.stderr, run
+    # the other way round: a node of the run this inventory lacks is said, not silently left out
+    record["nodes"]["n9"] = {"first_rank": 1, "nproc": 1}
+    (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps(record))
+    status = bootstrap("-i", str(inv), "status", "--run", "r1", cwd=tmp_path)
+    assert "n9: part of run r1 but not in this inventory, so not asked" in status.stderr, status
 
 
 def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_path: Path) -> None:
