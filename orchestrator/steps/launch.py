@@ -641,18 +641,75 @@ def prepare_plan(
         helper, shares = shares_helper_file(), spec.shares_json.encode()
         actions.append(Put(f"{run_dir}/{SHARES_HELPER}", source=helper, mode=0o600, what="shares helper"))
         actions.append(Put(f"{run_dir}/{SHARES_FILE}", data=shares, mode=0o600, what="shares"))
-    if source is not None:
-        actions.append(Put(target_script, source=source, what="training script"))
     if source is not None and spec.code_record is not None and posix is not None and not absolute:
-        # code sync's directory: the script counts as shipped with these bytes, so the next sync
-        # replaces it (it called it "the node's own, kept" after every `edit, launch`)
-        from orchestrator.steps.codesync.ignore import LAUNCHED_RECORD
-
-        digest = hashlib.sha256(source.read_bytes()).hexdigest()
-        doc = json.dumps({"version": 1, "files": {posixpath.normpath(spec.script): digest}}).encode()
-        at = f"{spec.code_dir.rstrip('/')}/{LAUNCHED_RECORD}"
-        actions.append(Put(at, data=doc, mode=0o600, what="the script's record, for code sync"))
+        actions += _script_into_code_sync(node, posix, spec, source, nonce, notice)
+    elif source is not None:
+        actions.append(Put(target_script, source=source, what="training script"))
     return NodePlan(node.name, actions)
+
+
+#: the record a launch prints when it kept the node's own training script (edited on the node)
+KEPT_SCRIPT = "kept-script"
+
+
+def _script_into_code_sync(
+    node: Node,
+    posix: PosixShell,
+    spec: LaunchSpec,
+    source: Path,
+    nonce: str,
+    notice: Callable[[str], None] | None,
+) -> list[Put | Run]:
+    """The training script into code sync's directory: uploaded beside its place, then put there
+    unless the node's file there is its own (edited on the node: neither the bytes a sync or a
+    launch put there, nor the project's), which is kept, and said, as code sync keeps and says it
+    (one `bootstrap` warned "kept: the node runs with it", then its launch overwrote it). What was put
+    there is recorded for code sync (``LAUNCHED_RECORD``): the next sync replaces it as a file it
+    shipped (it called it "the node's own, kept" after every `edit, launch`)."""
+    from orchestrator.steps.codesync.ignore import LAUNCHED_RECORD, SHIPPED_RECORD
+
+    code, rel = spec.code_dir.rstrip("/"), posixpath.normpath(spec.script)
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    arrived = f"{code}/{posixpath.dirname(rel) + '/' if '/' in rel else ''}.{posixpath.basename(rel)}.{nonce}"
+    record = json.dumps({"version": 1, "files": {rel: digest}})
+    w, q = posix.path_word, posix.quote
+    key = q(json.dumps(rel) + ': "')  # as the records hold it: "train.py": "<sha256>"
+    put = (
+        f"t={w(f'{code}/{rel}')} n={w(arrived)}\n"
+        'if [ -f "$t" ] && [ ! -L "$t" ]; then\n'
+        '  s=$(sha256sum < "$t") && s=${s%% *}\n'
+        f'  if [ "$s" != {digest} ] && ! grep -qsF -- {key}"$s"\'"\' {w(f"{code}/{SHIPPED_RECORD}")}'
+        f" {w(f'{code}/{LAUNCHED_RECORD}')}; then\n"
+        f'    rm -f -- "$n"; _cb_rec {KEPT_SCRIPT}; exit 0\n'
+        "  fi\n"
+        "fi\n"
+        'mv -f -- "$n" "$t" || exit 1\n'
+        # the record: a new file renamed into place (never written through a link a run's code put)
+        f"r={w(f'{code}/{LAUNCHED_RECORD}')}\n"
+        f'{{ rm -f -- "$r.$$"; (set -C; printf %s {q(record)} > "$r.$$") && mv -f -- "$r.$$" "$r"; }} 2>&1'
+    )
+
+    def said(result: Result) -> None:
+        if records.find(result.stdout, nonce, KEPT_SCRIPT) is not None and notice is not None:
+            notice(
+                f"bootstrap: {one_line(rel)} in {one_line(code)} is the node's own (edited there: not what a"
+                " sync or launch put there), so it was kept, not replaced by the project's: the run trains"
+                " with it; move it away on the node to train the project's"
+            )
+        elif not result.ok:
+            raise CommandFailedError(
+                f"cannot put the training script in place: {' | '.join(result.tail(3))}", node=node.name
+            )
+
+    return [
+        Put(arrived, source=source, what="training script, beside its place"),
+        Run(
+            posix.record_functions(nonce) + "\n" + put,
+            timeout=60,
+            what="put the training script in place, unless the node's own is there",
+            check=said,
+        ),
+    ]
 
 
 def node_plan(

@@ -1073,3 +1073,25 @@ def test_a_detached_launch_refused_for_a_busy_port_is_never_latest(tmp_path: Pat
     status = bootstrap("-i", str(inv), "status", cwd=tmp_path, env=env)
     assert status.returncode == 0 and "run first" in status.stdout, status
     assert "never started" in status.stderr, status  # the newer launch, said
+
+
+def test_launch_keeps_a_training_script_edited_on_the_node_as_code_sync_does(tmp_path: Path) -> None:
+    """One `bootstrap` warned "train.py ... the node's own, kept: the node runs with it" (its sync),
+    then its launch uploaded the project's over it; a plain `launch` overwrote a hot-fix on a node
+    without a word. A script sync or launch put there is replaced; one edited on the node is kept,
+    and said, and the run trains with it."""
+    inv, workdir, env = _synced_project(tmp_path)
+    project, code = tmp_path / "proj", workdir / "code"
+    (project / "train.py").write_text("print('project v2')\n")
+    first = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env=env)
+    assert first.returncode == 0 and "[here:0] project v2" in first.stdout, first
+    (project / "train.py").write_text("print('project v3')\n")  # edit, launch again: replaced
+    second = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env=env)
+    assert second.returncode == 0 and "[here:0] project v3" in second.stdout, second
+    (code / "train.py").write_text("print('hot-fix on the node')\n")
+    (project / "train.py").write_text("print('project v4')\n")
+    kept = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env=env)
+    assert kept.returncode == 0 and "[here:0] hot-fix on the node" in kept.stdout, kept
+    assert "train.py in " in kept.stdout + kept.stderr and "is the node's own" in kept.stdout + kept.stderr
+    assert (code / "train.py").read_text() == "print('hot-fix on the node')\n"
+    assert [p.name for p in code.iterdir() if p.name.startswith(".train.py.")] == []  # nothing left beside it

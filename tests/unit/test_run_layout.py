@@ -239,7 +239,8 @@ def test_launch_uploads_the_projects_training_script_wherever_it_runs_from(tmp_p
     dry = _cli("-i", "hosts.yaml", "--json", "launch", "--dry-run", "--run-id", "r1", cwd=tmp_path)
     assert dry.returncode == 0 and "train.script" not in dry.stderr, dry.stderr
     (node,) = json.loads(dry.stdout)["nodes"]
-    uploads = [a for a in node["plan"]["actions"] if a.get("put", "").endswith("/code/train.py")]
+    # beside its place (code sync's directory: a script edited on the node is kept, not overwritten)
+    uploads = [a for a in node["plan"]["actions"] if "/code/.train.py." in a.get("put", "")]
     assert [a["sha256"] for a in uploads] == [hashlib.sha256(b"print('v2')\n").hexdigest()], node["plan"]
 
 
