@@ -671,22 +671,29 @@ def _script_into_code_sync(
     code, rel = spec.code_dir.rstrip("/"), posixpath.normpath(spec.script)
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
     arrived = f"{code}/{posixpath.dirname(rel) + '/' if '/' in rel else ''}.{posixpath.basename(rel)}.{nonce}"
-    record = json.dumps({"version": 1, "files": {rel: digest}})
-    w, q = posix.path_word, posix.quote
-    key = q(json.dumps(rel) + ': "')  # as the records hold it: "train.py": "<sha256>"
+    w, q, named = posix.path_word, posix.quote, json.dumps(rel)
+    shipped, launched = w(f"{code}/{SHIPPED_RECORD}"), w(f"{code}/{LAUNCHED_RECORD}")
     put = (
-        f"t={w(f'{code}/{rel}')} n={w(arrived)}\n"
-        'if [ -f "$t" ] && [ ! -L "$t" ]; then\n'
-        '  s=$(sha256sum < "$t") && s=${s%% *}\n'
-        f'  if [ "$s" != {digest} ] && ! grep -qsF -- {key}"$s"\'"\' {w(f"{code}/{SHIPPED_RECORD}")}'
-        f" {w(f'{code}/{LAUNCHED_RECORD}')}; then\n"
+        f"t={w(f'{code}/{rel}')} n={w(arrived)} r={launched}\n"
+        # a link or a directory there is the node's own (code sync keeps it too): never followed
+        'if [ -L "$t" ] || { [ -e "$t" ] && [ ! -f "$t" ]; }; then\n'
+        f'  rm -f -- "$n"; _cb_rec {KEPT_SCRIPT}; exit 0\n'
+        "fi\n"
+        # a file: replaced when it holds the project's bytes or those a sync or launch recorded; with
+        # no record at all (copied there by hand), replaced as code sync replaces it
+        f'if [ -f "$t" ] && {{ [ -f {shipped} ] || [ -f "$r" ]; }}; then\n'
+        '  s=$(sha256sum < "$t" 2>/dev/null) && s=${s%% *} && [ "${#s}" = 64 ] ||'
+        ' { rm -f -- "$n"; echo "cannot hash $t: sha256sum is needed on the node (coreutils)"; exit 1; }\n'
+        f'  if [ "$s" != {digest} ] && ! grep -qsF -- {q(json.dumps(rel) + ": ")}"\\"$s\\"" {shipped}'
+        f' && ! grep -qsxF -- "$s "{q(named)} "$r"; then\n'
         f'    rm -f -- "$n"; _cb_rec {KEPT_SCRIPT}; exit 0\n'
         "  fi\n"
         "fi\n"
         'mv -f -- "$n" "$t" || exit 1\n'
-        # the record: a new file renamed into place (never written through a link a run's code put)
-        f"r={w(f'{code}/{LAUNCHED_RECORD}')}\n"
-        f'{{ rm -f -- "$r.$$"; (set -C; printf %s {q(record)} > "$r.$$") && mv -f -- "$r.$$" "$r"; }} 2>&1'
+        # the record gets a line (every script launched stays there until the next sync): a new file
+        # renamed into place, never written through a link
+        '{ rm -f -- "$r.$$"; (set -C; { [ -f "$r" ] && [ ! -L "$r" ] && cat -- "$r"; '
+        f'printf \'%s\\n\' {q(f"{digest} {named}")}; }} > "$r.$$") && mv -f -- "$r.$$" "$r"; }} 2>&1'
     )
 
     def said(result: Result) -> None:

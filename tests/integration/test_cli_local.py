@@ -1095,3 +1095,20 @@ def test_launch_keeps_a_training_script_edited_on_the_node_as_code_sync_does(tmp
     assert "train.py in " in kept.stdout + kept.stderr and "is the node's own" in kept.stdout + kept.stderr
     assert (code / "train.py").read_text() == "print('hot-fix on the node')\n"
     assert [p.name for p in code.iterdir() if p.name.startswith(".train.py.")] == []  # nothing left beside it
+    # `launch --script other.py` between two launches of train.py: train.py stays launch's (its line
+    # in the record is kept), not "the node's own" ever after
+    (code / "train.py").unlink()  # the hot-fix moved away, as the notice says: the project's goes there
+    (project / "other.py").write_text("print('other')\n")
+    assert bootstrap("-i", str(inv), "launch", "--script", "other.py", cwd=tmp_path, env=env).returncode == 0
+    (project / "train.py").write_text("print('project v5')\n")
+    v5 = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env=env)
+    assert v5.returncode == 0 and "[here:0] project v5" in v5.stdout, v5
+    assert "is the node's own" not in v5.stdout, v5
+    # a link or a directory there is the node's own, never followed (a link to a directory had the
+    # script written into its target)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (code / "train.py").unlink()
+    (code / "train.py").symlink_to(elsewhere)
+    linked = bootstrap("-i", str(inv), "launch", cwd=tmp_path, env=env)
+    assert "is the node's own" in linked.stdout + linked.stderr and list(elsewhere.iterdir()) == [], linked

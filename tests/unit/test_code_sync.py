@@ -557,18 +557,25 @@ def test_the_script_launch_uploaded_counts_as_shipped_until_the_next_sync(tmp_pa
     shipped = hashlib.sha256(b"v1\n").hexdigest()
     launched = hashlib.sha256(b"v2\n").hexdigest()
     (dest / "train.py").write_text("v2\n")
-    for name, sha in (("shipped", shipped), ("launched", launched)):
-        record = {"version": 1, "files": {"train.py": sha}}
-        (dest / f".bootstrap-code-{name}.json").write_text(json.dumps(record))
+    record = {"version": 1, "files": {"train.py": shipped}}
+    (dest / ".bootstrap-code-shipped.json").write_text(json.dumps(record))
+    # launch appends a line per script it put there: the last of a path counts (an other.py launched
+    # since must not make train.py's line go: it did, and train.py then looked like the node's own)
+    other = hashlib.sha256(b"other\n").hexdigest()
+    lines = [f'{shipped} "train.py"', f'{launched} "train.py"', f'{other} "other.py"', "junk"]
+    (dest / ".bootstrap-code-launched").write_text("\n".join(lines) + "\n")
     from orchestrator.steps.codesync.sync import _shipped
 
     scan = _probe({"op": "scan", "dest": "~/code", "rules": []}, home)
-    assert (scan["shipped"], scan["launched"]) == ({"train.py": shipped}, {"train.py": launched})
+    assert (scan["shipped"], scan["launched"]) == (
+        {"train.py": shipped},
+        {"train.py": launched, "other.py": other},
+    )
     v3 = hashlib.sha256(b"v3\n").hexdigest()
     project = {"train.py": _e(v3)}
     # counted as shipped for the project's own paths only: the record is the node user's to write,
     # and a forged entry for a file of the node's own would have had the sync delete it
-    forged = {**scan, "launched": {**scan["launched"], "data.bin": _e("d").sha256}}
+    forged = {**scan, "launched": {"train.py": launched, "data.bin": _e("d").sha256}}
     ours = _shipped(forged, project)
     assert ours == {"train.py": launched}
     changes = diff(project, {"train.py": _e(launched), "data.bin": _e("d")}, shipped=ours)
@@ -577,7 +584,7 @@ def test_the_script_launch_uploaded_counts_as_shipped_until_the_next_sync(tmp_pa
     (dest / ".bootstrap-code-upload-t").write_bytes(json.dumps(header).encode() + b"\n" + b"v3\n")
     out = _probe({"op": "apply", "dest": "~/code", "bundle": ".bootstrap-code-upload-t"}, home)
     assert out["errors"] == [] and (dest / "train.py").read_text() == "v3\n"
-    assert not (dest / ".bootstrap-code-launched.json").exists()
+    assert not (dest / ".bootstrap-code-launched").exists()
 
 
 def test_a_project_file_where_a_run_made_a_directory_says_what_to_do(tmp_path: Path) -> None:

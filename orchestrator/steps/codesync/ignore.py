@@ -56,9 +56,10 @@ DEFAULT_EXCLUDES: tuple[str, ...] = (
 RESERVED_PREFIX = ".bootstrap-code"
 #: its record of what syncs shipped there (steps/probes/code_tree.py SHIPPED), which launch reads
 SHIPPED_RECORD = RESERVED_PREFIX + "-shipped.json"
-#: the training script `launch` uploaded into the code directory since the last sync (its path and
-#: SHA-256): the node's code scan counts it as shipped (probes/code_tree.py ``load_shipped``)
-LAUNCHED_RECORD = RESERVED_PREFIX + "-launched.json"
+#: what `launch` put into the code directory since the last sync, a line each (``SHA256 "REL"``, REL
+#: as JSON writes it; appended, so every script launched is there): the controller counts the last
+#: one of a project path as shipped (probes/code_tree.py ``load_launched``, codesync.sync ``_shipped``)
+LAUNCHED_RECORD = RESERVED_PREFIX + "-launched"
 
 
 @dataclass(frozen=True)

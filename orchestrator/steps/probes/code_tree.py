@@ -39,7 +39,7 @@ PROBE_VERSION = 1
 RESERVED = b".bootstrap-code"  # our own names at the top of dest: the cache (marker) and uploads
 CACHE = b".bootstrap-code.json"
 SHIPPED = b".bootstrap-code-shipped.json"  # what syncs put here: the only files a sync may delete
-LAUNCHED = b".bootstrap-code-launched.json"  # the training script `launch` put here since the last sync
+LAUNCHED = b".bootstrap-code-launched"  # what `launch` put here since the last sync: SHA256 "REL" lines
 MARKS = b".bootstrap-code-nodes"  # one file per node syncing here: shared destinations are found
 CHUNK = 1 << 20
 #: Windows has no POSIX modes: reported as null there, and the controller compares accordingly
@@ -182,18 +182,27 @@ def load_shipped(root):
 
 
 def load_launched(root):
-    """What `launch` uploaded here since the last sync ({rel: sha256}, the training script), {} when
-    nothing: sent back for the controller, which counts it as shipped for the project's own paths
-    only (any process of the node's user can write this file)."""
+    """What `launch` put here since the last sync ({rel: sha256}, the last line of each path), {}
+    when nothing: sent back for the controller, which counts it as shipped for the project's own
+    paths only (any process of the node's user can write this file)."""
     path = os.path.join(root, LAUNCHED)
+    found = {}
     try:
         if os.path.islink(path):
-            return {}
+            return found
         with open(path, "rb") as fh:
-            files = json.loads(fh.read().decode("utf-8")).get("files") or {}
-        return dict((k, v) for k, v in files.items() if isinstance(k, str) and isinstance(v, str))
-    except (OSError, ValueError, AttributeError):
-        return {}
+            lines = fh.read(1 << 20).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        sha, _, rel = line.partition(" ")
+        try:
+            name = json.loads(rel)
+        except ValueError:
+            continue
+        if len(sha) == 64 and isinstance(name, str):
+            found[name] = sha
+    return found
 
 
 def write_marker(root, marker):
