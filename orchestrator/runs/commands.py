@@ -115,6 +115,19 @@ def recorded_run(inventory: Inventory, nodes: list[Node], run_id: str, *, narrow
     return RecordedRun(run_id, nodes, labels, samples, code_dir, absent=absent)
 
 
+def absent_said(absent: Sequence[str], run_id: str, doing: str) -> list[Said]:
+    """The run's nodes the inventory given lacks, said (they were left out silently): ``doing``."""
+    if not absent:
+        return []
+    return [
+        Said(
+            "warn",
+            f"{', '.join(absent)}: part of run {run_id} but not in this inventory, so {doing} (the "
+            "inventory the run was launched with has them)",
+        )
+    ]
+
+
 # -- logs ----------------------------------------------------------------------------------------------
 
 
@@ -131,6 +144,8 @@ class LogsReport:
     follow: bool = False
     tail: int | None = None
     paths: dict[str, Path] = field(default_factory=dict)
+    #: the run's nodes the inventory given lacks: not read, and said so
+    absent: list[str] = field(default_factory=list)
 
     @property
     def log_dir(self) -> Path | None:
@@ -177,8 +192,10 @@ class LogsReport:
         ]
 
     def said(self) -> list[Said]:
-        """Under the lines: what failed, then the notes (the copies here, where else to look)."""
-        return [*failures(self.outcomes), *(Said("note", note) for note in self.notes())]
+        """Under the lines: what failed, the run's nodes not read, then the notes (the copies here,
+        where else to look)."""
+        absent = absent_said(self.absent, self.run_id, "its log was not read")
+        return [*failures(self.outcomes), *absent, *(Said("note", note) for note in self.notes())]
 
     def notes(self) -> list[str]:
         """What follows the lines: the copies, with ``--follow`` how each node's training ended, and
@@ -259,7 +276,7 @@ def read_logs(
             on_failed(node.name, result.exit_code)
         return result
 
-    report = LogsReport(GroupResult(), run_id=run.run_id, follow=follow, tail=tail)
+    report = LogsReport(GroupResult(), run_id=run.run_id, follow=follow, tail=tail, absent=run.absent)
     try:
         try:
             with session:
@@ -369,17 +386,7 @@ class StatusReport:
             *(Said("error", line) for line in self.failure_lines(run_id)),
             *(Said("note", line) for line in self.after_stop_lines()),
             *(Said("note", line) for line in self.quiet_lines(run_id)),
-            *(
-                [
-                    Said(
-                        "warn",
-                        f"{', '.join(self.absent)}: part of run {run_id} but not in this inventory, so "
-                        "not asked (the inventory the run was launched with has them)",
-                    )
-                ]
-                if self.absent
-                else []
-            ),
+            *absent_said(self.absent, run_id, "not asked"),
             *failures(self.outcomes),
         ]
 
@@ -520,6 +527,8 @@ def _as_lost(outcome: Outcome[NodeStatus]) -> Outcome[NodeStatus]:
 @dataclass
 class StopReport:
     outcomes: GroupResult[StopResult]
+    #: the run's nodes the inventory given lacks: not stopped, and said so
+    absent: list[str] = field(default_factory=list)
 
     def exit_code(self) -> ExitCode:
         return exit_code_for(self.outcomes)
@@ -537,6 +546,7 @@ class StopReport:
         """The table, what failed, the nodes not reached (``again_stop``: the stop to repeat), or that
         nothing was running."""
         said: list[View | Said] = [self.view(run_id), *failures(self.outcomes)]
+        said += absent_said(self.absent, run_id, "not stopped: its part of the run may still be running")
         if self.unreached:
             said.append(
                 Said(
@@ -578,7 +588,9 @@ def stop_all(reach: Reach, run: RecordedRun, *, grace: float) -> StopReport:
             raise no_such_run(node, run.run_id)
         return result
 
-    report = StopReport(reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")))
+    report = StopReport(
+        reach.within(run.nodes, "stop", lambda session: session.map(one, step="stop")), absent=run.absent
+    )
     if known:  # the nodes it could not reach: their ranks may fail on the stopped peers (status)
         unreached = [o.node for o in report.outcomes if isinstance(o.error, ConnectError)]
         stopped = [o.node for o in report.outcomes if o.value is not None and o.value.state == "stopped"]

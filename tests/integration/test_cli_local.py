@@ -392,6 +392,10 @@ def test_a_node_the_run_did_not_use_is_said_so_from_its_record_before_anything_i
     (tmp_path / "runs" / "r1" / "run.json").write_text(json.dumps(record))
     status = bootstrap("-i", str(inv), "status", "--run", "r1", cwd=tmp_path)
     assert "n9: part of run r1 but not in this inventory, so not asked" in status.stderr, status
+    stop = bootstrap("-i", str(inv), "stop", "--run", "r1", cwd=tmp_path)
+    assert "n9: part of run r1 but not in this inventory, so not stopped" in stop.stderr, stop
+    logs = bootstrap("-i", str(inv), "logs", "--run", "r1", cwd=tmp_path)
+    assert "n9: part of run r1 but not in this inventory, so its log was not read" in logs.stderr, logs
 
 
 def test_a_run_id_no_node_has_is_named_by_stop_and_fetch_as_status_names_it(tmp_path: Path) -> None:
