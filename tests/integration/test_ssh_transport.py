@@ -59,10 +59,17 @@ def test_arguments_and_env_arrive_byte_for_byte(
 
 def test_one_connection_serves_every_command(transport: SSHTransport, cluster: NamespaceCluster) -> None:
     host = cluster.hosts[0]
-    before = cluster.sshd_log(host).count("Accepted publickey")
-    for i in range(5):
+    assert transport.run("echo 0").stdout == "0\n"
+    link = transport.conn.client.get_transport()
+    assert link is not None
+    port = link.sock.getsockname()[1]  # this transport's connection, as sshd logs it
+    # sshd logs every login on the host, other tests' too (the cluster is shared): count this one's
+    ours = f"Accepted publickey for root from {link.sock.getsockname()[0]} port {port} "
+    assert cluster.sshd_log(host).count(ours) == 1
+    for i in range(1, 5):
         assert transport.run(f"echo {i}").stdout == f"{i}\n"
-    assert cluster.sshd_log(host).count("Accepted publickey") == before
+    assert transport.conn.client.get_transport() is link  # the same connection, no new login
+    assert cluster.sshd_log(host).count(ours) == 1
 
 
 def _await_gone(cluster: NamespaceCluster, marker: str, timeout: float = 10) -> list[str]:
